@@ -1,0 +1,1 @@
+"""inferbus: ML inference served by actors on the NATS message bus."""
