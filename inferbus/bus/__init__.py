@@ -1,0 +1,24 @@
+"""The bus: NATS connection, subjects, headers, deadlines, embedded servers.
+
+Imports only :mod:`inferbus.schemas` of our own code.
+"""
+
+from . import _headers as headers
+from ._config import BusConfig
+from ._connect import connect
+from ._embedded import (
+    EmbeddedNats,
+    EmbeddedServerError,
+    EmbeddedValkey,
+    free_port,
+    nats_server_binary,
+    valkey_server_binary,
+)
+from ._headers import deadline_from_headers, format_ms, remaining_ms
+from ._subjects import Subjects
+
+__all__ = [
+    "BusConfig", "EmbeddedNats", "EmbeddedServerError", "EmbeddedValkey", "Subjects", "connect",
+    "deadline_from_headers", "format_ms", "free_port", "headers", "nats_server_binary", "remaining_ms",
+    "valkey_server_binary",
+]

@@ -1,0 +1,95 @@
+"""The aggregator actor: fills the L2 result cache (Valkey / any Redis) from completed results.
+
+Fills arrive on ``<p>._cache.fill`` (queue group, so several aggregators share
+them) and are written with ``SET key value PX ttl_ms``, coalesced into one
+pipeline per batch of queued fills so a burst costs one round trip. A Redis
+outage loses cache fills only (counted in ``fill_errors``), never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..bus import Subjects, connect
+from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
+from ._common import announce_ready, install_loop, log, serving_gc, set_affinity
+from ._config import AggregatorConfig
+
+_MAX_PIPELINE = 512
+
+
+class Aggregator:
+    def __init__(self, config: AggregatorConfig) -> None:
+        self.config = config
+        self.subjects = Subjects(config.bus.prefix)
+        self.queue: asyncio.Queue[CacheFill] = asyncio.Queue(maxsize=100_000)
+        self.stats = {"fills": 0, "fill_errors": 0, "dropped": 0}
+        self.redis = None
+
+    async def _on_fill(self, msg) -> None:
+        try:
+            fill = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(fill, CacheFill):
+            try:
+                self.queue.put_nowait(fill)
+            except asyncio.QueueFull:
+                self.stats["dropped"] += 1
+
+    async def _writer(self) -> None:
+        while True:
+            first = await self.queue.get()
+            batch = [first]
+            while len(batch) < _MAX_PIPELINE and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            if self.redis is None:
+                continue
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for f in batch:
+                        pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=max(int(f.ttl_ms), 1))
+                    await pipe.execute()
+                self.stats["fills"] += len(batch)
+            except Exception as exc:
+                self.stats["fill_errors"] += len(batch)
+                log(f"aggregator: cache fill failed: {exc!r}")
+
+    async def run(self) -> None:
+        set_affinity(self.config.cpu_affinity)
+        self.nc = await connect(self.config.bus, name=f"aggregator-{self.config.aggregator_id}")
+        if self.config.redis_url:
+            import redis.asyncio as aioredis
+
+            self.redis = aioredis.from_url(self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        from nats.micro import add_service
+
+        svc = await add_service(self.nc, name="inferbus-aggregator", version="0.1.0",
+                                description="inferbus aggregator (L2 cache fill)",
+                                metadata={"aggregator_id": self.config.aggregator_id})
+        await svc.add_endpoint(name="cache-fill", subject=self.subjects.cache_fill,
+                               queue_group=f"{self.config.bus.prefix}.aggregator",
+                               handler=lambda r: self._on_fill(r._msg))
+        writer = asyncio.create_task(self._writer())
+        await self.nc.flush()
+        serving_gc()
+        announce_ready()
+        try:
+            await asyncio.Future()
+        finally:
+            writer.cancel()
+            try:
+                await svc.stop()
+                await self.nc.drain()
+            except Exception:
+                pass
+
+
+def main(config_json: str) -> None:
+    """Process entry: ``python -m inferbus.actors aggregator '<AggregatorConfig JSON>'``."""
+    cfg = AggregatorConfig.from_json(config_json)
+    install_loop()
+    try:
+        asyncio.run(Aggregator(cfg).run())
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,80 @@
+"""Result cache keys and the in-process L1 cache (DESIGN §6).
+
+The key is a BLAKE2b-128 digest of everything that changes the answer: model
+name and version, every input's name, datatype, shape and bytes (in request
+order), the requested outputs, the output form (raw or data) and the request
+parameters. A new model version therefore never sees an old version's entry,
+and the same bytes sent as FP32[2,3], FP32[3,2] or INT32[2,3] are three keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+
+import msgspec
+import numpy as np
+
+_enc = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], outputs: list[str] | None,
+              raw_form: bool, parameters: dict | None) -> str:
+    """Hex key (32 chars) for a request; ``inputs`` are the request's tensors, ``arrays`` their decoded values."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{model}\0{version}\0{int(raw_form)}\0".encode())
+    for t, arr in zip(inputs, arrays):
+        h.update(f"{t.name}\0{t.datatype}\0{','.join(map(str, arr.shape))}\0".encode())
+        if t.raw is not None:
+            h.update(t.raw)
+        elif arr.dtype == object:
+            for item in arr.ravel():
+                h.update(len(item).to_bytes(4, "little"))
+                h.update(item)
+        else:
+            h.update(np.ascontiguousarray(arr).data)
+    h.update(b"\0out\0" + ",".join(outputs or ()).encode())
+    if parameters:
+        h.update(b"\0par\0" + _enc.encode(parameters))
+    return h.hexdigest()
+
+
+class L1Cache:
+    """A bounded LRU of encoded responses with per-entry expiry (monotonic seconds).
+
+    Args:
+        capacity: entries kept at most; the least recently used goes first.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str, now: float | None = None) -> bytes | None:
+        entry = self._data.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        now = time.monotonic() if now is None else now
+        if entry[0] < now:
+            del self._data[key]
+            self.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self.hits += 1
+        return entry[1]
+
+    def put(self, key: str, value: bytes, ttl_ms: float, now: float | None = None) -> None:
+        if self.capacity <= 0 or ttl_ms <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        self._data[key] = (now + ttl_ms / 1000.0, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -1,0 +1,59 @@
+"""Pieces every actor process shares: process start-up, readiness line, error replies."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+
+from ..bus import headers as H
+from ..schemas import InferbusError, encode_error
+
+READY_LINE = "READY"
+
+
+def set_affinity(cores: tuple[int, ...]) -> None:
+    """Pin this process to ``cores`` (Linux); ignored where unsupported."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, set(cores))
+        except OSError:
+            pass
+
+
+def serving_gc() -> None:
+    """GC policy for serving: freeze what start-up allocated, collect young objects less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
+def announce_ready() -> None:
+    """Print the readiness line the node supervisor waits for."""
+    print(READY_LINE, flush=True)
+
+
+def install_loop() -> None:
+    """Use uvloop when available."""
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover
+        pass
+
+
+async def reply_error(nc, reply: str | None, err: InferbusError, content_type: str | None = None,
+                      request_id: str | None = None) -> None:
+    """Publish a typed error reply (NATS micro headers + body) to ``reply``; no-op without a reply subject."""
+    if not reply:
+        return
+    hdrs, body = encode_error(err, content_type)
+    if request_id:
+        hdrs[H.REQUEST_ID] = request_id
+    await nc.publish(reply, body, headers=hdrs)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,79 @@
+"""Bus configuration: NATS connection options and the subject prefix.
+
+Config is parsed and validated once at start-up into these frozen records and
+passed explicitly; nothing below reads environment variables.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    """How an actor connects to NATS.
+
+    The reconnect and ping settings are chosen for fast failover: a client
+    notices a dead server after ``ping_interval_s * max_outstanding_pings``
+    at most and reconnects to the next server of ``servers`` at once.
+    """
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    """NATS URLs, tried in order (randomized by nats-py unless ``no_randomize``)."""
+    prefix: str = "inferbus"
+    """First token(s) of every subject; letters, digits, ``_`` and ``-`` per token."""
+    name: str = "inferbus"
+    """Client connection name, visible in the server's ``/connz``."""
+    connect_timeout_s: float = 2.0
+    """Per-server TCP connect timeout in seconds (> 0)."""
+    reconnect_time_wait_s: float = 0.05
+    """Wait between reconnect attempts to the same server, seconds (>= 0)."""
+    max_reconnect_attempts: int = -1
+    """-1 = reconnect for ever."""
+    ping_interval_s: float = 1.0
+    """Client PING interval in seconds (> 0)."""
+    max_outstanding_pings: int = 2
+    """Unanswered PINGs before the connection is declared stale."""
+    pending_size_bytes: int = 64 * 1024 * 1024
+    """Bytes buffered while reconnecting before publishes fail."""
+    no_randomize: bool = False
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkeys_seed: str | None = None
+    """Path of an nkey seed file (``nats.connect(nkeys_seed=...)``)."""
+    user_credentials: str | None = None
+    """Path of a ``.creds`` file (JWT + nkey)."""
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    extra: dict = field(default_factory=dict)
+    """Further keyword arguments passed through to ``nats.connect`` unchanged."""
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("BusConfig.servers: give at least one URL such as nats://127.0.0.1:4222")
+        for tok in self.prefix.split("."):
+            if not _TOKEN_RE.match(tok):
+                raise ValueError(
+                    f"BusConfig.prefix {self.prefix!r}: dot-separated tokens of letters, digits, '_' or '-'"
+                )
+        if self.connect_timeout_s <= 0 or self.ping_interval_s <= 0:
+            raise ValueError("BusConfig: connect_timeout_s and ping_interval_s must be > 0 seconds")
+        if self.reconnect_time_wait_s < 0:
+            raise ValueError("BusConfig.reconnect_time_wait_s must be >= 0 seconds")
+
+    def to_dict(self) -> dict:
+        """A JSON-safe dict, used to hand the config to child processes."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["servers"] = list(self.servers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BusConfig":
+        d = dict(d)
+        d["servers"] = tuple(d.get("servers", cls.servers))
+        return cls(**d)

