@@ -1,0 +1,229 @@
+"""A node: the OS processes of one machine under one supervisor (DESIGN §7, upper level).
+
+Children, in start order: the aggregator, one worker per device slot, then the
+ingress replicas (so an ingress starts when workers already report). Strategy
+``one_for_one``: a dead worker is restarted alone. When a child exits, the node
+publishes a ``ProcessEvent(kind="down")`` on ``<p>._events`` *before* the
+restart, so every ingress fails the requests that worker held with UNAVAILABLE
+at once instead of letting them wait for their timeout.
+
+Embedded nats-server and Valkey are started first when no URL is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
+from ..schemas._internal import ProcessEvent, encode_internal
+from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
+from ._config import AggregatorConfig, IngressConfig, WorkerConfig
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What ``inferbus up`` runs on one machine."""
+
+    models_dir: str
+    workers: int = 0
+    """CPU worker processes (0 = one per core, at least 1)."""
+    ingress: int = 1
+    """Ingress replicas (one queue group)."""
+    nats_url: str | None = None
+    """Use this NATS instead of an embedded nats-server."""
+    nats_port: int = 0
+    """Port of the embedded nats-server (0 = free port)."""
+    redis_url: str | None = None
+    """Use this Redis/Valkey for L2 instead of an embedded Valkey."""
+    no_cache: bool = False
+    """Run without L2 (no Valkey at all)."""
+    prefix: str = "inferbus"
+    node_id: str = "n1"
+    region: str = ""
+    run_dir: str | None = None
+    models: tuple[str, ...] = ()
+    backend: str = "onnxruntime"
+    pin_cpus: bool = False
+    """Pin each process to one core (round robin)."""
+    intensity: int = 10
+    period_s: float = 10.0
+    health_timeout_s: float = 5.0
+    mailbox_size: int = 1024
+    max_batch_size: int | None = None
+    bus_extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.workers < 0 or self.ingress < 1:
+            raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
+
+
+class Node:
+    """Starts, supervises and stops one machine's inferbus processes.
+
+    Use ``async with Node(cfg) as node:``; ``node.nats_url`` is where clients connect.
+    """
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.nats: EmbeddedNats | None = None
+        self.valkey: EmbeddedValkey | None = None
+        self.supervisor: Supervisor | None = None
+        self.nc = None
+        self._run_task: asyncio.Task | None = None
+        self._pids: dict[str, int] = {}
+        self._tmp = None
+        self.nats_url = config.nats_url
+        self.redis_url = config.redis_url
+        self.worker_ids: list[str] = []
+
+    @property
+    def n_workers(self) -> int:
+        return self.config.workers or max(os.cpu_count() or 1, 1)
+
+    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path) -> ChildSpec:
+        argv = [sys.executable, "-m", "inferbus.actors", kind, cfg_json]
+
+        async def start():
+            return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=60.0,
+                                            log_path=log_dir / f"{child_id}.log", name=child_id)
+
+        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
+
+    def _on_start(self, child_id: str, child) -> None:
+        if child.pid:
+            self._pids[child_id] = child.pid
+
+    def _on_exit(self, child_id: str, exit) -> None:
+        if self.nc is None or self.nc.is_closed:
+            return
+        worker_id = child_id[len("worker:"):] if child_id.startswith("worker:") else None
+        ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
+                          reason=exit.reason)
+        asyncio.ensure_future(self._publish_event(ev))
+
+    async def _publish_event(self, ev: ProcessEvent) -> None:
+        try:
+            await self.nc.publish(Subjects(self.config.prefix).events, encode_internal(ev))
+            await self.nc.flush(timeout=1)
+        except Exception:
+            pass
+
+    async def start(self) -> None:
+        """Start embedded servers (if needed) and every actor process; return when all printed READY.
+
+        Raises:
+            EmbeddedServerError: an embedded server did not start.
+            ChildStartError: an actor process failed to start.
+        """
+        c = self.config
+        if c.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-run-")
+            run_dir = Path(self._tmp.name)
+        else:
+            run_dir = Path(c.run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        if self.nats_url is None:
+            self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}")
+            await asyncio.to_thread(self.nats.start)
+            self.nats_url = self.nats.url
+        if self.redis_url is None and not c.no_cache:
+            self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
+            await asyncio.to_thread(self.valkey.start)
+            self.redis_url = self.valkey.url
+        redis_url = None if c.no_cache else self.redis_url
+        bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra))
+        self.nc = await connect(bus, name=f"node-{c.node_id}")
+        ncpu = os.cpu_count() or 1
+        children = [self._child("aggregator", "aggregator",
+                                AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir)]
+        self.worker_ids = []
+        for i in range(self.n_workers):
+            wid = f"{c.node_id}-w{i}"
+            self.worker_ids.append(wid)
+            wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=c.backend,
+                              device_index=i, region=c.region, mailbox_size=c.mailbox_size,
+                              max_batch_size=c.max_batch_size,
+                              cpu_affinity=(i % ncpu,) if c.pin_cpus else ())
+            children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir))
+        for j in range(c.ingress):
+            ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
+                               redis_url=redis_url, region=c.region, health_timeout_s=c.health_timeout_s,
+                               cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else ())
+            children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
+        self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
+                                                    period_s=c.period_s),
+                                     children, name=f"node-{c.node_id}", on_child_exit=self._on_exit,
+                                     on_child_start=self._on_start)
+        try:
+            await self.supervisor.start()
+        except BaseException:
+            await self._stop_servers()
+            raise
+        self._run_task = asyncio.create_task(self.supervisor.run())
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until an ingress reports every model ready (workers' reports seen).
+
+        Raises:
+            TimeoutError: not ready within ``timeout_s``.
+        """
+        from ..client import Client
+
+        client = Client(self.nc, self.config.prefix, retry_unavailable=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                h = await client.health(timeout_s=0.5)
+                if h.ready:
+                    return
+            except Exception:
+                pass
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"inferbus not ready after {timeout_s}s (logs in {self.run_dir})")
+
+    def pid_of(self, child_id: str) -> int | None:
+        for info in self.supervisor.which_children():
+            if info.id == child_id:
+                return info.pid
+        return None
+
+    async def stop(self) -> None:
+        """Stop actors (reverse start order), then the embedded servers. Idempotent."""
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        if self._run_task is not None:
+            self._run_task.cancel()
+            try:
+                await self._run_task
+            except BaseException:
+                pass
+            self._run_task = None
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await self.nc.close()
+            except Exception:
+                pass
+        await self._stop_servers()
+
+    async def _stop_servers(self) -> None:
+        if self.valkey is not None:
+            await asyncio.to_thread(self.valkey.stop)
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    async def __aenter__(self) -> "Node":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()

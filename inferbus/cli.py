@@ -1,0 +1,272 @@
+"""The ``inferbus`` command (typer + rich).
+
+``inferbus up``       serve in the foreground (embedded NATS + Valkey unless URLs are given);
+``inferbus up --demo`` also run a short checked load run and exit (non-zero on any wrong answer);
+``inferbus infer``    one request from .npy files;
+``inferbus models``   the served models' metadata;
+``inferbus health``   an ingress's live/ready answer;
+``inferbus bench``    closed- and open-loop load with HDR percentiles, every answer checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _run(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+
+
+def _models_dir(models: Optional[Path]) -> str:
+    from .actors import default_models_dir
+
+    return str((models or default_models_dir()).resolve())
+
+
+@app.command()
+def up(
+    models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
+    workers: int = typer.Option(0, help="CPU worker processes (0 = one per core)."),
+    ingress: int = typer.Option(1, help="Ingress replicas (one queue group)."),
+    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
+    nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
+    redis_url: Optional[str] = typer.Option(None, help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey."),
+    no_cache: bool = typer.Option(False, help="Run without the L2 cache (no Valkey)."),
+    prefix: str = typer.Option("inferbus", help="Subject prefix."),
+    pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
+    run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
+    demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
+    demo_duration: float = typer.Option(3.0, help="Seconds per demo load step."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON here."),
+):
+    """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
+    from .actors import Node, NodeConfig
+
+    cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
+                     nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, prefix=prefix,
+                     pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None)
+    rc = _run(_up(cfg, demo, demo_duration, json_out))
+    raise typer.Exit(rc)
+
+
+async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
+    import time
+
+    from .actors import Node
+
+    t0 = time.monotonic()
+    node = Node(cfg)
+    await node.start()
+    try:
+        await node.wait_ready(60)
+        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
+                      f"L2 cache {node.redis_url or 'off'}, {node.n_workers} worker(s), {cfg.ingress} ingress, "
+                      f"run dir {node.run_dir}")
+        from .actors import ModelRepository
+
+        repo = ModelRepository(cfg.models_dir, list(cfg.models) or None)
+        for m in repo:
+            console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions)} → "
+                          f"{cfg.prefix}.infer.{m.name}[.<version>]")
+        if demo:
+            return await _demo(node, cfg, repo, demo_duration, json_out)
+        console.print("serving; Ctrl-C to stop")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        return 0
+    finally:
+        await node.stop()
+
+
+async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) -> int:
+    from .client import Client
+    from .loadgen import Workload, closed_loop, open_loop, render_table
+
+    model = "digits" if repo.get("digits") else next(iter(repo)).name
+    client = await Client.connect(node.nats_url, cfg.prefix)
+    results = []
+    try:
+        miss = Workload(repo, model, distinct=True)
+        hit = Workload(repo, model, distinct=False)
+        # warm-up, not recorded
+        await closed_loop(client, miss, concurrency=4, duration_s=0.5)
+        results.append(await closed_loop(client, miss, concurrency=1, duration_s=duration_s))
+        results.append(await closed_loop(client, miss, concurrency=8, duration_s=duration_s))
+        c8_qps = results[-1].qps
+        results.append(await open_loop(client, miss, rate_qps=max(round(c8_qps * 0.5, -1), 50), duration_s=duration_s))
+        results.append(await closed_loop(client, hit, concurrency=1, duration_s=duration_s))
+        results[-1].mode = "closed(hit)"
+    finally:
+        await client.close()
+    console.print(render_table(results, f"inferbus demo — model {model}, {node.n_workers} CPU worker(s)"))
+    stages = results[0].stages_us
+    if stages:
+        console.print("hop-by-hop means at c=1 (µs): " + ", ".join(f"{k}={v:g}" for k, v in stages.items()))
+    wrong = sum(r.wrong for r in results)
+    errors = sum(sum(r.errors.values()) for r in results)
+    console.print(f"wrong answers: [bold]{wrong}[/]   errors: [bold]{errors}[/]")
+    if json_out:
+        json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2))
+    return 1 if wrong or errors else 0
+
+
+@app.command()
+def infer(
+    model: str = typer.Argument(..., help="Model name."),
+    input: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy (repeat per input)."),
+    version: Optional[str] = typer.Option(None, help="Model version (default: the model's default)."),
+    output: list[str] = typer.Option([], "--output", "-o", help="Output names to compute (default all)."),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
+    prefix: str = typer.Option("inferbus"),
+    timeout_s: float = typer.Option(1.0, help="Request budget in seconds."),
+    json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
+):
+    """Send one request built from .npy files and print the outputs."""
+    feeds = {}
+    for spec in input:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}")
+        feeds[name] = np.load(path, allow_pickle=False)
+
+    async def go():
+        from .client import Client
+
+        async with await Client.connect(nats_url, prefix) as c:
+            return await c.infer_result(model, feeds, version=version, outputs=output or None, timeout_s=timeout_s,
+                                        json=json_wire)
+
+    from .schemas import InferbusError
+
+    try:
+        res = _run(go())
+    except InferbusError as err:
+        err_console.print(f"[red]{err.code.value}[/]: {err.message}" + (f" (field {err.field})" if err.field else ""))
+        raise typer.Exit(2)
+    console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
+    for name, arr in res.outputs.items():
+        console.print(f"[cyan]{name}[/] {arr.dtype} {list(arr.shape)}\n{np.array2string(arr, precision=5)}")
+    console.print_json(json.dumps(res.parameters, default=str))
+
+
+@app.command()
+def models(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
+    """List the served models with their inputs and outputs (OIP v2 metadata)."""
+    from rich.table import Table
+
+    async def go():
+        from .client import Client
+
+        async with await Client.connect(nats_url, prefix) as c:
+            return await c.models()
+
+    ml = _run(go())
+    t = Table(title="models")
+    for col in ("name", "versions", "platform", "inputs", "outputs"):
+        t.add_column(col)
+    fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
+    for m in ml.models:
+        t.add_row(m.name, ",".join(m.versions), m.platform, fmt(m.inputs), fmt(m.outputs))
+    console.print(t)
+
+
+@app.command()
+def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
+    """Ask one ingress whether it is live and ready."""
+
+    async def go():
+        from .client import Client
+
+        async with await Client.connect(nats_url, prefix) as c:
+            return await c.health()
+
+    h = _run(go())
+    console.print_json(json.dumps({"live": h.live, "ready": h.ready, "parameters": h.parameters}))
+    raise typer.Exit(0 if h.ready else 1)
+
+
+@app.command()
+def bench(
+    model: str = typer.Argument("digits"),
+    nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
+    models: Optional[Path] = typer.Option(None, help="Model repository (for inputs and the reference)."),
+    workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
+    concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
+    rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
+    duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
+    hit: bool = typer.Option(False, help="Repeat one input (cache hits) instead of distinct inputs."),
+    timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds."),
+    prefix: str = typer.Option("inferbus"),
+    json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
+):
+    """Closed-loop (concurrency) and open-loop (fixed rate) load, HDR percentiles, every answer checked."""
+    from .actors import ModelRepository, Node, NodeConfig
+
+    mdir = _models_dir(models)
+
+    async def go():
+        from .client import Client
+        from .loadgen import Workload, closed_loop, open_loop
+
+        node = None
+        url = nats_url
+        if url is None:
+            node = Node(NodeConfig(models_dir=mdir, workers=workers, nats_port=0))
+            await node.start()
+            await node.wait_ready(60)
+            url = node.nats_url
+        try:
+            repo = ModelRepository(mdir)
+            work = Workload(repo, model, distinct=not hit)
+            client = await Client.connect(url, prefix)
+            out = []
+            try:
+                await closed_loop(client, work, concurrency=4, duration_s=min(1.0, duration_s))
+                for c in [int(x) for x in concurrency.split(",") if x.strip()]:
+                    out.append(await closed_loop(client, work, concurrency=c, duration_s=duration_s, timeout_s=timeout_s))
+                for r in [float(x) for x in rate.split(",") if x.strip()]:
+                    out.append(await open_loop(client, work, rate_qps=r, duration_s=duration_s, timeout_s=timeout_s))
+            finally:
+                await client.close()
+            return out
+        finally:
+            if node is not None:
+                await node.stop()
+
+    results = _run(go())
+    if json_out:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        from .loadgen import render_table
+
+        console.print(render_table(results, f"inferbus bench — {model}"))
+    raise typer.Exit(1 if any(r.wrong for r in results) else 0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
