@@ -1,0 +1,382 @@
+"""Encode and decode wire messages: MessagePack by default, JSON on request.
+
+The encoding follows the message's ``Content-Type`` header (DESIGN §3): JSON when it
+is ``application/json`` (parameters such as ``; charset=utf-8`` allowed, and any
+``application/*+json``), MessagePack for anything else, including no header.
+
+Every decode failure becomes :class:`~inferbus.schemas.InvalidArgument`; its ``field``
+is the JSON path of the offending field (``"inputs[0].shape"``, ``"inputs[0].name"``
+for a missing field), or None when the body is not valid MessagePack/JSON at all.
+Decoders are built once and reused (msgspec), and a MessagePack length header that
+claims more bytes than the body holds is rejected before anything is allocated.
+
+JSON differences (JSON has no binary type and no NaN):
+
+* ``bytes`` fields (``raw``) are base64 strings;
+* BYTES ``data`` elements are strings (UTF-8); encoding bytes that are not valid
+  UTF-8 as JSON ``data`` raises InvalidArgument: send such tensors as ``raw``;
+* non-finite floats in FP16/BF16/FP32/FP64 ``data`` are the strings ``"NaN"``,
+  ``"Infinity"``, ``"-Infinity"`` (the proto3 JSON mapping's spelling); the decoders
+  accept them in either encoding.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, TypeVar
+
+import msgspec
+import numpy as np
+
+from ._errors import InvalidArgument
+from ._oip import DATATYPES, InferRequest, InferResponse, RequestInput, ResponseOutput
+from ._tensors import _WIRE
+
+__all__ = [
+    "MSGPACK",
+    "JSON",
+    "is_json",
+    "decode_request",
+    "encode_request",
+    "decode_response",
+    "encode_response",
+    "encode",
+    "decode",
+]
+
+#: Content-Type of MessagePack bodies (the default).
+MSGPACK = "application/msgpack"
+#: Content-Type of JSON bodies.
+JSON = "application/json"
+
+T = TypeVar("T")
+
+
+def is_json(content_type: str | None) -> bool:
+    """True when ``content_type`` selects JSON: ``application/json`` (any case, with
+    or without parameters such as ``; charset=utf-8``) or ``application/*+json``.
+    None, ``application/msgpack`` and every other value select MessagePack."""
+    if not content_type:
+        return False
+    if content_type == JSON:
+        return True
+    if content_type == MSGPACK:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _enc_hook(obj: Any) -> Any:
+    # numpy scalars (incl. bfloat16) and arrays in parameters or data.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot encode objects of type {type(obj).__name__}")
+
+
+_mp_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_json_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+_decoders: dict[tuple[Any, bool], Any] = {}
+
+
+def _decoder(type_: Any, json: bool) -> Any:
+    key = (type_, json)
+    dec = _decoders.get(key)
+    if dec is None:
+        dec = msgspec.json.Decoder(type_) if json else msgspec.msgpack.Decoder(type_)
+        _decoders[key] = dec
+    return dec
+
+
+_mp_request = _decoder(InferRequest, False)
+_json_request = _decoder(InferRequest, True)
+_mp_response = _decoder(InferResponse, False)
+_json_response = _decoder(InferResponse, True)
+
+# ---------------------------------------------------------------- error translation
+
+_AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.S)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_DATATYPE_LIST = ", ".join(DATATYPES)
+
+
+def _validation_error(exc: msgspec.ValidationError, what: str) -> InvalidArgument:
+    """msgspec's "<text> - at `$.inputs[0].shape`" -> InvalidArgument(field="inputs[0].shape")."""
+    text = str(exc)
+    path = ""
+    m = _AT.match(text)
+    if m:
+        text, path = m["msg"], m["path"]
+    m = _MISSING.match(text)
+    if m:
+        path = f"{path}.{m['name']}"
+    field = path.lstrip(".") or None
+    if field and field.endswith(".datatype") and text.startswith("Invalid enum value"):
+        value = text[len("Invalid enum value") :]
+        text = f"unknown datatype{value}; expected one of {_DATATYPE_LIST}"
+    message = f"invalid {what}: {field}: {text}" if field else f"invalid {what}: {text}"
+    return InvalidArgument(message, field=field)
+
+
+def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArgument:
+    fmt = "JSON" if json else "MessagePack"
+    return InvalidArgument(f"malformed {fmt} {what}: {exc}")
+
+
+def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
+    if len(body) == 0:
+        raise InvalidArgument(f"empty {what} body")
+    try:
+        return dec.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc, what) from exc
+    except msgspec.DecodeError as exc:
+        raise _decode_error(exc, what, json) from exc
+
+
+# ---------------------------------------------------------------- light validation
+
+
+def _check_tensors(tensors: list[Any], prefix: str) -> None:
+    """Cheap per-tensor checks done at decode time (O(number of tensors)): unique
+    names, exactly one of data/raw/shm, the outer length of ``data`` (``prod(shape)``
+    flat, or ``shape[0]`` nested), raw and shm sizes of fixed-size datatypes, and
+    at least 4 bytes per element in BYTES raw.
+    Element-level checks of ``data`` happen in input_to_numpy/output_to_numpy."""
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        if t.name in seen:
+            raise InvalidArgument(
+                f"duplicate tensor name {t.name!r}", field=f"{prefix}[{i}].name"
+            )
+        seen.add(t.name)
+        shm = getattr(t, "shm", None)
+        present = (t.data is not None) + (t.raw is not None) + (shm is not None)
+        if present != 1:
+            slots = (("data", t.data), ("raw", t.raw), ("shm", shm))
+            names = [n for n, v in slots if v is not None]
+            got = " and ".join(names) if names else "none"
+            raise InvalidArgument(
+                f"exactly one of data, raw, shm must be set; got {got}", field=f"{prefix}[{i}]"
+            )
+        if t.data is not None:
+            data, shape = t.data, t.shape
+            count = math.prod(shape)
+            if isinstance(data, (list, tuple)):
+                ok = len(data) == count or (len(shape) > 1 and len(data) == shape[0])
+            else:
+                ok = count == 1 and not isinstance(data, dict)
+            if not ok:
+                got = f"a list of {len(data)}" if isinstance(data, (list, tuple)) else (
+                    type(data).__name__
+                )
+                raise InvalidArgument(
+                    f"data must be a flat list of {count} elements or nested as shape "
+                    f"{shape}, got {got}",
+                    field=f"{prefix}[{i}].data",
+                )
+            continue
+        if t.datatype == "BYTES":
+            count = math.prod(t.shape)
+            if t.raw is not None and len(t.raw) < 4 * count:
+                raise InvalidArgument(
+                    f"BYTES raw has {len(t.raw)} bytes, too few for {count} elements "
+                    "(4-byte length each)",
+                    field=f"{prefix}[{i}].raw",
+                )
+            continue
+        expected = math.prod(t.shape) * _WIRE[t.datatype].itemsize
+        if t.raw is not None:
+            if len(t.raw) != expected:
+                raise InvalidArgument(
+                    f"raw has {len(t.raw)} bytes but shape {t.shape} of {t.datatype} needs "
+                    f"{expected}",
+                    field=f"{prefix}[{i}].raw",
+                )
+        elif shm.byte_size != expected:
+            raise InvalidArgument(
+                f"shm.byte_size is {shm.byte_size} but shape {t.shape} of {t.datatype} needs "
+                f"{expected}",
+                field=f"{prefix}[{i}].shm.byte_size",
+            )
+
+
+def _check_request(req: InferRequest) -> InferRequest:
+    _check_tensors(req.inputs, "inputs")
+    if req.outputs:
+        seen: set[str] = set()
+        for i, o in enumerate(req.outputs):
+            if o.name in seen:
+                raise InvalidArgument(
+                    f"duplicate output name {o.name!r}", field=f"outputs[{i}].name"
+                )
+            seen.add(o.name)
+    return req
+
+
+# ---------------------------------------------------------------- JSON preparation
+
+_FLOAT_TYPES = frozenset({"FP16", "BF16", "FP32", "FP64"})
+
+
+def _nonfinite_str(x: float) -> str:
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _json_floats(data: Any) -> Any:
+    """Return data with non-finite floats as strings; the same object when all finite."""
+    if isinstance(data, (float, np.floating)):
+        return data if math.isfinite(data) else _nonfinite_str(float(data))
+    if isinstance(data, (list, tuple)):
+        try:
+            if all(map(math.isfinite, data)):
+                return data
+        except (TypeError, OverflowError):  # nested lists, strings, huge ints
+            pass
+        return [_json_floats(x) for x in data]
+    return data
+
+
+def _json_bytes(data: Any, where: str) -> Any:
+    """Return BYTES data with every bytes element decoded as UTF-8 text."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(
+                "BYTES element is not valid UTF-8; JSON carries BYTES data as text, "
+                "send this tensor as raw instead",
+                field=where,
+            ) from exc
+    if isinstance(data, (list, tuple)):
+        return [_json_bytes(x, where) for x in data]
+    return data
+
+
+def _json_tensors(tensors: list[Any], prefix: str | None) -> list[Any] | None:
+    """A copy of ``tensors`` made JSON-safe, or None when nothing needs changing."""
+    out: list[Any] | None = None
+    for i, t in enumerate(tensors):
+        where = f"{prefix}[{i}].data" if prefix else "data"
+        data = t.data
+        if data is None:
+            continue
+        if t.datatype == "BYTES":
+            new = _json_bytes(data, where)
+        elif t.datatype in _FLOAT_TYPES:
+            new = _json_floats(data)
+        else:
+            continue
+        if new is not data:
+            if out is None:
+                out = list(tensors)
+            out[i] = msgspec.structs.replace(t, data=new)
+    return out
+
+
+def _json_ready(obj: Any) -> Any:
+    if isinstance(obj, InferRequest):
+        inputs = _json_tensors(obj.inputs, "inputs")
+        return obj if inputs is None else msgspec.structs.replace(obj, inputs=inputs)
+    if isinstance(obj, InferResponse):
+        outputs = _json_tensors(obj.outputs, "outputs")
+        return obj if outputs is None else msgspec.structs.replace(obj, outputs=outputs)
+    if isinstance(obj, (RequestInput, ResponseOutput)):
+        fixed = _json_tensors([obj], None)
+        return obj if fixed is None else fixed[0]
+    return obj
+
+
+# ---------------------------------------------------------------- public API
+
+
+def encode(obj: Any, content_type: str | None = None) -> bytes:
+    """Encode any wire struct (or plain data) as MessagePack, or JSON per ``content_type``.
+
+    numpy scalars and arrays inside are encoded as Python numbers / nested lists.
+    The object is not modified; JSON preparation (see module docs) works on copies.
+
+    Raises:
+        InvalidArgument: a value cannot be encoded (unsupported type, integer beyond
+            64 bits, non-UTF-8 BYTES data as JSON).
+    """
+    try:
+        if is_json(content_type):
+            return _json_encoder.encode(_json_ready(obj))
+        return _mp_encoder.encode(obj)
+    except (TypeError, ValueError, OverflowError, NotImplementedError) as exc:
+        raise InvalidArgument(f"cannot encode {type(obj).__name__}: {exc}") from exc
+
+
+def decode(body: bytes | memoryview, type: type[T], content_type: str | None = None) -> T:
+    """Decode ``body`` as ``type`` (any msgspec-supported type, e.g. ModelMetadata,
+    ModelList, Health, ErrorReply) from MessagePack, or JSON per ``content_type``.
+
+    An :class:`InferRequest` / :class:`InferResponse` gets the same checks as
+    :func:`decode_request` / :func:`decode_response`.
+
+    Raises:
+        InvalidArgument: empty body, malformed body (field None), or a field of the
+            wrong type / missing (field = its JSON path).
+    """
+    json = is_json(content_type)
+    name = getattr(type, "__name__", "message")
+    value = _decode(_decoder(type, json), body, name, json)
+    if isinstance(value, InferRequest):
+        _check_request(value)
+    elif isinstance(value, InferResponse):
+        _check_tensors(value.outputs, "outputs")
+    return value
+
+
+def decode_request(body: bytes | memoryview, content_type: str | None = None) -> InferRequest:
+    """Decode and check an :class:`InferRequest` (MessagePack, or JSON per ``content_type``).
+
+    Checks beyond types (cheap, O(inputs)): input names unique, exactly one of
+    data/raw/shm per input, the outer length of ``data`` (``prod(shape)`` when flat,
+    ``shape[0]`` when nested), ``raw`` length and ``shm.byte_size`` equal to
+    ``prod(shape) * itemsize`` for fixed-size datatypes, requested output names unique.
+    Element-level checks of ``data`` (types, ranges, full nesting) happen in
+    :func:`input_to_numpy`.
+
+    Raises:
+        InvalidArgument: ``field`` None for an empty or malformed body; otherwise the
+            JSON path: ``"inputs[0].shape"`` (wrong type), ``"inputs[0].shape[1]"``
+            (negative), ``"inputs[0].datatype"`` (unknown), ``"inputs[0].name"``
+            (missing or duplicate), ``"inputs[0]"`` (none or several of
+            data/raw/shm), ``"inputs[0].raw"`` (wrong length), ``"inputs[0].data"``
+            (wrong outer length), ``"inputs"`` (missing).
+    """
+    json = is_json(content_type)
+    req = _decode(_json_request if json else _mp_request, body, "request", json)
+    return _check_request(req)
+
+
+def encode_request(req: InferRequest, content_type: str | None = None) -> bytes:
+    """Encode an :class:`InferRequest`; see :func:`encode` for errors."""
+    return encode(req, content_type)
+
+
+def decode_response(body: bytes | memoryview, content_type: str | None = None) -> InferResponse:
+    """Decode and check an :class:`InferResponse` (MessagePack, or JSON per ``content_type``).
+
+    Same checks as :func:`decode_request`, applied to ``outputs``. A malformed response
+    raises InvalidArgument too (naming the field, ``"outputs[0].raw"`` etc.): the
+    caller decides whether that is its own fault or the server's. Check for an error
+    reply with :func:`decode_error` first.
+
+    Raises:
+        InvalidArgument: as :func:`decode_request`, with ``outputs[...]`` paths.
+    """
+    json = is_json(content_type)
+    resp = _decode(_json_response if json else _mp_response, body, "response", json)
+    _check_tensors(resp.outputs, "outputs")
+    return resp
+
+
+def encode_response(resp: InferResponse, content_type: str | None = None) -> bytes:
+    """Encode an :class:`InferResponse`; see :func:`encode` for errors."""
+    return encode(resp, content_type)

@@ -1,0 +1,223 @@
+"""Public wire messages: the KServe Open Inference Protocol (OIP) v2 shapes.
+
+Field names and meanings follow the KServe OIP v2 REST/gRPC specification
+(https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/), so a
+plain MessagePack or JSON client that knows OIP v2 can talk to inferbus with nothing
+else. Two additions, both optional: ``raw`` (a tensor's bytes inline, little-endian,
+row-major; the analogue of OIP gRPC ``raw_input_contents``) and ``shm`` (a same-host
+shared-memory reference, the OIP shared-memory extension's region/offset/byte_size).
+
+All structs decode strictly: a field of the wrong type, a ``datatype`` outside
+:data:`DATATYPES` or a negative dimension in a request/response tensor shape is a
+decode error naming the field (see :mod:`inferbus.schemas._codec`). Unknown fields are
+ignored (forward compatibility). Optional fields that hold their default are omitted
+from the encoded message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+__all__ = [
+    "DATATYPES",
+    "Datatype",
+    "ShmRef",
+    "RequestInput",
+    "RequestedOutput",
+    "InferRequest",
+    "ResponseOutput",
+    "InferResponse",
+    "TensorMetadata",
+    "ModelMetadata",
+    "ModelList",
+    "Health",
+]
+
+#: The OIP v2 tensor datatypes, in the spec's order.
+DATATYPES: tuple[str, ...] = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "BF16",
+    "FP32",
+    "FP64",
+    "BYTES",
+)
+
+#: Type of a ``datatype`` field: a ``str`` restricted to :data:`DATATYPES` on decode.
+Datatype = Literal[
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "BF16",
+    "FP32",
+    "FP64",
+    "BYTES",
+]
+
+_Dim = Annotated[int, msgspec.Meta(ge=0)]
+_MetaDim = Annotated[int, msgspec.Meta(ge=-1)]
+_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ShmRef(msgspec.Struct, kw_only=True):
+    """A tensor held in a same-host shared-memory region.
+
+    Attributes:
+        region: name of a region registered with the server.
+        offset: start of the tensor in the region, bytes, >= 0 (default 0).
+        byte_size: length of the tensor, bytes, >= 0.
+    """
+
+    region: str
+    offset: _NonNeg = 0
+    byte_size: _NonNeg
+
+
+class RequestInput(msgspec.Struct, omit_defaults=True):
+    """One input tensor of an :class:`InferRequest` (OIP v2 ``$request_input``).
+
+    Exactly one of ``data``, ``raw`` and ``shm`` carries the values:
+
+    * ``data``: the elements, a flat row-major list of ``prod(shape)`` elements or a
+      list nested exactly like ``shape``; BYTES elements are bin (bytes) or UTF-8 str.
+    * ``raw``: the tensor's bytes, row-major, little-endian, ``prod(shape) * itemsize``
+      bytes; BYTES uses the OIP binary form (a 4-byte little-endian length before
+      each element). MessagePack carries it as bin, JSON as a base64 string.
+    * ``shm``: a :class:`ShmRef`.
+
+    Attributes:
+        name: input name, as in the model metadata.
+        datatype: one of :data:`DATATYPES`.
+        shape: dimensions, each >= 0; ``[]`` is a scalar, a 0 makes an empty tensor.
+        parameters: OIP per-tensor parameters, passed through.
+
+    Convert with :func:`inferbus.schemas.input_to_numpy` / ``input_from_numpy``.
+    """
+
+    name: str
+    datatype: Datatype
+    shape: list[_Dim]
+    data: Any = None
+    raw: bytes | None = None
+    shm: ShmRef | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class RequestedOutput(msgspec.Struct, omit_defaults=True):
+    """An output the caller wants (OIP v2 ``$request_output``); none listed = all."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(msgspec.Struct, omit_defaults=True):
+    """An inference request (OIP v2 ``$inference_request``).
+
+    Attributes:
+        inputs: the input tensors, names unique.
+        id: caller's request id, echoed in the response; the idempotency key when the
+            ``Inferbus-Request-Id`` header is absent.
+        parameters: OIP request parameters, passed through.
+        outputs: outputs to return; None returns every output.
+    """
+
+    inputs: list[RequestInput]
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[RequestedOutput] | None = None
+
+
+class ResponseOutput(msgspec.Struct, omit_defaults=True):
+    """One output tensor of an :class:`InferResponse` (OIP v2 ``$response_output``).
+
+    Same value rules as :class:`RequestInput` (``data`` or ``raw``; no ``shm``).
+    Convert with :func:`inferbus.schemas.output_to_numpy` / ``output_from_numpy``.
+    """
+
+    name: str
+    datatype: Datatype
+    shape: list[_Dim]
+    data: Any = None
+    raw: bytes | None = None
+
+
+class InferResponse(msgspec.Struct, omit_defaults=True):
+    """An inference response (OIP v2 ``$inference_response``).
+
+    Attributes:
+        model_name: the model that answered.
+        outputs: the output tensors.
+        model_version: the version that answered ("" when unversioned).
+        id: the request's ``id``, echoed.
+        parameters: serving facts: worker id, device, backend, precision, cache hit,
+            region, fencing term, timings in µs (queue, compute, total).
+    """
+
+    model_name: str
+    outputs: list[ResponseOutput]
+    model_version: str = ""
+    id: str | None = None
+    parameters: dict[str, Any] = {}
+
+
+class TensorMetadata(msgspec.Struct):
+    """A model input/output as the model declares it (OIP v2 ``$metadata_tensor``).
+
+    ``shape`` dimensions are >= 0, or -1 for a variable dimension (e.g. batch).
+    """
+
+    name: str
+    datatype: Datatype
+    shape: list[_MetaDim]
+
+
+class ModelMetadata(msgspec.Struct, omit_defaults=True):
+    """Model metadata (OIP v2 ``$metadata_model_response``), answered on
+    ``<prefix>.models.<model>``.
+
+    Attributes:
+        name: model name.
+        versions: available versions.
+        platform: serving platform, e.g. ``"onnxruntime_onnx"``.
+        inputs, outputs: tensor metadata.
+        parameters: extra facts (omitted from the wire when empty).
+    """
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    parameters: dict[str, Any] = {}
+
+
+class ModelList(msgspec.Struct):
+    """``{models: [ModelMetadata, ...]}``, answered on ``<prefix>.models``."""
+
+    models: list[ModelMetadata]
+
+
+class Health(msgspec.Struct, omit_defaults=True):
+    """Liveness/readiness, answered on ``<prefix>.health`` (OIP v2 health, both
+    flags in one message). ``parameters`` holds extra facts (omitted when empty)."""
+
+    live: bool
+    ready: bool
+    parameters: dict[str, Any] = {}
