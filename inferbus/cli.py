@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
 
@@ -50,6 +50,7 @@ def up(
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     redis_url: Optional[str] = typer.Option(None, help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey."),
     no_cache: bool = typer.Option(False, help="Run without the L2 cache (no Valkey)."),
+    l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
@@ -61,7 +62,7 @@ def up(
     from .actors import Node, NodeConfig
 
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
-                     nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, prefix=prefix,
+                     nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None)
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)

@@ -234,7 +234,7 @@ def render_table(results: list[BenchResult], title: str = "inferbus load run"):
                 "wrong", "cache hits"):
         t.add_column(col, justify="right" if col not in ("model", "mode") else "left")
     for r in results:
-        load = f"c={r.concurrency}" if r.mode == "closed" else f"{r.rate_qps:g}/s"
+        load = f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
         t.add_row(r.model, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.p50_us / 1000:.3f}",
                   f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}",
                   str(sum(r.errors.values())), str(r.wrong), str(r.cache_hits))

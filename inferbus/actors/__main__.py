@@ -1,14 +1,11 @@
 """``python -m inferbus.actors KIND CONFIG_JSON``: the entry point of every actor process."""
 
-import signal
 import sys
 
 
 def _main() -> None:
     if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator"):
         sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator} CONFIG_JSON")
-    # SIGTERM = orderly shutdown (KeyboardInterrupt path drains the connection)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     kind, cfg = sys.argv[1], sys.argv[2]
     if kind == "worker":
         from ._worker import main

@@ -12,7 +12,7 @@ import asyncio
 
 from ..bus import Subjects, connect
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
-from ._common import announce_ready, install_loop, log, serving_gc, set_affinity
+from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
 from ._config import AggregatorConfig
 
 _MAX_PIPELINE = 512
@@ -88,8 +88,4 @@ class Aggregator:
 def main(config_json: str) -> None:
     """Process entry: ``python -m inferbus.actors aggregator '<AggregatorConfig JSON>'``."""
     cfg = AggregatorConfig.from_json(config_json)
-    install_loop()
-    try:
-        asyncio.run(Aggregator(cfg).run())
-    except KeyboardInterrupt:
-        pass
+    run_actor(Aggregator(cfg).run)

@@ -44,6 +44,29 @@ def install_loop() -> None:
         pass
 
 
+def run_actor(actor_run) -> None:
+    """Run ``actor_run()`` (a coroutine function) on uvloop until it ends or SIGTERM/SIGINT arrives.
+
+    A signal cancels the actor's main task, whose ``finally`` drains its NATS
+    connection (orderly shutdown within the supervisor's shutdown timeout).
+    """
+    import signal
+
+    install_loop()
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await actor_run()
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+
+
 async def reply_error(nc, reply: str | None, err: InferbusError, content_type: str | None = None,
                       request_id: str | None = None) -> None:
     """Publish a typed error reply (NATS micro headers + body) to ``reply``; no-op without a reply subject."""

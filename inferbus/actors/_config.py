@@ -78,6 +78,8 @@ class IngressConfig(_JsonMixin):
     models: tuple[str, ...] = ()
     redis_url: str | None = None
     """L2 cache (Valkey/Redis URL); None disables L2 lookups."""
+    l2_lookup: bool = False
+    """Look up the L2 cache on an L1 miss (costs one Redis round trip per miss; fills happen either way)."""
     l1_entries: int = 10_000
     """L1 cache capacity in entries (LRU)."""
     l2_timeout_ms: float = 2.0

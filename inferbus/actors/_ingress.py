@@ -41,7 +41,7 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import announce_ready, install_loop, log, serving_gc, set_affinity
+from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
 from ._config import IngressConfig
 from ._repository import Model, ModelRepository
 from ._router import Router
@@ -256,7 +256,7 @@ class Ingress:
             self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, item.server_error)
             if item.ok and item.response is not None and p.cache_key is not None:
                 self.l1.put(p.cache_key, item.response, p.ttl_ms, now)
-                if self.redis is not None:
+                if self.config.redis_url:
                     await self.nc.publish(self.subjects.cache_fill,
                                           encode_internal(CacheFill(p.cache_key, p.ttl_ms, item.response)))
 
@@ -328,7 +328,7 @@ class Ingress:
         """Connect, subscribe (internal subjects first, public last), announce readiness, serve."""
         set_affinity(self.config.cpu_affinity)
         self.nc = await connect(self.config.bus, name=f"ingress-{self.config.ingress_id}")
-        if self.config.redis_url:
+        if self.config.redis_url and self.config.l2_lookup:
             import redis.asyncio as aioredis
 
             self.redis = aioredis.from_url(self.config.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
@@ -366,8 +366,4 @@ class Ingress:
 def main(config_json: str) -> None:
     """Process entry: ``python -m inferbus.actors ingress '<IngressConfig JSON>'``."""
     cfg = IngressConfig.from_json(config_json)
-    install_loop()
-    try:
-        asyncio.run(Ingress(cfg).run())
-    except KeyboardInterrupt:
-        pass
+    run_actor(Ingress(cfg).run)

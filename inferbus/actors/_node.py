@@ -41,6 +41,8 @@ class NodeConfig:
     """Port of the embedded nats-server (0 = free port)."""
     redis_url: str | None = None
     """Use this Redis/Valkey for L2 instead of an embedded Valkey."""
+    l2_lookup: bool = False
+    """Ingress looks up L2 on an L1 miss (one Redis round trip per miss)."""
     no_cache: bool = False
     """Run without L2 (no Valkey at all)."""
     prefix: str = "inferbus"
@@ -154,7 +156,7 @@ class Node:
             children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir))
         for j in range(c.ingress):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
-                               redis_url=redis_url, region=c.region, health_timeout_s=c.health_timeout_s,
+                               redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else ())
             children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,

@@ -35,7 +35,7 @@ from ..schemas import (
     decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
 from ..schemas._internal import FORWARD_TAG, DoneItem, DoneNotice, LoadReport, encode_internal
-from ._common import announce_ready, install_loop, log, serving_gc, set_affinity
+from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
 from ._config import WorkerConfig
 from ._repository import ModelRepository
 
@@ -379,8 +379,4 @@ def _parse_timings(value: str | None) -> dict[str, int]:
 def main(config_json: str) -> None:
     """Process entry: ``python -m inferbus.actors worker '<WorkerConfig JSON>'``."""
     cfg = WorkerConfig.from_json(config_json)
-    install_loop()
-    try:
-        asyncio.run(Worker(cfg).run())
-    except KeyboardInterrupt:
-        pass
+    run_actor(Worker(cfg).run)
