@@ -1,0 +1,231 @@
+"""End-to-end: real nats-server, Valkey and inferbus processes; answers checked against in-process ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+import onnxruntime as ort
+
+from inferbus.client import Client
+from inferbus.schemas import (
+    DeadlineExceeded, InvalidArgument, NotFound, PayloadTooLarge, decode_error,
+)
+
+from conftest import MODELS
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def reference(model: str, version: str, feeds: dict) -> dict:
+    sess = ort.InferenceSession(str(MODELS / model / version / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def digits_rows(n=8):
+    return np.load(MODELS / "digits" / "data" / "test.npz")["X"][:n].astype(np.float32)
+
+
+@pytest.fixture
+async def client(deployment):
+    c = await Client.connect(deployment.nats_url, deployment.prefix)
+    yield c
+    await c.close()
+
+
+async def test_digits_matches_in_process_reference(client):
+    x = digits_rows(16)
+    for i in range(len(x)):
+        feeds = {"pixels": x[i:i + 1]}
+        res = await client.infer_result("digits", feeds, timeout_s=2)
+        ref = reference("digits", "1", feeds)
+        np.testing.assert_allclose(res.outputs["probabilities"], ref["probabilities"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res.outputs["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+        assert res.model_version == "1"
+        p = res.parameters
+        for k in ("worker_id", "device", "backend", "precision", "cache_hit", "region", "term", "timings_us"):
+            assert k in p, k
+        for k in ("queue", "compute"):
+            assert k in p["timings_us"]
+
+
+async def test_version_routing_and_batch_rows(client):
+    x = digits_rows(4)
+    v2 = await client.infer("digits", {"pixels": x}, version="2", timeout_s=2)
+    np.testing.assert_allclose(v2["logits"], reference("digits", "2", {"pixels": x})["logits"], rtol=1e-5, atol=1e-5)
+    v1 = await client.infer("digits", {"pixels": x}, version="1", timeout_s=2)
+    assert not np.allclose(v1["logits"], v2["logits"])
+
+
+async def test_json_and_data_forms_give_the_same_answer(client):
+    x = digits_rows(1)
+    a = await client.infer("digits", {"pixels": x}, raw=True)
+    b = await client.infer("digits", {"pixels": x}, raw=False)
+    c = await client.infer("digits", {"pixels": x}, raw=False, json=True)
+    np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-6)
+    np.testing.assert_allclose(a["logits"], c["logits"], rtol=1e-6)
+
+
+async def test_output_subset(client):
+    out = await client.infer("digits", {"pixels": digits_rows(1)}, outputs=["probabilities"])
+    assert list(out) == ["probabilities"]
+
+
+async def test_plain_nats_and_msgpack_client(deployment):
+    """The contract every other language relies on: no inferbus code on the client side."""
+    nc = await nats.connect(deployment.nats_url)
+    try:
+        row = digits_rows(1)[0]
+        body = msgpack.packb({"id": "plain-1", "inputs": [
+            {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [float(v) for v in row]}]})
+        msg = await nc.request(f"{deployment.prefix}.infer.digits", body, timeout=2)
+        resp = msgpack.unpackb(msg.data)
+        assert resp["id"] == "plain-1" and resp["model_name"] == "digits"
+        outs = {o["name"]: o for o in resp["outputs"]}
+        probs = np.array(outs["probabilities"]["data"], dtype=np.float32).reshape(outs["probabilities"]["shape"])
+        ref = reference("digits", "1", {"pixels": row[None, :]})["probabilities"]
+        np.testing.assert_allclose(probs, ref, rtol=1e-5, atol=1e-6)
+        # raw bytes form, JSON form by hand
+        body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                       "data": [[float(v) for v in row]]}]}).encode()
+        msg = await nc.request(f"{deployment.prefix}.infer.digits", body, timeout=2,
+                               headers={"Content-Type": "application/json"})
+        resp = json.loads(msg.data)
+        assert resp["outputs"][0]["shape"] == [1, 10]
+        # an error reply by hand: NATS micro headers plus a typed body
+        msg = await nc.request(f"{deployment.prefix}.infer.nosuchmodel", body, timeout=2,
+                               headers={"Content-Type": "application/json"})
+        assert msg.headers["Nats-Service-Error-Code"] == "404"
+        assert json.loads(msg.data)["error"]["code"] == "NOT_FOUND"
+    finally:
+        await nc.close()
+
+
+async def test_metadata_and_health(client):
+    ml = await client.models()
+    names = {m.name for m in ml.models}
+    assert {"digits", "fraud", "typed"} <= names
+    md = await client.model("digits")
+    assert md.inputs[0].name == "pixels" and md.inputs[0].datatype == "FP32" and md.inputs[0].shape == [-1, 64]
+    assert md.versions == ["1", "2"]
+    with pytest.raises(NotFound):
+        await client.model("nope")
+    h = await client.health()
+    assert h.live and h.ready
+
+
+async def _timed_error(coro):
+    t0 = time.perf_counter()
+    try:
+        await coro
+    except Exception as exc:
+        return exc, time.perf_counter() - t0
+    raise AssertionError("expected an error")
+
+
+async def test_error_replies_are_typed_and_fast(client):
+    x = digits_rows(1)
+    err, dt = await _timed_error(client.infer("nosuch", {"pixels": x}, timeout_s=2))
+    assert isinstance(err, NotFound) and dt < 0.1
+    err, _ = await _timed_error(client.infer("digits", {"pixels": x}, version="9"))
+    assert isinstance(err, NotFound)
+    err, _ = await _timed_error(client.infer("digits", {"pixels": x.astype(np.float64)}))
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].datatype"
+    err, _ = await _timed_error(client.infer("digits", {"pixels": np.zeros((1, 63), np.float32)}))
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].shape"
+    err, _ = await _timed_error(client.infer("digits", {"pixels": x, "extra": x}))
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[1].name"
+    err, _ = await _timed_error(client.infer("typed", {"a": np.zeros((1, 1), np.int32)}))
+    assert isinstance(err, InvalidArgument) and "b" in err.message
+    err, _ = await _timed_error(client.infer("digits", {"pixels": x}, outputs=["nope"]))
+    assert isinstance(err, InvalidArgument) and err.field == "outputs[0].name"
+    # a spent budget
+    msg = await client.nc.request(client.subjects.infer("digits"), b"\x80", timeout=1,
+                                  headers={"Inferbus-Timeout-Ms": "0"})
+    assert isinstance(decode_error(msg.headers, msg.data), DeadlineExceeded)
+    # too large before sending
+    big = np.zeros((1, 64), np.float32)
+    err, _ = await _timed_error(client.infer("digits", {"pixels": np.zeros((40_000, 64), np.float32)}))
+    assert isinstance(err, PayloadTooLarge)
+    # the actors survived all of it
+    out = await client.infer("digits", {"pixels": big})
+    assert out["logits"].shape == (1, 10)
+
+
+@pytest.mark.parametrize("body", [b"", b"\xc1", b"not msgpack at all", msgpack.packb({"inputs": "x"}),
+                                  msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "ab"}]}),
+                                  msgpack.packb([1, 2, 3])])
+async def test_undecodable_bodies(client, body):
+    err, dt = await _timed_error(client.request(client.subjects.infer("digits"), body, timeout_s=2))
+    assert isinstance(err, InvalidArgument), err
+    assert dt < 0.5
+
+
+async def test_typed_model_datatypes(client):
+    a = np.array([[3], [-7]], np.int32)
+    b = np.array([[1, 2, 3, 4], [0.5, 0.25, 0, 65504]], np.float16)
+    for raw in (True, False):
+        out = await client.infer("typed", {"a": a, "b": b}, raw=raw)
+        np.testing.assert_array_equal(out["a_times_2"], a * 2)
+        np.testing.assert_allclose(out["b_sum"], b.astype(np.float32).sum(1, keepdims=True))
+
+
+async def test_cache_hit_and_key_separation(client):
+    x = digits_rows(1) + np.float32(np.random.default_rng().random())  # an input no other test sends
+    first = await client.infer_result("digits", {"pixels": x})
+    second = await client.infer_result("digits", {"pixels": x})
+    assert first.parameters["cache_hit"] is False
+    assert second.parameters["cache_hit"] is True
+    np.testing.assert_array_equal(first.outputs["logits"], second.outputs["logits"])
+    assert second.id != first.id
+    other_version = await client.infer_result("digits", {"pixels": x}, version="2")
+    assert other_version.parameters["cache_hit"] is False
+    subset = await client.infer_result("digits", {"pixels": x}, outputs=["logits"])
+    assert subset.parameters["cache_hit"] is False and list(subset.outputs) == ["logits"]
+
+
+async def test_l2_cache_filled_in_valkey(client, deployment):
+    import redis.asyncio as aioredis
+
+    url = re.search(r"L2 cache\s+(redis://\S+)", deployment.log.read_text().replace("\n", " ")).group(1)
+    x = digits_rows(1) + np.float32(np.random.default_rng().random())
+    await client.infer("digits", {"pixels": x})
+    r = aioredis.from_url(url)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            keys = [k async for k in r.scan_iter(match=f"{deployment.prefix}:*")]
+            if keys:
+                break
+        assert keys, "aggregator wrote nothing to Valkey"
+        ttl = await r.pttl(keys[0])
+        assert -2 <= ttl <= 100  # 100 ms default TTL (-2: already expired)
+    finally:
+        await r.aclose()
+
+
+async def test_micro_service_discovery(deployment):
+    nc = await nats.connect(deployment.nats_url)
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish("$SRV.PING", b"", reply=inbox)
+        names = set()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not {"inferbus-ingress", "inferbus-worker", "inferbus-aggregator"} <= names:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except nats.errors.TimeoutError:
+                break
+            names.add(json.loads(msg.data)["name"])
+        assert {"inferbus-ingress", "inferbus-worker", "inferbus-aggregator"} <= names
+        stats = await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=1)
+        assert any(e["name"] == "infer" for e in json.loads(stats.data)["endpoints"])
+    finally:
+        await nc.close()
