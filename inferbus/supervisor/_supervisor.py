@@ -287,7 +287,9 @@ class Supervisor:
             SupervisorError: ``run()`` is already running in another task.
 
         Cancellation: cancelling ``run()`` stops all children (to completion, like
-            :meth:`stop`) and then propagates ``CancelledError``.
+            :meth:`stop`) and then propagates ``CancelledError``. A task cancelled before
+            ``run()`` began executing never enters it, so nothing is stopped then; prefer
+            ``async with supervisor:`` or call :meth:`stop` in a ``finally``.
         """
         if self._state in (_State.NEW, _State.STARTING):
             raise SupervisorNotRunning(f"supervisor {self.name!r}: call start() before run()")
@@ -442,7 +444,7 @@ class Supervisor:
             await self._changed.wait()
 
     # ================================================================== OTP-like calls
-    async def restart_child(self, child_id: str) -> Child:
+    async def restart_child(self, id: str) -> Child:
         """Start a child that is not running, like OTP ``supervisor:restart_child/2``.
 
         Does not count against the intensity. Waits for any restart in progress.
@@ -457,13 +459,13 @@ class Supervisor:
             SupervisorNotRunning: the supervisor is not running.
         """
         async with self._locked():
-            slot = self._find(child_id)
+            slot = self._find(id)
             if slot.child is not None or slot.status == "restarting":
-                raise ChildRunning(f"supervisor {self.name!r}: child {child_id!r} is "
+                raise ChildRunning(f"supervisor {self.name!r}: child {id!r} is "
                                    f"{'running' if slot.child is not None else 'restarting'}")
             return await self._start_slot(slot)
 
-    async def terminate_child(self, child_id: str) -> None:
+    async def terminate_child(self, id: str) -> None:
         """Stop a child and keep it stopped, like OTP ``supervisor:terminate_child/2``.
 
         The child is stopped with its shutdown timeout and not restarted (neither now nor
@@ -478,7 +480,7 @@ class Supervisor:
         Cancellation: the child's stop completes before ``CancelledError`` propagates.
         """
         async with self._locked():
-            slot = self._find(child_id)
+            slot = self._find(id)
             if slot.child is not None:
                 await self._terminate(slot)
             else:
@@ -624,13 +626,14 @@ class Supervisor:
                 slot = event.slot
                 if slot.child is not event.child or slot not in self._slots:
                     return  # stale: that incarnation was stopped by us meanwhile
+                restart = slot.spec.restart
+                stays_down = restart is Restart.TEMPORARY or (
+                    restart is Restart.TRANSIENT and event.exit.normal)
                 slot.child = None
                 slot.watcher = None
-                slot.status = "stopped"
+                slot.status = "stopped" if stays_down else "restarting"
                 self._report_exit(slot, event.child, event.exit, by_supervisor=False)
-                restart = slot.spec.restart
-                if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT
-                                                    and event.exit.normal):
+                if stays_down:
                     if restart is Restart.TEMPORARY:
                         self._slots.remove(slot)
                     self._notify()
@@ -675,12 +678,18 @@ class Supervisor:
         self._notify()
         log.info("supervisor %r: restarting %s (%s)", self.name,
                  ", ".join(repr(s.spec.id) for s in group), strategy.value)
-        for member in group:
+        for i, member in enumerate(group):
             try:
                 await self._start_slot(member)
             except ChildStartError as exc:
+                # OTP: the failed child is marked restarting and retried through the
+                # mailbox; the ones not attempted yet are left without a pid (the retry
+                # applies the strategy again, which covers them).
                 log.error("%s; will try again", exc)
                 member.last_reason = str(exc)
+                for not_attempted in group[i + 1:]:
+                    not_attempted.status = "stopped"
+                self._notify()
                 assert self._events is not None
                 self._events.put_nowait(_TryAgain(member))
                 return

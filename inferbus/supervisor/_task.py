@@ -80,7 +80,8 @@ class TaskChild:
         loop = asyncio.get_running_loop()
         name = name or getattr(fn, "__qualname__", repr(fn))
         started: asyncio.Future[Any] = loop.create_future()
-        task = loop.create_task(fn(*args, task_status=TaskStatus(started)), name=name)  # type: ignore[arg-type]
+        coro = fn(*args, task_status=TaskStatus(started))
+        task = loop.create_task(coro, name=name)  # type: ignore[arg-type]
         child = cls(task, name, started)
         task.add_done_callback(child._on_done)
         try:
