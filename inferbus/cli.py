@@ -35,6 +35,13 @@ def _run(coro):
         return asyncio.run(coro)
 
 
+def _port_busy(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _models_dir(models: Optional[Path]) -> str:
     from .actors import default_models_dir
 
@@ -61,6 +68,12 @@ def up(
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
 
+    if nats_url is None and nats_port and _port_busy(nats_port):
+        if not demo:
+            err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
+                              f"--nats-port, or --nats-url to use the NATS already listening there")
+            raise typer.Exit(2)
+        nats_port = 0
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None)
