@@ -12,7 +12,7 @@ import asyncio
 
 from ..bus import Subjects, connect
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
-from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
+from ._common import announce_ready, log, run_actor, serving_gc, set_affinity, supervise_loops
 from ._config import AggregatorConfig
 
 _MAX_PIPELINE = 512
@@ -70,14 +70,14 @@ class Aggregator:
         await svc.add_endpoint(name="cache-fill", subject=self.subjects.cache_fill,
                                queue_group=f"{self.config.bus.prefix}.aggregator",
                                handler=lambda r: self._on_fill(r._msg))
-        writer = asyncio.create_task(self._writer())
+        loops = await supervise_loops(f"aggregator-{self.config.aggregator_id}", {"writer": self._writer})
         await self.nc.flush()
         serving_gc()
         announce_ready()
         try:
-            await asyncio.Future()
+            await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
         finally:
-            writer.cancel()
+            await loops.stop()
             try:
                 await svc.stop()
                 await self.nc.drain()

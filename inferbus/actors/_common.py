@@ -80,3 +80,36 @@ async def reply_error(nc, reply: str | None, err: InferbusError, content_type: s
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+async def supervise_loops(name: str, loops: dict, *, intensity: int = 5, period_s: float = 5.0):
+    """Start an actor's long-running loops as task children of an OTP supervisor (lower level, DESIGN §7).
+
+    Args:
+        name: supervisor name (logs).
+        loops: ``{child id: async callable taking no arguments}``; each runs for ever.
+        intensity, period_s: more than ``intensity`` restarts in ``period_s`` seconds
+            escalates: the supervisor stops the loops and ``run()`` raises
+            ``IntensityExceeded``, which ends the actor process abnormally so the node
+            supervisor restarts the whole process.
+
+    Returns:
+        The started :class:`~inferbus.supervisor.Supervisor`; await its ``run()``.
+    """
+    from ..supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec, TaskChild
+
+    def spec(child_id: str, fn) -> ChildSpec:
+        async def body(*, task_status) -> None:
+            task_status.started()
+            await fn()
+
+        async def start():
+            return await TaskChild.start(body, name=f"{name}:{child_id}")
+
+        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=1.0)
+
+    sup = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=intensity, period_s=period_s),
+                     [spec(k, v) for k, v in loops.items()], name=name,
+                     on_child_exit=lambda cid, ex: None if ex.normal else log(f"{name}: loop {cid} exited: {ex.reason}"))
+    await sup.start()
+    return sup
