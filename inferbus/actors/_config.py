@@ -58,6 +58,8 @@ class WorkerConfig(_JsonMixin):
     max_batch_size: int | None = None
     """Override of the models' ``max_batch_size`` for zero-wait batching (None = per model config)."""
     region: str = ""
+    audit: bool = False
+    """Publish the request id of every execution on ``<p>._audit`` (chaos drills count duplicates with it)."""
     compute_delay_ms: float = 0.0
     """Fault injection only: extra sleep before each batch (chaos 'slow-worker')."""
 

@@ -58,6 +58,8 @@ class NodeConfig:
     health_timeout_s: float = 5.0
     mailbox_size: int = 1024
     max_batch_size: int | None = None
+    audit: bool = False
+    """Workers publish executed request ids on ``<p>._audit`` (drills count duplicate executions)."""
     bus_extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -151,7 +153,7 @@ class Node:
             self.worker_ids.append(wid)
             wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=c.backend,
                               device_index=i, region=c.region, mailbox_size=c.mailbox_size,
-                              max_batch_size=c.max_batch_size,
+                              max_batch_size=c.max_batch_size, audit=c.audit,
                               cpu_affinity=(i % ncpu,) if c.pin_cpus else ())
             children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir))
         for j in range(c.ingress):

@@ -65,6 +65,8 @@ class Outcome:
     server_error: bool = False
     service_us: int = 0
     response_msgpack: bytes | None = None
+    executed: bool = False
+    """The model ran for this request (audit)."""
 
 
 @dataclass
@@ -175,6 +177,10 @@ class Worker:
         for ingress, items in done.items():
             await nc.publish(self.subjects.done(ingress),
                              encode_internal(DoneNotice(self.config.worker_id, items)))
+        if self.config.audit:
+            ids = [o.job.hdrs.get(H.REQUEST_ID, "") for o in outcomes if o.executed]
+            if ids:
+                await nc.publish(self.subjects.audit, msgspec.msgpack.encode(ids))
 
     async def _outbox_pump(self) -> None:
         assert self._outbox is not None
@@ -329,7 +335,9 @@ class Worker:
         mv = self.versions[model_key]
         for (job, req, arrays), res in zip(items, results):
             if isinstance(res, Exception):
-                outcomes.append(self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True))
+                failed = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
+                failed.executed = True
+                outcomes.append(failed)
                 continue
             outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items)))
             s.completed += 1
@@ -361,7 +369,7 @@ class Worker:
         cached = None
         if job.want_body:
             cached = body if not json_ct else encode_response(resp, None)
-        return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached)
+        return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True)
 
 
 def _parse_timings(value: str | None) -> dict[str, int]:

@@ -63,6 +63,11 @@ class Subjects:
         return f"{self.prefix}._cache.fill"
 
     @property
+    def audit(self) -> str:
+        """Executed request ids (msgpack list of str) from workers started with ``audit=True`` (drills)."""
+        return f"{self.prefix}._audit"
+
+    @property
     def events(self) -> str:
         return f"{self.prefix}._events"
 

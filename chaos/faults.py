@@ -1,0 +1,178 @@
+"""Named fault injectors, each with its heal (library code; drills and tests reuse them by name).
+
+An injector acts on a *target*: the running deployment, reached through
+:class:`NodeTarget` (an in-process :class:`inferbus.actors.Node`). Choose one by
+name with :func:`get_fault`; an unknown name raises :class:`UnknownFault`.
+
+| name            | inject                                              | heal                                   |
+|-----------------|-----------------------------------------------------|----------------------------------------|
+| kill-worker     | SIGKILL one worker process                          | wait for the supervisor's restart      |
+| kill-ingress    | SIGKILL one ingress process                         | wait for the restart                   |
+| kill-aggregator | SIGKILL the aggregator                              | wait for the restart                   |
+| hang-worker     | SIGSTOP one worker (hung, not dead)                 | SIGCONT                                |
+| slow-worker     | duty-cycle SIGSTOP/SIGCONT (worker runs ~1/4 speed) | stop cycling, SIGCONT                  |
+| kill-nats       | SIGKILL the (embedded) nats-server                  | start it again on the same port        |
+| kill-valkey     | SIGKILL the (embedded) Valkey                       | start it again on the same port        |
+| model-swap      | not available: model version swap under load does not exist yet; raises FaultUnavailable |  |
+
+Gateway partition / latency / packet drop between regions live with the region
+topology (``chaos/proxy.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+
+class FaultError(Exception):
+    """Base of fault-injection errors."""
+
+
+class UnknownFault(FaultError, KeyError):
+    """No injector has that name."""
+
+
+class FaultUnavailable(FaultError):
+    """The injector exists but cannot act on this target (e.g. no embedded server to kill)."""
+
+
+@dataclass
+class NodeTarget:
+    """A running in-process :class:`inferbus.actors.Node` as a fault target."""
+
+    node: object
+
+    def child_pid(self, prefix: str, index: int = 0) -> tuple[str, int]:
+        kids = [c for c in self.node.supervisor.which_children() if c.id.startswith(prefix) and c.pid]
+        if not kids:
+            raise FaultUnavailable(f"no running child whose id starts with {prefix!r}")
+        c = sorted(kids, key=lambda c: c.id)[index % len(kids)]
+        return c.id, c.pid
+
+
+@dataclass
+class Fault:
+    """One injected fault: what was done, when, and how to heal it."""
+
+    name: str
+    target_id: str
+    pid: int | None
+    t_inject: float
+    _heal: object = None
+    _task: asyncio.Task | None = field(default=None, repr=False)
+
+    async def heal(self) -> float:
+        """Undo the fault (or wait for the system to undo it); returns monotonic time when healed."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._heal is not None:
+            await self._heal()
+        return time.monotonic()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _wait_restart(target: NodeTarget, child_id: str, old_pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in target.node.supervisor.which_children():
+            if c.id == child_id and c.pid and c.pid != old_pid and c.status == "running":
+                return
+        await asyncio.sleep(0.01)
+    raise FaultError(f"{child_id} was not restarted within {timeout_s}s")
+
+
+def _kill_child(prefix: str):
+    async def inject(target: NodeTarget, index: int = 0, **_) -> Fault:
+        cid, pid = target.child_pid(prefix, index)
+        _signal(pid, signal.SIGKILL)
+        f = Fault(f"kill-{prefix.rstrip(':')}", cid, pid, time.monotonic())
+        f._heal = lambda: _wait_restart(target, cid, pid)
+        return f
+    return inject
+
+
+async def _hang_worker(target: NodeTarget, index: int = 0, **_) -> Fault:
+    cid, pid = target.child_pid("worker:", index)
+    _signal(pid, signal.SIGSTOP)
+    f = Fault("hang-worker", cid, pid, time.monotonic())
+
+    async def heal():
+        _signal(pid, signal.SIGCONT)
+    f._heal = heal
+    return f
+
+
+async def _slow_worker(target: NodeTarget, index: int = 0, stop_ms: float = 15.0, run_ms: float = 5.0, **_) -> Fault:
+    cid, pid = target.child_pid("worker:", index)
+
+    async def cycle():
+        try:
+            while True:
+                _signal(pid, signal.SIGSTOP)
+                await asyncio.sleep(stop_ms / 1000)
+                _signal(pid, signal.SIGCONT)
+                await asyncio.sleep(run_ms / 1000)
+        finally:
+            _signal(pid, signal.SIGCONT)
+
+    f = Fault("slow-worker", cid, pid, time.monotonic())
+    f._task = asyncio.create_task(cycle())
+    return f
+
+
+def _kill_server(attr: str, name: str):
+    async def inject(target: NodeTarget, **_) -> Fault:
+        srv = getattr(target.node, attr, None)
+        if srv is None or srv.proc is None:
+            raise FaultUnavailable(f"{name}: the deployment has no embedded server to kill (it uses a URL)")
+        pid = srv.pid
+        await asyncio.to_thread(srv.kill)
+        f = Fault(name, attr, pid, time.monotonic())
+
+        async def heal():
+            await asyncio.to_thread(srv.start)
+        f._heal = heal
+        return f
+    return inject
+
+
+async def _model_swap(target, **_) -> Fault:
+    raise FaultUnavailable("model-swap: swapping a model version under load is not implemented yet")
+
+
+FAULTS = {
+    "kill-worker": _kill_child("worker:"),
+    "kill-ingress": _kill_child("ingress:"),
+    "kill-aggregator": _kill_child("aggregator"),
+    "hang-worker": _hang_worker,
+    "slow-worker": _slow_worker,
+    "kill-nats": _kill_server("nats", "kill-nats"),
+    "kill-valkey": _kill_server("valkey", "kill-valkey"),
+    "model-swap": _model_swap,
+}
+
+
+def get_fault(name: str):
+    """The injector called ``name``: ``async inject(target, **options) -> Fault``.
+
+    Raises:
+        UnknownFault: no such injector (the message lists the known names).
+    """
+    try:
+        return FAULTS[name]
+    except KeyError:
+        raise UnknownFault(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}") from None

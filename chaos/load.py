@@ -1,0 +1,191 @@
+"""The drill load driver: open-loop load where every request has a unique id and a known answer.
+
+Requests are sent on a fixed schedule (``rate_qps``) regardless of answers, so a
+fault shows up as latency and failures rather than as a quietly lower offered
+load. Each request carries a fresh ``Inferbus-Request-Id`` and an input whose
+correct output was computed in-process beforehand, so the outcome of every
+single request is known exactly:
+
+* ``ok``: answered correctly within its budget;
+* ``wrong``: answered, but not the reference answer (never acceptable);
+* ``failed``: a typed error or no answer within the budget;
+* ``duplicates``: request ids the workers *executed* more than once, counted from
+  the workers' execution audit on ``<p>._audit`` when the deployment publishes it
+  (``audit_subject``), else ``None`` (unknown, never guessed).
+
+Latency is measured from the scheduled send time (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from inferbus.schemas import InferbusError
+
+
+@dataclass
+class RequestRecord:
+    """One request's fate. Times in monotonic seconds; ``outcome`` is ``ok``, ``wrong`` or an error code."""
+
+    request_id: str
+    t_sched: float
+    t_done: float
+    outcome: str
+    worker_id: str | None = None
+    term: int | None = None
+
+
+@dataclass
+class DrillFigures:
+    """What a drill prints (``--json``)."""
+
+    drill: str
+    requests: int
+    ok: int
+    failed: int
+    wrong: int
+    duplicates: int | None
+    availability: float
+    """ok / requests (answered correctly within the deadline)."""
+    p50_ms: float
+    p99_ms: float
+    p99_ms_during_fault: float | None
+    detection_ms: float | None = None
+    recovery_ms: float | None = None
+    errors: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Driver:
+    """Open-loop load against one model with per-request bookkeeping.
+
+    Args:
+        client: an :class:`inferbus.client.Client` (its retries are part of what is measured).
+        inputs: list of feeds; references: their correct outputs (same order).
+        model: model name. rate_qps: offered load. timeout_s: per-request budget.
+        audit_subject: subject on which workers publish executed request ids (msgpack list), or None.
+    """
+
+    def __init__(self, client, model: str, inputs: list[dict], references: list[dict], *, rate_qps: float,
+                 timeout_s: float = 1.0, audit_subject: str | None = None) -> None:
+        self.client = client
+        self.model = model
+        self.inputs = inputs
+        self.references = references
+        self.rate_qps = rate_qps
+        self.timeout_s = timeout_s
+        self.audit_subject = audit_subject
+        self.records: list[RequestRecord] = []
+        self.executions: Counter = Counter()
+        self._stop = asyncio.Event()
+        self._run_id = uuid.uuid4().hex[:8]
+
+    def _correct(self, i: int, outputs: dict) -> bool:
+        ref = self.references[i % len(self.references)]
+        for name, want in ref.items():
+            got = outputs.get(name)
+            if got is None or got.shape != want.shape:
+                return False
+            if want.dtype.kind == "f":
+                if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+                    return False
+            elif not np.array_equal(got, want):
+                return False
+        return True
+
+    async def _one(self, i: int, t_sched: float) -> None:
+        rid = f"{self._run_id}-{i}"
+        feed = self.inputs[i % len(self.inputs)]
+        try:
+            res = await self.client.infer_result(self.model, feed, timeout_s=self.timeout_s, request_id=rid)
+        except InferbusError as err:
+            self.records.append(RequestRecord(rid, t_sched, time.monotonic(), err.code.value))
+            return
+        outcome = "ok" if self._correct(i, res.outputs) else "wrong"
+        t_done = time.monotonic()
+        if outcome == "ok" and t_done - t_sched > self.timeout_s:
+            outcome = "DEADLINE_EXCEEDED"
+        p = res.parameters or {}
+        self.records.append(RequestRecord(rid, t_sched, t_done, outcome, p.get("worker_id"), p.get("term")))
+
+    async def run(self, duration_s: float) -> None:
+        """Offer load for ``duration_s`` seconds (or until :meth:`stop`), then wait for every request to end."""
+        sub = None
+        if self.audit_subject:
+            import msgspec
+
+            dec = msgspec.msgpack.Decoder(list[str])
+
+            async def on_audit(msg):
+                for rid in dec.decode(msg.data):
+                    if rid.startswith(self._run_id):
+                        self.executions[rid] += 1
+
+            sub = await self.client.nc.subscribe(self.audit_subject, cb=on_audit)
+        tasks: set[asyncio.Task] = set()
+        interval = 1.0 / self.rate_qps
+        start = time.monotonic()
+        i = 0
+        while not self._stop.is_set():
+            t_sched = start + i * interval
+            if t_sched - start >= duration_s:
+                break
+            delay = t_sched - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            t = asyncio.create_task(self._one(i, t_sched))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+            i += 1
+        if tasks:
+            await asyncio.gather(*tasks)
+        if sub is not None:
+            await self.client.nc.flush()
+            await asyncio.sleep(0.2)  # let the last audit batches arrive
+            await sub.unsubscribe()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def figures(self, drill: str, fault_window: tuple[float, float] | None = None, *,
+                detection_ms: float | None = None, recovery_ms: float | None = None, extra: dict | None = None
+                ) -> DrillFigures:
+        """Summarize the records; ``fault_window`` = (start, end) monotonic seconds for the during-fault p99."""
+        recs = self.records
+        hist = HdrHistogram(1, 600_000_000, 3)
+        fault_hist = HdrHistogram(1, 600_000_000, 3)
+        errors: Counter = Counter()
+        ok = wrong = 0
+        for r in recs:
+            us = max(int((r.t_done - r.t_sched) * 1e6), 1)
+            hist.record_value(us)
+            if fault_window and fault_window[0] <= r.t_sched <= fault_window[1]:
+                fault_hist.record_value(us)
+            if r.outcome == "ok":
+                ok += 1
+            elif r.outcome == "wrong":
+                wrong += 1
+            else:
+                errors[r.outcome] += 1
+        n = len(recs)
+        dups = sum(1 for c in self.executions.values() if c > 1) if self.audit_subject else None
+        return DrillFigures(
+            drill=drill, requests=n, ok=ok, failed=n - ok - wrong, wrong=wrong, duplicates=dups,
+            availability=round(ok / n, 6) if n else 0.0,
+            p50_ms=hist.get_value_at_percentile(50) / 1000 if n else 0.0,
+            p99_ms=hist.get_value_at_percentile(99) / 1000 if n else 0.0,
+            p99_ms_during_fault=(fault_hist.get_value_at_percentile(99) / 1000
+                                 if fault_hist.get_total_count() else None),
+            detection_ms=detection_ms, recovery_ms=recovery_ms, errors=dict(errors),
+            extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None},
+        )
