@@ -224,6 +224,7 @@ class Ingress:
         fwd = {
             H.MSG_TYPE: FORWARD_TAG, H.SEQ: str(seq), H.INGRESS: self.config.ingress_id,
             H.MODEL: mv.name, H.VERSION: mv.version, H.TIMEOUT_MS: H.format_ms(H.remaining_ms(deadline, now)),
+            H.DEADLINE_UNIX_MS: f"{(time.time() + (deadline - now)) * 1000.0:.1f}",
             "Inferbus-Timings": f"decode={int((t_dec - t0) * 1e6)},validate={int((t_val - t_dec) * 1e6)},"
                                 f"route={int((now - t_val) * 1e6)},ingress_total={int((now - t0) * 1e6)}",
         }

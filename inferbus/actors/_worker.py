@@ -132,7 +132,7 @@ class Worker:
         if model_key not in self.sessions:
             await self._finish_now(job, InvalidArgument(f"model {model_key} is not loaded on worker {self.config.worker_id}"), server_error=True)
             return
-        if deadline <= t_recv:
+        if deadline <= t_recv or H.wall_deadline_passed(hdrs):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
             return
@@ -267,7 +267,7 @@ class Worker:
                 if prepared is None:
                     continue
                 req, arrays = prepared
-                if job.deadline <= time.monotonic():
+                if job.deadline <= time.monotonic() or H.wall_deadline_passed(job.hdrs):
                     self.stats.expired += 1
                     outcomes.append(self._error_outcome(job, DeadlineExceeded("budget spent while queued at the worker")))
                     continue

@@ -23,6 +23,13 @@ MODEL = "Inferbus-Model"
 VERSION = "Inferbus-Version"
 CACHE_KEY = "Inferbus-Cache-Key"
 HEDGE = "Inferbus-Hedge"
+DEADLINE_UNIX_MS = "Inferbus-Deadline-Unix-Ms"
+"""Absolute deadline (wall clock, ms since the Unix epoch) set by the ingress on forwarded requests.
+
+The relative budget cannot see time a message spends in a socket buffer of a
+stopped or starved process; this header can. It is checked with a clock-skew
+allowance (``DEADLINE_SKEW_MS``), so hosts need only loosely synced clocks."""
+DEADLINE_SKEW_MS = 50.0
 STATUS = "Status"  # NATS server status header (503 = no responders)
 
 DEFAULT_TIMEOUT_MS = 1000.0
@@ -55,6 +62,22 @@ def deadline_from_headers(headers: dict | None, now: float | None = None, defaul
                 ms = default_ms
     ms = min(max(ms, 0.0), MAX_TIMEOUT_MS)
     return now + ms / 1000.0
+
+
+def wall_deadline_passed(headers: dict | None, now_unix_s: float | None = None,
+                         skew_ms: float = DEADLINE_SKEW_MS) -> bool:
+    """True when ``Inferbus-Deadline-Unix-Ms`` is present and passed by more than ``skew_ms``."""
+    if not headers:
+        return False
+    raw = headers.get(DEADLINE_UNIX_MS)
+    if raw is None:
+        return False
+    try:
+        deadline_ms = float(raw)
+    except ValueError:
+        return False
+    now_ms = (time.time() if now_unix_s is None else now_unix_s) * 1000.0
+    return now_ms > deadline_ms + skew_ms
 
 
 def remaining_ms(deadline: float, now: float | None = None) -> float:
