@@ -278,6 +278,11 @@ def bench(
     raise typer.Exit(1 if any(r.wrong for r in results) else 0)
 
 
+from ._cli_chaos import app as _chaos_app  # noqa: E402
+
+app.add_typer(_chaos_app, name="chaos")
+
+
 def main() -> None:
     app()
 

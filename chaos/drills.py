@@ -1,0 +1,88 @@
+"""The drill registry: every runnable failover drill by name (``inferbus chaos run NAME``).
+
+A drill is ``async def drill(opts) -> chaos.load.DrillFigures``; each entry says
+where it lives and which options record it takes, and is imported only when run
+(so listing drills never starts anything). :func:`get_drill` raises
+:class:`UnknownDrill` for a name that is not registered.
+
+| name            | module               | what it does                                                    |
+|-----------------|----------------------|-----------------------------------------------------------------|
+| worker-crash    | chaos.node_drills    | SIGKILL a worker under load                                     |
+| worker-hang     | chaos.node_drills    | SIGSTOP a worker under load                                     |
+| cache-loss      | chaos.node_drills    | SIGKILL Valkey under load                                       |
+| soak            | chaos.node_drills    | long run with a fault every ``fault_every_s``                   |
+| region-failover | chaos.region_drills  | SIGKILL every process of the primary region under load          |
+| region-partition| chaos.region_drills  | cut the gateways between the regions; never two primaries       |
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, fields
+
+
+class UnknownDrill(KeyError):
+    """No drill is registered under that name."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else "unknown drill"
+
+
+@dataclass(frozen=True)
+class DrillEntry:
+    """Where a drill lives: ``module:function`` and ``module:OptionsClass`` (imported lazily)."""
+
+    name: str
+    target: str
+    options: str
+    summary: str
+
+    def load(self):
+        """``(drill coroutine function, options class)``."""
+        mod, _, fn = self.target.partition(":")
+        omod, _, ocls = self.options.partition(":")
+        return getattr(importlib.import_module(mod), fn), getattr(importlib.import_module(omod), ocls)
+
+
+_NODE_OPTS = "chaos.node_drills:DrillOptions"
+_REGION_OPTS = "chaos.region_drills:RegionDrillOptions"
+
+DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
+    DrillEntry("worker-crash", "chaos.node_drills:worker_crash", _NODE_OPTS, "SIGKILL one worker under load"),
+    DrillEntry("worker-hang", "chaos.node_drills:worker_hang", _NODE_OPTS, "SIGSTOP one worker under load"),
+    DrillEntry("cache-loss", "chaos.node_drills:cache_loss", _NODE_OPTS, "SIGKILL Valkey under load"),
+    DrillEntry("soak", "chaos.node_drills:soak", _NODE_OPTS, "steady load with a fault every fault_every_s"),
+    DrillEntry("region-failover", "chaos.region_drills:region_failover", _REGION_OPTS,
+               "SIGKILL every process of the primary region under load; the standby takes over"),
+    DrillEntry("region-partition", "chaos.region_drills:region_partition", _REGION_OPTS,
+               "cut the gateways between the regions under load; never two primaries"),
+]}
+"""Every registered drill by name. Other drill modules add their entries here."""
+
+
+def get_drill(name: str) -> DrillEntry:
+    """The registry entry of ``name``.
+
+    Raises:
+        UnknownDrill: ``name`` is not registered (the message lists the known names).
+    """
+    try:
+        return DRILLS[name]
+    except KeyError:
+        raise UnknownDrill(f"unknown drill {name!r}; known drills: {', '.join(sorted(DRILLS))}") from None
+
+
+def make_options(options_cls, **values):
+    """Build ``options_cls`` from the values it has fields for (others are ignored; None = default)."""
+    names = {f.name for f in fields(options_cls)}
+    return options_cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+async def run_drill(name: str, **values):
+    """Run the drill ``name`` with options built from ``values``; returns its ``DrillFigures``.
+
+    Raises:
+        UnknownDrill: no such drill.
+    """
+    fn, opts_cls = get_drill(name).load()
+    return await fn(make_options(opts_cls, **values))
