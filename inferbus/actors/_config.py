@@ -62,12 +62,30 @@ class WorkerConfig(_JsonMixin):
     """Publish the request id of every execution on ``<p>._audit`` (chaos drills count duplicates with it)."""
     compute_delay_ms: float = 0.0
     """Fault injection only: extra sleep before each batch (chaos 'slow-worker')."""
+    health_window_s: float = 10.0
+    """Sliding window of the error rate in the load reports, seconds (>= 1)."""
+    dedupe_ttl_s: float = 30.0
+    """How long a computed result is kept to answer a retried/hedged duplicate of its request id, seconds."""
+    dedupe_max_entries: int = 4096
+    """Results kept for deduplication at most (0 = answer duplicates only by joining in-progress work)."""
+    dedupe_max_bytes: int = 64 * 1024 * 1024
+    """Bytes of encoded results kept for deduplication at most."""
+    fault_control: bool = False
+    """Fault injection only: obey ``FaultSet`` messages on ``<p>._ctl.<worker_id>`` (tests, chaos drills)."""
+    inject_error_rate: float = 0.0
+    """Fault injection only: fraction (0..1) of computed requests answered INTERNAL from the start."""
 
     def __post_init__(self) -> None:
         if self.mailbox_size < 1:
             raise ValueError("WorkerConfig.mailbox_size must be >= 1")
         if self.report_interval_ms < 10:
             raise ValueError("WorkerConfig.report_interval_ms must be >= 10 ms")
+        if self.health_window_s < 1:
+            raise ValueError("WorkerConfig.health_window_s must be >= 1 second")
+        if self.dedupe_ttl_s <= 0 or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
+            raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds, dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
+        if not 0.0 <= self.inject_error_rate <= 1.0 or self.compute_delay_ms < 0:
+            raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0")
 
 
 @dataclass(frozen=True)
@@ -94,10 +112,52 @@ class IngressConfig(_JsonMixin):
     """Bound of requests forwarded and not yet completed; beyond it: RESOURCE_EXHAUSTED."""
     region: str = ""
     cpu_affinity: tuple[int, ...] = ()
+    max_error_rate: float = 0.01
+    """A worker reporting a higher error rate (server-side failures / requests in its window) is unhealthy."""
+    min_window_requests: int = 100
+    """The error rate is judged only once the worker's window holds this many requests."""
+    breaker_failures: int = 5
+    """Consecutive failures that open a worker's circuit breaker."""
+    breaker_open_s: float = 30.0
+    """Seconds an open breaker refuses work before letting a probe through (half-open)."""
+    breaker_probes: int = 1
+    """Requests let through at once while half-open."""
+    rate_limit_per_s: float = 0.0
+    """Sustained requests/s this ingress admits (token bucket; 0 = no global limit)."""
+    rate_burst: float = 0.0
+    """Global bucket capacity in requests (0 = one second of ``rate_limit_per_s``)."""
+    client_rate_limit_per_s: float = 0.0
+    """Sustained requests/s per ``Inferbus-Client-Id`` (0 = no per-client limit)."""
+    client_rate_burst: float = 0.0
+    """Per-client bucket capacity (0 = one second of ``client_rate_limit_per_s``)."""
+    max_clients: int = 100_000
+    """Per-client buckets kept (LRU)."""
+    hedge_budget_ratio: float = 0.1
+    """Hedges allowed per forwarded request (0..1; 0.1 = at most ~10 % extra work from hedging)."""
+    l2_pool_size: int = 64
+    """Redis connections for L2 lookups; a lookup waits for a free one within ``l2_timeout_ms``."""
+    max_request_bytes: int = 0
+    """Largest request body accepted, bytes (0 = the NATS server's max_payload); beyond: PAYLOAD_TOO_LARGE."""
+    max_tensor_bytes: int = 0
+    """Largest input tensor accepted, bytes of its values (0 = no limit beyond the body); beyond: PAYLOAD_TOO_LARGE."""
+    pending_grace_s: float = 1.0
+    """A forwarded request with no completion this long after its deadline is counted lost (breaker failure)."""
 
     def __post_init__(self) -> None:
         if self.health_timeout_s <= 0:
             raise ValueError("IngressConfig.health_timeout_s must be > 0 seconds")
+        if not 0.0 <= self.max_error_rate <= 1.0 or self.min_window_requests < 1:
+            raise ValueError("IngressConfig: max_error_rate in [0, 1], min_window_requests >= 1")
+        if self.breaker_failures < 1 or self.breaker_open_s <= 0 or self.breaker_probes < 1:
+            raise ValueError("IngressConfig: breaker_failures >= 1, breaker_open_s > 0 seconds, breaker_probes >= 1")
+        if min(self.rate_limit_per_s, self.rate_burst, self.client_rate_limit_per_s, self.client_rate_burst) < 0:
+            raise ValueError("IngressConfig: rate limits and bursts must be >= 0 (0 = off / default)")
+        if not 0.0 <= self.hedge_budget_ratio <= 1.0:
+            raise ValueError("IngressConfig.hedge_budget_ratio must be in [0, 1]")
+        if self.l2_pool_size < 1 or self.max_request_bytes < 0 or self.max_tensor_bytes < 0:
+            raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
+        if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
+            raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
 
 
 @dataclass(frozen=True)

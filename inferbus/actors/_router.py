@@ -1,15 +1,31 @@
-"""The router: picks the least-loaded live worker for a model version.
+"""The router: picks the least-loaded healthy worker for a model version.
 
 It runs inside every ingress process as an in-process actor (no extra bus hop,
 DESIGN §4 budget of 3 one-way hops on a miss), fed by the workers' load reports
 on ``<p>._load`` and by this ingress's own forwarded/completed counts.
 
-Choice: among live workers that loaded the model version, the lowest load score
-``in_flight_local + reported_queue_depth`` wins, ties broken by the EWMA service
-time (µs). With more than ``FULL_SCAN_MAX`` candidates, power-of-two choices
-(Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", 2001)
-samples two and keeps the better one, which spreads load across ingress
+Choice: among routable workers that loaded the model version, the lowest load
+score ``in_flight_local + reported_queue_depth`` wins, ties broken by the EWMA
+service time (µs). With more than ``FULL_SCAN_MAX`` candidates, power-of-two
+choices (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing",
+2001) samples two and keeps the better one, which spreads load across ingress
 replicas that each see stale information without herding onto one worker.
+
+Routable = live and healthy and its circuit breaker lets the request through:
+
+* live: no ``down`` event for its current process, and a load report within
+  ``health_timeout_s`` (default 5 s);
+* healthy: the error rate in its last report is at most ``max_error_rate``
+  (default 1 %) once its window holds ``min_window_requests`` requests. Client
+  errors never count (the worker counts only its own failures). When every live
+  worker of a model is over the error rate, they are all used anyway (the panic
+  mode of Envoy's outlier detection), since refusing everything helps nobody and
+  the breakers still cut off workers that fail outright;
+* breaker: see :mod:`inferbus.actors._breaker` (CLOSED → OPEN after 5
+  consecutive failures, OPEN 30 s, HALF_OPEN one probe).
+
+A worker that is taken out of routing comes back by itself: a fresh report
+(live), a window whose errors slid out (healthy), a successful probe (breaker).
 """
 
 from __future__ import annotations
@@ -19,9 +35,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..schemas._internal import LoadReport
+from ._breaker import BreakerState, CircuitBreaker
 
 FULL_SCAN_MAX = 8
 _EWMA_ALPHA = 0.2
+
+#: Outcomes of a forwarded request, as the router counts them (see _breaker).
+OK, CLIENT_ERROR, SERVER_ERROR, NEUTRAL = "ok", "client_error", "server_error", "neutral"
 
 
 @dataclass
@@ -29,6 +49,7 @@ class WorkerState:
     """What one ingress knows about one worker."""
 
     worker_id: str
+    breaker: CircuitBreaker
     models: frozenset[str] = frozenset()
     device_kind: str = "cpu"
     device_name: str = ""
@@ -46,6 +67,10 @@ class WorkerState:
     """``time.monotonic()`` of the last report (0 = never)."""
     alive: bool = True
     """False after a ``down`` event until the next report from a new process."""
+    draining: bool = False
+    error_rate: float = 0.0
+    """From the last report: server-side failures / requests in the worker's sliding window."""
+    window_requests: int = 0
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
@@ -59,20 +84,33 @@ class Router:
     """Least-loaded routing over the workers this ingress has heard from.
 
     Args:
-        health_timeout_s: a worker silent for longer is not routed to.
+        health_timeout_s: a worker silent for longer is not routed to (> 0, default 5 s).
+        max_error_rate: a worker whose reported error rate is above this is unhealthy (0..1, default 0.01).
+        min_window_requests: the error rate is judged only over at least this many requests (default 100).
+        breaker_failures / breaker_open_s / breaker_probes: see :class:`CircuitBreaker`.
     """
 
     health_timeout_s: float = 5.0
+    max_error_rate: float = 0.01
+    min_window_requests: int = 100
+    breaker_failures: int = 5
+    breaker_open_s: float = 30.0
+    breaker_probes: int = 1
     workers: dict[str, WorkerState] = field(default_factory=dict)
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
+
+    def _new(self, worker_id: str) -> WorkerState:
+        w = self.workers[worker_id] = WorkerState(
+            worker_id, CircuitBreaker(self.breaker_failures, self.breaker_open_s, self.breaker_probes))
+        return w
 
     def on_report(self, r: LoadReport, now: float | None = None) -> None:
         """Update from a worker's load report; a new pid revives a worker marked down."""
         now = time.monotonic() if now is None else now
         w = self.workers.get(r.worker_id)
         if w is None:
-            w = self.workers[r.worker_id] = WorkerState(r.worker_id)
+            w = self._new(r.worker_id)
         if not w.alive and r.pid == w.pid:
             return  # a late report from the process that died
         models = frozenset(r.models)
@@ -80,15 +118,18 @@ class Router:
         w.models, w.device_kind, w.device_name = models, r.device_kind, r.device_name
         w.backend, w.precision, w.pid = r.backend, r.precision, r.pid
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
+        w.draining = r.draining
+        w.error_rate, w.window_requests = r.error_rate, r.window_requests
         if changed:
             self._reindex()
 
-    def on_down(self, worker_id: str, pid: int | None = None) -> None:
-        """The worker's process died: stop routing to it at once."""
+    def on_down(self, worker_id: str, pid: int | None = None, now: float | None = None) -> None:
+        """The worker's process died: stop routing to it at once; one failure for its breaker."""
         w = self.workers.get(worker_id)
         if w is not None and (pid is None or pid == w.pid or w.pid == 0):
             w.alive = False
             w.in_flight = 0
+            w.breaker.on_failure(time.monotonic() if now is None else now)
             self._reindex()
 
     def _reindex(self) -> None:
@@ -99,43 +140,127 @@ class Router:
                     by.setdefault(m, []).append(w)
         self._by_model = by
 
+    # ---- health ---------------------------------------------------------------------------------
     def live(self, w: WorkerState, now: float) -> bool:
+        """Process up and a report within ``health_timeout_s``."""
         return w.alive and (now - w.last_report) <= self.health_timeout_s
 
+    def error_healthy(self, w: WorkerState) -> bool:
+        """Reported error rate within ``max_error_rate`` (or too few requests to judge)."""
+        return w.window_requests < self.min_window_requests or w.error_rate <= self.max_error_rate
+
+    def health_reason(self, w: WorkerState, now: float) -> str:
+        """``ok`` or why the worker is not routed to: ``down``, ``silent``, ``draining``,
+        ``error_rate``, ``breaker_open``."""
+        if not w.alive:
+            return "down"
+        if now - w.last_report > self.health_timeout_s:
+            return "silent"
+        if w.draining:
+            return "draining"
+        if not self.error_healthy(w):
+            return "error_rate"
+        b = w.breaker
+        if b.state is BreakerState.OPEN and now - b.opened_at < b.open_s:
+            return "breaker_open"
+        return "ok"
+
+    # ---- choice ----------------------------------------------------------------------------------
     def candidates(self, model_key: str, now: float | None = None) -> list[WorkerState]:
+        """Live, not draining workers of ``model_key`` (health and breakers not applied)."""
         now = time.monotonic() if now is None else now
-        return [w for w in self._by_model.get(model_key, ()) if self.live(w, now)]
+        return [w for w in self._by_model.get(model_key, ()) if self.live(w, now) and not w.draining]
 
     def pick(self, model_key: str, now: float | None = None, exclude: str | None = None) -> WorkerState | None:
-        """The worker to send the next request for ``model_key`` (``name:version``), or None when none is live."""
+        """The worker to send the next request for ``model_key`` (``name:version``), or None.
+
+        ``exclude`` is a worker id not to pick (the primary of a hedge). Call
+        :meth:`on_sent` with the result before forwarding (breaker probe accounting).
+        """
         now = time.monotonic() if now is None else now
         ws = self._by_model.get(model_key)
         if not ws:
             return None
-        cands = [w for w in ws if w.worker_id != exclude and self.live(w, now)]
-        if not cands:
+        live = [w for w in ws if w.worker_id != exclude and self.live(w, now) and not w.draining]
+        if not live:
             return None
+        cands = [w for w in live if self.error_healthy(w) and w.breaker.allows(now)]
+        if not cands:
+            # panic mode: every live worker is over the error rate; use them rather than refuse all
+            cands = [w for w in live if w.breaker.allows(now)]
+            if not cands:
+                return None
         if len(cands) <= FULL_SCAN_MAX:
             return min(cands, key=WorkerState.score)
         a, b = self._rng.sample(cands, 2)
         return a if a.score() <= b.score() else b
 
-    def on_sent(self, w: WorkerState) -> None:
+    def on_sent(self, w: WorkerState) -> bool:
+        """Count a forwarded request; returns True when it is the breaker's HALF_OPEN probe."""
         w.in_flight += 1
         w.sent += 1
+        return w.breaker.on_send()
 
-    def on_done(self, worker_id: str, latency_us: float, server_error: bool = False) -> None:
+    def on_done(self, worker_id: str, latency_us: float, server_error: bool = False, *, outcome: str | None = None,
+                probe: bool = False, now: float | None = None) -> None:
+        """A forwarded request finished (or was given up on).
+
+        Args:
+            latency_us: forward → completion, µs (EWMA input; ignored for non-results).
+            server_error: legacy flag; same as ``outcome=SERVER_ERROR``.
+            outcome: OK, CLIENT_ERROR, SERVER_ERROR or NEUTRAL (breaker verdict, see _breaker).
+            probe: the request was the breaker's probe (from :meth:`on_sent`).
+        """
         w = self.workers.get(worker_id)
         if w is None:
             return
+        if outcome is None:
+            outcome = SERVER_ERROR if server_error else OK
         if w.in_flight > 0:
             w.in_flight -= 1
         w.completed += 1
-        if server_error:
+        if outcome == SERVER_ERROR:
             w.server_errors += 1
-        w.ewma_latency_us = latency_us if w.ewma_latency_us == 0 else (
-            (1 - _EWMA_ALPHA) * w.ewma_latency_us + _EWMA_ALPHA * latency_us)
+            w.breaker.on_failure(time.monotonic() if now is None else now, probe)
+        elif outcome == NEUTRAL:
+            w.breaker.on_neutral(probe)
+        else:
+            w.breaker.on_success(probe)
+        if outcome == OK:
+            w.ewma_latency_us = latency_us if w.ewma_latency_us == 0 else (
+                (1 - _EWMA_ALPHA) * w.ewma_latency_us + _EWMA_ALPHA * latency_us)
+
+    def on_silent(self, worker_id: str, now: float | None = None) -> None:
+        """The worker stopped reporting while holding requests: one failure for its breaker."""
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.breaker.on_failure(time.monotonic() if now is None else now)
 
     def ready_models(self, now: float | None = None) -> set[str]:
+        """Model versions with at least one live worker whose breaker is not OPEN."""
         now = time.monotonic() if now is None else now
-        return {m for m, ws in self._by_model.items() if any(self.live(w, now) for w in ws)}
+        out = set()
+        for m, ws in self._by_model.items():
+            for w in ws:
+                if self.live(w, now) and not w.draining and self.health_reason(w, now) != "breaker_open":
+                    out.add(m)
+                    break
+        return out
+
+    def status(self, now: float | None = None) -> dict[str, dict]:
+        """Per worker: health verdict, breaker state, load; for health replies and stats."""
+        now = time.monotonic() if now is None else now
+        out = {}
+        for wid, w in sorted(self.workers.items()):
+            b = w.breaker
+            state = b.state
+            if state is BreakerState.OPEN and now - b.opened_at >= b.open_s:
+                state = BreakerState.HALF_OPEN  # what the next request would see
+            out[wid] = {
+                "health": self.health_reason(w, now), "breaker": state.value, "breaker_trips": b.trips,
+                "consecutive_failures": b.consecutive_failures, "error_rate": round(w.error_rate, 5),
+                "window_requests": w.window_requests, "in_flight": w.in_flight, "queue_depth": w.queue_depth,
+                "report_age_ms": round((now - w.last_report) * 1000, 1) if w.last_report else None,
+                "pid": w.pid, "sent": w.sent, "server_errors": w.server_errors,
+            }
+        return out

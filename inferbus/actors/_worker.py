@@ -7,12 +7,33 @@ client's reply subject. After replying it tells the forwarding ingress which
 requests completed (``<p>._done.<ingress>``), off the hot path.
 
 Mailbox and backpressure: ``mailbox_size`` requests at most; one more is shed at
-once with RESOURCE_EXHAUSTED. A request whose budget is spent when it is taken
-from the mailbox is answered DEADLINE_EXCEEDED and never computed.
+once with RESOURCE_EXHAUSTED. Deadlines: a request whose budget
+(``Inferbus-Timeout-Ms``, rewritten by the ingress) is spent on arrival, or when
+the inference thread takes it from the mailbox, is answered DEADLINE_EXCEEDED
+before anything else is done with it (not even decoding): the model never
+starts for an expired request. A request whose deadline passes *during* compute
+is still answered (the client may have gone; the reply is then dropped by NATS).
+
+Deduplication (:mod:`inferbus.actors._dedupe`): a request id seen again (an SDK
+retry, a hedge, a caller's own retry) with the same body is computed once per
+worker: a duplicate joins the queued or running computation, or is answered
+from the recent results. The model runs once, every copy gets the same answer.
+
+Cancellation: an ingress that got a hedge's first answer withdraws the other
+copy (``Cancel`` on ``<p>._ctl.<worker_id>``); a copy not yet started is
+dropped without running the model and without a reply.
+
+Health: the load report (every ``report_interval_ms``) carries queue depth,
+in-flight count, EWMA service time, loaded models and the error rate over a
+sliding window of ``health_window_s`` seconds. Only the worker's own failures
+(INTERNAL) count; client errors, expired and shed requests do not.
 
 Zero-wait batching (DESIGN §4): when several requests for the same model version
 and outputs are already queued, they run as one batch (up to the model's
-``max_batch_size``) without waiting for more.
+``max_batch_size``) without waiting for more. Requests are merged only when
+every input of each request has the same leading (batch) dimension, and the
+result is split back only when every output has the summed batch size;
+otherwise they run one by one, so rows can never cross between requests.
 """
 
 from __future__ import annotations
@@ -20,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,12 +56,26 @@ from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted,
     decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
-from ..schemas._internal import FORWARD_TAG, DoneItem, DoneNotice, LoadReport, encode_internal
+from ..schemas._internal import (
+    FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
+    encode_internal,
+)
 from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
 from ._config import WorkerConfig
+from ._dedupe import RecentResults, dedupe_key
 from ._repository import ModelRepository
 
 _EWMA_ALPHA = 0.2
+DEDUP_HEADER = "Inferbus-Dedup"
+"""Set on a reply that was not computed for this copy of the request: ``join`` or ``hit``."""
+CANCELLED = "CANCELLED"
+_HEADER_ALLOWANCE = 1024
+"""Bytes reserved for NATS protocol and headers when checking a reply against max_payload."""
+
+
+def control_subject(prefix: str, worker_id: str) -> str:
+    """``<p>._ctl.<worker_id>``: cancellations from ingresses, fault injection from drills."""
+    return f"{prefix}._ctl.{worker_id}"
 
 
 @dataclass(slots=True)
@@ -54,6 +90,19 @@ class Job:
     ingress: str | None
     want_body: bool
     cache_key: str | None = None
+    dkey: tuple | None = None
+    """Deduplication key (None: the request has no id)."""
+    joined: list["Job"] | None = None
+    """Duplicates that wait for this job's result."""
+    cancelled: bool = False
+
+    def targets(self) -> list["Job"]:
+        """This job and its joined duplicates."""
+        return [self] + self.joined if self.joined else [self]
+
+    def live(self) -> bool:
+        """Some copy of the request still wants the answer."""
+        return not self.cancelled or bool(self.joined and any(not j.cancelled for j in self.joined))
 
 
 @dataclass(slots=True)
@@ -67,6 +116,10 @@ class Outcome:
     response_msgpack: bytes | None = None
     executed: bool = False
     """The model ran for this request (audit)."""
+    code: str = ""
+    """Error code when not ok; CANCELLED: dropped before compute, nobody is answered."""
+    retry: bool = False
+    """The job expired or was cancelled before compute: joined duplicates still in budget are queued again."""
 
 
 @dataclass
@@ -78,6 +131,43 @@ class _Stats:
     expired: int = 0
     in_flight: int = 0
     ewma_service_us: float = 0.0
+    computed: int = 0
+    dedup_hits: int = 0
+    dedup_joins: int = 0
+    cancelled: int = 0
+
+
+class _ErrorWindow:
+    """Requests and server-side failures per one-second bucket over the last ``window_s`` seconds.
+
+    Written by the inference thread, read by the loop; guarded by a lock.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.n = max(int(window_s), 1)
+        self.reqs = [0] * self.n
+        self.errs = [0] * self.n
+        self.secs = [-1] * self.n
+        self.lock = threading.Lock()
+
+    def add(self, now: float, requests: int, errors: int) -> None:
+        sec = int(now)
+        i = sec % self.n
+        with self.lock:
+            if self.secs[i] != sec:
+                self.secs[i], self.reqs[i], self.errs[i] = sec, 0, 0
+            self.reqs[i] += requests
+            self.errs[i] += errors
+
+    def totals(self, now: float) -> tuple[int, int]:
+        sec = int(now)
+        with self.lock:
+            r = e = 0
+            for i in range(self.n):
+                if sec - self.secs[i] < self.n:
+                    r += self.reqs[i]
+                    e += self.errs[i]
+        return r, e
 
 
 class Worker:
@@ -100,6 +190,7 @@ class Worker:
                 self.versions[mv.key] = mv
                 self.max_batch[mv.key] = mb
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
+        self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self.mailbox: queue.Queue[Job] = queue.Queue(maxsize=config.mailbox_size)
         self.stats = _Stats()
         self._stats_lock = threading.Lock()
@@ -107,6 +198,14 @@ class Worker:
         self.nc = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
+        self.window = _ErrorWindow(config.health_window_s)
+        self.recent = RecentResults(config.dedupe_ttl_s, config.dedupe_max_entries, config.dedupe_max_bytes)
+        self.in_progress: dict[tuple, Job] = {}
+        """Dedupe key → the queued or running job (loop thread only)."""
+        self.by_seq: dict[tuple[str, int], Job] = {}
+        """(ingress, seq) → job, for cancellation (loop thread only)."""
+        self.fault = FaultSet(error_rate=config.inject_error_rate, compute_delay_ms=config.compute_delay_ms)
+        self._rng = random.Random()
 
     # ---- loop side -------------------------------------------------------------------------
     async def _on_request(self, msg) -> None:
@@ -129,13 +228,32 @@ class Worker:
         model_key = f"{hdrs.get(H.MODEL, '')}:{hdrs.get(H.VERSION, '')}"
         job = Job(reply, msg.data, hdrs, deadline, t_recv, model_key, seq, hdrs.get(H.INGRESS),
                   hdrs.get(H.CACHE_KEY) is not None, hdrs.get(H.CACHE_KEY))
-        if model_key not in self.sessions:
-            await self._finish_now(job, InvalidArgument(f"model {model_key} is not loaded on worker {self.config.worker_id}"), server_error=True)
-            return
         if deadline <= t_recv or H.wall_deadline_passed(hdrs):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
             return
+        if model_key not in self.sessions:
+            await self._finish_now(job, InvalidArgument(f"model {model_key} is not loaded on worker {self.config.worker_id}"), server_error=True)
+            return
+        rid = hdrs.get(H.REQUEST_ID)
+        if rid:
+            job.dkey = dedupe_key(model_key, rid, msg.data)
+            hit = self.recent.get(job.dkey, t_recv)
+            if hit is not None:
+                self.stats.dedup_hits += 1
+                o = Outcome(job, {**hit[0], DEDUP_HEADER: "hit"}, hit[1], ok=True)
+                await self._publish_outcomes([o], count=False)
+                return
+            primary = self.in_progress.get(job.dkey)
+            if primary is not None:
+                self.stats.dedup_joins += 1
+                if primary.joined is None:
+                    primary.joined = []
+                primary.joined.append(job)
+                if job.deadline > primary.deadline:
+                    primary.deadline = job.deadline  # the thread reads it; a float store is atomic
+                self._track(job)
+                return
         try:
             self.mailbox.put_nowait(job)
         except queue.Full:
@@ -143,8 +261,30 @@ class Worker:
             await self._finish_now(job, ResourceExhausted(
                 f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
             return
-        with self._stats_lock:
-            self.stats.in_flight += 1
+        if job.dkey is not None:
+            self.in_progress[job.dkey] = job
+        self._track(job)
+
+    def _track(self, job: Job) -> None:
+        self.stats.in_flight += 1
+        if job.ingress is not None and job.seq >= 0:
+            self.by_seq[(job.ingress, job.seq)] = job
+
+    async def _on_control(self, msg) -> None:
+        try:
+            m = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(m, Cancel):
+            for seq in m.seqs:
+                job = self.by_seq.get((m.ingress, seq))
+                if job is not None:
+                    job.cancelled = True
+        elif isinstance(m, FaultSet) and self.config.fault_control:
+            self.fault = m
+            log(f"worker {self.config.worker_id}: fault set to {m}")
+            if msg.reply:
+                await self.nc.publish(msg.reply, b"ok")
 
     async def _publish_error(self, reply: str, err: InferbusError, ct: str | None, request_id: str | None = None) -> None:
         hdrs, body = encode_error(err, ct)
@@ -157,52 +297,120 @@ class Worker:
         rid = job.hdrs.get(H.REQUEST_ID)
         if rid:
             hdrs[H.REQUEST_ID] = rid
-        await self._publish_outcomes([Outcome(job, hdrs, body, ok=False, server_error=server_error)], count=False)
+        await self._publish_outcomes([Outcome(job, hdrs, body, ok=False, server_error=server_error,
+                                              code=err.code.value)], count=False)
 
     async def _publish_outcomes(self, outcomes: list[Outcome], count: bool = True) -> None:
+        """Reply to every copy of each job (joined duplicates too), then send completion notices.
+
+        ``count``: the jobs were tracked in flight (queued or joined) and are released here.
+        """
         nc = self.nc
+        limit = (nc.max_payload or 0) - _HEADER_ALLOWANCE
         done: dict[str, list[DoneItem]] = {}
+        requeue: list[Job] = []
         for o in outcomes:
-            try:
-                await nc.publish(o.job.reply, o.body, headers=o.hdrs)
-            except Exception as exc:  # e.g. payload over max_payload
-                err = PayloadTooLarge(f"response of {len(o.body)} bytes exceeds the server's max_payload "
-                                      f"({nc.max_payload})") if len(o.body) > nc.max_payload else Internal(str(exc))
-                eh, eb = encode_error(err, o.job.hdrs.get(H.CONTENT_TYPE))
-                await nc.publish(o.job.reply, eb, headers=eh)
-                o.ok, o.response_msgpack = False, None
-            if o.job.ingress is not None and o.job.seq >= 0:
-                done.setdefault(o.job.ingress, []).append(
-                    DoneItem(o.job.seq, o.ok, o.server_error, o.service_us, o.response_msgpack if o.job.want_body else None))
+            job = o.job
+            targets = job.targets()
+            if count:
+                # settle the dedupe tables first (no await in between), so a duplicate arriving
+                # while we publish finds the stored result instead of a finished job
+                if job.dkey is not None and self.in_progress.get(job.dkey) is job:
+                    del self.in_progress[job.dkey]
+                for t in targets:
+                    self.stats.in_flight -= 1
+                    if t.ingress is not None:
+                        self.by_seq.pop((t.ingress, t.seq), None)
+            if o.ok and limit > 0 and len(o.body) > limit:
+                err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
+                                      f"({nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers)",
+                                      field="outputs")
+                o.hdrs, o.body = encode_error(err, job.hdrs.get(H.CONTENT_TYPE))
+                rid = job.hdrs.get(H.REQUEST_ID)
+                if rid:
+                    o.hdrs[H.REQUEST_ID] = rid
+                o.ok, o.response_msgpack, o.code = False, None, err.code.value
+            if count and o.ok and job.dkey is not None:
+                self.recent.put(job.dkey, o.hdrs, o.body)
+            for i, t in enumerate(targets):
+                code = o.code
+                if o.retry and t is not job and not t.cancelled and t.deadline > time.monotonic():
+                    requeue.append(t)  # the primary expired/was cancelled; this duplicate still has budget
+                    continue
+                if t.cancelled or o.code == CANCELLED:
+                    code = CANCELLED
+                else:
+                    hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
+                    try:
+                        await nc.publish(t.reply, o.body, headers=hdrs)
+                    except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
+                        log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
+                if t.ingress is not None and t.seq >= 0:
+                    done.setdefault(t.ingress, []).append(
+                        DoneItem(t.seq, o.ok and code != CANCELLED, o.server_error and code != CANCELLED, o.service_us,
+                                 o.response_msgpack if (t.want_body and o.ok) else None, code))
         for ingress, items in done.items():
-            await nc.publish(self.subjects.done(ingress),
-                             encode_internal(DoneNotice(self.config.worker_id, items)))
+            try:
+                await nc.publish(self.subjects.done(ingress), encode_internal(DoneNotice(self.config.worker_id, items)))
+            except Exception as exc:
+                log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
         if self.config.audit:
             ids = [o.job.hdrs.get(H.REQUEST_ID, "") for o in outcomes if o.executed]
             if ids:
                 await nc.publish(self.subjects.audit, msgspec.msgpack.encode(ids))
+        for t in requeue:
+            await self._requeue(t)
+
+    async def _requeue(self, job: Job) -> None:
+        """Queue a joined duplicate whose primary was dropped (expired or cancelled) as a job of its own."""
+        primary = self.in_progress.get(job.dkey) if job.dkey is not None else None
+        if primary is not None:
+            if primary.joined is None:
+                primary.joined = []
+            primary.joined.append(job)
+            primary.deadline = max(primary.deadline, job.deadline)
+            self._track(job)
+            return
+        try:
+            self.mailbox.put_nowait(job)
+        except queue.Full:
+            self.stats.shed += 1
+            await self._finish_now(job, ResourceExhausted(
+                f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
+            return
+        if job.dkey is not None:
+            self.in_progress[job.dkey] = job
+        self._track(job)
 
     async def _outbox_pump(self) -> None:
         assert self._outbox is not None
         while True:
             outcomes = await self._outbox.get()
-            await self._publish_outcomes(outcomes)
+            try:
+                await self._publish_outcomes(outcomes)
+            except Exception as exc:  # never let one bad batch stop the pump
+                log(f"worker {self.config.worker_id}: publishing outcomes failed: {exc!r}")
 
     def _report(self) -> LoadReport:
         s = self.stats
         d = self.device
+        reqs, errs = self.window.totals(time.monotonic())
         return LoadReport(
             worker_id=self.config.worker_id, pid=os.getpid(), device_kind=d.kind if d else "cpu",
             device_name=d.name if d else "", backend=self.config.backend, precision=self.config.precision,
             models=sorted(self.sessions), queue_depth=self.mailbox.qsize(), in_flight=s.in_flight,
             capacity=self.config.mailbox_size, ewma_service_us=s.ewma_service_us, completed=s.completed,
             errors=s.errors, region=self.config.region, interval_ms=self.config.report_interval_ms,
+            window_s=float(self.window.n), window_requests=reqs, window_errors=errs,
+            error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
+            dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled,
         )
 
     async def _reporter(self) -> None:
         period = self.config.report_interval_ms / 1000.0
         while True:
-            await self.nc.publish(self.subjects.load, encode_internal(self._report()))
+            if not self.fault.silent:
+                await self.nc.publish(self.subjects.load, encode_internal(self._report()))
             await asyncio.sleep(period)
 
     async def run(self) -> None:
@@ -217,6 +425,7 @@ class Worker:
                                 description="inferbus accelerator worker",
                                 metadata={"worker_id": self.config.worker_id, "backend": self.config.backend,
                                           "device": self.device.name if self.device else ""})
+        await self.nc.subscribe(control_subject(self.config.bus.prefix, self.config.worker_id), cb=self._on_control)
         await svc.add_endpoint(name="infer", subject=self.subjects.worker(self.config.worker_id),
                                handler=lambda req: self._on_request(req._msg),
                                queue_group=f"{self.config.bus.prefix}.w.{self.config.worker_id}")
@@ -247,48 +456,63 @@ class Worker:
             except queue.Empty:
                 continue
             jobs = [first]
-            limit = max(self.max_batch.get(first.model_key, 0), 1)
             # zero-wait: take what is already queued, never wait for more
             while len(jobs) < 256:
                 try:
                     jobs.append(mailbox.get_nowait())
                 except queue.Empty:
                     break
-            if self.config.compute_delay_ms > 0:
-                time.sleep(self.config.compute_delay_ms / 1000.0)
-            outcomes: list[Outcome] = []
-            groups: dict[tuple, list[tuple[Job, object, dict]]] = {}
-            for job in jobs:
-                try:
-                    prepared = self._prepare(job)
-                except InferbusError as err:
-                    outcomes.append(self._error_outcome(job, err))
-                    continue
-                if prepared is None:
-                    continue
-                req, arrays = prepared
-                if job.deadline <= time.monotonic() or H.wall_deadline_passed(job.hdrs):
-                    self.stats.expired += 1
-                    outcomes.append(self._error_outcome(job, DeadlineExceeded("budget spent while queued at the worker")))
-                    continue
-                outs = tuple(o.name for o in req.outputs) if req.outputs else ()
-                groups.setdefault((job.model_key, outs), []).append((job, req, arrays))
-            for (model_key, outs), items in groups.items():
-                limit = max(self.max_batch.get(model_key, 0), 1)
-                for i in range(0, len(items), limit):
-                    outcomes.extend(self._run_group(model_key, list(outs) or None, items[i:i + limit]))
-            with self._stats_lock:
-                self.stats.in_flight -= len(jobs)
+            try:
+                outcomes = self._compute_batch(jobs)
+            except Exception as exc:  # a bug: fail these requests, keep the thread alive
+                log(f"worker {self.config.worker_id}: batch failed: {exc!r}")
+                outcomes = [self._error_outcome(j, Internal(f"worker failed: {type(exc).__name__}: {exc}"),
+                                                server_error=True) for j in jobs]
             if outcomes:
                 self.loop.call_soon_threadsafe(self._outbox.put_nowait, outcomes)
+
+    def _compute_batch(self, jobs: list[Job]) -> list[Outcome]:
+        fault = self.fault
+        if fault.compute_delay_ms > 0:
+            time.sleep(fault.compute_delay_ms / 1000.0)
+        outcomes: list[Outcome] = []
+        groups: dict[tuple, list[tuple[Job, object, dict]]] = {}
+        for job in jobs:
+            # checks that cost nothing come before any work on the request (not even decoding)
+            if not job.live():
+                self.stats.cancelled += 1
+                outcomes.append(Outcome(job, {}, b"", ok=False, code=CANCELLED, retry=True))
+                continue
+            if job.deadline <= time.monotonic() or (not job.joined and H.wall_deadline_passed(job.hdrs)):
+                self.stats.expired += 1
+                o = self._error_outcome(job, DeadlineExceeded("budget spent while queued at the worker"))
+                o.retry = True
+                outcomes.append(o)
+                continue
+            try:
+                req, arrays = self._prepare(job)
+            except InferbusError as err:
+                outcomes.append(self._error_outcome(job, err))
+                continue
+            outs = tuple(o.name for o in req.outputs) if req.outputs else ()
+            groups.setdefault((job.model_key, outs), []).append((job, req, arrays))
+        for (model_key, outs), items in groups.items():
+            limit = max(self.max_batch.get(model_key, 0), 1)
+            for i in range(0, len(items), limit):
+                outcomes.extend(self._run_group(model_key, list(outs) or None, items[i:i + limit]))
+        return outcomes
 
     def _prepare(self, job: Job):
         ct = job.hdrs.get(H.CONTENT_TYPE)
         req = decode_request(job.body, ct)
         mv = self.versions[job.model_key]
+        text_inputs = self._bytes_inputs.get(job.model_key)
         arrays = {}
         for i, t in enumerate(req.inputs):
-            arrays[t.name] = input_to_numpy(t, field=f"inputs[{i}]")
+            arr = input_to_numpy(t, field=f"inputs[{i}]")
+            if text_inputs and t.name in text_inputs:
+                arr = _bytes_to_text(arr, t, i)
+            arrays[t.name] = arr
         for info in mv.inputs:
             if info.name not in arrays:
                 raise InvalidArgument(f"missing input {info.name!r}", field="inputs")
@@ -301,24 +525,14 @@ class Worker:
         rid = job.hdrs.get(H.REQUEST_ID)
         if rid:
             hdrs[H.REQUEST_ID] = rid
-        return Outcome(job, hdrs, body, ok=False, server_error=server_error)
+        return Outcome(job, hdrs, body, ok=False, server_error=server_error, code=err.code.value)
 
     def _run_group(self, model_key: str, outs: list[str] | None, items) -> list[Outcome]:
         sess = self.sessions[model_key]
         t0 = time.monotonic()
         results: list[dict[str, np.ndarray]] | None = None
         if len(items) > 1:
-            try:
-                feeds = {name: np.concatenate([a[name] for _, _, a in items], axis=0) for name in items[0][2]}
-                merged = sess.infer(feeds, outs)
-                sizes = [next(iter(a.values())).shape[0] for _, _, a in items]
-                bounds = np.cumsum(sizes)[:-1]
-                results = [dict() for _ in items]
-                for name, arr in merged.items():
-                    for r, part in zip(results, np.split(arr, bounds, axis=0)):
-                        r[name] = part
-            except (InferenceError, ValueError):
-                results = None  # fall back to one by one (e.g. shapes that do not stack)
+            results = _run_merged(sess, outs, [a for _, _, a in items])
         outcomes = []
         if results is None:
             results = []
@@ -332,15 +546,26 @@ class Worker:
         per_us = compute_us / len(items)
         s = self.stats
         s.ewma_service_us = per_us if s.ewma_service_us == 0 else (1 - _EWMA_ALPHA) * s.ewma_service_us + _EWMA_ALPHA * per_us
+        s.computed += len(items)
         mv = self.versions[model_key]
+        fault_rate = self.fault.error_rate
+        errors = 0
         for (job, req, arrays), res in zip(items, results):
+            if fault_rate > 0 and not isinstance(res, Exception) and self._rng.random() < fault_rate:
+                res = InferenceError("injected fault (FaultSet.error_rate)")
             if isinstance(res, Exception):
+                errors += 1
                 failed = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
                 failed.executed = True
                 outcomes.append(failed)
                 continue
-            outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items)))
+            try:
+                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items)))
+            except InferbusError as err:  # an output the wire cannot carry (e.g. a BYTES element over 4 GiB)
+                outcomes.append(self._error_outcome(job, err))
+                continue
             s.completed += 1
+        self.window.add(time.monotonic(), len(items), errors)
         return outcomes
 
     def _encode(self, job: Job, req, mv, res: dict[str, np.ndarray], t0: float, compute_us: int, batch: int) -> Outcome:
@@ -370,6 +595,55 @@ class Worker:
         if job.want_body:
             cached = body if not json_ct else encode_response(resp, None)
         return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True)
+
+
+def _run_merged(sess, outs: list[str] | None, feeds_list: list[dict[str, np.ndarray]]):
+    """Run several requests as one batch; None when they cannot be merged safely.
+
+    Merged only when each request's inputs share one leading dimension (its row
+    count) and every output comes back with the summed row count, so splitting
+    by row counts gives each request exactly its own rows.
+    """
+    sizes = []
+    for feeds in feeds_list:
+        lead = {a.shape[0] if a.ndim else -1 for a in feeds.values()}
+        if len(lead) != 1 or -1 in lead:
+            return None
+        sizes.append(lead.pop())
+    try:
+        merged_feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=0) for name in feeds_list[0]}
+        merged = sess.infer(merged_feeds, outs)
+    except (InferenceError, ValueError, KeyError):
+        return None  # fall back to one by one (e.g. shapes that do not stack)
+    total = sum(sizes)
+    if any(arr.ndim == 0 or arr.shape[0] != total for arr in merged.values()):
+        return None
+    bounds = np.cumsum(sizes)[:-1]
+    results: list[dict[str, np.ndarray]] = [dict() for _ in feeds_list]
+    for name, arr in merged.items():
+        for r, part in zip(results, np.split(arr, bounds, axis=0)):
+            r[name] = part
+    return results
+
+
+def _bytes_to_text(arr: np.ndarray, t, i: int) -> np.ndarray:
+    """BYTES elements as ``str`` for the runtime (ONNX Runtime's Python API takes text, not bytes).
+
+    Raises:
+        InvalidArgument: an element is not valid UTF-8 (naming the tensor's field): such
+            bytes cannot reach the model unchanged, so they are refused rather than altered.
+    """
+    out = np.empty(arr.shape, dtype=object)
+    flat_in = arr.ravel()
+    flat_out = out.ravel()
+    for k, b in enumerate(flat_in):
+        try:
+            flat_out[k] = b.decode("utf-8") if isinstance(b, (bytes, bytearray)) else str(b)
+        except UnicodeDecodeError:
+            where = "raw" if t.raw is not None else "data"
+            raise InvalidArgument(f"input {t.name!r} element {k} is not valid UTF-8; this model's runtime takes "
+                                  f"BYTES tensors as text", field=f"inputs[{i}].{where}") from None
+    return out
 
 
 def _parse_timings(value: str | None) -> dict[str, int]:

@@ -88,3 +88,15 @@ def remaining_ms(deadline: float, now: float | None = None) -> float:
 def format_ms(ms: float) -> str:
     """Header value for a budget, 3 decimals (µs resolution)."""
     return f"{max(ms, 0.0):.3f}"
+
+
+def header_bytes(headers: dict | None) -> int:
+    """Bytes the NATS protocol spends on ``headers`` (``NATS/1.0\\r\\n``, ``Key: value\\r\\n`` each, ``\\r\\n``).
+
+    The server's ``max_payload`` limits headers plus body together, and a client
+    that publishes past it has its connection closed by the server, so every
+    publisher checks ``len(body) + header_bytes(headers) <= max_payload`` first.
+    """
+    if not headers:
+        return 0
+    return 12 + sum(len(k.encode()) + len(str(v).encode()) + 4 for k, v in headers.items())

@@ -50,6 +50,27 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     region: str = ""
     interval_ms: int = 100
     draining: bool = False
+    window_s: float = 0.0
+    """Length of the sliding window behind ``window_requests``/``window_errors``, seconds (0 = not reported)."""
+    window_requests: int = 0
+    """Requests the worker computed (or failed by its own fault) within the window; client errors,
+    expired and shed requests are not counted."""
+    window_errors: int = 0
+    """Server-side failures within the window (INTERNAL); never client errors."""
+    error_rate: float = 0.0
+    """``window_errors / window_requests`` (0 when the window is empty)."""
+    computed: int = 0
+    """Requests run through a model since start (a deduplicated request counts once)."""
+    expired: int = 0
+    """Requests dropped with DEADLINE_EXCEEDED before compute since start."""
+    shed: int = 0
+    """Requests shed with RESOURCE_EXHAUSTED (mailbox full) since start."""
+    dedup_hits: int = 0
+    """Duplicates (same request id and body) answered from the recent-results cache."""
+    dedup_joins: int = 0
+    """Duplicates that joined a computation already queued or running."""
+    cancelled: int = 0
+    """Hedge losers dropped before compute since start."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):
@@ -61,6 +82,8 @@ class DoneItem(msgspec.Struct, array_like=True):
     service_us: int = 0
     response: bytes | None = None
     """The encoded InferResponse (msgpack), only when the ingress asked for a cache fill."""
+    code: str = ""
+    """Error code of a failed request ("" when ok); ``CANCELLED`` for a hedge loser dropped before compute."""
 
 
 class DoneNotice(_Base, tag="inferbus.v1.done"):
@@ -88,7 +111,32 @@ class ProcessEvent(_Base, tag="inferbus.v1.event"):
     reason: str = ""
 
 
-InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent
+class Cancel(_Base, tag="inferbus.v1.cancel"):
+    """An ingress withdraws requests it forwarded (hedge losers), on ``<p>._ctl.<worker_id>``.
+
+    A worker drops a cancelled request that has not started compute (no reply; a
+    ``CANCELLED`` completion goes back to the ingress); one already computing finishes.
+    """
+
+    ingress: str
+    seqs: list[int]
+
+
+class FaultSet(_Base, tag="inferbus.v1.fault"):
+    """Fault injection for tests and chaos drills, on ``<p>._ctl.<worker_id>``.
+
+    Honoured only by workers started with ``WorkerConfig.fault_control``; others ignore it.
+    """
+
+    error_rate: float = 0.0
+    """Fraction (0..1) of computed requests answered INTERNAL instead of their result."""
+    compute_delay_ms: float = 0.0
+    """Extra sleep before each batch, ms."""
+    silent: bool = False
+    """Stop publishing load reports (a hung or partitioned worker, as the routers see it)."""
+
+
+InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent | Cancel | FaultSet
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(InternalMessage)
