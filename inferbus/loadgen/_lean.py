@@ -1,0 +1,260 @@
+"""A lean request driver on one NATS connection: no task and no future per request.
+
+Requests are published with a reply subject ``<inbox>.<n>`` under one wildcard
+subscription; the subscription callback matches each answer to its request by
+``n``, records its latency and, in a closed loop, sends that caller's next
+request at once. Bodies are encoded before the step starts. This is what lets
+one Python process offer tens of thousands of requests per second without
+becoming the bottleneck it measures (the SDK's ``request()`` creates a future
+and an ``asyncio.wait_for`` timer per call).
+
+Open loop: the schedule is cut into ticks of ``tick_s`` (1 ms by default, the
+event loop's timer resolution); the requests due in a tick are sent together
+and their latency is counted from the tick's scheduled time, so a generator or
+system stall shows up in the latency (no coordinated omission). uvloop's
+timers have 1 ms resolution and may fire up to 1 ms early, so hitting a tick on
+time needs a short spin (``precise=True``, for hosts with cores to spare).
+Without it (``precise=False``, small hosts where a spinning generator would
+steal the pipeline's CPU) the generator sleeps through the remainder and the
+latency of a request sent late by less than ``grace_s`` (timer granularity) is
+counted from its actual send time; a later send still counts from its schedule.
+``send_lag`` records how late each request actually left, either way.
+
+Every answer is judged by the target (:meth:`Target.judge`): error code,
+correctness against the reference, and response parameters (stage timings).
+A request unanswered within ``timeout_s`` counts as error ``TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ._result import Recorder
+from ._workload import Workload
+
+Judge = Callable[[int, "dict | None", bytes], "tuple[str | None, bool, dict | None]"]
+
+
+@dataclass
+class Target:
+    """What one step sends and how it judges an answer.
+
+    Attributes:
+        name: ``inferbus``, ``echo`` ... (reported as the result's target).
+        subject: where requests go.
+        bodies: request bodies, used cyclically (request ``i`` sends ``bodies[i % len]``).
+        headers: headers sent with every request (None = plain PUB).
+        judge: ``judge(i, headers, body) -> (error code | None, correct, parameters | None)``.
+    """
+
+    name: str
+    subject: str
+    bodies: list[bytes]
+    headers: dict | None
+    judge: Judge
+
+
+def infer_target(work: Workload, prefix: str = "inferbus", timeout_ms: float = 1000.0) -> Target:
+    """Requests for ``work``'s model version on its public subject, judged against the reference."""
+    mv = work.mv
+    subject = f"{prefix}.infer.{mv.name}.{mv.version}"
+    return Target("inferbus", subject, work.bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, work.check_reply)
+
+
+def echo_target(work: Workload, subject: str, timeout_ms: float = 1000.0) -> Target:
+    """The same bodies and headers as :func:`infer_target`, sent to an echo responder; right = echoed unchanged."""
+    bodies = work.bodies
+
+    def judge(i: int, headers, body: bytes):
+        if headers and headers.get("Status") == "503":
+            return "NO_RESPONDERS", False, None
+        return None, body == bodies[i % len(bodies)], None
+
+    return Target("echo", subject, bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, judge)
+
+
+class LeanDriver:
+    """Closed- and open-loop steps over one connected nats-py client; one step at a time.
+
+    Call :meth:`start` once (subscribes the reply inbox), then any number of
+    :meth:`closed` / :meth:`open` steps.
+    """
+
+    def __init__(self, nc) -> None:
+        self.nc = nc
+        self._inbox = nc.new_inbox()
+        self._plen = len(self._inbox) + 1
+        self._pending: dict[int, tuple[float, int, int]] = {}
+        self._tok = 0
+        self._rec: Recorder | None = None
+        self._target: Target | None = None
+        self._next: Callable | None = None
+        self._done = asyncio.Event()
+        self._sending = False
+        self._last = 0.0
+        self.late = 0
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply, pending_msgs_limit=1_000_000,
+                                pending_bytes_limit=1 << 30)
+        await self.nc.flush()
+
+    async def _send(self, i: int, t_ref: float, slot: int) -> None:
+        tok = self._tok = self._tok + 1
+        t = self._target
+        self._pending[tok] = (t_ref, i, slot)
+        await self.nc.publish(t.subject, t.bodies[i % len(t.bodies)], reply=f"{self._inbox}.{tok}", headers=t.headers)
+
+    async def _on_reply(self, msg) -> None:
+        now = time.monotonic()
+        try:
+            tok = int(msg.subject[self._plen:])
+        except ValueError:
+            return
+        ent = self._pending.pop(tok, None)
+        if ent is None or self._rec is None:
+            self.late += 1
+            return
+        t_ref, i, slot = ent
+        err, correct, params = self._target.judge(i, msg.headers, msg.data)
+        self._rec.record((now - t_ref) * 1e6, err, correct, params)
+        self._last = now
+        if self._next is not None:
+            await self._next(slot, now)
+        elif not self._pending and not self._sending:
+            self._done.set()
+
+    async def _sweep(self, timeout_s: float, on_timeout) -> None:
+        period = min(max(timeout_s / 4, 0.005), 0.05)
+        while True:
+            await asyncio.sleep(period)
+            limit = time.monotonic() - timeout_s
+            expired = []
+            for tok, (t_ref, i, slot) in self._pending.items():
+                if t_ref > limit:
+                    break  # insertion order = send order (closed: t_ref = send time)
+                expired.append(tok)
+            for tok in expired:
+                t_ref, i, slot = self._pending.pop(tok)
+                self._rec.record(timeout_s * 1e6, "TIMEOUT")
+                self._last = time.monotonic()
+                await on_timeout(slot)
+            if not self._pending and not self._sending:
+                self._done.set()
+
+    def _begin(self, target: Target) -> Recorder:
+        self._rec = Recorder()
+        self._target = target
+        self._pending.clear()
+        self._done = asyncio.Event()
+        self._last = 0.0
+        return self._rec
+
+    async def closed(self, target: Target, *, concurrency: int, duration_s: float, timeout_s: float = 1.0,
+                     start_at: float | None = None, index_base: int = 0) -> tuple[Recorder, float, float]:
+        """``concurrency`` callers for ``duration_s``; each sends its next request when its answer arrives.
+
+        Returns:
+            ``(recorder, elapsed_s, cpu_s)``: elapsed from the start to the last answer.
+        """
+        rec = self._begin(target)
+        counter = iter(range(index_base, 10**15))
+        if start_at is not None:
+            await _sleep_until(start_at)
+        start = time.monotonic()
+        t_end = start + duration_s
+        cpu0 = time.process_time()
+        active = concurrency
+
+        async def nxt(slot: int, now: float) -> None:
+            nonlocal active
+            if now < t_end:
+                await self._send(next(counter), now, slot)
+                return
+            active -= 1
+            if active == 0:
+                self._done.set()
+
+        self._next = nxt
+        self._sending = True
+        sweeper = asyncio.create_task(self._sweep(timeout_s, lambda slot: nxt(slot, time.monotonic())))
+        try:
+            for slot in range(concurrency):
+                await self._send(next(counter), time.monotonic(), slot)
+            self._sending = False
+            await self._done.wait()
+        finally:
+            sweeper.cancel()
+            self._next = None
+            self._sending = False
+        elapsed = max(self._last, t_end) - start
+        self._rec = None
+        return rec, elapsed, time.process_time() - cpu0
+
+    async def open(self, target: Target, *, rate_qps: float, duration_s: float, timeout_s: float = 1.0,
+                   start_at: float | None = None, tick_s: float = 0.001, index_base: int = 0,
+                   phase: float = 0.0, precise: bool = True, grace_s: float = 0.0015) -> tuple[Recorder, float, float]:
+        """Send at ``rate_qps`` for ``duration_s`` whatever the answers do; wait for the stragglers.
+
+        Args:
+            phase: fraction of a tick to shift this process's ticks by, so that
+                several generator processes do not all fire on the same instant.
+            precise: spin the last < 0.5 ms before a tick (True) or sleep through it (False).
+            grace_s: with ``precise=False``, lateness counted from the actual send time.
+
+        Returns:
+            ``(recorder, elapsed_s, cpu_s)``.
+        """
+        rec = self._begin(target)
+        total = int(rate_qps * duration_s)
+        per_tick = rate_qps * tick_s
+        if start_at is not None:
+            await _sleep_until(start_at)
+        start = time.monotonic() + phase * tick_s
+        cpu0 = time.process_time()
+        grace = 0.0 if precise else grace_s
+
+        async def noop(slot: int) -> None:
+            return None
+
+        self._sending = True
+        sweeper = asyncio.create_task(self._sweep(timeout_s, noop))
+        sent = 0
+        k = 0
+        try:
+            while sent < total:
+                t_k = start + k * tick_s
+                now = time.monotonic()
+                if precise:
+                    while now < t_k:
+                        await asyncio.sleep(t_k - now if t_k - now > 0.0005 else 0)
+                        now = time.monotonic()
+                elif now < t_k:
+                    await asyncio.sleep(t_k - now)
+                due = min(total, math.floor((k + 1) * per_tick))
+                while sent < due:
+                    t_send = time.monotonic()
+                    lag = t_send - t_k
+                    rec.record_lag(lag * 1e6)
+                    await self._send(index_base + sent, t_send if 0 < lag < grace else t_k, 0)
+                    sent += 1
+                k += 1
+            self._sending = False
+            if self._pending:
+                await self._done.wait()
+        finally:
+            sweeper.cancel()
+            self._sending = False
+        elapsed = max(self._last, start + 1e-6) - start
+        self._rec = None
+        return rec, elapsed, time.process_time() - cpu0
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)

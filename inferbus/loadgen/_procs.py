@@ -1,0 +1,403 @@
+"""Load generators and echo responders in their own OS processes.
+
+A load generator sharing the served pipeline's event loop (or one Python
+process doing both sending and judging at high rates) measures itself. So the
+parent here only orchestrates: it starts ``n`` generator processes
+(``python -m inferbus.loadgen gen <config JSON>``), each with its own uvloop,
+NATS connection and reply inbox, optionally pinned to cores, and drives them
+with one JSON line per step on stdin; each answers one JSON line (its
+:class:`~inferbus.loadgen._result.Recorder` in wire form) on stdout, and the
+parent adds them up (:func:`~inferbus.loadgen._result.merge_wire`). All
+processes start a step at the same ``time.monotonic()`` instant (CLOCK_MONOTONIC
+is system-wide on Linux).
+
+Echo responders (``python -m inferbus.loadgen echo <config JSON>``) are the
+bus floor: nats-py + uvloop, a queue group, each request's body published back
+to its reply subject with a ``Content-Type`` header, as a worker answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._result import BenchResult, merge_wire
+
+READY = "READY"
+
+
+def _set_affinity(cpus) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, set(cpus))
+        except OSError:
+            pass
+
+
+def _uvloop_run(coro) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:  # pragma: no cover
+        asyncio.run(coro)
+
+
+async def _connect(url: str, name: str):
+    from ..bus import BusConfig, connect
+
+    return await connect(BusConfig(servers=tuple(url.split(",")), name=name))
+
+
+# ------------------------------------------------------------------ child: generator
+
+
+@dataclass
+class GenConfig:
+    """One generator process. ``pool``: distinct inputs per process (its index × pool is its offset)."""
+
+    index: int
+    nats_url: str
+    models_dir: str
+    cpus: list[int] = field(default_factory=list)
+    pool: int = 8192
+
+
+class _Gen:
+    def __init__(self, cfg: GenConfig) -> None:
+        self.cfg = cfg
+        self.works: dict = {}
+        self.targets: dict = {}
+        self.nc = None
+        self.lean = None
+        self.http = None
+
+    def _work(self, model: str, version: str | None, distinct: bool):
+        from ..actors._repository import ModelRepository
+        from ._workload import Workload
+
+        key = (model, version, distinct)
+        w = self.works.get(key)
+        if w is None:
+            c = self.cfg
+            w = Workload(ModelRepository(c.models_dir, [model]), model, version, pool=c.pool, distinct=distinct,
+                         seed=c.index, offset=c.index * c.pool)
+            w.bodies  # encode now, not during a step
+            self.works[key] = w
+        return w
+
+    def _target(self, spec: dict):
+        from ._lean import Target, echo_target, infer_target
+
+        key = json.dumps(spec, sort_keys=True)
+        t = self.targets.get(key)
+        if t is not None:
+            return t
+        work = self._work(spec["model"], spec.get("version"), spec.get("distinct", True))
+        timeout_ms = spec.get("timeout_ms", 1000.0)
+        kind = spec["kind"]
+        if kind == "inferbus":
+            t = infer_target(work, spec.get("prefix", "inferbus"), timeout_ms)
+        elif kind == "echo":
+            t = echo_target(work, spec["subject"], timeout_ms)
+        elif kind == "http":
+            t = Target(spec.get("name", "http"), spec["url"], work.bodies, None, work.check_reply)
+        else:
+            raise ValueError(f"unknown target kind {kind!r}")
+        self.targets[key] = t
+        return t
+
+    async def _driver(self, spec: dict):
+        if spec["kind"] == "http":
+            if self.http is None:
+                from ._http import HttpDriver
+
+                self.http = HttpDriver()
+            return self.http
+        return self.lean
+
+    async def step(self, cmd: dict) -> dict:
+        target = self._target(cmd["target"])
+        drv = await self._driver(cmd["target"])
+        gc.collect()
+        if cmd["mode"] == "closed":
+            rec, elapsed, cpu = await drv.closed(target, concurrency=cmd["concurrency"], duration_s=cmd["duration_s"],
+                                                 timeout_s=cmd["timeout_s"], start_at=cmd.get("start_at"),
+                                                 index_base=0)
+        else:
+            rec, elapsed, cpu = await drv.open(target, rate_qps=cmd["rate"], duration_s=cmd["duration_s"],
+                                               timeout_s=cmd["timeout_s"], start_at=cmd.get("start_at"),
+                                               phase=cmd.get("phase", 0.0), precise=cmd.get("precise", True))
+        return rec.to_wire(elapsed, cpu)
+
+    async def run(self) -> None:
+        from ._lean import LeanDriver
+
+        _set_affinity(self.cfg.cpus)
+        self.nc = await _connect(self.cfg.nats_url, f"loadgen-{self.cfg.index}")
+        self.lean = LeanDriver(self.nc)
+        await self.lean.start()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
+        print(READY, flush=True)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:
+                    return
+                cmd = json.loads(line)
+                op = cmd.get("op")
+                try:
+                    if op == "quit":
+                        return
+                    if op == "prepare":
+                        for spec in cmd["targets"]:
+                            self._target(spec)
+                        out = {"ok": True}
+                    elif op == "step":
+                        out = {"ok": True, "wire": await self.step(cmd)}
+                    else:
+                        out = {"ok": False, "error": f"unknown op {op!r}"}
+                except Exception as exc:
+                    out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                print(json.dumps(out), flush=True)
+        finally:
+            if self.http is not None:
+                await self.http.close()
+            await self.nc.close()
+
+
+def gen_main(config_json: str) -> None:
+    """Process entry: ``python -m inferbus.loadgen gen '<GenConfig JSON>'``."""
+    _uvloop_run(_Gen(GenConfig(**json.loads(config_json))).run())
+
+
+# ------------------------------------------------------------------ child: echo responder
+
+
+async def _echo(cfg: dict) -> None:
+    _set_affinity(cfg.get("cpus"))
+    nc = await _connect(cfg["nats_url"], f"echo-{cfg.get('index', 0)}")
+    hdrs = {"Content-Type": "application/msgpack"}
+    publish = nc.publish
+
+    async def on_msg(msg) -> None:
+        if msg.reply:
+            await publish(msg.reply, msg.data, headers=hdrs)
+
+    await nc.subscribe(cfg["subject"], queue=cfg.get("queue", "echo"), cb=on_msg)
+    await nc.flush()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    print(READY, flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    await nc.drain()
+
+
+def echo_main(config_json: str) -> None:
+    """Process entry: ``python -m inferbus.loadgen echo '<config JSON>'``."""
+    _uvloop_run(_echo(json.loads(config_json)))
+
+
+# ------------------------------------------------------------------ parent side
+
+
+class _Child:
+    def __init__(self, proc: asyncio.subprocess.Process, name: str, log: Path | None) -> None:
+        self.proc = proc
+        self.name = name
+        self.log = log
+
+    async def readline(self, timeout_s: float) -> str:
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        if not line:
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log and self.log.exists() else ""
+            raise RuntimeError(f"{self.name} exited (code {self.proc.returncode}): {tail}")
+        return line.decode()
+
+    async def send(self, obj: dict) -> None:
+        self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+        await self.proc.stdin.drain()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc.returncode is not None:
+            return
+        try:
+            self.proc.stdin.close()
+        except Exception:
+            pass
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _spawn(kind: str, cfg: dict, name: str, log_dir: Path | None) -> _Child:
+    log = (log_dir / f"{name}.log") if log_dir else None
+    err = open(log, "wb") if log else asyncio.subprocess.DEVNULL
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferbus.loadgen", kind, json.dumps(cfg),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err)
+    finally:
+        if log:
+            err.close()
+    return _Child(proc, name, log)
+
+
+async def _start_all(children: list[_Child], timeout_s: float) -> None:
+    async def ready(c: _Child) -> None:
+        while True:
+            line = await c.readline(timeout_s)
+            if line.strip() == READY:
+                return
+
+    await asyncio.gather(*(ready(c) for c in children))
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` spread over ``parts`` as evenly as possible, larger shares first."""
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
+class GeneratorPool:
+    """``n`` load-generator processes, driven together step by step.
+
+    Args:
+        n: processes. nats_url: the NATS server(s) to load.
+        models_dir: model repository (inputs and reference answers).
+        cpus: per process, the cores to pin it to (None = no pinning).
+        pool: distinct inputs prepared per process.
+        log_dir: where each process's stderr goes (None = discarded).
+
+    Use ``async with GeneratorPool(...) as pool:``; :meth:`step` returns the
+    merged :class:`BenchResult` of all processes.
+    """
+
+    def __init__(self, n: int, nats_url: str, models_dir: str, *, cpus: list[list[int]] | None = None,
+                 pool: int = 8192, log_dir: Path | None = None) -> None:
+        if n < 1:
+            raise ValueError("GeneratorPool: n >= 1 processes")
+        self.n = n
+        self.nats_url = nats_url
+        self.models_dir = models_dir
+        self.cpus = cpus
+        self.pool = pool
+        self.log_dir = log_dir
+        self.children: list[_Child] = []
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        """Start every process and return when each has connected and subscribed its inbox."""
+        for k in range(self.n):
+            cfg = GenConfig(k, self.nats_url, self.models_dir, list(self.cpus[k]) if self.cpus else [], self.pool)
+            self.children.append(await _spawn("gen", cfg.__dict__, f"loadgen-{k}", self.log_dir))
+        await _start_all(self.children, timeout_s)
+
+    async def _ask(self, items: list[tuple[_Child, dict]], timeout_s: float) -> list[dict]:
+        for c, cmd in items:
+            await c.send(cmd)
+        outs = await asyncio.gather(*(c.readline(timeout_s) for c, _ in items))
+        res = [json.loads(o) for o in outs]
+        for (c, _), r in zip(items, res):
+            if not r.get("ok"):
+                raise RuntimeError(f"{c.name}: {r.get('error')}")
+        return res
+
+    async def prepare(self, targets: list[dict], timeout_s: float = 300.0) -> None:
+        """Build every target's inputs, references and bodies in every process (before timing anything)."""
+        await self._ask([(c, {"op": "prepare", "targets": targets}) for c in self.children], timeout_s)
+
+    async def step(self, target: dict, *, mode: str, concurrency: int | None = None, rate: float | None = None,
+                   duration_s: float = 5.0, timeout_s: float = 1.0, label: str = "",
+                   procs: int | None = None, precise: bool | None = None) -> BenchResult:
+        """One closed-loop (``concurrency`` callers in all) or open-loop (``rate`` requests/s in all) step.
+
+        Concurrency is split over the processes (a process with no share sits
+        out); the rate is split evenly, each process's ticks shifted by a
+        fraction of a tick. ``procs`` caps how many processes take part.
+        ``precise``: open-loop tick pacing (see :meth:`LeanDriver.open`); None =
+        precise on hosts with 8 cores or more.
+
+        Raises:
+            RuntimeError: a generator process failed or died.
+        """
+        use = self.children[: max(1, min(procs or self.n, self.n))]
+        if precise is None:
+            precise = (os.cpu_count() or 1) >= 8
+        start_at = time.monotonic() + 0.2
+        items = []
+        if mode == "closed":
+            if not concurrency or concurrency < 1:
+                raise ValueError("closed loop: concurrency >= 1")
+            for c, share in zip(use, split(concurrency, len(use))):
+                if share:
+                    items.append((c, {"op": "step", "target": target, "mode": "closed", "concurrency": share,
+                                      "duration_s": duration_s, "timeout_s": timeout_s, "start_at": start_at}))
+        elif mode == "open":
+            if not rate or rate <= 0:
+                raise ValueError("open loop: rate > 0 requests/s")
+            for k, c in enumerate(use):
+                items.append((c, {"op": "step", "target": target, "mode": "open", "rate": rate / len(use),
+                                  "duration_s": duration_s, "timeout_s": timeout_s, "start_at": start_at,
+                                  "phase": k / len(use), "precise": precise}))
+        else:
+            raise ValueError(f"mode is 'closed' or 'open', not {mode!r}")
+        res = await self._ask(items, duration_s + timeout_s + 60.0)
+        return merge_wire([r["wire"] for r in res], model=target.get("model", ""), mode=mode,
+                          concurrency=concurrency if mode == "closed" else None,
+                          rate_qps=rate if mode == "open" else None, target=target.get("name", target["kind"]),
+                          label=label)
+
+    async def close(self) -> None:
+        for c in self.children:
+            try:
+                await c.send({"op": "quit"})
+            except Exception:
+                pass
+        await asyncio.gather(*(c.stop() for c in self.children), return_exceptions=True)
+        self.children = []
+
+    async def __aenter__(self) -> "GeneratorPool":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class EchoPool:
+    """``n`` echo responder processes in one queue group on ``subject`` (the bus floor)."""
+
+    def __init__(self, n: int, nats_url: str, subject: str = "bench.echo", *, cpus: list[list[int]] | None = None,
+                 log_dir: Path | None = None) -> None:
+        self.n, self.nats_url, self.subject, self.cpus, self.log_dir = n, nats_url, subject, cpus, log_dir
+        self.children: list[_Child] = []
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        for k in range(self.n):
+            cfg = {"index": k, "nats_url": self.nats_url, "subject": self.subject,
+                   "cpus": list(self.cpus[k]) if self.cpus else []}
+            self.children.append(await _spawn("echo", cfg, f"echo-{k}", self.log_dir))
+        await _start_all(self.children, timeout_s)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.stop() for c in self.children), return_exceptions=True)
+        self.children = []
+
+    async def __aenter__(self) -> "EchoPool":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,182 @@
+"""Figures of one load step: an HDR latency histogram plus counters, mergeable across processes.
+
+A :class:`Recorder` lives in one load-generator process. ``to_wire()`` turns it
+into a JSON-safe dict (histograms as HDR's compressed base64 encoding) so that
+the parent can add the recorders of several generator processes into one
+:class:`BenchResult` with :func:`merge_wire`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from hdrh.histogram import HdrHistogram
+
+PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+_LOWEST_US, _HIGHEST_US, _DIGITS = 1, 60_000_000, 3
+
+
+def new_histogram() -> HdrHistogram:
+    """An HDR histogram of µs values, 1 µs .. 60 s, 3 significant digits."""
+    return HdrHistogram(_LOWEST_US, _HIGHEST_US, _DIGITS)
+
+
+@dataclass
+class BenchResult:
+    """Figures of one load step. Latencies in µs, rates in requests/s.
+
+    ``qps`` counts every answered request (errors included) over the step's
+    elapsed time; ``offered_qps`` is the open-loop schedule's rate (None in a
+    closed loop). ``send_lag_*`` say how late the generator sent against its
+    schedule (open loop): a large lag means the generator, not the target, was
+    the limit. ``gen_cpu_us_per_req`` is the generator processes' CPU time per
+    answer. ``stages_us`` are the means of the answers' ``parameters.timings_us``
+    (cache misses only) plus ``e2e`` (client-observed mean) and ``bus_other``
+    (``e2e - ingress_total - worker_total``: hops, NATS server, client receive).
+    """
+
+    model: str
+    mode: str
+    concurrency: int | None
+    rate_qps: float | None
+    duration_s: float
+    requests: int = 0
+    ok: int = 0
+    errors: dict = field(default_factory=dict)
+    wrong: int = 0
+    qps: float = 0.0
+    p50_us: float = 0.0
+    p95_us: float = 0.0
+    p99_us: float = 0.0
+    p99_9_us: float = 0.0
+    max_us: float = 0.0
+    mean_us: float = 0.0
+    cache_hits: int = 0
+    stages_us: dict = field(default_factory=dict)
+    target: str = "inferbus"
+    label: str = ""
+    gen_procs: int = 1
+    offered_qps: float | None = None
+    send_lag_p50_us: float = 0.0
+    send_lag_p99_us: float = 0.0
+    gen_cpu_us_per_req: float = 0.0
+    timeouts: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+
+class Recorder:
+    """Counts answers of one step in one process; not thread-safe (one event loop)."""
+
+    def __init__(self) -> None:
+        self.hist = new_histogram()
+        self.lag = new_histogram()
+        self.errors: Counter = Counter()
+        self.ok = 0
+        self.wrong = 0
+        self.hits = 0
+        self.stages: Counter = Counter()
+        self.stage_n = 0
+        self.e2e_miss_sum = 0.0
+
+    def record(self, latency_us: float, err: str | None = None, correct: bool = True,
+               params: dict | None = None) -> None:
+        """Record one answer: its latency, its error code (None = success), whether it was right."""
+        self.hist.record_value(max(int(latency_us), 1))
+        if err is not None:
+            self.errors[err] += 1
+            return
+        self.ok += 1
+        if not correct:
+            self.wrong += 1
+        if params:
+            if params.get("cache_hit"):
+                self.hits += 1
+                return
+            t = params.get("timings_us")
+            if isinstance(t, dict):
+                self.stage_n += 1
+                self.e2e_miss_sum += latency_us
+                for k, v in t.items():
+                    if isinstance(v, (int, float)):
+                        self.stages[k] += v
+
+    def record_lag(self, lag_us: float) -> None:
+        self.lag.record_value(max(int(lag_us), 1))
+
+    def to_wire(self, elapsed_s: float, cpu_s: float) -> dict:
+        """A JSON-safe dict; add several with :func:`merge_wire`."""
+        return {
+            "hist": self.hist.encode().decode("ascii"), "lag": self.lag.encode().decode("ascii"),
+            "errors": dict(self.errors), "ok": self.ok, "wrong": self.wrong, "hits": self.hits,
+            "stages": dict(self.stages), "stage_n": self.stage_n, "e2e_miss_sum": self.e2e_miss_sum,
+            "elapsed_s": elapsed_s, "cpu_s": cpu_s,
+        }
+
+
+def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | None, rate_qps: float | None,
+               target: str, label: str = "") -> BenchResult:
+    """Add the ``to_wire()`` dicts of several generator processes into one result.
+
+    Elapsed time is the longest process's (they start together on a shared
+    monotonic clock), so ``qps`` is the answers of all processes over that span.
+    """
+    hist, lag = new_histogram(), new_histogram()
+    errors: Counter = Counter()
+    stages: Counter = Counter()
+    ok = wrong = hits = stage_n = 0
+    e2e = elapsed = cpu = 0.0
+    for p in parts:
+        hist.add(HdrHistogram.decode(p["hist"].encode("ascii")))
+        lag.add(HdrHistogram.decode(p["lag"].encode("ascii")))
+        errors.update(p["errors"])
+        stages.update(p["stages"])
+        ok += p["ok"]
+        wrong += p["wrong"]
+        hits += p["hits"]
+        stage_n += p["stage_n"]
+        e2e += p["e2e_miss_sum"]
+        elapsed = max(elapsed, p["elapsed_s"])
+        cpu += p["cpu_s"]
+    n = hist.get_total_count()
+    r = BenchResult(model, mode, concurrency, rate_qps, round(elapsed, 3), requests=n, ok=ok, errors=dict(errors),
+                    wrong=wrong, qps=round(n / elapsed, 1) if elapsed else 0.0, cache_hits=hits, target=target,
+                    label=label, gen_procs=len(parts), offered_qps=rate_qps,
+                    timeouts=errors.get("TIMEOUT", 0))
+    if n:
+        r.p50_us, r.p95_us, r.p99_us, r.p99_9_us = (float(hist.get_value_at_percentile(p)) for p in PERCENTILES)
+        r.max_us, r.mean_us = float(hist.get_max_value()), round(hist.get_mean_value(), 1)
+        r.gen_cpu_us_per_req = round(cpu * 1e6 / n, 1)
+    if lag.get_total_count():
+        r.send_lag_p50_us = float(lag.get_value_at_percentile(50))
+        r.send_lag_p99_us = float(lag.get_value_at_percentile(99))
+    if stage_n:
+        s = {k: round(v / stage_n, 1) for k, v in sorted(stages.items())}
+        s["e2e"] = round(e2e / stage_n, 1)
+        if "ingress_total" in s and "worker_total" in s:
+            s["bus_other"] = round(s["e2e"] - s["ingress_total"] - s["worker_total"], 1)
+        r.stages_us = s
+    return r
+
+
+def render_table(results: list[BenchResult], title: str = "inferbus load run"):
+    """A rich Table of results (latencies in ms)."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("target", "mode", "load", "requests", "qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors",
+                "wrong", "cache hits"):
+        t.add_column(col, justify="right" if col not in ("target", "mode") else "left")
+    for r in results:
+        load = f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
+        name = r.label or (r.model if r.target == "inferbus" else r.target)
+        t.add_row(name, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.p50_us / 1000:.3f}",
+                  f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}",
+                  str(r.error_count), str(r.wrong), str(r.cache_hits))
+    return t

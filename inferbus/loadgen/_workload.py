@@ -1,0 +1,134 @@
+"""Inputs of a load run, their pre-encoded request bodies and their reference answers.
+
+Inputs replay the model's shipped dataset rows (``models/<name>/data/test.npz``);
+``distinct=True`` perturbs each one so that no two requests of a run are equal
+(cache misses), ``distinct=False`` repeats one row (cache hits). The reference
+outputs come from an in-process ONNX Runtime session with the worker's session
+options (:class:`inferbus.accelerators.OnnxRuntimeBackend`), one row at a time,
+so an answer computed at batch 1 matches byte for byte and one computed inside a
+zero-wait batch matches within float tolerance.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from ..accelerators import OnnxRuntimeBackend
+from ..accelerators._dtypes import numpy_dtype_for
+from ..actors._repository import ModelRepository
+from ..schemas import InferRequest, InferResponse, decode_error, encode_request, input_from_numpy, output_to_numpy
+
+_response_decoder = msgspec.msgpack.Decoder(InferResponse)
+
+
+class Workload:
+    """Inputs and their reference outputs for one model version.
+
+    Args:
+        repo: the model repository. model: name. version: None = the model's default.
+        pool: how many distinct inputs to prepare (reused cyclically); with
+            ``distinct=False`` one input is prepared.
+        distinct: perturb rows so that inputs never repeat within the pool.
+        seed: random inputs for models without a dataset.
+        offset: first global index of this pool, so that pools of several
+            generator processes (offset = process index × pool) never overlap.
+
+    Raises:
+        KeyError: unknown model.
+    """
+
+    def __init__(self, repo: ModelRepository, model: str, version: str | None = None, pool: int = 4096,
+                 distinct: bool = True, seed: int = 0, offset: int = 0) -> None:
+        m = repo.get(model)
+        if m is None:
+            raise KeyError(f"unknown model {model!r}")
+        self.mv = m.version(version)
+        rng = np.random.default_rng(seed)
+        data = m.data_path(repo.root)
+        self.inputs: list[dict[str, np.ndarray]] = []
+        rows = None
+        if data.is_file() and len(self.mv.inputs) == 1:
+            rows = np.load(data)["X"]
+        for i in range(pool if distinct else 1):
+            gi = offset + i
+            feed = {}
+            for t in self.mv.inputs:
+                shape = [1 if d < 0 else d for d in t.shape]
+                if rows is not None:
+                    x = rows[gi % len(rows)].reshape(shape).astype(numpy_dtype_for(t.datatype))
+                    if distinct:
+                        # (row, magnitude) = divmod of the global index: no two indices give the same input
+                        x = x.copy()
+                        x.flat[gi % x.size] += np.float32((gi // len(rows) + 1) * 1e-3)
+                else:
+                    dt = numpy_dtype_for(t.datatype)
+                    if dt.kind == "f":
+                        x = rng.standard_normal(shape).astype(dt)
+                    elif dt.kind in "iu":
+                        x = rng.integers(0, 100, shape).astype(dt)
+                    else:
+                        x = np.zeros(shape, dtype=dt)
+                feed[t.name] = x
+            self.inputs.append(feed)
+        sess = OnnxRuntimeBackend().load(self.mv.path)
+        self.reference = [sess.infer(feed) for feed in self.inputs]
+        self._ref_raw = [{k: v.tobytes() for k, v in ref.items()} for ref in self.reference]
+        self._bodies: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def bodies(self) -> list[bytes]:
+        """The requests, MessagePack with ``raw`` tensors, encoded once (what an SDK sends)."""
+        if self._bodies is None:
+            self._bodies = [encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feed.items()]))
+                            for feed in self.inputs]
+        return self._bodies
+
+    def check(self, i: int, outputs: dict[str, np.ndarray]) -> bool:
+        """True when ``outputs`` (decoded arrays) match the reference of input ``i``."""
+        ref = self.reference[i % len(self.reference)]
+        if set(outputs) != set(ref):
+            return False
+        for name, want in ref.items():
+            got = outputs[name]
+            if got.shape != want.shape:
+                return False
+            if want.dtype.kind == "f":
+                if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+                    return False
+            elif not np.array_equal(got, want):
+                return False
+        return True
+
+    def check_reply(self, i: int, headers: dict | None, body: bytes) -> tuple[str | None, bool, dict | None]:
+        """Judge one raw reply to request ``i``.
+
+        Returns:
+            ``(error code or None, correct, response parameters)``. Error codes are
+            the wire codes (``INVALID_ARGUMENT`` ...), ``NO_RESPONDERS`` for the
+            server's 503 status and ``BAD_REPLY`` for a body that does not decode.
+            The fast path compares raw output bytes with the reference; only a
+            mismatch (e.g. an answer computed inside a batch) decodes to numpy.
+        """
+        if headers:
+            if headers.get("Status") == "503":
+                return "NO_RESPONDERS", False, None
+            err = decode_error(headers, body)
+            if err is not None:
+                return err.code.value, False, None
+        try:
+            resp = _response_decoder.decode(body)
+        except msgspec.MsgspecError:
+            return "BAD_REPLY", False, None
+        ref = self._ref_raw[i % len(self._ref_raw)]
+        outs = resp.outputs
+        if len(outs) == len(ref) and all(o.raw is not None and o.raw == ref.get(o.name) for o in outs):
+            return None, True, resp.parameters
+        try:
+            arrays = {o.name: output_to_numpy(o) for o in outs}
+        except Exception:
+            return None, False, resp.parameters
+        return None, self.check(i, arrays), resp.parameters
