@@ -4,13 +4,15 @@ import sys
 
 
 def _main() -> None:
-    if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator"):
-        sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator} CONFIG_JSON")
+    if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator", "region"):
+        sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator|region} CONFIG_JSON")
     kind, cfg = sys.argv[1], sys.argv[2]
     if kind == "worker":
         from ._worker import main
     elif kind == "ingress":
         from ._ingress import main
+    elif kind == "region":
+        from ._region import main
     else:
         from ._aggregator import main
     main(cfg)

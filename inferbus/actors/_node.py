@@ -24,6 +24,7 @@ from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
 from ..schemas._internal import ProcessEvent, encode_internal
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
 from ._config import AggregatorConfig, IngressConfig, WorkerConfig
+from ._region import RegionConfig
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class NodeConfig:
     max_batch_size: int | None = None
     audit: bool = False
     """Workers publish executed request ids on ``<p>._audit`` (drills count duplicate executions)."""
+    region_manager: RegionConfig | None = None
+    """Run this region's manager (lease, fencing term, Valkey role) as the first child; its bus is the node's."""
+    actors: bool = True
+    """Run aggregator, workers and ingress (False: only the region manager, for election tests)."""
     bus_extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -145,10 +150,15 @@ class Node:
         bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra))
         self.nc = await connect(bus, name=f"node-{c.node_id}")
         ncpu = os.cpu_count() or 1
-        children = [self._child("aggregator", "aggregator",
-                                AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir)]
+        children = []
+        if c.region_manager is not None:  # first: workers and ingress learn the fencing term from it
+            rc = replace(c.region_manager, bus=replace(bus, no_randomize=True, ping_interval_s=0.5))
+            children.append(self._child("region", "region", rc.to_json(), run_dir))
+        if c.actors:
+            children.append(self._child("aggregator", "aggregator",
+                                        AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir))
         self.worker_ids = []
-        for i in range(self.n_workers):
+        for i in range(self.n_workers if c.actors else 0):
             wid = f"{c.node_id}-w{i}"
             self.worker_ids.append(wid)
             wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=c.backend,
@@ -156,7 +166,7 @@ class Node:
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               cpu_affinity=(i % ncpu,) if c.pin_cpus else ())
             children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir))
-        for j in range(c.ingress):
+        for j in range(c.ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else ())

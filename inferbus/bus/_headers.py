@@ -23,6 +23,11 @@ MODEL = "Inferbus-Model"
 VERSION = "Inferbus-Version"
 CACHE_KEY = "Inferbus-Cache-Key"
 HEDGE = "Inferbus-Hedge"
+TERM = "Inferbus-Term"
+"""Fencing term of the primary region, stamped by the ingress on forwarded requests (DESIGN §8).
+
+A worker that knows a higher term refuses the request with UNAVAILABLE (the SDK
+retries; the ingress stamps the new term by then) and stamps the term on replies."""
 DEADLINE_UNIX_MS = "Inferbus-Deadline-Unix-Ms"
 """Absolute deadline (wall clock, ms since the Unix epoch) set by the ingress on forwarded requests.
 

@@ -6,7 +6,9 @@ Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingre
           ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
           ``<p>._done.<ingress>``  completion notices from workers to one ingress;
           ``<p>._cache.fill``      cache fills for the aggregator (queue group);
-          ``<p>._events``          process lifecycle events from the node supervisor.
+          ``<p>._events``          process lifecycle events from the node supervisor;
+          ``<p>._region.hb.<r>``   region manager heartbeats (fencing term);
+          ``<p>._region.ctl.<r>``  operator requests to a region manager.
 """
 
 from __future__ import annotations
@@ -70,6 +72,19 @@ class Subjects:
     @property
     def events(self) -> str:
         return f"{self.prefix}._events"
+
+    def region_heartbeat(self, region: str) -> str:
+        """Heartbeats of one region's manager (``RegionHeartbeat``, every ``heartbeat_ms``)."""
+        return f"{self.prefix}._region.hb.{region}"
+
+    @property
+    def region_heartbeats(self) -> str:
+        """Every region manager's heartbeats; ingresses and workers learn the fencing term here."""
+        return f"{self.prefix}._region.hb.*"
+
+    def region_control(self, region: str) -> str:
+        """Operator requests to one region manager (``RegionCommand`` → ``RegionReply``)."""
+        return f"{self.prefix}._region.ctl.{region}"
 
     @property
     def ingress_queue(self) -> str:

@@ -1,0 +1,802 @@
+"""The region manager actor: one per region; decides which region is primary (DESIGN §8).
+
+What needs one owner across regions — the Valkey master, model-management
+writes, the fencing term stamped on replies — follows a lease in a JetStream KV
+bucket whose replicas live on the witness cluster (the third site), so losing
+either region leaves the lease writable.
+
+Protocol (every write is a compare-and-set; reads only tell *when* to try one):
+
+* **Campaign** with ``create`` (no lease yet) or ``update(last=rev)`` on the last
+  revision seen. The revision of the winning write is the **fencing term**:
+  unique (one write per stream sequence) and increasing, so two regions can never
+  hold the same term. Conflicts — JetStream API errors 10071 (wrong last
+  sequence) and 10164 (key exists) — both mean "lost the race".
+* **Renew** every ``heartbeat_ms`` with ``update(last=own last revision)``. The
+  lease is valid for ``validity = 0.75 * lease_ms`` after the *start* of the last
+  successful renewal; a renewal that fails in any way (conflict, timeout, no
+  quorum) makes the leader step down at once, and a leader whose validity runs
+  out steps down even while a renewal hangs.
+* **Heartbeats** on core NATS (``<p>._region.hb.<region>``, every ``heartbeat_ms``)
+  carry role, term and the lease revision. A standby *suspects* the primary after
+  ``suspect_ms`` without a primary heartbeat (fast detection; the KV's own TTL
+  cannot go below 1 s and a KV stream-leader change takes seconds) and takes over
+  by CAS on the last revision it saw, but only once that revision has not changed
+  for ``lease_ms`` on its own clock. Since it saw the revision after the leader
+  started the write that produced it, the old leader's validity (0.75 × lease_ms
+  from that start) has ended by then: the two never overlap, partition or not.
+* **Promotion** (the CAS won): ``REPLICAOF NO ONE`` on this region's Valkey,
+  model-management writes on, the new term published at once. **Standby**: writes
+  off, Valkey replicates from the primary's (learnt from its heartbeats).
+* **Demotion** (operator): the primary releases the lease by CAS (holder ``""``,
+  naming a successor), steps down and does not campaign for ``hold_ms``; the
+  successor campaigns as soon as it sees the release.
+
+The manager is its own OS process under the region's node supervisor
+(``python -m inferbus.actors region CONFIG_JSON``); it prints READY once it has
+joined the heartbeat subjects and made one attempt to read the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from ..bus import BusConfig, Subjects, connect
+from ..schemas._region import (
+    PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
+    RegionStep, Transition, decode_region, encode_region,
+)
+from ._common import announce_ready, log, run_actor
+from ._config import _JsonMixin
+
+LEASE_KEY = "leader"
+"""The one key of the lease bucket."""
+
+_CONFLICT_CODES = (10071, 10164)
+"""JetStream API error codes that mean a CAS lost: wrong last sequence, key exists."""
+
+
+class RegionError(Exception):
+    """Base of the region manager's errors."""
+
+
+class LostRace(RegionError):
+    """A compare-and-set on the lease lost: another writer changed it first (10071 / 10164)."""
+
+
+class LeaseUnavailable(RegionError):
+    """The lease bucket could not be reached or written in time (no quorum, timeout, no JetStream)."""
+
+
+def bucket_name(prefix: str) -> str:
+    """KV bucket of the lease for subject prefix ``prefix`` (dots become underscores)."""
+    return prefix.replace(".", "_").replace("-", "_") + "_regions"
+
+
+def _hostport(url: str | None) -> str:
+    if not url:
+        return ""
+    u = urlparse(url)
+    return f"{u.hostname or '127.0.0.1'}:{u.port or 6379}"
+
+
+@dataclass(frozen=True)
+class RegionConfig(_JsonMixin):
+    """One region manager."""
+
+    region: str
+    """This region's name (a subject token)."""
+    bus: BusConfig
+    """NATS of this region (its servers first)."""
+    valkey_url: str | None = None
+    """This region's Valkey (``redis://host:port/0``); None = no cache to promote."""
+    bucket: str = ""
+    """Lease bucket; ``""`` = ``<prefix>_regions``."""
+    placement_cluster: str | None = None
+    """JetStream cluster that must hold the lease's replicas (the witness); None = the server's choice."""
+    replicas: int = 3
+    """Replicas of the lease stream (1..5)."""
+    heartbeat_ms: int = 100
+    """Heartbeat and renewal period, ms."""
+    lease_ms: int = 400
+    """A standby takes over once the lease revision it saw has not changed for this long, ms.
+    The leader's own validity is 0.75 × this after the start of its last successful renewal."""
+    suspect_ms: int = 300
+    """No primary heartbeat for this long = the primary is suspected dead (the detection event), ms."""
+    hold_ms: int = 3000
+    """After a demotion, this region does not campaign for this long (unless promoted), ms."""
+    kv_timeout_ms: int = 1000
+    """Timeout of a lease read or a campaign write, ms (renewals use the remaining validity)."""
+    initial_primary: bool = False
+    """Campaign at once when no lease exists yet (the others wait ``lease_ms`` first)."""
+    auto_failover: bool = True
+    """Take over automatically when the primary is gone; False = only ``promote`` does."""
+    manager_id: str = ""
+    """Unique id of this incarnation; ``""`` = generated at start."""
+
+    def __post_init__(self) -> None:
+        if not self.region or any(c in self.region for c in ". *>"):
+            raise ValueError(f"RegionConfig.region {self.region!r}: a non-empty subject token (no '.', '*', '>', space)")
+        if self.heartbeat_ms < 10:
+            raise ValueError("RegionConfig.heartbeat_ms must be >= 10 ms")
+        if self.lease_ms < 2 * self.heartbeat_ms:
+            raise ValueError("RegionConfig.lease_ms must be >= 2 * heartbeat_ms (the leader renews every heartbeat)")
+        if not 0 < self.suspect_ms <= self.lease_ms:
+            raise ValueError("RegionConfig.suspect_ms must be in (0, lease_ms]")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError("RegionConfig.replicas must be in 1..5")
+
+
+class LeaseStore:
+    """The lease bucket (JetStream KV): every call is one read or one compare-and-set.
+
+    Args:
+        js: a JetStream context. bucket: bucket name.
+        placement_cluster: cluster that must hold the replicas (witness); None = any.
+        replicas: stream replicas.
+    """
+
+    def __init__(self, js, bucket: str, *, placement_cluster: str | None = None, replicas: int = 3) -> None:
+        self.js = js
+        self.bucket = bucket
+        self.placement_cluster = placement_cluster
+        self.replicas = replicas
+        self.kv = None
+
+    async def ensure(self) -> None:
+        """Create the bucket (idempotent: the same config again is accepted) and open it.
+
+        The stream is the one nats-py's ``create_key_value`` makes, plus a placement
+        (which that call does not pass on) and file storage.
+
+        Raises:
+            LeaseUnavailable: JetStream did not answer or refused.
+        """
+        from nats.js import api
+        from nats.js.errors import BadRequestError
+
+        cfg = api.StreamConfig(
+            name=f"KV_{self.bucket}", subjects=[f"$KV.{self.bucket}.>"], num_replicas=self.replicas,
+            placement=api.Placement(cluster=self.placement_cluster) if self.placement_cluster else None,
+            allow_rollup_hdrs=True, deny_delete=True, discard=api.DiscardPolicy.NEW, max_msgs_per_subject=64,
+            max_msgs=-1, max_consumers=-1, max_bytes=1 << 20, allow_direct=False,
+            storage=api.StorageType.FILE, duplicate_window=120.0,
+        )
+        try:
+            try:
+                await self.js.add_stream(cfg)
+            except BadRequestError as exc:
+                if getattr(exc, "err_code", None) != 10058:  # name in use with another config: keep that one
+                    raise
+            self.kv = await self.js.key_value(self.bucket)
+        except Exception as exc:
+            raise LeaseUnavailable(f"lease bucket {self.bucket!r}: {exc!r}") from exc
+
+    async def read(self) -> tuple[int, LeaseValue | None]:
+        """Latest ``(revision, value)``; ``(0, None)`` when the key was never written.
+
+        A read can be stale by the time it returns; use it only to choose the revision of the next CAS.
+
+        Raises:
+            LeaseUnavailable: the bucket did not answer.
+        """
+        from nats.js.errors import KeyNotFoundError
+
+        if self.kv is None:
+            await self.ensure()
+        try:
+            entry = await self.kv.get(LEASE_KEY)
+        except KeyNotFoundError:
+            return 0, None
+        except Exception as exc:
+            raise LeaseUnavailable(f"lease read failed: {exc!r}") from exc
+        try:
+            value = decode_region(entry.value or b"")
+        except RegionDecodeError:
+            value = None
+        return entry.revision, value if isinstance(value, LeaseValue) else None
+
+    async def cas(self, value: LeaseValue, last: int) -> int:
+        """Write ``value`` iff the key's latest revision is ``last`` (0 = the key must not exist).
+
+        Returns:
+            The revision of the write.
+
+        Raises:
+            LostRace: the revision was not ``last`` (JetStream 10071) or the key exists (10164).
+            LeaseUnavailable: no answer / no quorum / any other error.
+
+        Cancellation: the write may or may not have happened.
+        """
+        from nats.js.errors import APIError, KeyWrongLastSequenceError
+
+        if self.kv is None:
+            await self.ensure()
+        body = encode_region(value)
+        try:
+            if last == 0:
+                return await self.kv.create(LEASE_KEY, body)
+            return await self.kv.update(LEASE_KEY, body, last=last)
+        except KeyWrongLastSequenceError as exc:
+            raise LostRace(f"lease CAS on revision {last} lost: {exc}") from exc
+        except APIError as exc:
+            if getattr(exc, "err_code", None) in _CONFLICT_CODES:
+                raise LostRace(f"lease CAS on revision {last} lost: {exc}") from exc
+            raise LeaseUnavailable(f"lease write failed: {exc!r}") from exc
+        except Exception as exc:
+            raise LeaseUnavailable(f"lease write failed: {exc!r}") from exc
+
+
+class CacheRole:
+    """Switches this region's Valkey between master and replica (``REPLICAOF``)."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.addr = _hostport(url)
+        self._r = None
+
+    def _client(self):
+        if self._r is None and self.url:
+            import redis.asyncio as aioredis
+
+            self._r = aioredis.from_url(self.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+        return self._r
+
+    async def role(self) -> tuple[str, str, bool]:
+        """``(role, master "host:port", link up)``; role is ``master``, ``replica`` or ``unknown``."""
+        r = self._client()
+        if r is None:
+            return "unknown", "", False
+        try:
+            info = await r.info("replication")
+        except Exception:
+            return "unknown", "", False
+        if info.get("role") == "master":
+            return "master", "", True
+        return "replica", f"{info.get('master_host')}:{info.get('master_port')}", info.get("master_link_status") == "up"
+
+    async def make_master(self) -> None:
+        r = self._client()
+        if r is not None:
+            await r.execute_command("REPLICAOF", "NO", "ONE")
+
+    async def make_replica(self, master: str) -> None:
+        r = self._client()
+        if r is not None:
+            host, _, port = master.rpartition(":")
+            await r.execute_command("REPLICAOF", host, port)
+
+    async def close(self) -> None:
+        if self._r is not None:
+            try:
+                await self._r.aclose()
+            except Exception:
+                pass
+
+
+class RegionManager:
+    """The region manager actor; ``run()`` serves until cancelled (see the module docstring)."""
+
+    def __init__(self, config: RegionConfig) -> None:
+        self.config = config
+        self.region = config.region
+        self.manager_id = config.manager_id or f"{config.region}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.subjects = Subjects(config.bus.prefix)
+        self.bucket = config.bucket or bucket_name(config.bus.prefix)
+        self.cache = CacheRole(config.valkey_url)
+        self.nc = None
+        self.store: LeaseStore | None = None
+        self._lock = asyncio.Lock()
+        # own role
+        self.role = STANDBY
+        self.term = 0
+        self.rev = 0
+        self.valid_until: float | None = None
+        self.next_renew = 0.0
+        self.model_writes = False
+        self.hold_until = 0.0
+        self.became_primary_at: float | None = None
+        # what we know of the lease (reads and heartbeats; only used to time a CAS)
+        self.seen_rev: int | None = None
+        self.seen_holder = ""
+        self.seen_manager = ""
+        self.seen_successor = ""
+        self.seen_valkey = ""
+        self.seen_at = 0.0
+        self.known_term = 0
+        # peers
+        self.peers: dict[str, tuple[float, RegionHeartbeat]] = {}
+        self.primary_hb_at: float | None = None
+        self.primary_region = ""
+        self.primary_valkey = ""
+        self.suspected_at: float | None = None
+        # bookkeeping
+        self.transitions: deque[Transition] = deque(maxlen=200)
+        self.lost_races = 0
+        self.renewals = 0
+        self._seq = 0
+        self._next_hb = 0.0
+        self._next_read = 0.0
+        self._started = time.monotonic()
+        self._quiet_until = 0.0
+        self._cache_kick = asyncio.Event()
+
+    # ---- timing knobs ----------------------------------------------------------------------------
+    @property
+    def _hb_s(self) -> float:
+        return self.config.heartbeat_ms / 1000.0
+
+    @property
+    def _validity_s(self) -> float:
+        return 0.75 * self.config.lease_ms / 1000.0
+
+    def is_primary(self, now: float | None = None) -> bool:
+        """Primary and within lease validity (the role flag alone can be stale during a stall)."""
+        now = time.monotonic() if now is None else now
+        return self.role == PRIMARY and self.valid_until is not None and now < self.valid_until
+
+    def _note(self, event: str, detail: str = "", term: int | None = None) -> None:
+        self.transitions.append(Transition(time.monotonic(), event, self.term if term is None else term, detail))
+        log(f"region {self.region}: {event} term={self.term if term is None else term} {detail}")
+
+    # ---- lease knowledge -------------------------------------------------------------------------
+    def _observe(self, rev: int, holder: str, successor: str = "", manager: str = "", valkey: str = "",
+                 term: int = 0) -> None:
+        if self.seen_rev is None or rev > self.seen_rev:
+            self.seen_rev = rev
+            self.seen_holder = holder
+            self.seen_successor = successor
+            self.seen_manager = manager
+            if valkey:
+                self.seen_valkey = valkey
+            self.seen_at = time.monotonic()
+        if term > self.known_term:
+            self.known_term = term
+
+    async def _refresh(self) -> None:
+        """Read the lease (to learn the revision for the next CAS); opens the bucket first if needed."""
+        assert self.store is not None
+        try:
+            if self.store.kv is None:
+                await asyncio.wait_for(self.store.ensure(), self.config.kv_timeout_ms / 1000.0)
+            rev, value = await asyncio.wait_for(self.store.read(), self.config.kv_timeout_ms / 1000.0)
+        except (LeaseUnavailable, asyncio.TimeoutError) as exc:
+            now = time.monotonic()
+            self._next_read = now + 0.25
+            if now >= self._quiet_until:
+                self._quiet_until = now + 5.0
+                log(f"region {self.region}: lease read failed (retrying): {exc!r}")
+            return
+        if value is None:
+            self._observe(rev, "")
+        else:
+            self._observe(rev, value.holder, value.successor, value.manager_id, value.valkey,
+                          value.term or (rev if value.op == "acquire" else 0))
+
+    # ---- heartbeats -----------------------------------------------------------------------------
+    def _heartbeat(self) -> RegionHeartbeat:
+        self._seq += 1
+        return RegionHeartbeat(
+            region=self.region, role=self.role, term=self.term if self.role == PRIMARY else self.known_term,
+            lease_rev=self.seen_rev or 0, seq=self._seq, manager_id=self.manager_id,
+            lease_holder=self.seen_holder, successor=self.seen_successor, valkey=self.cache.addr,
+            model_writes=self.model_writes,
+        )
+
+    async def _publish_hb(self) -> None:
+        self._next_hb = time.monotonic() + self._hb_s
+        try:
+            await self.nc.publish(self.subjects.region_heartbeat(self.region), encode_region(self._heartbeat()))
+        except Exception:
+            pass
+
+    async def _on_hb(self, msg) -> None:
+        try:
+            hb = decode_region(msg.data)
+        except RegionDecodeError:
+            return
+        if not isinstance(hb, RegionHeartbeat) or hb.manager_id == self.manager_id:
+            return
+        now = time.monotonic()
+        self.peers[hb.region] = (now, hb)
+        if hb.lease_rev:
+            self._observe(hb.lease_rev, hb.lease_holder, hb.successor,
+                          valkey=hb.valkey if hb.role == PRIMARY else "")
+        if hb.role == PRIMARY and hb.region != self.region:
+            self.primary_hb_at = now
+            self.primary_region = hb.region
+            if hb.valkey and hb.valkey != self.primary_valkey:
+                self.primary_valkey = hb.valkey
+                self._cache_kick.set()
+            if hb.term > self.known_term:
+                self.known_term = hb.term
+            if self.role == PRIMARY and hb.term > self.term:
+                # a later CAS won: our lease is gone for sure (our next renewal would fail anyway)
+                self._step_down(f"region {hb.region} holds a later term {hb.term}")
+
+    # ---- becoming primary / standby ---------------------------------------------------------------
+    async def _campaign(self, reason: str, steps: list[RegionStep] | None = None) -> bool:
+        """One CAS attempt on the last revision seen. Returns True when it won (and promotes)."""
+        assert self.store is not None
+        last = self.seen_rev or 0
+        t0 = time.monotonic()
+        # CAS on a revision we wrote ourselves proves nobody acquired in between: the reign is
+        # continuous and keeps its term (e.g. after a stall made our validity run out)
+        resume = bool(self.term) and self.seen_manager == self.manager_id and self.seen_holder == self.region
+        value = LeaseValue(holder=self.region, manager_id=self.manager_id, valkey=self.cache.addr,
+                           term=self.term if resume else 0, op="renew" if resume else "acquire")
+        try:
+            rev = await asyncio.wait_for(self.store.cas(value, last), self.config.kv_timeout_ms / 1000.0)
+        except LostRace as exc:
+            self.lost_races += 1
+            self._note("lost_race", f"CAS on rev {last}: {exc}")
+            if steps is not None:
+                steps.append(RegionStep("lease CAS lost", (time.monotonic() - t0) * 1000, f"on revision {last}"))
+            await self._refresh()
+            return False
+        except (LeaseUnavailable, asyncio.TimeoutError) as exc:
+            self._note("campaign_failed", repr(exc))
+            if steps is not None:
+                steps.append(RegionStep("lease CAS failed", (time.monotonic() - t0) * 1000, repr(exc)))
+            self._next_read = time.monotonic() + self._hb_s
+            return False
+        term = self.term if resume else rev
+        if steps is not None:
+            steps.append(RegionStep("lease acquired", (time.monotonic() - t0) * 1000,
+                                    f"CAS on revision {last} won; term {term}" + (" (resumed)" if resume else "")))
+        await self._become_primary(rev, t0, reason, steps, term=term)
+        return True
+
+    async def _become_primary(self, rev: int, t0: float, reason: str, steps: list[RegionStep] | None,
+                              term: int | None = None) -> None:
+        self.role = PRIMARY
+        self.rev = rev
+        self.term = rev if term is None else term
+        self.known_term = max(self.known_term, self.term)
+        self.valid_until = t0 + self._validity_s
+        self.next_renew = t0 + self._hb_s
+        self.became_primary_at = time.monotonic()
+        self.hold_until = 0.0
+        self.seen_rev, self.seen_holder, self.seen_successor = rev, self.region, ""
+        self.seen_manager, self.seen_valkey, self.seen_at = self.manager_id, self.cache.addr, time.monotonic()
+        self._note(PRIMARY, reason, self.term)
+        t = time.monotonic()
+        try:
+            await asyncio.wait_for(self.cache.make_master(), 0.5)
+            detail = f"REPLICAOF NO ONE on {self.cache.addr}" if self.cache.url else "no Valkey configured"
+        except Exception as exc:
+            detail = f"failed: {exc!r} (retried in the background)"
+            self._cache_kick.set()
+        if steps is not None:
+            steps.append(RegionStep("valkey master", (time.monotonic() - t) * 1000, detail))
+        t = time.monotonic()
+        self.model_writes = True
+        if steps is not None:
+            steps.append(RegionStep("model-management writes on", (time.monotonic() - t) * 1000))
+        t = time.monotonic()
+        await self._publish_hb()
+        if steps is not None:
+            steps.append(RegionStep("term published", (time.monotonic() - t) * 1000,
+                                    f"term {self.term} on {self.subjects.region_heartbeat(self.region)}"))
+
+    def _step_down(self, reason: str) -> None:
+        """Become standby at once (synchronous: nothing can run as primary after this returns)."""
+        if self.role != PRIMARY:
+            return
+        self.role = STANDBY
+        self.model_writes = False
+        self.valid_until = None
+        self._note(STANDBY, reason)
+        self._cache_kick.set()
+        asyncio.ensure_future(self._publish_hb())
+
+    async def _renew(self) -> None:
+        assert self.store is not None and self.valid_until is not None
+        t0 = time.monotonic()
+        value = LeaseValue(holder=self.region, manager_id=self.manager_id, term=self.term, valkey=self.cache.addr,
+                           op="renew")
+        try:
+            rev = await asyncio.wait_for(self.store.cas(value, self.rev), max(self.valid_until - t0, 0.001))
+        except LostRace as exc:
+            self._step_down(f"renewal lost the lease: {exc}")
+            self._next_read = 0.0
+            return
+        except (LeaseUnavailable, asyncio.TimeoutError) as exc:
+            self._step_down(f"renewal failed: {exc!r}")
+            return
+        if self.role != PRIMARY:
+            return  # stepped down while the write was in flight (a later term was seen)
+        self.rev = rev
+        self.renewals += 1
+        self.valid_until = t0 + self._validity_s
+        self.next_renew = t0 + self._hb_s
+        self._observe(rev, self.region, "", self.manager_id, self.cache.addr, self.term)
+        await self._publish_hb()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _primary_alive(self, now: float) -> bool:
+        return self.primary_hb_at is not None and now - self.primary_hb_at < self.config.suspect_ms / 1000.0
+
+    def _holder_live(self, now: float) -> bool:
+        """Another region holds the lease and it is not known to be expired."""
+        if self.seen_holder in ("", self.region):
+            return False
+        return self._primary_alive(now) or now - self.seen_at < self.config.lease_ms / 1000.0
+
+    def _campaign_reason(self, now: float) -> str | None:
+        c = self.config
+        if now < self.hold_until or not c.auto_failover or self.seen_rev is None:
+            return None
+        lease_s = c.lease_ms / 1000.0
+        if self.seen_holder == "":
+            if self.seen_rev == 0:
+                if c.initial_primary or now - self._started >= lease_s:
+                    return "no lease yet"
+                return None
+            if self.seen_successor in ("", self.region):
+                return "lease released" + (" to us" if self.seen_successor else "")
+            return "lease released, successor silent" if now - self.seen_at >= lease_s else None
+        if self.seen_holder == self.region:
+            if self.seen_manager == self.manager_id and self.term:
+                return f"resume: the latest lease write (rev {self.seen_rev}) is our own"
+            if self.seen_manager and self.seen_manager != self.manager_id:
+                return "lease held by a previous incarnation of this region"
+        if self._primary_alive(now):
+            return None
+        if now - self.seen_at >= lease_s:
+            return f"lease of {self.seen_holder} unchanged for {c.lease_ms} ms (rev {self.seen_rev})"
+        return None
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        if self.role == PRIMARY:
+            if self.valid_until is None or now >= self.valid_until:
+                self._step_down("lease validity ran out")
+            elif now >= self.next_renew:
+                async with self._lock:
+                    if self.role == PRIMARY:
+                        await self._renew()
+        else:
+            if (self.primary_hb_at is not None and not self._primary_alive(now)
+                    and (self.suspected_at is None or self.suspected_at < self.primary_hb_at)):
+                self.suspected_at = now
+                self._note("suspect", f"no heartbeat from primary {self.primary_region} for "
+                                      f"{(now - self.primary_hb_at) * 1000:.0f} ms", self.known_term)
+            if (self.seen_rev is None or self._next_read) and now >= self._next_read:
+                self._next_read = 0.0
+                await self._refresh()
+            reason = self._campaign_reason(time.monotonic())
+            if reason is not None and not self._lock.locked():
+                async with self._lock:
+                    if self.role != PRIMARY:
+                        await self._campaign(reason)
+        if time.monotonic() >= self._next_hb:
+            await self._publish_hb()
+
+    async def _loop(self) -> None:
+        tick = max(self._hb_s / 5, 0.005)
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug must not end leadership handling silently
+                log(f"region {self.region}: tick failed: {exc!r}")
+                self._step_down(f"internal error: {exc!r}")
+            await asyncio.sleep(tick)
+
+    async def _cache_loop(self) -> None:
+        """Keep the Valkey role in line with ours: master when primary, else replica of the primary's."""
+        if not self.cache.url:
+            return
+        while True:
+            try:
+                await asyncio.wait_for(self._cache_kick.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            self._cache_kick.clear()
+            try:
+                role, master, _ = await self.cache.role()
+                if self.role == PRIMARY:
+                    if role == "replica":
+                        await self.cache.make_master()
+                        self._note("valkey_master", self.cache.addr)
+                else:
+                    want = self.primary_valkey or (self.seen_valkey if self.seen_holder not in ("", self.region) else "")
+                    if want and want != self.cache.addr and (role != "replica" or master != want):
+                        await self.cache.make_replica(want)
+                        self._note("valkey_replica", f"{self.cache.addr} replicates {want}")
+            except Exception as exc:
+                log(f"region {self.region}: valkey role change failed: {exc!r}")
+
+    # ---- operator commands ----------------------------------------------------------------------
+    async def status(self) -> RegionStatus:
+        role, master, up = await self.cache.role()
+        now = time.monotonic()
+        cache_role = role if role != "replica" else f"replica of {master} (link {'up' if up else 'down'})"
+        return RegionStatus(
+            region=self.region, role=self.role if self.role != PRIMARY or self.is_primary(now) else STANDBY,
+            term=self.term if self.role == PRIMARY else self.known_term, lease_rev=self.seen_rev or 0,
+            lease_holder=self.seen_holder, lease_age_ms=round((now - self.seen_at) * 1000, 1) if self.seen_at else -1,
+            heartbeat_age_ms={r: round((now - t) * 1000, 1) for r, (t, _) in self.peers.items()},
+            peer_roles={r: hb.role for r, (_, hb) in self.peers.items()}, valkey=self.cache.addr,
+            cache_role=cache_role, model_writes=self.model_writes, manager_id=self.manager_id, monotonic_now=now,
+            suspected_at=self.suspected_at, became_primary_at=self.became_primary_at, valid_until=self.valid_until,
+            lost_races=self.lost_races, renewals=self.renewals, transitions=list(self.transitions),
+        )
+
+    async def promote(self, force: bool) -> RegionReply:
+        """Make this region primary now. Refused while another region holds a live lease unless ``force``."""
+        steps: list[RegionStep] = []
+        t0 = time.monotonic()
+        if self.is_primary():
+            return RegionReply(ok=True, region=self.region, steps=[RegionStep("already primary", 0.0,
+                                                                               f"term {self.term}")])
+        holder = self.seen_holder
+        if self._holder_live(t0):
+            if not force:
+                age = (t0 - (self.primary_hb_at or self.seen_at)) * 1000
+                return RegionReply(ok=False, region=self.region, error=(
+                    f"region {holder} holds a live lease (revision {self.seen_rev}, last heard {age:.0f} ms ago); "
+                    f"demote it first or use --force"))
+            t = time.monotonic()
+            try:
+                await self.nc.request(self.subjects.region_control(holder),
+                                      encode_region(RegionCommand(action="demote", successor=self.region,
+                                                                  force=True)),
+                                      timeout=0.5)
+                steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000))
+            except Exception as exc:
+                steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000,
+                                        f"no answer ({type(exc).__name__}); taking over by CAS anyway"))
+        self.hold_until = 0.0
+        async with self._lock:
+            for attempt in range(3):
+                if self.is_primary():
+                    break
+                t = time.monotonic()
+                await self._refresh()
+                steps.append(RegionStep("read lease", (time.monotonic() - t) * 1000,
+                                        f"revision {self.seen_rev}, holder {self.seen_holder or '(none)'}"))
+                if self.seen_holder not in ("", self.region) and not force and attempt == 0 \
+                        and self._primary_alive(time.monotonic()):
+                    return RegionReply(ok=False, region=self.region, steps=steps,
+                                       error=f"region {self.seen_holder} holds a live lease; use --force")
+                if await self._campaign("promoted by operator" + (" (forced)" if force else ""), steps):
+                    break
+        ok = self.is_primary()
+        steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
+        return RegionReply(ok=ok, region=self.region, steps=steps,
+                           error="" if ok else "lost the lease race; see the steps")
+
+    async def demote(self, successor: str, wait: bool = True) -> RegionReply:
+        """Release the lease (naming a successor), step down, and hold off campaigning for ``hold_ms``.
+
+        Args:
+            successor: region asked to take over at once (``""`` = the live standby heard last).
+            wait: wait (up to max(2 s, 4 × lease_ms)) for the new primary's heartbeat to report it.
+        """
+        steps: list[RegionStep] = []
+        t0 = time.monotonic()
+        if self.role != PRIMARY:
+            return RegionReply(ok=False, region=self.region, error=f"region {self.region} is not primary")
+        if not successor:
+            live = [(t, r) for r, (t, hb) in self.peers.items()
+                    if r != self.region and t0 - t < self.config.suspect_ms / 1000.0]
+            successor = max(live)[1] if live else ""
+        old_term = self.term
+        async with self._lock:
+            if self.role != PRIMARY:
+                return RegionReply(ok=False, region=self.region, error="lost the lease meanwhile")
+            self.hold_until = time.monotonic() + self.config.hold_ms / 1000.0
+            t = time.monotonic()
+            value = LeaseValue(holder="", manager_id=self.manager_id, term=self.term, successor=successor,
+                               op="release")
+            try:
+                rev = await asyncio.wait_for(self.store.cas(value, self.rev), self.config.kv_timeout_ms / 1000.0)
+                steps.append(RegionStep("lease released", (time.monotonic() - t) * 1000,
+                                        f"revision {rev}, successor {successor or '(any)'}"))
+                self._step_down("demoted by operator")
+                self._observe(rev, "", successor, self.manager_id)
+            except (LostRace, LeaseUnavailable, asyncio.TimeoutError) as exc:
+                steps.append(RegionStep("lease release failed", (time.monotonic() - t) * 1000, repr(exc)))
+                self._step_down(f"demoted by operator (release failed: {exc!r})")
+            steps.append(RegionStep("stepped down", 0.0, "model-management writes off"))
+        await self._publish_hb()
+        # wait for the new primary to announce itself (for the operator's report)
+        t = time.monotonic()
+        deadline = t + (max(2.0, 4 * self.config.lease_ms / 1000.0) if wait else 0.0)
+        while time.monotonic() < deadline:
+            if self.primary_region and self.primary_region != self.region and self.known_term > old_term \
+                    and self._primary_alive(time.monotonic()):
+                steps.append(RegionStep(f"{self.primary_region} promoted", (time.monotonic() - t) * 1000,
+                                        f"term {self.known_term}"))
+                self._cache_kick.set()
+                break
+            await asyncio.sleep(0.005)
+        else:
+            steps.append(RegionStep("no new primary yet", (time.monotonic() - t) * 1000,
+                                    "the standby takes over once it sees the release"))
+        steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
+        return RegionReply(ok=True, region=self.region, steps=steps)
+
+    async def _on_ctl(self, msg) -> None:
+        try:
+            cmd = decode_region(msg.data)
+            if not isinstance(cmd, RegionCommand):
+                raise RegionDecodeError(f"expected inferbus.v1.region_cmd, got {type(cmd).__name__}")
+            if cmd.action == "status":
+                reply = RegionReply(ok=True, region=self.region, status=await self.status())
+            elif cmd.action == "promote":
+                reply = await self.promote(cmd.force)
+            elif cmd.action == "demote":
+                reply = await self.demote(cmd.successor, wait=not cmd.force)
+            else:
+                reply = RegionReply(ok=False, region=self.region,
+                                    error=f"unknown action {cmd.action!r}; actions: status, promote, demote")
+        except RegionDecodeError as exc:
+            reply = RegionReply(ok=False, region=self.region, error=f"bad command: {exc}")
+        except Exception as exc:
+            reply = RegionReply(ok=False, region=self.region, error=f"{type(exc).__name__}: {exc}")
+        if msg.reply:
+            await self.nc.publish(msg.reply, encode_region(reply))
+
+    # ---- actor entry ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect, subscribe, read the lease once, announce readiness, then run until cancelled.
+
+        On cancellation (SIGTERM) a primary releases nothing: it simply stops renewing, so the
+        standby takes over after ``lease_ms`` (use ``demote`` for a planned handover).
+        """
+        self.nc = await connect(self.config.bus, name=f"region-{self.region}")
+        self.store = LeaseStore(self.nc.jetstream(timeout=self.config.kv_timeout_ms / 1000.0), self.bucket,
+                                placement_cluster=self.config.placement_cluster, replicas=self.config.replicas)
+        await self.nc.subscribe(self.subjects.region_heartbeats, cb=self._on_hb)
+        await self.nc.subscribe(self.subjects.region_control(self.region), cb=self._on_ctl)
+        await self.nc.flush()
+        # one attempt; JetStream may still be electing its meta leader (the loop keeps reading)
+        await self._refresh()
+        self._started = time.monotonic()
+        await self._publish_hb()
+        tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._cache_loop())]
+        announce_ready()
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await self.cache.close()
+            try:
+                await self.nc.drain()
+            except Exception:
+                pass
+
+
+async def ask_region(nc, prefix: str, region: str, action: str, *, force: bool = False, successor: str = "",
+                     timeout_s: float = 5.0) -> RegionReply:
+    """Send a :class:`RegionCommand` to ``region``'s manager and return its reply.
+
+    Raises:
+        nats.errors.NoRespondersError: no manager of that region is reachable.
+        nats.errors.TimeoutError: no answer within ``timeout_s``.
+        RegionDecodeError: the answer is not a ``RegionReply``.
+    """
+    msg = await nc.request(Subjects(prefix).region_control(region),
+                           encode_region(RegionCommand(action=action, force=force, successor=successor)),
+                           timeout=timeout_s)
+    reply = decode_region(msg.data)
+    if not isinstance(reply, RegionReply):
+        raise RegionDecodeError(f"expected inferbus.v1.region_reply, got {type(reply).__name__}")
+    return reply
+
+
+def main(config_json: str) -> None:
+    """Process entry: ``python -m inferbus.actors region '<RegionConfig JSON>'``."""
+    cfg = RegionConfig.from_json(config_json)
+    run_actor(RegionManager(cfg).run)

@@ -1,0 +1,56 @@
+"""``python -m inferbus.cluster node CONFIG_JSON``: one region's node process of a local topology.
+
+Runs :class:`inferbus.actors.Node` (the region manager first, then aggregator,
+workers and ingress) against the region's nats-servers and Valkey, prints READY
+once every model is ready (or, without actors, once the region manager is), and
+stops the node on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+
+
+async def _node(cfg_json: str) -> None:
+    from ..actors import Node, NodeConfig
+    from ..actors._region import RegionConfig
+    from ._topology import NodeProcessConfig
+
+    c = NodeProcessConfig(**json.loads(cfg_json))
+    rc = RegionConfig.from_json(json.dumps(c.region_manager))
+    node = Node(NodeConfig(
+        models_dir=c.models_dir, models=tuple(c.models), workers=c.workers, ingress=c.ingress,
+        nats_url=",".join(c.nats_urls), redis_url=c.redis_url, no_cache=c.redis_url is None, prefix=c.prefix,
+        node_id=c.region.lower(), region=c.region, run_dir=c.run_dir, region_manager=rc, actors=c.actors,
+        audit=c.audit, health_timeout_s=c.health_timeout_s, l2_lookup=c.l2_lookup,
+        bus_extra={"dont_randomize": True}))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    try:
+        if c.actors:
+            await node.wait_ready(120)
+        print("READY", flush=True)
+        await stop.wait()
+    finally:
+        await node.stop()
+
+
+def _main() -> None:
+    if len(sys.argv) != 3 or sys.argv[1] != "node":
+        sys.exit("usage: python -m inferbus.cluster node CONFIG_JSON")
+    try:
+        import uvloop
+
+        uvloop.run(_node(sys.argv[2]))
+    except ImportError:  # pragma: no cover
+        asyncio.run(_node(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    _main()

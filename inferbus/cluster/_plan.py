@@ -1,0 +1,212 @@
+"""The plan of a local multi-region topology: sites, servers, ports and nats-server config text.
+
+A *site* is one NATS cluster: each region (``A``, ``B``, ...) and the witness
+(``W``), the third site that the JetStream quorum of the lease needs (DESIGN §8).
+Sites are joined by gateways into one supercluster. Only the witness servers run
+JetStream (``sync_interval: always``), so the election stream lives there and
+the JetStream meta group does not depend on either region; clients and actors in
+a region reach it through the gateways.
+
+Gateways go through per-server TCP proxies (:mod:`chaos.proxy`) when
+``proxy_gateways`` is on: every server advertises its proxy as its gateway
+address, so both the configured and the gossiped gateway URLs lead through a
+proxy, and a partition between sites needs no root (cut the proxies).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..bus import free_port
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What ``inferbus cluster up`` runs. Validated in ``__post_init__``."""
+
+    regions: tuple[str, ...] = ("A", "B")
+    """Region names (subject tokens); the first is the initial primary."""
+    witness: str = "W"
+    """Name of the witness site (the third site of the JetStream quorum)."""
+    servers_per_region: int = 3
+    witness_servers: int = 3
+    """3 (the lease stream has 3 replicas, all on the witness); 1 gives a witness without replicas."""
+    prefix: str = "inferbus"
+    models_dir: str | None = None
+    """Model repository; None = the package's default ``models/``."""
+    models: tuple[str, ...] = ()
+    workers: int = 1
+    """Worker processes per region."""
+    ingress: int = 1
+    """Ingress processes per region."""
+    actors: bool = True
+    """Run the serving actors; False = only servers and region managers (election tests)."""
+    cache: bool = True
+    """Run a Valkey per region (master in the initial primary, replicas elsewhere)."""
+    proxy_gateways: bool = True
+    """Route every gateway connection through a TCP proxy (for partitions)."""
+    base_port: int = 0
+    """0 = free ports; else consecutive ports from here."""
+    heartbeat_ms: int = 100
+    lease_ms: int = 400
+    suspect_ms: int = 300
+    hold_ms: int = 3000
+    js_max_memory: str = "16MB"
+    js_max_file: str = "64MB"
+    server_ping_interval: str = "1s"
+    """nats-server ``ping_interval`` (applies to routes and gateways too): a blackholed link is noticed
+    after about ``ping_interval * ping_max``."""
+    audit: bool = False
+    """Workers publish executed request ids on ``<p>._audit`` (drills count duplicates)."""
+    health_timeout_s: float = 5.0
+    l2_lookup: bool = False
+
+    def __post_init__(self) -> None:
+        names = list(self.regions) + [self.witness]
+        if len(self.regions) < 2:
+            raise ValueError("ClusterSpec.regions: at least two regions")
+        if len(set(names)) != len(names):
+            raise ValueError(f"ClusterSpec: region and witness names must be distinct, got {names}")
+        for n in names:
+            if not n or not n.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"ClusterSpec: site name {n!r} must be letters, digits, '_' or '-'")
+        if self.servers_per_region < 1 or self.witness_servers not in (1, 3, 5):
+            raise ValueError("ClusterSpec: servers_per_region >= 1 and witness_servers in (1, 3, 5)")
+        if self.workers < 1 or self.ingress < 1:
+            raise ValueError("ClusterSpec: workers >= 1 and ingress >= 1")
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return tuple(self.regions) + (self.witness,)
+
+    @property
+    def lease_replicas(self) -> int:
+        return min(3, self.witness_servers)
+
+
+@dataclass
+class ServerPlan:
+    """One nats-server: names and ports."""
+
+    name: str
+    site: str
+    port: int
+    route_port: int
+    gateway_port: int
+    monitor_port: int
+    proxy_port: int = 0
+    """Where other sites reach this server's gateway (its proxy; = gateway_port when not proxied)."""
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Plan:
+    """Every server and Valkey of a topology with its ports."""
+
+    spec: ClusterSpec
+    servers: dict[str, ServerPlan] = field(default_factory=dict)
+    valkey_ports: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, spec: ClusterSpec) -> "Plan":
+        """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0."""
+        nxt = iter(range(spec.base_port, spec.base_port + 10_000)) if spec.base_port else None
+
+        def port() -> int:
+            return next(nxt) if nxt is not None else free_port()
+
+        plan = cls(spec)
+        for site in spec.sites:
+            n = spec.witness_servers if site == spec.witness else spec.servers_per_region
+            for i in range(1, n + 1):
+                name = f"{site}{i}"
+                plan.servers[name] = ServerPlan(name, site, port(), port(), port(), port())
+        for s in plan.servers.values():
+            s.proxy_port = port() if spec.proxy_gateways else s.gateway_port
+        if spec.cache:
+            for r in spec.regions:
+                plan.valkey_ports[r] = port()
+        return plan
+
+    def site_servers(self, site: str) -> list[ServerPlan]:
+        return [s for s in self.servers.values() if s.site == site]
+
+    def urls(self, site: str) -> list[str]:
+        return [s.url for s in self.site_servers(site)]
+
+    def client_urls(self, first: str | None = None) -> list[str]:
+        """Client server list spanning the regions, ``first``'s servers first (the witness is left out)."""
+        order = [first] if first else []
+        order += [r for r in self.spec.regions if r != first]
+        return [u for r in order for u in self.urls(r)]
+
+    def valkey_url(self, region: str) -> str | None:
+        p = self.valkey_ports.get(region)
+        return f"redis://127.0.0.1:{p}/0" if p else None
+
+    def server_conf(self, name: str, store_dir: Path | str) -> str:
+        """The nats-server config text of server ``name``."""
+        s = self.servers[name]
+        spec = self.spec
+        routes = ", ".join(f'"nats-route://127.0.0.1:{o.route_port}"' for o in self.site_servers(s.site)
+                           if o.name != name)
+        gws = ",\n    ".join(
+            '{name: "%s", urls: [%s]}' % (site, ", ".join(f'"nats://127.0.0.1:{o.proxy_port}"'
+                                                          for o in self.site_servers(site)))
+            for site in spec.sites if site != s.site)
+        lines = [
+            f'server_name: "{name}"',
+            f"listen: 127.0.0.1:{s.port}",
+            f"http: 127.0.0.1:{s.monitor_port}",
+            "max_payload: 8MB",
+            "max_pending: 256MB",
+            f'ping_interval: "{spec.server_ping_interval}"',
+            "ping_max: 3",
+            "cluster {",
+            f'  name: "{s.site}"',
+            f"  listen: 127.0.0.1:{s.route_port}",
+            f"  routes: [{routes}]",
+            "}",
+            "gateway {",
+            f'  name: "{s.site}"',
+            f"  listen: 127.0.0.1:{s.gateway_port}",
+            f'  advertise: "127.0.0.1:{s.proxy_port}"',
+            "  reject_unknown_cluster: true",
+            f"  gateways: [\n    {gws}\n  ]",
+            "}",
+        ]
+        if s.site == spec.witness:
+            lines += [
+                "jetstream {",
+                f'  store_dir: "{store_dir}"',
+                f"  max_memory_store: {spec.js_max_memory}",
+                f"  max_file_store: {spec.js_max_file}",
+                "  sync_interval: always",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict:
+        """JSON-safe description (written to ``cluster.json`` in the run directory)."""
+        return {
+            "spec": asdict(self.spec),
+            "servers": {n: asdict(s) | {"url": s.url} for n, s in self.servers.items()},
+            "valkey": {r: self.valkey_url(r) for r in self.valkey_ports},
+            "client_urls": self.client_urls(self.spec.regions[0]),
+        }
+
+    def write_configs(self, out: Path) -> list[Path]:
+        """Render every server's config into ``out`` (``<name>.conf``) plus ``cluster.json``."""
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name in self.servers:
+            p = out / f"{name}.conf"
+            p.write_text(self.server_conf(name, out / "js" / name))
+            paths.append(p)
+        (out / "cluster.json").write_text(json.dumps(self.to_dict(), indent=2))
+        return paths

@@ -1,0 +1,427 @@
+"""Run a local multi-region topology: every process supervised, logs under one run directory.
+
+Supervision tree (OTP, :mod:`inferbus.supervisor`)::
+
+    cluster (one_for_one)
+     ├── servers:W   witness: nats-server W1..W3 (JetStream: the lease's replicas)
+     ├── servers:A   nats-server A1..A3
+     ├── servers:B   nats-server B1..B3
+     ├── region:A    valkey (master), node A (region manager, aggregator, workers, ingress)
+     └── region:B    valkey (replica of A's), node B
+
+Every server starts before any node: JetStream elects its meta leader only once the
+supercluster is whole (4-9 s after start, Raft election timeouts).
+
+A region's node is its own OS process (``python -m inferbus.cluster node CONFIG``)
+whose supervisor runs the actor processes, so :meth:`Topology.kill_region` can
+SIGKILL every process of a region (servers, Valkey, node and the node's
+children) at once, as a power loss would, and :meth:`Topology.restore_region`
+brings it back (it rejoins as standby). The gateway proxies run on the loop
+that started the topology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
+
+from ..bus import nats_server_binary, valkey_server_binary
+from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
+from ._plan import ClusterSpec, Plan
+
+
+class TopologyError(RuntimeError):
+    """The topology could not start or was used in a state that does not allow the call."""
+
+
+async def _wait_tcp(port: int, child: ProcessChild, greeting: bytes, send: bytes | None, timeout_s: float,
+                    what: str) -> None:
+    """Wait until 127.0.0.1:port answers with ``greeting`` (after sending ``send``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.returncode is not None:
+            raise TopologyError(f"{what} exited ({child.returncode}): {' | '.join(child.output_tail[-5:])}")
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
+            try:
+                if send:
+                    w.write(send)
+                    await w.drain()
+                data = await asyncio.wait_for(r.read(len(greeting)), 0.5)
+                if data.startswith(greeting):
+                    return
+            finally:
+                w.close()
+        except (OSError, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(0.02)
+    raise TopologyError(f"{what} not ready on port {port} after {timeout_s:g} s")
+
+
+def _process_tree(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants (Linux /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        try:
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop(0)
+        if pid in out:
+            continue
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+@dataclass
+class NodeProcessConfig:
+    """What ``python -m inferbus.cluster node`` runs: one region's node (JSON on its command line)."""
+
+    region: str
+    nats_urls: list[str]
+    redis_url: str | None
+    prefix: str
+    models_dir: str
+    models: list[str]
+    workers: int
+    ingress: int
+    actors: bool
+    run_dir: str
+    region_manager: dict
+    audit: bool = False
+    health_timeout_s: float = 5.0
+    l2_lookup: bool = False
+
+
+class Topology:
+    """A running local topology (see the module docstring).
+
+    Args:
+        spec: what to run.
+        run_dir: logs, configs, JetStream data, ``cluster.json``; a temp dir when None
+            (removed on :meth:`stop`).
+
+    Use ``async with Topology(spec) as topo:`` or :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(self, spec: ClusterSpec, run_dir: str | os.PathLike | None = None) -> None:
+        self.spec = spec
+        self._tmp = None
+        if run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-cluster-")
+            run_dir = self._tmp.name
+        self.run_dir = Path(run_dir)
+        self.plan = Plan.make(spec)
+        self.proxies: dict[str, TcpProxy] = {}
+        self.supervisor: Supervisor | None = None
+        self.site_supervisors: dict[str, Supervisor] = {}
+        self._run_task: asyncio.Task | None = None
+        self.down: set[str] = set()
+        self.models_dir = spec.models_dir or self._default_models()
+
+    @staticmethod
+    def _default_models() -> str:
+        from ..actors import default_models_dir
+
+        return str(Path(default_models_dir()).resolve())
+
+    # ---- child specs -----------------------------------------------------------------------------
+    def _nats_child(self, name: str) -> ChildSpec:
+        s = self.plan.servers[name]
+        d = self.run_dir / "nats" / name
+        conf = d / f"{name}.conf"
+
+        async def start():
+            d.mkdir(parents=True, exist_ok=True)
+            conf.write_text(self.plan.server_conf(name, d / "js"))
+            child = await ProcessChild.start([str(nats_server_binary()), "-c", str(conf)], ready_line=None,
+                                             log_path=d / f"{name}.log", name=f"nats-{name}")
+            try:
+                await _wait_tcp(s.port, child, b"INFO", None, 20.0, f"nats-server {name}")
+            except BaseException:
+                await child.stop(None)
+                raise
+            return child
+
+        return ChildSpec(id=f"nats:{name}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
+
+    def _valkey_child(self, region: str) -> ChildSpec:
+        port = self.plan.valkey_ports[region]
+        d = self.run_dir / "valkey" / region
+        primary = self.spec.regions[0]
+
+        async def start():
+            d.mkdir(parents=True, exist_ok=True)
+            argv = [str(valkey_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", str(d), "--protected-mode", "no", "--maxmemory", "64mb",
+                    "--maxmemory-policy", "allkeys-lru"]
+            if region != primary:
+                argv += ["--replicaof", "127.0.0.1", str(self.plan.valkey_ports[primary])]
+            child = await ProcessChild.start(argv, ready_line=None, log_path=d / "valkey.log",
+                                             name=f"valkey-{region}")
+            try:
+                await _wait_tcp(port, child, b"+PONG", b"PING\r\n", 20.0, f"valkey {region}")
+            except BaseException:
+                await child.stop(None)
+                raise
+            return child
+
+        return ChildSpec(id=f"valkey:{region}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
+
+    def region_manager_config(self, region: str) -> dict:
+        """The :class:`inferbus.actors.RegionConfig` (as a dict) of ``region``'s manager."""
+        from ..actors._region import RegionConfig
+        from ..bus import BusConfig
+
+        sp = self.spec
+        urls = self.plan.urls(region)
+        bus = BusConfig(servers=tuple(urls), prefix=sp.prefix, no_randomize=True, ping_interval_s=0.5,
+                        max_outstanding_pings=2)
+        rc = RegionConfig(region=region, bus=bus, valkey_url=self.plan.valkey_url(region),
+                          placement_cluster=sp.witness, replicas=sp.lease_replicas, heartbeat_ms=sp.heartbeat_ms,
+                          lease_ms=sp.lease_ms, suspect_ms=sp.suspect_ms, hold_ms=sp.hold_ms,
+                          initial_primary=region == sp.regions[0])
+        return json.loads(rc.to_json())
+
+    def _node_child(self, region: str) -> ChildSpec:
+        sp = self.spec
+        d = self.run_dir / "nodes" / region
+        cfg = NodeProcessConfig(region=region, nats_urls=self.plan.urls(region),
+                                redis_url=self.plan.valkey_url(region), prefix=sp.prefix, models_dir=self.models_dir,
+                                models=list(sp.models), workers=sp.workers, ingress=sp.ingress, actors=sp.actors,
+                                run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
+                                health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup)
+        argv = [sys.executable, "-m", "inferbus.cluster", "node", json.dumps(asdict(cfg))]
+
+        async def start():
+            d.mkdir(parents=True, exist_ok=True)
+            return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=120.0,
+                                            log_path=d / "node.log", name=f"node-{region}")
+
+        return ChildSpec(id=f"node:{region}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=15.0)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> "Topology":
+        """Start proxies, the witness, then each region in order; return when every node is READY.
+
+        Raises:
+            TopologyError / ChildStartError: something did not start (what started is stopped again).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        sp = self.spec
+        if sp.proxy_gateways:
+            for s in self.plan.servers.values():
+                p = TcpProxy(("127.0.0.1", s.gateway_port), listen_port=s.proxy_port, name=f"gw-{s.name}",
+                             labels={"site": s.site, "server": s.name}, classify=nats_gateway_peer)
+                await p.start()
+                self.proxies[s.name] = p
+        # every nats-server first (a JetStream meta leader is elected only once the supercluster is
+        # whole), then each region's Valkey and node; the first region is the initial primary
+        specs = []
+        for site in sp.sites:
+            sup = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=20, period_s=10.0),
+                             [self._nats_child(s.name) for s in self.plan.site_servers(site)],
+                             name=f"servers-{site}")
+            self.site_supervisors[f"servers:{site}"] = sup
+            specs.append(sup.as_child_spec(id=f"servers:{site}", shutdown_timeout_s=math.inf))
+        for region in sp.regions:
+            kids = ([self._valkey_child(region)] if sp.cache else []) + [self._node_child(region)]
+            sup = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=20, period_s=10.0), kids,
+                             name=f"region-{region}")
+            self.site_supervisors[f"region:{region}"] = sup
+            specs.append(sup.as_child_spec(id=f"region:{region}", shutdown_timeout_s=math.inf))
+        self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=10, period_s=10.0),
+                                     specs, name="cluster")
+        (self.run_dir / "cluster.json").write_text(json.dumps(self.plan.to_dict(), indent=2))
+        try:
+            await self.supervisor.start()
+        except BaseException:
+            await self._stop_proxies()
+            raise
+        self._run_task = asyncio.create_task(self.supervisor.run())
+        return self
+
+    async def stop(self) -> None:
+        """Stop everything (regions in reverse order, then the witness, then the proxies). Idempotent."""
+        if self.supervisor is not None:
+            try:
+                await self.supervisor.stop()
+            except Exception:
+                pass
+        if self._run_task is not None:
+            self._run_task.cancel()
+            try:
+                await self._run_task
+            except BaseException:
+                pass
+            self._run_task = None
+        await self._stop_proxies()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    async def _stop_proxies(self) -> None:
+        for p in self.proxies.values():
+            await p.stop()
+
+    async def __aenter__(self) -> "Topology":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def statuses(self, nc=None, timeout_s: float = 1.0) -> dict:
+        """``{region: RegionStatus | None}`` from each live region's manager (None = no answer)."""
+        from ..actors._region import ask_region
+
+        own = nc is None
+        if own:
+            import nats
+
+            nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+        try:
+            async def one(r):
+                try:
+                    return (await ask_region(nc, self.spec.prefix, r, "status", timeout_s=timeout_s)).status
+                except Exception:
+                    return None
+
+            regions = [r for r in self.spec.regions if r not in self.down]
+            return dict(zip(regions, await asyncio.gather(*(one(r) for r in regions))))
+        finally:
+            if own:
+                await nc.close()
+
+    async def wait_settled(self, timeout_s: float = 30.0) -> str:
+        """Wait until exactly one live region is primary and every other live region's manager
+        is standby, hears its heartbeats and knows its term. Returns the primary region.
+
+        Raises:
+            TopologyError: not settled within ``timeout_s`` (the last statuses are in the message).
+        """
+        import nats
+
+        nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+        deadline = time.monotonic() + timeout_s
+        last = {}
+        try:
+            while time.monotonic() < deadline:
+                last = await self.statuses(nc, timeout_s=0.5)
+                prim = [r for r, st in last.items() if st is not None and st.role == "primary"]
+                if len(prim) == 1 and all(st is not None for st in last.values()):
+                    p = prim[0]
+                    term = last[p].term
+                    if all(r == p or (st.role == "standby" and st.term == term
+                                      and st.heartbeat_age_ms.get(p, 1e9) < self.spec.suspect_ms)
+                           for r, st in last.items()):
+                        return p
+                await asyncio.sleep(0.05)
+        finally:
+            await nc.close()
+        summary = {r: (st.role, st.term, st.lease_rev) if st else None for r, st in last.items()}
+        raise TopologyError(f"regions not settled after {timeout_s:g} s: {summary}")
+
+    # ---- addresses ------------------------------------------------------------------------------
+    def urls(self, site: str) -> list[str]:
+        """Client URLs of one site's servers."""
+        return self.plan.urls(site)
+
+    def client_urls(self, first: str | None = None) -> list[str]:
+        """A client server list spanning the regions, ``first``'s servers first."""
+        return self.plan.client_urls(first)
+
+    def pids(self, region: str) -> list[int]:
+        """Every live process of ``region``: node and its descendants first, then Valkey and servers."""
+        kids = (self.site_supervisors[f"region:{region}"].which_children()
+                + self.site_supervisors[f"servers:{region}"].which_children())
+        node = [c.pid for c in kids if c.pid and c.id.startswith("node:")]
+        others = [c.pid for c in kids if c.pid and not c.id.startswith("node:")]
+        return _process_tree(node) + _process_tree(others)
+
+    # ---- faults --------------------------------------------------------------------------------
+    async def kill_region(self, region: str) -> float:
+        """SIGKILL every process of ``region`` at once and keep it down (no restarts).
+
+        The node goes first (so nothing restarts its actors), then its descendants,
+        servers and Valkey, all without yielding to the loop in between.
+
+        Returns:
+            ``time.monotonic()`` just before the first kill.
+        """
+        if region not in self.spec.regions:
+            raise TopologyError(f"unknown region {region!r}; regions: {list(self.spec.regions)}")
+        pids = self.pids(region)
+        t = time.monotonic()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.down.add(region)
+        await self.supervisor.terminate_child(f"region:{region}")
+        await self.supervisor.terminate_child(f"servers:{region}")
+        return t
+
+    async def restore_region(self, region: str) -> None:
+        """Start a killed (or stopped) region again (servers, Valkey, node); its manager rejoins as standby."""
+        await self.supervisor.restart_child(f"servers:{region}")
+        await self.supervisor.restart_child(f"region:{region}")
+        self.down.discard(region)
+
+    def gateway_proxies(self, site: str) -> list[TcpProxy]:
+        return [p for p in self.proxies.values() if p.labels.get("site") == site]
+
+    def partition(self, side_a: set[str] | list[str], side_b: set[str] | list[str]) -> list[tuple[TcpProxy, Fault]]:
+        """Cut every gateway connection between the sites of ``side_a`` and those of ``side_b``.
+
+        Returns:
+            The injected faults, for :meth:`heal`.
+
+        Raises:
+            TopologyError: gateways are not proxied.
+        """
+        if not self.proxies:
+            raise TopologyError("gateways are not proxied (ClusterSpec.proxy_gateways=False)")
+        a, b = set(side_a), set(side_b)
+        faults = []
+        for site in a:
+            for p in self.gateway_proxies(site):
+                faults.append((p, p.cut(peers=b)))
+        for site in b:
+            for p in self.gateway_proxies(site):
+                faults.append((p, p.cut(peers=a)))
+        return faults
+
+    def isolate(self, site: str) -> list[tuple[TcpProxy, Fault]]:
+        """Cut ``site`` from every other site."""
+        return self.partition({site}, set(self.spec.sites) - {site})
+
+    def heal(self, faults: list[tuple[TcpProxy, Fault]] | None = None) -> None:
+        """Remove the given faults (None = every fault on every proxy)."""
+        if faults is None:
+            for p in self.proxies.values():
+                p.heal()
+        else:
+            for p, f in faults:
+                p.heal(f)
