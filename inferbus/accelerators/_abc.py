@@ -9,7 +9,12 @@ Error tree::
     AcceleratorError
     ├── BackendUnavailable   the runtime or device is missing here (import failed, no GPU)
     ├── ModelLoadError       the artifact cannot be loaded at that precision
-    └── InferenceError       the runtime failed while running a request
+    │   └── PrecisionRefused the precision was tried and failed its check against FP32
+    ├── InferenceError       the runtime failed while running a request
+    └── PoolExhausted        a pinned-buffer or stream pool has nothing free (bounded, never grows)
+
+Precisions are the strings of :data:`PRECISIONS`; ``auto`` resolves per device
+kind (:func:`default_precision`): FP16 on GPU and TPU, FP32 on CPU.
 """
 
 from __future__ import annotations
@@ -33,8 +38,40 @@ class ModelLoadError(AcceleratorError):
     """The model artifact could not be loaded (bad file, unsupported op or precision)."""
 
 
+class PrecisionRefused(ModelLoadError):
+    """A reduced precision failed its load-time check against the FP32 reference (over tolerance or non-finite)."""
+
+
 class InferenceError(AcceleratorError):
     """The runtime raised while running inference; the cause is chained."""
+
+
+class PoolExhausted(AcceleratorError):
+    """Every buffer (or stream) of a fixed-size pool is in use; pools never grow past their bound."""
+
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+"""Precisions a backend may serve; ``auto`` is accepted wherever a precision is asked for."""
+
+DEVICE_KINDS = ("cpu", "gpu", "tpu")
+
+
+def default_precision(device_kind: str) -> str:
+    """What ``auto`` means on a device kind: ``fp16`` on ``gpu`` and ``tpu``, ``fp32`` on ``cpu`` (DESIGN §5)."""
+    return "fp16" if device_kind in ("gpu", "tpu") else "fp32"
+
+
+def check_precision(precision: str, device_kind: str) -> str:
+    """``precision`` validated and with ``auto`` resolved.
+
+    Raises:
+        ValueError: not ``auto`` and not one of :data:`PRECISIONS`.
+    """
+    if precision == "auto":
+        return default_precision(device_kind)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be auto or one of {', '.join(PRECISIONS)}; got {precision!r}")
+    return precision
 
 
 @dataclass(frozen=True)
@@ -48,13 +85,23 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What a worker serves on: ``kind`` is ``cpu``, ``gpu`` or ``tpu``."""
+    """What a worker serves on.
+
+    ``kind`` is ``cpu``, ``gpu`` or ``tpu``; ``index`` the CPU slot, CUDA device
+    ordinal or TPU core as the host numbers it; ``name`` a short label
+    (``gpu0``); ``facts`` what the runtime told us (model name, memory bytes,
+    compute capability, runtime versions), JSON-serialisable.
+    """
 
     kind: str
     name: str
     index: int = 0
     backend: str = ""
     facts: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "index": self.index, "backend": self.backend,
+                "facts": dict(self.facts)}
 
 
 @runtime_checkable
@@ -95,14 +142,27 @@ class Backend(Protocol):
     name: str
 
     def devices(self) -> list[DeviceInfo]:
-        """Devices this backend can serve on here (empty when none)."""
-        ...
-
-    def load(self, path: Path, *, precision: str = "fp32", device_index: int = 0, threads: int = 1) -> Session:
-        """Load an ONNX artifact.
+        """Devices this backend can serve on here (empty when none).
 
         Raises:
             BackendUnavailable: the runtime is missing.
-            ModelLoadError: the artifact or precision is not supported.
+        """
+        ...
+
+    def load(self, path: Path, *, precision: str = "fp32", device_kind: str = "cpu", device_index: int = 0,
+             threads: int = 1) -> Session:
+        """Load an ONNX artifact onto one device at one precision (no accuracy check: see
+        :func:`inferbus.accelerators.load_checked`, which workers use).
+
+        Args:
+            path: the ONNX file.
+            precision: one of :data:`PRECISIONS` (not ``auto``).
+            device_kind: ``cpu``, ``gpu`` or ``tpu``.
+            device_index: which device of that kind.
+            threads: CPU threads the runtime may use (CPU backends).
+
+        Raises:
+            BackendUnavailable: the runtime or that device is missing.
+            ModelLoadError: the artifact, an op of it, or the precision is not supported here.
         """
         ...

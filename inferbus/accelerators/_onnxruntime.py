@@ -1,18 +1,35 @@
 """ONNX Runtime backend (CPU; CUDA / TensorRT execution providers when onnxruntime-gpu is present).
 
 Session options are set for latency at batch 1: one intra-op and one inter-op
-thread (the worker owns one CPU slot), sequential execution, all graph
-optimizations, no thread spinning between requests.
+thread (the worker owns one CPU slot, and the node pins it there with
+``--pin-cpus``), sequential execution, all graph optimizations, no thread
+spinning between requests.
+
+Precisions:
+
+* ``fp32``: the artifact as exported (CPU, CUDA EP, TensorRT EP).
+* ``int8`` on CPU: ONNX Runtime dynamic quantization
+  (``onnxruntime.quantization.quantize_dynamic``: int8 weights per output
+  channel, activations quantized per tensor at run time). ORT's dynamic
+  quantizer handles ``MatMul`` and ``Conv`` but not ``Gemm``, so each plain
+  ``Gemm`` (alpha = beta = 1, no transA) is first rewritten as ``MatMul`` +
+  ``Add`` with the weight transposed when ``transB`` is set. Needs the ``onnx``
+  package; without it int8 is refused (and the check falls back to FP32).
+* ``fp16`` on GPU through the TensorRT execution provider (``trt_fp16_enable``)
+  when onnxruntime-gpu ships it; on CPU and the CUDA EP fp16 is refused (no
+  fp16 kernels worth serving there).
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, TensorInfo
+from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, PrecisionRefused, TensorInfo
 
 # ONNX Runtime type strings → OIP datatypes (https://onnxruntime.ai/docs/api/python/api_summary.html)
 _ORT_TO_OIP = {
@@ -69,31 +86,81 @@ class OrtSession:
         self._sess = None
 
 
+def _cpu_slots() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def quantize_int8(path: Path) -> bytes:
+    """The ONNX model at ``path`` dynamically quantized to int8 (Gemm rewritten first), as serialized bytes.
+
+    Raises:
+        PrecisionRefused: the onnx package is missing or quantization failed.
+    """
+    try:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        raise PrecisionRefused("int8 on onnxruntime needs the onnx package (pip install onnx)") from exc
+    try:
+        from ._onnx_convert import gemm_to_matmul
+
+        model = gemm_to_matmul(onnx.load(str(path)))
+        with tempfile.TemporaryDirectory(prefix="inferbus-int8-") as tmp:
+            src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+            onnx.save(model, str(src))
+            # reduce_range: 7-bit weights, so u8 x s8 products cannot saturate int16 on CPUs without VNNI
+            # (observed here on AVX2: full range gave a 0.29 error on digits' probabilities, 7-bit 0.028)
+            quantize_dynamic(src, dst, per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul"])
+            return dst.read_bytes()
+    except Exception as exc:
+        raise PrecisionRefused(f"int8 dynamic quantization failed: {exc}") from exc
+
+
 class OnnxRuntimeBackend:
     """Loads ONNX models into ONNX Runtime sessions."""
 
     name = "onnxruntime"
 
     def devices(self) -> list[DeviceInfo]:
+        """One CPU slot per core this process may run on; a GPU when onnxruntime-gpu has the CUDA EP."""
         ort = _import_ort()
-        out = [DeviceInfo("cpu", f"cpu{i}", i, self.name) for i in range(os.cpu_count() or 1)]
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            out.append(DeviceInfo("gpu", "cuda:0", 0, self.name))
+        facts = {"cpu_model": _cpu_model(), "onnxruntime": ort.__version__, "threads": 1}
+        out = [DeviceInfo("cpu", f"cpu{i}", i, self.name, facts) for i in _cpu_slots()]
+        providers = ort.get_available_providers()
+        if "CUDAExecutionProvider" in providers:
+            out.append(DeviceInfo("gpu", "gpu0", 0, self.name, {"onnxruntime": ort.__version__,
+                                                                  "providers": providers}))
         return out
 
-    def load(self, path: Path, *, precision: str = "fp32", device_index: int = 0, threads: int = 1,
-             device_kind: str = "cpu") -> OrtSession:
+    def load(self, path: Path, *, precision: str = "fp32", device_kind: str = "cpu", device_index: int = 0,
+             threads: int = 1) -> OrtSession:
         """Load ``path`` into a latency-tuned session.
 
         Args:
             path: ONNX file.
-            precision: ``fp32`` (as exported). Other precisions come from the precision module.
-            device_index: CPU slot (informational) or CUDA device.
+            precision: ``fp32``; ``int8`` (CPU, dynamic quantization); ``fp16`` (GPU with the TensorRT EP).
+            device_kind: ``cpu`` or ``gpu`` (CUDA / TensorRT execution providers).
+            device_index: CPU slot (informational: pinning is the node's job) or CUDA device.
             threads: intra-op threads (1 = run on the calling thread).
-            device_kind: ``cpu`` or ``gpu`` (CUDA execution provider).
 
         Raises:
             ModelLoadError: the file is missing or not a valid model.
+            PrecisionRefused: the precision is not offered on that device here.
             BackendUnavailable: a GPU was asked for and the CUDA provider is absent.
         """
         ort = _import_ort()
@@ -104,14 +171,31 @@ class OnnxRuntimeBackend:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
-        providers = ["CPUExecutionProvider"]
+        providers: list = ["CPUExecutionProvider"]
+        available = ort.get_available_providers()
         if device_kind == "gpu":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
+            if "CUDAExecutionProvider" not in available:
                 raise BackendUnavailable("onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)")
             providers = [("CUDAExecutionProvider", {"device_id": device_index}), "CPUExecutionProvider"]
+            if precision == "fp16":
+                if "TensorrtExecutionProvider" not in available:
+                    raise PrecisionRefused("fp16 on onnxruntime-gpu needs the TensorRT execution provider")
+                providers.insert(0, ("TensorrtExecutionProvider", {"device_id": device_index, "trt_fp16_enable": True}))
+            elif precision not in ("fp32",):
+                raise PrecisionRefused(f"onnxruntime on GPU serves fp32 (and fp16 with TensorRT), not {precision}")
+        elif device_kind != "cpu":
+            raise BackendUnavailable(f"onnxruntime does not serve {device_kind} devices")
+        elif precision not in ("fp32", "int8"):
+            raise PrecisionRefused(f"onnxruntime on CPU serves fp32 and int8, not {precision}")
+        if not Path(path).is_file():
+            raise ModelLoadError(f"cannot load {path}: no such file")
+        source: str | bytes = str(path)
+        if precision == "int8":
+            source = quantize_int8(Path(path))
         try:
-            sess = ort.InferenceSession(str(path), sess_options=so, providers=providers)
+            sess = ort.InferenceSession(source, sess_options=so, providers=providers)
         except Exception as exc:
             raise ModelLoadError(f"cannot load {path}: {exc}") from exc
-        dev = DeviceInfo(device_kind, f"{device_kind}{device_index}", device_index, self.name)
+        facts = {"onnxruntime": ort.__version__, "providers": sess.get_providers(), "threads": threads}
+        dev = DeviceInfo(device_kind, f"{device_kind}{device_index}", device_index, self.name, facts)
         return OrtSession(sess, precision, dev)

@@ -4,9 +4,14 @@ It runs inside every ingress process as an in-process actor (no extra bus hop,
 DESIGN §4 budget of 3 one-way hops on a miss), fed by the workers' load reports
 on ``<p>._load`` and by this ingress's own forwarded/completed counts.
 
-Choice: among routable workers that loaded the model version, the lowest load
-score ``in_flight_local + reported_queue_depth`` wins, ties broken by the EWMA
-service time (µs). With more than ``FULL_SCAN_MAX`` candidates, power-of-two
+Choice: among routable workers that loaded the model version, the shortest
+expected delay wins: ``(in_flight_local + reported_queue_depth + 1) × service
+time of its device class``, ties broken by the load count, then the worker's
+own EWMA. The class is (device kind, backend) and its service time the lowest
+EWMA compute time (µs) reported by its workers, so a device twice as slow
+receives about half the requests (mixed GPU / TPU / CPU deployments, issue 4)
+while workers of one class share load evenly; a class not yet measured is
+priced as the fastest measured one. With more than ``FULL_SCAN_MAX`` candidates, power-of-two
 choices (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing",
 2001) samples two and keeps the better one, which spreads load across ingress
 replicas that each see stale information without herding onto one worker.
@@ -190,10 +195,21 @@ class Router:
             cands = [w for w in live if w.breaker.allows(now)]
             if not cands:
                 return None
+        # shortest expected delay: (queued + 1) x service time of the worker's device class (kind, backend),
+        # so a device twice as slow gets about half the load (issue 4). Per class, not per worker: one
+        # worker's stale estimate (a slow first request after a restart) must not starve it at low load.
+        speed: dict[tuple[str, str], float] = {}
+        for w in cands:
+            if w.ewma_service_us > 0:
+                c = (w.device_kind, w.backend)
+                speed[c] = min(speed.get(c, w.ewma_service_us), w.ewma_service_us)
+        floor = min(speed.values(), default=1.0)  # a class not yet measured is priced as the fastest one
+        key = lambda w: ((w.in_flight + w.queue_depth + 1) * speed.get((w.device_kind, w.backend), floor),  # noqa: E731
+                         w.score())
         if len(cands) <= FULL_SCAN_MAX:
-            return min(cands, key=WorkerState.score)
+            return min(cands, key=key)
         a, b = self._rng.sample(cands, 2)
-        return a if a.score() <= b.score() else b
+        return a if key(a) <= key(b) else b
 
     def on_sent(self, w: WorkerState) -> bool:
         """Count a forwarded request; returns True when it is the breaker's HALF_OPEN probe."""

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import msgspec
 
-from ..accelerators import InferenceError, get_backend
+from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
 from ..bus import Subjects, connect
 from ..bus import headers as H
 from ..schemas import (
@@ -181,11 +181,20 @@ class Worker:
         self.sessions = {}
         self.versions = {}
         self.max_batch: dict[str, int] = {}
+        self.load_errors: dict[str, str] = {}
         for model in self.repo:
             for mv in model.versions.values():
-                sess = self.backend.load(mv.path, precision=config.precision, device_index=config.device_index)
+                # precision checked against FP32 on the model's reference rows; FP32 fallback (accelerators)
+                try:
+                    sess = load_checked(self.backend, mv.path, precision=config.precision,
+                                        device_kind=config.device_kind, device_index=config.device_index,
+                                        reference_path=model.data_path(self.repo.root))
+                except ModelLoadError as exc:  # not served here; the router routes only to workers that loaded it
+                    self.load_errors[mv.key] = str(exc)
+                    log(f"worker {config.worker_id}: not serving {mv.key}: {exc}")
+                    continue
                 mb = config.max_batch_size if config.max_batch_size is not None else model.config.max_batch_size
-                sess.warmup((1, 2) if mb > 1 else (1,))
+                sess.warmup(batch_buckets(mb) if mb > 1 else (1,))
                 self.sessions[mv.key] = sess
                 self.versions[mv.key] = mv
                 self.max_batch[mv.key] = mb
@@ -391,13 +400,20 @@ class Worker:
             except Exception as exc:  # never let one bad batch stop the pump
                 log(f"worker {self.config.worker_id}: publishing outcomes failed: {exc!r}")
 
+    def _precision_summary(self) -> str:
+        """The precision every loaded model is served at, or ``mixed`` (per model in ``LoadReport.precisions``)."""
+        ps = {s.precision for s in self.sessions.values()}
+        return ps.pop() if len(ps) == 1 else ("mixed" if ps else self.config.precision)
+
     def _report(self) -> LoadReport:
         s = self.stats
         d = self.device
         reqs, errs = self.window.totals(time.monotonic())
         return LoadReport(
             worker_id=self.config.worker_id, pid=os.getpid(), device_kind=d.kind if d else "cpu",
-            device_name=d.name if d else "", backend=self.config.backend, precision=self.config.precision,
+            device_name=d.name if d else "", backend=self.config.backend, precision=self._precision_summary(),
+            device_index=d.index if d else 0, device_model=str(d.facts.get("model") or d.facts.get("device_kind") or "")
+            if d else "", precisions={k: sess.precision for k, sess in self.sessions.items()},
             models=sorted(self.sessions), queue_depth=self.mailbox.qsize(), in_flight=s.in_flight,
             capacity=self.config.mailbox_size, ewma_service_us=s.ewma_service_us, completed=s.completed,
             errors=s.errors, region=self.config.region, interval_ms=self.config.report_interval_ms,
@@ -579,7 +595,7 @@ class Worker:
         timings["compute"] = compute_us
         params = {
             "worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
-            "backend": self.config.backend, "precision": self.config.precision, "cache_hit": False,
+            "backend": self.config.backend, "precision": self.sessions[mv.key].precision, "cache_hit": False,
             "region": self.config.region, "term": int(job.hdrs.get("Inferbus-Term", "0") or 0),
             "batch_size": batch, "timings_us": timings,
         }

@@ -71,6 +71,12 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     """Duplicates that joined a computation already queued or running."""
     cancelled: int = 0
     """Hedge losers dropped before compute since start."""
+    device_index: int = 0
+    """The device's number on its host (CPU slot, CUDA ordinal, TPU chip)."""
+    device_model: str = ""
+    """What the runtime calls the device (``NVIDIA H200``, ``TPU v5 lite``); empty for CPU slots."""
+    precisions: dict[str, str] = msgspec.field(default_factory=dict)
+    """Served precision per ``name:version`` after the load-time check (``precision`` is ``mixed`` when they differ)."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):

@@ -1,0 +1,265 @@
+"""JAX backend: the TPU path; also runs on GPU (CUDA) and CPU (XLA).
+
+An ONNX artifact goes through :mod:`._onnx_jax` into one pure function,
+``jax.jit`` wraps it once, and :meth:`JaxSession.warmup` compiles it ahead of
+time (``jit(...).lower(...).compile()``) for each declared batch size. The
+parameters are put on the device once at load and passed to every call, so
+they stay there as device arrays; only the request's inputs and outputs cross
+the host-device boundary.
+
+Batch sizes: a request of ``n`` rows runs on the smallest compiled batch size
+``>= n``, zero-padded, and the first ``n`` output rows are returned. That
+assumes rows are independent (true of every model here: no op mixes rows);
+with no compiled size large enough, the exact size is compiled on first use
+(a one-off stall of tens of ms, logged) and kept, up to ``max_compiled``
+executables.
+
+Precision: ``fp32`` (matmuls at ``Precision.HIGHEST``: no TF32), ``fp16`` and
+``bf16`` (fp32 accumulation; see :mod:`._onnx_jax`). ``int8`` is not offered
+by this backend (load raises :class:`ModelLoadError`, and the precision check
+falls back to FP32).
+
+Devices: the process uses ``jax.devices(kind)[index]``. When the process sees
+exactly one device of that kind (the node gives each GPU worker its own
+``CUDA_VISIBLE_DEVICES``), that one is used and the asked-for index is kept as
+the host's number for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, TensorInfo
+
+log = logging.getLogger("inferbus.accelerators.jax")
+
+# ONNX elem type → OIP datatype (https://onnx.ai/onnx/api/mapping.html, DESIGN §3)
+_ONNX_TO_OIP = {1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 9: "BOOL",
+                10: "FP16", 11: "FP64", 12: "UINT32", 13: "UINT64", 16: "BF16"}
+_PLATFORM_KIND = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+
+
+def _import_jax():
+    try:
+        import jax
+    except ImportError as exc:
+        raise BackendUnavailable("jax is not installed (pip install 'inferbus[jax]')") from exc
+    return jax
+
+
+def _compute_dtype(precision: str):
+    if precision == "fp32":
+        return np.dtype(np.float32)
+    if precision == "fp16":
+        return np.dtype(np.float16)
+    if precision == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    raise ModelLoadError(f"the jax backend serves fp32, fp16 and bf16, not {precision}")
+
+
+def _tensor_infos(values, skip=()) -> tuple[TensorInfo, ...]:
+    out = []
+    for v in values:
+        if v.name in skip:
+            continue
+        tt = v.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+        out.append(TensorInfo(v.name, _ONNX_TO_OIP.get(tt.elem_type, f"ONNX{tt.elem_type}"), dims))
+    return tuple(out)
+
+
+def _device_info(d, index: int | None = None) -> DeviceInfo:
+    import jax
+
+    kind = _PLATFORM_KIND.get(d.platform, d.platform)
+    idx = d.id if index is None else index
+    facts = {"platform": d.platform, "device_kind": getattr(d, "device_kind", ""), "jax": jax.__version__}
+    try:
+        stats = d.memory_stats() or {}
+        if "bytes_limit" in stats:
+            facts["memory_bytes"] = int(stats["bytes_limit"])
+    except Exception:  # not every platform reports memory
+        pass
+    if hasattr(d, "compute_capability"):
+        facts["compute_capability"] = str(d.compute_capability)
+    return DeviceInfo(kind, f"{kind}{idx}", idx, "jax", facts)
+
+
+class JaxSession:
+    """A model compiled by XLA for one device; not thread-safe (one inference thread per worker).
+
+    Attributes:
+        precision: served precision (``fp32``/``fp16``/``bf16``).
+        device: where it runs.
+        compiled_batch_sizes: batch sizes compiled so far (ascending).
+    """
+
+    def __init__(self, program, jdev, device: DeviceInfo, precision: str, inputs, outputs,
+                 max_compiled: int = 16) -> None:
+        import jax
+        from jax.sharding import SingleDeviceSharding
+
+        self.precision = precision
+        self.device = device
+        self.inputs: tuple[TensorInfo, ...] = inputs
+        self.outputs: tuple[TensorInfo, ...] = outputs
+        self._program = program
+        self._jdev = jdev
+        self._sharding = SingleDeviceSharding(jdev)
+        self._params = jax.device_put(program.params, jdev)  # once: parameters live on the device
+        self._jit = jax.jit(program)
+        self._compiled: dict[int, object] = {}
+        self._sizes: list[int] = []
+        self._max_compiled = max_compiled
+        self._lock = threading.Lock()
+        from ._dtypes import numpy_dtype_for
+
+        self._in_dtypes = {t.name: numpy_dtype_for(t.datatype) for t in inputs}
+        self._batched = all(len(t.shape) > 0 and t.shape[0] == -1 for t in inputs + outputs)
+        self._all_outputs = [t.name for t in outputs]
+
+    @property
+    def compiled_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(self._sizes)
+
+    def _shape(self, t: TensorInfo, batch: int) -> tuple[int, ...]:
+        return tuple(batch if (i == 0 and d == -1) else (d if d >= 0 else 1) for i, d in enumerate(t.shape))
+
+    def _compile(self, batch: int):
+        import jax
+
+        specs = {t.name: jax.ShapeDtypeStruct(self._shape(t, batch), self._in_dtypes[t.name], sharding=self._sharding)
+                 for t in self.inputs}
+        try:
+            compiled = self._jit.lower(self._params, specs).compile()
+        except Exception as exc:
+            raise ModelLoadError(f"XLA could not compile the model at batch {batch}: {exc}") from exc
+        with self._lock:
+            if len(self._compiled) >= self._max_compiled:
+                raise ModelLoadError(f"more than {self._max_compiled} compiled batch sizes; declare fewer")
+            self._compiled[batch] = compiled
+            self._sizes = sorted(self._compiled)
+        return compiled
+
+    def lowered_text(self, batch: int = 1, optimized: bool = True) -> str:
+        """The program as XLA sees it: HLO after optimization (fusions) or StableHLO before."""
+        import jax
+
+        specs = {t.name: jax.ShapeDtypeStruct(self._shape(t, batch), self._in_dtypes[t.name], sharding=self._sharding)
+                 for t in self.inputs}
+        lowered = self._jit.lower(self._params, specs)
+        return lowered.compile().as_text() if optimized else lowered.as_text()
+
+    def _pick(self, n: int):
+        if not self._batched:
+            return n, (self._compiled.get(n) or self._compile(n))
+        for b in self._sizes:
+            if b >= n:
+                return b, self._compiled[b]
+        log.info("jax: compiling batch size %d on first use", n)
+        return n, self._compile(n)
+
+    def infer(self, inputs: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = output_names or self._all_outputs
+        try:
+            first = inputs[self.inputs[0].name]
+            n = int(first.shape[0]) if first.ndim else 1
+            b, compiled = self._pick(n)
+            feeds = {}
+            for t in self.inputs:
+                x = np.asarray(inputs[t.name], dtype=self._in_dtypes[t.name])
+                if b != n:
+                    pad = np.zeros((b - n,) + x.shape[1:], dtype=x.dtype)
+                    x = np.concatenate([x, pad], axis=0)
+                feeds[t.name] = x
+            outs = compiled(self._params, feeds)
+            sel = [outs[k] for k in names]
+            for o in sel:  # start every device→host copy before waiting on the first
+                o.copy_to_host_async()
+            return {k: (np.asarray(o)[:n] if b != n else np.asarray(o)) for k, o in zip(names, sel)}
+        except (ModelLoadError, KeyError) as exc:
+            raise InferenceError(f"jax: {exc}") from exc
+        except Exception as exc:
+            raise InferenceError(f"jax: {exc}") from exc
+
+    def warmup(self, batch_sizes: tuple[int, ...] = (1,)) -> None:
+        """Compile (ahead of time) and run once at each batch size, zero inputs."""
+        sizes = sorted(set(batch_sizes)) if self._batched else [1]
+        for b in sizes:
+            if b not in self._compiled:
+                self._compile(b)
+            feeds = {t.name: np.zeros(self._shape(t, b), self._in_dtypes[t.name]) for t in self.inputs}
+            self.infer(feeds)
+
+    def close(self) -> None:
+        self._compiled.clear()
+        self._params = None
+
+
+class JaxBackend:
+    """Loads ONNX models into XLA executables on a TPU core, GPU or CPU."""
+
+    name = "jax"
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device JAX sees here (TPU cores, GPUs; CPU when there is no accelerator)."""
+        jax = _import_jax()
+        out = []
+        for d in jax.devices():
+            out.append(_device_info(d))
+        return out
+
+    def _resolve(self, device_kind: str, device_index: int):
+        jax = _import_jax()
+        platform = {"gpu": "gpu", "tpu": "tpu", "cpu": "cpu"}.get(device_kind)
+        if platform is None:
+            raise BackendUnavailable(f"unknown device kind {device_kind!r} (cpu, gpu, tpu)")
+        try:
+            devs = jax.devices(platform)
+        except RuntimeError as exc:
+            raise BackendUnavailable(f"jax sees no {device_kind} here: {exc}") from exc
+        for d in devs:
+            if d.id == device_index:
+                return d, _device_info(d, device_index)
+        if len(devs) == 1:  # isolated process (CUDA_VISIBLE_DEVICES=<index>): the one it sees
+            return devs[0], _device_info(devs[0], device_index)
+        raise BackendUnavailable(f"jax has no {device_kind} {device_index}; it sees {[d.id for d in devs]}")
+
+    def load(self, path: Path, *, precision: str = "fp32", device_kind: str = "cpu", device_index: int = 0,
+             threads: int = 1) -> JaxSession:
+        """Convert ``path`` and place its parameters on the device (compilation happens in ``warmup``).
+
+        Raises:
+            BackendUnavailable: jax, onnx or the device is missing.
+            ModelLoadError: unreadable file, an op the converter lacks, or ``int8``.
+        """
+        _import_jax()
+        try:
+            import onnx
+        except ImportError as exc:
+            raise BackendUnavailable("the jax backend needs the onnx package (pip install 'inferbus[jax]')") from exc
+        from ._onnx_jax import OnnxJaxProgram, UnsupportedGraph
+
+        cdt = _compute_dtype(precision)
+        jdev, info = self._resolve(device_kind, device_index)
+        try:
+            model = onnx.load(str(path))
+            program = OnnxJaxProgram(model, cdt)
+        except UnsupportedGraph as exc:
+            raise ModelLoadError(f"{path}: {exc}") from exc
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load {path}: {exc}") from exc
+        init_names = {i.name for i in model.graph.initializer}
+        inputs = _tensor_infos(model.graph.input, skip=init_names)
+        outputs = _tensor_infos(model.graph.output)
+        for t in inputs + outputs:
+            if t.datatype in ("INT64", "UINT64", "FP64"):
+                raise ModelLoadError(f"{path}: tensor {t.name!r} is {t.datatype}; the jax backend runs without "
+                                     f"jax_enable_x64, so 64-bit graph inputs/outputs are not served")
+        return JaxSession(program, jdev, info, precision, inputs, outputs)
