@@ -42,6 +42,7 @@ from ..schemas._internal import (
 )
 from ._cache import L1Cache, cache_key
 from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
+from ._fencing import Fencing
 from ._config import IngressConfig
 from ._repository import Model, ModelRepository
 from ._router import Router
@@ -81,6 +82,8 @@ class Ingress:
         self.repo = ModelRepository(config.models_dir, list(config.models) or None)
         self.router = Router(health_timeout_s=config.health_timeout_s)
         self.l1 = L1Cache(config.l1_entries)
+        self.fencing = Fencing(self.subjects)
+        """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.pending: dict[int, Pending] = {}
         self._seq = itertools.count(1)
         self.nc = None
@@ -204,6 +207,8 @@ class Ingress:
         params = dict(resp.parameters or {})
         params["cache_hit"] = True
         params["cache_level"] = level
+        if self.fencing.term:
+            params["term"] = self.fencing.term
         params["timings_us"] = {"total": int((time.monotonic() - t0) * 1e6), "queue": 0, "compute": 0}
         resp.parameters = params
         out_h = {H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack"}
@@ -236,6 +241,7 @@ class Ingress:
                 fwd[name] = v
         if key is not None:
             fwd[H.CACHE_KEY] = key
+        self.fencing.stamp(fwd)
         self.pending[seq] = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID))
         self.router.on_sent(w)
         await self.nc.publish(self.subjects.worker(w.worker_id), msg.data, reply=msg.reply, headers=fwd)
@@ -338,6 +344,7 @@ class Ingress:
         await self.nc.subscribe(s.load, cb=self._on_load)
         await self.nc.subscribe(s.events, cb=self._on_event)
         await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
+        await self.fencing.start(self.nc)
         from nats.micro import add_service
 
         svc = await add_service(self.nc, name="inferbus-ingress", version="0.1.0",

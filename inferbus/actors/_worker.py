@@ -61,6 +61,7 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
+from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._repository import ModelRepository
@@ -215,6 +216,8 @@ class Worker:
         """(ingress, seq) → job, for cancellation (loop thread only)."""
         self.fault = FaultSet(error_rate=config.inject_error_rate, compute_delay_ms=config.compute_delay_ms)
         self._rng = random.Random()
+        self.fencing = Fencing(self.subjects)
+        """Current fencing term; requests stamped with an older one are refused (UNAVAILABLE)."""
 
     # ---- loop side -------------------------------------------------------------------------
     async def _on_request(self, msg) -> None:
@@ -240,6 +243,10 @@ class Worker:
         if deadline <= t_recv or H.wall_deadline_passed(hdrs):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
+            return
+        fenced = self.fencing.refusal(hdrs)
+        if fenced is not None:
+            await self._finish_now(job, fenced)
             return
         if model_key not in self.sessions:
             await self._finish_now(job, InvalidArgument(f"model {model_key} is not loaded on worker {self.config.worker_id}"), server_error=True)
@@ -435,6 +442,7 @@ class Worker:
         self.loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
         self.nc = await connect(self.config.bus, name=f"worker-{self.config.worker_id}")
+        await self.fencing.start(self.nc)
         from nats.micro import add_service
 
         svc = await add_service(self.nc, name="inferbus-worker", version="0.1.0",
