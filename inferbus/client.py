@@ -11,6 +11,14 @@ Errors come back as the typed exceptions of :mod:`inferbus.schemas`
 ``Unavailable``, ``PayloadTooLarge``, ``Internal``). UNAVAILABLE (including NATS
 "no responders") is retried within the remaining budget with the same request
 id, so a retried request is never computed as a different request.
+
+Regions (DESIGN §8): give :meth:`Client.connect` the servers of every region,
+the local region first (``no_randomize=True`` keeps that order). Its defaults
+notice a dead server within ``ping_interval_s * max_outstanding_pings`` (0.5 s;
+at once when the server's process is gone and the socket resets), reconnect to
+the next server without waiting, and fail every request that was in flight on
+the lost connection at once, so they are retried on the new one (same request
+id) instead of waiting out their budget.
 """
 
 from __future__ import annotations
@@ -23,6 +31,13 @@ from dataclasses import dataclass, field
 import nats
 import numpy as np
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+_FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05}
+"""Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s."""
+
+
+class _ConnectionLost(Exception):
+    """The connection carrying a request was lost before its answer came (retried, same request id)."""
 
 from .bus import BusConfig, Subjects, connect
 from .bus import headers as H
@@ -67,9 +82,28 @@ class Client:
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`)."""
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",")]
-        cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client", **bus_options)
-        nc = await connect(cfg)
-        return cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True)
+        cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client",
+                        **{**_FAILOVER_DEFAULTS, **bus_options})
+        holder: list[Client] = []
+
+        async def on_disconnect() -> None:
+            if holder:
+                holder[0]._connection_lost()
+
+        nc = await connect(cfg, disconnected_cb=on_disconnect)
+        client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True)
+        holder.append(client)
+        return client
+
+    def _connection_lost(self) -> None:
+        """Fail every request in flight on the lost connection so :meth:`request` retries it at once.
+
+        Reaches into nats-py's response map (``Client._resp_map``, new-style requests); if a future
+        nats-py renames it, in-flight requests simply wait for their budget as before.
+        """
+        for fut in list(getattr(self.nc, "_resp_map", {}).values()):
+            if not fut.done():
+                fut.set_exception(_ConnectionLost("connection to the NATS server lost"))
 
     async def close(self) -> None:
         if self._owns:
@@ -157,6 +191,8 @@ class Client:
                 msg = await self.nc.request(subject, body, timeout=left_ms / 1000.0, headers=hdrs)
             except NoRespondersError:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
+            except _ConnectionLost as exc:
+                last_err = Unavailable(f"{exc} while waiting for the answer; retrying on the new connection")
             except NatsTimeout:
                 raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms") from None
             else:
