@@ -60,6 +60,10 @@ def up(
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
+    backends: str = typer.Option("onnxruntime", help="Comma-separated backends (onnxruntime, jax, tensorrt): one "
+                                 "worker per device each serves; see `inferbus devices`."),
+    precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
+                                  "checked per model against FP32, falling back to fp32."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help="Seconds per demo load step."),
@@ -76,7 +80,8 @@ def up(
         nats_port = 0
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
-                     pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None)
+                     pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
+                     backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision)
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)
 
@@ -92,7 +97,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     try:
         await node.wait_ready(60)
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
-                      f"L2 cache {node.redis_url or 'off'}, {node.n_workers} worker(s), {cfg.ingress} ingress, "
+                      f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {cfg.ingress} ingress, "
                       f"run dir {node.run_dir}")
         from .actors import ModelRepository
 
@@ -133,7 +138,7 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
         results[-1].mode = "closed(hit)"
     finally:
         await client.close()
-    console.print(render_table(results, f"inferbus demo — model {model}, {node.n_workers} CPU worker(s)"))
+    console.print(render_table(results, f"inferbus demo — model {model}, {len(node.worker_ids)} worker(s)"))
     stages = results[0].stages_us
     if stages:
         console.print("hop-by-hop means at c=1 (µs): " + ", ".join(f"{k}={v:g}" for k, v in stages.items()))
@@ -279,8 +284,10 @@ def bench(
 
 
 from ._cli_chaos import app as _chaos_app  # noqa: E402
+from ._cli_devices import devices as _devices_cmd  # noqa: E402
 
 app.add_typer(_chaos_app, name="chaos")
+app.command(name="devices")(_devices_cmd)
 
 
 def main() -> None:

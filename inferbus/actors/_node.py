@@ -52,6 +52,12 @@ class NodeConfig:
     run_dir: str | None = None
     models: tuple[str, ...] = ()
     backend: str = "onnxruntime"
+    backends: tuple[str, ...] = ()
+    """Backends to start workers for, one worker per device each serves (``onnxruntime``: ``workers`` CPU
+    slots; ``jax``: each TPU chip, else each GPU, else one CPU worker; ``tensorrt``: each GPU). Empty = ``(backend,)``."""
+    precision: str = "auto"
+    """Requested precision of every worker: ``auto`` (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8;
+    each model falls back to fp32 where the requested one fails its check (docs/accelerators.md)."""
     pin_cpus: bool = False
     """Pin each process to one core (round robin)."""
     intensity: int = 10
@@ -70,6 +76,12 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
             raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
+        from ..accelerators import BACKENDS, PRECISIONS
+
+        if any(b not in BACKENDS for b in self.backends or (self.backend,)):
+            raise ValueError(f"NodeConfig.backends: each one of {', '.join(BACKENDS)}; got {self.backends}")
+        if self.precision != "auto" and self.precision not in PRECISIONS:
+            raise ValueError(f"NodeConfig.precision: auto or one of {', '.join(PRECISIONS)}; got {self.precision!r}")
 
 
 class Node:
@@ -95,11 +107,26 @@ class Node:
     def n_workers(self) -> int:
         return self.config.workers or max(os.cpu_count() or 1, 1)
 
-    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path) -> ChildSpec:
+    async def _plan_workers(self) -> list:
+        """Worker placements: ``n_workers`` ONNX Runtime CPU slots, or a device probe for other backends.
+
+        Raises:
+            BackendUnavailable: a requested backend is missing or has no device here.
+        """
+        from ..accelerators import DevicePlan, discover_devices, plan_workers
+
+        backends = self.config.backends or (self.config.backend,)
+        if tuple(backends) == ("onnxruntime",):
+            return [DevicePlan("onnxruntime", "cpu", i) for i in range(self.n_workers)]
+        self.discovery = await asyncio.to_thread(discover_devices)
+        return plan_workers(tuple(backends), self.discovery, self.n_workers)
+
+    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None) -> ChildSpec:
         argv = [sys.executable, "-m", "inferbus.actors", kind, cfg_json]
+        full_env = {**os.environ, **env} if env else None  # device isolation (CUDA_VISIBLE_DEVICES, TPU_*)
 
         async def start():
-            return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=60.0,
+            return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
                                             log_path=log_dir / f"{child_id}.log", name=child_id)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
@@ -158,14 +185,16 @@ class Node:
             children.append(self._child("aggregator", "aggregator",
                                         AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir))
         self.worker_ids = []
-        for i in range(self.n_workers if c.actors else 0):
-            wid = f"{c.node_id}-w{i}"
+        for i, p in enumerate(await self._plan_workers() if c.actors else []):  # one worker per device
+            cpu_ort = p.backend == "onnxruntime" and p.device_kind == "cpu"
+            wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
-            wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=c.backend,
-                              device_index=i, region=c.region, mailbox_size=c.mailbox_size,
+            wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=p.backend,
+                              device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
+                              region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               cpu_affinity=(i % ncpu,) if c.pin_cpus else ())
-            children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir))
+            children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
         for j in range(c.ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
