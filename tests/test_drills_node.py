@@ -1,0 +1,68 @@
+"""Node failover drills, short versions (CI): real processes, real faults, figures asserted.
+
+The full soak (10 minutes, a fault every 30 s) is a documented command, not part of CI:
+``inferbus chaos run soak --duration 600 --rate 200 --json`` (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.node_drills import DrillOptions, cache_loss, soak, worker_crash, worker_hang
+from conftest import MODELS
+
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+
+
+def _opts(**kw) -> DrillOptions:
+    base = dict(duration_s=6.0, rate_qps=60.0, timeout_s=1.0, workers=2, models_dir=str(MODELS), health_timeout_s=1.0)
+    base.update(kw)
+    return DrillOptions(**base)
+
+
+def _common(f):
+    assert f.requests > 0
+    assert f.wrong == 0
+    assert f.duplicates == 0
+    assert f.extra["executions_audited"] >= f.ok  # the audit saw every answered execution
+    print(f.to_dict())
+
+
+@pytest.mark.timeout(90)
+async def test_worker_crash_drill():
+    f = await worker_crash(_opts())
+    _common(f)
+    assert f.availability >= 0.99  # the SDK retries the requests the dead worker held
+    assert f.detection_ms is not None and f.detection_ms < 1000
+    assert f.recovery_ms is not None
+
+
+@pytest.mark.timeout(90)
+async def test_worker_hang_drill():
+    f = await worker_hang(_opts(duration_s=8.0))
+    _common(f)
+    assert f.availability >= 0.99
+    # taken out of routing within its health window (1 s here) plus report/sweep periods
+    assert f.detection_ms is not None and f.detection_ms < 1000 + 600
+    assert f.recovery_ms is not None
+
+
+@pytest.mark.timeout(90)
+async def test_cache_loss_drill():
+    f = await cache_loss(_opts())
+    _common(f)
+    assert f.availability == 1.0  # no answer depends on the L2 cache
+
+
+@pytest.mark.timeout(120)
+async def test_soak_short():
+    f = await soak(_opts(duration_s=24.0, fault_every_s=6.0, hang_s=1.5))
+    _common(f)
+    assert len(f.extra["faults"]) >= 3
+    assert f.availability >= 0.98
+    assert f.extra["rss_kib"]
