@@ -84,6 +84,7 @@ class Ingress:
         self.l1 = L1Cache(config.l1_entries)
         self.fencing = Fencing(self.subjects)
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
+        self.router.region = config.region
         self.pending: dict[int, Pending] = {}
         self._seq = itertools.count(1)
         self.nc = None

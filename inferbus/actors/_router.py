@@ -73,6 +73,8 @@ class WorkerState:
     alive: bool = True
     """False after a ``down`` event until the next report from a new process."""
     draining: bool = False
+    region: str = ""
+    """Region the worker reported (the router prefers its own region's workers)."""
     error_rate: float = 0.0
     """From the last report: server-side failures / requests in the worker's sliding window."""
     window_requests: int = 0
@@ -101,6 +103,9 @@ class Router:
     breaker_failures: int = 5
     breaker_open_s: float = 30.0
     breaker_probes: int = 1
+    region: str = ""
+    """This ingress's region: its workers are preferred; another region's only when none here is usable
+    (no cross-region hop on the hot path, and no traffic into a region that may have just died)."""
     workers: dict[str, WorkerState] = field(default_factory=dict)
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
@@ -124,6 +129,7 @@ class Router:
         w.backend, w.precision, w.pid = r.backend, r.precision, r.pid
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
         w.draining = r.draining
+        w.region = r.region
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         if changed:
             self._reindex()
@@ -195,6 +201,10 @@ class Router:
             cands = [w for w in live if w.breaker.allows(now)]
             if not cands:
                 return None
+        if self.region:
+            local = [w for w in cands if w.region == self.region]
+            if local:
+                cands = local
         # shortest expected delay: (queued + 1) x service time of the worker's device class (kind, backend),
         # so a device twice as slow gets about half the load (issue 4). Per class, not per worker: one
         # worker's stale estimate (a slow first request after a restart) must not starve it at low load.

@@ -96,7 +96,7 @@ def _tail(log: Path, n: int = 2000) -> str:
 class _Managed:
     proc: subprocess.Popen | None = None
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def _terminate(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, wait ``timeout_s``, then SIGKILL. Idempotent."""
         p = self.proc
         if p is None or p.poll() is not None:
@@ -124,6 +124,32 @@ class _Managed:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def _prepare(self, tmp_prefix: str) -> Path:
+        """Pick a free port if 0 and make the run folder (a temp folder when ``run_dir`` is None)."""
+        if self.port == 0:  # type: ignore[attr-defined]
+            self.port = free_port(self.host)  # type: ignore[attr-defined]
+        if self.run_dir is None:  # type: ignore[attr-defined]
+            self._tmp = tempfile.TemporaryDirectory(prefix=tmp_prefix)
+            self.run_dir = Path(self._tmp.name)
+        self.run_dir = Path(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return self.run_dir
+
+    def _launch(self, argv: list[str], log: Path, what: str) -> None:
+        """Start ``argv`` in its own session, output appended to ``log``; wait until it serves."""
+        with open(log, "ab") as fh:
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, what, log)  # type: ignore[attr-defined]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM, wait ``timeout_s``, SIGKILL; then remove a temp run folder. Idempotent."""
+        _Managed._terminate(self, timeout_s)
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            tmp.cleanup()
+            self._tmp = None
 
 
 @dataclass
@@ -161,13 +187,7 @@ class EmbeddedNats(_Managed):
         Raises:
             EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
         """
-        if self.port == 0:
-            self.port = free_port(self.host)
-        if self.run_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-nats-")
-            self.run_dir = Path(self._tmp.name)
-        self.run_dir = Path(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare("inferbus-nats-")
         conf = self.run_dir / f"nats-{self.port}.conf"
         lines = [
             f'server_name: "{self.server_name}"',
@@ -181,20 +201,9 @@ class EmbeddedNats(_Managed):
             lines.append(f'jetstream {{ store_dir: "{self.run_dir / ("js-" + str(self.port))}" }}')
         lines.append(self.extra_config)
         conf.write_text("\n".join(lines) + "\n")
-        log = self.run_dir / f"nats-{self.port}.log"
-        with open(log, "ab") as fh:
-            self.proc = subprocess.Popen(
-                [str(nats_server_binary()), "-c", str(conf)],
-                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, "nats-server", log)
+        self._launch([str(nats_server_binary()), "-c", str(conf)], self.run_dir / f"nats-{self.port}.log",
+                     "nats-server")
         return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        super().stop(timeout_s)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
 
 @dataclass
@@ -223,13 +232,7 @@ class EmbeddedValkey(_Managed):
         Raises:
             EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
         """
-        if self.port == 0:
-            self.port = free_port(self.host)
-        if self.run_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-valkey-")
-            self.run_dir = Path(self._tmp.name)
-        self.run_dir = Path(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare("inferbus-valkey-")
         argv = [
             str(valkey_server_binary()), "--port", str(self.port), "--bind", self.host,
             "--save", "", "--appendonly", "no", "--dir", str(self.run_dir),
@@ -237,15 +240,5 @@ class EmbeddedValkey(_Managed):
         ]
         if self.replica_of:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
-        log = self.run_dir / f"valkey-{self.port}.log"
-        with open(log, "ab") as fh:
-            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, "valkey-server", log)
+        self._launch(argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server")
         return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        super().stop(timeout_s)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
