@@ -1,29 +1,49 @@
 """The ingress (request) actor: the public entry point, one queue group of replicas.
 
 For each request on ``<p>.infer.<model>[.<version>]`` it, in order:
-decodes (msgpack, or JSON with ``Content-Type: application/json``), validates
-against the model's metadata, applies the time budget, looks up the L1 then L2
-cache, asks its in-process router for the least-loaded live worker and forwards
-the *original* body to that worker with the client's reply subject, so the worker
+applies the time budget, resolves the model, applies the rate limits and the
+size limits (all before decoding, so refused traffic costs little), decodes
+(msgpack, or JSON with ``Content-Type: application/json``), validates against
+the model's metadata, looks up the L1 then (optionally) L2 cache, asks its
+in-process router for the least-loaded healthy worker and forwards the
+*original* body to that worker with the client's reply subject, so the worker
 answers the client directly (3 one-way hops on a miss, 2 on a hit; DESIGN §4).
 
-Every failure is a typed error reply sent at once: unknown model → NOT_FOUND;
-bad body or tensor → INVALID_ARGUMENT naming the field; no live worker →
-UNAVAILABLE; spent budget → DEADLINE_EXCEEDED; too many outstanding requests or
-too large a body → RESOURCE_EXHAUSTED / PAYLOAD_TOO_LARGE. No request kills the
-actor: an unexpected exception becomes INTERNAL for that request alone.
+Every failure is a typed error reply sent at once (docs/failure-semantics.md):
+spent budget → DEADLINE_EXCEEDED; unknown model → NOT_FOUND; over a rate limit
+or too many outstanding requests → RESOURCE_EXHAUSTED with ``retry_after_ms``;
+body or tensor over a size limit → PAYLOAD_TOO_LARGE; bad body or tensor →
+INVALID_ARGUMENT naming the field; no routable worker → UNAVAILABLE. No request
+kills the actor: an unexpected exception becomes INTERNAL for that request alone.
+
+Routing facts (:mod:`inferbus.actors._router`): workers are routable while
+live, healthy (error rate) and their circuit breaker allows. A request whose id
+is still pending at a worker (a retry) is sent to that same worker, which joins
+it to the running computation (per-worker dedupe), so a retry after a client
+timeout does not run the model again.
+
+Hedging (:mod:`inferbus.actors._hedge`): with a hedge policy (model config
+``hedge_after_ms`` or the ``Inferbus-Hedge`` header) a request not completed
+after the delay is forwarded once more to another worker, with the same reply
+subject and request id. The first completion wins; the ingress then cancels
+the other copy (dropped by its worker if not started). The model runs at most
+twice. When both run, the client's reply subject gets two replies; a NATS
+request (any client library) takes the first and drops the second, because
+each request has its own reply subject.
 
 In-flight accounting: each forwarded request is kept in a pending table until
 the worker's completion notice arrives; when the node reports the worker's
-process dead, every pending request it held is answered UNAVAILABLE at once; an
-entry older than its deadline plus ``_PENDING_GRACE_S`` is dropped so counts
-return to zero even when a worker loses requests.
+process dead, or the worker stops reporting, every pending request it held is
+answered UNAVAILABLE at once (unless a hedge copy is still running elsewhere);
+an entry older than its deadline plus ``pending_grace_s`` is dropped (a breaker
+failure) so counts return to zero even when a worker loses requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from dataclasses import dataclass
 
@@ -37,18 +57,41 @@ from ..schemas import (
     encode_error, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._internal import (
-    FORWARD_TAG, CacheFill, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
+    FORWARD_TAG, CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
 from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
 from ._fencing import Fencing
 from ._config import IngressConfig
+from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
+from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
-from ._router import Router
+from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
+from ._worker import control_subject
 
-_PENDING_GRACE_S = 1.0
 _SWEEP_PERIOD_S = 0.05
+_STICKY_REPORT_AGE_S = 0.5
+"""A retry sticks to the worker still holding its request id only if that worker reported this recently."""
+_CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
+_NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
+_MAX_POLICY_CACHE = 256
+
+
+class _Hedge:
+    """State shared by the copies of one hedged request."""
+
+    __slots__ = ("policy", "seqs", "done", "timer", "body", "fwd", "t_first", "model_key")
+
+    def __init__(self, policy, body: bytes, fwd: dict, t_first: float, model_key: str) -> None:
+        self.policy = policy
+        self.seqs: list[int] = []
+        self.done = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.body = body
+        self.fwd = fwd
+        self.t_first = t_first
+        self.model_key = model_key
 
 
 @dataclass(slots=True)
@@ -61,6 +104,10 @@ class Pending:
     ttl_ms: int
     content_type: str | None
     request_id: str | None
+    model_key: str = ""
+    probe: bool = False
+    """Sent as the worker's circuit-breaker probe (HALF_OPEN)."""
+    hedge: _Hedge | None = None
 
 
 def model_metadata(model: Model) -> ModelMetadata:
@@ -73,6 +120,17 @@ def model_metadata(model: Model) -> ModelMetadata:
     )
 
 
+def _outcome(item) -> str:
+    """Breaker verdict of a completion (see _breaker): ok / client error / server error / neutral."""
+    if item.ok:
+        return OK
+    if item.server_error:
+        return SERVER_ERROR
+    if item.code in _CLIENT_CODES:
+        return CLIENT_ERROR
+    return NEUTRAL
+
+
 class Ingress:
     """The ingress actor; ``run()`` serves until cancelled."""
 
@@ -80,22 +138,43 @@ class Ingress:
         self.config = config
         self.subjects = Subjects(config.bus.prefix)
         self.repo = ModelRepository(config.models_dir, list(config.models) or None)
-        self.router = Router(health_timeout_s=config.health_timeout_s)
+        self.router = Router(health_timeout_s=config.health_timeout_s, max_error_rate=config.max_error_rate,
+                             min_window_requests=config.min_window_requests, breaker_failures=config.breaker_failures,
+                             breaker_open_s=config.breaker_open_s, breaker_probes=config.breaker_probes)
+        self.limiter = RateLimiter(config.rate_limit_per_s, config.rate_burst, config.client_rate_limit_per_s,
+                                   config.client_rate_burst, config.max_clients)
+        self.hedge_budget = HedgeBudget(config.hedge_budget_ratio)
         self.l1 = L1Cache(config.l1_entries)
         self.fencing = Fencing(self.subjects)
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.router.region = config.region
         self.pending: dict[int, Pending] = {}
+        self._by_rid: dict[str, int] = {}
+        """Request id → seq of its newest pending forward (sticky retries)."""
         self._seq = itertools.count(1)
         self.nc = None
         self.redis = None
-        self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0}
+        self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
+                       "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
+                       "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
             for v, mv in m.versions.items():
                 self._inputs[mv.key] = {t.name: t for t in mv.inputs}
         self._outputs = {mv.key: {t.name for t in mv.outputs} for m in self.repo for mv in m.versions.values()}
+        self._model_hedge: dict[str, tuple | None] = {}
+        for m in self.repo:
+            try:
+                policy = parse_policy(m.config.hedge_after_ms)
+            except HedgePolicyError as exc:
+                log(f"ingress {config.ingress_id}: model {m.name}: {exc}; hedging off")
+                policy = None
+            for mv in m.versions.values():
+                self._model_hedge[mv.key] = policy
+        self._policy_cache: dict[str, tuple | None] = {}
+        self._latency: dict[str, LatencyWindow] = {}
+        self.max_request_bytes = config.max_request_bytes
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
@@ -121,7 +200,10 @@ class Ingress:
         eh, eb = encode_error(err, ct)
         if rid:
             eh[H.REQUEST_ID] = rid
-        await self.nc.publish(reply, eb, headers=eh)
+        try:
+            await self.nc.publish(reply, eb, headers=eh)
+        except Exception as exc:  # e.g. a reply subject the server refuses; nothing else to tell
+            log(f"ingress {self.config.ingress_id}: error reply failed: {exc!r}")
 
     async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
         deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms)
@@ -135,12 +217,26 @@ class Ingress:
         if mv is None:
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
+        if self.limiter.enabled:
+            refused = self.limiter.check(hdrs.get(H.CLIENT_ID), t0)
+            if refused is not None:
+                self.counts["rate_limited"] += 1
+                scope, wait_ms = refused
+                raise ResourceExhausted(f"{scope} rate limit reached; retry in {wait_ms} ms", retry_after_ms=wait_ms)
         body = msg.data
+        if len(body) > self.max_request_bytes:
+            self.counts["too_large"] += 1
+            raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit of {self.max_request_bytes}")
+        hedge_policy = self._model_hedge.get(mv.key)
+        hv = hdrs.get(H.HEDGE)
+        if hv is not None:
+            hedge_policy = self._policy(hv)
         req = decode_request(body, ct)
         t_dec = time.monotonic()
         spec = self._inputs[mv.key]
         arrays = []
         seen = set()
+        max_tensor = self.config.max_tensor_bytes
         for i, t in enumerate(req.inputs):
             info = spec.get(t.name)
             if info is None:
@@ -155,7 +251,14 @@ class Ingress:
             if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
                 raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
                                       field=f"inputs[{i}].shape")
-            arrays.append(input_to_numpy(t, field=f"inputs[{i}]"))
+            arr = input_to_numpy(t, field=f"inputs[{i}]")
+            if max_tensor:
+                nbytes = arr.nbytes if arr.dtype != object else sum(len(x) for x in arr.flat)
+                if nbytes > max_tensor:
+                    self.counts["too_large"] += 1
+                    raise PayloadTooLarge(f"input {t.name!r} holds {nbytes} bytes, over the limit of {max_tensor}",
+                                          field=f"inputs[{i}]")
+            arrays.append(arr)
         if len(seen) != len(spec):
             missing = sorted(set(spec) - seen)
             raise InvalidArgument(f"missing input(s) {missing}", field="inputs")
@@ -171,6 +274,7 @@ class Ingress:
         t_val = time.monotonic()
         ttl_ms = model.config.cache_ttl_ms
         key = None
+        rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
             raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
             key = cache_key(mv.name, mv.version, req.inputs, arrays, out_names, raw_form, req.parameters)
@@ -181,25 +285,47 @@ class Ingress:
                 return
             if self.redis is not None:
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
-                                                          ttl_ms, req.id))
+                                                          ttl_ms, req.id, rid, hedge_policy))
                 return
-        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms)
+        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy)
 
-    async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id) -> None:
+    def _policy(self, value: str):
         try:
+            return self._policy_cache[value]
+        except KeyError:
+            pass
+        try:
+            policy = parse_policy(value)
+        except HedgePolicyError as exc:
+            raise InvalidArgument(str(exc), field=f"headers.{H.HEDGE}") from None
+        if len(self._policy_cache) < _MAX_POLICY_CACHE:
+            self._policy_cache[value] = policy
+        return policy
+
+    async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id, rid,
+                               hedge_policy) -> None:
+        try:
+            cached = None
+            wait_s = min(self.config.l2_timeout_ms / 1000.0, max(deadline - time.monotonic(), 0.0))
             try:
-                cached = await asyncio.wait_for(self.redis.get(f"{self.subjects.prefix}:{key}"), self.config.l2_timeout_ms / 1000.0)
+                cached = await asyncio.wait_for(self.redis.get(f"{self.subjects.prefix}:{key}"), wait_s)
+            except asyncio.TimeoutError:
+                self.counts["l2_timeouts"] += 1
             except Exception:
-                cached = None
+                self.counts["l2_errors"] += 1
             if cached is not None:
                 self.counts["l2_hits"] += 1
                 self.l1.put(key, cached, ttl_ms)
                 await self._reply_cached(msg.reply, cached, req_id, ct, hdrs, "l2", t0)
                 return
-            await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms)
+            if deadline <= time.monotonic():
+                raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
+            await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy)
         except InferbusError as err:
+            self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, hdrs.get(H.REQUEST_ID))
         except Exception as exc:
+            self.counts["errors"] += 1
             await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, hdrs.get(H.REQUEST_ID))
 
     async def _reply_cached(self, reply: str, cached: bytes, req_id, ct, hdrs, level: str, t0: float) -> None:
@@ -218,14 +344,37 @@ class Ingress:
             out_h[H.REQUEST_ID] = rid
         await self.nc.publish(reply, encode_response(resp, ct), headers=out_h)
 
-    async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms) -> None:
+    def _sticky(self, rid: str | None, model_key: str, now: float):
+        """The worker still holding a pending copy of request ``rid``, if it can take the retry."""
+        if rid is None:
+            return None
+        seq = self._by_rid.get(rid)
+        p = self.pending.get(seq) if seq is not None else None
+        if p is None or p.model_key != model_key:
+            return None
+        w = self.router.workers.get(p.worker_id)
+        if w is None or not self.router.live(w, now) or now - w.last_report > _STICKY_REPORT_AGE_S:
+            return None
+        if not w.breaker.allows(now):
+            return None
+        return w
+
+    async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
+                       hedge_policy=None) -> None:
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
         now = time.monotonic()
-        w = self.router.pick(mv.key, now)
+        w = self._sticky(rid, mv.key, now)
+        if w is not None:
+            self.counts["sticky_retries"] += 1
+            hedge_policy = None  # a retry joins the copy already running; it is not hedged again
+        else:
+            w = self.router.pick(mv.key, now)
         if w is None:
-            raise Unavailable(f"no live worker has {mv.key} loaded", field="model")
+            self.counts["unavailable"] += 1
+            raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",
+                              field="model", retry_after_ms=50)
         seq = next(self._seq)
         fwd = {
             H.MSG_TYPE: FORWARD_TAG, H.SEQ: str(seq), H.INGRESS: self.config.ingress_id,
@@ -240,15 +389,105 @@ class Ingress:
             v = hdrs.get(name)
             if v:
                 fwd[name] = v
+        if rid and H.REQUEST_ID not in fwd:
+            fwd[H.REQUEST_ID] = rid  # the body's id is the idempotency key when the header is absent
         if key is not None:
             fwd[H.CACHE_KEY] = key
         self.fencing.stamp(fwd)
-        self.pending[seq] = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID))
-        self.router.on_sent(w)
-        await self.nc.publish(self.subjects.worker(w.worker_id), msg.data, reply=msg.reply, headers=fwd)
+        body = msg.data
+        max_payload = self.nc.max_payload or 0
+        if max_payload and len(body) + H.header_bytes(fwd) > max_payload:
+            self.counts["too_large"] += 1
+            raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's max_payload "
+                                  f"({max_payload} bytes)")
+        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key)
+        self.pending[seq] = p
+        if rid:
+            self._by_rid[rid] = seq
+        p.probe = self.router.on_sent(w)
+        self.hedge_budget.on_request()
+        if hedge_policy is not None:
+            self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now)
+        await self.nc.publish(self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=fwd)
         self.counts["ok_forwarded"] += 1
 
+    # ---- hedging ------------------------------------------------------------------------------
+    def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: dict, deadline: float, now: float) -> None:
+        kind, value = policy
+        if kind == "fixed":
+            delay_ms = value
+        else:
+            lw = self._latency.get(p.model_key)
+            q_us = lw.quantile(value, now) if lw is not None else None
+            if q_us is None:
+                return  # too few observations yet
+            delay_ms = q_us / 1000.0
+        delay_ms = max(delay_ms, MIN_DELAY_MS)
+        if delay_ms >= H.remaining_ms(deadline, now):
+            return  # the hedge could never answer within the budget
+        h = _Hedge(policy, body, fwd, now, p.model_key)
+        h.seqs.append(seq)
+        p.hedge = h
+        h.timer = asyncio.get_running_loop().call_later(delay_ms / 1000.0, self._fire_hedge, seq)
+
+    def _fire_hedge(self, seq: int) -> None:
+        p = self.pending.get(seq)
+        if p is None or p.hedge is None or p.hedge.done:
+            return
+        asyncio.ensure_future(self._send_hedge(seq, p))
+
+    async def _send_hedge(self, seq: int, p: Pending) -> None:
+        h = p.hedge
+        now = time.monotonic()
+        if h is None or h.done or len(h.seqs) > 1 or p.deadline <= now:
+            return
+        w = self.router.pick(h.model_key, now, exclude=p.worker_id)
+        if w is None or not self.hedge_budget.try_spend():
+            return
+        seq2 = next(self._seq)
+        fwd = dict(h.fwd)
+        fwd[H.SEQ] = str(seq2)
+        fwd[H.TIMEOUT_MS] = H.format_ms(H.remaining_ms(p.deadline, now))
+        fwd[H.HEDGE] = "copy"
+        p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
+                     p.model_key, hedge=h)
+        self.pending[seq2] = p2
+        h.seqs.append(seq2)
+        p2.probe = self.router.on_sent(w)
+        self.counts["hedges"] += 1
+        try:
+            await self.nc.publish(self.subjects.worker(w.worker_id), h.body, reply=p.reply, headers=fwd)
+        except Exception as exc:
+            log(f"ingress {self.config.ingress_id}: hedge publish failed: {exc!r}")
+
+    async def _settle_hedge(self, h: _Hedge, winner_seq: int, now: float) -> None:
+        """The first completion of a hedged request arrived: cancel the other copy."""
+        h.done = True
+        if h.timer is not None:
+            h.timer.cancel()
+        if winner_seq != h.seqs[0]:
+            self.counts["hedge_wins"] += 1
+        h.body = b""  # let the request bytes go
+        by_worker: dict[str, list[int]] = {}
+        for s in h.seqs:
+            q = self.pending.get(s)
+            if s != winner_seq and q is not None:
+                by_worker.setdefault(q.worker_id, []).append(s)
+        for wid, seqs in by_worker.items():
+            self.counts["hedge_cancels"] += len(seqs)
+            try:
+                await self.nc.publish(control_subject(self.subjects.prefix, wid),
+                                      encode_internal(Cancel(self.config.ingress_id, seqs)))
+            except Exception:
+                pass
+
     # ---- control path -------------------------------------------------------------------------
+    def _pop(self, seq: int) -> Pending | None:
+        p = self.pending.pop(seq, None)
+        if p is not None and p.request_id is not None and self._by_rid.get(p.request_id) == seq:
+            del self._by_rid[p.request_id]
+        return p
+
     async def _on_done(self, msg) -> None:
         try:
             notice = decode_internal(msg.data)
@@ -258,15 +497,30 @@ class Ingress:
             return
         now = time.monotonic()
         for item in notice.items:
-            p = self.pending.pop(item.seq, None)
+            p = self._pop(item.seq)
             if p is None:
                 continue
-            self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, item.server_error)
+            latency_us = (now - p.t_fwd) * 1e6
+            self.router.on_done(p.worker_id, latency_us, outcome=_outcome(item), probe=p.probe, now=now)
+            h = p.hedge
+            if h is not None:
+                if not h.done and item.code != "CANCELLED":
+                    await self._settle_hedge(h, item.seq, now)
+                    if item.ok:
+                        self._observe(p.model_key, (now - h.t_first) * 1e6)
+            elif item.ok:
+                self._observe(p.model_key, latency_us)
             if item.ok and item.response is not None and p.cache_key is not None:
                 self.l1.put(p.cache_key, item.response, p.ttl_ms, now)
                 if self.config.redis_url:
                     await self.nc.publish(self.subjects.cache_fill,
                                           encode_internal(CacheFill(p.cache_key, p.ttl_ms, item.response)))
+
+    def _observe(self, model_key: str, latency_us: float) -> None:
+        lw = self._latency.get(model_key)
+        if lw is None:
+            lw = self._latency[model_key] = LatencyWindow()
+        lw.add(latency_us)
 
     async def _on_load(self, msg) -> None:
         try:
@@ -284,26 +538,49 @@ class Ingress:
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
             self.router.on_down(ev.worker_id, ev.pid)
             await self._fail_pending(ev.worker_id, Unavailable(
-                f"worker {ev.worker_id} died ({ev.reason}) holding this request; safe to retry"))
+                f"worker {ev.worker_id} died ({ev.reason}) holding this request; safe to retry", retry_after_ms=0))
 
-    async def _fail_pending(self, worker_id: str, err: InferbusError) -> None:
+    async def _fail_pending(self, worker_id: str, err: InferbusError) -> int:
+        """Answer every request pending at ``worker_id`` with ``err`` (a hedge copy still running elsewhere
+        answers instead). Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
         for s in victims:
-            p = self.pending.pop(s)
+            p = self._pop(s)
+            h = p.hedge
+            if h is not None and not h.done and any(
+                    q in self.pending and self.pending[q].worker_id != worker_id for q in h.seqs):
+                continue  # the other copy may still answer; the client's budget covers the rest
+            if h is not None and h.timer is not None and not h.done:
+                h.done = True
+                h.timer.cancel()
             await self._error(p.reply, err, p.content_type, p.request_id)
+        return len(victims)
 
     async def _sweeper(self) -> None:
         while True:
             await asyncio.sleep(_SWEEP_PERIOD_S)
-            now = time.monotonic()
-            stale = [s for s, p in self.pending.items() if p.deadline + _PENDING_GRACE_S < now]
-            for s in stale:
-                p = self.pending.pop(s)
-                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, server_error=True)
-            # a worker that stopped reporting (hung, partitioned) is failed like a dead one
-            for w in list(self.router.workers.values()):
-                if w.alive and w.last_report and now - w.last_report > self.config.health_timeout_s:
-                    await self._fail_pending(w.worker_id, Unavailable(f"worker {w.worker_id} stopped reporting"))
+            try:
+                await self._sweep()
+            except Exception as exc:  # keep sweeping whatever one pass hit
+                log(f"ingress {self.config.ingress_id}: sweep failed: {exc!r}")
+
+    async def _sweep(self) -> None:
+        now = time.monotonic()
+        grace = self.config.pending_grace_s
+        stale = [s for s, p in self.pending.items() if p.deadline + grace < now]
+        for s in stale:
+            p = self._pop(s)
+            self.counts["lost"] += 1
+            # no completion long after the deadline: the worker lost it (hung, partitioned): a failure
+            self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=SERVER_ERROR, probe=p.probe, now=now)
+        # a worker that stopped reporting (hung, partitioned) is failed like a dead one
+        for w in list(self.router.workers.values()):
+            if w.alive and w.last_report and now - w.last_report > self.config.health_timeout_s:
+                n = await self._fail_pending(w.worker_id, Unavailable(
+                    f"worker {w.worker_id} stopped reporting; safe to retry", retry_after_ms=0))
+                if n:
+                    w.in_flight = 0
+                    self.router.on_silent(w.worker_id, now)
 
     async def _on_models(self, msg) -> None:
         subj = msg.subject
@@ -320,27 +597,54 @@ class Ingress:
         await self.nc.publish(msg.reply, body)
 
     def health(self) -> Health:
-        ready_models = self.router.ready_models()
+        """Live/ready and the serving state: per-worker health and breaker, limits, hedging, cache."""
+        now = time.monotonic()
+        ready_models = self.router.ready_models(now)
         wanted = {m.version(None).key for m in self.repo}
-        return Health(live=True, ready=wanted <= ready_models, parameters={
-            "ingress_id": self.config.ingress_id, "models_ready": sorted(ready_models),
-            "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, time.monotonic())),
+        latency = {}
+        for k, lw in self._latency.items():
+            p50, p95 = lw.quantile(0.5, now), lw.quantile(0.95, now)
+            latency[k] = {"p50_ms": None if p50 is None else round(p50 / 1000, 3),
+                          "p95_ms": None if p95 is None else round(p95 / 1000, 3), "samples": len(lw.samples)}
+        params = {
+            "ingress_id": self.config.ingress_id, "pid": os.getpid(), "models_ready": sorted(ready_models),
+            "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, now)),
             "pending": len(self.pending), "l1_entries": len(self.l1),
-        })
+            "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
+            "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
+        }
+        if self.redis is not None:
+            pool = self.redis.connection_pool
+            params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))
+            params["l2_pool_size"] = self.config.l2_pool_size
+        return Health(live=True, ready=wanted <= ready_models, parameters=params)
 
     async def _on_health(self, msg) -> None:
         ct = (msg.headers or {}).get(H.CONTENT_TYPE)
         await self.nc.publish(msg.reply, encode(self.health(), ct))
 
+    def _stats_data(self, endpoint_stats) -> dict:
+        """``data`` of the endpoints in ``$SRV.STATS``: breaker states and counts."""
+        if getattr(endpoint_stats, "name", "") != "infer":
+            return {}
+        st = self.router.status()
+        return {"breakers": {k: v["breaker"] for k, v in st.items()},
+                "health": {k: v["health"] for k, v in st.items()}, "counts": dict(self.counts)}
+
     async def run(self) -> None:
         """Connect, subscribe (internal subjects first, public last), announce readiness, serve."""
         set_affinity(self.config.cpu_affinity)
         self.nc = await connect(self.config.bus, name=f"ingress-{self.config.ingress_id}")
+        if not self.max_request_bytes:
+            self.max_request_bytes = self.nc.max_payload or 8 * 1024 * 1024
         if self.config.redis_url and self.config.l2_lookup:
             import redis.asyncio as aioredis
 
-            self.redis = aioredis.from_url(self.config.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                           max_connections=64)
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.config.redis_url, max_connections=self.config.l2_pool_size,
+                timeout=max(self.config.l2_timeout_ms / 1000.0, 0.001), socket_timeout=0.5,
+                socket_connect_timeout=0.5)
+            self.redis = aioredis.Redis(connection_pool=pool)
         s = self.subjects
         await self.nc.subscribe(s.load, cb=self._on_load)
         await self.nc.subscribe(s.events, cb=self._on_event)
@@ -350,7 +654,7 @@ class Ingress:
 
         svc = await add_service(self.nc, name="inferbus-ingress", version="0.1.0",
                                 description="inferbus ingress (request actor + router)",
-                                metadata={"ingress_id": self.config.ingress_id})
+                                metadata={"ingress_id": self.config.ingress_id}, stats_handler=self._stats_data)
         q = s.ingress_queue
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))

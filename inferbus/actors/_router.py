@@ -43,6 +43,8 @@ from ..schemas._internal import LoadReport
 from ._breaker import BreakerState, CircuitBreaker
 
 FULL_SCAN_MAX = 8
+EXPLORE = 0.1
+"""Share of picks made at random among workers of equal expected delay (instead of by their own EWMA)."""
 _EWMA_ALPHA = 0.2
 
 #: Outcomes of a forwarded request, as the router counts them (see _breaker).
@@ -217,6 +219,13 @@ class Router:
         key = lambda w: ((w.in_flight + w.queue_depth + 1) * speed.get((w.device_kind, w.backend), floor),  # noqa: E731
                          w.score())
         if len(cands) <= FULL_SCAN_MAX:
+            if len(cands) > 1 and self._rng.random() < EXPLORE:
+                # equal expected delay: now and then ignore the worker's own EWMA (the last tie-break),
+                # so a worker that looks slow (cold after a restart) still gets traffic at low load
+                best = min(key(w)[0] for w in cands)
+                tied = [w for w in cands if key(w)[0] == best]
+                if len(tied) > 1:
+                    return self._rng.choice(tied)
             return min(cands, key=key)
         a, b = self._rng.sample(cands, 2)
         return a if key(a) <= key(b) else b
