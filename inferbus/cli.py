@@ -48,6 +48,10 @@ def _models_dir(models: Optional[Path]) -> str:
     return str((models or default_models_dir()).resolve())
 
 
+_REL = "Reliability"
+_SEC = "Security"
+
+
 @app.command()
 def up(
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
@@ -68,9 +72,55 @@ def up(
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help="Seconds per demo load step."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON here."),
+    # reliability (docs/failure-semantics.md)
+    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s).", rich_help_panel=_REL),
+    max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy.", rich_help_panel=_REL),
+    min_window_requests: int = typer.Option(100, help="Requests in a worker's window before its error rate is judged.", rich_help_panel=_REL),
+    health_window_s: float = typer.Option(10.0, help="Sliding window of the workers' error rate (s).", rich_help_panel=_REL),
+    breaker_failures: int = typer.Option(5, help="Consecutive failures that open a worker's circuit breaker.", rich_help_panel=_REL),
+    breaker_open_s: float = typer.Option(30.0, help="Seconds a breaker stays open before one probe (half-open).", rich_help_panel=_REL),
+    rate_limit: float = typer.Option(0.0, help="Requests/s this node admits (token bucket; 0 = off).", rich_help_panel=_REL),
+    rate_burst: float = typer.Option(0.0, help="Bucket capacity (requests) above the rate: R req/s for T s needs (R - rate) * T.", rich_help_panel=_REL),
+    client_rate_limit: float = typer.Option(0.0, help="Requests/s per Inferbus-Client-Id (0 = off).", rich_help_panel=_REL),
+    client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests).", rich_help_panel=_REL),
+    hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request (0..1).", rich_help_panel=_REL),
+    mailbox_size: int = typer.Option(1024, help="Worker mailbox bound; beyond it requests are shed.", rich_help_panel=_REL),
+    max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding.", rich_help_panel=_REL),
+    default_timeout_ms: float = typer.Option(1000.0, help="Budget of a request without Inferbus-Timeout-Ms (ms).", rich_help_panel=_REL),
+    l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms).", rich_help_panel=_REL),
+    l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups.", rich_help_panel=_REL),
+    max_request_bytes: int = typer.Option(0, help="Largest request body (0 = NATS max_payload).", rich_help_panel=_REL),
+    max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body).", rich_help_panel=_REL),
+    nats_max_payload: int = typer.Option(8 * 1024 * 1024, help="max_payload of the embedded nats-server (bytes).", rich_help_panel=_REL),
+    fault_injection: bool = typer.Option(False, hidden=True, help="Workers obey FaultSet on <p>._ctl.<worker> (tests, drills)."),
+    # security: credentials for every connection (also required by an embedded nats-server: token, user)
+    nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", rich_help_panel=_SEC),
+    nats_password: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_PASSWORD", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
+    nats_token: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_TOKEN", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
+    nats_nkey_seed: Optional[Path] = typer.Option(None, help="NKey seed file.", rich_help_panel=_SEC),
+    nats_creds: Optional[Path] = typer.Option(None, help="User credentials (.creds: JWT + NKey) file.", rich_help_panel=_SEC),
+    tls_ca: Optional[Path] = typer.Option(None, help="CA bundle that signed the NATS servers' certificates.", rich_help_panel=_SEC),
+    tls_cert: Optional[Path] = typer.Option(None, help="Client certificate (mutual TLS).", rich_help_panel=_SEC),
+    tls_key: Optional[Path] = typer.Option(None, help="Client certificate's key.", rich_help_panel=_SEC),
 ):
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
+
+    serving = dict(
+        health_timeout_s=health_timeout_s, mailbox_size=mailbox_size, nats_max_payload_bytes=nats_max_payload,
+        worker_options=dict(health_window_s=health_window_s, fault_control=fault_injection),
+        ingress_options=dict(
+            max_error_rate=max_error_rate, min_window_requests=min_window_requests, breaker_failures=breaker_failures,
+            breaker_open_s=breaker_open_s, rate_limit_per_s=rate_limit, rate_burst=rate_burst,
+            client_rate_limit_per_s=client_rate_limit, client_rate_burst=client_rate_burst,
+            hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
+            l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
+            max_tensor_bytes=max_tensor_bytes),
+        bus_options={k: str(v) for k, v in dict(
+            user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,
+            user_credentials=nats_creds, tls_ca_file=tls_ca, tls_cert_file=tls_cert, tls_key_file=tls_key).items()
+            if v is not None},
+    )
 
     if nats_url is None and nats_port and _port_busy(nats_port):
         if not demo:
@@ -81,7 +131,8 @@ def up(
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
-                     backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision)
+                     backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
+                     **serving)
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)
 
@@ -123,7 +174,7 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
     from .loadgen import Workload, closed_loop, open_loop, render_table
 
     model = "digits" if repo.get("digits") else next(iter(repo)).name
-    client = await Client.connect(node.nats_url, cfg.prefix)
+    client = await Client.connect(node.nats_url, cfg.prefix, **cfg.bus_options)
     results = []
     try:
         miss = Workload(repo, model, distinct=True)

@@ -24,6 +24,7 @@ id) instead of waiting out their budget.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,8 +44,11 @@ from .bus import BusConfig, Subjects, connect
 from .bus import headers as H
 from .schemas import (
     DeadlineExceeded, InferRequest, InferResponse, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
-    Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy, output_to_numpy, Health,
+    ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
+    output_to_numpy, Health,
 )
+
+_MAX_BACKOFF_MS = 100.0
 
 
 @dataclass
@@ -61,25 +65,51 @@ class InferResult:
 class Client:
     """An inferbus client on one NATS connection.
 
+    Retries (:meth:`request`): UNAVAILABLE (an error reply, NATS "no responders", a lost
+    connection) is retried with the same request id while the budget lasts, so the
+    servers can deduplicate it (a worker computes one request id once). The pause
+    before retry n is exponential with "equal jitter" (Brooker, "Exponential Backoff
+    And Jitter", AWS Architecture Blog, 2015): ``b/2 + uniform(0, b/2)`` with
+    ``b = min(retry_backoff_ms * 2**(n-1), 100 ms)``; a server hint (``retry_after_ms``)
+    replaces the first pause. RESOURCE_EXHAUSTED is retried only with
+    ``retry_resource_exhausted=True``, after its ``retry_after_ms`` and only if that
+    fits in the budget (retrying into a rate limit only makes it worse).
+
     Args:
         nc: a connected nats-py client (the Client does not own it unless made by :meth:`connect`).
         prefix: subject prefix of the deployment (default ``inferbus``).
-        retry_backoff_ms: pause between retries of UNAVAILABLE, ms.
+        retry_backoff_ms: base pause between retries, ms (default 5).
         retry_unavailable: retry UNAVAILABLE within the budget (default True); False raises it at once.
+        retry_resource_exhausted: also retry RESOURCE_EXHAUSTED as described (default False).
+        client_id: sent as ``Inferbus-Client-Id`` on every request (per-client rate limits); None sends none.
     """
 
     def __init__(self, nc, prefix: str = "inferbus", *, retry_backoff_ms: float = 5.0,
-                 retry_unavailable: bool = True, owns_connection: bool = False):
+                 retry_unavailable: bool = True, owns_connection: bool = False,
+                 retry_resource_exhausted: bool = False, client_id: str | None = None):
         self.nc = nc
         self.retry_unavailable = retry_unavailable
+        self.retry_resource_exhausted = retry_resource_exhausted
+        self.client_id = client_id
         self.subjects = Subjects(prefix)
         self.retry_backoff_ms = retry_backoff_ms
         self._owns = owns_connection
+        self._rng = random.Random()
 
     @classmethod
     async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
-                      *, retry_unavailable: bool = True, **bus_options) -> "Client":
-        """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`)."""
+                      *, retry_unavailable: bool = True, client_id: str | None = None,
+                      retry_resource_exhausted: bool = False, **bus_options) -> "Client":
+        """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
+
+        ``bus_options`` are :class:`~inferbus.bus.BusConfig` fields, among them the
+        credentials: ``user``/``password``, ``token``, ``nkeys_seed`` (file),
+        ``user_credentials`` (``.creds`` file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
+
+        Raises:
+            nats.errors.NoServersError (and other nats-py connect errors): no server
+            reachable, or the server refused the credentials.
+        """
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",")]
         cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client",
@@ -91,7 +121,8 @@ class Client:
                 holder[0]._connection_lost()
 
         nc = await connect(cfg, disconnected_cb=on_disconnect)
-        client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True)
+        client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
+                     retry_resource_exhausted=retry_resource_exhausted)
         holder.append(client)
         return client
 
@@ -117,7 +148,8 @@ class Client:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
                     outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
-                    raw: bool = True, parameters: dict | None = None, json: bool = False) -> dict[str, np.ndarray]:
+                    raw: bool = True, parameters: dict | None = None, json: bool = False,
+                    hedge: str | float | None = None) -> dict[str, np.ndarray]:
         """Run ``model`` on ``inputs`` and return its outputs as numpy arrays.
 
         Args:
@@ -129,6 +161,10 @@ class Client:
             request_id: idempotency key (a UUID4 when None), reused across retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
+            hedge: hedge policy for this request, sent as ``Inferbus-Hedge``: a delay in ms
+                (e.g. ``20``), ``"p95"``/``"p99"``/``"auto"`` (the model's observed quantile) or
+                ``"off"``; None = the model's configured policy. A hedged request is sent to a
+                second worker after the delay; the first answer wins; the model runs at most twice.
 
         Returns:
             ``{output name: np.ndarray}``.
@@ -138,12 +174,13 @@ class Client:
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
         res = await self.infer_result(model, inputs, version=version, outputs=outputs, timeout_s=timeout_s,
-                                      request_id=request_id, raw=raw, parameters=parameters, json=json)
+                                      request_id=request_id, raw=raw, parameters=parameters, json=json, hedge=hedge)
         return res.outputs
 
     async def infer_result(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
                            outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
-                           raw: bool = True, parameters: dict | None = None, json: bool = False) -> InferResult:
+                           raw: bool = True, parameters: dict | None = None, json: bool = False,
+                           hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         rid = request_id or uuid.uuid4().hex
         req = InferRequest(
@@ -155,7 +192,8 @@ class Client:
         ct = "application/json" if json else None
         body = encode_request(req, ct)
         resp, rct = await self.request(self.subjects.infer(model, version), body, timeout_s=timeout_s,
-                                       request_id=rid, content_type=ct)
+                                       request_id=rid, content_type=ct,
+                                       headers={H.HEDGE: str(hedge)} if hedge is not None else None)
         r = decode_response(resp, rct)
         outs = {o.name: output_to_numpy(o, field=f"outputs[{i}]") for i, o in enumerate(r.outputs)}
         return InferResult(outs, r.model_name, r.model_version, r.id, dict(r.parameters or {}))
@@ -169,18 +207,24 @@ class Client:
 
         Raises:
             the typed error of an error reply; DeadlineExceeded when the budget runs out;
-            PayloadTooLarge before sending when ``body`` exceeds the server's max_payload.
+            PayloadTooLarge before sending when ``body`` plus headers exceed the server's
+            max_payload (the server would close the connection instead of answering).
         """
-        max_payload = getattr(self.nc, "max_payload", 0) or 0
-        if max_payload and len(body) > max_payload - 512:
-            raise PayloadTooLarge(f"request of {len(body)} bytes exceeds the server's max_payload ({max_payload})")
         deadline = time.monotonic() + timeout_s
         hdrs = dict(headers or {})
         if request_id:
             hdrs[H.REQUEST_ID] = request_id
         if content_type:
             hdrs[H.CONTENT_TYPE] = content_type
+        if self.client_id and H.CLIENT_ID not in hdrs:
+            hdrs[H.CLIENT_ID] = self.client_id
+        max_payload = getattr(self.nc, "max_payload", 0) or 0
+        hdrs[H.TIMEOUT_MS] = H.format_ms(timeout_s * 1000.0)
+        if max_payload and len(body) + H.header_bytes(hdrs) + 16 > max_payload:
+            raise PayloadTooLarge(f"request of {len(body)} bytes (plus headers) exceeds the server's max_payload "
+                                  f"({max_payload} bytes)")
         last_err: Exception | None = None
+        attempt = 0
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
@@ -199,16 +243,29 @@ class Client:
                 err = decode_error(msg.headers, msg.data)
                 if err is None:
                     return msg.data, (msg.headers or {}).get(H.CONTENT_TYPE)
+                if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
+                    hint = float(err.retry_after_ms or self.retry_backoff_ms)
+                    if hint >= H.remaining_ms(deadline):
+                        raise err
+                    await asyncio.sleep(hint / 1000.0)
+                    continue
                 if not isinstance(err, Unavailable):
                     raise err
                 last_err = err
             # retry UNAVAILABLE within the budget, same request id
             if not self.retry_unavailable:
                 raise last_err  # type: ignore[misc]
-            pause = min(self.retry_backoff_ms / 1000.0, max(H.remaining_ms(deadline) / 1000.0, 0))
-            if H.remaining_ms(deadline) <= self.retry_backoff_ms:
+            attempt += 1
+            hint = getattr(last_err, "retry_after_ms", None)
+            if attempt == 1 and hint is not None:
+                pause_ms = float(hint)
+            else:
+                b = min(self.retry_backoff_ms * 2 ** (attempt - 1), _MAX_BACKOFF_MS)
+                pause_ms = b / 2 + self._rng.uniform(0, b / 2)
+            if H.remaining_ms(deadline) <= pause_ms:
                 raise last_err  # type: ignore[misc]
-            await asyncio.sleep(pause)
+            if pause_ms > 0:
+                await asyncio.sleep(pause_ms / 1000.0)
 
     async def models(self, timeout_s: float = 1.0) -> ModelList:
         """The served models' OIP v2 metadata (``<p>.models``)."""

@@ -7,6 +7,9 @@ def _main() -> None:
     if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator", "region"):
         sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator|region} CONFIG_JSON")
     kind, cfg = sys.argv[1], sys.argv[2]
+    if cfg.startswith("@"):  # the node passes a 0600 file (configs may hold credentials; argv is public)
+        with open(cfg[1:]) as fh:
+            cfg = fh.read()
     if kind == "worker":
         from ._worker import main
     elif kind == "ingress":

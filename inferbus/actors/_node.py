@@ -72,6 +72,17 @@ class NodeConfig:
     actors: bool = True
     """Run aggregator, workers and ingress (False: only the region manager, for election tests)."""
     bus_extra: dict = field(default_factory=dict)
+    bus_options: dict = field(default_factory=dict)
+    """:class:`BusConfig` fields for every connection: credentials (``user``/``password``, ``token``,
+    ``nkeys_seed``, ``user_credentials``) and TLS files. With an embedded nats-server, a ``token`` or
+    ``user``/``password`` is also required by that server."""
+    nats_max_payload_bytes: int = 8 * 1024 * 1024
+    """``max_payload`` of the embedded nats-server (largest message, headers included)."""
+    worker_options: dict = field(default_factory=dict)
+    """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
+    ingress_options: dict = field(default_factory=dict)
+    """Further :class:`IngressConfig` fields for every ingress. ``rate_limit_per_s`` and ``rate_burst`` are
+    for the node: each of the ``ingress`` replicas enforces its share."""
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
@@ -122,7 +133,12 @@ class Node:
         return plan_workers(tuple(backends), self.discovery, self.n_workers)
 
     def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None) -> ChildSpec:
-        argv = [sys.executable, "-m", "inferbus.actors", kind, cfg_json]
+        # the config travels in a file only we can read, not on the command line: it may hold credentials
+        cfg_path = log_dir / f"{child_id.replace(':', '-')}.config.json"
+        fd = os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(cfg_json)
+        argv = [sys.executable, "-m", "inferbus.actors", kind, f"@{cfg_path}"]
         full_env = {**os.environ, **env} if env else None  # device isolation (CUDA_VISIBLE_DEVICES, TPU_*)
 
         async def start():
@@ -166,7 +182,9 @@ class Node:
             run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
         if self.nats_url is None:
-            self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}")
+            self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
+                                     max_payload_bytes=c.nats_max_payload_bytes,
+                                     extra_config=_auth_config(c.bus_options))
             await asyncio.to_thread(self.nats.start)
             self.nats_url = self.nats.url
         if self.redis_url is None and not c.no_cache:
@@ -174,7 +192,8 @@ class Node:
             await asyncio.to_thread(self.valkey.start)
             self.redis_url = self.valkey.url
         redis_url = None if c.no_cache else self.redis_url
-        bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra))
+        bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra),
+                        **c.bus_options)
         self.nc = await connect(bus, name=f"node-{c.node_id}")
         ncpu = os.cpu_count() or 1
         children = []
@@ -193,12 +212,13 @@ class Node:
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
-                              cpu_affinity=(i % ncpu,) if c.pin_cpus else ())
+                              cpu_affinity=(i % ncpu,) if c.pin_cpus else (), **c.worker_options)
             children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
         for j in range(c.ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
-                               cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else ())
+                               cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
+                               **_per_replica(c.ingress_options, c.ingress))
             children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
                                                     period_s=c.period_s),
@@ -270,3 +290,24 @@ class Node:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+
+def _auth_config(bus_options: dict) -> str:
+    """nats-server ``authorization`` block for an embedded server from a token or user/password (else "")."""
+    import json
+
+    token, user = bus_options.get("token"), bus_options.get("user")
+    if token:
+        return f"authorization {{ token: {json.dumps(token)} }}"
+    if user:
+        return f"authorization {{ user: {json.dumps(user)}, password: {json.dumps(bus_options.get('password') or '')} }}"
+    return ""
+
+
+def _per_replica(ingress_options: dict, replicas: int) -> dict:
+    """Ingress options with the node-wide global rate limit split across ``replicas``."""
+    out = dict(ingress_options)
+    for k in ("rate_limit_per_s", "rate_burst"):
+        if out.get(k):
+            out[k] = out[k] / replicas
+    return out
