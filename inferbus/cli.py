@@ -281,7 +281,10 @@ def bench(
     model: str = typer.Argument("digits"),
     nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
     models: Optional[Path] = typer.Option(None, help="Model repository (for inputs and the reference)."),
+    version: Optional[str] = typer.Option(None, help="Model version (default: the model's default)."),
     workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
+    ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
+    gens: int = typer.Option(1, help="Load-generator processes."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
     duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
@@ -289,42 +292,22 @@ def bench(
     timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds."),
     prefix: str = typer.Option("inferbus"),
     json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    suite: bool = typer.Option(False, "--suite", help="Run the benchmark suite of ./bench (floors, peer, ratios, plot)."),
+    profile: str = typer.Option("quick", help="With --suite: tiny, quick, full or throughput."),
+    out: Optional[Path] = typer.Option(None, help="With --suite: write the JSON here (and the PNG next to it)."),
 ):
-    """Closed-loop (concurrency) and open-loop (fixed rate) load, HDR percentiles, every answer checked."""
-    from .actors import ModelRepository, Node, NodeConfig
+    """Closed-loop (concurrency) and open-loop (fixed rate) load from generator processes, HDR percentiles,
+    every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md)."""
+    from ._cli_bench import run_load_sync, run_suite
 
-    mdir = _models_dir(models)
-
-    async def go():
-        from .client import Client
-        from .loadgen import Workload, closed_loop, open_loop
-
-        node = None
-        url = nats_url
-        if url is None:
-            node = Node(NodeConfig(models_dir=mdir, workers=workers, nats_port=0))
-            await node.start()
-            await node.wait_ready(60)
-            url = node.nats_url
-        try:
-            repo = ModelRepository(mdir)
-            work = Workload(repo, model, distinct=not hit)
-            client = await Client.connect(url, prefix)
-            out = []
-            try:
-                await closed_loop(client, work, concurrency=4, duration_s=min(1.0, duration_s))
-                for c in [int(x) for x in concurrency.split(",") if x.strip()]:
-                    out.append(await closed_loop(client, work, concurrency=c, duration_s=duration_s, timeout_s=timeout_s))
-                for r in [float(x) for x in rate.split(",") if x.strip()]:
-                    out.append(await open_loop(client, work, rate_qps=r, duration_s=duration_s, timeout_s=timeout_s))
-            finally:
-                await client.close()
-            return out
-        finally:
-            if node is not None:
-                await node.stop()
-
-    results = _run(go())
+    if suite:
+        args = ["--profile", profile] + (["--json", str(out)] if out else [])
+        raise typer.Exit(run_suite(args))
+    results = run_load_sync(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
+                            workers=workers, ingress=ingress, gens=gens,
+                            concurrency=[int(x) for x in concurrency.split(",") if x.strip()],
+                            rates=[float(x) for x in rate.split(",") if x.strip()], duration_s=duration_s, hit=hit,
+                            timeout_s=timeout_s, prefix=prefix)
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

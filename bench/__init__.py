@@ -1,0 +1,1 @@
+"""inferbus benchmark suite: python -m bench.suite (see bench/suite.py)."""

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call (DESIGN §11: absolute figures only from the H200 host). Usage, from the repo root:
+#   bash bench/device_run.sh [all|throughput]     results (JSON, PNG, log) under $OUT
+# all: throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
+set -u
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+what=${1:-all}
+{
+  date -u; nproc; grep -m1 "model name" /proc/cpuinfo; python3 --version
+  python3 -c "import onnxruntime, nats, msgspec, uvloop; print('onnxruntime', onnxruntime.__version__, 'nats-py', nats.__version__, 'msgspec', msgspec.__version__, 'uvloop', uvloop.__version__)"
+  command -v nats-server py-spy
+  timeout 330 python3 -m bench.suite --profile throughput --ray --json "$OUT/throughput.json" || echo "throughput suite failed: $?"
+  if [ "$what" = all ]; then
+    timeout 150 python3 -m bench.suite --profile quick --workers 2 --ingress 1 --gens 2 --pin --json "$OUT/quick.json" || echo "quick suite failed: $?"
+    timeout 60 python3 -m bench.micro --json "$OUT/micro.json" || echo "micro failed: $?"
+    timeout 60 python3 -m bench.profile_hotpath --seconds 6 --workers 2 --gens 2 --concurrency 128 --no-l2 --out /tmp/prof \
+      && tar czf "$OUT/profile.tgz" -C /tmp/prof . || echo "profile failed: $?"
+  fi
+} 2>&1 | tee "$OUT/log.txt"

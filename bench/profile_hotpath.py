@@ -1,0 +1,168 @@
+"""Profile the hot path under load with py-spy: ingress, worker, a load generator and an echo responder.
+
+    python -m bench.profile_hotpath --seconds 10 --concurrency 64 --out bench/results/profile
+
+Starts one nats-server, a node (1 ingress, 1 worker by default), echo
+responders and generator processes as the suite does, drives a closed loop of
+cache misses (then of echo requests) and samples each process with
+``py-spy record --nonblocking --format raw`` (collapsed stacks). Writes the raw
+stacks per process and prints, per process, the functions with the most
+samples on top of the stack (self) and anywhere on it (inclusive), as shares
+of the samples. ``py-spy`` must be installed (``pip install py-spy``) and
+allowed to read other processes (root, or ptrace permitted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from inferbus.actors import Node, NodeConfig
+from inferbus.bus import EmbeddedNats
+from inferbus.loadgen import EchoPool, GeneratorPool
+
+ROOT = Path(__file__).resolve().parents[1]
+_FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:]+)(?::(?P<line>\d+))?\)$")
+
+
+def _short(frame: str) -> str:
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    f = m["file"]
+    for marker in ("site-packages/", "lib/python3", "/inferbus/", "/bench/"):
+        if marker in f:
+            f = f.split(marker, 1)[1]
+            break
+    return f"{m['func']} ({f})"
+
+
+def summarize(raw: Path, top: int = 25) -> dict:
+    """Self and inclusive sample shares per function from a py-spy raw (collapsed) file."""
+    self_c: collections.Counter = collections.Counter()
+    incl_c: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        frames = [_short(f) for f in stack.split(";") if f and not f.startswith("process ") and
+                  not f.startswith("thread ")]
+        if not frames:
+            continue
+        total += n
+        self_c[frames[-1]] += n
+        for f in set(frames):
+            incl_c[f] += n
+    pct = lambda c: [(k, round(100 * v / total, 1)) for k, v in c.most_common(top)]  # noqa: E731
+    return {"samples": total, "self": pct(self_c), "inclusive": pct(incl_c)}
+
+
+async def _record(pids: dict[str, int], seconds: float, out: Path, rate: int) -> dict[str, subprocess.Popen]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    procs = {}
+    for name, pid in pids.items():
+        procs[name] = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                                        "--rate", str(rate), "--nonblocking", "--format", "raw",
+                                        "--output", str(out / f"{name}.txt")],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return procs
+
+
+async def run(a) -> dict:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mdir = str(ROOT / "models")
+    tmp = tempfile.TemporaryDirectory(prefix="inferbus-prof-")
+    nats = EmbeddedNats(run_dir=Path(tmp.name) / "nats")
+    nats.start()
+    node = None
+    report = {}
+    try:
+        echo = EchoPool(1, nats.url, "bench.echo", log_dir=Path(tmp.name))
+        await echo.start()
+        node = Node(NodeConfig(models_dir=mdir, workers=a.workers, ingress=1, nats_url=nats.url, models=(a.model,),
+                               no_cache=not a.l2, run_dir=str(Path(tmp.name) / "node")))
+        await node.start()
+        await node.wait_ready(120)
+        gp = GeneratorPool(a.gens, nats.url, mdir, pool=8192, log_dir=Path(tmp.name))
+        await gp.start()
+        try:
+            miss = {"kind": "inferbus", "name": "inferbus", "model": a.model, "version": "1", "distinct": True}
+            e = {"kind": "echo", "name": "echo", "model": a.model, "version": "1", "subject": "bench.echo"}
+            await gp.prepare([miss, e])
+            await gp.step(miss, mode="closed", concurrency=8, duration_s=1)
+            pids = {c.id.split(":")[0] + "-" + c.id.split(":")[-1]: c.pid for c in node.supervisor.which_children()}
+            pids = {k: v for k, v in pids.items() if not k.startswith("aggregator")}
+            pids["loadgen"] = gp.children[0].proc.pid
+            spies = await _record(pids, a.seconds, out, a.rate)
+            res = await gp.step(miss, mode=a.mode, concurrency=a.concurrency if a.mode == "closed" else None,
+                                rate=a.rate_qps if a.mode == "open" else None, duration_s=a.seconds + 1)
+            for p in spies.values():
+                p.wait()
+            report["inferbus"] = {"qps": res.qps, "p50_us": res.p50_us, "p99_us": res.p99_us,
+                                  "stages_us": res.stages_us}
+            spies = await _record({"echo": echo.children[0].proc.pid, "loadgen-echo": gp.children[0].proc.pid},
+                                  a.seconds, out, a.rate)
+            res = await gp.step(e, mode=a.mode, concurrency=a.concurrency if a.mode == "closed" else None,
+                                rate=a.rate_qps if a.mode == "open" else None, duration_s=a.seconds + 1)
+            for p in spies.values():
+                p.wait()
+            report["echo"] = {"qps": res.qps, "p50_us": res.p50_us, "p99_us": res.p99_us}
+        finally:
+            await gp.close()
+            await echo.close()
+    finally:
+        if node is not None:
+            await node.stop()
+        nats.stop()
+        tmp.cleanup()
+    for f in sorted(out.glob("*.txt")):
+        report[f.stem + " profile"] = summarize(f, a.top)
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.profile_hotpath", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--mode", choices=("closed", "open"), default="closed")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--rate-qps", type=float, default=1000)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--gens", type=int, default=1)
+    p.add_argument("--model", default="digits")
+    p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))
+    a = p.parse_args(argv)
+    import json
+
+    import uvloop
+
+    report = uvloop.run(run(a))
+    for k, v in report.items():
+        if k.endswith("profile"):
+            print(f"\n== {k} ({v['samples']} samples) — self %")
+            for f, pc in v["self"]:
+                print(f"  {pc:5.1f}  {f}")
+            print(f"-- inclusive %")
+            for f, pc in v["inclusive"][:15]:
+                print(f"  {pc:5.1f}  {f}")
+        else:
+            print(k, json.dumps(v))
+    (Path(a.out) / "summary.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

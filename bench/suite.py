@@ -1,0 +1,563 @@
+"""The benchmark suite: floors, inferbus end to end, and a peer, in ONE run on ONE nats-server.
+
+Run from the repository root::
+
+    python -m bench.suite --json bench/results/<name>.json            # 'quick' profile
+    python -m bench.suite --profile throughput --json ... --png ...     # spread over the host's cores
+    inferbus bench --suite ...                                          # the same, through the CLI
+
+What one run measures (DESIGN §11: ratios from one run, absolute times only from the H200 host):
+
+* floors: a raw NATS echo (nats-py responders + uvloop, the same bodies and
+  headers as inferbus requests) and the model's in-process time (ONNX Runtime,
+  the worker's session options);
+* inferbus end to end: cache misses (distinct inputs) and hits (one repeated
+  input); closed loop at each concurrency, then open-loop rate sweeps up to
+  saturation for the echo and for inferbus, each step judged answer by answer;
+* a half-load pair (inferbus and echo at half of inferbus's saturation rate)
+  for the latency targets;
+* the peer: Ray Serve with the same model, same bodies, same generator
+  (skipped, with the reason, when ``ray[serve]`` is absent);
+* per step: CPU µs per request of each process group (nats-server, echo,
+  ingress, worker, aggregator, valkey, generators), and the mean hop-by-hop
+  stages of the answers' ``parameters.timings_us``.
+
+Load comes from :class:`inferbus.loadgen.GeneratorPool` processes, never from the
+process that hosts the node. The output is one JSON document (see ``summarize``),
+a ratio table on stdout and a latency-vs-load PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
+from inferbus.bus import EmbeddedNats  # noqa: E402
+from inferbus.loadgen import BenchResult, EchoPool, GeneratorPool, Workload  # noqa: E402
+
+from .floors import CpuSampler, model_floor  # noqa: E402
+
+ECHO_SUBJECT = "bench.echo"
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """One suite run. Durations in seconds, rates in requests/s, latencies in µs."""
+
+    profile: str = "quick"
+    model: str = "digits"
+    version: str = "1"
+    models_dir: str = str(ROOT / "models")
+    workers: int = 1
+    """Worker processes of the node."""
+    ingress: int = 1
+    """Ingress processes (one queue group)."""
+    gens: int = 1
+    """Load-generator processes."""
+    echo: int = 0
+    """Echo responder processes (0 = as many as ingress + workers: the same processes' worth of cores)."""
+    pin: bool = False
+    """Pin workers, ingress, echo responders and generators to cores."""
+    l2: bool = True
+    """Run the node with its L2 cache (Valkey + aggregator fills), as ``inferbus up`` does."""
+    duration_s: float = 3.0
+    warmup_s: float = 1.0
+    timeout_s: float = 1.0
+    closed: tuple[int, ...] = (1, 8, 64)
+    sweep: bool = True
+    """Open-loop rate sweeps to saturation (else one step at each of ``open_rates``)."""
+    open_rates: tuple[float, ...] = ()
+    sweep_start_frac: float = 0.25
+    """First rate of a sweep as a fraction of the closed loop's best QPS."""
+    sweep_factor: float = 1.5
+    sweep_max_steps: int = 8
+    refine_steps: int = 1
+    p99_limit_us: float = 5000.0
+    ray: bool = True
+    ray_replicas: int = 0
+    """0 = as many as workers."""
+    pool: int = 8192
+    floor_s: float = 2.0
+    precise: bool | None = None
+    """Open-loop pacing (None = spin only on hosts with >= 8 cores)."""
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.workers, self.ingress, self.gens) < 1 or self.echo < 0:
+            raise ValueError("SuiteConfig: workers, ingress, gens >= 1 and echo >= 0")
+        if self.duration_s <= 0 or self.sweep_factor <= 1.0:
+            raise ValueError("SuiteConfig: duration_s > 0 and sweep_factor > 1")
+
+
+def _auto_layout(n: int) -> dict:
+    """Process counts for the throughput profile on ``n`` cores.
+
+    An ingress and a worker cost about the same CPU per request (see
+    docs/performance.md), so they get equal shares; the generators about half
+    as much per request as either; what is left (a quarter of the cores or
+    more) is for nats-server, which is not pinned.
+    """
+    if n >= 48:
+        return {"gens": n // 5, "ingress": n // 4, "workers": n // 4}
+    if n >= 12:
+        return {"gens": n // 4, "ingress": n // 4, "workers": n // 4}
+    return {"gens": 1, "ingress": 1, "workers": 1}
+
+
+PROFILES: dict[str, dict] = {
+    "tiny": dict(duration_s=0.6, warmup_s=0.3, closed=(1, 8), sweep=False, open_rates=(200.0,), ray=False,
+                 pool=256, floor_s=0.4),
+    "quick": dict(),
+    "full": dict(duration_s=5.0, closed=(1, 8, 64), sweep_factor=1.3, sweep_max_steps=12, refine_steps=2),
+    "throughput": dict(pin=True, l2=False, closed=(1, 8, 64, 256), sweep_factor=1.25, sweep_max_steps=12,
+                       refine_steps=2, ray=True),
+}
+
+
+def config_for(profile: str, **overrides) -> SuiteConfig:
+    """The named profile's config with ``overrides`` (None values ignored) applied."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose from {sorted(PROFILES)}")
+    kw = dict(PROFILES[profile])
+    if profile == "throughput":
+        kw.update(_auto_layout(os.cpu_count() or 1))
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return SuiteConfig(profile=profile, **kw)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _layout(cfg: SuiteConfig) -> dict:
+    """Cores for each process when pinning: workers, then ingress (as the node pins them), then
+    generators on the last cores; echo responders share the actors' cores (they never run together)."""
+    n = os.cpu_count() or 1
+    actors = [i % n for i in range(cfg.workers + cfg.ingress)]
+    gens = [[(n - 1 - k) % n] for k in range(cfg.gens)]
+    n_echo = cfg.echo or (cfg.workers + cfg.ingress)
+    echo = [[actors[k % len(actors)]] for k in range(n_echo)]
+    return {"n_echo": n_echo, "gens": gens if cfg.pin else None, "echo": echo if cfg.pin else None}
+
+
+class Suite:
+    """One run of the suite; :meth:`run` returns the summary document."""
+
+    def __init__(self, cfg: SuiteConfig, say=print) -> None:
+        self.cfg = cfg
+        self.say = say
+        self.steps: list[dict] = []
+        self.sampler = CpuSampler()
+        self.sweeps: dict[str, dict] = {}
+        self.notes: list[str] = []
+
+    # ---- one step -------------------------------------------------------------------------
+    async def _step(self, gp: GeneratorPool, series: str, target: dict, *, mode: str, concurrency=None,
+                    rate=None, duration_s=None, timeout_s=None, record: bool = True) -> BenchResult:
+        cfg = self.cfg
+        self.sampler.mark()
+        r = await gp.step(target, mode=mode, concurrency=concurrency, rate=rate,
+                          duration_s=duration_s or cfg.duration_s, timeout_s=timeout_s or cfg.timeout_s,
+                          label=series, precise=cfg.precise)
+        cpu = self.sampler.since()
+        if record:
+            d = r.to_dict()
+            d["series"] = series
+            d["cpu_us_per_req"] = {g: round(s * 1e6 / r.requests, 1) for g, s in cpu.items()} if r.requests else {}
+            self.steps.append(d)
+            load = f"c={concurrency}" if mode == "closed" else f"{rate:.0f}/s"
+            self.say(f"  {series:14s} {mode:6s} {load:>9s}  qps {r.qps:9.0f}  p50 {r.p50_us / 1000:7.3f}  "
+                     f"p99 {r.p99_us / 1000:8.3f} ms  err {r.error_count} wrong {r.wrong} hits {r.cache_hits}"
+                     f"  lag99 {r.send_lag_p99_us / 1000:.2f} ms")
+        return r
+
+    async def _sweep(self, gp: GeneratorPool, series: str, target: dict, est_qps: float) -> dict:
+        """Open-loop rates from ``start_frac × est_qps`` up by ``sweep_factor`` until saturation; refine the
+        p99 limit crossing by bisection (geometric)."""
+        cfg = self.cfg
+        rate = max(50.0, est_qps * cfg.sweep_start_frac)
+        last_good = first_bad = None
+        saturated_at = None
+        best_sustained = 0.0
+
+        def judge(r: BenchResult, offered: float) -> tuple[bool, bool]:
+            sustained = r.requests > 0 and r.qps >= 0.95 * offered and r.timeouts == 0 \
+                and r.error_count <= 0.001 * r.requests
+            return sustained, sustained and r.p99_us < cfg.p99_limit_us
+
+        for _ in range(cfg.sweep_max_steps):
+            r = await self._step(gp, series, target, mode="open", rate=round(rate))
+            sustained, good = judge(r, rate)
+            if sustained:
+                best_sustained = max(best_sustained, rate)
+            if good:
+                last_good = rate
+            elif first_bad is None or rate < first_bad:
+                first_bad = rate
+            if not sustained:
+                saturated_at = rate
+                break
+            rate *= cfg.sweep_factor
+        for _ in range(cfg.refine_steps):
+            if not (last_good and first_bad and first_bad / last_good > 1.08):
+                break
+            mid = math.sqrt(last_good * first_bad)
+            r = await self._step(gp, series, target, mode="open", rate=round(mid))
+            sustained, good = judge(r, mid)
+            if sustained:
+                best_sustained = max(best_sustained, mid)
+            if good:
+                last_good = mid
+            else:
+                first_bad = mid
+        out = {"max_qps_p99_under_limit": round(last_good) if last_good else None,
+               "p99_limit_us": cfg.p99_limit_us, "first_rate_over_limit": round(first_bad) if first_bad else None,
+               "max_sustained_qps": round(best_sustained) if best_sustained else None,
+               "saturated_at": round(saturated_at) if saturated_at else None}
+        self.sweeps[series] = out
+        return out
+
+    # ---- the run --------------------------------------------------------------------------
+    async def run(self) -> dict:
+        cfg = self.cfg
+        t_start = time.monotonic()
+        tmp = tempfile.TemporaryDirectory(prefix="inferbus-bench-")
+        run_dir = Path(cfg.log_dir) if cfg.log_dir else Path(tmp.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        repo = ModelRepository(cfg.models_dir, [cfg.model])
+        mv = repo.get(cfg.model).version(cfg.version)
+        work = Workload(repo, cfg.model, cfg.version, pool=256, distinct=True)
+        self.say(f"floors: model in-process ({mv.path.name}, {cfg.floor_s:.1f}s) ...")
+        floors = await asyncio.to_thread(model_floor, mv.path, work.inputs, seconds=cfg.floor_s)
+        self.say(f"  model p50 {floors['model']['p50_us']:.1f} µs, p99 {floors['model']['p99_us']:.1f} µs; "
+                 f"decode+model+encode p50 {floors['inproc_pipeline']['p50_us']:.1f} µs")
+        lay = _layout(cfg)
+        nats = EmbeddedNats(run_dir=run_dir / "nats", server_name="inferbus-bench")
+        await asyncio.to_thread(nats.start)
+        self.sampler.add("nats-server", nats.pid)
+        peer: dict = {}
+        node = None
+        try:
+            echo = EchoPool(lay["n_echo"], nats.url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir)
+            await echo.start()
+            for c in echo.children:
+                self.sampler.add("echo", c.proc.pid)
+            node = Node(NodeConfig(models_dir=cfg.models_dir, workers=cfg.workers, ingress=cfg.ingress,
+                                   nats_url=nats.url, no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
+                                   run_dir=str(run_dir / "node")))
+            await node.start()
+            await node.wait_ready(120)
+            for info in node.supervisor.which_children():
+                self.sampler.add(info.id.split(":")[0], info.pid)
+            if node.valkey is not None:
+                self.sampler.add("valkey", node.valkey.pid)
+            gp = GeneratorPool(cfg.gens, nats.url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool, log_dir=run_dir)
+            await gp.start()
+            for c in gp.children:
+                self.sampler.add("loadgen", c.proc.pid)
+            try:
+                t_echo = {"kind": "echo", "name": "echo", "model": cfg.model, "version": cfg.version,
+                          "subject": ECHO_SUBJECT, "timeout_ms": cfg.timeout_s * 1000}
+                t_miss = {"kind": "inferbus", "name": "inferbus", "model": cfg.model, "version": cfg.version,
+                          "distinct": True, "timeout_ms": cfg.timeout_s * 1000}
+                t_hit = dict(t_miss, distinct=False)
+                series = {"echo": t_echo, "inferbus miss": t_miss, "inferbus hit": t_hit}
+                await gp.prepare(list(series.values()))
+                self.say(f"node: {cfg.workers} worker(s), {cfg.ingress} ingress, L2 {'on' if cfg.l2 else 'off'}, "
+                         f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
+                         f"nats {nats.url}")
+                for name, t in series.items():  # warm-up, not recorded
+                    await self._step(gp, name, t, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
+                best: dict[str, float] = {}
+                self.say("closed loop:")
+                for c in cfg.closed:
+                    for name, t in series.items():
+                        r = await self._step(gp, name, t, mode="closed", concurrency=c)
+                        best[name] = max(best.get(name, 0.0), r.qps)
+                self.say("open loop:")
+                if cfg.sweep:
+                    for name in ("echo", "inferbus miss"):
+                        await self._sweep(gp, name, series[name], best[name])
+                else:
+                    for rate in cfg.open_rates:
+                        for name in ("echo", "inferbus miss"):
+                            await self._step(gp, name, series[name], mode="open", rate=rate)
+                sat = (self.sweeps.get("inferbus miss") or {}).get("max_sustained_qps") or \
+                    max((s["qps"] for s in self.steps if s["series"] == "inferbus miss" and s["mode"] == "open"),
+                        default=best.get("inferbus miss", 100.0))
+                half = max(20.0, round(sat / 2))
+                self.say(f"half of inferbus's max sustained load ({sat:.0f}/s): {half:.0f}/s")
+                half_load = {"rate": half, "max_sustained_qps": sat}
+                for name in ("echo", "inferbus miss", "inferbus hit"):
+                    r = await self._step(gp, name, series[name], mode="open", rate=half)
+                    half_load[name] = r.to_dict()
+                await node.stop()
+                node = None
+                await echo.close()
+                peer = await self._peer(gp, cfg, mv)
+            finally:
+                await gp.close()
+        finally:
+            if node is not None:
+                await node.stop()
+            await asyncio.to_thread(nats.stop)
+            tmp.cleanup()
+        meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "host": socket.gethostname(), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
+                "python": sys.version.split()[0], "platform": platform.platform(), "profile": cfg.profile,
+                "model": f"{cfg.model}:{cfg.version}", "wall_s": round(time.monotonic() - t_start, 1),
+                "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+                "layout": lay}
+        return summarize(meta, floors, self.steps, self.sweeps, half_load, peer)
+
+    async def _peer(self, gp: GeneratorPool, cfg: SuiteConfig, mv) -> dict:
+        if not cfg.ray:
+            return {"ray": {"skipped": f"disabled in the '{cfg.profile}' profile / --no-ray"}}
+        from .ray_peer import RayPeer, unavailable
+
+        why = unavailable()
+        if why:
+            self.say(f"peer Ray Serve skipped: {why}")
+            return {"ray": {"skipped": why}}
+        replicas = cfg.ray_replicas or cfg.workers
+        rp = RayPeer(str(mv.path), cfg.model, cfg.version, replicas=replicas, num_cpus=os.cpu_count())
+        self.say(f"peer: starting Ray Serve ({replicas} replica(s)) ...")
+        try:
+            await asyncio.to_thread(rp.start)
+        except Exception as exc:
+            self.say(f"peer Ray Serve failed to start: {exc!r}")
+            return {"ray": {"skipped": f"failed to start: {type(exc).__name__}: {exc}"}}
+        out = {"ray": {"replicas": replicas, "start_s": round(rp.start_s, 1), "url": rp.url}}
+        try:
+            t = {"kind": "http", "name": "ray", "url": rp.url, "model": cfg.model, "version": cfg.version,
+                 "distinct": True}
+            await gp.prepare([t])
+            await self._step(gp, "ray", t, mode="closed", concurrency=4, duration_s=cfg.warmup_s, timeout_s=10,
+                             record=False)
+            for c in cfg.closed:
+                await self._step(gp, "ray", t, mode="closed", concurrency=c, timeout_s=10)
+        except Exception as exc:
+            self.say(f"peer Ray Serve failed during load: {exc!r}")
+            out["ray"]["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            await asyncio.to_thread(rp.stop)
+        return out
+
+
+# ---- summary ------------------------------------------------------------------------------
+
+
+def _find(steps: list[dict], series: str, mode: str, load) -> dict | None:
+    key = "concurrency" if mode == "closed" else "rate_qps"
+    for s in steps:
+        if s["series"] == series and s["mode"] == mode and s[key] == load:
+            return s
+    return None
+
+
+def _ratio(a, b) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_load: dict, peer: dict) -> dict:
+    """The suite's JSON document: meta, floors, steps, sweeps, half_load, peer, stages, ratios, targets."""
+    model_p50 = floors["model"]["p50_us"]
+    ratios: dict = {"closed": {}}
+    for c in sorted({s["concurrency"] for s in steps if s["mode"] == "closed" and s["series"] != "ray"}):
+        e, m, h = (_find(steps, n, "closed", c) for n in ("echo", "inferbus miss", "inferbus hit"))
+        if not (e and m):
+            continue
+        ratios["closed"][f"c={c}"] = {
+            "miss_p50_over_echo_p50": _ratio(m["p50_us"], e["p50_us"]),
+            "miss_p99_over_echo_p99": _ratio(m["p99_us"], e["p99_us"]),
+            "miss_p50_over_echo_plus_model": _ratio(m["p50_us"], e["p50_us"] + model_p50),
+            "hit_p50_over_echo_p50": _ratio(h["p50_us"], e["p50_us"]) if h else None,
+            "miss_qps_over_echo_qps": _ratio(m["qps"], e["qps"]),
+        }
+    em, mm = sweeps.get("echo", {}), sweeps.get("inferbus miss", {})
+    ratios["throughput"] = {
+        "echo_max_qps_p99_under_limit": em.get("max_qps_p99_under_limit"),
+        "inferbus_max_qps_p99_under_limit": mm.get("max_qps_p99_under_limit"),
+        "inferbus_over_echo": _ratio(mm.get("max_qps_p99_under_limit"), em.get("max_qps_p99_under_limit")),
+        "echo_max_sustained_qps": em.get("max_sustained_qps"),
+        "inferbus_max_sustained_qps": mm.get("max_sustained_qps"),
+        "sustained_inferbus_over_echo": _ratio(mm.get("max_sustained_qps"), em.get("max_sustained_qps")),
+    }
+    he, hm, hh = half_load.get("echo"), half_load.get("inferbus miss"), half_load.get("inferbus hit")
+    floor_half = (he["p50_us"] + model_p50) if he else None
+    ratios["half_load"] = {
+        "rate": half_load.get("rate"),
+        "miss_p50_over_echo_plus_model": _ratio(hm["p50_us"], floor_half) if hm else None,
+        "miss_p99_over_echo_plus_model": _ratio(hm["p99_us"], floor_half) if hm else None,
+        "hit_p50_over_echo_p50": _ratio(hh["p50_us"], he["p50_us"]) if hh and he else None,
+    }
+    ray = peer.get("ray", {})
+    r1 = _find(steps, "ray", "closed", 1)
+    m1 = _find(steps, "inferbus miss", "closed", 1)
+    ray_best = max((s["qps"] for s in steps if s["series"] == "ray"), default=None)
+    ib_best = max((s["qps"] for s in steps if s["series"] == "inferbus miss"), default=None)
+    ratios["vs_ray"] = {
+        "ray_p50_over_inferbus_p50_c1": _ratio(r1["p50_us"], m1["p50_us"]) if r1 and m1 else None,
+        "inferbus_best_qps_over_ray_best_qps": _ratio(ib_best, ray_best) if ray_best else None,
+        "skipped": ray.get("skipped"),
+    }
+    stages = {}
+    for label, s in (("closed c=1", m1), ("closed c=max", _find(steps, "inferbus miss", "closed",
+                                                                 max((x["concurrency"] or 0) for x in steps
+                                                                     if x["mode"] == "closed"))),
+                     ("half load", hm)):
+        if s and s.get("stages_us"):
+            stages[label] = s["stages_us"]
+    e1 = _find(steps, "echo", "closed", 1)
+    h1 = _find(steps, "inferbus hit", "closed", 1)
+    nproc = meta.get("nproc") or 1
+    thr_goal = 0.8 if nproc >= 48 else 0.6
+    targets = [
+        _target("cache miss p50 ≤ 1.5 × (echo p50 + model p50), half load",
+                ratios["half_load"]["miss_p50_over_echo_plus_model"], 1.5),
+        _target("cache miss p99 ≤ 2.5 × (echo p50 + model p50), half load",
+                ratios["half_load"]["miss_p99_over_echo_plus_model"], 2.5),
+        _target("cache hit p50 ≤ 1.1 × echo p50, closed c=1", _ratio(h1["p50_us"], e1["p50_us"]) if h1 and e1 else None,
+                1.1),
+        _target("cache hit p50 ≤ 1.1 × echo p50, half load", ratios["half_load"]["hit_p50_over_echo_p50"], 1.1),
+        _target("Ray p50 / inferbus p50 ≥ 10 (c=1)", ratios["vs_ray"]["ray_p50_over_inferbus_p50_c1"], 10, ge=True),
+        _target("inferbus / Ray throughput ≥ 10 (best closed loop)",
+                ratios["vs_ray"]["inferbus_best_qps_over_ray_best_qps"], 10, ge=True),
+        _target(f"QPS at p99 < 5 ms ≥ {thr_goal} × echo's ({nproc} cores)", ratios["throughput"]["inferbus_over_echo"],
+                thr_goal, ge=True),
+    ]
+    if nproc >= 48:
+        targets.append(_target("≥ 100k QPS at p99 < 5 ms", mm.get("max_qps_p99_under_limit"), 100_000, ge=True))
+    return {"meta": meta, "floors": floors, "steps": steps, "sweeps": sweeps, "half_load": half_load,
+            "peer": peer, "stages_us": stages, "ratios": ratios, "targets": targets}
+
+
+def _target(name: str, value, limit, ge: bool = False) -> dict:
+    met = None if value is None else (value >= limit if ge else value <= limit)
+    return {"target": name, "value": value, "limit": limit, "met": met}
+
+
+def render(doc: dict, console=None) -> None:
+    """Print the steps, the ratio table and the targets (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console(width=160)
+    m = doc["meta"]
+    t = Table(title=f"inferbus bench suite — {m['model']}, {m['profile']}, {m['nproc']} cores ({m['cpu_model']}), "
+                    f"{m['date']}")
+    for col in ("series", "mode", "load", "qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "err", "wrong", "hits",
+                "lag p99 ms", "CPU µs/req (top)"):
+        t.add_column(col, justify="left" if col in ("series", "mode", "CPU µs/req (top)") else "right")
+    for s in doc["steps"]:
+        load = f"c={s['concurrency']}" if s["mode"] == "closed" else f"{s['rate_qps']:g}/s"
+        cpu = sorted(s.get("cpu_us_per_req", {}).items(), key=lambda kv: -kv[1])[:4]
+        t.add_row(s["series"], s["mode"], load, f"{s['qps']:.0f}", f"{s['p50_us'] / 1000:.3f}",
+                  f"{s['p95_us'] / 1000:.3f}", f"{s['p99_us'] / 1000:.3f}", f"{s['p99_9_us'] / 1000:.3f}",
+                  str(sum(s["errors"].values())), str(s["wrong"]), str(s["cache_hits"]),
+                  f"{s['send_lag_p99_us'] / 1000:.2f}", ", ".join(f"{k} {v:.0f}" for k, v in cpu))
+    con.print(t)
+    f = doc["floors"]
+    con.print(f"floors: model p50 {f['model']['p50_us']:.1f} µs (p99 {f['model']['p99_us']:.1f}); in-process "
+              f"decode+model+encode p50 {f['inproc_pipeline']['p50_us']:.1f} µs")
+    r = Table(title="ratios (same run)")
+    r.add_column("what")
+    r.add_column("value", justify="right")
+    for c, d in doc["ratios"]["closed"].items():
+        for k, v in d.items():
+            r.add_row(f"closed {c}: {k}", "—" if v is None else f"{v:.2f}")
+    for sect in ("half_load", "throughput", "vs_ray"):
+        for k, v in doc["ratios"][sect].items():
+            if isinstance(v, float):
+                r.add_row(f"{sect}: {k}", f"{v:.2f}")
+            elif v is not None:
+                r.add_row(f"{sect}: {k}", str(v))
+    con.print(r)
+    st = doc.get("stages_us") or {}
+    for label, s in st.items():
+        con.print(f"stages µs ({label}): " + ", ".join(f"{k}={v:g}" for k, v in s.items()))
+    tt = Table(title="targets (issue 3)")
+    for col in ("target", "value", "limit", "met"):
+        tt.add_column(col)
+    for x in doc["targets"]:
+        v = x["value"]
+        tt.add_row(x["target"], "—" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)), str(x["limit"]),
+                   {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[x["met"]])
+    con.print(tt)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default="quick", choices=sorted(PROFILES))
+    p.add_argument("--json", dest="json_out", type=Path, help="write the JSON document here")
+    p.add_argument("--png", type=Path, help="write the latency-vs-load plot here (default: next to --json)")
+    p.add_argument("--model")
+    p.add_argument("--version")
+    p.add_argument("--models-dir")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--ingress", type=int)
+    p.add_argument("--gens", type=int)
+    p.add_argument("--echo", type=int)
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--ray", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--duration", dest="duration_s", type=float)
+    p.add_argument("--timeout", dest="timeout_s", type=float)
+    p.add_argument("--closed", type=lambda s: tuple(int(x) for x in s.split(",") if x))
+    p.add_argument("--open-rates", type=lambda s: tuple(float(x) for x in s.split(",") if x))
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--sweep-factor", type=float)
+    p.add_argument("--sweep-max-steps", type=int)
+    p.add_argument("--log-dir")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; exit status 1 when any answer was wrong, else 0 (targets are reported, not enforced)."""
+    a = _parse(argv)
+    over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
+                                       "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
+                                       "sweep_factor", "sweep_max_steps", "log_dir")}
+    cfg = config_for(a.profile, **over)
+    try:
+        import uvloop
+
+        doc = uvloop.run(Suite(cfg).run())
+    except ImportError:  # pragma: no cover
+        doc = asyncio.run(Suite(cfg).run())
+    render(doc)
+    if a.json_out:
+        a.json_out.parent.mkdir(parents=True, exist_ok=True)
+        a.json_out.write_text(json.dumps(doc, indent=1, default=str))
+        print(f"wrote {a.json_out}")
+    png = a.png or (a.json_out.with_suffix(".png") if a.json_out else None)
+    if png:
+        from .plot import plot
+
+        done = plot(doc, png)
+        print(f"wrote {done}" if done else "no plot: matplotlib is not installed (pip install -e .[bench])")
+    return 1 if any(s["wrong"] for s in doc["steps"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""``inferbus bench``: load from generator processes, HDR percentiles, every answer checked.
+
+Two forms:
+
+* ``inferbus bench [MODEL] [--nats-url URL] ...``: closed-loop concurrencies and
+  open-loop rates against a running deployment (or one started here), driven
+  by :class:`inferbus.loadgen.GeneratorPool` processes so the generator never
+  shares an event loop with what it measures;
+* ``inferbus bench --suite [--profile P] [--json F] [--png F]``: the whole
+  benchmark suite of the repository's ``bench/`` folder (floors, inferbus, the
+  Ray Serve peer, ratios, plot); needs a checkout (run from its root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+
+def run_suite(args: list[str]) -> int:
+    """Run ``python -m bench.suite`` in this process with ``args``; 2 when no checkout is found."""
+    root = Path.cwd()
+    if not (root / "bench" / "suite.py").is_file():
+        print("inferbus bench --suite needs the repository's bench/ folder: run it from a checkout's root",
+              file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from bench.suite import main  # type: ignore[import-not-found]
+
+    return main(args)
+
+
+async def run_load(*, model: str, version: str | None, models_dir: str, nats_url: str | None, workers: int,
+                   ingress: int, gens: int, concurrency: list[int], rates: list[float], duration_s: float,
+                   hit: bool, timeout_s: float, prefix: str):
+    """Start a node unless ``nats_url`` is given, then run the steps from ``gens`` generator processes.
+
+    Returns:
+        the list of :class:`~inferbus.loadgen.BenchResult`, in step order.
+    """
+    from .actors import ModelRepository, Node, NodeConfig
+    from .loadgen import GeneratorPool
+
+    node = None
+    url = nats_url
+    if url is None:
+        node = Node(NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, nats_port=0, prefix=prefix))
+        await node.start()
+        await node.wait_ready(120)
+        url = node.nats_url
+    try:
+        mv = ModelRepository(models_dir, [model]).get(model).version(version)
+        target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
+                  "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}
+        out = []
+        async with GeneratorPool(gens, url, models_dir) as gp:
+            await gp.prepare([target])
+            await gp.step(target, mode="closed", concurrency=4, duration_s=min(1.0, duration_s), timeout_s=timeout_s)
+            for c in concurrency:
+                out.append(await gp.step(target, mode="closed", concurrency=c, duration_s=duration_s,
+                                         timeout_s=timeout_s, label=model))
+            for r in rates:
+                out.append(await gp.step(target, mode="open", rate=r, duration_s=duration_s, timeout_s=timeout_s,
+                                         label=model))
+        return out
+    finally:
+        if node is not None:
+            await node.stop()
+
+
+def run_load_sync(**kw):
+    try:
+        import uvloop
+
+        return uvloop.run(run_load(**kw))
+    except ImportError:  # pragma: no cover
+        return asyncio.run(run_load(**kw))

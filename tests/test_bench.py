@@ -1,0 +1,102 @@
+"""The benchmark suite and the multi-process load generator, in a tiny configuration, against real processes.
+
+No timed assertions: speed targets live in the benchmarks (docs/performance.md),
+never in tests. These check that one suite run produces every field, judges
+every answer (zero wrong), and that the generator's pieces add up.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferbus.actors import ModelRepository
+from inferbus.loadgen import EchoPool, GeneratorPool, Recorder, Workload, merge_wire, split
+
+from conftest import MODELS, ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_split_spreads_evenly():
+    assert split(8, 3) == [3, 3, 2]
+    assert split(1, 4) == [1, 0, 0, 0]
+    assert sum(split(64, 7)) == 64
+
+
+def test_recorders_merge_across_processes():
+    a, b = Recorder(), Recorder()
+    for v in (100, 200, 300):
+        a.record(v, params={"timings_us": {"compute": 10, "ingress_total": 20, "worker_total": 30}})
+    b.record(400, err="TIMEOUT")
+    b.record(50, correct=False)
+    r = merge_wire([a.to_wire(1.0, 0.01), b.to_wire(2.0, 0.02)], model="m", mode="closed", concurrency=2,
+                   rate_qps=None, target="inferbus")
+    assert (r.requests, r.ok, r.wrong, r.timeouts, r.errors) == (5, 4, 1, 1, {"TIMEOUT": 1})
+    assert r.duration_s == 2.0 and r.qps == 2.5
+    assert r.stages_us["compute"] == 10 and r.stages_us["e2e"] == 200 and r.stages_us["bus_other"] == 150
+    assert 190 <= r.p50_us <= 210 and r.max_us >= 400
+
+
+def test_workload_judges_raw_replies():
+    from inferbus.schemas import InferResponse, encode_response, output_from_numpy
+
+    w = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4, offset=8)
+    assert len({b for b in w.bodies}) == 4
+    ref = w.reference[1]
+    good = encode_response(InferResponse("digits", [output_from_numpy(k, v, raw=True) for k, v in ref.items()], "1"))
+    assert w.check_reply(1, None, good)[:2] == (None, True)
+    assert w.check_reply(2, None, good)[:2] == (None, False)
+    assert w.check_reply(1, {"Status": "503"}, b"")[0] == "NO_RESPONDERS"
+    assert w.check_reply(1, None, b"\xc1")[0] == "BAD_REPLY"
+    # answers computed inside a batch may differ in the last bits: judged by tolerance, not bytes
+    near = encode_response(InferResponse("digits", [output_from_numpy(k, v * (1 + 1e-7), raw=True)
+                                                    for k, v in ref.items()], "1"))
+    assert w.check_reply(1, None, near)[:2] == (None, True)
+
+
+@pytest.mark.anyio
+async def test_generator_pool_against_echo(nats_server, tmp_path):
+    async with EchoPool(1, nats_server.url, "t.echo", log_dir=tmp_path) as _echo, \
+            GeneratorPool(2, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
+        t = {"kind": "echo", "name": "echo", "model": "digits", "subject": "t.echo"}
+        await gp.prepare([t])
+        closed = await gp.step(t, mode="closed", concurrency=3, duration_s=0.3)
+        opened = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=False)
+    assert closed.gen_procs == 2 and closed.requests > 0 and closed.wrong == 0 and not closed.errors
+    assert opened.requests == 120 and opened.wrong == 0 and not opened.errors
+    assert opened.offered_qps == 400
+
+
+def test_suite_tiny_run_produces_every_field(tmp_path):
+    """One tiny suite run (real nats-server, Valkey, node processes, generators): fields present, nothing wrong."""
+    out = tmp_path / "tiny.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
+                           "--log-dir", str(tmp_path / "logs")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    for key in ("meta", "floors", "steps", "half_load", "peer", "stages_us", "ratios", "targets"):
+        assert key in doc, key
+    assert doc["floors"]["model"]["p50_us"] > 0 and doc["floors"]["inproc_pipeline"]["p50_us"] > 0
+    series = {(s["series"], s["mode"]) for s in doc["steps"]}
+    assert {("echo", "closed"), ("inferbus miss", "closed"), ("inferbus hit", "closed"), ("echo", "open"),
+            ("inferbus miss", "open")} <= series
+    for s in doc["steps"]:
+        assert s["requests"] > 0, s
+        assert s["wrong"] == 0, s
+        assert not s["errors"], s
+        for k in ("p50_us", "p95_us", "p99_us", "p99_9_us", "qps", "cpu_us_per_req", "gen_cpu_us_per_req"):
+            assert k in s
+    miss1 = next(s for s in doc["steps"] if s["series"] == "inferbus miss" and s["concurrency"] == 1)
+    for k in ("decode", "validate", "route", "ingress_total", "queue", "compute", "encode", "worker_total", "e2e",
+              "bus_other"):
+        assert k in miss1["stages_us"], k
+    assert any(s["cache_hits"] > 0 for s in doc["steps"] if s["series"] == "inferbus hit")
+    assert doc["peer"]["ray"]["skipped"]
+    assert {t["target"] for t in doc["targets"]} and all("met" in t for t in doc["targets"])
+    assert out.with_suffix(".png").exists() or "matplotlib is not installed" in proc.stdout
