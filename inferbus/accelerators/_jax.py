@@ -178,7 +178,9 @@ class JaxSession:
                     pad = np.zeros((b - n,) + x.shape[1:], dtype=x.dtype)
                     x = np.concatenate([x, pad], axis=0)
                 feeds[t.name] = x
-            outs = compiled(self._params, feeds)
+            import jax
+
+            outs = compiled(self._params, jax.device_put(feeds, self._sharding))
             sel = [outs[k] for k in names]
             for o in sel:  # start every device→host copy before waiting on the first
                 o.copy_to_host_async()
