@@ -59,6 +59,8 @@ class DrillFigures:
     p99_ms_during_fault: float | None
     detection_ms: float | None = None
     recovery_ms: float | None = None
+    failover_ms: float | None = None
+    """Region drills: from the fault until the standby, promoted, answers under its new term."""
     errors: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 

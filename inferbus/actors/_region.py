@@ -107,7 +107,7 @@ class RegionConfig(_JsonMixin):
     lease_ms: int = 400
     """A standby takes over once the lease revision it saw has not changed for this long, ms.
     The leader's own validity is 0.75 × this after the start of its last successful renewal."""
-    suspect_ms: int = 300
+    suspect_ms: int = 400
     """No primary heartbeat for this long = the primary is suspected dead (the detection event), ms."""
     hold_ms: int = 3000
     """After a demotion, this region does not campaign for this long (unless promoted), ms."""
@@ -341,8 +341,10 @@ class RegionManager:
         now = time.monotonic() if now is None else now
         return self.role == PRIMARY and self.valid_until is not None and now < self.valid_until
 
-    def _note(self, event: str, detail: str = "", term: int | None = None) -> None:
-        self.transitions.append(Transition(time.monotonic(), event, self.term if term is None else term, detail))
+    def _note(self, event: str, detail: str = "", term: int | None = None, at: float | None = None) -> None:
+        """Record an event; ``at`` (monotonic) when it took effect earlier than now."""
+        self.transitions.append(Transition(time.monotonic() if at is None else at, event,
+                                           self.term if term is None else term, detail))
         log(f"region {self.region}: {event} term={self.term if term is None else term} {detail}")
 
     # ---- lease knowledge -------------------------------------------------------------------------
@@ -465,7 +467,7 @@ class RegionManager:
         self.hold_until = 0.0
         self.seen_rev, self.seen_holder, self.seen_successor = rev, self.region, ""
         self.seen_manager, self.seen_valkey, self.seen_at = self.manager_id, self.cache.addr, time.monotonic()
-        self._note(PRIMARY, reason, self.term)
+        self._note(PRIMARY, reason, self.term, at=t0)  # t0: the CAS was sent (the reign's earliest start)
         t = time.monotonic()
         try:
             await asyncio.wait_for(self.cache.make_master(), 0.5)
@@ -486,13 +488,18 @@ class RegionManager:
                                     f"term {self.term} on {self.subjects.region_heartbeat(self.region)}"))
 
     def _step_down(self, reason: str) -> None:
-        """Become standby at once (synchronous: nothing can run as primary after this returns)."""
+        """Become standby at once (synchronous: nothing can run as primary after this returns).
+
+        The transition is recorded at ``min(now, valid_until)``: the reign ended when its validity
+        did, even if a stall delayed this call.
+        """
         if self.role != PRIMARY:
             return
+        end = time.monotonic() if self.valid_until is None else min(time.monotonic(), self.valid_until)
         self.role = STANDBY
         self.model_writes = False
         self.valid_until = None
-        self._note(STANDBY, reason)
+        self._note(STANDBY, reason, at=end)
         self._cache_kick.set()
         asyncio.ensure_future(self._publish_hb())
 
@@ -590,6 +597,42 @@ class RegionManager:
                 log(f"region {self.region}: tick failed: {exc!r}")
                 self._step_down(f"internal error: {exc!r}")
             await asyncio.sleep(tick)
+
+    async def _watch_loop(self) -> None:
+        """Follow the lease key with a KV watch: learn each revision the moment it commits.
+
+        Heartbeats carry revisions too, but a write the leader started just before dying commits
+        after its last heartbeat; without the watch a standby would learn it only from a lost CAS
+        and then wait another ``lease_ms``. Only *when* to try a CAS depends on this.
+        """
+        while True:
+            watcher = None
+            try:
+                if self.store is None or self.store.kv is None:
+                    await asyncio.sleep(0.25)
+                    continue
+                watcher = await self.store.kv.watch(LEASE_KEY)
+                async for entry in watcher:
+                    if entry is None or entry.value is None:
+                        continue
+                    try:
+                        value = decode_region(entry.value)
+                    except RegionDecodeError:
+                        continue
+                    if isinstance(value, LeaseValue):
+                        self._observe(entry.revision, value.holder, value.successor, value.manager_id,
+                                      value.valkey, value.term or (entry.revision if value.op == "acquire" else 0))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log(f"region {self.region}: lease watch failed (restarting): {exc!r}")
+                await asyncio.sleep(0.25)
+            finally:
+                if watcher is not None:
+                    try:
+                        await watcher.stop()
+                    except Exception:
+                        pass
 
     async def _cache_loop(self) -> None:
         """Keep the Valkey role in line with ours: master when primary, else replica of the primary's."""
@@ -764,7 +807,8 @@ class RegionManager:
         await self._refresh()
         self._started = time.monotonic()
         await self._publish_hb()
-        tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._cache_loop())]
+        tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._cache_loop()),
+                 asyncio.create_task(self._watch_loop())]
         announce_ready()
         try:
             await asyncio.gather(*tasks)

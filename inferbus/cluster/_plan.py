@@ -19,7 +19,42 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..bus import free_port
+import random
+import socket
+
+_EPHEMERAL_FLOOR = 32768
+"""Linux hands out outbound (ephemeral) ports from 32768 up by default; ports planned long before
+use are taken below it, so an outbound connection made meanwhile cannot grab one."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_FLOOR
+
+
+def pick_ports(n: int, rng: random.Random | None = None) -> list[int]:
+    """``n`` distinct TCP ports free right now on 127.0.0.1, below the ephemeral range."""
+    rng = rng or random.Random()
+    hi = max(_ephemeral_low(), 11000)
+    out: list[int] = []
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * n + 1000:
+            raise RuntimeError(f"could not find {n} free ports below {hi}")
+        p = rng.randrange(10000, hi)
+        if p in out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        out.append(p)
+    return out
 
 
 @dataclass(frozen=True)
@@ -51,7 +86,7 @@ class ClusterSpec:
     """0 = free ports; else consecutive ports from here."""
     heartbeat_ms: int = 100
     lease_ms: int = 400
-    suspect_ms: int = 300
+    suspect_ms: int = 400
     hold_ms: int = 3000
     js_max_memory: str = "16MB"
     js_max_file: str = "64MB"
@@ -115,10 +150,12 @@ class Plan:
     @classmethod
     def make(cls, spec: ClusterSpec) -> "Plan":
         """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0."""
-        nxt = iter(range(spec.base_port, spec.base_port + 10_000)) if spec.base_port else None
+        n_servers = len(spec.regions) * spec.servers_per_region + spec.witness_servers
+        need = 5 * n_servers + len(spec.regions)
+        nxt = iter(range(spec.base_port, spec.base_port + need) if spec.base_port else pick_ports(need))
 
         def port() -> int:
-            return next(nxt) if nxt is not None else free_port()
+            return next(nxt)
 
         plan = cls(spec)
         for site in spec.sites:

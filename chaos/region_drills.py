@@ -1,0 +1,291 @@
+"""Region drills: a two-region topology under checked load, a region-level fault, the figures.
+
+* ``region-failover``: SIGKILL every process of the primary region (its three
+  nats-servers, Valkey, node, region manager, workers, ingress, aggregator) at
+  once, as a power loss would. The client's server list spans both regions.
+* ``region-partition``: cut the gateways between the two regions (both still
+  reach the witness: the primary must stay primary), then isolate the primary
+  from every site (the standby must take over only after the old primary's
+  lease validity ended), then heal (the old primary rejoins as standby).
+
+Each drill starts its own topology (:class:`inferbus.cluster.Topology`, free
+ports) unless one is passed in (tests share one), drives open-loop load through
+the SDK (:class:`chaos.load.Driver`: unique request ids, known answers, worker
+execution audit for duplicates) and returns :class:`chaos.load.DrillFigures`.
+
+Figures: ``detection_ms`` = fault → the standby's manager suspects the primary
+(no heartbeat for ``suspect_ms``); ``failover_ms`` = fault → the first correct
+answer carrying the new primary's term; ``recovery_ms`` = fault → the first
+correct answer to a request sent after the fault (stateless serving continuity:
+queue groups fail over across the gateways before any promotion).
+``extra.promotion_ms`` = fault → the standby's lease CAS was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from inferbus.actors import ModelRepository, default_models_dir
+from inferbus.bus import Subjects
+from inferbus.client import Client
+from inferbus.cluster import ClusterSpec, Topology
+from inferbus.loadgen import Workload
+
+from .load import DrillFigures, Driver
+
+
+@dataclass
+class RegionDrillOptions:
+    """Knobs of the region drills."""
+
+    duration_s: float = 8.0
+    """Seconds of load in all."""
+    rate_qps: float = 100.0
+    timeout_s: float = 1.0
+    """Per-request budget (the SDK retries within it)."""
+    fault_at_s: float = 2.5
+    """When the fault is injected, seconds after the load started."""
+    partition_s: float = 2.0
+    """region-partition: how long each partition phase lasts."""
+    model: str = "digits"
+    models_dir: str | None = None
+    workers: int = 1
+    """Worker processes per region."""
+    run_dir: str | None = None
+    heartbeat_ms: int = 100
+    lease_ms: int = 400
+    suspect_ms: int = 400
+    extra: dict = field(default_factory=dict)
+
+
+class RoleWatch:
+    """Polls every live region manager's status (through the witness) and records who is primary."""
+
+    def __init__(self, topo: Topology, period_s: float = 0.05) -> None:
+        self.topo = topo
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict]] = []
+        self.max_primaries = 0
+        self._task: asyncio.Task | None = None
+        self.nc = None
+
+    async def __aenter__(self) -> "RoleWatch":
+        import nats
+
+        self.nc = await nats.connect(self.topo.urls(self.topo.spec.witness), connect_timeout=2)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            st = await self.topo.statuses(self.nc, timeout_s=0.3)
+            roles = {r: (s.role, s.term) for r, s in st.items() if s is not None}
+            n = sum(1 for role, _ in roles.values() if role == "primary")
+            self.max_primaries = max(self.max_primaries, n)
+            self.samples.append((time.monotonic(), roles))
+            await asyncio.sleep(self.period_s)
+
+    async def __aexit__(self, *exc) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:
+                pass
+        if self.nc is not None:
+            await self.nc.close()
+
+
+def reigns(statuses: dict) -> list[tuple[str, int, float, float]]:
+    """Primary intervals ``(region, term, start, end)`` from the managers' transition logs.
+
+    A reign starts when its lease CAS was sent and ends at the step-down (at the latest when its
+    validity ran out); an unfinished reign ends at +inf. Same host: monotonic times compare.
+    """
+    out = []
+    for region, st in statuses.items():
+        if st is None:
+            continue
+        start = term = None
+        for tr in st.transitions:
+            if tr.event == "primary":
+                if start is None:
+                    start, term = tr.t_mono, tr.term
+            elif tr.event == "standby" and start is not None:
+                out.append((region, term, start, tr.t_mono))
+                start = None
+        if start is not None:
+            out.append((region, term, start, float("inf")))
+    return out
+
+
+def overlaps(rs: list[tuple[str, int, float, float]]) -> list[tuple]:
+    """Pairs of reigns of different regions that overlap in time (must be empty)."""
+    bad = []
+    for i, a in enumerate(rs):
+        for b in rs[i + 1:]:
+            if a[0] != b[0] and a[2] < b[3] and b[2] < a[3]:
+                bad.append((a, b))
+    return bad
+
+
+def terms_by_region(rs: list[tuple[str, int, float, float]]) -> dict[int, set[str]]:
+    """term → regions that were primary under it (each set must have one element)."""
+    out: dict[int, set[str]] = {}
+    for region, term, _, _ in rs:
+        out.setdefault(term, set()).add(region)
+    return out
+
+
+class _Setup:
+    """Topology (own or given) + client connected to the primary region first + checked load driver."""
+
+    def __init__(self, opts: RegionDrillOptions, topology: Topology | None) -> None:
+        self.opts = opts
+        self.topo = topology
+        self._own = topology is None
+
+    async def __aenter__(self) -> "_Setup":
+        o = self.opts
+        if self.topo is None:
+            spec = ClusterSpec(workers=o.workers, audit=True, heartbeat_ms=o.heartbeat_ms, lease_ms=o.lease_ms,
+                               suspect_ms=o.suspect_ms, models_dir=o.models_dir)
+            self.topo = await Topology(spec, run_dir=o.run_dir).start()
+        try:
+            self.primary = await self.topo.wait_settled(60)
+            self.standby = next(r for r in self.topo.spec.regions if r != self.primary and r not in self.topo.down)
+            before = await self.topo.statuses()
+            self.term0 = before[self.primary].term
+            mdir = o.models_dir or str(default_models_dir())
+            self.client = await Client.connect(self.topo.client_urls(first=self.primary), self.topo.spec.prefix,
+                                               no_randomize=True)
+            work = Workload(ModelRepository(mdir), o.model, distinct=True, pool=2048)
+            self.driver = Driver(self.client, o.model, work.inputs, work.reference, rate_qps=o.rate_qps,
+                                 timeout_s=o.timeout_s, audit_subject=Subjects(self.topo.spec.prefix).audit)
+            # warm: one answer before the clock starts
+            await self.client.infer(o.model, work.inputs[0], timeout_s=5.0)
+        except BaseException:
+            if self._own:
+                await self.topo.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.client.close()
+        except Exception:
+            pass
+        if self._own:
+            await self.topo.stop()
+
+
+async def _wait_primary(topo: Topology, region: str, min_term: int, timeout_s: float):
+    import nats
+
+    nc = await nats.connect(topo.urls(topo.spec.witness), connect_timeout=2)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            st = (await topo.statuses(nc, timeout_s=0.5)).get(region)
+            if st is not None and st.role == "primary" and st.term > min_term:
+                return st
+            await asyncio.sleep(0.05)
+        return None
+    finally:
+        await nc.close()
+
+
+async def region_failover(opts: RegionDrillOptions, topology: Topology | None = None) -> DrillFigures:
+    """Kill every process of the primary region under load; the standby takes over (see module doc).
+
+    With ``topology`` given, the killed region is restored afterwards (it rejoins as standby) and
+    ``extra.rejoined_as_standby`` says whether it did.
+    """
+    async with _Setup(opts, topology) as s:
+        topo = s.topo
+        load = asyncio.create_task(s.driver.run(opts.duration_s))
+        await asyncio.sleep(opts.fault_at_s)
+        t_kill = await topo.kill_region(s.primary)
+        st = await _wait_primary(topo, s.standby, s.term0, 10.0)
+        await load
+        after = await topo.statuses()
+        new = after.get(s.standby)
+        new_term = new.term if new is not None and new.role == "primary" else None
+        detection = promotion = None
+        if new is not None and new.suspected_at is not None and new.suspected_at >= t_kill:
+            detection = (new.suspected_at - t_kill) * 1000
+        rs = reigns(after)
+        starts = [start for region, term, start, _ in rs if region == s.standby and start >= t_kill]
+        if starts:
+            promotion = (min(starts) - t_kill) * 1000
+        recs = s.driver.records
+        ok_new = [r.t_done for r in recs if r.outcome == "ok" and new_term and (r.term or 0) >= new_term]
+        ok_after = [r.t_done for r in recs if r.outcome == "ok" and r.t_sched >= t_kill]
+        fig = s.driver.figures("region-failover", (t_kill, t_kill + 1.0), detection_ms=_r(detection),
+                               recovery_ms=_r((min(ok_after) - t_kill) * 1000 if ok_after else None), extra={
+                                   "killed_region": s.primary, "new_primary": s.standby if new_term else None,
+                                   "old_term": s.term0, "new_term": new_term, "promotion_ms": _r(promotion),
+                                   "pids_killed": None, "lease_ms": topo.spec.lease_ms,
+                                   "suspect_ms": topo.spec.suspect_ms, "heartbeat_ms": topo.spec.heartbeat_ms,
+                                   "terms_by_region": {t: sorted(v) for t, v in terms_by_region(rs).items()},
+                                   "overlapping_reigns": len(overlaps(rs)),
+                               })
+        fig.failover_ms = _r((min(ok_new) - t_kill) * 1000 if ok_new else None)
+        if topology is not None:
+            await topo.restore_region(s.primary)
+            try:
+                back = await topo.wait_settled(60)
+                fig.extra["rejoined_as_standby"] = back == s.standby
+            except Exception as exc:
+                fig.extra["rejoined_as_standby"] = False
+                fig.extra["rejoin_error"] = str(exc)
+        return fig
+
+
+async def region_partition(opts: RegionDrillOptions, topology: Topology | None = None) -> DrillFigures:
+    """Partition the regions, then isolate the primary, under load; never two primaries (see module doc)."""
+    async with _Setup(opts, topology) as s:
+        topo = s.topo
+        sites = set(topo.spec.sites)
+        async with RoleWatch(topo) as watch:
+            load = asyncio.create_task(s.driver.run(opts.duration_s + 2 * opts.partition_s))
+            await asyncio.sleep(opts.fault_at_s)
+            # 1. regions cut from each other; both still reach the witness
+            t_cut = time.monotonic()
+            faults = topo.partition({s.primary}, sites - {s.primary, topo.spec.witness})
+            await asyncio.sleep(opts.partition_s)
+            mid = await topo.statuses()
+            kept = mid.get(s.primary) is not None and mid[s.primary].role == "primary" \
+                and mid[s.primary].term == s.term0
+            topo.heal(faults)
+            # 2. the primary cut from every other site: it must step down, the standby take over
+            t_iso = time.monotonic()
+            faults = topo.isolate(s.primary)
+            st = await _wait_primary(topo, s.standby, s.term0, 10.0)
+            await asyncio.sleep(max(opts.partition_s - (time.monotonic() - t_iso), 0))
+            topo.heal(faults)
+            settled = await topo.wait_settled(30)
+            await load
+        after = await topo.statuses()
+        rs = reigns(after)
+        tb = terms_by_region(rs)
+        new = after.get(s.standby)
+        detection = None
+        if new is not None and new.suspected_at is not None and new.suspected_at >= t_iso:
+            detection = (new.suspected_at - t_iso) * 1000
+        starts = [start for region, term, start, _ in rs if region == s.standby and start >= t_iso]
+        fig = s.driver.figures("region-partition", (t_cut, time.monotonic()), detection_ms=_r(detection), extra={
+            "primary_kept_through_region_cut": kept, "takeover_after_isolation": st is not None,
+            "takeover_ms": _r((min(starts) - t_iso) * 1000 if starts else None),
+            "settled_primary_after_heal": settled, "max_primaries_sampled": watch.max_primaries,
+            "samples": len(watch.samples), "overlapping_reigns": len(overlaps(rs)),
+            "terms_shared_by_regions": sum(1 for v in tb.values() if len(v) > 1),
+            "terms_by_region": {t: sorted(v) for t, v in tb.items()},
+        })
+        return fig
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
