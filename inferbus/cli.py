@@ -318,9 +318,13 @@ def bench(
 
 
 from ._cli_chaos import app as _chaos_app  # noqa: E402
+from ._cli_cluster import app as _cluster_app  # noqa: E402
+from ._cli_region import app as _region_app  # noqa: E402
 from ._cli_devices import devices as _devices_cmd  # noqa: E402
 
 app.add_typer(_chaos_app, name="chaos")
+app.add_typer(_cluster_app, name="cluster")
+app.add_typer(_region_app, name="region")
 app.command(name="devices")(_devices_cmd)
 
 

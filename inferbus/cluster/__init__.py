@@ -5,6 +5,9 @@ use it in-process (see docs/regions.md).
 """
 
 from ._plan import ClusterSpec, Plan, ServerPlan
-from ._topology import NodeProcessConfig, Topology, TopologyError
+from ._topology import ClusterCommand, ClusterReply, NodeProcessConfig, Topology, TopologyError
 
-__all__ = ["ClusterSpec", "NodeProcessConfig", "Plan", "ServerPlan", "Topology", "TopologyError"]
+__all__ = [
+    "ClusterCommand", "ClusterReply", "ClusterSpec", "NodeProcessConfig", "Plan", "ServerPlan", "Topology",
+    "TopologyError",
+]

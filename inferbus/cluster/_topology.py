@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
+
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
 from ..bus import nats_server_binary, valkey_server_binary
@@ -42,6 +44,22 @@ from ._plan import ClusterSpec, Plan
 
 class TopologyError(RuntimeError):
     """The topology could not start or was used in a state that does not allow the call."""
+
+
+class ClusterCommand(msgspec.Struct, tag="inferbus.v1.cluster_cmd", tag_field="type"):
+    """A fault or repair for a running ``inferbus cluster up`` (on ``<p>._cluster.ctl``, via the witness)."""
+
+    op: str
+    """``info``, ``kill``, ``restore``, ``partition``, ``isolate`` or ``heal``."""
+    region: str = ""
+    side_a: list[str] = []
+    side_b: list[str] = []
+
+
+class ClusterReply(msgspec.Struct, tag="inferbus.v1.cluster_reply", tag_field="type"):
+    ok: bool
+    detail: str = ""
+    ms: float = 0.0
 
 
 async def _wait_tcp(port: int, child: ProcessChild, greeting: bytes, send: bytes | None, timeout_s: float,
@@ -345,6 +363,57 @@ class Topology:
             await nc.close()
         summary = {r: (st.role, st.term, st.lease_rev) if st else None for r, st in last.items()}
         raise TopologyError(f"regions not settled after {timeout_s:g} s: {summary}")
+
+    # ---- remote control ---------------------------------------------------------------------------
+    def control_subject(self) -> str:
+        return f"{self.spec.prefix}._cluster.ctl"
+
+    async def serve_control(self):
+        """Answer :class:`ClusterCommand` s on ``<p>._cluster.ctl`` through a witness server.
+
+        Returns:
+            The NATS connection (close it to stop serving).
+        """
+        import nats
+
+        nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+        dec = msgspec.msgpack.Decoder(ClusterCommand)
+
+        async def on_cmd(msg):
+            t = time.monotonic()
+            try:
+                cmd = dec.decode(msg.data)
+                if cmd.op == "info":
+                    reply = ClusterReply(True, json.dumps(self.plan.to_dict()))
+                elif cmd.op == "kill":
+                    await self.kill_region(cmd.region)
+                    reply = ClusterReply(True, f"every process of region {cmd.region} killed")
+                elif cmd.op == "restore":
+                    await self.restore_region(cmd.region)
+                    reply = ClusterReply(True, f"region {cmd.region} started again")
+                elif cmd.op == "partition":
+                    n = len(self.partition(set(cmd.side_a), set(cmd.side_b)))
+                    reply = ClusterReply(True, f"{cmd.side_a} cut from {cmd.side_b} ({n} proxy faults)")
+                elif cmd.op == "isolate":
+                    n = len(self.isolate(cmd.region))
+                    reply = ClusterReply(True, f"{cmd.region} cut from every other site ({n} proxy faults)")
+                elif cmd.op == "heal":
+                    self.heal()
+                    reply = ClusterReply(True, "every gateway fault removed")
+                else:
+                    reply = ClusterReply(False, f"unknown op {cmd.op!r}; ops: info, kill, restore, partition, "
+                                                f"isolate, heal")
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                reply = ClusterReply(False, f"bad command: {exc}")
+            except Exception as exc:
+                reply = ClusterReply(False, f"{type(exc).__name__}: {exc}")
+            reply.ms = (time.monotonic() - t) * 1000
+            if msg.reply:
+                await nc.publish(msg.reply, msgspec.msgpack.encode(reply))
+
+        await nc.subscribe(self.control_subject(), cb=on_cmd)
+        await nc.flush()
+        return nc
 
     # ---- addresses ------------------------------------------------------------------------------
     def urls(self, site: str) -> list[str]:

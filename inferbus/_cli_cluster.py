@@ -1,0 +1,166 @@
+"""``inferbus cluster``: a local multi-region topology (DESIGN §8) and faults for it.
+
+``up`` runs it in the foreground (every process supervised, logs under the run
+directory, ``cluster.json`` describing every port); ``config`` only renders the
+nats-server configs; ``kill``/``restore``/``partition``/``isolate``/``heal`` act
+on a running ``up`` through ``<p>._cluster.ctl`` (served via the witness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import string
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.")
+
+
+def _regions(n: int) -> tuple[str, ...]:
+    if not 2 <= n <= 8:
+        raise typer.BadParameter("--regions must be between 2 and 8")
+    return tuple(string.ascii_uppercase[:n])
+
+
+def _spec(regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path], proxy: bool,
+          actors: bool, witness_servers: int):
+    from .cluster import ClusterSpec
+
+    return ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
+                       models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
+                       witness_servers=witness_servers)
+
+
+@app.command()
+def up(
+    regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
+    workers: int = typer.Option(1, help="Worker processes per region."),
+    base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: temp)."),
+    models: Optional[Path] = typer.Option(None, help="Model repository (default ./models)."),
+    prefix: str = typer.Option("inferbus"),
+    proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
+    actors: bool = typer.Option(True, help="Run the serving actors (off: servers and region managers only)."),
+    witness_servers: int = typer.Option(3, help="Servers of the witness site (3 holds the lease's 3 replicas)."),
+) -> None:
+    """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
+    from .cli import _run
+    from .cluster import Topology
+
+    spec = _spec(regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
+
+    async def go() -> int:
+        t0 = time.monotonic()
+        topo = Topology(spec, run_dir=run_dir)
+        await topo.start()
+        ctl = None
+        try:
+            primary = await topo.wait_settled(60)
+            ctl = await topo.serve_control()
+            typer.echo(f"inferbus cluster up in {time.monotonic() - t0:.1f}s — primary {primary}; run dir {topo.run_dir}")
+            for site in spec.sites:
+                kind = "witness (JetStream, lease replicas)" if site == spec.witness else "region"
+                typer.echo(f"  {site:3s} {kind:36s} {','.join(topo.urls(site))}")
+                if site != spec.witness and topo.plan.valkey_url(site):
+                    typer.echo(f"      valkey {topo.plan.valkey_url(site)}")
+            typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
+            typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
+            typer.echo("serving; Ctrl-C to stop")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            return 0
+        finally:
+            if ctl is not None:
+                await ctl.close()
+            await topo.stop()
+
+    raise typer.Exit(_run(go()))
+
+
+@app.command()
+def config(
+    regions: int = typer.Option(2, help="Number of regions."),
+    base_port: int = typer.Option(14000, help="First of consecutive ports."),
+    out: Path = typer.Option(Path("deploy/local"), help="Folder for <server>.conf and cluster.json."),
+    proxy: bool = typer.Option(True, help="Advertise proxy ports for the gateways (as 'up' does)."),
+    witness_servers: int = typer.Option(3),
+) -> None:
+    """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
+    from .cluster import Plan
+
+    plan = Plan.make(_spec(regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
+    for p in plan.write_configs(out):
+        typer.echo(str(p))
+
+
+async def _send(cluster: Path, op: str, **kw):
+    import msgspec
+    import nats
+
+    from .cluster import ClusterCommand, ClusterReply
+
+    p = cluster / "cluster.json" if cluster.is_dir() else cluster
+    info = json.loads(p.read_text())
+    witness = info["spec"]["witness"]
+    urls = [s["url"] for s in info["servers"].values() if s["site"] == witness]
+    nc = await nats.connect(urls, connect_timeout=2)
+    try:
+        msg = await nc.request(f"{info['spec']['prefix']}._cluster.ctl",
+                               msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=60)
+        return msgspec.msgpack.decode(msg.data, type=ClusterReply)
+    finally:
+        await nc.close()
+
+
+def _control(cluster: Path, op: str, **kw) -> None:
+    from .cli import _run
+
+    try:
+        reply = _run(_send(cluster, op, **kw))
+    except Exception as exc:
+        typer.echo(f"{op}: no answer from the cluster ({type(exc).__name__}: {exc})", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{op}: {reply.detail} ({reply.ms:.1f} ms)")
+    raise typer.Exit(0 if reply.ok else 1)
+
+
+_CLUSTER = typer.Option(..., "--cluster", help="Run dir (or cluster.json) of a running 'inferbus cluster up'.")
+
+
+@app.command()
+def kill(region: str, cluster: Path = _CLUSTER) -> None:
+    """SIGKILL every process of REGION at once (servers, Valkey, node and actors); it stays down."""
+    _control(cluster, "kill", region=region)
+
+
+@app.command()
+def restore(region: str, cluster: Path = _CLUSTER) -> None:
+    """Start a killed REGION again; its region manager rejoins as standby."""
+    _control(cluster, "restore", region=region)
+
+
+@app.command()
+def partition(side_a: str, side_b: str, cluster: Path = _CLUSTER) -> None:
+    """Cut the gateways between the sites of SIDE_A and SIDE_B (comma-separated site names)."""
+    _control(cluster, "partition", side_a=side_a.split(","), side_b=side_b.split(","))
+
+
+@app.command()
+def isolate(site: str, cluster: Path = _CLUSTER) -> None:
+    """Cut SITE's gateways to every other site."""
+    _control(cluster, "isolate", region=site)
+
+
+@app.command()
+def heal(cluster: Path = _CLUSTER) -> None:
+    """Remove every gateway fault."""
+    _control(cluster, "heal")

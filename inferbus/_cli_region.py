@@ -1,0 +1,229 @@
+"""``inferbus region``: status, promote and demote of the regions' primary role (DESIGN §8).
+
+Regions are discovered from their managers' heartbeats (``<p>._region.hb.*``,
+every 100 ms), workers and models per region from the workers' load reports;
+each manager answers ``status``, ``promote`` and ``demote`` requests on
+``<p>._region.ctl.<region>`` with the steps it took and their timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Regions: which one is primary (lease, fencing term, cache master), promote, demote.")
+
+_LISTEN_S = 0.35
+"""How long to listen for heartbeats and load reports (3+ heartbeat periods)."""
+
+
+def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str]:
+    """Server list from ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json)."""
+    if nats_url:
+        return [u.strip() for u in nats_url.split(",") if u.strip()]
+    if cluster:
+        p = cluster / "cluster.json" if cluster.is_dir() else cluster
+        try:
+            info = json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"cannot read {p}: {exc}") from exc
+        return list(info["client_urls"])
+    return ["nats://127.0.0.1:4222"]
+
+
+async def _connect(servers: list[str]):
+    import nats
+
+    async def quiet(exc):
+        pass
+
+    return await nats.connect(servers, connect_timeout=2, max_reconnect_attempts=2, reconnect_time_wait=0.1,
+                              error_cb=quiet)
+
+
+async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, dict]:
+    """``({region: (age_ms, RegionHeartbeat)}, {region: {worker_id: LoadReport}})`` heard within ``listen_s``."""
+    from .bus import Subjects
+    from .schemas._internal import InternalDecodeError, LoadReport, decode_internal
+    from .schemas._region import RegionDecodeError, RegionHeartbeat, decode_region
+
+    s = Subjects(prefix)
+    hbs: dict = {}
+    loads: dict = {}
+
+    async def on_hb(msg):
+        try:
+            hb = decode_region(msg.data)
+        except RegionDecodeError:
+            return
+        if isinstance(hb, RegionHeartbeat):
+            hbs[hb.region] = (time.monotonic(), hb)
+
+    async def on_load(msg):
+        try:
+            r = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(r, LoadReport):
+            loads.setdefault(r.region or "-", {})[r.worker_id] = r
+
+    subs = [await nc.subscribe(s.region_heartbeats, cb=on_hb), await nc.subscribe(s.load, cb=on_load)]
+    await asyncio.sleep(listen_s)
+    for sub in subs:
+        await sub.unsubscribe()
+    now = time.monotonic()
+    return {r: ((now - t) * 1000, hb) for r, (t, hb) in hbs.items()}, loads
+
+
+def _print_steps(reply) -> None:
+    for i, st in enumerate(reply.steps, 1):
+        typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
+
+
+@app.command()
+def status(
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
+    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    prefix: str = typer.Option("inferbus"),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
+    from rich.console import Console
+    from rich.table import Table
+
+    import msgspec
+
+    from .actors._region import ask_region
+    from .cli import _run
+
+    async def go():
+        nc = await _connect(servers_option(nats_url, cluster))
+        try:
+            hbs, loads = await discover(nc, prefix)
+            out = {}
+            for region in sorted(hbs):
+                try:
+                    out[region] = (await ask_region(nc, prefix, region, "status", timeout_s=2.0)).status
+                except Exception as exc:
+                    out[region] = exc
+            return hbs, loads, out
+        finally:
+            await nc.close()
+
+    hbs, loads, sts = _run(go())
+    if not hbs:
+        typer.echo("no region manager heard (is a region up, and the prefix right?)", err=True)
+        raise typer.Exit(1)
+    primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
+    if json_out:
+        doc = {"primary": primaries[0] if len(primaries) == 1 else primaries, "regions": {}}
+        for region, st in sts.items():
+            ws = loads.get(region, {})
+            d = {"error": str(st)} if isinstance(st, Exception) else msgspec.to_builtins(st)
+            d["workers"] = sorted(ws)
+            d["models"] = sorted({m for w in ws.values() for m in w.models})
+            d.pop("transitions", None)
+            doc["regions"][region] = d
+        print(json.dumps(doc, default=str))
+        raise typer.Exit(0 if len(primaries) == 1 else 1)
+    t = Table(title=f"regions — primary: {', '.join(primaries) or 'none'}")
+    for col in ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)",
+                "cache", "model writes", "workers", "models"):
+        t.add_column(col)
+    for region, st in sts.items():
+        ws = loads.get(region, {})
+        models = sorted({m for w in ws.values() for m in w.models})
+        if isinstance(st, Exception):
+            t.add_row(region, f"no answer: {type(st).__name__}", *[""] * 7, str(len(ws)), ", ".join(models))
+            continue
+        peers = ", ".join(f"{r} {age:.0f}" for r, age in sorted(st.heartbeat_age_ms.items()) if r != region)
+        t.add_row(region, st.role, str(st.term), str(st.lease_rev), st.lease_holder or "-", f"{st.lease_age_ms:.0f}",
+                  peers, st.cache_role, "on" if st.model_writes else "off", str(len(ws)), ", ".join(models))
+    Console(width=200).print(t)
+    raise typer.Exit(0 if len(primaries) == 1 else 1)
+
+
+@app.command()
+def promote(
+    region: str = typer.Argument(..., help="Region to make primary."),
+    force: bool = typer.Option(False, help="Take over even while another region holds a live lease."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
+    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    prefix: str = typer.Option("inferbus"),
+) -> None:
+    """Make REGION primary: lease CAS, Valkey master, model-management writes on, new term published.
+
+    Refused while another region holds a live lease unless --force (the holder is asked to step
+    down first; if it cannot be reached its next renewal fails and it steps down at once).
+    """
+    from .actors._region import ask_region
+    from .cli import _run
+
+    async def go():
+        nc = await _connect(servers_option(nats_url, cluster))
+        try:
+            return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=10.0)
+        finally:
+            await nc.close()
+
+    t0 = time.monotonic()
+    try:
+        reply = _run(go())
+    except Exception as exc:
+        typer.echo(f"promote {region}: no answer from its region manager ({type(exc).__name__}: {exc})", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"promote {region}{' (forced)' if force else ''}:")
+    _print_steps(reply)
+    if not reply.ok:
+        typer.echo(f"refused: {reply.error}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
+
+
+@app.command()
+def demote(
+    region: Optional[str] = typer.Argument(None, help="Region to demote (default: the current primary)."),
+    to: str = typer.Option("", help="Region to hand over to (default: the live standby heard last)."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
+    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    prefix: str = typer.Option("inferbus"),
+) -> None:
+    """Hand the primary role over: release the lease (naming the successor), step down, report the new primary."""
+    from .actors._region import ask_region
+    from .cli import _run
+
+    async def go():
+        nc = await _connect(servers_option(nats_url, cluster))
+        try:
+            target = region
+            if target is None:
+                hbs, _ = await discover(nc, prefix)
+                prim = [r for r, (_, hb) in hbs.items() if hb.role == "primary"]
+                if len(prim) != 1:
+                    return None, f"cannot tell the primary from the heartbeats (primaries heard: {prim})"
+                target = prim[0]
+            return target, await ask_region(nc, prefix, target, "demote", successor=to, timeout_s=10.0)
+        finally:
+            await nc.close()
+
+    t0 = time.monotonic()
+    try:
+        target, reply = _run(go())
+    except Exception as exc:
+        typer.echo(f"demote: no answer ({type(exc).__name__}: {exc})", err=True)
+        raise typer.Exit(2)
+    if target is None:
+        typer.echo(f"demote: {reply}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"demote {target}:")
+    _print_steps(reply)
+    if not reply.ok:
+        typer.echo(f"refused: {reply.error}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
