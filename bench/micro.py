@@ -11,6 +11,7 @@ least of several repetitions; latencies are wall time.
 * ``publish_us``: nats-py ``publish()`` per message (no syscall: the flusher
   writes once at the end) with 0, 1, the SDK's 2 and the ingress's forward
   header set (10 headers), with and without subject validation;
+  and through :func:`inferbus.bus.publish_raw` with the header block encoded once;
 * ``header_parse_us``: nats-py's parse of a received message's headers, same sets;
 * ``handoff_us``: one request's trip loop → inference thread → loop
   (``queue.Queue`` + ``call_soon_threadsafe``, the worker's design) against
@@ -73,6 +74,8 @@ async def _per_op_async(fn, n: int, reps: int = 7, between=None) -> float:
 async def bus_costs(url: str) -> dict:
     import nats
 
+    from inferbus.bus import header_block, publish_raw
+
     body = b"x" * 330
     res: dict = {"publish_us": {}, "header_parse_us": {}}
     for skip in (False, True):
@@ -85,6 +88,14 @@ async def bus_costs(url: str) -> dict:
             await _per_op_async(pub, 2000, 1, nc.flush)
             res["publish_us"][f"{name}{', no subject check' if skip else ''}"] = await _per_op_async(pub, 5000,
                                                                                                      between=nc.flush)
+            if not skip:
+                block = header_block(hdrs) if hdrs else None
+
+                async def pub_raw():
+                    await publish_raw(nc, "bench.sink.x", body, reply="_INBOX.abc.123", headers=block)
+
+                res["publish_us"][f"{name}, publish_raw (block encoded once)"] = await _per_op_async(
+                    pub_raw, 5000, between=nc.flush)
         if not skip:
             for name, hdrs in (("1 header", {"Content-Type": "application/msgpack"}), ("client (2)", CLIENT_HEADERS),
                                ("forward (10)", FWD_HEADERS)):

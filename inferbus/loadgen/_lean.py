@@ -6,7 +6,9 @@ subscription; the subscription callback matches each answer to its request by
 request at once. Bodies are encoded before the step starts. This is what lets
 one Python process offer tens of thousands of requests per second without
 becoming the bottleneck it measures (the SDK's ``request()`` creates a future
-and an ``asyncio.wait_for`` timer per call).
+and an ``asyncio.wait_for`` timer per call). Headers are encoded once per step
+(:func:`inferbus.bus.publish_raw`), and latencies are kept in a list during the
+step and put into the HDR histogram after it.
 
 Open loop: the schedule is cut into ticks of ``tick_s`` (1 ms by default, the
 event loop's timer resolution); the requests due in a tick are sent together
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..bus import header_block, publish_raw
 from ._result import Recorder
 from ._workload import Workload
 
@@ -56,6 +59,9 @@ class Target:
     bodies: list[bytes]
     headers: dict | None
     judge: Judge
+
+    def __post_init__(self) -> None:
+        self.header_block = header_block(self.headers) if self.headers else None
 
 
 def infer_target(work: Workload, prefix: str = "inferbus", timeout_ms: float = 1000.0) -> Target:
@@ -107,7 +113,8 @@ class LeanDriver:
         tok = self._tok = self._tok + 1
         t = self._target
         self._pending[tok] = (t_ref, i, slot)
-        await self.nc.publish(t.subject, t.bodies[i % len(t.bodies)], reply=f"{self._inbox}.{tok}", headers=t.headers)
+        await publish_raw(self.nc, t.subject, t.bodies[i % len(t.bodies)], reply=f"{self._inbox}.{tok}",
+                          headers=t.header_block)
 
     async def _on_reply(self, msg) -> None:
         now = time.monotonic()

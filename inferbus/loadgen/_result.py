@@ -77,6 +77,8 @@ class Recorder:
     def __init__(self) -> None:
         self.hist = new_histogram()
         self.lag = new_histogram()
+        self._lat: list[int] = []
+        self._lags: list[int] = []
         self.errors: Counter = Counter()
         self.ok = 0
         self.wrong = 0
@@ -87,8 +89,12 @@ class Recorder:
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
                params: dict | None = None) -> None:
-        """Record one answer: its latency, its error code (None = success), whether it was right."""
-        self.hist.record_value(max(int(latency_us), 1))
+        """Record one answer: its latency, its error code (None = success), whether it was right.
+
+        Latencies are appended to a list and put into the histogram by :meth:`to_wire`,
+        after the step, so that the histogram's (pure Python) bookkeeping does not
+        take CPU from the generator while it measures."""
+        self._lat.append(int(latency_us))
         if err is not None:
             self.errors[err] += 1
             return
@@ -108,10 +114,18 @@ class Recorder:
                         self.stages[k] += v
 
     def record_lag(self, lag_us: float) -> None:
-        self.lag.record_value(max(int(lag_us), 1))
+        self._lags.append(int(lag_us))
+
+    def _flush(self) -> None:
+        for hist, values in ((self.hist, self._lat), (self.lag, self._lags)):
+            rec = hist.record_value
+            for v in values:
+                rec(v if v > 1 else 1)
+            values.clear()
 
     def to_wire(self, elapsed_s: float, cpu_s: float) -> dict:
         """A JSON-safe dict; add several with :func:`merge_wire`."""
+        self._flush()
         return {
             "hist": self.hist.encode().decode("ascii"), "lag": self.lag.encode().decode("ascii"),
             "errors": dict(self.errors), "ok": self.ok, "wrong": self.wrong, "hits": self.hits,
