@@ -220,8 +220,9 @@ class LeaseStore:
             await self.ensure()
         body = encode_region(value)
         try:
-            if last == 0:
-                return await self.kv.create(LEASE_KEY, body)
+            # last=0 sends "Nats-Expected-Last-Subject-Sequence: 0" (the key must not exist): a pure CAS.
+            # kv.create would, on a conflict, read the key to check for a tombstone, and that read can
+            # fail in a race and hide the lost race (we never delete the key, so there is no tombstone).
             return await self.kv.update(LEASE_KEY, body, last=last)
         except KeyWrongLastSequenceError as exc:
             raise LostRace(f"lease CAS on revision {last} lost: {exc}") from exc

@@ -1,0 +1,239 @@
+"""The lease and the region managers against a real 3-server JetStream cluster (the witness).
+
+* election race: 10 candidates CAS the same revision each round → exactly one winner, terms strictly
+  increasing (1,000 rounds, ~7 s on the 2-core box; 10,000 rounds is marked slow);
+* conflicts (JetStream 10071 / 10164) are lost races;
+* region managers in-process: takeover when the primary dies, a leader whose renewal fails steps down at
+  once, a stalled leader resumes its own term when nobody took over, demotion hands over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import nats
+import pytest
+
+from inferbus.actors._region import LeaseStore, LostRace, RegionConfig, RegionManager
+from inferbus.bus import BusConfig, EmbeddedNats
+from inferbus.cluster._plan import pick_ports
+from inferbus.schemas._region import LeaseValue
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return ("asyncio", {"use_uvloop": True})
+
+
+@pytest.fixture(scope="module")
+def witness(tmp_path_factory):
+    """Three nats-servers in one cluster ``W`` with JetStream (``sync_interval: always``)."""
+    root = tmp_path_factory.mktemp("witness")
+    ports = pick_ports(6)
+    client, route = ports[:3], ports[3:]
+    servers = []
+    try:
+        for i in range(3):
+            routes = ", ".join(f'"nats-route://127.0.0.1:{route[j]}"' for j in range(3) if j != i)
+            d = root / f"W{i + 1}"
+            servers.append(EmbeddedNats(
+                port=client[i], jetstream=False, run_dir=d, server_name=f"W{i + 1}",
+                extra_config=(f'cluster {{ name: "W", listen: 127.0.0.1:{route[i]}, routes: [{routes}] }}\n'
+                              f'jetstream {{ store_dir: "{d / "js"}", max_memory_store: 16MB, '
+                              f'max_file_store: 64MB, sync_interval: always }}\n')).start())
+        yield [s.url for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+
+
+async def _store(urls, bucket: str, timeout_s: float = 30.0) -> tuple[object, LeaseStore]:
+    """A connected LeaseStore; waits (on a condition, not a sleep) until JetStream has a meta leader."""
+    nc = await nats.connect(urls, connect_timeout=2)
+    store = LeaseStore(nc.jetstream(timeout=2.0), bucket, placement_cluster="W", replicas=3)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await store.ensure()
+            return nc, store
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def _race(urls, rounds: int, candidates: int = 10) -> list[int]:
+    bucket = f"race_{uuid.uuid4().hex[:8]}"
+    conns = [await _store(urls, bucket) for _ in range(candidates)]
+    stores = [s for _, s in conns]
+    try:
+        last, terms = 0, []
+        for rnd in range(rounds):
+            results = await asyncio.gather(
+                *(s.cas(LeaseValue(holder=f"c{i}", manager_id=f"c{i}", op="acquire"), last)
+                  for i, s in enumerate(stores)), return_exceptions=True)
+            winners = [(i, r) for i, r in enumerate(results) if isinstance(r, int)]
+            others = [r for r in results if not isinstance(r, (int, LostRace))]
+            assert not others, f"round {rnd}: unexpected errors {others[:3]}"
+            assert len(winners) == 1, f"round {rnd}: {len(winners)} winners"
+            term = winners[0][1]
+            assert term > last, f"round {rnd}: term {term} not above {last}"
+            terms.append(term)
+            last = term
+        rev, value = await stores[0].read()
+        assert rev == last and value is not None and value.holder == f"c{winners[0][0]}"
+        return terms
+    finally:
+        for nc, _ in conns:
+            await nc.close()
+
+
+@pytest.mark.timeout(120)
+async def test_election_race_10_candidates_1000_rounds(witness):
+    terms = await _race(witness, rounds=1000)
+    assert len(terms) == 1000 and terms == sorted(set(terms))  # strictly increasing, never shared
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_election_race_10000_rounds(witness):
+    terms = await _race(witness, rounds=10_000)
+    assert len(terms) == 10_000 and terms == sorted(set(terms))
+
+
+@pytest.mark.timeout(60)
+async def test_conflicts_are_lost_races(witness):
+    from nats.js.errors import APIError
+
+    nc, store = await _store(witness, f"conf_{uuid.uuid4().hex[:8]}")
+    try:
+        r1 = await store.cas(LeaseValue(holder="A"), 0)
+        with pytest.raises(LostRace):  # create on an existing key
+            await store.cas(LeaseValue(holder="B"), 0)
+        with pytest.raises(LostRace):  # update on a stale revision
+            await store.cas(LeaseValue(holder="B"), r1 - 1 if r1 > 1 else r1 + 5)
+        r2 = await store.cas(LeaseValue(holder="B"), r1)
+        assert r2 > r1 and (await store.read())[0] == r2
+        # what the server says underneath: JetStream API error 10071 (wrong last sequence)
+        with pytest.raises(APIError) as info:
+            await nc.jetstream().publish(f"$KV.{store.bucket}.leader", b"x",
+                                         headers={"Nats-Expected-Last-Subject-Sequence": str(r1)})
+        assert info.value.err_code in (10071, 10164)
+    finally:
+        await nc.close()
+
+
+def _cfg(urls, region: str, bucket: str, **kw) -> RegionConfig:
+    return RegionConfig(region=region, bus=BusConfig(servers=tuple(urls), prefix=f"t{bucket}"), bucket=bucket,
+                        placement_cluster="W", **kw)
+
+
+class Managers:
+    """Region managers running as tasks on the test's loop (no Valkey)."""
+
+    def __init__(self, urls, regions=("A", "B"), **kw) -> None:
+        self.bucket = f"rm_{uuid.uuid4().hex[:8]}"
+        self.m = {r: RegionManager(_cfg(urls, r, self.bucket, initial_primary=(i == 0), **kw))
+                  for i, r in enumerate(regions)}
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    async def __aenter__(self):
+        # the first region starts first and becomes primary (as 'inferbus cluster up' does), then the others
+        first, *rest = self.m
+        self.tasks[first] = asyncio.create_task(self.m[first].run())
+        await self.until(lambda: self.m[first].is_primary(), 30)
+        for r in rest:
+            self.tasks[r] = asyncio.create_task(self.m[r].run())
+        await self.until(lambda: all(m.known_term for m in self.m.values()), 30)
+        return self
+
+    async def __aexit__(self, *exc):
+        for t in self.tasks.values():
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def primary(self) -> str | None:
+        p = [r for r, m in self.m.items() if m.is_primary()]
+        assert len(p) <= 1, f"two primaries: {p}"
+        return p[0] if p else None
+
+    async def until(self, pred, timeout_s: float) -> float:
+        """Wait for ``pred()`` (checked every 5 ms, asserting at most one primary throughout)."""
+        t0 = time.monotonic()
+        while not pred():
+            self.primary()
+            if time.monotonic() - t0 > timeout_s:
+                raise AssertionError(f"condition not met within {timeout_s} s")
+            await asyncio.sleep(0.005)
+        return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+async def test_primary_death_standby_takes_over(witness):
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        assert ms.primary() == "A"
+        await ms.until(lambda: b.primary_hb_at is not None, 5)
+        term_a = a.term
+        ms.tasks["A"].cancel()  # the manager dies: no release, renewals stop
+        t_dead = time.monotonic()
+        await ms.until(lambda: b.is_primary(), 5)
+        assert b.term > term_a
+        assert b.suspected_at is not None and b.suspected_at - t_dead <= 1.0
+        assert b.became_primary_at - t_dead <= 1.5
+
+
+@pytest.mark.timeout(60)
+async def test_leader_whose_renewal_fails_steps_down_at_once(witness):
+    async with Managers(witness, regions=("A",)) as ms:
+        a = ms.m["A"]
+        nc, store = await _store(witness, ms.bucket)
+        try:
+            rev, _ = await store.read()
+            while True:  # an outside CAS (a forced takeover) on the latest revision
+                try:
+                    await store.cas(LeaseValue(holder="X", manager_id="x"), rev)
+                    break
+                except LostRace:
+                    rev, _ = await store.read()
+            t = time.monotonic()
+            await ms.until(lambda: a.role == "standby", 2)
+            assert time.monotonic() - t < 0.3 + a.config.heartbeat_ms / 1000
+            assert any(tr.event == "standby" and "lost" in tr.detail for tr in a.transitions)
+        finally:
+            await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_stalled_leader_resumes_its_term_when_nobody_took_over(witness):
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        term = a.term
+        a.valid_until = time.monotonic()  # as if its loop had stalled past the lease validity
+        await ms.until(lambda: any(tr.event == "standby" for tr in a.transitions), 2)
+        await ms.until(lambda: a.is_primary(), 2)
+        assert a.term == term and not b.is_primary()
+        assert any("resume" in tr.detail for tr in a.transitions if tr.event == "primary")
+
+
+@pytest.mark.timeout(60)
+async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(witness):
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: b.primary_hb_at is not None, 5)
+        refused = await b.promote(force=False)
+        assert not refused.ok and "live lease" in refused.error
+        term = a.term
+        reply = await a.demote("")
+        assert reply.ok, reply
+        assert [s.name for s in reply.steps][:2] == ["lease released", "stepped down"]
+        await ms.until(lambda: b.is_primary(), 3)
+        assert b.term > term and not a.is_primary() and a.model_writes is False and b.model_writes is True
+        forced = await a.promote(force=True)
+        assert forced.ok, forced
+        await ms.until(lambda: a.is_primary() and not b.is_primary(), 3)
+        assert a.term > b.known_term - 1 and a.term > term
