@@ -193,16 +193,26 @@ class Suite:
 
     async def _sweep(self, gp: GeneratorPool, series: str, target: dict, est_qps: float) -> dict:
         """Open-loop rates from ``start_frac × est_qps`` up by ``sweep_factor`` until saturation; refine the
-        p99 limit crossing by bisection (geometric)."""
+        p99 limit crossing by bisection (geometric).
+
+        A step is *sustained* when at least 97 % of the offered rate is answered, with no
+        timeout, errors under 0.1 % and a median under 20 × the first step's (or the p99
+        limit, if larger); the sweep stops at the first step that is not."""
         cfg = self.cfg
         rate = max(50.0, est_qps * cfg.sweep_start_frac)
         last_good = first_bad = None
         saturated_at = None
         best_sustained = 0.0
 
+        p50_first: list[float] = []
+
         def judge(r: BenchResult, offered: float) -> tuple[bool, bool]:
-            sustained = r.requests > 0 and r.qps >= 0.95 * offered and r.timeouts == 0 \
-                and r.error_count <= 0.001 * r.requests
+            # sustained: the rate is delivered, nothing fails, and no queue builds up (a queue that grows
+            # during the step shows as a median far above the sweep's lightest step)
+            if not p50_first:
+                p50_first.append(r.p50_us)
+            sustained = r.requests > 0 and r.qps >= 0.97 * offered and r.timeouts == 0 \
+                and r.error_count <= 0.001 * r.requests and r.p50_us <= max(20 * p50_first[0], cfg.p99_limit_us)
             return sustained, sustained and r.p99_us < cfg.p99_limit_us
 
         for _ in range(cfg.sweep_max_steps):
