@@ -133,8 +133,8 @@ class HedgeBudget:
         self.tokens = t if t < self.burst else self.burst
 
     def try_spend(self) -> bool:
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - 1e-9:  # 10 x 0.1 must make a whole token despite float rounding
+            self.tokens = max(self.tokens - 1.0, 0.0)
             return True
         self.refused += 1
         return False

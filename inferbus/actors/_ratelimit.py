@@ -58,7 +58,8 @@ class TokenBucket:
             0.0 when taken; otherwise the seconds until ``n`` tokens will be there
             (nothing is taken).
         """
-        tokens = self.tokens + (now - self.stamp) * self.rate_per_s
+        elapsed = now - self.stamp
+        tokens = self.tokens + (elapsed if elapsed > 0 else 0.0) * self.rate_per_s
         if tokens > self.burst:
             tokens = self.burst
         self.stamp = now

@@ -203,6 +203,9 @@ class Router:
             cands = [w for w in live if w.breaker.allows(now)]
             if not cands:
                 return None
+        for w in cands:
+            if w.breaker.state is BreakerState.HALF_OPEN:
+                return w  # its probe goes first: else a tie-break could leave it untried (and out) for long
         if self.region:
             local = [w for w in cands if w.region == self.region]
             if local:

@@ -1,0 +1,442 @@
+"""Serving-path reliability against real processes (issue 5): health, circuit breakers, hedging, dedupe,
+deadlines at every hop, overload shedding, abandoned requests.
+
+One ``inferbus up`` deployment (2 CPU workers, fault injection on) is shared by the tests of this module;
+each test sets its faults through the workers' control subject and clears them afterwards (the autouse
+fixture also waits until both workers are healthy with closed breakers again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+import uuid
+
+import nats
+import numpy as np
+import pytest
+
+from inferbus.actors import IngressConfig, WorkerConfig
+from inferbus.bus import BusConfig
+from inferbus.client import Client
+from inferbus.schemas import (
+    DeadlineExceeded, InferbusError, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
+    decode_error, encode_request, input_from_numpy, InferRequest,
+)
+from inferbus.schemas._internal import FORWARD_TAG
+
+from conftest import start_deployment
+from test_reliability_lib import Reports, health_params, models_subset, reference, set_fault, wait_health
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+W0, W1 = "n1-w0", "n1-w1"
+PREFIX = "rel"
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):  # process-heavy tests: one loop is enough
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rel")
+    models = models_subset(root / "models", ["typed", "digits", "strings"], {
+        "typed": {"cache_ttl_ms": 0}, "strings": {"cache_ttl_ms": 0},
+        "digits": {"cache_ttl_ms": 0, "hedge_after_ms": "p95"},
+    })
+    d = start_deployment(root / "dep", workers=2, prefix=PREFIX, extra=[
+        "--models", str(models), "--no-cache", "--fault-injection", "--health-window-s", "2",
+        "--min-window-requests", "20", "--breaker-failures", "5", "--breaker-open-s", "1",
+        "--health-timeout-s", "1.5", "--mailbox-size", "8", "--hedge-budget", "1.0"])
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+async def env(dep):
+    nc = await nats.connect(dep.nats_url)
+    client = Client(nc, dep.prefix)
+    reports = await Reports.start(nc, dep.prefix)
+    await reports.wait(lambda r: {W0, W1} <= set(r), what="both workers reporting")
+    pids = {w: r.pid for w, r in reports.latest.items()}
+    yield nc, client, reports
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w)
+    deadline = time.monotonic() + 15
+    while True:  # healthy, breakers closed (a breaker closes only on a probe: keep a little traffic going)
+        params = await health_params(client)
+        if all(params["workers"][w]["health"] == "ok" and params["workers"][w]["breaker"] == "closed"
+               for w in (W0, W1)):
+            break
+        assert time.monotonic() < deadline, f"workers not healthy again: {params['workers']}"
+        try:
+            await client.infer("typed", typed_input())
+        except InferbusError:
+            pass
+        await asyncio.sleep(0.05)
+    assert {w: r.pid for w, r in reports.latest.items()} == pids, "a worker process died"
+    await reports.stop()
+    await nc.close()
+
+
+_counter = iter(range(10**9))
+
+
+def typed_input(n: int = 1):
+    """A typed-model input no other request sends (its answer is checkable: a*2 and sum(b))."""
+    k = next(_counter) * 1000 + random.randrange(1000)
+    a = (np.arange(n, dtype=np.int32) + k).reshape(n, 1)
+    b = np.full((n, 4), 0.25, np.float16)
+    return {"a": a, "b": b}
+
+
+def check_typed(feeds, out):
+    np.testing.assert_array_equal(out["a_times_2"], feeds["a"] * 2)
+    np.testing.assert_array_equal(out["b_sum"], feeds["b"].astype(np.float32).sum(1, keepdims=True))
+
+
+async def test_error_rate_takes_a_worker_out_and_back(env, dep):
+    nc, client, reports = env
+    await set_fault(nc, dep.prefix, W0, error_rate=0.15)
+    internal = 0
+    for i in range(400):
+        try:
+            await client.infer("typed", typed_input())
+        except Internal:
+            internal += 1
+        if i % 10 == 9 and (await health_params(client))["workers"][W0]["health"] == "error_rate":
+            break
+    else:
+        pytest.fail("w0 never judged unhealthy by its error rate")
+    assert internal >= 1
+    # out of routing: every request is served by the healthy worker, none fails
+    for _ in range(40):
+        res = await client.infer_result("typed", typed_input())
+        assert res.parameters["worker_id"] == W1
+    # it recovers once its errors slide out of the 2 s window
+    await set_fault(nc, dep.prefix, W0)
+    await wait_health(client, lambda p: p["workers"][W0]["health"] == "ok", timeout_s=10, what="w0 healthy")
+    seen = set()
+    for _ in range(100):
+        seen.add((await client.infer_result("typed", typed_input())).parameters["worker_id"])
+        if seen == {W0, W1}:
+            break
+    assert seen == {W0, W1}
+
+
+async def test_breaker_opens_after_5_failures_probes_and_closes(env, dep):
+    nc, client, reports = env
+    # start from an empty error window, so the error-rate health check stays out of the breaker's way
+    await wait_health(client, lambda p: p["workers"][W0]["window_requests"] == 0, timeout_s=5, what="empty window")
+    await set_fault(nc, dep.prefix, W0, error_rate=1.0)
+    failures = 0
+    for _ in range(500):
+        try:
+            await client.infer("typed", typed_input())
+        except Internal:
+            failures += 1
+            if failures == 4:
+                assert (await health_params(client))["workers"][W0]["breaker"] == "closed"
+            if failures == 5:
+                break
+    else:
+        pytest.fail("w0 got fewer than 5 requests")
+    # CLOSED -> OPEN after exactly 5 consecutive failures (the completion notice trails the reply a little)
+    params = await wait_health(client, lambda p: p["workers"][W0]["breaker"] == "open", timeout_s=2, what="open")
+    assert params["workers"][W0]["health"] == "breaker_open" and params["workers"][W0]["breaker_trips"] == 1
+    stats = json.loads((await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=2)).data)
+    infer = next(e for e in stats["endpoints"] if e["name"] == "infer")
+    assert infer["data"]["breakers"][W0] == "open" and infer["data"]["breakers"][W1] == "closed"
+    t_open = time.monotonic()
+    while time.monotonic() - t_open < 0.8:  # open: all traffic goes to w1
+        res = await client.infer_result("typed", typed_input())
+        assert res.parameters["worker_id"] == W1
+    # after 1 s: half-open lets one probe through; it fails, the breaker opens again
+    await wait_health(client, lambda p: p["workers"][W0]["breaker"] == "half_open", timeout_s=5, what="half-open")
+    with pytest.raises(Internal):
+        for _ in range(5):
+            await client.infer("typed", typed_input())
+    assert (await health_params(client))["workers"][W0]["breaker_trips"] == 2
+    # the worker recovers; the next probe succeeds and closes the breaker
+    await set_fault(nc, dep.prefix, W0)
+    await wait_health(client, lambda p: p["workers"][W0]["breaker"] == "half_open", timeout_s=5, what="half-open")
+    res = await client.infer_result("typed", typed_input())
+    assert res.parameters["worker_id"] == W0  # the probe goes first
+    assert (await health_params(client))["workers"][W0]["breaker"] == "closed"
+
+
+async def test_client_errors_never_trip_a_breaker(env, dep):
+    nc, client, reports = env
+    errors0 = {w: r.errors for w, r in reports.latest.items()}
+    big = np.array([[b"x" * (4 * 1024 * 1024 + 512)]], dtype=object)  # 'doubled' answer over max_payload
+    for _ in range(6):
+        t0 = time.perf_counter()
+        with pytest.raises(PayloadTooLarge):
+            await client.infer("strings", {"s": big}, outputs=["doubled"], timeout_s=5)
+        assert time.perf_counter() - t0 < 1.0  # an error reply, not a silent timeout
+    for _ in range(6):  # refused by the worker's runtime as a client error (not UTF-8)
+        with pytest.raises(InvalidArgument) as ei:
+            await client.infer("strings", {"s": np.array([[b"\xff\xfe"]], dtype=object)})
+        assert ei.value.field == "inputs[0].raw"
+    params = await health_params(client)
+    for w in (W0, W1):
+        assert params["workers"][w]["breaker"] == "closed" and params["workers"][w]["consecutive_failures"] == 0
+        assert params["workers"][w]["health"] == "ok"
+    await asyncio.sleep(0.3)  # a report or two
+    assert {w: r.errors for w, r in reports.latest.items()} == errors0  # nothing counted as the workers' fault
+
+
+async def test_silent_worker_is_taken_out_and_back(env, dep):
+    nc, client, reports = env
+    await set_fault(nc, dep.prefix, W0, silent=True)
+    t0 = time.monotonic()
+    await wait_health(client, lambda p: p["workers"][W0]["health"] == "silent", timeout_s=5, what="w0 silent")
+    assert time.monotonic() - t0 >= 1.0  # after health_timeout_s (1.5 s) without a report
+    for _ in range(20):
+        assert (await client.infer_result("typed", typed_input())).parameters["worker_id"] == W1
+    await set_fault(nc, dep.prefix, W0)
+    await wait_health(client, lambda p: p["workers"][W0]["health"] == "ok", timeout_s=5, what="w0 reporting")
+
+
+async def test_hedge_beats_a_slow_worker_and_runs_the_model_at_most_twice(env, dep):
+    nc, client, reports = env
+    await set_fault(nc, dep.prefix, W0, compute_delay_ms=400)
+    before = {w: reports.latest[w] for w in (W0, W1)}
+    n = 24
+    latencies = []
+
+    async def timed():
+        feeds = typed_input()
+        t0 = time.perf_counter()
+        res = await client.infer_result("typed", feeds, hedge=30, timeout_s=3)
+        latencies.append(time.perf_counter() - t0)
+        check_typed(feeds, res.outputs)
+
+    for _ in range(n // 2):  # pairs: with equal load the second of a pair goes to the other worker, so w0 gets half
+        await asyncio.gather(timed(), timed())
+    # concurrent hedged requests: every answer is its own (a loser's reply never reaches another request)
+    sem = asyncio.Semaphore(4)
+
+    async def one():
+        async with sem:
+            feeds = typed_input(3)
+            check_typed(feeds, await client.infer("typed", feeds, hedge=30, timeout_s=3))
+    await asyncio.gather(*(one() for _ in range(24)))
+    params = await health_params(client)
+    assert params["counts"]["hedges"] >= 1 and params["counts"]["hedge_cancels"] >= 1
+    assert max(latencies) < 0.35, latencies  # never waited for the 400 ms worker
+    await asyncio.sleep(0.6)  # let w0 finish its delayed batches and report
+    await reports.wait(lambda r: r[W0].in_flight == 0, what="w0 idle")
+    ran = sum(reports.latest[w].computed - before[w].computed for w in (W0, W1))
+    cancelled = reports.latest[W0].cancelled - before[W0].cancelled
+    assert ran <= 2 * (n + 24), ran  # the model runs at most twice per request
+    assert cancelled >= 1  # hedge losers still queued were dropped without running the model
+    print(f"hedged: {n + 24} requests, model ran {ran} times, {cancelled} losers dropped before compute, "
+          f"max sequential latency {max(latencies) * 1000:.0f} ms")
+
+
+async def test_hedge_after_observed_p95_per_model(env, dep):
+    nc, client, reports = env
+    x = np.load(dep.run_dir.parent / "models" / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    for i in range(40):  # observations for the p95
+        await client.infer("digits", {"pixels": x[i:i + 1] + np.float32(random.random() * 1e-3)})
+    params = await health_params(client)
+    p95 = params["latency"]["digits:1"]["p95_ms"]
+    assert p95 is not None and p95 < 100
+    hedges0 = params["counts"]["hedges"]
+    await set_fault(nc, dep.prefix, W0, compute_delay_ms=300)
+    worst = 0.0
+    for i in range(16):
+        feeds = {"pixels": x[i:i + 1] + np.float32(random.random())}
+        t0 = time.perf_counter()
+        out = await client.infer("digits", feeds, timeout_s=3)
+        worst = max(worst, time.perf_counter() - t0)
+        np.testing.assert_allclose(out["logits"], reference("digits", feeds)["logits"], rtol=1e-5, atol=1e-5)
+    assert (await health_params(client))["counts"]["hedges"] > hedges0
+    assert worst < 0.25, worst
+
+
+async def test_timeout_then_retry_with_same_id_runs_the_model_once(env, dep):
+    nc, client, reports = env
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w, compute_delay_ms=1500)
+    await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+    ran0, joins0 = reports.computed(), sum(r.dedup_joins for r in reports.latest.values())
+    feeds, rid = typed_input(), uuid.uuid4().hex
+    t0 = time.perf_counter()
+    with pytest.raises(DeadlineExceeded):
+        await client.infer("typed", feeds, request_id=rid, timeout_s=1.0)
+    assert 0.9 < time.perf_counter() - t0 < 1.3
+    res = await client.infer_result("typed", feeds, request_id=rid, timeout_s=3.0)
+    took = time.perf_counter() - t0
+    check_typed(feeds, res.outputs)
+    assert took < 2.4, took  # it joined the computation in progress (~1.5 s), it did not start another
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w)
+    await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+    await reports.wait(lambda r: reports.computed() >= ran0 + 1, what="report of the run")
+    assert reports.computed() - ran0 == 1  # the model ran once for the two attempts
+    assert sum(r.dedup_joins for r in reports.latest.values()) - joins0 == 1
+    # the late reply of the first attempt never reaches a later request
+    for _ in range(10):
+        other = typed_input()
+        check_typed(other, await client.infer("typed", other))
+
+
+async def test_deadline_is_enforced_at_every_hop(env, dep):
+    nc, client, reports = env
+    p = dep.prefix
+    feeds = typed_input()
+    body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
+    await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+    ran0 = reports.computed()
+    # 1. ingress: a spent budget is refused on arrival, nothing is forwarded
+    msg = await nc.request(f"{p}.infer.typed", body, timeout=2, headers={"Inferbus-Timeout-Ms": "0"})
+    assert isinstance(decode_error(msg.headers, msg.data), DeadlineExceeded)
+    # 2. the ingress rewrites the remaining budget on the forwarded copy (sniffed off the worker subject)
+    sniff = await nc.subscribe(f"{p}._w.*")
+    ok = await nc.request(f"{p}.infer.typed", body, timeout=2, headers={"Inferbus-Timeout-Ms": "500"})
+    assert decode_error(ok.headers, ok.data) is None
+    fwd = await sniff.next_msg(timeout=2)
+    await sniff.unsubscribe()
+    left = float(fwd.headers["Inferbus-Timeout-Ms"])
+    assert 0 < left < 500 and "Inferbus-Deadline-Unix-Ms" in fwd.headers
+    # 3. worker: a forwarded request whose budget is spent is answered without any work
+    fwd_h = {"Inferbus-Msg": FORWARD_TAG, "Inferbus-Model": "typed", "Inferbus-Version": "1",
+             "Inferbus-Timeout-Ms": "0"}
+    expired0 = reports.latest[W0].expired
+    msg = await nc.request(f"{p}._w.{W0}", body, timeout=2, headers=fwd_h)
+    assert isinstance(decode_error(msg.headers, msg.data), DeadlineExceeded)
+    # 4. worker: a request whose budget runs out while queued is dropped before compute
+    await set_fault(nc, p, W0, compute_delay_ms=300)
+    a = asyncio.create_task(nc.request(f"{p}._w.{W0}", body, timeout=3, headers={**fwd_h, "Inferbus-Timeout-Ms": "2000"}))
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    b = await nc.request(f"{p}._w.{W0}", body, timeout=3, headers={**fwd_h, "Inferbus-Timeout-Ms": "100"})
+    assert isinstance(decode_error(b.headers, b.data), DeadlineExceeded)
+    assert time.perf_counter() - t0 < 1.0
+    assert decode_error((await a).headers, (await a).data) is None
+    await set_fault(nc, p, W0)
+    await reports.wait(lambda r: r[W0].expired >= expired0 + 2 and r[W0].in_flight == 0, what="expired counted")
+    await reports.wait(lambda r: reports.computed() >= ran0 + 2, what="runs reported")
+    assert reports.computed() - ran0 == 2  # the sniffed request and request A; never the expired ones
+    # 5. the client: its own budget covers everything (no answer in time -> DEADLINE_EXCEEDED, not a hang)
+    await set_fault(nc, p, W0, compute_delay_ms=500)
+    await set_fault(nc, p, W1, compute_delay_ms=500)
+    t0 = time.perf_counter()
+    with pytest.raises(DeadlineExceeded):
+        await client.infer("typed", typed_input(), timeout_s=0.2)
+    assert time.perf_counter() - t0 < 0.4
+
+
+async def test_overload_is_shed_at_once_and_counts_return_to_zero(env, dep):
+    nc, client, reports = env
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w, compute_delay_ms=200)
+    strict = Client(nc, dep.prefix, retry_unavailable=False)
+    outcomes = []
+
+    async def one():
+        feeds = typed_input()
+        t0 = time.perf_counter()
+        try:
+            check_typed(feeds, await strict.infer("typed", feeds, timeout_s=5))
+            outcomes.append(("ok", time.perf_counter() - t0, None))
+        except InferbusError as err:
+            outcomes.append((err.code.value, time.perf_counter() - t0, err.retry_after_ms))
+
+    await asyncio.gather(*(one() for _ in range(80)))
+    shed = [o for o in outcomes if o[0] == "RESOURCE_EXHAUSTED"]
+    ok = [o for o in outcomes if o[0] == "ok"]
+    assert len(shed) + len(ok) == len(outcomes), {o[0] for o in outcomes}
+    assert shed and len(ok) >= 2 * 8
+    assert max(dt for _, dt, _ in shed) < 0.5  # shed at once, not after queueing
+    assert all(ra and ra > 0 for _, _, ra in shed)
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w)
+    await reports.wait(lambda r: all(r[w].in_flight == 0 and r[w].queue_depth == 0 for w in (W0, W1)), what="drained")
+    await wait_health(client, lambda p: p["pending"] == 0, timeout_s=5, what="ingress pending 0")
+    print(f"overload: {len(ok)} ok, {len(shed)} shed (max {max(dt for _, dt, _ in shed) * 1000:.0f} ms)")
+
+
+async def test_abandoned_requests_leave_nothing_in_flight(env, dep):
+    nc, client, reports = env
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w, compute_delay_ms=20)
+    rng = random.Random(5)
+
+    async def abandon():
+        for _ in range(25):
+            task = asyncio.create_task(client.infer("typed", typed_input(), timeout_s=2))
+            await asyncio.sleep(rng.uniform(0.005, 0.05))
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, InferbusError):
+                pass
+
+    await asyncio.gather(*(abandon() for _ in range(6)))
+    # and one client that disconnects with requests in flight
+    nc2 = await nats.connect(dep.nats_url)
+    c2 = Client(nc2, dep.prefix)
+    tasks = [asyncio.create_task(c2.infer("typed", typed_input(), timeout_s=2)) for _ in range(8)]
+    await asyncio.sleep(0.01)
+    await nc2.close()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for w in (W0, W1):
+        await set_fault(nc, dep.prefix, w)
+    await reports.wait(lambda r: all(r[w].in_flight == 0 and r[w].queue_depth == 0 for w in (W0, W1)),
+                       timeout_s=10, what="workers' in-flight back to 0")
+    await wait_health(client, lambda p: p["pending"] == 0 and all(p["workers"][w]["in_flight"] == 0 for w in (W0, W1)),
+                      timeout_s=10, what="ingress in-flight back to 0")
+    seen = set()
+    sem = asyncio.Semaphore(4)
+
+    async def one():
+        async with sem:
+            seen.add((await client.infer_result("typed", typed_input())).parameters["worker_id"])
+    await asyncio.gather(*(one() for _ in range(60)))
+    assert seen == {W0, W1}
+
+
+# ---- readiness and no live worker: separate processes on a bare nats-server -------------------------------
+@pytest.mark.timeout(90)
+async def test_no_live_worker_fast_unavailable_then_ready_means_reachable(nats_server, tmp_path):
+    prefix = "rdy"
+    models = models_subset(tmp_path / "models", ["typed"])
+    bus = BusConfig(servers=(nats_server.url,), prefix=prefix)
+    ing = subprocess.Popen([sys.executable, "-m", "inferbus.actors", "ingress",
+                            IngressConfig(ingress_id="i0", bus=bus, models_dir=str(models)).to_json()],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wrk = None
+    try:
+        assert ing.stdout.readline().strip() == b"READY"
+        client = await Client.connect(nats_server.url, prefix, retry_unavailable=False)
+        assert not (await client.health()).ready
+        for _ in range(3):
+            t0 = time.perf_counter()
+            with pytest.raises(Unavailable):
+                await client.infer("typed", typed_input(), timeout_s=2)
+            assert time.perf_counter() - t0 < 0.1
+        assert (await client.health()).parameters["counts"]["unavailable"] == 3
+        wrk = subprocess.Popen([sys.executable, "-m", "inferbus.actors", "worker",
+                                WorkerConfig(worker_id="w0", bus=bus, models_dir=str(models)).to_json()],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not (await client.health()).ready:
+            assert time.monotonic() < deadline, "never ready"
+            await asyncio.sleep(0.01)
+        feeds = typed_input()  # ready means the worker's subscription is visible: the first request succeeds
+        check_typed(feeds, await client.infer("typed", feeds))
+        await client.close()
+    finally:
+        for p in (wrk, ing):
+            if p is not None:
+                p.terminate()
+                p.wait(10)

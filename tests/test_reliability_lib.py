@@ -1,0 +1,120 @@
+"""Helpers shared by the reliability, bad-input and fuzz tests (no tests here).
+
+Everything talks to real processes: ``inferbus up`` deployments (conftest), load
+reports read off the bus, faults set through the workers' control subject
+(``FaultSet``, honoured only by workers started with ``--fault-injection``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from inferbus.schemas._internal import FaultSet, LoadReport, decode_internal, encode_internal
+
+from conftest import MODELS
+
+
+def models_subset(dest: Path, names: list[str], overrides: dict[str, dict] | None = None) -> Path:
+    """A model repository holding copies of ``names`` from models/, with config.json keys overridden."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        shutil.copytree(MODELS / n, dest / n, dirs_exist_ok=True)
+        if overrides and n in overrides:
+            cfg_path = dest / n / "config.json"
+            cfg = json.loads(cfg_path.read_text())
+            cfg.update(overrides[n])
+            cfg_path.write_text(json.dumps(cfg))
+    return dest
+
+
+_SESSIONS: dict[str, ort.InferenceSession] = {}
+
+
+def reference(model: str, feeds: dict, version: str = "1") -> dict[str, np.ndarray]:
+    """The model's answer computed in this process with ONNX Runtime (one thread, like the workers)."""
+    key = f"{model}/{version}"
+    sess = _SESSIONS.get(key)
+    if sess is None:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        sess = _SESSIONS[key] = ort.InferenceSession(str(MODELS / model / version / "model.onnx"), so,
+                                                     providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+class Reports:
+    """The latest LoadReport of every worker of a deployment, kept current by a subscription."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, LoadReport] = {}
+        self.pids: dict[str, set[int]] = {}
+        self._changed = asyncio.Event()
+        self._sub = None
+
+    @classmethod
+    async def start(cls, nc, prefix: str) -> "Reports":
+        self = cls()
+
+        async def cb(msg):
+            try:
+                r = decode_internal(msg.data)
+            except Exception:
+                return
+            if isinstance(r, LoadReport):
+                self.latest[r.worker_id] = r
+                self.pids.setdefault(r.worker_id, set()).add(r.pid)
+                self._changed.set()
+
+        self._sub = await nc.subscribe(f"{prefix}._load", cb=cb)
+        return self
+
+    async def wait(self, predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
+        """Wait until ``predicate(latest)`` holds (re-checked on every report)."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.latest):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; reports: "
+                                     f"{ {k: (v.in_flight, v.queue_depth, v.error_rate) for k, v in self.latest.items()} }")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+            except asyncio.TimeoutError:
+                pass
+
+    def computed(self) -> int:
+        return sum(r.computed for r in self.latest.values())
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+
+async def set_fault(nc, prefix: str, worker_id: str, **fault) -> None:
+    """Set a worker's injected faults (``FaultSet`` fields; no arguments clears them); waits for the ack."""
+    msg = await nc.request(f"{prefix}._ctl.{worker_id}", encode_internal(FaultSet(**fault)), timeout=5)
+    assert msg.data == b"ok", msg.data
+
+
+async def health_params(client) -> dict:
+    return (await client.health(timeout_s=2)).parameters
+
+
+async def wait_health(client, predicate, timeout_s: float = 10.0, what: str = "health condition") -> dict:
+    """Poll the ingress's health reply until ``predicate(parameters)`` holds; returns the parameters."""
+    deadline = time.monotonic() + timeout_s
+    params = {}
+    while time.monotonic() < deadline:
+        params = await health_params(client)
+        if predicate(params):
+            return params
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {json.dumps(params, default=str)[:2000]}")

@@ -1,0 +1,209 @@
+"""In-process checks of the reliability building blocks (no bus needed): circuit breaker, token buckets,
+hedge policies and latency quantiles, the dedupe table, router health, cache keys."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferbus.actors._breaker import BreakerState, CircuitBreaker
+from inferbus.actors._cache import cache_key
+from inferbus.actors._dedupe import RecentResults, dedupe_key
+from inferbus.actors._hedge import HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
+from inferbus.actors._ratelimit import RateLimiter, TokenBucket
+from inferbus.actors._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
+from inferbus.schemas import input_from_numpy, input_to_numpy
+from inferbus.schemas._internal import LoadReport
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# ---- circuit breaker ------------------------------------------------------------------------------
+def test_breaker_opens_after_consecutive_failures_and_probes():
+    b = CircuitBreaker(failure_threshold=5, open_s=30.0)
+    for _ in range(4):
+        b.on_failure(0.0)
+    b.on_success()  # a success resets the count
+    for _ in range(4):
+        b.on_failure(1.0)
+    assert b.state is BreakerState.CLOSED and b.allows(1.0)
+    b.on_failure(1.0)
+    assert b.state is BreakerState.OPEN and b.trips == 1
+    assert not b.allows(30.9)  # open for 30 s
+    assert b.allows(31.0) and b.state is BreakerState.HALF_OPEN
+    probe = b.on_send()
+    assert probe and not b.allows(31.0)  # one probe at a time
+    b.on_failure(31.5, probe)  # the probe failed: open again, timer restarted
+    assert b.state is BreakerState.OPEN and not b.allows(61.0) and b.allows(61.6)
+    probe = b.on_send()
+    b.on_neutral(probe)  # a deadline/shed/cancel says nothing: still half-open, slot free
+    assert b.state is BreakerState.HALF_OPEN and b.allows(61.7)
+    probe = b.on_send()
+    b.on_success(probe)
+    assert b.state is BreakerState.CLOSED and b.consecutive_failures == 0
+
+
+def test_breaker_ignores_late_outcomes_while_open():
+    b = CircuitBreaker(failure_threshold=2, open_s=10.0)
+    b.on_failure(0.0)
+    b.on_failure(0.0)
+    assert b.state is BreakerState.OPEN
+    b.on_success()  # a request sent before opening completes late: not a verdict
+    assert b.state is BreakerState.OPEN
+    b.on_failure(5.0)  # a late failure does not restart the timer
+    assert b.allows(10.0)
+    with pytest.raises(ValueError):
+        CircuitBreaker(failure_threshold=0)
+
+
+def _report(wid, **kw):
+    base = dict(worker_id=wid, pid=1, device_kind="cpu", device_name="cpu0", backend="onnxruntime",
+                precision="fp32", models=["m:1"], queue_depth=0, in_flight=0, capacity=8, ewma_service_us=10.0,
+                completed=0, errors=0)
+    base.update(kw)
+    return LoadReport(**base)
+
+
+def test_router_health_breaker_and_client_errors():
+    r = Router(health_timeout_s=5.0, max_error_rate=0.01, min_window_requests=20, breaker_failures=3,
+               breaker_open_s=1.0)
+    r.on_report(_report("a"), now=0.0)
+    r.on_report(_report("b"), now=0.0)
+    # client errors never count against a worker
+    for _ in range(10):
+        w = r.pick("m:1", 0.1)
+        probe = r.on_sent(w)
+        r.on_done(w.worker_id, 100.0, outcome=CLIENT_ERROR, probe=probe, now=0.1)
+    assert all(w.breaker.state is BreakerState.CLOSED for w in r.workers.values())
+    # 3 consecutive server errors on "a" open its breaker; "b" takes everything
+    for _ in range(3):
+        r.on_sent(r.workers["a"])
+        r.on_done("a", 100.0, outcome=SERVER_ERROR, now=0.2)
+    assert r.status(0.2)["a"]["breaker"] == "open" and r.health_reason(r.workers["a"], 0.2) == "breaker_open"
+    assert {r.pick("m:1", 0.3).worker_id for _ in range(20)} == {"b"}
+    assert "m:1" in r.ready_models(0.3)
+    # half-open after 1 s: one probe goes to "a"
+    picks = [r.pick("m:1", 1.5, exclude="b")]
+    assert picks[0].worker_id == "a" and r.on_sent(picks[0]) is True
+    assert r.pick("m:1", 1.5, exclude="b") is None  # the probe slot is taken
+    r.on_done("a", 100.0, outcome=OK, probe=True, now=1.6)
+    assert r.workers["a"].breaker.state is BreakerState.CLOSED
+    # error rate over the window: unhealthy, unless every worker is (panic mode)
+    r.on_report(_report("a", window_requests=50, error_rate=0.04), now=2.0)
+    r.on_report(_report("b"), now=2.0)
+    assert r.health_reason(r.workers["a"], 2.0) == "error_rate"
+    assert {r.pick("m:1", 2.0).worker_id for _ in range(20)} == {"b"}
+    r.on_report(_report("b", window_requests=50, error_rate=0.5), now=2.1)
+    assert {r.pick("m:1", 2.1).worker_id for _ in range(40)} == {"a", "b"}
+    # too few requests to judge: healthy
+    r.on_report(_report("a", window_requests=19, error_rate=1.0), now=2.2)
+    assert r.health_reason(r.workers["a"], 2.2) == "ok"
+    # silent: no report for longer than health_timeout_s
+    assert r.health_reason(r.workers["a"], 7.3) == "silent" and r.pick("m:1", 7.3) is None
+    r.on_done("a", 1.0, outcome=NEUTRAL)
+
+
+# ---- rate limits -------------------------------------------------------------------------------------
+def test_token_bucket_burst_then_sustained_rate():
+    # "R for T seconds, then throttle": burst = (R - rate) * T. Here 300/s for 2 s, then 100/s.
+    rate, peak, secs = 100.0, 300.0, 2.0
+    b = TokenBucket(rate, (peak - rate) * secs, now=0.0)
+    admitted = []
+    t, dt = 0.0, 1.0 / peak
+    while t < 4.0:
+        if b.take(t) == 0.0:
+            admitted.append(t)
+        t += dt
+    first = sum(1 for a in admitted if a < secs * 0.95)
+    assert first >= peak * secs * 0.95 * 0.99  # everything admitted during the burst
+    late = sum(1 for a in admitted if 3.0 <= a < 4.0)
+    assert rate * 0.95 <= late <= rate * 1.05  # then the sustained rate
+
+
+def test_rate_limiter_per_client_and_retry_after():
+    rl = RateLimiter(client_rate_per_s=10.0, client_burst=5.0)
+    assert [rl.check("a", 0.0) for _ in range(5)] == [None] * 5
+    scope, wait_ms = rl.check("a", 0.0)
+    assert scope == "client" and wait_ms == 100  # one token per 100 ms
+    assert rl.check("b", 0.0) is None  # another client has its own bucket
+    assert rl.check("a", 0.1) is None
+    g = RateLimiter(rate_per_s=1000.0, burst=2.0, client_rate_per_s=1000.0, client_burst=10.0)
+    assert g.check("x", 0.0) is None and g.check("y", 0.0) is None
+    assert g.check("z", 0.0) == ("global", 1)
+    assert g.clients["z"].tokens == 10.0  # refused globally: the client's token is given back
+    small = RateLimiter(client_rate_per_s=1.0, max_clients=3)
+    for i in range(10):
+        small.check(str(i), float(i))
+    assert len(small.clients) == 3
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+# ---- hedging -----------------------------------------------------------------------------------------
+def test_hedge_policies_and_quantiles():
+    assert parse_policy(None) is None and parse_policy("off") is None
+    assert parse_policy(20) == ("fixed", 20.0) and parse_policy("12.5") == ("fixed", 12.5)
+    assert parse_policy("p95") == ("quantile", 0.95) and parse_policy("auto") == ("quantile", 0.95)
+    assert parse_policy("p99.9")[1] == pytest.approx(0.999)
+    for bad in ("p0", "p100", "soon", -1, 0, "nan", True):
+        with pytest.raises(HedgePolicyError):
+            parse_policy(bad)
+    lw = LatencyWindow(size=100)
+    for i in range(19):
+        lw.add(float(i))
+    assert lw.quantile(0.95, 0.0) is None  # too few samples
+    for i in range(19, 100):
+        lw.add(float(i))
+    assert lw.quantile(0.95, 1.0) == 95.0 and lw.quantile(0.5, 1.0) == 50.0
+    budget = HedgeBudget(ratio=0.1, burst=2.0)
+    assert budget.try_spend() and budget.try_spend() and not budget.try_spend()
+    for _ in range(10):
+        budget.on_request()
+    assert budget.try_spend() and not budget.try_spend()
+
+
+# ---- dedupe table ------------------------------------------------------------------------------------
+def test_recent_results_bounds_and_keys():
+    k1 = dedupe_key("m:1", "id-1", b"body")
+    assert k1 != dedupe_key("m:1", "id-1", b"other body")  # an id reused with other inputs is another request
+    assert k1 != dedupe_key("m:2", "id-1", b"body")
+    rr = RecentResults(ttl_s=1.0, max_entries=3, max_bytes=100)
+    rr.put(k1, {"h": "1"}, b"x" * 10, now=0.0)
+    assert rr.get(k1, 0.5) == ({"h": "1"}, b"x" * 10)
+    assert rr.get(k1, 1.5) is None  # expired
+    for i in range(5):
+        rr.put(("m", str(i), b""), {}, b"y" * 30, now=2.0)
+    assert len(rr) == 3 and rr.bytes == 90
+    rr.put(("m", "big", b""), {}, b"z" * 101, now=2.0)  # over max_bytes: not kept
+    assert rr.get(("m", "big", b""), 2.0) is None
+
+
+# ---- cache keys --------------------------------------------------------------------------------------
+def _key(arr, outputs=None, model="m", version="1", name="x", raw=True):
+    t = input_from_numpy(name, arr, raw=raw)
+    return cache_key(model, version, [t], [input_to_numpy(t, field="inputs[0]")], outputs, raw, None)
+
+
+def test_cache_keys_separate_shape_datatype_outputs_version():
+    data = np.arange(6, dtype=np.float32)
+    same_bytes_int = np.frombuffer(data.tobytes(), dtype=np.int32)
+    keys = {_key(data.reshape(2, 3)), _key(data.reshape(3, 2)), _key(same_bytes_int.reshape(2, 3))}
+    assert len(keys) == 3  # FP32[2,3], FP32[3,2], INT32[2,3]: same bytes, three keys
+    k = _key(data.reshape(2, 3))
+    assert _key(data.reshape(2, 3), outputs=["a"]) != k != _key(data.reshape(2, 3), outputs=["b"])
+    assert _key(data.reshape(2, 3), outputs=["a", "b"]) != _key(data.reshape(2, 3), outputs=["b", "a"])
+    assert _key(data.reshape(2, 3), version="2") != k
+    assert _key(data.reshape(2, 3), raw=False) != k  # the answer's tensor form differs
+
+
+# ---- nothing on the wire is unpickled or evaluated ----------------------------------------------------
+def test_no_pickle_or_eval_in_the_package():
+    root = Path(__file__).resolve().parents[1] / "inferbus"
+    pattern = re.compile(r"\bpickle\.loads?\(|\bmarshal\.loads?\(|\beval\(|\bexec\(|allow_pickle\s*=\s*True|"
+                         r"\byaml\.load\(|\bshelve\.|\bdill\.|\bcloudpickle\.")
+    hits = [f"{p.relative_to(root)}:{i + 1}: {line.strip()}"
+            for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
+    assert not hits, hits
