@@ -227,7 +227,7 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
                                recovery_ms=_r((min(ok_after) - t_kill) * 1000 if ok_after else None), extra={
                                    "killed_region": s.primary, "new_primary": s.standby if new_term else None,
                                    "old_term": s.term0, "new_term": new_term, "promotion_ms": _r(promotion),
-                                   "pids_killed": None, "lease_ms": topo.spec.lease_ms,
+                                   "pids_killed": getattr(topo, "last_kill", {}).get("pids"), "lease_ms": topo.spec.lease_ms,
                                    "suspect_ms": topo.spec.suspect_ms, "heartbeat_ms": topo.spec.heartbeat_ms,
                                    "terms_by_region": {t: sorted(v) for t, v in terms_by_region(rs).items()},
                                    "overlapping_reigns": len(overlaps(rs)),

@@ -1,0 +1,127 @@
+"""The region commands end to end: ``inferbus cluster up``, ``inferbus region ...``, ``inferbus chaos run``.
+
+Each runs the real command as a subprocess against real processes (no mocks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _inferbus(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.fixture
+def cluster_up(tmp_path):
+    """``inferbus cluster up --regions 2 --no-actors`` (servers + region managers), stopped with SIGTERM."""
+    run = tmp_path / "run"
+    log = tmp_path / "up.log"
+    fh = open(log, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
+                             "--run-dir", str(run)], stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while b"serving; Ctrl-C to stop" not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        yield run, proc, log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        fh.close()
+
+
+def _status(run: Path) -> dict:
+    out = _inferbus("region", "status", "--cluster", str(run), "--json")
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.timeout(240)
+def test_cluster_up_region_commands_and_faults(cluster_up):
+    run, proc, log = cluster_up
+    info = json.loads((run / "cluster.json").read_text())
+    assert sorted({s["site"] for s in info["servers"].values()}) == ["A", "B", "W"]
+    assert len(info["servers"]) == 9 and set(info["valkey"]) == {"A", "B"}
+    assert "sync_interval: always" in (run / "nats" / "W2" / "W2.conf").read_text()
+    assert (run / "nodes" / "A" / "region.log").exists()  # logs under the run dir
+
+    st = _status(run)
+    assert st["primary"] == "A" and st["regions"]["B"]["role"] == "standby"
+
+    refused = _inferbus("region", "promote", "B", "--cluster", str(run))
+    assert refused.returncode == 1 and "live lease" in refused.stderr
+
+    demoted = _inferbus("region", "demote", "--cluster", str(run))
+    assert demoted.returncode == 0, demoted.stderr
+    assert "lease released" in demoted.stdout and "B promoted" in demoted.stdout and " ms" in demoted.stdout
+
+    forced = _inferbus("region", "promote", "A", "--force", "--cluster", str(run))
+    assert forced.returncode == 0, forced.stderr
+    for step in ("lease acquired", "valkey master", "term published"):
+        assert step in forced.stdout
+    st = _status(run)
+    assert st["primary"] == "A" and st["regions"]["A"]["cache_role"] == "master"
+
+    killed = _inferbus("cluster", "kill", "A", "--cluster", str(run))
+    assert killed.returncode == 0, killed.stderr
+    deadline = time.monotonic() + 20
+    while True:
+        st = _status(run)
+        if st["primary"] == "B":
+            break
+        assert time.monotonic() < deadline, st
+    assert set(st["regions"]) == {"B"} and st["regions"]["B"]["cache_role"] == "master"
+
+    restored = _inferbus("cluster", "restore", "A", "--cluster", str(run), timeout_s=120)
+    assert restored.returncode == 0, restored.stderr
+    deadline = time.monotonic() + 30
+    while True:
+        st = _status(run)
+        if set(st["regions"]) == {"A", "B"} and st["primary"] == "B" and st["regions"]["A"]["role"] == "standby":
+            break
+        assert time.monotonic() < deadline, st
+
+    bad = _inferbus("cluster", "partition", "A", "Z", "--cluster", str(run))
+    assert bad.returncode in (0, 1)
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, log.read_text()[-2000:]
+
+
+@pytest.mark.timeout(240)
+def test_chaos_run_region_failover_json(tmp_path):
+    out = _inferbus("chaos", "run", "region-failover", "--json", "--duration", "5", "--rate", "50",
+                    "--run-dir", str(tmp_path / "drill"), timeout_s=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\ninferbus chaos run region-failover --json: {json.dumps(d)}")
+    for k in ("detection_ms", "failover_ms", "requests", "failed", "wrong", "duplicates"):
+        assert k in d
+    assert d["requests"] >= 200 and d["wrong"] == 0 and d["duplicates"] == 0 and d["failed"] == 0
+    assert d["detection_ms"] is not None and d["detection_ms"] <= 1000
+    assert d["failover_ms"] is not None
+
+
+def test_chaos_run_unknown_drill():
+    out = _inferbus("chaos", "run", "no-such-drill")
+    assert out.returncode == 2 and "unknown drill 'no-such-drill'" in out.stderr and "region-failover" in out.stderr

@@ -1,0 +1,201 @@
+"""Two regions + witness on this machine (real nats-servers, Valkeys, actor processes; no mocks).
+
+One topology for the module (``inferbus.cluster.Topology``: 3+3+3 nats-servers, gateways through
+fault proxies, a Valkey and a node per region), then in order: status and fencing, a planned
+demotion round trip under load, partitions, and killing every process of the primary region
+under load (then the region comes back as standby).
+
+Bounds: DESIGN/issue targets are detection ≤ 1 s (500 ms target) and the standby serving ≤ 100 ms
+after detection. This 2-core box is shared and noisy, so CI asserts detection ≤ 1 s and
+failover − detection ≤ 300 ms; the measured figures are printed (pytest -s) and in docs/regions.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import nats
+import pytest
+
+from chaos.region_drills import RegionDrillOptions, region_failover, region_partition, reigns
+from inferbus.actors._region import ask_region, bucket_name
+from inferbus.client import Client
+from inferbus.cluster import ClusterSpec, Topology
+
+pytestmark = pytest.mark.anyio
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return ("asyncio", {"use_uvloop": True})
+
+
+@pytest.fixture(scope="module")
+async def topo(anyio_backend, tmp_path_factory):
+    t = Topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",)),
+                 run_dir=tmp_path_factory.mktemp("regions"))
+    await t.start()
+    try:
+        await t.wait_settled(60)
+        yield t
+    finally:
+        await t.stop()
+
+
+async def _cli(*args: str, timeout_s: float = 45.0) -> tuple[int, str, str]:
+    """Run ``inferbus ARGS`` without blocking this loop (the gateway proxies run on it)."""
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferbus.cli", *args, cwd=ROOT,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _primary(statuses: dict) -> str:
+    p = [r for r, st in statuses.items() if st is not None and st.role == "primary"]
+    assert len(p) == 1, {r: (st.role, st.term) if st else None for r, st in statuses.items()}
+    return p[0]
+
+
+async def _until(topo, pred, timeout_s: float = 10.0) -> dict:
+    """Statuses once ``pred(statuses)`` holds (polled every 50 ms; a condition, not a fixed sleep)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = await topo.statuses()
+        if pred(st):
+            return st
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {st}")
+        await asyncio.sleep(0.05)
+
+
+def _link_up(region: str):
+    return lambda st: st.get(region) is not None and "link up" in st[region].cache_role
+
+
+@pytest.mark.timeout(150)
+async def test_settled_topology_lease_on_witness_and_cache_roles(topo):
+    st = await _until(topo, _link_up("B"))
+    p = _primary(st)
+    assert p == "A"
+    b = st["B"]
+    assert b.role == "standby" and b.term == st["A"].term and b.lease_holder == "A"
+    assert st["A"].cache_role == "master" and b.cache_role.startswith("replica of") and "link up" in b.cache_role
+    assert st["A"].model_writes and not b.model_writes
+    nc = await nats.connect(topo.urls("A"))
+    try:
+        info = await nc.jetstream().stream_info(f"KV_{bucket_name(topo.spec.prefix)}")
+        assert info.cluster.name == "W" and len(info.cluster.replicas or []) == 2  # R3, all on the witness
+        assert info.config.num_replicas == 3
+    finally:
+        await nc.close()
+    conf = (topo.run_dir / "nats" / "W1" / "W1.conf").read_text()
+    assert "sync_interval: always" in conf
+
+
+@pytest.mark.timeout(60)
+async def test_answers_carry_the_primary_term(topo):
+    import numpy as np
+
+    st = await topo.statuses()
+    p = _primary(st)
+    async with await Client.connect(topo.client_urls(first="B"), no_randomize=True) as c:
+        res = await c.infer_result("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=5)
+    assert res.parameters["term"] == st[p].term and res.parameters["region"] == "B"
+
+
+@pytest.mark.timeout(60)
+async def test_cli_region_status_json(topo):
+    rc, out, err = await _cli("region", "status", "--cluster", str(topo.run_dir), "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["primary"] == "A" and set(doc["regions"]) == {"A", "B"}
+    assert doc["regions"]["B"]["workers"] == ["b-w0"] and "digits:1" in doc["regions"]["B"]["models"]
+
+
+@pytest.mark.timeout(120)
+async def test_planned_demotion_round_trip_zero_failed(topo):
+    """demote A (→ B), demote B (→ A) under load: 0 failed, 0 wrong, 0 duplicates, terms increasing."""
+    import asyncio
+
+    from chaos.load import Driver
+    from inferbus.actors import ModelRepository
+    from inferbus.bus import Subjects
+    from inferbus.loadgen import Workload
+
+    async with await Client.connect(topo.client_urls(first="A"), no_randomize=True) as client:
+        work = Workload(ModelRepository(MODELS), "digits", distinct=True, pool=512)
+        driver = Driver(client, "digits", work.inputs, work.reference, rate_qps=100, timeout_s=1.0,
+                        audit_subject=Subjects(topo.spec.prefix).audit)
+        load = asyncio.create_task(driver.run(5.0))
+        nc = client.nc
+        await asyncio.sleep(1.0)
+        t0 = (await topo.statuses(nc))["A"].term
+        refused = await ask_region(nc, topo.spec.prefix, "B", "promote")
+        assert not refused.ok and "live lease" in refused.error
+        r1 = await ask_region(nc, topo.spec.prefix, "A", "demote")
+        assert r1.ok and any(s.name == "B promoted" for s in r1.steps), r1
+        st = await topo.statuses(nc)
+        assert _primary(st) == "B" and st["B"].term > t0
+        t1 = st["B"].term
+        await asyncio.sleep(1.5)
+        r2 = await ask_region(nc, topo.spec.prefix, "B", "demote")
+        assert r2.ok and any(s.name == "A promoted" for s in r2.steps), r2
+        await load
+        st = await topo.statuses(nc)
+        assert _primary(st) == "A" and st["A"].term > t1
+    fig = driver.figures("planned-round-trip")
+    print(f"\nplanned round trip: {fig.requests} requests, failed {fig.failed}, wrong {fig.wrong}, "
+          f"duplicates {fig.duplicates}, terms {t0} -> {t1} -> {st['A'].term}")
+    assert fig.requests >= 400 and fig.failed == 0 and fig.wrong == 0 and fig.duplicates == 0, fig.errors
+    terms = [r.term for r in driver.records]
+    assert {t0, t1, st["A"].term} >= set(terms) - {None}
+    await topo.wait_settled(30)
+
+
+@pytest.mark.timeout(150)
+async def test_partition_never_yields_two_primaries(topo):
+    fig = await region_partition(RegionDrillOptions(duration_s=3.0, fault_at_s=1.0, partition_s=2.0,
+                                                    models_dir=MODELS), topology=topo)
+    x = fig.extra
+    print(f"\npartition: {json.dumps(fig.to_dict(), default=str)}")
+    assert x["primary_kept_through_region_cut"], x
+    assert x["takeover_after_isolation"], x
+    assert x["max_primaries_sampled"] == 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0, x
+    assert fig.wrong == 0 and fig.duplicates == 0
+    await topo.wait_settled(30)
+
+
+@pytest.mark.timeout(180)
+async def test_kill_every_process_of_the_primary_region(topo):
+    fig = await region_failover(RegionDrillOptions(duration_s=6.0, fault_at_s=2.0, models_dir=MODELS),
+                                topology=topo)
+    d = fig.to_dict()
+    print(f"\nregion-failover: {json.dumps(d, default=str)}")
+    assert d["extra"]["new_primary"] is not None, d
+    assert d["wrong"] == 0 and d["duplicates"] == 0 and d["failed"] == 0, d["errors"]
+    assert d["detection_ms"] is not None and d["detection_ms"] <= 1000
+    assert d["failover_ms"] is not None and d["failover_ms"] - d["detection_ms"] <= 300
+    assert d["extra"]["overlapping_reigns"] == 0
+    assert all(len(v) == 1 for v in d["extra"]["terms_by_region"].values())
+    assert d["extra"]["rejoined_as_standby"], d["extra"]
+    old = d["extra"]["killed_region"]
+    st = await _until(topo, _link_up(old))  # the old primary's Valkey replicates from the new master
+    assert st[old].role == "standby" and st[old].cache_role.startswith("replica of")
+    assert not overlapping(st)
+
+
+def overlapping(statuses) -> list:
+    from chaos.region_drills import overlaps
+
+    return overlaps(reigns(statuses))
