@@ -1,0 +1,417 @@
+"""Bad input (issue 5, item 7): each case gets the right typed error or the right answer, nothing crashes,
+and the next good request on the same worker succeeds.
+
+One ``inferbus up`` deployment with ONE worker (so every request lands on the same worker process) and the
+typed (INT32 + FP16), strings (BYTES) and digits (FP32) models. Requests are written by hand with the
+reference ``msgpack`` package (no inferbus code on the client side) where the wire form matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+
+from inferbus.client import Client
+from inferbus.schemas import InvalidArgument, PayloadTooLarge, decode_error
+
+from conftest import start_deployment
+from test_reliability_lib import health_params, models_subset, reference
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+PREFIX = "bad"
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    models = models_subset(root / "models", ["typed", "strings", "digits"])
+    d = start_deployment(root / "dep", workers=1, prefix=PREFIX, extra=["--models", str(models), "--no-cache"])
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+async def env(dep):
+    nc = await nats.connect(dep.nats_url)
+    client = Client(nc, dep.prefix)
+    before = await health_params(client)
+    yield nc, client
+    # the next good request succeeds on the same worker process, and the health check passes
+    feeds = {"a": np.array([[21]], np.int32), "b": np.ones((1, 4), np.float16)}
+    res = await client.infer_result("typed", feeds)
+    assert res.outputs["a_times_2"][0, 0] == 42
+    after = await health_params(client)
+    assert (await client.health()).ready
+    assert after["pid"] == before["pid"]
+    assert {w: s["pid"] for w, s in after["workers"].items()} == {w: s["pid"] for w, s in before["workers"].items()}
+    await nc.close()
+
+
+async def raw_request(nc, model: str, body, *, json_body: bool = False, timeout: float = 5.0, headers=None):
+    """Send a hand-made request; returns ``(error or None, decoded response dict or None)``."""
+    h = dict(headers or {})
+    if json_body:
+        h["Content-Type"] = "application/json"
+        data = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    else:
+        data = msgpack.packb(body, use_bin_type=True) if not isinstance(body, bytes) else body
+    msg = await nc.request(f"{PREFIX}.infer.{model}", data, timeout=timeout, headers=h or None)
+    err = decode_error(msg.headers, msg.data)
+    if err is not None:
+        return err, None
+    return None, (json.loads(msg.data) if json_body else msgpack.unpackb(msg.data, raw=False))
+
+
+def out(resp: dict, name: str) -> dict:
+    return next(o for o in resp["outputs"] if o["name"] == name)
+
+
+def b_input(rows: int) -> dict:
+    return {"name": "b", "datatype": "FP16", "shape": [rows, 4], "data": [0.5] * (4 * rows)}
+
+
+def bytes_values(o: dict, json_body: bool = False) -> list[bytes]:
+    """Elements of a BYTES output, from either form (JSON: ``raw`` is base64, ``data`` elements are text)."""
+    if "raw" in o:
+        raw, vals, pos = (base64.b64decode(o["raw"]) if json_body else o["raw"]), [], 0
+        while pos < len(raw):
+            n = int.from_bytes(raw[pos:pos + 4], "little")
+            vals.append(bytes(raw[pos + 4:pos + 4 + n]))
+            pos += 4 + n
+        return vals
+    return [v if isinstance(v, bytes) else v.encode() for v in o["data"]]
+
+
+# ---- shapes [2, 1]: flat, nested, wrongly nested ---------------------------------------------------------
+async def test_int32_and_bytes_2x1_flat_nested_and_wrongly_nested(env):
+    nc, _ = env
+    answers = []
+    for data in ([3, -7], [[3], [-7]]):
+        err, resp = await raw_request(nc, "typed", {"inputs": [
+            {"name": "a", "datatype": "INT32", "shape": [2, 1], "data": data}, b_input(2)]})
+        assert err is None, err
+        answers.append(out(resp, "a_times_2"))
+    assert answers[0] == answers[1]
+    assert np.frombuffer(answers[0]["raw"], "<i4").tolist() == [6, -14] if "raw" in answers[0] else \
+        answers[0]["data"] == [6, -14]
+    err, _ = await raw_request(nc, "typed", {"inputs": [
+        {"name": "a", "datatype": "INT32", "shape": [2, 1], "data": [[3, -7]]}, b_input(2)]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].data"
+    answers = []
+    for data in ([b"ab", b"cd"], [[b"ab"], [b"cd"]]):
+        err, resp = await raw_request(nc, "strings", {"inputs": [
+            {"name": "s", "datatype": "BYTES", "shape": [2, 1], "data": data}]})
+        assert err is None, err
+        answers.append(bytes_values(out(resp, "echo")))
+    assert answers[0] == answers[1] == [b"ab", b"cd"]
+    err, _ = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [2, 1], "data": [[b"ab", b"cd"]]}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].data"
+
+
+# ---- BYTES element forms -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("data, expected", [
+    ("héllo", "héllo".encode()),                  # a bare msgpack str (prod(shape) == 1)
+    (b"h\xc3\xa9llo", "héllo".encode()),          # a bare bin
+    (["one"], b"one"),                            # a one-item list of str
+    ([b"a\x00b"], b"a\x00b"),                     # NUL inside: byte-exact
+    ([["nested"]], b"nested"),                    # nested like the shape
+    ([""], b""),                                  # empty element
+])
+async def test_bytes_data_forms_round_trip_byte_exact(env, data, expected):
+    nc, _ = env
+    for json_body in (False, True):
+        if json_body and any(isinstance(x, bytes) for x in (data if isinstance(data, list) else [data])):
+            continue  # JSON has no bytes type; the raw (base64) form below covers it
+        err, resp = await raw_request(nc, "strings", {"inputs": [
+            {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": data}]}, json_body=json_body)
+        assert err is None, err
+        assert bytes_values(out(resp, "echo")) == [expected]
+    # the OIP binary form (4-byte little-endian length + bytes), msgpack bin and JSON base64
+    raw = len(expected).to_bytes(4, "little") + expected
+    for json_body, value in ((False, raw), (True, base64.b64encode(raw).decode())):
+        err, resp = await raw_request(nc, "strings", {"inputs": [
+            {"name": "s", "datatype": "BYTES", "shape": [1, 1], "raw": value}]}, json_body=json_body)
+        assert err is None, err
+        assert bytes_values(out(resp, "echo"), json_body) == [expected]
+
+
+async def test_non_utf8_bytes_are_refused_naming_the_field(env):
+    nc, _ = env
+    err, _ = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [b"\xff\xfe\x00"]}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].data" and "UTF-8" in err.message
+    raw = (3).to_bytes(4, "little") + b"\xff\xfe\x00"
+    err, _ = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "raw": base64.b64encode(raw).decode()}]}, json_body=True)
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].raw"
+    err, _ = await raw_request(nc, "strings", {"inputs": [  # a length prefix that lies
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "raw": (99).to_bytes(4, "little") + b"abc"}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].raw"
+    err, _ = await raw_request(nc, "strings", {"inputs": [  # not bytes at all
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [12]}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].data"
+
+
+# ---- FP16: list vs raw, special values; wrong float types ---------------------------------------------------
+@pytest.mark.parametrize("value, expected", [
+    (65504.0, 65504.0),          # largest finite FP16: exact
+    (65520.0, float("inf")),     # the midpoint to the next step rounds to +inf (ties to even)
+    (1e-8, 0.0),                 # below half the smallest subnormal: 0
+    (3e-8, 2.0 ** -24),          # nearest subnormal
+    (2049.0, 2048.0),            # tie between 2048 and 2050: to even
+    (float("nan"), float("nan")),
+])
+async def test_fp16_list_and_raw_give_one_answer_by_the_documented_rule(env, value, expected):
+    nc, _ = env
+    with np.errstate(over="ignore"):
+        b16 = np.array([[value, 0, 0, 0]], np.float16)
+    answers = []
+    for b in ({"name": "b", "datatype": "FP16", "shape": [1, 4], "data": [value, 0.0, 0.0, 0.0]},
+              {"name": "b", "datatype": "FP16", "shape": [1, 4], "raw": b16.astype("<f2").tobytes()}):
+        err, resp = await raw_request(nc, "typed", {"inputs": [
+            {"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]}, b]})
+        assert err is None, err
+        o = out(resp, "b_sum")
+        answers.append(np.frombuffer(o["raw"], "<f4")[0] if "raw" in o else np.float32(o["data"][0]))
+    assert (np.isnan(answers[0]) and np.isnan(answers[1])) or answers[0] == answers[1]
+    got = float(answers[0])
+    assert (np.isnan(got) and np.isnan(expected)) or got == expected
+    if not np.isnan(value) and not np.isinf(expected):  # JSON numbers follow the same rule
+        err, resp = await raw_request(nc, "typed", {"inputs": [
+            {"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+            {"name": "b", "datatype": "FP16", "shape": [1, 4], "data": [value, 0, 0, 0]}]}, json_body=True)
+        assert err is None and out(resp, "b_sum")["data"][0] == expected
+
+
+async def test_wrong_float_datatypes_are_refused_never_reinterpreted(env):
+    nc, client = env
+    x = np.zeros((1, 64), np.float32)
+    for dt in (np.float16, np.float64):
+        with pytest.raises(InvalidArgument) as ei:
+            await client.infer("digits", {"pixels": x.astype(dt)})
+        assert ei.value.field == "inputs[0].datatype"
+        assert "pixels" in ei.value.message and "FP32" in ei.value.message
+    # BF16 bytes sent to an FP16 input: refused (0x3f80 is BF16 1.0; read as FP16 it would be 1.875)
+    err, _ = await raw_request(nc, "typed", {"inputs": [
+        {"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+        {"name": "b", "datatype": "BF16", "shape": [1, 4], "raw": bytes.fromhex("803f") * 4}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[1].datatype" and "FP16" in err.message
+    err, _ = await raw_request(nc, "typed", {"inputs": [  # UINT16 neither
+        {"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]},
+        {"name": "b", "datatype": "UINT16", "shape": [1, 4], "raw": bytes.fromhex("803f") * 4}]})
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[1].datatype"
+
+
+# ---- zero-size dimensions --------------------------------------------------------------------------------------
+async def test_zero_size_dimensions(env):
+    nc, client = env
+    empty = {"a": np.zeros((0, 1), np.int32), "b": np.zeros((0, 4), np.float16)}
+    normal = {"a": np.array([[5]], np.int32), "b": np.ones((1, 4), np.float16)}
+    workers = set()
+    for feeds in (empty, normal, empty):  # empty -> normal -> empty on one worker
+        res = await client.infer_result("typed", feeds)
+        workers.add(res.parameters["worker_id"])
+        assert res.outputs["a_times_2"].shape == (feeds["a"].shape[0], 1)
+        assert res.outputs["b_sum"].shape == (feeds["a"].shape[0], 1)
+    assert len(workers) == 1
+    res = await client.infer("digits", {"pixels": np.zeros((0, 64), np.float32)})
+    assert res["logits"].shape == (0, 10)
+    res = await client.infer("strings", {"s": np.empty((0, 1), dtype=object)})
+    assert res["echo"].shape == (0, 1)
+    with pytest.raises(InvalidArgument) as ei:  # [1, 0, 64]: rank 3 for a rank-2 input
+        await client.infer("digits", {"pixels": np.zeros((1, 0, 64), np.float32)})
+    assert ei.value.field == "inputs[0].shape"
+    with pytest.raises(InvalidArgument):  # [1, 0]: the fixed dimension 64 is 0
+        await client.infer("digits", {"pixels": np.zeros((1, 0), np.float32)})
+    # empty and normal requests in one zero-wait batch: each gets its own rows
+    batch = [empty, normal, empty, normal]
+    results = await asyncio.gather(*(client.infer("typed", f) for f in batch))
+    for f, r in zip(batch, results):
+        np.testing.assert_array_equal(r["a_times_2"], f["a"] * 2)
+    assert (await client.health()).ready
+
+
+# ---- 1 MiB boundaries, forged headers, max_payload --------------------------------------------------------------
+@pytest.mark.parametrize("size", [1_048_575, 1_048_576, 1_048_577, 1_398_490])
+async def test_binary_fields_around_1_mib_both_directions(env, size):
+    nc, client = env
+    rng = np.random.default_rng(size)
+    payload = (rng.integers(0, 94, size, dtype=np.uint8) + 33).tobytes()  # printable ASCII (UTF-8 for the model)
+    # msgpack, raw (OIP binary form) and data (a bin element); JSON with base64 raw
+    res = await client.infer("strings", {"s": np.array([[payload]], dtype=object)}, outputs=["echo"], timeout_s=10)
+    assert res["echo"][0, 0] == payload
+    err, resp = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [payload]}], "outputs": [{"name": "echo"}]},
+        timeout=10)
+    assert err is None and bytes_values(out(resp, "echo")) == [payload]
+    raw = size.to_bytes(4, "little") + payload
+    err, resp = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "raw": base64.b64encode(raw).decode()}],
+        "outputs": [{"name": "echo"}]}, json_body=True, timeout=10)
+    assert err is None
+    assert bytes_values(out(resp, "echo"), json_body=True) == [payload]
+
+
+async def test_forged_msgpack_length_headers_are_rejected_without_allocating(env, dep):
+    nc, client = env
+    pid = (await health_params(client))["pid"]
+
+    def peak_rss_kib() -> int:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+
+    hwm0 = peak_rss_kib()
+    head = b"\x81\xa6inputs\x91\x84\xa4name\xa1s\xa8datatype\xa5BYTES\xa5shape\x92\x01\x01\xa3raw"
+    forged = [
+        head + b"\xc6\xff\xff\xff\xf0" + b"abc",        # bin32 claiming ~4 GiB
+        head[:-4] + b"\xa4data\xdd\xff\xff\xff\xf0",     # array32 claiming 4 billion items
+        b"\xdf\xff\xff\xff\xff" + b"\xa6inputs",          # map32 claiming 4 billion entries
+        head + b"\xdb\xff\xff\xff\xf0xyz",               # str32 claiming ~4 GiB
+    ]
+    for body in forged:
+        t0 = time.perf_counter()
+        err, _ = await raw_request(nc, "strings", body)
+        assert isinstance(err, InvalidArgument), err
+        assert time.perf_counter() - t0 < 0.5
+    assert peak_rss_kib() - hwm0 < 64 * 1024  # nothing near the claimed sizes was allocated
+
+
+async def test_request_over_max_payload_is_refused_at_once(env, dep):
+    nc, client = env
+    max_payload = nc.max_payload
+    big = np.array([[b"x" * max_payload]], dtype=object)
+    t0 = time.perf_counter()
+    with pytest.raises(PayloadTooLarge):  # the SDK refuses before sending (the server would drop the connection)
+        await client.infer("strings", {"s": big})
+    assert time.perf_counter() - t0 < 0.5
+    with pytest.raises(nats.errors.MaxPayloadError):  # so does nats-py for a hand-made body
+        await nc.request(f"{PREFIX}.infer.strings", b"\x00" * (max_payload + 1), timeout=1)
+    # a body the server accepts but that no longer fits once the ingress adds its routing headers:
+    # PAYLOAD_TOO_LARGE from the ingress, not a silent timeout
+    def body_of(n: int) -> bytes:
+        return msgpack.packb({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1, 1],
+                                          "raw": n.to_bytes(4, "little") + b"y" * n}]})
+
+    n = max_payload - 64 - (len(body_of(70_000)) - 70_000)
+    body = body_of(n)
+    assert len(body) == max_payload - 64
+    t0 = time.perf_counter()
+    err, _ = await raw_request(nc, "strings", body, timeout=5)
+    assert isinstance(err, PayloadTooLarge), err
+    assert time.perf_counter() - t0 < 1.0
+
+
+async def test_answer_over_max_payload_is_an_error_reply(env):
+    nc, client = env
+    half = np.array([[b"z" * (nc.max_payload // 2 + 64)]], dtype=object)
+    t0 = time.perf_counter()
+    with pytest.raises(PayloadTooLarge) as ei:
+        await client.infer("strings", {"s": half}, outputs=["doubled"], timeout_s=10)
+    assert time.perf_counter() - t0 < 2.0 and "max_payload" in ei.value.message
+
+
+# ---- cache -------------------------------------------------------------------------------------------------------
+async def test_output_subsets_are_never_served_from_a_mismatched_entry(env):
+    nc, client = env
+    x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
+    x = x + np.float32(random.random())
+    ref = reference("digits", {"pixels": x})
+    for _ in range(2):  # second round: cache hits, each for its own subset
+        for outs in (None, ["logits"], ["probabilities"], ["probabilities", "logits"]):
+            res = await client.infer_result("digits", {"pixels": x}, outputs=outs)
+            assert sorted(res.outputs) == sorted(outs or ["logits", "probabilities"])
+            for k, v in res.outputs.items():
+                np.testing.assert_array_equal(v, ref[k])
+        for raw in (True, False):  # raw and data forms: separate entries, same values
+            res = await client.infer_result("digits", {"pixels": x}, raw=raw, outputs=["logits"])
+            np.testing.assert_array_equal(res.outputs["logits"], ref["logits"])
+
+
+async def test_32_concurrent_clients_same_input_get_bitwise_equal_answers(env, dep):
+    nc, _ = env
+    x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][3:4].astype(np.float32)
+    x = x + np.float32(random.random())
+    conns = [await nats.connect(dep.nats_url) for _ in range(32)]
+    try:
+        results = await asyncio.gather(*(Client(c, dep.prefix).infer("digits", {"pixels": x}) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    first = results[0]
+    for r in results[1:]:
+        for k in first:
+            assert r[k].tobytes() == first[k].tobytes()
+    np.testing.assert_array_equal(first["logits"], reference("digits", {"pixels": x})["logits"])
+
+
+@pytest.mark.parametrize("sizes", [[10, 2, 10], [1, 64, 1], "random"])
+async def test_batched_rows_equal_the_single_row_reference(env, sizes):
+    nc, client = env
+    rng = np.random.default_rng(7)
+    if sizes == "random":
+        sizes = [int(s) for s in rng.integers(1, 20, 12)]
+    X = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    feeds = [X[rng.integers(0, len(X), s)] + np.float32(rng.random()) for s in sizes]
+    results = []
+    for _ in range(3):  # concurrently, so the worker batches them (zero-wait)
+        results = await asyncio.gather(*(client.infer_result("digits", {"pixels": f}) for f in feeds))
+        if any(r.parameters.get("batch_size", 1) > 1 for r in results):
+            break
+    assert any(r.parameters.get("batch_size", 1) > 1 for r in results), "no request was batched"
+    for f, r in zip(feeds, results):
+        rows = np.concatenate([reference("digits", {"pixels": f[i:i + 1]})["logits"] for i in range(len(f))])
+        np.testing.assert_allclose(r.outputs["logits"], rows, rtol=1e-6, atol=1e-6)
+
+
+async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 64, connections: int = 4) -> float:
+    conns = [await nats.connect(dep.nats_url) for _ in range(connections)]
+    clients = [Client(c, dep.prefix) for c in conns]
+    wrong = []
+    counter = iter(range(total))
+
+    async def loop(k: int):
+        c = clients[k % connections]
+        for i in counter:
+            a = np.array([[i - total // 2]], np.int32)
+            b = np.full((1, 4), (i % 97) / 4, np.float16)
+            res = await c.infer_result("typed", {"a": a, "b": b}, request_id=f"xt-{i}", timeout_s=10)
+            if (res.outputs["a_times_2"][0, 0] != 2 * a[0, 0] or res.id != f"xt-{i}"
+                    or res.outputs["b_sum"][0, 0] != b.astype(np.float32).sum()):
+                wrong.append(i)
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(loop(k) for k in range(concurrency)))
+    finally:
+        for c in conns:
+            await c.close()
+    assert not wrong, wrong[:10]
+    return total / (time.perf_counter() - t0)
+
+
+async def test_20k_distinct_inputs_no_cross_talk(env, dep):
+    qps = await _distinct_inputs_no_cross_talk(dep, 20_000)
+    print(f"20k distinct inputs: no cross-talk, {qps:.0f} req/s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_100k_distinct_inputs_no_cross_talk(env, dep):
+    qps = await _distinct_inputs_no_cross_talk(dep, 100_000)
+    print(f"100k distinct inputs: no cross-talk, {qps:.0f} req/s")
