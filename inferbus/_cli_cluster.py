@@ -90,7 +90,8 @@ def up(
 def config(
     regions: int = typer.Option(2, help="Number of regions."),
     base_port: int = typer.Option(14000, help="First of consecutive ports."),
-    out: Path = typer.Option(Path("deploy/local"), help="Folder for <server>.conf and cluster.json."),
+    out: Path = typer.Option(Path("deploy/local"), help="Folder for <server>.conf, valkey-<region>.conf, cluster.json."),
+    data_root: Path = typer.Option(Path("/tmp/inferbus-local"), help="Where the servers keep their data."),
     proxy: bool = typer.Option(True, help="Advertise proxy ports for the gateways (as 'up' does)."),
     witness_servers: int = typer.Option(3),
 ) -> None:
@@ -98,7 +99,7 @@ def config(
     from .cluster import Plan
 
     plan = Plan.make(_spec(regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
-    for p in plan.write_configs(out):
+    for p in plan.write_configs(out, data_root):
         typer.echo(str(p))
 
 

@@ -237,13 +237,32 @@ class Plan:
             "client_urls": self.client_urls(self.spec.regions[0]),
         }
 
-    def write_configs(self, out: Path) -> list[Path]:
-        """Render every server's config into ``out`` (``<name>.conf``) plus ``cluster.json``."""
+    def valkey_conf(self, region: str, data_dir: Path | str) -> str:
+        """A valkey.conf for ``region``: the first region is the master, the others replicate from it."""
+        lines = [f"port {self.valkey_ports[region]}", "bind 127.0.0.1", 'save ""', "appendonly no",
+                 f"dir {data_dir}", "protected-mode no", "maxmemory 64mb", "maxmemory-policy allkeys-lru"]
+        first = self.spec.regions[0]
+        if region != first:
+            lines.append(f"replicaof 127.0.0.1 {self.valkey_ports[first]}")
+        return "\n".join(lines) + "\n"
+
+    def write_configs(self, out: Path, data_root: Path | str | None = None) -> list[Path]:
+        """Render every server's config into ``out`` (``<name>.conf``, ``valkey-<region>.conf``) and ``cluster.json``.
+
+        Args:
+            out: folder for the files.
+            data_root: where the servers keep data (JetStream store, Valkey dir); default ``out``.
+        """
         out.mkdir(parents=True, exist_ok=True)
+        root = Path(data_root) if data_root is not None else out
         paths = []
         for name in self.servers:
             p = out / f"{name}.conf"
-            p.write_text(self.server_conf(name, out / "js" / name))
+            p.write_text(self.server_conf(name, root / "js" / name))
+            paths.append(p)
+        for region in self.valkey_ports:
+            p = out / f"valkey-{region}.conf"
+            p.write_text(self.valkey_conf(region, root / "valkey" / region))
             paths.append(p)
         (out / "cluster.json").write_text(json.dumps(self.to_dict(), indent=2))
         return paths
