@@ -322,6 +322,32 @@ def torch_reference() -> dict:
     return out
 
 
+def sec_dispatch() -> dict:
+    """Host-side call paths of one JAX executable at batch 1 (what a worker pays per request)."""
+    import jax
+
+    from inferbus.accelerators import get_backend
+
+    out = {}
+    s = get_backend("jax").load(MODELS / "digits" / "1" / "model.onnx", precision="fp32",
+                                device_kind="gpu" if has_gpu() else "cpu")
+    s.warmup((1,))
+    x = test_rows("digits")[:1]
+    c = s._compiled[1]
+    xd = jax.device_put({"pixels": x}, s._sharding)
+    out["session.infer"] = timeit(lambda: s.infer({"pixels": x}))
+    out["compiled(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in c(s._params, {"pixels": x}).values()])
+    out["compiled(numpy) logits only"] = timeit(lambda: np.asarray(c(s._params, {"pixels": x})["logits"]))
+    out["device_put + compiled + np.asarray"] = timeit(
+        lambda: [np.asarray(v) for v in c(s._params, jax.device_put({"pixels": x}, s._sharding)).values()])
+    out["jit(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in s._jit(s._params, {"pixels": x}).values()])
+    out["on-device (input resident) + block"] = timeit(lambda: c(s._params, xd)["logits"].block_until_ready())
+    out["device_put only"] = timeit(lambda: jax.device_put(x, s._jdev).block_until_ready())
+    y = c(s._params, xd)["logits"]
+    out["np.asarray of a resident output"] = timeit(lambda: np.asarray(jax.device_put(y, s._jdev) + 0))
+    return out
+
+
 def sec_hlo(out_dir: Path) -> dict:
     sess = SESS.get(("digits", "fp32"))
     if sess is None:
@@ -347,13 +373,30 @@ async def _serve(out: dict, backends: tuple[str, ...], workers: int, quick: bool
     from inferbus.client import Client
 
     tag = "+".join(backends)
-    cfg = NodeConfig(models_dir=str(MODELS), workers=workers, nats_port=0, no_cache=True, backends=backends,
+    # the models the JAX interpreter can run (a BYTES model such as 'strings' is ONNX Runtime only, and a model
+    # no worker serves keeps a deployment not ready)
+    cfg = NodeConfig(models_dir=str(MODELS), models=("digits", "digits_cnn", "fraud", "typed"), workers=workers,
+                     nats_port=0, no_cache=True, backends=backends,
                      precision="auto", run_dir=f"/tmp/inferbus-accel-{tag}", health_timeout_s=10.0)
     t0 = time.perf_counter()
     node = Node(cfg)
     await node.start()
     try:
-        await node.wait_ready(180)
+        try:
+            await node.wait_ready(90)
+        except TimeoutError as exc:  # say why: the ingress's view and the tails of every actor's log
+            from inferbus.client import Client as _C
+
+            diag = {"error": str(exc)}
+            try:
+                h = await _C(node.nc, cfg.prefix, retry_unavailable=False).health(timeout_s=2)
+                diag["health"] = h.parameters
+            except Exception as e2:
+                diag["health"] = repr(e2)
+            for log in sorted(Path(cfg.run_dir).glob("*.log")):
+                diag[log.name] = log.read_text(errors="replace")[-2500:]
+            out[tag] = diag
+            return
         res = {"start_s": round(time.perf_counter() - t0, 1), "workers": list(node.worker_ids)}
         client = await Client.connect(node.nats_url, cfg.prefix)
         rng = np.random.default_rng(0)
@@ -430,10 +473,12 @@ async def _serve(out: dict, backends: tuple[str, ...], workers: int, quick: bool
         await node.stop()
 
 
-def sec_serve(quick: bool) -> dict:
+def sec_serve(quick: bool, which: str = "jax;jax,onnxruntime") -> dict:
     out: dict = {}
     gpu = has_gpu()
-    for backends, workers in ((("jax",), 1), (("jax", "onnxruntime"), 4 if gpu else 1)):
+    for spec in filter(None, which.split(";")):
+        backends = tuple(spec.split(","))
+        workers = 4 if gpu and "onnxruntime" in backends else 1
         try:
             asyncio.run(_serve(out, backends, workers, quick))
         except Exception:
@@ -446,14 +491,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated sections")
+    ap.add_argument("--serve", default="jax;jax,onnxruntime", help="deployments of the serve section: ';'-separated "
+                    "backend lists")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     global N
     if a.quick:
         N = 300
     only = set(filter(None, a.only.split(",")))
-    plan = [("env", sec_env), ("cuda", sec_cuda), ("precision", sec_precision), ("latency", sec_latency),
-            ("hlo", lambda: sec_hlo(a.out)), ("serve", lambda: sec_serve(a.quick))]
+    plan = [("env", sec_env), ("cuda", sec_cuda), ("dispatch", sec_dispatch), ("precision", sec_precision),
+            ("latency", sec_latency),
+            ("hlo", lambda: sec_hlo(a.out)), ("serve", lambda: sec_serve(a.quick, a.serve))]
     for name, fn in plan:
         if not only or name in only:
             section(name, fn, a.out)

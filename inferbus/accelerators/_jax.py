@@ -173,18 +173,19 @@ class JaxSession:
             b, compiled = self._pick(n)
             feeds = {}
             for t in self.inputs:
-                x = np.asarray(inputs[t.name], dtype=self._in_dtypes[t.name])
+                x = inputs[t.name]
+                if x.dtype != self._in_dtypes[t.name]:
+                    x = x.astype(self._in_dtypes[t.name])
                 if b != n:
                     pad = np.zeros((b - n,) + x.shape[1:], dtype=x.dtype)
                     x = np.concatenate([x, pad], axis=0)
                 feeds[t.name] = x
-            import jax
-
-            outs = compiled(self._params, jax.device_put(feeds, self._sharding))
-            sel = [outs[k] for k in names]
-            for o in sel:  # start every device→host copy before waiting on the first
-                o.copy_to_host_async()
-            return {k: (np.asarray(o)[:n] if b != n else np.asarray(o)) for k, o in zip(names, sel)}
+            # numpy in, numpy out: the executable transfers the inputs to its device itself. Measured on the
+            # H200 host and here: an explicit jax.device_put or copy_to_host_async per call only adds overhead.
+            outs = compiled(self._params, feeds)
+            if b != n:
+                return {k: np.asarray(outs[k])[:n] for k in names}
+            return {k: np.asarray(outs[k]) for k in names}
         except (ModelLoadError, KeyError) as exc:
             raise InferenceError(f"jax: {exc}") from exc
         except Exception as exc:
