@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call (DESIGN §11: absolute figures only from the H200 host). Usage, from the repo root:
-#   bash bench/device_run.sh [all|throughput]     results (JSON, PNG, log) under $OUT
+# One device call (DESIGN §11: absolute figures only from the H200 hosts). Usage, from the repo root:
+#   bash bench/device_run.sh [all|x4]     results (JSON, PNG, log) under $OUT
 # all: throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
+# x4:  throughput profile with closed loops up to c=1024, then the latency profile (64-core host).
 set -u
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
@@ -9,11 +10,15 @@ export PYTHONUNBUFFERED=1
 what=${1:-all}
 {
   date -u; nproc; grep -m1 "model name" /proc/cpuinfo; python3 --version
-  python3 -c "import onnxruntime, nats, msgspec, uvloop; print('onnxruntime', onnxruntime.__version__, 'nats-py', nats.__version__, 'msgspec', msgspec.__version__, 'uvloop', uvloop.__version__)"
+  python3 -c "from importlib.metadata import version as v; print(*(f'{p} {v(p)}' for p in ('onnxruntime', 'nats-py', 'msgspec', 'uvloop', 'numpy')))"
   command -v nats-server py-spy
-  timeout 330 python3 -m bench.suite --profile throughput --ray --json "$OUT/throughput.json" || echo "throughput suite failed: $?"
+  closed=1,8,64,256
+  [ "$what" = x4 ] && closed=1,8,64,256,1024
+  timeout 360 python3 -m bench.suite --profile throughput --ray --closed $closed --json "$OUT/throughput.json" \
+    || echo "throughput suite failed: $?"
+  timeout 150 python3 -m bench.suite --profile quick --workers 2 --ingress 1 --gens 2 --pin --json "$OUT/quick.json" \
+    || echo "quick suite failed: $?"
   if [ "$what" = all ]; then
-    timeout 150 python3 -m bench.suite --profile quick --workers 2 --ingress 1 --gens 2 --pin --json "$OUT/quick.json" || echo "quick suite failed: $?"
     timeout 60 python3 -m bench.micro --json "$OUT/micro.json" || echo "micro failed: $?"
     timeout 60 python3 -m bench.profile_hotpath --seconds 6 --workers 2 --gens 2 --concurrency 128 --no-l2 --out /tmp/prof \
       && tar czf "$OUT/profile.tgz" -C /tmp/prof . || echo "profile failed: $?"
