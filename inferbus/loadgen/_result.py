@@ -8,6 +8,7 @@ the parent can add the recorders of several generator processes into one
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -33,7 +34,9 @@ class BenchResult:
     the limit. ``gen_cpu_us_per_req`` is the generator processes' CPU time per
     answer. ``stages_us`` are the means of the answers' ``parameters.timings_us``
     (cache misses only) plus ``e2e`` (client-observed mean) and ``bus_other``
-    (``e2e - ingress_total - worker_total``: hops, NATS server, client receive).
+    (``e2e - ingress_total - worker_total``: hops, NATS server, client receive);
+    when the worker stamps ``worker_done_unix_us`` (wall clock, µs) the generator
+    adds ``reply_hop`` (that stamp to the answer's arrival, same host's clock).
     """
 
     model: str
@@ -110,8 +113,13 @@ class Recorder:
                 self.stage_n += 1
                 self.e2e_miss_sum += latency_us
                 for k, v in t.items():
-                    if isinstance(v, (int, float)):
+                    if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
                         self.stages[k] += v
+                done = t.get("worker_done_unix_us")
+                if isinstance(done, (int, float)):
+                    # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
+                    # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
+                    self.stages["reply_hop"] += time.time() * 1e6 - done
 
     def record_lag(self, lag_us: float) -> None:
         self._lags.append(int(lag_us))
