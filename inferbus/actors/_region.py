@@ -294,8 +294,7 @@ class RegionManager:
             self._observe(hb.lease_rev, hb.lease_holder, hb.successor,
                           valkey=hb.valkey if hb.role == PRIMARY else "")
         if hb.role == PRIMARY and hb.region != self.region:
-            self.primary_hb_at = now
-            self.primary_region = hb.region
+            self._primary_life(hb.region, now)
             if hb.valkey and hb.valkey != self.primary_valkey:
                 self.primary_valkey = hb.valkey
                 self._cache_kick.set()
@@ -304,6 +303,12 @@ class RegionManager:
             if self.role == PRIMARY and hb.term > self.term:
                 # a later CAS won: our lease is gone for sure (our next renewal would fail anyway)
                 self._step_down(f"region {hb.region} holds a later term {hb.term}")
+
+    def _primary_life(self, region: str, now: float) -> None:
+        """The primary ``region`` showed a sign of life (heartbeat or lease write) at ``now``."""
+        if self.primary_hb_at is None or now > self.primary_hb_at:
+            self.primary_hb_at = now
+        self.primary_region = region
 
     # ---- becoming primary / standby ---------------------------------------------------------------
     async def _campaign(self, reason: str, steps: list[RegionStep] | None = None) -> bool:
@@ -456,7 +461,7 @@ class RegionManager:
             if (self.primary_hb_at is not None and not self._primary_alive(now)
                     and (self.suspected_at is None or self.suspected_at < self.primary_hb_at)):
                 self.suspected_at = now
-                self._note("suspect", f"no heartbeat from primary {self.primary_region} for "
+                self._note("suspect", f"no heartbeat or lease write from primary {self.primary_region} for "
                                       f"{(now - self.primary_hb_at) * 1000:.0f} ms", self.known_term)
             if (self.seen_rev is None or self._next_read) and now >= self._next_read:
                 self._next_read = 0.0
@@ -505,6 +510,12 @@ class RegionManager:
                     if isinstance(value, LeaseValue):
                         self._observe(entry.revision, value.holder, value.successor, value.manager_id,
                                       value.valkey, value.term or (entry.revision if value.op == "acquire" else 0))
+                        if value.holder and value.holder != self.region and value.op != "release":
+                            # a lease write by the primary is a sign of life as good as a heartbeat
+                            # (it was alive when it sent it); counting it keeps a renewal that commits
+                            # after the leader's last heartbeat from opening a gap between detection
+                            # and takeover
+                            self._primary_life(value.holder, time.monotonic())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
