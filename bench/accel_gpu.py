@@ -331,11 +331,22 @@ def sec_dispatch() -> dict:
     out = {}
     s = get_backend("jax").load(MODELS / "digits" / "1" / "model.onnx", precision="fp32",
                                 device_kind="gpu" if has_gpu() else "cpu")
-    s.warmup((1,))
+    s.warmup((1, 8))
     x = test_rows("digits")[:1]
     c = s._compiled[1]
     xd = jax.device_put({"pixels": x}, s._sharding)
     out["session.infer"] = timeit(lambda: s.infer({"pixels": x}))
+    out["session transfer"] = s.transfer
+    from inferbus.accelerators._jax import JaxBackend
+
+    p = JaxBackend(transfer="pjrt").load(MODELS / "digits" / "1" / "model.onnx", precision="fp32",
+                                         device_kind="gpu" if has_gpu() else "cpu")
+    p.warmup((1, 8))
+    out["session.infer pjrt"] = timeit(lambda: p.infer({"pixels": x}))
+    x8 = test_rows("digits")[:5]
+    out["dlpack == pjrt (b1, b5 padded)"] = bool(
+        np.allclose(s.infer({"pixels": x})["logits"], p.infer({"pixels": x})["logits"], atol=1e-5)
+        and np.allclose(s.infer({"pixels": x8})["logits"], p.infer({"pixels": x8})["logits"], atol=1e-5))
     out["compiled(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in c(s._params, {"pixels": x}).values()])
     out["compiled(numpy) logits only"] = timeit(lambda: np.asarray(c(s._params, {"pixels": x})["logits"]))
     out["device_put + compiled + np.asarray"] = timeit(
