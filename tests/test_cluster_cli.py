@@ -122,6 +122,7 @@ def test_chaos_run_region_failover_json(tmp_path):
     assert d["failover_ms"] is not None
 
 
+@pytest.mark.timeout(60)
 def test_chaos_run_unknown_drill():
     out = _inferbus("chaos", "run", "no-such-drill")
     assert out.returncode == 2 and "unknown drill 'no-such-drill'" in out.stderr and "region-failover" in out.stderr
