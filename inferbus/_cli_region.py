@@ -227,3 +227,31 @@ def demote(
         typer.echo(f"refused: {reply.error}", err=True)
         raise typer.Exit(1)
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
+
+
+@app.command("manager")
+def manager(
+    region: str = typer.Argument(..., help="This region's name (a subject token)."),
+    nats_url: str = typer.Option(..., help="This region's NATS servers, comma-separated."),
+    valkey_url: Optional[str] = typer.Option(None, help="This region's Valkey/Redis (redis://host:port/0)."),
+    lease_cluster: Optional[str] = typer.Option(None, help="JetStream cluster that holds the lease (the witness)."),
+    replicas: int = typer.Option(3, help="Replicas of the lease stream."),
+    prefix: str = typer.Option("inferbus"),
+    heartbeat_ms: int = typer.Option(100), lease_ms: int = typer.Option(400), suspect_ms: int = typer.Option(400),
+    initial_primary: bool = typer.Option(False, help="Campaign at once when no lease exists yet."),
+    auto_failover: bool = typer.Option(True, help="Take over automatically when the primary is gone."),
+) -> None:
+    """Run one region manager in the foreground (for regions whose actors run with 'inferbus up').
+
+    'inferbus cluster up' starts one per region itself; use this against real clusters by URL.
+    """
+    from .actors._common import run_actor
+    from .actors._region import RegionConfig, RegionManager
+    from .bus import BusConfig
+
+    cfg = RegionConfig(region=region, bus=BusConfig(servers=tuple(u.strip() for u in nats_url.split(",")),
+                                                   prefix=prefix, no_randomize=True, ping_interval_s=0.5),
+                       valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
+                       heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
+                       initial_primary=initial_primary, auto_failover=auto_failover)
+    run_actor(RegionManager(cfg).run)
