@@ -201,6 +201,7 @@ class Worker:
                 self.max_batch[mv.key] = mb
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
+        self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.mailbox: queue.Queue[Job] = queue.Queue(maxsize=config.mailbox_size)
         self.stats = _Stats()
         self._stats_lock = threading.Lock()
@@ -531,8 +532,20 @@ class Worker:
         req = decode_request(job.body, ct)
         mv = self.versions[job.model_key]
         text_inputs = self._bytes_inputs.get(job.model_key)
+        spec = self._specs[job.model_key]
         arrays = {}
         for i, t in enumerate(req.inputs):
+            # the ingress validated this already; checked again (cheap) so that whatever reaches a worker
+            # subject some other way is a client error, never a runtime failure counted against the worker
+            info = spec.get(t.name)
+            if info is None or t.name in arrays:
+                raise InvalidArgument(f"unexpected or repeated input {t.name!r}", field=f"inputs[{i}].name")
+            if t.datatype != info.datatype:
+                raise InvalidArgument(f"input {t.name!r} must be {info.datatype}, got {t.datatype}",
+                                      field=f"inputs[{i}].datatype")
+            if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
+                raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
+                                      field=f"inputs[{i}].shape")
             arr = input_to_numpy(t, field=f"inputs[{i}]")
             if text_inputs and t.name in text_inputs:
                 arr = _bytes_to_text(arr, t, i)
