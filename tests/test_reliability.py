@@ -133,7 +133,9 @@ async def test_error_rate_takes_a_worker_out_and_back(env, dep):
 async def test_breaker_opens_after_5_failures_probes_and_closes(env, dep):
     nc, client, reports = env
     # start from an empty error window, so the error-rate health check stays out of the breaker's way
-    await wait_health(client, lambda p: p["workers"][W0]["window_requests"] == 0, timeout_s=5, what="empty window")
+    params = await wait_health(client, lambda p: p["workers"][W0]["window_requests"] == 0, timeout_s=5,
+                               what="empty window")
+    trips0 = params["workers"][W0]["breaker_trips"]
     await set_fault(nc, dep.prefix, W0, error_rate=1.0)
     failures = 0
     for _ in range(500):
@@ -149,7 +151,7 @@ async def test_breaker_opens_after_5_failures_probes_and_closes(env, dep):
         pytest.fail("w0 got fewer than 5 requests")
     # CLOSED -> OPEN after exactly 5 consecutive failures (the completion notice trails the reply a little)
     params = await wait_health(client, lambda p: p["workers"][W0]["breaker"] == "open", timeout_s=2, what="open")
-    assert params["workers"][W0]["health"] == "breaker_open" and params["workers"][W0]["breaker_trips"] == 1
+    assert params["workers"][W0]["health"] == "breaker_open" and params["workers"][W0]["breaker_trips"] == trips0 + 1
     stats = json.loads((await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=2)).data)
     infer = next(e for e in stats["endpoints"] if e["name"] == "infer")
     assert infer["data"]["breakers"][W0] == "open" and infer["data"]["breakers"][W1] == "closed"
@@ -162,7 +164,7 @@ async def test_breaker_opens_after_5_failures_probes_and_closes(env, dep):
     with pytest.raises(Internal):
         for _ in range(5):
             await client.infer("typed", typed_input())
-    assert (await health_params(client))["workers"][W0]["breaker_trips"] == 2
+    assert (await health_params(client))["workers"][W0]["breaker_trips"] == trips0 + 2
     # the worker recovers; the next probe succeeds and closes the breaker
     await set_fault(nc, dep.prefix, W0)
     await wait_health(client, lambda p: p["workers"][W0]["breaker"] == "half_open", timeout_s=5, what="half-open")
