@@ -32,7 +32,10 @@ class BusConfig:
     reconnect_time_wait_s: float = 0.05
     """Wait between reconnect attempts to the same server, seconds (>= 0)."""
     max_reconnect_attempts: int = -1
-    """-1 = reconnect for ever."""
+    """Reconnect attempts per server once connected; -1 = reconnect for ever."""
+    connect_attempts: int = 3
+    """Attempts per server for the *initial* connect (then ``NoServersError``), so a wrong URL or
+    wrong credentials fail fast instead of retrying for ever (>= 1)."""
     ping_interval_s: float = 1.0
     """Client PING interval in seconds (> 0)."""
     max_outstanding_pings: int = 2
@@ -63,6 +66,8 @@ class BusConfig:
                 )
         if self.connect_timeout_s <= 0 or self.ping_interval_s <= 0:
             raise ValueError("BusConfig: connect_timeout_s and ping_interval_s must be > 0 seconds")
+        if self.connect_attempts < 1:
+            raise ValueError("BusConfig.connect_attempts must be >= 1 (tries per server for the first connect)")
         if self.reconnect_time_wait_s < 0:
             raise ValueError("BusConfig.reconnect_time_wait_s must be >= 0 seconds")
 

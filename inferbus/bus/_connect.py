@@ -22,15 +22,16 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
         A connected ``nats.aio.client.Client``.
 
     Raises:
-        nats.errors.NoServersError: no server in ``config.servers`` answered
-            within ``connect_timeout_s``.
+        nats.errors.NoServersError: no server in ``config.servers`` accepted the
+            connection within ``connect_attempts`` tries each (unreachable, or
+            credentials refused: the cause is passed to ``error_cb``).
     """
     kwargs: dict = dict(
         servers=list(config.servers),
         name=name or config.name,
         connect_timeout=config.connect_timeout_s,
         reconnect_time_wait=config.reconnect_time_wait_s,
-        max_reconnect_attempts=config.max_reconnect_attempts,
+        max_reconnect_attempts=config.connect_attempts,
         ping_interval=config.ping_interval_s,
         max_outstanding_pings=config.max_outstanding_pings,
         pending_size=config.pending_size_bytes,
@@ -58,4 +59,8 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
     kwargs.setdefault("error_cb", _quiet_error)
     kwargs.update(callbacks)
     kwargs.update(config.extra)
-    return await nats.connect(**kwargs)
+    nc = await nats.connect(**kwargs)
+    # nats-py has one attempts setting for the first connect and for reconnects; once connected,
+    # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
+    nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
+    return nc

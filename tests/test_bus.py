@@ -1,0 +1,53 @@
+"""The bus layer against a real nats-server: connect policy, embedded servers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from nats.errors import NoServersError
+
+from inferbus.bus import BusConfig, EmbeddedNats, connect, free_port
+from inferbus.client import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+async def test_wrong_credentials_fail_fast_then_reconnect_forever(tmp_path):
+    with EmbeddedNats(run_dir=tmp_path, extra_config='authorization { token: "s3cret" }') as srv:
+        t0 = time.monotonic()
+        with pytest.raises(NoServersError):
+            await Client.connect(srv.url)
+        assert time.monotonic() - t0 < 5
+        nc = await connect(BusConfig(servers=(srv.url,), token="s3cret"))
+        try:
+            assert nc.is_connected
+            assert nc.options["max_reconnect_attempts"] == -1  # once connected: reconnect for ever
+        finally:
+            await nc.close()
+
+
+async def test_unreachable_server_fails_fast():
+    t0 = time.monotonic()
+    with pytest.raises(NoServersError):
+        await connect(BusConfig(servers=(f"nats://127.0.0.1:{free_port()}",), connect_timeout_s=0.5))
+    assert time.monotonic() - t0 < 5
+
+
+def test_bus_config_validation():
+    with pytest.raises(ValueError, match="connect_attempts"):
+        BusConfig(connect_attempts=0)
+    with pytest.raises(ValueError, match="prefix"):
+        BusConfig(prefix="a b")
+    assert BusConfig.from_dict(BusConfig(servers=("nats://x:1",)).to_dict()).servers == ("nats://x:1",)
+
+
+def test_embedded_nats_restarts_on_the_same_port(tmp_path):
+    srv = EmbeddedNats(run_dir=tmp_path).start()
+    try:
+        port = srv.port
+        srv.kill()
+        srv.start()
+        assert srv.port == port and srv.proc.poll() is None
+    finally:
+        srv.stop()
