@@ -10,9 +10,16 @@ where it lives and which options record it takes, and is imported only when run
 | worker-crash    | chaos.node_drills    | SIGKILL a worker under load                                     |
 | worker-hang     | chaos.node_drills    | SIGSTOP a worker under load                                     |
 | cache-loss      | chaos.node_drills    | SIGKILL Valkey under load                                       |
-| soak            | chaos.node_drills    | long run with a fault every ``fault_every_s``                   |
+| soak            | chaos.node_drills    | long run with a fault every ``fault_every_s`` (``topology=True``: |
+|                 |                      | on the two-region topology, cluster faults in the cycle)        |
+| model-swap      | chaos.node_drills    | not available yet: raises FaultUnavailable before starting      |
 | region-failover | chaos.region_drills  | SIGKILL every process of the primary region under load          |
 | region-partition| chaos.region_drills  | cut the gateways between the regions; never two primaries       |
+| nats-node-loss  | chaos.topology_drills| SIGKILL the primary region's nats-server under load; reconnects |
+| gateway-degrade | chaos.topology_drills| 50 ms latency + 5 % loss on the A<->B gateways under load       |
+
+The region drills take a degraded WAN for their whole run as options
+(``gateway_latency_ms``, ``gateway_drop_pct``, ``gateway_links``).
 """
 
 from __future__ import annotations
@@ -46,16 +53,25 @@ class DrillEntry:
 
 _NODE_OPTS = "chaos.node_drills:DrillOptions"
 _REGION_OPTS = "chaos.region_drills:RegionDrillOptions"
+_GATEWAY_OPTS = "chaos.topology_drills:GatewayDrillOptions"
 
 DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
     DrillEntry("worker-crash", "chaos.node_drills:worker_crash", _NODE_OPTS, "SIGKILL one worker under load"),
     DrillEntry("worker-hang", "chaos.node_drills:worker_hang", _NODE_OPTS, "SIGSTOP one worker under load"),
     DrillEntry("cache-loss", "chaos.node_drills:cache_loss", _NODE_OPTS, "SIGKILL Valkey under load"),
-    DrillEntry("soak", "chaos.node_drills:soak", _NODE_OPTS, "steady load with a fault every fault_every_s"),
+    DrillEntry("soak", "chaos.node_drills:soak", _NODE_OPTS,
+               "steady load with a fault every fault_every_s, cycling through every fault kind "
+               "(--topology: on the two-region topology)"),
+    DrillEntry("model-swap", "chaos.node_drills:model_swap", _NODE_OPTS,
+               "swap a model version under load (not available yet: says so)"),
     DrillEntry("region-failover", "chaos.region_drills:region_failover", _REGION_OPTS,
                "SIGKILL every process of the primary region under load; the standby takes over"),
     DrillEntry("region-partition", "chaos.region_drills:region_partition", _REGION_OPTS,
                "cut the gateways between the regions under load; never two primaries"),
+    DrillEntry("nats-node-loss", "chaos.topology_drills:nats_node_loss", _REGION_OPTS,
+               "SIGKILL the primary region's nats-server under load; clients and actors reconnect"),
+    DrillEntry("gateway-degrade", "chaos.topology_drills:gateway_degrade", _GATEWAY_OPTS,
+               "latency + packet loss on the gateways between the regions under load"),
 ]}
 """Every registered drill by name. Other drill modules add their entries here."""
 
@@ -70,6 +86,12 @@ def get_drill(name: str) -> DrillEntry:
         return DRILLS[name]
     except KeyError:
         raise UnknownDrill(f"unknown drill {name!r}; known drills: {', '.join(sorted(DRILLS))}") from None
+
+
+def option_names(name: str) -> set[str]:
+    """The option fields the drill ``name`` takes (imports its options class)."""
+    _, opts_cls = get_drill(name).load()
+    return {f.name for f in fields(opts_cls)}
 
 
 def make_options(options_cls, **values):

@@ -15,8 +15,16 @@ name with :func:`get_fault`; an unknown name raises :class:`UnknownFault`.
 | kill-valkey     | SIGKILL the (embedded) Valkey                       | start it again on the same port        |
 | model-swap      | not available: model version swap under load does not exist yet; raises FaultUnavailable |  |
 
-Gateway partition / latency / packet drop between regions live with the region
-topology (``chaos/proxy.py``).
+Topology faults (:mod:`chaos.topology_faults`, target :class:`chaos.topology_faults.TopologyTarget`:
+a local multi-region :class:`inferbus.cluster.Topology` and one of its regions):
+``kill-nats-node``, ``gateway-latency``, ``gateway-drop``, ``gateway-degrade``, ``gateway-cut``,
+``isolate-region``, ``kill-region``. The actor faults above (kill/hang/slow) and ``kill-valkey``
+also act on a topology target (the region's node runs the actors in its own process tree, its
+supervisor restarts them; the region's Valkey is restarted by the topology's supervisor).
+``kill-nats`` is for a single node (its only server); on a topology use ``kill-nats-node``.
+
+Every injector is ``async inject(target, **options) -> Fault`` and returns once the fault is in
+place; :meth:`Fault.heal` undoes it (or waits for the system to) and returns when healed.
 """
 
 from __future__ import annotations
@@ -47,11 +55,26 @@ class NodeTarget:
     node: object
 
     def child_pid(self, prefix: str, index: int = 0) -> tuple[str, int]:
+        """``(child_id, pid)`` of the ``index``-th (modulo) running child whose id starts with ``prefix``."""
         kids = [c for c in self.node.supervisor.which_children() if c.id.startswith(prefix) and c.pid]
         if not kids:
             raise FaultUnavailable(f"no running child whose id starts with {prefix!r}")
         c = sorted(kids, key=lambda c: c.id)[index % len(kids)]
         return c.id, c.pid
+
+    async def wait_restart(self, child_id: str, old_pid: int, timeout_s: float = 60.0) -> None:
+        """Wait until the node's supervisor runs ``child_id`` again under a new pid.
+
+        Raises:
+            FaultError: not restarted within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for c in self.node.supervisor.which_children():
+                if c.id == child_id and c.pid and c.pid != old_pid and c.status == "running":
+                    return
+            await asyncio.sleep(0.01)
+        raise FaultError(f"{child_id} was not restarted within {timeout_s}s")
 
 
 @dataclass
@@ -64,6 +87,8 @@ class Fault:
     t_inject: float
     _heal: object = None
     _task: asyncio.Task | None = field(default=None, repr=False)
+    info: dict = field(default_factory=dict)
+    """What the injector or its heal learnt (e.g. ``restarted_at``, ``rejoined_at``: monotonic seconds)."""
 
     async def heal(self) -> float:
         """Undo the fault (or wait for the system to undo it); returns monotonic time when healed."""
@@ -85,14 +110,8 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-async def _wait_restart(target: NodeTarget, child_id: str, old_pid: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for c in target.node.supervisor.which_children():
-            if c.id == child_id and c.pid and c.pid != old_pid and c.status == "running":
-                return
-        await asyncio.sleep(0.01)
-    raise FaultError(f"{child_id} was not restarted within {timeout_s}s")
+async def _wait_restart(target, child_id: str, old_pid: int, timeout_s: float = 60.0) -> None:
+    await target.wait_restart(child_id, old_pid, timeout_s)
 
 
 def _kill_child(prefix: str):
@@ -135,8 +154,14 @@ async def _slow_worker(target: NodeTarget, index: int = 0, stop_ms: float = 15.0
 
 
 def _kill_server(attr: str, name: str):
-    async def inject(target: NodeTarget, **_) -> Fault:
-        srv = getattr(target.node, attr, None)
+    async def inject(target, **kw) -> Fault:
+        from .topology_faults import TopologyTarget, kill_valkey_topology
+
+        if isinstance(target, TopologyTarget):
+            if attr == "valkey":
+                return await kill_valkey_topology(target, **kw)
+            raise FaultUnavailable(f"{name}: kills a single node's only server; on a topology use kill-nats-node")
+        srv = getattr(getattr(target, "node", None), attr, None)
         if srv is None or srv.proc is None:
             raise FaultUnavailable(f"{name}: the deployment has no embedded server to kill (it uses a URL)")
         pid = srv.pid
@@ -150,8 +175,20 @@ def _kill_server(attr: str, name: str):
     return inject
 
 
+MODEL_SWAP_UNAVAILABLE = "model swap under load does not exist yet (no run-time model version API to swap with)"
+
+
 async def _model_swap(target, **_) -> Fault:
-    raise FaultUnavailable("model-swap: swapping a model version under load is not implemented yet")
+    raise FaultUnavailable(f"model-swap: {MODEL_SWAP_UNAVAILABLE}")
+
+
+def _topology_fault(name: str):
+    async def inject(target, **options) -> Fault:
+        from .topology_faults import TOPOLOGY_FAULTS
+
+        return await TOPOLOGY_FAULTS[name](target, **options)
+    inject.__name__ = name.replace("-", "_")
+    return inject
 
 
 FAULTS = {
@@ -163,7 +200,10 @@ FAULTS = {
     "kill-nats": _kill_server("nats", "kill-nats"),
     "kill-valkey": _kill_server("valkey", "kill-valkey"),
     "model-swap": _model_swap,
+    **{n: _topology_fault(n) for n in ("kill-nats-node", "gateway-latency", "gateway-drop", "gateway-degrade",
+                                       "gateway-cut", "isolate-region", "kill-region")},
 }
+"""Every injector by name (node and topology faults)."""
 
 
 def get_fault(name: str):

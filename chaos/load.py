@@ -134,6 +134,7 @@ class Driver:
                         self.executions[rid] += 1
 
             sub = await self.client.nc.subscribe(self.audit_subject, cb=on_audit)
+            await self.client.nc.flush()  # the server has the interest before the first request goes out
         tasks: set[asyncio.Task] = set()
         interval = 1.0 / self.rate_qps
         start = time.monotonic()

@@ -28,6 +28,8 @@ from inferbus.schemas._internal import LoadReport, ProcessEvent, InternalDecodeE
 
 from .faults import NodeTarget, get_fault
 from .load import DrillFigures, Driver
+from .rss import RssSampler, rss_kib  # noqa: F401  (rss_kib: re-exported, it used to live here)
+from .soak import fault_cycle, sample_rss, strip_times, window_figures
 
 
 @dataclass
@@ -46,20 +48,14 @@ class DrillOptions:
     fault_every_s: float = 30.0
     """soak only: a fault every this many seconds."""
     hang_s: float = 2.0
+    """How long hang-worker, slow-worker and (soak) kill-valkey last before the heal, seconds."""
+    faults: tuple[str, ...] | None = None
+    """soak only: the fault names to cycle through (default: every kind the target offers)."""
+    topology: bool = False
+    """soak only: run on a local two-region topology (inferbus.cluster) so the cluster faults
+    (kill-nats-node, gateway latency/loss/cut, isolate-region, kill-region) are in the cycle."""
     run_dir: str | None = None
     extra: dict = field(default_factory=dict)
-
-
-def rss_kib(pid: int) -> int | None:
-    """Resident set size of ``pid`` in KiB (Linux /proc), None if gone."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 class _Watch:
@@ -220,45 +216,78 @@ async def cache_loss(opts: DrillOptions) -> DrillFigures:
     return await _with_fault(opts, "cache-loss", "kill-valkey", detect, recover, heal_after_s=opts.duration_s / 3)
 
 
+NODE_SOAK_CYCLE = ["model-swap", "kill-worker", "hang-worker", "kill-valkey", "kill-ingress", "slow-worker",
+                   "kill-aggregator", "kill-nats"]
+"""Every node fault kind, in soak order. ``kill-nats`` kills the node's only nats-server (a single node
+has no other to fail over to: the SDK and actors reconnect once it is back); ``model-swap`` is listed
+first so that even a short soak reports it as unavailable (and moves on at once) instead of silently
+leaving it out."""
+
+
+def _soak_hold_s(opts: DrillOptions):
+    return lambda name: opts.hang_s if name in ("hang-worker", "slow-worker", "kill-valkey") else 0.0
+
+
 async def soak(opts: DrillOptions) -> DrillFigures:
     """Steady load for ``duration_s`` with a fault every ``fault_every_s``, cycling through the node faults.
 
-    RSS of every actor process is sampled each second; ``extra.rss_kib`` reports the first and last
-    sample and the growth over the second half of the run per process (growth must plateau).
+    With ``opts.topology`` the soak runs on a local two-region topology instead and its cycle adds the
+    cluster faults (:func:`chaos.topology_drills.soak_topology`).
+
+    Cycle: :data:`NODE_SOAK_CYCLE`. RSS of every process (the actors, the embedded nats-server and
+    Valkey, and this process, which runs the node's supervisor and the load) is sampled each second;
+    ``extra.rss_kib`` has per process the first, last and max sample, the incarnations, and the growth
+    over the last incarnation (``plateau``: see :mod:`chaos.rss`); ``extra.rss_verdict`` sums it up.
+    ``extra.faults`` lists each fault with its heal time and the figures of its window.
+    ``opts.faults`` replaces the cycle (an unknown name raises :class:`chaos.faults.UnknownFault`).
     """
-    cycle = ["kill-worker", "hang-worker", "kill-valkey", "kill-ingress", "slow-worker", "kill-aggregator"]
-    rss: dict[str, list[int]] = {}
-    faults_done = []
+    for name in opts.faults or ():
+        get_fault(name)  # an unknown name fails before anything starts
+    if opts.topology:
+        from .topology_drills import soak_topology
+
+        return await soak_topology(opts)
+    cycle = list(opts.faults) if opts.faults else NODE_SOAK_CYCLE
+    sampler = RssSampler()
     async with _Setup(opts) as s:
+        def pids() -> dict[str, int]:
+            out = {c.id: c.pid for c in s.node.supervisor.which_children() if c.pid}
+            for name in ("nats", "valkey"):
+                srv = getattr(s.node, name, None)
+                if srv is not None and srv.proc is not None and srv.proc.poll() is None:
+                    out[name] = srv.pid
+            out["drill+node"] = os.getpid()
+            return out
+
         load = asyncio.create_task(s.driver.run(opts.duration_s))
         t_start = time.monotonic()
-        k = 0
-        next_fault = t_start + opts.fault_every_s / 2
-        while not load.done():
-            now = time.monotonic()
-            for c in s.node.supervisor.which_children():
-                if c.pid:
-                    v = rss_kib(c.pid)
-                    if v:
-                        rss.setdefault(c.id, []).append(v)
-            if now >= next_fault and now - t_start < opts.duration_s - 5:
-                name = cycle[k % len(cycle)]
-                k += 1
-                fault = await get_fault(name)(s.target, index=k)
-                hold = opts.hang_s if name in ("hang-worker", "slow-worker", "kill-valkey") else 0
-                await asyncio.sleep(hold)
-                await fault.heal()
-                faults_done.append({"fault": name, "t_s": round(fault.t_inject - t_start, 1), "target": fault.target_id})
-                next_fault += opts.fault_every_s
-            await asyncio.sleep(1.0)
-        await load
-        growth = {}
-        for cid, xs in rss.items():
-            half = xs[len(xs) // 2:]
-            growth[cid] = {"first_kib": xs[0], "last_kib": xs[-1],
-                           "second_half_growth_kib": (half[-1] - half[0]) if len(half) > 1 else 0}
-        return s.driver.figures("soak", None, extra={"faults": faults_done, "rss_kib": growth,
-                                                      "fault_every_s": opts.fault_every_s})
+        stop = asyncio.Event()
+        rss_task = asyncio.create_task(sample_rss(sampler, pids, stop))
+
+        async def inject(name: str, k: int):
+            return await get_fault(name)(s.target, index=k)
+
+        try:
+            faults, unavailable = await fault_cycle(load, cycle, inject, _soak_hold_s(opts),
+                                                    fault_every_s=opts.fault_every_s, duration_s=opts.duration_s,
+                                                    t_start=t_start)
+            await load
+        finally:
+            stop.set()
+            await rss_task
+        window_figures(s.driver.records, faults)
+        return s.driver.figures("soak", None, extra={
+            "mode": "node", "faults": strip_times(faults), "faults_unavailable": unavailable,
+            "cycle": cycle, "rss_kib": sampler.summary(), "rss_verdict": sampler.verdict(),
+            "fault_every_s": opts.fault_every_s, "rate_qps": opts.rate_qps, "workers": opts.workers,
+            "duration_s": opts.duration_s})
+
+
+async def model_swap(opts: DrillOptions) -> DrillFigures:
+    """Swap a model version under load. Not available: there is no run-time model version swap yet, so
+    this raises :class:`chaos.faults.FaultUnavailable` (with the reason) before starting anything."""
+    await get_fault("model-swap")(None)
+    raise AssertionError("unreachable: model-swap is unavailable")  # pragma: no cover
 
 
 NODE_DRILLS = {"worker-crash": worker_crash, "worker-hang": worker_hang, "cache-loss": cache_loss, "soak": soak}

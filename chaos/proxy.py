@@ -9,8 +9,14 @@ connection to one upstream ``(host, port)``. Faults are injected by name
   firewall that rejects would do. Heals when the fault is removed.
 * ``latency``: every chunk of bytes is delayed by ``latency_ms`` (+ uniform
   ``jitter_ms``) in the chosen direction; order within a connection is kept.
-* ``drop``: a blackhole: bytes are read and discarded; connections stay open,
-  so the peers only notice through their own timeouts (a silent partition).
+* ``drop``: packet loss. At ``drop_pct=100`` (the default) a blackhole: bytes are
+  read and discarded; connections stay open, so the peers only notice through
+  their own timeouts (a silent partition). Below 100 % each chunk of bytes is
+  "lost" with probability ``drop_pct`` and delivered again after ``rto_ms``
+  (default 200 ms, Linux's minimum TCP retransmission timeout), with every later
+  chunk of that direction queued behind it: that is what a TCP connection sees of
+  IP packet loss (a stream proxy cannot discard bytes mid-stream without
+  corrupting the protocol on top, which real loss never does).
 
 Peers: a fault may apply to every connection or only to connections whose *peer
 tag* is in ``peers``. The tag is computed by the proxy's ``classify`` function
@@ -61,6 +67,8 @@ class Fault:
         latency_ms: added delay per chunk, ms (``latency`` only, >= 0).
         jitter_ms: extra uniform random delay in [0, jitter_ms], ms (``latency`` only, >= 0).
         direction: ``"both"``, ``"up"`` (connecting side → upstream) or ``"down"`` (upstream → connecting side).
+        drop_pct: ``drop`` only: per-chunk loss probability in percent, (0, 100]; 100 = blackhole.
+        rto_ms: ``drop`` below 100 %: delay of a lost chunk (its retransmission), ms (> 0).
     """
 
     kind: str
@@ -68,6 +76,8 @@ class Fault:
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     direction: str = "both"
+    drop_pct: float = 100.0
+    rto_ms: float = 200.0
 
     def __post_init__(self) -> None:
         if self.kind not in FAULTS:
@@ -76,6 +86,15 @@ class Fault:
             raise ValueError(f"Fault.direction must be one of {_DIRECTIONS}, got {self.direction!r}")
         if self.latency_ms < 0 or self.jitter_ms < 0:
             raise ValueError("Fault.latency_ms and jitter_ms must be >= 0 ms")
+        if not 0 < self.drop_pct <= 100:
+            raise ValueError(f"Fault.drop_pct must be in (0, 100] percent, got {self.drop_pct!r}")
+        if self.rto_ms <= 0:
+            raise ValueError(f"Fault.rto_ms must be > 0 ms, got {self.rto_ms!r}")
+
+    @property
+    def blackhole(self) -> bool:
+        """A ``drop`` that lets nothing through."""
+        return self.kind == "drop" and self.drop_pct >= 100
 
     def applies(self, peer: str | None, direction: str) -> bool:
         """True when this fault affects bytes of a connection tagged ``peer`` flowing in ``direction``."""
@@ -90,7 +109,7 @@ def make_fault(name: str, *, peers: Iterable[str] | None = None, **params) -> Fa
     Args:
         name: one of :data:`FAULTS`.
         peers: peer tags it applies to (None = all connections).
-        params: ``latency_ms``, ``jitter_ms``, ``direction``.
+        params: ``latency_ms``, ``jitter_ms``, ``direction``, ``drop_pct``, ``rto_ms``.
 
     Raises:
         UnknownFault: ``name`` is not a known fault.
@@ -131,6 +150,8 @@ class ProxyStats:
     bytes_up: int
     bytes_down: int
     dropped_bytes: int
+    retransmitted: int = 0
+    """Chunks delayed by a partial ``drop`` (lost, then delivered after ``rto_ms``)."""
 
 
 @dataclass(eq=False)
@@ -186,7 +207,9 @@ class TcpProxy:
         self.faults: list[Fault] = []
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Conn] = set()
-        self._n = {"accepted": 0, "rejected": 0, "cut": 0, "bytes_up": 0, "bytes_down": 0, "dropped_bytes": 0}
+        self._n = {"accepted": 0, "rejected": 0, "cut": 0, "bytes_up": 0, "bytes_down": 0, "dropped_bytes": 0,
+                   "retransmitted": 0}
+        self._rng = random.Random()
 
     def __repr__(self) -> str:
         return f"TcpProxy({self.name!r}, :{self.port} -> {self.upstream[0]}:{self.upstream[1]}, faults={self.faults})"
@@ -249,9 +272,11 @@ class TcpProxy:
         """Delay matching bytes by ``latency_ms`` (+ up to ``jitter_ms``)."""
         return self.inject("latency", peers=peers, latency_ms=latency_ms, jitter_ms=jitter_ms, direction=direction)
 
-    def drop(self, peers: Iterable[str] | None = None, direction: str = "both") -> Fault:
-        """Silently discard matching bytes (connections stay open)."""
-        return self.inject("drop", peers=peers, direction=direction)
+    def drop(self, peers: Iterable[str] | None = None, direction: str = "both", drop_pct: float = 100.0,
+             rto_ms: float = 200.0) -> Fault:
+        """Packet loss on matching bytes: at 100 % a silent blackhole (connections stay open); below, each
+        chunk is lost with probability ``drop_pct`` and retransmitted after ``rto_ms`` (order kept)."""
+        return self.inject("drop", peers=peers, direction=direction, drop_pct=drop_pct, rto_ms=rto_ms)
 
     def heal(self, fault: Fault | None = None) -> None:
         """Remove ``fault`` (None = every fault). Cut connections stay closed; peers reconnect."""
@@ -264,16 +289,19 @@ class TcpProxy:
                 pass
 
     def _find(self, kind: str, peer: str | None, direction: str) -> Fault | None:
+        found = None
         for f in self.faults:
             if f.kind == kind and f.applies(peer, direction):
-                return f
-        return None
+                if kind != "drop" or f.blackhole:
+                    return f  # a blackhole wins over partial loss
+                found = found or f
+        return found
 
     @property
     def stats(self) -> ProxyStats:
         return ProxyStats(accepted=self._n["accepted"], active=len(self._conns), rejected=self._n["rejected"],
                           cut=self._n["cut"], bytes_up=self._n["bytes_up"], bytes_down=self._n["bytes_down"],
-                          dropped_bytes=self._n["dropped_bytes"])
+                          dropped_bytes=self._n["dropped_bytes"], retransmitted=self._n["retransmitted"])
 
     # ---- data path ---------------------------------------------------------------------------
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -333,12 +361,14 @@ class TcpProxy:
                 if self._find("cut", conn.peer, direction):
                     self._n["cut"] += 1
                     return
-                if self._find("drop", conn.peer, direction):
+                drop = self._find("drop", conn.peer, direction)
+                if drop is not None and drop.blackhole:
                     self._n["dropped_bytes"] += len(data)
                     continue
+                lost = drop is not None and self._rng.random() * 100.0 < drop.drop_pct
                 self._n[counter] += len(data)
                 lat = self._find("latency", conn.peer, direction)
-                if lat is None and (delayed is None or delayed.empty()):
+                if lat is None and not lost and (delayed is None or delayed.empty()):
                     writer.write(data)
                     await writer.drain()
                     continue
@@ -348,7 +378,10 @@ class TcpProxy:
                     conn.tasks.append(sender)
                 extra = 0.0
                 if lat is not None:
-                    extra = (lat.latency_ms + (random.uniform(0, lat.jitter_ms) if lat.jitter_ms else 0.0)) / 1000.0
+                    extra = (lat.latency_ms + (self._rng.uniform(0, lat.jitter_ms) if lat.jitter_ms else 0.0)) / 1000.0
+                if lost:
+                    self._n["retransmitted"] += 1
+                    extra += drop.rto_ms / 1000.0
                 last_due = max(time.monotonic() + extra, last_due)
                 delayed.put_nowait((last_due, data))
         except (ConnectionError, OSError, asyncio.CancelledError):

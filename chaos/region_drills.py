@@ -8,6 +8,11 @@
   from every site (the standby must take over only after the old primary's
   lease validity ended), then heal (the old primary rejoins as standby).
 
+Both take a degraded WAN as an option: ``gateway_latency_ms`` / ``gateway_drop_pct``
+(``inferbus chaos run region-partition --latency-ms 50 --drop-pct 5``) put latency
+and packet loss on the gateway proxies of ``gateway_links`` for the whole drill
+(:func:`chaos.topology_faults.gateway_degrade`).
+
 Each drill starts its own topology (:class:`inferbus.cluster.Topology`, free
 ports) unless one is passed in (tests share one), drives open-loop load through
 the SDK (:class:`chaos.load.Driver`: unique request ids, known answers, worker
@@ -57,17 +62,54 @@ class RegionDrillOptions:
     heartbeat_ms: int = 100
     lease_ms: int = 400
     suspect_ms: int = 400
+    fault_s: float = 4.0
+    """Drills with a fault that is healed after a while (nats-node-loss, gateway-degrade): how long it lasts."""
+    gateway_latency_ms: float = 0.0
+    """Latency added on the gateway proxies of ``gateway_links`` for the whole drill (0 = none), ms each way."""
+    gateway_jitter_ms: float = 0.0
+    gateway_drop_pct: float = 0.0
+    """Packet loss on those gateways for the whole drill, percent (0 = none; lost chunks come
+    ``gateway_rto_ms`` late, as a TCP retransmission; 100 = blackhole)."""
+    gateway_rto_ms: float = 200.0
+    gateway_links: str = "regions"
+    """``regions`` (between the regions; the witness stays clean) or ``all`` (every pair of sites)."""
+    node_down_s: float = 2.0
+    """nats-node-loss: how long the killed server stays down before its supervisor starts it (0 = at once)."""
+    nats_server: str | None = None
+    """nats-node-loss: which server (e.g. ``A2``); default the one the load client is connected to."""
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.rate_qps <= 0 or self.timeout_s <= 0:
+            raise ValueError("duration_s, rate_qps and timeout_s must be > 0")
+        if self.gateway_latency_ms < 0 or self.gateway_jitter_ms < 0 or not 0 <= self.gateway_drop_pct <= 100:
+            raise ValueError("gateway_latency_ms, gateway_jitter_ms >= 0 ms; gateway_drop_pct in [0, 100] percent")
+        if self.gateway_links not in ("regions", "all"):
+            raise ValueError(f"gateway_links: 'regions' or 'all', got {self.gateway_links!r}")
+
+    @property
+    def degraded(self) -> bool:
+        """True when the options ask for gateway latency or loss for the whole drill."""
+        return self.gateway_latency_ms > 0 or self.gateway_drop_pct > 0
 
 
 class RoleWatch:
-    """Polls every live region manager's status (through the witness) and records who is primary."""
+    """Polls every live region manager's status (through the witness) and records who is primary.
+
+    Also keeps, per manager incarnation (``manager_id``), its region and latest status
+    (:attr:`latest`, for reigns across restarts) and the largest heartbeat age any
+    manager reported for a peer (:attr:`max_hb_age_ms`, how close a standby came to suspecting).
+    """
 
     def __init__(self, topo: Topology, period_s: float = 0.05) -> None:
         self.topo = topo
         self.period_s = period_s
         self.samples: list[tuple[float, dict]] = []
         self.max_primaries = 0
+        self.latest: dict[str, tuple[str, object, float]] = {}
+        """manager_id → (region, latest status, monotonic time it was read)."""
+        self.max_hb_age_ms: dict[str, float] = {}
+        """"observer->peer" → largest heartbeat age reported (ms)."""
         self._task: asyncio.Task | None = None
         self.nc = None
 
@@ -81,6 +123,15 @@ class RoleWatch:
     async def _run(self) -> None:
         while True:
             st = await self.topo.statuses(self.nc, timeout_s=0.3)
+            now = time.monotonic()
+            for r, s in st.items():
+                if s is None:
+                    continue
+                self.latest[s.manager_id] = (r, s, now)
+                for peer, age in s.heartbeat_age_ms.items():
+                    key = f"{r}->{peer}"
+                    if peer not in self.topo.down and age < 60_000:
+                        self.max_hb_age_ms[key] = max(self.max_hb_age_ms.get(key, 0.0), round(age, 1))
             roles = {r: (s.role, s.term) for r, s in st.items() if s is not None}
             n = sum(1 for role, _ in roles.values() if role == "primary")
             self.max_primaries = max(self.max_primaries, n)
@@ -164,21 +215,46 @@ class _Setup:
             work = Workload(ModelRepository(mdir), o.model, distinct=True, pool=2048)
             self.driver = Driver(self.client, o.model, work.inputs, work.reference, rate_qps=o.rate_qps,
                                  timeout_s=o.timeout_s, audit_subject=Subjects(self.topo.spec.prefix).audit)
-            # warm: one answer before the clock starts
-            await self.client.infer(o.model, work.inputs[0], timeout_s=5.0)
+            # warm: one answer before the clock starts (with the pool's last input: the load starts with the
+            # first, and a warm-up answer still in the L1 cache would answer it without an execution)
+            await self.client.infer(o.model, work.inputs[-1], timeout_s=5.0)
+            self.wan = None
+            if o.degraded:
+                from .topology_faults import TopologyTarget, gateway_degrade
+
+                self.wan = await gateway_degrade(
+                    TopologyTarget(self.topo, self.primary), latency_ms=o.gateway_latency_ms,
+                    jitter_ms=o.gateway_jitter_ms, drop_pct=o.gateway_drop_pct, rto_ms=o.gateway_rto_ms,
+                    links=o.gateway_links)
         except BaseException:
             if self._own:
                 await self.topo.stop()
             raise
         return self
 
+    def wan_extra(self) -> dict:
+        """The degraded-WAN settings (for a drill's ``extra``), or {} when the gateways are clean."""
+        o = self.opts
+        if not o.degraded:
+            return {}
+        stats = [p.stats for p in self.topo.proxies.values()]
+        return {"gateway_latency_ms": o.gateway_latency_ms, "gateway_jitter_ms": o.gateway_jitter_ms,
+                "gateway_drop_pct": o.gateway_drop_pct, "gateway_rto_ms": o.gateway_rto_ms,
+                "gateway_links": o.gateway_links, "gateway_chunks_retransmitted": sum(s.retransmitted for s in stats)}
+
     async def __aexit__(self, *exc) -> None:
+        if getattr(self, "wan", None) is not None:
+            try:
+                await self.wan.heal()
+            except Exception:
+                pass
         try:
             await self.client.close()
         except Exception:
             pass
         if self._own:
             await self.topo.stop()
+
 
 
 async def _wait_primary(topo: Topology, region: str, min_term: int, timeout_s: float):
@@ -230,7 +306,7 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
                                    "pids_killed": getattr(topo, "last_kill", {}).get("pids"), "lease_ms": topo.spec.lease_ms,
                                    "suspect_ms": topo.spec.suspect_ms, "heartbeat_ms": topo.spec.heartbeat_ms,
                                    "terms_by_region": {t: sorted(v) for t, v in terms_by_region(rs).items()},
-                                   "overlapping_reigns": len(overlaps(rs)),
+                                   "overlapping_reigns": len(overlaps(rs)), **s.wan_extra(),
                                })
         fig.failover_ms = _r((min(ok_new) - t_kill) * 1000 if ok_new else None)
         if topology is not None:
@@ -282,7 +358,7 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             "settled_primary_after_heal": settled, "max_primaries_sampled": watch.max_primaries,
             "samples": len(watch.samples), "overlapping_reigns": len(overlaps(rs)),
             "terms_shared_by_regions": sum(1 for v in tb.values() if len(v) > 1),
-            "terms_by_region": {t: sorted(v) for t, v in tb.items()},
+            "terms_by_region": {t: sorted(v) for t, v in tb.items()}, **s.wan_extra(),
         })
         return fig
 

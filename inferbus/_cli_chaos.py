@@ -1,4 +1,10 @@
-"""``inferbus chaos``: run failover drills by name (see :mod:`chaos.drills`)."""
+"""``inferbus chaos``: run failover drills by name (see :mod:`chaos.drills`).
+
+Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice;
+1 it ran but saw wrong answers or duplicates; 2 a usage error (unknown drill or fault name, an option
+the drill does not take, a value out of range); 3 the drill cannot run here (its fault is unavailable, e.g.
+``model-swap``, or its deployment did not start), with the reason on stderr.
+"""
 
 from __future__ import annotations
 
@@ -21,27 +27,91 @@ def list_drills() -> None:
         typer.echo(f"{name:18s} {DRILLS[name].summary}")
 
 
+_FLAGS = {
+    "fault_every_s": "--fault-every", "topology": "--topology", "workers": "--workers", "hang_s": "--hang-s",
+    "gateway_latency_ms": "--latency-ms", "gateway_drop_pct": "--drop-pct", "gateway_links": "--links",
+    "fault_s": "--fault-s", "node_down_s": "--down-s", "nats_server": "--server", "fault_at_s": "--fault-at",
+    "faults": "--faults",
+}
+
+
 @app.command("run")
 def run(
     name: str = typer.Argument(..., help="Drill name (inferbus chaos list)."),
     duration_s: Optional[float] = typer.Option(None, "--duration", help="Seconds of load (drill default if omitted)."),
     rate_qps: Optional[float] = typer.Option(None, "--rate", help="Offered load, requests/s."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout", help="Per-request budget, seconds."),
+    fault_every_s: Optional[float] = typer.Option(None, "--fault-every", help="soak: seconds between faults (30)."),
+    topology: Optional[bool] = typer.Option(None, "--topology/--node",
+                                            help="soak: run on the two-region topology (cluster faults in the "
+                                                 "cycle) or on one node (default)."),
+    faults: Optional[str] = typer.Option(None, "--faults",
+                                         help="soak: comma-separated fault names to cycle through (default: all)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (per region on a topology)."),
+    hang_s: Optional[float] = typer.Option(None, "--hang-s", help="How long hang/slow faults last, seconds."),
+    latency_ms: Optional[float] = typer.Option(None, "--latency-ms",
+                                               help="Region drills: gateway latency, ms each way "
+                                                    "(gateway-degrade: 50; others: whole drill, 0)."),
+    drop_pct: Optional[float] = typer.Option(None, "--drop-pct",
+                                             help="Region drills: gateway packet loss, percent "
+                                                  "(gateway-degrade: 5; others: whole drill, 0; 100 = blackhole)."),
+    links: Optional[str] = typer.Option(None, "--links", help="Gateway faults act on 'regions' (A<->B) or 'all'."),
+    fault_at_s: Optional[float] = typer.Option(None, "--fault-at", help="Region drills: seconds of load before the fault."),
+    fault_s: Optional[float] = typer.Option(None, "--fault-s", help="gateway-degrade: how long the fault lasts."),
+    down_s: Optional[float] = typer.Option(None, "--down-s",
+                                           help="nats-node-loss: seconds the server stays down before its restart."),
+    server: Optional[str] = typer.Option(None, "--server", help="nats-node-loss: which server (e.g. A2)."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs of the deployment the drill starts (default: temp)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
 ) -> None:
     """Run one drill: it starts its own deployment on free ports, injects the fault, prints the figures."""
-    from chaos.drills import UnknownDrill, get_drill, run_drill
+    from chaos.drills import UnknownDrill, get_drill, make_options, option_names
+    from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
     from .cli import _run
 
     try:
         get_drill(name)
+        takes = option_names(name)
     except UnknownDrill as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
-    fig = _run(run_drill(name, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
-                         run_dir=str(run_dir) if run_dir else None))
+    values = dict(fault_every_s=fault_every_s, topology=topology, workers=workers, hang_s=hang_s,
+                  gateway_latency_ms=latency_ms, gateway_drop_pct=drop_pct, gateway_links=links, fault_s=fault_s,
+                  node_down_s=down_s, nats_server=server, fault_at_s=fault_at_s,
+                  faults=tuple(x.strip() for x in faults.split(",") if x.strip()) if faults else None)
+    unused = [_FLAGS[k] for k, v in values.items() if v is not None and k not in takes]
+    if unused:
+        typer.echo(f"drill {name} does not take {', '.join(unused)}", err=True)
+        raise typer.Exit(2)
+    fn, opts_cls = get_drill(name).load()
+    try:
+        opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
+                            run_dir=str(run_dir) if run_dir else None, **values)
+    except ValueError as exc:
+        typer.echo(f"drill {name}: bad option: {exc}", err=True)
+        raise typer.Exit(2)
+    try:
+        fig = _run(fn(opts))
+    except UnknownFault as exc:
+        typer.echo(f"drill {name}: {exc.args[0] if exc.args else exc}", err=True)
+        raise typer.Exit(2)
+    except FaultUnavailable as exc:
+        msg = str(exc)
+        msg = msg[len(name) + 2:] if msg.startswith(f"{name}: ") else msg
+        typer.echo(f"drill {name}: unavailable: {msg}", err=True)
+        raise typer.Exit(3)
+    except FaultError as exc:
+        typer.echo(f"drill {name}: fault error: {exc}", err=True)
+        raise typer.Exit(3)
+    except Exception as exc:
+        from inferbus.cluster import TopologyError
+        from inferbus.supervisor import ChildStartError
+
+        if isinstance(exc, (TopologyError, ChildStartError, TimeoutError)):
+            typer.echo(f"drill {name}: the deployment did not start: {exc}", err=True)
+            raise typer.Exit(3)
+        raise
     d = fig.to_dict()
     if json_out:
         print(json.dumps(d, default=str))

@@ -1,0 +1,113 @@
+"""The soak loop shared by the node soak and the topology soak.
+
+Steady checked load (a :class:`chaos.load.Driver` already running) while a fault is
+injected every ``fault_every_s``, cycling through a list of fault names; each
+fault is held for its hold time, healed, and recorded with its own window
+figures. RSS of every process is sampled once a second by its own task (so a
+long heal does not pause sampling) into a :class:`chaos.rss.RssSampler`.
+
+A fault that cannot act on the target (:class:`chaos.faults.FaultUnavailable`,
+e.g. ``model-swap``) is recorded once under ``unavailable`` with its reason and
+skipped from then on; the cycle moves to the next name at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from hdrh.histogram import HdrHistogram
+
+from .faults import Fault, FaultUnavailable
+from .rss import RssSampler
+
+
+async def sample_rss(sampler: RssSampler, pids: Callable[[], dict[str, int]], stop: asyncio.Event,
+                     period_s: float = 1.0) -> None:
+    """Sample ``pids()`` every ``period_s`` until ``stop`` is set (errors in ``pids`` skip a sample)."""
+    while not stop.is_set():
+        try:
+            sampler.sample(pids())
+        except Exception:
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), period_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[str, int], Awaitable[Fault]],
+                      hold_s: Callable[[str], float], *, fault_every_s: float, duration_s: float,
+                      t_start: float, quiet_tail_s: float = 5.0, on_healed=None) -> tuple[list[dict], dict]:
+    """Inject ``cycle[k % len]`` every ``fault_every_s`` (first at half a period) while ``load`` runs.
+
+    Returns:
+        ``(faults, unavailable)``: one dict per injected fault (``fault``, ``target``, ``t_s`` after
+        ``t_start``, ``heal_s`` from injection until healed, ``t_inject`` / ``t_healed`` monotonic,
+        ``info``), and ``{name: reason}`` for the names that could not act on the target.
+    """
+    faults: list[dict] = []
+    unavailable: dict[str, str] = {}
+    k = 0
+    next_fault = t_start + fault_every_s / 2
+    while not load.done():
+        now = time.monotonic()
+        if now < next_fault:
+            await asyncio.wait([load], timeout=min(next_fault - now, 1.0))
+            continue
+        if now - t_start >= duration_s - quiet_tail_s:
+            await load
+            break
+        usable = [n for n in cycle if n not in unavailable]
+        if not usable:
+            await load
+            break
+        name = cycle[k % len(cycle)]
+        k += 1
+        if name in unavailable:
+            continue
+        try:
+            fault = await inject(name, k)
+        except FaultUnavailable as exc:
+            unavailable[name] = str(exc)
+            continue
+        await asyncio.sleep(hold_s(name))
+        err = None
+        try:
+            t_healed = await fault.heal()
+        except Exception as exc:  # recorded; the soak goes on (the figures will show the damage)
+            t_healed, err = time.monotonic(), f"{type(exc).__name__}: {exc}"
+        rec = {"fault": name, "target": fault.target_id, "t_s": round(fault.t_inject - t_start, 1),
+               "heal_s": round(t_healed - fault.t_inject, 2), "t_inject": fault.t_inject, "t_healed": t_healed,
+               "info": {k_: (round(v - fault.t_inject, 3) if isinstance(v, float) else v)
+                        for k_, v in fault.info.items()}}
+        if err:
+            rec["heal_error"] = err
+        if on_healed is not None:
+            await on_healed(name, fault, rec)
+        faults.append(rec)
+        next_fault += fault_every_s
+        while next_fault < time.monotonic():  # a heal that outlasted the period: skip, never bunch up
+            next_fault += fault_every_s
+    return faults, unavailable
+
+
+def window_figures(records, faults: list[dict], settle_s: float = 2.0) -> None:
+    """Add per-fault load figures to each fault dict (in place): over requests scheduled from the
+    injection until ``settle_s`` after the heal: ``requests``, ``failed``, ``wrong``, ``p99_ms``."""
+    for f in faults:
+        lo, hi = f["t_inject"], f["t_healed"] + settle_s
+        rs = [r for r in records if lo <= r.t_sched <= hi]
+        h = HdrHistogram(1, 600_000_000, 3)
+        for r in rs:
+            h.record_value(max(int((r.t_done - r.t_sched) * 1e6), 1))
+        f["requests"] = len(rs)
+        f["failed"] = sum(1 for r in rs if r.outcome not in ("ok", "wrong"))
+        f["wrong"] = sum(1 for r in rs if r.outcome == "wrong")
+        f["p99_ms"] = h.get_value_at_percentile(99) / 1000 if rs else None
+
+
+def strip_times(faults: list[dict]) -> list[dict]:
+    """The fault dicts without their monotonic stamps (for JSON output)."""
+    return [{k: v for k, v in f.items() if k not in ("t_inject", "t_healed")} for f in faults]

@@ -1,0 +1,170 @@
+"""Chaos library pieces that need no deployment (seconds): the fault and drill registries, partial
+packet loss on the proxy, the soak's fault cycle, the RSS plateau rule, and the CLI's refusals
+(model-swap unavailable, options a drill does not take). The drills themselves run in
+tests/test_drills_node.py, tests/test_region_failover.py and tests/test_chaos_drills_topology.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chaos.drills import DRILLS, UnknownDrill, get_drill, option_names
+from chaos.faults import FAULTS, Fault, FaultUnavailable, NodeTarget, UnknownFault, get_fault
+from chaos.proxy import TcpProxy
+from chaos.rss import RssSampler
+from chaos.soak import fault_cycle, window_figures
+from chaos.load import RequestRecord
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ISSUE_DRILLS = {"worker-crash", "worker-hang", "nats-node-loss", "cache-loss", "region-failover", "region-partition",
+                "soak"}
+
+
+@pytest.fixture
+def anyio_backend():
+    return ("asyncio", {"use_uvloop": True})
+
+
+def test_every_drill_of_the_issue_is_registered_and_loads():
+    assert ISSUE_DRILLS | {"gateway-degrade", "model-swap"} <= set(DRILLS)
+    for name in DRILLS:
+        fn, opts_cls = get_drill(name).load()
+        assert asyncio.iscoroutinefunction(fn) and opts_cls() is not None
+    with pytest.raises(UnknownDrill, match="known drills: .*nats-node-loss"):
+        get_drill("nope")
+    assert {"gateway_latency_ms", "gateway_drop_pct", "gateway_links"} <= option_names("region-partition")
+    assert {"topology", "fault_every_s"} <= option_names("soak")
+
+
+def test_every_fault_kind_of_the_issue_has_a_named_injector():
+    kinds = {"kill-worker", "kill-ingress", "kill-aggregator", "hang-worker", "kill-nats-node", "kill-valkey",
+             "gateway-cut", "gateway-latency", "gateway-drop", "slow-worker", "model-swap"}
+    assert kinds <= set(FAULTS)
+    with pytest.raises(UnknownFault, match="known: "):
+        get_fault("explode")
+
+
+async def test_topology_faults_refuse_a_single_node_and_model_swap_says_why():
+    target = NodeTarget(node=None)
+    for name in ("kill-nats-node", "gateway-latency", "gateway-drop", "gateway-degrade", "gateway-cut",
+                 "isolate-region", "kill-region"):
+        with pytest.raises(FaultUnavailable, match="topology"):
+            await get_fault(name)(target)
+    with pytest.raises(FaultUnavailable, match="model swap under load does not exist yet"):
+        await get_fault("model-swap")(target)
+
+
+class _Echo:
+    async def __aenter__(self):
+        async def handle(r, w):
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except ConnectionError:
+                pass
+            finally:
+                w.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+async def test_partial_drop_retransmits_late_and_in_order():
+    """5 % loss looks like TCP retransmissions: every byte arrives, in order; lost chunks come rto_ms late."""
+    async with _Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+        p.drop(drop_pct=50, rto_ms=80, direction="up")
+        r, w = await asyncio.open_connection("127.0.0.1", p.port)
+        try:
+            got = b""
+            slow = 0
+            for i in range(20):
+                msg = f"{i:04d}".encode()
+                t = time.monotonic()
+                w.write(msg)
+                await w.drain()
+                got += await asyncio.wait_for(r.readexactly(4), 2)
+                slow += time.monotonic() - t >= 0.075
+            assert got == b"".join(f"{i:04d}".encode() for i in range(20))
+            assert p.stats.retransmitted == slow and 2 <= slow <= 18  # 50 % of 20, loosely
+            assert p.stats.dropped_bytes == 0
+        finally:
+            w.close()
+    with pytest.raises(ValueError, match="drop_pct"):
+        p.drop(drop_pct=0)
+
+
+async def test_fault_cycle_rotates_skips_unavailable_and_records_windows():
+    done = []
+
+    async def inject(name, k):
+        if name == "never":
+            raise FaultUnavailable("never: not here")
+        f = Fault(name, f"t{k}", None, time.monotonic())
+
+        async def heal():
+            done.append(name)
+        f._heal = heal
+        return f
+
+    load = asyncio.create_task(asyncio.sleep(2.2))
+    t0 = time.monotonic()
+    faults, unavailable = await fault_cycle(load, ["a", "never", "b"], inject, lambda n: 0.05, fault_every_s=0.4,
+                                            duration_s=2.2, t_start=t0, quiet_tail_s=0.3)
+    assert [f["fault"] for f in faults] == ["a", "b", "a", "b", "a"][:len(faults)] and len(faults) >= 4
+    assert unavailable == {"never": "never: not here"} and done == [f["fault"] for f in faults]
+    recs = [RequestRecord(str(i), t0 + i * 0.1, t0 + i * 0.1 + 0.01, "ok" if i % 7 else "UNAVAILABLE")
+            for i in range(22)]
+    window_figures(recs, faults)
+    assert all(f["requests"] > 0 and f["wrong"] == 0 and f["p99_ms"] is not None for f in faults)
+
+
+def test_rss_plateau_rule():
+    s = RssSampler()
+    t = 0.0
+    for i in range(200):  # warm-up that levels off: plateau
+        s.samples.setdefault("flat", []).append((t + i, 1, 100_000 + min(i, 50) * 400))
+        s.samples.setdefault("leak", []).append((t + i, 2, 100_000 + i * 100))  # 100 KiB/s, for ever
+    # a restart: only the last incarnation is judged
+    s.samples["restarted"] = [(i, 3, 300_000 + i * 1000) for i in range(50)] + \
+        [(50 + i, 4, 90_000) for i in range(60)]
+    summary = s.summary()
+    assert summary["flat"]["plateau"] is True
+    assert summary["leak"]["plateau"] is False and summary["leak"]["last_quarter_growth_kib"] > 4000
+    assert summary["restarted"]["plateau"] is True and summary["restarted"]["incarnations"] == 2
+    assert s.verdict() == {"judged": 3, "plateaued": 2, "growing": ["leak"]}
+    s.sample({"me": os.getpid(), "gone": 2 ** 22 + 12345})
+    assert "me" in s.samples and "gone" not in s.samples
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", "chaos", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_cli_model_swap_says_unavailable_without_a_traceback():
+    r = _cli("run", "model-swap", "--json")
+    assert r.returncode == 3, r
+    assert "model swap under load does not exist yet" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
+    r = _cli("run", "worker-crash", "--latency-ms", "50")
+    assert r.returncode == 2 and "does not take --latency-ms" in r.stderr
+    r = _cli("run", "gateway-degrade", "--links", "moon")
+    assert r.returncode == 2 and "gateway_links" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("list")
+    assert r.returncode == 0 and "nats-node-loss" in r.stdout and "gateway-degrade" in r.stdout

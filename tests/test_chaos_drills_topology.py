@@ -1,0 +1,113 @@
+"""Cluster drills on one shared local two-region topology (real nats-servers, gateways through fault
+proxies, Valkeys, actor processes; no mocks), short versions with their figures asserted:
+
+* nats-node-loss: SIGKILL the nats-server every connection of the primary region uses, under load;
+* gateway-degrade: 50 ms latency + 5 % packet loss on the A<->B gateways, under load;
+* region-partition on a degraded WAN (the gateway options of the region drills);
+* the topology soak, briefly, over the cluster faults.
+
+Bounds are looser than the figures measured in docs/reliability.md: this 2-core box is shared.
+nats-node-loss may lose a few requests and may even fail over (nats-server reconnects a remote
+site's outbound gateway only after a fixed 1 s; docs/reliability.md "Known gaps"), so it asserts
+availability >= 95 % and no split brain rather than 100 % and no term change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from chaos.node_drills import DrillOptions
+from chaos.region_drills import RegionDrillOptions, region_partition
+from chaos.topology_drills import GatewayDrillOptions, gateway_degrade, nats_node_loss, soak_topology
+from inferbus.cluster import ClusterSpec, Topology
+
+pytestmark = pytest.mark.anyio
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return ("asyncio", {"use_uvloop": True})
+
+
+@pytest.fixture(scope="module")
+async def topo(anyio_backend, tmp_path_factory):
+    t = Topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",), health_timeout_s=1.0),
+                 run_dir=tmp_path_factory.mktemp("chaos-topology"))
+    await t.start()
+    try:
+        await t.wait_settled(60)
+        yield t
+    finally:
+        await t.stop()
+
+
+def _common(f) -> dict:
+    d = f.to_dict()
+    print(f"\n{f.drill}: {json.dumps(d, default=str)}")
+    assert f.requests > 0 and f.wrong == 0 and f.duplicates == 0, d
+    assert f.extra["executions_audited"] >= f.ok
+    return d
+
+
+@pytest.mark.timeout(120)
+async def test_nats_node_loss(topo):
+    f = await nats_node_loss(RegionDrillOptions(duration_s=5.0, rate_qps=50, fault_at_s=1.5, node_down_s=1.0,
+                                                models_dir=MODELS), topology=topo)
+    d = _common(f)
+    x = d["extra"]
+    assert f.availability >= 0.95, d["errors"]
+    assert f.detection_ms is not None and f.detection_ms <= 1000  # a connection of the region is back elsewhere
+    assert x["client_reconnect_ms"] is not None and x["actors_reconnected_ms"] is not None
+    assert set(x["connections_on_killed_server"]) >= {"inferbus-client", "ingress-a-i0", "worker-a-w0"}
+    assert f.recovery_ms is not None and f.recovery_ms <= 1000 + 10_000  # restarted after 1 s, rejoined
+    assert x["overlapping_reigns"] == 0
+    await topo.wait_settled(30)
+
+
+@pytest.mark.timeout(90)
+async def test_gateway_degrade(topo):
+    f = await gateway_degrade(GatewayDrillOptions(duration_s=5.0, rate_qps=50, fault_at_s=1.0, fault_s=3.0,
+                                                  models_dir=MODELS), topology=topo)
+    d = _common(f)
+    x = d["extra"]
+    assert x["gateway_latency_ms"] == 50 and x["gateway_drop_pct"] == 5 and x["gateway_links"] == "regions"
+    assert f.availability >= 0.99, d["errors"]
+    assert x["gateway_chunks_retransmitted"] >= 1  # the loss really happened
+    assert x["term_changes"] == 0 and x["max_primaries_sampled"] == 1 and x["overlapping_reigns"] == 0, x
+
+
+@pytest.mark.timeout(120)
+async def test_region_partition_on_a_degraded_wan(topo):
+    f = await region_partition(RegionDrillOptions(duration_s=2.0, fault_at_s=1.0, partition_s=1.5, rate_qps=50,
+                                                  gateway_latency_ms=20, gateway_drop_pct=2, models_dir=MODELS),
+                               topology=topo)
+    d = _common(f)
+    x = d["extra"]
+    assert x["gateway_latency_ms"] == 20 and x["gateway_drop_pct"] == 2
+    assert x["max_primaries_sampled"] == 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0
+    assert x["takeover_after_isolation"], x
+    await topo.wait_settled(30)
+
+
+@pytest.mark.timeout(120)
+async def test_topology_soak_short(topo):
+    f = await soak_topology(DrillOptions(duration_s=16.0, rate_qps=50, fault_every_s=4.0, hang_s=1.0,
+                                         models_dir=MODELS, faults=("model-swap", "kill-nats-node", "gateway-degrade",
+                                                                    "kill-worker")),
+                            topology=topo)
+    d = _common(f)
+    x = d["extra"]
+    assert [e["fault"] for e in x["faults"]][:3] == ["kill-nats-node", "gateway-degrade", "kill-worker"], x["faults"]
+    assert "model-swap" in x["faults_unavailable"]
+    assert not any("heal_error" in e for e in x["faults"]), x["faults"]
+    assert f.availability >= 0.95, d["errors"]
+    assert x["max_primaries_sampled"] <= 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0
+    names = set(x["rss_kib"])
+    assert {"drill", "A/nats:A1", "W/nats:W1", "A/valkey:A", "A/node:A", "A/worker:a-w0", "B/ingress:0"} <= names
+    assert all(v["max_kib"] > 0 for v in x["rss_kib"].values())
