@@ -29,7 +29,7 @@ from inferbus.schemas._internal import LoadReport, ProcessEvent, InternalDecodeE
 from .faults import NodeTarget, get_fault
 from .load import DrillFigures, Driver
 from .rss import RssSampler, rss_kib  # noqa: F401  (rss_kib: re-exported, it used to live here)
-from .soak import fault_cycle, sample_rss, strip_times, window_figures
+from .soak import fault_cycle, p99_ms_in_windows, sample_rss, strip_times, window_figures
 
 
 @dataclass
@@ -41,6 +41,8 @@ class DrillOptions:
     timeout_s: float = 1.0
     """Per-request budget (the SDK retries within it)."""
     workers: int = 2
+    ingress: int = 2
+    """Ingress replicas (queue group): with one, kill-ingress is an outage until its restart by construction."""
     model: str = "digits"
     models_dir: str | None = None
     health_timeout_s: float = 1.0
@@ -110,7 +112,7 @@ class _Setup:
         if run_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-drill-")
             run_dir = self._tmp.name
-        self.node = Node(NodeConfig(models_dir=mdir, workers=o.workers, nats_port=0, run_dir=run_dir,
+        self.node = Node(NodeConfig(models_dir=mdir, workers=o.workers, ingress=o.ingress, nats_port=0, run_dir=run_dir,
                                     health_timeout_s=o.health_timeout_s, audit=True))
         await self.node.start()
         await self.node.wait_ready(60)
@@ -276,11 +278,13 @@ async def soak(opts: DrillOptions) -> DrillFigures:
             stop.set()
             await rss_task
         window_figures(s.driver.records, faults)
-        return s.driver.figures("soak", None, extra={
+        fig = s.driver.figures("soak", None, extra={
             "mode": "node", "faults": strip_times(faults), "faults_unavailable": unavailable,
             "cycle": cycle, "rss_kib": sampler.summary(), "rss_verdict": sampler.verdict(),
             "fault_every_s": opts.fault_every_s, "rate_qps": opts.rate_qps, "workers": opts.workers,
-            "duration_s": opts.duration_s})
+            "ingress": opts.ingress, "duration_s": opts.duration_s})
+        fig.p99_ms_during_fault = p99_ms_in_windows(s.driver.records, faults)
+        return fig
 
 
 async def model_swap(opts: DrillOptions) -> DrillFigures:

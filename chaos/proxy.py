@@ -384,7 +384,7 @@ class TcpProxy:
                     extra += drop.rto_ms / 1000.0
                 last_due = max(time.monotonic() + extra, last_due)
                 delayed.put_nowait((last_due, data))
-        except (ConnectionError, OSError, asyncio.CancelledError):
+        except (ConnectionError, OSError, RuntimeError, asyncio.CancelledError):  # uvloop: closed transport
             pass
         finally:
             if sender is not None and delayed is not None and not conn.closed:
@@ -408,5 +408,5 @@ class TcpProxy:
                     await asyncio.sleep(wait)
                 writer.write(data)
                 await writer.drain()
-        except (ConnectionError, OSError, asyncio.CancelledError):
+        except (ConnectionError, OSError, RuntimeError, asyncio.CancelledError):  # uvloop: closed transport
             return

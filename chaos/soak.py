@@ -108,6 +108,15 @@ def window_figures(records, faults: list[dict], settle_s: float = 2.0) -> None:
         f["p99_ms"] = h.get_value_at_percentile(99) / 1000 if rs else None
 
 
+def p99_ms_in_windows(records, faults: list[dict], settle_s: float = 2.0) -> float | None:
+    """p99 latency (ms) over the requests scheduled inside any fault's window (see :func:`window_figures`)."""
+    h = HdrHistogram(1, 600_000_000, 3)
+    for r in records:
+        if any(f["t_inject"] <= r.t_sched <= f["t_healed"] + settle_s for f in faults):
+            h.record_value(max(int((r.t_done - r.t_sched) * 1e6), 1))
+    return h.get_value_at_percentile(99) / 1000 if h.get_total_count() else None
+
+
 def strip_times(faults: list[dict]) -> list[dict]:
     """The fault dicts without their monotonic stamps (for JSON output)."""
     return [{k: v for k, v in f.items() if k not in ("t_inject", "t_healed")} for f in faults]

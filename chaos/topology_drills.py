@@ -22,7 +22,8 @@ Figures (:class:`chaos.load.DrillFigures`):
 * gateway-degrade: no detection or recovery (nothing should notice); ``extra``, from the region
   managers' transition logs during the fault: ``term_changes`` (a new primary term: a failover),
   ``step_downs`` (the primary's validity lapsed or a renewal failed), ``resumes_same_term`` (it
-  won the lease back under its own term: nobody else acquired), ``suspicions``, ``lost_races``; ``max_primaries_sampled``, ``max_hb_age_ms`` (largest heartbeat age a standby
+  won the lease back under its own term: nobody else acquired), ``suspicions``, ``lost_races``;
+  ``max_primaries_sampled``, ``max_hb_age_ms`` (largest heartbeat age a standby
   reported: the suspicion threshold is ``suspect_ms``), ``gateway_chunks_retransmitted``.
 """
 
@@ -38,7 +39,7 @@ from .faults import FaultUnavailable, get_fault
 from .load import DrillFigures
 from .region_drills import RegionDrillOptions, RoleWatch, _r, _Setup, overlaps, reigns, terms_by_region
 from .rss import RssSampler
-from .soak import fault_cycle, sample_rss, strip_times, window_figures
+from .soak import fault_cycle, p99_ms_in_windows, sample_rss, strip_times, window_figures
 from .topology_faults import TopologyTarget, _http_json
 
 
@@ -91,12 +92,13 @@ class _ReconnectWatch:
         self.on_killed = await _conn_names(self.s.topo, [self.killed])
         self.baseline = await _conn_names(self.s.topo, self.others)
         self.reconnects0 = self.s.client.nc.stats["reconnects"]
+        self.client_on_killed = _client_server(self.s) == self.killed
 
     async def run(self, t_kill: float, timeout_s: float = 10.0) -> None:
         nc = self.s.client.nc
 
         async def client():
-            while time.monotonic() < t_kill + timeout_s:
+            while self.client_on_killed and time.monotonic() < t_kill + timeout_s:
                 if nc.stats["reconnects"] > self.reconnects0 and nc.is_connected:
                     self.client_at = time.monotonic()
                     return
@@ -355,7 +357,7 @@ async def soak_topology(opts, topology=None) -> DrillFigures:
         rs = _incarnation_reigns(watch, kills)
         tb = terms_by_region(rs)
         window_figures(s.driver.records, faults)
-        return s.driver.figures("soak", None, extra={
+        fig = s.driver.figures("soak", None, extra={
             "mode": "topology", "faults": strip_times(faults), "faults_unavailable": unavailable,
             "cycle": cycle, "rss_kib": sampler.summary(), "rss_verdict": sampler.verdict(),
             "max_primaries_sampled": watch.max_primaries, "overlapping_reigns": len(overlaps(rs)),
@@ -363,6 +365,8 @@ async def soak_topology(opts, topology=None) -> DrillFigures:
             "terms_by_region": {t: sorted(v) for t, v in tb.items()},
             "manager_incarnations": len(watch.latest), "fault_every_s": opts.fault_every_s,
             "rate_qps": opts.rate_qps, "workers_per_region": topo.spec.workers, "duration_s": opts.duration_s})
+        fig.p99_ms_during_fault = p99_ms_in_windows(s.driver.records, faults)
+        return fig
     finally:
         if topology is None:
             await topo.stop()

@@ -6,17 +6,19 @@ injectors are registered by name in :data:`chaos.faults.FAULTS` next to the node
 faults; the node faults that make sense on a topology (kill / hang / slow an actor
 process, kill Valkey) accept a :class:`TopologyTarget` too.
 
-| name              | inject                                                        | heal                                              |
-|-------------------|---------------------------------------------------------------|---------------------------------------------------|
-| kill-nats-node    | SIGKILL one nats-server of the region (default: its first,    | the region's supervisor restarts it (at once, or  |
-|                   | the one its actors and clients prefer)                        | after ``down_s``); wait until it rejoined         |
-| gateway-latency   | add ``latency_ms`` (+ ``jitter_ms``) on the gateway proxies   | remove it                                         |
-| gateway-drop      | ``drop_pct`` % packet loss (retransmitted after ``rto_ms``);  | remove it                                         |
-|                   | 100 % = blackhole                                             |                                                   |
-| gateway-degrade   | latency and loss together (default 50 ms, 5 %)                | remove both                                       |
-| gateway-cut       | close and refuse the gateway connections (a partition)        | remove the cut; the servers reconnect             |
-| isolate-region    | cut the region from every other site (witness included)       | remove the cut; wait until one primary is settled |
-| kill-region       | SIGKILL every process of the region at once                   | start it again; wait until it rejoined as standby |
+* ``kill-nats-node``: SIGKILL one nats-server of the region (default its first: the one its actors
+  and the drills' clients are connected to). Heal: the region's supervisor restarts it (at once, or
+  after ``down_s``); wait until it has its routes and gateways back.
+* ``gateway-latency``: ``latency_ms`` (+ up to ``jitter_ms``) on the gateway proxies. Heal: removed.
+* ``gateway-drop``: ``drop_pct`` % packet loss (a lost chunk arrives ``rto_ms`` late, as a TCP
+  retransmission; 100 % = blackhole). Heal: removed.
+* ``gateway-degrade``: latency and loss together (default 50 ms, 5 %). Heal: both removed.
+* ``gateway-cut``: close and refuse the gateway connections (a partition). Heal: the cut is removed;
+  the servers reconnect.
+* ``isolate-region``: cut the region from every other site, witness included. Heal: the cut is
+  removed; wait until exactly one primary is settled.
+* ``kill-region``: SIGKILL every process of the region at once. Heal: start it again; wait until it
+  rejoined as standby.
 
 Gateway faults act on ``links``: ``"regions"`` (default: between the regions only,
 the witness stays reachable from both sides), ``"all"`` (every pair of sites), or

@@ -31,7 +31,7 @@ _FLAGS = {
     "fault_every_s": "--fault-every", "topology": "--topology", "workers": "--workers", "hang_s": "--hang-s",
     "gateway_latency_ms": "--latency-ms", "gateway_drop_pct": "--drop-pct", "gateway_links": "--links",
     "fault_s": "--fault-s", "node_down_s": "--down-s", "nats_server": "--server", "fault_at_s": "--fault-at",
-    "faults": "--faults",
+    "faults": "--faults", "ingress": "--ingress",
 }
 
 
@@ -48,6 +48,7 @@ def run(
     faults: Optional[str] = typer.Option(None, "--faults",
                                          help="soak: comma-separated fault names to cycle through (default: all)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (per region on a topology)."),
+    ingress: Optional[int] = typer.Option(None, "--ingress", help="Node drills: ingress replicas (2)."),
     hang_s: Optional[float] = typer.Option(None, "--hang-s", help="How long hang/slow faults last, seconds."),
     latency_ms: Optional[float] = typer.Option(None, "--latency-ms",
                                                help="Region drills: gateway latency, ms each way "
@@ -56,7 +57,8 @@ def run(
                                              help="Region drills: gateway packet loss, percent "
                                                   "(gateway-degrade: 5; others: whole drill, 0; 100 = blackhole)."),
     links: Optional[str] = typer.Option(None, "--links", help="Gateway faults act on 'regions' (A<->B) or 'all'."),
-    fault_at_s: Optional[float] = typer.Option(None, "--fault-at", help="Region drills: seconds of load before the fault."),
+    fault_at_s: Optional[float] = typer.Option(None, "--fault-at",
+                                               help="Region drills: seconds of load before the fault."),
     fault_s: Optional[float] = typer.Option(None, "--fault-s", help="gateway-degrade: how long the fault lasts."),
     down_s: Optional[float] = typer.Option(None, "--down-s",
                                            help="nats-node-loss: seconds the server stays down before its restart."),
@@ -76,7 +78,7 @@ def run(
     except UnknownDrill as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
-    values = dict(fault_every_s=fault_every_s, topology=topology, workers=workers, hang_s=hang_s,
+    values = dict(fault_every_s=fault_every_s, topology=topology, workers=workers, ingress=ingress, hang_s=hang_s,
                   gateway_latency_ms=latency_ms, gateway_drop_pct=drop_pct, gateway_links=links, fault_s=fault_s,
                   node_down_s=down_s, nats_server=server, fault_at_s=fault_at_s,
                   faults=tuple(x.strip() for x in faults.split(",") if x.strip()) if faults else None)

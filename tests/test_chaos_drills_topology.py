@@ -111,3 +111,21 @@ async def test_topology_soak_short(topo):
     names = set(x["rss_kib"])
     assert {"drill", "A/nats:A1", "W/nats:W1", "A/valkey:A", "A/node:A", "A/worker:a-w0", "B/ingress:0"} <= names
     assert all(v["max_kib"] > 0 for v in x["rss_kib"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_topology_soak_every_fault_kind(topo):
+    """Every fault kind of the topology once (about two minutes; ``pytest -m slow``)."""
+    from chaos.topology_drills import TOPOLOGY_SOAK_CYCLE
+
+    f = await soak_topology(DrillOptions(duration_s=120.0, rate_qps=50, fault_every_s=9.0, hang_s=1.5,
+                                         models_dir=MODELS), topology=topo)
+    d = _common(f)
+    x = d["extra"]
+    injected = {e["fault"] for e in x["faults"]}
+    assert injected == set(TOPOLOGY_SOAK_CYCLE) - {"model-swap"}, x["faults"]
+    assert set(x["faults_unavailable"]) == {"model-swap"}
+    assert not any("heal_error" in e for e in x["faults"]), x["faults"]
+    assert f.availability >= 0.98, d["errors"]
+    assert x["max_primaries_sampled"] <= 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0
