@@ -19,24 +19,50 @@ import numpy as np
 _enc = msgspec.msgpack.Encoder(order="deterministic")
 
 
+_prefixes: dict[tuple, "hashlib._Hash"] = {}
+"""(model, version, raw_form) → a BLAKE2b state that has hashed the key's model prefix (copied per key)."""
+_heads: dict[tuple, bytes] = {}
+"""(input name, datatype, shape) → the bytes hashed before that input's values."""
+_MAX_MEMO = 4096
+
+
 def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], outputs: list[str] | None,
               raw_form: bool, parameters: dict | None) -> str:
-    """Hex key (32 chars) for a request; ``inputs`` are the request's tensors, ``arrays`` their decoded values."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{model}\0{version}\0{int(raw_form)}\0".encode())
+    """Hex key (32 chars) for a request; ``inputs`` are the request's tensors, ``arrays`` their decoded values.
+
+    The digest is the same as hashing everything from scratch; the model prefix's hash
+    state and each (name, datatype, shape) prefix are computed once and reused.
+    """
+    pk = (model, version, raw_form)
+    base = _prefixes.get(pk)
+    if base is None:
+        base = hashlib.blake2b(digest_size=16)
+        base.update(f"{model}\0{version}\0{int(raw_form)}\0".encode())
+        if len(_prefixes) >= _MAX_MEMO:
+            _prefixes.clear()
+        _prefixes[pk] = base
+    h = base.copy()
+    update = h.update
     for t, arr in zip(inputs, arrays):
-        h.update(f"{t.name}\0{t.datatype}\0{','.join(map(str, arr.shape))}\0".encode())
+        hk = (t.name, t.datatype, arr.shape)
+        head = _heads.get(hk)
+        if head is None:
+            head = f"{t.name}\0{t.datatype}\0{','.join(map(str, arr.shape))}\0".encode()
+            if len(_heads) >= _MAX_MEMO:
+                _heads.clear()
+            _heads[hk] = head
+        update(head)
         if t.raw is not None:
-            h.update(t.raw)
+            update(t.raw)
         elif arr.dtype == object:
             for item in arr.ravel():
-                h.update(len(item).to_bytes(4, "little"))
-                h.update(item)
+                update(len(item).to_bytes(4, "little"))
+                update(item)
         else:
-            h.update(np.ascontiguousarray(arr).data)
-    h.update(b"\0out\0" + ",".join(outputs or ()).encode())
+            update(np.ascontiguousarray(arr).data)
+    update(b"\0out\0" + ",".join(outputs).encode() if outputs else b"\0out\0")
     if parameters:
-        h.update(b"\0par\0" + _enc.encode(parameters))
+        update(b"\0par\0" + _enc.encode(parameters))
     return h.hexdigest()
 
 
