@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import Subjects, connect
+from ..bus import Subjects, connect, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -57,7 +57,7 @@ from ..schemas import (
     encode_error, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._internal import (
-    FORWARD_TAG, CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
+    CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
@@ -78,12 +78,24 @@ _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLE
 _MAX_POLICY_CACHE = 256
 
 
+_HEDGE_LINE = f"{H.HEDGE}: copy\r\n"
+
+
+def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> bytes:
+    """The header block of a forwarded request: ``Inferbus-Fwd`` (one header for the routing fields,
+    see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers."""
+    dl_ms, (ingress, model, version, term, key, timings), extra = fwd
+    return (f"NATS/1.0\r\nInferbus-Fwd: v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};"
+            f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINE if hedge else ''}"
+            f"\r\n").encode()
+
+
 class _Hedge:
     """State shared by the copies of one hedged request."""
 
     __slots__ = ("policy", "seqs", "done", "timer", "body", "fwd", "t_first", "model_key")
 
-    def __init__(self, policy, body: bytes, fwd: dict, t_first: float, model_key: str) -> None:
+    def __init__(self, policy, body: bytes, fwd: tuple, t_first: float, model_key: str) -> None:
         self.policy = policy
         self.seqs: list[int] = []
         self.done = False
@@ -287,7 +299,8 @@ class Ingress:
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy))
                 return
-        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy)
+        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
+                            time.monotonic())
 
     def _policy(self, value: str):
         try:
@@ -320,7 +333,8 @@ class Ingress:
                 return
             if deadline <= time.monotonic():
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
-            await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy)
+            await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
+                                time.monotonic())
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, hdrs.get(H.REQUEST_ID))
@@ -360,7 +374,10 @@ class Ingress:
         return w
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
-                       hedge_policy=None) -> None:
+                       hedge_policy=None, t_cache: float | None = None) -> None:
+        """Pick a worker and publish the request to it; ``t_cache``: when the cache lookup ended (stage ``cache``)."""
+        if t_cache is None:
+            t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
@@ -376,27 +393,30 @@ class Ingress:
             raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",
                               field="model", retry_after_ms=50)
         seq = next(self._seq)
-        fwd = {
-            H.MSG_TYPE: FORWARD_TAG, H.SEQ: str(seq), H.INGRESS: self.config.ingress_id,
-            H.MODEL: mv.name, H.VERSION: mv.version, H.TIMEOUT_MS: H.format_ms(H.remaining_ms(deadline, now)),
-            H.DEADLINE_UNIX_MS: f"{(time.time() + (deadline - now)) * 1000.0:.1f}",
-            "Inferbus-Timings": f"decode={int((t_dec - t0) * 1e6)},validate={int((t_val - t_dec) * 1e6)},"
-                                f"route={int((now - t_val) * 1e6)},ingress_total={int((now - t0) * 1e6)}",
-        }
-        if ct:
-            fwd[H.CONTENT_TYPE] = ct
-        for name in (H.REQUEST_ID, H.TRACEPARENT, H.TRACESTATE):
-            v = hdrs.get(name)
+        term = self.fencing.term
+        fargs = (self.config.ingress_id, mv.name, mv.version, str(term) if term else "", key or "",
+                 f"decode={int((t_dec - t0) * 1e6)},validate={int((t_val - t_dec) * 1e6)},"
+                 f"cache={int((t_cache - t_val) * 1e6)},route={int((now - t_cache) * 1e6)},"
+                 f"ingress_total={int((now - t0) * 1e6)}")
+        extra = f"Content-Type: {ct}\r\n" if ct else ""
+        v = hdrs.get(H.REQUEST_ID)
+        if v:
+            extra += f"Inferbus-Request-Id: {v}\r\n"
+        elif rid:  # the body's id is the idempotency key when the header is absent
+            extra += f"Inferbus-Request-Id: {H.header_value(rid)}\r\n"
+        v = hdrs.get(H.TRACEPARENT)
+        if v:
+            extra += f"traceparent: {v}\r\n"
+            v = hdrs.get(H.TRACESTATE)
             if v:
-                fwd[name] = v
-        if rid and H.REQUEST_ID not in fwd:
-            fwd[H.REQUEST_ID] = rid  # the body's id is the idempotency key when the header is absent
-        if key is not None:
-            fwd[H.CACHE_KEY] = key
-        self.fencing.stamp(fwd)
+                extra += f"tracestate: {v}\r\n"
+        elif hdrs.get(H.TRACESTATE):
+            extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
+        fwd = ((time.time() + (deadline - now)) * 1000.0, fargs, extra)
+        block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, False)
         body = msg.data
         max_payload = self.nc.max_payload or 0
-        if max_payload and len(body) + H.header_bytes(fwd) > max_payload:
+        if max_payload and len(body) + len(block) > max_payload:
             self.counts["too_large"] += 1
             raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's max_payload "
                                   f"({max_payload} bytes)")
@@ -408,11 +428,11 @@ class Ingress:
         self.hedge_budget.on_request()
         if hedge_policy is not None:
             self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now)
-        await self.nc.publish(self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=fwd)
+        await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
         self.counts["ok_forwarded"] += 1
 
     # ---- hedging ------------------------------------------------------------------------------
-    def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: dict, deadline: float, now: float) -> None:
+    def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float) -> None:
         kind, value = policy
         if kind == "fixed":
             delay_ms = value
@@ -445,10 +465,7 @@ class Ingress:
         if w is None or not self.hedge_budget.try_spend():
             return
         seq2 = next(self._seq)
-        fwd = dict(h.fwd)
-        fwd[H.SEQ] = str(seq2)
-        fwd[H.TIMEOUT_MS] = H.format_ms(H.remaining_ms(p.deadline, now))
-        fwd[H.HEDGE] = "copy"
+        block = _fwd_block(seq2, H.remaining_ms(p.deadline, now), h.fwd, True)
         p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
                      p.model_key, hedge=h)
         self.pending[seq2] = p2
@@ -456,7 +473,7 @@ class Ingress:
         p2.probe = self.router.on_sent(w)
         self.counts["hedges"] += 1
         try:
-            await self.nc.publish(self.subjects.worker(w.worker_id), h.body, reply=p.reply, headers=fwd)
+            await publish_raw(self.nc, self.subjects.worker(w.worker_id), h.body, reply=p.reply, headers=block)
         except Exception as exc:
             log(f"ingress {self.config.ingress_id}: hedge publish failed: {exc!r}")
 

@@ -50,7 +50,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import Subjects, connect
+from ..bus import Subjects, connect, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted,
@@ -72,6 +72,9 @@ DEDUP_HEADER = "Inferbus-Dedup"
 CANCELLED = "CANCELLED"
 _HEADER_ALLOWANCE = 1024
 """Bytes reserved for NATS protocol and headers when checking a reply against max_payload."""
+
+
+_BLOCK_ENDS = ("NATS/1.0\r\n", "\r\n")
 
 
 def control_subject(prefix: str, worker_id: str) -> str:
@@ -96,6 +99,8 @@ class Job:
     joined: list["Job"] | None = None
     """Duplicates that wait for this job's result."""
     cancelled: bool = False
+    decode_us: int = 0
+    """Time the compute thread spent decoding the request body (the ``decode`` stage)."""
 
     def targets(self) -> list["Job"]:
         """This job and its joined duplicates."""
@@ -229,9 +234,18 @@ class Worker:
             return
         self.stats.received += 1
         ct = hdrs.get(H.CONTENT_TYPE)
-        if hdrs.get(H.MSG_TYPE) != FORWARD_TAG:
+        fwd = hdrs.get(H.FWD)
+        if fwd is not None:  # the one-header form the ingress sends
+            hdrs = H.parse_fwd(fwd, hdrs)
+            if hdrs is None:
+                await self._publish_error(reply, InvalidArgument(
+                    f"header {H.FWD} must be '{H.FWD_VERSION};' followed by 9 ';'-separated fields",
+                    field=f"headers.{H.FWD}"), ct)
+                return
+        elif hdrs.get(H.MSG_TYPE) != FORWARD_TAG:  # the ten-header form (older ingresses) keeps its tag
             await self._publish_error(reply, InvalidArgument(
-                f"worker subjects take messages tagged {H.MSG_TYPE}: {FORWARD_TAG}", field=f"headers.{H.MSG_TYPE}"), ct)
+                f"worker subjects take messages with a {H.FWD}: {H.FWD_VERSION};... header "
+                f"(or tagged {H.MSG_TYPE}: {FORWARD_TAG})", field=f"headers.{H.FWD}"), ct)
             return
         deadline = H.deadline_from_headers(hdrs, t_recv)
         try:
@@ -359,7 +373,11 @@ class Worker:
                 else:
                     hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
                     try:
-                        await nc.publish(t.reply, o.body, headers=hdrs)
+                        if o.ok:  # our own header values (content type, a received request id): no CR/LF
+                            await publish_raw(nc, t.reply, o.body, headers="".join(
+                                [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode())
+                        else:
+                            await nc.publish(t.reply, o.body, headers=hdrs)
                     except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
                         log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
                 if t.ingress is not None and t.seq >= 0:
@@ -401,8 +419,13 @@ class Worker:
 
     async def _outbox_pump(self) -> None:
         assert self._outbox is not None
+        outbox = self._outbox
         while True:
-            outcomes = await self._outbox.get()
+            outcomes = await outbox.get()
+            # coalesce: every pass the inference thread finished since the last wake-up is published in
+            # one go, so each ingress gets one DoneNotice per loop iteration instead of one per pass
+            while not outbox.empty():
+                outcomes = outcomes + outbox.get_nowait()
             try:
                 await self._publish_outcomes(outcomes)
             except Exception as exc:  # never let one bad batch stop the pump
@@ -514,8 +537,10 @@ class Worker:
                 o.retry = True
                 outcomes.append(o)
                 continue
+            t_dec = time.monotonic()
             try:
                 req, arrays = self._prepare(job)
+                job.decode_us = int((time.monotonic() - t_dec) * 1e6)
             except InferbusError as err:
                 outcomes.append(self._error_outcome(job, err))
                 continue
@@ -611,8 +636,9 @@ class Worker:
         raw = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
         t_enc = time.monotonic()
         outputs = [output_from_numpy(name, arr, raw=raw) for name, arr in res.items()]
-        timings = _parse_timings(job.hdrs.get("Inferbus-Timings"))
-        timings["queue"] = int((t0 - job.t_recv) * 1e6)
+        timings = _parse_timings(job.hdrs.get(H.TIMINGS))
+        timings["queue"] = int((t0 - job.t_recv) * 1e6) - job.decode_us
+        timings["worker_decode"] = job.decode_us
         timings["compute"] = compute_us
         params = {
             "worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
@@ -623,6 +649,7 @@ class Worker:
         resp = InferResponse(model_name=mv.name, model_version=mv.version, outputs=outputs, id=req.id, parameters=params)
         timings["encode"] = int((time.monotonic() - t_enc) * 1e6)
         timings["worker_total"] = int((time.monotonic() - job.t_recv) * 1e6)
+        timings["worker_done_unix_us"] = int(time.time() * 1e6)  # the bench's reply_hop starts here
         body = encode_response(resp, ct)
         hdrs = {H.CONTENT_TYPE: "application/json" if json_ct else "application/msgpack"}
         rid = job.hdrs.get(H.REQUEST_ID)
