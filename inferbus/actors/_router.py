@@ -194,44 +194,80 @@ class Router:
         ws = self._by_model.get(model_key)
         if not ws:
             return None
-        live = [w for w in ws if w.worker_id != exclude and self.live(w, now) and not w.draining]
+        # one pass over the model's workers (kept per model on reports, see _reindex): live, then healthy and
+        # let through by the breaker; the same filters, in the same order, as separate passes would apply
+        timeout = self.health_timeout_s
+        min_window = self.min_window_requests
+        max_rate = self.max_error_rate
+        live = []
+        cands = []
+        half = None
+        for w in ws:
+            if not w.alive or w.draining or now - w.last_report > timeout or w.worker_id == exclude:
+                continue
+            live.append(w)
+            if (w.window_requests < min_window or w.error_rate <= max_rate) and w.breaker.allows(now):
+                cands.append(w)
+                if half is None and w.breaker.state is BreakerState.HALF_OPEN:
+                    half = w
         if not live:
             return None
-        cands = [w for w in live if self.error_healthy(w) and w.breaker.allows(now)]
         if not cands:
             # panic mode: every live worker is over the error rate; use them rather than refuse all
             cands = [w for w in live if w.breaker.allows(now)]
             if not cands:
                 return None
-        for w in cands:
-            if w.breaker.state is BreakerState.HALF_OPEN:
-                return w  # its probe goes first: else a tie-break could leave it untried (and out) for long
+            for w in cands:
+                if w.breaker.state is BreakerState.HALF_OPEN:
+                    half = w
+                    break
+        if half is not None:
+            return half  # its probe goes first: else a tie-break could leave it untried (and out) for long
         if self.region:
-            local = [w for w in cands if w.region == self.region]
+            region = self.region
+            local = [w for w in cands if w.region == region]
             if local:
                 cands = local
+        n = len(cands)
+        if n == 1:
+            return cands[0]
         # shortest expected delay: (queued + 1) x service time of the worker's device class (kind, backend),
         # so a device twice as slow gets about half the load (issue 4). Per class, not per worker: one
         # worker's stale estimate (a slow first request after a restart) must not starve it at low load.
         speed: dict[tuple[str, str], float] = {}
         for w in cands:
-            if w.ewma_service_us > 0:
+            e = w.ewma_service_us
+            if e > 0:
                 c = (w.device_kind, w.backend)
-                speed[c] = min(speed.get(c, w.ewma_service_us), w.ewma_service_us)
-        floor = min(speed.values(), default=1.0)  # a class not yet measured is priced as the fastest one
-        key = lambda w: ((w.in_flight + w.queue_depth + 1) * speed.get((w.device_kind, w.backend), floor),  # noqa: E731
-                         w.score())
-        if len(cands) <= FULL_SCAN_MAX:
-            if len(cands) > 1 and self._rng.random() < EXPLORE:
+                s = speed.get(c)
+                if s is None or e < s:
+                    speed[c] = e
+        floor = min(speed.values()) if speed else 1.0  # a class not yet measured is priced as the fastest one
+        get = speed.get
+        if n <= FULL_SCAN_MAX:
+            rng = self._rng
+            cost = [(w.in_flight + w.queue_depth + 1) * get((w.device_kind, w.backend), floor) for w in cands]
+            if rng.random() < EXPLORE:
                 # equal expected delay: now and then ignore the worker's own EWMA (the last tie-break),
                 # so a worker that looks slow (cold after a restart) still gets traffic at low load
-                best = min(key(w)[0] for w in cands)
-                tied = [w for w in cands if key(w)[0] == best]
+                best = min(cost)
+                tied = [w for w, c in zip(cands, cost) if c == best]
                 if len(tied) > 1:
-                    return self._rng.choice(tied)
-            return min(cands, key=key)
+                    return rng.choice(tied)
+            best_w = cands[0]
+            best_k = (cost[0], best_w.score())
+            for i in range(1, n):
+                c = cost[i]
+                if c <= best_k[0]:
+                    w = cands[i]
+                    k = (c, w.score())
+                    if k < best_k:
+                        best_w, best_k = w, k
+            return best_w
         a, b = self._rng.sample(cands, 2)
-        return a if key(a) <= key(b) else b
+        ka = ((a.in_flight + a.queue_depth + 1) * get((a.device_kind, a.backend), floor), a.score())
+        kb = ((b.in_flight + b.queue_depth + 1) * get((b.device_kind, b.backend), floor), b.score())
+        return a if ka <= kb else b
 
     def on_sent(self, w: WorkerState) -> bool:
         """Count a forwarded request; returns True when it is the breaker's HALF_OPEN probe."""
