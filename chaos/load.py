@@ -182,6 +182,8 @@ class Driver:
                 errors[r.outcome] += 1
         n = len(recs)
         dups = sum(1 for c in self.executions.values() if c > 1) if self.audit_subject else None
+        t0 = recs[0].t_sched if recs else 0.0
+        dup_at = sorted(round(r.t_sched - t0, 2) for r in recs if self.executions.get(r.request_id, 0) > 1)
         return DrillFigures(
             drill=drill, requests=n, ok=ok, failed=n - ok - wrong, wrong=wrong, duplicates=dups,
             availability=round(ok / n, 6) if n else 0.0,
@@ -190,5 +192,7 @@ class Driver:
             p99_ms_during_fault=(fault_hist.get_value_at_percentile(99) / 1000
                                  if fault_hist.get_total_count() else None),
             detection_ms=detection_ms, recovery_ms=recovery_ms, errors=dict(errors),
-            extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None},
+            extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None,
+                   "max_ms": round(hist.get_max_value() / 1000, 1) if n else None, "timeout_ms": self.timeout_s * 1000,
+                   **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {})},
         )

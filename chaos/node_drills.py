@@ -277,7 +277,7 @@ async def soak(opts: DrillOptions) -> DrillFigures:
         finally:
             stop.set()
             await rss_task
-        window_figures(s.driver.records, faults)
+        window_figures(s.driver.records, faults, executions=s.driver.executions)
         fig = s.driver.figures("soak", None, extra={
             "mode": "node", "faults": strip_times(faults), "faults_unavailable": unavailable,
             "cycle": cycle, "rss_kib": sampler.summary(), "rss_verdict": sampler.verdict(),

@@ -93,12 +93,15 @@ async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[st
     return faults, unavailable
 
 
-def window_figures(records, faults: list[dict], settle_s: float = 2.0) -> None:
+def window_figures(records, faults: list[dict], settle_s: float = 2.0, executions=None) -> None:
     """Add per-fault load figures to each fault dict (in place): over requests scheduled from the
-    injection until ``settle_s`` after the heal: ``requests``, ``failed``, ``wrong``, ``p99_ms``."""
+    injection until ``settle_s`` after the heal: ``requests``, ``failed``, ``wrong``, ``p99_ms``, and
+    with ``executions`` (the driver's audit counter) ``duplicates``."""
     for f in faults:
         lo, hi = f["t_inject"], f["t_healed"] + settle_s
         rs = [r for r in records if lo <= r.t_sched <= hi]
+        if executions is not None:
+            f["duplicates"] = sum(1 for r in rs if executions.get(r.request_id, 0) > 1)
         h = HdrHistogram(1, 600_000_000, 3)
         for r in rs:
             h.record_value(max(int((r.t_done - r.t_sched) * 1e6), 1))

@@ -356,7 +356,7 @@ async def soak_topology(opts, topology=None) -> DrillFigures:
                 await rss_task
         rs = _incarnation_reigns(watch, kills)
         tb = terms_by_region(rs)
-        window_figures(s.driver.records, faults)
+        window_figures(s.driver.records, faults, executions=s.driver.executions)
         fig = s.driver.figures("soak", None, extra={
             "mode": "topology", "faults": strip_times(faults), "faults_unavailable": unavailable,
             "cycle": cycle, "rss_kib": sampler.summary(), "rss_verdict": sampler.verdict(),
