@@ -62,7 +62,11 @@ class DrillFigures:
     failover_ms: float | None = None
     """Region drills: from the fault until the standby, promoted, answers under its new term."""
     errors: dict = field(default_factory=dict)
+    """Failed requests by error code (``DEADLINE_EXCEEDED``, ``UNAVAILABLE``, ...)."""
     extra: dict = field(default_factory=dict)
+    """Drill-specific figures, plus from the driver: ``executions_audited``, ``max_ms`` (the slowest
+    request), ``timeout_ms`` (the budget) and, when any, ``duplicates_sent_at_s`` (when the duplicated
+    requests were scheduled, seconds after the first)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
