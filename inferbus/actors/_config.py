@@ -58,6 +58,12 @@ class WorkerConfig(_JsonMixin):
     max_batch_size: int | None = None
     """Override of the models' ``max_batch_size`` for zero-wait batching (None = per model config)."""
     region: str = ""
+    stall_fence_s: float = 4.0
+    """If this process was frozen (SIGSTOP, swap, a stalled VM) for longer than this, requests forwarded
+    before the freeze ended are refused UNAVAILABLE instead of computed: by then the ingress has taken
+    the worker out of routing and failed them, and the client may have retried them elsewhere, so
+    computing them would execute a request twice. Keep it below the ingresses' ``health_timeout_s``
+    (the node sets 0.8 ×); 0 disables the fence."""
     audit: bool = False
     """Publish the request id of every execution on ``<p>._audit`` (chaos drills count duplicates with it)."""
     compute_delay_ms: float = 0.0

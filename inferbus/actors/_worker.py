@@ -53,7 +53,7 @@ from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_ba
 from ..bus import Subjects, connect, publish_raw
 from ..bus import headers as H
 from ..schemas import (
-    DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted,
+    DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
     decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
 from ..schemas._internal import (
@@ -101,6 +101,8 @@ class Job:
     cancelled: bool = False
     decode_us: int = 0
     """Time the compute thread spent decoding the request body (the ``decode`` stage)."""
+    fwd_unix: float = 0.0
+    """Wall-clock time (s) the ingress forwarded it (deadline - budget), 0 when unknown."""
 
     def targets(self) -> list["Job"]:
         """This job and its joined duplicates."""
@@ -141,6 +143,10 @@ class _Stats:
     dedup_hits: int = 0
     dedup_joins: int = 0
     cancelled: int = 0
+    stalls: int = 0
+    """Times this process was found frozen for longer than ``stall_fence_s``."""
+    stall_fenced: int = 0
+    """Requests refused because the process was frozen after they were forwarded."""
 
 
 class _ErrorWindow:
@@ -209,6 +215,8 @@ class Worker:
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.mailbox: queue.Queue[Job] = queue.Queue(maxsize=config.mailbox_size)
         self.stats = _Stats()
+        self._last_tick = time.monotonic()
+        self._stall_end_unix = 0.0
         self._stats_lock = threading.Lock()
         self._stop = threading.Event()
         self.nc = None
@@ -255,6 +263,13 @@ class Worker:
         model_key = f"{hdrs.get(H.MODEL, '')}:{hdrs.get(H.VERSION, '')}"
         job = Job(reply, msg.data, hdrs, deadline, t_recv, model_key, seq, hdrs.get(H.INGRESS),
                   hdrs.get(H.CACHE_KEY) is not None, hdrs.get(H.CACHE_KEY))
+        job.fwd_unix = _forward_unix(hdrs)
+        if self._stalled(job):
+            self.stats.stall_fenced += 1
+            await self._finish_now(job, Unavailable(
+                f"worker {self.config.worker_id} was frozen past its health window; the request may have been "
+                f"retried elsewhere, so it is not computed here"))
+            return
         if deadline <= t_recv or H.wall_deadline_passed(hdrs):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
@@ -479,7 +494,8 @@ class Worker:
                                queue_group=f"{self.config.bus.prefix}.w.{self.config.worker_id}")
         thread = threading.Thread(target=self._compute_loop, name="inference", daemon=True)
         thread.start()
-        tasks = [asyncio.create_task(self._outbox_pump()), asyncio.create_task(self._reporter())]
+        tasks = [asyncio.create_task(self._outbox_pump()), asyncio.create_task(self._reporter()),
+                 asyncio.create_task(self._stall_watch())]
         await self.nc.flush()
         serving_gc()
         announce_ready()
@@ -494,6 +510,38 @@ class Worker:
                 await self.nc.drain()
             except Exception:
                 pass
+
+    # ---- stall fence ---------------------------------------------------------------------------
+    _STALL_TICK_S = 0.01
+
+    async def _stall_watch(self) -> None:
+        """Tick every 10 ms; a gap longer than ``stall_fence_s`` means this process was frozen.
+
+        On such a gap, every request forwarded (ingress wall clock) before now is fenced: the ingress
+        has failed it and the SDK may have retried it on another worker (the duplicate found by the
+        worker-hang drill).
+        """
+        fence = self.config.stall_fence_s
+        while True:
+            now = time.monotonic()
+            if fence > 0 and now - self._last_tick > fence:
+                self._stall_end_unix = time.time()
+                self.stats.stalls += 1
+                log(f"worker {self.config.worker_id}: frozen for {now - self._last_tick:.2f}s; fencing older requests")
+            self._last_tick = now
+            await asyncio.sleep(self._STALL_TICK_S)
+
+    def _stalled(self, job: "Job") -> bool:
+        """True when ``job`` must not be computed because this process was frozen after it was forwarded.
+
+        Runs on the loop and on the inference thread (reads two floats; stores are atomic).
+        """
+        fence = self.config.stall_fence_s
+        if fence <= 0:
+            return False
+        if time.monotonic() - self._last_tick > fence:
+            return True  # frozen just now and the watch has not run yet
+        return 0.0 < job.fwd_unix < self._stall_end_unix
 
     # ---- inference thread --------------------------------------------------------------------
     def _compute_loop(self) -> None:
@@ -530,6 +578,12 @@ class Worker:
             if not job.live():
                 self.stats.cancelled += 1
                 outcomes.append(Outcome(job, {}, b"", ok=False, code=CANCELLED, retry=True))
+                continue
+            if not job.joined and self._stalled(job):
+                self.stats.stall_fenced += 1
+                o = self._error_outcome(job, Unavailable(
+                    f"worker {self.config.worker_id} was frozen past its health window; not computed"))
+                outcomes.append(o)
                 continue
             if job.deadline <= time.monotonic() or (not job.joined and H.wall_deadline_passed(job.hdrs)):
                 self.stats.expired += 1
@@ -708,6 +762,14 @@ def _bytes_to_text(arr: np.ndarray, t, i: int) -> np.ndarray:
             raise InvalidArgument(f"input {t.name!r} element {k} is not valid UTF-8; this model's runtime takes "
                                   f"BYTES tensors as text", field=f"inputs[{i}].{where}") from None
     return out
+
+
+def _forward_unix(hdrs: dict) -> float:
+    """When the ingress forwarded the request (wall clock, s): deadline minus the budget it sent."""
+    try:
+        return (float(hdrs[H.DEADLINE_UNIX_MS]) - float(hdrs[H.TIMEOUT_MS])) / 1000.0
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def _parse_timings(value: str | None) -> dict[str, int]:
