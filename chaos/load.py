@@ -65,8 +65,8 @@ class DrillFigures:
     """Failed requests by error code (``DEADLINE_EXCEEDED``, ``UNAVAILABLE``, ...)."""
     extra: dict = field(default_factory=dict)
     """Drill-specific figures, plus from the driver: ``executions_audited``, ``max_ms`` (the slowest
-    request), ``timeout_ms`` (the budget) and, when any, ``duplicates_sent_at_s`` (when the duplicated
-    requests were scheduled, seconds after the first)."""
+    request), ``timeout_ms`` (the budget) and, when any, ``duplicates_sent_at_s`` / ``failed_sent_at_s``
+    (when the first 20 duplicated / 50 failed requests were scheduled, seconds after the first request)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,6 +188,7 @@ class Driver:
         dups = sum(1 for c in self.executions.values() if c > 1) if self.audit_subject else None
         t0 = recs[0].t_sched if recs else 0.0
         dup_at = sorted(round(r.t_sched - t0, 2) for r in recs if self.executions.get(r.request_id, 0) > 1)
+        failed_at = sorted(round(r.t_sched - t0, 2) for r in recs if r.outcome not in ("ok", "wrong"))
         return DrillFigures(
             drill=drill, requests=n, ok=ok, failed=n - ok - wrong, wrong=wrong, duplicates=dups,
             availability=round(ok / n, 6) if n else 0.0,
@@ -198,5 +199,6 @@ class Driver:
             detection_ms=detection_ms, recovery_ms=recovery_ms, errors=dict(errors),
             extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None,
                    "max_ms": round(hist.get_max_value() / 1000, 1) if n else None, "timeout_ms": self.timeout_s * 1000,
-                   **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {})},
+                   **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {}),
+                   **({"failed_sent_at_s": failed_at[:50]} if failed_at else {})},
         )
