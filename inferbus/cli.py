@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -33,6 +34,29 @@ def _run(coro):
         return uvloop.run(coro)
     except ImportError:  # pragma: no cover
         return asyncio.run(coro)
+
+
+def _call(coro_fn):
+    """Run a one-shot client call; turn typed errors, connection failures and bad files into one line + exit 2."""
+    from nats.errors import NoServersError
+
+    from .schemas import InferbusError
+
+    try:
+        return _run(coro_fn())
+    except InferbusError as err:
+        err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
+                          + (f" (field {err.field})" if err.field else ""))
+    except (NoServersError, OSError, asyncio.TimeoutError) as exc:
+        err_console.print(f"[red]cannot reach NATS[/]: {escape(str(exc) or type(exc).__name__)}")
+    raise typer.Exit(2)
+
+
+async def _one_shot_client(nats_url: str, prefix: str):
+    """A client for one CLI command: one connect attempt per server, 2 s connect timeout."""
+    from .client import Client
+
+    return await Client.connect(nats_url, prefix, connect_attempts=1, connect_timeout_s=2.0)
 
 
 def _port_busy(port: int) -> bool:
@@ -218,25 +242,25 @@ def infer(
         name, sep, path = spec.partition("=")
         if not sep:
             raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}")
-        feeds[name] = np.load(path, allow_pickle=False)
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            err_console.print(f"[red]cannot read {escape(path)}[/]: it must be a .npy file "
+                              f"(numpy.save) of a numeric or bytes array ({escape(type(exc).__name__)}: {escape(str(exc)[:200])})")
+            raise typer.Exit(2)
 
     async def go():
         from .client import Client
 
-        async with await Client.connect(nats_url, prefix) as c:
+        async with await _one_shot_client(nats_url, prefix) as c:
             return await c.infer_result(model, feeds, version=version, outputs=output or None, timeout_s=timeout_s,
                                         json=json_wire)
 
-    from .schemas import InferbusError
-
-    try:
-        res = _run(go())
-    except InferbusError as err:
-        err_console.print(f"[red]{err.code.value}[/]: {err.message}" + (f" (field {err.field})" if err.field else ""))
-        raise typer.Exit(2)
+    res = _call(go)
     console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
     for name, arr in res.outputs.items():
-        console.print(f"[cyan]{name}[/] {arr.dtype} {list(arr.shape)}\n{np.array2string(arr, precision=5)}")
+        console.print(f"[cyan]{escape(name)}[/] {arr.dtype} {list(arr.shape)}")
+        console.print(np.array2string(arr, precision=5, threshold=2000), markup=False, highlight=False)
     console.print_json(json.dumps(res.parameters, default=str))
 
 
@@ -248,10 +272,10 @@ def models(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     async def go():
         from .client import Client
 
-        async with await Client.connect(nats_url, prefix) as c:
+        async with await _one_shot_client(nats_url, prefix) as c:
             return await c.models()
 
-    ml = _run(go())
+    ml = _call(go)
     t = Table(title="models")
     for col in ("name", "versions", "platform", "inputs", "outputs"):
         t.add_column(col)
@@ -268,10 +292,10 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     async def go():
         from .client import Client
 
-        async with await Client.connect(nats_url, prefix) as c:
+        async with await _one_shot_client(nats_url, prefix) as c:
             return await c.health()
 
-    h = _run(go())
+    h = _call(go)
     console.print_json(json.dumps({"live": h.live, "ready": h.ready, "parameters": h.parameters}))
     raise typer.Exit(0 if h.ready else 1)
 
