@@ -239,6 +239,8 @@ def manager(
     prefix: str = typer.Option("inferbus"),
     heartbeat_ms: int = typer.Option(100), lease_ms: int = typer.Option(400), suspect_ms: int = typer.Option(400),
     initial_primary: bool = typer.Option(False, help="Campaign at once when no lease exists yet."),
+    initial_wait_ms: int = typer.Option(5000, help="Without --initial-primary: when no lease exists yet, "
+                                                   "campaign only after running this long (ms)."),
     auto_failover: bool = typer.Option(True, help="Take over automatically when the primary is gone."),
 ) -> None:
     """Run one region manager in the foreground (for regions whose actors run with 'inferbus up').
@@ -253,5 +255,6 @@ def manager(
                                                    prefix=prefix, no_randomize=True, ping_interval_s=0.5),
                        valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
                        heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
-                       initial_primary=initial_primary, auto_failover=auto_failover)
+                       initial_primary=initial_primary, initial_wait_ms=initial_wait_ms,
+                       auto_failover=auto_failover)
     run_actor(RegionManager(cfg).run)

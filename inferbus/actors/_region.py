@@ -97,7 +97,11 @@ class RegionConfig(_JsonMixin):
     kv_timeout_ms: int = 1000
     """Timeout of a lease read or a campaign write, ms (renewals use the remaining validity)."""
     initial_primary: bool = False
-    """Campaign at once when no lease exists yet (the others wait ``lease_ms`` first)."""
+    """Campaign at once when no lease exists yet (the others wait ``initial_wait_ms`` first)."""
+    initial_wait_ms: int = 5000
+    """When no lease exists yet, a region that is not ``initial_primary`` campaigns only after running this
+    long (at least ``lease_ms``), ms: on a loaded machine the initial primary's first write can take longer
+    than one lease period, and a cluster that starts with the standby in charge is a surprise."""
     auto_failover: bool = True
     """Take over automatically when the primary is gone; False = only ``promote`` does."""
     manager_id: str = ""
@@ -431,7 +435,7 @@ class RegionManager:
         lease_s = c.lease_ms / 1000.0
         if self.seen_holder == "":
             if self.seen_rev == 0:
-                if c.initial_primary or now - self._started >= lease_s:
+                if c.initial_primary or now - self._started >= max(lease_s, c.initial_wait_ms / 1000.0):
                     return "no lease yet"
                 return None
             if self.seen_successor in ("", self.region):
