@@ -82,7 +82,8 @@ class WorkerConfig(_JsonMixin):
     """Fault injection only: fraction (0..1) of computed requests answered INTERNAL from the start."""
     inline_max_compute_us: float = 250.0
     """Run a model version's batches on the worker's event loop instead of the inference thread while its
-    EWMA compute time per request is at most this many µs (CPU ONNX Runtime sessions only; GPU/TPU/JAX
+    EWMA compute time per request (thread CPU time, so preemption on a busy host does not count) is at most
+    this many µs (CPU ONNX Runtime sessions only; GPU/TPU/JAX
     sessions always use the thread). Decided per batch, so a model that becomes slower goes back to the
     thread. 0 disables inline execution. Default: the models here take 20-110 µs per request on a loaded
     2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""

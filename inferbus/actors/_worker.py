@@ -235,7 +235,9 @@ class Worker:
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.compute_ewma_us: dict[str, float] = {}
-        """Model key → EWMA of compute µs per request (inline decision; written by the loop and the thread)."""
+        """Model key → EWMA of compute µs per request, in thread CPU time (the runtime runs on the calling thread
+        with one intra-op thread), so that being preempted on a busy host does not look like a slow model.
+        The inline decision reads it; written by the loop and the inference thread."""
         self._inline_capable = frozenset(
             k for k, sess in self.sessions.items()
             if config.inline_max_compute_us > 0 and config.backend == "onnxruntime" and sess.device.kind == "cpu")
@@ -728,6 +730,7 @@ class Worker:
     def _run_group(self, model_key: str, outs: list[str] | None, items) -> list[Outcome]:
         sess = self.sessions[model_key]
         t0 = time.monotonic()
+        cpu0 = time.thread_time()
         results: list[dict[str, np.ndarray]] | None = None
         if len(items) > 1:
             results = _run_merged(sess, outs, [a for _, _, a in items])
@@ -740,12 +743,13 @@ class Worker:
                 except InferenceError as exc:
                     results.append(exc)
         t1 = time.monotonic()
+        cpu_per_us = (time.thread_time() - cpu0) * 1e6 / len(items)
         compute_us = int((t1 - t0) * 1e6)
         per_us = compute_us / len(items)
         s = self.stats
         s.ewma_service_us = per_us if s.ewma_service_us == 0 else (1 - _EWMA_ALPHA) * s.ewma_service_us + _EWMA_ALPHA * per_us
         prev = self.compute_ewma_us.get(model_key)
-        self.compute_ewma_us[model_key] = per_us if prev is None else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * per_us
+        self.compute_ewma_us[model_key] = cpu_per_us if prev is None else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * cpu_per_us
         s.computed += len(items)
         mv = self.versions[model_key]
         fault_rate = self.fault.error_rate
@@ -802,15 +806,15 @@ class Worker:
 
 
 def _time_batch1_us(sess) -> float:
-    """Least wall time (µs) of ``_INLINE_SEED_RUNS`` batch-1 runs of ``sess`` on zero inputs (after warm-up)."""
+    """Least thread CPU time (µs) of ``_INLINE_SEED_RUNS`` batch-1 runs of ``sess`` on zero inputs (after warm-up)."""
     best = float("inf")
     for _ in range(_INLINE_SEED_RUNS):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             sess.warmup((1,))
         except Exception:  # a model that cannot run zero inputs: measured on its first real batches instead
             return 0.0
-        best = min(best, (time.perf_counter() - t0) * 1e6)
+        best = min(best, (time.thread_time() - t0) * 1e6)
     return best
 
 
