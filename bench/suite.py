@@ -95,6 +95,8 @@ class SuiteConfig:
     precise: bool | None = None
     """Open-loop pacing (None = spin only on hosts with >= 8 cores)."""
     log_dir: str | None = None
+    inline_max_compute_us: float | None = None
+    """The workers' ``inline_max_compute_us`` (None = their default; 0 = every batch on the inference thread)."""
 
     def __post_init__(self) -> None:
         if min(self.workers, self.ingress, self.gens) < 1 or self.echo < 0:
@@ -274,7 +276,9 @@ class Suite:
                 self.sampler.add("echo", c.proc.pid)
             node = Node(NodeConfig(models_dir=cfg.models_dir, workers=cfg.workers, ingress=cfg.ingress,
                                    nats_url=nats.url, no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
-                                   run_dir=str(run_dir / "node")))
+                                   run_dir=str(run_dir / "node"),
+                                   worker_options={} if cfg.inline_max_compute_us is None
+                                   else {"inline_max_compute_us": cfg.inline_max_compute_us}))
             await node.start()
             await node.wait_ready(120)
             for info in node.supervisor.which_children():
@@ -539,6 +543,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-factor", type=float)
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
+    p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
     return p.parse_args(argv)
 
 
@@ -547,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
-                                       "sweep_factor", "sweep_max_steps", "log_dir")}
+                                       "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

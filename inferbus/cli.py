@@ -109,6 +109,7 @@ def up(
     client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests).", rich_help_panel=_REL),
     hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request (0..1).", rich_help_panel=_REL),
     mailbox_size: int = typer.Option(1024, help="Worker mailbox bound; beyond it requests are shed.", rich_help_panel=_REL),
+    inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never)."),
     max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding.", rich_help_panel=_REL),
     default_timeout_ms: float = typer.Option(1000.0, help="Budget of a request without Inferbus-Timeout-Ms (ms).", rich_help_panel=_REL),
     l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms).", rich_help_panel=_REL),
@@ -132,7 +133,8 @@ def up(
 
     serving = dict(
         health_timeout_s=health_timeout_s, mailbox_size=mailbox_size, nats_max_payload_bytes=nats_max_payload,
-        worker_options=dict(health_window_s=health_window_s, fault_control=fault_injection),
+        worker_options=dict(health_window_s=health_window_s, fault_control=fault_injection,
+                            inline_max_compute_us=inline_max_compute_us),
         ingress_options=dict(
             max_error_rate=max_error_rate, min_window_requests=min_window_requests, breaker_failures=breaker_failures,
             breaker_open_s=breaker_open_s, rate_limit_per_s=rate_limit, rate_burst=rate_burst,

@@ -67,14 +67,22 @@ def run_actor(actor_run) -> None:
     asyncio.run(main())
 
 
+def error_message(err: InferbusError, content_type: str | None = None,
+                  request_id: str | None = None) -> tuple[dict[str, str], bytes]:
+    """Headers and body of a typed error reply: NATS micro error headers, the body in the request's
+    encoding (``content_type``: JSON when it says so, else msgpack) and ``Inferbus-Request-Id`` when given."""
+    hdrs, body = encode_error(err, content_type)
+    if request_id:
+        hdrs[H.REQUEST_ID] = request_id
+    return hdrs, body
+
+
 async def reply_error(nc, reply: str | None, err: InferbusError, content_type: str | None = None,
                       request_id: str | None = None) -> None:
     """Publish a typed error reply (NATS micro headers + body) to ``reply``; no-op without a reply subject."""
     if not reply:
         return
-    hdrs, body = encode_error(err, content_type)
-    if request_id:
-        hdrs[H.REQUEST_ID] = request_id
+    hdrs, body = error_message(err, content_type, request_id)
     await nc.publish(reply, body, headers=hdrs)
 
 

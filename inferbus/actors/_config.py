@@ -80,6 +80,13 @@ class WorkerConfig(_JsonMixin):
     """Fault injection only: obey ``FaultSet`` messages on ``<p>._ctl.<worker_id>`` (tests, chaos drills)."""
     inject_error_rate: float = 0.0
     """Fault injection only: fraction (0..1) of computed requests answered INTERNAL from the start."""
+    inline_max_compute_us: float = 250.0
+    """Run a model version's batches on the worker's event loop instead of the inference thread while its
+    EWMA compute time per request (thread CPU time, so preemption on a busy host does not count) is at most
+    this many µs (CPU ONNX Runtime sessions only; GPU/TPU/JAX
+    sessions always use the thread). Decided per batch, so a model that becomes slower goes back to the
+    thread. 0 disables inline execution. Default: the models here take 20-110 µs per request on a loaded
+    2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
 
     def __post_init__(self) -> None:
         if self.mailbox_size < 1:
@@ -92,6 +99,8 @@ class WorkerConfig(_JsonMixin):
             raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds, dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
         if not 0.0 <= self.inject_error_rate <= 1.0 or self.compute_delay_ms < 0:
             raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0")
+        if self.inline_max_compute_us < 0:
+            raise ValueError("WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline)")
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import announce_ready, run_actor, log, serving_gc, set_affinity
+from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
@@ -209,9 +209,7 @@ class Ingress:
             await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct, rid)
 
     async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None) -> None:
-        eh, eb = encode_error(err, ct)
-        if rid:
-            eh[H.REQUEST_ID] = rid
+        eh, eb = error_message(err, ct, rid)
         try:
             await self.nc.publish(reply, eb, headers=eh)
         except Exception as exc:  # e.g. a reply subject the server refuses; nothing else to tell
