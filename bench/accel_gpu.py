@@ -242,7 +242,7 @@ def sec_latency() -> dict:
             compiled = inner._compiled[1]
             xd = jax.device_put({"pixels": x1}, inner._sharding)
             out[f"{model}/jax-{sess.device.kind}/{sess.precision}/b1 on-device"] = timeit(
-                lambda: compiled(inner._params, xd)["logits"].block_until_ready())
+                lambda: compiled(xd)["logits"].block_until_ready())
             t = timeit(lambda: sess.infer({"pixels": X[:64]}), n=300)
             t["rows_per_s"] = round(64 / (t["p50_us"] / 1e6))
             out[f"{model}/jax-{sess.device.kind}/{sess.precision}/b64 session"] = t
@@ -347,14 +347,14 @@ def sec_dispatch() -> dict:
     out["dlpack == pjrt (b1, b5 padded)"] = bool(
         np.allclose(s.infer({"pixels": x})["logits"], p.infer({"pixels": x})["logits"], atol=1e-5)
         and np.allclose(s.infer({"pixels": x8})["logits"], p.infer({"pixels": x8})["logits"], atol=1e-5))
-    out["compiled(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in c(s._params, {"pixels": x}).values()])
-    out["compiled(numpy) logits only"] = timeit(lambda: np.asarray(c(s._params, {"pixels": x})["logits"]))
+    out["compiled(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in c({"pixels": x}).values()])
+    out["compiled(numpy) logits only"] = timeit(lambda: np.asarray(c({"pixels": x})["logits"]))
     out["device_put + compiled + np.asarray"] = timeit(
-        lambda: [np.asarray(v) for v in c(s._params, jax.device_put({"pixels": x}, s._sharding)).values()])
+        lambda: [np.asarray(v) for v in c(jax.device_put({"pixels": x}, s._sharding)).values()])
     out["jit(numpy) + np.asarray"] = timeit(lambda: [np.asarray(v) for v in s._jit(s._params, {"pixels": x}).values()])
-    out["on-device (input resident) + block"] = timeit(lambda: c(s._params, xd)["logits"].block_until_ready())
+    out["on-device (input resident) + block"] = timeit(lambda: c(xd)["logits"].block_until_ready())
     out["device_put only"] = timeit(lambda: jax.device_put(x, s._jdev).block_until_ready())
-    y = c(s._params, xd)["logits"]
+    y = c(xd)["logits"]
     out["np.asarray of a resident output"] = timeit(lambda: np.asarray(jax.device_put(y, s._jdev) + 0))
     return out
 

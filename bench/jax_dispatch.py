@@ -62,8 +62,8 @@ def measure(model: str, precision: str, n: int, out: dict) -> None:
     shape = sess._shape(sess.inputs[0], 1)
     x = np.random.default_rng(0).random(shape, dtype=np.float32).astype(sess._in_dtypes[name])
     res: dict = {"device": kind, "transfer": sess.transfer}
-    compiled = sess._compiled[1]
     params = sess._params
+    compiled = sess._jit.lower(params, {name: jax.ShapeDtypeStruct(shape, x.dtype, sharding=sess._sharding)}).compile()
     xd = jax.device_put(x, sess._jdev)
     feeds_d = {name: xd}
     outname = sess.outputs[0].name

@@ -295,6 +295,27 @@ def test_jax_session_pads_to_compiled_batch_and_keeps_params_on_device():
 
 
 @needs_jax
+@pytest.mark.parametrize("model,feed", [("digits", "pixels"), ("digits_cnn", "pixels")])
+def test_jax_parameters_as_constants_or_arguments_give_the_same_answers(model, feed):
+    from inferbus.accelerators._jax import JaxBackend
+
+    x = rows(model, 5)
+    const = JaxBackend(params_as_constants=True).load(path(model), precision="fp32")
+    args = JaxBackend(params_as_constants=False).load(path(model), precision="fp32")
+    assert const.params_as_constants and not args.params_as_constants
+    assert get_backend("jax").load(path(model), precision="fp32").params_as_constants  # small: constants by default
+    for s in (const, args):
+        s.warmup((1, 8))
+        assert s.compiled_batch_sizes == (1, 8)
+    a, b = const.infer({feed: x}), args.infer({feed: x})  # 5 rows padded on the batch-8 executable
+    ref = get_backend("onnxruntime").load(path(model)).infer({feed: x})
+    for k in ref:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-5)  # XLA may fold constants differently
+        np.testing.assert_allclose(a[k], ref[k], rtol=1e-4, atol=1e-5)
+    assert "fusion" in const.lowered_text(1)  # XLA's optimized HLO of the constants variant
+
+
+@needs_jax
 def test_jax_typed_model_datatypes():
     s = load_checked(get_backend("jax"), path("typed"), precision="fp32")
     a = np.array([[0], [1], [-7], [2**30 - 1]], np.int32)
