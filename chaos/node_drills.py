@@ -299,7 +299,8 @@ async def model_swap(opts: DrillOptions) -> DrillFigures:
     ``detection_ms`` = the swap request sent → the first answer from the new version; ``recovery_ms`` =
     the swap request sent → the first answer from the previous version after the swap back.
     ``extra``: ``swap_ms`` / ``heal_ms`` (each write's own answer time), ``from_version``, ``to_version``,
-    ``answers_by_version``, ``mixed_ms`` (swap back sent → the last answer from the new version: how long
+    ``answers_by_version``, ``swap_back_visible_ms`` (swap back sent → the first answer from the previous
+    version again), ``mixed_ms`` (swap back sent → the last answer from the new version: how long
     answers from both versions overlap, requests resolved before the write still finishing).
     """
     async with _Setup(opts) as s:
@@ -331,6 +332,7 @@ async def model_swap(opts: DrillOptions) -> DrillFigures:
             recovery_ms=round((t_recover - t0) * 1000, 1) if t_recover else None,
             extra={"fault": "model-swap", "model": opts.model, "from_version": old, "to_version": new,
                    "swap_ms": fault.info.get("swap_ms"), "heal_ms": fault.info.get("heal_ms"),
+                   "swap_back_visible_ms": round((t_recover - t_heal_sent) * 1000, 1) if t_recover else None,
                    "mixed_ms": round((last_new - t_heal_sent) * 1000, 1) if last_new and last_new > t_heal_sent
                    else 0.0, "workers": opts.workers, "ingress": opts.ingress, "rate_qps": opts.rate_qps})
 
