@@ -131,7 +131,7 @@ class IngressModels:
         that names versions not on disk here, or a default it does not serve, is ignored (logged).
         """
         async with self._apply_lock:
-            if not _newer(st, self.states.get(st.model)):
+            if not _newer(st, self.states.get(st.model)) or not self._serves(st.model):
                 return False
             m = self.disk.get(st.model)
             if m is None or any(v not in m.versions for v in st.versions):
@@ -189,6 +189,11 @@ class IngressModels:
                     await self.nc.publish(self.subjects.model_state, encode_internal(ModelStates(items)))
                 except Exception as exc:
                     log(f"ingress {self.writer}: model state broadcast failed: {exc!r}")
+
+    def _serves(self, model: str) -> bool:
+        """False for a model outside this ingress's configured ``models`` (when it has such a list)."""
+        only = self.ing.config.models
+        return not only or model in only
 
     def on_report(self, r: LoadReport) -> None:
         """A worker's load report (the ingress's ``_on_load`` calls this)."""
@@ -317,6 +322,9 @@ class IngressModels:
         return out
 
     async def _load(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
+        if not self._serves(model):
+            raise NotFound(f"model {model!r} is not among the models this deployment serves "
+                           f"({sorted(self.ing.config.models)})", field="model")
         try:
             m = await asyncio.to_thread(self.ing.repo.scan_model, model)
         except RepositoryError as exc:
@@ -454,6 +462,8 @@ class WorkerModels:
                 self._take(st)
 
     def _take(self, st: ModelState) -> None:
+        if self.w.config.models and st.model not in self.w.config.models:
+            return  # this worker serves a configured subset of the models
         if _newer(st, self.states.get(st.model)):
             self.states[st.model] = st
             t = asyncio.ensure_future(self._apply(st.model))
