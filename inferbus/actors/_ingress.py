@@ -612,7 +612,7 @@ class Ingress:
             name = subj[len(self.subjects.models) + 1:]
             if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback)
                 model_name, _, op = name.partition(".")
-                self.model_ctl._spawn(self.model_ctl.handle(msg, model_name, op))
+                self.model_ctl.submit(msg, model_name, op)
                 return
             model = self.repo.get(name)
             if model is None:

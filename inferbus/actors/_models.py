@@ -235,6 +235,11 @@ class IngressModels:
                            field="region", retry_after_ms=1000)
 
     # ---- requests -------------------------------------------------------------------------------
+    def submit(self, msg, model: str, op: str) -> None:
+        """Answer ``msg`` (``<p>.models.<model>.<op>``) in a task of its own: a load can take seconds and
+        must not hold up the subscription's callback (metadata requests share it)."""
+        self._spawn(self.handle(msg, model, op))
+
     async def handle(self, msg, model: str, op: str) -> None:
         """Answer one model-management request (``<p>.models.<model>.<op>``); never raises."""
         t0 = time.monotonic()
