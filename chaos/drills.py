@@ -12,7 +12,7 @@ where it lives and which options record it takes, and is imported only when run
 | cache-loss      | chaos.node_drills    | SIGKILL Valkey under load                                       |
 | soak            | chaos.node_drills    | long run with a fault every ``fault_every_s`` (``topology=True``: |
 |                 |                      | on the two-region topology, cluster faults in the cycle)        |
-| model-swap      | chaos.node_drills    | not available yet: raises FaultUnavailable before starting      |
+| model-swap      | chaos.node_drills    | swap a model's default version 1 -> 2 -> 1 under checked load   |
 | region-failover | chaos.region_drills  | SIGKILL every process of the primary region under load          |
 | region-partition| chaos.region_drills  | cut the gateways between the regions; never two primaries       |
 | nats-node-loss  | chaos.topology_drills| SIGKILL the primary region's nats-server under load; reconnects |
@@ -63,7 +63,7 @@ DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
                "steady load with a fault every fault_every_s, cycling through every fault kind "
                "(--topology: on the two-region topology)"),
     DrillEntry("model-swap", "chaos.node_drills:model_swap", _NODE_OPTS,
-               "swap a model version under load (not available yet: says so)"),
+               "swap a model's default version under load and back; every answer checked for its version"),
     DrillEntry("region-failover", "chaos.region_drills:region_failover", _REGION_OPTS,
                "SIGKILL every process of the primary region under load; the standby takes over"),
     DrillEntry("region-partition", "chaos.region_drills:region_partition", _REGION_OPTS,

@@ -13,7 +13,7 @@ name with :func:`get_fault`; an unknown name raises :class:`UnknownFault`.
 | slow-worker     | duty-cycle SIGSTOP/SIGCONT (worker runs ~1/4 speed) | stop cycling, SIGCONT                  |
 | kill-nats       | SIGKILL the (embedded) nats-server                  | start it again on the same port        |
 | kill-valkey     | SIGKILL the (embedded) Valkey                       | start it again on the same port        |
-| model-swap      | not available: model version swap under load does not exist yet; raises FaultUnavailable |  |
+| model-swap      | make another version the default (``digits`` 1 → 2)  | make the previous default again        |
 
 Topology faults (:mod:`chaos.topology_faults`, target :class:`chaos.topology_faults.TopologyTarget`:
 a local multi-region :class:`inferbus.cluster.Topology` and one of its regions):
@@ -22,6 +22,8 @@ a local multi-region :class:`inferbus.cluster.Topology` and one of its regions):
 also act on a topology target (the region's node runs the actors in its own process tree, its
 supervisor restarts them; the region's Valkey is restarted by the topology's supervisor).
 ``kill-nats`` is for a single node (its only server); on a topology use ``kill-nats-node``.
+``model-swap`` acts on a single node (:class:`NodeTarget`): the topology drills' load checks answers
+against one version only, so there it raises :class:`FaultUnavailable` saying so.
 
 Every injector is ``async inject(target, **options) -> Fault`` and returns once the fault is in
 place; :meth:`Fault.heal` undoes it (or waits for the system to) and returns when healed.
@@ -175,11 +177,40 @@ def _kill_server(attr: str, name: str):
     return inject
 
 
-MODEL_SWAP_UNAVAILABLE = "model swap under load does not exist yet (no run-time model version API to swap with)"
+async def _model_swap(target, model: str = "digits", to_version: str | None = None, timeout_s: float = 30.0,
+                      **_) -> Fault:
+    """Swap the default version of ``model`` under load (model-management ``default``); heal swaps it back.
 
+    ``to_version``: the version to make the default (default: the highest other served version).
+    ``Fault.info``: ``from_version``, ``to_version``, ``swap_ms`` / ``heal_ms`` (each write's own answer
+    time at the ingress), ``revision``. Raises :class:`FaultUnavailable` on a topology target or when the
+    model serves one version only.
+    """
+    if not isinstance(target, NodeTarget):
+        raise FaultUnavailable("model-swap: acts on a single node (NodeTarget); the topology drills check "
+                               "answers against one model version only")
+    from inferbus.client import Client
+    from inferbus.model_admin import model_control
 
-async def _model_swap(target, **_) -> Fault:
-    raise FaultUnavailable(f"model-swap: {MODEL_SWAP_UNAVAILABLE}")
+    node = target.node
+    client = Client(node.nc, node.config.prefix)
+    served = (await client.model(model, timeout_s=5.0)).versions
+    state = await model_control(client, "load", model, served[0], timeout_s=timeout_s)  # served: a no-op read
+    old = state.default_version
+    new = to_version or next((v for v in sorted(served, key=lambda v: (len(v), v), reverse=True) if v != old), None)
+    if new is None or new == old:
+        raise FaultUnavailable(f"model-swap: model {model!r} serves one version only ({served})")
+    t0 = time.monotonic()
+    r = await model_control(client, "default", model, new, timeout_s=timeout_s)
+    f = Fault("model-swap", f"{model}:{old}->{new}", None, t0,
+              info={"from_version": old, "to_version": new, "swap_ms": r.elapsed_ms, "revision": r.revision})
+
+    async def heal():
+        back = await model_control(client, "default", model, old, timeout_s=timeout_s)
+        f.info["heal_ms"] = back.elapsed_ms
+        f.info["healed_at"] = time.monotonic()
+    f._heal = heal
+    return f
 
 
 def _topology_fault(name: str):

@@ -6,7 +6,9 @@ load. Each request carries a fresh ``Inferbus-Request-Id`` and an input whose
 correct output was computed in-process beforehand, so the outcome of every
 single request is known exactly:
 
-* ``ok``: answered correctly within its budget;
+* ``ok``: answered correctly within its budget (with ``references_by_version``: the correct answer of
+  the model version stamped in the reply, ``model_version``, so a default-version swap under load is
+  checked answer by answer);
 * ``wrong``: answered, but not the reference answer (never acceptable);
 * ``failed``: a typed error or no answer within the budget;
 * ``duplicates``: request ids the workers *executed* more than once, counted from
@@ -40,6 +42,7 @@ class RequestRecord:
     outcome: str
     worker_id: str | None = None
     term: int | None = None
+    model_version: str | None = None
 
 
 @dataclass
@@ -80,10 +83,13 @@ class Driver:
         inputs: list of feeds; references: their correct outputs (same order).
         model: model name. rate_qps: offered load. timeout_s: per-request budget.
         audit_subject: subject on which workers publish executed request ids (msgpack list), or None.
+        references_by_version: model version → correct outputs of ``inputs`` for that version; when given,
+            each answer is checked against the version its reply names (an unknown version is wrong).
     """
 
     def __init__(self, client, model: str, inputs: list[dict], references: list[dict], *, rate_qps: float,
-                 timeout_s: float = 1.0, audit_subject: str | None = None) -> None:
+                 timeout_s: float = 1.0, audit_subject: str | None = None,
+                 references_by_version: dict[str, list[dict]] | None = None) -> None:
         self.client = client
         self.model = model
         self.inputs = inputs
@@ -91,13 +97,15 @@ class Driver:
         self.rate_qps = rate_qps
         self.timeout_s = timeout_s
         self.audit_subject = audit_subject
+        self.references_by_version = references_by_version
         self.records: list[RequestRecord] = []
         self.executions: Counter = Counter()
         self._stop = asyncio.Event()
         self._run_id = uuid.uuid4().hex[:8]
 
-    def _correct(self, i: int, outputs: dict) -> bool:
-        ref = self.references[i % len(self.references)]
+    def _correct(self, i: int, outputs: dict, references: list[dict] | None = None) -> bool:
+        references = self.references if references is None else references
+        ref = references[i % len(references)]
         for name, want in ref.items():
             got = outputs.get(name)
             if got is None or got.shape != want.shape:
@@ -117,12 +125,17 @@ class Driver:
         except InferbusError as err:
             self.records.append(RequestRecord(rid, t_sched, time.monotonic(), err.code.value))
             return
-        outcome = "ok" if self._correct(i, res.outputs) else "wrong"
+        if self.references_by_version is None:
+            outcome = "ok" if self._correct(i, res.outputs) else "wrong"
+        else:
+            refs = self.references_by_version.get(res.model_version)
+            outcome = "ok" if refs is not None and self._correct(i, res.outputs, refs) else "wrong"
         t_done = time.monotonic()
         if outcome == "ok" and t_done - t_sched > self.timeout_s:
             outcome = "DEADLINE_EXCEEDED"
         p = res.parameters or {}
-        self.records.append(RequestRecord(rid, t_sched, t_done, outcome, p.get("worker_id"), p.get("term")))
+        self.records.append(RequestRecord(rid, t_sched, t_done, outcome, p.get("worker_id"), p.get("term"),
+                                          res.model_version))
 
     async def run(self, duration_s: float) -> None:
         """Offer load for ``duration_s`` seconds (or until :meth:`stop`), then wait for every request to end."""
@@ -189,6 +202,7 @@ class Driver:
         t0 = recs[0].t_sched if recs else 0.0
         dup_at = sorted(round(r.t_sched - t0, 2) for r in recs if self.executions.get(r.request_id, 0) > 1)
         failed_at = sorted(round(r.t_sched - t0, 2) for r in recs if r.outcome not in ("ok", "wrong"))
+        by_version = Counter(r.model_version for r in recs if r.model_version is not None)
         return DrillFigures(
             drill=drill, requests=n, ok=ok, failed=n - ok - wrong, wrong=wrong, duplicates=dups,
             availability=round(ok / n, 6) if n else 0.0,
@@ -200,5 +214,7 @@ class Driver:
             extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None,
                    "max_ms": round(hist.get_max_value() / 1000, 1) if n else None, "timeout_ms": self.timeout_s * 1000,
                    **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {}),
-                   **({"failed_sent_at_s": failed_at[:50]} if failed_at else {})},
+                   **({"failed_sent_at_s": failed_at[:50]} if failed_at else {}),
+                   **({"answers_by_version": dict(sorted(by_version.items()))}
+                      if self.references_by_version is not None else {})},
         )

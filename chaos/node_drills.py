@@ -117,10 +117,14 @@ class _Setup:
         await self.node.start()
         await self.node.wait_ready(60)
         self.client = await Client.connect(self.node.nats_url, self.node.config.prefix)
-        work = Workload(ModelRepository(mdir), o.model, distinct=True, pool=2048)
+        repo = ModelRepository(mdir, [o.model])
+        work = Workload(repo, o.model, distinct=True, pool=2048)
+        # every answer is checked against the version its reply names (model-swap changes the default)
+        by_version = {v: Workload(repo, o.model, v, distinct=True, pool=2048).reference
+                      for v in repo.get(o.model).versions}
         self.driver = Driver(self.client, o.model, work.inputs, work.reference, rate_qps=o.rate_qps,
                              timeout_s=o.timeout_s,
-                             audit_subject=Subjects(self.node.config.prefix).audit)
+                             audit_subject=Subjects(self.node.config.prefix).audit, references_by_version=by_version)
         self.watch = _Watch()
         s = Subjects(self.node.config.prefix)
         self._subs = [await self.client.nc.subscribe(s.load, cb=self.watch.on_load),
@@ -221,13 +225,12 @@ async def cache_loss(opts: DrillOptions) -> DrillFigures:
 NODE_SOAK_CYCLE = ["model-swap", "kill-worker", "hang-worker", "kill-valkey", "kill-ingress", "slow-worker",
                    "kill-aggregator", "kill-nats"]
 """Every node fault kind, in soak order. ``kill-nats`` kills the node's only nats-server (a single node
-has no other to fail over to: the SDK and actors reconnect once it is back); ``model-swap`` is listed
-first so that even a short soak reports it as unavailable (and moves on at once) instead of silently
-leaving it out."""
+has no other to fail over to: the SDK and actors reconnect once it is back); ``model-swap`` makes the
+model's other version the default for ``hang_s`` and then the previous one again."""
 
 
 def _soak_hold_s(opts: DrillOptions):
-    return lambda name: opts.hang_s if name in ("hang-worker", "slow-worker", "kill-valkey") else 0.0
+    return lambda name: opts.hang_s if name in ("hang-worker", "slow-worker", "kill-valkey", "model-swap") else 0.0
 
 
 async def soak(opts: DrillOptions) -> DrillFigures:
@@ -288,10 +291,51 @@ async def soak(opts: DrillOptions) -> DrillFigures:
 
 
 async def model_swap(opts: DrillOptions) -> DrillFigures:
-    """Swap a model version under load. Not available: there is no run-time model version swap yet, so
-    this raises :class:`chaos.faults.FaultUnavailable` (with the reason) before starting anything."""
-    await get_fault("model-swap")(None)
-    raise AssertionError("unreachable: model-swap is unavailable")  # pragma: no cover
+    """Swap the model's default version under load (1 → 2 for ``digits``), hold a third of the run, swap back.
+
+    Requests name no version, so each is served by whichever version is the default when its ingress
+    resolves it; the driver checks every answer against the reference outputs of the version stamped in
+    the reply (``model_version``): a wrong answer, a failure or a duplicate execution is a defect.
+    ``detection_ms`` = the swap request sent → the first answer from the new version; ``recovery_ms`` =
+    the swap request sent → the first answer from the previous version after the swap back.
+    ``extra``: ``swap_ms`` / ``heal_ms`` (each write's own answer time), ``from_version``, ``to_version``,
+    ``answers_by_version``, ``swap_back_visible_ms`` (swap back sent → the first answer from the previous
+    version again), ``mixed_ms`` (swap back sent → the last answer from the new version: how long
+    answers from both versions overlap, requests resolved before the write still finishing).
+    """
+    async with _Setup(opts) as s:
+        load = asyncio.create_task(s.driver.run(opts.duration_s))
+        await asyncio.sleep(opts.duration_s / 4)
+        fault = await get_fault("model-swap")(s.target, model=opts.model)
+        t0 = fault.t_inject
+        new, old = fault.info["to_version"], fault.info["from_version"]
+        recs = s.driver.records
+
+        def first(version: str, after: float) -> float | None:
+            ts = [r.t_done for r in recs if r.model_version == version and r.outcome == "ok" and r.t_done >= after]
+            return min(ts) if ts else None
+
+        t_detect = None
+        deadline = time.monotonic() + opts.duration_s
+        while t_detect is None and time.monotonic() < deadline and not load.done():
+            await asyncio.sleep(0.01)
+            t_detect = first(new, t0)
+        await asyncio.sleep(max(opts.duration_s / 3 - (time.monotonic() - t0), 0))
+        t_heal_sent = time.monotonic()
+        await fault.heal()
+        await load
+        t_recover = first(old, t_heal_sent)
+        last_new = max((r.t_done for r in recs if r.model_version == new), default=None)
+        return s.driver.figures(
+            "model-swap", (t0, t_recover or time.monotonic()),
+            detection_ms=round((t_detect - t0) * 1000, 1) if t_detect else None,
+            recovery_ms=round((t_recover - t0) * 1000, 1) if t_recover else None,
+            extra={"fault": "model-swap", "model": opts.model, "from_version": old, "to_version": new,
+                   "swap_ms": fault.info.get("swap_ms"), "heal_ms": fault.info.get("heal_ms"),
+                   "swap_back_visible_ms": round((t_recover - t_heal_sent) * 1000, 1) if t_recover else None,
+                   "mixed_ms": round((last_new - t_heal_sent) * 1000, 1) if last_new and last_new > t_heal_sent
+                   else 0.0, "workers": opts.workers, "ingress": opts.ingress, "rate_qps": opts.rate_qps})
 
 
-NODE_DRILLS = {"worker-crash": worker_crash, "worker-hang": worker_hang, "cache-loss": cache_loss, "soak": soak}
+NODE_DRILLS = {"worker-crash": worker_crash, "worker-hang": worker_hang, "cache-loss": cache_loss, "soak": soak,
+               "model-swap": model_swap}

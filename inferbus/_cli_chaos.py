@@ -2,8 +2,8 @@
 
 Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice;
 1 it ran but saw wrong answers or duplicates; 2 a usage error (unknown drill or fault name, an option
-the drill does not take, a value out of range); 3 the drill cannot run here (its fault is unavailable, e.g.
-``model-swap``, or its deployment did not start), with the reason on stderr.
+the drill does not take, a value out of range); 3 the drill cannot run here (its fault is unavailable on this target,
+or its deployment did not start), with the reason on stderr.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``inferbus up``       serve in the foreground (embedded NATS + Valkey unless URLs are given);
 ``inferbus up --demo`` also run a short checked load run and exit (non-zero on any wrong answer);
 ``inferbus infer``    one request from .npy files;
-``inferbus models``   the served models' metadata;
+``inferbus models``   the served models' metadata; ``models load|unload|default`` manage versions at run time;
 ``inferbus health``   an ingress's live/ready answer;
 ``inferbus bench``    closed- and open-loop load with HDR percentiles, every answer checked.
 """
@@ -267,27 +267,6 @@ def infer(
 
 
 @app.command()
-def models(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
-    """List the served models with their inputs and outputs (OIP v2 metadata)."""
-    from rich.table import Table
-
-    async def go():
-        from .client import Client
-
-        async with await _one_shot_client(nats_url, prefix) as c:
-            return await c.models()
-
-    ml = _call(go)
-    t = Table(title="models")
-    for col in ("name", "versions", "platform", "inputs", "outputs"):
-        t.add_column(col)
-    fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
-    for m in ml.models:
-        t.add_row(m.name, ",".join(m.versions), m.platform, fmt(m.inputs), fmt(m.outputs))
-    console.print(t)
-
-
-@app.command()
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
     """Ask one ingress whether it is live and ready."""
 
@@ -347,10 +326,12 @@ from ._cli_chaos import app as _chaos_app  # noqa: E402
 from ._cli_cluster import app as _cluster_app  # noqa: E402
 from ._cli_region import app as _region_app  # noqa: E402
 from ._cli_devices import devices as _devices_cmd  # noqa: E402
+from ._cli_models import app as _models_app  # noqa: E402
 
 app.add_typer(_chaos_app, name="chaos")
 app.add_typer(_cluster_app, name="cluster")
 app.add_typer(_region_app, name="region")
+app.add_typer(_models_app, name="models")
 app.command(name="devices")(_devices_cmd)
 
 

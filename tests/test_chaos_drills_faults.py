@@ -1,7 +1,8 @@
 """Chaos library pieces that need no deployment (seconds): the fault and drill registries, partial
 packet loss on the proxy, the soak's fault cycle, the RSS plateau rule, and the CLI's refusals
-(model-swap unavailable, options a drill does not take). The drills themselves run in
-tests/test_drills_node.py, tests/test_region_failover.py and tests/test_chaos_drills_topology.py.
+(options a drill does not take). The drills themselves run in tests/test_drills_node.py,
+tests/test_region_failover.py, tests/test_chaos_drills_topology.py and (model-swap)
+tests/test_models_control.py.
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def test_every_fault_kind_of_the_issue_has_a_named_injector():
         get_fault("explode")
 
 
-async def test_topology_faults_refuse_a_single_node_and_model_swap_says_why():
+async def test_topology_faults_refuse_a_single_node_and_model_swap_a_topology():
     target = NodeTarget(node=None)
     for name in ("kill-nats-node", "gateway-latency", "gateway-drop", "gateway-degrade", "gateway-cut",
                  "isolate-region", "kill-region"):
         with pytest.raises(FaultUnavailable, match="topology"):
             await get_fault(name)(target)
-    with pytest.raises(FaultUnavailable, match="model swap under load does not exist yet"):
-        await get_fault("model-swap")(target)
+    with pytest.raises(FaultUnavailable, match="single node"):
+        await get_fault("model-swap")(object())  # not a NodeTarget (e.g. a topology): says why
 
 
 class _Echo:
@@ -154,11 +155,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def test_cli_model_swap_says_unavailable_without_a_traceback():
-    r = _cli("run", "model-swap", "--json")
-    assert r.returncode == 3, r
-    assert "model swap under load does not exist yet" in r.stderr and "Traceback" not in r.stderr
-    assert r.stdout == ""
+def test_cli_lists_model_swap_as_a_drill_that_runs():
+    r = _cli("list")
+    assert r.returncode == 0 and "model-swap" in r.stdout
+    assert "not available" not in r.stdout and "Traceback" not in r.stderr
 
 
 def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():

@@ -712,6 +712,7 @@ def test_exports():
         "DATATYPES", "Datatype", "ShmRef", "RequestInput", "RequestedOutput", "InferRequest",
         "ResponseOutput", "InferResponse", "TensorMetadata", "ModelMetadata", "ModelList",
         "Health",
+        "MODEL_OPS", "ModelControlRequest", "ModelControlReply",
         "MSGPACK", "JSON", "is_json", "decode_request", "encode_request", "decode_response",
         "encode_response", "encode", "decode",
         "numpy_dtype", "datatype_of", "input_to_numpy", "output_to_numpy", "input_from_numpy",

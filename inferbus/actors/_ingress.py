@@ -65,6 +65,7 @@ from ._common import announce_ready, error_message, run_actor, log, serving_gc, 
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
+from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
@@ -187,6 +188,8 @@ class Ingress:
         self._policy_cache: dict[str, tuple | None] = {}
         self._latency: dict[str, LatencyWindow] = {}
         self.max_request_bytes = config.max_request_bytes
+        self.model_ctl = IngressModels(self)
+        """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
@@ -544,6 +547,7 @@ class Ingress:
             return
         if isinstance(r, LoadReport):
             self.router.on_report(r)
+            self.model_ctl.on_report(r)
 
     async def _on_event(self, msg) -> None:
         try:
@@ -604,6 +608,10 @@ class Ingress:
             body = encode(ModelList(models=[model_metadata(m) for m in self.repo]), ct)
         else:
             name = subj[len(self.subjects.models) + 1:]
+            if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback)
+                model_name, _, op = name.partition(".")
+                self.model_ctl.submit(msg, model_name, op)
+                return
             model = self.repo.get(name)
             if model is None:
                 await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None)
@@ -665,6 +673,7 @@ class Ingress:
         await self.nc.subscribe(s.events, cb=self._on_event)
         await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
         await self.fencing.start(self.nc)
+        await self.model_ctl.start(self.nc)
         from nats.micro import add_service
 
         svc = await add_service(self.nc, name="inferbus-ingress", version="0.1.0",

@@ -91,31 +91,56 @@ class ModelRepository:
         self.models: dict[str, Model] = {}
         if not self.root.is_dir():
             raise RepositoryError(f"model repository {self.root} is not a folder")
-        backend = OnnxRuntimeBackend()
+        self._backend = OnnxRuntimeBackend()
         for cfg_path in sorted(self.root.glob("*/config.json")):
-            folder = cfg_path.parent
-            try:
-                raw = json.loads(cfg_path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise RepositoryError(f"{cfg_path}: {exc}") from exc
-            name = raw.get("name", folder.name)
-            if only and name not in only:
-                continue
-            known = set(ModelConfig.__dataclass_fields__) - {"extra"}
-            cfg = ModelConfig(**{k: v for k, v in raw.items() if k in known},
-                              extra={k: v for k, v in raw.items() if k not in known})
-            if cfg.default_version is not None:
-                object.__setattr__(cfg, "default_version", str(cfg.default_version))
-            versions = {}
-            for vdir in sorted(folder.iterdir()):
-                artifact = vdir / "model.onnx"
-                if vdir.is_dir() and vdir.name.isdigit() and artifact.is_file():
-                    sess = backend.load(artifact)
-                    versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
-                    sess.close()
-            if not versions:
-                raise RepositoryError(f"{folder}: no <version>/model.onnx found")
-            self.models[name] = Model(cfg, versions)
+            model = self._scan(cfg_path.parent, only)
+            if model is not None:
+                self.models[model.name] = model
+
+    def _scan(self, folder: Path, only: list[str] | None = None) -> Model | None:
+        """Read one model folder (config and every ``<version>/model.onnx``); None when ``only`` excludes it."""
+        cfg_path = folder / "config.json"
+        try:
+            raw = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RepositoryError(f"{cfg_path}: {exc}") from exc
+        name = raw.get("name", folder.name)
+        if only and name not in only:
+            return None
+        known = set(ModelConfig.__dataclass_fields__) - {"extra"}
+        cfg = ModelConfig(**{k: v for k, v in raw.items() if k in known},
+                          extra={k: v for k, v in raw.items() if k not in known})
+        if cfg.default_version is not None:
+            object.__setattr__(cfg, "default_version", str(cfg.default_version))
+        versions = {}
+        for vdir in sorted(folder.iterdir()):
+            artifact = vdir / "model.onnx"
+            if vdir.is_dir() and vdir.name.isdigit() and artifact.is_file():
+                try:
+                    sess = self._backend.load(artifact)
+                except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
+                    raise RepositoryError(f"{artifact}: {exc}") from exc
+                versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
+                sess.close()
+        if not versions:
+            raise RepositoryError(f"{folder}: no <version>/model.onnx found")
+        return Model(cfg, versions)
+
+    def scan_model(self, name: str) -> Model:
+        """Read the folder of model ``name`` again (model-management ``load``: a version added on disk
+        since start-up is found). Does not change :attr:`models`; blocking (reads each artifact's
+        metadata with ONNX Runtime, a few ms per version): call it off the event loop.
+
+        Raises:
+            RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, or it is malformed.
+        """
+        known = self.models.get(name)
+        folder = known.versions[next(iter(known.versions))].path.parent.parent if known else self.root / name
+        if "/" in name or name in ("", ".", "..") or not (folder / "config.json").is_file():
+            raise RepositoryError(f"no model folder {name!r} with a config.json under {self.root}")
+        model = self._scan(folder)
+        assert model is not None
+        return model
 
     def get(self, name: str) -> Model | None:
         return self.models.get(name)

@@ -75,6 +75,7 @@ from ._common import announce_ready, error_message, run_actor, log, serving_gc, 
 from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
+from ._models import WorkerModels
 from ._repository import ModelRepository
 
 _EWMA_ALPHA = 0.2
@@ -267,6 +268,8 @@ class Worker:
         self._rng = random.Random()
         self.fencing = Fencing(self.subjects)
         """Current fencing term; requests stamped with an older one are refused (UNAVAILABLE)."""
+        self.model_ctl = WorkerModels(self)
+        """Model management: loads and drains model versions as the serving states say."""
 
     # ---- loop side -------------------------------------------------------------------------
     async def _on_request(self, msg) -> None:
@@ -315,8 +318,9 @@ class Worker:
         if fenced is not None:
             await self._finish_now(job, fenced)
             return
-        if model_key not in self.sessions:
-            await self._finish_now(job, InvalidArgument(f"model {model_key} is not loaded on worker {self.config.worker_id}"), server_error=True)
+        unserved = self.model_ctl.refusal(model_key)
+        if unserved is not None:  # unloaded, draining or never loaded here: a client error, not the worker's
+            await self._finish_now(job, unserved)
             return
         rid = hdrs.get(H.REQUEST_ID)
         if rid:
@@ -545,6 +549,7 @@ class Worker:
             window_s=float(self.window.n), window_requests=reqs, window_errors=errs,
             error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled,
+            load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
         )
 
     async def _reporter(self) -> None:
@@ -562,6 +567,7 @@ class Worker:
         self._inline_wake = asyncio.Event()
         self.nc = await connect(self.config.bus, name=f"worker-{self.config.worker_id}")
         await self.fencing.start(self.nc)
+        await self.model_ctl.start(self.nc)
         from nats.micro import add_service
 
         svc = await add_service(self.nc, name="inferbus-worker", version="0.1.0",

@@ -8,7 +8,11 @@ Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingre
           ``<p>._cache.fill``      cache fills for the aggregator (queue group);
           ``<p>._events``          process lifecycle events from the node supervisor;
           ``<p>._region.hb.<r>``   region manager heartbeats (fencing term);
-          ``<p>._region.ctl.<r>``  operator requests to a region manager.
+          ``<p>._region.ctl.<r>``  operator requests to a region manager;
+          ``<p>._models.state``    model serving states (model-management writes, every actor listens);
+          ``<p>._models.get``      an actor starting up asks the ingresses for the current states.
+Model management (public): ``<p>.models.<model>.load``, ``.unload``, ``.default`` (queue group of the
+ingress actors, served by the ``models.>`` endpoint; see docs/models.md).
 """
 
 from __future__ import annotations
@@ -45,6 +49,20 @@ class Subjects:
     @property
     def models_all(self) -> str:
         return f"{self.prefix}.models.>"
+
+    def model_control(self, name: str, op: str) -> str:
+        """``<p>.models.<name>.<op>``, op ``load``, ``unload`` or ``default`` (model-management writes)."""
+        return f"{self.prefix}.models.{name}.{op}"
+
+    @property
+    def model_state(self) -> str:
+        """Model serving states (``ModelStates``), broadcast by the ingresses."""
+        return f"{self.prefix}._models.state"
+
+    @property
+    def model_state_get(self) -> str:
+        """Request the current model serving states from any ingress (answered with ``ModelStates``)."""
+        return f"{self.prefix}._models.get"
 
     @property
     def health(self) -> str:

@@ -17,6 +17,7 @@ from ._codec import (
     encode_response,
     is_json,
 )
+from ._control import MODEL_OPS, ModelControlReply, ModelControlRequest
 from ._errors import (
     DeadlineExceeded,
     ErrorCode,
@@ -86,6 +87,10 @@ __all__ = [
     "ModelMetadata",
     "ModelList",
     "Health",
+    # model management
+    "MODEL_OPS",
+    "ModelControlRequest",
+    "ModelControlReply",
     # codec
     "MSGPACK",
     "JSON",

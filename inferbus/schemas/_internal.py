@@ -77,6 +77,10 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     """What the runtime calls the device (``NVIDIA H200``, ``TPU v5 lite``); empty for CPU slots."""
     precisions: dict[str, str] = msgspec.field(default_factory=dict)
     """Served precision per ``name:version`` after the load-time check (``precision`` is ``mixed`` when they differ)."""
+    load_errors: dict[str, str] = msgspec.field(default_factory=dict)
+    """Per ``name:version`` this worker failed to load (at start or on a model-management ``load``): why."""
+    model_revisions: dict[str, int] = msgspec.field(default_factory=dict)
+    """Per model: revision of the serving state (``ModelState``) whose loads and drains this worker finished."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):
@@ -142,7 +146,28 @@ class FaultSet(_Base, tag="inferbus.v1.fault"):
     """Stop publishing load reports (a hung or partitioned worker, as the routers see it)."""
 
 
-InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent | Cancel | FaultSet
+class ModelState(msgspec.Struct, omit_defaults=True):
+    """The serving state of one model, as model-management writes set it (docs/models.md)."""
+
+    model: str
+    revision: int
+    """+1 per write to this model; the higher ``(revision, writer)`` wins (0 = as the repository says)."""
+    writer: str
+    """Ingress id that made the write (tie-break between two writes of the same revision)."""
+    versions: list[str]
+    """Versions to serve: workers hold a session for each, ingresses accept requests naming them."""
+    default_version: str
+    """Version that serves requests naming none."""
+
+
+class ModelStates(_Base, tag="inferbus.v1.model_states"):
+    """Model serving states, on ``<p>._models.state`` (after each write and every few seconds) and as the
+    answer to ``<p>._models.get`` (an actor starting up asks its peers for the current states)."""
+
+    items: list[ModelState]
+
+
+InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent | Cancel | FaultSet | ModelStates
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(InternalMessage)

@@ -1,0 +1,98 @@
+"""``inferbus models``: list the served models; load, unload and set the default model version at run time.
+
+``inferbus models``                          the served models' OIP v2 metadata (a table);
+``inferbus models load NAME [--version V]``  load a version from the model repository folder (all versions
+                                             on disk not served yet without ``--version``);
+``inferbus models unload NAME --version V``  drain and drop a version (not the default);
+``inferbus models default NAME V``           the version that serves requests naming none.
+
+Writes go to ``<p>.models.<model>.<op>`` (docs/models.md); a refused write prints its typed error on one
+line and exits 2.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, invoke_without_command=True,
+                  help="Served models; load, unload and default model versions at run time.")
+
+_NATS = typer.Option("nats://127.0.0.1:4222", help="NATS server(s), comma-separated.")
+_PREFIX = typer.Option("inferbus", help="Subject prefix.")
+_TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits for every worker).")
+
+
+@app.callback()
+def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
+    """List the served models with their inputs and outputs (OIP v2 metadata)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.table import Table
+
+    from .cli import _call, _one_shot_client, console
+
+    async def go():
+        async with await _one_shot_client(nats_url, prefix) as c:
+            return await c.models()
+
+    ml = _call(go)
+    t = Table(title="models")
+    for col in ("name", "versions", "platform", "inputs", "outputs"):
+        t.add_column(col)
+    fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
+    for m in ml.models:
+        t.add_row(m.name, ",".join(m.versions), m.platform, fmt(m.inputs), fmt(m.outputs))
+    console.print(t)
+
+
+def _write(op: str, name: str, version: Optional[str], nats_url: str, prefix: str, timeout_s: float,
+           as_json: bool) -> None:
+    from .cli import _call, _one_shot_client, console
+    from .model_admin import model_control
+
+    async def go():
+        async with await _one_shot_client(nats_url, prefix) as c:
+            return await model_control(c, op, name, version, timeout_s=timeout_s)
+
+    r = _call(go)
+    if as_json:
+        import msgspec
+
+        console.print_json(msgspec.json.encode(r).decode())
+        return
+    what = f"{op} {name}" + (f" version {r.version}" if r.version else "")
+    state = "done" if r.changed else "nothing to do"
+    console.print(f"{what}: {state} in {r.elapsed_ms:.1f} ms; serving versions {','.join(r.versions)}, "
+                  f"default {r.default_version} (revision {r.revision})", markup=False, highlight=False)
+    for wid, outcome in sorted(r.workers.items()):
+        console.print(f"  {wid}: {outcome}", markup=False, highlight=False)
+
+
+@app.command()
+def load(name: str = typer.Argument(..., help="Model name."),
+         version: Optional[str] = typer.Option(None, help="Version to load (default: every version on disk not "
+                                               "served yet)."),
+         nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+         as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
+    """Load a model version from the repository folder on every worker; returns when they have it."""
+    _write("load", name, version, nats_url, prefix, timeout, as_json)
+
+
+@app.command()
+def unload(name: str = typer.Argument(..., help="Model name."),
+           version: str = typer.Option(..., help="Version to unload (not the default)."),
+           nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+           as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
+    """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers."""
+    _write("unload", name, version, nats_url, prefix, timeout, as_json)
+
+
+@app.command()
+def default(name: str = typer.Argument(..., help="Model name."),
+            version: str = typer.Argument(..., help="Version that serves requests naming none."),
+            nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+            as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
+    """Make VERSION the default version of NAME (it must be loaded on every worker serving NAME)."""
+    _write("default", name, version, nats_url, prefix, timeout, as_json)

@@ -1,0 +1,553 @@
+"""Model management at run time: load, unload and default model versions without a restart.
+
+Public subjects (queue group of the ingress actors; body :class:`ModelControlRequest`,
+MessagePack or JSON; answer :class:`ModelControlReply` or a typed error reply):
+
+* ``<p>.models.<model>.load``    load a version (all versions on disk not yet served when none is
+  given) from the model repository folder; answered once every required worker loaded it;
+* ``<p>.models.<model>.unload``  stop serving a version: the ingresses refuse it at once
+  (NOT_FOUND), workers drain it (requests already forwarded finish), then drop its session;
+  answered once every required worker has dropped it. The default version cannot be unloaded;
+* ``<p>.models.<model>.default`` the version that serves requests naming none; accepted only
+  when every required worker has it loaded.
+
+"Required workers" are the workers live when the write arrives that serve some version of the
+model (every live worker when none does). The serving state of a model (:class:`ModelState`:
+versions, default version, revision) is set by the ingress that takes the write, applied there
+first and then broadcast on ``<p>._models.state``; every ingress and worker applies the state
+with the highest ``(revision, writer)`` it has seen. Ingresses re-broadcast their written states
+every :data:`BROADCAST_PERIOD_S`, and an actor starting up (a restarted worker or ingress) asks for
+them on ``<p>._models.get`` before it announces READY, so a restart does not undo a write.
+Workers report per model the revision they have fully applied (``LoadReport.model_revisions``)
+and the versions they failed to load (``LoadReport.load_errors``); the ingress waits on those.
+
+Writes are gated by region role: accepted only where this region's manager announces
+``model_writes`` (the primary region), or always when no region manager is heard at all (a
+single node). Elsewhere the answer is UNAVAILABLE naming the primary region.
+
+Concurrency: one ingress serialises its own writes; two writes to one model taken by two
+ingress replicas at the same moment can get the same revision, and then the writer id decides
+which state wins everywhere (the other write is lost, and its reply says a revision that lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from ..accelerators import batch_buckets, load_checked
+from ..bus import headers as H
+from ..schemas import (
+    MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
+    NotFound, Unavailable, decode, encode, is_json,
+)
+from ..schemas._internal import InternalDecodeError, LoadReport, ModelState, ModelStates, decode_internal, encode_internal
+from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decode_region
+from ._common import log
+from ._repository import Model, RepositoryError
+
+BROADCAST_PERIOD_S = 2.0
+"""Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
+REGION_HB_FRESH_S = 2.0
+"""A region manager heartbeat older than this (seconds) no longer counts for the write gate."""
+DEFAULT_BUDGET_MS = 60_000.0
+"""Budget of a model-management request without ``Inferbus-Timeout-Ms``, ms."""
+STATE_FETCH_TIMEOUT_S = 0.5
+"""How long an actor starting up waits for an ingress to send the current states, seconds."""
+DRAIN_TIMEOUT_S = 60.0
+"""A worker drops an unloaded version's session after at most this long even if requests remain, seconds."""
+
+
+def _vkey(v: str) -> tuple[int, str]:
+    return (len(v), v)  # numeric version folders: shorter is smaller
+
+
+def _newer(a: ModelState, b: ModelState | None) -> bool:
+    return b is None or (a.revision, a.writer) > (b.revision, b.writer)
+
+
+def _initial_state(model: Model) -> ModelState:
+    """Revision 0: every version in the repository folder, the configured default."""
+    return ModelState(model.name, 0, "", sorted(model.versions, key=_vkey), model.default_version)
+
+
+async def fetch_states(nc, subjects) -> list[ModelState]:
+    """Ask any ingress for the current model states (``<p>._models.get``); [] when none answers in time."""
+    try:
+        msg = await nc.request(subjects.model_state_get, b"", timeout=STATE_FETCH_TIMEOUT_S)
+        m = decode_internal(msg.data)
+    except Exception:  # no ingress yet (first start), timeout, garbage: the repository's state stands
+        return []
+    return list(m.items) if isinstance(m, ModelStates) else []
+
+
+class IngressModels:
+    """The ingress side: serving states, the write gate, and the model-management requests.
+
+    Runs on the ingress's event loop. It changes the ingress's view of the repository
+    (``ingress.repo.models[name]`` holds only the served versions, with the current default), so
+    the hot path resolves versions exactly as before.
+    """
+
+    def __init__(self, ingress) -> None:
+        self.ing = ingress
+        self.subjects = ingress.subjects
+        self.writer = ingress.config.ingress_id
+        self.region = ingress.config.region
+        self.disk: dict[str, Model] = dict(ingress.repo.models)
+        """Every model as last read from its folder (all versions on disk)."""
+        self.states: dict[str, ModelState] = {m.name: _initial_state(m) for m in ingress.repo}
+        self.reports: dict[str, LoadReport] = {}
+        self.region_hb: dict[str, tuple[float, RegionHeartbeat]] = {}
+        self.writes = {"accepted": 0, "refused": 0}
+        self._apply_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._report_seen = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.nc = None
+
+    # ---- start-up -------------------------------------------------------------------------------
+    async def start(self, nc) -> None:
+        """Subscribe (states, state requests, region heartbeats) and adopt the peers' current states."""
+        self.nc = nc
+        await nc.subscribe(self.subjects.model_state, cb=self._on_states)
+        await nc.subscribe(self.subjects.model_state_get, cb=self._on_get)
+        await nc.subscribe(self.subjects.region_heartbeats, cb=self._on_region_hb)
+        for st in await fetch_states(nc, self.subjects):
+            await self.apply(st)
+        self._spawn(self._broadcaster())
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---- state --------------------------------------------------------------------------------
+    async def apply(self, st: ModelState) -> bool:
+        """Serve ``st`` if it is newer than the state known for its model; returns whether it was applied.
+
+        Re-reads the model's folder when the state names a version (or model) not read yet; a state
+        that names versions not on disk here, or a default it does not serve, is ignored (logged).
+        """
+        async with self._apply_lock:
+            if not _newer(st, self.states.get(st.model)) or not self._serves(st.model):
+                return False
+            m = self.disk.get(st.model)
+            if m is None or any(v not in m.versions for v in st.versions):
+                try:
+                    m = await asyncio.to_thread(self.ing.repo.scan_model, st.model)
+                except RepositoryError as exc:
+                    log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
+                    return False
+                self.disk[st.model] = m
+            versions = {v: m.versions[v] for v in st.versions if v in m.versions}
+            if len(versions) != len(st.versions) or st.default_version not in versions:
+                log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: versions "
+                    f"{st.versions} default {st.default_version} vs {sorted(m.versions)} on disk")
+                return False
+            served = Model(dataclasses.replace(m.config, default_version=st.default_version), versions)
+            ing = self.ing
+            hedge = None
+            old = ing.repo.models.get(st.model)
+            if old is not None:
+                hedge = ing._model_hedge.get(old.version(None).key)
+            for mv in versions.values():
+                ing._inputs[mv.key] = {t.name: t for t in mv.inputs}
+                ing._outputs[mv.key] = {t.name for t in mv.outputs}
+                ing._model_hedge.setdefault(mv.key, hedge)
+            ing.repo.models[st.model] = served
+            from ._ingress import model_metadata
+
+            ing._meta_cache[st.model] = encode(model_metadata(served))
+            self.states[st.model] = st
+            log(f"ingress {self.writer}: model {st.model} r{st.revision}: versions {st.versions}, "
+                f"default {st.default_version}")
+            return True
+
+    async def _on_states(self, msg) -> None:
+        try:
+            m = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(m, ModelStates):
+            for st in m.items:
+                if _newer(st, self.states.get(st.model)):
+                    self._spawn(self.apply(st))
+
+    async def _on_get(self, msg) -> None:
+        if msg.reply:
+            items = [s for s in self.states.values() if s.revision > 0]
+            await self.nc.publish(msg.reply, encode_internal(ModelStates(items)))
+
+    async def _broadcaster(self) -> None:
+        while True:
+            await asyncio.sleep(BROADCAST_PERIOD_S)
+            items = [s for s in self.states.values() if s.revision > 0]
+            if items:
+                try:
+                    await self.nc.publish(self.subjects.model_state, encode_internal(ModelStates(items)))
+                except Exception as exc:
+                    log(f"ingress {self.writer}: model state broadcast failed: {exc!r}")
+
+    def _serves(self, model: str) -> bool:
+        """False for a model outside this ingress's configured ``models`` (when it has such a list)."""
+        only = self.ing.config.models
+        return not only or model in only
+
+    def on_report(self, r: LoadReport) -> None:
+        """A worker's load report (the ingress's ``_on_load`` calls this)."""
+        self.reports[r.worker_id] = r
+        self._report_seen.set()
+
+    # ---- write gate ---------------------------------------------------------------------------
+    async def _on_region_hb(self, msg) -> None:
+        try:
+            hb = decode_region(msg.data)
+        except RegionDecodeError:
+            return
+        if isinstance(hb, RegionHeartbeat):
+            self.region_hb[hb.region] = (time.monotonic(), hb)
+
+    def write_refusal(self, now: float | None = None) -> InferbusError | None:
+        """None when model-management writes are accepted here, else the error to answer with.
+
+        Accepted when this region's manager announced ``model_writes`` within
+        :data:`REGION_HB_FRESH_S`, or when no region manager was ever heard (a single node).
+        """
+        if not self.region_hb:
+            return None
+        now = time.monotonic() if now is None else now
+        own = self.region_hb.get(self.region)
+        if own is not None and now - own[0] <= REGION_HB_FRESH_S and own[1].model_writes:
+            return None
+        primaries = sorted(r for r, (t, hb) in self.region_hb.items()
+                           if hb.role == PRIMARY and now - t <= REGION_HB_FRESH_S)
+        if own is None:
+            why = "no region manager of this region heard"
+        elif now - own[0] > REGION_HB_FRESH_S:
+            why = f"its region manager silent for {now - own[0]:.1f} s"
+        else:
+            why = f"region {self.region} is {own[1].role}"
+        return Unavailable(f"model-management writes are accepted only in the primary region "
+                           f"({', '.join(primaries) or 'none known now'}); this ingress is in region "
+                           f"{self.region or '(none)'} ({why}); send the request to the primary region",
+                           field="region", retry_after_ms=1000)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def submit(self, msg, model: str, op: str) -> None:
+        """Answer ``msg`` (``<p>.models.<model>.<op>``) in a task of its own: a load can take seconds and
+        must not hold up the subscription's callback (metadata requests share it)."""
+        self._spawn(self.handle(msg, model, op))
+
+    async def handle(self, msg, model: str, op: str) -> None:
+        """Answer one model-management request (``<p>.models.<model>.<op>``); never raises."""
+        t0 = time.monotonic()
+        hdrs = msg.headers or {}
+        ct = hdrs.get(H.CONTENT_TYPE)
+        if not msg.reply:
+            return
+        try:
+            if op not in MODEL_OPS:
+                raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
+            req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
+            if req.version is not None and not (req.version.isdigit() and len(req.version) < 20):
+                raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
+                                      field="version")
+            refused = self.write_refusal()
+            if refused is not None:
+                self.writes["refused"] += 1
+                raise refused
+            deadline = H.deadline_from_headers(hdrs, t0, DEFAULT_BUDGET_MS)
+            async with self._write_lock:
+                if op == "load":
+                    reply = await self._load(model, req.version, deadline)
+                elif op == "unload":
+                    reply = await self._unload(model, req.version, deadline)
+                else:
+                    reply = await self._default(model, req.version)
+            self.writes["accepted"] += 1
+            reply.elapsed_ms = round((time.monotonic() - t0) * 1000, 1)
+            body = encode(reply, ct)
+            await self.nc.publish(msg.reply, body, headers={
+                H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack"})
+        except InferbusError as err:
+            await self.ing._error(msg.reply, err, ct, None)
+        except Exception as exc:  # never let a request kill the actor
+            log(f"ingress {self.writer}: model {op} {model} failed: {exc!r}")
+            await self.ing._error(msg.reply, Internal(f"model {op} failed: {type(exc).__name__}: {exc}"), ct, None)
+
+    def _known(self, model: str) -> ModelState:
+        st = self.states.get(model)
+        if st is None:
+            raise NotFound(f"unknown model {model!r}; models: {sorted(self.states)}", field="model")
+        return st
+
+    def _required(self, model: str, now: float) -> list[str]:
+        """Live workers serving some version of ``model`` (every live worker when none does)."""
+        router = self.ing.router
+        live = [w for w in router.workers.values() if router.live(w, now)]
+        holding = [w.worker_id for w in live if any(k.rpartition(":")[0] == model for k in w.models)]
+        return sorted(holding or [w.worker_id for w in live])
+
+    async def _publish(self, st: ModelState) -> None:
+        await self.apply(st)
+        await self.nc.publish(self.subjects.model_state, encode_internal(ModelStates([st])))
+
+    def _next(self, model: str, versions, default: str) -> ModelState:
+        cur = self.states.get(model)
+        return ModelState(model, (cur.revision if cur else 0) + 1, self.writer, sorted(versions, key=_vkey), default)
+
+    async def _wait_applied(self, workers: list[str], model: str, revision: int, deadline: float
+                            ) -> dict[str, LoadReport | None]:
+        """Wait until each worker reports ``revision`` of ``model`` applied (None: gone or out of time)."""
+        router = self.ing.router
+        out: dict[str, LoadReport | None] = {}
+        pending = set(workers)
+        while pending:
+            now = time.monotonic()
+            for wid in list(pending):
+                r = self.reports.get(wid)
+                w = router.workers.get(wid)
+                if r is not None and r.model_revisions.get(model, 0) >= revision:
+                    out[wid] = r
+                    pending.discard(wid)
+                elif w is None or not router.live(w, now):
+                    out[wid] = None
+                    pending.discard(wid)
+            if not pending or now >= deadline:
+                break
+            self._report_seen.clear()
+            try:
+                await asyncio.wait_for(self._report_seen.wait(), min(0.2, max(deadline - now, 0.001)))
+            except asyncio.TimeoutError:
+                pass
+        for wid in pending:
+            out[wid] = None
+        return out
+
+    async def _load(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
+        if not self._serves(model):
+            raise NotFound(f"model {model!r} is not among the models this deployment serves "
+                           f"({sorted(self.ing.config.models)})", field="model")
+        try:
+            m = await asyncio.to_thread(self.ing.repo.scan_model, model)
+        except RepositoryError as exc:
+            raise NotFound(str(exc), field="model") from None
+        self.disk[model] = m
+        if version is not None and version not in m.versions:
+            raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
+                           f"{sorted(m.versions, key=_vkey)}", field="version")
+        cur = self.states.get(model)
+        served = set(cur.versions) if cur else set()
+        todo = sorted({version} if version is not None else set(m.versions) - served, key=_vkey)
+        todo = [v for v in todo if v not in served]
+        if not todo:
+            return ModelControlReply(model, "load", list(cur.versions), cur.default_version, cur.revision,
+                                     version=version, changed=False)
+        default = cur.default_version if cur else (m.default_version if m.default_version in todo else todo[-1])
+        required = self._required(model, time.monotonic())
+        st = self._next(model, served | set(todo), default)
+        await self._publish(st)
+        done = await self._wait_applied(required, model, st.revision, deadline)
+        keys = [f"{model}:{v}" for v in todo]
+        workers: dict[str, str] = {}
+        loaded_somewhere = {k: False for k in keys}
+        timed_out = []
+        for wid, r in done.items():
+            if r is None:
+                w = self.ing.router.workers.get(wid)
+                if w is not None and self.ing.router.live(w, time.monotonic()):
+                    timed_out.append(wid)
+                    workers[wid] = "still loading"
+                else:
+                    workers[wid] = "gone (not live)"
+                continue
+            failed = [f"{k}: {r.load_errors[k]}" for k in keys if k in r.load_errors and k not in r.models]
+            for k in keys:
+                if k in r.models:
+                    loaded_somewhere[k] = True
+            workers[wid] = "failed: " + "; ".join(failed) if failed else "loaded"
+        if timed_out:
+            raise DeadlineExceeded(f"load of {keys} not finished within the request's budget on {timed_out}; "
+                                   f"they keep loading (see inferbus models)")
+        dead = [k for k, ok in loaded_somewhere.items() if not ok and required]
+        if dead:
+            # no required worker could load it: stop announcing it (requests would find no worker)
+            back = self._next(model, [v for v in st.versions if f"{model}:{v}" not in dead], st.default_version)
+            if back.versions:
+                await self._publish(back)
+            raise Internal(f"no worker could load {dead}: {workers}", field="version")
+        return ModelControlReply(model, "load", list(st.versions), st.default_version, st.revision,
+                                 version=version, workers=workers)
+
+    async def _unload(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
+        cur = self._known(model)
+        if version is None:
+            raise InvalidArgument("unload needs a version (--version V)", field="version")
+        if version not in cur.versions:
+            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions}",
+                           field="version")
+        if version == cur.default_version:
+            raise InvalidArgument(f"version {version} is the default of {model!r}; make another version the "
+                                  f"default first (inferbus models default {model} V)", field="version")
+        required = self._required(model, time.monotonic())
+        st = self._next(model, [v for v in cur.versions if v != version], cur.default_version)
+        await self._publish(st)
+        done = await self._wait_applied(required, model, st.revision, deadline)
+        workers = {wid: ("drained" if r is not None else "gone or still draining") for wid, r in done.items()}
+        return ModelControlReply(model, "unload", list(st.versions), st.default_version, st.revision,
+                                 version=version, workers=workers)
+
+    async def _default(self, model: str, version: str | None) -> ModelControlReply:
+        cur = self._known(model)
+        if version is None:
+            raise InvalidArgument("default needs a version", field="version")
+        if version not in cur.versions:
+            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions} "
+                           f"(load it first)", field="version")
+        if version == cur.default_version:
+            return ModelControlReply(model, "default", list(cur.versions), cur.default_version, cur.revision,
+                                     version=version, changed=False)
+        now = time.monotonic()
+        key = f"{model}:{version}"
+        required = self._required(model, now)
+        router = self.ing.router
+        missing = [wid for wid in required if key not in router.workers[wid].models]
+        if not required or missing:
+            raise Unavailable(f"{key} is not loaded on every live worker serving {model!r} yet (missing on "
+                              f"{missing or 'every worker: none is live'}); retry once its load finished",
+                              field="version", retry_after_ms=100)
+        st = self._next(model, cur.versions, version)
+        await self._publish(st)
+        return ModelControlReply(model, "default", list(st.versions), st.default_version, st.revision,
+                                 version=version, workers={wid: "loaded" for wid in required})
+
+
+class WorkerModels:
+    """The worker side: loads and drains model versions as the serving states say, off the serving loop.
+
+    Loading (repository read, session creation, precision check, warm-up) runs in a thread; the
+    session is published to the worker's tables only when ready. Draining marks the version so that
+    new requests for it are answered NOT_FOUND, waits until none of its requests is queued or
+    running, then drops the session.
+    """
+
+    def __init__(self, worker) -> None:
+        self.w = worker
+        self.subjects = worker.subjects
+        self.states: dict[str, ModelState] = {}
+        self.applied: dict[str, int] = {}
+        """Per model: the revision whose loads and drains have all finished (reported to the ingresses)."""
+        self.draining: set[str] = set()
+        """``name:version`` keys being drained: new requests for them are refused (NOT_FOUND)."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, nc) -> None:
+        """Subscribe to the states and apply the peers' current ones (before READY)."""
+        await nc.subscribe(self.subjects.model_state, cb=self._on_states)
+        for st in await fetch_states(nc, self.subjects):
+            self._take(st)
+
+    def refusal(self, model_key: str) -> NotFound | None:
+        """NOT_FOUND for a request naming a version this worker does not serve (or is draining)."""
+        if model_key in self.w.sessions and model_key not in self.draining:
+            return None
+        return NotFound(f"model version {model_key} is not served by worker {self.w.config.worker_id} "
+                        f"(unloaded or not loaded)", field="model_version")
+
+    async def _on_states(self, msg) -> None:
+        try:
+            m = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(m, ModelStates):
+            for st in m.items:
+                self._take(st)
+
+    def _take(self, st: ModelState) -> None:
+        if self.w.config.models and st.model not in self.w.config.models:
+            return  # this worker serves a configured subset of the models
+        if _newer(st, self.states.get(st.model)):
+            self.states[st.model] = st
+            t = asyncio.ensure_future(self._apply(st.model))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _apply(self, model: str) -> None:
+        lock = self._locks.setdefault(model, asyncio.Lock())
+        async with lock:
+            st = self.states[model]
+            if self.applied.get(model, -1) >= st.revision and st.revision > 0 and self._in_line(st):
+                return
+            want = {f"{model}:{v}" for v in st.versions}
+            have = {k for k in self.w.sessions if k.rpartition(":")[0] == model}
+            await asyncio.gather(*[self._load(model, k) for k in sorted(want - have)],
+                                 *[self._drain(k) for k in sorted(have - want)])
+            self.applied[model] = st.revision
+
+    def _in_line(self, st: ModelState) -> bool:
+        have = {k for k in self.w.sessions if k.rpartition(":")[0] == st.model}
+        return have == {f"{st.model}:{v}" for v in st.versions}
+
+    def _open(self, model: Model, version: str, max_batch: int):
+        """Blocking (a thread): session for ``model``/``version``, precision-checked and warmed up."""
+        w = self.w
+        mv = model.versions[version]
+        sess = load_checked(w.backend, mv.path, precision=w.config.precision, device_kind=w.config.device_kind,
+                            device_index=w.config.device_index, reference_path=model.data_path(w.repo.root))
+        sess.warmup(batch_buckets(max_batch) if max_batch > 1 else (1,))
+        return mv, sess
+
+    async def _load(self, model: str, key: str) -> None:
+        w = self.w
+        version = key.rpartition(":")[2]
+        w.load_errors.pop(key, None)
+        t0 = time.monotonic()
+        try:
+            m = await asyncio.to_thread(w.repo.scan_model, model)
+            if version not in m.versions:
+                raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
+            mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size
+            mv, sess = await asyncio.to_thread(self._open, m, version, mb)
+        except Exception as exc:  # ModelLoadError, RepositoryError, a runtime error: reported, not fatal
+            w.load_errors[key] = f"{type(exc).__name__}: {exc}"
+            log(f"worker {w.config.worker_id}: load {key} failed: {exc}")
+            return
+        w.repo.models[model] = m
+        w.versions[key] = mv
+        w.max_batch[key] = mb
+        w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
+        w._specs[key] = {t.name: t for t in mv.inputs}
+        w.sessions[key] = sess  # last: from here on requests for it are accepted
+        if w.device is None:
+            w.device = sess.device
+        log(f"worker {w.config.worker_id}: loaded {key} at {sess.precision} in {(time.monotonic() - t0) * 1000:.0f} ms")
+
+    def _busy(self, key: str) -> bool:
+        """Some request for ``key`` is queued, joined or running (read on the loop)."""
+        w = self.w
+        if any(j.model_key == key for j in list(w.by_seq.values())):
+            return True
+        if any(j.model_key == key for j in list(w.in_progress.values())):
+            return True
+        with w.mailbox.mutex:
+            return any(j.model_key == key for j in w.mailbox.queue)
+
+    async def _drain(self, key: str) -> None:
+        w = self.w
+        self.draining.add(key)
+        t0 = time.monotonic()
+        while self._busy(key) and time.monotonic() - t0 < DRAIN_TIMEOUT_S:
+            await asyncio.sleep(0.01)
+        sess = w.sessions.pop(key, None)
+        for table in (w.versions, w.max_batch, w._bytes_inputs, w._specs):
+            table.pop(key, None)
+        self.draining.discard(key)
+        if sess is not None:
+            try:
+                sess.close()
+            except Exception:
+                pass
+        log(f"worker {w.config.worker_id}: unloaded {key} (drained in {(time.monotonic() - t0) * 1000:.0f} ms)")

@@ -1,0 +1,245 @@
+"""Model management at run time (docs/models.md): load, unload and default model versions on a running
+deployment, through the CLI and through NATS; writes gated by region role; the model-swap drill, short.
+
+Real processes only: ``inferbus up`` (embedded nats-server + Valkey, 2 workers, 2 ingress replicas, so a
+write taken by one ingress must reach the other through the broadcast serving state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import msgspec
+import numpy as np
+import pytest
+
+from chaos.load import Driver
+from chaos.node_drills import DrillOptions, model_swap
+from conftest import MODELS, ROOT, start_deployment
+from inferbus.actors import ModelRepository, Node, NodeConfig
+from inferbus.bus import Subjects
+from inferbus.client import Client
+from inferbus.loadgen import Workload
+from inferbus.model_admin import model_control
+from inferbus.schemas import InvalidArgument, NotFound, Unavailable, decode_error
+from inferbus.schemas._region import PRIMARY, STANDBY, RegionHeartbeat, encode_region
+
+pytestmark = [pytest.mark.anyio]
+
+PREFIX = "mm"
+mp = msgspec.msgpack.encode
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    d = start_deployment(tmp_path_factory.mktemp("models-control"), workers=2, prefix=PREFIX,
+                         extra=["--ingress", "2", "--no-cache"])
+    yield d
+    d.stop()
+
+
+def cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", "models", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture(scope="module")
+def refs():
+    repo = ModelRepository(MODELS, ["digits"])
+    w1 = Workload(repo, "digits", "1", pool=8)
+    w2 = Workload(repo, "digits", "2", pool=8)
+    return w1.inputs, {"1": w1.reference, "2": w2.reference}
+
+
+def _check(res, i, refs) -> None:
+    inputs, by_version = refs
+    want = by_version[res.model_version][i]
+    np.testing.assert_allclose(res.outputs["logits"], want["logits"], rtol=1e-4, atol=1e-5)
+
+
+async def _wait_default(client, version: str, refs, timeout_s: float = 10.0) -> None:
+    """Until both ingress replicas answer unversioned requests from ``version`` (the broadcast arrived)."""
+    inputs, _ = refs
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while seen < 8:  # 8 answers in a row from the new default: both queue-group members have it
+        assert time.monotonic() < deadline, f"default {version} not served everywhere within {timeout_s}s"
+        res = await client.infer_result("digits", inputs[0], timeout_s=2.0)
+        seen = seen + 1 if res.model_version == version else 0
+
+
+def test_cli_load_unload_default(dep, refs):
+    url = ["--nats-url", dep.nats_url, "--prefix", PREFIX]
+    p = cli("default", "digits", "2", *url)
+    assert p.returncode == 0, p.stderr
+    assert "default 2" in p.stdout and "revision" in p.stdout
+    p = cli("unload", "digits", "--version", "1", *url, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["versions"] == ["2"] and r["default_version"] == "2"
+    assert sorted(r["workers"]) == ["n1-w0", "n1-w1"] and set(r["workers"].values()) == {"drained"}
+    p = cli(*url)  # the listing shows what is served now
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if " digits " in f" {line} ")
+    assert " 2 " in row and "1,2" not in row
+    p = cli("unload", "digits", "--version", "2", *url)  # the default cannot be unloaded
+    assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "Traceback" not in p.stderr
+    p = cli("load", "nosuchmodel", *url)
+    assert p.returncode == 2 and "NOT_FOUND" in p.stderr
+    p = cli("load", "digits", "--version", "1", *url, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["versions"] == ["1", "2"] and set(r["workers"].values()) == {"loaded"}, r
+    p = cli("default", "digits", "1", *url)
+    assert p.returncode == 0, p.stderr
+    p = cli("default", "digits", "1", *url)  # idempotent
+    assert p.returncode == 0 and "nothing to do" in p.stdout
+
+
+@pytest.mark.timeout(120)
+async def test_nats_control_not_found_after_unload_and_bad_input(dep, refs):
+    inputs, _ = refs
+    async with await Client.connect(dep.nats_url, PREFIX) as client:
+        s = Subjects(PREFIX)
+        # a plain NATS request with a JSON body works like the CLI (nats req by hand)
+        msg = await client.nc.request(s.model_control("digits", "load"), b'{"version": "9"}', timeout=10,
+                                      headers={"Content-Type": "application/json"})
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, NotFound) and err.field == "version"
+        for subject, body, kind in [(s.model_control("digits", "bogus"), b"", NotFound),
+                                    (s.model_control("nosuch", "unload"), mp({"version": "1"}), NotFound),
+                                    (s.model_control("digits", "unload"), b"\xc1junk", InvalidArgument),
+                                    (s.model_control("digits", "default"), mp({"version": "x/.."}), InvalidArgument),
+                                    (s.model_control("digits", "unload"), mp({}), InvalidArgument)]:
+            msg = await client.nc.request(subject, body, timeout=10)
+            assert isinstance(decode_error(msg.headers, msg.data), kind), (subject, body, msg.data)
+        r = await model_control(client, "unload", "digits", "2", timeout_s=30)
+        assert r.versions == ["1"] and r.default_version == "1" and r.changed
+        # every ingress refuses the unloaded version at once with NOT_FOUND (no timeout, no retry)
+        for _ in range(6):
+            t0 = time.monotonic()
+            with pytest.raises(NotFound):
+                await client.infer("digits", inputs[0], version="2", timeout_s=5.0)
+            assert time.monotonic() - t0 < 4.0  # well inside the 5 s budget: refused, not timed out
+        assert (await client.model("digits")).versions == ["1"]
+        res = await client.infer_result("digits", inputs[1], version="1", timeout_s=5.0)
+        _check(res, 1, refs)
+        r = await model_control(client, "load", "digits", timeout_s=60)  # every version on disk not served
+        assert r.versions == ["1", "2"] and set(r.workers.values()) == {"loaded"}
+        for i in range(4):
+            res = await client.infer_result("digits", inputs[i], version="2", timeout_s=5.0)
+            assert res.model_version == "2"
+            _check(res, i, refs)
+        assert (await client.model("digits")).versions == ["1", "2"]
+
+
+@pytest.mark.timeout(120)
+async def test_default_swap_under_light_load_every_answer_matches_its_version(dep, refs):
+    inputs, by_version = refs
+    async with await Client.connect(dep.nats_url, PREFIX) as client:
+        driver = Driver(client, "digits", inputs, by_version["1"], rate_qps=40, timeout_s=2.0,
+                        references_by_version=by_version)
+        load = asyncio.create_task(driver.run(4.0))
+        await asyncio.sleep(1.0)
+        r = await model_control(client, "default", "digits", "2", timeout_s=10)
+        assert r.default_version == "2"
+        await asyncio.sleep(1.5)
+        r = await model_control(client, "default", "digits", "1", timeout_s=10)
+        assert r.default_version == "1"
+        await load
+        f = driver.figures("swap")
+        print(f.to_dict())
+        assert f.requests >= 100
+        assert f.failed == 0 and f.wrong == 0, f.errors
+        assert f.extra["answers_by_version"].get("2", 0) > 0 and f.extra["answers_by_version"].get("1", 0) > 0
+        await _wait_default(client, "1", refs)
+
+
+@pytest.mark.timeout(120)
+async def test_writes_refused_on_a_standby_region(nats_server, tmp_path, refs):
+    """The gate with real actors and a real NATS: the region managers' heartbeats are published by the test
+    (the same messages a manager sends), region B standby, A primary."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=("digits",), workers=1, ingress=1, nats_url=nats_server.url,
+                     no_cache=True, prefix="gate", region="B", run_dir=str(tmp_path / "run"))
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "gate")
+        try:
+            # no region manager heard: a single node, writes accepted
+            r = await model_control(client, "load", "digits", "1", timeout_s=10)
+            assert not r.changed
+            role = {"B": (STANDBY, False)}
+            stop = asyncio.Event()
+
+            async def managers():
+                seq = 0
+                while not stop.is_set():
+                    seq += 1
+                    for region, (rl, writes) in [("A", (PRIMARY, True)), ("B", role["B"])]:
+                        hb = RegionHeartbeat(region=region, role=rl, term=0, lease_rev=7, seq=seq,
+                                             manager_id=f"{region}-test", lease_holder="A", model_writes=writes)
+                        await client.nc.publish(Subjects("gate").region_heartbeat(region), encode_region(hb))
+                    await asyncio.sleep(0.05)
+
+            hb_task = asyncio.create_task(managers())
+            try:
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        await model_control(client, "default", "digits", "2", timeout_s=5)
+                    except Unavailable as exc:
+                        err = exc
+                        break
+                    assert time.monotonic() < deadline, "writes still accepted on a standby region"
+                    await asyncio.sleep(0.05)
+                assert "primary region (A)" in err.message and "region B" in err.message, err.message
+                with pytest.raises(Unavailable):
+                    await model_control(client, "unload", "digits", "2", timeout_s=5)
+                # reads still work, and nothing changed
+                assert (await client.model("digits")).versions == ["1", "2"]
+                # B promoted: its manager announces model_writes, the same write is accepted
+                role["B"] = (PRIMARY, True)
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        r = await model_control(client, "load", "digits", "2", timeout_s=5)
+                        break
+                    except Unavailable:
+                        assert time.monotonic() < deadline, "writes still refused after promotion"
+                        await asyncio.sleep(0.05)
+                assert r.versions == ["1", "2"] and not r.changed
+            finally:
+                stop.set()
+                await hb_task
+        finally:
+            await client.close()
+
+
+@pytest.mark.timeout(150)
+async def test_model_swap_drill_short():
+    f = await model_swap(DrillOptions(duration_s=6.0, rate_qps=40.0, timeout_s=1.0, workers=2,
+                                      models_dir=str(MODELS), health_timeout_s=1.0))
+    print(f.to_dict())
+    assert f.requests > 0 and f.failed == 0 and f.wrong == 0 and f.duplicates == 0
+    assert f.extra["executions_audited"] >= f.ok
+    by = f.extra["answers_by_version"]
+    assert by.get("1", 0) > 0 and by.get("2", 0) > 0  # both versions served, each answer checked
+    assert f.detection_ms is not None and f.recovery_ms is not None
+
+
+def test_models_control_reply_is_plain_msgpack():
+    """The reply struct round-trips through plain msgpack (any client can read it)."""
+    from inferbus.schemas import ModelControlReply
+
+    r = ModelControlReply("digits", "default", ["1", "2"], "2", 3, version="2", workers={"w0": "loaded"})
+    d = msgspec.msgpack.decode(msgspec.msgpack.encode(r))
+    assert d["default_version"] == "2" and d["workers"] == {"w0": "loaded"} and d["revision"] == 3
