@@ -532,6 +532,8 @@ class WorkerModels:
             return True
         if any(j.model_key == key for j in list(w.in_progress.values())):
             return True
+        if any(j.model_key == key for j in list(w._inline)):  # queued for inline execution on the loop
+            return True
         with w.mailbox.mutex:
             return any(j.model_key == key for j in w.mailbox.queue)
 
