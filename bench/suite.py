@@ -97,6 +97,13 @@ class SuiteConfig:
     log_dir: str | None = None
     inline_max_compute_us: float | None = None
     """The workers' ``inline_max_compute_us`` (None = their default; 0 = every batch on the inference thread)."""
+    colocate: bool = False
+    """Run the node with colocated workers (``NodeConfig.colocate``: ``workers`` processes, each an ingress
+    with its worker; ``ingress`` unused)."""
+    colocate_ab: bool = False
+    """After the main node, run the echo and miss closed loops and the miss sweep again against a colocated
+    node with as many actor processes (``workers + ingress`` colocated processes): series ``echo [B]`` and
+    ``inferbus miss [colocated]``, ratios under ``colocate_ab``."""
 
     def __post_init__(self) -> None:
         if min(self.workers, self.ingress, self.gens) < 1 or self.echo < 0:
@@ -274,15 +281,8 @@ class Suite:
             await echo.start()
             for c in echo.children:
                 self.sampler.add("echo", c.proc.pid)
-            node = Node(NodeConfig(models_dir=cfg.models_dir, workers=cfg.workers, ingress=cfg.ingress,
-                                   nats_url=nats.url, no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
-                                   run_dir=str(run_dir / "node"),
-                                   worker_options={} if cfg.inline_max_compute_us is None
-                                   else {"inline_max_compute_us": cfg.inline_max_compute_us}))
-            await node.start()
-            await node.wait_ready(120)
-            for info in node.supervisor.which_children():
-                self.sampler.add(info.id.split(":")[0], info.pid)
+            node = await self._start_node(cfg, nats.url, run_dir / "node", colocate=cfg.colocate,
+                                          workers=cfg.workers)
             if node.valkey is not None:
                 self.sampler.add("valkey", node.valkey.pid)
             gp = GeneratorPool(cfg.gens, nats.url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool, log_dir=run_dir)
@@ -327,6 +327,23 @@ class Suite:
                     half_load[name] = r.to_dict()
                 await node.stop()
                 node = None
+                if cfg.colocate_ab:
+                    n_b = cfg.workers + cfg.ingress  # as many actor processes (cores) as the main node
+                    self.say(f"colocated node: {n_b} process(es), each an ingress with its worker")
+                    node = await self._start_node(cfg, nats.url, run_dir / "node-colocated", colocate=True,
+                                                  workers=n_b)
+                    t_b = t_miss  # same target (the generators prepared it); a new node behind the same subject
+                    await self._step(gp, "inferbus miss [colocated]", t_b, mode="closed", concurrency=8,
+                                     duration_s=cfg.warmup_s, record=False)
+                    best_b = 0.0
+                    for c in cfg.closed:  # echo again beside each step: the box drifts between the phases
+                        await self._step(gp, "echo [B]", t_echo, mode="closed", concurrency=c)
+                        r = await self._step(gp, "inferbus miss [colocated]", t_b, mode="closed", concurrency=c)
+                        best_b = max(best_b, r.qps)
+                    if cfg.sweep:
+                        await self._sweep(gp, "inferbus miss [colocated]", t_b, best_b)
+                    await node.stop()
+                    node = None
                 await echo.close()
                 peer = await self._peer(gp, cfg, mv)
             finally:
@@ -343,6 +360,20 @@ class Suite:
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
                 "layout": lay}
         return summarize(meta, floors, self.steps, self.sweeps, half_load, peer)
+
+    async def _start_node(self, cfg: SuiteConfig, nats_url: str, run_dir: Path, *, colocate: bool,
+                          workers: int) -> Node:
+        """Start the node under test on ``nats_url`` and wait until it is ready; its processes join the CPU sampler."""
+        node = Node(NodeConfig(models_dir=cfg.models_dir, workers=workers, ingress=cfg.ingress, colocate=colocate,
+                               nats_url=nats_url, no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
+                               run_dir=str(run_dir),
+                               worker_options={} if cfg.inline_max_compute_us is None
+                               else {"inline_max_compute_us": cfg.inline_max_compute_us}))
+        await node.start()
+        await node.wait_ready(120)
+        for info in node.supervisor.which_children():
+            self.sampler.add(info.id.split(":")[0], info.pid)
+        return node
 
     async def _peer(self, gp: GeneratorPool, cfg: SuiteConfig, mv) -> dict:
         if not cfg.ray:
@@ -425,6 +456,28 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
         "miss_p99_over_echo_plus_model": _ratio(hm["p99_us"], floor_half) if hm else None,
         "hit_p50_over_echo_p50": _ratio(hh["p50_us"], he["p50_us"]) if hh and he else None,
     }
+    if any(s["series"] == "inferbus miss [colocated]" for s in steps):
+        ab: dict = {}
+        for c in sorted({s["concurrency"] for s in steps if s["series"] == "inferbus miss [colocated]"
+                         and s["mode"] == "closed"}):
+            e, m = _find(steps, "echo", "closed", c), _find(steps, "inferbus miss", "closed", c)
+            eb, mb = _find(steps, "echo [B]", "closed", c), _find(steps, "inferbus miss [colocated]", "closed", c)
+            ab[f"c={c}"] = {
+                "miss_p50_over_echo_p50": _ratio(m["p50_us"], e["p50_us"]) if m and e else None,
+                "colocated_miss_p50_over_echo_p50": _ratio(mb["p50_us"], eb["p50_us"]) if mb and eb else None,
+                "miss_qps_over_echo_qps": _ratio(m["qps"], e["qps"]) if m and e else None,
+                "colocated_miss_qps_over_echo_qps": _ratio(mb["qps"], eb["qps"]) if mb and eb else None,
+            }
+        cm = sweeps.get("inferbus miss [colocated]", {})
+        ab["throughput"] = {
+            "miss_max_qps_p99_under_limit_over_echo": _ratio(mm.get("max_qps_p99_under_limit"),
+                                                             em.get("max_qps_p99_under_limit")),
+            "colocated_max_qps_p99_under_limit_over_echo": _ratio(cm.get("max_qps_p99_under_limit"),
+                                                                  em.get("max_qps_p99_under_limit")),
+            "miss_max_sustained_over_echo": _ratio(mm.get("max_sustained_qps"), em.get("max_sustained_qps")),
+            "colocated_max_sustained_over_echo": _ratio(cm.get("max_sustained_qps"), em.get("max_sustained_qps")),
+        }
+        ratios["colocate_ab"] = ab
     ray = peer.get("ray", {})
     r1 = _find(steps, "ray", "closed", 1)
     m1 = _find(steps, "inferbus miss", "closed", 1)
@@ -500,6 +553,9 @@ def render(doc: dict, console=None) -> None:
     for c, d in doc["ratios"]["closed"].items():
         for k, v in d.items():
             r.add_row(f"closed {c}: {k}", "—" if v is None else f"{v:.2f}")
+    for c, d in doc["ratios"].get("colocate_ab", {}).items():
+        for k, v in d.items():
+            r.add_row(f"colocate A/B {c}: {k}", "—" if v is None else f"{v:.2f}")
     for sect in ("half_load", "throughput", "vs_ray"):
         for k, v in doc["ratios"][sect].items():
             if isinstance(v, float):
@@ -544,6 +600,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
+    p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the node with colocated workers (each process an ingress with its worker)")
+    p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure a colocated node with as many processes, in the same run")
     return p.parse_args(argv)
 
 
@@ -552,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
-                                       "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us")}
+                                       "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
+                                       "colocate", "colocate_ab")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

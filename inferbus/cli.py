@@ -81,6 +81,8 @@ def up(
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
     workers: int = typer.Option(0, help="CPU worker processes (0 = one per core)."),
     ingress: int = typer.Option(1, help="Ingress replicas (one queue group)."),
+    colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
+                                  "which hands it requests in-process (no forward hop); --ingress is then unused."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     redis_url: Optional[str] = typer.Option(None, help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey."),
@@ -154,7 +156,8 @@ def up(
                               f"--nats-port, or --nats-url to use the NATS already listening there")
             raise typer.Exit(2)
         nats_port = 0
-    cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, nats_url=nats_url,
+    cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
+                     nats_url=nats_url,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
                      backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
@@ -174,7 +177,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     try:
         await node.wait_ready(60)
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
-                      f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {cfg.ingress} ingress, "
+                      f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
+                      f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"run dir {node.run_dir}")
         from .actors import ModelRepository
 

@@ -76,7 +76,7 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     """One tiny suite run (real nats-server, Valkey, node processes, generators): fields present, nothing wrong."""
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
-                           "--log-dir", str(tmp_path / "logs")], cwd=ROOT, capture_output=True, text=True,
+                           "--log-dir", str(tmp_path / "logs"), "--colocate-ab"], cwd=ROOT, capture_output=True, text=True,
                           timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -98,5 +98,8 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
         assert k in miss1["stages_us"], k
     assert any(s["cache_hits"] > 0 for s in doc["steps"] if s["series"] == "inferbus hit")
     assert doc["peer"]["ray"]["skipped"]
+    # --colocate-ab: the same loops against a colocated node, in the same run
+    assert ("inferbus miss [colocated]", "closed") in series and ("echo [B]", "closed") in series
+    assert doc["ratios"]["colocate_ab"]["c=1"]["colocated_miss_p50_over_echo_p50"] > 0
     assert {t["target"] for t in doc["targets"]} and all("met" in t for t in doc["targets"])
     assert out.with_suffix(".png").exists() or "matplotlib is not installed" in proc.stdout

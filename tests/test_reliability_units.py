@@ -97,7 +97,12 @@ def test_router_health_breaker_and_client_errors():
     assert r.health_reason(r.workers["a"], 2.0) == "error_rate"
     assert {r.pick("m:1", 2.0).worker_id for _ in range(20)} == {"b"}
     r.on_report(_report("b", window_requests=50, error_rate=0.5), now=2.1)
-    assert {r.pick("m:1", 2.1).worker_id for _ in range(40)} == {"a", "b"}
+    seen = set()
+    for _ in range(40):  # sent, so their queues grow: equal load spreads (without, 'a' wins every score tie)
+        w = r.pick("m:1", 2.1)
+        r.on_sent(w)
+        seen.add(w.worker_id)
+    assert seen == {"a", "b"}
     # too few requests to judge: healthy
     r.on_report(_report("a", window_requests=19, error_rate=1.0), now=2.2)
     assert r.health_reason(r.workers["a"], 2.2) == "ok"

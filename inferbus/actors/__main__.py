@@ -4,8 +4,8 @@ import sys
 
 
 def _main() -> None:
-    if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator", "region"):
-        sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator|region} CONFIG_JSON")
+    if len(sys.argv) != 3 or sys.argv[1] not in ("worker", "ingress", "aggregator", "region", "colocated"):
+        sys.exit("usage: python -m inferbus.actors {worker|ingress|aggregator|region|colocated} CONFIG_JSON")
     kind, cfg = sys.argv[1], sys.argv[2]
     if cfg.startswith("@"):  # the node passes a 0600 file (configs may hold credentials; argv is public)
         with open(cfg[1:]) as fh:
@@ -16,6 +16,8 @@ def _main() -> None:
         from ._ingress import main
     elif kind == "region":
         from ._region import main
+    elif kind == "colocated":
+        from ._colocated import main
     else:
         from ._aggregator import main
     main(cfg)

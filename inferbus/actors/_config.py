@@ -183,3 +183,31 @@ class AggregatorConfig(_JsonMixin):
     bus: BusConfig
     redis_url: str | None = None
     cpu_affinity: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ColocatedConfig:
+    """One colocated process: an ingress and a worker sharing one event loop and one NATS connection.
+
+    The ingress hands the requests its router sends to this worker over in-process (no forward publish)
+    and gets the worker's completion notices in-process; both actors are otherwise unchanged
+    (docs/architecture.md, "Colocated workers").
+    """
+
+    ingress: IngressConfig
+    worker: WorkerConfig
+
+    def __post_init__(self) -> None:
+        if self.ingress.bus != self.worker.bus:
+            raise ValueError("ColocatedConfig: ingress and worker must use the same bus (one shared connection)")
+
+    def to_json(self) -> str:
+        return json.dumps({"ingress": asdict(self.ingress), "worker": asdict(self.worker)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ColocatedConfig":
+        d = json.loads(text)
+        unknown = set(d) - {"ingress", "worker"}
+        if unknown:
+            raise ValueError(f"ColocatedConfig: unknown fields {sorted(unknown)}; allowed: ['ingress', 'worker']")
+        return cls(ingress=_from_dict(IngressConfig, d["ingress"]), worker=_from_dict(WorkerConfig, d["worker"]))

@@ -69,7 +69,7 @@ from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
-from ._worker import control_subject
+from ._worker import LocalMessage, control_subject
 
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
@@ -89,6 +89,20 @@ def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> bytes:
     return (f"NATS/1.0\r\nInferbus-Fwd: v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};"
             f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINE if hedge else ''}"
             f"\r\n").encode()
+
+
+def _fwd_headers(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> dict[str, str]:
+    """The headers of :func:`_fwd_block` as the dict a worker reads from a NATS message (in-process forward)."""
+    dl_ms, (ingress, model, version, term, key, timings), extra = fwd
+    out = {H.FWD: f"v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};{term};{key};{timings}"}
+    if extra:
+        for line in extra.split("\r\n"):
+            k, sep, v = line.partition(": ")
+            if sep:
+                out[k] = v
+    if hedge:
+        out[H.HEDGE] = "copy"
+    return out
 
 
 class _Hedge:
@@ -169,7 +183,8 @@ class Ingress:
         self.redis = None
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
-                       "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0}
+                       "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
+                       "local_forwards": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -190,6 +205,20 @@ class Ingress:
         self.max_request_bytes = config.max_request_bytes
         self.model_ctl = IngressModels(self)
         """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
+        self.local_worker = None
+        """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
+
+    def attach_local_worker(self, worker) -> None:
+        """Host ``worker`` (a :class:`~inferbus.actors._worker.Worker` on this event loop) as the local worker.
+
+        Requests routed to it are handed over in-process (no forward publish; ``counts.local_forwards``),
+        its completion notices to this ingress come back in-process, and hedge cancellations reach it
+        directly. The router prefers it on equal expected delay. It stays a normal worker for other
+        ingresses (its own subject, its load reports). Call before :meth:`run`.
+        """
+        self.local_worker = worker
+        self.router.local_worker_id = worker.config.worker_id
+        worker.attach_local_ingress(self.config.ingress_id, self.on_done_notice)
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
@@ -414,13 +443,17 @@ class Ingress:
         elif hdrs.get(H.TRACESTATE):
             extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
         fwd = ((time.time() + (deadline - now)) * 1000.0, fargs, extra)
-        block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, False)
         body = msg.data
-        max_payload = self.nc.max_payload or 0
-        if max_payload and len(body) + len(block) > max_payload:
-            self.counts["too_large"] += 1
-            raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's max_payload "
-                                  f"({max_payload} bytes)")
+        local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
+        if local:
+            block = None
+        else:
+            block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, False)
+            max_payload = self.nc.max_payload or 0
+            if max_payload and len(body) + len(block) > max_payload:
+                self.counts["too_large"] += 1
+                raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
+                                      f"max_payload ({max_payload} bytes)")
         p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key)
         self.pending[seq] = p
         if rid:
@@ -429,8 +462,31 @@ class Ingress:
         self.hedge_budget.on_request()
         if hedge_policy is not None:
             self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now)
-        await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
+        if local:
+            await self._forward_local(seq, msg.reply, body, _fwd_headers(seq, H.remaining_ms(deadline, now), fwd,
+                                                                         False))
+        else:
+            await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
         self.counts["ok_forwarded"] += 1
+
+    async def _forward_local(self, seq: int, reply: str, body: bytes, headers: dict) -> None:
+        """Hand a forwarded request to the colocated worker in-process (same checks and answers as over NATS).
+
+        Raises:
+            Internal: the worker's handler raised (a bug); the request is dropped from the pending table
+                and counted a failure of that worker.
+        """
+        worker = self.local_worker
+        self.counts["local_forwards"] += 1
+        try:
+            await worker.submit_local(LocalMessage(self.subjects.worker(worker.config.worker_id), reply, body,
+                                                   headers))
+        except Exception as exc:
+            p = self._pop(seq)
+            if p is not None:
+                self.router.on_done(p.worker_id, 0.0, outcome=SERVER_ERROR, probe=p.probe)
+            log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
+            raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
 
     # ---- hedging ------------------------------------------------------------------------------
     def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float) -> None:
@@ -466,7 +522,8 @@ class Ingress:
         if w is None or not self.hedge_budget.try_spend():
             return
         seq2 = next(self._seq)
-        block = _fwd_block(seq2, H.remaining_ms(p.deadline, now), h.fwd, True)
+        local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
+        remaining_ms = H.remaining_ms(p.deadline, now)
         p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
                      p.model_key, hedge=h)
         self.pending[seq2] = p2
@@ -474,7 +531,11 @@ class Ingress:
         p2.probe = self.router.on_sent(w)
         self.counts["hedges"] += 1
         try:
-            await publish_raw(self.nc, self.subjects.worker(w.worker_id), h.body, reply=p.reply, headers=block)
+            if local:
+                await self._forward_local(seq2, p.reply, h.body, _fwd_headers(seq2, remaining_ms, h.fwd, True))
+            else:
+                await publish_raw(self.nc, self.subjects.worker(w.worker_id), h.body, reply=p.reply,
+                                  headers=_fwd_block(seq2, remaining_ms, h.fwd, True))
         except Exception as exc:
             log(f"ingress {self.config.ingress_id}: hedge publish failed: {exc!r}")
 
@@ -493,6 +554,9 @@ class Ingress:
                 by_worker.setdefault(q.worker_id, []).append(s)
         for wid, seqs in by_worker.items():
             self.counts["hedge_cancels"] += len(seqs)
+            if self.local_worker is not None and wid == self.router.local_worker_id:
+                self.local_worker.cancel(self.config.ingress_id, seqs)  # in-process, like the done notices
+                continue
             try:
                 await self.nc.publish(control_subject(self.subjects.prefix, wid),
                                       encode_internal(Cancel(self.config.ingress_id, seqs)))
@@ -513,6 +577,14 @@ class Ingress:
             return
         if not isinstance(notice, DoneNotice):
             return
+        await self.on_done_notice(notice)
+
+    async def on_done_notice(self, notice: DoneNotice) -> None:
+        """Settle the requests a worker completed: in-flight counts, breaker, hedges, latency, cache fills.
+
+        Called for each notice from ``<p>._done.<ingress>`` and, in-process, by a colocated worker.
+        Unknown sequence numbers (already failed or swept) are ignored.
+        """
         now = time.monotonic()
         for item in notice.items:
             p = self._pop(item.seq)
@@ -635,6 +707,7 @@ class Ingress:
             "pending": len(self.pending), "l1_entries": len(self.l1),
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
+            "local_worker": self.router.local_worker_id or None,
         }
         if self.redis is not None:
             pool = self.redis.connection_pool
@@ -654,10 +727,17 @@ class Ingress:
         return {"breakers": {k: v["breaker"] for k, v in st.items()},
                 "health": {k: v["health"] for k, v in st.items()}, "counts": dict(self.counts)}
 
-    async def run(self) -> None:
-        """Connect, subscribe (internal subjects first, public last), announce readiness, serve."""
+    async def run(self, *, nc=None, ready=None) -> None:
+        """Connect, subscribe (internal subjects first, public last), announce readiness, serve.
+
+        Args:
+            nc: a connection to use instead of opening one (shared with a colocated worker); the caller
+                owns it: this actor does not drain it when it stops.
+            ready: called once subscribed and flushed, instead of the GC freeze and the ``READY`` line.
+        """
         set_affinity(self.config.cpu_affinity)
-        self.nc = await connect(self.config.bus, name=f"ingress-{self.config.ingress_id}")
+        own_nc = nc is None
+        self.nc = await connect(self.config.bus, name=f"ingress-{self.config.ingress_id}") if own_nc else nc
         if not self.max_request_bytes:
             self.max_request_bytes = self.nc.max_payload or 8 * 1024 * 1024
         if self.config.redis_url and self.config.l2_lookup:
@@ -687,15 +767,19 @@ class Ingress:
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
         sweeper = asyncio.create_task(self._sweeper())
         await self.nc.flush()
-        serving_gc()
-        announce_ready()
+        if ready is None:
+            serving_gc()
+            announce_ready()
+        else:
+            ready()
         try:
             await asyncio.Future()
         finally:
             sweeper.cancel()
             try:
                 await svc.stop()
-                await self.nc.drain()
+                if own_nc:
+                    await self.nc.drain()
             except Exception:
                 pass
 

@@ -7,6 +7,12 @@ publishes a ``ProcessEvent(kind="down")`` on ``<p>._events`` *before* the
 restart, so every ingress fails the requests that worker held with UNAVAILABLE
 at once instead of letting them wait for their timeout.
 
+Colocated mode (``NodeConfig.colocate``): each ONNX Runtime CPU slot runs as one
+colocated process (an ingress and its worker, :mod:`inferbus.actors._colocated`)
+instead of a worker process plus separate ingress processes; other backends'
+workers stay separate processes. Such a child's exit is published as the
+``down`` event of its worker (its ingress has no state others depend on).
+
 Embedded nats-server and Valkey are started first when no URL is given.
 """
 
@@ -23,7 +29,7 @@ from pathlib import Path
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
 from ..schemas._internal import ProcessEvent, encode_internal
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
-from ._config import AggregatorConfig, IngressConfig, WorkerConfig
+from ._config import AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig
 from ._region import RegionConfig
 
 
@@ -35,7 +41,13 @@ class NodeConfig:
     workers: int = 0
     """CPU worker processes (0 = one per core, at least 1)."""
     ingress: int = 1
-    """Ingress replicas (one queue group)."""
+    """Ingress replicas (one queue group). Not used with ``colocate`` when there are CPU slots: each
+    colocated process is an ingress replica."""
+    colocate: bool = False
+    """Run each ONNX Runtime CPU worker slot in one process with an ingress replica (same event loop and
+    connection): the ingress hands requests its router sends to that worker in-process, without the
+    forward publish and the completion notice (docs/architecture.md, "Colocated workers"). GPU/TPU/JAX
+    workers stay separate processes and still get forwards over NATS."""
     nats_url: str | None = None
     """Use this NATS instead of an embedded nats-server."""
     nats_port: int = 0
@@ -113,6 +125,8 @@ class Node:
         self.nats_url = config.nats_url
         self.redis_url = config.redis_url
         self.worker_ids: list[str] = []
+        self.n_ingress = config.ingress
+        """Ingress replicas started (with ``colocate``: one per CPU worker slot)."""
 
     @property
     def n_workers(self) -> int:
@@ -154,7 +168,9 @@ class Node:
     def _on_exit(self, child_id: str, exit) -> None:
         if self.nc is None or self.nc.is_closed:
             return
-        worker_id = child_id[len("worker:"):] if child_id.startswith("worker:") else None
+        kind, _, rest = child_id.partition(":")
+        # a colocated process's exit is its worker's death too: every ingress fails what it forwarded there
+        worker_id = rest if kind in ("worker", "colocated") else None
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
                           reason=exit.reason)
         asyncio.ensure_future(self._publish_event(ev))
@@ -204,7 +220,11 @@ class Node:
             children.append(self._child("aggregator", "aggregator",
                                         AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir))
         self.worker_ids = []
-        for i, p in enumerate(await self._plan_workers() if c.actors else []):  # one worker per device
+        plan = await self._plan_workers() if c.actors else []
+        n_colocated = sum(1 for p in plan if p.backend == "onnxruntime" and p.device_kind == "cpu") if c.colocate else 0
+        n_ingress = self.n_ingress = n_colocated or c.ingress
+        colocated = []
+        for i, p in enumerate(plan):  # one worker per device
             cpu_ort = p.backend == "onnxruntime" and p.device_kind == "cpu"
             wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
@@ -214,13 +234,21 @@ class Node:
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               stall_fence_s=0.8 * c.health_timeout_s,
                               cpu_affinity=(i % ncpu,) if c.pin_cpus else (), **c.worker_options)
-            children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
-        for j in range(c.ingress if c.actors else 0):
+            if cpu_ort and c.colocate:
+                colocated.append(wc)  # started after the separate workers, in the ingress's place
+            else:
+                children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
+        for j in range(n_ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
-                               **_per_replica(c.ingress_options, c.ingress))
-            children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
+                               **_per_replica(c.ingress_options, n_ingress))
+            if colocated:  # one core slot each: the worker's core
+                wc = colocated[j]
+                cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), wc)
+                children.append(self._child(f"colocated:{wc.worker_id}", "colocated", cc.to_json(), run_dir))
+            else:
+                children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
                                                     period_s=c.period_s),
                                      children, name=f"node-{c.node_id}", on_child_exit=self._on_exit,

@@ -16,6 +16,14 @@ choices (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing",
 2001) samples two and keeps the better one, which spreads load across ingress
 replicas that each see stale information without herding onto one worker.
 
+Colocated worker (``local_worker_id``, a worker in this ingress's own process):
+its hop is a function call, not two bus messages (forward and completion
+notice), so its expected delay is priced ``local_hop_us`` lower than it would
+be for a remote worker; on equal price it wins, also over the random
+exploration among ties; with power-of-two choices it is always one of the two.
+A local worker whose queue costs more than the hop loses to a less loaded remote
+one, so remote workers (another process's, a GPU's) still get traffic under load.
+
 Routable = live and healthy and its circuit breaker lets the request through:
 
 * live: no ``down`` event for its current process, and a load report within
@@ -108,6 +116,12 @@ class Router:
     region: str = ""
     """This ingress's region: its workers are preferred; another region's only when none here is usable
     (no cross-region hop on the hot path, and no traffic into a region that may have just died)."""
+    local_worker_id: str = ""
+    """The worker hosted in this ingress's process (colocated); preferred on ties. Empty = none."""
+    local_hop_us: float = 250.0
+    """What the bus hop to a remote worker costs beyond the local one's call (forward + completion notice;
+    ~225 µs forward_hop at c=1 on the H200 host, performance.md), µs: subtracted from the local worker's
+    expected delay, so it keeps work until its queue costs more than the hop."""
     workers: dict[str, WorkerState] = field(default_factory=dict)
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
@@ -244,29 +258,44 @@ class Router:
                     speed[c] = e
         floor = min(speed.values()) if speed else 1.0  # a class not yet measured is priced as the fastest one
         get = speed.get
+        local = self.local_worker_id
         if n <= FULL_SCAN_MAX:
             rng = self._rng
             cost = [(w.in_flight + w.queue_depth + 1) * get((w.device_kind, w.backend), floor) for w in cands]
+            if local:
+                for i, w in enumerate(cands):
+                    if w.worker_id == local:
+                        cost[i] -= self.local_hop_us
+                        break
             if rng.random() < EXPLORE:
                 # equal expected delay: now and then ignore the worker's own EWMA (the last tie-break),
                 # so a worker that looks slow (cold after a restart) still gets traffic at low load
                 best = min(cost)
                 tied = [w for w, c in zip(cands, cost) if c == best]
                 if len(tied) > 1:
+                    for w in tied:
+                        if w.worker_id == local:
+                            return w  # the colocated worker's hop is a call: it wins every tie
                     return rng.choice(tied)
             best_w = cands[0]
-            best_k = (cost[0], best_w.score())
+            best_k = (cost[0], best_w.worker_id != local, best_w.score())
             for i in range(1, n):
                 c = cost[i]
                 if c <= best_k[0]:
                     w = cands[i]
-                    k = (c, w.score())
+                    k = (c, w.worker_id != local, w.score())
                     if k < best_k:
                         best_w, best_k = w, k
             return best_w
-        a, b = self._rng.sample(cands, 2)
-        ka = ((a.in_flight + a.queue_depth + 1) * get((a.device_kind, a.backend), floor), a.score())
-        kb = ((b.in_flight + b.queue_depth + 1) * get((b.device_kind, b.backend), floor), b.score())
+        lw = self.workers.get(local) if local else None
+        if lw is not None and any(w is lw for w in cands):
+            a, b = lw, self._rng.choice([w for w in cands if w is not lw])
+        else:
+            a, b = self._rng.sample(cands, 2)
+        is_local = a.worker_id == local
+        ka = ((a.in_flight + a.queue_depth + 1) * get((a.device_kind, a.backend), floor)
+              - (self.local_hop_us if is_local else 0.0), not is_local, a.score())
+        kb = ((b.in_flight + b.queue_depth + 1) * get((b.device_kind, b.backend), floor), True, b.score())
         return a if ka <= kb else b
 
     def on_sent(self, w: WorkerState) -> bool:

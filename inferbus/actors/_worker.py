@@ -100,6 +100,24 @@ def control_subject(prefix: str, worker_id: str) -> str:
     return f"{prefix}._ctl.{worker_id}"
 
 
+class LocalMessage:
+    """A forwarded request handed to a worker in its own process (colocated ingress), not through NATS.
+
+    Carries what the worker reads from a NATS message: ``subject`` (the worker's subject), ``reply``
+    (the client's reply subject), ``data`` (the original request body) and ``headers`` (the forward
+    header block as a dict). The worker answers it exactly like a message from the bus, except that the
+    reply's ``parameters.forward`` is ``local``.
+    """
+
+    __slots__ = ("subject", "reply", "data", "headers")
+
+    def __init__(self, subject: str, reply: str, data: bytes, headers: dict) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.data = data
+        self.headers = headers
+
+
 @dataclass(slots=True)
 class Job:
     reply: str
@@ -125,6 +143,8 @@ class Job:
     """Ingress forward → this worker's receive (wall clocks, µs; the ``forward_hop`` stage), -1 when unknown."""
     inline: bool = False
     """Computed on the event loop (True) or the inference thread (``parameters.exec``)."""
+    local: bool = False
+    """Handed over in-process by a colocated ingress (``parameters.forward`` = ``local``), not from the bus."""
 
     def targets(self) -> list["Job"]:
         """This job and its joined duplicates."""
@@ -270,6 +290,21 @@ class Worker:
         """Current fencing term; requests stamped with an older one are refused (UNAVAILABLE)."""
         self.model_ctl = WorkerModels(self)
         """Model management: loads and drains model versions as the serving states say."""
+        self._local_ingress_id: str | None = None
+        self._local_done = None
+        """Colocated ingress: its id and the coroutine function that takes its completion notices in-process."""
+        self.local_done_notices = 0
+        """Completion notices handed to the colocated ingress in-process (no NATS message)."""
+
+    def attach_local_ingress(self, ingress_id: str, on_done) -> None:
+        """Deliver completion notices for ``ingress_id`` by awaiting ``on_done(notice)`` instead of publishing them.
+
+        For a colocated ingress in the same process and event loop (:mod:`inferbus.actors._colocated`).
+        ``on_done`` takes a :class:`DoneNotice`; an exception it raises is logged and does not reach the
+        worker's pumps.
+        """
+        self._local_ingress_id = ingress_id
+        self._local_done = on_done
 
     # ---- loop side -------------------------------------------------------------------------
     async def _on_request(self, msg) -> None:
@@ -302,6 +337,8 @@ class Worker:
         job = Job(reply, msg.data, hdrs, deadline, t_recv, model_key, seq, hdrs.get(H.INGRESS),
                   hdrs.get(H.CACHE_KEY) is not None, hdrs.get(H.CACHE_KEY))
         job.fwd_unix = _forward_unix(hdrs)
+        if type(msg) is LocalMessage:
+            job.local = True
         if job.fwd_unix > 0:
             job.forward_hop_us = int((time.time() - job.fwd_unix) * 1e6)
         if self._stalled(job):
@@ -343,6 +380,14 @@ class Worker:
                 return
         await self._enqueue(job)
 
+    async def submit_local(self, msg: LocalMessage) -> None:
+        """Take a request forwarded in-process by the colocated ingress; same handling as one from the bus
+        (stall fence, deadline, fencing, dedupe, mailbox bound), answered on ``msg.reply`` over NATS.
+
+        Returns once the request is queued or answered (it does not wait for compute).
+        """
+        await self._on_request(msg)
+
     async def _enqueue(self, job: Job) -> None:
         """Queue ``job`` for compute and track it in flight; shed it (RESOURCE_EXHAUSTED) when the mailbox is full.
 
@@ -380,15 +425,20 @@ class Worker:
         except InternalDecodeError:
             return
         if isinstance(m, Cancel):
-            for seq in m.seqs:
-                job = self.by_seq.get((m.ingress, seq))
-                if job is not None:
-                    job.cancelled = True
+            self.cancel(m.ingress, m.seqs)
         elif isinstance(m, FaultSet) and self.config.fault_control:
             self.fault = m
             log(f"worker {self.config.worker_id}: fault set to {m}")
             if msg.reply:
                 await self.nc.publish(msg.reply, b"ok")
+
+    def cancel(self, ingress: str, seqs) -> None:
+        """Withdraw the copies ``seqs`` forwarded by ``ingress`` (a hedge's loser): a copy not yet started is
+        dropped without running the model and without a reply; unknown or finished ones are ignored."""
+        for seq in seqs:
+            job = self.by_seq.get((ingress, seq))
+            if job is not None:
+                job.cancelled = True
 
     async def _publish_error(self, reply: str, err: InferbusError, ct: str | None, request_id: str | None = None) -> None:
         hdrs, body = error_message(err, ct, request_id)
@@ -451,7 +501,12 @@ class Worker:
                                  o.response_msgpack if (t.want_body and o.ok) else None, code))
         for ingress, items in done.items():
             try:
-                await nc.publish(self.subjects.done(ingress), encode_internal(DoneNotice(self.config.worker_id, items)))
+                if ingress == self._local_ingress_id:  # colocated ingress: in-process, no NATS message
+                    self.local_done_notices += 1
+                    await self._local_done(DoneNotice(self.config.worker_id, items))
+                else:
+                    await nc.publish(self.subjects.done(ingress),
+                                     encode_internal(DoneNotice(self.config.worker_id, items)))
             except Exception as exc:
                 log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
         if self.config.audit:
@@ -559,13 +614,21 @@ class Worker:
                 await self.nc.publish(self.subjects.load, encode_internal(self._report()))
             await asyncio.sleep(period)
 
-    async def run(self) -> None:
-        """Connect, subscribe, announce readiness, serve until cancelled."""
+    async def run(self, *, nc=None, ready=None) -> None:
+        """Connect, subscribe, announce readiness, serve until cancelled.
+
+        Args:
+            nc: a connection to use instead of opening one (shared with a colocated ingress); the
+                caller owns it: this actor does not drain it when it stops.
+            ready: called once subscribed and flushed, instead of the GC freeze and the ``READY`` line
+                (the colocated process announces readiness once both of its actors are up).
+        """
         set_affinity(self.config.cpu_affinity)
         self.loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
         self._inline_wake = asyncio.Event()
-        self.nc = await connect(self.config.bus, name=f"worker-{self.config.worker_id}")
+        own_nc = nc is None
+        self.nc = await connect(self.config.bus, name=f"worker-{self.config.worker_id}") if own_nc else nc
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service
@@ -583,8 +646,11 @@ class Worker:
         tasks = [asyncio.create_task(self._outbox_pump()), asyncio.create_task(self._reporter()),
                  asyncio.create_task(self._stall_watch()), asyncio.create_task(self._inline_pump())]
         await self.nc.flush()
-        serving_gc()
-        announce_ready()
+        if ready is None:
+            serving_gc()
+            announce_ready()
+        else:
+            ready()
         try:
             await asyncio.Future()
         finally:
@@ -593,7 +659,8 @@ class Worker:
                 t.cancel()
             try:
                 await svc.stop()
-                await self.nc.drain()
+                if own_nc:
+                    await self.nc.drain()
             except Exception:
                 pass
 
@@ -794,7 +861,8 @@ class Worker:
             "worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
             "backend": self.config.backend, "precision": self.sessions[mv.key].precision, "cache_hit": False,
             "region": self.config.region, "term": int(job.hdrs.get("Inferbus-Term", "0") or 0),
-            "batch_size": batch, "exec": "inline" if job.inline else "thread", "timings_us": timings,
+            "batch_size": batch, "exec": "inline" if job.inline else "thread",
+            "forward": "local" if job.local else "bus", "timings_us": timings,
         }
         resp = InferResponse(model_name=mv.name, model_version=mv.version, outputs=outputs, id=req.id, parameters=params)
         timings["encode"] = int((time.monotonic() - t_enc) * 1e6)
