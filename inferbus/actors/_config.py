@@ -14,8 +14,9 @@ from ..bus import BusConfig
 
 def _from_dict(cls, d: dict):
     d = dict(d)
-    if "bus" in d and isinstance(d["bus"], dict):
-        d["bus"] = BusConfig.from_dict(d["bus"])
+    for key in ("bus", "lease_bus"):
+        if key in d and isinstance(d[key], dict):
+            d[key] = BusConfig.from_dict(d[key])
     names = {f.name for f in fields(cls)}
     unknown = set(d) - names
     if unknown:
