@@ -9,8 +9,9 @@ Example::
 Errors come back as the typed exceptions of :mod:`inferbus.schemas`
 (``InvalidArgument``, ``NotFound``, ``DeadlineExceeded``, ``ResourceExhausted``,
 ``Unavailable``, ``PayloadTooLarge``, ``Internal``). UNAVAILABLE (including NATS
-"no responders") is retried within the remaining budget with the same request
-id, so a retried request is never computed as a different request.
+"no responders"), a lost connection and an attempt with no answer within its
+per-attempt timeout are retried within the remaining budget with the same request
+id, so a retried request is never computed as a different request (see :class:`Client`).
 
 Regions (DESIGN §8): give :meth:`Client.connect` the servers of every region,
 the local region first (``no_randomize=True`` keeps that order). Its defaults

@@ -7,9 +7,9 @@ proxies, Valkeys, actor processes; no mocks), short versions with their figures 
 * the topology soak, briefly, over the cluster faults.
 
 Bounds are looser than the figures measured in docs/reliability.md: this 2-core box is shared.
-nats-node-loss may lose a few requests and may even fail over (nats-server reconnects a remote
-site's outbound gateway only after a fixed 1 s; docs/reliability.md "Known gaps"), so it asserts
-availability >= 95 % and no split brain rather than 100 % and no term change.
+nats-node-loss must not fail over: the region managers' lease traffic goes straight to the witness
+(docs/regions.md), so the term must not change; it may still lose a request or two on a busy box
+(a stall of the drill process, which also runs the gateway proxies), so availability >= 98 %.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ async def test_nats_node_loss(topo):
                                                 models_dir=MODELS), topology=topo)
     d = _common(f)
     x = d["extra"]
-    assert f.availability >= 0.95, d["errors"]
+    assert f.availability >= 0.98, d["errors"]
+    assert not x["term_changed"] and x["primary_after"] == "A", x["region_events"]  # no needless failover
     assert f.detection_ms is not None and f.detection_ms <= 1000  # a connection of the region is back elsewhere
     assert x["client_reconnect_ms"] is not None and x["actors_reconnected_ms"] is not None
     assert set(x["connections_on_killed_server"]) >= {"inferbus-client", "ingress-a-i0", "worker-a-w0"}
@@ -109,7 +110,8 @@ async def test_topology_soak_short(topo):
     assert [e["fault"] for e in x["faults"]][:3] == ["kill-nats-node", "gateway-degrade", "kill-worker"], x["faults"]
     assert "model-swap" in x["faults_unavailable"]
     assert not any("heal_error" in e for e in x["faults"]), x["faults"]
-    assert f.availability >= 0.95, d["errors"]
+    assert f.availability >= 0.98, d["errors"]
+    assert not x["term_changed"] and x["primary_after"] == "A", x["region_events"]  # no needless failover
     assert x["max_primaries_sampled"] <= 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0
     names = set(x["rss_kib"])
     assert {"drill", "A/nats:A1", "W/nats:W1", "A/valkey:A", "A/node:A", "A/worker:a-w0", "B/ingress:0"} <= names
