@@ -118,6 +118,21 @@ async def test_topology_soak_short(topo):
     assert all(v["max_kib"] > 0 for v in x["rss_kib"].values())
 
 
+@pytest.mark.timeout(120)
+async def test_hung_only_worker_of_a_region_no_duplicates(topo):
+    """hang-worker with ONE worker per region (the shared topology): the SDK's attempt timeout retries the
+    requests held by the frozen worker, the ingress sends those retries to the other region's worker and
+    cancels the old copies, and the thawed worker's stall fence refuses what it read while frozen, so
+    nothing runs twice (docs/reliability.md, gap 3)."""
+    f = await soak_topology(DrillOptions(duration_s=12.0, rate_qps=50, fault_every_s=5.0, hang_s=2.0,
+                                         models_dir=MODELS, faults=("hang-worker",)), topology=topo)
+    d = _common(f)  # 0 wrong, 0 duplicates
+    x = d["extra"]
+    assert [e["fault"] for e in x["faults"]] == ["hang-worker", "hang-worker"], x["faults"]
+    assert f.availability >= 0.98, (d["errors"], x.get("failed_sent_at_s"))
+    await topo.wait_settled(30)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_topology_soak_every_fault_kind():
