@@ -235,6 +235,9 @@ def manager(
     nats_url: str = typer.Option(..., help="This region's NATS servers, comma-separated."),
     valkey_url: Optional[str] = typer.Option(None, help="This region's Valkey/Redis (redis://host:port/0)."),
     lease_cluster: Optional[str] = typer.Option(None, help="JetStream cluster that holds the lease (the witness)."),
+    lease_nats_url: Optional[str] = typer.Option(
+        None, help="The witness cluster's NATS servers, comma-separated: lease reads, writes and the watch go "
+                   "there directly, so losing one server of this region cannot blind them (recommended)."),
     replicas: int = typer.Option(3, help="Replicas of the lease stream."),
     prefix: str = typer.Option("inferbus"),
     heartbeat_ms: int = typer.Option(100), lease_ms: int = typer.Option(400), suspect_ms: int = typer.Option(400),
@@ -253,6 +256,8 @@ def manager(
 
     cfg = RegionConfig(region=region, bus=BusConfig(servers=tuple(u.strip() for u in nats_url.split(",")),
                                                    prefix=prefix, no_randomize=True, ping_interval_s=0.5),
+                       lease_bus=BusConfig(servers=tuple(u.strip() for u in lease_nats_url.split(",")), prefix=prefix,
+                                           no_randomize=True, ping_interval_s=0.5) if lease_nats_url else None,
                        valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
                        heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
                        initial_primary=initial_primary, initial_wait_ms=initial_wait_ms,

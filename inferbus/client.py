@@ -9,8 +9,9 @@ Example::
 Errors come back as the typed exceptions of :mod:`inferbus.schemas`
 (``InvalidArgument``, ``NotFound``, ``DeadlineExceeded``, ``ResourceExhausted``,
 ``Unavailable``, ``PayloadTooLarge``, ``Internal``). UNAVAILABLE (including NATS
-"no responders") is retried within the remaining budget with the same request
-id, so a retried request is never computed as a different request.
+"no responders"), a lost connection and an attempt with no answer within its
+per-attempt timeout are retried within the remaining budget with the same request
+id, so a retried request is never computed as a different request (see :class:`Client`).
 
 Regions (DESIGN §8): give :meth:`Client.connect` the servers of every region,
 the local region first (``no_randomize=True`` keeps that order). Its defaults
@@ -37,10 +38,7 @@ _FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reco
 """Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s."""
 
 
-class _ConnectionLost(Exception):
-    """The connection carrying a request was lost before its answer came (retried, same request id)."""
-
-from .bus import BusConfig, Subjects, connect
+from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
 from .bus import headers as H
 from .schemas import (
     DeadlineExceeded, InferRequest, InferResponse, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
@@ -49,6 +47,32 @@ from .schemas import (
 )
 
 _MAX_BACKOFF_MS = 100.0
+_RTO_MIN_SAMPLES = 16
+"""Answers seen on a subject before its per-attempt timeout is derived from their latency."""
+_RTO_MIN_RETRY_MS = 20.0
+"""An attempt timeout is not retried with less than this left of the budget (the answer could not come)."""
+
+
+class _LatencyEstimate:
+    """Smoothed latency and its mean deviation (RFC 6298 §2: alpha 1/8, beta 1/4), in ms."""
+
+    __slots__ = ("srtt_ms", "rttvar_ms", "n")
+
+    def __init__(self) -> None:
+        self.srtt_ms = 0.0
+        self.rttvar_ms = 0.0
+        self.n = 0
+
+    def add(self, ms: float) -> None:
+        if self.n == 0:
+            self.srtt_ms, self.rttvar_ms = ms, ms / 2
+        else:
+            self.rttvar_ms = 0.75 * self.rttvar_ms + 0.25 * abs(self.srtt_ms - ms)
+            self.srtt_ms = 0.875 * self.srtt_ms + 0.125 * ms
+        self.n += 1
+
+    def rto_ms(self) -> float:
+        return self.srtt_ms + 4 * self.rttvar_ms
 
 
 @dataclass
@@ -82,11 +106,42 @@ class Client:
         retry_unavailable: retry UNAVAILABLE within the budget (default True); False raises it at once.
         retry_resource_exhausted: also retry RESOURCE_EXHAUSTED as described (default False).
         client_id: sent as ``Inferbus-Client-Id`` on every request (per-client rate limits); None sends none.
+        attempt_timeout_ms: per-attempt timeout, ms (> 0), or None (default) for the adaptive one below.
+        attempt_timeout_floor_ms: the adaptive per-attempt timeout is never shorter than this, ms
+            (default 250; >= 1).
+        adaptive_attempt_timeout: derive the per-attempt timeout from the latency observed on the
+            subject (default True); False (and no ``attempt_timeout_ms``) = one attempt per budget
+            unless an UNAVAILABLE or a lost connection ends it.
+
+    Per-attempt timeout: an attempt with no answer after its timeout is abandoned and the request
+    is sent again, **same request id**, with the remaining budget, so a request delivered to a
+    process that then died (a SIGKILLed ingress, a worker behind a dead server) is answered within
+    its budget. The timeout is ``attempt_timeout_ms`` if given, else ``max(floor, srtt + 4 ×
+    rttvar)`` of the answers seen on that subject (RFC 6298's retransmission timeout; first
+    attempts only, Karn's rule), else, before 16 answers, half the budget; it doubles with each
+    timed-out attempt (RFC 6298 §5.5), and the last attempt gets whatever budget is left. A retry
+    that reaches the worker still holding the first copy *joins* it (the worker dedupes ids, and
+    an ingress sends a pending id to the same worker); one that lands on another worker runs the
+    model a second time: the price of the answer. Only UNAVAILABLE, a lost connection and an
+    attempt timeout are retried; INVALID_ARGUMENT, NOT_FOUND, PAYLOAD_TOO_LARGE, INTERNAL and a
+    server's DEADLINE_EXCEEDED never are.
     """
 
     def __init__(self, nc, prefix: str = "inferbus", *, retry_backoff_ms: float = 5.0,
                  retry_unavailable: bool = True, owns_connection: bool = False,
-                 retry_resource_exhausted: bool = False, client_id: str | None = None):
+                 retry_resource_exhausted: bool = False, client_id: str | None = None,
+                 attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
+                 adaptive_attempt_timeout: bool = True):
+        if attempt_timeout_ms is not None and not attempt_timeout_ms > 0:
+            raise ValueError(f"Client.attempt_timeout_ms must be > 0 ms or None, got {attempt_timeout_ms!r}")
+        if not attempt_timeout_floor_ms >= 1:
+            raise ValueError(f"Client.attempt_timeout_floor_ms must be >= 1 ms, got {attempt_timeout_floor_ms!r}")
+        self.attempt_timeout_ms = attempt_timeout_ms
+        self.attempt_timeout_floor_ms = attempt_timeout_floor_ms
+        self.adaptive_attempt_timeout = adaptive_attempt_timeout
+        self._latency: dict[str, _LatencyEstimate] = {}
+        self.attempt_timeouts = 0
+        """Attempts abandoned after their per-attempt timeout (and retried), since the client was made."""
         self.nc = nc
         self.retry_unavailable = retry_unavailable
         self.retry_resource_exhausted = retry_resource_exhausted
@@ -99,8 +154,13 @@ class Client:
     @classmethod
     async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
                       *, retry_unavailable: bool = True, client_id: str | None = None,
-                      retry_resource_exhausted: bool = False, **bus_options) -> "Client":
+                      retry_resource_exhausted: bool = False, attempt_timeout_ms: float | None = None,
+                      attempt_timeout_floor_ms: float = 250.0, adaptive_attempt_timeout: bool = True,
+                      **bus_options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
+
+        ``attempt_timeout_ms``, ``attempt_timeout_floor_ms``, ``adaptive_attempt_timeout``: the
+        per-attempt timeout (see :class:`Client`).
 
         ``bus_options`` are :class:`~inferbus.bus.BusConfig` fields, among them the
         credentials: ``user``/``password``, ``token``, ``nkeys_seed`` (file),
@@ -122,19 +182,30 @@ class Client:
 
         nc = await connect(cfg, disconnected_cb=on_disconnect)
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
-                     retry_resource_exhausted=retry_resource_exhausted)
+                     retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
+                     attempt_timeout_floor_ms=attempt_timeout_floor_ms,
+                     adaptive_attempt_timeout=adaptive_attempt_timeout)
         holder.append(client)
         return client
 
     def _connection_lost(self) -> None:
-        """Fail every request in flight on the lost connection so :meth:`request` retries it at once.
+        """Fail every request in flight on the lost connection so :meth:`request` retries it at once
+        (:func:`inferbus.bus.fail_pending_requests`)."""
+        fail_pending_requests(self.nc, "connection to the NATS server lost")
 
-        Reaches into nats-py's response map (``Client._resp_map``, new-style requests); if a future
-        nats-py renames it, in-flight requests simply wait for their budget as before.
+    def attempt_timeout_for(self, subject: str, budget_ms: float) -> float | None:
+        """The first attempt's timeout on ``subject`` for a request with ``budget_ms``, ms (None = the budget).
+
+        See the class docstring for the rule.
         """
-        for fut in list(getattr(self.nc, "_resp_map", {}).values()):
-            if not fut.done():
-                fut.set_exception(_ConnectionLost("connection to the NATS server lost"))
+        if self.attempt_timeout_ms is not None:
+            return self.attempt_timeout_ms
+        if not self.adaptive_attempt_timeout:
+            return None
+        est = self._latency.get(subject)
+        if est is None or est.n < _RTO_MIN_SAMPLES:
+            return max(self.attempt_timeout_floor_ms, budget_ms / 2)
+        return max(self.attempt_timeout_floor_ms, est.rto_ms())
 
     async def close(self) -> None:
         if self._owns:
@@ -225,23 +296,44 @@ class Client:
                                   f"({max_payload} bytes)")
         last_err: Exception | None = None
         attempt = 0
+        sent = 0
+        attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
                                        + (f" (last error: {last_err})" if last_err else ""))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
+            # the last attempt that fits gets the whole remaining budget
+            wait_ms = left_ms if attempt_ms is None or attempt_ms + _RTO_MIN_RETRY_MS >= left_ms else attempt_ms
+            t_sent = time.monotonic()
+            sent += 1
             try:
-                msg = await self.nc.request(subject, body, timeout=left_ms / 1000.0, headers=hdrs)
+                msg = await self.nc.request(subject, body, timeout=wait_ms / 1000.0, headers=hdrs)
             except NoRespondersError:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:
                 last_err = Unavailable(f"{exc} while waiting for the answer; retrying on the new connection")
             except NatsTimeout:
-                raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms") from None
+                if wait_ms >= left_ms:
+                    raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
+                                           + (f" ({sent} attempts)" if sent > 1 else "")) from None
+                # the attempt timed out: the process holding it may be gone; send it again at once
+                # (same request id: a copy still running is joined, not run twice, where it is reached)
+                self.attempt_timeouts += 1
+                last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms")
+                attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
+                continue
             else:
                 err = decode_error(msg.headers, msg.data)
                 if err is None:
+                    if sent == 1:  # Karn's rule: only unambiguous samples
+                        est = self._latency.get(subject)
+                        if est is None:
+                            if len(self._latency) >= 10_000:
+                                self._latency.clear()
+                            est = self._latency[subject] = _LatencyEstimate()
+                        est.add((time.monotonic() - t_sent) * 1000.0)
                     return msg.data, (msg.headers or {}).get(H.CONTENT_TYPE)
                 if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
                     hint = float(err.retry_after_ms or self.retry_backoff_ms)

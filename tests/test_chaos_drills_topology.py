@@ -7,9 +7,9 @@ proxies, Valkeys, actor processes; no mocks), short versions with their figures 
 * the topology soak, briefly, over the cluster faults.
 
 Bounds are looser than the figures measured in docs/reliability.md: this 2-core box is shared.
-nats-node-loss may lose a few requests and may even fail over (nats-server reconnects a remote
-site's outbound gateway only after a fixed 1 s; docs/reliability.md "Known gaps"), so it asserts
-availability >= 95 % and no split brain rather than 100 % and no term change.
+nats-node-loss must not fail over: the region managers' lease traffic goes straight to the witness
+(docs/regions.md), so the term must not change; it may still lose a request or two on a busy box
+(a stall of the drill process, which also runs the gateway proxies), so availability >= 98 %.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ async def test_nats_node_loss(topo):
                                                 models_dir=MODELS), topology=topo)
     d = _common(f)
     x = d["extra"]
-    assert f.availability >= 0.95, d["errors"]
+    assert f.availability >= 0.98, d["errors"]
+    assert not x["term_changed"] and x["primary_after"] == "A", x["region_events"]  # no needless failover
     assert f.detection_ms is not None and f.detection_ms <= 1000  # a connection of the region is back elsewhere
     assert x["client_reconnect_ms"] is not None and x["actors_reconnected_ms"] is not None
     assert set(x["connections_on_killed_server"]) >= {"inferbus-client", "ingress-a-i0", "worker-a-w0"}
@@ -114,6 +115,21 @@ async def test_topology_soak_short(topo):
     names = set(x["rss_kib"])
     assert {"drill", "A/nats:A1", "W/nats:W1", "A/valkey:A", "A/node:A", "A/worker:a-w0", "B/ingress:0"} <= names
     assert all(v["max_kib"] > 0 for v in x["rss_kib"].values())
+
+
+@pytest.mark.timeout(120)
+async def test_hung_only_worker_of_a_region_no_duplicates(topo):
+    """hang-worker with ONE worker per region (the shared topology): the SDK's attempt timeout retries the
+    requests held by the frozen worker, the ingress sends those retries to the other region's worker and
+    cancels the old copies, and the thawed worker's stall fence refuses what it read while frozen, so
+    nothing runs twice (docs/reliability.md, gap 3)."""
+    f = await soak_topology(DrillOptions(duration_s=14.0, rate_qps=50, fault_every_s=5.0, hang_s=2.0,
+                                         models_dir=MODELS, faults=("hang-worker",)), topology=topo)
+    d = _common(f)  # 0 wrong, 0 duplicates
+    x = d["extra"]
+    assert [e["fault"] for e in x["faults"]] == ["hang-worker", "hang-worker"], x["faults"]
+    assert f.availability >= 0.98, (d["errors"], x.get("failed_sent_at_s"))
+    await topo.wait_settled(30)
 
 
 @pytest.mark.slow

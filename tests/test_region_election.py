@@ -237,3 +237,38 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         assert forced.ok, forced
         await ms.until(lambda: a.is_primary() and not b.is_primary(), 3)
         assert a.term > b.known_term - 1 and a.term > term
+
+
+@pytest.mark.timeout(60)
+async def test_lease_connection_loss_is_retried_on_another_witness_server_without_a_step_down(witness):
+    """The leader's lease connection dies with a renewal in flight: the renewal is failed at once, sent
+    again on the connection to the next witness server, and the leader stays primary under its term;
+    the standby, which sees every renewal through its KV watch, never takes over."""
+    from chaos.proxy import TcpProxy
+
+    host, port = witness[0].removeprefix("nats://").split(":")
+    async with TcpProxy((host, int(port)), name="lease-A-W1") as proxy:
+        # 150 ms each way on the first witness server: a renewal is in flight most of the time
+        proxy.latency(150)
+        bucket = f"rm_{uuid.uuid4().hex[:8]}"
+        lease_urls = (f"nats://127.0.0.1:{proxy.port}",) + tuple(witness[1:])
+        ms = Managers(witness)
+        ms.bucket = bucket
+        kw = dict(heartbeat_ms=100, lease_ms=1200, suspect_ms=1200)  # validity 900 ms: margins for a busy box
+        ms.m = {"A": RegionManager(_cfg(witness, "A", bucket, initial_primary=True, **kw, lease_bus=BusConfig(
+                    servers=lease_urls, prefix=f"t{bucket}", no_randomize=True))),
+                "B": RegionManager(_cfg(witness, "B", bucket, **kw))}
+        async with ms:
+            a, b = ms.m["A"], ms.m["B"]
+            await ms.until(lambda: a.renewals >= 3, 10)
+            assert a.lease_nc is not a.nc and a.lease_nc.connected_url.port == proxy.port
+            term, steps_before = a.term, sum(1 for t in a.transitions if t.event == "standby")
+            await ms.until(lambda: a._renew_task is not None and not a._renew_task.done(), 5)
+            proxy.cut()  # the server behind it "dies": connections reset, new ones refused
+            await ms.until(lambda: a.lease_disconnects >= 1 and a.lease_nc.is_connected
+                           and a.lease_nc.connected_url.port != proxy.port, 5)
+            renewals = a.renewals
+            await ms.until(lambda: a.renewals >= renewals + 5, 5)  # renewing on the new connection
+            assert a.is_primary() and a.term == term and not b.is_primary()
+            assert sum(1 for t in a.transitions if t.event == "standby") == steps_before, list(a.transitions)
+            assert a.renewal_retries >= 1 and any(t.event == "renewal_retried" for t in a.transitions)

@@ -14,8 +14,9 @@ from ..bus import BusConfig
 
 def _from_dict(cls, d: dict):
     d = dict(d)
-    if "bus" in d and isinstance(d["bus"], dict):
-        d["bus"] = BusConfig.from_dict(d["bus"])
+    for key in ("bus", "lease_bus"):
+        if key in d and isinstance(d[key], dict):
+            d[key] = BusConfig.from_dict(d[key])
     names = {f.name for f in fields(cls)}
     unknown = set(d) - names
     if unknown:
@@ -62,8 +63,10 @@ class WorkerConfig(_JsonMixin):
     """If this process was frozen (SIGSTOP, swap, a stalled VM) for longer than this, requests forwarded
     before the freeze ended are refused UNAVAILABLE instead of computed: by then the ingress has taken
     the worker out of routing and failed them, and the client may have retried them elsewhere, so
-    computing them would execute a request twice. Keep it below the ingresses' ``health_timeout_s``
-    (the node sets 0.8 ×); 0 disables the fence."""
+    computing them would execute a request twice. Keep it below the ingresses' suspicion age minus one
+    report period (an ingress sends a retry elsewhere and cancels the old copy once the worker holding it
+    has been silent for ``max(0.5 s, 0.5 × health_timeout_s)``; the node sets 0.3 × health_timeout_s);
+    0 disables the fence."""
     audit: bool = False
     """Publish the request id of every execution on ``<p>._audit`` (chaos drills count duplicates with it)."""
     compute_delay_ms: float = 0.0

@@ -74,6 +74,11 @@ from ._worker import LocalMessage, control_subject
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
 """A retry sticks to the worker still holding its request id only if that worker reported this recently."""
+_SUSPECT_FRACTION = 0.5
+"""A worker silent for ``max(_STICKY_REPORT_AGE_S, this × health_timeout_s)`` while holding a copy of a
+retried request is *suspected*: the retry goes to another worker and the old copy is cancelled. Kept
+above the workers' stall fence (the node sets ``stall_fence_s = 0.3 × health_timeout_s``) plus one
+report period, so a suspected worker that thaws refuses the old copy instead of running it twice."""
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
@@ -184,7 +189,7 @@ class Ingress:
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "local_forwards": 0}
+                       "local_forwards": 0, "suspect_reroutes": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -403,6 +408,20 @@ class Ingress:
             return None
         return w
 
+    def _suspected_copy(self, rid: str | None, model_key: str, now: float) -> tuple[int, Pending] | None:
+        """``(seq, pending)`` of request ``rid``'s copy at a worker silent past the suspicion age, if any."""
+        if rid is None:
+            return None
+        seq = self._by_rid.get(rid)
+        p = self.pending.get(seq) if seq is not None else None
+        if p is None or p.model_key != model_key:
+            return None
+        w = self.router.workers.get(p.worker_id)
+        age_s = max(_STICKY_REPORT_AGE_S, _SUSPECT_FRACTION * self.config.health_timeout_s)
+        if w is None or not w.last_report or now - w.last_report < age_s:
+            return None
+        return seq, p
+
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
                        hedge_policy=None, t_cache: float | None = None) -> None:
         """Pick a worker and publish the request to it; ``t_cache``: when the cache lookup ended (stage ``cache``)."""
@@ -413,11 +432,26 @@ class Ingress:
                                     retry_after_ms=10)
         now = time.monotonic()
         w = self._sticky(rid, mv.key, now)
+        suspected = None
         if w is not None:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
         else:
-            w = self.router.pick(mv.key, now)
+            suspected = self._suspected_copy(rid, mv.key, now)
+            # a retry whose copy sits at a worker that went silent (hung, frozen, partitioned) goes elsewhere
+            w = self.router.pick(mv.key, now, exclude=suspected[1].worker_id if suspected else None)
+            if suspected is not None and w is not None:
+                self.counts["suspect_reroutes"] += 1
+                # withdraw the old copy: a worker that thaws reads this right after the buffered request and
+                # drops it before compute (and its stall fence refuses it anyway after a long freeze)
+                old_w = suspected[1].worker_id
+                seqs = [s for s, q in self.pending.items()  # every copy there: the first and joined retries
+                        if q.worker_id == old_w and (s == suspected[0] or (q.request_id and q.request_id == rid))]
+                try:
+                    await self.nc.publish(control_subject(self.subjects.prefix, old_w),
+                                          encode_internal(Cancel(self.config.ingress_id, seqs)))
+                except Exception:
+                    pass
         if w is None:
             self.counts["unavailable"] += 1
             raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",

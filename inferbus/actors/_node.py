@@ -232,7 +232,7 @@ class Node:
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
-                              stall_fence_s=0.8 * c.health_timeout_s,
+                              stall_fence_s=0.3 * c.health_timeout_s,  # < the ingresses' suspicion age
                               cpu_affinity=(i % ncpu,) if c.pin_cpus else (), **c.worker_options)
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place

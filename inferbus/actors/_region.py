@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from ..bus import BusConfig, Subjects, connect
+from ..bus import BusConfig, Subjects, connect, fail_pending_requests
 from ..schemas._region import (
     PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
     RegionStep, Transition, decode_region, encode_region,
@@ -76,7 +76,12 @@ class RegionConfig(_JsonMixin):
     region: str
     """This region's name (a subject token)."""
     bus: BusConfig
-    """NATS of this region (its servers first)."""
+    """NATS of this region (its servers first): heartbeats, operator commands."""
+    lease_bus: BusConfig | None = None
+    """NATS for the lease traffic (reads, CAS writes, the KV watch): the **witness cluster's** servers,
+    so lease requests and their replies never cross a gateway. Losing one server of this region then
+    cannot blind the lease (a remote site's gateway to a dead server is re-established only after a
+    fixed 1 s by nats-server). None = use ``bus`` (lease replies cross the witness's gateway)."""
     valkey_url: str | None = None
     """This region's Valkey (``redis://host:port/0``); None = no cache to promote."""
     bucket: str = ""
@@ -178,7 +183,10 @@ class RegionManager:
         self.bucket = config.bucket or bucket_name(config.bus.prefix)
         self.cache = CacheRole(config.valkey_url)
         self.nc = None
+        self.lease_nc = None
         self.store: LeaseStore | None = None
+        self.lease_disconnects = 0
+        self.renewal_retries = 0
         self._lock = asyncio.Lock()
         # own role
         self.role = STANDBY
@@ -213,6 +221,7 @@ class RegionManager:
         self._started = time.monotonic()
         self._quiet_until = 0.0
         self._cache_kick = asyncio.Event()
+        self._renew_task: asyncio.Task | None = None
 
     # ---- timing knobs ----------------------------------------------------------------------------
     @property
@@ -396,19 +405,48 @@ class RegionManager:
         asyncio.ensure_future(self._publish_hb())
 
     async def _renew(self) -> None:
+        """Renew the lease by CAS on our own last revision.
+
+        * A conflict (:class:`LostRace`: someone else wrote) steps down at once.
+        * A renewal whose connection was lost (failed at once by the lease connection's
+          ``disconnected_cb``) or that got an error other than a conflict (no responders, no quorum
+          yet) is sent again — the same CAS on the same revision — on the reconnected connection,
+          every 10-50 ms, while validity remains. Repeating a CAS is safe: if the first copy
+          committed, the repeat loses against our own write, we step down and the resume logic of
+          :meth:`_campaign` CASes on that write and keeps the term.
+        * Validity always counts from the start of the *first* attempt; when it runs out (or a
+          single attempt times out at the end of it) the leader steps down, so a retry never
+          extends a reign beyond what the safety argument of docs/regions.md allows.
+        """
         assert self.store is not None and self.valid_until is not None
         t0 = time.monotonic()
         value = LeaseValue(holder=self.region, manager_id=self.manager_id, term=self.term, valkey=self.cache.addr,
                            op="renew")
-        try:
-            rev = await asyncio.wait_for(self.store.cas(value, self.rev), max(self.valid_until - t0, 0.001))
-        except LostRace as exc:
-            self._step_down(f"renewal lost the lease: {exc}")
-            self._next_read = 0.0
-            return
-        except (LeaseUnavailable, asyncio.TimeoutError) as exc:
-            self._step_down(f"renewal failed: {exc!r}")
-            return
+        retries = 0
+        while True:
+            left_s = self.valid_until - time.monotonic() if self.valid_until is not None else 0.0
+            if self.role != PRIMARY:
+                return  # stepped down meanwhile (a later term was heard)
+            if left_s <= 0:
+                self._step_down(f"renewal failed: validity ran out after {retries} retries")
+                return
+            try:
+                rev = await asyncio.wait_for(self.store.cas(value, self.rev), left_s)
+                break
+            except LostRace as exc:
+                self._step_down(f"renewal lost the lease: {exc}")
+                self._next_read = 0.0
+                return
+            except asyncio.TimeoutError as exc:
+                self._step_down(f"renewal failed: {exc!r}")
+                return
+            except LeaseUnavailable as exc:
+                retries += 1
+                self.renewal_retries += 1
+                if retries == 1:
+                    log(f"region {self.region}: renewal failed ({exc!r}); retrying within the validity "
+                        f"({left_s * 1000:.0f} ms left)")
+                await asyncio.sleep(min(0.01 * retries, 0.05))
         if self.role != PRIMARY:
             return  # stepped down while the write was in flight (a later term was seen)
         self.rev = rev
@@ -416,7 +454,21 @@ class RegionManager:
         self.valid_until = t0 + self._validity_s
         self.next_renew = t0 + self._hb_s
         self._observe(rev, self.region, "", self.manager_id, self.cache.addr, self.term)
+        if retries:
+            self._note("renewal_retried", f"renewed rev {rev} after {retries} retries "
+                                          f"({(time.monotonic() - t0) * 1000:.0f} ms)")
         await self._publish_hb()
+
+    async def _renew_locked(self) -> None:
+        try:
+            async with self._lock:
+                if self.role == PRIMARY:
+                    await self._renew()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not leave a leader that no longer renews
+            log(f"region {self.region}: renewal failed: {exc!r}")
+            self._step_down(f"internal error in renewal: {exc!r}")
 
     # ---- the loop -------------------------------------------------------------------------------
     def _primary_alive(self, now: float) -> bool:
@@ -457,10 +509,9 @@ class RegionManager:
         if self.role == PRIMARY:
             if self.valid_until is None or now >= self.valid_until:
                 self._step_down("lease validity ran out")
-            elif now >= self.next_renew:
-                async with self._lock:
-                    if self.role == PRIMARY:
-                        await self._renew()
+            elif now >= self.next_renew and (self._renew_task is None or self._renew_task.done()):
+                # in a task of its own: heartbeats keep flowing while a renewal is retried
+                self._renew_task = asyncio.ensure_future(self._renew_locked())
         else:
             if (self.primary_hb_at is not None and not self._primary_alive(now)
                     and (self.suspected_at is None or self.suspected_at < self.primary_hb_at)):
@@ -695,8 +746,25 @@ class RegionManager:
         On cancellation (SIGTERM) a primary releases nothing: it simply stops renewing, so the
         standby takes over after ``lease_ms`` (use ``demote`` for a planned handover).
         """
-        self.nc = await connect(self.config.bus, name=f"region-{self.region}")
-        self.store = LeaseStore(self.nc.jetstream(timeout=self.config.kv_timeout_ms / 1000.0), self.bucket,
+        lease_holder: list = []
+
+        async def on_lease_disconnect() -> None:
+            # fail lease requests in flight at once (nats-py would let them wait out their timeout), so
+            # a renewal is sent again on the new connection within its validity (see _renew)
+            self.lease_disconnects += 1
+            if lease_holder:
+                fail_pending_requests(lease_holder[0], "lease connection lost")
+
+        own = self.config.lease_bus is not None
+        self.nc = await connect(self.config.bus, name=f"region-{self.region}",
+                                **({} if own else {"disconnected_cb": on_lease_disconnect}))
+        if own:
+            self.lease_nc = await connect(self.config.lease_bus, name=f"region-{self.region}-lease",
+                                          disconnected_cb=on_lease_disconnect)
+        else:
+            self.lease_nc = self.nc
+        lease_holder.append(self.lease_nc)
+        self.store = LeaseStore(self.lease_nc.jetstream(timeout=self.config.kv_timeout_ms / 1000.0), self.bucket,
                                 placement_cluster=self.config.placement_cluster, replicas=self.config.replicas)
         await self.nc.subscribe(self.subjects.region_heartbeats, cb=self._on_hb)
         await self.nc.subscribe(self.subjects.region_control(self.region), cb=self._on_ctl)
@@ -711,13 +779,14 @@ class RegionManager:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for t in tasks:
+            for t in tasks + ([self._renew_task] if self._renew_task is not None else []):
                 t.cancel()
             await self.cache.close()
-            try:
-                await self.nc.drain()
-            except Exception:
-                pass
+            for nc in {id(c): c for c in (self.lease_nc, self.nc) if c is not None}.values():
+                try:
+                    await nc.drain()
+                except Exception:
+                    pass
 
 
 async def ask_region(nc, prefix: str, region: str, action: str, *, force: bool = False, successor: str = "",

@@ -10,6 +10,32 @@ from nats.aio.client import Client
 from ._config import BusConfig
 
 
+class ConnectionLost(Exception):
+    """The connection carrying a request was lost before its answer came (set by :func:`fail_pending_requests`)."""
+
+
+def fail_pending_requests(nc: Client, reason: str = "connection to the NATS server lost") -> int:
+    """Fail every request in flight on ``nc`` at once with :class:`ConnectionLost`.
+
+    nats-py does not fail a request whose connection is lost: it waits out its timeout, although
+    the reply can never come (the reply subscription belonged to the old connection's server).
+    Call this from ``disconnected_cb`` so callers can retry on the new connection at once.
+
+    Reaches into nats-py's response map (``Client._resp_map``, new-style requests, which JetStream
+    and KV calls use too); if a future nats-py renames it, requests simply wait for their timeout as
+    before.
+
+    Returns:
+        The number of requests failed.
+    """
+    n = 0
+    for fut in list(getattr(nc, "_resp_map", {}).values()):
+        if not fut.done():
+            fut.set_exception(ConnectionLost(reason))
+            n += 1
+    return n
+
+
 async def connect(config: BusConfig, *, name: str | None = None, **callbacks) -> Client:
     """Connect to NATS with failover-friendly settings.
 

@@ -208,6 +208,12 @@ class Plan:
             f'  name: "{s.site}"',
             f"  listen: 127.0.0.1:{s.route_port}",
             f"  routes: [{routes}]",
+        ]
+        if s.site == spec.witness:
+            # region managers reach the witness through per-region proxies (the lease connection);
+            # advertised client URLs would let nats-py reconnect around them (and around a partition)
+            lines.append("  no_advertise: true")
+        lines += [
             "}",
             "gateway {",
             f'  name: "{s.site}"',

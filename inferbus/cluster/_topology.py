@@ -216,7 +216,13 @@ class Topology:
         urls = self.plan.urls(region)
         bus = BusConfig(servers=tuple(urls), prefix=sp.prefix, no_randomize=True, ping_interval_s=0.5,
                         max_outstanding_pings=2)
-        rc = RegionConfig(region=region, bus=bus, valkey_url=self.plan.valkey_url(region),
+        # the lease traffic goes straight to the witness (through the region's lease proxies when the
+        # gateways are proxied), so a dead server of this region cannot blind it (docs/regions.md)
+        lease_urls = ([f"nats://127.0.0.1:{p.port}" for k, p in self.proxies.items()
+                       if k.startswith(f"lease:{region}:")] or self.plan.urls(sp.witness))
+        lease_bus = BusConfig(servers=tuple(lease_urls), prefix=sp.prefix, no_randomize=True, ping_interval_s=0.5,
+                              max_outstanding_pings=2)
+        rc = RegionConfig(region=region, bus=bus, lease_bus=lease_bus, valkey_url=self.plan.valkey_url(region),
                           placement_cluster=sp.witness, replicas=sp.lease_replicas, heartbeat_ms=sp.heartbeat_ms,
                           lease_ms=sp.lease_ms, suspect_ms=sp.suspect_ms, hold_ms=sp.hold_ms,
                           initial_primary=region == sp.regions[0])
@@ -258,6 +264,16 @@ class Topology:
                              labels={"site": s.site, "server": s.name}, classify=nats_gateway_peer)
                 await p.start()
                 self.proxies[s.name] = p
+            # each region manager's lease connection (to the witness's client ports) goes through a
+            # proxy of its own, labelled as a link between the witness and that region, so that cutting
+            # or degrading the W<->region link affects the lease traffic as it would across a real WAN
+            for region in sp.regions:
+                for s in self.plan.site_servers(sp.witness):
+                    p = TcpProxy(("127.0.0.1", s.port), name=f"lease-{region}-{s.name}",
+                                 labels={"site": sp.witness, "server": s.name, "lease_of": region},
+                                 classify=lambda _line, r=region: r)
+                    await p.start()
+                    self.proxies[f"lease:{region}:{s.name}"] = p
         # every nats-server first (a JetStream meta leader is elected only once the supercluster is
         # whole), then each region's Valkey and node; the first region is the initial primary
         specs = []
