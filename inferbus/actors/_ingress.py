@@ -393,15 +393,22 @@ class Ingress:
             out_h[H.REQUEST_ID] = rid
         await self.nc.publish(reply, encode_response(resp, ct), headers=out_h)
 
-    def _sticky(self, rid: str | None, model_key: str, now: float):
-        """The worker still holding a pending copy of request ``rid``, if it can take the retry."""
+    def _pending_copy(self, rid: str | None, model_key: str):
+        """``(seq, pending, worker state or None)`` of request ``rid``'s pending copy for ``model_key``, or None."""
         if rid is None:
             return None
         seq = self._by_rid.get(rid)
         p = self.pending.get(seq) if seq is not None else None
         if p is None or p.model_key != model_key:
             return None
-        w = self.router.workers.get(p.worker_id)
+        return seq, p, self.router.workers.get(p.worker_id)
+
+    def _sticky(self, rid: str | None, model_key: str, now: float):
+        """The worker still holding a pending copy of request ``rid``, if it can take the retry."""
+        copy = self._pending_copy(rid, model_key)
+        if copy is None:
+            return None
+        w = copy[2]
         if w is None or not self.router.live(w, now) or now - w.last_report > _STICKY_REPORT_AGE_S:
             return None
         if not w.breaker.allows(now):
@@ -410,13 +417,10 @@ class Ingress:
 
     def _suspected_copy(self, rid: str | None, model_key: str, now: float) -> tuple[int, Pending] | None:
         """``(seq, pending)`` of request ``rid``'s copy at a worker silent past the suspicion age, if any."""
-        if rid is None:
+        copy = self._pending_copy(rid, model_key)
+        if copy is None:
             return None
-        seq = self._by_rid.get(rid)
-        p = self.pending.get(seq) if seq is not None else None
-        if p is None or p.model_key != model_key:
-            return None
-        w = self.router.workers.get(p.worker_id)
+        seq, p, w = copy
         age_s = max(_STICKY_REPORT_AGE_S, _SUSPECT_FRACTION * self.config.health_timeout_s)
         if w is None or not w.last_report or now - w.last_report < age_s:
             return None
