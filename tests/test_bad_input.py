@@ -216,6 +216,18 @@ async def test_wrong_float_datatypes_are_refused_never_reinterpreted(env):
     assert isinstance(err, InvalidArgument) and err.field == "inputs[1].datatype"
 
 
+async def test_malformed_timeout_header_is_refused_not_defaulted(env):
+    nc, client = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    for bad in ("abc", "nan", "5ms", ""):
+        t0 = time.perf_counter()
+        err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": bad})
+        assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Timeout-Ms", (bad, err)
+        assert time.perf_counter() - t0 < 0.5  # answered at once, not after a default budget
+    err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": "750.5"})
+    assert err is None and out(resp, "a_times_2")["data"] == [42]
+
+
 # ---- zero-size dimensions --------------------------------------------------------------------------------------
 async def test_zero_size_dimensions(env):
     nc, client = env

@@ -253,7 +253,7 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: error reply failed: {exc!r}")
 
     async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
-        deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms)
+        deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms, strict=True)
         if deadline <= t0:
             raise DeadlineExceeded("the request's budget (Inferbus-Timeout-Ms) was already spent on arrival")
         model_name, version = self.subjects.parse_infer(msg.subject)

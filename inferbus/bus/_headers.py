@@ -84,17 +84,23 @@ DEFAULT_TIMEOUT_MS = 1000.0
 MAX_TIMEOUT_MS = 600_000.0
 
 
-def deadline_from_headers(headers: dict | None, now: float | None = None, default_ms: float = DEFAULT_TIMEOUT_MS) -> float:
+def deadline_from_headers(headers: dict | None, now: float | None = None, default_ms: float = DEFAULT_TIMEOUT_MS,
+                          strict: bool = False) -> float:
     """Local ``time.monotonic()`` deadline from the ``Inferbus-Timeout-Ms`` header.
 
     Args:
         headers: message headers or None.
         now: receipt time (monotonic seconds); defaults to now.
         default_ms: budget when the header is absent.
+        strict: a malformed value (not a number, NaN, empty) raises instead of counting as absent
+            (the ingress: a client's typo must not silently grant the default budget).
 
     Returns:
-        Deadline in monotonic seconds. A malformed header is treated as absent;
-        the budget is clamped to [0, ``MAX_TIMEOUT_MS``].
+        Deadline in monotonic seconds; the budget is clamped to [0, ``MAX_TIMEOUT_MS``]. Without
+        ``strict`` a malformed header is treated as absent (internal hops).
+
+    Raises:
+        InvalidArgument: ``strict`` and the header is malformed (``field`` = the header's name).
     """
     if now is None:
         now = time.monotonic()
@@ -105,8 +111,13 @@ def deadline_from_headers(headers: dict | None, now: float | None = None, defaul
             try:
                 ms = float(raw)
             except ValueError:
-                ms = default_ms
+                ms = float("nan")
             if ms != ms:  # NaN
+                if strict:
+                    from ..schemas import InvalidArgument
+
+                    raise InvalidArgument(f"{TIMEOUT_MS} must be a number of milliseconds, got {str(raw)[:40]!r}",
+                                          field=TIMEOUT_MS)
                 ms = default_ms
     ms = min(max(ms, 0.0), MAX_TIMEOUT_MS)
     return now + ms / 1000.0
