@@ -32,6 +32,23 @@ def run_suite(args: list[str]) -> int:
     return main(args)
 
 
+async def _served_default(url: str, prefix: str, model: str) -> str | None:
+    """The default version the running deployment serves for ``model`` (its metadata), or None if it does not say.
+
+    Raises:
+        InferbusError: the deployment answered with an error (e.g. NOT_FOUND for an unknown model).
+    """
+    from .client import Client
+
+    client = await Client.connect(url, prefix)
+    try:
+        meta = await client.model(model, timeout_s=5.0)
+    finally:
+        await client.close()
+    v = (meta.parameters or {}).get("default_version")
+    return str(v) if v is not None else None
+
+
 async def run_load(*, model: str, version: str | None, models_dir: str, nats_url: str | None, workers: int,
                    ingress: int, gens: int, concurrency: list[int], rates: list[float], duration_s: float,
                    hit: bool, timeout_s: float, prefix: str):
@@ -51,6 +68,8 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
         await node.wait_ready(120)
         url = node.nats_url
     try:
+        if version is None and nats_url is not None:
+            version = await _served_default(url, prefix, model)
         mv = ModelRepository(models_dir, [model]).get(model).version(version)
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}

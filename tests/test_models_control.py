@@ -87,6 +87,16 @@ def test_cli_load_unload_default(dep, refs):
     r = json.loads(p.stdout)
     assert r["versions"] == ["2"] and r["default_version"] == "2"
     assert sorted(r["workers"]) == ["n1-w0", "n1-w1"] and set(r["workers"].values()) == {"drained"}
+    # `inferbus bench` against the running deployment measures the served default (2), not the one on disk (1)
+    bench = [sys.executable, "-m", "inferbus.cli", "bench", "digits", *url, "--concurrency", "2", "--duration", "0.5",
+             "--json"]
+    b = subprocess.run(bench, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    steps = json.loads(b.stdout)
+    assert steps and all(r["ok"] > 0 and not r["errors"] and r["wrong"] == 0 for r in steps), steps
+    # an unloaded version: every request NOT_FOUND, and the exit status says so
+    b = subprocess.run(bench + ["--version", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert b.returncode == 1 and "NOT_FOUND" in b.stdout, b.stdout[-2000:] + b.stderr[-2000:]
     p = cli(*url)  # the listing shows what is served now
     assert p.returncode == 0, p.stderr
     row = next(line for line in p.stdout.splitlines() if " digits " in f" {line} ")

@@ -143,12 +143,14 @@ class Pending:
 
 
 def model_metadata(model: Model) -> ModelMetadata:
-    """OIP v2 model metadata of the default version (-1 for variable dimensions)."""
+    """OIP v2 model metadata of the default version (-1 for variable dimensions); ``parameters.default_version``
+    names the version that serves requests naming none (it can change at run time, docs/models.md)."""
     mv = model.version(None)
     return ModelMetadata(
         name=model.name, versions=sorted(model.versions, key=int), platform=model.config.platform,
         inputs=[TensorMetadata(t.name, t.datatype, list(t.shape)) for t in mv.inputs],
         outputs=[TensorMetadata(t.name, t.datatype, list(t.shape)) for t in mv.outputs],
+        parameters={"default_version": mv.version},
     )
 
 
