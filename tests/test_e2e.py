@@ -103,6 +103,15 @@ async def test_plain_nats_and_msgpack_client(deployment):
                                headers={"Content-Type": "application/json"})
         assert msg.headers["Nats-Service-Error-Code"] == "404"
         assert json.loads(msg.data)["error"]["code"] == "NOT_FOUND"
+        # metadata and health replies say their encoding, like inference replies
+        for subj in ("models", "models.digits", "health"):
+            msg = await nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2,
+                                   headers={"Content-Type": "application/json"})
+            assert msg.headers["Content-Type"] == "application/json" and json.loads(msg.data)
+            msg = await nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2)
+            assert msg.headers["Content-Type"] == "application/msgpack" and msgpack.unpackb(msg.data)
+        assert json.loads((await nc.request(f"{deployment.prefix}.models.digits", b"", timeout=2, headers={
+            "Content-Type": "application/json"})).data)["parameters"]["default_version"] == "1"
     finally:
         await nc.close()
 

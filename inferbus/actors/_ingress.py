@@ -154,6 +154,13 @@ def model_metadata(model: Model) -> ModelMetadata:
     )
 
 
+def _reply_ct(request_ct: str | None) -> dict:
+    """``Content-Type`` header of a metadata or health reply: the encoding :func:`encode` chose for the request."""
+    from ..schemas._codec import JSON, MSGPACK, is_json
+
+    return {H.CONTENT_TYPE: JSON if is_json(request_ct) else MSGPACK}
+
+
 def _outcome(item) -> str:
     """Breaker verdict of a completion (see _breaker): ok / client error / server error / neutral."""
     if item.ok:
@@ -729,7 +736,7 @@ class Ingress:
                 await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None)
                 return
             body = encode(model_metadata(model), ct)
-        await self.nc.publish(msg.reply, body)
+        await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
 
     def health(self) -> Health:
         """Live/ready and the serving state: per-worker health and breaker, limits, hedging, cache."""
@@ -757,7 +764,7 @@ class Ingress:
 
     async def _on_health(self, msg) -> None:
         ct = (msg.headers or {}).get(H.CONTENT_TYPE)
-        await self.nc.publish(msg.reply, encode(self.health(), ct))
+        await self.nc.publish(msg.reply, encode(self.health(), ct), headers=_reply_ct(ct))
 
     def _stats_data(self, endpoint_stats) -> dict:
         """``data`` of the endpoints in ``$SRV.STATS``: breaker states and counts."""
