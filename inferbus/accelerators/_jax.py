@@ -20,9 +20,10 @@ the host-device boundary. How the parameters reach the program
 Batch sizes: a request of ``n`` rows runs on the smallest compiled batch size
 ``>= n``, zero-padded, and the first ``n`` output rows are returned. That
 assumes rows are independent (true of every model here: no op mixes rows);
-with no compiled size large enough, the exact size is compiled on first use
-(a one-off stall of tens of ms, logged) and kept, up to ``max_compiled``
-executables.
+a request larger than every compiled size runs in chunks of the largest one
+(so request sizes cannot make the session compile without bound); with no size
+compiled yet, the exact size is compiled on first use (a one-off stall of tens
+of ms, logged) and kept, up to ``max_compiled`` executables.
 
 Precision: ``fp32`` (matmuls at ``Precision.HIGHEST``: no TF32), ``fp16`` and
 ``bf16`` (fp32 accumulation; see :mod:`._onnx_jax`). ``int8`` is not offered
@@ -215,6 +216,12 @@ class JaxSession:
         try:
             first = inputs[self.inputs[0].name]
             n = int(first.shape[0]) if first.ndim else 1
+            if self._batched and self._sizes and n > self._sizes[-1]:
+                # larger than every compiled size: chunks of the largest one, so a client's batch sizes can
+                # never make the session compile (and stall) without bound
+                step = self._sizes[-1]
+                parts = [self.infer({k: v[i:i + step] for k, v in inputs.items()}, names) for i in range(0, n, step)]
+                return {k: np.concatenate([p[k] for p in parts], axis=0) for k in names}
             b, compiled = self._pick(n)
             feeds = {}
             for t in self.inputs:
