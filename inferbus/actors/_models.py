@@ -63,6 +63,15 @@ def _vkey(v: str) -> tuple[int, str]:
     return (len(v), v)  # numeric version folders: shorter is smaller
 
 
+def _states_in(msg) -> list[ModelState]:
+    """The serving states a ``ModelStates`` message carries; [] for anything else (never raises)."""
+    try:
+        m = decode_internal(msg.data)
+    except InternalDecodeError:
+        return []
+    return list(m.items) if isinstance(m, ModelStates) else []
+
+
 def _newer(a: ModelState, b: ModelState | None) -> bool:
     return b is None or (a.revision, a.writer) > (b.revision, b.writer)
 
@@ -166,14 +175,9 @@ class IngressModels:
             return True
 
     async def _on_states(self, msg) -> None:
-        try:
-            m = decode_internal(msg.data)
-        except InternalDecodeError:
-            return
-        if isinstance(m, ModelStates):
-            for st in m.items:
-                if _newer(st, self.states.get(st.model)):
-                    self._spawn(self.apply(st))
+        for st in _states_in(msg):
+            if _newer(st, self.states.get(st.model)):
+                self._spawn(self.apply(st))
 
     async def _on_get(self, msg) -> None:
         if msg.reply:
@@ -458,13 +462,8 @@ class WorkerModels:
                         f"(unloaded or not loaded)", field="model_version")
 
     async def _on_states(self, msg) -> None:
-        try:
-            m = decode_internal(msg.data)
-        except InternalDecodeError:
-            return
-        if isinstance(m, ModelStates):
-            for st in m.items:
-                self._take(st)
+        for st in _states_in(msg):
+            self._take(st)
 
     def _take(self, st: ModelState) -> None:
         if self.w.config.models and st.model not in self.w.config.models:
