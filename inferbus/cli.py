@@ -24,7 +24,7 @@ from rich.markup import escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
 def _run(coro):
