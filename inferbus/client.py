@@ -304,6 +304,8 @@ class Client:
                 raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
                                        + (f" (last error: {last_err})" if last_err else ""))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
+            if sent and request_id:  # a retry: an ingress without the first copy finds it through its peers
+                hdrs[H.ATTEMPT] = str(sent + 1)
             # the last attempt that fits gets the whole remaining budget
             wait_ms = left_ms if attempt_ms is None or attempt_ms + _RTO_MIN_RETRY_MS >= left_ms else attempt_ms
             t_sent = time.monotonic()

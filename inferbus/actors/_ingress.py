@@ -79,6 +79,9 @@ _SUSPECT_FRACTION = 0.5
 retried request is *suspected*: the retry goes to another worker and the old copy is cancelled. Kept
 above the workers' stall fence (the node sets ``stall_fence_s = 0.3 × health_timeout_s``) plus one
 report period, so a suspected worker that thaws refuses the old copy instead of running it twice."""
+_PEER_QUERY_TIMEOUT_S = 0.005
+"""How long a retry (``Inferbus-Attempt`` ≥ 2) that no local copy matches waits for a peer ingress to name
+the worker holding its first copy; no answer = no peer holds one (or it is gone): route as usual."""
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
@@ -198,7 +201,7 @@ class Ingress:
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "local_forwards": 0, "suspect_reroutes": 0}
+                       "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -424,6 +427,37 @@ class Ingress:
             return None
         return w
 
+    async def _peer_sticky(self, rid: str, model_key: str, now: float):
+        """The worker a *peer* ingress forwarded request ``rid``'s first copy to, if it can take the retry.
+
+        A client's retry that lands on another ingress replica would otherwise be routed afresh and could
+        run the model a second time on another worker; sent to the worker that holds the copy, the
+        worker's dedupe joins it. Costs one core-NATS request, only for retries (``Inferbus-Attempt``).
+        """
+        try:
+            msg = await self.nc.request(self.subjects.rid_query, f"{model_key} {rid}".encode(),
+                                        timeout=_PEER_QUERY_TIMEOUT_S)
+        except Exception:  # timeout (no peer holds it), no responders, connection trouble: route as usual
+            return None
+        w = self.router.workers.get(msg.data.decode(errors="replace"))
+        if w is None or not self.router.live(w, now) or now - w.last_report > _STICKY_REPORT_AGE_S:
+            return None
+        if not w.breaker.allows(now):
+            return None
+        return w
+
+    async def _on_rid_query(self, msg) -> None:
+        """A peer asks which worker holds a pending copy of a request id; answer only when this ingress does."""
+        if not msg.reply:
+            return
+        key, _, rid = msg.data.decode(errors="replace").partition(" ")
+        copy = self._pending_copy(rid or None, key)
+        if copy is not None and copy[2] is not None:
+            try:
+                await self.nc.publish(msg.reply, copy[2].worker_id.encode())
+            except Exception:
+                pass
+
     def _suspected_copy(self, rid: str | None, model_key: str, now: float) -> tuple[int, Pending] | None:
         """``(seq, pending)`` of request ``rid``'s copy at a worker silent past the suspicion age, if any."""
         copy = self._pending_copy(rid, model_key)
@@ -449,6 +483,10 @@ class Ingress:
         if w is not None:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
+        elif rid is not None and hdrs.get(H.ATTEMPT) and rid not in self._by_rid and \
+                (w := await self._peer_sticky(rid, mv.key, now)) is not None:
+            self.counts["peer_sticky_retries"] += 1
+            hedge_policy = None
         else:
             suspected = self._suspected_copy(rid, mv.key, now)
             # a retry whose copy sits at a worker that went silent (hung, frozen, partitioned) goes elsewhere
@@ -799,6 +837,7 @@ class Ingress:
         await self.nc.subscribe(s.load, cb=self._on_load)
         await self.nc.subscribe(s.events, cb=self._on_event)
         await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
+        await self.nc.subscribe(s.rid_query, cb=self._on_rid_query)  # peers locating a retried request's copy
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service

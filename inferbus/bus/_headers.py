@@ -23,6 +23,9 @@ MODEL = "Inferbus-Model"
 VERSION = "Inferbus-Version"
 CACHE_KEY = "Inferbus-Cache-Key"
 HEDGE = "Inferbus-Hedge"
+ATTEMPT = "Inferbus-Attempt"
+"""Attempt number of a client's retry with the same request id (2, 3, ...; absent on the first). An ingress
+that holds no copy of such a request asks its peers which worker does (``Subjects.rid_query``)."""
 TERM = "Inferbus-Term"
 """Fencing term of the primary region, stamped by the ingress on forwarded requests (DESIGN §8).
 

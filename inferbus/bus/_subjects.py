@@ -79,6 +79,12 @@ class Subjects:
         return f"{self.prefix}._done.{ingress_id}"
 
     @property
+    def rid_query(self) -> str:
+        """Ingress peers: ``"<model_key> <request_id>"`` → the id of the worker holding a pending copy (every
+        ingress subscribes, no queue group; only one holding the copy answers)."""
+        return f"{self.prefix}._rid"
+
+    @property
     def cache_fill(self) -> str:
         return f"{self.prefix}._cache.fill"
 
