@@ -88,3 +88,40 @@ def deployment(tmp_path_factory):
     dep = start_deployment(tmp_path_factory.mktemp("deploy"))
     yield dep
     dep.stop()
+
+
+class TcpEcho:
+    """A TCP echo server on a free port (``async with TcpEcho() as e: e.port``), for the proxy tests."""
+
+    async def __aenter__(self) -> "TcpEcho":
+        import asyncio
+
+        async def handle(r, w):
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except ConnectionError:
+                pass
+            finally:
+                w.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+
+async def settled_topology(spec, run_dir):
+    """Async generator for a module fixture: the two-region topology of ``spec`` started, settled, stopped."""
+    from inferbus.cluster import Topology
+
+    t = Topology(spec, run_dir=run_dir)
+    await t.start()
+    try:
+        await t.wait_settled(60)
+        yield t
+    finally:
+        await t.stop()

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from conftest import TcpEcho
+
 from chaos.drills import DRILLS, UnknownDrill, get_drill, option_names
 from chaos.faults import FAULTS, Fault, FaultUnavailable, NodeTarget, UnknownFault, get_fault
 from chaos.proxy import TcpProxy
@@ -63,29 +65,9 @@ async def test_topology_faults_refuse_a_single_node_and_model_swap_a_topology():
         await get_fault("model-swap")(object())  # not a NodeTarget (e.g. a topology): says why
 
 
-class _Echo:
-    async def __aenter__(self):
-        async def handle(r, w):
-            try:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-            except ConnectionError:
-                pass
-            finally:
-                w.close()
-
-        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc):
-        self.server.close()
-
-
 async def test_partial_drop_retransmits_late_and_in_order():
     """5 % loss looks like TCP retransmissions: every byte arrives, in order; lost chunks come rto_ms late."""
-    async with _Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
         p.drop(drop_pct=50, rto_ms=80, direction="up")
         r, w = await asyncio.open_connection("127.0.0.1", p.port)
         try:

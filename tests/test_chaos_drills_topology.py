@@ -22,7 +22,9 @@ import pytest
 from chaos.node_drills import DrillOptions
 from chaos.region_drills import RegionDrillOptions, region_partition
 from chaos.topology_drills import GatewayDrillOptions, gateway_degrade, nats_node_loss, soak_topology
-from inferbus.cluster import ClusterSpec, Topology
+from inferbus.cluster import ClusterSpec
+
+from conftest import settled_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -37,14 +39,8 @@ def anyio_backend():
 
 @pytest.fixture(scope="module")
 async def topo(anyio_backend, tmp_path_factory):
-    t = Topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",), health_timeout_s=1.0),
-                 run_dir=tmp_path_factory.mktemp("chaos-topology"))
-    await t.start()
-    try:
-        await t.wait_settled(60)
+    async for t in settled_topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",), health_timeout_s=1.0), tmp_path_factory.mktemp("chaos-topology")):
         yield t
-    finally:
-        await t.stop()
 
 
 def _common(f) -> dict:

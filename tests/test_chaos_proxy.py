@@ -9,6 +9,7 @@ import time
 import pytest
 
 from chaos.proxy import FAULTS, TcpProxy, UnknownFault, make_fault, nats_gateway_peer
+from conftest import TcpEcho
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -16,28 +17,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 @pytest.fixture
 def anyio_backend():
     return ("asyncio", {"use_uvloop": True})
-
-
-class Echo:
-    """A TCP echo server on a free port."""
-
-    async def __aenter__(self):
-        async def handle(r, w):
-            try:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-            except ConnectionError:
-                pass
-            finally:
-                w.close()
-
-        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc):
-        self.server.close()
 
 
 async def _roundtrip(port: int, payload: bytes, first: bytes | None = None, timeout_s: float = 2.0):
@@ -57,14 +36,14 @@ async def _roundtrip(port: int, payload: bytes, first: bytes | None = None, time
 
 
 async def test_forwards_and_counts():
-    async with Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
         data, _ = await _roundtrip(p.port, b"hello" * 1000)
         assert data == b"hello" * 1000
         assert p.stats.accepted == 1 and p.stats.bytes_up == 5000 and p.stats.bytes_down == 5000
 
 
 async def test_latency_delays_in_order_and_heals():
-    async with Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
         f = p.latency(60, direction="up")
         data, dt = await _roundtrip(p.port, b"x" * 100)
         assert data == b"x" * 100 and dt >= 0.055
@@ -74,7 +53,7 @@ async def test_latency_delays_in_order_and_heals():
 
 
 async def test_cut_closes_established_connections_and_rejects_new_ones():
-    async with Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
         r, w = await asyncio.open_connection("127.0.0.1", p.port)
         w.write(b"a")
         await w.drain()
@@ -90,7 +69,7 @@ async def test_cut_closes_established_connections_and_rejects_new_ones():
 
 
 async def test_drop_is_a_silent_blackhole():
-    async with Echo() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port)) as p:
         p.drop()
         with pytest.raises(asyncio.TimeoutError):
             await _roundtrip(p.port, b"lost", timeout_s=0.3)
@@ -103,7 +82,7 @@ async def test_faults_by_peer_tag():
     def connect_line(gw: str) -> bytes:
         return b"CONNECT " + json.dumps({"gateway": gw, "name": f"{gw}1"}).encode() + b"\r\n"
 
-    async with Echo() as echo, TcpProxy(("127.0.0.1", echo.port), classify=nats_gateway_peer) as p:
+    async with TcpEcho() as echo, TcpProxy(("127.0.0.1", echo.port), classify=nats_gateway_peer) as p:
         p.cut(peers={"B"})
         data, _ = await _roundtrip(p.port, b"ok", first=connect_line("W"))
         assert data == b"ok"

@@ -25,7 +25,9 @@ import pytest
 from chaos.region_drills import RegionDrillOptions, region_failover, region_partition, reigns
 from inferbus.actors._region import ask_region, bucket_name
 from inferbus.client import Client
-from inferbus.cluster import ClusterSpec, Topology
+from inferbus.cluster import ClusterSpec
+
+from conftest import settled_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -40,14 +42,8 @@ def anyio_backend():
 
 @pytest.fixture(scope="module")
 async def topo(anyio_backend, tmp_path_factory):
-    t = Topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",)),
-                 run_dir=tmp_path_factory.mktemp("regions"))
-    await t.start()
-    try:
-        await t.wait_settled(60)
+    async for t in settled_topology(ClusterSpec(workers=1, audit=True, models_dir=MODELS, models=("digits",)), tmp_path_factory.mktemp("regions")):
         yield t
-    finally:
-        await t.stop()
 
 
 async def _cli(*args: str, timeout_s: float = 45.0) -> tuple[int, str, str]:
