@@ -420,7 +420,10 @@ class Ingress:
         copy = self._pending_copy(rid, model_key)
         if copy is None:
             return None
-        w = copy[2]
+        return self._retry_target(copy[2], now)
+
+    def _retry_target(self, w, now: float):
+        """``w`` if the worker holding a retried request's copy can take the retry (live, reporting, breaker)."""
         if w is None or not self.router.live(w, now) or now - w.last_report > _STICKY_REPORT_AGE_S:
             return None
         if not w.breaker.allows(now):
@@ -439,12 +442,7 @@ class Ingress:
                                         timeout=_PEER_QUERY_TIMEOUT_S)
         except Exception:  # timeout (no peer holds it), no responders, connection trouble: route as usual
             return None
-        w = self.router.workers.get(msg.data.decode(errors="replace"))
-        if w is None or not self.router.live(w, now) or now - w.last_report > _STICKY_REPORT_AGE_S:
-            return None
-        if not w.breaker.allows(now):
-            return None
-        return w
+        return self._retry_target(self.router.workers.get(msg.data.decode(errors="replace")), now)
 
     async def _on_rid_query(self, msg) -> None:
         """A peer asks which worker holds a pending copy of a request id; answer only when this ingress does."""
