@@ -106,12 +106,17 @@ async def test_error_rate_takes_a_worker_out_and_back(env, dep):
     nc, client, reports = env
     await set_fault(nc, dep.prefix, W0, error_rate=0.15)
     internal = 0
-    for i in range(400):
+
+    async def one():
+        nonlocal internal
         try:
             await client.infer("typed", typed_input())
         except Internal:
             internal += 1
-        if i % 10 == 9 and (await health_params(client))["workers"][W0]["health"] == "error_rate":
+
+    for i in range(200):  # pairs: one in flight makes the other worker the cheaper pick, so w0 gets traffic
+        await asyncio.gather(one(), one())  # (sequential requests could all go to w1 on a score tie-break)
+        if i % 5 == 4 and (await health_params(client))["workers"][W0]["health"] == "error_rate":
             break
     else:
         pytest.fail("w0 never judged unhealthy by its error rate")
