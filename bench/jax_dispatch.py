@@ -14,6 +14,13 @@ after a warm-up (``bench/accel_gpu.py``'s ``timeit``):
 * ``session``              ``JaxSession.infer`` as the worker calls it today (numpy in and out).
 * ``cupy_roundtrip``       CuPy H2D + D2H of the same bytes (the transfers alone).
 
+``--context`` measures the session call (``sess.infer``, timed around the call only) the way a worker makes it,
+to find what separates the worker's ``compute`` stage from the back-to-back figure: ``ctx_back_to_back``,
+``ctx_gap_sleep_2ms`` (a 2 ms ``time.sleep`` between calls: CPU and GPU idle as in a closed loop at c=1),
+``ctx_gap_spin_2ms`` (the same gap busy-waiting: the CPU stays awake), ``ctx_thread_gap_2ms`` (calls made on an
+inference thread fed through a ``queue.Queue`` by an asyncio loop in the main thread, 2 ms apart, like the
+worker's thread path), ``ctx_thread_back_to_back``.
+
 Run it twice with different ``XLA_FLAGS`` (e.g. ``--xla_gpu_enable_command_buffer=`` to turn XLA's CUDA
 graphs off) to see what XLA's command buffers change. Usage: ``python bench/jax_dispatch.py --out FILE``;
 on a CPU-only machine it measures the CPU device (a check that it runs, not a GPU figure).
@@ -98,10 +105,90 @@ def measure(model: str, precision: str, n: int, out: dict) -> None:
     out[f"{model}/{precision}"] = res
 
 
+def _gap_stats(ts: list[float]) -> dict:
+    a = np.asarray(ts) * 1e6
+    return {"n": len(a), "p50_us": round(float(np.percentile(a, 50)), 1),
+            "p99_us": round(float(np.percentile(a, 99)), 1), "min_us": round(float(a.min()), 1)}
+
+
+def context(model: str, precision: str, n: int, out: dict) -> None:
+    """``sess.infer`` timed in the settings a worker calls it in (see the module docstring, ``--context``)."""
+    import asyncio
+    import queue
+    import threading
+
+    import jax
+
+    from inferbus.accelerators._jax import JaxBackend
+
+    kind = "gpu" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
+    sess = JaxBackend().load(ROOT / "models" / model / "1" / "model.onnx", precision=precision, device_kind=kind)
+    sess.warmup((1,))
+    name = sess.inputs[0].name
+    x = np.random.default_rng(0).random(sess._shape(sess.inputs[0], 1), dtype=np.float32)
+    res: dict = {"device": kind, "transfer": sess.transfer, "params_as_constants": sess.params_as_constants}
+
+    def timed() -> float:
+        t = time.perf_counter()
+        sess.infer({name: x})
+        return time.perf_counter() - t
+
+    for _ in range(200):
+        timed()
+    res["ctx_back_to_back"] = _gap_stats([timed() for _ in range(n)])
+    ts = []
+    for _ in range(n):
+        time.sleep(0.002)
+        ts.append(timed())
+    res["ctx_gap_sleep_2ms"] = _gap_stats(ts)
+    ts = []
+    for _ in range(n):
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        ts.append(timed())
+    res["ctx_gap_spin_2ms"] = _gap_stats(ts)
+
+    def thread_run(gap_s: float) -> dict:
+        jobs: queue.Queue = queue.Queue()
+        ts: list[float] = []
+
+        def worker() -> None:
+            while True:
+                item = jobs.get()
+                if item is None:
+                    return
+                fut, loop = item
+                ts.append(timed())
+                loop.call_soon_threadsafe(fut.set_result, None)
+
+        th = threading.Thread(target=worker, daemon=True)
+        th.start()
+
+        async def feed() -> None:
+            loop = asyncio.get_running_loop()
+            for _ in range(n):
+                fut = loop.create_future()
+                jobs.put((fut, loop))
+                await fut
+                if gap_s:
+                    await asyncio.sleep(gap_s)
+
+        asyncio.run(feed())
+        jobs.put(None)
+        th.join()
+        return _gap_stats(ts)
+
+    res["ctx_thread_gap_2ms"] = thread_run(0.002)
+    res["ctx_thread_back_to_back"] = thread_run(0.0)
+    out[f"context {model}/{precision}"] = res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("-n", type=int, default=2000)
+    ap.add_argument("--context", action="store_true", help="only the worker-context section (see the docstring)")
     args = ap.parse_args()
     import jax
 
@@ -110,7 +197,7 @@ def main() -> None:
     for model in ("digits", "digits_cnn"):
         for precision in ("fp32", "fp16"):
             try:
-                measure(model, precision, args.n, out)
+                (context if args.context else measure)(model, precision, args.n, out)
             except Exception:
                 out[f"{model}/{precision}"] = {"error": traceback.format_exc(limit=5)}
     Path(args.out).write_text(json.dumps(out, indent=1))
