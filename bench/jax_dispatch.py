@@ -112,21 +112,30 @@ def _gap_stats(ts: list[float]) -> dict:
 
 
 def context(model: str, precision: str, n: int, out: dict) -> None:
-    """``sess.infer`` timed in the settings a worker calls it in (see the module docstring, ``--context``)."""
-    import asyncio
-    import queue
-    import threading
-
+    """``sess.infer`` timed in the settings a worker calls it in (see the module docstring, ``--context``), for
+    each host transfer path (GPU: dlpack and memcpy; CPU: pjrt and memcpy)."""
     import jax
 
     from inferbus.accelerators._jax import JaxBackend
 
     kind = "gpu" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
-    sess = JaxBackend().load(ROOT / "models" / model / "1" / "model.onnx", precision=precision, device_kind=kind)
-    sess.warmup((1,))
+    for transfer in (("dlpack", "memcpy") if kind == "gpu" else ("pjrt", "memcpy")):
+        sess = JaxBackend(transfer=transfer).load(ROOT / "models" / model / "1" / "model.onnx", precision=precision,
+                                                  device_kind=kind)
+        sess.warmup((1,))
+        res: dict = {"device": kind, "transfer": sess.transfer, "params_as_constants": sess.params_as_constants}
+        _context_one(sess, n, res)
+        res["transfer_after"] = sess.transfer  # a fast path that failed falls back to pjrt
+        out[f"context {model}/{precision} {transfer}"] = res
+
+
+def _context_one(sess, n: int, res: dict) -> None:
+    import asyncio
+    import queue
+    import threading
+
     name = sess.inputs[0].name
     x = np.random.default_rng(0).random(sess._shape(sess.inputs[0], 1), dtype=np.float32)
-    res: dict = {"device": kind, "transfer": sess.transfer, "params_as_constants": sess.params_as_constants}
 
     def timed() -> float:
         t = time.perf_counter()
@@ -181,7 +190,6 @@ def context(model: str, precision: str, n: int, out: dict) -> None:
 
     res["ctx_thread_gap_2ms"] = thread_run(0.002)
     res["ctx_thread_back_to_back"] = thread_run(0.0)
-    out[f"context {model}/{precision}"] = res
 
 
 def main() -> None:

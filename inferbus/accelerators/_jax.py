@@ -12,7 +12,8 @@ the host-device boundary. How the parameters reach the program
   request's inputs and dispatches through ``jax.jit``'s C++ fast path. Measured
   on the H200 host (``bench/jax_dispatch.py``, digits MLP fp32, batch 1, p50):
   resident-input dispatch 71 µs vs 95 µs for ``Compiled(params, inputs)``; a
-  worker's whole call with DLPack transfers 250 µs vs 479 µs.
+  worker's whole call with DLPack transfers 250 µs vs 479 µs (``memcpy``
+  transfers, the GPU default since, below).
 * arguments: ``jit(...).lower(params, specs).compile()`` per batch size, called
   as ``Compiled(params, inputs)`` (large models: no parameter bytes baked into
   the executable).
@@ -31,9 +32,15 @@ by this backend (load raises :class:`ModelLoadError`, and the precision check
 falls back to FP32).
 
 Host transfers (``transfer``): ``pjrt`` lets the executable move numpy inputs and outputs itself;
-``dlpack`` (the default on a GPU when CuPy imports) copies with CuPy (``cudaMemcpy``) and hands the
-device buffers to and from XLA through DLPack, because on the H200 host PJRT's transfers cost ~200 µs
-each way for a few hundred bytes. A DLPack failure switches the session back to ``pjrt`` for good.
+``dlpack`` copies with CuPy (``cudaMemcpy``) and hands the device buffers to and from XLA through DLPack,
+because on the H200 host PJRT's transfers cost ~200 µs each way for a few hundred bytes; ``memcpy`` keeps
+one device input array per input and compiled batch size for the session's life and copies each request
+into it and each output out of XLA's result with one host-synchronous copy each way (``cudaMemcpy``
+through CuPy from/to pinned staging buffers on a GPU, ``memmove`` on the CPU device), addressing the arrays
+by ``unsafe_buffer_pointer()``: no per-call device allocation and no DLPack capsule. That is safe because
+every call is sequential (the session's lock) and host-synchronous: a call writes its input only after the
+previous computation finished (``block_until_ready``), and reads its outputs only after its own did. A
+failure of either fast path switches the session to ``pjrt`` for good.
 
 Devices: the process uses ``jax.devices(kind)[index]``. When the process sees
 exactly one device of that kind (the node gives each GPU worker its own
@@ -43,8 +50,10 @@ the host's number for it.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -53,6 +62,12 @@ import numpy as np
 from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, TensorInfo
 
 log = logging.getLogger("inferbus.accelerators.jax")
+
+AUTO_TRANSFER_GPU = "memcpy"
+"""``transfer="auto"`` on a GPU (CPU and TPU devices: ``pjrt``; a GPU without CuPy: ``pjrt``). Measured on the
+H200 host (``bench/jax_dispatch.py --context``, batch 1, p50, session call back to back): memcpy 158-325 µs
+against dlpack 417-778 µs in the same run; a JAX GPU worker's compute stage 459 vs 619 µs (MLP) and 446 vs
+969 µs (CNN), docs/performance.md."""
 
 CONST_PARAMS_MAX_BYTES = 64 << 20
 """``params_as_constants=None`` closes over the parameters when they total at most this many bytes."""
@@ -154,15 +169,28 @@ class JaxSession:
         self._all_outputs = [t.name for t in outputs]
         self._cupy = None
         self._cuda_ordinal = getattr(jdev, "local_hardware_id", None) or 0
-        if transfer == "dlpack" or (transfer == "auto" and device.kind == "gpu"):
+        auto = transfer == "auto"
+        if auto:
+            transfer = AUTO_TRANSFER_GPU if device.kind == "gpu" else "pjrt"
+        if transfer in ("dlpack", "memcpy") and device.kind == "gpu":
             try:
                 import cupy
 
                 self._cupy = cupy
             except ImportError:
-                if transfer == "dlpack":
-                    raise BackendUnavailable("transfer='dlpack' needs cupy") from None
-        self.transfer = "dlpack" if self._cupy is not None else "pjrt"
+                if not auto:
+                    raise BackendUnavailable(f"transfer={transfer!r} on a GPU needs cupy") from None
+                transfer = "pjrt"  # auto without CuPy: PJRT's own transfers
+        if transfer == "dlpack" and self._cupy is None:
+            raise BackendUnavailable("transfer='dlpack' is for GPUs (CuPy device memory)")
+        if transfer not in ("pjrt", "dlpack", "memcpy"):
+            raise ValueError(f"transfer: auto, pjrt, dlpack or memcpy; got {transfer!r}")
+        self.transfer = transfer
+        """The host transfer path in use: ``pjrt``, ``dlpack`` or ``memcpy`` (see the module docstring)."""
+        self._bufs: dict[int, dict[str, tuple[object, int, np.ndarray]]] = {}
+        """memcpy: batch size → input name → (device array, its device address, host staging array)."""
+        self._out_staging: dict[tuple[str, int], np.ndarray] = {}
+        """memcpy: (output name, bytes) → host staging buffer (pinned on a GPU)."""
 
     @property
     def compiled_batch_sizes(self) -> tuple[int, ...]:
@@ -232,12 +260,14 @@ class JaxSession:
                     pad = np.zeros((b - n,) + x.shape[1:], dtype=x.dtype)
                     x = np.concatenate([x, pad], axis=0)
                 feeds[t.name] = x
-            if self._cupy is not None:
+            if self.transfer != "pjrt":
                 try:
+                    if self.transfer == "memcpy":
+                        return self._infer_memcpy(compiled, feeds, names, n, b)
                     return self._infer_dlpack(compiled, feeds, names, n, b)
                 except Exception as exc:  # never again in this session: PJRT's own transfers still work
-                    log.warning("jax: cupy/DLPack transfers failed (%s); using PJRT transfers", exc)
-                    self._cupy = None
+                    log.warning("jax: %s transfers failed (%s); using PJRT transfers", self.transfer, exc)
+                    self.transfer = "pjrt"
             # numpy in, numpy out: the executable transfers the inputs to its device itself. Measured on the
             # H200 host and here: an explicit jax.device_put or copy_to_host_async per call only adds overhead.
             outs = compiled(feeds)
@@ -265,6 +295,63 @@ class JaxSession:
             res = {k: cp.from_dlpack(outs[k]).get() for k in names}
         return {k: v[:n] for k, v in res.items()} if b != n else res
 
+    def _host_buffer(self, nbytes: int) -> np.ndarray:
+        """A host staging buffer of ``nbytes`` (uint8): pinned (``cudaMallocHost`` through CuPy) on a GPU."""
+        if self._cupy is not None:
+            mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+            return np.frombuffer(mem, np.uint8, nbytes)
+        return np.empty(nbytes, np.uint8)
+
+    def _copy(self, dst: int, src: int, nbytes: int, to_device: bool) -> None:
+        """One host-synchronous copy of ``nbytes`` between a host address and a device array's address."""
+        if self._cupy is not None:
+            rt = self._cupy.cuda.runtime
+            rt.memcpy(dst, src, nbytes, rt.memcpyHostToDevice if to_device else rt.memcpyDeviceToHost)
+        else:
+            ctypes.memmove(dst, src, nbytes)
+
+    def _input_buffers(self, b: int, feeds: dict[str, np.ndarray]) -> dict[str, tuple[object, int, np.ndarray]]:
+        bufs = self._bufs.get(b)
+        if bufs is None:
+            import jax
+
+            bufs = {}
+            for name, x in feeds.items():
+                arr = jax.device_put(np.zeros(x.shape, x.dtype), self._jdev)
+                arr.block_until_ready()
+                staging = self._host_buffer(x.nbytes).view(x.dtype).reshape(x.shape)
+                bufs[name] = (arr, arr.unsafe_buffer_pointer(), staging)
+            self._bufs[b] = bufs
+        return bufs
+
+    def _infer_memcpy(self, compiled, feeds, names, n, b):
+        """Inputs copied into the session's own device arrays, outputs copied out of XLA's results (module
+        docstring, ``memcpy``). ``feeds`` are already padded to ``b`` rows and in the compiled dtypes."""
+        with self._lock:
+            bufs = self._input_buffers(b, feeds)
+            args = {}
+            for name, x in feeds.items():
+                arr, ptr, staging = bufs[name]
+                if x.shape != staging.shape or x.dtype != staging.dtype:
+                    raise ValueError(f"input {name!r} is {x.dtype}{list(x.shape)}, compiled for "
+                                     f"{staging.dtype}{list(staging.shape)}")
+                np.copyto(staging, x)
+                self._copy(ptr, staging.ctypes.data, staging.nbytes, to_device=True)
+                args[name] = arr
+            outs = compiled(args)
+            res = {}
+            for k in names:
+                o = outs[k]
+                o.block_until_ready()
+                nbytes = o.nbytes
+                staging = self._out_staging.get((k, nbytes))
+                if staging is None:
+                    staging = self._out_staging[(k, nbytes)] = self._host_buffer(nbytes)
+                self._copy(staging.ctypes.data, o.unsafe_buffer_pointer(), nbytes, to_device=False)
+                host = staging.view(o.dtype).reshape(o.shape)
+                res[k] = host[:n].copy() if (b != n and host.ndim) else host.copy()
+            return res
+
     def warmup(self, batch_sizes: tuple[int, ...] = (1,)) -> None:
         """Compile (ahead of time) and run once at each batch size, zero inputs."""
         sizes = sorted(set(batch_sizes)) if self._batched else [1]
@@ -284,11 +371,15 @@ class JaxBackend:
 
     name = "jax"
 
-    def __init__(self, transfer: str = "auto", params_as_constants: bool | None = None) -> None:
-        if transfer not in ("auto", "pjrt", "dlpack"):
-            raise ValueError(f"JaxBackend.transfer: auto, pjrt or dlpack; got {transfer!r}")
+    def __init__(self, transfer: str | None = None, params_as_constants: bool | None = None) -> None:
+        if transfer is None:
+            transfer = os.environ.get("INFERBUS_JAX_TRANSFER", "auto")
+        if transfer not in ("auto", "pjrt", "dlpack", "memcpy"):
+            raise ValueError(f"JaxBackend.transfer: auto, pjrt, dlpack or memcpy; got {transfer!r}")
         self.transfer = transfer
-        """Host transfer path of its sessions: ``auto`` (dlpack on GPU when CuPy imports), ``pjrt``, ``dlpack``."""
+        """Host transfer path of its sessions: ``auto`` (``AUTO_TRANSFER_GPU`` on a GPU, else ``pjrt``),
+        ``pjrt``, ``dlpack`` or ``memcpy`` (module docstring); by default the environment variable
+        ``INFERBUS_JAX_TRANSFER``, else ``auto``. Raises ValueError for another name."""
         self.params_as_constants = params_as_constants
         """Parameters closed over (True), passed per call (False), or by size (None, see ``CONST_PARAMS_MAX_BYTES``)."""
 
