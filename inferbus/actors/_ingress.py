@@ -236,6 +236,10 @@ class Ingress:
         """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
         self.local_worker = None
         """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
+        self._infer_sub = None
+        """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
+        self._l2_inflight = 0
+        """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
 
     def attach_local_worker(self, worker) -> None:
         """Host ``worker`` (a :class:`~inferbus.actors._worker.Worker` on this event loop) as the local worker.
@@ -259,6 +263,17 @@ class Ingress:
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
         rid = hdrs.get(H.REQUEST_ID)
+        sub = self._infer_sub
+        if sub is not None and (sub.pending_msgs > self.config.max_backlog_msgs
+                                or sub.pending_bytes > self.config.max_backlog_bytes):
+            # more requests wait behind this one than the bound: refuse at once (cheap, before any decoding)
+            # instead of letting the backlog grow until nats-py drops requests silently (slow consumer)
+            self.counts["backlog_shed"] += 1
+            self.counts["errors"] += 1
+            await self._error(reply, ResourceExhausted(
+                f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting (bound "
+                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, rid)
+            return
         try:
             await self._handle(msg, hdrs, ct, t0)
         except InferbusError as err:
@@ -355,6 +370,10 @@ class Ingress:
                 await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0)
                 return
             if self.redis is not None:
+                if len(self.pending) + self._l2_inflight >= self.config.max_pending:
+                    raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "
+                                            f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
+                self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy))
                 return
@@ -385,6 +404,8 @@ class Ingress:
                 self.counts["l2_timeouts"] += 1
             except Exception:
                 self.counts["l2_errors"] += 1
+            finally:
+                self._l2_inflight -= 1  # from here the request is a pending forward (or answered)
             if cached is not None:
                 self.counts["l2_hits"] += 1
                 self.l1.put(key, cached, ttl_ms)
@@ -842,7 +863,8 @@ class Ingress:
         params = {
             "ingress_id": self.config.ingress_id, "pid": os.getpid(), "models_ready": sorted(ready_models),
             "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, now)),
-            "pending": len(self.pending), "l1_entries": len(self.l1),
+            "pending": len(self.pending), "l1_entries": len(self.l1), "l2_inflight": self._l2_inflight,
+            "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None,
@@ -901,6 +923,7 @@ class Ingress:
         q = s.ingress_queue
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
+        self._infer_sub = _endpoint_subscription(svc, "infer")
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
@@ -921,6 +944,15 @@ class Ingress:
                     await self.nc.drain()
             except Exception:
                 pass
+
+
+def _endpoint_subscription(svc, name: str):
+    """The NATS subscription behind the nats.micro endpoint ``name`` (None, logged, if nats-py hides it)."""
+    for ep in getattr(svc, "_endpoints", ()):
+        if getattr(ep, "_name", None) == name and hasattr(getattr(ep, "_subscription", None), "pending_msgs"):
+            return ep._subscription
+    log(f"ingress: cannot see the {name!r} endpoint's subscription; its backlog bound is not applied")
+    return None
 
 
 def main(config_json: str) -> None:
