@@ -144,7 +144,7 @@ async def test_colocated_worker_serves_forwards_from_other_ingresses(colocated):
                                           "data": x.ravel().tolist()}]})
         for wid in sorted(reports):
             fwd = (time.time() * 1000.0 + 5000.0, ("other", "digits", "1", "", "", "decode=0"), "")
-            hdrs = parse_block(_fwd_block(1, 5000.0, fwd, False))
+            hdrs = parse_block(_fwd_block(1, 5000.0, fwd, ""))
             msg = await nc.request(f"{colocated.prefix}._w.{wid}", body, timeout=5, headers=hdrs)
             resp = decode_response(msg.data)
             assert resp.parameters["worker_id"] == wid

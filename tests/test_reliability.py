@@ -86,6 +86,15 @@ async def env(dep):
     await nc.close()
 
 
+async def fresh_idle_reports(reports) -> dict:
+    """Both workers' first reports sent after this call with nothing in flight (every computation finished
+    before now is counted in them)."""
+    old = dict(reports.latest)
+    await reports.wait(lambda r: all(r[w] is not old.get(w) and r[w].in_flight == 0 for w in (W0, W1)),
+                       what="fresh reports, nothing in flight")
+    return {w: reports.latest[w] for w in (W0, W1)}
+
+
 _counter = iter(range(10**9))
 
 
@@ -215,7 +224,8 @@ async def test_silent_worker_is_taken_out_and_back(env, dep):
 async def test_hedge_beats_a_slow_worker_and_runs_the_model_at_most_twice(env, dep):
     nc, client, reports = env
     await set_fault(nc, dep.prefix, W0, compute_delay_ms=400)
-    before = {w: reports.latest[w] for w in (W0, W1)}
+    before = await fresh_idle_reports(reports)
+    hedges0 = (await health_params(client))["counts"]["hedges"]
     n = 24
     latencies = []
 
@@ -243,10 +253,77 @@ async def test_hedge_beats_a_slow_worker_and_runs_the_model_at_most_twice(env, d
     await reports.wait(lambda r: r[W0].in_flight == 0, what="w0 idle")
     ran = sum(reports.latest[w].computed - before[w].computed for w in (W0, W1))
     cancelled = reports.latest[W0].cancelled - before[W0].cancelled
-    assert ran <= 2 * (n + 24), ran  # the model runs at most twice per request
+    hedges = params["counts"]["hedges"] - hedges0
+    assert hedges <= n + 24  # one hedge per request at most
+    assert ran <= (n + 24) + hedges, (ran, hedges)  # each request once, plus once per hedge sent: never more
     assert cancelled >= 1  # hedge losers still queued were dropped without running the model
     print(f"hedged: {n + 24} requests, model ran {ran} times, {cancelled} losers dropped before compute, "
           f"max sequential latency {max(latencies) * 1000:.0f} ms")
+
+
+async def test_hedge_never_lets_a_shed_copy_answer_before_the_other_worker(env, dep):
+    """A hedge-marked copy shed by its worker (mailbox full) is not answered RESOURCE_EXHAUSTED while
+    another worker can answer: the ingress hedges it at once; a shed hedge copy never races the primary's
+    answer; when every worker sheds, exactly one RESOURCE_EXHAUSTED per request, at once."""
+    nc, client, reports = env
+    await set_fault(nc, dep.prefix, W0, shed=True)  # sheds everything and reports an empty queue
+    before = await fresh_idle_reports(reports)
+    counts0 = (await health_params(client))["counts"]
+    # without hedging, what w0 gets is refused: this is what hedging must hide
+    refused = 0
+    for _ in range(40):
+        try:
+            await client.infer("typed", typed_input(), hedge="off")
+        except ResourceExhausted:
+            refused += 1
+            break
+    assert refused == 1, "w0 got no request: the test would prove nothing"
+
+    async def one(hedge_ms=5000):  # 5 s: over the budget, so no timed hedge; only a shed one
+        feeds = typed_input()
+        check_typed(feeds, await client.infer("typed", feeds, hedge=hedge_ms, timeout_s=3))
+
+    for _ in range(20):  # pairs: the shedding worker looks idle, so it gets a request of each pair
+        await asyncio.gather(one(), one())
+    await fresh_idle_reports(reports)
+    counts = (await health_params(client))["counts"]
+    shed = reports.latest[W0].shed - before[W0].shed - refused  # hedge-marked copies shed
+    assert shed >= 15 and counts["held"] - counts0["held"] == shed, (shed, counts["held"] - counts0["held"])
+    assert counts["hedges_on_refusal"] - counts0["hedges_on_refusal"] == shed
+
+    # the hedge copy shed while the primary (slow) still runs: the client gets the primary's answer
+    await set_fault(nc, dep.prefix, W1, compute_delay_ms=150)
+    await set_fault(nc, dep.prefix, W0, shed=True)
+    held0 = (await health_params(client))["counts"]["held"]
+    for _ in range(4):
+        await asyncio.gather(one(30), one(30))
+    assert (await health_params(client))["counts"]["held"] > held0
+
+    # both workers shed: one typed error per request, from the ingress, at once
+    await set_fault(nc, dep.prefix, W1, shed=True)
+    inbox = nc.new_inbox()
+    got: list = []
+    first = asyncio.Event()
+
+    async def on_reply(m):
+        got.append(m)
+        first.set()
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in typed_input().items()]))
+    t0 = time.perf_counter()
+    await nc.publish("rel.infer.typed", body, reply=inbox, headers={H.HEDGE: "20", H.TIMEOUT_MS: "2000"})
+    await asyncio.wait_for(first.wait(), 2)
+    took = time.perf_counter() - t0
+    err = decode_error(got[0].headers, got[0].data)
+    assert isinstance(err, ResourceExhausted) and err.retry_after_ms, err
+    assert took < 0.5, took  # at once, not after the hedge delay's budget
+    # nothing else arrives: the ingress forgot the request (pending 0), and the workers replied to nobody
+    await wait_health(client, lambda p: p["pending"] == 0, timeout_s=5, what="pending 0")
+    await fresh_idle_reports(reports)
+    await nc.flush()
+    assert len(got) == 1, [m.data for m in got]
+    await sub.unsubscribe()
 
 
 async def test_hedge_after_observed_p95_per_model(env, dep):

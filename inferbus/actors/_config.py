@@ -9,7 +9,41 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
+
 from ..bus import BusConfig
+
+MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
+"""Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
+ingress refuses a backlog itself long before nats-py would drop messages silently (slow consumer)."""
+MAX_BACKLOG_BYTES = DEFAULT_SUB_PENDING_BYTES_LIMIT // 2
+"""Largest ``IngressConfig.max_backlog_bytes`` (half of nats-py's pending-bytes limit, same reason)."""
+
+
+RATE_FIELDS = (("rate_limit_per_s", "rate_burst"), ("client_rate_limit_per_s", "client_rate_burst"))
+"""(rate, burst) option pairs of :class:`IngressConfig`: the global and the per-client token bucket."""
+
+
+def check_rate_limits(owner: str, options: dict) -> None:
+    """Validate the rate-limit options in ``options`` (any subset of :data:`RATE_FIELDS`' names).
+
+    A rate is requests per second, a burst a bucket capacity in requests; 0 means off (rate) or one
+    second of the rate (burst).
+
+    Raises:
+        ValueError: a value that is not a finite number >= 0, a burst in (0, 1) (a bucket must hold one
+            request), or a burst given without its rate. The message names ``owner`` and the field.
+    """
+    for rate_name, burst_name in RATE_FIELDS:
+        for name in (rate_name, burst_name):
+            v = options.get(name, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
+                raise ValueError(f"{owner}.{name} must be a finite number >= 0 (0 = off / default); got {v!r}")
+        rate, burst = options.get(rate_name, 0.0), options.get(burst_name, 0.0)
+        if 0.0 < burst < 1.0:
+            raise ValueError(f"{owner}.{burst_name} must be >= 1 request (or 0 = one second of the rate); got {burst}")
+        if burst and not rate:
+            raise ValueError(f"{owner}.{burst_name} is set but {rate_name} is 0 (no limit): set the rate too")
 
 
 def _from_dict(cls, d: dict):
@@ -160,6 +194,11 @@ class IngressConfig(_JsonMixin):
     """Largest input tensor accepted, bytes of its values (0 = no limit beyond the body); beyond: PAYLOAD_TOO_LARGE."""
     pending_grace_s: float = 1.0
     """A forwarded request with no completion this long after its deadline is counted lost (breaker failure)."""
+    max_backlog_msgs: int = 10_000
+    """Requests received but not yet handled (waiting in the ``infer`` subscription's buffer) at most: a
+    request that finds more waiting behind it is refused RESOURCE_EXHAUSTED at once (1..``MAX_BACKLOG_MSGS``)."""
+    max_backlog_bytes: int = 64 * 1024 * 1024
+    """Bytes of such waiting requests at most, same rule (1..``MAX_BACKLOG_BYTES``)."""
 
     def __post_init__(self) -> None:
         if self.health_timeout_s <= 0:
@@ -168,14 +207,18 @@ class IngressConfig(_JsonMixin):
             raise ValueError("IngressConfig: max_error_rate in [0, 1], min_window_requests >= 1")
         if self.breaker_failures < 1 or self.breaker_open_s <= 0 or self.breaker_probes < 1:
             raise ValueError("IngressConfig: breaker_failures >= 1, breaker_open_s > 0 seconds, breaker_probes >= 1")
-        if min(self.rate_limit_per_s, self.rate_burst, self.client_rate_limit_per_s, self.client_rate_burst) < 0:
-            raise ValueError("IngressConfig: rate limits and bursts must be >= 0 (0 = off / default)")
+        check_rate_limits("IngressConfig", {n: getattr(self, n) for pair in RATE_FIELDS for n in pair})
         if not 0.0 <= self.hedge_budget_ratio <= 1.0:
             raise ValueError("IngressConfig.hedge_budget_ratio must be in [0, 1]")
         if self.l2_pool_size < 1 or self.max_request_bytes < 0 or self.max_tensor_bytes < 0:
             raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
         if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
             raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
+        if self.max_pending < 1:
+            raise ValueError("IngressConfig.max_pending must be >= 1 request")
+        if not 1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS or not 1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES:
+            raise ValueError(f"IngressConfig: max_backlog_msgs in [1, {MAX_BACKLOG_MSGS}] requests, max_backlog_bytes "
+                             f"in [1, {MAX_BACKLOG_BYTES}] bytes (below nats-py's own pending limits)")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,11 @@ subject and request id. The first completion wins; the ingress then cancels
 the other copy (dropped by its worker if not started). The model runs at most
 twice. When both run, the client's reply subject gets two replies; a NATS
 request (any client library) takes the first and drops the second, because
-each request has its own reply subject.
+each request has its own reply subject. A copy of a hedge-eligible request
+(``Inferbus-Hedge: primary`` / ``copy`` on the forward) that its worker sheds
+or refuses UNAVAILABLE before compute is not answered by the worker: its
+completion notice says so (``held``) and this ingress hedges at once, or, when
+no other copy can run, answers the client with that error itself, once.
 
 In-flight accounting: each forwarded request is kept in a pending table until
 the worker's completion notice arrives; when the node reports the worker's
@@ -87,19 +91,26 @@ _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLE
 _MAX_POLICY_CACHE = 256
 
 
-_HEDGE_LINE = f"{H.HEDGE}: copy\r\n"
+HEDGE_PRIMARY = "primary"
+HEDGE_COPY = "copy"
+_HEDGE_LINES = {"": "", HEDGE_PRIMARY: f"{H.HEDGE}: {HEDGE_PRIMARY}\r\n", HEDGE_COPY: f"{H.HEDGE}: {HEDGE_COPY}\r\n"}
+"""``Inferbus-Hedge`` on a forward: ``primary`` (the first copy of a request that may be hedged) or ``copy``
+(the hedge). A worker that sheds or refuses (retryable) a copy so marked tells this ingress instead of the
+client (``DoneItem.held``); the ingress then hedges at once or answers the client itself."""
+_HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
 
-def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> bytes:
+def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> bytes:
     """The header block of a forwarded request: ``Inferbus-Fwd`` (one header for the routing fields,
-    see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers."""
+    see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers, plus
+    ``Inferbus-Hedge: <hedge>`` when ``hedge`` is ``primary`` or ``copy``."""
     dl_ms, (ingress, model, version, term, key, timings), extra = fwd
     return (f"NATS/1.0\r\nInferbus-Fwd: v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};"
-            f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINE if hedge else ''}"
+            f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINES[hedge or '']}"
             f"\r\n").encode()
 
 
-def _fwd_headers(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> dict[str, str]:
+def _fwd_headers(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> dict[str, str]:
     """The headers of :func:`_fwd_block` as the dict a worker reads from a NATS message (in-process forward)."""
     dl_ms, (ingress, model, version, term, key, timings), extra = fwd
     out = {H.FWD: f"v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};{term};{key};{timings}"}
@@ -109,7 +120,7 @@ def _fwd_headers(seq: int, timeout_ms: float, fwd: tuple, hedge: bool) -> dict[s
             if sep:
                 out[k] = v
     if hedge:
-        out[H.HEDGE] = "copy"
+        out[H.HEDGE] = hedge
     return out
 
 
@@ -201,7 +212,8 @@ class Ingress:
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0}
+                       "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
+                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -224,6 +236,10 @@ class Ingress:
         """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
         self.local_worker = None
         """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
+        self._infer_sub = None
+        """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
+        self._l2_inflight = 0
+        """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
 
     def attach_local_worker(self, worker) -> None:
         """Host ``worker`` (a :class:`~inferbus.actors._worker.Worker` on this event loop) as the local worker.
@@ -247,6 +263,17 @@ class Ingress:
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
         rid = hdrs.get(H.REQUEST_ID)
+        sub = self._infer_sub
+        if sub is not None and (sub.pending_msgs > self.config.max_backlog_msgs
+                                or sub.pending_bytes > self.config.max_backlog_bytes):
+            # more requests wait behind this one than the bound: refuse at once (cheap, before any decoding)
+            # instead of letting the backlog grow until nats-py drops requests silently (slow consumer)
+            self.counts["backlog_shed"] += 1
+            self.counts["errors"] += 1
+            await self._error(reply, ResourceExhausted(
+                f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting (bound "
+                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, rid)
+            return
         try:
             await self._handle(msg, hdrs, ct, t0)
         except InferbusError as err:
@@ -343,6 +370,10 @@ class Ingress:
                 await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0)
                 return
             if self.redis is not None:
+                if len(self.pending) + self._l2_inflight >= self.config.max_pending:
+                    raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "
+                                            f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
+                self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy))
                 return
@@ -373,6 +404,8 @@ class Ingress:
                 self.counts["l2_timeouts"] += 1
             except Exception:
                 self.counts["l2_errors"] += 1
+            finally:
+                self._l2_inflight -= 1  # from here the request is a pending forward (or answered)
             if cached is not None:
                 self.counts["l2_hits"] += 1
                 self.l1.put(key, cached, ttl_ms)
@@ -526,12 +559,13 @@ class Ingress:
         elif hdrs.get(H.TRACESTATE):
             extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
         fwd = ((time.time() + (deadline - now)) * 1000.0, fargs, extra)
+        hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         body = msg.data
         local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local:
             block = None
         else:
-            block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, False)
+            block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark)
             max_payload = self.nc.max_payload or 0
             if max_payload and len(body) + len(block) > max_payload:
                 self.counts["too_large"] += 1
@@ -547,7 +581,7 @@ class Ingress:
             self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now)
         if local:
             await self._forward_local(seq, msg.reply, body, _fwd_headers(seq, H.remaining_ms(deadline, now), fwd,
-                                                                         False))
+                                                                         hedge_mark))
         else:
             await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
         self.counts["ok_forwarded"] += 1
@@ -573,6 +607,12 @@ class Ingress:
 
     # ---- hedging ------------------------------------------------------------------------------
     def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float) -> None:
+        """Make ``p`` (forwarded as ``seq``) hedge-eligible and start its hedge timer when the delay is known
+        and fits the budget. Without a timer (a quantile policy before ``MIN_SAMPLES``, a delay over the
+        budget) the request is still hedged at once if its worker sheds or refuses it (:meth:`_on_held`)."""
+        h = _Hedge(policy, body, fwd, now, p.model_key)
+        h.seqs.append(seq)
+        p.hedge = h
         kind, value = policy
         if kind == "fixed":
             delay_ms = value
@@ -585,25 +625,27 @@ class Ingress:
         delay_ms = max(delay_ms, MIN_DELAY_MS)
         if delay_ms >= H.remaining_ms(deadline, now):
             return  # the hedge could never answer within the budget
-        h = _Hedge(policy, body, fwd, now, p.model_key)
-        h.seqs.append(seq)
-        p.hedge = h
         h.timer = asyncio.get_running_loop().call_later(delay_ms / 1000.0, self._fire_hedge, seq)
 
     def _fire_hedge(self, seq: int) -> None:
         p = self.pending.get(seq)
         if p is None or p.hedge is None or p.hedge.done:
             return
-        asyncio.ensure_future(self._send_hedge(seq, p))
+        asyncio.ensure_future(self._send_hedge(p))
 
-    async def _send_hedge(self, seq: int, p: Pending) -> None:
+    async def _send_hedge(self, p: Pending) -> bool:
+        """Send the hedge copy of the request ``p`` (its first copy) to another worker than ``p``'s.
+
+        Returns False, sending nothing, when the request is settled, already hedged, out of budget, or no
+        other worker can take it or the hedge budget is spent.
+        """
         h = p.hedge
         now = time.monotonic()
         if h is None or h.done or len(h.seqs) > 1 or p.deadline <= now:
-            return
+            return False
         w = self.router.pick(h.model_key, now, exclude=p.worker_id)
         if w is None or not self.hedge_budget.try_spend():
-            return
+            return False
         seq2 = next(self._seq)
         local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
         remaining_ms = H.remaining_ms(p.deadline, now)
@@ -615,12 +657,43 @@ class Ingress:
         self.counts["hedges"] += 1
         try:
             if local:
-                await self._forward_local(seq2, p.reply, h.body, _fwd_headers(seq2, remaining_ms, h.fwd, True))
+                await self._forward_local(seq2, p.reply, h.body, _fwd_headers(seq2, remaining_ms, h.fwd, HEDGE_COPY))
             else:
                 await publish_raw(self.nc, self.subjects.worker(w.worker_id), h.body, reply=p.reply,
-                                  headers=_fwd_block(seq2, remaining_ms, h.fwd, True))
-        except Exception as exc:
+                                  headers=_fwd_block(seq2, remaining_ms, h.fwd, HEDGE_COPY))
+        except Exception as exc:  # the pending entry stays: the sweeper or the client's budget ends it
             log(f"ingress {self.config.ingress_id}: hedge publish failed: {exc!r}")
+        return True
+
+    async def _on_held(self, p: Pending, item, now: float) -> None:
+        """A worker shed (RESOURCE_EXHAUSTED) or refused (UNAVAILABLE) the hedge-marked copy ``p`` before
+        compute and did not reply to the client (``DoneItem.held``).
+
+        If another copy of the request is still pending, it answers (nothing is sent). Else the hedge is
+        sent at once to another worker; when none can be sent (no other routable worker, hedge budget
+        spent, the hedge was already sent and failed too, budget over), the client gets the worker's error
+        from here, once.
+        """
+        self.counts["held"] += 1
+        h = p.hedge
+        if h is not None:
+            if h.done or any(s in self.pending for s in h.seqs):
+                return  # another copy answered already or is still running: it answers
+            if h.timer is not None:
+                h.timer.cancel()
+            if await self._send_hedge(p):
+                self.counts["hedges_on_refusal"] += 1
+                return
+            h.done = True
+            h.body = b""
+        self.counts["errors"] += 1
+        if item.code == "RESOURCE_EXHAUSTED":
+            err = ResourceExhausted(f"worker {p.worker_id} shed the request (mailbox full) and no other worker "
+                                    f"could take it", retry_after_ms=_HELD_RETRY_AFTER_MS["RESOURCE_EXHAUSTED"])
+        else:
+            err = Unavailable(f"worker {p.worker_id} refused the request ({item.code}) and no other worker "
+                              f"could take it; safe to retry", retry_after_ms=_HELD_RETRY_AFTER_MS["UNAVAILABLE"])
+        await self._error(p.reply, err, p.content_type, p.request_id)
 
     async def _settle_hedge(self, h: _Hedge, winner_seq: int, now: float) -> None:
         """The first completion of a hedged request arrived: cancel the other copy."""
@@ -675,6 +748,9 @@ class Ingress:
                 continue
             latency_us = (now - p.t_fwd) * 1e6
             self.router.on_done(p.worker_id, latency_us, outcome=_outcome(item), probe=p.probe, now=now)
+            if item.held:
+                await self._on_held(p, item, now)
+                continue
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
@@ -787,7 +863,8 @@ class Ingress:
         params = {
             "ingress_id": self.config.ingress_id, "pid": os.getpid(), "models_ready": sorted(ready_models),
             "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, now)),
-            "pending": len(self.pending), "l1_entries": len(self.l1),
+            "pending": len(self.pending), "l1_entries": len(self.l1), "l2_inflight": self._l2_inflight,
+            "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None,
@@ -846,6 +923,7 @@ class Ingress:
         q = s.ingress_queue
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
+        self._infer_sub = _endpoint_subscription(svc, "infer")
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
@@ -866,6 +944,15 @@ class Ingress:
                     await self.nc.drain()
             except Exception:
                 pass
+
+
+def _endpoint_subscription(svc, name: str):
+    """The NATS subscription behind the nats.micro endpoint ``name`` (None, logged, if nats-py hides it)."""
+    for ep in getattr(svc, "_endpoints", ()):
+        if getattr(ep, "_name", None) == name and hasattr(getattr(ep, "_subscription", None), "pending_msgs"):
+            return ep._subscription
+    log(f"ingress: cannot see the {name!r} endpoint's subscription; its backlog bound is not applied")
+    return None
 
 
 def main(config_json: str) -> None:

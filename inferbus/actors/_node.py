@@ -29,7 +29,7 @@ from pathlib import Path
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
 from ..schemas._internal import ProcessEvent, encode_internal
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
-from ._config import AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig
+from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
 from ._region import RegionConfig
 
 
@@ -93,8 +93,10 @@ class NodeConfig:
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)
-    """Further :class:`IngressConfig` fields for every ingress. ``rate_limit_per_s`` and ``rate_burst`` are
-    for the node: each of the ``ingress`` replicas enforces its share."""
+    """Further :class:`IngressConfig` fields for every ingress. The rate limits (``rate_limit_per_s``,
+    ``rate_burst``, ``client_rate_limit_per_s``, ``client_rate_burst``) are for the node: each of the
+    ``ingress`` replicas enforces an even share (a share of a burst is at least 1 request). They are not
+    cluster-wide: N nodes on one NATS admit N times these limits. Validated here (ValueError)."""
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
@@ -105,6 +107,7 @@ class NodeConfig:
             raise ValueError(f"NodeConfig.backends: each one of {', '.join(BACKENDS)}; got {self.backends}")
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ValueError(f"NodeConfig.precision: auto or one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        check_rate_limits("NodeConfig.ingress_options", self.ingress_options)
 
 
 class Node:
@@ -334,9 +337,17 @@ def _auth_config(bus_options: dict) -> str:
 
 
 def _per_replica(ingress_options: dict, replicas: int) -> dict:
-    """Ingress options with the node-wide global rate limit split across ``replicas``."""
+    """Ingress options with the node's rate limits (global and per client) split evenly across ``replicas``.
+
+    Rates and bursts are divided by ``replicas`` (the queue group spreads requests evenly), so the node as a
+    whole admits its configured limits; a divided burst is kept at >= 1 request (a bucket must hold one),
+    so with a burst below ``replicas`` the node admits a burst of up to ``replicas`` at once.
+    """
     out = dict(ingress_options)
-    for k in ("rate_limit_per_s", "rate_burst"):
-        if out.get(k):
-            out[k] = out[k] / replicas
+    for rate_name, burst_name in RATE_FIELDS:
+        rate, burst = out.get(rate_name) or 0.0, out.get(burst_name) or 0.0
+        if rate:
+            out[rate_name] = rate / replicas
+            # burst 0 means "one second of the rate": make it explicit before splitting, then clamp
+            out[burst_name] = max((burst or max(rate, 1.0)) / replicas, 1.0)
     return out

@@ -17,8 +17,10 @@ time until the bucket holds one token again (rounded up to a whole ms).
 Per-client buckets are kept in an LRU of ``max_clients`` entries; a client that
 falls out returns with a full bucket (the price of bounded memory). Requests
 without a client id share one bucket under the empty id. Each ingress replica
-keeps its own buckets: the node divides a deployment-wide limit by its number
-of ingress replicas (the queue group spreads requests evenly).
+keeps its own buckets: the node divides its limits (global and per client) by
+its number of ingress replicas (the queue group spreads requests evenly), a
+divided burst kept at >= 1. Limits are per node, not per cluster: N nodes on
+one NATS admit N times the limits.
 """
 
 from __future__ import annotations
@@ -141,6 +143,11 @@ class RateLimiter:
         self.clients.popitem(last=False)
 
     def stats(self) -> dict:
+        """Refusals, clients tracked, global tokens left, and this limiter's rates (req/s) and bursts (requests)."""
+        g = self.global_bucket
         return {"refused_global": self.refused_global, "refused_client": self.refused_client,
                 "clients": len(self.clients),
+                "rate_per_s": g.rate_per_s if g is not None else 0.0, "burst": g.burst if g is not None else 0.0,
+                "client_rate_per_s": self.client_rate_per_s,
+                "client_burst": self.client_burst if self.client_rate_per_s > 0 else 0.0,
                 "global_tokens": None if self.global_bucket is None else int(self.global_bucket.tokens)}

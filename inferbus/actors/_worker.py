@@ -95,6 +95,11 @@ _INLINE_SEED_RUNS = 3
 _BLOCK_ENDS = ("NATS/1.0\r\n", "\r\n")
 
 
+_HELD_CODES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
+"""Refusals before compute that a hedge-marked copy leaves to its ingress (see ``Worker._finish_now``)."""
+_HEDGE_MARKS = frozenset({"primary", "copy"})
+
+
 def control_subject(prefix: str, worker_id: str) -> str:
     """``<p>._ctl.<worker_id>``: cancellations from ingresses, fault injection from drills."""
     return f"{prefix}._ctl.{worker_id}"
@@ -170,6 +175,8 @@ class Outcome:
     """Error code when not ok; CANCELLED: dropped before compute, nobody is answered."""
     retry: bool = False
     """The job expired or was cancelled before compute: joined duplicates still in budget are queued again."""
+    held: bool = False
+    """Not replied to the client: the ingress answers (a hedge-marked copy shed or refused, see ``_finish_now``)."""
 
 
 @dataclass
@@ -394,7 +401,7 @@ class Worker:
         The mailbox bound (``mailbox_size``) covers the inference thread's queue and the loop's inline
         queue together. Loop thread only; it awaits only to publish the shed reply.
         """
-        if self.mailbox.qsize() + len(self._inline) >= self.config.mailbox_size:
+        if self.mailbox.qsize() + len(self._inline) >= self.config.mailbox_size or self.fault.shed:
             self.stats.shed += 1
             await self._finish_now(job, ResourceExhausted(
                 f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
@@ -445,9 +452,19 @@ class Worker:
         await self.nc.publish(reply, body, headers=hdrs)
 
     async def _finish_now(self, job: Job, err: InferbusError, server_error: bool = False) -> None:
+        """Answer ``job`` with ``err`` before compute (shed, expired, refused); it was not tracked in flight.
+
+        A copy the ingress marked ``Inferbus-Hedge: primary`` or ``copy`` that is shed (RESOURCE_EXHAUSTED)
+        or refused UNAVAILABLE is *held*: no reply to the client, only the completion notice (``held``), so
+        the ingress can send the request to another worker at once or answer the client itself; a refusal
+        racing the other copy's answer never reaches the client.
+        """
         hdrs, body = error_message(err, job.hdrs.get(H.CONTENT_TYPE), job.hdrs.get(H.REQUEST_ID))
+        code = err.code.value
+        held = (code in _HELD_CODES and job.ingress is not None and job.seq >= 0
+                and job.hdrs.get(H.HEDGE) in _HEDGE_MARKS)
         await self._publish_outcomes([Outcome(job, hdrs, body, ok=False, server_error=server_error,
-                                              code=err.code.value)], count=False)
+                                              code=code, held=held)], count=False)
 
     async def _publish_outcomes(self, outcomes: list[Outcome], count: bool = True) -> None:
         """Reply to every copy of each job (joined duplicates too), then send completion notices.
@@ -485,6 +502,8 @@ class Worker:
                     continue
                 if t.cancelled or o.code == CANCELLED:
                     code = CANCELLED
+                elif o.held:
+                    pass  # the ingress answers (DoneItem.held)
                 else:
                     hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
                     try:
@@ -498,7 +517,8 @@ class Worker:
                 if t.ingress is not None and t.seq >= 0:
                     done.setdefault(t.ingress, []).append(
                         DoneItem(t.seq, o.ok and code != CANCELLED, o.server_error and code != CANCELLED, o.service_us,
-                                 o.response_msgpack if (t.want_body and o.ok) else None, code))
+                                 o.response_msgpack if (t.want_body and o.ok) else None, code,
+                                 o.held and code != CANCELLED))
         for ingress, items in done.items():
             try:
                 if ingress == self._local_ingress_id:  # colocated ingress: in-process, no NATS message

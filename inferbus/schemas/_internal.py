@@ -94,6 +94,9 @@ class DoneItem(msgspec.Struct, array_like=True):
     """The encoded InferResponse (msgpack), only when the ingress asked for a cache fill."""
     code: str = ""
     """Error code of a failed request ("" when ok); ``CANCELLED`` for a hedge loser dropped before compute."""
+    held: bool = False
+    """The worker did not reply to the client: a copy marked ``Inferbus-Hedge: primary``/``copy`` it shed
+    (RESOURCE_EXHAUSTED) or refused (UNAVAILABLE) before compute; the ingress hedges it or answers the client."""
 
 
 class DoneNotice(_Base, tag="inferbus.v1.done"):
@@ -144,6 +147,8 @@ class FaultSet(_Base, tag="inferbus.v1.fault"):
     """Extra sleep before each batch, ms."""
     silent: bool = False
     """Stop publishing load reports (a hung or partitioned worker, as the routers see it)."""
+    shed: bool = False
+    """Shed every request as if the mailbox were full (RESOURCE_EXHAUSTED), while reporting an empty queue."""
 
 
 class ModelState(msgspec.Struct, omit_defaults=True):

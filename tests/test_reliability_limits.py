@@ -1,0 +1,138 @@
+"""Admission limits of the ingress against real processes (issue 5): rate limits split across ingress
+replicas, and the bound on requests waiting in the ingress's own subscription buffer (the backlog)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MODELS
+from inferbus.actors import IngressConfig, Node, NodeConfig
+from inferbus.actors._node import _per_replica
+from inferbus.bus import BusConfig
+from inferbus.client import Client
+from inferbus.schemas import DeadlineExceeded, InferbusError, ResourceExhausted
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):  # process-heavy tests: one loop is enough
+    return request.param
+
+
+def test_rate_limits_split_per_replica_and_nonsense_refused():
+    split = _per_replica({"rate_limit_per_s": 1, "rate_burst": 1, "client_rate_limit_per_s": 10,
+                          "client_rate_burst": 4, "max_pending": 7}, 2)
+    assert split == {"rate_limit_per_s": 0.5, "rate_burst": 1.0,  # 0.5 clamped: a bucket holds one request
+                     "client_rate_limit_per_s": 5.0, "client_rate_burst": 2.0, "max_pending": 7}
+    # burst 0 = one second of the node's rate, split like the rate
+    assert _per_replica({"client_rate_limit_per_s": 30}, 3) == {"client_rate_limit_per_s": 10.0,
+                                                                 "client_rate_burst": 10.0}
+    assert _per_replica({}, 4) == {}
+    bus = BusConfig(servers=("nats://127.0.0.1:1",))
+    for bad in ({"rate_limit_per_s": -1}, {"rate_limit_per_s": float("nan")}, {"client_rate_burst": float("inf")},
+                {"rate_limit_per_s": 10, "rate_burst": 0.5}, {"client_rate_burst": 5}, {"rate_burst": "10"}):
+        with pytest.raises(ValueError, match="rate"):
+            NodeConfig(models_dir=str(MODELS), ingress_options=bad)
+        if not isinstance(bad.get("rate_burst"), str):
+            with pytest.raises(ValueError, match="rate"):
+                IngressConfig(ingress_id="i", bus=bus, models_dir=str(MODELS), **bad)
+    for bad in ({"max_backlog_msgs": 0}, {"max_backlog_msgs": 10**7}, {"max_backlog_bytes": 0}, {"max_pending": 0}):
+        with pytest.raises(ValueError):
+            IngressConfig(ingress_id="i", bus=bus, models_dir=str(MODELS), **bad)
+
+
+def typed_feeds(k: int) -> dict:
+    return {"a": np.full((1, 1), k, np.int32), "b": np.full((1, 4), 0.25, np.float16)}
+
+
+async def _health_by_replica(client: Client, n: int) -> dict[str, dict]:
+    """Health parameters of each of ``n`` ingress replicas (the queue group answers from one at a time)."""
+    seen: dict[str, dict] = {}
+    deadline = time.monotonic() + 20
+    while len(seen) < n:
+        assert time.monotonic() < deadline, f"only replicas {sorted(seen)} answered"
+        p = (await client.health(timeout_s=2)).parameters
+        seen[p["ingress_id"]] = p
+    return seen
+
+
+async def test_rate_limits_with_more_ingress_replicas_than_burst(nats_server, tmp_path):
+    """``--rate-burst 1 --ingress 2`` used to crash the ingresses at start (a bucket of 0.5); now each replica
+    gets half of the node's rates and a burst of at least 1, and the node as a whole admits its limit."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=("typed",), workers=1, ingress=2, nats_url=nats_server.url,
+                     no_cache=True, prefix="rl", run_dir=str(tmp_path / "run"),
+                     ingress_options={"rate_limit_per_s": 1, "rate_burst": 1, "client_rate_limit_per_s": 10,
+                                      "client_rate_burst": 4})
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "rl", client_id="c1")
+        try:
+            replicas = await _health_by_replica(client, 2)
+            for p in replicas.values():
+                rl = p["rate_limit"]
+                assert (rl["rate_per_s"], rl["burst"]) == (0.5, 1.0), rl
+                assert (rl["client_rate_per_s"], rl["client_burst"]) == (5.0, 2.0), rl
+            # the node's global bucket: 1 request now per replica (2 in all) plus 1 per second of refill
+            t0 = time.monotonic()
+            outcomes = await asyncio.gather(*(client.infer("typed", typed_feeds(k), timeout_s=5) for k in range(8)),
+                                            return_exceptions=True)
+            elapsed = time.monotonic() - t0
+            ok = [o for o in outcomes if isinstance(o, dict)]
+            refused = [o for o in outcomes if isinstance(o, ResourceExhausted)]
+            assert len(ok) + len(refused) == len(outcomes), outcomes
+            assert 1 <= len(ok) <= 2 + math.ceil(elapsed * 1.0), (len(ok), elapsed)
+            assert all(e.retry_after_ms and e.retry_after_ms > 0 for e in refused)
+            for k, o in zip(range(8), outcomes):
+                if isinstance(o, dict):
+                    np.testing.assert_array_equal(o["a_times_2"], typed_feeds(k)["a"] * 2)
+        finally:
+            await client.close()
+
+
+async def test_ingress_backlog_is_bounded_and_refused_at_once(nats_server, tmp_path):
+    """A burst far above ``max_backlog_msgs`` on one ingress: some requests are refused RESOURCE_EXHAUSTED
+    (with a retry-after hint) at once, none times out, every other one gets its own answer, and afterwards
+    nothing is left pending or waiting."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=("typed",), workers=1, ingress=1, nats_url=nats_server.url,
+                     no_cache=True, prefix="bl", run_dir=str(tmp_path / "run"),
+                     ingress_options={"max_backlog_msgs": 4})
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "bl")
+        try:
+            n = 400
+
+            async def one(k: int):
+                feeds = typed_feeds(k)
+                try:
+                    out = await client.infer("typed", feeds, timeout_s=30)
+                except InferbusError as err:
+                    return err
+                np.testing.assert_array_equal(out["a_times_2"], feeds["a"] * 2)
+                np.testing.assert_array_equal(out["b_sum"], np.full((1, 1), 1.0, np.float32))
+                return "ok"
+
+            # every task publishes before any awaits a reply: the ingress receives the burst in one go
+            outcomes = await asyncio.gather(*(one(k) for k in range(n)))
+            ok = outcomes.count("ok")
+            refused = [o for o in outcomes if isinstance(o, ResourceExhausted)]
+            assert not [o for o in outcomes if isinstance(o, DeadlineExceeded)], "a request timed out"
+            assert ok + len(refused) == n, {type(o).__name__ for o in outcomes}
+            assert refused and ok >= 1, (ok, len(refused))
+            assert all(e.retry_after_ms == 10 for e in refused)
+            p = (await client.health(timeout_s=2)).parameters
+            assert p["counts"]["backlog_shed"] == len(refused)
+            deadline = time.monotonic() + 10
+            while p["pending"] or p["backlog"] or p["l2_inflight"]:
+                assert time.monotonic() < deadline, p
+                await asyncio.sleep(0.05)
+                p = (await client.health(timeout_s=2)).parameters
+            print(f"backlog bound 4: {n} requests, {ok} answered, {len(refused)} refused at once")
+        finally:
+            await client.close()
