@@ -254,10 +254,12 @@ class Client:
                            hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         rid = request_id or uuid.uuid4().hex
+        # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
+        # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
         req = InferRequest(
             inputs=[input_from_numpy(name, np.asarray(arr) if not isinstance(arr, np.ndarray) else arr, raw=raw)
                     for name, arr in inputs.items()],
-            id=rid, parameters=parameters,
+            parameters=parameters,
             outputs=[RequestedOutput(name=n) for n in outputs] if outputs else None,
         )
         ct = "application/json" if json else None
@@ -267,7 +269,7 @@ class Client:
                                        headers={H.HEDGE: str(hedge)} if hedge is not None else None)
         r = decode_response(resp, rct)
         outs = {o.name: output_to_numpy(o, field=f"outputs[{i}]") for i, o in enumerate(r.outputs)}
-        return InferResult(outs, r.model_name, r.model_version, r.id, dict(r.parameters or {}))
+        return InferResult(outs, r.model_name, r.model_version, r.id or rid, dict(r.parameters or {}))
 
     async def request(self, subject: str, body: bytes, *, timeout_s: float, request_id: str | None = None,
                       content_type: str | None = None, headers: dict | None = None) -> tuple[bytes, str | None]:

@@ -100,6 +100,12 @@ client (``DoneItem.held``); the ingress then hedges at once or answers the clien
 _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
 
+RAW_INDEX_MAX_BODY_BYTES = 4096
+"""Request bodies up to this size are remembered by their bytes (the raw index): a repeat of the same bytes for
+the same model version is answered from L1 without being decoded, validated or hashed into a cache key again.
+Bounded by ``l1_entries`` entries, so the index holds at most ``l1_entries`` × 4 KiB of bodies."""
+
+
 def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> bytes:
     """The header block of a forwarded request: ``Inferbus-Fwd`` (one header for the routing fields,
     see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers, plus
@@ -200,6 +206,9 @@ class Ingress:
                                    config.client_rate_burst, config.max_clients)
         self.hedge_budget = HedgeBudget(config.hedge_budget_ratio)
         self.l1 = L1Cache(config.l1_entries)
+        self._raw_index = L1Cache(config.l1_entries)
+        """(model key, JSON?, request body bytes) → (cache key, request id) of a body validated before, for
+        bodies up to ``RAW_INDEX_MAX_BODY_BYTES``; entries live as long as the model's cache TTL."""
         self.fencing = Fencing(self.subjects)
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.router.region = config.region
@@ -213,7 +222,7 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
-                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0}
+                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -317,6 +326,20 @@ class Ingress:
         hv = hdrs.get(H.HEDGE)
         if hv is not None:
             hedge_policy = self._policy(hv)
+        ttl_ms = model.config.cache_ttl_ms
+        raw_key = None
+        if ttl_ms > 0 and len(body) <= RAW_INDEX_MAX_BODY_BYTES:
+            # the same body bytes for the same model version and encoding were decoded, validated and keyed
+            # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
+            raw_key = (mv.key, is_json(ct), body)
+            seen_before = self._raw_index.get(raw_key, t0)
+            if seen_before is not None:
+                cached = self.l1.get(seen_before[0], t0)
+                if cached is not None:
+                    self.counts["l1_hits"] += 1
+                    self.counts["l1_raw_hits"] += 1
+                    await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0)
+                    return
         req = decode_request(body, ct)
         t_dec = time.monotonic()
         spec = self._inputs[mv.key]
@@ -358,12 +381,13 @@ class Ingress:
                                           field=f"outputs[{j}].name")
                 out_names.append(o.name)
         t_val = time.monotonic()
-        ttl_ms = model.config.cache_ttl_ms
         key = None
         rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
             raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
             key = cache_key(mv.name, mv.version, req.inputs, arrays, out_names, raw_form, req.parameters)
+            if raw_key is not None:
+                self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
             cached = self.l1.get(key, t_val)
             if cached is not None:
                 self.counts["l1_hits"] += 1
