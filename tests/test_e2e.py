@@ -167,12 +167,15 @@ async def test_error_replies_are_typed_and_fast(client):
     assert out["logits"].shape == (1, 10)
 
 
-@pytest.mark.parametrize("body", [b"", b"\xc1", b"not msgpack at all", msgpack.packb({"inputs": "x"}),
-                                  msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "ab"}]}),
-                                  msgpack.packb([1, 2, 3])])
-async def test_undecodable_bodies(client, body):
+@pytest.mark.parametrize("body,field", [
+    (b"", "body"), (b"\xc1", "body"), (b"not msgpack at all", "body"), (msgpack.packb([1, 2, 3]), "body"),
+    (msgpack.packb({"inputs": "x"}), "inputs"),
+    (msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "ab"}]}), "inputs[0].shape"),
+])
+async def test_undecodable_bodies(client, body, field):
     err, dt = await _timed_error(client.request(client.subjects.infer("digits"), body, timeout_s=2))
     assert isinstance(err, InvalidArgument), err
+    assert err.field == field, (err.field, err.message)
     assert dt < 0.5
 
 
