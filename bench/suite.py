@@ -272,7 +272,8 @@ class Suite:
                  f"decode+model+encode p50 {floors['inproc_pipeline']['p50_us']:.1f} µs")
         lay = _layout(cfg)
         nats = EmbeddedNats(run_dir=run_dir / "nats", server_name="inferbus-bench")
-        await asyncio.to_thread(nats.start)
+        nats.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
+        await asyncio.to_thread(nats.wait_ready)
         self.sampler.add("nats-server", nats.pid)
         peer: dict = {}
         node = None

@@ -171,7 +171,8 @@ def _kill_server(attr: str, name: str):
         f = Fault(name, attr, pid, time.monotonic())
 
         async def heal():
-            await asyncio.to_thread(srv.start)
+            srv.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
+            await asyncio.to_thread(srv.wait_ready)
         f._heal = heal
         return f
     return inject

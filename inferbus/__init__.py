@@ -1,1 +1,46 @@
-"""inferbus: ML inference served by actors on the NATS message bus."""
+"""inferbus: ML inference served by actors on the NATS message bus.
+
+``inferbus.Client`` (the async SDK, :mod:`inferbus.client`), ``inferbus.InferResult`` and the typed
+errors (``InferbusError``, ``InvalidArgument``, ``NotFound``, ``DeadlineExceeded``,
+``ResourceExhausted``, ``Unavailable``, ``PayloadTooLarge``, ``Internal``, from
+:mod:`inferbus.schemas`) are imported on first use, so ``import inferbus.schemas`` does not pull in
+the client and its NATS dependency.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Client": "inferbus.client",
+    "InferResult": "inferbus.client",
+    "InferbusError": "inferbus.schemas",
+    "InvalidArgument": "inferbus.schemas",
+    "NotFound": "inferbus.schemas",
+    "DeadlineExceeded": "inferbus.schemas",
+    "ResourceExhausted": "inferbus.schemas",
+    "Unavailable": "inferbus.schemas",
+    "PayloadTooLarge": "inferbus.schemas",
+    "Internal": "inferbus.schemas",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``inferbus.<name>`` from its module on first access.
+
+    Raises:
+        AttributeError: ``name`` is not one of the exported names.
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inferbus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -167,12 +167,15 @@ async def test_error_replies_are_typed_and_fast(client):
     assert out["logits"].shape == (1, 10)
 
 
-@pytest.mark.parametrize("body", [b"", b"\xc1", b"not msgpack at all", msgpack.packb({"inputs": "x"}),
-                                  msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "ab"}]}),
-                                  msgpack.packb([1, 2, 3])])
-async def test_undecodable_bodies(client, body):
+@pytest.mark.parametrize("body,field", [
+    (b"", "body"), (b"\xc1", "body"), (b"not msgpack at all", "body"), (msgpack.packb([1, 2, 3]), "body"),
+    (msgpack.packb({"inputs": "x"}), "inputs"),
+    (msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "ab"}]}), "inputs[0].shape"),
+])
+async def test_undecodable_bodies(client, body, field):
     err, dt = await _timed_error(client.request(client.subjects.infer("digits"), body, timeout_s=2))
     assert isinstance(err, InvalidArgument), err
+    assert err.field == field, (err.field, err.message)
     assert dt < 0.5
 
 
@@ -236,5 +239,51 @@ async def test_micro_service_discovery(deployment):
         assert {"inferbus-ingress", "inferbus-worker", "inferbus-aggregator"} <= names
         stats = await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=1)
         assert any(e["name"] == "infer" for e in json.loads(stats.data)["endpoints"])
+        # $SRV.INFO of every actor kind: every instance answers, with its id and its endpoints' subjects
+        p = deployment.prefix
+        kinds = {  # service name: (metadata id key, instances, {endpoint: subject})
+            "inferbus-ingress": ("ingress_id", 1, {"infer": f"{p}.infer.>", "models": f"{p}.models",
+                                                   "model": f"{p}.models.>", "health": f"{p}.health"}),
+            "inferbus-worker": ("worker_id", 2, {"infer": None}),
+            "inferbus-aggregator": ("aggregator_id", 1, {"cache-fill": f"{p}._cache.fill"}),
+        }
+        for name, (id_key, count, endpoints) in kinds.items():
+            infos = await _all_replies(nc, f"$SRV.INFO.{name}", count)
+            assert len(infos) == count, (name, infos)
+            assert len({i["metadata"][id_key] for i in infos}) == count, infos  # one answer per instance
+            for info in infos:
+                assert info["type"] == "io.nats.micro.v1.info_response", info
+                assert info["name"] == name and info["version"] and info["description"] and info["id"], info
+                got = {e["name"]: e["subject"] for e in info["endpoints"]}
+                assert set(got) == set(endpoints), (name, got)
+                for ep, subject in endpoints.items():
+                    assert got[ep] == subject if subject else got[ep].startswith(f"{p}."), (name, got)
+            if name == "inferbus-worker":  # each worker on its own subject
+                for info in infos:
+                    assert info["metadata"]["backend"] == "onnxruntime", info
+                    assert info["endpoints"][0]["subject"] == f"{p}._w.{info['metadata']['worker_id']}", info
     finally:
         await nc.close()
+
+
+async def _all_replies(nc, subject: str, expected: int, timeout_s: float = 2.0) -> list[dict]:
+    """Every JSON reply to one request on ``subject`` (a micro discovery subject answered by each instance)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    replies = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(replies) < expected and time.monotonic() < deadline:
+            try:
+                msg = await sub.next_msg(timeout=max(0.05, deadline - time.monotonic()))
+            except nats.errors.TimeoutError:
+                break
+            replies.append(json.loads(msg.data))
+        try:  # one more within a short wait: an extra instance would be a wrong count
+            replies.append(json.loads((await sub.next_msg(timeout=0.2)).data))
+        except nats.errors.TimeoutError:
+            pass
+    finally:
+        await sub.unsubscribe()
+    return replies

@@ -466,7 +466,7 @@ def test_wrong_field_type_names_the_field():
         body = encode({"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}, ct)
         raises_field("inputs[0].name", decode_request, body, ct)
         raises_field("inputs", decode_request, encode({"id": "x"}, ct), ct)
-        raises_field(None, decode_request, encode([1, 2], ct), ct)
+        raises_field("body", decode_request, encode([1, 2], ct), ct)
         raises_field("id", decode_request, encode({"inputs": [], "id": 5}, ct), ct)
         body = encode({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "raw": 5}]}, ct)
         raises_field("inputs[0].raw", decode_request, body, ct)
@@ -475,13 +475,13 @@ def test_wrong_field_type_names_the_field():
 
 
 def test_malformed_and_empty_bodies():
-    raises_field(None, decode_request, b"")
-    raises_field(None, decode_request, b"", JSON)
-    raises_field(None, decode_request, b"\x81\xa6inputs")  # truncated
-    raises_field(None, decode_request, b"{not json", JSON)
-    raises_field(None, decode_request, encode(req_of()) + b"\x00")  # trailing bytes
-    raises_field(None, decode_response, b"")
-    err = raises_field(None, decode_request, b"\xc1")  # never-used msgpack byte
+    raises_field("body", decode_request, b"")
+    raises_field("body", decode_request, b"", JSON)
+    raises_field("body", decode_request, b"\x81\xa6inputs")  # truncated
+    raises_field("body", decode_request, b"{not json", JSON)
+    raises_field("body", decode_request, encode(req_of()) + b"\x00")  # trailing bytes
+    raises_field("body", decode_response, b"")
+    err = raises_field("body", decode_request, b"\xc1")  # never-used msgpack byte
     assert "MessagePack" in err.message
 
 
@@ -504,7 +504,7 @@ def test_forged_length_header_is_rejected_without_allocating():
         assert peak >= 8 << 20
         for name, body in forged.items():
             tracemalloc.reset_peak()
-            raises_field(None, decode_request, body)
+            raises_field("body", decode_request, body)
             _, peak = tracemalloc.get_traced_memory()
             assert peak < 1 << 20, (name, peak)
     finally:

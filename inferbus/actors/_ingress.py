@@ -65,7 +65,7 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity
+from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity, supervise_loops
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
@@ -951,7 +951,7 @@ class Ingress:
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
-        sweeper = asyncio.create_task(self._sweeper())
+        loops = await supervise_loops(f"ingress-{self.config.ingress_id}", {"sweeper": self._sweeper})
         await self.nc.flush()
         if ready is None:
             serving_gc()
@@ -959,9 +959,9 @@ class Ingress:
         else:
             ready()
         try:
-            await asyncio.Future()
+            await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
         finally:
-            sweeper.cancel()
+            await loops.stop()
             try:
                 await svc.stop()
                 if own_nc:

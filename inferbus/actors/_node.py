@@ -204,11 +204,13 @@ class Node:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
                                      max_payload_bytes=c.nats_max_payload_bytes,
                                      extra_config=_auth_config(c.bus_options))
-            await asyncio.to_thread(self.nats.start)
+            self.nats.spawn()  # on the loop's thread: PDEATHSIG follows the spawning thread, not the process
+            await asyncio.to_thread(self.nats.wait_ready)
             self.nats_url = self.nats.url
         if self.redis_url is None and not c.no_cache:
             self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
-            await asyncio.to_thread(self.valkey.start)
+            self.valkey.spawn()
+            await asyncio.to_thread(self.valkey.wait_ready)
             self.redis_url = self.valkey.url
         redis_url = None if c.no_cache else self.redis_url
         bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra),

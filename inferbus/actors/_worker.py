@@ -55,6 +55,7 @@ import queue
 import random
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +72,7 @@ from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,
 )
-from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity
+from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity, supervise_loops
 from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
@@ -661,10 +662,13 @@ class Worker:
         await svc.add_endpoint(name="infer", subject=self.subjects.worker(self.config.worker_id),
                                handler=lambda req: self._on_request(req._msg),
                                queue_group=f"{self.config.bus.prefix}.w.{self.config.worker_id}")
-        thread = threading.Thread(target=self._compute_loop, name="inference", daemon=True)
+        thread_died: asyncio.Future = self.loop.create_future()
+        thread = threading.Thread(target=self._compute_thread, args=(thread_died,), name="inference", daemon=True)
         thread.start()
-        tasks = [asyncio.create_task(self._outbox_pump()), asyncio.create_task(self._reporter()),
-                 asyncio.create_task(self._stall_watch()), asyncio.create_task(self._inline_pump())]
+        loops = await supervise_loops(f"worker-{self.config.worker_id}", {
+            "outbox": self._outbox_pump, "reporter": self._reporter, "stall-watch": self._stall_watch,
+            "inline": self._inline_pump})
+        serving = asyncio.ensure_future(loops.run())
         await self.nc.flush()
         if ready is None:
             serving_gc()
@@ -672,11 +676,16 @@ class Worker:
         else:
             ready()
         try:
-            await asyncio.Future()
+            # returns only by escalation (IntensityExceeded) or the inference thread's death: either ends the
+            # process abnormally, the node supervisor restarts it, and the ingresses fail what it held at once
+            done, _ = await asyncio.wait({serving, thread_died}, return_when=asyncio.FIRST_COMPLETED)
+            for f in done:
+                f.result()
         finally:
             self._stop.set()
-            for t in tasks:
-                t.cancel()
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)  # a cancelled run() stops the loops first
+            await loops.stop()
             try:
                 await svc.stop()
                 if own_nc:
@@ -717,6 +726,16 @@ class Worker:
         return 0.0 < job.fwd_unix < self._stall_end_unix
 
     # ---- inference thread --------------------------------------------------------------------
+    def _compute_thread(self, died: asyncio.Future) -> None:
+        """The inference thread's body: :meth:`_compute_loop`; if it raises, ``died`` gets the error and
+        ``run()`` raises it (escalation: the thread is not restarted inside the process)."""
+        try:
+            self._compute_loop()
+        except BaseException as exc:  # noqa: BLE001 - reported to run(), which raises it on the loop
+            log(f"worker {self.config.worker_id}: inference thread died:\n{traceback.format_exc()}")
+            err = RuntimeError(f"worker {self.config.worker_id}: inference thread died: {exc!r}")
+            self.loop.call_soon_threadsafe(lambda: died.done() or died.set_exception(err))
+
     def _compute_loop(self) -> None:
         mailbox = self.mailbox
         while not self._stop.is_set():

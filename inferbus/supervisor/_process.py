@@ -30,6 +30,7 @@ from typing import IO
 
 from ._aio import finish_despite_cancel, log
 from ._errors import ChildStartError, SpecError
+from ._pdeathsig import die_with_parent
 from ._spec import ChildExit, check_shutdown_timeout
 
 __all__ = ["ProcessChild", "exit_from_returncode"]
@@ -146,7 +147,11 @@ class ProcessChild:
         """Start an OS process and return once it is ready.
 
         The process gets ``stdin`` from ``/dev/null``, pipes for stdout and stderr, and a
-        new session (``start_new_session=True``), so its process group id is its pid.
+        new session (``start_new_session=True``), so its process group id is its pid. On
+        Linux it gets SIGTERM when this process dies, even by SIGKILL
+        (``PR_SET_PDEATHSIG``, see ``_pdeathsig``): call this from a thread that lives as
+        long as the process (the loop's), since the kernel signals when the spawning
+        thread exits.
 
         Args:
             argv: program and arguments (a sequence, not a shell string).
@@ -196,7 +201,8 @@ class ProcessChild:
             await loop.subprocess_exec(
                 lambda: _Protocol(self), *args, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                preexec_fn=die_with_parent())
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self._close_log()
             raise ChildStartError(f"{name}: cannot start {args!r}: {exc}") from exc

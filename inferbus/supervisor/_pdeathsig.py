@@ -1,0 +1,70 @@
+"""Children that die with their parent: Linux ``prctl(PR_SET_PDEATHSIG)``.
+
+A child started with :func:`die_with_parent` as its ``preexec_fn`` gets ``sig`` (SIGTERM by
+default) from the kernel when its parent goes away, even by SIGKILL, so no worker, ingress,
+nats-server or valkey-server is left running (re-parented to init and still answering in the
+queue groups) after ``inferbus up`` is killed.
+
+The kernel sends the signal when the *thread* that forked the child exits, not the process:
+spawn from a thread that lives as long as the parent (the event loop's thread; never a
+``to_thread`` / executor thread). Off Linux, or where libc has no ``prctl``, this is a no-op
+(:func:`die_with_parent` returns ``None``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+__all__ = ["die_with_parent"]
+
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when this process dies.
+
+    Call it in the parent, on the thread that spawns (it records this process's pid). In the
+    child, between fork and exec, the function sets ``PR_SET_PDEATHSIG`` (one ctypes call, no
+    allocation on the Python heap beyond the call itself) and then checks ``getppid()``: a
+    parent that died before the call (the fork race) makes the child exit at once with status
+    1 instead of running as an orphan.
+
+    Args:
+        sig: the signal number the child gets (default SIGTERM, so actors shut down cleanly).
+
+    Returns:
+        The function for ``subprocess.Popen(preexec_fn=...)`` / ``loop.subprocess_exec``, or
+        ``None`` off Linux (pass it on as is: ``preexec_fn=None`` is the default).
+    """
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+    parent = os.getpid()
+    signum = int(sig)
+    getppid, exit_now = os.getppid, os._exit
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if getppid() != parent:  # the parent died between fork and prctl: nobody would signal us
+            exit_now(1)
+
+    return preexec

@@ -1,0 +1,276 @@
+"""Supervision inside and around the actor processes, against real nats-server processes.
+
+* A worker's or an ingress's long-running loop that raises is restarted (OTP one_for_one) and
+  the service goes on; one that keeps raising past the restart intensity escalates: ``run()``
+  raises ``IntensityExceeded`` and the actor process exits non-zero (the node then restarts it).
+* The inference thread's death is not hidden: ``run()`` raises.
+* A SIGKILLed ``inferbus up`` leaves no child process behind (``PR_SET_PDEATHSIG``).
+* A killed worker: the requests it held get UNAVAILABLE at once, not a timeout, and service resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import numpy as np
+import pytest
+
+from inferbus.actors import IngressConfig, WorkerConfig
+from inferbus.actors._ingress import Ingress
+from inferbus.actors._worker import Worker
+from inferbus.bus import BusConfig
+from inferbus.client import Client
+from inferbus.schemas import InferbusError, Unavailable
+from inferbus.schemas._internal import LoadReport, decode_internal
+from inferbus.supervisor import IntensityExceeded
+
+from conftest import ROOT, start_deployment
+from test_reliability_lib import models_subset, set_fault
+
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):  # process-heavy tests: one loop is enough
+    return request.param
+
+
+def _typed_inputs(k: int) -> dict[str, np.ndarray]:
+    return {"a": np.array([[k]], np.int32), "b": np.array([[1, 2, 3, k]], np.float16)}
+
+
+async def _until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _actors(url: str, models: Path, prefix: str) -> tuple[Worker, Ingress]:
+    bus = BusConfig(servers=(url,), prefix=prefix)
+    worker = Worker(WorkerConfig(worker_id="w-sup", bus=bus, models_dir=str(models)))
+    ingress = Ingress(IngressConfig(ingress_id="i-sup", bus=bus, models_dir=str(models)))
+    return worker, ingress
+
+
+async def _stop(*tasks: asyncio.Task) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.timeout(90)
+async def test_a_crashed_loop_is_restarted_and_service_continues(nats_server, tmp_path):
+    worker, ingress = _actors(nats_server.url, models_subset(tmp_path / "models", ["typed"]), "sup1")
+    runs = {"reporter": 0, "sweeper": 0}
+
+    def crash_first_run(name, loop):
+        async def faulty() -> None:
+            runs[name] += 1
+            if runs[name] == 1:
+                raise RuntimeError(f"test fault in {name}")
+            await loop()
+        return faulty
+
+    # the worker's load reporter: until it runs, no ingress knows the worker, so nothing is served
+    worker._reporter = crash_first_run("reporter", worker._reporter)
+    ingress._sweeper = crash_first_run("sweeper", ingress._sweeper)
+    up_w, up_i = asyncio.Event(), asyncio.Event()
+    tw = asyncio.create_task(worker.run(ready=up_w.set))
+    ti = asyncio.create_task(ingress.run(ready=up_i.set))
+    client = None
+    try:
+        await asyncio.wait_for(asyncio.gather(up_w.wait(), up_i.wait()), 60)
+        await _until(lambda: runs == {"reporter": 2, "sweeper": 2}, 10, f"both loops restarted once ({runs})")
+        client = await Client.connect(nats_server.url, "sup1")
+        for k in range(3):
+            out = await client.infer("typed", _typed_inputs(k), timeout_s=5)
+            np.testing.assert_array_equal(out["a_times_2"], [[2 * k]])
+        assert not tw.done() and not ti.done()
+        assert runs == {"reporter": 2, "sweeper": 2}  # restarted once, then ran on
+    finally:
+        if client is not None:
+            await client.close()
+        await _stop(tw, ti)
+
+
+@pytest.mark.timeout(90)
+async def test_a_loop_that_keeps_crashing_escalates(nats_server, tmp_path):
+    worker, ingress = _actors(nats_server.url, models_subset(tmp_path / "models", ["typed"]), "sup2")
+    runs = {"stall-watch": 0, "sweeper": 0}
+
+    def always_crash(name):
+        async def faulty() -> None:
+            runs[name] += 1
+            raise RuntimeError(f"test fault in {name}")
+        return faulty
+
+    worker._stall_watch = always_crash("stall-watch")
+    ingress._sweeper = always_crash("sweeper")
+    for actor, name in ((worker, "stall-watch"), (ingress, "sweeper")):
+        with pytest.raises(IntensityExceeded):
+            await asyncio.wait_for(actor.run(ready=lambda: None), 60)
+        assert runs[name] == 6, runs  # the first run and 5 restarts (intensity 5 in 5 s), then escalation
+    assert worker._stop.is_set()  # the inference thread was told to stop too
+
+
+@pytest.mark.timeout(90)
+async def test_the_inference_thread_dying_ends_the_worker(nats_server, tmp_path):
+    worker, _ = _actors(nats_server.url, models_subset(tmp_path / "models", ["typed"]), "sup3")
+
+    def broken() -> None:
+        raise RuntimeError("test fault in the inference thread")
+
+    worker._compute_loop = broken
+    with pytest.raises(RuntimeError, match="inference thread died"):
+        await asyncio.wait_for(worker.run(ready=lambda: None), 60)
+
+
+ESCALATING_WORKER = """
+import sys
+from inferbus.actors import WorkerConfig
+from inferbus.actors._common import run_actor
+from inferbus.actors._worker import Worker
+
+worker = Worker(WorkerConfig.from_json(sys.argv[1]))
+
+async def faulty():
+    raise RuntimeError("test fault in stall-watch")
+
+worker._stall_watch = faulty
+run_actor(worker.run)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_escalation_exits_the_actor_process_non_zero(nats_server, tmp_path):
+    cfg = WorkerConfig(worker_id="w-esc", bus=BusConfig(servers=(nats_server.url,), prefix="sup4"),
+                       models_dir=str(models_subset(tmp_path / "models", ["typed"])))
+    out = subprocess.run([sys.executable, "-c", ESCALATING_WORKER, cfg.to_json()], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode != 0, out.stderr[-2000:]
+    assert "IntensityExceeded" in out.stderr, out.stderr[-2000:]
+    assert "loop stall-watch exited" in out.stderr  # each crash was logged before escalation
+
+
+# ------------------------------------------------------------------ no orphans on SIGKILL
+
+
+def _proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time in clock ticks) of ``pid``, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """``{pid: start time}`` of every live descendant of ``root``."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _proc_stat(int(entry))) is not None:
+            stats[int(entry)] = st
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, state, start) in stats.items():
+            if ppid == parent and pid not in found and state != "Z":
+                found[pid] = start
+                frontier.append(pid)
+    return found
+
+
+def _alive(procs: dict[int, int]) -> dict[int, int]:
+    """The processes of ``procs`` still running (same pid and start time, not a zombie)."""
+    alive = {}
+    for pid, start in procs.items():
+        st = _proc_stat(pid)
+        if st is not None and st[2] == start and st[1] != "Z":
+            alive[pid] = start
+    return alive
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.timeout(120)
+def test_sigkill_of_up_leaves_no_child_running(tmp_path):
+    dep = start_deployment(tmp_path / "dep", workers=1)  # embedded nats-server and valkey, ingress, worker, aggregator
+    children: dict[int, int] = {}
+    try:
+        children = _descendants(dep.proc.pid)
+        names = sorted(Path(f"/proc/{p}/comm").read_text().strip() for p in children)
+        assert len(children) >= 5, names
+        assert any("nats-server" in n for n in names) and any("valkey" in n for n in names), names
+        os.kill(dep.proc.pid, signal.SIGKILL)
+        dep.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(children), {p: Path(f"/proc/{p}/cmdline").read_text()[:120] for p in _alive(children)}
+    finally:
+        for pid in _alive(children):  # only if the test failed: never leave them behind
+            os.kill(pid, signal.SIGKILL)
+        dep.stop()
+
+
+# ------------------------------------------------------------------ a killed worker's requests
+
+
+async def _latest_reports(nc, prefix: str):
+    latest: dict[str, LoadReport] = {}
+
+    async def cb(msg):
+        r = decode_internal(msg.data)
+        if isinstance(r, LoadReport):
+            latest[r.worker_id] = r
+
+    return latest, await nc.subscribe(f"{prefix}._load", cb=cb)
+
+
+@pytest.mark.timeout(120)
+async def test_requests_held_by_a_killed_worker_fail_unavailable_at_once(tmp_path):
+    dep = start_deployment(tmp_path / "dep", workers=1, extra=["--no-cache", "--fault-injection"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        latest, sub = await _latest_reports(nc, dep.prefix)
+        await _until(lambda: len(latest) == 1, 10, "the worker's load report")
+        (victim, report), = latest.items()
+        old_pid = report.pid
+        await set_fault(nc, dep.prefix, victim, compute_delay_ms=3000.0)  # every batch waits 3 s: requests pile up
+        client = Client(nc, dep.prefix, retry_unavailable=False, adaptive_attempt_timeout=False)
+        budget_s, n = 5.0, 4
+
+        async def call(k: int):
+            try:
+                await client.infer("typed", _typed_inputs(k), timeout_s=budget_s)
+                return "ok", time.monotonic()
+            except InferbusError as err:
+                return err, time.monotonic()
+
+        calls = [asyncio.create_task(call(k)) for k in range(n)]
+        await _until(lambda: latest[victim].in_flight >= n, 5, f"{n} requests held by {victim}")
+        assert not any(c.done() for c in calls)
+        os.kill(old_pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        results = await asyncio.gather(*calls)
+        for err, t_end in results:
+            assert isinstance(err, Unavailable), err
+            assert t_end - t_kill < 1.0, f"answered {t_end - t_kill:.2f} s after the kill (budget {budget_s} s)"
+        # the node restarts the worker (a fresh process: no fault) and service resumes
+        await _until(lambda: latest[victim].pid != old_pid, 30, "the restarted worker's report")
+        client_retrying = Client(nc, dep.prefix)
+        out = await client_retrying.infer("typed", _typed_inputs(7), timeout_s=5)
+        np.testing.assert_array_equal(out["a_times_2"], [[14]])
+        await sub.unsubscribe()
+        await nc.close()
+    finally:
+        dep.stop()
