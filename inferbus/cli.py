@@ -172,10 +172,19 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     from .actors import Node
 
     t0 = time.monotonic()
+    # the handlers go in before anything starts: a SIGINT/SIGTERM during start-up is kept and the node is
+    # stopped cleanly as soon as it is up (no default-action death that would leave the start half done)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     node = Node(cfg)
     await node.start()
     try:
         await node.wait_ready(60)
+        if stop.is_set():
+            console.print("stopped during start-up")
+            return 0
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
@@ -187,12 +196,17 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions)} → "
                           f"{cfg.prefix}.infer.{m.name}[.<version>]")
         if demo:
-            return await _demo(node, cfg, repo, demo_duration, json_out)
+            run = asyncio.ensure_future(_demo(node, cfg, repo, demo_duration, json_out))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                stopped.cancel()
+                return run.result()
+            run.cancel()  # Ctrl-C during the demo: stop the load run, then the node
+            await asyncio.gather(run, return_exceptions=True)
+            err_console.print("demo interrupted")
+            return 130
         console.print("serving; Ctrl-C to stop")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         return 0
     finally:
