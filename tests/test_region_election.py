@@ -2,7 +2,7 @@
 
 * election race: 10 candidates CAS the same revision each round → exactly one winner, terms strictly
   increasing (1,000 rounds, ~7 s on the 2-core box; 10,000 rounds is marked slow);
-* conflicts (JetStream 10071 / 10164) are lost races;
+* conflicts (JetStream 10071 / 10164, both produced by the real server) are lost races;
 * region managers in-process: takeover when the primary dies, a leader whose renewal fails steps down at
   once, a stalled leader resumes its own term when nobody took over, demotion hands over.
 """
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 
@@ -272,3 +273,43 @@ async def test_lease_connection_loss_is_retried_on_another_witness_server_withou
             assert a.is_primary() and a.term == term and not b.is_primary()
             assert sum(1 for t in a.transitions if t.event == "standby") == steps_before, list(a.transitions)
             assert a.renewal_retries >= 1 and any(t.event == "renewal_retried" for t in a.transitions)
+
+
+@pytest.mark.timeout(120)
+async def test_real_10164_from_concurrent_cas_is_a_lost_race(witness):
+    """nats-server answers concurrent CAS writes on one subject of a replicated stream: the first is
+    proposed; a second that arrives while it is in flight is refused at once with 10164 ("wrong last
+    sequence", no number: the server cannot know it yet), later ones with 10071. Both are LostRace."""
+    from nats.js.errors import APIError
+
+    conns = [await _store(witness, f"c164_{uuid.uuid4().hex[:8]}")]
+    bucket = conns[0][1].bucket
+    conns += [await _store(witness, bucket) for _ in range(7)]
+    stores = [s for _, s in conns]
+    try:
+        codes: collections.Counter = collections.Counter()
+        last = 0
+        for rnd in range(300):
+            results = await asyncio.gather(
+                *(s.cas(LeaseValue(holder=f"c{i}", manager_id=f"c{i}", op="acquire"), last)
+                  for i, s in enumerate(stores)), return_exceptions=True)
+            wins = [r for r in results if isinstance(r, int)]
+            assert len(wins) == 1, results
+            for r in results:
+                if isinstance(r, int):
+                    continue
+                assert isinstance(r, LostRace), r
+                # the server's answer: nats-py's kv.update re-raises 10071 and 10164 as
+                # KeyWrongLastSequenceError (without the code), chained to the APIError it got
+                cause = r.__cause__
+                api = cause if getattr(cause, "err_code", None) else cause.__context__
+                assert isinstance(api, APIError), repr(cause)
+                codes[api.err_code] += 1
+            last = wins[0]
+            if codes[10164] >= 3 and codes[10071] >= 3:
+                break
+        print(f"\nconflict codes over {rnd + 1} rounds: {dict(codes)}")
+        assert codes[10164] >= 1, codes
+    finally:
+        for nc, _ in conns:
+            await nc.close()

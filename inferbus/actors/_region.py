@@ -11,7 +11,7 @@ Protocol (every write is a compare-and-set; reads only tell *when* to try one):
   revision seen. The revision of the winning write is the **fencing term**:
   unique (one write per stream sequence) and increasing, so two regions can never
   hold the same term. Conflicts — JetStream API errors 10071 (wrong last
-  sequence) and 10164 (key exists) — both mean "lost the race".
+  sequence) and 10164 (another conditional write in flight) — both mean "lost the race".
 * **Renew** every ``heartbeat_ms`` with ``update(last=own last revision)``. The
   lease is valid for ``validity = 0.75 * lease_ms`` after the *start* of the last
   successful renewal; a renewal that fails in any way (conflict, timeout, no
