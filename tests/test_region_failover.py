@@ -7,8 +7,8 @@ under load (then the region comes back as standby).
 
 Bounds: the issue's targets are detection ≤ 1 s (500 ms target) and the standby serving ≤ 100 ms
 after detection. Measured here: detection 336-453 ms, failover − detection 16-28 ms (docs/regions.md).
-This 2-core box is shared with other suites, so CI asserts detection ≤ 1 s and failover − detection
-≤ 150 ms; the figures of each run are printed (pytest -s).
+CI asserts detection ≤ 1 s and failover − detection ≤ 100 ms (the issue's bounds); the figures of
+each run are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ async def test_kill_every_process_of_the_primary_region(topo):
     assert d["extra"]["new_primary"] is not None, d
     assert d["wrong"] == 0 and d["duplicates"] == 0 and d["failed"] == 0, d["errors"]
     assert d["detection_ms"] is not None and d["detection_ms"] <= 1000
-    assert d["failover_ms"] is not None and d["failover_ms"] - d["detection_ms"] <= 150
+    assert d["failover_ms"] is not None and d["failover_ms"] - d["detection_ms"] <= 100
     assert d["recovery_ms"] is not None and d["recovery_ms"] <= d["detection_ms"] + 100  # standby serves
     assert d["extra"]["overlapping_reigns"] == 0
     assert all(len(v) == 1 for v in d["extra"]["terms_by_region"].values())
