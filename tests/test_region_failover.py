@@ -120,6 +120,139 @@ async def test_cli_region_status_json(topo):
     assert doc["regions"]["B"]["workers"] == ["b-w0"] and "digits:1" in doc["regions"]["B"]["models"]
 
 
+@pytest.mark.timeout(60)
+async def test_worker_refuses_work_stamped_with_an_older_term(topo):
+    """A forward stamped with a term older than the primary's reaches a worker: typed UNAVAILABLE at once,
+    nothing computed (the worker's execution audit never names it); the same forward with the current term
+    or none is served. Through the SDK: a relay standing for an ingress that has not heard the new term on
+    the first attempt (stale stamp) but has by the retry (the SDK's retry carries ``Inferbus-Attempt``) —
+    the SDK retries the UNAVAILABLE with the same id and gets the answer, computed once."""
+    import asyncio
+    import uuid
+
+    import msgspec
+    import numpy as np
+
+    from inferbus.bus import Subjects
+    from inferbus.bus import headers as H
+    from inferbus.schemas import Unavailable, decode_error
+
+    st = await _until(topo, _link_up("B"))
+    term = st[_primary(st)].term
+    prefix = topo.spec.prefix
+    worker = f"{prefix}._w.b-w0"
+    async with await Client.connect(topo.client_urls(first="B"), no_randomize=True) as c:
+        nc = c.nc
+        audited: list[str] = []
+
+        async def on_audit(m) -> None:
+            audited.extend(msgspec.msgpack.decode(m.data))
+
+        audit_sub = await nc.subscribe(Subjects(prefix).audit, cb=on_audit)
+        sniff = await nc.subscribe(worker)
+        x = {"pixels": np.random.default_rng(6).random((1, 64), np.float32)}
+        res = await c.infer_result("digits", x, timeout_s=5)  # through B's ingress to its worker
+        fwd = await sniff.next_msg(timeout=5)
+        await sniff.unsubscribe()
+        sent = H.parse_fwd(fwd.headers[H.FWD], fwd.headers)
+        assert sent[H.TERM] == str(term) and res.parameters["term"] == term
+
+        def stamped(t: str, rid: str, timeout_ms: float = 2000.0) -> dict:
+            return {H.CONTENT_TYPE: fwd.headers.get(H.CONTENT_TYPE, ""), H.REQUEST_ID: rid,
+                    H.FWD: H.fwd_value(-1, "", sent[H.MODEL], sent[H.VERSION], timeout_ms,
+                                       time.time() * 1000 + timeout_ms, t, "", "")}
+
+        fenced_id, served_id, plain_id = (f"fence-{uuid.uuid4().hex[:8]}-{i}" for i in range(3))
+        msg = await nc.request(worker, fwd.data, timeout=2, headers=stamped(str(term - 1), fenced_id))
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, Unavailable), err
+        assert f"term {term - 1}" in str(err) and f"term {term}" in str(err)
+        for t, rid in ((str(term), served_id), ("", plain_id)):
+            ok = await nc.request(worker, fwd.data, timeout=2, headers=stamped(t, rid))
+            assert decode_error(ok.headers, ok.data) is None
+        t0 = time.monotonic()
+        while not {served_id, plain_id} <= set(audited):  # audits come in completion order
+            assert time.monotonic() - t0 < 5, audited
+            await asyncio.sleep(0.01)
+        assert fenced_id not in audited
+
+        # the SDK's retry
+        attempts: list[tuple[str | None, str]] = []
+
+        async def relay(m) -> None:
+            retry = m.headers.get(H.ATTEMPT)
+            t = str(term - 1) if retry is None else str(term)
+            h = stamped(t, m.headers[H.REQUEST_ID], float(m.headers[H.TIMEOUT_MS]))
+            r = await nc.request(worker, m.data, timeout=2, headers=h)
+            e = decode_error(r.headers, r.data)
+            attempts.append((retry, type(e).__name__ if e else "ok"))
+            await nc.publish(m.reply, r.data, headers=r.headers)
+
+        relay_subject = f"{prefix}.test.stale.{uuid.uuid4().hex[:8]}"
+        relay_sub = await nc.subscribe(relay_subject, cb=relay)
+        rid = f"fence-sdk-{uuid.uuid4().hex[:8]}"
+        body, _ = await c.request(relay_subject, fwd.data, timeout_s=3, request_id=rid,
+                                  content_type=fwd.headers.get(H.CONTENT_TYPE))
+        assert body  # a success reply (c.request raises the typed error of an error reply)
+        assert attempts == [(None, "Unavailable"), ("2", "ok")], attempts
+        t0 = time.monotonic()
+        while rid not in audited:
+            assert time.monotonic() - t0 < 5, audited
+            await asyncio.sleep(0.01)
+        assert audited.count(rid) == 1
+        await relay_sub.unsubscribe()
+        await audit_sub.unsubscribe()
+
+
+async def _gather(nc, subject: str, want, timeout_s: float = 5.0) -> list[dict]:
+    """Every reply to one request on ``subject`` until ``want(replies)`` holds (a condition, not a sleep)."""
+    import asyncio
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not want(out):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{subject}: not within {timeout_s} s: {out}")
+            try:
+                out.append(json.loads((await sub.next_msg(timeout=left)).data))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+@pytest.mark.timeout(60)
+async def test_region_managers_are_micro_services(topo):
+    """$SRV.PING / INFO / STATS find one ``inferbus-region`` service per region (as for every actor kind)."""
+    regions = set(topo.spec.regions)
+    nc = await nats.connect(topo.urls("B"))
+    try:
+        def by_region(replies):
+            return {r.get("metadata", {}).get("region") for r in replies} >= regions
+
+        pings = await _gather(nc, "$SRV.PING.inferbus-region", by_region)
+        assert all(p["name"] == "inferbus-region" and p["type"] == "io.nats.micro.v1.ping_response" for p in pings)
+        infos = await _gather(nc, "$SRV.INFO.inferbus-region", by_region)
+        ctl = {i["metadata"]["region"]: [e["subject"] for e in i["endpoints"]] for i in infos}
+        assert ctl == {r: [f"{topo.spec.prefix}._region.ctl.{r}"] for r in regions}, ctl
+        await ask_region(nc, topo.spec.prefix, "A", "status")  # one request on A's endpoint
+        stats = await _gather(nc, "$SRV.STATS.inferbus-region", by_region)
+        data = {s["metadata"]["region"]: s["endpoints"][0] for s in stats}
+        assert data["A"]["num_requests"] >= 1
+        roles = {r: d["data"]["role"] for r, d in data.items()}
+        assert sorted(roles.values()) == ["primary", "standby"], roles
+        st = await topo.statuses(nc)
+        assert all(d["data"]["term"] == st[r].term for r, d in data.items()), (data, st)
+    finally:
+        await nc.close()
+
+
 @pytest.mark.timeout(120)
 async def test_planned_demotion_round_trip_zero_failed(topo):
     """demote A (→ B), demote B (→ A) under load: 0 failed, 0 wrong, 0 duplicates, terms increasing."""

@@ -633,6 +633,15 @@ class RegionManager:
             lost_races=self.lost_races, renewals=self.renewals, transitions=list(self.transitions),
         )
 
+    def _stats_data(self, endpoint_stats) -> dict:
+        """``data`` of the control endpoint in ``$SRV.STATS``: role, term and lease counters."""
+        now = time.monotonic()
+        return {"region": self.region, "role": PRIMARY if self.is_primary(now) else STANDBY,
+                "term": self.term if self.role == PRIMARY else self.known_term, "lease_rev": self.seen_rev or 0,
+                "lease_holder": self.seen_holder, "renewals": self.renewals,
+                "renewal_failures": self.renewal_failures, "lost_races": self.lost_races,
+                "lease_disconnects": self.lease_disconnects, "model_writes": self.model_writes}
+
     async def promote(self, force: bool) -> RegionReply:
         """Make this region primary now. Refused while another region holds a live lease unless ``force``."""
         steps: list[RegionStep] = []
@@ -777,7 +786,16 @@ class RegionManager:
         self.store = LeaseStore(self.lease_nc.jetstream(timeout=self.config.kv_timeout_ms / 1000.0), self.bucket,
                                 placement_cluster=self.config.placement_cluster, replicas=self.config.replicas)
         await self.nc.subscribe(self.subjects.region_heartbeats, cb=self._on_hb)
-        await self.nc.subscribe(self.subjects.region_control(self.region), cb=self._on_ctl)
+        from nats.micro import add_service
+
+        # a NATS micro service like every actor kind: $SRV.PING/INFO/STATS find it; the operator commands
+        # are its one endpoint
+        svc = await add_service(self.nc, name="inferbus-region", version="0.1.0",
+                                description="inferbus region manager (lease, promotion, fencing term)",
+                                metadata={"region": self.region, "manager_id": self.manager_id},
+                                stats_handler=self._stats_data)
+        await svc.add_endpoint(name="control", subject=self.subjects.region_control(self.region),
+                               handler=lambda r: self._on_ctl(r._msg))
         await self.nc.flush()
         # one attempt; JetStream may still be electing its meta leader (the loop keeps reading)
         await self._refresh()
@@ -791,6 +809,10 @@ class RegionManager:
         finally:
             for t in tasks + ([self._renew_task] if self._renew_task is not None else []):
                 t.cancel()
+            try:
+                await svc.stop()
+            except Exception:
+                pass
             await self.cache.close()
             for nc in {id(c): c for c in (self.lease_nc, self.nc) if c is not None}.values():
                 try:
