@@ -233,7 +233,8 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         reply = await a.demote("")
         assert reply.ok, reply
         assert [s.name for s in reply.steps][:2] == ["lease released", "stepped down"]
-        await ms.until(lambda: b.is_primary(), 3)
+        # promotion turns model-management writes on after REPLICAOF (an await): wait for both
+        await ms.until(lambda: b.is_primary() and b.model_writes, 3)
         assert b.term > term and not a.is_primary() and a.model_writes is False and b.model_writes is True
         forced = await a.promote(force=True)
         assert forced.ok, forced
