@@ -768,8 +768,8 @@ class RegionManager:
         lease_holder: list = []
 
         async def on_lease_disconnect() -> None:
-            # fail lease requests in flight at once (nats-py would let them wait out their timeout), so
-            # a renewal is sent again on the new connection within its validity (see _renew)
+            # fail lease requests in flight at once (nats-py would let them wait out their timeout): a
+            # renewal in flight steps down at once and resumes its term on the new connection (see _renew)
             self.lease_disconnects += 1
             if lease_holder:
                 fail_pending_requests(lease_holder[0], "lease connection lost")
