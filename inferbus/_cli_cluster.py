@@ -42,7 +42,7 @@ def up(
     regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
     workers: int = typer.Option(1, help="Worker processes per region."),
     base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
-    run_dir: Optional[Path] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: temp)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept)."),
     models: Optional[Path] = typer.Option(None, help="Model repository (default ./models)."),
     prefix: str = typer.Option("inferbus"),
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),

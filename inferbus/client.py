@@ -34,8 +34,10 @@ import nats
 import numpy as np
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
-_FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05}
-"""Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s."""
+_FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05,
+                      "no_randomize": True}
+"""Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s; servers
+are tried in the order given (list the local region's first; ``no_randomize=False`` spreads clients)."""
 
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
@@ -158,6 +160,10 @@ class Client:
                       attempt_timeout_floor_ms: float = 250.0, adaptive_attempt_timeout: bool = True,
                       **bus_options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
+
+        ``servers`` are tried in the order given (``no_randomize`` defaults to True): for a server
+        list spanning regions, put the local region's servers first (``Topology.client_urls(first=...)``
+        builds such a list for the local topology). ``no_randomize=False`` spreads clients over the list.
 
         ``attempt_timeout_ms``, ``attempt_timeout_floor_ms``, ``adaptive_attempt_timeout``: the
         per-attempt timeout (see :class:`Client`).

@@ -2,7 +2,7 @@
 
 * election race: 10 candidates CAS the same revision each round → exactly one winner, terms strictly
   increasing (1,000 rounds, ~7 s on the 2-core box; 10,000 rounds is marked slow);
-* conflicts (JetStream 10071 / 10164) are lost races;
+* conflicts (JetStream 10071 / 10164, both produced by the real server) are lost races;
 * region managers in-process: takeover when the primary dies, a leader whose renewal fails steps down at
   once, a stalled leader resumes its own term when nobody took over, demotion hands over.
 """
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 
@@ -31,7 +32,8 @@ def anyio_backend():
 
 @pytest.fixture(scope="module")
 def witness(tmp_path_factory):
-    """Three nats-servers in one cluster ``W`` with JetStream (``sync_interval: always``)."""
+    """Three nats-servers in one cluster ``W`` with JetStream (``sync_interval: always``); ``no_advertise``
+    as in the topology, so a client reaches only the servers it was given (proxies can cut its path)."""
     root = tmp_path_factory.mktemp("witness")
     ports = pick_ports(6)
     client, route = ports[:3], ports[3:]
@@ -42,7 +44,7 @@ def witness(tmp_path_factory):
             d = root / f"W{i + 1}"
             servers.append(EmbeddedNats(
                 port=client[i], jetstream=False, run_dir=d, server_name=f"W{i + 1}",
-                extra_config=(f'cluster {{ name: "W", listen: 127.0.0.1:{route[i]}, routes: [{routes}] }}\n'
+                extra_config=(f'cluster {{ name: "W", listen: 127.0.0.1:{route[i]}, routes: [{routes}], no_advertise: true }}\n'
                               f'jetstream {{ store_dir: "{d / "js"}", max_memory_store: 16MB, '
                               f'max_file_store: 64MB, sync_interval: always }}\n')).start())
         yield [s.url for s in servers]
@@ -231,7 +233,8 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         reply = await a.demote("")
         assert reply.ok, reply
         assert [s.name for s in reply.steps][:2] == ["lease released", "stepped down"]
-        await ms.until(lambda: b.is_primary(), 3)
+        # promotion turns model-management writes on after REPLICAOF (an await): wait for both
+        await ms.until(lambda: b.is_primary() and b.model_writes, 3)
         assert b.term > term and not a.is_primary() and a.model_writes is False and b.model_writes is True
         forced = await a.promote(force=True)
         assert forced.ok, forced
@@ -240,10 +243,11 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
 
 
 @pytest.mark.timeout(60)
-async def test_lease_connection_loss_is_retried_on_another_witness_server_without_a_step_down(witness):
-    """The leader's lease connection dies with a renewal in flight: the renewal is failed at once, sent
-    again on the connection to the next witness server, and the leader stays primary under its term;
-    the standby, which sees every renewal through its KV watch, never takes over."""
+async def test_lease_connection_loss_steps_down_at_once_and_resumes_the_same_term(witness):
+    """The leader's lease connection dies with a renewal in flight: the renewal is failed at once, the
+    leader steps down at once, and wins the lease back on the connection to the next witness server by
+    a CAS on its own revision: same term, nothing fenced; the standby, which sees every lease write
+    through its KV watch, never takes over."""
     from chaos.proxy import TcpProxy
 
     host, port = witness[0].removeprefix("nats://").split(":")
@@ -265,10 +269,145 @@ async def test_lease_connection_loss_is_retried_on_another_witness_server_withou
             term, steps_before = a.term, sum(1 for t in a.transitions if t.event == "standby")
             await ms.until(lambda: a._renew_task is not None and not a._renew_task.done(), 5)
             proxy.cut()  # the server behind it "dies": connections reset, new ones refused
-            await ms.until(lambda: a.lease_disconnects >= 1 and a.lease_nc.is_connected
-                           and a.lease_nc.connected_url.port != proxy.port, 5)
+            await ms.until(lambda: a.role == "standby", 1)  # at once, not when the 900 ms validity ends
+            assert a.renewal_failures >= 1
+            assert any(t.event == "standby" and "renewal failed" in t.detail for t in a.transitions)
+            await ms.until(lambda: a.lease_nc.is_connected and a.lease_nc.connected_url.port != proxy.port
+                           and a.is_primary(), 5)
             renewals = a.renewals
             await ms.until(lambda: a.renewals >= renewals + 5, 5)  # renewing on the new connection
-            assert a.is_primary() and a.term == term and not b.is_primary()
-            assert sum(1 for t in a.transitions if t.event == "standby") == steps_before, list(a.transitions)
-            assert a.renewal_retries >= 1 and any(t.event == "renewal_retried" for t in a.transitions)
+            assert a.is_primary() and a.term == term and not b.is_primary() and b.became_primary_at is None
+            assert sum(1 for t in a.transitions if t.event == "standby") >= steps_before + 1
+            assert any(t.event == "primary" and "resume" in t.detail and t.term == term for t in a.transitions)
+
+
+@pytest.mark.timeout(60)
+async def test_leader_without_lease_quorum_steps_down_well_before_validity_ends(witness):
+    """Cut every path from region A's manager to the lease (proxies in front of all three witness
+    servers, as the topology's region-to-witness links): A's next renewal fails and A steps down within
+    about one heartbeat, long before its validity (1.5 s) would end; B takes over only after lease_ms
+    without a lease write, so the two never serve at once."""
+    from chaos.proxy import TcpProxy
+
+    proxies = [TcpProxy((u.removeprefix("nats://").split(":")[0], int(u.rsplit(":", 1)[1])), name=f"lease-A-W{i + 1}")
+               for i, u in enumerate(witness)]
+    for p in proxies:
+        await p.__aenter__()
+    try:
+        bucket = f"rm_{uuid.uuid4().hex[:8]}"
+        ms = Managers(witness)
+        ms.bucket = bucket
+        kw = dict(heartbeat_ms=100, lease_ms=2000, suspect_ms=400)  # validity 1.5 s
+        ms.m = {"A": RegionManager(_cfg(witness, "A", bucket, initial_primary=True, **kw, lease_bus=BusConfig(
+                    servers=tuple(f"nats://127.0.0.1:{p.port}" for p in proxies), prefix=f"t{bucket}"))),
+                "B": RegionManager(_cfg(witness, "B", bucket, **kw))}
+        async with ms:
+            a, b = ms.m["A"], ms.m["B"]
+            await ms.until(lambda: a.renewals >= 3, 10)
+            term = a.term
+            t_cut = time.monotonic()
+            for p in proxies:
+                p.cut()
+            await ms.until(lambda: a.role == "standby", 2)  # ms.until asserts at most one primary meanwhile
+            down_s = time.monotonic() - t_cut
+            end = next(t for t in reversed(a.transitions) if t.event == "standby")
+            assert "renewal failed" in end.detail, list(a.transitions)
+            assert down_s < 0.5 * a._validity_s, f"stepped down {down_s * 1000:.0f} ms after the cut"
+            await ms.until(lambda: b.is_primary(), 10)  # the standby takes over through its own lease path
+            assert b.term > term and not a.is_primary()
+            took = next(t for t in b.transitions if t.event == "primary")
+            assert took.t_mono > end.t_mono, (end, took)  # reigns do not overlap
+    finally:
+        for p in proxies:
+            await p.__aexit__(None, None, None)
+
+
+@pytest.mark.timeout(120)
+async def test_real_10164_from_concurrent_cas_is_a_lost_race(witness):
+    """nats-server answers concurrent CAS writes on one subject of a replicated stream: the first is
+    proposed; a second that arrives while it is in flight is refused at once with 10164 ("wrong last
+    sequence", no number: the server cannot know it yet), later ones with 10071. Both are LostRace."""
+    from nats.js.errors import APIError
+
+    conns = [await _store(witness, f"c164_{uuid.uuid4().hex[:8]}")]
+    bucket = conns[0][1].bucket
+    conns += [await _store(witness, bucket) for _ in range(7)]
+    stores = [s for _, s in conns]
+    try:
+        codes: collections.Counter = collections.Counter()
+        last = 0
+        for rnd in range(300):
+            results = await asyncio.gather(
+                *(s.cas(LeaseValue(holder=f"c{i}", manager_id=f"c{i}", op="acquire"), last)
+                  for i, s in enumerate(stores)), return_exceptions=True)
+            wins = [r for r in results if isinstance(r, int)]
+            assert len(wins) == 1, results
+            for r in results:
+                if isinstance(r, int):
+                    continue
+                assert isinstance(r, LostRace), r
+                # the server's answer: nats-py's kv.update re-raises 10071 and 10164 as
+                # KeyWrongLastSequenceError (without the code), chained to the APIError it got
+                cause = r.__cause__
+                api = cause if getattr(cause, "err_code", None) else cause.__context__
+                assert isinstance(api, APIError), repr(cause)
+                codes[api.err_code] += 1
+            last = wins[0]
+            if codes[10164] >= 3 and codes[10071] >= 3:
+                break
+        print(f"\nconflict codes over {rnd + 1} rounds: {dict(codes)}")
+        assert codes[10164] >= 1, codes
+    finally:
+        for nc, _ in conns:
+            await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_fencing_refuses_only_requests_stamped_with_an_older_term(witness):
+    """The worker's rule (``Fencing.refusal``), fed by real heartbeats over NATS: a request stamped with
+    a term older than the highest a *primary* announced is refused with UNAVAILABLE; an equal or newer
+    term, no term header, or an unparseable one is served. Standby heartbeats and lower terms never
+    change the term (it never goes down)."""
+    from inferbus.actors._fencing import Fencing
+    from inferbus.bus import Subjects
+    from inferbus.schemas import Unavailable
+    from inferbus.schemas._region import RegionHeartbeat, encode_region
+
+    subjects = Subjects(f"tf{uuid.uuid4().hex[:6]}")
+    nc = await nats.connect(witness[0])
+    try:
+        f = Fencing(subjects)
+        await f.start(nc)
+        assert f.refusal({"Inferbus-Term": "7"}) is None  # no term known yet: nothing is refused
+
+        async def hb(region: str, role: str, term: int) -> None:
+            await nc.publish(subjects.region_heartbeat(region),
+                             encode_region(RegionHeartbeat(region=region, role=role, term=term, lease_rev=term,
+                                                           seq=1, manager_id=f"m-{region}")))
+            await nc.flush()
+
+        await hb("A", "primary", 10)
+        t0 = time.monotonic()
+        while f.term != 10:
+            assert time.monotonic() - t0 < 5, "heartbeat not heard"
+            await asyncio.sleep(0.005)
+        await hb("B", "standby", 50)  # a standby's term is what it knows, not a reign: ignored
+        await hb("B", "primary", 9)   # lower than known: ignored (the term never goes down)
+        await hb("C", "primary", 11)  # in order on one subscription: once this is heard, so were the two above
+        t0 = time.monotonic()
+        while f.term == 10:
+            assert time.monotonic() - t0 < 5, "heartbeat not heard"
+            await asyncio.sleep(0.005)
+        assert f.term == 11 and f.primary == "C"
+
+        refused = f.refusal({"Inferbus-Term": "10"})
+        assert isinstance(refused, Unavailable) and "term 10" in str(refused) and "term 11" in str(refused)
+        assert refused.retry_after_ms is not None and f.refused == 1
+        for served in ({"Inferbus-Term": "11"}, {"Inferbus-Term": "12"}, {}, {"Inferbus-Term": "x"}):
+            assert f.refusal(served) is None, served
+        assert f.refused == 1
+        headers: dict = {}
+        f.stamp(headers)
+        assert headers == {"Inferbus-Term": "11"}
+    finally:
+        await nc.close()

@@ -1,14 +1,14 @@
 """Two regions + witness on this machine (real nats-servers, Valkeys, actor processes; no mocks).
 
 One topology for the module (``inferbus.cluster.Topology``: 3+3+3 nats-servers, gateways through
-fault proxies, a Valkey and a node per region), then in order: status and fencing, a planned
-demotion round trip under load, partitions, and killing every process of the primary region
-under load (then the region comes back as standby).
+fault proxies, a Valkey and a node per region), then in order: status and fencing, the micro
+service, a planned round trip under load (demote A, then a forced promote A), partitions, and killing
+every process of the primary region under load (then the region comes back as standby).
 
 Bounds: the issue's targets are detection ≤ 1 s (500 ms target) and the standby serving ≤ 100 ms
 after detection. Measured here: detection 336-453 ms, failover − detection 16-28 ms (docs/regions.md).
-This 2-core box is shared with other suites, so CI asserts detection ≤ 1 s and failover − detection
-≤ 150 ms; the figures of each run are printed (pytest -s).
+CI asserts detection ≤ 1 s and failover − detection ≤ 100 ms (the issue's bounds); the figures of
+each run are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -120,9 +120,145 @@ async def test_cli_region_status_json(topo):
     assert doc["regions"]["B"]["workers"] == ["b-w0"] and "digits:1" in doc["regions"]["B"]["models"]
 
 
+@pytest.mark.timeout(60)
+async def test_worker_refuses_work_stamped_with_an_older_term(topo):
+    """A forward stamped with a term older than the primary's reaches a worker: typed UNAVAILABLE at once,
+    nothing computed (the worker's execution audit never names it); the same forward with the current term
+    or none is served. Through the SDK: a relay standing for an ingress that has not heard the new term on
+    the first attempt (stale stamp) but has by the retry (the SDK's retry carries ``Inferbus-Attempt``) —
+    the SDK retries the UNAVAILABLE with the same id and gets the answer, computed once."""
+    import asyncio
+    import uuid
+
+    import msgspec
+    import numpy as np
+
+    from inferbus.bus import Subjects
+    from inferbus.bus import headers as H
+    from inferbus.schemas import Unavailable, decode_error
+
+    st = await _until(topo, _link_up("B"))
+    term = st[_primary(st)].term
+    prefix = topo.spec.prefix
+    worker = f"{prefix}._w.b-w0"
+    async with await Client.connect(topo.client_urls(first="B"), no_randomize=True) as c:
+        nc = c.nc
+        audited: list[str] = []
+
+        async def on_audit(m) -> None:
+            audited.extend(msgspec.msgpack.decode(m.data))
+
+        audit_sub = await nc.subscribe(Subjects(prefix).audit, cb=on_audit)
+        sniff = await nc.subscribe(worker)
+        x = {"pixels": np.random.default_rng(6).random((1, 64), np.float32)}
+        res = await c.infer_result("digits", x, timeout_s=5)  # through B's ingress to its worker
+        fwd = await sniff.next_msg(timeout=5)
+        await sniff.unsubscribe()
+        sent = H.parse_fwd(fwd.headers[H.FWD], fwd.headers)
+        assert sent[H.TERM] == str(term) and res.parameters["term"] == term
+
+        def stamped(t: str, rid: str, timeout_ms: float = 2000.0) -> dict:
+            return {H.CONTENT_TYPE: fwd.headers.get(H.CONTENT_TYPE, ""), H.REQUEST_ID: rid,
+                    H.FWD: H.fwd_value(-1, "", sent[H.MODEL], sent[H.VERSION], timeout_ms,
+                                       time.time() * 1000 + timeout_ms, t, "", "")}
+
+        fenced_id, served_id, plain_id = (f"fence-{uuid.uuid4().hex[:8]}-{i}" for i in range(3))
+        msg = await nc.request(worker, fwd.data, timeout=2, headers=stamped(str(term - 1), fenced_id))
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, Unavailable), err
+        assert f"term {term - 1}" in str(err) and f"term {term}" in str(err)
+        for t, rid in ((str(term), served_id), ("", plain_id)):
+            ok = await nc.request(worker, fwd.data, timeout=2, headers=stamped(t, rid))
+            assert decode_error(ok.headers, ok.data) is None
+        t0 = time.monotonic()
+        while not {served_id, plain_id} <= set(audited):  # audits come in completion order
+            assert time.monotonic() - t0 < 5, audited
+            await asyncio.sleep(0.01)
+        assert fenced_id not in audited
+
+        # the SDK's retry
+        attempts: list[tuple[str | None, str]] = []
+
+        async def relay(m) -> None:
+            retry = m.headers.get(H.ATTEMPT)
+            t = str(term - 1) if retry is None else str(term)
+            h = stamped(t, m.headers[H.REQUEST_ID], float(m.headers[H.TIMEOUT_MS]))
+            r = await nc.request(worker, m.data, timeout=2, headers=h)
+            e = decode_error(r.headers, r.data)
+            attempts.append((retry, type(e).__name__ if e else "ok"))
+            await nc.publish(m.reply, r.data, headers=r.headers)
+
+        relay_subject = f"{prefix}.test.stale.{uuid.uuid4().hex[:8]}"
+        relay_sub = await nc.subscribe(relay_subject, cb=relay)
+        rid = f"fence-sdk-{uuid.uuid4().hex[:8]}"
+        body, _ = await c.request(relay_subject, fwd.data, timeout_s=3, request_id=rid,
+                                  content_type=fwd.headers.get(H.CONTENT_TYPE))
+        assert body  # a success reply (c.request raises the typed error of an error reply)
+        assert attempts == [(None, "Unavailable"), ("2", "ok")], attempts
+        t0 = time.monotonic()
+        while rid not in audited:
+            assert time.monotonic() - t0 < 5, audited
+            await asyncio.sleep(0.01)
+        assert audited.count(rid) == 1
+        await relay_sub.unsubscribe()
+        await audit_sub.unsubscribe()
+
+
+async def _gather(nc, subject: str, want, timeout_s: float = 5.0) -> list[dict]:
+    """Every reply to one request on ``subject`` until ``want(replies)`` holds (a condition, not a sleep)."""
+    import asyncio
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not want(out):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{subject}: not within {timeout_s} s: {out}")
+            try:
+                out.append(json.loads((await sub.next_msg(timeout=left)).data))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+@pytest.mark.timeout(60)
+async def test_region_managers_are_micro_services(topo):
+    """$SRV.PING / INFO / STATS find one ``inferbus-region`` service per region (as for every actor kind)."""
+    regions = set(topo.spec.regions)
+    nc = await nats.connect(topo.urls("B"))
+    try:
+        def by_region(replies):
+            return {r.get("metadata", {}).get("region") for r in replies} >= regions
+
+        pings = await _gather(nc, "$SRV.PING.inferbus-region", by_region)
+        assert all(p["name"] == "inferbus-region" and p["type"] == "io.nats.micro.v1.ping_response" for p in pings)
+        infos = await _gather(nc, "$SRV.INFO.inferbus-region", by_region)
+        ctl = {i["metadata"]["region"]: [e["subject"] for e in i["endpoints"]] for i in infos}
+        assert ctl == {r: [f"{topo.spec.prefix}._region.ctl.{r}"] for r in regions}, ctl
+        await ask_region(nc, topo.spec.prefix, "A", "status")  # one request on A's endpoint
+        stats = await _gather(nc, "$SRV.STATS.inferbus-region", by_region)
+        data = {s["metadata"]["region"]: s["endpoints"][0] for s in stats}
+        assert data["A"]["num_requests"] >= 1
+        roles = {r: d["data"]["role"] for r, d in data.items()}
+        assert sorted(roles.values()) == ["primary", "standby"], roles
+        st = await topo.statuses(nc)
+        assert all(d["data"]["term"] == st[r].term for r, d in data.items()), (data, st)
+    finally:
+        await nc.close()
+
+
 @pytest.mark.timeout(120)
-async def test_planned_demotion_round_trip_zero_failed(topo):
-    """demote A (→ B), demote B (→ A) under load: 0 failed, 0 wrong, 0 duplicates, terms increasing."""
+async def test_planned_demotion_and_promotion_round_trip_zero_failed(topo):
+    """A→B by ``demote A``, B→A by ``promote A`` under 100 requests/s: 0 failed, 0 wrong, 0 duplicates,
+    terms increasing. A plain promotion is refused while the other region holds a live lease (a healthy
+    primary always does), so the documented way back is ``promote A --force``: A asks B to step down
+    (B releases the lease by CAS), then takes it by CAS."""
     import asyncio
 
     from chaos.load import Driver
@@ -146,14 +282,19 @@ async def test_planned_demotion_round_trip_zero_failed(topo):
         assert _primary(st) == "B" and st["B"].term > t0
         t1 = st["B"].term
         await asyncio.sleep(1.5)
-        r2 = await ask_region(nc, topo.spec.prefix, "B", "demote")
-        assert r2.ok and any(s.name == "A promoted" for s in r2.steps), r2
+        refused = await ask_region(nc, topo.spec.prefix, "A", "promote")
+        assert not refused.ok and "live lease" in refused.error and "--force" in refused.error
+        r2 = await ask_region(nc, topo.spec.prefix, "A", "promote", force=True)
+        assert r2.ok, r2
+        names = [s.name for s in r2.steps]
+        assert names[0] == "asked B to step down" and "lease acquired" in names, names
         await load
-        st = await topo.statuses(nc)
+        st = await _until(topo, lambda st: st.get("A") is not None and st["A"].role == "primary"
+                          and st.get("B") is not None and st["B"].role == "standby")
         assert _primary(st) == "A" and st["A"].term > t1
     fig = driver.figures("planned-round-trip")
-    print(f"\nplanned round trip: {fig.requests} requests, failed {fig.failed}, wrong {fig.wrong}, "
-          f"duplicates {fig.duplicates}, terms {t0} -> {t1} -> {st['A'].term}")
+    print(f"\nplanned round trip (demote, forced promote): {fig.requests} requests, failed {fig.failed}, "
+          f"wrong {fig.wrong}, duplicates {fig.duplicates}, terms {t0} -> {t1} -> {st['A'].term}")
     assert fig.requests >= 400 and fig.failed == 0 and fig.wrong == 0 and fig.duplicates == 0, fig.errors
     terms = [r.term for r in driver.records]
     assert {t0, t1, st["A"].term} >= set(terms) - {None}
@@ -182,7 +323,7 @@ async def test_kill_every_process_of_the_primary_region(topo):
     assert d["extra"]["new_primary"] is not None, d
     assert d["wrong"] == 0 and d["duplicates"] == 0 and d["failed"] == 0, d["errors"]
     assert d["detection_ms"] is not None and d["detection_ms"] <= 1000
-    assert d["failover_ms"] is not None and d["failover_ms"] - d["detection_ms"] <= 150
+    assert d["failover_ms"] is not None and d["failover_ms"] - d["detection_ms"] <= 100
     assert d["recovery_ms"] is not None and d["recovery_ms"] <= d["detection_ms"] + 100  # standby serves
     assert d["extra"]["overlapping_reigns"] == 0
     assert all(len(v) == 1 for v in d["extra"]["terms_by_region"].values())

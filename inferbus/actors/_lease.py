@@ -4,7 +4,9 @@ The bucket's stream has 3 replicas placed on the witness cluster (``placement``)
 so losing either region leaves it writable; the witness servers run JetStream
 with ``sync_interval: always``. Every write names the revision it expects
 (``Nats-Expected-Last-Subject-Sequence``); JetStream API errors 10071 (wrong
-last sequence) and 10164 (key exists) both mean "lost the race". The revision
+last sequence: N) and 10164 (wrong last sequence, no number: the stream leader
+refuses a write on a subject that already has a conditional write in flight, so
+concurrent candidates get it) both mean "lost the race". The revision
 of the write that acquired the lease is the fencing term.
 
 Errors::
@@ -22,7 +24,8 @@ LEASE_KEY = "leader"
 """The one key of the lease bucket."""
 
 _CONFLICT_CODES = (10071, 10164)
-"""JetStream API error codes that mean a CAS lost: wrong last sequence, key exists."""
+"""JetStream API error codes that mean a CAS lost: wrong last sequence (10071: stale revision; 10164: another
+conditional write on the key is in flight). nats-py's ``kv.update`` re-raises both as KeyWrongLastSequenceError."""
 
 
 class RegionError(Exception):
@@ -118,7 +121,8 @@ class LeaseStore:
             The revision of the write.
 
         Raises:
-            LostRace: the revision was not ``last`` (JetStream 10071) or the key exists (10164).
+            LostRace: the revision was not ``last`` (JetStream 10071), or another conditional write on
+                the key was in flight at the stream leader (10164).
             LeaseUnavailable: no answer / no quorum / any other error.
 
         Cancellation: the write may or may not have happened.

@@ -11,12 +11,14 @@ Protocol (every write is a compare-and-set; reads only tell *when* to try one):
   revision seen. The revision of the winning write is the **fencing term**:
   unique (one write per stream sequence) and increasing, so two regions can never
   hold the same term. Conflicts — JetStream API errors 10071 (wrong last
-  sequence) and 10164 (key exists) — both mean "lost the race".
+  sequence) and 10164 (another conditional write in flight) — both mean "lost the race".
 * **Renew** every ``heartbeat_ms`` with ``update(last=own last revision)``. The
   lease is valid for ``validity = 0.75 * lease_ms`` after the *start* of the last
   successful renewal; a renewal that fails in any way (conflict, timeout, no
-  quorum) makes the leader step down at once, and a leader whose validity runs
-  out steps down even while a renewal hangs.
+  quorum, no responders, lease connection lost or down) makes the leader step
+  down at once, and a leader whose validity runs out steps down even while a
+  renewal hangs. A leader that stepped down CASes on its own last revision; if
+  nobody wrote in between it is primary again under the same term.
 * **Heartbeats** on core NATS (``<p>._region.hb.<region>``, every ``heartbeat_ms``)
   carry role, term and the lease revision. A standby *suspects* the primary after
   ``suspect_ms`` without a primary heartbeat (fast detection; the KV's own TTL
@@ -186,7 +188,8 @@ class RegionManager:
         self.lease_nc = None
         self.store: LeaseStore | None = None
         self.lease_disconnects = 0
-        self.renewal_retries = 0
+        self.renewal_failures = 0
+        """Renewals that failed with an error or no answer (each one a step-down)."""
         self._lock = asyncio.Lock()
         # own role
         self.role = STANDBY
@@ -232,6 +235,10 @@ class RegionManager:
     def _validity_s(self) -> float:
         return 0.75 * self.config.lease_ms / 1000.0
 
+    def _lease_connected(self) -> bool:
+        """The lease connection is up (a request sent while it reconnects would wait out its timeout)."""
+        return self.lease_nc is not None and self.lease_nc.is_connected
+
     def is_primary(self, now: float | None = None) -> bool:
         """Primary and within lease validity (the role flag alone can be stale during a stall)."""
         now = time.monotonic() if now is None else now
@@ -254,6 +261,10 @@ class RegionManager:
             if valkey:
                 self.seen_valkey = valkey
             self.seen_at = time.monotonic()
+        elif rev == self.seen_rev and manager and not self.seen_manager:
+            # a peer's heartbeat told us the revision first (heartbeats carry no writer id); the KV watch
+            # or our own write now says who wrote it: the resume rule needs that
+            self.seen_manager = manager
         if term > self.known_term:
             self.known_term = term
 
@@ -335,6 +346,8 @@ class RegionManager:
         value = LeaseValue(holder=self.region, manager_id=self.manager_id, valkey=self.cache.addr,
                            term=self.term if resume else 0, op="renew" if resume else "acquire")
         try:
+            if not self._lease_connected():  # fail at once: a buffered CAS would block the loop until its timeout
+                raise LeaseUnavailable("lease connection down")
             rev = await asyncio.wait_for(self.store.cas(value, last), self.config.kv_timeout_ms / 1000.0)
         except LostRace as exc:
             self.lost_races += 1
@@ -405,48 +418,45 @@ class RegionManager:
         asyncio.ensure_future(self._publish_hb())
 
     async def _renew(self) -> None:
-        """Renew the lease by CAS on our own last revision.
+        """Renew the lease by CAS on our own last revision; **any** failure steps down at once.
 
-        * A conflict (:class:`LostRace`: someone else wrote) steps down at once.
-        * A renewal whose connection was lost (failed at once by the lease connection's
-          ``disconnected_cb``) or that got an error other than a conflict (no responders, no quorum
-          yet) is sent again — the same CAS on the same revision — on the reconnected connection,
-          every 10-50 ms, while validity remains. Repeating a CAS is safe: if the first copy
-          committed, the repeat loses against our own write, we step down and the resume logic of
-          :meth:`_campaign` CASes on that write and keeps the term.
-        * Validity always counts from the start of the *first* attempt; when it runs out (or a
-          single attempt times out at the end of it) the leader steps down, so a retry never
-          extends a reign beyond what the safety argument of docs/regions.md allows.
+        * A conflict (:class:`LostRace`: someone else wrote), an error (:class:`LeaseUnavailable`:
+          no responders, no quorum, the lease connection lost with the renewal in flight — failed
+          at once by the connection's ``disconnected_cb``), a lease connection that is down when
+          the renewal is due (nothing is sent), or no answer within the remaining validity: the
+          leader becomes standby before this returns.
+        * It then tries to win the lease back by the resume rule of :meth:`_campaign` (a CAS on its
+          own last revision, every tick): if nobody wrote in between, it is primary again under
+          the **same term** (nothing is fenced), typically one reconnect later (~50 ms). If the
+          failed renewal had in fact committed, the resume CAS loses against that write, the
+          manager reads it, sees its own write and resumes on it.
+        * Validity counts from the start of the renewal; a reign never outlasts it.
         """
         assert self.store is not None and self.valid_until is not None
         t0 = time.monotonic()
         value = LeaseValue(holder=self.region, manager_id=self.manager_id, term=self.term, valkey=self.cache.addr,
                            op="renew")
-        retries = 0
-        while True:
-            left_s = self.valid_until - time.monotonic() if self.valid_until is not None else 0.0
-            if self.role != PRIMARY:
-                return  # stepped down meanwhile (a later term was heard)
-            if left_s <= 0:
-                self._step_down(f"renewal failed: validity ran out after {retries} retries")
-                return
-            try:
-                rev = await asyncio.wait_for(self.store.cas(value, self.rev), left_s)
-                break
-            except LostRace as exc:
-                self._step_down(f"renewal lost the lease: {exc}")
-                self._next_read = 0.0
-                return
-            except asyncio.TimeoutError as exc:
-                self._step_down(f"renewal failed: {exc!r}")
-                return
-            except LeaseUnavailable as exc:
-                retries += 1
-                self.renewal_retries += 1
-                if retries == 1:
-                    log(f"region {self.region}: renewal failed ({exc!r}); retrying within the validity "
-                        f"({left_s * 1000:.0f} ms left)")
-                await asyncio.sleep(min(0.01 * retries, 0.05))
+        left_s = self.valid_until - t0
+        if self.role != PRIMARY:
+            return  # stepped down meanwhile (a later term was heard)
+        if left_s <= 0:
+            self._step_down("renewal failed: validity ran out")
+            return
+        if not self._lease_connected():
+            self._step_down("renewal failed: lease connection down")
+            self._next_read = 0.0
+            return
+        try:
+            rev = await asyncio.wait_for(self.store.cas(value, self.rev), left_s)
+        except LostRace as exc:
+            self._step_down(f"renewal lost the lease: {exc}")
+            self._next_read = 0.0
+            return
+        except (LeaseUnavailable, asyncio.TimeoutError) as exc:
+            self.renewal_failures += 1
+            self._step_down(f"renewal failed: {exc!r}")
+            self._next_read = 0.0
+            return
         if self.role != PRIMARY:
             return  # stepped down while the write was in flight (a later term was seen)
         self.rev = rev
@@ -454,9 +464,6 @@ class RegionManager:
         self.valid_until = t0 + self._validity_s
         self.next_renew = t0 + self._hb_s
         self._observe(rev, self.region, "", self.manager_id, self.cache.addr, self.term)
-        if retries:
-            self._note("renewal_retried", f"renewed rev {rev} after {retries} retries "
-                                          f"({(time.monotonic() - t0) * 1000:.0f} ms)")
         await self._publish_hb()
 
     async def _renew_locked(self) -> None:
@@ -482,7 +489,12 @@ class RegionManager:
 
     def _campaign_reason(self, now: float) -> str | None:
         c = self.config
-        if now < self.hold_until or not c.auto_failover or self.seen_rev is None:
+        if now < self.hold_until or self.seen_rev is None:
+            return None
+        if self.seen_holder == self.region and self.seen_manager == self.manager_id and self.term:
+            # not a failover: the same reign continues (a failed renewal stepped down; nobody wrote since)
+            return f"resume: the latest lease write (rev {self.seen_rev}) is our own"
+        if not c.auto_failover:
             return None
         lease_s = c.lease_ms / 1000.0
         if self.seen_holder == "":
@@ -494,8 +506,6 @@ class RegionManager:
                 return "lease released" + (" to us" if self.seen_successor else "")
             return "lease released, successor silent" if now - self.seen_at >= lease_s else None
         if self.seen_holder == self.region:
-            if self.seen_manager == self.manager_id and self.term:
-                return f"resume: the latest lease write (rev {self.seen_rev}) is our own"
             if self.seen_manager and self.seen_manager != self.manager_id:
                 return "lease held by a previous incarnation of this region"
         if self._primary_alive(now):
@@ -522,7 +532,7 @@ class RegionManager:
                 self._next_read = 0.0
                 await self._refresh()
             reason = self._campaign_reason(time.monotonic())
-            if reason is not None and not self._lock.locked():
+            if reason is not None and not self._lock.locked() and self._lease_connected():
                 async with self._lock:
                     if self.role != PRIMARY:
                         await self._campaign(reason)
@@ -622,6 +632,15 @@ class RegionManager:
             suspected_at=self.suspected_at, became_primary_at=self.became_primary_at, valid_until=self.valid_until,
             lost_races=self.lost_races, renewals=self.renewals, transitions=list(self.transitions),
         )
+
+    def _stats_data(self, endpoint_stats) -> dict:
+        """``data`` of the control endpoint in ``$SRV.STATS``: role, term and lease counters."""
+        now = time.monotonic()
+        return {"region": self.region, "role": PRIMARY if self.is_primary(now) else STANDBY,
+                "term": self.term if self.role == PRIMARY else self.known_term, "lease_rev": self.seen_rev or 0,
+                "lease_holder": self.seen_holder, "renewals": self.renewals,
+                "renewal_failures": self.renewal_failures, "lost_races": self.lost_races,
+                "lease_disconnects": self.lease_disconnects, "model_writes": self.model_writes}
 
     async def promote(self, force: bool) -> RegionReply:
         """Make this region primary now. Refused while another region holds a live lease unless ``force``."""
@@ -749,8 +768,8 @@ class RegionManager:
         lease_holder: list = []
 
         async def on_lease_disconnect() -> None:
-            # fail lease requests in flight at once (nats-py would let them wait out their timeout), so
-            # a renewal is sent again on the new connection within its validity (see _renew)
+            # fail lease requests in flight at once (nats-py would let them wait out their timeout): a
+            # renewal in flight steps down at once and resumes its term on the new connection (see _renew)
             self.lease_disconnects += 1
             if lease_holder:
                 fail_pending_requests(lease_holder[0], "lease connection lost")
@@ -767,7 +786,16 @@ class RegionManager:
         self.store = LeaseStore(self.lease_nc.jetstream(timeout=self.config.kv_timeout_ms / 1000.0), self.bucket,
                                 placement_cluster=self.config.placement_cluster, replicas=self.config.replicas)
         await self.nc.subscribe(self.subjects.region_heartbeats, cb=self._on_hb)
-        await self.nc.subscribe(self.subjects.region_control(self.region), cb=self._on_ctl)
+        from nats.micro import add_service
+
+        # a NATS micro service like every actor kind: $SRV.PING/INFO/STATS find it; the operator commands
+        # are its one endpoint
+        svc = await add_service(self.nc, name="inferbus-region", version="0.1.0",
+                                description="inferbus region manager (lease, promotion, fencing term)",
+                                metadata={"region": self.region, "manager_id": self.manager_id},
+                                stats_handler=self._stats_data)
+        await svc.add_endpoint(name="control", subject=self.subjects.region_control(self.region),
+                               handler=lambda r: self._on_ctl(r._msg))
         await self.nc.flush()
         # one attempt; JetStream may still be electing its meta leader (the loop keeps reading)
         await self._refresh()
@@ -781,6 +809,10 @@ class RegionManager:
         finally:
             for t in tasks + ([self._renew_task] if self._renew_task is not None else []):
                 t.cancel()
+            try:
+                await svc.stop()
+            except Exception:
+                pass
             await self.cache.close()
             for nc in {id(c): c for c in (self.lease_nc, self.nc) if c is not None}.values():
                 try:

@@ -137,18 +137,23 @@ class Topology:
 
     Args:
         spec: what to run.
-        run_dir: logs, configs, JetStream data, ``cluster.json``; a temp dir when None
-            (removed on :meth:`stop`).
+        run_dir: logs, configs, JetStream data, ``cluster.json``; when None, a new temp dir
+            (``inferbus-cluster-*``) whose logs and configs outlive :meth:`stop` (its data —
+            JetStream stores, Valkey dumps — is removed then), its path printed on stderr at start
+            and stop; ``keep_logs=False`` removes it all.
+        keep_logs: keep the temp run dir's logs after :meth:`stop` (ignored with ``run_dir``,
+            which is never removed).
 
     Use ``async with Topology(spec) as topo:`` or :meth:`start` / :meth:`stop`.
     """
 
-    def __init__(self, spec: ClusterSpec, run_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, spec: ClusterSpec, run_dir: str | os.PathLike | None = None, *,
+                 keep_logs: bool = True) -> None:
         self.spec = spec
-        self._tmp = None
+        self._tmp: str | None = None
+        self.keep_logs = keep_logs
         if run_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-cluster-")
-            run_dir = self._tmp.name
+            self._tmp = run_dir = tempfile.mkdtemp(prefix="inferbus-cluster-")
         self.run_dir = Path(run_dir)
         self.plan = Plan.make(spec)
         self.proxies: dict[str, TcpProxy] = {}
@@ -253,6 +258,10 @@ class Topology:
             TopologyError / ChildStartError: something did not start (what started is stopped again).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self._tmp is not None:
+            print(f"inferbus cluster: run dir {self.run_dir} (a temp dir; logs are kept after stop)"
+                  if self.keep_logs else f"inferbus cluster: run dir {self.run_dir} (removed on stop)",
+                  file=sys.stderr, flush=True)
         sp = self.spec
         import anyio
 
@@ -316,7 +325,16 @@ class Topology:
             self._run_task = None
         await self._stop_proxies()
         if self._tmp is not None:
-            self._tmp.cleanup()
+            import shutil
+
+            if self.keep_logs:  # logs and configs stay; the data goes (JetStream stores, Valkey dumps)
+                for d in self.run_dir.glob("nats/*/js"):
+                    shutil.rmtree(d, ignore_errors=True)
+                for f in self.run_dir.glob("valkey/*/*.rdb"):
+                    f.unlink(missing_ok=True)
+                print(f"inferbus cluster: logs kept in {self.run_dir}", file=sys.stderr, flush=True)
+            else:
+                shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
     async def _stop_proxies(self) -> None:
