@@ -91,7 +91,7 @@ async def run(a) -> dict:
         echo = EchoPool(1, nats.url, "bench.echo", log_dir=Path(tmp.name))
         await echo.start()
         node = Node(NodeConfig(models_dir=mdir, workers=a.workers, ingress=1, nats_url=nats.url, models=(a.model,),
-                               no_cache=not a.l2, run_dir=str(Path(tmp.name) / "node")))
+                               no_cache=not a.l2, run_dir=str(Path(tmp.name) / "node"), colocate=a.colocate))
         await node.start()
         await node.wait_ready(120)
         gp = GeneratorPool(a.gens, nats.url, mdir, pool=8192, log_dir=Path(tmp.name))
@@ -141,6 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--gens", type=int, default=1)
     p.add_argument("--model", default="digits")
     p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--colocate", action="store_true", help="each worker slot one process with its ingress")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))
