@@ -97,7 +97,7 @@ async def run(a) -> dict:
         gp = GeneratorPool(a.gens, nats.url, mdir, pool=8192, log_dir=Path(tmp.name))
         await gp.start()
         try:
-            miss = {"kind": "inferbus", "name": "inferbus", "model": a.model, "version": "1", "distinct": True}
+            miss = {"kind": "inferbus", "name": "inferbus", "model": a.model, "version": "1", "distinct": not a.hits}
             e = {"kind": "echo", "name": "echo", "model": a.model, "version": "1", "subject": "bench.echo"}
             await gp.prepare([miss, e])
             await gp.step(miss, mode="closed", concurrency=8, duration_s=1)
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="digits")
     p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--colocate", action="store_true", help="each worker slot one process with its ingress")
+    p.add_argument("--hits", action="store_true", help="replay the dataset's rows (L1 hits after the first round) "
+                   "instead of distinct inputs (misses)")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))

@@ -94,6 +94,9 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         with_id_again = await _ask(nc, v1, _body(x, "req-7"))  # now the raw index knows it, id included
         assert with_id_again["id"] == "req-7" and with_id_again["parameters"]["cache_hit"]
         assert await counts() == (base[0] + 4, base[1] + 3)
+        no_id = await _ask(nc, v1, _body(x))  # the cached entry is shared: no earlier hit's id leaks into it
+        assert no_id.get("id") is None and no_id["parameters"]["cache_hit"]
+        assert await counts() == (base[0] + 5, base[1] + 4)
         # data form is another cache entry (the reply's form differs): computed once, then a raw hit
         d1 = await _ask(nc, v1, _body(x, json_form=True))
         assert not d1["parameters"].get("cache_hit") and d1["outputs"][0].get("data") is not None
@@ -117,7 +120,7 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         r1 = await client.infer_result("digits", {"pixels": X[3:4]}, request_id="sdk-1", timeout_s=5)
         r2 = await client.infer_result("digits", {"pixels": X[3:4]}, request_id="sdk-2", timeout_s=5)
         assert r2.parameters["cache_hit"] and (r1.id, r2.id) == ("sdk-1", "sdk-2")
-        assert (await counts())[1] == before[1] + 1 + 1  # X[3] was already asked above: both are raw hits
+        assert (await counts())[1] == before[1] + 2  # X[3] was already asked above: both are raw hits
         await client.close()
     finally:
         await anyio.to_thread.run_sync(dep.stop)

@@ -102,5 +102,11 @@ class L1Cache:
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
 
+    def replace(self, key: str, value) -> None:
+        """Swap the value of a live entry (its expiry and LRU position unchanged); no-op when ``key`` is absent."""
+        entry = self._data.get(key)
+        if entry is not None:
+            self._data[key] = (entry[0], value)
+
     def __len__(self) -> int:
         return len(self._data)

@@ -53,10 +53,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import Subjects, connect, publish_raw
+from ..bus import Subjects, connect, header_block, publish_raw
 from ..bus import headers as H
 from ..schemas import (
-    DeadlineExceeded, Health, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
+    DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
     encode_error, encode_response, input_to_numpy, is_json,
 )
@@ -99,6 +99,10 @@ _HEDGE_LINES = {"": "", HEDGE_PRIMARY: f"{H.HEDGE}: {HEDGE_PRIMARY}\r\n", HEDGE_
 client (``DoneItem.held``); the ingress then hedges at once or answers the client itself."""
 _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
+
+_HIT_BLOCKS = {json: header_block({H.CONTENT_TYPE: "application/json" if json else "application/msgpack"})
+               for json in (False, True)}
+"""Header blocks of a cache hit's reply without a request id (``Content-Type`` only), by JSON-ness."""
 
 RAW_INDEX_MAX_BODY_BYTES = 4096
 """Request bodies up to this size are remembered by their bytes (the raw index): a repeat of the same bytes for
@@ -338,7 +342,7 @@ class Ingress:
                 if cached is not None:
                     self.counts["l1_hits"] += 1
                     self.counts["l1_raw_hits"] += 1
-                    await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0)
+                    await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0, seen_before[0])
                     return
         req = decode_request(body, ct)
         t_dec = time.monotonic()
@@ -391,7 +395,7 @@ class Ingress:
             cached = self.l1.get(key, t_val)
             if cached is not None:
                 self.counts["l1_hits"] += 1
-                await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0)
+                await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
                 return
             if self.redis is not None:
                 if len(self.pending) + self._l2_inflight >= self.config.max_pending:
@@ -446,21 +450,30 @@ class Ingress:
             self.counts["errors"] += 1
             await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, hdrs.get(H.REQUEST_ID))
 
-    async def _reply_cached(self, reply: str, cached: bytes, req_id, ct, hdrs, level: str, t0: float) -> None:
-        resp = decode_response(cached)
-        resp.id = req_id
+    async def _reply_cached(self, reply: str, cached: bytes | InferResponse, req_id, ct, hdrs, level: str,
+                            t0: float, key: str | None = None) -> None:
+        """Answer from a cache entry: the cached response with this request's id and the hit's parameters.
+
+        An L1 entry (``key`` given) is decoded once: the decoded response replaces the bytes in L1 (same
+        expiry), and each hit encodes a shallow copy, never the shared object."""
+        if isinstance(cached, InferResponse):
+            resp = cached
+        else:
+            resp = decode_response(cached)
+            if key is not None:
+                self.l1.replace(key, resp)
         params = dict(resp.parameters or {})
         params["cache_hit"] = True
         params["cache_level"] = level
         if self.fencing.term:
             params["term"] = self.fencing.term
         params["timings_us"] = {"total": int((time.monotonic() - t0) * 1e6), "queue": 0, "compute": 0}
-        resp.parameters = params
-        out_h = {H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack"}
         rid = hdrs.get(H.REQUEST_ID)
-        if rid:
-            out_h[H.REQUEST_ID] = rid
-        await self.nc.publish(reply, encode_response(resp, ct), headers=out_h)
+        block = (_HIT_BLOCKS[is_json(ct)] if not rid else
+                 header_block({H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack",
+                               H.REQUEST_ID: rid}))
+        await publish_raw(self.nc, reply, encode_response(msgspec.structs.replace(resp, id=req_id, parameters=params),
+                                                          ct), headers=block)
 
     def _pending_copy(self, rid: str | None, model_key: str):
         """``(seq, pending, worker state or None)`` of request ``rid``'s pending copy for ``model_key``, or None."""
