@@ -338,23 +338,7 @@ async def test_answer_over_max_payload_is_an_error_reply(env):
     assert time.perf_counter() - t0 < 2.0 and "max_payload" in ei.value.message
 
 
-# ---- cache -------------------------------------------------------------------------------------------------------
-async def test_output_subsets_are_never_served_from_a_mismatched_entry(env):
-    nc, client = env
-    x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
-    x = x + np.float32(random.random())
-    ref = reference("digits", {"pixels": x})
-    for _ in range(2):  # second round: cache hits, each for its own subset
-        for outs in (None, ["logits"], ["probabilities"], ["probabilities", "logits"]):
-            res = await client.infer_result("digits", {"pixels": x}, outputs=outs)
-            assert sorted(res.outputs) == sorted(outs or ["logits", "probabilities"])
-            for k, v in res.outputs.items():
-                np.testing.assert_array_equal(v, ref[k])
-        for raw in (True, False):  # raw and data forms: separate entries, same values
-            res = await client.infer_result("digits", {"pixels": x}, raw=raw, outputs=["logits"])
-            np.testing.assert_array_equal(res.outputs["logits"], ref["logits"])
-
-
+# ---- same input, batches, distinct inputs (the cache cases are in test_reliability_cache.py) ----------------
 async def test_32_concurrent_clients_same_input_get_bitwise_equal_answers(env, dep):
     nc, _ = env
     x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][3:4].astype(np.float32)
