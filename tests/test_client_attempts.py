@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import pytest
+from nats.errors import NoRespondersError
 
 from inferbus.bus import headers as H
 from inferbus.client import Client
@@ -156,13 +157,27 @@ class Scripted:
         self.nc, self.script = nc, script
         self.seen: list[tuple[float, str, str | None]] = []
 
-    async def start(self, subject: str = SUBJECT) -> "Scripted":
+    async def start(self, subject: str = SUBJECT, probe_from=None) -> "Scripted":
+        """Subscribe; with ``probe_from`` (a nats-py connection), return once a request from it reaches this
+        subscriber (a probe, not recorded): seen under load, a request sent right after the SUB was flushed
+        to a freshly started server got "no responders", which would shift every copy count."""
         await self.nc.subscribe(subject, cb=self._on)
         await self.nc.flush()
+        for _ in range(500):
+            if probe_from is None:
+                break
+            try:
+                await probe_from.request(subject, b"", timeout=2, headers={"Probe": "1"})
+                break
+            except NoRespondersError:
+                await asyncio.sleep(0.01)
         return self
 
     async def _on(self, msg) -> None:
         h = msg.headers or {}
+        if h.get("Probe"):
+            await self.nc.publish(msg.reply, b"probe")
+            return
         rid = h.get(H.REQUEST_ID, "")
         self.seen.append((time.monotonic(), rid, h.get(H.ATTEMPT)))
         answer = self.script[min(len(self.seen), len(self.script)) - 1]
@@ -177,7 +192,7 @@ class Scripted:
 async def test_unavailable_is_retried_after_its_hint_with_the_same_id(nats_server):
     server_nc, client = await _pair(nats_server.url)
     try:
-        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start()
+        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start(probe_from=client.nc)
         body, _ = await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u1")
         assert body == b"ok:rid-u1"
         assert [(rid, attempt) for _, rid, attempt in r.seen] == [("rid-u1", None), ("rid-u1", "2")], r.seen
@@ -188,14 +203,31 @@ async def test_unavailable_is_retried_after_its_hint_with_the_same_id(nats_serve
 
 
 @pytest.mark.timeout(30)
+async def test_a_hint_on_a_later_unavailable_is_honoured_too(nats_server):
+    # the first reply has no hint (as NATS "no responders" has none), the second asks for 60 ms: the first
+    # pause is the short backoff, the second at least the hint
+    server_nc, client = await _pair(nats_server.url)
+    try:
+        r = await Scripted(server_nc, [Unavailable("no worker"), Unavailable("draining", retry_after_ms=60),
+                                       None]).start(probe_from=client.nc)
+        body, _ = await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u3")
+        assert body == b"ok:rid-u3" and [rid for _, rid, _ in r.seen] == ["rid-u3"] * 3, r.seen
+        gaps = [b - a for (a, _, _), (b, _, _) in zip(r.seen, r.seen[1:])]
+        assert gaps[1] >= 0.060, gaps
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
 async def test_unavailable_with_retries_off_is_raised_at_once(nats_server):
     server_nc, client = await _pair(nats_server.url, retry_unavailable=False)
     try:
-        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start()
+        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start(probe_from=client.nc)
         t0 = time.monotonic()
         with pytest.raises(Unavailable) as ei:
             await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u2")
-        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30
+        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30, repr(ei.value)
         await asyncio.sleep(0.1)  # longer than the hint: no second copy comes
         assert [rid for _, rid, _ in r.seen] == ["rid-u2"]
     finally:
@@ -240,11 +272,12 @@ async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hin
     plain = await Client.connect(nats_server.url)
     retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True)
     try:
-        r = await Scripted(server_nc, [ResourceExhausted("rate limit", retry_after_ms=30), None]).start()
+        r = await Scripted(server_nc, [ResourceExhausted("rate limit", retry_after_ms=30), None]).start(
+            probe_from=plain.nc)
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted) as ei:  # default: raised at once with the hint, never retried
             await plain.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-r1")
-        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30
+        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30, repr(ei.value)
         await asyncio.sleep(0.1)
         assert [rid for _, rid, _ in r.seen] == ["rid-r1"]
         r.seen.clear()
