@@ -97,7 +97,7 @@ class Client:
     before retry n is exponential with "equal jitter" (Brooker, "Exponential Backoff
     And Jitter", AWS Architecture Blog, 2015): ``b/2 + uniform(0, b/2)`` with
     ``b = min(retry_backoff_ms * 2**(n-1), 100 ms)``; a server hint (``retry_after_ms``)
-    replaces the first pause. RESOURCE_EXHAUSTED is retried only with
+    replaces the first pause, and a later pause is never shorter than its reply's hint. RESOURCE_EXHAUSTED is retried only with
     ``retry_resource_exhausted=True``, after its ``retry_after_ms`` and only if that
     fits in the budget (retrying into a rate limit only makes it worse).
 
@@ -359,11 +359,10 @@ class Client:
                 raise last_err  # type: ignore[misc]
             attempt += 1
             hint = getattr(last_err, "retry_after_ms", None)
-            if attempt == 1 and hint is not None:
-                pause_ms = float(hint)
-            else:
-                b = min(self.retry_backoff_ms * 2 ** (attempt - 1), _MAX_BACKOFF_MS)
-                pause_ms = b / 2 + self._rng.uniform(0, b / 2)
+            b = min(self.retry_backoff_ms * 2 ** (attempt - 1), _MAX_BACKOFF_MS)
+            pause_ms = b / 2 + self._rng.uniform(0, b / 2)
+            if hint is not None:  # the server's hint: the first pause, and no later pause is shorter
+                pause_ms = float(hint) if attempt == 1 else max(float(hint), pause_ms)
             if H.remaining_ms(deadline) <= pause_ms:
                 raise last_err  # type: ignore[misc]
             if pause_ms > 0:

@@ -338,23 +338,7 @@ async def test_answer_over_max_payload_is_an_error_reply(env):
     assert time.perf_counter() - t0 < 2.0 and "max_payload" in ei.value.message
 
 
-# ---- cache -------------------------------------------------------------------------------------------------------
-async def test_output_subsets_are_never_served_from_a_mismatched_entry(env):
-    nc, client = env
-    x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
-    x = x + np.float32(random.random())
-    ref = reference("digits", {"pixels": x})
-    for _ in range(2):  # second round: cache hits, each for its own subset
-        for outs in (None, ["logits"], ["probabilities"], ["probabilities", "logits"]):
-            res = await client.infer_result("digits", {"pixels": x}, outputs=outs)
-            assert sorted(res.outputs) == sorted(outs or ["logits", "probabilities"])
-            for k, v in res.outputs.items():
-                np.testing.assert_array_equal(v, ref[k])
-        for raw in (True, False):  # raw and data forms: separate entries, same values
-            res = await client.infer_result("digits", {"pixels": x}, raw=raw, outputs=["logits"])
-            np.testing.assert_array_equal(res.outputs["logits"], ref["logits"])
-
-
+# ---- same input, batches, distinct inputs (the cache cases are in test_reliability_cache.py) ----------------
 async def test_32_concurrent_clients_same_input_get_bitwise_equal_answers(env, dep):
     nc, _ = env
     x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"][3:4].astype(np.float32)
@@ -391,21 +375,37 @@ async def test_batched_rows_equal_the_single_row_reference(env, sizes):
         np.testing.assert_allclose(r.outputs["logits"], rows, rtol=1e-6, atol=1e-6)
 
 
-async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 64, connections: int = 4) -> float:
+async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 256, connections: int = 4) -> float:
+    """``total`` requests, each with its own input and request id, ``concurrency`` in flight over
+    ``connections`` connections (so the worker batches rows of different requests together); every answer
+    must be its own input's (values and id). Bodies are packed by hand with ``msgpack`` and answers decoded
+    with ``msgpack`` (the SDK's numpy encoding would make this client, not the server, the bottleneck).
+    Returns requests/s."""
     conns = [await nats.connect(dep.nats_url) for _ in range(connections)]
     clients = [Client(c, dep.prefix) for c in conns]
-    wrong = []
+    subject = clients[0].subjects.infer("typed", None)
+    wrong: list[tuple[int, str]] = []
     counter = iter(range(total))
+
+    def b_of(i: int) -> np.ndarray:
+        return np.full(4, (i % 97) / 4 + (i % 3) * 0.125, np.float16)  # 291 distinct rows, not aligned with a
 
     async def loop(k: int):
         c = clients[k % connections]
         for i in counter:
-            a = np.array([[i - total // 2]], np.int32)
-            b = np.full((1, 4), (i % 97) / 4, np.float16)
-            res = await c.infer_result("typed", {"a": a, "b": b}, request_id=f"xt-{i}", timeout_s=10)
-            if (res.outputs["a_times_2"][0, 0] != 2 * a[0, 0] or res.id != f"xt-{i}"
-                    or res.outputs["b_sum"][0, 0] != b.astype(np.float32).sum()):
-                wrong.append(i)
+            a, b = i - total // 2, b_of(i)
+            rid = f"xt-{i}"
+            body = msgpack.packb({"id": rid, "inputs": [
+                {"name": "a", "datatype": "INT32", "shape": [1, 1], "raw": np.int32(a).tobytes()},
+                {"name": "b", "datatype": "FP16", "shape": [1, 4], "raw": b.tobytes()}]}, use_bin_type=True)
+            data, _ = await c.request(subject, body, timeout_s=10, request_id=rid)
+            resp = msgpack.unpackb(data, raw=False)
+            got = {o["name"]: o for o in resp["outputs"]}
+            a2, bs = got["a_times_2"], got["b_sum"]
+            a2 = np.frombuffer(a2["raw"], "<i4")[0] if "raw" in a2 else a2["data"][0]
+            bs = np.frombuffer(bs["raw"], "<f4")[0] if "raw" in bs else bs["data"][0]
+            if resp.get("id") != rid or a2 != 2 * a or bs != b.astype(np.float32).sum():
+                wrong.append((i, f"id {resp.get('id')} a_times_2 {a2} b_sum {bs}"))
 
     t0 = time.perf_counter()
     try:
@@ -417,13 +417,7 @@ async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 64,
     return total / (time.perf_counter() - t0)
 
 
-async def test_20k_distinct_inputs_no_cross_talk(env, dep):
-    qps = await _distinct_inputs_no_cross_talk(dep, 20_000)
-    print(f"20k distinct inputs: no cross-talk, {qps:.0f} req/s")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 async def test_100k_distinct_inputs_no_cross_talk(env, dep):
     qps = await _distinct_inputs_no_cross_talk(dep, 100_000)
     print(f"100k distinct inputs: no cross-talk, {qps:.0f} req/s")

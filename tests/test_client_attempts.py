@@ -3,7 +3,9 @@
 The "servers" here are plain NATS subscribers on the request subject (a real server, real
 connections; no mock of NATS): one that swallows the first copy of each request id (as an ingress
 SIGKILLed with the request in hand would), one that answers a client error, one that records what
-it got. Each test asserts what the server side saw: how many copies, with which request id.
+it got, and one that answers each copy from a script (UNAVAILABLE or RESOURCE_EXHAUSTED with a
+``retry_after_ms`` hint, then OK). NATS "no responders" is a real subject nobody subscribes to. Each test
+asserts what the server side saw: how many copies, with which request id, how far apart.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import asyncio
 import time
 
 import pytest
+from nats.errors import NoRespondersError
 
 from inferbus.bus import headers as H
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InvalidArgument, NotFound, encode_error
+from inferbus.schemas import (
+    DeadlineExceeded, InvalidArgument, NotFound, ResourceExhausted, Unavailable, encode_error,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -140,4 +145,153 @@ async def test_a_slow_answer_within_the_last_attempt_is_taken(nats_server):
         assert body == b"ok:rid-4" and {rid for _, rid in r.seen} == {"rid-4"}
     finally:
         await client.close()
+        await server_nc.close()
+
+
+# ---- UNAVAILABLE and RESOURCE_EXHAUSTED replies (issue 5, item 6) ---------------------------------------------
+class Scripted:
+    """Answers the n-th copy it gets on ``SUBJECT`` with ``script[n]``: an error reply, or ``ok:<id>`` for None
+    (the last entry repeats). Records (arrival time, request id, Inferbus-Attempt header) of every copy."""
+
+    def __init__(self, nc, script: list) -> None:
+        self.nc, self.script = nc, script
+        self.seen: list[tuple[float, str, str | None]] = []
+
+    async def start(self, subject: str = SUBJECT, probe_from=None) -> "Scripted":
+        """Subscribe; with ``probe_from`` (a nats-py connection), return once a request from it reaches this
+        subscriber (a probe, not recorded): seen under load, a request sent right after the SUB was flushed
+        to a freshly started server got "no responders", which would shift every copy count."""
+        await self.nc.subscribe(subject, cb=self._on)
+        await self.nc.flush()
+        for _ in range(500):
+            if probe_from is None:
+                break
+            try:
+                await probe_from.request(subject, b"", timeout=2, headers={"Probe": "1"})
+                break
+            except NoRespondersError:
+                await asyncio.sleep(0.01)
+        return self
+
+    async def _on(self, msg) -> None:
+        h = msg.headers or {}
+        if h.get("Probe"):
+            await self.nc.publish(msg.reply, b"probe")
+            return
+        rid = h.get(H.REQUEST_ID, "")
+        self.seen.append((time.monotonic(), rid, h.get(H.ATTEMPT)))
+        answer = self.script[min(len(self.seen), len(self.script)) - 1]
+        if answer is None:
+            await self.nc.publish(msg.reply, b"ok:" + rid.encode())
+        else:
+            hdrs, body = encode_error(answer)
+            await self.nc.publish(msg.reply, body, headers=hdrs)
+
+
+@pytest.mark.timeout(30)
+async def test_unavailable_is_retried_after_its_hint_with_the_same_id(nats_server):
+    server_nc, client = await _pair(nats_server.url)
+    try:
+        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start(probe_from=client.nc)
+        body, _ = await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u1")
+        assert body == b"ok:rid-u1"
+        assert [(rid, attempt) for _, rid, attempt in r.seen] == [("rid-u1", None), ("rid-u1", "2")], r.seen
+        assert r.seen[1][0] - r.seen[0][0] >= 0.030  # the server's retry_after_ms replaced the first pause
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_hint_on_a_later_unavailable_is_honoured_too(nats_server):
+    # the first reply has no hint (as NATS "no responders" has none), the second asks for 60 ms: the first
+    # pause is the short backoff, the second at least the hint
+    server_nc, client = await _pair(nats_server.url)
+    try:
+        r = await Scripted(server_nc, [Unavailable("no worker"), Unavailable("draining", retry_after_ms=60),
+                                       None]).start(probe_from=client.nc)
+        body, _ = await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u3")
+        assert body == b"ok:rid-u3" and [rid for _, rid, _ in r.seen] == ["rid-u3"] * 3, r.seen
+        gaps = [b - a for (a, _, _), (b, _, _) in zip(r.seen, r.seen[1:])]
+        assert gaps[1] >= 0.060, gaps
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_unavailable_with_retries_off_is_raised_at_once(nats_server):
+    server_nc, client = await _pair(nats_server.url, retry_unavailable=False)
+    try:
+        r = await Scripted(server_nc, [Unavailable("draining", retry_after_ms=30), None]).start(probe_from=client.nc)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-u2")
+        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30, repr(ei.value)
+        await asyncio.sleep(0.1)  # longer than the hint: no second copy comes
+        assert [rid for _, rid, _ in r.seen] == ["rid-u2"]
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_no_responders_is_unavailable_at_once_or_retried_within_the_budget(nats_server):
+    server_nc, client = await _pair(nats_server.url, retry_unavailable=False)
+    retrying = await Client.connect(nats_server.url)
+    try:
+        # retries off: NATS answers "no responders" at once; the SDK raises the typed Unavailable
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="no responders"):
+            await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-n1")
+        assert time.monotonic() - t0 < 1.0  # ~1 ms on loopback; loose so a loaded box does not flake
+        # retries on, nobody ever subscribes: retried until the next pause no longer fits, never past the budget
+        t0 = time.monotonic()
+        with pytest.raises((Unavailable, DeadlineExceeded), match="no responders") as ei:
+            await retrying.request(SUBJECT, b"x", timeout_s=0.4, request_id="rid-n2")
+        took = time.monotonic() - t0
+        assert 0.25 <= took < 0.4 + 0.3, (took, ei.value)
+        # retries on, a server subscribes 150 ms in: the request is answered within its budget, same id
+        r = Scripted(server_nc, [None])
+        later = asyncio.get_running_loop().call_later(0.15, lambda: asyncio.ensure_future(r.start()))
+        t0 = time.monotonic()
+        body, _ = await retrying.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-n3")
+        took = time.monotonic() - t0
+        later.cancel()
+        assert body == b"ok:rid-n3" and [rid for _, rid, _ in r.seen] == ["rid-n3"]
+        assert 0.14 <= took < 1.0, took  # answered soon after the server appeared (pauses are <= 100 ms)
+    finally:
+        await retrying.close()
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hint_fits(nats_server):
+    server_nc = await __import__("nats").connect(nats_server.url)
+    plain = await Client.connect(nats_server.url)
+    retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True)
+    try:
+        r = await Scripted(server_nc, [ResourceExhausted("rate limit", retry_after_ms=30), None]).start(
+            probe_from=plain.nc)
+        t0 = time.monotonic()
+        with pytest.raises(ResourceExhausted) as ei:  # default: raised at once with the hint, never retried
+            await plain.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-r1")
+        assert time.monotonic() - t0 < 1.0 and ei.value.retry_after_ms == 30, repr(ei.value)
+        await asyncio.sleep(0.1)
+        assert [rid for _, rid, _ in r.seen] == ["rid-r1"]
+        r.seen.clear()
+        body, _ = await retrying.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-r2")
+        assert body == b"ok:rid-r2" and [rid for _, rid, _ in r.seen] == ["rid-r2", "rid-r2"]
+        assert r.seen[1][0] - r.seen[0][0] >= 0.030  # after the hint
+        # a hint longer than the budget left: raised at once rather than retried into the deadline
+        r.seen.clear()
+        r.script = [ResourceExhausted("rate limit", retry_after_ms=5000), None]
+        t0 = time.monotonic()
+        with pytest.raises(ResourceExhausted):
+            await retrying.request(SUBJECT, b"x", timeout_s=1.0, request_id="rid-r3")
+        assert time.monotonic() - t0 < 0.5 and len(r.seen) == 1
+    finally:
+        await retrying.close()
+        await plain.close()
         await server_nc.close()

@@ -1,25 +1,40 @@
-"""The L2 cache under a slow Valkey (issue 5, item 7, cache): real Valkey behind ``chaos.proxy.TcpProxy``.
+"""The cache through running ingress replicas (issue 5, item 7, cache): real Valkey, real processes.
 
+* the same bytes sent as FP32[2,3] and FP32[3,2] are two entries, each answered (miss, L1 hit, L2 hit on the
+  other replica) with its own values and shape; the same bytes as INT32[2,3] (a datatype the input does not
+  take: no ONNX input takes two datatypes) get INVALID_ARGUMENT every time, never a cached FP32 answer;
+* each output subset (and the raw and data forms) is its own entry: the second round is all cache hits,
+  each holding exactly the outputs asked for, and the L2 entries hold exactly those outputs;
 * 100 ms of latency in front of Valkey with a 30 ms L2 timeout: lookups time out (cancelled mid-command,
   the classic way a pooled connection ends up answering the *next* command with the previous reply), and
-  every reply still matches its own input; after the latency is healed, L2 hits match too.
-* a pool of 2 connections per ingress and 100 concurrent misses: all succeed, the pool drains back to 0.
+  every reply still matches its own input; after the latency is healed, L2 hits match too;
+* one ingress with a pool of 2 connections and 100 concurrent misses behind that latency: all succeed
+  with their own answers, every lookup went through the pool, and the pool drains back to 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+
+import time
 
 import anyio
 import numpy as np
 import pytest
 
 from chaos.proxy import TcpProxy
+from inferbus.actors._cache import cache_key
+from inferbus.bus import EmbeddedValkey
 from inferbus.client import Client
+from inferbus.schemas import (
+    InferRequest, InvalidArgument, RequestedOutput, decode_request, decode_response, encode_request,
+    input_from_numpy, input_to_numpy,
+)
 
-from conftest import start_deployment
-from test_reliability_lib import models_subset
+from conftest import MODELS, start_deployment
+from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -38,6 +53,34 @@ def _check(k: int, out) -> bool:
     return (out["a_times_2"][0, 0] == 2 * k) and out["b_sum"][0, 0] == f["b"].astype(np.float32).sum()
 
 
+async def _key_of(prefix: str, model: str, feeds: dict, outputs: list[str] | None = None, raw: bool = True,
+                  version: str = "1") -> str:
+    """The Valkey key of the entry the SDK's request for ``feeds`` fills (the ingress's ``cache_key``)."""
+    req = decode_request(encode_request(InferRequest(
+        inputs=[input_from_numpy(n, a, raw=raw) for n, a in feeds.items()],
+        outputs=[RequestedOutput(name=o) for o in outputs] if outputs else None)))
+    arrays = [input_to_numpy(t, field=f"inputs[{i}]") for i, t in enumerate(req.inputs)]
+    return f"{prefix}:" + cache_key(model, version, req.inputs, arrays, list(outputs) if outputs else None, raw,
+                                    None)
+
+
+async def _wait_l2(url: str, keys: list[str], timeout_s: float = 20.0) -> dict[str, bytes]:
+    """Wait until every key is in Valkey (the aggregator fills L2 asynchronously); returns their values."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            values = await r.mget(keys)
+            if all(v is not None for v in values):
+                return dict(zip(keys, values))
+            assert time.monotonic() < deadline, f"{values.count(None)} of {len(keys)} entries never reached L2"
+            await asyncio.sleep(0.02)
+    finally:
+        await r.aclose()
+
+
 async def _all_ingress_health(client, n: int) -> dict[str, dict]:
     """Health parameters of each of the ``n`` ingress replicas (the queue group picks one per request)."""
     seen: dict[str, dict] = {}
@@ -50,7 +93,7 @@ async def _all_ingress_health(client, n: int) -> dict[str, dict]:
     return seen
 
 
-async def test_slow_valkey_and_small_pool_never_mix_answers(valkey_server, tmp_path):
+async def test_slow_valkey_never_mixes_answers(valkey_server, tmp_path):
     proxy = await TcpProxy(("127.0.0.1", valkey_server.port)).start()
     dep = None
     try:
@@ -78,19 +121,12 @@ async def test_slow_valkey_and_small_pool_never_mix_answers(valkey_server, tmp_p
         assert not wrong, wrong
         health = await _all_ingress_health(client, 2)
         assert sum(p["counts"]["l2_timeouts"] for p in health.values()) > 0
-        # 2. pool of 2, 100 concurrent misses: all succeed and the pool drains back to 0
-        await asyncio.gather(*(one(k) for k in range(5000, 5100)))
-        assert not wrong, wrong
-        for _ in range(100):
-            health = await _all_ingress_health(client, 2)
-            if all(p["l2_pool_in_use"] == 0 for p in health.values()):
-                break
-            await asyncio.sleep(0.05)
-        assert all(p["l2_pool_in_use"] == 0 and p["l2_pool_size"] == 2 for p in health.values()), health
         # 3. healed: entries filled through the slow proxy are now L2 hits on the other replica, all correct
         proxy.heal()
-        # (step 2's keys were asked once, so each sits in one replica's L1 only: the other finds it in L2;
-        # step 1's keys are in both L1s in ~98 % of shuffles)
+        # (keys asked once, then refilled through L2 after the heal: each sits in one replica's L1 only, the
+        # other finds it in L2; step 1's keys are in both L1s in ~98 % of shuffles)
+        await asyncio.gather(*(one(k) for k in range(5000, 5100)))
+        await _wait_l2(valkey_server.url, [await _key_of("l2", "typed", _typed(k)) for k in range(5000, 5100)])
         levels = await asyncio.gather(*(one(k) for k in list(range(1000, 1060)) * 2 + list(range(5000, 5100))))
         assert not wrong, wrong
         assert "l2" in levels, levels
@@ -101,3 +137,155 @@ async def test_slow_valkey_and_small_pool_never_mix_answers(valkey_server, tmp_p
         if dep is not None:
             await anyio.to_thread.run_sync(dep.stop)
         await proxy.stop()
+
+
+async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valkey_server, tmp_path):
+    proxy = await TcpProxy(("127.0.0.1", valkey_server.port)).start()
+    dep = None
+    try:
+        proxy.latency(100)
+        models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
+        dep = await anyio.to_thread.run_sync(lambda: start_deployment(
+            tmp_path / "dep", workers=1, prefix="pool", extra=[
+                "--models", str(models), "--redis-url", f"redis://127.0.0.1:{proxy.port}/0", "--l2-lookup",
+                "--l2-timeout-ms", "30", "--l2-pool-size", "2", "--ingress", "1"]))
+        client = await Client.connect(dep.nats_url, "pool")
+        before = (await client.health()).parameters
+        assert before["l2_pool_size"] == 2 and before["l2_pool_in_use"] == 0
+
+        took = {}
+
+        async def one(k: int):
+            t0 = time.monotonic()
+            res = await client.infer_result("typed", _typed(k), timeout_s=5)
+            took[k] = (round((time.monotonic() - t0) * 1000), (res.parameters.get("timings_us") or {}).get("cache"))
+            return _check(k, res.outputs), res.parameters.get("cache_hit", False)
+
+        # 100 distinct inputs at once: 100 concurrent misses, each looked up through the 2-connection pool
+        results = await asyncio.gather(*(one(k) for k in range(7000, 7100)))
+        assert all(ok for ok, _ in results), [k for k, (ok, _) in zip(range(7000, 7100), results) if not ok]
+        assert not any(hit for _, hit in results)
+        deadline = time.monotonic() + 10
+        while True:
+            after = (await client.health()).parameters
+            if after["l2_pool_in_use"] == 0:
+                break
+            assert time.monotonic() < deadline, after
+            await asyncio.sleep(0.02)
+        # every lookup waited on the pool or on Valkey and was given up after 30 ms (a miss, then the worker);
+        # before the ingress shielded its lookups, the two that opened the pool's connections were held for
+        # the whole handshake (~840 ms) and then counted as plain misses
+        looked_up = sum(after["counts"][c] - before["counts"][c] for c in ("l2_timeouts", "l2_errors"))
+        slowest = sorted(took.items(), key=lambda kv: -kv[1][0])[:4]  # (input, (ms, µs in the cache lookup))
+        assert looked_up == 100, (after["counts"], slowest)
+        assert after["l2_pool_size"] == 2
+        await client.close()
+    finally:
+        if dep is not None:
+            await anyio.to_thread.run_sync(dep.stop)
+        await proxy.stop()
+
+
+def _grid_model(folder) -> None:
+    """``grid``: x FP32 [r, c] (any shape) -> y = 2 x [r, c] and rowsum = sum(x, axis 1) [r, 1]; no batching."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"]),
+         helper.make_node("ReduceSum", ["x", "axes"], ["rowsum"], keepdims=1)],
+        "grid", [helper.make_tensor_value_info("x", f, ["r", "c"])],
+        [helper.make_tensor_value_info("y", f, ["r", "c"]), helper.make_tensor_value_info("rowsum", f, ["r", 1])],
+        initializer=[helper.make_tensor("two", f, [], [2.0]),
+                     helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (folder / "config.json").write_text(json.dumps({
+        "name": "grid", "platform": "onnxruntime_onnx", "max_batch_size": 0, "cache_ttl_ms": 600_000,
+        "default_version": 1}))
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    """2 ingress replicas, L1 and L2 (Valkey, lookups on), long TTLs: ``grid`` and ``digits``."""
+    root = tmp_path_factory.mktemp("cached")
+    with EmbeddedValkey(run_dir=root / "valkey") as vk:
+        models = models_subset(root / "models", ["digits"], {"digits": {"cache_ttl_ms": 600_000}})
+        _grid_model(models / "grid")
+        dep = start_deployment(root / "dep", workers=1, prefix="c2", extra=[
+            "--models", str(models), "--redis-url", vk.url, "--l2-lookup", "--l2-timeout-ms", "500",
+            "--ingress", "2"])
+        try:
+            yield dep, vk.url
+        finally:
+            dep.stop()
+
+
+async def test_same_bytes_as_other_shapes_and_datatypes_never_share_an_entry(cached):
+    dep, vk_url = cached
+    client = await Client.connect(dep.nats_url, "c2")
+    try:
+        raw = (np.arange(6, dtype=np.float32) * np.float32(1.5) + np.float32(random.random())).tobytes()
+        forms = {"FP32[2,3]": np.frombuffer(raw, np.float32).reshape(2, 3),
+                 "FP32[3,2]": np.frombuffer(raw, np.float32).reshape(3, 2)}
+        as_int = np.frombuffer(raw, np.int32).reshape(2, 3)  # the same 24 bytes
+        levels: dict[str, list] = {k: [] for k in forms}
+
+        async def one_round():
+            for name, x in forms.items():
+                res = await client.infer_result("grid", {"x": x}, timeout_s=5)
+                assert res.outputs["y"].shape == x.shape and res.outputs["rowsum"].shape == (x.shape[0], 1), name
+                np.testing.assert_array_equal(res.outputs["y"], x * 2)
+                np.testing.assert_allclose(res.outputs["rowsum"], x.sum(axis=1, keepdims=True), rtol=1e-6)
+                levels[name].append(res.parameters.get("cache_level"))
+            with pytest.raises(InvalidArgument) as ei:  # never the cached FP32 answer for these bytes
+                await client.infer("grid", {"x": as_int}, timeout_s=5)
+            assert ei.value.field == "inputs[0].datatype", ei.value
+
+        await one_round()  # misses: each form fills its own entry
+        entries = await _wait_l2(vk_url, [await _key_of("c2", "grid", {"x": x}) for x in forms.values()])
+        for x, body in zip(forms.values(), entries.values()):  # the L2 entries hold their own answers
+            y = next(o for o in decode_response(body).outputs if o.name == "y")
+            assert list(y.shape) == list(x.shape)
+        for _ in range(40):  # the queue group picks a replica per request: until each form was an L1 and an L2 hit
+            await one_round()
+            if all({"l1", "l2"} <= set(v[1:]) for v in levels.values()):
+                break
+        assert all(v[0] is None for v in levels.values()), levels
+        assert all({"l1", "l2"} <= set(v[1:]) and None not in v[1:] for v in levels.values()), levels
+    finally:
+        await client.close()
+
+
+async def test_output_subsets_are_their_own_entries_and_hit_in_the_second_round(cached):
+    dep, vk_url = cached
+    client = await Client.connect(dep.nats_url, "c2")
+    try:
+        x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
+        x = x + np.float32(random.random())
+        ref = reference("digits", {"pixels": x})
+        asks = [(None, True), (["logits"], True), (["probabilities"], True), (["probabilities", "logits"], True),
+                (["logits"], False)]  # (outputs, raw form): raw and data forms are separate entries too
+
+        async def one_round(second: bool):
+            for outs, raw in asks:
+                res = await client.infer_result("digits", {"pixels": x}, outputs=outs, raw=raw)
+                assert sorted(res.outputs) == sorted(outs or ["logits", "probabilities"]), (outs, raw)
+                for k, v in res.outputs.items():
+                    np.testing.assert_array_equal(v, ref[k])
+                if second:
+                    assert res.parameters.get("cache_hit") is True, (outs, raw, res.parameters)
+                    assert res.parameters.get("cache_level") in ("l1", "l2"), res.parameters
+
+        await one_round(second=False)
+        keys = [await _key_of("c2", "digits", {"pixels": x}, outs, raw) for outs, raw in asks]
+        entries = await _wait_l2(vk_url, keys)  # filled (the other replica finds them there)
+        for (outs, raw), key in zip(asks, keys):
+            stored = sorted(o.name for o in decode_response(entries[key]).outputs)
+            assert stored == sorted(outs or ["logits", "probabilities"]), (outs, raw, stored)
+        await one_round(second=True)
+    finally:
+        await client.close()

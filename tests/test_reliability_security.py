@@ -172,11 +172,15 @@ def _make_tls(dirpath):
     key = ec.generate_private_key(ec.SECP256R1())
     srv = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name, key.public_key(),
                ca_key, False)
-    paths = {n: dirpath / f"{n}.pem" for n in ("ca", "cert", "key")}
+    ckey = ec.generate_private_key(ec.SECP256R1())  # a client certificate, for mutual TLS
+    client = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "inferbus test client")]), ca_name,
+                  ckey.public_key(), ca_key, False)
+    paths = {n: dirpath / f"{n}.pem" for n in ("ca", "cert", "key", "client_cert", "client_key")}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    for c, k, name in ((srv, key, ""), (client, ckey, "client_")):
+        paths[name + "cert"].write_bytes(c.public_bytes(serialization.Encoding.PEM))
+        paths[name + "key"].write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
     return paths
 
 

@@ -48,6 +48,8 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
         A connected ``nats.aio.client.Client``.
 
     Raises:
+        ImportError: ``nkeys_seed`` or ``user_credentials`` is set and the ``nkeys`` package is missing
+            (the message says to install ``inferbus[nkeys]``).
         nats.errors.NoServersError: no server in ``config.servers`` accepted the
             connection within ``connect_attempts`` tries each (unreachable, or
             credentials refused: the cause is passed to ``error_cb``).
@@ -69,6 +71,12 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
         kwargs["password"] = config.password
     if config.token is not None:
         kwargs["token"] = config.token
+    if config.nkeys_seed is not None or config.user_credentials is not None:
+        try:
+            import nkeys  # noqa: F401  (nats-py signs the server's nonce with it)
+        except ImportError:
+            raise ImportError("NKey and .creds authentication need the nkeys package: "
+                              "pip install 'inferbus[nkeys]'") from None
     if config.nkeys_seed is not None:
         kwargs["nkeys_seed"] = config.nkeys_seed
     if config.user_credentials is not None:

@@ -1,0 +1,182 @@
+"""Security options not covered by test_reliability_security.py (issue 5, item 8), against real processes.
+
+* NKey authentication: an external nats-server that admits one user nkey; ``inferbus up --nats-url ...
+  --nats-nkey-seed <file>`` serves through it and the SDK connects with ``nkeys_seed``; no seed, or another
+  user's seed, is refused. Without the ``nkeys`` package the connect fails with an error that says to install
+  ``inferbus[nkeys]``.
+* Mutual TLS: an external nats-server with ``verify: true``; ``inferbus up --tls-ca --tls-cert --tls-key``
+  serves through it; a client without a certificate is refused.
+* Size limits: ``--nats-max-payload`` sets the embedded server's max_payload (and so the SDK's check before
+  sending), ``--max-request-bytes`` and ``--max-tensor-bytes`` give PAYLOAD_TOO_LARGE at once, the tensor
+  one naming the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import sys
+import time
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+
+from inferbus.bus import BusConfig, EmbeddedNats, connect
+from inferbus.client import Client
+from inferbus.schemas import PayloadTooLarge, decode_error
+
+from conftest import start_deployment
+from test_reliability_lib import models_subset
+from test_reliability_security import _make_tls
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+
+
+def feeds(i: int = 1):
+    return {"a": np.array([[i]], np.int32), "b": np.zeros((1, 4), np.float16)}
+
+
+def _user_seed(path) -> str:
+    """Write a fresh user nkey seed to ``path`` (0600) and return its public key."""
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    path.write_bytes(seed)
+    os.chmod(path, 0o600)
+    return nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+async def _connect_once(url: str, **kw):
+    nc = await asyncio.wait_for(nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0,
+                                             connect_timeout=2, **kw), 10)
+    await nc.close()
+
+
+async def _refused(url: str, **kw) -> None:
+    """A plain nats-py connect with ``kw`` fails (each test also shows the same form with the right
+    credentials succeeds, so the failure is the server's refusal, not a wrong argument)."""
+    with pytest.raises(Exception):
+        await _connect_once(url, **kw)
+
+
+async def _serve_through(tmp_path, url: str, extra: list[str], **client_kw) -> None:
+    """``inferbus up --nats-url url <extra>``: ready, answers ``typed`` through the SDK, then stopped."""
+    models = models_subset(tmp_path / "models", ["typed"])
+    dep = await asyncio.to_thread(start_deployment, tmp_path / "dep", workers=1, prefix="sec2", extra=[
+        "--models", str(models), "--no-cache", "--nats-url", url] + extra)
+    try:
+        client = await Client.connect(url, "sec2", **client_kw)
+        try:
+            assert (await client.health()).ready
+            out = await client.infer("typed", feeds(21), timeout_s=5)
+            assert out["a_times_2"][0, 0] == 42
+        finally:
+            await client.close()
+    finally:
+        await asyncio.to_thread(dep.stop)
+
+
+async def test_nkey_authentication_end_to_end(tmp_path):
+    seed = tmp_path / "user.nk"
+    public = _user_seed(seed)
+    other = tmp_path / "other.nk"
+    _user_seed(other)
+    conf = f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}'
+    with EmbeddedNats(run_dir=tmp_path / "nats", extra_config=conf) as srv:
+        url = f"nats://127.0.0.1:{srv.port}"
+        await _serve_through(tmp_path, url, ["--nats-nkey-seed", str(seed)], nkeys_seed=str(seed))
+        await _connect_once(url, nkeys_seed=str(seed))
+        await _refused(url)                           # no credentials
+        await _refused(url, nkeys_seed=str(other))    # a user the server does not know
+        await _refused(url, token="guess")
+
+
+async def test_nkey_seed_without_the_nkeys_package_says_what_to_install(tmp_path, monkeypatch):
+    seed = tmp_path / "user.nk"
+    _user_seed(seed)
+    monkeypatch.setitem(sys.modules, "nkeys", None)  # `import nkeys` now fails as if it were not installed
+    with EmbeddedNats(run_dir=tmp_path / "nats", jetstream=False) as srv:
+        with pytest.raises(ImportError, match=r"inferbus\[nkeys\]"):
+            await connect(BusConfig(servers=(srv.url,), nkeys_seed=str(seed)))
+        with pytest.raises(ImportError, match=r"inferbus\[nkeys\]"):
+            await Client.connect(srv.url, nkeys_seed=str(seed))
+
+
+async def test_mutual_tls_end_to_end(tmp_path):
+    tls = _make_tls(tmp_path)
+    conf = (f'tls {{ cert_file: "{tls["cert"]}", key_file: "{tls["key"]}", ca_file: "{tls["ca"]}", '
+            f'verify: true, timeout: 2 }}')
+    with EmbeddedNats(run_dir=tmp_path / "nats", extra_config=conf) as srv:
+        url = f"tls://127.0.0.1:{srv.port}"
+        files = dict(tls_ca_file=str(tls["ca"]), tls_cert_file=str(tls["client_cert"]),
+                     tls_key_file=str(tls["client_key"]))
+        await _serve_through(tmp_path, url, ["--tls-ca", str(tls["ca"]), "--tls-cert", str(tls["client_cert"]),
+                                             "--tls-key", str(tls["client_key"])], **files)
+        ctx = ssl.create_default_context(cafile=str(tls["ca"]))
+        ctx.load_cert_chain(str(tls["client_cert"]), str(tls["client_key"]))
+        await _connect_once(url, tls=ctx)
+        await _refused(url, tls=ssl.create_default_context(cafile=str(tls["ca"])))  # no client certificate
+        (tmp_path / "stranger").mkdir()
+        stranger = _make_tls(tmp_path / "stranger")
+        ctx = ssl.create_default_context(cafile=str(tls["ca"]))
+        ctx.load_cert_chain(str(stranger["client_cert"]), str(stranger["client_key"]))
+        await _refused(url, tls=ctx)  # a certificate from another CA
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
+    root = tmp_path_factory.mktemp("limits")
+    models = models_subset(root / "models", ["typed", "strings"])
+    d = start_deployment(root / "dep", workers=1, prefix="lim", extra=[
+        "--models", str(models), "--no-cache", "--nats-max-payload", "65536", "--max-request-bytes", "32768",
+        "--max-tensor-bytes", "1024"])
+    yield d
+    d.stop()
+
+
+def _strings_body(n: int) -> bytes:
+    return msgpack.packb({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1, 1],
+                                      "raw": n.to_bytes(4, "little") + b"y" * n}]})
+
+
+async def test_size_limits_refuse_at_once_and_name_what_is_too_large(limited):
+    nc = await nats.connect(limited.nats_url)
+    client = Client(nc, "lim")
+    try:
+        assert nc.max_payload == 65536  # --nats-max-payload reached the embedded server
+        # over max_payload: the SDK refuses before sending, naming the server's limit
+        t0 = time.perf_counter()
+        with pytest.raises(PayloadTooLarge, match="65536"):
+            await client.infer("strings", {"s": np.array([[b"x" * 70_000]], dtype=object)})
+        assert time.perf_counter() - t0 < 0.5
+
+        async def send(body: bytes):
+            t0 = time.perf_counter()
+            msg = await nc.request("lim.infer.strings", body, timeout=5)
+            return decode_error(msg.headers, msg.data), msg, time.perf_counter() - t0
+
+        # under max_payload, over --max-request-bytes: the ingress refuses the body
+        err, _, took = await send(_strings_body(40_000))
+        assert isinstance(err, PayloadTooLarge) and "32768" in err.message and took < 1.0, (err, took)
+        # under the body limit, one tensor over --max-tensor-bytes: refused, naming the input
+        err, _, took = await send(_strings_body(2_000))
+        assert isinstance(err, PayloadTooLarge) and err.field == "inputs[0]" and "'s'" in err.message, err
+        assert "1024" in err.message and took < 1.0
+        # at the tensor limit (1,024 bytes of element data): answered, byte-exact
+        err, msg, _ = await send(_strings_body(1024))
+        assert err is None, err
+        echo = next(o for o in msgpack.unpackb(msg.data)["outputs"] if o["name"] == "echo")
+        got = echo["raw"] if "raw" in echo else b"".join(len(v).to_bytes(4, "little") + v for v in echo["data"])
+        assert got == (1024).to_bytes(4, "little") + b"y" * 1024
+        # the next good request on another model succeeds
+        assert (await client.infer("typed", feeds(4)))["a_times_2"][0, 0] == 8
+    finally:
+        await nc.close()
