@@ -47,7 +47,7 @@ def up(
     prefix: str = typer.Option("inferbus"),
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
     actors: bool = typer.Option(True, help="Run the serving actors (off: servers and region managers only)."),
-    witness_servers: int = typer.Option(3, help="Servers of the witness site (3 holds the lease's 3 replicas)."),
+    witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
     from .cli import _run

@@ -55,3 +55,12 @@ async def test_client_connect_keeps_the_server_list_order(tmp_path: Path):
                 assert c.nc.connected_url.port == first.port
         async with await Client.connect(f"{second.url},{first.url}") as c:
             assert c.nc.connected_url.port == second.port
+
+
+@pytest.mark.parametrize("bad", [dict(witness_servers=1), dict(witness_servers=2), dict(servers_per_region=0)])
+def test_cluster_spec_refuses_layouts_nats_server_cannot_start(bad):
+    """A witness of 1 server cannot form the JetStream cluster the lease needs (nats-server exits at start):
+    refused when the spec is built, with the reason, instead of a topology that never comes up."""
+    with pytest.raises(ValueError, match="witness_servers in \\(3, 5\\)"):
+        ClusterSpec(**bad)
+    assert ClusterSpec(witness_servers=5).witness_servers == 5

@@ -67,7 +67,7 @@ class ClusterSpec:
     """Name of the witness site (the third site of the JetStream quorum)."""
     servers_per_region: int = 3
     witness_servers: int = 3
-    """3 (the lease stream has 3 replicas, all on the witness); 1 gives a witness without replicas."""
+    """3 or 5 (the lease stream has 3 replicas, all on the witness); 1 is refused (no JetStream cluster of one)."""
     prefix: str = "inferbus"
     models_dir: str | None = None
     """Model repository; None = the package's default ``models/``."""
@@ -107,8 +107,12 @@ class ClusterSpec:
         for n in names:
             if not n or not n.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"ClusterSpec: site name {n!r} must be letters, digits, '_' or '-'")
-        if self.servers_per_region < 1 or self.witness_servers not in (1, 3, 5):
-            raise ValueError("ClusterSpec: servers_per_region >= 1 and witness_servers in (1, 3, 5)")
+        if self.servers_per_region < 1 or self.witness_servers not in (3, 5):
+            # 1 witness server is refused: its JetStream runs clustered (it is a site of the supercluster) and a
+            # JetStream cluster of one server has no routes to form it, so nats-server exits at start; and a lone
+            # witness holds the lease with 1 replica, which no server loss leaves writable
+            raise ValueError("ClusterSpec: servers_per_region >= 1 and witness_servers in (3, 5) (the lease bucket's "
+                             "quorum; 1 cannot form a JetStream cluster)")
         if self.workers < 1 or self.ingress < 1:
             raise ValueError("ClusterSpec: workers >= 1 and ingress >= 1")
 
