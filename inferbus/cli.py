@@ -113,6 +113,8 @@ def up(
     mailbox_size: int = typer.Option(1024, help="Worker mailbox bound; beyond it requests are shed.", rich_help_panel=_REL),
     inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never)."),
     max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding.", rich_help_panel=_REL),
+    max_backlog_msgs: int = typer.Option(10_000, help="Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once.", rich_help_panel=_REL),
+    max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help="The same bound in bytes.", rich_help_panel=_REL),
     default_timeout_ms: float = typer.Option(1000.0, help="Budget of a request without Inferbus-Timeout-Ms (ms).", rich_help_panel=_REL),
     l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms).", rich_help_panel=_REL),
     l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups.", rich_help_panel=_REL),
@@ -143,7 +145,7 @@ def up(
             client_rate_limit_per_s=client_rate_limit, client_rate_burst=client_rate_burst,
             hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
             l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
-            max_tensor_bytes=max_tensor_bytes),
+            max_tensor_bytes=max_tensor_bytes, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes),
         bus_options={k: str(v) for k, v in dict(
             user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,
             user_credentials=nats_creds, tls_ca_file=tls_ca, tls_cert_file=tls_cert, tls_key_file=tls_key).items()

@@ -49,7 +49,7 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
     models = models_subset(tmp_path / "models", ["digits"])
     log = tmp_path / "up.log"
     argv = UP + ["--nats-url", nats_server.url, "--workers", "1", "--no-cache", "--models", str(models),
-                 "--run-dir", str(tmp_path / "run"), "--prefix", "ext"]
+                 "--run-dir", str(tmp_path / "run"), "--prefix", "ext", "--max-backlog-msgs", "777"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
                                 start_new_session=True)
@@ -63,6 +63,7 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
         x = np.load(models / "digits" / "data" / "test.npz")["X"][:3].astype(np.float32)
         async with await Client.connect(nats_server.url, "ext") as client:
             out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+            assert (await client.health(timeout_s=5)).parameters["max_backlog_msgs"] == 777  # the flag reached it
         np.testing.assert_allclose(out["logits"], reference("digits", {"pixels": x})["logits"], rtol=1e-5, atol=1e-5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()[-3000:]

@@ -907,6 +907,7 @@ class Ingress:
             "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, now)),
             "pending": len(self.pending), "l1_entries": len(self.l1), "l2_inflight": self._l2_inflight,
             "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
+            "max_backlog_msgs": self.config.max_backlog_msgs,
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None,
