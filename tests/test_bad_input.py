@@ -375,14 +375,17 @@ async def test_batched_rows_equal_the_single_row_reference(env, sizes):
         np.testing.assert_allclose(r.outputs["logits"], rows, rtol=1e-6, atol=1e-6)
 
 
-async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 256, connections: int = 4) -> float:
+async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 128, connections: int = 4) -> float:
     """``total`` requests, each with its own input and request id, ``concurrency`` in flight over
     ``connections`` connections (so the worker batches rows of different requests together); every answer
     must be its own input's (values and id). Bodies are packed by hand with ``msgpack`` and answers decoded
     with ``msgpack`` (the SDK's numpy encoding would make this client, not the server, the bottleneck).
-    Returns requests/s."""
+    One attempt per request (no adaptive per-attempt timeout): this checks that answers never cross, and on
+    a starved box the SDK's retries of slow-but-alive attempts would only add copies to the ingress's
+    backlog (seen on a shared 2-core box: 200 req/s, then a request unanswered within 10 s). Returns
+    requests/s."""
     conns = [await nats.connect(dep.nats_url) for _ in range(connections)]
-    clients = [Client(c, dep.prefix) for c in conns]
+    clients = [Client(c, dep.prefix, adaptive_attempt_timeout=False) for c in conns]
     subject = clients[0].subjects.infer("typed", None)
     wrong: list[tuple[int, str]] = []
     counter = iter(range(total))
@@ -398,7 +401,7 @@ async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 256
             body = msgpack.packb({"id": rid, "inputs": [
                 {"name": "a", "datatype": "INT32", "shape": [1, 1], "raw": np.int32(a).tobytes()},
                 {"name": "b", "datatype": "FP16", "shape": [1, 4], "raw": b.tobytes()}]}, use_bin_type=True)
-            data, _ = await c.request(subject, body, timeout_s=10, request_id=rid)
+            data, _ = await c.request(subject, body, timeout_s=30, request_id=rid)
             resp = msgpack.unpackb(data, raw=False)
             got = {o["name"]: o for o in resp["outputs"]}
             a2, bs = got["a_times_2"], got["b_sum"]
@@ -417,7 +420,7 @@ async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 256
     return total / (time.perf_counter() - t0)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_100k_distinct_inputs_no_cross_talk(env, dep):
     qps = await _distinct_inputs_no_cross_talk(dep, 100_000)
     print(f"100k distinct inputs: no cross-talk, {qps:.0f} req/s")

@@ -125,10 +125,17 @@ async def test_slow_valkey_never_mixes_answers(valkey_server, tmp_path):
         proxy.heal()
         # (keys asked once, then refilled through L2 after the heal: each sits in one replica's L1 only, the
         # other finds it in L2; step 1's keys are in both L1s in ~98 % of shuffles)
-        await asyncio.gather(*(one(k) for k in range(5000, 5100)))
-        await _wait_l2(valkey_server.url, [await _key_of("l2", "typed", _typed(k)) for k in range(5000, 5100)])
-        levels = await asyncio.gather(*(one(k) for k in list(range(1000, 1060)) * 2 + list(range(5000, 5100))))
-        assert not wrong, wrong
+        # a lookup can still miss its 30 ms on a starved box (the proxy is this test's own Python process), so
+        # up to 5 rounds of fresh keys, until one round shows L2 hits; every answer is checked in every round
+        levels: list = []
+        for r in range(5):
+            fresh = range(5000 + 100 * r, 5100 + 100 * r)
+            await asyncio.gather(*(one(k) for k in fresh))
+            await _wait_l2(valkey_server.url, [await _key_of("l2", "typed", _typed(k)) for k in fresh])
+            levels = await asyncio.gather(*(one(k) for k in list(range(1000, 1060)) * 2 + list(fresh)))
+            assert not wrong, wrong
+            if "l2" in levels:
+                break
         assert "l2" in levels, levels
         await client.close()
         print(f"L2 under 100 ms latency: {sum(p['counts']['l2_timeouts'] for p in health.values())} lookups "
