@@ -147,10 +147,32 @@ class _Managed:
             p.wait()
 
     def kill(self) -> None:
-        """SIGKILL at once (fault injection)."""
+        """SIGKILL at once (fault injection). A supervised server (:meth:`start_child`) is only signalled:
+        its supervisor reaps and restarts it (:meth:`wait_restarted`)."""
+        if self.child is not None:
+            if self.child.returncode is None and self.child.pid is not None:
+                try:
+                    os.kill(self.child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    async def wait_restarted(self, old_pid: int | None, timeout_s: float = 30.0) -> None:
+        """Wait until a supervised server (:meth:`start_child`) runs again as a process other than
+        ``old_pid`` and serves (``start_child`` returns only then).
+
+        Raises:
+            TimeoutError: not restarted within ``timeout_s`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.child is None or self.child.pid == old_pid or self.child.returncode is not None:
+            if loop.time() > deadline:
+                raise TimeoutError(f"embedded server on port {self.port} not restarted after {timeout_s}s")  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
 
     @property
     def pid(self) -> int | None:
