@@ -175,6 +175,13 @@ class _Managed:
             await asyncio.sleep(0.01)
 
     @property
+    def running(self) -> bool:
+        """True while the server's process (the supervised incarnation's with :meth:`start_child`) runs."""
+        if self.child is not None:
+            return self.child.returncode is None
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
     def pid(self) -> int | None:
         """OS pid of the server (the supervised incarnation's with :meth:`start_child`)."""
         if self.child is not None:
