@@ -127,6 +127,8 @@ def _control(cluster: Path, op: str, **kw) -> None:
 
     try:
         reply = _run(_send(cluster, op, **kw))
+    except typer.Exit:  # NATS unreachable: _run printed it
+        raise
     except Exception as exc:
         typer.echo(f"{op}: no answer from the cluster ({type(exc).__name__}: {exc})", err=True)
         raise typer.Exit(2)
