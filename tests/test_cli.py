@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -65,3 +66,12 @@ def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_pat
     np.save(bad, np.zeros((1, 63), np.float32))
     p, _ = cli("infer", "digits", "-i", f"pixels={bad}", "--nats-url", deployment.nats_url)
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "inputs[0].shape" in p.stderr
+
+
+def test_cluster_control_with_its_witness_unreachable_is_one_line_exit_3(tmp_path):
+    url = f"nats://127.0.0.1:{free_port()}"
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"spec": {"witness": "W", "prefix": "x"}, "servers": {"W1": {"site": "W", "url": url}}, "client_urls": [url]}))
+    p, _ = cli("cluster", "kill", "B", "--cluster", str(tmp_path))
+    assert p.returncode == 3 and "Traceback" not in p.stderr + p.stdout, p
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"cannot reach NATS at {url}: ")
