@@ -32,16 +32,20 @@ def run_suite(args: list[str]) -> int:
     return main(args)
 
 
-async def _served_default(url: str, prefix: str, model: str) -> str | None:
-    """The default version the running deployment serves for ``model`` (its metadata), or None if it does not say.
+async def _served_default(url: str, prefix: str, model: str, version: str | None) -> str | None:
+    """``version``, else the default version the running deployment serves for ``model`` (its metadata), or
+    None if it does not say. Connects either way, so an unreachable ``url`` fails here, before any generator starts.
 
     Raises:
+        NatsUnreachable: no server of ``url`` accepted the connection.
         InferbusError: the deployment answered with an error (e.g. NOT_FOUND for an unknown model).
     """
-    from .client import Client
+    from .cli import _one_shot_client
 
-    client = await Client.connect(url, prefix)
+    client = await _one_shot_client(url, prefix)
     try:
+        if version is not None:
+            return version
         meta = await client.model(model, timeout_s=5.0)
     finally:
         await client.close()
@@ -68,8 +72,8 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
         await node.wait_ready(120)
         url = node.nats_url
     try:
-        if version is None and nats_url is not None:
-            version = await _served_default(url, prefix, model)
+        if nats_url is not None:
+            version = await _served_default(url, prefix, model, version)
         mv = ModelRepository(models_dir, [model]).get(model).version(version)
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}

@@ -105,15 +105,15 @@ def config(
 
 async def _send(cluster: Path, op: str, **kw):
     import msgspec
-    import nats
 
+    from .cli import _one_shot_client
     from .cluster import ClusterCommand, ClusterReply
 
     p = cluster / "cluster.json" if cluster.is_dir() else cluster
     info = json.loads(p.read_text())
     witness = info["spec"]["witness"]
     urls = [s["url"] for s in info["servers"].values() if s["site"] == witness]
-    nc = await nats.connect(urls, connect_timeout=2)
+    nc = (await _one_shot_client(urls, info["spec"]["prefix"])).nc  # unreachable: one line naming the URLs, exit 3
     try:
         msg = await nc.request(f"{info['spec']['prefix']}._cluster.ctl",
                                msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=60)
@@ -127,6 +127,8 @@ def _control(cluster: Path, op: str, **kw) -> None:
 
     try:
         reply = _run(_send(cluster, op, **kw))
+    except typer.Exit:  # NATS unreachable: _run printed it
+        raise
     except Exception as exc:
         typer.echo(f"{op}: no answer from the cluster ({type(exc).__name__}: {exc})", err=True)
         raise typer.Exit(2)

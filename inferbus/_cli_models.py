@@ -6,8 +6,10 @@
 ``inferbus models unload NAME --version V``  drain and drop a version (not the default);
 ``inferbus models default NAME V``           the version that serves requests naming none.
 
-Writes go to ``<p>.models.<model>.<op>`` (docs/models.md); a refused write prints its typed error on one
-line and exits 2.
+``--nats-url`` and ``--prefix`` may come before the subcommand (``inferbus models --nats-url URL default
+digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` (docs/models.md);
+a refused write prints its typed error on one line and exits 2; unreachable NATS prints one line naming the
+URL and exits 3.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ app = typer.Typer(add_completion=False, invoke_without_command=True,
 
 _NATS = typer.Option("nats://127.0.0.1:4222", help="NATS server(s), comma-separated.")
 _PREFIX = typer.Option("inferbus", help="Subject prefix.")
+# a subcommand's own options default to None: then the group's (given before the subcommand) apply
+_SUB_NATS = typer.Option(None, help="NATS server(s), comma-separated (default: the group's --nats-url, "
+                         "nats://127.0.0.1:4222).")
+_SUB_PREFIX = typer.Option(None, help="Subject prefix (default: the group's --prefix, inferbus).")
 _TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits for every worker).")
 
 
@@ -28,6 +34,7 @@ _TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits
 def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
     if ctx.invoked_subcommand is not None:
+        ctx.obj = {"nats_url": nats_url, "prefix": prefix}  # the subcommands' connection unless they get their own
         return
     from rich.table import Table
 
@@ -47,10 +54,14 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
     console.print(t)
 
 
-def _write(op: str, name: str, version: Optional[str], nats_url: str, prefix: str, timeout_s: float,
-           as_json: bool) -> None:
+def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],
+           prefix: Optional[str], timeout_s: float, as_json: bool) -> None:
     from .cli import _call, _one_shot_client, console
     from .model_admin import model_control
+
+    group = ctx.obj or {}
+    nats_url = nats_url or group.get("nats_url", "nats://127.0.0.1:4222")
+    prefix = prefix or group.get("prefix", "inferbus")
 
     async def go():
         async with await _one_shot_client(nats_url, prefix) as c:
@@ -71,28 +82,28 @@ def _write(op: str, name: str, version: Optional[str], nats_url: str, prefix: st
 
 
 @app.command()
-def load(name: str = typer.Argument(..., help="Model name."),
+def load(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
          version: Optional[str] = typer.Option(None, help="Version to load (default: every version on disk not "
                                                "served yet)."),
-         nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+         nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
          as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Load a model version from the repository folder on every worker; returns when they have it."""
-    _write("load", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "load", name, version, nats_url, prefix, timeout, as_json)
 
 
 @app.command()
-def unload(name: str = typer.Argument(..., help="Model name."),
+def unload(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
            version: str = typer.Option(..., help="Version to unload (not the default)."),
-           nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+           nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
            as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers."""
-    _write("unload", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "unload", name, version, nats_url, prefix, timeout, as_json)
 
 
 @app.command()
-def default(name: str = typer.Argument(..., help="Model name."),
+def default(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
             version: str = typer.Argument(..., help="Version that serves requests naming none."),
-            nats_url: str = _NATS, prefix: str = _PREFIX, timeout: float = _TIMEOUT,
+            nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
             as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Make VERSION the default version of NAME (it must be loaded on every worker serving NAME)."""
-    _write("default", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "default", name, version, nats_url, prefix, timeout, as_json)

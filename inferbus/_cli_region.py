@@ -38,13 +38,10 @@ def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str
 
 
 async def _connect(servers: list[str]):
-    import nats
+    """A NATS connection for one command (raises :class:`inferbus.cli.NatsUnreachable`: one line, exit 3)."""
+    from .cli import _one_shot_client
 
-    async def quiet(exc):
-        pass
-
-    return await nats.connect(servers, connect_timeout=2, max_reconnect_attempts=2, reconnect_time_wait=0.1,
-                              error_cb=quiet)
+    return (await _one_shot_client(servers, "inferbus")).nc
 
 
 async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, dict]:
@@ -175,6 +172,8 @@ def promote(
     t0 = time.monotonic()
     try:
         reply = _run(go())
+    except typer.Exit:
+        raise
     except Exception as exc:
         typer.echo(f"promote {region}: no answer from its region manager ({type(exc).__name__}: {exc})", err=True)
         raise typer.Exit(2)
@@ -190,11 +189,17 @@ def promote(
 def demote(
     region: Optional[str] = typer.Argument(None, help="Region to demote (default: the current primary)."),
     to: str = typer.Option("", help="Region to hand over to (default: the live standby heard last)."),
+    force: bool = typer.Option(False, help="Release the lease even when no other region's manager is live "
+                                           "(no primary until one is); does not wait for a new primary."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: str = typer.Option("inferbus"),
 ) -> None:
-    """Hand the primary role over: release the lease (naming the successor), step down, report the new primary."""
+    """Hand the primary role over: release the lease (naming the successor), step down, report the new primary.
+
+    Refused (exit 1, nothing changed, the lease kept) when no other region's manager is live (its
+    heartbeat older than the suspect time), or when --to names one that is not, unless --force.
+    """
     from .actors._region import ask_region
     from .cli import _run
 
@@ -208,20 +213,22 @@ def demote(
                 if len(prim) != 1:
                     return None, f"cannot tell the primary from the heartbeats (primaries heard: {prim})"
                 target = prim[0]
-            return target, await ask_region(nc, prefix, target, "demote", successor=to, timeout_s=10.0)
+            return target, await ask_region(nc, prefix, target, "demote", successor=to, force=force, timeout_s=10.0)
         finally:
             await nc.close()
 
     t0 = time.monotonic()
     try:
         target, reply = _run(go())
+    except typer.Exit:
+        raise
     except Exception as exc:
         typer.echo(f"demote: no answer ({type(exc).__name__}: {exc})", err=True)
         raise typer.Exit(2)
     if target is None:
         typer.echo(f"demote: {reply}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"demote {target}:")
+    typer.echo(f"demote {target}{' (forced)' if force else ''}:")
     _print_steps(reply)
     if not reply.ok:
         typer.echo(f"refused: {reply.error}", err=True)

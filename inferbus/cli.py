@@ -6,6 +6,10 @@
 ``inferbus models``   the served models' metadata; ``models load|unload|default`` manage versions at run time;
 ``inferbus health``   an ingress's live/ready answer;
 ``inferbus bench``    closed- and open-loop load with HDR percentiles, every answer checked.
+
+Exit status of every command that talks to a deployment: 0 done; 1 the operation ran and failed (wrong
+answers, not ready, refused by a region manager); 2 usage or a typed error reply (bad option or file,
+INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the servers, no traceback).
 """
 
 from __future__ import annotations
@@ -27,19 +31,50 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
+EXIT_FAILED = 1
+"""Exit status: the operation ran and failed (wrong answers, not ready, refused)."""
+EXIT_USAGE = 2
+"""Exit status: bad usage or input, or a typed error reply (INVALID_ARGUMENT, NOT_FOUND, ...)."""
+EXIT_NO_NATS = 3
+"""Exit status: no NATS server of the given URL(s) accepted a connection."""
+
+
+class NatsUnreachable(Exception):
+    """No NATS server of ``servers`` accepted a connection; ``str()`` names them and the last error."""
+
+    def __init__(self, message: str, servers: list[str]):
+        super().__init__(message)
+        self.servers = servers
+
+
+def _exit_unreachable(exc: BaseException) -> "typer.Exit":
+    """Print the one "cannot reach NATS" line for ``exc`` on stderr and return the exit to raise (status 3)."""
+    text = str(exc) or type(exc).__name__
+    if not text.startswith("cannot reach NATS"):
+        text = f"cannot reach NATS: {text}"
+    head, sep, tail = text.partition(": ")
+    err_console.print(f"[red]{escape(head)}[/]{sep}{escape(tail)}")
+    return typer.Exit(EXIT_NO_NATS)
+
+
 def _run(coro):
+    """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3."""
+    from nats.errors import NoServersError
+
     try:
         import uvloop
 
-        return uvloop.run(coro)
+        runner = uvloop.run
     except ImportError:  # pragma: no cover
-        return asyncio.run(coro)
+        runner = asyncio.run
+    try:
+        return runner(coro)
+    except (NatsUnreachable, NoServersError) as exc:
+        raise _exit_unreachable(exc) from None
 
 
 def _call(coro_fn):
-    """Run a one-shot client call; turn typed errors, connection failures and bad files into one line + exit 2."""
-    from nats.errors import NoServersError
-
+    """Run a one-shot client call; typed errors and bad files print one line + exit 2, unreachable NATS exit 3."""
     from .schemas import InferbusError
 
     try:
@@ -47,16 +82,23 @@ def _call(coro_fn):
     except InferbusError as err:
         err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
                           + (f" (field {err.field})" if err.field else ""))
-    except (NoServersError, OSError, asyncio.TimeoutError) as exc:
-        err_console.print(f"[red]cannot reach NATS[/]: {escape(str(exc) or type(exc).__name__)}")
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_USAGE)
 
 
-async def _one_shot_client(nats_url: str, prefix: str):
-    """A client for one CLI command: one connect attempt per server, 2 s connect timeout."""
+async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
+    """A client for one CLI command: one connect attempt per server, 2 s connect timeout.
+
+    Raises:
+        NatsUnreachable: no server of ``nats_url`` (comma-separated) accepted the connection.
+    """
     from .client import Client
+    from .schemas import Unavailable
 
-    return await Client.connect(nats_url, prefix, connect_attempts=1, connect_timeout_s=2.0)
+    servers = [u.strip() for u in nats_url.split(",")] if isinstance(nats_url, str) else list(nats_url)
+    try:
+        return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
+    except Unavailable as err:
+        raise NatsUnreachable(err.message, servers) from err
 
 
 def _port_busy(port: int) -> bool:
@@ -330,16 +372,17 @@ def bench(
 ):
     """Closed-loop (concurrency) and open-loop (fixed rate) load from generator processes, HDR percentiles,
     every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md)."""
-    from ._cli_bench import run_load_sync, run_suite
+    from ._cli_bench import run_load, run_suite
 
     if suite:
         args = ["--profile", profile] + (["--json", str(out)] if out else [])
         raise typer.Exit(run_suite(args))
-    results = run_load_sync(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
-                            workers=workers, ingress=ingress, gens=gens,
-                            concurrency=[int(x) for x in concurrency.split(",") if x.strip()],
-                            rates=[float(x) for x in rate.split(",") if x.strip()], duration_s=duration_s, hit=hit,
-                            timeout_s=timeout_s, prefix=prefix)
+    kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
+              workers=workers, ingress=ingress, gens=gens,
+              concurrency=[int(x) for x in concurrency.split(",") if x.strip()],
+              rates=[float(x) for x in rate.split(",") if x.strip()], duration_s=duration_s, hit=hit,
+              timeout_s=timeout_s, prefix=prefix)
+    results = _call(lambda: run_load(**kw))
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -376,4 +419,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m inferbus.cli`: run the app of the imported module, not of __main__, so the subcommand modules
+    # (which import inferbus.cli) and this one share one NatsUnreachable class and one _run
+    from inferbus.cli import main as _main
+
+    _main()

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 import nats
 import numpy as np
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import (
+    ConnectionClosedError, ConnectionDrainingError, NoRespondersError, NoServersError, TimeoutError as NatsTimeout,
+)
 
 _FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05,
                       "no_randomize": True}
@@ -173,20 +175,33 @@ class Client:
         ``user_credentials`` (``.creds`` file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
 
         Raises:
-            nats.errors.NoServersError (and other nats-py connect errors): no server
-            reachable, or the server refused the credentials.
+            Unavailable: no server of ``servers`` accepted the connection within ``connect_attempts``
+                tries of ``connect_timeout_s`` each (nothing listening, unreachable, or the server refused
+                the credentials); the message names the servers and the last connection error, and
+                ``__cause__`` is nats-py's error.
+            ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
         """
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",")]
         cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []
+        connect_errors: list[BaseException] = []
 
         async def on_disconnect() -> None:
             if holder:
                 holder[0]._connection_lost()
 
-        nc = await connect(cfg, disconnected_cb=on_disconnect)
+        async def on_error(exc: Exception) -> None:  # nats-py reports each failed connect attempt here
+            if not holder:
+                connect_errors.append(exc)
+
+        try:
+            nc = await connect(cfg, disconnected_cb=on_disconnect, error_cb=on_error)
+        except (NoServersError, OSError, asyncio.TimeoutError) as exc:
+            last = connect_errors[-1] if connect_errors else exc
+            raise Unavailable(f"cannot reach NATS at {', '.join(servers)}: "
+                              f"{str(last) or type(last).__name__}") from exc
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
                      retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
                      attempt_timeout_floor_ms=attempt_timeout_floor_ms,
@@ -287,7 +302,9 @@ class Client:
         Raises:
             the typed error of an error reply; DeadlineExceeded when the budget runs out;
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
-            max_payload (the server would close the connection instead of answering).
+            max_payload (the server would close the connection instead of answering);
+            Unavailable at once, not retried, when the connection is closed or draining
+            (after :meth:`close`, or once nats-py gave up reconnecting).
         """
         deadline = time.monotonic() + timeout_s
         hdrs = dict(headers or {})
@@ -320,6 +337,10 @@ class Client:
             sent += 1
             try:
                 msg = await self.nc.request(subject, body, timeout=wait_ms / 1000.0, headers=hdrs)
+            except (ConnectionClosedError, ConnectionDrainingError) as exc:
+                # closed for good (Client.close, or nats-py gave up reconnecting): no retry can succeed
+                raise Unavailable(f"the NATS connection is {'closed' if self.nc.is_closed else 'draining'}; "
+                                  f"connect a new Client") from exc
             except NoRespondersError:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:

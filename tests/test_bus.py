@@ -9,6 +9,7 @@ from nats.errors import NoServersError
 
 from inferbus.bus import BusConfig, EmbeddedNats, connect, free_port
 from inferbus.client import Client
+from inferbus.schemas import Unavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -16,8 +17,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 async def test_wrong_credentials_fail_fast_then_reconnect_forever(tmp_path):
     with EmbeddedNats(run_dir=tmp_path, extra_config='authorization { token: "s3cret" }') as srv:
         t0 = time.monotonic()
-        with pytest.raises(NoServersError):
+        with pytest.raises(Unavailable) as ei:  # the SDK's typed error, nats-py's chained
             await Client.connect(srv.url)
+        assert isinstance(ei.value.__cause__, NoServersError) and srv.url in ei.value.message
         assert time.monotonic() - t0 < 5
         nc = await connect(BusConfig(servers=(srv.url,), token="s3cret"))
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -21,13 +22,24 @@ def cli(*args, timeout=30):
     return p, time.monotonic() - t0
 
 
-def test_unreachable_nats_is_one_line_not_a_traceback():
-    for cmd in ("models", "health"):
-        p, dt = cli(cmd, "--nats-url", f"nats://127.0.0.1:{free_port()}")
-        assert p.returncode == 2, p
-        assert "Traceback" not in p.stderr + p.stdout
-        assert "cannot reach NATS" in p.stderr
-        assert dt < 15
+@pytest.mark.parametrize("argv", [
+    ("models", "--nats-url", "{url}"),
+    ("health", "--nats-url", "{url}"),
+    # the group's --nats-url applies to the subcommand (it used to go to the default 127.0.0.1:4222)
+    ("models", "--nats-url", "{url}", "--prefix", "p", "default", "digits", "2"),
+    ("models", "load", "digits", "--nats-url", "{url}"),
+    ("region", "status", "--nats-url", "{url}"),
+    ("region", "demote", "--nats-url", "{url}"),
+    ("region", "promote", "A", "--nats-url", "{url}"),
+    ("bench", "digits", "--nats-url", "{url}", "--concurrency", "1", "--duration", "1"),
+], ids=lambda a: " ".join(x for x in a if x != "{url}" and not x.startswith("--") and x not in ("1", "2", "p")))
+def test_unreachable_nats_is_one_line_naming_the_url_exit_3(argv):
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    p, _ = cli(*(a.format(url=url) for a in argv))
+    assert p.returncode == 3, p
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cannot reach NATS at {url}: "), p.stderr
 
 
 def test_bad_input_files(tmp_path):
@@ -54,3 +66,12 @@ def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_pat
     np.save(bad, np.zeros((1, 63), np.float32))
     p, _ = cli("infer", "digits", "-i", f"pixels={bad}", "--nats-url", deployment.nats_url)
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "inputs[0].shape" in p.stderr
+
+
+def test_cluster_control_with_its_witness_unreachable_is_one_line_exit_3(tmp_path):
+    url = f"nats://127.0.0.1:{free_port()}"
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"spec": {"witness": "W", "prefix": "x"}, "servers": {"W1": {"site": "W", "url": url}}, "client_urls": [url]}))
+    p, _ = cli("cluster", "kill", "B", "--cluster", str(tmp_path))
+    assert p.returncode == 3 and "Traceback" not in p.stderr + p.stdout, p
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"cannot reach NATS at {url}: ")

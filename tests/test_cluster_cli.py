@@ -104,6 +104,20 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     bad = _inferbus("cluster", "partition", "A", "Z", "--cluster", str(run))
     assert bad.returncode in (0, 1)
 
+    # the only standby's manager dead: demote is refused, B keeps the lease and model writes
+    killed = _inferbus("cluster", "kill", "A", "--cluster", str(run))
+    assert killed.returncode == 0, killed.stderr
+    deadline = time.monotonic() + 20
+    while True:  # until B's manager no longer counts A as live (its heartbeat past the suspect time)
+        st = _status(run)
+        if st["regions"]["B"]["heartbeat_age_ms"].get("A", 1e9) >= 400:
+            break
+        assert time.monotonic() < deadline, st
+    lonely = _inferbus("region", "demote", "--cluster", str(run))
+    assert lonely.returncode == 1 and "no other region's manager is live" in lonely.stderr, lonely
+    st = _status(run)
+    assert st["primary"] == "B" and st["regions"]["B"]["model_writes"] is True, st
+
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()[-2000:]
 

@@ -79,9 +79,10 @@ async def _wait_default(client, version: str, refs, timeout_s: float = 10.0) -> 
 
 def test_cli_load_unload_default(dep, refs):
     url = ["--nats-url", dep.nats_url, "--prefix", PREFIX]
-    p = cli("default", "digits", "2", *url)
+    # the group's options given before the subcommand reach it (the write lands on this deployment)
+    p = cli(*url, "default", "digits", "2")
     assert p.returncode == 0, p.stderr
-    assert "default 2" in p.stdout and "revision" in p.stdout
+    assert "default 2" in p.stdout and "revision" in p.stdout  # answered by this deployment (port, prefix mm)
     p = cli("unload", "digits", "--version", "1", *url, "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)

@@ -243,6 +243,27 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
 
 
 @pytest.mark.timeout(60)
+async def test_demote_without_a_live_standby_is_refused_unless_forced(witness):
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: "B" in a.peers, 5)
+        ms.tasks["B"].cancel()  # B's manager dies: its heartbeats stop
+        await ms.until(lambda: time.monotonic() - a.peers["B"][0] >= a.config.suspect_ms / 1000, 5)
+        term, rev = a.term, a.rev
+        refused = await a.demote("")
+        assert not refused.ok and "no other region's manager is live" in refused.error, refused
+        assert "--force" in refused.error and not refused.steps
+        # nothing changed: still primary on the same lease revision and term, model writes on, free to renew
+        assert a.is_primary() and a.term == term and a.model_writes and a.hold_until == 0.0
+        await ms.until(lambda: a.rev > rev, 2)  # it keeps renewing the lease it kept
+        named = await a.demote("B")  # a named successor must be live too
+        assert not named.ok and "region B's manager is not live" in named.error, named
+        forced = await a.demote("", wait=False, force=True)
+        assert forced.ok and [s.name for s in forced.steps][:2] == ["lease released", "stepped down"], forced
+        assert not a.is_primary() and a.model_writes is False
+
+
+@pytest.mark.timeout(60)
 async def test_lease_connection_loss_steps_down_at_once_and_resumes_the_same_term(witness):
     """The leader's lease connection dies with a renewal in flight: the renewal is failed at once, the
     leader steps down at once, and wins the lease back on the connection to the next witness server by

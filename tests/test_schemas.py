@@ -756,3 +756,20 @@ def test_half_precision_data_exhaustive(datatype, ct):
     nan = np.isnan(arr.astype(np.float32))
     assert np.array_equal(arr.view(np.uint16)[~nan], got.view(np.uint16)[~nan])
     assert np.isnan(got.astype(np.float32)[nan]).all()
+
+
+@pytest.mark.parametrize("body", [b'{"inputs": []}', b' \n\t{"inputs": []}', b"[1, 2]", b'{"inputs": [}'])
+def test_json_body_without_json_content_type_gets_the_hint(body):
+    # JSON text read as MessagePack: '{' (0x7b) and '[' (0x5b) are positive fixints
+    with pytest.raises(InvalidArgument) as ei:
+        schemas.decode_request(body)
+    assert ei.value.field == "body"
+    assert ei.value.message.endswith("looks like JSON: send Content-Type: application/json"), ei.value.message
+    assert "Expected `object`, got `int`" in ei.value.message
+
+
+def test_no_json_hint_when_the_body_does_not_look_like_json_or_is_json():
+    for body, ct in ((b"\x05", None), (b"xyz", None), (b'{"inputs": 5}', "application/json"), (b"{", "application/json")):
+        with pytest.raises(InvalidArgument) as ei:
+            schemas.decode_request(body, ct)
+        assert "looks like JSON" not in ei.value.message, (body, ei.value.message)

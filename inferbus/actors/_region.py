@@ -686,21 +686,33 @@ class RegionManager:
         return RegionReply(ok=ok, region=self.region, steps=steps,
                            error="" if ok else "lost the lease race; see the steps")
 
-    async def demote(self, successor: str, wait: bool = True) -> RegionReply:
+    async def demote(self, successor: str, wait: bool = True, force: bool = False) -> RegionReply:
         """Release the lease (naming a successor), step down, and hold off campaigning for ``hold_ms``.
 
         Args:
             successor: region asked to take over at once (``""`` = the live standby heard last).
             wait: wait (up to max(2 s, 4 × lease_ms)) for the new primary's heartbeat to report it.
+            force: release even when no other region's manager is live (none would take over).
+
+        Returns a refusal (``ok=False``, nothing changed, the lease kept) when this region is not primary,
+        or, unless ``force``, when no other region's manager is live (its last heartbeat older than
+        ``suspect_ms``, the liveness ``status`` reports as heartbeat ages) or ``successor`` is not live.
         """
         steps: list[RegionStep] = []
         t0 = time.monotonic()
         if self.role != PRIMARY:
             return RegionReply(ok=False, region=self.region, error=f"region {self.region} is not primary")
+        live = {r: t for r, (t, hb) in self.peers.items()
+                if r != self.region and t0 - t < self.config.suspect_ms / 1000.0}
+        if not force and (not live or (successor and successor not in live)):
+            ages = ", ".join(f"{r} {(t0 - t) * 1000:.0f} ms" for r, (t, _) in sorted(self.peers.items())
+                             if r != self.region) or "none heard"
+            who = f"region {successor}'s manager is not live" if successor else "no other region's manager is live"
+            return RegionReply(ok=False, region=self.region, error=(
+                f"{who} (heartbeat ages: {ages}; live means under {self.config.suspect_ms} ms): nobody would "
+                f"take over, so the lease is kept; use --force to release it anyway"))
         if not successor:
-            live = [(t, r) for r, (t, hb) in self.peers.items()
-                    if r != self.region and t0 - t < self.config.suspect_ms / 1000.0]
-            successor = max(live)[1] if live else ""
+            successor = max((t, r) for r, t in live.items())[1] if live else ""
         old_term = self.term
         async with self._lock:
             if self.role != PRIMARY:
@@ -747,7 +759,7 @@ class RegionManager:
             elif cmd.action == "promote":
                 reply = await self.promote(cmd.force)
             elif cmd.action == "demote":
-                reply = await self.demote(cmd.successor, wait=not cmd.force)
+                reply = await self.demote(cmd.successor, wait=not cmd.force, force=cmd.force)
             else:
                 reply = RegionReply(ok=False, region=self.region,
                                     error=f"unknown action {cmd.action!r}; actions: status, promote, demote")

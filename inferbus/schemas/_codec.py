@@ -126,15 +126,28 @@ def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArg
     return InvalidArgument(f"malformed {fmt} {what}: {exc}", field="body")
 
 
+_JSON_HINT = "; looks like JSON: send Content-Type: application/json"
+
+
+def _looks_like_json(body: bytes | memoryview) -> bool:
+    """True when ``body`` starts, after ASCII whitespace, with ``{`` or ``[`` (MessagePack fixints there)."""
+    head = bytes(body[:64]).lstrip(b" \t\r\n")
+    return head[:1] in (b"{", b"[")
+
+
 def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
     if len(body) == 0:
         raise InvalidArgument(f"empty {what} body", field="body")
     try:
         return dec.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(exc, what) from exc
-    except msgspec.DecodeError as exc:
-        raise _decode_error(exc, what, json) from exc
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        if isinstance(exc, msgspec.ValidationError):
+            err = _validation_error(exc, what)
+        else:
+            err = _decode_error(exc, what, json)
+        if not json and _looks_like_json(body):
+            err = InvalidArgument(err.message + _JSON_HINT, field=err.field)
+        raise err from exc
 
 
 # ---------------------------------------------------------------- light validation

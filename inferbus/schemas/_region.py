@@ -122,8 +122,9 @@ class RegionCommand(_Base, tag="inferbus.v1.region_cmd"):
     action: str
     """``status``, ``promote`` or ``demote``."""
     force: bool = False
-    """promote: take over even while another region holds a live lease. demote: reply without waiting
-    for the successor's announcement (used by a forced promotion)."""
+    """promote: take over even while another region holds a live lease. demote: release the lease even
+    when no other region's manager is live, and reply without waiting for the successor's announcement
+    (also used by a forced promotion)."""
     successor: str = ""
     """demote: region to hand over to (``""`` = any live standby)."""
 
