@@ -380,15 +380,8 @@ class Node:
     async def stop(self) -> None:
         """Stop actors (reverse start order), then the embedded servers (Valkey, then NATS). Idempotent."""
         self._stopping = True
-        if self.supervisor is not None:
-            await self.supervisor.stop()
-        if self._run_task is not None:
-            self._run_task.cancel()
-            try:
-                await self._run_task
-            except BaseException:
-                pass
-            self._run_task = None
+        await _stop_tree(self.supervisor, self._run_task)
+        self._run_task = None
         if self.nc is not None and not self.nc.is_closed:
             try:
                 await self.nc.close()
@@ -398,15 +391,8 @@ class Node:
 
     async def _stop_servers(self) -> None:
         self._stopping = True
-        if self.servers is not None:
-            await self.servers.stop()
-        if self._servers_task is not None:
-            self._servers_task.cancel()
-            try:
-                await self._servers_task
-            except BaseException:
-                pass
-            self._servers_task = None
+        await _stop_tree(self.servers, self._servers_task)
+        self._servers_task = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -446,3 +432,15 @@ def _per_replica(ingress_options: dict, replicas: int) -> dict:
             # burst 0 means "one second of the rate": make it explicit before splitting, then clamp
             out[burst_name] = max((burst or max(rate, 1.0)) / replicas, 1.0)
     return out
+
+
+async def _stop_tree(supervisor, run_task) -> None:
+    """Stop ``supervisor`` (its children in reverse start order), then cancel and reap the task running it."""
+    if supervisor is not None:
+        await supervisor.stop()
+    if run_task is not None:
+        run_task.cancel()
+        try:
+            await run_task
+        except BaseException:
+            pass
