@@ -164,6 +164,7 @@ def up(
     max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body).", rich_help_panel=_REL),
     nats_max_payload: int = typer.Option(8 * 1024 * 1024, help="max_payload of the embedded nats-server (bytes).", rich_help_panel=_REL),
     fault_injection: bool = typer.Option(False, hidden=True, help="Workers obey FaultSet on <p>._ctl.<worker> (tests, drills)."),
+    peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help="How long a retry asks peer ingresses for its first copy's worker (ms)."),
     # security: credentials for every connection (also required by an embedded nats-server: token, user)
     nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", rich_help_panel=_SEC),
     nats_password: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_PASSWORD", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
@@ -187,7 +188,8 @@ def up(
             client_rate_limit_per_s=client_rate_limit, client_rate_burst=client_rate_burst,
             hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
             l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
-            max_tensor_bytes=max_tensor_bytes, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes),
+            max_tensor_bytes=max_tensor_bytes, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
+            peer_query_timeout_ms=peer_query_timeout_ms),
         bus_options={k: str(v) for k, v in dict(
             user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,
             user_credentials=nats_creds, tls_ca_file=tls_ca, tls_cert_file=tls_cert, tls_key_file=tls_key).items()

@@ -199,6 +199,10 @@ class IngressConfig(_JsonMixin):
     request that finds more waiting behind it is refused RESOURCE_EXHAUSTED at once (1..``MAX_BACKLOG_MSGS``)."""
     max_backlog_bytes: int = 64 * 1024 * 1024
     """Bytes of such waiting requests at most, same rule (1..``MAX_BACKLOG_BYTES``)."""
+    peer_query_timeout_ms: float = 5.0
+    """How long a retry (``Inferbus-Attempt`` ≥ 2) that no local copy matches waits for a peer ingress to name
+    the worker holding its first copy (ms, > 0); no answer = no peer holds one (or it is gone): route as usual.
+    Every such retry pays it when the first copy's ingress is gone, so keep it near one bus round trip."""
 
     def __post_init__(self) -> None:
         if self.health_timeout_s <= 0:
@@ -212,6 +216,8 @@ class IngressConfig(_JsonMixin):
             raise ValueError("IngressConfig.hedge_budget_ratio must be in [0, 1]")
         if self.l2_pool_size < 1 or self.max_request_bytes < 0 or self.max_tensor_bytes < 0:
             raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
+        if not self.peer_query_timeout_ms > 0:
+            raise ValueError("IngressConfig.peer_query_timeout_ms must be > 0 ms")
         if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
             raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
         if self.max_pending < 1:

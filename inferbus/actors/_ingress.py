@@ -83,9 +83,6 @@ _SUSPECT_FRACTION = 0.5
 retried request is *suspected*: the retry goes to another worker and the old copy is cancelled. Kept
 above the workers' stall fence (the node sets ``stall_fence_s = 0.3 × health_timeout_s``) plus one
 report period, so a suspected worker that thaws refuses the old copy instead of running it twice."""
-_PEER_QUERY_TIMEOUT_S = 0.005
-"""How long a retry (``Inferbus-Attempt`` ≥ 2) that no local copy matches waits for a peer ingress to name
-the worker holding its first copy; no answer = no peer holds one (or it is gone): route as usual."""
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
@@ -514,7 +511,7 @@ class Ingress:
         """
         try:
             msg = await self.nc.request(self.subjects.rid_query, f"{model_key} {rid}".encode(),
-                                        timeout=_PEER_QUERY_TIMEOUT_S)
+                                        timeout=self.config.peer_query_timeout_ms / 1000.0)
         except Exception:  # timeout (no peer holds it), no responders, connection trouble: route as usual
             return None
         return self._retry_target(self.router.workers.get(msg.data.decode(errors="replace")), now)
