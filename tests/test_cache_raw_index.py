@@ -18,7 +18,7 @@ from inferbus.bus import _headers as H
 from inferbus.client import Client
 
 from conftest import start_deployment
-from test_reliability_lib import health_params, models_subset, reference
+from test_reliability_lib import health_params, models_subset, reference, wait_health
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -44,6 +44,13 @@ def _body(x: np.ndarray, request_id: str | None = None, json_form: bool = False)
 async def _ask(nc, subject: str, body: bytes) -> dict:
     msg = await nc.request(subject, body, timeout=5, headers={H.TIMEOUT_MS: "4000"})
     return msgpack.unpackb(msg.data, raw=False)
+
+
+async def _filled(client) -> None:
+    """Wait until the ingress holds no request in flight: the worker's completion notice, which fills L1, was
+    processed. It is sent with the reply but travels on its own (docs/architecture.md, "Caches"), so a client
+    that asks again the moment the reply arrives may, rarely, still find L1 empty."""
+    await wait_health(client, lambda p: p["pending"] == 0, timeout_s=5, what="the completion notice (pending 0)")
 
 
 def _probs(resp: dict) -> np.ndarray:
@@ -73,6 +80,7 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         base = await counts()
         first = await _ask(nc, v1, _body(x))
         assert not first["parameters"].get("cache_hit")
+        await _filled(client)
         again = await _ask(nc, v1, _body(x))
         assert again["parameters"]["cache_hit"] and again["parameters"]["cache_level"] == "l1"
         np.testing.assert_allclose(_probs(first), ref1, rtol=1e-5, atol=1e-6)
@@ -81,6 +89,7 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         # the same bytes for version 2: a miss computed by v2, then its own raw hit
         other = await _ask(nc, v2, _body(x))
         assert not other["parameters"].get("cache_hit")
+        await _filled(client)
         np.testing.assert_allclose(_probs(other), ref2, rtol=1e-5, atol=1e-6)
         other_again = await _ask(nc, v2, _body(x))
         assert other_again["parameters"]["cache_hit"]
@@ -100,13 +109,17 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         # data form is another cache entry (the reply's form differs): computed once, then a raw hit
         d1 = await _ask(nc, v1, _body(x, json_form=True))
         assert not d1["parameters"].get("cache_hit") and d1["outputs"][0].get("data") is not None
+        await _filled(client)
         d2 = await _ask(nc, v1, _body(x, json_form=True))
         assert d2["parameters"]["cache_hit"] and d2["outputs"] == d1["outputs"]
         # many distinct rows, each asked twice in a row: every answer is its own row's
         for k in range(1, 4):
             row = X[k:k + 1]
-            a, b = await _ask(nc, v1, _body(row)), await _ask(nc, v1, _body(row))
-            assert b["parameters"]["cache_hit"]
+            a = await _ask(nc, v1, _body(row))
+            assert "error" not in a and not a["parameters"].get("cache_hit"), a.get("error") or a["parameters"]
+            await _filled(client)
+            b = await _ask(nc, v1, _body(row))
+            assert b["parameters"]["cache_hit"], (b["parameters"], await health_params(client))
             np.testing.assert_allclose(_probs(b), reference("digits", {"pixels": row})["probabilities"],
                                        rtol=1e-5, atol=1e-6)
         # an invalid body is never remembered: the same bad bytes are refused again, naming the field
@@ -118,6 +131,7 @@ async def test_repeated_bodies_are_l1_hits_without_decoding_and_never_cross(tmp_
         # the SDK sends the request id as a header only, so its repeated inputs hit the raw index too
         before = await counts()
         r1 = await client.infer_result("digits", {"pixels": X[3:4]}, request_id="sdk-1", timeout_s=5)
+        await _filled(client)
         r2 = await client.infer_result("digits", {"pixels": X[3:4]}, request_id="sdk-2", timeout_s=5)
         assert r2.parameters["cache_hit"] and (r1.id, r2.id) == ("sdk-1", "sdk-2")
         assert (await counts())[1] == before[1] + 2  # X[3] was already asked above: both are raw hits

@@ -269,15 +269,23 @@ async def test_hedge_never_lets_a_shed_copy_answer_before_the_other_worker(env, 
     await set_fault(nc, dep.prefix, W0, shed=True)  # sheds everything and reports an empty queue
     before = await fresh_idle_reports(reports)
     counts0 = (await health_params(client))["counts"]
-    # without hedging, what w0 gets is refused: this is what hedging must hide
+    # without hedging, what w0 gets is refused: this is what hedging must hide. Concurrent pairs: the second
+    # of a pair goes to the worker without the first (in flight counts), so w0 gets one of each pair; sequential
+    # requests would all go to the worker with the lower EWMA but for the router's 10 % random tie-breaks.
     refused = 0
-    for _ in range(40):
+
+    async def unhedged():
+        nonlocal refused
         try:
             await client.infer("typed", typed_input(), hedge="off")
         except ResourceExhausted:
             refused += 1
+
+    for _ in range(10):
+        await asyncio.gather(unhedged(), unhedged())
+        if refused:
             break
-    assert refused == 1, "w0 got no request: the test would prove nothing"
+    assert refused == 1, f"w0 got {refused} requests of a pair (expected exactly one): the test would prove nothing"
 
     async def one(hedge_ms=5000):  # 5 s: over the budget, so no timed hedge; only a shed one
         feeds = typed_input()
