@@ -174,15 +174,27 @@ def promote(
         reply = _run(go())
     except typer.Exit:
         raise
-    except Exception as exc:
-        typer.echo(f"promote {region}: no answer from its region manager ({type(exc).__name__}: {exc})", err=True)
-        raise typer.Exit(2)
+    except Exception as exc:  # no responders / timeout: the operation ran and found no manager to do it
+        typer.echo(f"promote {region}: {_no_manager(exc)}", err=True)
+        raise typer.Exit(1)
     typer.echo(f"promote {region}{' (forced)' if force else ''}:")
     _print_steps(reply)
     if not reply.ok:
         typer.echo(f"refused: {reply.error}", err=True)
         raise typer.Exit(1)
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
+
+
+def _no_manager(exc: BaseException) -> str:
+    """One line for a region command nobody answered (exit 1: the command ran, no manager could act on it)."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    if isinstance(exc, NoRespondersError):
+        return "no region manager of that region is running (no responders on its control subject)"
+    if isinstance(exc, NatsTimeout):
+        return "its region manager did not answer within 10 s"
+    return f"no answer from its region manager ({type(exc).__name__}: {exc})"
 
 
 @app.command()
@@ -223,8 +235,8 @@ def demote(
     except typer.Exit:
         raise
     except Exception as exc:
-        typer.echo(f"demote: no answer ({type(exc).__name__}: {exc})", err=True)
-        raise typer.Exit(2)
+        typer.echo(f"demote: {_no_manager(exc)}", err=True)
+        raise typer.Exit(1)
     if target is None:
         typer.echo(f"demote: {reply}", err=True)
         raise typer.Exit(1)

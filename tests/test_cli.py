@@ -75,3 +75,14 @@ def test_cluster_control_with_its_witness_unreachable_is_one_line_exit_3(tmp_pat
     p, _ = cli("cluster", "kill", "B", "--cluster", str(tmp_path))
     assert p.returncode == 3 and "Traceback" not in p.stderr + p.stdout, p
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"cannot reach NATS at {url}: ")
+
+
+def test_region_promote_of_a_region_without_a_manager_is_one_line_exit_1(nats_server):
+    """No manager of region Z runs: the command ran and could not be carried out (exit 1), said in one line."""
+    p, took_s = cli("region", "promote", "Z", "--nats-url", nats_server.url)
+    assert p.returncode == 1, p
+    assert "Traceback" not in p.stderr + p.stdout
+    assert p.stderr.strip() == "promote Z: no region manager of that region is running (no responders on its " \
+                               "control subject)", p.stderr
+    p, _ = cli("region", "demote", "Z", "--nats-url", nats_server.url)
+    assert p.returncode == 1 and p.stderr.strip().startswith("demote: no region manager"), p
