@@ -92,11 +92,3 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
         if node is not None:
             await node.stop()
 
-
-def run_load_sync(**kw):
-    try:
-        import uvloop
-
-        return uvloop.run(run_load(**kw))
-    except ImportError:  # pragma: no cover
-        return asyncio.run(run_load(**kw))
