@@ -13,7 +13,6 @@ Two forms:
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
