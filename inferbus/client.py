@@ -274,6 +274,7 @@ class Client:
                            raw: bool = True, parameters: dict | None = None, json: bool = False,
                            hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
+        started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
@@ -287,26 +288,36 @@ class Client:
         body = encode_request(req, ct)
         resp, rct = await self.request(self.subjects.infer(model, version), body, timeout_s=timeout_s,
                                        request_id=rid, content_type=ct,
-                                       headers={H.HEDGE: str(hedge)} if hedge is not None else None)
+                                       headers={H.HEDGE: str(hedge)} if hedge is not None else None,
+                                       started_at=started_at)
         r = decode_response(resp, rct)
         outs = {o.name: output_to_numpy(o, field=f"outputs[{i}]") for i, o in enumerate(r.outputs)}
         return InferResult(outs, r.model_name, r.model_version, r.id or rid, dict(r.parameters or {}))
 
     async def request(self, subject: str, body: bytes, *, timeout_s: float, request_id: str | None = None,
-                      content_type: str | None = None, headers: dict | None = None) -> tuple[bytes, str | None]:
+                      content_type: str | None = None, headers: dict | None = None,
+                      started_at: float | None = None) -> tuple[bytes, str | None]:
         """Send one encoded request with budget, idempotency id and UNAVAILABLE retries.
+
+        ``timeout_s`` counts from ``started_at`` (``time.monotonic()`` seconds; None = now), so a caller
+        can charge its own encoding to the budget; the ingress gets what is left as ``Inferbus-Timeout-Ms``.
 
         Returns:
             ``(response body, response content type)``.
 
         Raises:
-            the typed error of an error reply; DeadlineExceeded when the budget runs out;
+            the typed error of an error reply; DeadlineExceeded when the budget runs out (at once,
+            nothing sent, when it was spent before sending);
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
             max_payload (the server would close the connection instead of answering);
             Unavailable at once, not retried, when the connection is closed or draining
             (after :meth:`close`, or once nats-py gave up reconnecting).
         """
-        deadline = time.monotonic() + timeout_s
+        now = time.monotonic()
+        deadline = (now if started_at is None else started_at) + timeout_s
+        if deadline <= now:
+            raise DeadlineExceeded(f"the budget of {timeout_s * 1000:.3g} ms was spent before sending (encoding "
+                                   f"the request took {(now - started_at) * 1000:.3g} ms); nothing was sent")
         hdrs = dict(headers or {})
         if request_id:
             hdrs[H.REQUEST_ID] = request_id

@@ -37,3 +37,43 @@ async def test_request_on_a_closed_client_raises_unavailable_at_once(nats_server
         await client.health(timeout_s=5.0)
     assert "closed" in ei.value.message
     assert isinstance(ei.value.__cause__, ConnectionClosedError)  # raised as is, not retried into a deadline
+
+
+async def test_budget_spent_encoding_raises_deadline_exceeded_at_once_and_sends_nothing(nats_server):
+    """``timeout_s`` counts from the call, encoding included: a budget that encoding used up is a
+    DeadlineExceeded before anything is sent (a 1 µs budget is always spent by the encode), while the
+    same request with a real budget is sent, with the budget left after encoding as its header."""
+    import nats
+    import numpy as np
+
+    from inferbus.bus import _headers as H
+    from inferbus.schemas import DeadlineExceeded
+
+    spy = await nats.connect(nats_server.url)
+    got = []
+
+    async def answer(msg):
+        got.append(msg)
+        await msg.respond(b"\x80")  # any body: the test only asks whether the request was sent
+
+    await spy.subscribe("inferbus.infer.>", cb=answer)
+    await spy.flush()
+    client = await Client.connect(nats_server.url)
+    try:
+        x = np.zeros((1, 250_000), np.float32)  # ~1 MB raw
+        with pytest.raises(DeadlineExceeded) as ei:
+            await client.infer("m", {"x": x}, timeout_s=1e-6)
+        assert "nothing was sent" in ei.value.message, ei.value.message
+        await client.nc.flush()
+        await spy.flush()
+        await asyncio.sleep(0.1)
+        assert got == []
+        try:
+            await client.infer_result("m", {"x": x}, timeout_s=5.0)
+        except Exception:
+            pass  # the spy's body is not a response: only the sent request matters here
+        assert len(got) == 1
+        assert 0 < float(got[0].headers[H.TIMEOUT_MS]) < 5000.0
+    finally:
+        await client.close()
+        await spy.close()
