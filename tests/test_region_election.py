@@ -232,7 +232,7 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         term = a.term
         reply = await a.demote("")
         assert reply.ok, reply
-        assert [s.name for s in reply.steps][:2] == ["lease released", "stepped down"]
+        assert [s.name for s in reply.steps][:2] == ["stepped down", "lease released"]
         # promotion turns model-management writes on after REPLICAOF (an await): wait for both
         await ms.until(lambda: b.is_primary() and b.model_writes, 3)
         assert b.term > term and not a.is_primary() and a.model_writes is False and b.model_writes is True
@@ -240,6 +240,34 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         assert forced.ok, forced
         await ms.until(lambda: a.is_primary() and not b.is_primary(), 3)
         assert a.term > b.known_term - 1 and a.term > term
+
+
+@pytest.mark.timeout(60)
+async def test_demoted_primary_is_standby_before_its_release_is_sent(witness):
+    """The release lets the successor win its CAS the moment it commits, possibly before the old primary
+    reads the acknowledgement: so the old primary must have stepped down (role, lease validity, model
+    writes) before it sends the release. The lease store is the real one; the wrapper only records the
+    manager's state at the instant each release CAS is called."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: "B" in a.peers, 5)
+        seen = []
+        real_cas = a.store.cas
+
+        async def recording_cas(value, last):
+            if value.op == "release":
+                seen.append((a.role, a.is_primary(), a.model_writes))
+            return await real_cas(value, last)
+
+        a.store.cas = recording_cas
+        reply = await a.demote("B")
+        assert reply.ok, reply
+        assert seen == [("standby", False, False)], seen
+        await ms.until(lambda: b.is_primary(), 3)
+        # the reign A recorded ended before B's began (B's starts when its CAS was sent)
+        a_end = max(tr.t_mono for tr in a.transitions if tr.event == "standby")
+        b_start = max(tr.t_mono for tr in b.transitions if tr.event == "primary")
+        assert a_end < b_start
 
 
 @pytest.mark.timeout(60)
@@ -259,7 +287,7 @@ async def test_demote_without_a_live_standby_is_refused_unless_forced(witness):
         named = await a.demote("B")  # a named successor must be live too
         assert not named.ok and "region B's manager is not live" in named.error, named
         forced = await a.demote("", wait=False, force=True)
-        assert forced.ok and [s.name for s in forced.steps][:2] == ["lease released", "stepped down"], forced
+        assert forced.ok and [s.name for s in forced.steps][:2] == ["stepped down", "lease released"], forced
         assert not a.is_primary() and a.model_writes is False
 
 

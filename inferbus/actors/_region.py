@@ -30,9 +30,11 @@ Protocol (every write is a compare-and-set; reads only tell *when* to try one):
 * **Promotion** (the CAS won): ``REPLICAOF NO ONE`` on this region's Valkey,
   model-management writes on, the new term published at once. **Standby**: writes
   off, Valkey replicates from the primary's (learnt from its heartbeats).
-* **Demotion** (operator): the primary releases the lease by CAS (holder ``""``,
-  naming a successor), steps down and does not campaign for ``hold_ms``; the
-  successor campaigns as soon as it sees the release.
+* **Demotion** (operator): the primary steps down, *then* releases the lease by CAS
+  (holder ``""``, naming a successor), and does not campaign for ``hold_ms``; the
+  successor campaigns as soon as it sees the release. Stepping down first matters:
+  the successor can win the moment the release commits, before the old primary has
+  read the acknowledgement.
 
 The manager is its own OS process under the region's node supervisor
 (``python -m inferbus.actors region CONFIG_JSON``); it prints READY once it has
@@ -687,7 +689,7 @@ class RegionManager:
                            error="" if ok else "lost the lease race; see the steps")
 
     async def demote(self, successor: str, wait: bool = True, force: bool = False) -> RegionReply:
-        """Release the lease (naming a successor), step down, and hold off campaigning for ``hold_ms``.
+        """Step down, release the lease (naming a successor), and hold off campaigning for ``hold_ms``.
 
         Args:
             successor: region asked to take over at once (``""`` = the live standby heard last).
@@ -718,19 +720,25 @@ class RegionManager:
             if self.role != PRIMARY:
                 return RegionReply(ok=False, region=self.region, error="lost the lease meanwhile")
             self.hold_until = time.monotonic() + self.config.hold_ms / 1000.0
+            # step down *before* the release is sent: once it commits the successor may win its CAS at
+            # once, possibly before this manager has even read the acknowledgement, so stepping down
+            # after the ack would leave both acting as primary for that moment (seen under load)
+            rel_rev = self.rev
+            self._step_down("demoted by operator")
+            steps.append(RegionStep("stepped down", 0.0, "model-management writes off"))
             t = time.monotonic()
             value = LeaseValue(holder="", manager_id=self.manager_id, term=self.term, successor=successor,
                                op="release")
             try:
-                rev = await asyncio.wait_for(self.store.cas(value, self.rev), self.config.kv_timeout_ms / 1000.0)
+                rev = await asyncio.wait_for(self.store.cas(value, rel_rev), self.config.kv_timeout_ms / 1000.0)
                 steps.append(RegionStep("lease released", (time.monotonic() - t) * 1000,
                                         f"revision {rev}, successor {successor or '(any)'}"))
-                self._step_down("demoted by operator")
                 self._observe(rev, "", successor, self.manager_id)
             except (LostRace, LeaseUnavailable, asyncio.TimeoutError) as exc:
+                # still standby; the lease stays on our revision, so the standby takes over after lease_ms,
+                # or this manager resumes its term by CAS once hold_ms has passed (the resume rule)
                 steps.append(RegionStep("lease release failed", (time.monotonic() - t) * 1000, repr(exc)))
-                self._step_down(f"demoted by operator (release failed: {exc!r})")
-            steps.append(RegionStep("stepped down", 0.0, "model-management writes off"))
+                self._note("release_failed", repr(exc))
         await self._publish_hb()
         # wait for the new primary to announce itself (for the operator's report)
         t = time.monotonic()
