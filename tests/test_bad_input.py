@@ -304,6 +304,30 @@ async def test_forged_msgpack_length_headers_are_rejected_without_allocating(env
     assert peak_rss_kib() - hwm0 < 64 * 1024  # nothing near the claimed sizes was allocated
 
 
+@pytest.mark.parametrize("where", ["data", "parameters"])
+@pytest.mark.parametrize("json_body", [False, True], ids=["msgpack", "json"])
+async def test_too_deeply_nested_bodies_are_invalid_argument_not_internal(env, where, json_body):
+    """Nesting beyond the decoder's recursion limit is the client's error (INVALID_ARGUMENT, field ``body``),
+    answered at once, and the ingress keeps serving."""
+    nc, client = env
+    n = 5000  # bodies written by hand: json and msgpack refuse to encode this deep themselves
+    deep = (b"[" * n + b"1.0" + b"]" * n) if json_body else (b"\x91" * n + msgpack.packb(1.0))
+    if json_body:
+        tensor = b'{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": %s}' % (
+            deep if where == "data" else json.dumps([0.0] * 64).encode())
+        body = b'{"inputs": [%s]%s}' % (tensor, b', "parameters": {"x": %s}' % deep if where == "parameters" else b"")
+    else:
+        data = deep if where == "data" else msgpack.packb([0.0] * 64)
+        tensor = b"\x84" + msgpack.packb({"name": "pixels", "datatype": "FP32", "shape": [1, 64]})[1:] + \
+            msgpack.packb("data") + data
+        body = (b"\x82" if where == "parameters" else b"\x81") + msgpack.packb("inputs") + b"\x91" + tensor
+        if where == "parameters":
+            body += msgpack.packb("parameters") + b"\x81" + msgpack.packb("x") + deep
+    err, _ = await raw_request(nc, "digits", body, json_body=json_body)
+    assert isinstance(err, InvalidArgument) and err.field == "body" and "nested too deeply" in err.message, err
+    assert (await client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})) is not None
+
+
 async def test_request_over_max_payload_is_refused_at_once(env, dep):
     nc, client = env
     max_payload = nc.max_payload

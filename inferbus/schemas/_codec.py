@@ -148,6 +148,9 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
         if not json and _looks_like_json(body):
             err = InvalidArgument(err.message + _JSON_HINT, field=err.field)
         raise err from exc
+    except RecursionError:  # msgspec's decoder recurses per nesting level (Python's recursion limit applies)
+        raise InvalidArgument(f"the {what} body is nested too deeply to decode (arrays/maps inside each other "
+                              f"beyond the interpreter's recursion limit)", field="body") from None
 
 
 # ---------------------------------------------------------------- light validation
@@ -356,7 +359,8 @@ def decode_request(body: bytes | memoryview, content_type: str | None = None) ->
     :func:`input_to_numpy`.
 
     Raises:
-        InvalidArgument: ``field`` None for an empty or malformed body; otherwise the
+        InvalidArgument: ``field`` ``"body"`` for an empty, malformed or too deeply nested body
+            (beyond Python's recursion limit, ~1,000 levels); otherwise the
             JSON path: ``"inputs[0].shape"`` (wrong type), ``"inputs[0].shape[1]"``
             (negative), ``"inputs[0].datatype"`` (unknown), ``"inputs[0].name"``
             (missing or duplicate), ``"inputs[0]"`` (none or several of
