@@ -116,6 +116,11 @@ class Client:
         adaptive_attempt_timeout: derive the per-attempt timeout from the latency observed on the
             subject (default True); False (and no ``attempt_timeout_ms``) = one attempt per budget
             unless an UNAVAILABLE or a lost connection ends it.
+        max_in_flight: requests this client has outstanding at most (default 1024; None = no bound).
+            Calls beyond it wait, within their own budget, for one to finish: a burst of 10,000
+            concurrent calls otherwise kept one event loop busy long enough for the connection to be
+            judged stale (0.5 s without a PONG) and every request to fail. Waiting past the budget
+            raises DeadlineExceeded with nothing sent.
 
     Per-attempt timeout: an attempt with no answer after its timeout is abandoned and the request
     is sent again, **same request id**, with the remaining budget, so a request delivered to a
@@ -135,7 +140,11 @@ class Client:
                  retry_unavailable: bool = True, owns_connection: bool = False,
                  retry_resource_exhausted: bool = False, client_id: str | None = None,
                  attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
-                 adaptive_attempt_timeout: bool = True):
+                 adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024):
+        if max_in_flight is not None and not (isinstance(max_in_flight, int) and max_in_flight >= 1):
+            raise ValueError(f"Client.max_in_flight must be an int >= 1 or None, got {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight is not None else None
         if attempt_timeout_ms is not None and not attempt_timeout_ms > 0:
             raise ValueError(f"Client.attempt_timeout_ms must be > 0 ms or None, got {attempt_timeout_ms!r}")
         if not attempt_timeout_floor_ms >= 1:
@@ -160,7 +169,7 @@ class Client:
                       *, retry_unavailable: bool = True, client_id: str | None = None,
                       retry_resource_exhausted: bool = False, attempt_timeout_ms: float | None = None,
                       attempt_timeout_floor_ms: float = 250.0, adaptive_attempt_timeout: bool = True,
-                      **bus_options) -> "Client":
+                      max_in_flight: int | None = 1024, **bus_options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
 
         ``servers`` are tried in the order given (``no_randomize`` defaults to True): for a server
@@ -168,7 +177,7 @@ class Client:
         builds such a list for the local topology). ``no_randomize=False`` spreads clients over the list.
 
         ``attempt_timeout_ms``, ``attempt_timeout_floor_ms``, ``adaptive_attempt_timeout``: the
-        per-attempt timeout (see :class:`Client`).
+        per-attempt timeout; ``max_in_flight``: the bound on outstanding requests (see :class:`Client`).
 
         ``bus_options`` are :class:`~inferbus.bus.BusConfig` fields, among them the
         credentials: ``user``/``password``, ``token``, ``nkeys_seed`` (file),
@@ -205,7 +214,7 @@ class Client:
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
                      retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
                      attempt_timeout_floor_ms=attempt_timeout_floor_ms,
-                     adaptive_attempt_timeout=adaptive_attempt_timeout)
+                     adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
         holder.append(client)
         return client
 
@@ -330,6 +339,26 @@ class Client:
         if max_payload and len(body) + H.header_bytes(hdrs) + 16 > max_payload:
             raise PayloadTooLarge(f"request of {len(body)} bytes (plus headers) exceeds the server's max_payload "
                                   f"({max_payload} bytes)")
+        slots = self._slots
+        if slots is not None:
+            if slots.locked():  # every slot taken: wait for one within the budget (a client-side bulkhead)
+                try:
+                    await asyncio.wait_for(slots.acquire(), max(deadline - time.monotonic(), 0.0))
+                except asyncio.TimeoutError:
+                    raise DeadlineExceeded(
+                        f"no answer within {timeout_s * 1000:.0f} ms: all {self.max_in_flight} of this client's "
+                        f"request slots stayed busy (Client(max_in_flight=...)); nothing was sent") from None
+            else:
+                await slots.acquire()
+        try:
+            return await self._attempts(subject, body, hdrs, deadline, timeout_s, request_id)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    async def _attempts(self, subject: str, body: bytes, hdrs: dict, deadline: float, timeout_s: float,
+                        request_id: str | None) -> tuple[bytes, str | None]:
+        """The attempt loop of :meth:`request` (retries, attempt timeouts), holding one request slot."""
         last_err: Exception | None = None
         attempt = 0
         sent = 0
@@ -399,6 +428,7 @@ class Client:
                 raise last_err  # type: ignore[misc]
             if pause_ms > 0:
                 await asyncio.sleep(pause_ms / 1000.0)
+
 
     async def models(self, timeout_s: float = 1.0) -> ModelList:
         """The served models' OIP v2 metadata (``<p>.models``)."""

@@ -77,3 +77,48 @@ async def test_budget_spent_encoding_raises_deadline_exceeded_at_once_and_sends_
     finally:
         await client.close()
         await spy.close()
+
+
+async def test_max_in_flight_bounds_outstanding_requests_and_waiting_counts_against_the_budget(nats_server):
+    """At most ``max_in_flight`` requests of one client are outstanding; the others wait for a slot within
+    their own budget (all answered here); a budget that runs out while waiting is DeadlineExceeded with
+    nothing sent. Against a real nats-server and a responder that takes 200 ms per request."""
+    import nats
+
+    from inferbus.schemas import DeadlineExceeded
+
+    spy = await nats.connect(nats_server.url)
+    now_in, most, seen = 0, 0, 0
+
+    async def slow(msg):
+        nonlocal now_in, most, seen
+        now_in += 1
+        seen += 1
+        most = max(most, now_in)
+        await asyncio.sleep(0.2)
+        now_in -= 1
+        await msg.respond(b"ok")
+
+    async def dispatch(msg):  # nats-py runs one callback at a time: answer each in its own task
+        asyncio.ensure_future(slow(msg))
+
+    await spy.subscribe("slow", cb=dispatch)
+    await spy.flush()
+    with pytest.raises(ValueError):
+        Client(spy, max_in_flight=0)
+    client = await Client.connect(nats_server.url, max_in_flight=2)
+    try:
+        replies = await asyncio.gather(*(client.request("slow", b"x", timeout_s=5.0) for _ in range(6)))
+        assert [r[0] for r in replies] == [b"ok"] * 6
+        assert most == 2 and seen == 6  # never more than 2 outstanding; the rest waited and were answered
+        seen = 0
+        results = await asyncio.gather(*(client.request("slow", b"x", timeout_s=0.1) for _ in range(4)),
+                                       return_exceptions=True)
+        waited = [r for r in results if isinstance(r, DeadlineExceeded) and "request slots" in r.message]
+        assert len(waited) == 2, results  # the 2 beyond the slots never got one within 100 ms
+        assert "nothing was sent" in waited[0].message
+        await asyncio.sleep(0.3)
+        assert seen == 2  # only the 2 that held slots reached the responder
+    finally:
+        await client.close()
+        await spy.close()
