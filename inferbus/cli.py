@@ -19,7 +19,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import numpy as np
 import typer
@@ -82,6 +82,12 @@ def _call(coro_fn):
     except InferbusError as err:
         err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
                           + (f" (field {err.field})" if err.field else ""))
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _usage(message: str) -> NoReturn:
+    """A bad argument: one line on stderr, exit 2 (the usage status, as typer's own)."""
+    err_console.print(f"[red]error[/]: {escape(message)}")
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -379,11 +385,20 @@ def bench(
     if suite:
         args = ["--profile", profile] + (["--json", str(out)] if out else [])
         raise typer.Exit(run_suite(args))
+    try:
+        levels = [int(x) for x in concurrency.split(",") if x.strip()]
+        rates = [float(x) for x in rate.split(",") if x.strip()]
+    except ValueError as exc:
+        _usage(f"bench: --concurrency takes integers and --rate numbers, comma-separated ({exc})")
+    if any(c < 1 for c in levels) or any(not r > 0 for r in rates):
+        _usage(f"bench: every --concurrency must be >= 1 and every --rate > 0 (got {concurrency!r}, {rate!r})")
+    if not levels and not rates:
+        _usage("bench: nothing to run (give --concurrency and/or --rate)")
+    if not duration_s > 0 or not timeout_s > 0 or gens < 1 or ingress < 1 or workers < 0:
+        _usage("bench: --duration and --timeout-s must be > 0, --gens and --ingress >= 1, --workers >= 0")
     kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
-              workers=workers, ingress=ingress, gens=gens,
-              concurrency=[int(x) for x in concurrency.split(",") if x.strip()],
-              rates=[float(x) for x in rate.split(",") if x.strip()], duration_s=duration_s, hit=hit,
-              timeout_s=timeout_s, prefix=prefix)
+              workers=workers, ingress=ingress, gens=gens, concurrency=levels, rates=rates,
+              duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix)
     results = _call(lambda: run_load(**kw))
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))

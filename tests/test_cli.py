@@ -86,3 +86,23 @@ def test_region_promote_of_a_region_without_a_manager_is_one_line_exit_1(nats_se
                                "control subject)", p.stderr
     p, _ = cli("region", "demote", "Z", "--nats-url", nats_server.url)
     assert p.returncode == 1 and p.stderr.strip().startswith("demote: no region manager"), p
+
+
+@pytest.mark.parametrize("args", [("--concurrency", "0,-1"), ("--concurrency", "x"), ("--concurrency", "", "--rate", "0"),
+                                  ("--concurrency", "", "--rate", ""), ("--duration", "0")])
+def test_bench_bad_arguments_are_one_line_exit_2(args):
+    """Checked before anything starts: one line, exit 2, no traceback (no deployment needed)."""
+    p, took_s = cli("bench", "digits", "--nats-url", "nats://127.0.0.1:1", *args)
+    assert p.returncode == 2, p
+    assert "Traceback" not in p.stderr + p.stdout
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: bench: "), p.stderr
+
+
+def test_bench_of_a_bytes_model_without_a_dataset_checks_its_answers(deployment):
+    """``strings`` (BYTES in, BYTES out) ships no data/test.npz: the generator makes distinct UTF-8 inputs and
+    judges the answers against ONNX Runtime fed the same text (it used to send ints and crash)."""
+    p, _ = cli("bench", "strings", "--nats-url", deployment.nats_url, "--concurrency", "2", "--duration", "1",
+               "--json", timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (step,) = json.loads(p.stdout)
+    assert step["requests"] > 0 and step["wrong"] == 0 and not step["errors"], step

@@ -1,7 +1,8 @@
 """Inputs of a load run, their pre-encoded request bodies and their reference answers.
 
-Inputs replay the model's shipped dataset rows (``models/<name>/data/test.npz``);
-``distinct=True`` perturbs each one so that no two requests of a run are equal
+Inputs replay the model's shipped dataset rows (``models/<name>/data/test.npz``), or,
+for a model without one, are drawn at random (normal floats, integers in [0, 100),
+distinct UTF-8 strings for BYTES); ``distinct=True`` perturbs each one so that no two requests of a run are equal
 (cache misses), ``distinct=False`` repeats one row (cache hits). The reference
 outputs come from an in-process ONNX Runtime session with the worker's session
 options (:class:`inferbus.accelerators.OnnxRuntimeBackend`), one row at a time,
@@ -30,7 +31,7 @@ class Workload:
         pool: how many distinct inputs to prepare (reused cyclically); with
             ``distinct=False`` one input is prepared.
         distinct: perturb rows so that inputs never repeat within the pool.
-        seed: random inputs for models without a dataset.
+        seed: of the random inputs for models without a dataset (BYTES inputs are ``r<index>e<element>``).
         offset: first global index of this pool, so that pools of several
             generator processes (offset = process index × pool) never overlap.
 
@@ -67,13 +68,19 @@ class Workload:
                         x = rng.standard_normal(shape).astype(dt)
                     elif dt.kind in "iu":
                         x = rng.integers(0, 100, shape).astype(dt)
+                    elif dt == object:  # BYTES: distinct UTF-8 strings (ONNX Runtime takes string tensors as text)
+                        n = int(np.prod(shape))
+                        x = np.array([f"r{gi}e{k}".encode() for k in range(n)], dtype=object).reshape(shape)
                     else:
                         x = np.zeros(shape, dtype=dt)
                 feed[t.name] = x
             self.inputs.append(feed)
         sess = OnnxRuntimeBackend().load(self.mv.path)
-        self.reference = [sess.infer(feed) for feed in self.inputs]
-        self._ref_raw = [{k: v.tobytes() for k, v in ref.items()} for ref in self.reference]
+        # the worker hands BYTES to ONNX Runtime as text and answers text outputs as UTF-8 bytes: the same here
+        self.reference = [_bytes_out(sess.infer(_text_in(feed))) for feed in self.inputs]
+        # the fast path compares raw bytes: only for fixed-size datatypes (BYTES outputs are judged decoded)
+        self._ref_raw = [{k: (v.tobytes() if v.dtype != object else None) for k, v in ref.items()}
+                         for ref in self.reference]
         self._bodies: list[bytes] | None = None
 
     def __len__(self) -> int:
@@ -132,3 +139,15 @@ class Workload:
         except Exception:
             return None, False, resp.parameters
         return None, self.check(i, arrays), resp.parameters
+
+
+def _text_in(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """BYTES inputs (object arrays of bytes) as text, as the worker feeds them to ONNX Runtime."""
+    return {k: (np.array([b.decode("utf-8") for b in v.flat], dtype=object).reshape(v.shape) if v.dtype == object
+                else v) for k, v in feed.items()}
+
+
+def _bytes_out(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Text outputs as UTF-8 bytes, as a client decodes the worker's BYTES answer."""
+    return {k: (np.array([x.encode("utf-8") if isinstance(x, str) else x for x in v.flat], dtype=object)
+                .reshape(v.shape) if v.dtype == object else v) for k, v in outputs.items()}
