@@ -72,3 +72,45 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_path):
+    """Graceful stop: SIGTERM to ``inferbus up`` while 12 requests wait at a slow worker (300 ms per batch):
+    the ingress drains, the worker finishes what it received and answers it, then everything exits 0.
+    One attempt per request (no SDK retries), so every answer comes from the draining worker."""
+    import asyncio
+
+    from conftest import start_deployment
+    from inferbus.schemas import InferbusError
+    from test_reliability_lib import set_fault
+
+    models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="drain",
+                           extra=["--models", str(models), "--no-cache", "--fault-injection"])
+    try:
+        client = await Client.connect(dep.nats_url, "drain", retry_unavailable=False, adaptive_attempt_timeout=False)
+        x = np.load(models / "digits" / "data" / "test.npz")["X"][:12].astype(np.float32)
+        await client.infer("digits", {"pixels": x[:1]}, timeout_s=5)  # warm
+        await set_fault(client.nc, "drain", "n1-w0", compute_delay_ms=300)
+
+        async def one(k):
+            try:
+                return await client.infer("digits", {"pixels": x[k:k + 1]}, timeout_s=8)
+            except InferbusError as err:
+                return err
+
+        calls = [asyncio.ensure_future(one(k)) for k in range(12)]
+        await asyncio.sleep(0.15)  # all sent; the first batch is computing, the rest queued
+        dep.proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*calls)
+        bad = [r for r in results if isinstance(r, Exception)]
+        assert not bad, bad
+        for k, out in enumerate(results):
+            np.testing.assert_allclose(out["probabilities"], reference("digits", {"pixels": x[k:k + 1]})["probabilities"],
+                                       rtol=1e-5, atol=1e-6)
+        assert dep.proc.wait(20) == 0
+        await client.close()
+    finally:
+        dep.stop()

@@ -121,3 +121,28 @@ async def supervise_loops(name: str, loops: dict, *, intensity: int = 5, period_
                      on_child_exit=lambda cid, ex: None if ex.normal else log(f"{name}: loop {cid} exited: {ex.reason}"))
     await sup.start()
     return sup
+
+
+def endpoint_subscription(svc, name: str):
+    """The NATS subscription behind the nats.micro endpoint ``name`` (None, logged, if nats-py hides it)."""
+    for ep in getattr(svc, "_endpoints", ()):
+        if getattr(ep, "_name", None) == name and hasattr(getattr(ep, "_subscription", None), "pending_msgs"):
+            return ep._subscription
+    log(f"cannot see the {name!r} endpoint's subscription (nats-py internals changed): its backlog bound and "
+        f"graceful drain are not applied")
+    return None
+
+
+async def drain_endpoint(sub, timeout_s: float) -> None:
+    """Stop ``sub`` (a micro endpoint's subscription) taking new messages and handle the ones it buffered.
+
+    NATS's drain: the server stops delivering (UNSUB), then every message already received is handed
+    to the handler before the subscription goes away (nats.micro's own ``stop`` unsubscribes at once,
+    dropping them). Bounded by ``timeout_s``; errors (a closed connection) are logged, not raised.
+    """
+    if sub is None:
+        return
+    try:
+        await asyncio.wait_for(sub.drain(), max(timeout_s, 0.0))
+    except Exception as exc:  # timeout, connection closed: what is left is dropped
+        log(f"drain of {getattr(sub, 'subject', '?')} incomplete: {exc!r}")

@@ -103,6 +103,10 @@ class WorkerConfig(_JsonMixin):
     0 disables the fence."""
     audit: bool = False
     """Publish the request id of every execution on ``<p>._audit`` (chaos drills count duplicates with it)."""
+    drain_timeout_s: float = 3.0
+    """Graceful stop (SIGTERM): how long the worker keeps answering the requests it already received
+    (queued, computing, buffered in its subscription) after it stopped taking new ones, seconds. Keep it
+    below the supervisor's shutdown timeout (5 s), after which the process is killed."""
     compute_delay_ms: float = 0.0
     """Fault injection only: extra sleep before each batch (chaos 'slow-worker')."""
     health_window_s: float = 10.0

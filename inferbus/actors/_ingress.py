@@ -65,7 +65,8 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity, supervise_loops
+from ._common import (announce_ready, drain_endpoint, endpoint_subscription, error_message, log, run_actor,
+                      serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
@@ -963,7 +964,7 @@ class Ingress:
         q = s.ingress_queue
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
-        self._infer_sub = _endpoint_subscription(svc, "infer")
+        self._infer_sub = endpoint_subscription(svc, "infer")
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
@@ -977,22 +978,19 @@ class Ingress:
         try:
             await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
         finally:
+            # graceful stop: requests already received (buffered in the infer subscription) are still
+            # handled and forwarded (the workers stop after the ingresses); new ones go to other replicas
+            await drain_endpoint(self._infer_sub, 2.0)
             await loops.stop()
             try:
                 await svc.stop()
-                if own_nc:
-                    await self.nc.drain()
             except Exception:
                 pass
-
-
-def _endpoint_subscription(svc, name: str):
-    """The NATS subscription behind the nats.micro endpoint ``name`` (None, logged, if nats-py hides it)."""
-    for ep in getattr(svc, "_endpoints", ()):
-        if getattr(ep, "_name", None) == name and hasattr(getattr(ep, "_subscription", None), "pending_msgs"):
-            return ep._subscription
-    log(f"ingress: cannot see the {name!r} endpoint's subscription; its backlog bound is not applied")
-    return None
+            if own_nc:
+                try:
+                    await self.nc.drain()  # flushes what was forwarded or answered
+                except Exception:
+                    pass
 
 
 def main(config_json: str) -> None:

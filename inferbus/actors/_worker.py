@@ -72,7 +72,8 @@ from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,
 )
-from ._common import announce_ready, error_message, run_actor, log, serving_gc, set_affinity, supervise_loops
+from ._common import (announce_ready, drain_endpoint, endpoint_subscription, error_message, log, run_actor,
+                      serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
@@ -682,16 +683,38 @@ class Worker:
             for f in done:
                 f.result()
         finally:
+            if not serving.done() and not thread_died.done():  # stopped (SIGTERM), not failed: drain
+                await self._drain_requests(svc)
             self._stop.set()
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)  # a cancelled run() stops the loops first
             await loops.stop()
             try:
                 await svc.stop()
-                if own_nc:
-                    await self.nc.drain()
             except Exception:
                 pass
+            if own_nc:
+                try:
+                    await self.nc.drain()  # flushes the last replies
+                except Exception:
+                    pass
+
+    async def _drain_requests(self, svc) -> None:
+        """Graceful stop: take no new requests, answer the ones received, within ``drain_timeout_s``.
+
+        The infer subscription is drained (what it buffered is enqueued as usual), then the loop waits
+        until nothing is in flight (queued, computing or waiting for its reply to be published); the
+        loops and the inference thread keep running meanwhile. A forward sent after the unsubscribe gets
+        NATS's no-responders status at its client (the SDK retries it elsewhere). Requests still in
+        flight at the timeout are dropped (their clients' budgets cover them), and logged.
+        """
+        t_end = time.monotonic() + self.config.drain_timeout_s
+        await drain_endpoint(endpoint_subscription(svc, "infer"), self.config.drain_timeout_s)
+        while self.stats.in_flight > 0 and time.monotonic() < t_end:
+            await asyncio.sleep(0.005)
+        if self.stats.in_flight > 0:
+            log(f"worker {self.config.worker_id}: stopping with {self.stats.in_flight} requests unanswered "
+                f"after {self.config.drain_timeout_s} s of draining")
 
     # ---- stall fence ---------------------------------------------------------------------------
     _STALL_TICK_S = 0.01
