@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -137,6 +138,8 @@ def up(
     no_cache: bool = typer.Option(False, "--no-cache", help="Run without the L2 cache (no Valkey)."),
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
+    node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
+                                "give each node that joins one NATS (--nats-url) its own."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
     backends: str = typer.Option("onnxruntime", help="Comma-separated backends (onnxruntime, jax, tensorrt): one "
                                  "worker per device each serves; see `inferbus devices`."),
@@ -208,7 +211,11 @@ def up(
                               f"--nats-port, or --nats-url to use the NATS already listening there")
             raise typer.Exit(2)
         nats_port = 0
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", node_id):
+        _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
+               f"got {node_id!r}")
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
+                     node_id=node_id,
                      nats_url=nats_url,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
@@ -222,6 +229,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     import time
 
     from .actors import Node
+    from .actors._node import NodeIdInUse
 
     t0 = time.monotonic()
     # the handlers go in before anything starts: a SIGINT/SIGTERM during start-up is kept and the node is
@@ -231,7 +239,11 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     node = Node(cfg)
-    await node.start()
+    try:
+        await node.start()
+    except NodeIdInUse as exc:
+        err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
+        return EXIT_USAGE
     try:
         await node.wait_ready(60)
         if stop.is_set():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -80,8 +81,6 @@ async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_
     """Graceful stop: SIGTERM to ``inferbus up`` while 12 requests wait at a slow worker (300 ms per batch):
     the ingress drains, the worker finishes what it received and answers it, then everything exits 0.
     One attempt per request (no SDK retries), so every answer comes from the draining worker."""
-    import asyncio
-
     from conftest import start_deployment
     from inferbus.schemas import InferbusError
     from test_reliability_lib import set_fault
@@ -114,3 +113,54 @@ async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_
         await client.close()
     finally:
         dep.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_a_second_node_with_the_same_node_id_on_one_nats_is_refused(nats_server, tmp_path):
+    """Two nodes on one NATS and prefix must not share process ids (they would share worker subjects and
+    overwrite each other's routing state): the second ``up`` with the same --node-id exits 2 with one line
+    naming the id; with its own --node-id it joins, and the ingresses see both nodes' workers."""
+    models = models_subset(tmp_path / "models", ["digits"])
+    procs = []
+
+    def start(name: str, *extra: str) -> tuple[subprocess.Popen, object]:
+        log = tmp_path / f"{name}.log"
+        argv = UP + ["--nats-url", nats_server.url, "--workers", "1", "--no-cache", "--models", str(models),
+                     "--run-dir", str(tmp_path / name), "--prefix", "two", *extra]
+        with open(log, "wb") as fh:
+            p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV, start_new_session=True)
+        procs.append(p)
+        return p, log
+
+    def wait_serving(p, log) -> None:
+        deadline = time.monotonic() + 60
+        while b"serving; Ctrl-C to stop" not in log.read_bytes():
+            assert p.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+
+    try:
+        wait_serving(*start("first"))
+        p, log = start("same")
+        assert p.wait(60) == 2, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "node id 'n1' is in use" in text and "n1-w0" in text and "Traceback" not in text, text[-3000:]
+        wait_serving(*start("second", "--node-id", "n2"))
+        async with await Client.connect(nats_server.url, "two") as client:
+            deadline = time.monotonic() + 10
+            while True:
+                workers = (await client.health(timeout_s=5)).parameters["workers"]
+                if {"n1-w0", "n2-w0"} <= set(workers):
+                    break
+                assert time.monotonic() < deadline, workers
+                await asyncio.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        assert all(p.wait(30) in (0, 2) for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
 from ..bus._embedded import EmbeddedServerError
-from ..schemas._internal import ProcessEvent, encode_internal
+from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
                           SupervisorSpec)
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
@@ -71,6 +71,8 @@ class NodeConfig:
     """Run without L2 (no Valkey at all)."""
     prefix: str = "inferbus"
     node_id: str = "n1"
+    """Prefix of this node's process ids (``<node_id>-w0``, ``<node_id>-i0``, ``<node_id>-agg``): unique per
+    NATS and subject prefix (checked at start on a NATS given by URL: :class:`NodeIdInUse`)."""
     region: str = ""
     run_dir: str | None = None
     models: tuple[str, ...] = ()
@@ -257,6 +259,7 @@ class Node:
         Raises:
             EmbeddedServerError: an embedded server did not start.
             ChildStartError: an actor process failed to start.
+            NodeIdInUse: on a NATS given by URL, workers of this ``node_id`` already report on this prefix.
         """
         c = self.config
         self._failed = asyncio.get_running_loop().create_future()
@@ -299,7 +302,11 @@ class Node:
                         **c.bus_options)
         try:
             self.nc = await connect(bus, name=f"node-{c.node_id}")
+            if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?
+                await self._check_node_id_free(bus)
         except BaseException:
+            if self.nc is not None and not self.nc.is_closed:
+                await self.nc.close()
             await self._stop_servers()
             raise
         ncpu = os.cpu_count() or 1
@@ -371,6 +378,37 @@ class Node:
             await asyncio.sleep(0.05)
         raise TimeoutError(f"inferbus not ready after {timeout_s}s (logs in {self.run_dir})")
 
+    async def _check_node_id_free(self, bus: BusConfig, listen_s: float = 0.35) -> None:
+        """Refuse to start when a worker of this node id already reports on this prefix (another node).
+
+        Process ids are ``<node_id>-w0``, ``<node_id>-i0``...: two nodes with one id on one NATS and prefix
+        would share worker subjects and overwrite each other's routing state. Workers report every 100 ms,
+        so ``listen_s`` (0.35 s) hears any live one.
+
+        Raises:
+            NodeIdInUse: a live worker's id starts with ``<node_id>-``.
+        """
+        taken: set[str] = set()
+        mine = f"{self.config.node_id}-"
+
+        async def on_load(msg) -> None:
+            try:
+                r = decode_internal(msg.data)
+            except InternalDecodeError:
+                return
+            if isinstance(r, LoadReport) and r.worker_id.startswith(mine):
+                taken.add(r.worker_id)
+
+        sub = await self.nc.subscribe(Subjects(bus.prefix).load, cb=on_load)
+        try:
+            await asyncio.sleep(listen_s)
+        finally:
+            await sub.unsubscribe()
+        if taken:
+            raise NodeIdInUse(f"node id {self.config.node_id!r} is in use on {self.nats_url} with prefix "
+                              f"{bus.prefix!r} (live workers {', '.join(sorted(taken))}): give this node another "
+                              f"--node-id, or another --prefix for a separate deployment")
+
     def pid_of(self, child_id: str) -> int | None:
         for info in self.supervisor.which_children():
             if info.id == child_id:
@@ -403,6 +441,10 @@ class Node:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+
+class NodeIdInUse(RuntimeError):
+    """Another node with the same ``node_id`` serves on the same NATS and prefix (see :meth:`Node.start`)."""
 
 
 def _auth_config(bus_options: dict) -> str:
