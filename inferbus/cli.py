@@ -32,6 +32,23 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"inferbus {version('inferbus')}")
+        except PackageNotFoundError:  # a checkout on sys.path without an install
+            typer.echo("inferbus (not installed: no package metadata)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main_options(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                                    help="Print the installed version and exit.")) -> None:
+    """inferbus: ML inference over NATS."""
+
+
 EXIT_FAILED = 1
 """Exit status: the operation ran and failed (wrong answers, not ready, refused)."""
 EXIT_USAGE = 2
@@ -253,6 +270,11 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"run dir {node.run_dir}")
+        if cfg.redis_url and not cfg.no_cache:
+            problem = await _redis_problem(cfg.redis_url)
+            if problem:
+                err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(cfg.redis_url)} does not answer "
+                                  f"({escape(problem)}); serving without L2 until it does")
         from .actors import ModelRepository
 
         repo = ModelRepository(cfg.models_dir, list(cfg.models) or None)
@@ -281,6 +303,23 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         return 0
     finally:
         await node.stop()
+
+
+async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:
+    """None when the Redis/Valkey at ``url`` answers PING within ``timeout_s``, else why not (one line)."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        await asyncio.wait_for(r.ping(), timeout_s * 2)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        try:
+            await r.aclose()
+        except Exception:
+            pass
 
 
 async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) -> int:
@@ -327,11 +366,15 @@ def infer(
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
 ):
     """Send one request built from .npy files and print the outputs."""
+    if not timeout_s > 0:
+        _usage(f"infer: --timeout-s must be > 0 seconds, got {timeout_s}")
     feeds = {}
     for spec in input:
         name, sep, path = spec.partition("=")
         if not sep:
             raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}")
+        if name in feeds:
+            _usage(f"infer: input {name!r} given twice (--input {name}=...)")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:

@@ -36,6 +36,11 @@ from nats.errors import (
     ConnectionClosedError, ConnectionDrainingError, NoRespondersError, NoServersError, TimeoutError as NatsTimeout,
 )
 
+def _fmt_ms(ms: float) -> str:
+    """A duration in ms for a message: whole ms from 10 ms up, 3 significant digits below (0.5, not 0)."""
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.3g}"
+
+
 _FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05,
                       "no_randomize": True}
 """Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s; servers
@@ -315,6 +320,7 @@ class Client:
             ``(response body, response content type)``.
 
         Raises:
+            ValueError: ``timeout_s`` not > 0.
             the typed error of an error reply; DeadlineExceeded when the budget runs out (at once,
             nothing sent, when it was spent before sending);
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
@@ -322,11 +328,13 @@ class Client:
             Unavailable at once, not retried, when the connection is closed or draining
             (after :meth:`close`, or once nats-py gave up reconnecting).
         """
+        if not timeout_s > 0:  # also NaN
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         now = time.monotonic()
         deadline = (now if started_at is None else started_at) + timeout_s
         if deadline <= now:
-            raise DeadlineExceeded(f"the budget of {timeout_s * 1000:.3g} ms was spent before sending (encoding "
-                                   f"the request took {(now - started_at) * 1000:.3g} ms); nothing was sent")
+            raise DeadlineExceeded(f"the budget of {_fmt_ms(timeout_s * 1000)} ms was spent before sending (encoding "
+                                   f"the request took {_fmt_ms((now - started_at) * 1000)} ms); nothing was sent")
         hdrs = dict(headers or {})
         if request_id:
             hdrs[H.REQUEST_ID] = request_id
@@ -346,7 +354,7 @@ class Client:
                     await asyncio.wait_for(slots.acquire(), max(deadline - time.monotonic(), 0.0))
                 except asyncio.TimeoutError:
                     raise DeadlineExceeded(
-                        f"no answer within {timeout_s * 1000:.0f} ms: all {self.max_in_flight} of this client's "
+                        f"no answer within {_fmt_ms(timeout_s * 1000)} ms: all {self.max_in_flight} of this client's "
                         f"request slots stayed busy (Client(max_in_flight=...)); nothing was sent") from None
             else:
                 await slots.acquire()
@@ -366,7 +374,7 @@ class Client:
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
-                raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
+                raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
                                        + (f" (last error: {last_err})" if last_err else ""))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             if sent and request_id:  # a retry: an ingress without the first copy finds it through its peers
@@ -387,7 +395,7 @@ class Client:
                 last_err = Unavailable(f"{exc} while waiting for the answer; retrying on the new connection")
             except NatsTimeout:
                 if wait_ms >= left_ms:
-                    raise DeadlineExceeded(f"no answer within {timeout_s * 1000:.0f} ms"
+                    raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
                                            + (f" ({sent} attempts)" if sent > 1 else "")) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)

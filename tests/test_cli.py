@@ -106,3 +106,14 @@ def test_bench_of_a_bytes_model_without_a_dataset_checks_its_answers(deployment)
     assert p.returncode == 0, p.stderr[-2000:]
     (step,) = json.loads(p.stdout)
     assert step["requests"] > 0 and step["wrong"] == 0 and not step["errors"], step
+
+
+def test_version_and_infer_argument_checks(tmp_path):
+    p, _ = cli("--version")
+    assert p.returncode == 0 and p.stdout.startswith("inferbus "), p
+    a = tmp_path / "a.npy"
+    np.save(a, np.zeros((1, 64), np.float32))
+    for args, said in [(("-i", f"pixels={a}", "-i", f"pixels={a}"), "input 'pixels' given twice"),
+                       (("-i", f"pixels={a}", "--timeout-s", "-1"), "--timeout-s must be > 0")]:
+        p, _ = cli("infer", "digits", *args, "--nats-url", "nats://127.0.0.1:1")  # refused before connecting
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p

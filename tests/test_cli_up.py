@@ -164,3 +164,26 @@ async def test_a_second_node_with_the_same_node_id_on_one_nats_is_refused(nats_s
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+@pytest.mark.timeout(90)
+def test_an_unreachable_l2_cache_is_reported_at_start(tmp_path):
+    """``--redis-url`` pointing at nothing: the node serves (L2 is optional) and says so in one warning line."""
+    log = tmp_path / "up.log"
+    argv = UP + ["--nats-port", "0", "--workers", "1", "--redis-url", f"redis://127.0.0.1:{free_port()}/0",
+                 "--models", str(models_subset(tmp_path / "models", ["digits"])), "--run-dir", str(tmp_path / "run")]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while b"serving; Ctrl-C to stop" not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        assert "does not answer" in log.read_text() and "serving without L2" in log.read_text(), log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
