@@ -829,16 +829,23 @@ class RegionManager:
         finally:
             for t in tasks + ([self._renew_task] if self._renew_task is not None else []):
                 t.cancel()
+            # every step bounded: a lease path that is cut (blackholed, not reset) must not hang the stop
             try:
-                await svc.stop()
-            except Exception:
+                await asyncio.wait_for(svc.stop(), 2.0)
+            except BaseException:
                 pass
-            await self.cache.close()
+            try:
+                await asyncio.wait_for(self.cache.close(), 2.0)
+            except BaseException:
+                pass
             for nc in {id(c): c for c in (self.lease_nc, self.nc) if c is not None}.values():
                 try:
-                    await nc.drain()
-                except Exception:
-                    pass
+                    await asyncio.wait_for(nc.drain(), 2.0)
+                except BaseException:
+                    try:
+                        await asyncio.wait_for(nc.close(), 1.0)
+                    except BaseException:
+                        pass
 
 
 async def ask_region(nc, prefix: str, region: str, action: str, *, force: bool = False, successor: str = "",
