@@ -243,8 +243,14 @@ class Client:
         return max(self.attempt_timeout_floor_ms, est.rto_ms())
 
     async def close(self) -> None:
+        """Drain and close the connection if this client made it (:meth:`connect`); never raises for a
+        connection that is reconnecting or already closed (it is closed without draining then)."""
         if self._owns:
-            await self.nc.drain()
+            try:
+                await self.nc.drain()
+            except Exception:  # reconnecting (the server went away), closed, or the drain timed out
+                if not self.nc.is_closed:
+                    await self.nc.close()
 
     async def __aenter__(self) -> "Client":
         return self
@@ -348,18 +354,26 @@ class Client:
             raise PayloadTooLarge(f"request of {len(body)} bytes (plus headers) exceeds the server's max_payload "
                                   f"({max_payload} bytes)")
         slots = self._slots
+        waited_ms = 0.0
         if slots is not None:
             if slots.locked():  # every slot taken: wait for one within the budget (a client-side bulkhead)
+                t_wait = time.monotonic()
                 try:
-                    await asyncio.wait_for(slots.acquire(), max(deadline - time.monotonic(), 0.0))
+                    await asyncio.wait_for(slots.acquire(), max(deadline - t_wait, 0.0))
                 except asyncio.TimeoutError:
                     raise DeadlineExceeded(
                         f"no answer within {_fmt_ms(timeout_s * 1000)} ms: all {self.max_in_flight} of this client's "
                         f"request slots stayed busy (Client(max_in_flight=...)); nothing was sent") from None
+                waited_ms = (time.monotonic() - t_wait) * 1000.0
             else:
                 await slots.acquire()
         try:
             return await self._attempts(subject, body, hdrs, deadline, timeout_s, request_id)
+        except DeadlineExceeded as err:
+            if waited_ms >= 1.0:  # say where the budget went: queued in this client, not only at the server
+                raise DeadlineExceeded(f"{err.message} ({_fmt_ms(waited_ms)} ms of it waiting for one of this "
+                                       f"client's {self.max_in_flight} request slots)") from None
+            raise
         finally:
             if slots is not None:
                 slots.release()
@@ -392,7 +406,8 @@ class Client:
             except NoRespondersError:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:
-                last_err = Unavailable(f"{exc} while waiting for the answer; retrying on the new connection")
+                last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
+                                       f"budget lasted)")
             except NatsTimeout:
                 if wait_ms >= left_ms:
                     raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"

@@ -119,6 +119,29 @@ async def test_max_in_flight_bounds_outstanding_requests_and_waiting_counts_agai
         assert "nothing was sent" in waited[0].message
         await asyncio.sleep(0.3)
         assert seen == 2  # only the 2 that held slots reached the responder
+        # a call that got a slot late and then ran out of budget says where its budget went
+        results = await asyncio.gather(client.request("slow", b"x", timeout_s=5.0),
+                                       client.request("slow", b"x", timeout_s=5.0),
+                                       client.request("slow", b"x", timeout_s=0.3), return_exceptions=True)
+        late = results[2]  # normally "... (2xx ms of it waiting for one of this client's 2 request slots)";
+        # on a starved box its wait alone may outlast the budget: "... request slots stayed busy"
+        assert isinstance(late, DeadlineExceeded) and ("this client's 2 request slots" in late.message
+                                                      or "all 2 of this client's request slots" in late.message), results
+        assert [r[0] for r in results[:2]] == [b"ok", b"ok"]
     finally:
         await client.close()
         await spy.close()
+
+
+async def test_close_after_the_server_went_away_does_not_raise(tmp_path):
+    """``Client.close`` on a connection that is reconnecting (its server stopped) closes it, no exception."""
+    from inferbus.bus import EmbeddedNats
+
+    with EmbeddedNats(run_dir=tmp_path / "nats") as srv:
+        client = await Client.connect(srv.url)
+    for _ in range(200):  # the server is gone: nats-py notices and starts reconnecting
+        if client.nc.is_reconnecting or not client.nc.is_connected:
+            break
+        await asyncio.sleep(0.01)
+    await client.close()
+    assert client.nc.is_closed
