@@ -28,6 +28,23 @@ def anyio_backend(request):
     return request.param
 
 
+def spawn_logged(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start ``argv`` (from the repository root, its own session) with stdout and stderr into ``log``."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env=env if env is not None else {**os.environ, "COLUMNS": "200"})
+
+
+def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, poll_s: float = 0.05) -> None:
+    """Wait until ``inferbus up`` / ``cluster up`` printed "serving; Ctrl-C to stop" (its signal handlers are
+    set by then); fails with the log's tail if the process exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while b"serving; Ctrl-C to stop" not in log.read_bytes():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(poll_s)
+
+
 @pytest.fixture
 def nats_server(tmp_path):
     with EmbeddedNats(run_dir=tmp_path / "nats") as srv:

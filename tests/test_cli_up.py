@@ -16,7 +16,7 @@ import pytest
 from inferbus.bus import free_port
 from inferbus.client import Client
 
-from conftest import ROOT
+from conftest import ROOT, spawn_logged, wait_serving
 from test_reliability_lib import models_subset, reference
 
 UP = [sys.executable, "-m", "inferbus.cli", "up"]
@@ -51,15 +51,9 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
     log = tmp_path / "up.log"
     argv = UP + ["--nats-url", nats_server.url, "--workers", "1", "--no-cache", "--models", str(models),
                  "--run-dir", str(tmp_path / "run"), "--prefix", "ext", "--max-backlog-msgs", "777"]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
-                                start_new_session=True)
+    proc = spawn_logged(argv, log, ENV)
     try:
-        deadline = time.monotonic() + 60
-        while b"serving; Ctrl-C to stop" not in log.read_bytes():  # printed once its signal handlers are set
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        wait_serving(proc, log)
         assert f"NATS {nats_server.url}" in log.read_text()  # no embedded server: the one given
         x = np.load(models / "digits" / "data" / "test.npz")["X"][:3].astype(np.float32)
         async with await Client.connect(nats_server.url, "ext") as client:
@@ -128,17 +122,9 @@ async def test_a_second_node_with_the_same_node_id_on_one_nats_is_refused(nats_s
         log = tmp_path / f"{name}.log"
         argv = UP + ["--nats-url", nats_server.url, "--workers", "1", "--no-cache", "--models", str(models),
                      "--run-dir", str(tmp_path / name), "--prefix", "two", *extra]
-        with open(log, "wb") as fh:
-            p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV, start_new_session=True)
+        p = spawn_logged(argv, log, ENV)
         procs.append(p)
         return p, log
-
-    def wait_serving(p, log) -> None:
-        deadline = time.monotonic() + 60
-        while b"serving; Ctrl-C to stop" not in log.read_bytes():
-            assert p.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
 
     try:
         wait_serving(*start("first"))
@@ -172,14 +158,9 @@ def test_an_unreachable_l2_cache_is_reported_at_start(tmp_path):
     log = tmp_path / "up.log"
     argv = UP + ["--nats-port", "0", "--workers", "1", "--redis-url", f"redis://127.0.0.1:{free_port()}/0",
                  "--models", str(models_subset(tmp_path / "models", ["digits"])), "--run-dir", str(tmp_path / "run")]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV, start_new_session=True)
+    proc = spawn_logged(argv, log, ENV)
     try:
-        deadline = time.monotonic() + 60
-        while b"serving; Ctrl-C to stop" not in log.read_bytes():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        wait_serving(proc, log)
         assert "does not answer" in log.read_text() and "serving without L2" in log.read_text(), log.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_serving
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,11 +35,7 @@ def cluster_up(tmp_path):
                              "--run-dir", str(run)], stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while b"serving; Ctrl-C to stop" not in log.read_bytes():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_serving(proc, log, timeout_s=90, poll_s=0.1)
         yield run, proc, log
     finally:
         if proc.poll() is None:
