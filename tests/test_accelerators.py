@@ -318,17 +318,21 @@ def test_jax_parameters_as_constants_or_arguments_give_the_same_answers(model, f
 
 
 @needs_jax
-def test_jax_memcpy_transfer_matches_pjrt_across_batch_sizes_and_inputs():
+@pytest.mark.parametrize("transfer", ["memcpy", "hostmem"])
+def test_jax_memcpy_transfer_matches_pjrt_across_batch_sizes_and_inputs(transfer):
     """``transfer="memcpy"`` (the session's own input arrays, copied in and out by address; memmove on the CPU
-    device, cudaMemcpy on a GPU) gives PJRT's answers whatever the sequence of batch sizes, including padded and
-    chunked ones, and a model with two inputs of different datatypes; later calls never see earlier inputs."""
+    device, cudaMemcpy on a GPU) and ``"hostmem"`` (inputs in ``pinned_host`` arrays, the copies inside the
+    program) give PJRT's answers whatever the sequence of batch sizes, including padded and chunked ones, and a
+    model with two inputs and two outputs of different datatypes (int32 and float32 bytes in one packed output);
+    later calls never see earlier inputs."""
     from inferbus.accelerators._jax import JaxBackend
 
-    mem = JaxBackend(transfer="memcpy").load(path("digits"), precision="fp32")
+    mem = JaxBackend(transfer=transfer).load(path("digits"), precision="fp32")
     ref = JaxBackend(transfer="pjrt").load(path("digits"), precision="fp32")
-    assert mem.transfer == "memcpy" and ref.transfer == "pjrt"
+    assert mem.transfer == transfer and ref.transfer == "pjrt"
     for s in (mem, ref):
         s.warmup((1, 4, 8))
+    assert sorted(mem._packed) == [1, 4, 8]  # both outputs come back as one packed array at every size
     all_rows = rows("digits", 64)
     start = 0
     for n in (10, 2, 10, 1, 8, 3, 1, 21, 4):  # 10 and 21 chunk on the batch-8 executable; 2, 3 pad on batch-4
@@ -339,17 +343,20 @@ def test_jax_memcpy_transfer_matches_pjrt_across_batch_sizes_and_inputs():
         for k in a:
             assert a[k].shape == b[k].shape == (n, 10)
             np.testing.assert_array_equal(a[k], b[k])
-    assert mem.transfer == "memcpy"  # no fallback happened
+    assert mem.transfer == transfer  # no fallback happened
     out = mem.infer({"pixels": all_rows[:3]}, ["probabilities"])
     out["probabilities"][:] = -1  # the caller owns its arrays: the session's staging buffers are not exposed
     np.testing.assert_array_equal(mem.infer({"pixels": all_rows[:3]}, ["probabilities"])["probabilities"],
                                   ref.infer({"pixels": all_rows[:3]}, ["probabilities"])["probabilities"])
-    typed = JaxBackend(transfer="memcpy").load(path("typed"), precision="fp32")
+    typed = JaxBackend(transfer=transfer).load(path("typed"), precision="fp32")
+    typed.warmup((1, 4))
     a = np.array([[0], [1], [-7], [2**30 - 1]], np.int32)
     b = np.array([[0, 0, 0, 0], [0.5, 1.5, -2, 4], [1e-3, 2, 3, 65504], [-1, -1, -1, -1]], np.float16)
-    got = typed.infer({"a": a, "b": b})
-    assert typed.transfer == "memcpy" and np.array_equal(got["a_times_2"], a * 2)
-    np.testing.assert_allclose(got["b_sum"], b.astype(np.float32).sum(1, keepdims=True), rtol=1e-6)
+    for n in (4, 3, 1):
+        got = typed.infer({"a": a[:n], "b": b[:n]})
+        assert typed.transfer == transfer and np.array_equal(got["a_times_2"], a[:n] * 2)
+        np.testing.assert_allclose(got["b_sum"], b[:n].astype(np.float32).sum(1, keepdims=True), rtol=1e-6)
+    assert sorted(typed._packed) == [1, 4]
     with pytest.raises(ValueError, match="memcpy"):
         JaxBackend(transfer="zerocopy")
 

@@ -39,8 +39,15 @@ into it and each output out of XLA's result with one host-synchronous copy each 
 through CuPy from/to pinned staging buffers on a GPU, ``memmove`` on the CPU device), addressing the arrays
 by ``unsafe_buffer_pointer()``: no per-call device allocation and no DLPack capsule. That is safe because
 every call is sequential (the session's lock) and host-synchronous: a call writes its input only after the
-previous computation finished (``block_until_ready``), and reads its outputs only after its own did. A
-failure of either fast path switches the session to ``pjrt`` for good.
+previous computation finished (``block_until_ready``), and reads its outputs only after its own did.
+``hostmem`` keeps each input in a JAX array in ``pinned_host`` memory (JAX memory kinds) and compiles the copies
+into the program: it moves the inputs to the device and its one output back to ``pinned_host`` memory, so a call
+is a ``memmove`` of the request into the input's host buffer, one dispatch, one wait and a ``memmove`` out — no
+CuPy call at all. With ``memcpy`` and ``hostmem`` the program's outputs are *packed*: one flat byte array holding
+every output (``lax.bitcast_convert_type`` to bytes, concatenated), so a call waits on one array and copies
+one buffer out instead of one per output (digits has two; each cost a wait, an address lookup and a copy, ~15 µs
+on the H200 host, ``bench/jax_floor.py``); the host splits it by byte offsets. A failure of any fast path
+switches the session to ``pjrt`` for good.
 
 Devices: the process uses ``jax.devices(kind)[index]``. When the process sees
 exactly one device of that kind (the node gives each GPU worker its own
@@ -62,6 +69,9 @@ import numpy as np
 from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, TensorInfo
 
 log = logging.getLogger("inferbus.accelerators.jax")
+
+TRANSFERS = ("pjrt", "dlpack", "memcpy", "hostmem")
+"""Host transfer paths of a :class:`JaxSession` (module docstring)."""
 
 AUTO_TRANSFER_GPU = "memcpy"
 """``transfer="auto"`` on a GPU (CPU and TPU devices: ``pjrt``; a GPU without CuPy: ``pjrt``). Measured on the
@@ -172,21 +182,29 @@ class JaxSession:
         auto = transfer == "auto"
         if auto:
             transfer = AUTO_TRANSFER_GPU if device.kind == "gpu" else "pjrt"
-        if transfer in ("dlpack", "memcpy") and device.kind == "gpu":
+        if transfer == "hostmem" and not self.params_as_constants:
+            transfer = "memcpy"  # the packed program closes over the parameters
+        if transfer in ("dlpack", "memcpy", "hostmem") and device.kind == "gpu":
             try:
                 import cupy
 
-                self._cupy = cupy
+                self._cupy = cupy  # hostmem: only for the pinned output buffer (numpy memory without it)
             except ImportError:
-                if not auto:
+                if transfer == "hostmem":
+                    pass
+                elif not auto:
                     raise BackendUnavailable(f"transfer={transfer!r} on a GPU needs cupy") from None
                 transfer = "pjrt"  # auto without CuPy: PJRT's own transfers
         if transfer == "dlpack" and self._cupy is None:
             raise BackendUnavailable("transfer='dlpack' is for GPUs (CuPy device memory)")
-        if transfer not in ("pjrt", "dlpack", "memcpy"):
-            raise ValueError(f"transfer: auto, pjrt, dlpack or memcpy; got {transfer!r}")
+        if transfer not in TRANSFERS:
+            raise ValueError(f"transfer: auto, {', '.join(TRANSFERS)}; got {transfer!r}")
         self.transfer = transfer
-        """The host transfer path in use: ``pjrt``, ``dlpack`` or ``memcpy`` (see the module docstring)."""
+        """The host transfer path in use: ``pjrt``, ``dlpack``, ``memcpy`` or ``hostmem`` (module docstring)."""
+        self._packed: dict[int, tuple[object, tuple, int]] = {}
+        """memcpy/hostmem: batch size → (packed program, layout ``(name, dtype, shape, offset, nbytes)`` per output,
+        total bytes); a batch size missing here runs the unpacked program (one wait and copy per output)."""
+        self._pack_fns: dict[str, object] = {}
         self._bufs: dict[int, dict[str, tuple[object, int, np.ndarray]]] = {}
         """memcpy: batch size → input name → (device array, its device address, host staging array)."""
         self._out_staging: dict[tuple[str, int], np.ndarray] = {}
@@ -219,7 +237,67 @@ class JaxSession:
                 raise ModelLoadError(f"more than {self._max_compiled} compiled batch sizes; declare fewer")
             self._compiled[batch] = compiled
             self._sizes = sorted(self._compiled)
+        if self.transfer in ("memcpy", "hostmem") and self._const_fn is not None:
+            try:
+                self._prepare_packed(batch, specs)
+            except Exception as exc:  # the unpacked program still serves (memcpy) or PJRT does (hostmem)
+                log.warning("jax: packed outputs unavailable at batch %d (%s)", batch, exc)
+                if self.transfer == "hostmem":  # its inputs live in host memory: PJRT's path from here on
+                    with self._lock:
+                        self.transfer = "pjrt"
+                        self._bufs.clear()
+                        self._packed.clear()
         return compiled
+
+    def _pack_fn(self, kind: str):
+        """The jitted program with packed outputs: ``kind`` ``memcpy`` (device in, device out) or ``hostmem``
+        (``pinned_host`` in and out, the copies inside the program)."""
+        fn = self._pack_fns.get(kind)
+        if fn is not None:
+            return fn
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+        from jax.sharding import SingleDeviceSharding
+
+        program, params, names = self._program, self._params, list(self._all_outputs)
+        dev = self._sharding
+        host = SingleDeviceSharding(self._jdev, memory_kind="pinned_host") if kind == "hostmem" else dev
+
+        def as_bytes(a):
+            if a.dtype == jnp.bool_:
+                a = a.astype(jnp.uint8)
+            return lax.bitcast_convert_type(a, jnp.uint8).reshape(-1)
+
+        def packed(feeds):
+            if kind == "hostmem":
+                feeds = {k: jax.device_put(v, dev) for k, v in feeds.items()}
+            outs = program(params, feeds)
+            y = jnp.concatenate([as_bytes(outs[k]) for k in names]) if len(names) > 1 else as_bytes(outs[names[0]])
+            return jax.device_put(y, host) if kind == "hostmem" else y
+
+        fn = self._pack_fns[kind] = jax.jit(packed, in_shardings=host, out_shardings=host)
+        return fn
+
+    def _prepare_packed(self, batch: int, specs: dict) -> None:
+        """Compile and check the packed program for ``batch``: the byte layout from the unpacked outputs' shapes."""
+        import jax
+
+        shapes = jax.eval_shape(self._const_fn, specs)
+        layout, off = [], 0
+        for k in self._all_outputs:
+            dt, shape = np.dtype(shapes[k].dtype), tuple(shapes[k].shape)
+            nb = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            layout.append((k, dt, shape, off, nb))
+            off += nb
+        fn = self._pack_fn(self.transfer)
+        zeros = {k: np.zeros(v.shape, v.dtype) for k, v in specs.items()}
+        ins = self._input_buffers(batch, zeros)
+        y = fn({k: v[0] for k, v in ins.items()})
+        y.block_until_ready()
+        if y.shape != (off,):
+            raise ValueError(f"packed output is {y.shape}, expected ({off},)")
+        self._packed[batch] = (fn, tuple(layout), off)
 
     def lowered_text(self, batch: int = 1, optimized: bool = True) -> str:
         """The program as XLA sees it: HLO after optimization (fusions) or StableHLO before."""
@@ -262,7 +340,7 @@ class JaxSession:
                 feeds[t.name] = x
             if self.transfer != "pjrt":
                 try:
-                    if self.transfer == "memcpy":
+                    if self.transfer in ("memcpy", "hostmem"):
                         return self._infer_memcpy(compiled, feeds, names, n, b)
                     return self._infer_dlpack(compiled, feeds, names, n, b)
                 except Exception as exc:  # never again in this session: PJRT's own transfers still work
@@ -317,6 +395,14 @@ class JaxSession:
 
             bufs = {}
             for name, x in feeds.items():
+                if self.transfer == "hostmem":  # the array's own buffer is host memory: no staging
+                    from jax.sharding import SingleDeviceSharding
+
+                    arr = jax.device_put(np.zeros(x.shape, x.dtype),
+                                         SingleDeviceSharding(self._jdev, memory_kind="pinned_host"))
+                    arr.block_until_ready()
+                    bufs[name] = (arr, arr.unsafe_buffer_pointer(), None)
+                    continue
                 arr = jax.device_put(np.zeros(x.shape, x.dtype), self._jdev)
                 arr.block_until_ready()
                 staging = self._host_buffer(x.nbytes).view(x.dtype).reshape(x.shape)
@@ -325,19 +411,26 @@ class JaxSession:
         return bufs
 
     def _infer_memcpy(self, compiled, feeds, names, n, b):
-        """Inputs copied into the session's own device arrays, outputs copied out of XLA's results (module
-        docstring, ``memcpy``). ``feeds`` are already padded to ``b`` rows and in the compiled dtypes."""
+        """Inputs copied into the session's own arrays, outputs copied out of XLA's results (module docstring,
+        ``memcpy`` and ``hostmem``). ``feeds`` are already padded to ``b`` rows and in the compiled dtypes."""
         with self._lock:
             bufs = self._input_buffers(b, feeds)
             args = {}
             for name, x in feeds.items():
                 arr, ptr, staging = bufs[name]
-                if x.shape != staging.shape or x.dtype != staging.dtype:
+                if x.shape != arr.shape or x.dtype != arr.dtype:
                     raise ValueError(f"input {name!r} is {x.dtype}{list(x.shape)}, compiled for "
-                                     f"{staging.dtype}{list(staging.shape)}")
-                np.copyto(staging, x)
-                self._copy(ptr, staging.ctypes.data, staging.nbytes, to_device=True)
+                                     f"{arr.dtype}{list(arr.shape)}")
+                if staging is None:  # hostmem: straight into the input array's pinned host buffer
+                    x = np.ascontiguousarray(x)
+                    ctypes.memmove(ptr, x.ctypes.data, x.nbytes)
+                else:
+                    np.copyto(staging, x)
+                    self._copy(ptr, staging.ctypes.data, staging.nbytes, to_device=True)
                 args[name] = arr
+            packed = self._packed.get(b)
+            if packed is not None:
+                return self._unpack(packed, args, names, n, b)
             outs = compiled(args)
             res = {}
             for k in names:
@@ -351,6 +444,25 @@ class JaxSession:
                 host = staging.view(o.dtype).reshape(o.shape)
                 res[k] = host[:n].copy() if (b != n and host.ndim) else host.copy()
             return res
+
+    def _unpack(self, packed, args, names, n, b):
+        """Run the packed program and split its one byte array into the named outputs (copies the caller owns)."""
+        fn, layout, total = packed
+        y = fn(args)
+        y.block_until_ready()
+        buf = self._out_staging.get(("", total))
+        if buf is None:
+            buf = self._out_staging[("", total)] = self._host_buffer(total)
+        if self.transfer == "hostmem":
+            ctypes.memmove(buf.ctypes.data, y.unsafe_buffer_pointer(), total)
+        else:
+            self._copy(buf.ctypes.data, y.unsafe_buffer_pointer(), total, to_device=False)
+        res = {}
+        for k, dt, shape, off, nb in layout:
+            if k in names:
+                host = buf[off:off + nb].view(dt).reshape(shape)
+                res[k] = host[:n].copy() if (b != n and host.ndim) else host.copy()
+        return res
 
     def warmup(self, batch_sizes: tuple[int, ...] = (1,)) -> None:
         """Compile (ahead of time) and run once at each batch size, zero inputs."""
@@ -374,11 +486,11 @@ class JaxBackend:
     def __init__(self, transfer: str | None = None, params_as_constants: bool | None = None) -> None:
         if transfer is None:
             transfer = os.environ.get("INFERBUS_JAX_TRANSFER", "auto")
-        if transfer not in ("auto", "pjrt", "dlpack", "memcpy"):
-            raise ValueError(f"JaxBackend.transfer: auto, pjrt, dlpack or memcpy; got {transfer!r}")
+        if transfer != "auto" and transfer not in TRANSFERS:
+            raise ValueError(f"JaxBackend.transfer: auto, {', '.join(TRANSFERS)}; got {transfer!r}")
         self.transfer = transfer
         """Host transfer path of its sessions: ``auto`` (``AUTO_TRANSFER_GPU`` on a GPU, else ``pjrt``),
-        ``pjrt``, ``dlpack`` or ``memcpy`` (module docstring); by default the environment variable
+        ``pjrt``, ``dlpack``, ``memcpy`` or ``hostmem`` (module docstring); by default the environment variable
         ``INFERBUS_JAX_TRANSFER``, else ``auto``. Raises ValueError for another name."""
         self.params_as_constants = params_as_constants
         """Parameters closed over (True), passed per call (False), or by size (None, see ``CONST_PARAMS_MAX_BYTES``)."""
