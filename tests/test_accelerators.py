@@ -592,3 +592,26 @@ def test_tensorrt_backend_runs_or_says_why():
     s.warmup((1, 8))
     out = s.infer({"pixels": rows("digits", 8)})
     assert out["probabilities"].shape == (8, 10)
+
+
+@needs_jax
+def test_jax_backend_cuda_schedule_names_and_environment(monkeypatch):
+    """The CUDA wait schedule comes from the argument, else ``INFERBUS_CUDA_SCHEDULE``, else ``auto``; an unknown
+    name is a ValueError at construction (not a failure later in a worker); ``auto`` never touches CUDA, so a
+    CPU load with any schedule works on a machine without a GPU."""
+    from inferbus.accelerators._cuda import set_device_schedule
+    from inferbus.accelerators._jax import JaxBackend
+
+    monkeypatch.delenv("INFERBUS_CUDA_SCHEDULE", raising=False)
+    assert JaxBackend().cuda_schedule == "auto"
+    monkeypatch.setenv("INFERBUS_CUDA_SCHEDULE", "spin")
+    assert JaxBackend().cuda_schedule == "spin"
+    assert JaxBackend(cuda_schedule="blocking").cuda_schedule == "blocking"
+    monkeypatch.setenv("INFERBUS_CUDA_SCHEDULE", "fastest")
+    with pytest.raises(ValueError, match="spin"):
+        JaxBackend()
+    with pytest.raises(ValueError, match="spin"):
+        set_device_schedule("fastest")
+    assert set_device_schedule("auto") == "auto"
+    s = JaxBackend(cuda_schedule="spin").load(path("digits"), precision="fp32", device_kind="cpu")
+    assert s.infer({"pixels": rows("digits", 2)})["probabilities"].shape == (2, 10)

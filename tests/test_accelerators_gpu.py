@@ -98,3 +98,35 @@ def test_jax_gpu_serves_fp16_by_default_within_tolerance(model):
     s.warmup((1, 64))
     out = s.infer({"pixels": X})
     assert max(normalized_errors(out, ref).values()) <= TOLERANCES["fp16"]
+
+
+@needs_cuda
+def test_jax_gpu_spin_schedule_and_hostmem_transfer_in_a_fresh_process():
+    """``cuda_schedule="spin"`` reaches the context XLA runs on (the driver reports the spin flag after a JAX load),
+    and on the GPU the ``hostmem`` and ``memcpy`` transfers (packed outputs) give the same answers as PJRT's own.
+    A fresh process: the schedule must be set before anything in the process creates the CUDA context."""
+    import subprocess
+    import sys
+
+    code = f"""
+import numpy as np
+from inferbus.accelerators._jax import JaxBackend
+from cuda.bindings import driver as drv
+m = {str(MODELS / "digits" / "1" / "model.onnx")!r}
+s = JaxBackend(transfer="hostmem", cuda_schedule="spin").load(m, precision="fp32", device_kind="gpu")
+s.warmup((1, 4))
+ref = JaxBackend(transfer="pjrt").load(m, precision="fp32", device_kind="gpu")
+mem = JaxBackend(transfer="memcpy").load(m, precision="fp32", device_kind="gpu")
+x = np.random.default_rng(1).random((3, 64), dtype=np.float32)
+a, b, c = s.infer({{"pixels": x}}), ref.infer({{"pixels": x}}), mem.infer({{"pixels": x}})
+assert s.transfer == "hostmem" and mem.transfer == "memcpy" and sorted(s._packed) == [1, 4], (s.transfer, s._packed)
+for k in b:
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c[k], b[k], rtol=1e-5, atol=1e-6)
+err, dev = drv.cuDeviceGet(0)
+err, flags, active = drv.cuDevicePrimaryCtxGetState(dev)
+assert int(flags) & 7 == 1 and int(active) == 1, (flags, active)
+print("OK")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr[-3000:]

@@ -58,6 +58,44 @@ def cudart():
     return rt
 
 
+SCHEDULES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+"""``cudaDeviceSchedule*`` values (CUDA runtime API, ``cudaSetDeviceFlags``): how a host thread waits for the GPU."""
+
+_schedule_set: str | None = None
+
+
+def set_device_schedule(schedule: str) -> str:
+    """Set how this process's host threads wait for the current GPU (``cudaSetDeviceFlags``).
+
+    ``spin`` busy-waits (lowest wake-up latency, one core busy while waiting), ``yield`` spins but yields the core,
+    ``blocking`` sleeps on an OS primitive, ``auto`` leaves CUDA's heuristic. It must run before anything creates
+    the device's primary context: XLA (JAX) then finds the context active with these flags, keeps them and logs
+    one harmless ``cuda_context.cc`` error that they differ from its own. Measured on the H200 host
+    (``bench/jax_floor.py``, docs/performance.md): with ``spin`` the wait on a batch-1 JAX call dropped from
+    35-76 to 24-49 µs. Idempotent per process.
+
+    Returns:
+        ``set`` on success, ``kept`` when a previous call already set it, ``auto`` (nothing done) for ``auto``.
+
+    Raises:
+        ValueError: an unknown schedule name.
+        BackendUnavailable: cuda-python or a GPU is missing.
+        AcceleratorError: CUDA refused (e.g. the context was already active with other flags).
+    """
+    global _schedule_set
+    if schedule not in SCHEDULES:
+        raise ValueError(f"CUDA schedule: one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if schedule == "auto":
+        return "auto"
+    if _schedule_set == schedule:
+        return "kept"
+    rt = cudart()
+    check(rt.cudaSetDeviceFlags(SCHEDULES[schedule]), f"cudaSetDeviceFlags({schedule})")
+    check(rt.cudaFree(0), "cudaFree(0) (creating the primary context)")
+    _schedule_set = schedule
+    return "set"
+
+
 def check(result, what: str = "CUDA call"):
     """Unpack a cuda-python ``(err, *values)`` tuple; raise on an error code.
 

@@ -79,6 +79,9 @@ H200 host (``bench/jax_dispatch.py --context``, batch 1, p50, session call back 
 against dlpack 417-778 µs in the same run; a JAX GPU worker's compute stage 459 vs 619 µs (MLP) and 446 vs
 969 µs (CNN), docs/performance.md."""
 
+DEFAULT_CUDA_SCHEDULE = "auto"
+"""``JaxBackend.cuda_schedule`` when neither the argument nor ``INFERBUS_CUDA_SCHEDULE`` says: CUDA's heuristic."""
+
 CONST_PARAMS_MAX_BYTES = 64 << 20
 """``params_as_constants=None`` closes over the parameters when they total at most this many bytes."""
 
@@ -483,7 +486,17 @@ class JaxBackend:
 
     name = "jax"
 
-    def __init__(self, transfer: str | None = None, params_as_constants: bool | None = None) -> None:
+    def __init__(self, transfer: str | None = None, params_as_constants: bool | None = None,
+                 cuda_schedule: str | None = None) -> None:
+        if cuda_schedule is None:
+            cuda_schedule = os.environ.get("INFERBUS_CUDA_SCHEDULE", DEFAULT_CUDA_SCHEDULE)
+        from ._cuda import SCHEDULES
+
+        if cuda_schedule not in SCHEDULES:
+            raise ValueError(f"JaxBackend.cuda_schedule: one of {', '.join(SCHEDULES)}; got {cuda_schedule!r}")
+        self.cuda_schedule = cuda_schedule
+        """How the process waits for its GPU (``_cuda.set_device_schedule``), set before JAX makes its CUDA context
+        on the first GPU load: by default ``INFERBUS_CUDA_SCHEDULE``, else ``DEFAULT_CUDA_SCHEDULE``."""
         if transfer is None:
             transfer = os.environ.get("INFERBUS_JAX_TRANSFER", "auto")
         if transfer != "auto" and transfer not in TRANSFERS:
@@ -508,6 +521,13 @@ class JaxBackend:
         platform = {"gpu": "gpu", "tpu": "tpu", "cpu": "cpu"}.get(device_kind)
         if platform is None:
             raise BackendUnavailable(f"unknown device kind {device_kind!r} (cpu, gpu, tpu)")
+        if platform == "gpu" and self.cuda_schedule != "auto":
+            from ._cuda import set_device_schedule
+
+            try:
+                set_device_schedule(self.cuda_schedule)
+            except Exception as exc:  # no cuda-python, or a context made earlier: CUDA's own heuristic
+                log.warning("jax: CUDA schedule %r not set (%s)", self.cuda_schedule, exc)
         try:
             devs = jax.devices(platform)
         except RuntimeError as exc:
