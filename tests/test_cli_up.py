@@ -71,17 +71,19 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
 
 @pytest.mark.anyio
 @pytest.mark.timeout(120)
-async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_path):
+@pytest.mark.parametrize("layout", [pytest.param([], id="separate"), pytest.param(["--colocate"], id="colocated")])
+async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_path, layout):
     """Graceful stop: SIGTERM to ``inferbus up`` while 12 requests wait at a slow worker (300 ms per batch):
     the ingress drains, the worker finishes what it received and answers it, then everything exits 0.
-    One attempt per request (no SDK retries), so every answer comes from the draining worker."""
+    One attempt per request (no SDK retries), so every answer comes from the draining worker. Colocated:
+    the requests were handed to the worker in-process, and are answered all the same."""
     from conftest import start_deployment
     from inferbus.schemas import InferbusError
     from test_reliability_lib import set_fault
 
     models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
     dep = start_deployment(tmp_path / "dep", workers=1, prefix="drain",
-                           extra=["--models", str(models), "--no-cache", "--fault-injection"])
+                           extra=["--models", str(models), "--no-cache", "--fault-injection", *layout])
     try:
         client = await Client.connect(dep.nats_url, "drain", retry_unavailable=False, adaptive_attempt_timeout=False)
         x = np.load(models / "digits" / "data" / "test.npz")["X"][:12].astype(np.float32)

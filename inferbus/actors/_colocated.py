@@ -3,11 +3,13 @@
 Why (docs/architecture.md, "Colocated workers"): on a miss the ingress → worker
 forward and the worker → ingress completion notice are two of the four messages
 a request costs through nats-server, and the forward wakes a second event loop.
-When the router picks the worker in its own process, the ingress calls the
-worker's request handler with a :class:`~inferbus.actors._worker.LocalMessage`
-instead (no forward publish), and the worker hands the completion notice back
-by a call; the reply still goes from the worker to the client's reply subject
-over NATS. A miss served locally is 2 messages through the bus, like the echo.
+When the router picks the worker in its own process, the ingress hands it the
+request as it already holds it (:meth:`~inferbus.actors._worker.Worker.submit_local`:
+the decoded, validated tensors and the forward's fields as values; no forward
+publish, no header block, no second decode), and the worker settles the
+completion at the ingress by a call (no completion notice); the reply still goes
+from the worker to the client's reply subject over NATS. A miss served locally is
+2 messages through the bus, like the echo.
 
 Both actors are the unchanged :class:`~inferbus.actors._ingress.Ingress` and
 :class:`~inferbus.actors._worker.Worker`: the worker keeps its own subject

@@ -66,7 +66,11 @@ class Fencing:
             term = int(raw)
         except ValueError:
             return None
-        if term >= self.term:
+        return self.refusal_term(term)
+
+    def refusal_term(self, term: int | None) -> Unavailable | None:
+        """:meth:`refusal` for a term already parsed (None: the request carries none, it is served)."""
+        if term is None or not self.term or term >= self.term:
             return None
         self.refused += 1
         return Unavailable(f"fenced: request stamped with term {term}, region {self.primary} is primary under "

@@ -74,7 +74,7 @@ from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
-from ._worker import LocalMessage, control_subject
+from ._worker import control_subject
 
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
@@ -108,6 +108,31 @@ the same model version is answered from L1 without being decoded, validated or h
 Bounded by ``l1_entries`` entries, so the index holds at most ``l1_entries`` × 4 KiB of bodies."""
 
 
+def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, stages: tuple, ct: str | None,
+                hdrs: dict, rid: str | None) -> tuple:
+    """The ``fwd`` argument of :func:`_fwd_block`: ``(deadline_unix_ms, (ingress, model, version, term, cache
+    key, timings), extra header lines)``; ``stages`` are the ingress's µs (decode, validate, cache, route,
+    ingress_total); ``extra`` carries the client's Content-Type, the request id (the body's ``rid`` when the
+    client sent no header) and its trace headers."""
+    fargs = (ingress_id, mv.name, mv.version, str(term) if term else "", key or "",
+             f"decode={stages[0]},validate={stages[1]},cache={stages[2]},route={stages[3]},ingress_total={stages[4]}")
+    extra = f"Content-Type: {ct}\r\n" if ct else ""
+    v = hdrs.get(H.REQUEST_ID)
+    if v:
+        extra += f"Inferbus-Request-Id: {v}\r\n"
+    elif rid:  # the body's id is the idempotency key when the header is absent
+        extra += f"Inferbus-Request-Id: {H.header_value(rid)}\r\n"
+    v = hdrs.get(H.TRACEPARENT)
+    if v:
+        extra += f"traceparent: {v}\r\n"
+        v = hdrs.get(H.TRACESTATE)
+        if v:
+            extra += f"tracestate: {v}\r\n"
+    elif hdrs.get(H.TRACESTATE):
+        extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
+    return dl_ms, fargs, extra
+
+
 def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> bytes:
     """The header block of a forwarded request: ``Inferbus-Fwd`` (one header for the routing fields,
     see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers, plus
@@ -118,26 +143,17 @@ def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> bytes:
             f"\r\n").encode()
 
 
-def _fwd_headers(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> dict[str, str]:
-    """The headers of :func:`_fwd_block` as the dict a worker reads from a NATS message (in-process forward)."""
-    dl_ms, (ingress, model, version, term, key, timings), extra = fwd
-    out = {H.FWD: f"v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};{term};{key};{timings}"}
-    if extra:
-        for line in extra.split("\r\n"):
-            k, sep, v = line.partition(": ")
-            if sep:
-                out[k] = v
-    if hedge:
-        out[H.HEDGE] = hedge
-    return out
-
-
 class _Hedge:
-    """State shared by the copies of one hedged request."""
+    """State shared by the copies of one hedged request.
 
-    __slots__ = ("policy", "seqs", "done", "timer", "body", "fwd", "t_first", "model_key")
+    ``body`` and ``fwd`` (the :func:`_fwd_block` fields) make a copy sent over the bus; ``local`` (the
+    decoded request and the fields :meth:`Ingress._forward_local` hands over) a copy for the colocated
+    worker. All are let go once the request is settled."""
 
-    def __init__(self, policy, body: bytes, fwd: tuple, t_first: float, model_key: str) -> None:
+    __slots__ = ("policy", "seqs", "done", "timer", "body", "fwd", "t_first", "model_key", "local")
+
+    def __init__(self, policy, body: bytes, fwd: tuple, t_first: float, model_key: str,
+                 local: tuple | None = None) -> None:
         self.policy = policy
         self.seqs: list[int] = []
         self.done = False
@@ -146,6 +162,12 @@ class _Hedge:
         self.fwd = fwd
         self.t_first = t_first
         self.model_key = model_key
+        self.local = local
+
+    def release(self) -> None:
+        """Let the request's bytes and decoded tensors go (the request is settled)."""
+        self.body = b""
+        self.local = None
 
 
 @dataclass(slots=True)
@@ -262,7 +284,7 @@ class Ingress:
         """
         self.local_worker = worker
         self.router.local_worker_id = worker.config.worker_id
-        worker.attach_local_ingress(self.config.ingress_id, self.on_done_notice)
+        worker.attach_local_ingress(self.config.ingress_id, self.settle)
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
@@ -401,10 +423,10 @@ class Ingress:
                                             f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
                 self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
-                                                          ttl_ms, req.id, rid, hedge_policy))
+                                                          ttl_ms, req.id, rid, hedge_policy, (req, arrays)))
                 return
         await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                            time.monotonic())
+                            time.monotonic(), (req, arrays))
 
     def _policy(self, value: str):
         try:
@@ -420,7 +442,7 @@ class Ingress:
         return policy
 
     async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id, rid,
-                               hedge_policy) -> None:
+                               hedge_policy, decoded) -> None:
         try:
             cached = None
             wait_s = min(self.config.l2_timeout_ms / 1000.0, max(deadline - time.monotonic(), 0.0))
@@ -445,7 +467,7 @@ class Ingress:
             if deadline <= time.monotonic():
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                time.monotonic())
+                                time.monotonic(), decoded)
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, hdrs.get(H.REQUEST_ID))
@@ -541,8 +563,11 @@ class Ingress:
         return seq, p
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
-                       hedge_policy=None, t_cache: float | None = None) -> None:
-        """Pick a worker and publish the request to it; ``t_cache``: when the cache lookup ended (stage ``cache``)."""
+                       hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None) -> None:
+        """Pick a worker and forward the request to it: published with one header block, or handed to the
+        colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
+        input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
+        ended (stage ``cache``)."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -580,31 +605,17 @@ class Ingress:
                               field="model", retry_after_ms=50)
         seq = next(self._seq)
         term = self.fencing.term
-        fargs = (self.config.ingress_id, mv.name, mv.version, str(term) if term else "", key or "",
-                 f"decode={int((t_dec - t0) * 1e6)},validate={int((t_val - t_dec) * 1e6)},"
-                 f"cache={int((t_cache - t_val) * 1e6)},route={int((now - t_cache) * 1e6)},"
-                 f"ingress_total={int((now - t0) * 1e6)}")
-        extra = f"Content-Type: {ct}\r\n" if ct else ""
-        v = hdrs.get(H.REQUEST_ID)
-        if v:
-            extra += f"Inferbus-Request-Id: {v}\r\n"
-        elif rid:  # the body's id is the idempotency key when the header is absent
-            extra += f"Inferbus-Request-Id: {H.header_value(rid)}\r\n"
-        v = hdrs.get(H.TRACEPARENT)
-        if v:
-            extra += f"traceparent: {v}\r\n"
-            v = hdrs.get(H.TRACESTATE)
-            if v:
-                extra += f"tracestate: {v}\r\n"
-        elif hdrs.get(H.TRACESTATE):
-            extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
-        fwd = ((time.time() + (deadline - now)) * 1000.0, fargs, extra)
+        # the ingress's stages in µs: decode, validate, cache, route, ingress_total
+        stages = (int((t_dec - t0) * 1e6), int((t_val - t_dec) * 1e6), int((t_cache - t_val) * 1e6),
+                  int((now - t_cache) * 1e6), int((now - t0) * 1e6))
+        dl_ms = (time.time() + (deadline - now)) * 1000.0
         hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         body = msg.data
-        local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
-        if local:
-            block = None
-        else:
+        local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
+        fwd = None
+        if not local or hedge_policy is not None:  # the bus form (a hedge copy may go over the bus)
+            fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid)
+        if not local:
             block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark)
             max_payload = self.nc.max_payload or 0
             if max_payload and len(body) + len(block) > max_payload:
@@ -617,17 +628,30 @@ class Ingress:
             self._by_rid[rid] = seq
         p.probe = self.router.on_sent(w)
         self.hedge_budget.on_request()
+        lf = None
+        if local or (hedge_policy is not None and decoded is not None and self.local_worker is not None):
+            # what the colocated worker takes in-process (the request as decoded, the forward's fields)
+            lf = (decoded, mv.key, dl_ms, term or None, key, ct,
+                  hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None), stages)
         if hedge_policy is not None:
-            self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now)
+            self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now, lf)
         if local:
-            await self._forward_local(seq, msg.reply, body, _fwd_headers(seq, H.remaining_ms(deadline, now), fwd,
-                                                                         hedge_mark))
+            await self._forward_local(seq, msg.reply, body, lf, deadline, now, hedge_mark)
         else:
             await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
         self.counts["ok_forwarded"] += 1
 
-    async def _forward_local(self, seq: int, reply: str, body: bytes, headers: dict) -> None:
-        """Hand a forwarded request to the colocated worker in-process (same checks and answers as over NATS).
+    async def _forward_local(self, seq: int, reply: str, body: bytes, lf: tuple, deadline: float, now: float,
+                             hedge: str) -> None:
+        """Hand a forwarded request to the colocated worker in-process (same checks and answers as over NATS),
+        as decoded, with the forward's fields as values (:meth:`Worker.submit_local`): no header block is
+        built and nothing is parsed or decoded again.
+
+        Args:
+            lf: ``(decoded, model key, wall-clock deadline ms, term or None, cache key or None, Content-Type,
+                request id as forwarded, the ingress's stages)`` (see :meth:`_forward`).
+            deadline, now: the request's monotonic deadline and the forward's time.
+            hedge: the hedge mark (``primary``, ``copy`` or "").
 
         Raises:
             Internal: the worker's handler raised (a bug); the request is dropped from the pending table
@@ -635,9 +659,12 @@ class Ingress:
         """
         worker = self.local_worker
         self.counts["local_forwards"] += 1
+        decoded, model_key, dl_ms, term, key, ct, rid, st = lf
         try:
-            await worker.submit_local(LocalMessage(self.subjects.worker(worker.config.worker_id), reply, body,
-                                                   headers))
+            await worker.submit_local(reply, body, decoded, model_key, seq, self.config.ingress_id, deadline, dl_ms,
+                                      now, term, key, ct, rid, hedge or None,
+                                      {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3],
+                                       "ingress_total": st[4]})
         except Exception as exc:
             p = self._pop(seq)
             if p is not None:
@@ -646,11 +673,12 @@ class Ingress:
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
 
     # ---- hedging ------------------------------------------------------------------------------
-    def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float) -> None:
+    def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float,
+                   local: tuple | None = None) -> None:
         """Make ``p`` (forwarded as ``seq``) hedge-eligible and start its hedge timer when the delay is known
         and fits the budget. Without a timer (a quantile policy before ``MIN_SAMPLES``, a delay over the
         budget) the request is still hedged at once if its worker sheds or refuses it (:meth:`_on_held`)."""
-        h = _Hedge(policy, body, fwd, now, p.model_key)
+        h = _Hedge(policy, body, fwd, now, p.model_key, local)
         h.seqs.append(seq)
         p.hedge = h
         kind, value = policy
@@ -687,7 +715,7 @@ class Ingress:
         if w is None or not self.hedge_budget.try_spend():
             return False
         seq2 = next(self._seq)
-        local = self.local_worker is not None and w.worker_id == self.router.local_worker_id
+        local = h.local is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         remaining_ms = H.remaining_ms(p.deadline, now)
         p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
                      p.model_key, hedge=h)
@@ -697,7 +725,7 @@ class Ingress:
         self.counts["hedges"] += 1
         try:
             if local:
-                await self._forward_local(seq2, p.reply, h.body, _fwd_headers(seq2, remaining_ms, h.fwd, HEDGE_COPY))
+                await self._forward_local(seq2, p.reply, h.body, h.local, p.deadline, now, HEDGE_COPY)
             else:
                 await publish_raw(self.nc, self.subjects.worker(w.worker_id), h.body, reply=p.reply,
                                   headers=_fwd_block(seq2, remaining_ms, h.fwd, HEDGE_COPY))
@@ -725,7 +753,7 @@ class Ingress:
                 self.counts["hedges_on_refusal"] += 1
                 return
             h.done = True
-            h.body = b""
+            h.release()
         self.counts["errors"] += 1
         if item.code == "RESOURCE_EXHAUSTED":
             err = ResourceExhausted(f"worker {p.worker_id} shed the request (mailbox full) and no other worker "
@@ -742,7 +770,7 @@ class Ingress:
             h.timer.cancel()
         if winner_seq != h.seqs[0]:
             self.counts["hedge_wins"] += 1
-        h.body = b""  # let the request bytes go
+        h.release()  # let the request bytes go
         by_worker: dict[str, list[int]] = {}
         for s in h.seqs:
             q = self.pending.get(s)
@@ -773,16 +801,17 @@ class Ingress:
             return
         if not isinstance(notice, DoneNotice):
             return
-        await self.on_done_notice(notice)
+        await self.settle(notice.items)
 
-    async def on_done_notice(self, notice: DoneNotice) -> None:
+    async def settle(self, items) -> None:
         """Settle the requests a worker completed: in-flight counts, breaker, hedges, latency, cache fills.
 
-        Called for each notice from ``<p>._done.<ingress>`` and, in-process, by a colocated worker.
-        Unknown sequence numbers (already failed or swept) are ignored.
+        ``items``: :class:`~inferbus.schemas._internal.DoneItem` records, from a ``DoneNotice`` on
+        ``<p>._done.<ingress>`` or, in-process and without a notice around them, from the colocated worker
+        (the same accounting either way). Unknown sequence numbers (already failed or swept) are ignored.
         """
         now = time.monotonic()
-        for item in notice.items:
+        for item in items:
             p = self._pop(item.seq)
             if p is None:
                 continue

@@ -14,6 +14,7 @@ datatypes, shapes) is read from the artifact with ONNX Runtime.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +36,9 @@ class ModelVersion:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """``name:version``, the routing key of this model version."""
+        """``name:version``, the routing key of this model version (built once: read several times a request)."""
         return f"{self.name}:{self.version}"
 
 

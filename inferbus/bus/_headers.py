@@ -48,7 +48,9 @@ ingress ~16 µs and the worker ~9 µs per request (docs/performance.md).
 :func:`parse_fwd` turns it back into the individual header names the worker reads."""
 FWD_VERSION = "v1"
 TIMINGS = "Inferbus-Timings"
-_FWD_FIELDS = (SEQ, INGRESS, MODEL, VERSION, TIMEOUT_MS, DEADLINE_UNIX_MS, TERM, CACHE_KEY, TIMINGS)
+FWD_FIELDS = (SEQ, INGRESS, MODEL, VERSION, TIMEOUT_MS, DEADLINE_UNIX_MS, TERM, CACHE_KEY, TIMINGS)
+"""The header names of the nine ``Inferbus-Fwd`` fields after the version tag, in order."""
+_FWD_FIELDS = FWD_FIELDS
 _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 
 
@@ -107,23 +109,30 @@ def deadline_from_headers(headers: dict | None, now: float | None = None, defaul
     """
     if now is None:
         now = time.monotonic()
-    ms = default_ms
-    if headers:
-        raw = headers.get(TIMEOUT_MS)
-        if raw is not None:
-            try:
-                ms = float(raw)
-            except ValueError:
-                ms = float("nan")
-            if ms != ms:  # NaN
-                if strict:
-                    from ..schemas import InvalidArgument
+    return now + budget_ms(headers.get(TIMEOUT_MS) if headers else None, default_ms, strict) / 1000.0
 
-                    raise InvalidArgument(f"{TIMEOUT_MS} must be a number of milliseconds, got {str(raw)[:40]!r}",
-                                          field=TIMEOUT_MS)
-                ms = default_ms
-    ms = min(max(ms, 0.0), MAX_TIMEOUT_MS)
-    return now + ms / 1000.0
+
+def budget_ms(raw: str | None, default_ms: float = DEFAULT_TIMEOUT_MS, strict: bool = False) -> float:
+    """The time budget an ``Inferbus-Timeout-Ms`` value grants, ms, clamped to [0, ``MAX_TIMEOUT_MS``].
+
+    ``raw`` None (absent) grants ``default_ms``; a malformed value (not a number, NaN) too, unless
+    ``strict``: then it raises InvalidArgument (``field`` = the header's name). The rule of
+    :func:`deadline_from_headers`, for a value already taken from its header.
+    """
+    ms = default_ms
+    if raw is not None:
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = float("nan")
+        if ms != ms:  # NaN
+            if strict:
+                from ..schemas import InvalidArgument
+
+                raise InvalidArgument(f"{TIMEOUT_MS} must be a number of milliseconds, got {str(raw)[:40]!r}",
+                                      field=TIMEOUT_MS)
+            ms = default_ms
+    return min(max(ms, 0.0), MAX_TIMEOUT_MS)
 
 
 def wall_deadline_passed(headers: dict | None, now_unix_s: float | None = None,

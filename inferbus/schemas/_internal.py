@@ -81,6 +81,9 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     """Per ``name:version`` this worker failed to load (at start or on a model-management ``load``): why."""
     model_revisions: dict[str, int] = msgspec.field(default_factory=dict)
     """Per model: revision of the serving state (``ModelState``) whose loads and drains this worker finished."""
+    decoded: int = 0
+    """Request bodies this worker decoded for compute since start; a request a colocated ingress handed over
+    in-process arrives decoded and validated and is not counted (docs/architecture.md, colocated workers)."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):

@@ -1,0 +1,237 @@
+"""The colocated fast path: a request the ingress hands to the worker in its own process arrives decoded, with
+the forward's fields as values (no header block built and parsed back, no second decode of the body), and its
+completion is settled at the ingress by a call. Everything the bus path checks still applies.
+
+One ``inferbus up --colocate --workers 1 --fault-injection`` deployment: a single process (ingress ``n1-i0``
+with worker ``n1-w0``), so every request through the public subject is forwarded in-process. Real
+nats-server, Valkey and inferbus processes; answers checked against in-process ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+
+from inferbus.actors._ingress import _fwd_block
+from inferbus.bus._fastpub import parse_block
+from inferbus.client import Client
+from inferbus.schemas import (
+    InferRequest, InvalidArgument, ResourceExhausted, decode_error, decode_response, encode_request,
+    input_from_numpy,
+)
+from inferbus.schemas._region import RegionHeartbeat, encode_region
+
+from conftest import start_deployment
+from test_reliability_lib import Reports, health_params, models_subset, reference, set_fault
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+W = "n1-w0"
+PREFIX = "cfp"
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):  # process-heavy tests: one loop is enough
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cfp")
+    # typed and strings uncached (every request reaches the worker); digits cached, through the L2 lookup
+    models = models_subset(root / "models", ["typed", "digits", "strings"], {
+        "typed": {"cache_ttl_ms": 0}, "strings": {"cache_ttl_ms": 0}})
+    d = start_deployment(root / "dep", workers=1, prefix=PREFIX, extra=[
+        "--colocate", "--models", str(models), "--fault-injection"])
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+async def env(dep):
+    nc = await nats.connect(dep.nats_url)
+    client = Client(nc, dep.prefix, retry_unavailable=False)
+    reports = await Reports.start(nc, dep.prefix)
+    await reports.wait(lambda r: W in r and r[W].in_flight == 0, what="the worker reporting, idle")
+    pid = reports.latest[W].pid
+    yield nc, client, reports
+    await set_fault(nc, dep.prefix, W)
+    assert reports.latest[W].pid == pid, "the colocated process died"
+    await reports.stop()
+    await nc.close()
+
+
+_counter = iter(range(10**9))
+
+
+def typed_input(n: int = 1) -> dict:
+    """A typed-model input no other request sends (its answer is checkable: a*2 and sum(b))."""
+    k = next(_counter) * 1000 + random.randrange(1000)
+    return {"a": (np.arange(n, dtype=np.int32) + k).reshape(n, 1), "b": np.full((n, 4), 0.25, np.float16)}
+
+
+def check_typed(feeds: dict, out: dict) -> None:
+    np.testing.assert_array_equal(out["a_times_2"], feeds["a"] * 2)
+    np.testing.assert_array_equal(out["b_sum"], feeds["b"].astype(np.float32).sum(1, keepdims=True))
+
+
+def typed_body(feeds: dict) -> bytes:
+    return encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
+
+
+def outputs_of(msg) -> dict[str, np.ndarray]:
+    resp = decode_response(msg.data)
+    from inferbus.schemas import output_to_numpy
+
+    return {o.name: output_to_numpy(o) for o in resp.outputs}
+
+
+async def idle_report(reports):
+    """The worker's first report with nothing in flight sent after this call."""
+    old = reports.latest[W]
+    await reports.wait(lambda r: r[W] is not old and r[W].in_flight == 0, what="a fresh idle report")
+    return reports.latest[W]
+
+
+async def test_local_forward_is_not_decoded_again(env, dep):
+    """Answers forwarded in-process say ``forward: local`` with ``worker_decode`` 0 and the full stage
+    breakdown; the worker's decode count rises only for a forward that came over the bus."""
+    nc, client, reports = env
+    r0 = await idle_report(reports)
+    n = 0
+    for _ in range(6):  # uncached model: ingress -> worker directly
+        feeds = typed_input(random.randint(1, 3))
+        res = await client.infer_result("typed", feeds, timeout_s=5)
+        check_typed(feeds, res.outputs)
+        t = res.parameters["timings_us"]
+        assert res.parameters["forward"] == "local" and res.parameters["worker_id"] == W
+        assert t["worker_decode"] == 0, t
+        assert {"decode", "validate", "cache", "route", "ingress_total", "queue", "compute", "forward_hop",
+                "encode", "worker_total"} <= set(t), t
+        assert t["forward_hop"] >= 0 and t["decode"] > 0
+        n += 1
+    x = np.load(dep.run_dir.parent / "models" / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    for i in range(4):  # cached model: after the (missed) L2 lookup, handed over in-process as well
+        feeds = {"pixels": x[i:i + 1] + np.float32(random.random())}
+        res = await client.infer_result("digits", feeds, timeout_s=5)
+        np.testing.assert_allclose(res.outputs["logits"], reference("digits", feeds)["logits"], rtol=1e-5,
+                                   atol=1e-5)
+        assert res.parameters["forward"] == "local" and res.parameters["timings_us"]["worker_decode"] == 0
+        n += 1
+    # the same worker still takes forwards over the bus (as from another ingress): those it decodes
+    feeds = typed_input()
+    fwd = (time.time() * 1000.0 + 5000.0, ("other", "typed", "1", "", "", "decode=0"), "")
+    msg = await nc.request(f"{PREFIX}._w.{W}", typed_body(feeds), timeout=5,
+                           headers=parse_block(_fwd_block(1, 5000.0, fwd, "")))
+    check_typed(feeds, outputs_of(msg))
+    assert decode_response(msg.data).parameters["forward"] == "bus"
+    await reports.wait(lambda r: r[W].computed >= r0.computed + n + 1 and r[W].in_flight == 0,
+                       what="a report counting every request")
+    r1 = reports.latest[W]
+    assert r1.computed - r0.computed == n + 1
+    assert r1.decoded - r0.decoded == 1  # only the bus forward's body was decoded by the worker
+
+
+async def test_json_bytes_and_body_id_through_the_local_path(env):
+    """A JSON request whose id is in the body only, for a BYTES model: answered in JSON with that id (body
+    and header), the text conversion done for the runtime; non-UTF-8 bytes refused naming the field."""
+    nc, _, _ = env
+    body = json.dumps({"id": "body-id-1", "inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [2, 1], "data": ["héllo", "wörld"]}]}).encode()
+    msg = await nc.request(f"{PREFIX}.infer.strings", body, timeout=5, headers={"Content-Type": "application/json"})
+    assert decode_error(msg.headers, msg.data) is None
+    assert msg.headers["Content-Type"] == "application/json"
+    assert msg.headers["Inferbus-Request-Id"] == "body-id-1"
+    resp = json.loads(msg.data)
+    assert resp["id"] == "body-id-1" and resp["parameters"]["forward"] == "local"
+    doubled = next(o for o in resp["outputs"] if o["name"] == "doubled")
+    assert doubled["data"] == ["héllohéllo", "wörldwörld"]
+    msg = await nc.request(f"{PREFIX}.infer.strings", msgpack.packb({"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [b"\xff\xfe\x00"]}]}), timeout=5,
+        headers={"Inferbus-Request-Id": "bad-utf8"})
+    err = decode_error(msg.headers, msg.data)
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[0].data" and "UTF-8" in err.message
+    assert msg.headers["Inferbus-Request-Id"] == "bad-utf8"
+
+
+async def test_request_id_duplicates_join_and_hit_through_the_local_path(env, dep):
+    """A duplicate (same request id and body) arriving while the first copy computes joins it (one model run,
+    two answers, the second marked ``join``); one arriving after it finished is answered from the worker's
+    recent results (``hit``), with no second run."""
+    nc, client, reports = env
+    await set_fault(nc, dep.prefix, W, compute_delay_ms=600)
+    r0 = await idle_report(reports)
+    h0 = (await health_params(client))["counts"]
+    feeds, rid = typed_input(), uuid.uuid4().hex
+    body = typed_body(feeds)
+    hdrs = {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "5000"}
+    first = asyncio.ensure_future(nc.request(f"{PREFIX}.infer.typed", body, timeout=5, headers=hdrs))
+    await reports.wait(lambda r: r[W].in_flight >= 1, what="the first copy at the worker")
+    second = await nc.request(f"{PREFIX}.infer.typed", body, timeout=5, headers=hdrs)
+    first = await first
+    for m in (first, second):
+        assert decode_error(m.headers, m.data) is None
+        check_typed(feeds, outputs_of(m))
+        assert m.headers["Inferbus-Request-Id"] == rid
+        assert decode_response(m.data).parameters["forward"] == "local"
+    assert "Inferbus-Dedup" not in first.headers and second.headers["Inferbus-Dedup"] == "join"
+    await set_fault(nc, dep.prefix, W)
+    third = await nc.request(f"{PREFIX}.infer.typed", body, timeout=5, headers=hdrs)
+    check_typed(feeds, outputs_of(third))
+    assert third.headers["Inferbus-Dedup"] == "hit"
+    r1 = await idle_report(reports)
+    assert r1.computed - r0.computed == 1  # three answers, one model run
+    assert r1.dedup_joins - r0.dedup_joins == 1 and r1.dedup_hits - r0.dedup_hits == 1
+    h1 = (await health_params(client))["counts"]
+    assert h1["local_forwards"] - h0["local_forwards"] == 3
+    assert h1["sticky_retries"] - h0["sticky_retries"] == 1  # the second copy went where the first was
+    assert (await health_params(client))["pending"] == 0  # every copy settled at the ingress
+
+
+async def test_hedge_marked_copy_shed_locally_is_held_and_answered_once_by_the_ingress(env, dep):
+    """A hedge-eligible request (``Inferbus-Hedge``) that the local worker sheds is not answered by the worker
+    (held): the ingress, with no other worker to hedge to, answers the client itself, once. Without the
+    mark the worker answers the shed itself."""
+    nc, client, _ = env
+    await set_fault(nc, dep.prefix, W, shed=True)
+    h0 = (await health_params(client))["counts"]
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(f"{PREFIX}.infer.typed", typed_body(typed_input()), reply=inbox,
+                     headers={"Inferbus-Hedge": "200", "Inferbus-Timeout-Ms": "2000"})
+    msg = await sub.next_msg(timeout=5)
+    err = decode_error(msg.headers, msg.data)
+    assert isinstance(err, ResourceExhausted) and "no other worker could take it" in err.message, err
+    # the plain request is shed by the worker itself (its own message)
+    await nc.publish(f"{PREFIX}.infer.typed", typed_body(typed_input()), reply=inbox,
+                     headers={"Inferbus-Timeout-Ms": "2000"})
+    plain = decode_error((m := await sub.next_msg(timeout=5)).headers, m.data)
+    assert isinstance(plain, ResourceExhausted) and "mailbox full" in plain.message, plain
+    await sub.unsubscribe()  # nothing else arrived between the two: the held copy was answered once
+    h1 = (await health_params(client))["counts"]
+    assert h1["held"] - h0["held"] == 1 and h1["local_forwards"] - h0["local_forwards"] == 2
+
+
+async def test_fencing_term_reaches_the_answer_through_the_local_path(env, dep):
+    """The fencing term a primary region manager announces is stamped by the ingress and returned by the local
+    worker (``parameters.term``), as over the bus. Last in this module: the deployment keeps the term."""
+    nc, client, _ = env
+    hb = RegionHeartbeat(region="ra", role="primary", term=7, lease_rev=7, seq=1, manager_id="test")
+    for _ in range(100):
+        await nc.publish(f"{PREFIX}._region.hb.ra", encode_region(hb))
+        feeds = typed_input()
+        res = await client.infer_result("typed", feeds, timeout_s=5)
+        check_typed(feeds, res.outputs)
+        assert res.parameters["forward"] == "local"
+        if res.parameters["term"] == 7:
+            break
+    else:
+        pytest.fail("the term never reached a local answer")
