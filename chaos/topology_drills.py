@@ -18,7 +18,10 @@ Figures (:class:`chaos.load.DrillFigures`):
   server has its routes to every peer and gateways to every site again. ``extra``:
   ``client_reconnect_ms``, ``actors_reconnected_ms`` (every connection that was on the killed
   server is back elsewhere), ``restarted_ms``, ``last_failure_ms`` (kill → the last failed request
-  ended; None when none failed), ``term_changed`` (a spurious failover), ``overlapping_reigns``.
+  ended; None when none failed), ``term_changed`` (a spurious failover: the term or the primary moved
+  after the kill, against ``term_at_fault`` / ``primary_at_fault`` read just before it),
+  ``failover_before_fault`` (the lease moved between set-up and the kill: not this fault's doing, reported
+  so that a starved start-up shows), ``overlapping_reigns``.
 * gateway-degrade: no detection or recovery (nothing should notice); ``extra``, from the region
   managers' transition logs during the fault: ``term_changes`` (a new primary term: a failover),
   ``step_downs`` (the primary's validity lapsed or a renewal failed), ``resumes_same_term`` (it
@@ -124,12 +127,18 @@ async def nats_node_loss(opts: RegionDrillOptions, topology=None) -> DrillFigure
     """SIGKILL the load client's nats-server under load; reconnects, restart, rejoin (see module doc)."""
     async with _Setup(opts, topology) as s:
         topo = s.topo
+        t_setup = time.monotonic()
         load = asyncio.create_task(s.driver.run(opts.duration_s))
         await asyncio.sleep(opts.fault_at_s)
         server = opts.nats_server or _client_server(s) or topo.plan.site_servers(s.primary)[0].name
         watch = _ReconnectWatch(s, server)
         await watch.prepare()
         target = TopologyTarget(topo, topo.plan.servers[server].site)
+        # the lease as it stands at the kill: a failover before it (e.g. a renewal starved while the processes
+        # of a freshly started topology compete for a small machine's cores) is not this fault's doing
+        pre = await topo.statuses()
+        primary_at_fault = next((r for r, st in pre.items() if st and st.role == "primary"), None)
+        term_at_fault = pre[primary_at_fault].term if primary_at_fault else None
         fault = await get_fault("kill-nats-node")(target, server=server, down_s=opts.node_down_s)
         t0 = fault.t_inject
         watcher = asyncio.create_task(watch.run(t0))
@@ -153,12 +162,17 @@ async def nats_node_loss(opts: RegionDrillOptions, topology=None) -> DrillFigure
             "connections_on_killed_server": dict(watch.on_killed),
             "reconnect_ms_by_name": {n: ms(t) for n, t in sorted(watch.conns_at.items())},
             "restarted_ms": ms(fault.info.get("restarted_at")), "last_failure_ms": ms(max(fails, default=None)),
-            "term_before": s.term0, "term_after": after.get(s.primary).term if after.get(s.primary) else None,
+            "term_before": s.term0, "primary_before": s.primary,
+            "term_at_fault": term_at_fault, "primary_at_fault": primary_at_fault,
             "primary_after": next((r for r, st in after.items() if st and st.role == "primary"), None),
             "overlapping_reigns": len(overlaps(rs)), "rate_qps": opts.rate_qps, **s.wan_extra(),
         }
-        extra["term_changed"] = extra["term_after"] != s.term0 or extra["primary_after"] != s.primary
-        extra["region_events"] = region_events(after, t0 - 1.0, time.monotonic(), t0)
+        pa = extra["primary_after"]
+        extra["term_after"] = after[pa].term if pa and after.get(pa) else None
+        # a spurious failover caused by the kill: the term or the primary moved after it
+        extra["term_changed"] = extra["term_after"] != term_at_fault or pa != primary_at_fault
+        extra["failover_before_fault"] = term_at_fault != s.term0 or primary_at_fault != s.primary
+        extra["region_events"] = region_events(after, t_setup, time.monotonic(), t0)
         extra["lost_races"] = {r: st.lost_races for r, st in after.items() if st is not None}
         if heal_err:
             extra["heal_error"] = heal_err

@@ -61,7 +61,9 @@ async def test_nats_node_loss(topo):
     d = _common(f)
     x = d["extra"]
     assert f.availability >= 0.98, d["errors"]
-    assert not x["term_changed"] and x["primary_after"] == "A", x["region_events"]  # no needless failover
+    # no needless failover: neither the term nor the primary moved after the kill (the CI run of 2026-11-30 saw
+    # the lease move to B ~2.5 s after set-up, before the kill, on a loaded 2-core box: failover_before_fault)
+    assert not x["term_changed"] and x["primary_after"] == x["primary_at_fault"] is not None, x["region_events"]
     assert f.detection_ms is not None and f.detection_ms <= 1000  # a connection of the region is back elsewhere
     assert x["client_reconnect_ms"] is not None and x["actors_reconnected_ms"] is not None
     assert set(x["connections_on_killed_server"]) >= {"inferbus-client", "ingress-a-i0", "worker-a-w0"}
