@@ -110,3 +110,37 @@ async def test_retries_through_either_ingress_run_the_model_once(dep):
     finally:
         await reports.stop()
         await nc.close()
+
+
+async def test_a_retry_after_the_answer_is_served_from_the_worker_that_computed_it(dep):
+    """A copy of a request id sent *after* its first copy was answered (a lost reply, a late client retry) goes,
+    through either ingress replica, to the worker that computed it, whose recent results answer it (``hit``):
+    one execution for 13 attempts. Before, a completed copy left no trace at the ingresses, so each later
+    attempt was routed afresh and mostly ran the model again on whichever worker the router picked."""
+    nc = await nats.connect(dep.nats_url)
+    reports = await Reports.start(nc, PREFIX)
+    try:
+        await reports.wait(lambda r: {W0, W1} <= set(r), what="both workers reporting")
+        for w in (W0, W1):
+            await set_fault(nc, PREFIX, w)
+        await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+        ran0 = reports.computed()
+        rid = uuid.uuid4().hex
+        body = _body(33)
+        headers = {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "3000"}
+        first = await nc.request(f"{PREFIX}.infer.typed", body, timeout=3.0, headers=headers)
+        assert not (first.headers or {}).get("Inferbus-Dedup")
+        marks = []
+        for attempt in range(2, 14):  # sequential: each one after the previous answer, on either replica
+            msg = await nc.request(f"{PREFIX}.infer.typed", body, timeout=3.0,
+                                   headers={**headers, "Inferbus-Attempt": str(attempt)})
+            a = msgpack.unpackb(msg.data)
+            assert next(o for o in a["outputs"] if o["name"] == "a_times_2")["data"] == [66]
+            marks.append((msg.headers or {}).get("Inferbus-Dedup"))
+        await reports.wait(lambda r: reports.computed() >= ran0 + 1, what="report of the run")
+        await asyncio.sleep(0.3)  # one more report period: a second execution would show now
+        assert reports.computed() - ran0 == 1, marks
+        assert marks == ["hit"] * 12, marks
+    finally:
+        await reports.stop()
+        await nc.close()

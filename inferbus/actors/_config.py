@@ -208,7 +208,16 @@ class IngressConfig(_JsonMixin):
     the worker holding its first copy (ms, > 0); no answer = no peer holds one (or it is gone): route as usual.
     Every such retry pays it when the first copy's ingress is gone, so keep it near one bus round trip."""
 
+    recent_rid_ttl_s: float = 30.0
+    """How long the ingress remembers which worker computed a request id it forwarded (s, > 0; the workers'
+    ``dedupe_ttl_s`` by default): a retry of it sent later (a lost reply, a client retry), here or through a
+    peer ingress (``<p>._rid``), goes to that worker, whose recent results answer it without running the model."""
+    recent_rid_entries: int = 65_536
+    """Request ids remembered that way at most (LRU, >= 0; 0 turns it off)."""
+
     def __post_init__(self) -> None:
+        if self.recent_rid_ttl_s <= 0 or self.recent_rid_entries < 0:
+            raise ValueError("IngressConfig: recent_rid_ttl_s > 0 seconds, recent_rid_entries >= 0")
         if self.health_timeout_s <= 0:
             raise ValueError("IngressConfig.health_timeout_s must be > 0 seconds")
         if not 0.0 <= self.max_error_rate <= 1.0 or self.min_window_requests < 1:

@@ -49,6 +49,7 @@ import asyncio
 import itertools
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
@@ -239,6 +240,9 @@ class Ingress:
         self.pending: dict[int, Pending] = {}
         self._by_rid: dict[str, int] = {}
         """Request id → seq of its newest pending forward (sticky retries)."""
+        self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        """Request id → (model key, worker id, expiry) of a forward that completed successfully, for
+        ``recent_rid_ttl_s`` (LRU, ``recent_rid_entries``): a later copy goes to the worker holding its result."""
         self._seq = itertools.count(1)
         self.nc = None
         self.redis = None
@@ -511,11 +515,33 @@ class Ingress:
         return seq, p, self.router.workers.get(p.worker_id)
 
     def _sticky(self, rid: str | None, model_key: str, now: float):
-        """The worker still holding a pending copy of request ``rid``, if it can take the retry."""
+        """The worker still holding a pending copy of request ``rid``, or the result of a completed one (its
+        recent results answer the copy without running the model), if it can take the retry."""
         copy = self._pending_copy(rid, model_key)
         if copy is None:
-            return None
+            return self._retry_target(self._done_worker(rid, model_key, now), now)
         return self._retry_target(copy[2], now)
+
+    def _done_worker(self, rid: str | None, model_key: str, now: float):
+        """The worker that computed request ``rid`` for ``model_key`` within ``recent_rid_ttl_s``, or None."""
+        if rid is None:
+            return None
+        d = self._done_rids.get(rid)
+        if d is None or d[0] != model_key:
+            return None
+        if d[2] <= now:
+            del self._done_rids[rid]
+            return None
+        return self.router.workers.get(d[1])
+
+    def _remember_done(self, rid: str, model_key: str, worker_id: str, now: float) -> None:
+        n = self.config.recent_rid_entries
+        if n <= 0:
+            return
+        self._done_rids[rid] = (model_key, worker_id, now + self.config.recent_rid_ttl_s)
+        self._done_rids.move_to_end(rid)
+        while len(self._done_rids) > n:
+            self._done_rids.popitem(last=False)
 
     def _retry_target(self, w, now: float):
         """``w`` if the worker holding a retried request's copy can take the retry (live, reporting, breaker)."""
@@ -540,14 +566,16 @@ class Ingress:
         return self._retry_target(self.router.workers.get(msg.data.decode(errors="replace")), now)
 
     async def _on_rid_query(self, msg) -> None:
-        """A peer asks which worker holds a pending copy of a request id; answer only when this ingress does."""
+        """A peer asks which worker holds a pending copy, or the recent result, of a request id; answer only
+        when this ingress knows."""
         if not msg.reply:
             return
         key, _, rid = msg.data.decode(errors="replace").partition(" ")
         copy = self._pending_copy(rid or None, key)
-        if copy is not None and copy[2] is not None:
+        w = copy[2] if copy is not None else self._done_worker(rid or None, key, time.monotonic())
+        if w is not None:
             try:
-                await self.nc.publish(msg.reply, copy[2].worker_id.encode())
+                await self.nc.publish(msg.reply, w.worker_id.encode())
             except Exception:
                 pass
 
@@ -579,7 +607,7 @@ class Ingress:
         if w is not None:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
-        elif rid is not None and hdrs.get(H.ATTEMPT) and rid not in self._by_rid and \
+        elif rid is not None and hdrs.get(H.ATTEMPT) and rid not in self._by_rid and rid not in self._done_rids and \
                 (w := await self._peer_sticky(rid, mv.key, now)) is not None:
             self.counts["peer_sticky_retries"] += 1
             hedge_policy = None
@@ -815,6 +843,8 @@ class Ingress:
             p = self._pop(item.seq)
             if p is None:
                 continue
+            if item.ok and p.request_id is not None:
+                self._remember_done(p.request_id, p.model_key, p.worker_id, now)
             latency_us = (now - p.t_fwd) * 1e6
             self.router.on_done(p.worker_id, latency_us, outcome=_outcome(item), probe=p.probe, now=now)
             if item.held:
