@@ -270,6 +270,13 @@ def main() -> None:
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    import importlib.util
+
+    if importlib.util.find_spec("cuda") is None:  # no cuda-python: the spin variants cannot set the flag
+        skipped = [v for v in variants if "INFERBUS_BENCH_CUDA_SPIN" in VARIANTS[v]]
+        if skipped:
+            print(f"skipping {', '.join(skipped)}: cuda-python is not installed (no CUDA here)", flush=True)
+        variants = [v for v in variants if v not in skipped]
     for v in ["floor"] + variants:
         env = {**os.environ, **VARIANTS.get(v, {})}
         t = time.monotonic()
@@ -278,8 +285,15 @@ def main() -> None:
         (out_dir / f"{v}.log").write_text(p.stdout + p.stderr)
         print(f"{v}: rc={p.returncode} in {time.monotonic() - t:.0f} s", flush=True)
     s = summarize(out_dir, variants)
+    try:
+        s["device"] = json.loads((out_dir / f"{variants[0]}.json").read_text()).get("device")
+    except (OSError, ValueError, IndexError):
+        s["device"] = None
+    if not s["floor_p50_us"]:
+        s["note"] = "no floor: torch with CUDA is not available here, so x_floor is null (floor.json says why)"
     (out_dir / "summary.json").write_text(json.dumps(s, indent=1))
     print(json.dumps(s, indent=1))
+    print(f"device: {s['device']}" + ("" if s["device"] == "gpu" else " (a check that it runs, not a GPU figure)"))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sys
@@ -107,6 +108,18 @@ def _usage(message: str) -> NoReturn:
     """A bad argument: one line on stderr, exit 2 (the usage status, as typer's own)."""
     err_console.print(f"[red]error[/]: {escape(message)}")
     raise typer.Exit(EXIT_USAGE)
+
+
+def _check_accelerator_env() -> None:
+    """The workers' accelerator environment variables, checked before anything starts (one line, exit 2,
+    instead of every worker failing its start with a traceback)."""
+    from .accelerators._cuda import SCHEDULES
+    from .accelerators._jax import TRANSFERS
+
+    for name, allowed in (("INFERBUS_JAX_TRANSFER", ("auto",) + TRANSFERS), ("INFERBUS_CUDA_SCHEDULE", tuple(SCHEDULES))):
+        value = os.environ.get(name)
+        if value is not None and value not in allowed:
+            _usage(f"up: environment variable {name}={value!r}: one of {', '.join(allowed)} (or unset)")
 
 
 async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
@@ -231,6 +244,7 @@ def up(
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", node_id):
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
+    _check_accelerator_env()
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
                      node_id=node_id,
                      nats_url=nats_url,

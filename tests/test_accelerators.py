@@ -615,3 +615,16 @@ def test_jax_backend_cuda_schedule_names_and_environment(monkeypatch):
     assert set_device_schedule("auto") == "auto"
     s = JaxBackend(cuda_schedule="spin").load(path("digits"), precision="fp32", device_kind="cpu")
     assert s.infer({"pixels": rows("digits", 2)})["probabilities"].shape == (2, 10)
+
+
+@needs_jax
+def test_jax_dlpack_without_a_gpu_serves_through_pjrt():
+    """``transfer="dlpack"`` needs a GPU and CuPy; elsewhere the session logs it and serves through PJRT instead of
+    failing the worker's start (a fresh user's INFERBUS_JAX_TRANSFER=dlpack on a CPU took the node down)."""
+    from inferbus.accelerators._jax import JaxBackend
+
+    s = JaxBackend(transfer="dlpack").load(path("digits"), precision="fp32", device_kind="cpu")
+    ref = JaxBackend(transfer="pjrt").load(path("digits"), precision="fp32", device_kind="cpu")
+    assert s.transfer == "pjrt"
+    x = rows("digits", 3)
+    np.testing.assert_array_equal(s.infer({"pixels": x})["probabilities"], ref.infer({"pixels": x})["probabilities"])

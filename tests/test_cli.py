@@ -117,3 +117,18 @@ def test_version_and_infer_argument_checks(tmp_path):
                        (("-i", f"pixels={a}", "--timeout-s", "-1"), "--timeout-s must be > 0")]:
         p, _ = cli("infer", "digits", *args, "--nats-url", "nats://127.0.0.1:1")  # refused before connecting
         assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p
+
+
+@pytest.mark.parametrize("name,value", [("INFERBUS_JAX_TRANSFER", "zerocopy"), ("INFERBUS_CUDA_SCHEDULE", "bogus"),
+                                        ("INFERBUS_CUDA_SCHEDULE", "")])
+def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value):
+    """A bad INFERBUS_JAX_TRANSFER / INFERBUS_CUDA_SCHEDULE is refused before anything starts (it used to fail
+    every worker's start with a ~190-line traceback)."""
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--nats-port", "0"], capture_output=True,
+                       text=True, timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", name: value})
+    assert p.returncode == 2, p
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "one of" in lines[0], p.stderr
+    assert time.monotonic() - t0 < 20

@@ -193,13 +193,14 @@ class JaxSession:
 
                 self._cupy = cupy  # hostmem: only for the pinned output buffer (numpy memory without it)
             except ImportError:
-                if transfer == "hostmem":
-                    pass
-                elif not auto:
-                    raise BackendUnavailable(f"transfer={transfer!r} on a GPU needs cupy") from None
-                transfer = "pjrt"  # auto without CuPy: PJRT's own transfers
+                if transfer != "hostmem":
+                    if not auto:  # a setting that cannot work here must not stop the worker: PJRT's path serves
+                        log.warning("jax: transfer=%r on a GPU needs CuPy, which is not installed; using pjrt",
+                                    transfer)
+                    transfer = "pjrt"
         if transfer == "dlpack" and self._cupy is None:
-            raise BackendUnavailable("transfer='dlpack' is for GPUs (CuPy device memory)")
+            log.warning("jax: transfer='dlpack' is for GPUs (CuPy device memory); using pjrt on %s", device.kind)
+            transfer = "pjrt"
         if transfer not in TRANSFERS:
             raise ValueError(f"transfer: auto, {', '.join(TRANSFERS)}; got {transfer!r}")
         self.transfer = transfer

@@ -887,7 +887,8 @@ class Ingress:
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
             self.router.on_down(ev.worker_id, ev.pid)
             await self._fail_pending(ev.worker_id, Unavailable(
-                f"worker {ev.worker_id} died ({ev.reason}) holding this request; safe to retry", retry_after_ms=0))
+                f"worker {ev.worker_id} {'stopped' if ev.reason == 'exit code 0' else 'died'} ({ev.reason}) "
+                f"holding this request; safe to retry", retry_after_ms=0))
 
     async def _fail_pending(self, worker_id: str, err: InferbusError) -> int:
         """Answer every request pending at ``worker_id`` with ``err`` (a hedge copy still running elsewhere
