@@ -192,7 +192,10 @@ async def test_request_id_duplicates_join_and_hit_through_the_local_path(env, de
     assert r1.dedup_joins - r0.dedup_joins == 1 and r1.dedup_hits - r0.dedup_hits == 1
     h1 = (await health_params(client))["counts"]
     assert h1["local_forwards"] - h0["local_forwards"] == 3
-    assert h1["sticky_retries"] - h0["sticky_retries"] == 1  # the second copy went where the first was
+    # the second copy went where the first was pending; the third, sent after the answer, also goes to the worker
+    # that computed it (the ingress's memory of completed request ids) when that worker's report is fresh
+    # (< 0.5 s; the fault's 600 ms compute can leave it older), else it is routed afresh — to the same, only worker
+    assert h1["sticky_retries"] - h0["sticky_retries"] in (1, 2)
     assert (await health_params(client))["pending"] == 0  # every copy settled at the ingress
 
 
