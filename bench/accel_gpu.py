@@ -54,6 +54,11 @@ def pct(samples_s) -> dict:
 def timeit(fn, n=N, warm=100, busy_gap_s: float = 0.0) -> dict:
     """p50/p90/p99/mean/min of ``n`` calls after ``warm``; ``busy_gap_s``: spin that long before each call (the
     CPU stays awake, the GPU idles, as between requests of a closed loop at c=1)."""
+    return pct(samples(fn, n, warm, busy_gap_s))
+
+
+def samples(fn, n=N, warm=100, busy_gap_s: float = 0.0) -> list[float]:
+    """Seconds of each of ``n`` calls after ``warm`` (see :func:`timeit`)."""
     for _ in range(warm):
         fn()
     ts = []
@@ -65,7 +70,7 @@ def timeit(fn, n=N, warm=100, busy_gap_s: float = 0.0) -> dict:
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
-    return pct(ts)
+    return ts
 
 
 def test_rows(model: str) -> np.ndarray:

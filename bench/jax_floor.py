@@ -37,7 +37,6 @@ it runs the CPU device (a check that it runs; no floor, no GPU figures).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import subprocess
@@ -62,8 +61,8 @@ VARIANTS = {
 CASES = (("digits", "fp32"), ("digits", "fp16"), ("digits_cnn", "fp32"), ("digits_cnn", "fp16"))
 
 
-def _stats(ts_ns) -> dict:
-    a = np.asarray(ts_ns, dtype=np.float64) / 1e3
+def _stats(ts_s) -> dict:
+    a = np.asarray(ts_s, dtype=np.float64) * 1e6
     return {"n": len(a), "p50_us": round(float(np.percentile(a, 50)), 1),
             "p99_us": round(float(np.percentile(a, 99)), 1), "min_us": round(float(a.min()), 1)}
 
@@ -72,20 +71,11 @@ def _timeit(fn, n: int, warm: int = 200, spin_gap_s: float = 0.0) -> dict:
     return _stats(_times(fn, n, warm, spin_gap_s))
 
 
-def _times(fn, n: int, warm: int = 200, spin_gap_s: float = 0.0) -> list[int]:
-    """Nanoseconds of ``n`` calls after ``warm``; ``spin_gap_s``: busy-wait that long before each call."""
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(n):
-        if spin_gap_s:
-            end = time.perf_counter() + spin_gap_s
-            while time.perf_counter() < end:
-                pass
-        t = time.perf_counter_ns()
-        fn()
-        ts.append(time.perf_counter_ns() - t)
-    return ts
+def _times(fn, n: int, warm: int = 200, spin_gap_s: float = 0.0) -> list[float]:
+    """Seconds of ``n`` calls after ``warm``; ``spin_gap_s``: busy-wait that long before each call."""
+    from bench.accel_gpu import samples
+
+    return samples(fn, n, warm, spin_gap_s)
 
 
 def _ctx_flags() -> dict:
@@ -144,8 +134,8 @@ def _steps(sess, x: np.ndarray, n: int) -> dict:
         t7 = pc()
         if i >= 200:
             for k, a, z in zip(keys, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7)):
-                ts[k].append(z - a)
-            ts["total"].append(t7 - t0)
+                ts[k].append((z - a) / 1e9)
+            ts["total"].append((t7 - t0) / 1e9)
     out = {k: _stats(v) for k, v in ts.items()}
     out["sum_of_p50_us"] = round(sum(out[k]["p50_us"] for k in keys), 1)
     out["check_max_abs_vs_session"] = float(max(np.abs(res[k].astype(np.float64) - sess.infer({name: x})[k].astype(

@@ -385,8 +385,9 @@ class JaxSession:
         return np.empty(nbytes, np.uint8)
 
     def _copy(self, dst: int, src: int, nbytes: int, to_device: bool) -> None:
-        """One host-synchronous copy of ``nbytes`` between a host address and a device array's address."""
-        if self._cupy is not None:
+        """One host-synchronous copy of ``nbytes`` between a host address and an array's address: ``cudaMemcpy``
+        for a GPU array (``memcpy``), ``memmove`` where the array's buffer is host memory (``hostmem``, CPU)."""
+        if self._cupy is not None and self.transfer != "hostmem":
             rt = self._cupy.cuda.runtime
             rt.memcpy(dst, src, nbytes, rt.memcpyHostToDevice if to_device else rt.memcpyDeviceToHost)
         else:
@@ -427,7 +428,7 @@ class JaxSession:
                                      f"{arr.dtype}{list(arr.shape)}")
                 if staging is None:  # hostmem: straight into the input array's pinned host buffer
                     x = np.ascontiguousarray(x)
-                    ctypes.memmove(ptr, x.ctypes.data, x.nbytes)
+                    self._copy(ptr, x.ctypes.data, x.nbytes, to_device=True)
                 else:
                     np.copyto(staging, x)
                     self._copy(ptr, staging.ctypes.data, staging.nbytes, to_device=True)
@@ -457,10 +458,7 @@ class JaxSession:
         buf = self._out_staging.get(("", total))
         if buf is None:
             buf = self._out_staging[("", total)] = self._host_buffer(total)
-        if self.transfer == "hostmem":
-            ctypes.memmove(buf.ctypes.data, y.unsafe_buffer_pointer(), total)
-        else:
-            self._copy(buf.ctypes.data, y.unsafe_buffer_pointer(), total, to_device=False)
+        self._copy(buf.ctypes.data, y.unsafe_buffer_pointer(), total, to_device=False)
         res = {}
         for k, dt, shape, off, nb in layout:
             if k in names:

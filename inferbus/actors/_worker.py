@@ -334,15 +334,12 @@ class Worker:
         self.stats.received += 1
         fwd = hdrs.get(H.FWD)
         if fwd is not None:  # the one-header form the ingress sends
-            parts = fwd.split(";")
-            if len(parts) != 10 or parts[0] != H.FWD_VERSION:
+            parts = H.fwd_fields(fwd, hdrs)
+            if parts is None:
                 await self._publish_error(reply, InvalidArgument(
                     f"header {H.FWD} must be '{H.FWD_VERSION};' followed by 9 ';'-separated fields",
                     field=f"headers.{H.FWD}"), hdrs.get(H.CONTENT_TYPE))
                 return
-            del parts[0]
-            if not all(parts):  # an empty field counts as absent: the header of that name, if any, applies
-                parts = [v or hdrs.get(name) for name, v in zip(H.FWD_FIELDS, parts)]
             seq_s, ingress, model, version, timeout_s, dl_s, term_s, key, timings = parts
         elif hdrs.get(H.MSG_TYPE) == FORWARD_TAG:  # the ten-header form (older ingresses) keeps its tag
             seq_s, ingress, model, version, timeout_s, dl_s, term_s, key, timings = [
@@ -428,7 +425,7 @@ class Worker:
                 f"worker {self.config.worker_id} was frozen past its health window; the request may have been "
                 f"retried elsewhere, so it is not computed here"))
             return
-        if job.deadline <= job.t_recv or self._wall_passed(job):
+        if job.deadline <= job.t_recv or H.wall_deadline_passed(job.wall_deadline_ms):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
             return
@@ -460,13 +457,6 @@ class Worker:
                 self._track(job)
                 return
         await self._enqueue(job)
-
-    @staticmethod
-    def _wall_passed(job: Job) -> bool:
-        """The ingress's wall-clock deadline passed by more than ``DEADLINE_SKEW_MS`` (time in a socket
-        buffer of a stopped process, which the relative budget cannot see); False when there is none."""
-        w = job.wall_deadline_ms
-        return w is not None and time.time() * 1000.0 > w + H.DEADLINE_SKEW_MS
 
     async def _enqueue(self, job: Job) -> None:
         """Queue ``job`` for compute and track it in flight; shed it (RESOURCE_EXHAUSTED) when the mailbox is full.
@@ -883,7 +873,7 @@ class Worker:
                     f"worker {self.config.worker_id} was frozen past its health window; not computed"))
                 outcomes.append(o)
                 continue
-            if job.deadline <= time.monotonic() or (not job.joined and self._wall_passed(job)):
+            if job.deadline <= time.monotonic() or (not job.joined and H.wall_deadline_passed(job.wall_deadline_ms)):
                 self.stats.expired += 1
                 o = self._error_outcome(job, DeadlineExceeded("budget spent while queued at the worker"))
                 o.retry = True

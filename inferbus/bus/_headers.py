@@ -61,20 +61,28 @@ def fwd_value(seq: int, ingress: str, model: str, version: str, timeout_ms: floa
             f"{term};{cache_key};{timings}")
 
 
-def parse_fwd(value: str, headers: dict) -> dict | None:
-    """``headers`` plus the fields of an ``Inferbus-Fwd`` value under their own header names.
+def fwd_fields(value: str, headers: dict) -> list | None:
+    """The nine fields of an ``Inferbus-Fwd`` value, in ``FWD_FIELDS`` order, as strings or None.
 
-    Returns None when the value is not a ``v1`` forward header with ten fields.
-    Empty term / cache key fields are left out (as absent headers were).
+    An empty field counts as absent: the header of that name in ``headers``, if any, applies (None
+    otherwise). Returns None when the value is not a ``v1`` forward header with ten fields.
     """
     parts = value.split(";")
     if len(parts) != 10 or parts[0] != FWD_VERSION:
         return None
-    out = dict(headers)
-    for name, v in zip(FWD_FIELDS, parts[1:]):
-        if v:
-            out[name] = v
-    return out
+    del parts[0]
+    if not all(parts):
+        parts = [v or headers.get(name) for name, v in zip(FWD_FIELDS, parts)]
+    return parts
+
+
+def parse_fwd(value: str, headers: dict) -> dict | None:
+    """``headers`` plus the fields of an ``Inferbus-Fwd`` value under their own header names (:func:`fwd_fields`;
+    None for a malformed value)."""
+    parts = fwd_fields(value, headers)
+    if parts is None:
+        return None
+    return {**headers, **{name: v for name, v in zip(FWD_FIELDS, parts) if v is not None}}
 
 
 def header_value(v: str) -> str:
@@ -135,20 +143,14 @@ def budget_ms(raw: str | None, default_ms: float = DEFAULT_TIMEOUT_MS, strict: b
     return min(max(ms, 0.0), MAX_TIMEOUT_MS)
 
 
-def wall_deadline_passed(headers: dict | None, now_unix_s: float | None = None,
+def wall_deadline_passed(deadline_unix_ms: float | None, now_unix_s: float | None = None,
                          skew_ms: float = DEADLINE_SKEW_MS) -> bool:
-    """True when ``Inferbus-Deadline-Unix-Ms`` is present and passed by more than ``skew_ms``."""
-    if not headers:
-        return False
-    raw = headers.get(DEADLINE_UNIX_MS)
-    if raw is None:
-        return False
-    try:
-        deadline_ms = float(raw)
-    except ValueError:
+    """True when a wall-clock deadline (``Inferbus-Deadline-Unix-Ms``, ms since the epoch) is set and passed by
+    more than ``skew_ms`` (time in a socket buffer of a stopped process, which a relative budget cannot see)."""
+    if deadline_unix_ms is None:
         return False
     now_ms = (time.time() if now_unix_s is None else now_unix_s) * 1000.0
-    return now_ms > deadline_ms + skew_ms
+    return now_ms > deadline_unix_ms + skew_ms
 
 
 def remaining_ms(deadline: float, now: float | None = None) -> float:
