@@ -389,7 +389,8 @@ class Client:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
-                                       + (f" (last error: {last_err})" if last_err else ""))
+                                       + (f" (last error: {last_err})" if last_err else "")
+                                       + ("" if sent else "; nothing was sent"))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             if sent and request_id:  # a retry: an ingress without the first copy finds it through its peers
                 hdrs[H.ATTEMPT] = str(sent + 1)

@@ -112,9 +112,12 @@ async def test_max_in_flight_bounds_outstanding_requests_and_waiting_counts_agai
         assert [r[0] for r in replies] == [b"ok"] * 6
         assert most == 2 and seen == 6  # never more than 2 outstanding; the rest waited and were answered
         seen = 0
-        results = await asyncio.gather(*(client.request("slow", b"x", timeout_s=0.1) for _ in range(4)),
+        # the first 2 hold the slots for the responder's 200 ms (their budget is 1 s, so they free them only
+        # then); the other 2 have 100 ms, all of it spent waiting for a slot
+        results = await asyncio.gather(*(client.request("slow", b"x", timeout_s=t) for t in (1.0, 1.0, 0.1, 0.1)),
                                        return_exceptions=True)
-        waited = [r for r in results if isinstance(r, DeadlineExceeded) and "request slots" in r.message]
+        assert [r[0] for r in results[:2]] == [b"ok", b"ok"], results
+        waited = [r for r in results[2:] if isinstance(r, DeadlineExceeded) and "request slots" in r.message]
         assert len(waited) == 2, results  # the 2 beyond the slots never got one within 100 ms
         assert "nothing was sent" in waited[0].message
         await asyncio.sleep(0.3)
