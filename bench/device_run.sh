@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call (DESIGN §11: absolute figures only from the H200 hosts). Usage, from the repo root:
-#   bash bench/device_run.sh [all|x4]     results (JSON, PNG, log) under $OUT
-# all: throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
-# x4:  throughput profile with closed loops up to c=1024, then the latency profile (64-core host).
+#   bash bench/device_run.sh [all|x4|mesh]     results (JSON, PNG, log) under $OUT
+# all:  throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
+# x4:   throughput profile with closed loops up to c=1024, then the latency profile (64-core host).
+# mesh: the 100k attempt (64-core host): colocated processes spread over 4 gateway-joined nats-servers
+#       (echo on the same mesh and placement), then the same colocated layout on one server, for the ratio.
 set -u
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
@@ -14,6 +16,14 @@ what=${1:-all}
   command -v nats-server py-spy
   closed=1,8,64,256
   [ "$what" = x4 ] && closed=1,8,64,256,1024
+  if [ "$what" = mesh ]; then
+    n=$(nproc)
+    timeout 420 python3 -m bench.suite --profile throughput --no-ray --colocate --workers $((n * 9 / 16)) \
+      --gens $((n / 5)) --nats-servers 4 --closed 1,64,256,1024 --json "$OUT/mesh4.json" || echo "mesh suite failed: $?"
+    timeout 420 python3 -m bench.suite --profile throughput --no-ray --colocate --workers $((n * 9 / 16)) \
+      --gens $((n / 5)) --closed 1,64,256,1024 --json "$OUT/mesh1.json" || echo "one-server suite failed: $?"
+    exit 0
+  fi
   timeout 360 python3 -m bench.suite --profile throughput --ray --closed $closed --json "$OUT/throughput.json" \
     || echo "throughput suite failed: $?"
   timeout 150 python3 -m bench.suite --profile quick --workers 2 --ingress 1 --gens 2 --pin --json "$OUT/quick.json" \

@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
-from inferbus.bus import EmbeddedNats  # noqa: E402
+from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
 from inferbus.loadgen import BenchResult, EchoPool, GeneratorPool, Workload  # noqa: E402
 
 from .floors import CpuSampler, model_floor  # noqa: E402
@@ -105,9 +105,15 @@ class SuiteConfig:
     node with as many actor processes (``workers + ingress`` colocated processes): series ``echo [B]`` and
     ``inferbus miss [colocated]``, ratios under ``colocate_ab``."""
 
+    nats_servers: int = 1
+    """nats-servers to run (> 1: a :func:`~inferbus.bus.gateway_mesh`, one server per cluster joined by
+    gateways) with every process placed on one of them round robin (generator, echo responder and actor
+    process ``k`` on server ``k mod n``; the node with ``spread_servers``), so that with ``colocate`` a
+    request and its answer stay on one server. The echo floor runs on the same mesh and placement."""
+
     def __post_init__(self) -> None:
-        if min(self.workers, self.ingress, self.gens) < 1 or self.echo < 0:
-            raise ValueError("SuiteConfig: workers, ingress, gens >= 1 and echo >= 0")
+        if min(self.workers, self.ingress, self.gens, self.nats_servers) < 1 or self.echo < 0:
+            raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers >= 1 and echo >= 0")
         if self.duration_s <= 0 or self.sweep_factor <= 1.0:
             raise ValueError("SuiteConfig: duration_s > 0 and sweep_factor > 1")
 
@@ -271,22 +277,30 @@ class Suite:
         self.say(f"  model p50 {floors['model']['p50_us']:.1f} µs, p99 {floors['model']['p99_us']:.1f} µs; "
                  f"decode+model+encode p50 {floors['inproc_pipeline']['p50_us']:.1f} µs")
         lay = _layout(cfg)
-        nats = EmbeddedNats(run_dir=run_dir / "nats", server_name="inferbus-bench")
-        nats.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
-        await asyncio.to_thread(nats.wait_ready)
-        self.sampler.add("nats-server", nats.pid)
+        spread = cfg.nats_servers > 1
+        if spread:
+            servers = gateway_mesh(cfg.nats_servers, run_dir / "nats", name="inferbus-bench")
+        else:
+            servers = [EmbeddedNats(run_dir=run_dir / "nats", server_name="inferbus-bench")]
+        for srv in servers:
+            srv.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
         peer: dict = {}
         node = None
         try:
-            echo = EchoPool(lay["n_echo"], nats.url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir)
+            for srv in servers:
+                await asyncio.to_thread(srv.wait_ready)
+                self.sampler.add("nats-server", srv.pid)
+            nats_url = ",".join(srv.url for srv in servers)
+            echo = EchoPool(lay["n_echo"], nats_url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir, spread=spread)
             await echo.start()
             for c in echo.children:
                 self.sampler.add("echo", c.proc.pid)
-            node = await self._start_node(cfg, nats.url, run_dir / "node", colocate=cfg.colocate,
+            node = await self._start_node(cfg, nats_url, run_dir / "node", colocate=cfg.colocate,
                                           workers=cfg.workers)
             if node.valkey is not None:
                 self.sampler.add("valkey", node.valkey.pid)
-            gp = GeneratorPool(cfg.gens, nats.url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool, log_dir=run_dir)
+            gp = GeneratorPool(cfg.gens, nats_url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool, log_dir=run_dir,
+                               spread=spread)
             await gp.start()
             for c in gp.children:
                 self.sampler.add("loadgen", c.proc.pid)
@@ -300,7 +314,7 @@ class Suite:
                 await gp.prepare(list(series.values()))
                 self.say(f"node: {cfg.workers} worker(s), {cfg.ingress} ingress, L2 {'on' if cfg.l2 else 'off'}, "
                          f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
-                         f"nats {nats.url}")
+                         f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else ""))
                 for name, t in series.items():  # warm-up, not recorded
                     await self._step(gp, name, t, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
                 best: dict[str, float] = {}
@@ -331,7 +345,7 @@ class Suite:
                 if cfg.colocate_ab:
                     n_b = cfg.workers + cfg.ingress  # as many actor processes (cores) as the main node
                     self.say(f"colocated node: {n_b} process(es), each an ingress with its worker")
-                    node = await self._start_node(cfg, nats.url, run_dir / "node-colocated", colocate=True,
+                    node = await self._start_node(cfg, nats_url, run_dir / "node-colocated", colocate=True,
                                                   workers=n_b)
                     t_b = t_miss  # same target (the generators prepared it); a new node behind the same subject
                     await self._step(gp, "inferbus miss [colocated]", t_b, mode="closed", concurrency=8,
@@ -352,7 +366,8 @@ class Suite:
         finally:
             if node is not None:
                 await node.stop()
-            await asyncio.to_thread(nats.stop)
+            for srv in servers:
+                await asyncio.to_thread(srv.stop)
             tmp.cleanup()
         meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "host": socket.gethostname(), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
@@ -366,7 +381,8 @@ class Suite:
                           workers: int) -> Node:
         """Start the node under test on ``nats_url`` and wait until it is ready; its processes join the CPU sampler."""
         node = Node(NodeConfig(models_dir=cfg.models_dir, workers=workers, ingress=cfg.ingress, colocate=colocate,
-                               nats_url=nats_url, no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
+                               nats_url=nats_url, spread_servers=cfg.nats_servers > 1,
+                               no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
                                run_dir=str(run_dir),
                                worker_options={} if cfg.inline_max_compute_us is None
                                else {"inline_max_compute_us": cfg.inline_max_compute_us}))
@@ -601,6 +617,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
+    p.add_argument("--nats-servers", type=int, help="nats-servers joined by gateways, processes spread over them "
+                   "round robin (default 1)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
@@ -614,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
                                        "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
-                                       "colocate", "colocate_ab")}
+                                       "colocate", "colocate_ab", "nats_servers")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

@@ -164,6 +164,9 @@ def up(
                                   "which hands it requests in-process (no forward hop); --ingress is then unused."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
+    spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
+                                        "mod n first (others for failover); with gateway-joined servers and --colocate "
+                                        "a request stays on its server."),
     redis_url: Optional[str] = typer.Option(None, help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Run without the L2 cache (no Valkey)."),
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
@@ -247,7 +250,7 @@ def up(
     _check_accelerator_env()
     cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
                      node_id=node_id,
-                     nats_url=nats_url,
+                     nats_url=nats_url, spread_servers=spread_servers,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
                      pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
                      backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,

@@ -103,3 +103,24 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     assert doc["ratios"]["colocate_ab"]["c=1"]["colocated_miss_p50_over_echo_p50"] > 0
     assert {t["target"] for t in doc["targets"]} and all("met" in t for t in doc["targets"])
     assert out.with_suffix(".png").exists() or "matplotlib is not installed" in proc.stdout
+
+
+def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
+    """``--nats-servers 2 --colocate``: two gateway-joined nats-servers, generators, echo responders and the
+    two colocated processes spread over them; every step answered, nothing wrong, both servers sampled."""
+    out = tmp_path / "mesh.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
+                           "--nats-servers", "2", "--colocate", "--workers", "2", "--gens", "2", "--closed", "1,8",
+                           "--no-sweep", "--open-rates", "200", "--log-dir", str(tmp_path / "logs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gateway mesh, processes spread" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["config"]["nats_servers"] == 2
+    series = {(s["series"], s["mode"]) for s in doc["steps"]}
+    assert {("echo", "closed"), ("inferbus miss", "closed"), ("inferbus miss", "open")} <= series
+    for s in doc["steps"]:
+        assert s["requests"] > 0 and s["wrong"] == 0 and not s["errors"], s
+        assert s["cpu_us_per_req"].get("nats-server", 0) > 0, s
+    logs = sorted((tmp_path / "logs" / "nats").glob("s*/nats-*.log"))
+    assert len(logs) == 2 and all("Outbound gateway connection to" in p.read_text() for p in logs), logs

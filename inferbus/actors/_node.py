@@ -60,7 +60,14 @@ class NodeConfig:
     forward publish and the completion notice (docs/architecture.md, "Colocated workers"). GPU/TPU/JAX
     workers stay separate processes and still get forwards over NATS."""
     nats_url: str | None = None
-    """Use this NATS instead of an embedded nats-server."""
+    """Use this NATS instead of an embedded nats-server (comma-separated URLs)."""
+    spread_servers: bool = False
+    """With several URLs in ``nats_url``: actor process ``k`` (worker ``k``, ingress ``k``, colocated process
+    ``k``) connects to server ``k mod n`` first, and reconnects to the others in order
+    (:meth:`BusConfig.rotated`). On servers joined by gateways (one server per cluster,
+    :func:`inferbus.bus.gateway_mesh`) a client's request then stays on its server when a colocated process
+    there serves it (docs/architecture.md, "Spreading over several nats-servers"). Off: every process gets
+    the whole list, shuffled by nats-py."""
     nats_port: int = 0
     """Port of the embedded nats-server (0 = free port)."""
     redis_url: str | None = None
@@ -326,7 +333,7 @@ class Node:
             cpu_ort = p.backend == "onnxruntime" and p.device_kind == "cpu"
             wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
-            wc = WorkerConfig(worker_id=wid, bus=bus, models_dir=c.models_dir, models=c.models, backend=p.backend,
+            wc = WorkerConfig(worker_id=wid, bus=bus.rotated(i) if c.spread_servers else bus, models_dir=c.models_dir, models=c.models, backend=p.backend,
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
@@ -337,13 +344,14 @@ class Node:
             else:
                 children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
         for j in range(n_ingress if c.actors else 0):
-            ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus, models_dir=c.models_dir, models=c.models,
+            ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
+                               models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
                                **_per_replica(c.ingress_options, n_ingress))
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]
-                cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), wc)
+                cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), replace(wc, bus=ic.bus))
                 children.append(self._child(f"colocated:{wc.worker_id}", "colocated", cc.to_json(), run_dir))
             else:
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))

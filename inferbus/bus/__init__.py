@@ -4,7 +4,7 @@ Imports only :mod:`inferbus.schemas` of our own code.
 """
 
 from . import _headers as headers
-from ._config import BusConfig
+from ._config import BusConfig, rotate_servers
 from ._connect import ConnectionLost, connect, fail_pending_requests
 from ._fastpub import HeaderError, header_block, publish_raw
 from ._embedded import (
@@ -12,6 +12,7 @@ from ._embedded import (
     EmbeddedServerError,
     EmbeddedValkey,
     free_port,
+    gateway_mesh,
     nats_server_binary,
     valkey_server_binary,
 )
@@ -21,6 +22,6 @@ from ._subjects import Subjects
 __all__ = [
     "BusConfig", "ConnectionLost", "EmbeddedNats", "EmbeddedServerError", "EmbeddedValkey", "HeaderError", "Subjects", "connect", "fail_pending_requests",
     "header_block", "publish_raw",
-    "deadline_from_headers", "format_ms", "free_port", "headers", "nats_server_binary", "remaining_ms",
-    "valkey_server_binary",
+    "deadline_from_headers", "format_ms", "free_port", "gateway_mesh", "headers", "nats_server_binary", "remaining_ms",
+    "rotate_servers", "valkey_server_binary",
 ]

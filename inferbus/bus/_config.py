@@ -7,7 +7,7 @@ passed explicitly; nothing below reads environment variables.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -71,6 +71,14 @@ class BusConfig:
         if self.reconnect_time_wait_s < 0:
             raise ValueError("BusConfig.reconnect_time_wait_s must be >= 0 seconds")
 
+    def rotated(self, k: int) -> "BusConfig":
+        """This config with ``servers`` rotated to start at server ``k mod n``, tried in that order.
+
+        For spreading a node's processes over a NATS deployment's servers (``NodeConfig.spread_servers``):
+        process ``k`` connects to server ``k mod n`` and keeps the others, in order, to reconnect to.
+        """
+        return replace(self, servers=rotate_servers(self.servers, k), no_randomize=True)
+
     def to_dict(self) -> dict:
         """A JSON-safe dict, used to hand the config to child processes."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -82,3 +90,13 @@ class BusConfig:
         d = dict(d)
         d["servers"] = tuple(d.get("servers", cls.servers))
         return cls(**d)
+
+
+def rotate_servers(servers, k: int) -> tuple[str, ...]:
+    """``servers`` (a sequence of URLs, or one comma-separated string) starting at index ``k mod n``:
+    ``rotate_servers("a,b,c", 4) == ("b", "c", "a")``."""
+    urls = tuple(u.strip() for u in (servers.split(",") if isinstance(servers, str) else servers) if u.strip())
+    if not urls:
+        raise ValueError("rotate_servers: no server URL given")
+    i = k % len(urls)
+    return urls[i:] + urls[:i]

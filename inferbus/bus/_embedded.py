@@ -366,3 +366,36 @@ class EmbeddedValkey(_Managed):
         if self.replica_of:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
         return argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server"
+
+
+def gateway_mesh(n: int, run_dir: Path | str | None = None, *, name: str = "inferbus-site",
+                 max_payload_bytes: int = 8 * 1024 * 1024) -> list[EmbeddedNats]:
+    """``n`` nats-servers (not started), each a cluster of one, joined by gateways into one supercluster.
+
+    Why gateways and not one cluster: nats-server delivers a queue group's message to a member on
+    the server it arrived at when there is one *across gateways* (a cluster's servers share a queue
+    group's members evenly, wherever the message came from; tested in
+    ``tests/test_spread_servers.py``), so processes connected to the same server keep their
+    request-reply hops on it, and a server without a member still reaches the others. Reply subjects
+    (``_INBOX``) cross gateways as usual. JetStream is off (the node's lease and KV are not needed
+    for serving on such a mesh). Start them with ``spawn()`` then ``wait_ready()`` each.
+
+    Args:
+        n: servers (>= 1).
+        run_dir: parent of each server's run folder (``<run_dir>/s<i>``); temp folders when None.
+        name: gateway names are ``<name>-<i>``.
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"gateway_mesh: n must be >= 1, got {n}")
+    gw_ports = [free_port() for _ in range(n)]
+    gateways = ", ".join(f'{{name: "{name}-{j}", urls: ["nats://127.0.0.1:{p}"]}}' for j, p in enumerate(gw_ports))
+    out = []
+    for i in range(n):
+        extra = f'gateway {{ name: "{name}-{i}", listen: "127.0.0.1:{gw_ports[i]}", gateways: [{gateways}] }}' \
+            if n > 1 else ""
+        out.append(EmbeddedNats(jetstream=False, server_name=f"{name}-{i}", max_payload_bytes=max_payload_bytes,
+                                run_dir=None if run_dir is None else Path(run_dir) / f"s{i}", extra_config=extra))
+    return out

@@ -52,7 +52,7 @@ def _uvloop_run(coro) -> None:
 async def _connect(url: str, name: str):
     from ..bus import BusConfig, connect
 
-    return await connect(BusConfig(servers=tuple(url.split(",")), name=name))
+    return await connect(BusConfig(servers=tuple(url.split(",")), name=name, no_randomize=True))  # in the given order
 
 
 # ------------------------------------------------------------------ child: generator
@@ -271,12 +271,21 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
+def _url_for(nats_url: str, k: int, spread: bool) -> str:
+    """Process ``k``'s server list: ``nats_url`` rotated to start at server ``k mod n`` when ``spread``."""
+    from ..bus import rotate_servers
+
+    return ",".join(rotate_servers(nats_url, k)) if spread else nats_url
+
+
 class GeneratorPool:
     """``n`` load-generator processes, driven together step by step.
 
     Args:
-        n: processes. nats_url: the NATS server(s) to load.
+        n: processes. nats_url: the NATS server(s) to load (comma-separated; tried in order).
         models_dir: model repository (inputs and reference answers).
+        spread: process ``k`` connects to server ``k mod n`` of ``nats_url`` first (placement on a
+            :func:`~inferbus.bus.gateway_mesh`, next to the node's ``spread_servers``).
         cpus: per process, the cores to pin it to (None = no pinning).
         pool: distinct inputs prepared per process.
         log_dir: where each process's stderr goes (None = discarded).
@@ -286,11 +295,12 @@ class GeneratorPool:
     """
 
     def __init__(self, n: int, nats_url: str, models_dir: str, *, cpus: list[list[int]] | None = None,
-                 pool: int = 8192, log_dir: Path | None = None) -> None:
+                 pool: int = 8192, log_dir: Path | None = None, spread: bool = False) -> None:
         if n < 1:
             raise ValueError("GeneratorPool: n >= 1 processes")
         self.n = n
         self.nats_url = nats_url
+        self.spread = spread
         self.models_dir = models_dir
         self.cpus = cpus
         self.pool = pool
@@ -300,7 +310,7 @@ class GeneratorPool:
     async def start(self, timeout_s: float = 60.0) -> None:
         """Start every process and return when each has connected and subscribed its inbox."""
         for k in range(self.n):
-            cfg = GenConfig(k, self.nats_url, self.models_dir, list(self.cpus[k]) if self.cpus else [], self.pool)
+            cfg = GenConfig(k, _url_for(self.nats_url, k, self.spread), self.models_dir, list(self.cpus[k]) if self.cpus else [], self.pool)
             self.children.append(await _spawn("gen", cfg.__dict__, f"loadgen-{k}", self.log_dir))
         await _start_all(self.children, timeout_s)
 
@@ -377,16 +387,18 @@ class GeneratorPool:
 
 
 class EchoPool:
-    """``n`` echo responder processes in one queue group on ``subject`` (the bus floor)."""
+    """``n`` echo responder processes in one queue group on ``subject`` (the bus floor); ``spread`` as for
+    :class:`GeneratorPool`."""
 
     def __init__(self, n: int, nats_url: str, subject: str = "bench.echo", *, cpus: list[list[int]] | None = None,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, spread: bool = False) -> None:
         self.n, self.nats_url, self.subject, self.cpus, self.log_dir = n, nats_url, subject, cpus, log_dir
+        self.spread = spread
         self.children: list[_Child] = []
 
     async def start(self, timeout_s: float = 30.0) -> None:
         for k in range(self.n):
-            cfg = {"index": k, "nats_url": self.nats_url, "subject": self.subject,
+            cfg = {"index": k, "nats_url": _url_for(self.nats_url, k, self.spread), "subject": self.subject,
                    "cpus": list(self.cpus[k]) if self.cpus else []}
             self.children.append(await _spawn("echo", cfg, f"echo-{k}", self.log_dir))
         await _start_all(self.children, timeout_s)

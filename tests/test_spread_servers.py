@@ -1,0 +1,174 @@
+"""Processes spread over several nats-servers joined by gateways (issue 3: placement that keeps hops server-local).
+
+Real nats-servers (``gateway_mesh``: one server per cluster, joined by gateways) and real inferbus processes:
+* the nats-server behaviour the placement relies on: a queue group's message goes to a member on the server it
+  arrived at when there is one, and to a member elsewhere when there is none — and *not* so inside one cluster
+  (the reason the mesh uses gateways);
+* a colocated node with ``spread_servers``: a client on server ``k`` is answered by the colocated process that
+  connected to server ``k`` (its own worker), and still answered through the other server's process when the
+  first one is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import nats
+import numpy as np
+import pytest
+
+from inferbus.actors import Node, NodeConfig
+from inferbus.bus import BusConfig, EmbeddedNats, free_port, gateway_mesh, rotate_servers
+from inferbus.client import Client
+
+from test_reliability_lib import models_subset, reference
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):  # process-heavy tests: one loop is enough
+    return request.param
+
+
+def test_rotate_servers_and_bus_config():
+    assert rotate_servers("a, b,c", 4) == ("b", "c", "a")
+    assert rotate_servers(("a", "b"), 0) == ("a", "b")
+    with pytest.raises(ValueError):
+        rotate_servers(" , ", 1)
+    with pytest.raises(ValueError):
+        gateway_mesh(0)
+    b = BusConfig(servers=("a", "b", "c")).rotated(2)
+    assert b.servers == ("c", "a", "b") and b.no_randomize
+
+
+def _start(servers):
+    for s in servers:
+        s.spawn()
+    for s in servers:
+        s.wait_ready()
+    return servers
+
+
+async def _queue_counts(urls: list[str], senders: int = 3, per_sender: int = 60) -> list[list[int]]:
+    """One queue-group member on each server in ``urls``; ``counts[i][j]``: requests sent through server ``i``
+    that the member on server ``j`` answered."""
+    members = [await nats.connect(u) for u in urls]
+    counts = [[0] * len(urls) for _ in urls]
+    origin = {"i": 0}
+    for j, nc in enumerate(members):
+        async def cb(msg, j=j):
+            counts[origin["i"]][j] += 1
+            await msg.respond(b"")
+        await nc.subscribe("q.t", queue="g", cb=cb)
+        await nc.flush()
+    try:
+        for i, u in enumerate(urls):
+            pub = await nats.connect(u)
+            origin["i"] = i
+            for _ in range(senders * per_sender):
+                await pub.request("q.t", b"", timeout=5)
+            await pub.close()
+    finally:
+        for nc in members:
+            await nc.close()
+    return counts
+
+
+async def _wait_interest(url: str, subject: str, timeout_s: float = 10.0) -> None:
+    nc = await nats.connect(url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                await nc.request(subject, b"", timeout=0.5)
+                return
+            except Exception:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+async def test_gateways_keep_a_queue_group_message_on_its_server_and_one_cluster_does_not(tmp_path):
+    mesh = _start(gateway_mesh(2, tmp_path / "mesh"))
+    try:
+        urls = [s.url for s in mesh]
+        await asyncio.sleep(1.0)  # gateways connect
+        counts = await _queue_counts(urls)
+        assert counts == [[180, 0], [0, 180]], counts  # every request answered on the server it was sent to
+        # no member on server 0: its requests cross the gateway and are answered on server 1
+        member = await nats.connect(urls[1])
+        async def only1(msg):
+            await msg.respond(b"1")
+        await member.subscribe("q.only1", queue="g", cb=only1)
+        await member.flush()
+        await _wait_interest(urls[0], "q.only1")
+        pub = await nats.connect(urls[0])
+        replies = [(await pub.request("q.only1", b"", timeout=5)).data for _ in range(20)]
+        assert replies == [b"1"] * 20
+        await pub.close()
+        await member.close()
+    finally:
+        for s in mesh:
+            s.stop()
+    # the same two members on one cluster of two servers (routes): the cluster shares the group's messages
+    routes = [free_port(), free_port()]
+    cluster = _start([EmbeddedNats(jetstream=False, run_dir=tmp_path / f"c{i}", server_name=f"c{i}", extra_config=(
+        f'cluster {{ name: "one", listen: "127.0.0.1:{routes[i]}", '
+        f'routes: ["nats-route://127.0.0.1:{routes[1 - i]}"] }}')) for i in range(2)])
+    try:
+        await asyncio.sleep(1.0)
+        counts = await _queue_counts([s.url for s in cluster])
+        assert all(min(row) > 0 for row in counts), counts  # both members got requests from each server
+    finally:
+        for s in cluster:
+            s.stop()
+
+
+async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
+    mesh = _start(gateway_mesh(2, tmp_path / "mesh"))
+    node = None
+    try:
+        urls = [s.url for s in mesh]
+        models = models_subset(tmp_path / "models", ["typed"])
+        node = Node(NodeConfig(models_dir=str(models), workers=2, colocate=True, nats_url=",".join(urls),
+                               spread_servers=True, no_cache=True, models=("typed",), prefix="spr",
+                               run_dir=str(tmp_path / "node")))
+        await node.start()
+        await node.wait_ready(60)
+        by_server: dict[int, collections.Counter] = {}
+        for i, url in enumerate(urls):
+            client = await Client.connect(url, "spr")
+            try:
+                # each ingress must know both workers before the check (load reports cross the gateway)
+                seen = collections.Counter()
+                for k in range(40):
+                    feeds = {"a": np.array([[k * 7 + i]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
+                    res = await client.infer_result("typed", feeds, timeout_s=5.0)
+                    ref = reference("typed", feeds)
+                    assert np.array_equal(res.outputs["a_times_2"], ref["a_times_2"])
+                    seen[res.parameters["worker_id"]] += 1
+                    assert res.parameters["forward"] == "local"  # the ingress that took it handed it to its own worker
+                by_server[i] = seen
+            finally:
+                await client.close()
+        # process k connected to server k: sequential requests from server k's clients stay there
+        assert by_server == {0: {"n1-w0": 40}, 1: {"n1-w1": 40}}, by_server
+        # the process on server 0 gone: server 0's clients are answered through the gateway by the other one
+        await node.supervisor.terminate_child("colocated:n1-w0")
+        client = await Client.connect(urls[0], "spr")
+        try:
+            feeds = {"a": np.array([[5]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
+            res = await client.infer_result("typed", feeds, timeout_s=10.0)
+            assert res.parameters["worker_id"] == "n1-w1"
+            assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
+        finally:
+            await client.close()
+    finally:
+        if node is not None:
+            await node.stop()
+        for s in mesh:
+            s.stop()
