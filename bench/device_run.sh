@@ -4,7 +4,8 @@
 # all:  throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
 # x4:   throughput profile with closed loops up to c=1024, then the latency profile (64-core host).
 # mesh: the 100k attempt (64-core host): colocated processes spread over 4 gateway-joined nats-servers
-#       (echo on the same mesh and placement), then the same colocated layout on one server, for the ratio.
+#       (as many echo responders as colocated processes, on the same mesh and placement), then the same
+#       colocated layout on one server, for the ratio.
 set -u
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
@@ -19,9 +20,9 @@ what=${1:-all}
   if [ "$what" = mesh ]; then
     n=$(nproc)
     timeout 420 python3 -m bench.suite --profile throughput --no-ray --colocate --workers $((n * 9 / 16)) \
-      --gens $((n / 5)) --nats-servers 4 --closed 1,64,256,1024 --json "$OUT/mesh4.json" || echo "mesh suite failed: $?"
+      --gens $((n / 5)) --echo $((n * 9 / 16)) --nats-servers 4 --closed 1,64,256,1024 --json "$OUT/mesh4.json" || echo "mesh suite failed: $?"
     timeout 420 python3 -m bench.suite --profile throughput --no-ray --colocate --workers $((n * 9 / 16)) \
-      --gens $((n / 5)) --closed 1,64,256,1024 --json "$OUT/mesh1.json" || echo "one-server suite failed: $?"
+      --gens $((n / 5)) --echo $((n * 9 / 16)) --closed 1,64,256,1024 --json "$OUT/mesh1.json" || echo "one-server suite failed: $?"
     exit 0
   fi
   timeout 360 python3 -m bench.suite --profile throughput --ray --closed $closed --json "$OUT/throughput.json" \
