@@ -6,7 +6,9 @@ Real nats-servers (``gateway_mesh``: one server per cluster, joined by gateways)
   (the reason the mesh uses gateways);
 * a colocated node with ``spread_servers``: a client on server ``k`` is answered by the colocated process that
   connected to server ``k`` (its own worker), and still answered through the other server's process when the
-  first one is gone.
+  first one is gone;
+* separate ingress and worker processes with ``spread_servers``: each ingress routes to the worker on its own
+  server (``LoadReport.server``, ``Router.server_hop_us``), and the router's pricing of it in-process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 import pytest
 
 from inferbus.actors import Node, NodeConfig
+from inferbus.actors._router import Router
+from inferbus.schemas._internal import LoadReport
 from inferbus.bus import BusConfig, EmbeddedNats, free_port, gateway_mesh, rotate_servers
 from inferbus.client import Client
 
@@ -167,6 +171,67 @@ async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
             assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
         finally:
             await client.close()
+    finally:
+        if node is not None:
+            await node.stop()
+        for s in mesh:
+            s.stop()
+
+
+def _report(wid: str, server: str, queue_depth: int = 0) -> LoadReport:
+    return LoadReport(worker_id=wid, pid=1, device_kind="cpu", device_name="cpu", backend="onnxruntime",
+                      precision="fp32", models=["m:1"], queue_depth=queue_depth, in_flight=0, capacity=1024,
+                      ewma_service_us=50.0, completed=0, errors=0, server=server)
+
+
+def test_router_prefers_workers_on_its_own_server_and_spills_when_they_are_busier():
+    for n_workers in (2, 12):  # full scan and power-of-two choices
+        r = Router(server="s0", server_hop_us=150.0)
+        for i in range(n_workers):
+            r.on_report(_report(f"w{i}", f"s{i % 2}"), now=0.0)
+        same = {f"w{i}" for i in range(0, n_workers, 2)}
+        assert {r.pick("m:1", now=0.1).worker_id for _ in range(300)} <= same  # exploration included
+        if n_workers == 2:
+            for _ in range(2):  # queue 2 x 50 µs < the 150 µs crossing: still the same-server worker
+                r.on_sent(r.workers["w0"])
+            assert r.pick("m:1", now=0.1).worker_id == "w0"
+            for _ in range(2):  # 4 x 50 µs > 150 µs: the other server's worker
+                r.on_sent(r.workers["w0"])
+            assert r.pick("m:1", now=0.1).worker_id == "w1"
+    r = Router()  # no server known (one-server deployments): no preference, both get picked
+    for i in range(2):
+        r.on_report(_report(f"w{i}", f"s{i}"), now=0.0)
+    assert {r.pick("m:1", now=0.1).worker_id for _ in range(300)} == {"w0", "w1"}
+
+
+async def test_spread_ingresses_route_to_the_worker_on_their_server(tmp_path):
+    mesh = _start(gateway_mesh(2, tmp_path / "mesh"))
+    node = None
+    try:
+        urls = [s.url for s in mesh]
+        models = models_subset(tmp_path / "models", ["typed"])
+        node = Node(NodeConfig(models_dir=str(models), workers=2, ingress=2, nats_url=",".join(urls),
+                               spread_servers=True, no_cache=True, models=("typed",), prefix="sps",
+                               run_dir=str(tmp_path / "node")))
+        await node.start()
+        await node.wait_ready(60)
+        by_server = {}
+        for i, url in enumerate(urls):
+            client = await Client.connect(url, "sps")
+            try:
+                seen = collections.Counter()
+                for k in range(40):
+                    feeds = {"a": np.array([[k * 11 + i]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
+                    res = await client.infer_result("typed", feeds, timeout_s=5.0)
+                    assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
+                    assert res.parameters["forward"] == "bus"
+                    seen[res.parameters["worker_id"]] += 1
+                by_server[i] = seen
+            finally:
+                await client.close()
+        # ingress k and worker k connected to server k; without the same-server price both ingresses would
+        # pick by load and EWMA alone (the same worker for both, or either at random on ties)
+        assert by_server == {0: {"n1-w0": 40}, 1: {"n1-w1": 40}}, by_server
     finally:
         if node is not None:
             await node.stop()

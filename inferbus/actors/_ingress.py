@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import Subjects, connect, header_block, publish_raw
+from ..bus import Subjects, connect, connected_server, header_block, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -876,6 +876,7 @@ class Ingress:
         except InternalDecodeError:
             return
         if isinstance(r, LoadReport):
+            self.router.server = connected_server(self.nc)  # current across reconnects (10 reports/s per worker)
             self.router.on_report(r)
             self.model_ctl.on_report(r)
 

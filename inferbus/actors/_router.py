@@ -37,6 +37,14 @@ Routable = live and healthy and its circuit breaker lets the request through:
 * breaker: see :mod:`inferbus.actors._breaker` (CLOSED → OPEN after 5
   consecutive failures, OPEN 30 s, HALF_OPEN one probe).
 
+Same NATS server (``server``): when a deployment spreads over several nats-servers joined by gateways
+(``NodeConfig.spread_servers``, docs/architecture.md), a worker connected to another server than this
+ingress is reached over the gateway, and so are its answer to the client (who reached this ingress
+through this ingress's server) and its completion notice. Each worker reports the server it is
+connected to (``LoadReport.server``); a worker on this ingress's server is priced ``server_hop_us``
+lower (on top of ``local_hop_us`` for the colocated one). On one server every worker gets the same
+discount, so nothing changes there.
+
 A worker that is taken out of routing comes back by itself: a fresh report
 (live), a window whose errors slid out (healthy), a successful probe (breaker).
 """
@@ -85,6 +93,8 @@ class WorkerState:
     draining: bool = False
     region: str = ""
     """Region the worker reported (the router prefers its own region's workers)."""
+    server: str = ""
+    """The NATS server the worker is connected to (``host:port``), from its last report."""
     error_rate: float = 0.0
     """From the last report: server-side failures / requests in the worker's sliding window."""
     window_requests: int = 0
@@ -122,6 +132,14 @@ class Router:
     """What the bus hop to a remote worker costs beyond the local one's call (forward + completion notice;
     ~225 µs forward_hop at c=1 on the H200 host, performance.md), µs: subtracted from the local worker's
     expected delay, so it keeps work until its queue costs more than the hop."""
+    server: str = ""
+    """The NATS server this ingress is connected to (``host:port``; the ingress keeps it current). Empty =
+    not known: no worker gets the same-server discount."""
+    server_hop_us: float = 150.0
+    """What reaching a worker on another nats-server costs beyond one on this ingress's server, µs: a
+    gateway crossing added 100–200 µs to a request-reply round trip on the 2-core development box (2
+    crossings; docs/performance.md, fourth session), and a forwarded miss crosses up to three times
+    (forward, answer, completion notice). Subtracted from a same-server worker's expected delay."""
     workers: dict[str, WorkerState] = field(default_factory=dict)
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
@@ -146,6 +164,7 @@ class Router:
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
         w.draining = r.draining
         w.region = r.region
+        w.server = r.server
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         if changed:
             self._reindex()
@@ -259,9 +278,11 @@ class Router:
         floor = min(speed.values()) if speed else 1.0  # a class not yet measured is priced as the fastest one
         get = speed.get
         local = self.local_worker_id
+        server, server_hop = self.server, self.server_hop_us
         if n <= FULL_SCAN_MAX:
             rng = self._rng
-            cost = [(w.in_flight + w.queue_depth + 1) * get((w.device_kind, w.backend), floor) for w in cands]
+            cost = [(w.in_flight + w.queue_depth + 1) * get((w.device_kind, w.backend), floor)
+                    - (server_hop if server and w.server == server else 0.0) for w in cands]
             if local:
                 for i, w in enumerate(cands):
                     if w.worker_id == local:
@@ -287,15 +308,21 @@ class Router:
                     if k < best_k:
                         best_w, best_k = w, k
             return best_w
+        # power of two choices; the colocated worker, else one on this ingress's server, is always one of them
         lw = self.workers.get(local) if local else None
-        if lw is not None and any(w is lw for w in cands):
+        if lw is None or not any(w is lw for w in cands):
+            same = [w for w in cands if w.server == server] if server else ()
+            lw = self._rng.choice(same) if same else None
+        if lw is not None:
             a, b = lw, self._rng.choice([w for w in cands if w is not lw])
         else:
             a, b = self._rng.sample(cands, 2)
         is_local = a.worker_id == local
         ka = ((a.in_flight + a.queue_depth + 1) * get((a.device_kind, a.backend), floor)
-              - (self.local_hop_us if is_local else 0.0), not is_local, a.score())
-        kb = ((b.in_flight + b.queue_depth + 1) * get((b.device_kind, b.backend), floor), True, b.score())
+              - (self.local_hop_us if is_local else 0.0) - (server_hop if server and a.server == server else 0.0),
+              not is_local, a.score())
+        kb = ((b.in_flight + b.queue_depth + 1) * get((b.device_kind, b.backend), floor)
+              - (server_hop if server and b.server == server else 0.0), True, b.score())
         return a if ka <= kb else b
 
     def on_sent(self, w: WorkerState) -> bool:

@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import Subjects, connect, publish_raw
+from ..bus import Subjects, connect, connected_server, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -688,7 +688,8 @@ class Worker:
             if d else "", precisions={k: sess.precision for k, sess in self.sessions.items()},
             models=sorted(self.sessions), queue_depth=self.mailbox.qsize() + len(self._inline), in_flight=s.in_flight,
             capacity=self.config.mailbox_size, ewma_service_us=s.ewma_service_us, completed=s.completed,
-            errors=s.errors, region=self.config.region, interval_ms=self.config.report_interval_ms,
+            errors=s.errors, region=self.config.region, server=connected_server(self.nc),
+            interval_ms=self.config.report_interval_ms,
             window_s=float(self.window.n), window_requests=reqs, window_errors=errs,
             error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,

@@ -98,3 +98,10 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
     return nc
+
+
+def connected_server(nc) -> str:
+    """``host:port`` of the NATS server ``nc`` is connected to now (nats-py's ``connected_url``); empty when
+    not connected. Processes on one server give the same string when started from the same URL list."""
+    url = getattr(nc, "connected_url", None) if nc is not None else None
+    return getattr(url, "netloc", "") or ""

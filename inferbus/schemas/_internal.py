@@ -48,6 +48,9 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     errors: int
     """Server-side failures (not client errors) since start."""
     region: str = ""
+    server: str = ""
+    """The NATS server the worker is connected to (``host:port`` of its connected URL; empty when not
+    known): ingresses prefer workers on their own server (``Router.server_hop_us``)."""
     interval_ms: int = 100
     draining: bool = False
     window_s: float = 0.0
