@@ -1,4 +1,4 @@
-"""The benchmark suite: floors, inferbus end to end, and a peer, in ONE run on ONE nats-server.
+"""The benchmark suite: floors, inferbus end to end, and a peer, in ONE run on the same nats-server(s).
 
 Run from the repository root::
 
@@ -312,7 +312,9 @@ class Suite:
                 t_hit = dict(t_miss, distinct=False)
                 series = {"echo": t_echo, "inferbus miss": t_miss, "inferbus hit": t_hit}
                 await gp.prepare(list(series.values()))
-                self.say(f"node: {cfg.workers} worker(s), {cfg.ingress} ingress, L2 {'on' if cfg.l2 else 'off'}, "
+                actors = (f"{cfg.workers} colocated process(es), each an ingress with its worker" if cfg.colocate
+                          else f"{cfg.workers} worker(s), {cfg.ingress} ingress")
+                self.say(f"node: {actors}, L2 {'on' if cfg.l2 else 'off'}, "
                          f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
                          f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else ""))
                 for name, t in series.items():  # warm-up, not recorded
@@ -593,6 +595,13 @@ def render(doc: dict, console=None) -> None:
     con.print(tt)
 
 
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="quick", choices=sorted(PROFILES))
@@ -617,7 +626,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
-    p.add_argument("--nats-servers", type=int, help="nats-servers joined by gateways, processes spread over them "
+    p.add_argument("--nats-servers", type=_positive_int, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")

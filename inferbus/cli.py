@@ -110,6 +110,25 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _check_nats_urls(nats_url: str) -> str:
+    """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
+    string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
+    from urllib.parse import urlsplit
+
+    urls = [u.strip() for u in nats_url.split(",") if u.strip()]
+    if not urls:
+        _usage(f"up: --nats-url {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
+    for u in urls:
+        parts = urlsplit(u if "://" in u else f"nats://{u}")
+        try:
+            parts.port  # noqa: B018 (raises ValueError when out of range or not a number)
+        except ValueError as exc:
+            _usage(f"up: --nats-url {u!r}: {exc}")
+        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+            _usage(f"up: --nats-url {u!r}: expected nats://HOST:PORT (or tls://, ws://, wss://)")
+    return ",".join(urls)
+
+
 def _check_accelerator_env() -> None:
     """The workers' accelerator environment variables, checked before anything starts (one line, exit 2,
     instead of every worker failing its start with a traceback)."""
@@ -244,6 +263,11 @@ def up(
                               f"--nats-port, or --nats-url to use the NATS already listening there")
             raise typer.Exit(2)
         nats_port = 0
+    if nats_url is not None:
+        nats_url = _check_nats_urls(nats_url)
+    if spread_servers and (nats_url is None or "," not in nats_url):
+        err_console.print("[yellow]note[/]: --spread-servers has nothing to spread with one NATS server "
+                          f"({nats_url or 'the embedded one'}): give several, comma-separated, with --nats-url")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", node_id):
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
@@ -262,6 +286,8 @@ def up(
 async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
     import time
 
+    from nats.errors import NoServersError
+
     from .actors import Node
     from .actors._node import NodeIdInUse
 
@@ -278,6 +304,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     except NodeIdInUse as exc:
         err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
         return EXIT_USAGE
+    except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
+        raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}", (cfg.nats_url or "").split(",")) from exc
     try:
         await node.wait_ready(60)
         if stop.is_set():

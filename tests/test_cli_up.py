@@ -170,3 +170,20 @@ def test_an_unreachable_l2_cache_is_reported_at_start(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_bad_or_unreachable_nats_urls_get_one_line(tmp_path):
+    """``--nats-url`` checked before anything starts (exit 2, the bad URL named); none reachable: exit 3 naming
+    them; ``--spread-servers`` with one server says it has nothing to spread."""
+    models = str(models_subset(tmp_path / "models", ["typed"]))
+    dead = f"nats://127.0.0.1:{free_port()}"
+    for url, code, text in ((",", 2, "names no server"), ("nats://127.0.0.1:99999", 2, "'nats://127.0.0.1:99999'"),
+                            ("http://127.0.0.1:4222", 2, "expected nats://HOST:PORT"),
+                            (f"{dead},,", 3, f"cannot reach NATS at {dead}")):
+        out = subprocess.run(UP + ["--nats-url", url, "--no-cache", "--workers", "1", "--models", models,
+                                   "--spread-servers"], capture_output=True, text=True, env=ENV, timeout=60, cwd=ROOT)
+        assert out.returncode == code, (url, out.returncode, out.stderr[-2000:])
+        assert text in out.stderr and "Traceback" not in out.stderr, (url, out.stderr[-2000:])
+        if code == 3:
+            assert "--spread-servers has nothing to spread with one NATS server" in out.stderr

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ..bus import Subjects, connect
+from ..bus import Subjects
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
-from ._common import announce_ready, log, run_actor, serving_gc, set_affinity, supervise_loops
+from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity, supervise_loops
 from ._config import AggregatorConfig
 
 _MAX_PIPELINE = 512
@@ -57,7 +57,7 @@ class Aggregator:
 
     async def run(self) -> None:
         set_affinity(self.config.cpu_affinity)
-        self.nc = await connect(self.config.bus, name=f"aggregator-{self.config.aggregator_id}")
+        self.nc = await connect_logged(self.config.bus, f"aggregator-{self.config.aggregator_id}")
         if self.config.redis_url:
             import redis.asyncio as aioredis
 

@@ -29,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..bus import connect
-from ._common import announce_ready, log, run_actor, serving_gc, set_affinity
+from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity
 from ._config import ColocatedConfig
 from ._ingress import Ingress
 from ._worker import Worker
@@ -53,7 +52,7 @@ class Colocated:
             RuntimeError: an actor stopped (its exception chained); the process should exit abnormally.
         """
         set_affinity(self.config.ingress.cpu_affinity or self.config.worker.cpu_affinity)
-        nc = await connect(self.config.ingress.bus, name=f"colocated-{self.config.ingress.ingress_id}")
+        nc = await connect_logged(self.config.ingress.bus, f"colocated-{self.config.ingress.ingress_id}")
         tasks: list[asyncio.Task] = []
         try:
             for actor in (self.worker, self.ingress):  # worker first: the ingress may route to it at once

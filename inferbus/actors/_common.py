@@ -7,6 +7,7 @@ import gc
 import os
 import sys
 
+from ..bus import connect, connected_server
 from ..bus import headers as H
 from ..schemas import InferbusError, encode_error
 
@@ -88,6 +89,23 @@ async def reply_error(nc, reply: str | None, err: InferbusError, content_type: s
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+async def connect_logged(bus, name: str):
+    """:func:`inferbus.bus.connect` for an actor process: one stderr line when the connection is lost and one
+    when it is back, naming the server (``host:port``), so a process that failed over to another server of a
+    spread deployment shows it in its log (nats-py does not move back by itself; docs/architecture.md)."""
+    holder: list = []
+
+    async def disconnected() -> None:
+        log(f"{name}: disconnected from NATS {connected_server(holder[0]) if holder else ''}".rstrip())
+
+    async def reconnected() -> None:
+        log(f"{name}: reconnected to NATS {connected_server(holder[0]) if holder else ''}".rstrip())
+
+    nc = await connect(bus, name=name, disconnected_cb=disconnected, reconnected_cb=reconnected)
+    holder.append(nc)
+    return nc
 
 
 async def supervise_loops(name: str, loops: dict, *, intensity: int = 5, period_s: float = 5.0):

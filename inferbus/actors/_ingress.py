@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import Subjects, connect, connected_server, header_block, publish_raw
+from ..bus import Subjects, connected_server, header_block, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -66,8 +66,8 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import (announce_ready, drain_endpoint, endpoint_subscription, error_message, log, run_actor,
-                      serving_gc, set_affinity, supervise_loops)
+from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
+                      run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
@@ -999,7 +999,7 @@ class Ingress:
         """
         set_affinity(self.config.cpu_affinity)
         own_nc = nc is None
-        self.nc = await connect(self.config.bus, name=f"ingress-{self.config.ingress_id}") if own_nc else nc
+        self.nc = await connect_logged(self.config.bus, f"ingress-{self.config.ingress_id}") if own_nc else nc
         if not self.max_request_bytes:
             self.max_request_bytes = self.nc.max_payload or 8 * 1024 * 1024
         if self.config.redis_url and self.config.l2_lookup:

@@ -305,7 +305,7 @@ class Node:
                 self.redis_url = self.valkey.url
             self._servers_task = asyncio.create_task(self._supervise(self.servers, "the embedded servers"))
         redis_url = None if c.no_cache else self.redis_url
-        bus = BusConfig(servers=tuple(self.nats_url.split(",")), prefix=c.prefix, extra=dict(c.bus_extra),
+        bus = BusConfig(servers=tuple(u.strip() for u in self.nats_url.split(",") if u.strip()), prefix=c.prefix, extra=dict(c.bus_extra),
                         **c.bus_options)
         try:
             self.nc = await connect(bus, name=f"node-{c.node_id}")

@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import Subjects, connect, connected_server, publish_raw
+from ..bus import Subjects, connected_server, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -72,8 +72,8 @@ from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,
 )
-from ._common import (announce_ready, drain_endpoint, endpoint_subscription, error_message, log, run_actor,
-                      serving_gc, set_affinity, supervise_loops)
+from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
+                      run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
@@ -717,7 +717,7 @@ class Worker:
         self._outbox = asyncio.Queue()
         self._inline_wake = asyncio.Event()
         own_nc = nc is None
-        self.nc = await connect(self.config.bus, name=f"worker-{self.config.worker_id}") if own_nc else nc
+        self.nc = await connect_logged(self.config.bus, f"worker-{self.config.worker_id}") if own_nc else nc
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service

@@ -377,8 +377,10 @@ def gateway_mesh(n: int, run_dir: Path | str | None = None, *, name: str = "infe
     group's members evenly, wherever the message came from; tested in
     ``tests/test_spread_servers.py``), so processes connected to the same server keep their
     request-reply hops on it, and a server without a member still reaches the others. Reply subjects
-    (``_INBOX``) cross gateways as usual. JetStream is off (the node's lease and KV are not needed
-    for serving on such a mesh). Start them with ``spawn()`` then ``wait_ready()`` each.
+    (``_INBOX``) cross gateways as usual. Servers ping each other (and their clients) every second and
+    drop a link after 3 unanswered pings, so a frozen server stops receiving the others' requests within
+    ~3-4 s. JetStream is off (the node's lease and KV are not needed for serving on such a mesh). Start
+    them with ``spawn()`` then ``wait_ready()`` each.
 
     Args:
         n: servers (>= 1).
@@ -394,7 +396,10 @@ def gateway_mesh(n: int, run_dir: Path | str | None = None, *, name: str = "infe
     gateways = ", ".join(f'{{name: "{name}-{j}", urls: ["nats://127.0.0.1:{p}"]}}' for j, p in enumerate(gw_ports))
     out = []
     for i in range(n):
-        extra = f'gateway {{ name: "{name}-{i}", listen: "127.0.0.1:{gw_ports[i]}", gateways: [{gateways}] }}' \
+        # ping every second (links and clients), 3 unanswered = dead: a frozen server's queue interest is dropped
+        # after ~3-4 s (nats-server's default is 2 min x 2, while the others keep sending it requests)
+        extra = ('ping_interval: "1s"\nping_max: 3\n'
+                 f'gateway {{ name: "{name}-{i}", listen: "127.0.0.1:{gw_ports[i]}", gateways: [{gateways}] }}') \
             if n > 1 else ""
         out.append(EmbeddedNats(jetstream=False, server_name=f"{name}-{i}", max_payload_bytes=max_payload_bytes,
                                 run_dir=None if run_dir is None else Path(run_dir) / f"s{i}", extra_config=extra))
