@@ -305,8 +305,8 @@ class Node:
                 self.redis_url = self.valkey.url
             self._servers_task = asyncio.create_task(self._supervise(self.servers, "the embedded servers"))
         redis_url = None if c.no_cache else self.redis_url
-        bus = BusConfig(servers=tuple(u.strip() for u in self.nats_url.split(",") if u.strip()), prefix=c.prefix, extra=dict(c.bus_extra),
-                        **c.bus_options)
+        bus = BusConfig(servers=tuple(u.strip() for u in self.nats_url.split(",") if u.strip()), prefix=c.prefix,
+                        extra=dict(c.bus_extra), **c.bus_options)
         try:
             self.nc = await connect(bus, name=f"node-{c.node_id}")
             if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?
@@ -333,7 +333,8 @@ class Node:
             cpu_ort = p.backend == "onnxruntime" and p.device_kind == "cpu"
             wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
-            wc = WorkerConfig(worker_id=wid, bus=bus.rotated(i) if c.spread_servers else bus, models_dir=c.models_dir, models=c.models, backend=p.backend,
+            wc = WorkerConfig(worker_id=wid, bus=bus.rotated(i) if c.spread_servers else bus, models_dir=c.models_dir,
+                              models=c.models, backend=p.backend,
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
