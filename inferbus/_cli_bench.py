@@ -54,8 +54,9 @@ async def _served_default(url: str, prefix: str, model: str, version: str | None
 
 async def run_load(*, model: str, version: str | None, models_dir: str, nats_url: str | None, workers: int,
                    ingress: int, gens: int, concurrency: list[int], rates: list[float], duration_s: float,
-                   hit: bool, timeout_s: float, prefix: str):
-    """Start a node unless ``nats_url`` is given, then run the steps from ``gens`` generator processes.
+                   hit: bool, timeout_s: float, prefix: str, spread: bool = False):
+    """Start a node unless ``nats_url`` is given, then run the steps from ``gens`` generator processes
+    (``spread``: generator ``k`` connects to server ``k mod n`` of ``nats_url`` first).
 
     Returns:
         the list of :class:`~inferbus.loadgen.BenchResult`, in step order.
@@ -77,7 +78,7 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}
         out = []
-        async with GeneratorPool(gens, url, models_dir) as gp:
+        async with GeneratorPool(gens, url, models_dir, spread=spread) as gp:
             await gp.prepare([target])
             await gp.step(target, mode="closed", concurrency=4, duration_s=min(1.0, duration_s), timeout_s=timeout_s)
             for c in concurrency:

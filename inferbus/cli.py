@@ -474,6 +474,8 @@ def bench(
     timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds."),
     prefix: str = typer.Option("inferbus"),
     json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    spread: bool = typer.Option(False, help="Generator k connects to server k mod n of --nats-url first (load "
+                                "spread over gateway-joined servers, as --spread-servers places a node)."),
     suite: bool = typer.Option(False, "--suite", help="Run the benchmark suite of ./bench (floors, peer, ratios, plot)."),
     profile: str = typer.Option("quick", help="With --suite: tiny, quick, full or throughput."),
     out: Optional[Path] = typer.Option(None, help="With --suite: write the JSON here (and the PNG next to it)."),
@@ -498,7 +500,7 @@ def bench(
         _usage("bench: --duration and --timeout-s must be > 0, --gens and --ingress >= 1, --workers >= 0")
     kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
               workers=workers, ingress=ingress, gens=gens, concurrency=levels, rates=rates,
-              duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix)
+              duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread)
     results = _call(lambda: run_load(**kw))
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))

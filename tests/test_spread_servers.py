@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import subprocess
+import sys
 
 import nats
 import numpy as np
@@ -26,6 +29,7 @@ from inferbus.schemas._internal import LoadReport
 from inferbus.bus import BusConfig, EmbeddedNats, free_port, gateway_mesh, rotate_servers
 from inferbus.client import Client
 
+from conftest import ROOT
 from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -161,6 +165,14 @@ async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
                 await client.close()
         # process k connected to server k: sequential requests from server k's clients stay there
         assert by_server == {0: {"n1-w0": 40}, 1: {"n1-w1": 40}}, by_server
+        # the CLI's load generators spread over the same servers (--spread): every answer checked
+        out = subprocess.run([sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", ",".join(urls),
+                              "--spread", "--gens", "2", "--concurrency", "2", "--duration", "1", "--prefix", "spr",
+                              "--models", str(models), "--json"], capture_output=True, text=True, timeout=90,
+                             cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-3000:]
+        steps = json.loads(out.stdout)
+        assert steps and all(s["requests"] > 0 and s["wrong"] == 0 and not s["errors"] for s in steps), steps
         # the process on server 0 gone: server 0's clients are answered through the gateway by the other one
         await node.supervisor.terminate_child("colocated:n1-w0")
         client = await Client.connect(urls[0], "spr")
@@ -232,6 +244,15 @@ async def test_spread_ingresses_route_to_the_worker_on_their_server(tmp_path):
         # ingress k and worker k connected to server k; without the same-server price both ingresses would
         # pick by load and EWMA alone (the same worker for both, or either at random on ties)
         assert by_server == {0: {"n1-w0": 40}, 1: {"n1-w1": 40}}, by_server
+        # health says which server the answering ingress and each worker are connected to
+        client = await Client.connect(urls[1], "sps")
+        try:
+            h = (await client.health()).parameters
+        finally:
+            await client.close()
+        netloc = urls[1].split("//")[1]
+        assert h["ingress_id"] == "n1-i1" and h["nats_server"] == netloc, h
+        assert h["workers"]["n1-w1"]["nats_server"] == netloc and h["workers"]["n1-w0"]["nats_server"] != netloc, h
     finally:
         if node is not None:
             await node.stop()

@@ -969,7 +969,7 @@ class Ingress:
             "max_backlog_msgs": self.config.max_backlog_msgs,
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
-            "local_worker": self.router.local_worker_id or None,
+            "local_worker": self.router.local_worker_id or None, "nats_server": connected_server(self.nc),
         }
         if self.redis is not None:
             pool = self.redis.connection_pool

@@ -391,6 +391,6 @@ class Router:
                 "consecutive_failures": b.consecutive_failures, "error_rate": round(w.error_rate, 5),
                 "window_requests": w.window_requests, "in_flight": w.in_flight, "queue_depth": w.queue_depth,
                 "report_age_ms": round((now - w.last_report) * 1000, 1) if w.last_report else None,
-                "pid": w.pid, "sent": w.sent, "server_errors": w.server_errors,
+                "pid": w.pid, "sent": w.sent, "server_errors": w.server_errors, "nats_server": w.server,
             }
         return out
