@@ -315,7 +315,13 @@ async def test_restart_types() -> None:
         with anyio.fail_after(10):
             await sup.wait_started("perm", after_restarts=1)
             await sup.wait_started("trans_bad", after_restarts=1)
-        await rec.wait_for(lambda r: len(r.exits()) == 4)
+        # 30 s, and the hooks seen so far on failure: one CI run on the loaded 2-core box saw fewer than 4 exits
+        # reported 10 s after both restarts (not reproduced in 8 runs alone)
+        try:
+            await rec.wait_for(lambda r: len(r.exits()) >= 4, timeout_s=30.0)
+        except TimeoutError:
+            raise AssertionError(f"exits reported: {rec.exits()}; children: {sup.which_children()}") from None
+        assert len(rec.exits()) == 4, rec.exits()
         # Exits are handled in order; one more restart proves the others were decided.
         os.kill(pids(sup)["perm"], signal.SIGKILL)
         with anyio.fail_after(10):
