@@ -238,12 +238,17 @@ async def test_spread_ingresses_route_to_the_worker_on_their_server(tmp_path):
                     assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
                     assert res.parameters["forward"] == "bus"
                     seen[res.parameters["worker_id"]] += 1
+                    # let the completion notice and the next load report land: the pick then sees an idle
+                    # worker (a notice still in flight, or a report taken while the request was queued, makes
+                    # the same-server worker look one request busier, which on a slow box can outweigh 150 µs)
+                    await asyncio.sleep(0.02)
                 by_server[i] = seen
             finally:
                 await client.close()
-        # ingress k and worker k connected to server k; without the same-server price both ingresses would
-        # pick by load and EWMA alone (the same worker for both, or either at random on ties)
-        assert by_server == {0: {"n1-w0": 40}, 1: {"n1-w1": 40}}, by_server
+        # ingress k and worker k connected to server k; without the same-server price both ingresses pick by
+        # load and EWMA alone (runs with the price at 0: 36-37 or 27-37 of 40 to the same worker from both sides),
+        # so one side gets at most a few on its own server
+        assert by_server[0]["n1-w0"] >= 38 and by_server[1]["n1-w1"] >= 38, by_server
         # health says which server the answering ingress and each worker are connected to
         client = await Client.connect(urls[1], "sps")
         try:
