@@ -26,7 +26,9 @@ _LISTEN_S = 0.35
 def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str]:
     """Server list from ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json)."""
     if nats_url:
-        return [u.strip() for u in nats_url.split(",") if u.strip()]
+        from .bus import split_servers
+
+        return list(split_servers(nats_url))
     if cluster:
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
         try:
@@ -271,11 +273,11 @@ def manager(
     """
     from .actors._common import run_actor
     from .actors._region import RegionConfig, RegionManager
-    from .bus import BusConfig
+    from .bus import BusConfig, split_servers
 
-    cfg = RegionConfig(region=region, bus=BusConfig(servers=tuple(u.strip() for u in nats_url.split(",")),
+    cfg = RegionConfig(region=region, bus=BusConfig(servers=split_servers(nats_url),
                                                    prefix=prefix, no_randomize=True, ping_interval_s=0.5),
-                       lease_bus=BusConfig(servers=tuple(u.strip() for u in lease_nats_url.split(",")), prefix=prefix,
+                       lease_bus=BusConfig(servers=split_servers(lease_nats_url), prefix=prefix,
                                            no_randomize=True, ping_interval_s=0.5) if lease_nats_url else None,
                        valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
                        heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,

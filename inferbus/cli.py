@@ -115,7 +115,9 @@ def _check_nats_urls(nats_url: str) -> str:
     string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
     from urllib.parse import urlsplit
 
-    urls = [u.strip() for u in nats_url.split(",") if u.strip()]
+    from .bus import split_servers
+
+    urls = split_servers(nats_url)
     if not urls:
         _usage(f"up: --nats-url {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
     for u in urls:
@@ -150,7 +152,9 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_optio
     from .client import Client
     from .schemas import Unavailable
 
-    servers = [u.strip() for u in nats_url.split(",")] if isinstance(nats_url, str) else list(nats_url)
+    from .bus import split_servers
+
+    servers = list(split_servers(nats_url))
     try:
         return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
     except Unavailable as err:
@@ -290,6 +294,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
 
     from .actors import Node
     from .actors._node import NodeIdInUse
+    from .bus import split_servers
 
     t0 = time.monotonic()
     # the handlers go in before anything starts: a SIGINT/SIGTERM during start-up is kept and the node is
@@ -305,7 +310,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
         return EXIT_USAGE
     except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
-        raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}", (cfg.nats_url or "").split(",")) from exc
+        raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
+                              list(split_servers(cfg.nats_url or ""))) from exc
     try:
         await node.wait_ready(60)
         if stop.is_set():

@@ -48,6 +48,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
+from .bus import split_servers
 from .bus import headers as H
 from .schemas import (
     DeadlineExceeded, InferRequest, InferResponse, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
@@ -195,9 +196,8 @@ class Client:
                 ``__cause__`` is nats-py's error.
             ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
         """
-        if isinstance(servers, str):
-            servers = [s.strip() for s in servers.split(",")]
-        cfg = BusConfig(servers=tuple(servers), prefix=prefix, name="inferbus-client",
+        servers = split_servers(servers)
+        cfg = BusConfig(servers=servers, prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []
         connect_errors: list[BaseException] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import subprocess
 import sys
@@ -136,35 +137,57 @@ async def test_gateways_keep_a_queue_group_message_on_its_server_and_one_cluster
             s.stop()
 
 
-async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
+@contextlib.asynccontextmanager
+async def _spread_node(tmp_path, prefix: str, **node_kw):
+    """A 2-server gateway mesh and a node spread over it (``typed`` only, no L2): yields ``(urls, models dir,
+    node)``; everything is stopped afterwards."""
     mesh = _start(gateway_mesh(2, tmp_path / "mesh"))
     node = None
     try:
         urls = [s.url for s in mesh]
         models = models_subset(tmp_path / "models", ["typed"])
-        node = Node(NodeConfig(models_dir=str(models), workers=2, colocate=True, nats_url=",".join(urls),
-                               spread_servers=True, no_cache=True, models=("typed",), prefix="spr",
-                               run_dir=str(tmp_path / "node")))
+        node = Node(NodeConfig(models_dir=str(models), workers=2, nats_url=",".join(urls), spread_servers=True,
+                               no_cache=True, models=("typed",), prefix=prefix, run_dir=str(tmp_path / "node"),
+                               **node_kw))
         await node.start()
         await node.wait_ready(60)
-        by_server: dict[int, collections.Counter] = {}
-        for i, url in enumerate(urls):
-            client = await Client.connect(url, "spr")
-            try:
-                # each ingress must know both workers before the check (load reports cross the gateway)
-                seen = collections.Counter()
-                for k in range(40):
-                    feeds = {"a": np.array([[k * 7 + i]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
-                    res = await client.infer_result("typed", feeds, timeout_s=5.0)
-                    ref = reference("typed", feeds)
-                    assert np.array_equal(res.outputs["a_times_2"], ref["a_times_2"])
-                    seen[res.parameters["worker_id"]] += 1
-                    if res.parameters["worker_id"] == f"n1-w{i}":  # the ingress on the client's server took it
-                        assert res.parameters["forward"] == "local", res.parameters  # and handed it over in-process
-                    await asyncio.sleep(0.02)  # as in the separate-layout test below: picks see idle workers
-                by_server[i] = seen
-            finally:
-                await client.close()
+        yield urls, models, node
+    finally:
+        if node is not None:
+            await node.stop()
+        for s in mesh:
+            s.stop()
+
+
+async def _answers_by_server(urls: list[str], prefix: str, own_forward: str) -> dict[int, collections.Counter]:
+    """40 sequential requests from a client on each server, every answer checked; per server, the workers that
+    answered. An answer from the worker on the client's own server (``n1-w<i>``) must have come the
+    ``own_forward`` way (``local``: handed over in-process; ``bus``: forwarded over NATS)."""
+    by_server = {}
+    for i, url in enumerate(urls):
+        client = await Client.connect(url, prefix)
+        try:
+            seen = collections.Counter()
+            for k in range(40):
+                feeds = {"a": np.array([[k * 7 + i]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
+                res = await client.infer_result("typed", feeds, timeout_s=5.0)
+                assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
+                seen[res.parameters["worker_id"]] += 1
+                if res.parameters["worker_id"] == f"n1-w{i}":
+                    assert res.parameters["forward"] == own_forward, res.parameters
+                # let the completion notice and the next load report land: the pick then sees an idle worker (a
+                # notice still in flight, or a report taken while the request was queued, makes the same-server
+                # worker look one request busier, which on a slow box can outweigh the price of the crossing)
+                await asyncio.sleep(0.02)
+            by_server[i] = seen
+        finally:
+            await client.close()
+    return by_server
+
+
+async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
+    async with _spread_node(tmp_path, "spr", colocate=True) as (urls, models, node):
+        by_server = await _answers_by_server(urls, "spr", "local")
         # process k connected to server k: sequential requests from server k's clients stay there (taken by that
         # server's colocated ingress, handed to its own worker in-process)
         assert by_server[0]["n1-w0"] >= 38 and by_server[1]["n1-w1"] >= 38, by_server
@@ -186,11 +209,6 @@ async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
             assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
         finally:
             await client.close()
-    finally:
-        if node is not None:
-            await node.stop()
-        for s in mesh:
-            s.stop()
 
 
 def _report(wid: str, server: str, queue_depth: int = 0) -> LoadReport:
@@ -213,41 +231,20 @@ def test_router_prefers_workers_on_its_own_server_and_spills_when_they_are_busie
             for _ in range(2):  # 4 x 50 µs > 150 µs: the other server's worker
                 r.on_sent(r.workers["w0"])
             assert r.pick("m:1", now=0.1).worker_id == "w1"
-    r = Router()  # no server known (one-server deployments): no preference, both get picked
+    r = Router()  # this ingress's server not known: no preference, both get picked
     for i in range(2):
         r.on_report(_report(f"w{i}", f"s{i}"), now=0.0)
     assert {r.pick("m:1", now=0.1).worker_id for _ in range(300)} == {"w0", "w1"}
+    for n_workers in (2, 12):  # every worker on this ingress's one server: no price, both get picked
+        r = Router(server="s0")
+        for i in range(n_workers):
+            r.on_report(_report(f"w{i}", "s0"), now=0.0)
+        assert len({r.pick("m:1", now=0.1).worker_id for _ in range(300)}) > 1
 
 
 async def test_spread_ingresses_route_to_the_worker_on_their_server(tmp_path):
-    mesh = _start(gateway_mesh(2, tmp_path / "mesh"))
-    node = None
-    try:
-        urls = [s.url for s in mesh]
-        models = models_subset(tmp_path / "models", ["typed"])
-        node = Node(NodeConfig(models_dir=str(models), workers=2, ingress=2, nats_url=",".join(urls),
-                               spread_servers=True, no_cache=True, models=("typed",), prefix="sps",
-                               run_dir=str(tmp_path / "node")))
-        await node.start()
-        await node.wait_ready(60)
-        by_server = {}
-        for i, url in enumerate(urls):
-            client = await Client.connect(url, "sps")
-            try:
-                seen = collections.Counter()
-                for k in range(40):
-                    feeds = {"a": np.array([[k * 11 + i]], np.int32), "b": np.full((1, 4), 0.5, np.float16)}
-                    res = await client.infer_result("typed", feeds, timeout_s=5.0)
-                    assert np.array_equal(res.outputs["a_times_2"], reference("typed", feeds)["a_times_2"])
-                    assert res.parameters["forward"] == "bus"
-                    seen[res.parameters["worker_id"]] += 1
-                    # let the completion notice and the next load report land: the pick then sees an idle
-                    # worker (a notice still in flight, or a report taken while the request was queued, makes
-                    # the same-server worker look one request busier, which on a slow box can outweigh 150 µs)
-                    await asyncio.sleep(0.02)
-                by_server[i] = seen
-            finally:
-                await client.close()
+    async with _spread_node(tmp_path, "sps", ingress=2) as (urls, _models, _node):
+        by_server = await _answers_by_server(urls, "sps", "bus")
         # ingress k and worker k connected to server k; without the same-server price both ingresses pick by
         # load and EWMA alone (runs with the price at 0: 36-37 or 27-37 of 40 to the same worker from both sides),
         # so one side gets at most a few on its own server
@@ -261,8 +258,3 @@ async def test_spread_ingresses_route_to_the_worker_on_their_server(tmp_path):
         netloc = urls[1].split("//")[1]
         assert h["ingress_id"] == "n1-i1" and h["nats_server"] == netloc, h
         assert h["workers"]["n1-w1"]["nats_server"] == netloc and h["workers"]["n1-w0"]["nats_server"] != netloc, h
-    finally:
-        if node is not None:
-            await node.stop()
-        for s in mesh:
-            s.stop()

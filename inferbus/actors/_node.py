@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect
+from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
@@ -305,8 +305,8 @@ class Node:
                 self.redis_url = self.valkey.url
             self._servers_task = asyncio.create_task(self._supervise(self.servers, "the embedded servers"))
         redis_url = None if c.no_cache else self.redis_url
-        bus = BusConfig(servers=tuple(u.strip() for u in self.nats_url.split(",") if u.strip()), prefix=c.prefix,
-                        extra=dict(c.bus_extra), **c.bus_options)
+        bus = BusConfig(servers=split_servers(self.nats_url), prefix=c.prefix, extra=dict(c.bus_extra),
+                        **c.bus_options)
         try:
             self.nc = await connect(bus, name=f"node-{c.node_id}")
             if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?

@@ -141,6 +141,9 @@ class Router:
     crossings; docs/performance.md, fourth session), and a forwarded miss crosses up to three times
     (forward, answer, completion notice). Subtracted from a same-server worker's expected delay."""
     workers: dict[str, WorkerState] = field(default_factory=dict)
+    _multi_server: bool = False
+    """Workers report more than one NATS server (kept on reports): only then is the same-server price applied
+    (on one server it would lower every worker alike)."""
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
 
@@ -164,7 +167,9 @@ class Router:
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
         w.draining = r.draining
         w.region = r.region
-        w.server = r.server
+        if w.server != r.server:
+            w.server = r.server
+            self._multi_server = len({x.server for x in self.workers.values()}) > 1
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         if changed:
             self._reindex()
@@ -278,7 +283,8 @@ class Router:
         floor = min(speed.values()) if speed else 1.0  # a class not yet measured is priced as the fastest one
         get = speed.get
         local = self.local_worker_id
-        server, server_hop = self.server, self.server_hop_us
+        server = self.server if self._multi_server else ""
+        server_hop = self.server_hop_us
         if n <= FULL_SCAN_MAX:
             rng = self._rng
             cost = [(w.in_flight + w.queue_depth + 1) * get((w.device_kind, w.backend), floor)

@@ -4,7 +4,7 @@ Imports only :mod:`inferbus.schemas` of our own code.
 """
 
 from . import _headers as headers
-from ._config import BusConfig, rotate_servers
+from ._config import BusConfig, rotate_servers, split_servers
 from ._connect import ConnectionLost, connect, connected_server, fail_pending_requests
 from ._fastpub import HeaderError, header_block, publish_raw
 from ._embedded import (
@@ -23,5 +23,5 @@ __all__ = [
     "BusConfig", "ConnectionLost", "EmbeddedNats", "EmbeddedServerError", "EmbeddedValkey", "HeaderError", "Subjects", "connect", "connected_server", "fail_pending_requests",
     "header_block", "publish_raw",
     "deadline_from_headers", "format_ms", "free_port", "gateway_mesh", "headers", "nats_server_binary", "remaining_ms",
-    "rotate_servers", "valkey_server_binary",
+    "rotate_servers", "split_servers", "valkey_server_binary",
 ]

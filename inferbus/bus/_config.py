@@ -92,10 +92,20 @@ class BusConfig:
         return cls(**d)
 
 
+def split_servers(servers) -> tuple[str, ...]:
+    """NATS URLs from one comma-separated string (``--nats-url``) or a sequence, stripped, empty entries
+    dropped, order kept: ``split_servers(" a, ,b") == ("a", "b")``."""
+    return tuple(u.strip() for u in (servers.split(",") if isinstance(servers, str) else servers) if u.strip())
+
+
 def rotate_servers(servers, k: int) -> tuple[str, ...]:
-    """``servers`` (a sequence of URLs, or one comma-separated string) starting at index ``k mod n``:
-    ``rotate_servers("a,b,c", 4) == ("b", "c", "a")``."""
-    urls = tuple(u.strip() for u in (servers.split(",") if isinstance(servers, str) else servers) if u.strip())
+    """``servers`` (as :func:`split_servers` takes them) starting at index ``k mod n``:
+    ``rotate_servers("a,b,c", 4) == ("b", "c", "a")``.
+
+    Raises:
+        ValueError: no URL in ``servers``.
+    """
+    urls = split_servers(servers)
     if not urls:
         raise ValueError("rotate_servers: no server URL given")
     i = k % len(urls)

@@ -50,9 +50,9 @@ def _uvloop_run(coro) -> None:
 
 
 async def _connect(url: str, name: str):
-    from ..bus import BusConfig, connect
+    from ..bus import BusConfig, connect, split_servers
 
-    return await connect(BusConfig(servers=tuple(url.split(",")), name=name, no_randomize=True))  # in the given order
+    return await connect(BusConfig(servers=split_servers(url), name=name, no_randomize=True))  # in the given order
 
 
 # ------------------------------------------------------------------ child: generator
