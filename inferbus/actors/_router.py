@@ -42,8 +42,8 @@ Same NATS server (``server``): when a deployment spreads over several nats-serve
 ingress is reached over the gateway, and so are its answer to the client (who reached this ingress
 through this ingress's server) and its completion notice. Each worker reports the server it is
 connected to (``LoadReport.server``); a worker on this ingress's server is priced ``server_hop_us``
-lower (on top of ``local_hop_us`` for the colocated one). On one server every worker gets the same
-discount, so nothing changes there.
+lower (on top of ``local_hop_us`` for the colocated one), and only while the workers report more
+than one server: a one-server deployment routes exactly as before.
 
 A worker that is taken out of routing comes back by itself: a fresh report
 (live), a window whose errors slid out (healthy), a successful probe (breaker).
