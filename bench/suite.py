@@ -105,6 +105,12 @@ class SuiteConfig:
     node with as many actor processes (``workers + ingress`` colocated processes): series ``echo [B]`` and
     ``inferbus miss [colocated]``, ratios under ``colocate_ab``."""
 
+    busy_poll_us: float = 0.0
+    """The node's ``busy_poll_us`` (every actor process keeps polling that long after each request; 0 = off)."""
+    echo_busy_poll_us: float = 0.0
+    """The echo responders' busy polling, µs (0 = off, the floor as nats-py gives it; set it equal to
+    ``busy_poll_us`` for a matched floor)."""
+
     nats_servers: int = 1
     """nats-servers to run (> 1: a :func:`~inferbus.bus.gateway_mesh`, one server per cluster joined by
     gateways) with every process placed on one of them round robin (generator, echo responder and actor
@@ -116,6 +122,8 @@ class SuiteConfig:
             raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers >= 1 and echo >= 0")
         if self.duration_s <= 0 or self.sweep_factor <= 1.0:
             raise ValueError("SuiteConfig: duration_s > 0 and sweep_factor > 1")
+        if not (self.busy_poll_us >= 0 and self.echo_busy_poll_us >= 0):
+            raise ValueError("SuiteConfig: busy_poll_us and echo_busy_poll_us >= 0 µs")
 
 
 def _auto_layout(n: int) -> dict:
@@ -291,7 +299,8 @@ class Suite:
                 await asyncio.to_thread(srv.wait_ready)
                 self.sampler.add("nats-server", srv.pid)
             nats_url = ",".join(srv.url for srv in servers)
-            echo = EchoPool(lay["n_echo"], nats_url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir, spread=spread)
+            echo = EchoPool(lay["n_echo"], nats_url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir, spread=spread,
+                            busy_poll_us=cfg.echo_busy_poll_us)
             await echo.start()
             for c in echo.children:
                 self.sampler.add("echo", c.proc.pid)
@@ -385,6 +394,7 @@ class Suite:
         node = Node(NodeConfig(models_dir=cfg.models_dir, workers=workers, ingress=cfg.ingress, colocate=colocate,
                                nats_url=nats_url, spread_servers=cfg.nats_servers > 1,
                                no_cache=not cfg.l2, pin_cpus=cfg.pin, models=(cfg.model,),
+                               busy_poll_us=cfg.busy_poll_us,
                                run_dir=str(run_dir),
                                worker_options={} if cfg.inline_max_compute_us is None
                                else {"inline_max_compute_us": cfg.inline_max_compute_us}))
@@ -626,6 +636,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
+    p.add_argument("--busy-poll-us", type=float, help="the actors keep polling this many µs after each request "
+                   "(0 = off, the default)")
+    p.add_argument("--echo-busy-poll-us", type=float, help="the echo responders' busy polling, µs (0 = off; equal "
+                   "to --busy-poll-us for a matched floor)")
     p.add_argument("--nats-servers", type=_positive_int, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
@@ -641,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
                                        "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
-                                       "colocate", "colocate_ab", "nats_servers")}
+                                       "colocate", "colocate_ab", "nats_servers", "busy_poll_us",
+                                       "echo_busy_poll_us")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

@@ -197,6 +197,9 @@ def up(
     node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
                                 "give each node that joins one NATS (--nats-url) its own."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
+    busy_poll_us: float = typer.Option(0.0, min=0.0, help="Busy polling: each worker/ingress process keeps polling "
+                                       "this many µs after each request instead of sleeping (lower latency, a full "
+                                       "core per busy process; use with --pin-cpus on dedicated cores). 0 = off."),
     backends: str = typer.Option("onnxruntime", help="Comma-separated backends (onnxruntime, jax, tensorrt): one "
                                  "worker per device each serves; see `inferbus devices`."),
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
@@ -280,7 +283,7 @@ def up(
                      node_id=node_id,
                      nats_url=nats_url, spread_servers=spread_servers,
                      nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
-                     pin_cpus=pin_cpus, run_dir=str(run_dir) if run_dir else None,
+                     pin_cpus=pin_cpus, busy_poll_us=busy_poll_us, run_dir=str(run_dir) if run_dir else None,
                      backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
                      **serving)
     rc = _run(_up(cfg, demo, demo_duration, json_out))

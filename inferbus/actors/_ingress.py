@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import Subjects, connected_server, header_block, publish_raw
+from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -277,6 +277,8 @@ class Ingress:
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
+        self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
+        """Keeps the loop polling after each request (``busy_poll_us``); run by the local worker when colocated."""
 
     def attach_local_worker(self, worker) -> None:
         """Host ``worker`` (a :class:`~inferbus.actors._worker.Worker` on this event loop) as the local worker.
@@ -289,10 +291,14 @@ class Ingress:
         self.local_worker = worker
         self.router.local_worker_id = worker.config.worker_id
         worker.attach_local_ingress(self.config.ingress_id, self.settle)
+        # one busy poller per event loop: the worker runs it, both actors' request handlers poke it
+        worker.busy_poll = self.busy_poll = worker.busy_poll or self.busy_poll
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
         t0 = time.monotonic()
+        if self.busy_poll is not None:
+            self.busy_poll.poke(t0)
         reply = msg.reply
         if not reply:
             return
@@ -1029,7 +1035,10 @@ class Ingress:
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
-        loops = await supervise_loops(f"ingress-{self.config.ingress_id}", {"sweeper": self._sweeper})
+        named = {"sweeper": self._sweeper}
+        if self.busy_poll is not None and self.local_worker is None:
+            named["busy-poll"] = self.busy_poll.run
+        loops = await supervise_loops(f"ingress-{self.config.ingress_id}", named)
         await self.nc.flush()
         if ready is None:
             serving_gc()

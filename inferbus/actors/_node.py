@@ -92,6 +92,10 @@ class NodeConfig:
     each model falls back to fp32 where the requested one fails its check (docs/accelerators.md)."""
     pin_cpus: bool = False
     """Pin each process to one core (round robin)."""
+    busy_poll_us: float = 0.0
+    """Busy polling for every worker and ingress process (``WorkerConfig.busy_poll_us``): keep polling this
+    many µs after each request instead of blocking. A full core per busy process; use with ``pin_cpus`` on
+    dedicated cores. 0 = off. A ``busy_poll_us`` in ``worker_options``/``ingress_options`` wins."""
     intensity: int = 10
     period_s: float = 10.0
     """Restart intensity of the actors' supervisor: more than ``intensity`` restarts within ``period_s``
@@ -127,6 +131,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
             raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
+        if not self.busy_poll_us >= 0:
+            raise ValueError(f"NodeConfig.busy_poll_us must be >= 0 µs (0 = off), got {self.busy_poll_us}")
         from ..accelerators import BACKENDS, PRECISIONS
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):
@@ -339,7 +345,8 @@ class Node:
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               stall_fence_s=0.3 * c.health_timeout_s,  # < the ingresses' suspicion age
-                              cpu_affinity=(i % ncpu,) if c.pin_cpus else (), **c.worker_options)
+                              cpu_affinity=(i % ncpu,) if c.pin_cpus else (),
+                              **{"busy_poll_us": c.busy_poll_us, **c.worker_options})
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place
             else:
@@ -349,7 +356,7 @@ class Node:
                                models_dir=c.models_dir, models=c.models,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
-                               **_per_replica(c.ingress_options, n_ingress))
+                               **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]
                 cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), replace(wc, bus=ic.bus))

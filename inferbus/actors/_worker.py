@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import Subjects, connected_server, publish_raw
+from ..bus import BusyPoll, Subjects, connected_server, publish_raw
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -308,6 +308,8 @@ class Worker:
         """Colocated ingress: its id and the coroutine function that takes its completion notices in-process."""
         self.local_done_notices = 0
         """Completion batches settled at the colocated ingress in-process (no notice, no NATS message)."""
+        self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
+        """Keeps the loop polling after each request (``busy_poll_us``); a colocated ingress pokes it too."""
 
     def attach_local_ingress(self, ingress_id: str, on_done) -> None:
         """Settle completions for ``ingress_id`` by awaiting ``on_done(items)`` instead of publishing notices.
@@ -327,6 +329,8 @@ class Worker:
         A message with neither form is answered INVALID_ARGUMENT (naming ``headers.Inferbus-Fwd``).
         """
         t_recv = time.monotonic()
+        if self.busy_poll is not None:
+            self.busy_poll.poke(t_recv)
         reply = msg.reply
         if not reply:
             return
@@ -733,9 +737,11 @@ class Worker:
         thread_died: asyncio.Future = self.loop.create_future()
         thread = threading.Thread(target=self._compute_thread, args=(thread_died,), name="inference", daemon=True)
         thread.start()
-        loops = await supervise_loops(f"worker-{self.config.worker_id}", {
-            "outbox": self._outbox_pump, "reporter": self._reporter, "stall-watch": self._stall_watch,
-            "inline": self._inline_pump})
+        named = {"outbox": self._outbox_pump, "reporter": self._reporter, "stall-watch": self._stall_watch,
+                 "inline": self._inline_pump}
+        if self.busy_poll is not None:
+            named["busy-poll"] = self.busy_poll.run
+        loops = await supervise_loops(f"worker-{self.config.worker_id}", named)
         serving = asyncio.ensure_future(loops.run())
         await self.nc.flush()
         if ready is None:

@@ -188,8 +188,16 @@ async def _echo(cfg: dict) -> None:
     nc = await _connect(cfg["nats_url"], f"echo-{cfg.get('index', 0)}")
     hdrs = {"Content-Type": "application/msgpack"}
     publish = nc.publish
+    from ..bus import BusyPoll
+
+    # busy polling as the actors do it with busy_poll_us (a matched floor for `--busy-poll-us`)
+    bp = BusyPoll(cfg["busy_poll_us"]) if cfg.get("busy_poll_us") else None
+    poller = asyncio.create_task(bp.run()) if bp is not None else None  # noqa: F841 (held until the process ends)
+    monotonic = time.monotonic
 
     async def on_msg(msg) -> None:
+        if bp is not None:
+            bp.poke(monotonic())
         if msg.reply:
             await publish(msg.reply, msg.data, headers=hdrs)
 
@@ -388,18 +396,20 @@ class GeneratorPool:
 
 class EchoPool:
     """``n`` echo responder processes in one queue group on ``subject`` (the bus floor); ``spread`` as for
-    :class:`GeneratorPool`."""
+    :class:`GeneratorPool`; ``busy_poll_us`` > 0: each responder busy-polls that long after each request
+    (:class:`inferbus.bus.BusyPoll`, as the actors with ``busy_poll_us``)."""
 
     def __init__(self, n: int, nats_url: str, subject: str = "bench.echo", *, cpus: list[list[int]] | None = None,
-                 log_dir: Path | None = None, spread: bool = False) -> None:
+                 log_dir: Path | None = None, spread: bool = False, busy_poll_us: float = 0.0) -> None:
         self.n, self.nats_url, self.subject, self.cpus, self.log_dir = n, nats_url, subject, cpus, log_dir
         self.spread = spread
+        self.busy_poll_us = busy_poll_us
         self.children: list[_Child] = []
 
     async def start(self, timeout_s: float = 30.0) -> None:
         for k in range(self.n):
             cfg = {"index": k, "nats_url": _url_for(self.nats_url, k, self.spread), "subject": self.subject,
-                   "cpus": list(self.cpus[k]) if self.cpus else []}
+                   "cpus": list(self.cpus[k]) if self.cpus else [], "busy_poll_us": self.busy_poll_us}
             self.children.append(await _spawn("echo", cfg, f"echo-{k}", self.log_dir))
         await _start_all(self.children, timeout_s)
 

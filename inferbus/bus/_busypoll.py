@@ -1,0 +1,68 @@
+"""Busy polling: keep a process's event loop polling its sockets for a while after each request.
+
+An idle asyncio process blocks in ``epoll_wait``. The next request then pays for the wake-up (the
+scheduler, a vCPU leaving its halt state on a VM) and runs on cold CPU caches. Measured on the H200 host
+(docs/performance.md, "Busy polling"): a colocated process spent ~300 CPU µs per cache miss at
+~2.7k requests/s and ~170 µs at saturation, for the same work. The idea and the unit come from Linux
+socket busy polling (``net.core.busy_poll`` / ``SO_BUSY_POLL``, in µs: spin on the device queue instead of
+sleeping) and OpenOnload's ``EF_POLL_USEC``. Here the spin is one turn of the event loop at a time
+(``await asyncio.sleep(0)``: uvloop then polls with a zero timeout), for ``window_us`` after the last
+request, then the loop blocks again as usual.
+
+Costs a full core while requests arrive at least every ``window_us``. Meant for processes pinned to
+dedicated cores (``inferbus up --pin-cpus --busy-poll-us N``); off by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class BusyPoll:
+    """Spin the running event loop for ``window_us`` after the last :meth:`poke`.
+
+    Start :meth:`run` as a task of the loop to keep polling; call :meth:`poke` from the request handlers
+    (cheap: two attribute stores and a test). Loop thread only.
+
+    Args:
+        window_us: how long to keep polling after the last request, µs (> 0).
+
+    Raises:
+        ValueError: ``window_us`` is not positive.
+    """
+
+    def __init__(self, window_us: float) -> None:
+        if not window_us > 0:
+            raise ValueError(f"BusyPoll: window_us must be > 0 µs, got {window_us}")
+        self.window_s = window_us / 1e6
+        self.until = 0.0
+        """``time.monotonic()`` until which the loop keeps polling."""
+        self.spinning = False
+        self.periods = 0
+        """Times polling started after the loop had gone back to blocking."""
+        self.turns = 0
+        """Turns of the event loop spent polling (one per ``asyncio.sleep(0)``)."""
+        self._wake = asyncio.Event()
+
+    def poke(self, now: float) -> None:
+        """A request arrived at ``now`` (``time.monotonic()`` seconds): poll until ``now + window_us``."""
+        self.until = now + self.window_s
+        if not self.spinning:
+            self.spinning = True
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Poll while :attr:`until` is ahead, block while it is not; runs until cancelled."""
+        wake = self._wake
+        monotonic = time.monotonic
+        while True:
+            await wake.wait()
+            wake.clear()
+            self.periods += 1
+            try:
+                while monotonic() < self.until:
+                    await asyncio.sleep(0)  # one turn of the loop: ready callbacks, then a zero-timeout poll
+                    self.turns += 1
+            finally:
+                self.spinning = False

@@ -1,0 +1,139 @@
+"""Busy polling (``inferbus up --busy-poll-us``, :class:`inferbus.bus.BusyPoll`): the event loop keeps polling
+for the window after each request, then blocks again. In-process on uvloop, and against real ``inferbus up``
+processes (CPU time read from ``/proc``), answers checked against in-process ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferbus.bus import BusyPoll
+from inferbus.client import Client
+from inferbus.loadgen import EchoPool
+
+from conftest import start_deployment
+from test_e2e import digits_rows, reference
+
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+
+
+def test_busy_poll_window_must_be_positive():
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="window_us"):
+            BusyPoll(bad)
+
+
+@pytest.mark.timeout(30)
+async def test_busy_poll_spins_for_the_window_after_the_last_poke_then_blocks():
+    bp = BusyPoll(80_000)  # 80 ms
+    task = asyncio.create_task(bp.run())
+    try:
+        await asyncio.sleep(0.05)
+        assert (bp.spinning, bp.periods, bp.turns) == (False, 0, 0)  # nothing arrived: blocked, not polling
+        t0 = time.monotonic()
+        bp.poke(t0)
+        await asyncio.sleep(0.03)
+        assert bp.spinning and bp.periods == 1
+        assert bp.turns > 100, bp.turns  # the loop kept turning while this task slept 30 ms
+        bp.poke(time.monotonic())  # a second request extends the window from its own arrival
+        while bp.spinning:
+            await asyncio.sleep(0.005)
+        ended = time.monotonic() - t0
+        assert ended >= 0.03 + 0.08 - 0.005, ended  # not before the second poke's window ran out
+        turns = bp.turns
+        await asyncio.sleep(0.05)
+        assert bp.turns == turns and bp.periods == 1  # blocked again
+        bp.poke(time.monotonic())
+        await asyncio.sleep(0.01)
+        assert bp.spinning and bp.periods == 2
+    finally:
+        task.cancel()
+
+
+def _cpu_s(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _actor_pids(run_dir: Path, kind: str) -> list[int]:
+    """Pids of the node's actor processes of ``kind`` (their command line names their config file in ``run_dir``)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "inferbus.actors" in cmd and str(run_dir) in cmd and f" {kind} " in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+async def _busy_then_idle(pids: list[int], send, window_s: float) -> tuple[list[float], list[float]]:
+    """Share of a core each process used while requests came every 50 ms, then once idle past the window."""
+    c0, t0 = [_cpu_s(p) for p in pids], time.monotonic()
+    while time.monotonic() - t0 < 0.6:
+        await send()
+        await asyncio.sleep(0.05)
+    busy = [(_cpu_s(p) - c) / (time.monotonic() - t0) for p, c in zip(pids, c0)]
+    await asyncio.sleep(window_s + 0.3)
+    c1, t1 = [_cpu_s(p) for p in pids], time.monotonic()
+    await asyncio.sleep(0.6)
+    idle = [(_cpu_s(p) - c) / (time.monotonic() - t1) for p, c in zip(pids, c1)]
+    return busy, idle
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["colocated", "separate"])
+async def test_node_busy_polls_between_requests_and_blocks_when_idle(tmp_path, layout):
+    """Each actor process on the request's path keeps a core busy while requests come more often than the
+    window, and goes back to ~0 once they stop; the answers are the model's."""
+    extra = ["--no-cache", "--busy-poll-us", "400000"] + (["--colocate"] if layout == "colocated" else [])
+    dep = start_deployment(tmp_path / layout, workers=1, extra=extra, prefix="bp")
+    try:
+        kinds = ("colocated",) if layout == "colocated" else ("worker", "ingress")
+        pids = [p for k in kinds for p in _actor_pids(tmp_path / layout, k)]
+        assert len(pids) == len(kinds), pids
+        rows = digits_rows(1)
+        sent = [0]
+        async with await Client.connect(dep.nats_url, dep.prefix) as client:
+            async def send():  # a distinct input each time: a cache miss, so the worker runs it
+                sent[0] += 1
+                x = rows + np.float32(sent[0] * 1e-3)
+                out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+                ref = reference("digits", "1", {"pixels": x})
+                np.testing.assert_allclose(out["probabilities"], ref["probabilities"], rtol=1e-5, atol=1e-6)
+
+            busy, idle = await _busy_then_idle(pids, send, 0.4)
+        # a process blocking in epoll between requests 50 ms apart uses a few % of a core (measured ~3 %)
+        assert all(b > 0.3 for b in busy), (kinds, busy)
+        assert all(i < 0.15 for i in idle), (kinds, idle)
+    finally:
+        dep.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_echo_responders_busy_poll_when_asked(nats_server):
+    async with EchoPool(1, nats_server.url, "bp.echo", busy_poll_us=400_000) as pool:
+        import nats
+
+        nc = await nats.connect(nats_server.url)
+        try:
+            async def send():
+                msg = await nc.request("bp.echo", b"ping", timeout=5)
+                assert msg.data == b"ping"
+
+            busy, idle = await _busy_then_idle([pool.children[0].proc.pid], send, 0.4)
+        finally:
+            await nc.close()
+    assert busy[0] > 0.3 and idle[0] < 0.15, (busy, idle)
