@@ -279,13 +279,17 @@ def up(
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
     _check_accelerator_env()
-    cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
-                     node_id=node_id,
-                     nats_url=nats_url, spread_servers=spread_servers,
-                     nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup, prefix=prefix,
-                     pin_cpus=pin_cpus, busy_poll_us=busy_poll_us, run_dir=str(run_dir) if run_dir else None,
-                     backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
-                     **serving)
+    try:
+        cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
+                         node_id=node_id,
+                         nats_url=nats_url, spread_servers=spread_servers,
+                         nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,
+                         prefix=prefix, pin_cpus=pin_cpus, busy_poll_us=busy_poll_us,
+                         run_dir=str(run_dir) if run_dir else None,
+                         backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
+                         **serving)
+    except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf)
+        _usage(f"up: {exc}")
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)
 

@@ -28,7 +28,7 @@ def anyio_backend(request):
 
 
 def test_busy_poll_window_must_be_positive():
-    for bad in (0, -1.0, float("nan")):
+    for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="window_us"):
             BusyPoll(bad)
 

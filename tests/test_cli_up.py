@@ -187,3 +187,16 @@ def test_bad_or_unreachable_nats_urls_get_one_line(tmp_path):
         assert text in out.stderr and "Traceback" not in out.stderr, (url, out.stderr[-2000:])
         if code == 3:
             assert "--spread-servers has nothing to spread with one NATS server" in out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
+    """``--busy-poll-us`` must be a finite number of µs >= 0: typer refuses a negative one and nan, the node's check
+    refuses inf; each is one message and exit 2, before anything starts (no traceback)."""
+    models = str(models_subset(tmp_path / "models", ["typed"]))
+    for value, text in (("-1", "--busy-poll-us"), ("inf", "busy_poll_us must be a finite number"),
+                        ("nan", "--busy-poll-us")):
+        out = subprocess.run(UP + ["--busy-poll-us", value, "--no-cache", "--workers", "1", "--models", models],
+                             capture_output=True, text=True, env=ENV, timeout=30, cwd=ROOT)
+        assert out.returncode == 2, (value, out.returncode, out.stderr[-2000:])
+        assert text in out.stderr and "Traceback" not in out.stderr, (value, out.stderr[-2000:])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -131,8 +132,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
             raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
-        if not self.busy_poll_us >= 0:
-            raise ValueError(f"NodeConfig.busy_poll_us must be >= 0 µs (0 = off), got {self.busy_poll_us}")
+        if not (self.busy_poll_us >= 0 and math.isfinite(self.busy_poll_us)):
+            raise ValueError(f"NodeConfig.busy_poll_us must be a finite number >= 0 µs (0 = off), got {self.busy_poll_us}")
         from ..accelerators import BACKENDS, PRECISIONS
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):
