@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call (DESIGN §11: absolute figures only from the H200 hosts). Usage, from the repo root:
-#   bash bench/device_run.sh [all|x4|mesh]     results (JSON, PNG, log) under $OUT
+#   bash bench/device_run.sh [all|x4|mesh|busy]     results (JSON, PNG, log) under $OUT
 # all:  throughput profile (+ echo ceiling, same run), latency ('quick') profile, micro-benchmarks, py-spy profile.
 # x4:   throughput profile with closed loops up to c=1024, then the latency profile (64-core host).
 # mesh: the 100k attempt (64-core host): colocated processes spread over 4 gateway-joined nats-servers
 #       (as many echo responders as colocated processes, on the same mesh and placement), then the same
 #       colocated layout on one server, for the ratio.
+# busy: busy polling A/B, alternated (colocated off, on, off, on; then the separate layout off, on), fixed open
+#       rates, no sweep (~8 minutes on the 16-core host).
 set -u
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
@@ -17,6 +19,15 @@ what=${1:-all}
   command -v nats-server py-spy
   closed=1,8,64,256
   [ "$what" = x4 ] && closed=1,8,64,256,1024
+  if [ "$what" = busy ]; then
+    ab() { local t=$1; shift
+      timeout 130 python3 -m bench.suite --profile throughput --no-ray --closed 1,64 --no-sweep \
+        --open-rates 10000,15000,20000,25000,30000 --json "$OUT/$t.json" "$@" || echo "suite $t failed: $?"; }
+    C="--colocate --workers 8 --ingress 1"
+    ab c-off-1 $C; ab c-on-1 $C --busy-poll-us 5000; ab c-off-2 $C; ab c-on-2 $C --busy-poll-us 5000
+    ab s-off --workers 4 --ingress 4; ab s-on --workers 4 --ingress 4 --busy-poll-us 5000
+    exit 0
+  fi
   if [ "$what" = mesh ]; then
     n=$(nproc)
     timeout 420 python3 -m bench.suite --profile throughput --no-ray --colocate --workers $((n * 9 / 16)) \
