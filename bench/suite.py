@@ -122,8 +122,9 @@ class SuiteConfig:
             raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers >= 1 and echo >= 0")
         if self.duration_s <= 0 or self.sweep_factor <= 1.0:
             raise ValueError("SuiteConfig: duration_s > 0 and sweep_factor > 1")
-        if not (self.busy_poll_us >= 0 and self.echo_busy_poll_us >= 0):
-            raise ValueError("SuiteConfig: busy_poll_us and echo_busy_poll_us >= 0 µs")
+        for name in ("busy_poll_us", "echo_busy_poll_us"):
+            if not 0 <= getattr(self, name) <= 1e6:
+                raise ValueError(f"SuiteConfig.{name} must be 0 (off) to 1000000 µs, got {getattr(self, name)}")
 
 
 def _auto_layout(n: int) -> dict:
@@ -612,6 +613,19 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _poll_us(text: str) -> float:
+    """A busy-polling window for argparse: 0 (off) to ``MAX_WINDOW_US`` µs."""
+    from inferbus.bus._busypoll import MAX_WINDOW_US
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of µs, got {text!r}") from None
+    if not 0 <= v <= MAX_WINDOW_US:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) to {MAX_WINDOW_US:.0f} µs, got {text}")
+    return v
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="quick", choices=sorted(PROFILES))
@@ -636,9 +650,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max-steps", type=int)
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
-    p.add_argument("--busy-poll-us", type=float, help="the actors keep polling this many µs after each request "
+    p.add_argument("--busy-poll-us", type=_poll_us, help="the actors keep polling this many µs after each request "
                    "(0 = off, the default)")
-    p.add_argument("--echo-busy-poll-us", type=float, help="the echo responders' busy polling, µs (0 = off; equal "
+    p.add_argument("--echo-busy-poll-us", type=_poll_us, help="the echo responders' busy polling, µs (0 = off; equal "
                    "to --busy-poll-us for a matched floor)")
     p.add_argument("--nats-servers", type=_positive_int, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def anyio_backend(request):
 
 
 def test_busy_poll_window_must_be_positive():
-    for bad in (0, -1.0, float("nan"), float("inf")):
+    for bad in (0, -1.0, float("nan"), float("inf"), 1_000_001):
         with pytest.raises(ValueError, match="window_us"):
             BusyPoll(bad)
 
@@ -56,6 +57,46 @@ async def test_busy_poll_spins_for_the_window_after_the_last_poke_then_blocks():
         bp.poke(time.monotonic())
         await asyncio.sleep(0.01)
         assert bp.spinning and bp.periods == 2
+    finally:
+        task.cancel()
+
+
+@pytest.mark.timeout(30)
+async def test_busy_poll_lets_another_thread_have_the_gil_while_it_has_work():
+    """A spinning loop holds the GIL; while ``pause()`` says a thread of the process has work, the poller waits
+    in the loop's poll instead of spinning, so the thread is not held to CPython's 5 ms switch interval."""
+    has_work = threading.Event()
+    bp = BusyPoll(500_000, pause=has_work.is_set)
+    task = asyncio.create_task(bp.run())
+    cpu_s, turns_at_end = [], []
+
+    def compute() -> None:  # pure Python: runs only while holding the GIL
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+        cpu_s.append(time.thread_time() - t0)
+        turns_at_end.append(bp.turns)  # read before the poller may spin again
+        has_work.clear()
+
+    try:
+        bp.poke(time.monotonic())
+        await asyncio.sleep(0.02)
+        spun = bp.turns
+        assert spun > 100 and bp.paused == 0, (spun, bp.paused)
+        has_work.set()
+        worker = threading.Thread(target=compute)
+        t_start = time.monotonic()
+        worker.start()
+        while worker.is_alive():
+            await asyncio.sleep(0.005)
+        wall_s = time.monotonic() - t_start
+        assert cpu_s and bp.paused > 0
+        # while the thread had work the poller did not spin (a few turns around the hand-over at most); each
+        # pause lasts until the loop gets the GIL back, so ~50 ms of thread CPU takes ~10 pauses
+        assert turns_at_end[0] - spun < 50, (turns_at_end[0] - spun, bp.paused)
+        assert wall_s < 1.0, wall_s  # liveness only: 50 ms of thread CPU, with the loop out of its way
+        await asyncio.sleep(0.02)
+        assert bp.turns - spun > 100 and bp.spinning  # no work on the thread: spinning again
     finally:
         task.cancel()
 
@@ -94,11 +135,13 @@ async def _busy_then_idle(pids: list[int], send, window_s: float) -> tuple[list[
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("layout", ["colocated", "separate"])
+@pytest.mark.parametrize("layout", ["colocated", "separate", "thread"])
 async def test_node_busy_polls_between_requests_and_blocks_when_idle(tmp_path, layout):
     """Each actor process on the request's path keeps a core busy while requests come more often than the
-    window, and goes back to ~0 once they stop; the answers are the model's."""
-    extra = ["--no-cache", "--busy-poll-us", "400000"] + (["--colocate"] if layout == "colocated" else [])
+    window, and goes back to ~0 once they stop; the answers are the model's. ``thread``: the separate layout
+    with the model on the worker's inference thread (the poller steps aside while the thread computes)."""
+    extra = ["--no-cache", "--busy-poll-us", "400000"] + {
+        "colocated": ["--colocate"], "separate": [], "thread": ["--inline-max-compute-us", "0"]}[layout]
     dep = start_deployment(tmp_path / layout, workers=1, extra=extra, prefix="bp")
     try:
         kinds = ("colocated",) if layout == "colocated" else ("worker", "ingress")
@@ -110,9 +153,11 @@ async def test_node_busy_polls_between_requests_and_blocks_when_idle(tmp_path, l
             async def send():  # a distinct input each time: a cache miss, so the worker runs it
                 sent[0] += 1
                 x = rows + np.float32(sent[0] * 1e-3)
-                out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+                res = await client.infer_result("digits", {"pixels": x}, timeout_s=5)
                 ref = reference("digits", "1", {"pixels": x})
-                np.testing.assert_allclose(out["probabilities"], ref["probabilities"], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(res.outputs["probabilities"], ref["probabilities"], rtol=1e-5, atol=1e-6)
+                if layout == "thread":  # (the others run inline while the model's EWMA stays under 250 µs)
+                    assert res.parameters["exec"] == "thread"
 
             busy, idle = await _busy_then_idle(pids, send, 0.4)
         # a process blocking in epoll between requests 50 ms apart uses a few % of a core (measured ~3 %)
@@ -137,3 +182,22 @@ async def test_echo_responders_busy_poll_when_asked(nats_server):
         finally:
             await nc.close()
     assert busy[0] > 0.3 and idle[0] < 0.15, (busy, idle)
+
+
+@pytest.mark.timeout(120)
+def test_up_names_busy_polling_and_notes_more_pollers_than_cores(tmp_path):
+    """The start line says busy polling is on; with more polling processes than usable cores a note says they
+    share cores (3 workers + 1 ingress here)."""
+    dep = start_deployment(tmp_path, workers=3, extra=["--no-cache", "--busy-poll-us", "1500"], prefix="bpn")
+    try:
+        deadline = time.monotonic() + 10
+        cores = len(os.sched_getaffinity(0))
+        while time.monotonic() < deadline:
+            text = dep.log.read_text()
+            if "model" in text.split("inferbus up", 1)[1]:  # the model lines follow the note
+                break
+            time.sleep(0.1)
+        assert "busy polling 1500 µs" in text, text[-2000:]
+        assert ("busy-polling processes on" in text) == (4 > cores), (cores, text[-2000:])
+    finally:
+        dep.stop()

@@ -7,12 +7,12 @@ node supervisor hands it to a child process on its command line.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields
 
 from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
 
 from ..bus import BusConfig
+from ..bus._busypoll import MAX_WINDOW_US
 
 MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
@@ -148,8 +148,8 @@ class WorkerConfig(_JsonMixin):
             raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0")
         if self.inline_max_compute_us < 0:
             raise ValueError("WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline)")
-        if not (self.busy_poll_us >= 0 and math.isfinite(self.busy_poll_us)):
-            raise ValueError(f"WorkerConfig.busy_poll_us must be a finite number >= 0 µs (0 = off), got {self.busy_poll_us}")
+        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
+            raise ValueError(f"WorkerConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
 
 
 @dataclass(frozen=True)
@@ -244,8 +244,8 @@ class IngressConfig(_JsonMixin):
             raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
         if not self.peer_query_timeout_ms > 0:
             raise ValueError("IngressConfig.peer_query_timeout_ms must be > 0 ms")
-        if not (self.busy_poll_us >= 0 and math.isfinite(self.busy_poll_us)):
-            raise ValueError(f"IngressConfig.busy_poll_us must be a finite number >= 0 µs (0 = off), got {self.busy_poll_us}")
+        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
+            raise ValueError(f"IngressConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
         if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
             raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
         if self.max_pending < 1:

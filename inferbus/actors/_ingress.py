@@ -291,8 +291,12 @@ class Ingress:
         self.local_worker = worker
         self.router.local_worker_id = worker.config.worker_id
         worker.attach_local_ingress(self.config.ingress_id, self.settle)
-        # one busy poller per event loop: the worker runs it, both actors' request handlers poke it
-        worker.busy_poll = self.busy_poll = worker.busy_poll or self.busy_poll
+        # one busy poller per event loop: the worker runs it, both actors' request handlers poke it, and it
+        # stops spinning while the worker's inference thread has work
+        shared = worker.busy_poll or self.busy_poll
+        if shared is not None:
+            shared.pause = worker.thread_has_work
+        worker.busy_poll = self.busy_poll = shared
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:

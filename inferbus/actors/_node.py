@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
+from ..bus._busypoll import MAX_WINDOW_US
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
@@ -132,8 +132,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
             raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
-        if not (self.busy_poll_us >= 0 and math.isfinite(self.busy_poll_us)):
-            raise ValueError(f"NodeConfig.busy_poll_us must be a finite number >= 0 µs (0 = off), got {self.busy_poll_us}")
+        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
+            raise ValueError(f"NodeConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
         from ..accelerators import BACKENDS, PRECISIONS
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):

@@ -308,8 +308,16 @@ class Worker:
         """Colocated ingress: its id and the coroutine function that takes its completion notices in-process."""
         self.local_done_notices = 0
         """Completion batches settled at the colocated ingress in-process (no notice, no NATS message)."""
-        self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
-        """Keeps the loop polling after each request (``busy_poll_us``); a colocated ingress pokes it too."""
+        self._thread_busy = False
+        """The inference thread is computing a batch (written by that thread, read by the loop)."""
+        self.busy_poll = (BusyPoll(config.busy_poll_us, pause=self.thread_has_work) if config.busy_poll_us > 0
+                          else None)
+        """Keeps the loop polling after each request (``busy_poll_us``), except while the inference thread has
+        work (a spinning loop would keep the GIL from it); a colocated ingress pokes it too."""
+
+    def thread_has_work(self) -> bool:
+        """Whether the inference thread is computing or has requests queued (the busy poller then lets it run)."""
+        return self._thread_busy or not self.mailbox.empty()
 
     def attach_local_ingress(self, ingress_id: str, on_done) -> None:
         """Settle completions for ``ingress_id`` by awaiting ``on_done(items)`` instead of publishing notices.
@@ -846,12 +854,16 @@ class Worker:
                     jobs.append(mailbox.get_nowait())
                 except queue.Empty:
                     break
-            delay_ms = self.fault.compute_delay_ms
-            if delay_ms > 0:  # fault injection; only ever on this thread (never inline, see _runs_inline)
-                time.sleep(delay_ms / 1000.0)
-            outcomes = self._run_jobs(jobs)
-            if outcomes:
-                self.loop.call_soon_threadsafe(self._outbox.put_nowait, outcomes)
+            self._thread_busy = True
+            try:
+                delay_ms = self.fault.compute_delay_ms
+                if delay_ms > 0:  # fault injection; only ever on this thread (never inline, see _runs_inline)
+                    time.sleep(delay_ms / 1000.0)
+                outcomes = self._run_jobs(jobs)
+                if outcomes:
+                    self.loop.call_soon_threadsafe(self._outbox.put_nowait, outcomes)
+            finally:
+                self._thread_busy = False
 
     def _run_jobs(self, jobs: list[Job]) -> list[Outcome]:
         """Compute one zero-wait batch of jobs; runs on the inference thread or (inline) on the loop.

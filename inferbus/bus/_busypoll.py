@@ -18,8 +18,15 @@ dedicated cores (``inferbus up --pin-cpus --busy-poll-us N``); off by default.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
+
+
+MAX_WINDOW_US = 1_000_000.0
+"""Longest window accepted (1 s): longer would keep a core busy through pauses no request gap needs bridged."""
+
+PAUSE_S = 0.001
+"""While ``pause()`` is true the loop waits this long in its poll between checks instead of spinning (uvloop's
+timers have 1 ms resolution); a thread's completion handed back with ``call_soon_threadsafe`` wakes it sooner."""
 
 
 class BusyPoll:
@@ -28,24 +35,33 @@ class BusyPoll:
     Start :meth:`run` as a task of the loop to keep polling; call :meth:`poke` from the request handlers
     (cheap: two attribute stores and a test). Loop thread only.
 
+    A spinning loop holds the GIL: another thread of the process (a worker's inference thread) would get it
+    only when CPython's switch interval (``sys.getswitchinterval()``, 5 ms) forces a hand-over. So while
+    ``pause()`` is true the poller does not spin: the loop blocks in its poll (GIL released) for up to
+    :data:`PAUSE_S` at a time and the thread runs at once.
+
     Args:
-        window_us: how long to keep polling after the last request, µs (> 0 and finite).
+        window_us: how long to keep polling after the last request, µs (> 0, at most :data:`MAX_WINDOW_US`).
+        pause: called before each turn; true = another thread of this process has work (do not spin).
 
     Raises:
-        ValueError: ``window_us`` is not a positive finite number.
+        ValueError: ``window_us`` is not a number in (0, ``MAX_WINDOW_US``].
     """
 
-    def __init__(self, window_us: float) -> None:
-        if not (window_us > 0 and math.isfinite(window_us)):
-            raise ValueError(f"BusyPoll: window_us must be a finite number > 0 µs, got {window_us}")
+    def __init__(self, window_us: float, pause=None) -> None:
+        if not (0 < window_us <= MAX_WINDOW_US):  # also refuses nan
+            raise ValueError(f"BusyPoll: window_us must be > 0 and <= {MAX_WINDOW_US:.0f} µs (1 s), got {window_us}")
         self.window_s = window_us / 1e6
+        self.pause = pause
         self.until = 0.0
         """``time.monotonic()`` until which the loop keeps polling."""
         self.spinning = False
         self.periods = 0
         """Times polling started after the loop had gone back to blocking."""
         self.turns = 0
-        """Turns of the event loop spent polling (one per ``asyncio.sleep(0)``)."""
+        """Turns of the event loop spent spinning (one per ``asyncio.sleep(0)``)."""
+        self.paused = 0
+        """Waits of up to :data:`PAUSE_S` instead of a spin, because ``pause()`` was true."""
         self._wake = asyncio.Event()
 
     def poke(self, now: float) -> None:
@@ -59,13 +75,19 @@ class BusyPoll:
         """Poll while :attr:`until` is ahead, block while it is not; runs until cancelled."""
         wake = self._wake
         monotonic = time.monotonic
+        sleep = asyncio.sleep
         while True:
             await wake.wait()
             wake.clear()
             self.periods += 1
             try:
                 while monotonic() < self.until:
-                    await asyncio.sleep(0)  # one turn of the loop: ready callbacks, then a zero-timeout poll
-                    self.turns += 1
+                    pause = self.pause
+                    if pause is not None and pause():
+                        self.paused += 1
+                        await sleep(PAUSE_S)  # the loop blocks in its poll: the GIL is free for the thread
+                    else:
+                        await sleep(0)  # one turn of the loop: ready callbacks, then a zero-timeout poll
+                        self.turns += 1
             finally:
                 self.spinning = False
