@@ -54,9 +54,10 @@ async def _served_default(url: str, prefix: str, model: str, version: str | None
 
 async def run_load(*, model: str, version: str | None, models_dir: str, nats_url: str | None, workers: int,
                    ingress: int, gens: int, concurrency: list[int], rates: list[float], duration_s: float,
-                   hit: bool, timeout_s: float, prefix: str, spread: bool = False):
+                   hit: bool, timeout_s: float, prefix: str, spread: bool = False, busy_poll_us: float = 0.0):
     """Start a node unless ``nats_url`` is given, then run the steps from ``gens`` generator processes
-    (``spread``: generator ``k`` connects to server ``k mod n`` of ``nats_url`` first).
+    (``spread``: generator ``k`` connects to server ``k mod n`` of ``nats_url`` first; ``busy_poll_us``: the
+    started node's ``NodeConfig.busy_poll_us``).
 
     Returns:
         the list of :class:`~inferbus.loadgen.BenchResult`, in step order.
@@ -67,7 +68,8 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
     node = None
     url = nats_url
     if url is None:
-        node = Node(NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, nats_port=0, prefix=prefix))
+        node = Node(NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, nats_port=0, prefix=prefix,
+                               busy_poll_us=busy_poll_us))
         await node.start()
         await node.wait_ready(120)
         url = node.nats_url

@@ -487,6 +487,8 @@ def bench(
                                                      "serves, from its metadata)."),
     workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
     ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
+    busy_poll_us: float = typer.Option(0.0, min=0.0, max=1_000_000.0,
+                                       help="Busy polling of the deployment started here (µs; 0 = off; see `up`)."),
     gens: int = typer.Option(1, help="Load-generator processes."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
@@ -506,7 +508,8 @@ def bench(
     from ._cli_bench import run_load, run_suite
 
     if suite:
-        args = ["--profile", profile] + (["--json", str(out)] if out else [])
+        args = (["--profile", profile] + (["--json", str(out)] if out else [])
+                + (["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []))
         raise typer.Exit(run_suite(args))
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
@@ -520,7 +523,7 @@ def bench(
     if not duration_s > 0 or not timeout_s > 0 or gens < 1 or ingress < 1 or workers < 0:
         _usage("bench: --duration and --timeout-s must be > 0, --gens and --ingress >= 1, --workers >= 0")
     kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
-              workers=workers, ingress=ingress, gens=gens, concurrency=levels, rates=rates,
+              workers=workers, ingress=ingress, busy_poll_us=busy_poll_us, gens=gens, concurrency=levels, rates=rates,
               duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread)
     results = _call(lambda: run_load(**kw))
     if json_out:
