@@ -5,14 +5,15 @@ scheduler, a vCPU leaving its halt state on a VM) and runs on cold CPU caches: o
 process spent ~300 CPU µs per cache miss at ~2.7k requests/s and ~170 µs at saturation, for the same work.
 Measured effect (docs/performance.md, "Busy polling"): at light load the p50 falls (cache hits at
 concurrency 1 by 18-42 %); near saturation on a 16-core host (a VM) the p99 rose and throughput dropped
-~10 %. The idea and the unit come from Linux
-socket busy polling (``net.core.busy_poll`` / ``SO_BUSY_POLL``, in µs: spin on the device queue instead of
-sleeping) and OpenOnload's ``EF_POLL_USEC``. Here the spin is one turn of the event loop at a time
-(``await asyncio.sleep(0)``: uvloop then polls with a zero timeout), for ``window_us`` after the last
-request, then the loop blocks again as usual.
+~10 %.
 
-Costs a full core while requests arrive at least every ``window_us``. Meant for processes pinned to
-dedicated cores (``inferbus up --pin-cpus --busy-poll-us N``); off by default.
+The idea and the unit come from Linux socket busy polling (``net.core.busy_poll`` / ``SO_BUSY_POLL``, in
+µs: spin on the device queue instead of sleeping) and OpenOnload's ``EF_POLL_USEC``. Here the spin is one
+turn of the event loop at a time (``await asyncio.sleep(0)``: uvloop then polls with a zero timeout), for
+``window_us`` after the last request, then the loop blocks again as usual.
+
+Costs a full core while requests arrive at least every ``window_us``. Meant for processes with a core each
+(``inferbus up --colocate --pin-cpus --busy-poll-us N``); off by default.
 """
 
 from __future__ import annotations
