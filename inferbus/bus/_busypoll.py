@@ -4,8 +4,8 @@ An idle asyncio process blocks in ``epoll_wait``. The next request then pays for
 scheduler, a vCPU leaving its halt state on a VM) and runs on cold CPU caches: on the H200 host a colocated
 process spent ~300 CPU µs per cache miss at ~2.7k requests/s and ~170 µs at saturation, for the same work.
 Measured effect (docs/performance.md, "Busy polling"): at light load the p50 falls (cache hits at
-concurrency 1 by 18-42 %); near saturation on a 16-core host (a VM) the p99 rose and closed-loop throughput dropped
-3-12 %.
+concurrency 1 by 18-42 %); near saturation on a 16-core host (a VM) the p99 rose and the closed-loop
+throughput dropped 3-12 %.
 
 The idea and the unit come from Linux socket busy polling (``net.core.busy_poll`` / ``SO_BUSY_POLL``, in
 µs: spin on the device queue instead of sleeping) and OpenOnload's ``EF_POLL_USEC``. Here the spin is one
