@@ -327,15 +327,19 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
-                      f"{f'busy polling {cfg.busy_poll_us:g} µs, ' if cfg.busy_poll_us else ''}"
+                      f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}"
                       f"run dir {node.run_dir}")
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            if polling > cores:
-                err_console.print(f"[yellow]note[/]: {polling} busy-polling processes on {cores} cores: some share a "
-                                  f"core and slow each other down; start fewer (--workers, --ingress, or --colocate)")
+            # the embedded nats-server needs a core of its own too (and the clients, which we cannot count)
+            embedded = 1 if cfg.nats_url is None else 0
+            if polling + embedded > cores:
+                err_console.print(f"[yellow]note[/]: {polling} busy-polling processes"
+                                  f"{' and the embedded nats-server' if embedded else ''} on {cores} cores: they share "
+                                  f"cores and slow each other down, and requests wait longer; start fewer (--workers, "
+                                  f"--ingress, or --colocate) and leave cores for nats-server and the clients")
         if cfg.redis_url and not cfg.no_cache:
             problem = await _redis_problem(cfg.redis_url)
             if problem:
