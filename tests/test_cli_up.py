@@ -191,13 +191,18 @@ def test_bad_or_unreachable_nats_urls_get_one_line(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
-    """``--busy-poll-us`` must be 0 to 1,000,000 µs: typer refuses a negative one and nan, the node's check inf
-    and more than 1 s; each is one message and exit 2, before anything starts (no traceback)."""
+    """``--busy-poll-us`` must be 0 to 1,000,000 µs: a negative value, nan, inf and more than 1 s each get one
+    line naming the range and exit 2, before anything starts (no traceback); ``bench`` checks the same."""
     models = str(models_subset(tmp_path / "models", ["typed"]))
-    for value, text in (("-1", "--busy-poll-us"), ("nan", "--busy-poll-us"),
-                        ("inf", "busy_poll_us must be 0 (off) to 1000000 µs"),
-                        ("2e6", "busy_poll_us must be 0 (off) to 1000000 µs")):
+    for value in ("-1", "nan", "inf", "2e6"):
+        text = "busy_poll_us must be 0 (off) to 1000000 µs"
         out = subprocess.run(UP + ["--busy-poll-us", value, "--no-cache", "--workers", "1", "--models", models],
                              capture_output=True, text=True, env=ENV, timeout=30, cwd=ROOT)
         assert out.returncode == 2, (value, out.returncode, out.stderr[-2000:])
         assert text in out.stderr and "Traceback" not in out.stderr, (value, out.stderr[-2000:])
+    for value in ("-1", "nan", "2e6"):
+        out = subprocess.run(UP[:-1] + ["bench", "--busy-poll-us", value, "--models", models], capture_output=True,
+                             text=True, env=ENV, timeout=30, cwd=ROOT)
+        assert out.returncode == 2, (value, out.returncode, out.stderr[-2000:])
+        assert "--busy-poll-us must be 0 (off) to 1000000 µs" in out.stderr, (value, out.stderr[-2000:])
+        assert "Traceback" not in out.stderr
