@@ -199,7 +199,8 @@ def up(
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling: each worker/ingress process keeps polling "
                                        "this many µs after each request instead of sleeping (lower latency, a full "
-                                       "core per busy process; use with --pin-cpus on dedicated cores). 0 = off."),
+                                       "core per busy process; give each process a core, e.g. --colocate "
+                                       "--pin-cpus). 0 = off, at most 1000000."),
     backends: str = typer.Option("onnxruntime", help="Comma-separated backends (onnxruntime, jax, tensorrt): one "
                                  "worker per device each serves; see `inferbus devices`."),
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
@@ -511,8 +512,12 @@ def bench(
     every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md)."""
     from ._cli_bench import run_load, run_suite
 
-    if not 0 <= busy_poll_us <= 1_000_000:  # also refuses nan
-        _usage(f"bench: --busy-poll-us must be 0 (off) to 1000000 µs, got {busy_poll_us}")
+    from .bus._busypoll import check_busy_poll_us
+
+    try:
+        check_busy_poll_us(busy_poll_us, "bench: --busy-poll-us")
+    except ValueError as exc:
+        _usage(str(exc))
     if suite:
         args = (["--profile", profile] + (["--json", str(out)] if out else [])
                 + (["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []))

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
 
 from ..bus import BusConfig
-from ..bus._busypoll import MAX_WINDOW_US
+from ..bus._busypoll import check_busy_poll_us
 
 MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
@@ -148,8 +148,7 @@ class WorkerConfig(_JsonMixin):
             raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0")
         if self.inline_max_compute_us < 0:
             raise ValueError("WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline)")
-        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
-            raise ValueError(f"WorkerConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
+        check_busy_poll_us(self.busy_poll_us, "WorkerConfig.busy_poll_us")
 
 
 @dataclass(frozen=True)
@@ -177,10 +176,7 @@ class IngressConfig(_JsonMixin):
     region: str = ""
     cpu_affinity: tuple[int, ...] = ()
     busy_poll_us: float = 0.0
-    """Busy polling: after each request, keep this process's event loop polling for this many µs instead of
-    blocking, so the next request finds a running process with warm caches (:class:`inferbus.bus.BusyPoll`;
-    the idea of Linux ``SO_BUSY_POLL``). Costs a full core while requests keep coming; for processes pinned
-    to dedicated cores. 0 = off (default)."""
+    """Busy polling, as :attr:`WorkerConfig.busy_poll_us` (colocated: one poller, the worker's, for both)."""
     max_error_rate: float = 0.01
     """A worker reporting a higher error rate (server-side failures / requests in its window) is unhealthy."""
     min_window_requests: int = 100
@@ -244,8 +240,7 @@ class IngressConfig(_JsonMixin):
             raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
         if not self.peer_query_timeout_ms > 0:
             raise ValueError("IngressConfig.peer_query_timeout_ms must be > 0 ms")
-        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
-            raise ValueError(f"IngressConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
+        check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
         if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
             raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
         if self.max_pending < 1:

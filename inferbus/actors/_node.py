@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
-from ..bus._busypoll import MAX_WINDOW_US
+from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
@@ -132,8 +132,7 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.ingress < 1:
             raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
-        if not 0 <= self.busy_poll_us <= MAX_WINDOW_US:  # also refuses nan
-            raise ValueError(f"NodeConfig.busy_poll_us must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {self.busy_poll_us}")
+        check_busy_poll_us(self.busy_poll_us, "NodeConfig.busy_poll_us")
         from ..accelerators import BACKENDS, PRECISIONS
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):

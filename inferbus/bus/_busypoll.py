@@ -30,6 +30,17 @@ PAUSE_S = 0.001
 timers have 1 ms resolution); a thread's completion handed back with ``call_soon_threadsafe`` wakes it sooner."""
 
 
+def check_busy_poll_us(value_us: float, what: str) -> float:
+    """``value_us`` if it is a busy-polling setting this package accepts: 0 (off) to :data:`MAX_WINDOW_US` µs.
+
+    Raises:
+        ValueError: anything else (negative, above 1 s, nan, inf), naming ``what`` and the value.
+    """
+    if not 0 <= value_us <= MAX_WINDOW_US:  # also refuses nan
+        raise ValueError(f"{what} must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {value_us}")
+    return value_us
+
+
 class BusyPoll:
     """Spin the running event loop for ``window_us`` after the last :meth:`poke`.
 
@@ -50,8 +61,8 @@ class BusyPoll:
     """
 
     def __init__(self, window_us: float, pause=None) -> None:
-        if not (0 < window_us <= MAX_WINDOW_US):  # also refuses nan
-            raise ValueError(f"BusyPoll: window_us must be > 0 and <= {MAX_WINDOW_US:.0f} µs (1 s), got {window_us}")
+        if not check_busy_poll_us(window_us, "BusyPoll: window_us"):
+            raise ValueError("BusyPoll: window_us must be > 0 µs (0 means no poller at all)")
         self.window_s = window_us / 1e6
         self.pause = pause
         self.until = 0.0
