@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw
+from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -331,6 +331,13 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
             await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct, rid)
 
+    async def _send(self) -> None:
+        """Send what this request published: in one write at once when no other request waits in the
+        subscription, else by nats-py's flusher after the waiting ones (their messages share the write);
+        :func:`inferbus.bus.send_pending`."""
+        sub = self._infer_sub
+        await send_pending(self.nc, now=sub is None or not sub.pending_msgs)
+
     async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None) -> None:
         eh, eb = error_message(err, ct, rid)
         try:
@@ -512,7 +519,8 @@ class Ingress:
                  header_block({H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack",
                                H.REQUEST_ID: rid}))
         await publish_raw(self.nc, reply, encode_response(msgspec.structs.replace(resp, id=req_id, parameters=params),
-                                                          ct), headers=block)
+                                                          ct), headers=block, flush=False)
+        await self._send()
 
     def _pending_copy(self, rid: str | None, model_key: str):
         """``(seq, pending, worker state or None)`` of request ``rid``'s pending copy for ``model_key``, or None."""
@@ -676,7 +684,9 @@ class Ingress:
         if local:
             await self._forward_local(seq, msg.reply, body, lf, deadline, now, hedge_mark)
         else:
-            await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block)
+            await publish_raw(self.nc, self.subjects.worker(w.worker_id), body, reply=msg.reply, headers=block,
+                              flush=False)
+            await self._send()
         self.counts["ok_forwarded"] += 1
 
     async def _forward_local(self, seq: int, reply: str, body: bytes, lf: tuple, deadline: float, now: float,

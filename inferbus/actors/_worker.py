@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import BusyPoll, Subjects, connected_server, publish_raw
+from ..bus import BusyPoll, Subjects, connected_server, publish_raw, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -585,7 +585,8 @@ class Worker:
                     try:
                         if o.ok:  # our own header values (content type, a received request id): no CR/LF
                             await publish_raw(nc, t.reply, o.body, headers="".join(
-                                [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode())
+                                [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode(),
+                                flush=False)
                         else:
                             await nc.publish(t.reply, o.body, headers=hdrs)
                     except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
@@ -598,6 +599,12 @@ class Worker:
                         local_done.append(item)
                     else:
                         done.setdefault(t.ingress, []).append(item)
+        # the replies leave in one write now, before any bookkeeping below and before the handlers already
+        # queued on this loop (nats-py's flusher task would send them only after those)
+        try:
+            await send_pending(nc)
+        except Exception as exc:  # the client's timeout covers a reply that could not be sent
+            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
         if local_done:  # colocated ingress: settled in-process, no notice, no NATS message
             self.local_done_notices += 1
             try:

@@ -64,12 +64,18 @@ def parse_block(block: bytes) -> dict[str, str]:
     return out
 
 
-async def publish_raw(nc, subject: str, payload: bytes, *, reply: str = "", headers: bytes | None = None) -> None:
+async def publish_raw(nc, subject: str, payload: bytes, *, reply: str = "", headers: bytes | None = None,
+                      flush: bool = True) -> None:
     """Publish ``payload`` with a pre-encoded header block (None = no headers).
 
     Behaviour matches ``nc.publish``: buffered while reconnecting, written by
     nats-py's flusher; the subject is not validated (pass subjects you built or
     received from the server).
+
+    ``flush=False`` only appends to nats-py's pending buffer (nothing is sent
+    until :func:`send_pending`, the next flushing publish or nats-py's own
+    flush): for a caller that publishes several messages in a row and then sends
+    them in one write with :func:`send_pending`.
 
     Raises:
         nats.errors.ConnectionClosedError: the connection is closed.
@@ -90,6 +96,52 @@ async def publish_raw(nc, subject: str, payload: bytes, *, reply: str = "", head
         await send(pub_cmd(subject, reply, payload))
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += len(payload)
+    if not flush:
+        return
     fq = nc._flush_queue
     if fq is not None and fq.empty():
         await nc._flush_pending()
+
+
+
+async def send_pending(nc, *, now: bool = True) -> bool:
+    """Send what nats-py has buffered for ``nc``: in one socket write at once (``now``), else by its flusher.
+
+    nats-py's flusher is a task: a publish queues a future that wakes it on a
+    later turn of the event loop, after every callback already ready (on a busy
+    actor: the handlers of the requests queued behind this one, and their
+    bookkeeping). An actor that has just produced answers calls this with
+    ``now=True`` to put them on the wire first, saving the flusher's future,
+    queue hand-off and task switch; with ``now=False`` (more requests already
+    wait to be handled, whose answers can share the write) it kicks the flusher
+    as ``nc.publish`` does.
+
+    ``now`` writes straight to the connection's asyncio transport (uvloop tries
+    the ``send`` at once) only when the client is connected and that transport
+    holds no unsent bytes. Otherwise (reconnecting, a backlog the flusher is
+    draining, another transport than nats-py's TCP one) the flusher is kicked,
+    so that ordering, buffering during reconnects and back-pressure stay
+    nats-py's. Uses the private ``_pending``, ``_pending_data_size``,
+    ``_flush_queue``, ``_flush_pending`` and ``_transport._io_writer`` of
+    nats-py 2.x (2.2 to 2.16 at least).
+
+    Returns:
+        True when the bytes were written here; False when the flusher was kicked,
+        was already due, or nothing was pending.
+    """
+    if not getattr(nc, "_pending_data_size", 0):
+        return False
+    if now:
+        writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+        if writer is not None and nc.is_connected:
+            transport = writer.transport
+            if not transport.is_closing() and transport.get_write_buffer_size() == 0:
+                pending = nc._pending
+                nc._pending = []
+                nc._pending_data_size = 0
+                transport.writelines(pending)
+                return True
+    fq = getattr(nc, "_flush_queue", None)
+    if fq is not None and fq.empty() and not nc.is_closed:
+        await nc._flush_pending()
+    return False
