@@ -599,8 +599,19 @@ class Worker:
                         local_done.append(item)
                     else:
                         done.setdefault(t.ingress, []).append(item)
-        # the replies leave in one write now, before any bookkeeping below and before the handlers already
-        # queued on this loop (nats-py's flusher task would send them only after those)
+        # completion notices for ingresses over the bus and the audit record join the replies' buffer, and all
+        # of it leaves in one write now: before the colocated ingress's bookkeeping below and before the
+        # handlers already queued on this loop (nats-py's flusher task would send it only after those)
+        for ingress, items in done.items():
+            try:
+                await publish_raw(nc, self.subjects.done(ingress),
+                                  encode_internal(DoneNotice(self.config.worker_id, items)), flush=False)
+            except Exception as exc:
+                log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
+        if self.config.audit:
+            ids = [o.job.rid or "" for o in outcomes if o.executed]
+            if ids:
+                await publish_raw(nc, self.subjects.audit, msgspec.msgpack.encode(ids), flush=False)
         try:
             await send_pending(nc)
         except Exception as exc:  # the client's timeout covers a reply that could not be sent
@@ -611,15 +622,6 @@ class Worker:
                 await self._local_done(local_done)
             except Exception as exc:
                 log(f"worker {self.config.worker_id}: settling at the local ingress failed: {exc!r}")
-        for ingress, items in done.items():
-            try:
-                await nc.publish(self.subjects.done(ingress), encode_internal(DoneNotice(self.config.worker_id, items)))
-            except Exception as exc:
-                log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
-        if self.config.audit:
-            ids = [o.job.rid or "" for o in outcomes if o.executed]
-            if ids:
-                await nc.publish(self.subjects.audit, msgspec.msgpack.encode(ids))
         for t in requeue:
             await self._requeue(t)
 
