@@ -121,9 +121,10 @@ async def send_pending(nc, *, now: bool = True) -> bool:
     holds no unsent bytes. Otherwise (reconnecting, a backlog the flusher is
     draining, another transport than nats-py's TCP one) the flusher is kicked,
     so that ordering, buffering during reconnects and back-pressure stay
-    nats-py's. Uses the private ``_pending``, ``_pending_data_size``,
-    ``_flush_queue``, ``_flush_pending`` and ``_transport._io_writer`` of
-    nats-py 2.x (2.2 to 2.16 at least).
+    nats-py's. Uses the private ``_pending`` (a list of byte strings),
+    ``_pending_data_size``, ``_flush_queue``, ``_flush_pending`` and
+    ``_transport._io_writer`` of nats-py (checked against 2.16); where they
+    are missing or of another type it kicks the flusher instead.
 
     Returns:
         True when the bytes were written here; False when the flusher was kicked,
@@ -135,8 +136,8 @@ async def send_pending(nc, *, now: bool = True) -> bool:
         writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
         if writer is not None and nc.is_connected:
             transport = writer.transport
-            if not transport.is_closing() and transport.get_write_buffer_size() == 0:
-                pending = nc._pending
+            pending = nc._pending
+            if type(pending) is list and not transport.is_closing() and transport.get_write_buffer_size() == 0:
                 nc._pending = []
                 nc._pending_data_size = 0
                 transport.writelines(pending)
