@@ -551,71 +551,73 @@ class Worker:
         local_id = self._local_ingress_id
         local_done: list[DoneItem] = []  # for the colocated ingress: settled by a call, no DoneNotice
         requeue: list[Job] = []
-        for o in outcomes:
-            job = o.job
-            targets = job.targets()
-            if count:
-                # settle the dedupe tables first (no await in between), so a duplicate arriving
-                # while we publish finds the stored result instead of a finished job
-                if job.dkey is not None and self.in_progress.get(job.dkey) is job:
-                    del self.in_progress[job.dkey]
-                for t in targets:
-                    self.stats.in_flight -= 1
-                    if t.ingress is not None:
-                        self.by_seq.pop((t.ingress, t.seq), None)
-            if o.ok and limit > 0 and len(o.body) > limit:
-                err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
-                                      f"({nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers)",
-                                      field="outputs")
-                o.hdrs, o.body = error_message(err, job.ct, job.rid)
-                o.ok, o.response_msgpack, o.code = False, None, err.code.value
-            if count and o.ok and job.dkey is not None:
-                self.recent.put(job.dkey, o.hdrs, o.body)
-            for i, t in enumerate(targets):
-                code = o.code
-                if o.retry and t is not job and not t.cancelled and t.deadline > time.monotonic():
-                    requeue.append(t)  # the primary expired/was cancelled; this duplicate still has budget
-                    continue
-                if t.cancelled or o.code == CANCELLED:
-                    code = CANCELLED
-                elif o.held:
-                    pass  # the ingress answers (DoneItem.held)
-                else:
-                    hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
-                    try:
-                        if o.ok:  # our own header values (content type, a received request id): no CR/LF
-                            await publish_raw(nc, t.reply, o.body, headers="".join(
-                                [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode(),
-                                flush=False)
-                        else:
-                            await nc.publish(t.reply, o.body, headers=hdrs)
-                    except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
-                        log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
-                if t.ingress is not None and t.seq >= 0:
-                    item = DoneItem(t.seq, o.ok and code != CANCELLED, o.server_error and code != CANCELLED,
-                                    o.service_us, o.response_msgpack if (t.want_body and o.ok) else None, code,
-                                    o.held and code != CANCELLED)
-                    if t.ingress == local_id:
-                        local_done.append(item)
-                    else:
-                        done.setdefault(t.ingress, []).append(item)
-        # completion notices for ingresses over the bus and the audit record join the replies' buffer, and all
-        # of it leaves in one write now: before the colocated ingress's bookkeeping below and before the
-        # handlers already queued on this loop (nats-py's flusher task would send it only after those)
-        for ingress, items in done.items():
-            try:
-                await publish_raw(nc, self.subjects.done(ingress),
-                                  encode_internal(DoneNotice(self.config.worker_id, items)), flush=False)
-            except Exception as exc:
-                log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
-        if self.config.audit:
-            ids = [o.job.rid or "" for o in outcomes if o.executed]
-            if ids:
-                await publish_raw(nc, self.subjects.audit, msgspec.msgpack.encode(ids), flush=False)
         try:
-            await send_pending(nc)
-        except Exception as exc:  # the client's timeout covers a reply that could not be sent
-            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+            for o in outcomes:
+                job = o.job
+                targets = job.targets()
+                if count:
+                    # settle the dedupe tables first (no await in between), so a duplicate arriving
+                    # while we publish finds the stored result instead of a finished job
+                    if job.dkey is not None and self.in_progress.get(job.dkey) is job:
+                        del self.in_progress[job.dkey]
+                    for t in targets:
+                        self.stats.in_flight -= 1
+                        if t.ingress is not None:
+                            self.by_seq.pop((t.ingress, t.seq), None)
+                if o.ok and limit > 0 and len(o.body) > limit:
+                    err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
+                                          f"({nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers)",
+                                          field="outputs")
+                    o.hdrs, o.body = error_message(err, job.ct, job.rid)
+                    o.ok, o.response_msgpack, o.code = False, None, err.code.value
+                if count and o.ok and job.dkey is not None:
+                    self.recent.put(job.dkey, o.hdrs, o.body)
+                for i, t in enumerate(targets):
+                    code = o.code
+                    if o.retry and t is not job and not t.cancelled and t.deadline > time.monotonic():
+                        requeue.append(t)  # the primary expired/was cancelled; this duplicate still has budget
+                        continue
+                    if t.cancelled or o.code == CANCELLED:
+                        code = CANCELLED
+                    elif o.held:
+                        pass  # the ingress answers (DoneItem.held)
+                    else:
+                        hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
+                        try:
+                            if o.ok:  # our own header values (content type, a received request id): no CR/LF
+                                await publish_raw(nc, t.reply, o.body, headers="".join(
+                                    [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode(),
+                                    flush=False)
+                            else:
+                                await nc.publish(t.reply, o.body, headers=hdrs)
+                        except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
+                            log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
+                    if t.ingress is not None and t.seq >= 0:
+                        item = DoneItem(t.seq, o.ok and code != CANCELLED, o.server_error and code != CANCELLED,
+                                        o.service_us, o.response_msgpack if (t.want_body and o.ok) else None, code,
+                                        o.held and code != CANCELLED)
+                        if t.ingress == local_id:
+                            local_done.append(item)
+                        else:
+                            done.setdefault(t.ingress, []).append(item)
+            # completion notices for ingresses over the bus and the audit record join the replies' buffer, and all
+            # of it leaves in one write now: before the colocated ingress's bookkeeping below and before the
+            # handlers already queued on this loop (nats-py's flusher task would send it only after those)
+            for ingress, items in done.items():
+                try:
+                    await publish_raw(nc, self.subjects.done(ingress),
+                                      encode_internal(DoneNotice(self.config.worker_id, items)), flush=False)
+                except Exception as exc:
+                    log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
+            if self.config.audit:
+                ids = [o.job.rid or "" for o in outcomes if o.executed]
+                if ids:
+                    await publish_raw(nc, self.subjects.audit, msgspec.msgpack.encode(ids), flush=False)
+        finally:  # even if a bug ended the loop above, what it published leaves now
+            try:
+                await send_pending(nc)
+            except Exception as exc:  # the client's timeout covers a reply that could not be sent
+                log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
         if local_done:  # colocated ingress: settled in-process, no notice, no NATS message
             self.local_done_notices += 1
             try:

@@ -103,7 +103,6 @@ async def publish_raw(nc, subject: str, payload: bytes, *, reply: str = "", head
         await nc._flush_pending()
 
 
-
 async def send_pending(nc, *, now: bool = True) -> bool:
     """Send what nats-py has buffered for ``nc``: in one socket write at once (``now``), else by its flusher.
 

@@ -1,0 +1,214 @@
+"""A/B of the working tree against a git revision: alternated suite runs, one comparison table.
+
+    python -m bench.ab --base c330915 --pairs 2 --out bench/results/<name> -- \\
+        --profile quick --no-ray --colocate --workers 1 --no-l2 --no-sweep --closed 1,32 --open-rates 1000
+
+``inferbus/``, ``bench/`` and ``models/`` of the base revision are extracted with ``git archive`` into
+``<out>/base-tree``. Each pair runs ``python -m bench.suite <suite args>`` once with that tree first on
+``PYTHONPATH`` (every process the suite starts imports the base's code; checked before the first run) and once
+with the working tree, base first in odd pairs and working tree first in even pairs, so that the drift of a
+shared host falls on both sides. The JSON of every run is kept (``<out>/base-N.json``, ``<out>/work-N.json``).
+
+The comparison (``<out>/ab.json`` and a table on stdout): for every step that every run has (same series,
+mode and concurrency or rate; the bisection steps of a sweep differ between runs and are left out), the median
+over the pairs of p50, p99, answers/s and the actors' CPU µs per request (the ``colocated``, ``ingress`` and
+``worker`` groups of the suite's ``cpu_us_per_req``), and in how many pairs the working tree had the lower p50
+and the higher answers/s; then each run's sweep ratios (``ratios.throughput``) when sweeps ran. On a shared box
+only these ratios mean something, not the absolute times (DESIGN §11); pairs that disagree are the run-to-run
+spread, and a change whose pairs split is not shown to help.
+
+Exit status: 0; 1 when a run failed or any answer was wrong; 2 for an unknown revision or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTOR_GROUPS = ("colocated", "ingress", "worker")
+_TREE_PATHS = ("inferbus", "bench", "models")
+
+
+def extract(rev: str, dest: Path) -> str:
+    """Write ``inferbus/``, ``bench/`` and ``models/`` of ``rev`` under ``dest``; return the full commit id.
+
+    Raises:
+        ValueError: ``rev`` names no commit of this repository.
+        subprocess.CalledProcessError: ``git archive`` or ``tar`` failed.
+    """
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ValueError(f"--base {rev!r} names no commit of {ROOT}")
+    commit = found.stdout.strip()
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", "--format=tar", commit, *_TREE_PATHS],
+                               stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+    archive.stdout.close()
+    if archive.wait() != 0:
+        raise subprocess.CalledProcessError(archive.returncode, "git archive")
+    return commit
+
+
+def _env(tree: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def imported_from(tree: Path) -> str:
+    """Where ``import inferbus`` resolves with ``tree`` first on PYTHONPATH (the check that a run uses ``tree``)."""
+    out = subprocess.run([sys.executable, "-c", "import inferbus; print(inferbus.__file__)"], cwd=tree,
+                         env=_env(tree), capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def step_key(step: dict) -> tuple:
+    load = step.get("concurrency") if step.get("mode") == "closed" else step.get("rate_qps")
+    return (step.get("label") or step.get("target"), step.get("mode"), load)
+
+
+def actor_cpu_us(step: dict) -> float | None:
+    """The actors' CPU µs per request of a suite step (None for the echo's steps: the idle actors' CPU divided by
+    the echo's requests says nothing)."""
+    if step.get("target") == "echo":
+        return None
+    cpu = step.get("cpu_us_per_req") or {}
+    total = sum(cpu.get(g) or 0.0 for g in ACTOR_GROUPS)
+    return total or None
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 1) if xs else None
+
+
+def compare(base: list[dict], work: list[dict]) -> dict:
+    """The comparison of pairs of suite documents (``base[i]`` against ``work[i]``); see the module docstring.
+
+    Raises:
+        ValueError: the lists are empty or of different lengths.
+    """
+    if not base or len(base) != len(work):
+        raise ValueError(f"need pairs of runs, got {len(base)} base and {len(work)} working-tree runs")
+    docs = base + work
+    indexed = [{step_key(s): s for s in d.get("steps", [])} for d in docs]
+    keys = [step_key(s) for s in base[0].get("steps", []) if all(step_key(s) in ix for ix in indexed)]
+    rows = []
+    for key in dict.fromkeys(keys):
+        b = [indexed[i][key] for i in range(len(base))]
+        w = [indexed[len(base) + i][key] for i in range(len(work))]
+        side = {}
+        for name, steps in (("base", b), ("work", w)):
+            side[name] = {"p50_us": _median([s.get("p50_us") for s in steps]),
+                          "p99_us": _median([s.get("p99_us") for s in steps]),
+                          "qps": _median([s.get("qps") for s in steps]),
+                          "actor_cpu_us_per_req": _median([actor_cpu_us(s) for s in steps])}
+        series, mode, load = key
+        rows.append({
+            "step": f"{series}, {mode} " + (f"c={load}" if mode == "closed" else f"{load:g}/s"),
+            **side,
+            "work_lower_p50_pairs": sum(wi["p50_us"] < bi["p50_us"] for bi, wi in zip(b, w)),
+            "work_higher_qps_pairs": sum(wi["qps"] > bi["qps"] for bi, wi in zip(b, w)),
+            "wrong": sum(s.get("wrong", 0) for s in b + w),
+        })
+    throughput = {name: [(d.get("ratios") or {}).get("throughput") for d in ds] for name, ds in (("base", base),
+                                                                                                 ("work", work))}
+    return {"pairs": len(base), "rows": rows, "throughput": throughput}
+
+
+def render(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(row, field, digits=0):
+        b, w = row["base"][field], row["work"][field]
+        return "—" if b is None or w is None else f"{b:,.{digits}f} → {w:,.{digits}f}"
+
+    t = Table(title=f"base {doc['base_commit'][:10]} → working tree, medians of {doc['pairs']} pair(s)")
+    for col in ("step", "p50 µs", "p99 µs", "answers/s", "actor CPU µs/req", "work: lower p50 / more answers"):
+        t.add_column(col, justify="left" if col == "step" else "right")
+    for r in doc["rows"]:
+        t.add_row(r["step"], cell(r, "p50_us"), cell(r, "p99_us"), cell(r, "qps"), cell(r, "actor_cpu_us_per_req"),
+                  f"{r['work_lower_p50_pairs']} / {r['work_higher_qps_pairs']} of {doc['pairs']}")
+    console = Console(width=max(Console().width, 150))
+    console.print(t)
+    for name in ("base", "work"):
+        for i, tp in enumerate(doc["throughput"][name], 1):
+            if tp and any(v is not None for v in tp.values()):
+                console.print(f"{name}-{i} sweeps: " + ", ".join(f"{k}={v}" for k, v in tp.items()))
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    suite_args = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, suite_args = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="the git revision to compare the working tree against")
+    p.add_argument("--pairs", type=int, default=2, help="alternated pairs of runs (default 2)")
+    p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
+    a = p.parse_args(argv)
+    if a.pairs < 1:
+        p.error(f"--pairs must be >= 1, got {a.pairs}")
+    if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
+        p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
+    return a, suite_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, suite_args = _parse(argv)
+    out: Path = a.out.resolve()
+    base_tree = out / "base-tree"
+    try:
+        commit = extract(a.base, base_tree)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    trees = {"base": base_tree.resolve(), "work": ROOT}
+    used = {name: imported_from(tree) for name, tree in trees.items()}
+    for name, tree in trees.items():
+        if not Path(used[name]).resolve().is_relative_to(tree):
+            print(f"error: with {tree} first on PYTHONPATH, inferbus is imported from {used[name]}; the {name} "
+                  "runs would not run that tree's code", file=sys.stderr)
+            return 1
+    docs: dict[str, list[dict]] = {"base": [], "work": []}
+    failed = []
+    for i in range(1, a.pairs + 1):
+        for name in (("base", "work") if i % 2 else ("work", "base")):
+            js, log = out / f"{name}-{i}.json", out / f"{name}-{i}.log"
+            print(f"[{name}-{i}] python -m bench.suite {' '.join(suite_args)}", flush=True)
+            with open(log, "wb") as fh:
+                rc = subprocess.run([sys.executable, "-m", "bench.suite", *suite_args, "--json", str(js)],
+                                    cwd=trees[name], env=_env(trees[name]), stdout=fh, stderr=subprocess.STDOUT).returncode
+            if rc != 0 or not js.exists():
+                failed.append(f"{name}-{i} (exit {rc}, log {log})")
+                continue
+            docs[name].append(json.loads(js.read_text()))
+    if failed:
+        print("failed runs: " + "; ".join(failed), file=sys.stderr)
+    n = min(len(docs["base"]), len(docs["work"]))
+    if n == 0:
+        return 1
+    doc = {"base_rev": a.base, "base_commit": commit, "work_head": subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "work_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *_TREE_PATHS],
+                                          capture_output=True, text=True).stdout.strip()),
+        "suite_args": suite_args, "imported_from": used, "failed_runs": failed,
+        **compare(docs["base"][:n], docs["work"][:n])}
+    (out / "ab.json").write_text(json.dumps(doc, indent=1))
+    render(doc)
+    print(f"wrote {out / 'ab.json'}")
+    return 1 if failed or any(r["wrong"] for r in doc["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""bench.ab: the working tree against a git revision, alternated suite runs, one comparison."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.ab import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _doc(p50: float, qps: float, cpu: float, extra_rate: float) -> dict:
+    return {"steps": [
+        {"target": "echo", "mode": "closed", "concurrency": 1, "p50_us": 200, "p99_us": 400, "qps": 4000,
+         "cpu_us_per_req": {"echo": 50, "ingress": 3}, "wrong": 0},
+        {"target": "inferbus", "label": "inferbus miss", "mode": "closed", "concurrency": 1, "p50_us": p50,
+         "p99_us": 2 * p50, "qps": qps, "cpu_us_per_req": {"colocated": cpu, "nats-server": 99}, "wrong": 0},
+        # a sweep's bisection step: its rate differs between runs, so it is not compared
+        {"target": "inferbus", "label": "inferbus miss", "mode": "open", "rate_qps": extra_rate, "p50_us": 1,
+         "p99_us": 1, "qps": 1, "wrong": 0},
+    ], "ratios": {"throughput": {"inferbus_over_echo": 0.25}}}
+
+
+def test_compare_takes_medians_counts_pairs_and_skips_unmatched_steps():
+    base = [_doc(700, 1400, 400, 1000.0), _doc(900, 1100, 500, 1100.0), _doc(800, 1300, 450, 1200.0)]
+    work = [_doc(600, 1500, 380, 1300.0), _doc(950, 1000, 520, 1400.0), _doc(700, 1350, 430, 1500.0)]
+    doc = compare(base, work)
+    assert doc["pairs"] == 3
+    assert [r["step"] for r in doc["rows"]] == ["echo, closed c=1", "inferbus miss, closed c=1"]
+    miss = doc["rows"][1]
+    assert miss["base"] == {"p50_us": 800, "p99_us": 1600, "qps": 1300, "actor_cpu_us_per_req": 450}
+    assert miss["work"] == {"p50_us": 700, "p99_us": 1400, "qps": 1350, "actor_cpu_us_per_req": 430}
+    assert miss["work_lower_p50_pairs"] == 2 and miss["work_higher_qps_pairs"] == 2
+    assert doc["rows"][0]["base"]["actor_cpu_us_per_req"] is None  # not for the echo's steps
+    assert doc["throughput"]["work"] == [{"inferbus_over_echo": 0.25}] * 3
+    with pytest.raises(ValueError):
+        compare(base, work[:2])
+
+
+def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
+    """One pair of tiny suite runs: HEAD's tree from git archive, and the working tree; each run imports its own
+    tree's code, every answer right, and the comparison covers the closed-loop steps."""
+    out = tmp_path / "ab"
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--pairs", "1", "--out", str(out),
+                           "--", "--profile", "tiny", "--closed", "1", "--no-sweep", "--open-rates", "200",
+                           "--no-l2"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "ab.json").read_text())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert doc["base_commit"] == head and doc["pairs"] == 1 and not doc["failed_runs"]
+    assert doc["imported_from"]["base"] == str((out / "base-tree" / "inferbus" / "__init__.py").resolve())
+    assert doc["imported_from"]["work"] == str(ROOT / "inferbus" / "__init__.py")
+    assert (out / "base-tree" / "models" / "digits").is_dir()
+    steps = {r["step"]: r for r in doc["rows"]}
+    miss = steps["inferbus miss, closed c=1"]
+    assert miss["base"]["qps"] > 0 and miss["work"]["qps"] > 0 and miss["base"]["actor_cpu_us_per_req"] > 0
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    assert (out / "base-1.json").exists() and (out / "work-1.json").exists()
+    assert "working tree, medians of 1 pair(s)" in proc.stdout
+
+
+def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "no-such-rev-xyz", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no commit" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(tmp_path), "--",
+                           "--json", "x.json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--json/--png are set by bench.ab" in proc.stderr
