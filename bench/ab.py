@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def extract(rev: str, dest: Path) -> str:
     """Write ``inferbus/``, ``bench/`` and ``models/`` of ``rev`` under ``dest``; return the full commit id.
 
     Raises:
-        ValueError: ``rev`` names no commit of this repository.
+        ValueError: ``rev`` names no commit of this repository, or that commit lacks one of those folders.
         subprocess.CalledProcessError: ``git archive`` or ``tar`` failed.
     """
     found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
@@ -47,7 +48,15 @@ def extract(rev: str, dest: Path) -> str:
     if found.returncode != 0:
         raise ValueError(f"--base {rev!r} names no commit of {ROOT}")
     commit = found.stdout.strip()
-    dest.mkdir(parents=True, exist_ok=True)
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", commit, *_TREE_PATHS],
+                            capture_output=True, text=True).stdout.split()
+    missing = [p for p in _TREE_PATHS if p not in listed]
+    if missing:
+        raise ValueError(f"--base {rev!r} ({commit[:10]}) has no {', '.join(f'{p}/' for p in missing)}: "
+                         "bench.ab needs a revision with the suite (bench/suite.py)")
+    if dest.exists():  # a tree from an earlier run of another revision must not leave files behind
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", "--format=tar", commit, *_TREE_PATHS],
                                stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
@@ -152,7 +161,12 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, suite_args = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.ab",
+                                usage="python -m bench.ab --base REV [--pairs N] --out DIR -- [bench.suite arguments]",
+                                description=__doc__.split("\n\n")[0],
+                                epilog="Everything after -- goes to each `python -m bench.suite` run (not --json/--png). "
+                                       "Exit status: 0; 1 when a run failed or an answer was wrong; 2 for an unknown "
+                                       "revision or bad arguments. docs/performance.md, 'Running it', says more.")
     p.add_argument("--base", required=True, help="the git revision to compare the working tree against")
     p.add_argument("--pairs", type=int, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
@@ -161,6 +175,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--pairs must be >= 1, got {a.pairs}")
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out} exists and is not a directory")
     return a, suite_args
 
 

@@ -51,7 +51,7 @@ from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect
 from .bus import split_servers
 from .bus import headers as H
 from .schemas import (
-    DeadlineExceeded, InferRequest, InferResponse, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
+    DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
     output_to_numpy, Health,
 )
@@ -61,6 +61,23 @@ _RTO_MIN_SAMPLES = 16
 """Answers seen on a subject before its per-attempt timeout is derived from their latency."""
 _RTO_MIN_RETRY_MS = 20.0
 """An attempt timeout is not retried with less than this left of the budget (the answer could not come)."""
+
+
+_NOT_IN_A_TOKEN = frozenset(".*>")
+
+
+def _subject_token(value: str, field: str) -> str:
+    """``value`` (a model name or version) if it can be one NATS subject token, else InvalidArgument at once.
+
+    A name with a ``.`` would address another model or version, ``*``/``>`` are wildcards, and an empty or
+    space-containing one is no subject at all (nats-py raises its own BadSubjectError, or the request waits
+    for its budget on a subject nothing serves).
+    """
+    if (not isinstance(value, str) or not value or not value.isprintable() or any(c.isspace() for c in value)
+            or not _NOT_IN_A_TOKEN.isdisjoint(value)):
+        raise InvalidArgument(f"{field} {value!r} must be a non-empty name without '.', '*', '>' or whitespace",
+                              field=field)
+    return value
 
 
 class _LatencyEstimate:
@@ -282,7 +299,8 @@ class Client:
             ``{output name: np.ndarray}``.
 
         Raises:
-            NotFound, InvalidArgument, DeadlineExceeded, ResourceExhausted, Unavailable,
+            NotFound, InvalidArgument (also before sending, for a model or version that is empty or
+            holds '.', '*', '>' or whitespace), DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
         res = await self.infer_result(model, inputs, version=version, outputs=outputs, timeout_s=timeout_s,
@@ -295,6 +313,9 @@ class Client:
                            hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
+        _subject_token(model, "model")
+        if version is not None:
+            _subject_token(version, "model_version")
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
@@ -460,8 +481,9 @@ class Client:
         return decode(body, ModelList, ct)
 
     async def model(self, name: str, timeout_s: float = 1.0) -> ModelMetadata:
-        """One model's OIP v2 metadata. Raises NotFound for an unknown model."""
-        body, ct = await self.request(self.subjects.model(name), b"", timeout_s=timeout_s)
+        """One model's OIP v2 metadata. Raises NotFound for an unknown model, InvalidArgument (before sending) for
+        a name that cannot be one subject token."""
+        body, ct = await self.request(self.subjects.model(_subject_token(name, "model")), b"", timeout_s=timeout_s)
         return decode(body, ModelMetadata, ct)
 
     async def health(self, timeout_s: float = 1.0) -> Health:

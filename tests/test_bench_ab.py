@@ -71,3 +71,20 @@ def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(tmp_path), "--",
                            "--json", "x.json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--json/--png are set by bench.ab" in proc.stderr
+
+
+def test_ab_refuses_a_revision_without_the_suite_and_an_out_that_is_a_file(tmp_path):
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                           text=True).stdout.split()[0]  # the repository's first commit: no bench/ yet
+    has_bench = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", first, "bench"], capture_output=True,
+                               text=True).stdout.strip()
+    if not has_bench:
+        proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", first, "--out", str(tmp_path / "o")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "bench.ab needs a revision with the suite" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(afile)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr

@@ -148,3 +148,37 @@ async def test_close_after_the_server_went_away_does_not_raise(tmp_path):
         await asyncio.sleep(0.01)
     await client.close()
     assert client.nc.is_closed
+
+
+async def test_model_names_that_are_no_subject_token_are_refused_before_sending(nats_server):
+    """An empty name, one with '.', a wildcard or whitespace is InvalidArgument at once, naming the field; nothing
+    is sent (this server has no ingress: a request that went out would end in Unavailable after its budget), and
+    nats-py's own BadSubjectError never reaches the caller."""
+    import numpy as np
+
+    from inferbus.schemas import InvalidArgument
+
+    client = await Client.connect(nats_server.url)
+    sent = []
+
+    async def seen(msg):
+        sent.append(msg.subject)
+
+    sub = await client.nc.subscribe(">", cb=seen)
+    try:
+        x = {"pixels": np.zeros((1, 64), np.float32)}
+        for bad in ("", "digits.", ".digits", "digits.1", "a b", "digits ", "*", ">", "tab\tname"):
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer(bad, x, timeout_s=5.0)
+            assert ei.value.field == "model" and repr(bad) in ei.value.message, (bad, ei.value.message)
+            with pytest.raises(InvalidArgument):
+                await client.model(bad, timeout_s=5.0)
+        for bad in ("", "1.x", "*", "1 "):
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer("digits", x, version=bad, timeout_s=5.0)
+            assert ei.value.field == "model_version", bad
+        await client.nc.flush()
+        assert sent == []
+    finally:
+        await sub.unsubscribe()
+        await client.close()
