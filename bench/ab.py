@@ -164,9 +164,10 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m bench.ab",
                                 usage="python -m bench.ab --base REV [--pairs N] --out DIR -- [bench.suite arguments]",
                                 description=__doc__.split("\n\n")[0],
-                                epilog="Everything after -- goes to each `python -m bench.suite` run (not --json/--png). "
-                                       "Exit status: 0; 1 when a run failed or an answer was wrong; 2 for an unknown "
-                                       "revision or bad arguments. docs/performance.md, 'Running it', says more.")
+                                epilog="Everything after -- goes to each `python -m bench.suite` run (not "
+                                       "--json/--png). Exit status: 0; 1 when a run failed or an answer was wrong; "
+                                       "2 for an unknown revision or bad arguments. docs/performance.md, 'Running "
+                                       "it', says more.")
     p.add_argument("--base", required=True, help="the git revision to compare the working tree against")
     p.add_argument("--pairs", type=int, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: with {tree} first on PYTHONPATH, inferbus is imported from {used[name]}; the {name} "
                   "runs would not run that tree's code", file=sys.stderr)
             return 1
-    docs: dict[str, list[dict]] = {"base": [], "work": []}
+    runs: dict[tuple[str, int], dict] = {}
     failed = []
     for i in range(1, a.pairs + 1):
         for name in (("base", "work") if i % 2 else ("work", "base")):
@@ -204,22 +205,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}-{i}] python -m bench.suite {' '.join(suite_args)}", flush=True)
             with open(log, "wb") as fh:
                 rc = subprocess.run([sys.executable, "-m", "bench.suite", *suite_args, "--json", str(js)],
-                                    cwd=trees[name], env=_env(trees[name]), stdout=fh, stderr=subprocess.STDOUT).returncode
+                                    cwd=trees[name], env=_env(trees[name]), stdout=fh,
+                                    stderr=subprocess.STDOUT).returncode
             if rc != 0 or not js.exists():
                 failed.append(f"{name}-{i} (exit {rc}, log {log})")
                 continue
-            docs[name].append(json.loads(js.read_text()))
+            runs[(name, i)] = json.loads(js.read_text())
     if failed:
         print("failed runs: " + "; ".join(failed), file=sys.stderr)
-    n = min(len(docs["base"]), len(docs["work"]))
-    if n == 0:
+    pairs = [i for i in range(1, a.pairs + 1) if ("base", i) in runs and ("work", i) in runs]  # both halves ran
+    if not pairs:
         return 1
     doc = {"base_rev": a.base, "base_commit": commit, "work_head": subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "work_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *_TREE_PATHS],
                                           capture_output=True, text=True).stdout.strip()),
         "suite_args": suite_args, "imported_from": used, "failed_runs": failed,
-        **compare(docs["base"][:n], docs["work"][:n])}
+        "compared_pairs": pairs, **compare([runs[("base", i)] for i in pairs], [runs[("work", i)] for i in pairs])}
     (out / "ab.json").write_text(json.dumps(doc, indent=1))
     render(doc)
     print(f"wrote {out / 'ab.json'}")

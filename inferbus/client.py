@@ -51,7 +51,8 @@ from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect
 from .bus import split_servers
 from .bus import headers as H
 from .schemas import (
-    DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge, RequestedOutput,
+    DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
+    RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
     output_to_numpy, Health,
 )

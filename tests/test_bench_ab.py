@@ -52,7 +52,7 @@ def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "ab.json").read_text())
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert doc["base_commit"] == head and doc["pairs"] == 1 and not doc["failed_runs"]
+    assert doc["base_commit"] == head and doc["pairs"] == 1 and doc["compared_pairs"] == [1] and not doc["failed_runs"]
     assert doc["imported_from"]["base"] == str((out / "base-tree" / "inferbus" / "__init__.py").resolve())
     assert doc["imported_from"]["work"] == str(ROOT / "inferbus" / "__init__.py")
     assert (out / "base-tree" / "models" / "digits").is_dir()
