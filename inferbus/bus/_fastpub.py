@@ -96,10 +96,14 @@ async def publish_raw(nc, subject: str, payload: bytes, *, reply: str = "", head
         await send(pub_cmd(subject, reply, payload))
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += len(payload)
-    if not flush:
-        return
-    fq = nc._flush_queue
-    if fq is not None and fq.empty():
+    if flush:
+        await _kick_flusher(nc)
+
+
+async def _kick_flusher(nc) -> None:
+    """Wake nats-py's flusher task as ``nc.publish`` does: once, unless a wake-up is already queued."""
+    fq = getattr(nc, "_flush_queue", None)
+    if fq is not None and fq.empty() and not nc.is_closed:
         await nc._flush_pending()
 
 
@@ -141,7 +145,5 @@ async def send_pending(nc, *, now: bool = True) -> bool:
                 nc._pending_data_size = 0
                 transport.writelines(pending)
                 return True
-    fq = getattr(nc, "_flush_queue", None)
-    if fq is not None and fq.empty() and not nc.is_closed:
-        await nc._flush_pending()
+    await _kick_flusher(nc)
     return False
