@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import BusyPoll, Subjects, connected_server, publish_raw, send_pending
+from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -95,6 +95,9 @@ _INLINE_SEED_RUNS = 3
 
 
 _BLOCK_ENDS = ("NATS/1.0\r\n", "\r\n")
+_REPLY_BLOCKS = {json: header_block({H.CONTENT_TYPE: "application/json" if json else "application/msgpack"})
+                 for json in (False, True)}
+"""Header blocks of a result's reply without a request id (``Content-Type`` only), by JSON-ness."""
 
 
 _HELD_CODES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
@@ -181,6 +184,8 @@ class Outcome:
     """The job expired or was cancelled before compute: joined duplicates still in budget are queued again."""
     held: bool = False
     """Not replied to the client: the ingress answers (a hedge-marked copy shed or refused, see ``_finish_now``)."""
+    block: bytes | None = None
+    """``hdrs`` as a header block, when built once beforehand (a result's reply without a request id)."""
 
 
 @dataclass
@@ -615,9 +620,9 @@ class Worker:
                         hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
                         try:
                             if o.ok:  # our own header values (content type, a received request id): no CR/LF
-                                await publish_raw(nc, t.reply, o.body, headers="".join(
-                                    [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode(),
-                                    flush=False)
+                                block = o.block if hdrs is o.hdrs and o.block is not None else "".join(
+                                    [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode()
+                                await publish_raw(nc, t.reply, o.body, headers=block, flush=False)
                             else:
                                 await nc.publish(t.reply, o.body, headers=hdrs)
                         except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
@@ -1095,7 +1100,8 @@ class Worker:
         cached = None
         if job.want_body:
             cached = body if not json_ct else encode_response(resp, None)
-        return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True)
+        return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True,
+                       block=None if rid else _REPLY_BLOCKS[json_ct])
 
 
 def _time_batch1_us(sess) -> float:

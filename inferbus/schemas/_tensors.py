@@ -117,20 +117,31 @@ def datatype_of(dtype: Any) -> str:
             structured, other ml_dtypes types, ...).
     """
     try:
+        return _DATATYPE_OF[dtype]  # the dtypes a server sees are few: answered from this table after the first
+    except (KeyError, TypeError):
+        pass
+    try:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise InvalidArgument(f"not a numpy dtype: {dtype!r}") from exc
     if dt == _BF16:
-        return "BF16"
-    kind, size = dt.kind, dt.itemsize
-    if kind == "b":
-        return "BOOL"
-    if kind in "OSU":
-        return "BYTES"
-    name = _KIND_SIZE.get((kind, size))
-    if name is None:
-        raise InvalidArgument(f"numpy dtype {dt} has no OIP v2 datatype")
+        name = "BF16"
+    elif dt.kind == "b":
+        name = "BOOL"
+    elif dt.kind in "OSU":
+        name = "BYTES"
+    else:
+        name = _KIND_SIZE.get((dt.kind, dt.itemsize))
+        if name is None:
+            raise InvalidArgument(f"numpy dtype {dt} has no OIP v2 datatype")
+    if isinstance(dtype, np.dtype) and len(_DATATYPE_OF) < _DATATYPE_OF_MAX:
+        _DATATYPE_OF[dtype] = name
     return name
+
+
+_DATATYPE_OF: dict[np.dtype, str] = {}
+"""numpy dtype → OIP datatype, filled by :func:`datatype_of` (dtype objects only, successful lookups only)."""
+_DATATYPE_OF_MAX = 256
 
 
 _KIND_SIZE = {
