@@ -17,6 +17,11 @@ and the higher answers/s; then each run's sweep ratios (``ratios.throughput``) w
 only these ratios mean something, not the absolute times (DESIGN §11); pairs that disagree are the run-to-run
 spread, and a change whose pairs split is not shown to help.
 
+Where the repository is not at hand (a lent benchmark host gets a copy of the working tree without ``.git``),
+``--base-tree DIR`` takes the base from a directory that holds those three folders already (made beforehand
+with ``git archive <rev> inferbus bench models | tar -x -C DIR``); ``ab.json`` then names the directory instead
+of a commit.
+
 Exit status: 0; 1 when a run failed or any answer was wrong; 2 for an unknown revision or bad arguments.
 """
 
@@ -141,7 +146,9 @@ def render(doc: dict) -> None:
         b, w = row["base"][field], row["work"][field]
         return "—" if b is None or w is None else f"{b:,.{digits}f} → {w:,.{digits}f}"
 
-    t = Table(title=f"base {doc['base_commit'][:10]} → working tree, medians of {doc['pairs']} pair(s)")
+    base = doc["base_commit"]
+    t = Table(title=f"base {base if base.startswith('tree:') else base[:10]} → working tree, medians of "
+                    f"{doc['pairs']} pair(s)")
     for col in ("step", "p50 µs", "p99 µs", "answers/s", "actor CPU µs/req", "work: lower p50 / more answers"):
         t.add_column(col, justify="left" if col == "step" else "right")
     for r in doc["rows"]:
@@ -162,13 +169,17 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, suite_args = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m bench.ab",
-                                usage="python -m bench.ab --base REV [--pairs N] --out DIR -- [bench.suite arguments]",
+                                usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] --out DIR -- "
+                                      "[bench.suite arguments]",
                                 description=__doc__.split("\n\n")[0],
                                 epilog="Everything after -- goes to each `python -m bench.suite` run (not "
                                        "--json/--png). Exit status: 0; 1 when a run failed or an answer was wrong; "
                                        "2 for an unknown revision or bad arguments. docs/performance.md, 'Running "
                                        "it', says more.")
-    p.add_argument("--base", required=True, help="the git revision to compare the working tree against")
+    base = p.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", help="the git revision to compare the working tree against")
+    base.add_argument("--base-tree", type=Path, help="a directory holding the base's inferbus/, bench/ and "
+                      "models/ (instead of --base, where there is no git repository)")
     p.add_argument("--pairs", type=int, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
     a = p.parse_args(argv)
@@ -178,18 +189,25 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
     if a.out.exists() and not a.out.is_dir():
         p.error(f"--out {a.out} exists and is not a directory")
+    if a.base_tree is not None:
+        missing = [d for d in _TREE_PATHS if not (a.base_tree / d).is_dir()]
+        if missing:
+            p.error(f"--base-tree {a.base_tree} has no {', '.join(f'{d}/' for d in missing)}")
     return a, suite_args
 
 
 def main(argv: list[str] | None = None) -> int:
     a, suite_args = _parse(argv)
     out: Path = a.out.resolve()
-    base_tree = out / "base-tree"
-    try:
-        commit = extract(a.base, base_tree)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if a.base_tree is not None:
+        base_tree, commit = a.base_tree, f"tree:{a.base_tree.resolve()}"
+    else:
+        base_tree = out / "base-tree"
+        try:
+            commit = extract(a.base, base_tree)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     trees = {"base": base_tree.resolve(), "work": ROOT}
     used = {name: imported_from(tree) for name, tree in trees.items()}
     for name, tree in trees.items():
@@ -216,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [i for i in range(1, a.pairs + 1) if ("base", i) in runs and ("work", i) in runs]  # both halves ran
     if not pairs:
         return 1
-    doc = {"base_rev": a.base, "base_commit": commit, "work_head": subprocess.run(
+    doc = {"base_rev": a.base or str(a.base_tree), "base_commit": commit, "work_head": subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "work_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *_TREE_PATHS],
                                           capture_output=True, text=True).stdout.strip()),

@@ -88,3 +88,17 @@ def test_ab_refuses_a_revision_without_the_suite_and_an_out_that_is_a_file(tmp_p
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(afile)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "is not a directory" in proc.stderr
+
+
+def test_ab_base_tree_must_hold_the_three_folders_and_excludes_base(tmp_path):
+    """``--base-tree`` (a host without the repository): a directory lacking ``bench/`` (or the others) is refused
+    at once naming what is missing, and it cannot be combined with ``--base``."""
+    tree = tmp_path / "tree"
+    (tree / "inferbus").mkdir(parents=True)
+    (tree / "models").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base-tree", str(tree), "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "has no bench/" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--base-tree", str(tree), "--out",
+                           str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr, proc.stderr

@@ -625,7 +625,7 @@ class Ingress:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
         now = time.monotonic()
-        w = self._sticky(rid, mv.key, now)
+        w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
         if w is not None:
             self.counts["sticky_retries"] += 1
@@ -635,7 +635,7 @@ class Ingress:
             self.counts["peer_sticky_retries"] += 1
             hedge_policy = None
         else:
-            suspected = self._suspected_copy(rid, mv.key, now)
+            suspected = self._suspected_copy(rid, mv.key, now) if rid is not None else None
             # a retry whose copy sits at a worker that went silent (hung, frozen, partitioned) goes elsewhere
             w = self.router.pick(mv.key, now, exclude=suspected[1].worker_id if suspected else None)
             if suspected is not None and w is not None:
