@@ -138,8 +138,6 @@ async def test_local_forward_is_not_decoded_again(env, dep):
     r1 = reports.latest[W]
     assert r1.computed - r0.computed == n + 1
     assert r1.decoded - r0.decoded == 1  # only the bus forward's body was decoded by the worker
-    # sent one at a time: every one, local or from the bus, was computed in the handler that received it
-    assert r1.run_now - r0.run_now == n + 1
 
 
 async def test_json_bytes_and_body_id_through_the_local_path(env):

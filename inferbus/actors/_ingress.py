@@ -290,7 +290,7 @@ class Ingress:
         """
         self.local_worker = worker
         self.router.local_worker_id = worker.config.worker_id
-        worker.attach_local_ingress(self.config.ingress_id, self.settle, self._backlog)
+        worker.attach_local_ingress(self.config.ingress_id, self.settle)
         # one busy poller per event loop: the worker runs it, both actors' request handlers poke it, and it
         # stops spinning while the worker's inference thread has work
         shared = worker.busy_poll or self.busy_poll
@@ -330,11 +330,6 @@ class Ingress:
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
             await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct, rid)
-
-    def _backlog(self) -> int:
-        """Requests waiting in the public infer subscription behind the one being handled."""
-        sub = self._infer_sub
-        return sub.pending_msgs if sub is not None else 0
 
     async def _send(self) -> None:
         """Send what this request published: in one write at once when no other request waits in the

@@ -207,8 +207,6 @@ class _Stats:
     """Requests refused because the process was frozen after they were forwarded."""
     decoded: int = 0
     """Request bodies decoded for compute (requests handed over decoded by a colocated ingress are not)."""
-    run_now: int = 0
-    """Inline requests computed in the handler that received them (nothing waited to batch with them)."""
 
 
 class _ErrorWindow:
@@ -312,9 +310,6 @@ class Worker:
         """Model management: loads and drains model versions as the serving states say."""
         self._local_ingress_id: str | None = None
         self._local_done = None
-        self._local_backlog = None
-        """Colocated ingress: a function giving the number of requests waiting in its subscription."""
-        self._infer_sub = None
         """Colocated ingress: its id and the coroutine function that takes its completion notices in-process."""
         self.local_done_notices = 0
         """Completion batches settled at the colocated ingress in-process (no notice, no NATS message)."""
@@ -329,18 +324,15 @@ class Worker:
         """Whether the inference thread is computing or has requests queued (the busy poller then lets it run)."""
         return self._thread_busy or not self.mailbox.empty()
 
-    def attach_local_ingress(self, ingress_id: str, on_done, backlog=None) -> None:
+    def attach_local_ingress(self, ingress_id: str, on_done) -> None:
         """Settle completions for ``ingress_id`` by awaiting ``on_done(items)`` instead of publishing notices.
 
         For a colocated ingress in the same process and event loop (:mod:`inferbus.actors._colocated`).
         ``on_done`` takes the list of :class:`DoneItem` of one publishing pass (what a ``DoneNotice`` would
         carry, without the notice); an exception it raises is logged and does not reach the worker's pumps.
-        ``backlog()``: how many requests wait in the ingress's subscription (an in-process forward is
-        computed at once only when none does, :meth:`_enqueue`); without it they always go to the pump.
         """
         self._local_ingress_id = ingress_id
         self._local_done = on_done
-        self._local_backlog = backlog
 
     # ---- loop side -------------------------------------------------------------------------
     async def _on_request(self, msg) -> None:
@@ -481,49 +473,27 @@ class Worker:
                     primary.deadline = job.deadline  # the thread reads it; a float store is atomic
                 self._track(job)
                 return
-        await self._enqueue(job, run_now=True)
+        await self._enqueue(job)
 
-    async def _enqueue(self, job: Job, run_now: bool = False) -> None:
+    async def _enqueue(self, job: Job) -> None:
         """Queue ``job`` for compute and track it in flight; shed it (RESOURCE_EXHAUSTED) when the mailbox is full.
 
         The mailbox bound (``mailbox_size``) covers the inference thread's queue and the loop's inline
-        queue together. Loop thread only; it awaits only to publish the shed reply, or an answer computed
-        at once.
-
-        ``run_now`` (a request just admitted): a job for a model that runs inline is computed and answered
-        right here, in the handler that received it, when nothing waits to be batched with it (the inline
-        queue is empty and no other request waits in the subscription it came from): the same compute and
-        publishing as the inline pump's, without the pump's wake-up, task switch and yield.
+        queue together. Loop thread only; it awaits only to publish the shed reply.
         """
         if self.mailbox.qsize() + len(self._inline) >= self.config.mailbox_size or self.fault.shed:
             self.stats.shed += 1
             await self._finish_now(job, ResourceExhausted(
                 f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
             return
-        if job.dkey is not None:
-            self.in_progress[job.dkey] = job
-        self._track(job)
         if self._runs_inline(job.model_key):
-            if run_now and not self._inline and not self._backlog(job):
-                self.stats.run_now += 1
-                job.inline = True
-                try:
-                    await self._publish_outcomes(self._run_jobs([job]))
-                except Exception as exc:  # as in the pump: a publishing bug must not reach the handler
-                    log(f"worker {self.config.worker_id}: publishing outcomes failed: {exc!r}")
-                return
             self._inline.append(job)
             self._inline_wake.set()
         else:
             self.mailbox.put_nowait(job)
-
-    def _backlog(self, job: Job) -> int:
-        """Requests waiting in the subscription ``job`` came from (the colocated ingress's for an in-process
-        forward, this worker's for a bus forward): those would join its zero-wait batch."""
-        if job.local:
-            return self._local_backlog() if self._local_backlog is not None else 1
-        sub = self._infer_sub
-        return sub.pending_msgs if sub is not None else 1
+        if job.dkey is not None:
+            self.in_progress[job.dkey] = job
+        self._track(job)
 
     def _runs_inline(self, model_key: str) -> bool:
         """Whether ``model_key``'s next batch runs on the loop: a CPU ONNX Runtime session whose EWMA compute
@@ -750,7 +720,7 @@ class Worker:
             interval_ms=self.config.report_interval_ms,
             window_s=float(self.window.n), window_requests=reqs, window_errors=errs,
             error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
-            dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded, run_now=s.run_now,
+            dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
         )
 
@@ -788,7 +758,6 @@ class Worker:
         await svc.add_endpoint(name="infer", subject=self.subjects.worker(self.config.worker_id),
                                handler=lambda req: self._on_request(req._msg),
                                queue_group=f"{self.config.bus.prefix}.w.{self.config.worker_id}")
-        self._infer_sub = endpoint_subscription(svc, "infer")
         thread_died: asyncio.Future = self.loop.create_future()
         thread = threading.Thread(target=self._compute_thread, args=(thread_died,), name="inference", daemon=True)
         thread.start()
@@ -837,7 +806,7 @@ class Worker:
         flight at the timeout are dropped (their clients' budgets cover them), and logged.
         """
         t_end = time.monotonic() + self.config.drain_timeout_s
-        await drain_endpoint(self._infer_sub or endpoint_subscription(svc, "infer"), self.config.drain_timeout_s)
+        await drain_endpoint(endpoint_subscription(svc, "infer"), self.config.drain_timeout_s)
         while self.stats.in_flight > 0 and time.monotonic() < t_end:
             await asyncio.sleep(0.005)
         if self.stats.in_flight > 0:

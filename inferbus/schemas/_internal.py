@@ -87,9 +87,6 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     decoded: int = 0
     """Request bodies this worker decoded for compute since start; a request a colocated ingress handed over
     in-process arrives decoded and validated and is not counted (docs/architecture.md, colocated workers)."""
-    run_now: int = 0
-    """Inline requests computed in the handler that received them, since start: nothing waited to be batched
-    with them, so the inline pump was not woken (docs/architecture.md, "Process model inside an actor")."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):
