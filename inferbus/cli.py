@@ -364,6 +364,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             err_console.print("demo interrupted")
             return 130
         console.print("serving; Ctrl-C to stop")
+        t_serving = time.monotonic()
         stopped, failed = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.wait_failed())
         await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
@@ -371,6 +372,11 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
             return 1
         failed.cancel()
+        console.print("stopping: the ingresses stop taking requests and the workers finish theirs, then the servers")
+        t_stop = time.monotonic()
+        await node.stop()
+        console.print(f"inferbus stopped in {time.monotonic() - t_stop:.2f}s after serving "
+                      f"{t_stop - t_serving:.0f}s")
         return 0
     finally:
         await node.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,8 @@ async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server,
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()[-3000:]
         assert nats_server.proc.poll() is None  # up stops what it started, not the NATS it was given
+        text = log.read_text()  # a clean stop says so, after the drain (nothing printed would look like a hang)
+        assert "stopping:" in text and re.search(r"inferbus stopped in \d+\.\d+s after serving \d+s", text), text[-2000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
