@@ -28,6 +28,13 @@ def anyio_backend(request):
     return request.param
 
 
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def uvloop_backend(request):
+    """The uvloop loop only, for process-heavy modules where one loop is enough (the actors run uvloop):
+    ``from conftest import uvloop_backend as anyio_backend`` in the module."""
+    return request.param
+
+
 def spawn_logged(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """Start ``argv`` (from the repository root, its own session) with stdout and stderr into ``log``."""
     with open(log, "wb") as fh:

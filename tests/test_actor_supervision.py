@@ -31,15 +31,10 @@ from inferbus.schemas import InferbusError, Unavailable
 from inferbus.schemas._internal import LoadReport, decode_internal
 from inferbus.supervisor import IntensityExceeded
 
-from conftest import ROOT, start_deployment
+from conftest import ROOT, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset, set_fault
 
 pytestmark = [pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 def _typed_inputs(k: int) -> dict[str, np.ndarray]:

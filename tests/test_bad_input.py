@@ -22,16 +22,11 @@ import pytest
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument, PayloadTooLarge, decode_error
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import health_params, models_subset, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 PREFIX = "bad"
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,10 @@ from inferbus.bus import BusyPoll
 from inferbus.client import Client
 from inferbus.loadgen import EchoPool
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_e2e import digits_rows, reference
 
 pytestmark = [pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 def test_busy_poll_window_must_be_positive():

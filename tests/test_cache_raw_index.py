@@ -17,15 +17,10 @@ import pytest
 from inferbus.bus import _headers as H
 from inferbus.client import Client
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import health_params, models_subset, reference, wait_health
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 def _body(x: np.ndarray, request_id: str | None = None, json_form: bool = False) -> bytes:

@@ -18,15 +18,11 @@ from inferbus.bus import free_port
 from inferbus.client import Client
 
 from conftest import ROOT, spawn_logged, wait_serving
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import models_subset, reference
 
 UP = [sys.executable, "-m", "inferbus.cli", "up"]
 ENV = {**os.environ, "COLUMNS": "200"}
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 @pytest.mark.timeout(90)

@@ -24,14 +24,10 @@ from inferbus.schemas import (
 from inferbus.schemas._internal import LoadReport, ProcessEvent, decode_internal
 
 from conftest import MODELS, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_e2e import digits_rows, reference
 
 pytestmark = [pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -29,18 +29,13 @@ from inferbus.schemas import (
 )
 from inferbus.schemas._region import RegionHeartbeat, encode_region
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import Reports, health_params, models_subset, reference, set_fault
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 W = "n1-w0"
 PREFIX = "cfp"
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,9 @@ from __future__ import annotations
 import pytest
 
 from chaos.node_drills import DrillOptions, cache_loss, soak, worker_crash, worker_hang
-from conftest import MODELS
+from conftest import MODELS, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 
 pytestmark = [pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 def _opts(**kw) -> DrillOptions:

@@ -20,13 +20,9 @@ from inferbus.schemas import InferbusError, Unavailable
 from inferbus.schemas._internal import LoadReport, decode_internal
 
 from conftest import MODELS, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 
 pytestmark = [pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 async def _reports(nc, prefix):

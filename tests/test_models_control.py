@@ -20,6 +20,7 @@ import pytest
 from chaos.load import Driver
 from chaos.node_drills import DrillOptions, model_swap
 from conftest import MODELS, ROOT, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from inferbus.actors import ModelRepository, Node, NodeConfig
 from inferbus.bus import Subjects
 from inferbus.client import Client
@@ -32,11 +33,6 @@ pytestmark = [pytest.mark.anyio]
 
 PREFIX = "mm"
 mp = msgspec.msgpack.encode
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 @pytest.fixture(scope="module")

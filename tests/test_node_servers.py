@@ -23,16 +23,11 @@ import pytest
 from inferbus.bus import free_port
 from inferbus.client import Client
 
-from conftest import ROOT
+from conftest import ROOT, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio]
 ENV = {**os.environ, "COLUMNS": "200"}
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 def _pids_of(binary: str, marker: str) -> list[int]:

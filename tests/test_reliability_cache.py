@@ -34,14 +34,10 @@ from inferbus.schemas import (
 )
 
 from conftest import MODELS, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 def _typed(k: int):

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MODELS
+from conftest import MODELS, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from inferbus.actors import IngressConfig, Node, NodeConfig
 from inferbus.actors._node import _per_replica
 from inferbus.bus import BusConfig
@@ -18,11 +18,6 @@ from inferbus.client import Client
 from inferbus.schemas import DeadlineExceeded, InferbusError, ResourceExhausted
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 def test_rate_limits_split_per_replica_and_nonsense_refused():

@@ -30,17 +30,12 @@ from inferbus.bus import BusConfig, EmbeddedNats
 from inferbus.client import Client
 from inferbus.schemas import ResourceExhausted
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 TOKEN = "s3cret-token-7f1c"
 PREFIX = "sec"
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -28,16 +28,11 @@ from inferbus.bus import BusConfig, EmbeddedNats, connect
 from inferbus.client import Client
 from inferbus.schemas import PayloadTooLarge, decode_error
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset
 from test_reliability_security import _make_tls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    return request.param
 
 
 def feeds(i: int = 1):

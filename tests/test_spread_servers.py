@@ -30,15 +30,10 @@ from inferbus.schemas._internal import LoadReport
 from inferbus.bus import BusConfig, EmbeddedNats, free_port, gateway_mesh, rotate_servers
 from inferbus.client import Client
 
-from conftest import ROOT
+from conftest import ROOT, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 def test_rotate_servers_and_bus_config():

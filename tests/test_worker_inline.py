@@ -25,6 +25,7 @@ from inferbus.bus import BusConfig
 from inferbus.schemas import DeadlineExceeded, InferRequest, decode_error, decode_response, encode_request, input_from_numpy
 from inferbus.schemas._internal import FORWARD_TAG
 
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import Reports, models_subset, reference, set_fault
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -32,11 +33,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 PREFIX = "inl"
 WORKERS = {"w-inline": None, "w-over": 1.0, "w-off": 0.0}
 """Worker id → ``inline_max_compute_us`` (None: the default)."""
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):  # process-heavy tests: one loop is enough
-    return request.param
 
 
 @pytest.fixture(scope="module")
