@@ -461,7 +461,10 @@ async def test_overload_is_shed_at_once_and_counts_return_to_zero(env, dep):
     ok = [o for o in outcomes if o[0] == "ok"]
     assert len(shed) + len(ok) == len(outcomes), {o[0] for o in outcomes}
     assert shed and len(ok) >= 2 * 8
-    assert max(dt for _, dt, _ in shed) < 0.5  # shed at once, not after queueing
+    # shed at once, not after queueing behind the 200 ms batches: the typical shed well under one batch, and
+    # none near the 5 s budget (one scheduler stall of the loaded 2-core CI box once took a shed to 0.88 s)
+    shed_s = sorted(dt for _, dt, _ in shed)
+    assert shed_s[len(shed_s) // 2] < 0.2 and shed_s[-1] < 1.5, shed_s
     assert all(ra and ra > 0 for _, _, ra in shed)
     for w in (W0, W1):
         await set_fault(nc, dep.prefix, w)
