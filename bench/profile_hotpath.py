@@ -38,33 +38,57 @@ def _short(frame: str) -> str:
     if not m:
         return frame.strip()
     f = m["file"]
-    for marker in ("site-packages/", "lib/python3", "/inferbus/", "/bench/"):
-        if marker in f:
-            f = f.split(marker, 1)[1]
-            break
+    f = re.sub(r"^.*?(?:site-packages/|lib/python3[.0-9]*/)", "", f)  # full paths (--full-filenames) as py-spy's short ones
     return f"{m['func']} ({f})"
 
 
+LAYERS = ("event loop (C) + system calls", "nats-py", "asyncio (Python)", "onnxruntime", "numpy", "msgspec",
+          "inferbus", "other")
+"""What :func:`layer` sorts a sample's innermost Python frame into (``layers`` of :func:`summarize`)."""
+
+
+def layer(frame: str) -> str:
+    """The layer of one py-spy frame ``func (file:line)``: the file's package; the event loop's own C code and the
+    system calls under it are the self time of the frame that entered the loop (``Runner.run``, ``uvloop.run``),
+    because py-spy without ``--native`` charges C time to the innermost Python frame."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return "other"
+    func, parts = m["func"], m["file"].split("/")  # py-spy's short form (asyncio/runners.py) or a full path
+    if "uvloop" in parts or (func.endswith("run") and parts[-2:] == ["asyncio", "runners.py"]):
+        return "event loop (C) + system calls"
+    for package, name in (("onnxruntime", "onnxruntime"), ("nats", "nats-py"), ("asyncio", "asyncio (Python)"),
+                          ("numpy", "numpy"), ("msgspec", "msgspec"), ("inferbus", "inferbus")):
+        if package in parts:
+            return name
+    return "other"
+
+
 def summarize(raw: Path, top: int = 25) -> dict:
-    """Self and inclusive sample shares per function from a py-spy raw (collapsed) file."""
+    """Self and inclusive sample shares per function from a py-spy raw (collapsed) file, and the self shares per
+    :data:`LAYERS` entry (``layers``, percent; with ``samples`` the raw count, so that two processes sampled at
+    the same rate for the same time compare in absolute terms)."""
     self_c: collections.Counter = collections.Counter()
     incl_c: collections.Counter = collections.Counter()
+    layer_c: collections.Counter = collections.Counter()
     total = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack or not n.isdigit():
             continue
         n = int(n)
-        frames = [_short(f) for f in stack.split(";") if f and not f.startswith("process ") and
-                  not f.startswith("thread ")]
+        raw_frames = [f for f in stack.split(";") if f and not f.startswith("process ") and not f.startswith("thread ")]
+        frames = [_short(f) for f in raw_frames]
         if not frames:
             continue
         total += n
+        layer_c[layer(raw_frames[-1])] += n
         self_c[frames[-1]] += n
         for f in set(frames):
             incl_c[f] += n
     pct = lambda c: [(k, round(100 * v / total, 1)) for k, v in c.most_common(top)]  # noqa: E731
-    return {"samples": total, "self": pct(self_c), "inclusive": pct(incl_c)}
+    return {"samples": total, "self": pct(self_c), "inclusive": pct(incl_c),
+            "layers": {k: round(100 * layer_c[k] / total, 1) for k in LAYERS} if total else {}}
 
 
 async def _record(pids: dict[str, int], seconds: float, out: Path, rate: int) -> dict[str, subprocess.Popen]:
@@ -158,6 +182,7 @@ def main(argv=None) -> int:
             print(f"\n== {k} ({v['samples']} samples) — self %")
             for f, pc in v["self"]:
                 print(f"  {pc:5.1f}  {f}")
+            print("-- self % by layer: " + ", ".join(f"{k} {pc}" for k, pc in v["layers"].items()))
             print(f"-- inclusive %")
             for f, pc in v["inclusive"][:15]:
                 print(f"  {pc:5.1f}  {f}")
