@@ -443,3 +443,48 @@ async def _distinct_inputs_no_cross_talk(dep, total: int, concurrency: int = 128
 async def test_100k_distinct_inputs_no_cross_talk(env, dep):
     qps = await _distinct_inputs_no_cross_talk(dep, 100_000)
     print(f"100k distinct inputs: no cross-talk, {qps:.0f} req/s")
+
+
+async def test_a_budget_spent_in_decoding_is_refused_by_the_ingress_not_forwarded(env):
+    """A BYTES tensor of 600k elements in the raw form takes the ingress hundreds of ms to decode and check
+    (per-element work); with a 20 ms budget the ingress answers DEADLINE_EXCEEDED itself once it is done,
+    naming the stage, instead of forwarding an expired request for the worker to refuse later. The reply
+    carries the body's id as Inferbus-Request-Id."""
+    nc, client = env
+    n = 600_000
+    raw = (b"\x01\x00\x00\x00x") * n  # each element: 4-byte little-endian length 1, then one byte
+    body = {"id": "big-1", "inputs": [{"name": "s", "datatype": "BYTES", "shape": [n, 1], "raw": raw}]}
+    data = msgpack.packb(body, use_bin_type=True)
+    t0 = time.perf_counter()
+    msg = await nc.request(f"{PREFIX}.infer.strings", data, timeout=10, headers={"Inferbus-Timeout-Ms": "20"})
+    took_s = time.perf_counter() - t0
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code.value == "DEADLINE_EXCEEDED", (err, took_s)
+    assert "while the ingress decoded and validated it" in err.message, err.message
+    assert msg.headers.get("Inferbus-Request-Id") == "big-1"
+    print(f"refused after {took_s * 1000:.0f} ms")
+
+
+async def test_the_body_id_is_the_reply_header_on_hits_and_on_errors_too(env):
+    """Without an Inferbus-Request-Id header, the body's ``id`` is the reply's header on every kind of reply:
+    a computed answer, a cache hit of the same body, and a typed error found after decoding."""
+    nc, _ = env
+    x = [0.25] * 64
+    body = {"id": "J1", "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": x}]}
+    for _ in range(2):  # a miss, then a hit of the same body (digits is cached)
+        msg = await nc.request(f"{PREFIX}.infer.digits", json.dumps(body).encode(), timeout=5,
+                               headers={"Content-Type": "application/json"})
+        assert decode_error(msg.headers, msg.data) is None
+        assert msg.headers.get("Inferbus-Request-Id") == "J1", msg.headers
+        assert json.loads(msg.data)["id"] == "J1"
+    assert json.loads(msg.data)["parameters"]["cache_hit"] is True
+    bad = {"id": "E2", "inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}  # b missing
+    msg = await nc.request(f"{PREFIX}.infer.typed", json.dumps(bad).encode(), timeout=5,
+                           headers={"Content-Type": "application/json"})
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code.value == "INVALID_ARGUMENT" and "missing input" in err.message
+    assert msg.headers.get("Inferbus-Request-Id") == "E2", msg.headers
+    # a header id still wins over the body's
+    msg = await nc.request(f"{PREFIX}.infer.typed", json.dumps(bad).encode(), timeout=5,
+                           headers={"Content-Type": "application/json", "Inferbus-Request-Id": "H3"})
+    assert msg.headers.get("Inferbus-Request-Id") == "H3"

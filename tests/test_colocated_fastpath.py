@@ -233,3 +233,19 @@ async def test_fencing_term_reaches_the_answer_through_the_local_path(env, dep):
             break
     else:
         pytest.fail("the term never reached a local answer")
+
+
+async def test_a_bus_forward_whose_budget_runs_out_in_the_workers_decode_is_refused(env):
+    """A forward over the bus is decoded by the worker; a BYTES body of 600k elements takes it hundreds of ms.
+    With 60 ms of budget left on arrival the worker refuses it DEADLINE_EXCEEDED after decoding, naming the
+    stage, instead of running the model for an answer nobody waits for; the worker serves on."""
+    nc, client, reports = env
+    n = 600_000
+    body = encode_request(InferRequest(inputs=[input_from_numpy("s", np.full((n, 1), b"x", dtype=object))]))
+    fwd = (time.time() * 1000.0 + 60.0, ("other", "strings", "1", "", "", "decode=0"), "")
+    msg = await nc.request(f"{PREFIX}._w.{W}", body, timeout=10, headers=parse_block(_fwd_block(7, 60.0, fwd, "")))
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code.value == "DEADLINE_EXCEEDED", err
+    assert "while the worker decoded the request" in err.message, err.message
+    feeds = typed_input()
+    check_typed(feeds, (await client.infer_result("typed", feeds, timeout_s=5)).outputs)

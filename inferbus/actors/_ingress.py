@@ -325,7 +325,7 @@ class Ingress:
             await self._handle(msg, hdrs, ct, t0)
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(reply, err, ct, rid)
+            await self._error(reply, err, ct, rid or getattr(err, "request_id", None))
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
@@ -387,6 +387,48 @@ class Ingress:
                     return
         req = decode_request(body, ct)
         t_dec = time.monotonic()
+        try:
+            arrays, out_names = self._validate(req, mv, model_name)
+            t_val = time.monotonic()
+            if deadline <= t_val:  # a large request can spend its whole budget in decoding and validation
+                raise DeadlineExceeded(f"the request's budget ran out while the ingress decoded and validated it "
+                                       f"({(t_val - t0) * 1000:.0f} ms)")
+        except InferbusError as err:
+            if isinstance(req.id, str) and req.id:  # the error reply carries the body's id when no header did
+                err.request_id = H.header_value(req.id)
+            raise
+        key = None
+        rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
+        if ttl_ms > 0:
+            raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
+            key = cache_key(mv.name, mv.version, req.inputs, arrays, out_names, raw_form, req.parameters)
+            if raw_key is not None:
+                self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
+            cached = self.l1.get(key, t_val)
+            if cached is not None:
+                self.counts["l1_hits"] += 1
+                await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
+                return
+            if self.redis is not None:
+                if len(self.pending) + self._l2_inflight >= self.config.max_pending:
+                    raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "
+                                            f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
+                self._l2_inflight += 1
+                asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
+                                                          ttl_ms, req.id, rid, hedge_policy, (req, arrays)))
+                return
+        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
+                            time.monotonic(), (req, arrays))
+
+    def _validate(self, req, mv, model_name: str):
+        """``req``'s inputs against ``mv``'s metadata: ``([numpy array per input, in request order], requested
+        output names or None)``.
+
+        Raises:
+            InvalidArgument: an unexpected, repeated or missing input, a datatype or shape that does not fit, an
+                unknown output (naming the field).
+            PayloadTooLarge: an input over ``max_tensor_bytes``.
+        """
         spec = self._inputs[mv.key]
         arrays = []
         seen = set()
@@ -425,29 +467,7 @@ class Ingress:
                     raise InvalidArgument(f"unknown output {o.name!r}; model has {sorted(outs)}",
                                           field=f"outputs[{j}].name")
                 out_names.append(o.name)
-        t_val = time.monotonic()
-        key = None
-        rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
-        if ttl_ms > 0:
-            raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
-            key = cache_key(mv.name, mv.version, req.inputs, arrays, out_names, raw_form, req.parameters)
-            if raw_key is not None:
-                self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
-            cached = self.l1.get(key, t_val)
-            if cached is not None:
-                self.counts["l1_hits"] += 1
-                await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
-                return
-            if self.redis is not None:
-                if len(self.pending) + self._l2_inflight >= self.config.max_pending:
-                    raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "
-                                            f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
-                self._l2_inflight += 1
-                asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
-                                                          ttl_ms, req.id, rid, hedge_policy, (req, arrays)))
-                return
-        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                            time.monotonic(), (req, arrays))
+        return arrays, out_names
 
     def _policy(self, value: str):
         try:
@@ -491,10 +511,10 @@ class Ingress:
                                 time.monotonic(), decoded)
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(msg.reply, err, ct, hdrs.get(H.REQUEST_ID))
+            await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None)
         except Exception as exc:
             self.counts["errors"] += 1
-            await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, hdrs.get(H.REQUEST_ID))
+            await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, H.header_value(rid) if rid else None)
 
     async def _reply_cached(self, reply: str, cached: bytes | InferResponse, req_id, ct, hdrs, level: str,
                             t0: float, key: str | None = None) -> None:
@@ -514,7 +534,7 @@ class Ingress:
         if self.fencing.term:
             params["term"] = self.fencing.term
         params["timings_us"] = {"total": int((time.monotonic() - t0) * 1e6), "queue": 0, "compute": 0}
-        rid = hdrs.get(H.REQUEST_ID)
+        rid = hdrs.get(H.REQUEST_ID) or (H.header_value(req_id) if isinstance(req_id, str) and req_id else None)
         block = (_HIT_BLOCKS[is_json(ct)] if not rid else
                  header_block({H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack",
                                H.REQUEST_ID: rid}))

@@ -920,7 +920,15 @@ class Worker:
                 else:
                     t_dec = time.monotonic()
                     req, arrays = self._prepare(job)
-                    job.decode_us = int((time.monotonic() - t_dec) * 1e6)
+                    t_prep = time.monotonic()
+                    job.decode_us = int((t_prep - t_dec) * 1e6)
+                    if job.deadline <= t_prep:  # a large body can spend the rest of the budget in decoding
+                        self.stats.expired += 1
+                        o = self._error_outcome(job, DeadlineExceeded(
+                            f"budget spent while the worker decoded the request ({job.decode_us / 1000:.0f} ms)"))
+                        o.retry = True
+                        outcomes.append(o)
+                        continue
             except InferbusError as err:
                 outcomes.append(self._error_outcome(job, err))
                 continue
