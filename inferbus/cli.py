@@ -265,6 +265,10 @@ def up(
             if v is not None},
     )
 
+    if not Path(_models_dir(models)).is_dir():
+        _usage(f"up: the model repository {_models_dir(models)} is not a folder (--models)")
+    if not 0 <= nats_port <= 65535:
+        _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if nats_url is None and nats_port and _port_busy(nats_port):
         if not demo:
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "

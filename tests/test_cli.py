@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 from inferbus.bus import free_port
+
+from conftest import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,3 +135,24 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0] and "one of" in lines[0], p.stderr
     assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("args,said", [
+    (("--models", "/nonexistent-inferbus-models"), "is not a folder"),
+    (("--nats-port", "99999"), "--nats-port must be 0"),
+    (("--default-timeout-ms", "-1"), "default_timeout_ms > 0"),
+    (("--max-request-bytes", "-1"), "max_request_bytes >= 0"),
+    (("--hedge-budget", "2"), "hedge_budget_ratio must be in [0, 1]"),
+    (("--mailbox-size", "0"), "mailbox_size must be >= 1"),
+])
+def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
+    """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks
+    now run on the options before any server or process starts: one line, exit 2, nothing left running."""
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1",
+                        "--run-dir", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=30,
+                       cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], p.stderr
+    assert not (tmp_path / "run" / "nats").exists()  # no embedded server was started

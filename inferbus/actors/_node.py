@@ -143,6 +143,17 @@ class NodeConfig:
         if self.server_intensity < 0 or not self.server_period_s > 0:
             raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
                              f"{self.server_intensity}, {self.server_period_s}")
+        if not 0 <= self.nats_port <= 65535:
+            raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
+        # the actors' own checks of the options passed through, now: a bad value fails here, before any
+        # server or process starts, instead of in the middle of the start
+        from ..bus import BusConfig
+
+        IngressConfig(ingress_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
+                      health_timeout_s=self.health_timeout_s, **{"busy_poll_us": self.busy_poll_us,
+                                                                  **self.ingress_options})
+        WorkerConfig(worker_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
+                     mailbox_size=self.mailbox_size, **{"busy_poll_us": self.busy_poll_us, **self.worker_options})
 
 
 class Node:
