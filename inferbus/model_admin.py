@@ -27,7 +27,8 @@ async def model_control(client, op: str, model: str, version: str | None = None,
         The reply: served versions, default version, the state's revision, per-worker outcome.
 
     Raises:
-        InvalidArgument: unknown ``op`` (before sending), or a request the ingress refuses (unloading
+        InvalidArgument: unknown ``op``, or a model name that cannot be one subject token (empty, or holding
+            ``.``, ``*``, ``>`` or whitespace), both before sending; or a request the ingress refuses (unloading
             the default version, a version that is not a number).
         NotFound: unknown model, or a version that is not on disk / not served.
         Unavailable: writes are refused in this region (not the primary), or the version is not loaded
@@ -37,8 +38,9 @@ async def model_control(client, op: str, model: str, version: str | None = None,
     """
     if op not in MODEL_OPS:
         raise InvalidArgument(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
-    from .client import Client
+    from .client import Client, _subject_token
 
+    _subject_token(model, "model")  # '../etc' or 'dig.its' would address another subject, not this model
     strict = Client(client.nc, client.subjects.prefix, retry_unavailable=False)
     body = encode(ModelControlRequest(version=version))
     resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s)

@@ -129,6 +129,11 @@ async def test_nats_control_not_found_after_unload_and_bad_input(dep, refs):
                                     (s.model_control("digits", "unload"), mp({}), InvalidArgument)]:
             msg = await client.nc.request(subject, body, timeout=10)
             assert isinstance(decode_error(msg.headers, msg.data), kind), (subject, body, msg.data)
+        for bad in ("../etc", "dig.its", "", "a b", "*"):  # refused before sending, not a misleading UNAVAILABLE
+            t0 = time.monotonic()
+            with pytest.raises(InvalidArgument) as ei:
+                await model_control(client, "load", bad, timeout_s=5)
+            assert ei.value.field == "model" and time.monotonic() - t0 < 0.5, (bad, ei.value)
         r = await model_control(client, "unload", "digits", "2", timeout_s=30)
         assert r.versions == ["1"] and r.default_version == "1" and r.changed
         # every ingress refuses the unloaded version at once with NOT_FOUND (no timeout, no retry)
