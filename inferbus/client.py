@@ -268,7 +268,10 @@ class Client:
                 await self.nc.drain()
             except Exception:  # reconnecting (the server went away), closed, or the drain timed out
                 if not self.nc.is_closed:
-                    await self.nc.close()
+                    try:
+                        await self.nc.close()
+                    except Exception:  # e.g. ConnectionResetError flushing to a server that is gone
+                        pass
 
     async def __aenter__(self) -> "Client":
         return self

@@ -182,3 +182,18 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
     finally:
         await sub.unsubscribe()
         await client.close()
+
+
+async def test_close_right_after_the_server_stopped_with_unsent_data_does_not_raise(tmp_path):
+    """The same, closed before nats-py noticed, with a publish still in its buffer (a fresh-user trial saw
+    ``ConnectionResetError`` from ``close()`` here, after Ctrl-C on ``inferbus up``)."""
+    from inferbus.bus import EmbeddedNats
+
+    for delay_s in (0.0, 0.05, 0.2):
+        with EmbeddedNats(run_dir=tmp_path / f"nats{delay_s}") as srv:
+            client = await Client.connect(srv.url)
+            await client.nc.publish("x.y", b"z" * 1000)
+        await asyncio.sleep(delay_s)
+        await client.nc.publish("x.y", b"z" * 1000)
+        await client.close()
+        assert client.nc.is_closed
