@@ -488,3 +488,38 @@ async def test_the_body_id_is_the_reply_header_on_hits_and_on_errors_too(env):
     msg = await nc.request(f"{PREFIX}.infer.typed", json.dumps(bad).encode(), timeout=5,
                            headers={"Content-Type": "application/json", "Inferbus-Request-Id": "H3"})
     assert msg.headers.get("Inferbus-Request-Id") == "H3"
+
+
+async def test_error_replies_count_in_the_infer_endpoints_srv_stats(env):
+    """NATS micro monitoring ($SRV.STATS) sees the typed error replies: ``num_errors`` of the ingress's
+    ``infer`` endpoint rises with each one, ``last_error`` names the latest code, and answers do not count."""
+    nc, client = env
+
+    async def infer_stats() -> dict:
+        msg = await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=5)
+        return next(e for e in json.loads(msg.data)["endpoints"] if e["name"] == "infer")
+
+    before = await infer_stats()
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}  # b missing
+    for _ in range(3):
+        err, _ = await raw_request(nc, "typed", body)
+        assert isinstance(err, InvalidArgument)
+    err, _ = await raw_request(nc, "nosuchmodel", body)
+    assert err is not None and err.code.value == "NOT_FOUND"
+    feeds = {"a": np.array([[2]], np.int32), "b": np.ones((1, 4), np.float16)}
+    await client.infer("typed", feeds)  # an answer: not an error
+    after = await infer_stats()
+    assert after["num_errors"] - before["num_errors"] == 4, (before, after)
+    assert after["num_requests"] - before["num_requests"] == 5
+    assert after["last_error"].startswith("NOT_FOUND"), after
+    # an error the worker answers (BYTES that are not UTF-8, for ONNX Runtime) counts when its completion arrives
+    err, _ = await raw_request(nc, "strings", {"inputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [b"\xff\xfe"]}]})
+    assert isinstance(err, InvalidArgument), err
+    for _ in range(100):
+        after = await infer_stats()
+        if after["num_errors"] - before["num_errors"] == 5:
+            break
+        await asyncio.sleep(0.02)
+    assert after["num_errors"] - before["num_errors"] == 5, after
+    assert after["last_error"].startswith("INVALID_ARGUMENT") and "answered by worker" in after["last_error"], after

@@ -151,6 +151,22 @@ def endpoint_subscription(svc, name: str):
     return None
 
 
+def endpoint_error_counter(svc, name: str):
+    """A function ``count(description)`` that counts one error reply in the ``$SRV.STATS`` of the nats.micro
+    endpoint ``name`` (``num_errors``, ``last_error``), for handlers that answer errors themselves: nats.micro
+    counts only handlers that raise, and ours reply with a typed error instead. A no-op, logged, if nats-py's
+    endpoint no longer has those counters (its private ``_num_errors`` / ``_last_error``)."""
+    for ep in getattr(svc, "_endpoints", ()):
+        if getattr(ep, "_name", None) == name and isinstance(getattr(ep, "_num_errors", None), int):
+            def count(description: str, ep=ep) -> None:
+                ep._num_errors += 1
+                ep._last_error = description
+            return count
+    log(f"cannot see the {name!r} endpoint's error counters (nats-py internals changed): $SRV.STATS counts no "
+        f"errors for it")
+    return lambda description: None
+
+
 async def drain_endpoint(sub, timeout_s: float) -> None:
     """Stop ``sub`` (a micro endpoint's subscription) taking new messages and handle the ones it buffered.
 

@@ -66,7 +66,8 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
+from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_error_counter, endpoint_subscription,
+                      error_message, log,
                       run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import IngressConfig
@@ -275,6 +276,7 @@ class Ingress:
         """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
         self._infer_sub = None
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
+        self._count_infer_error = lambda description: None  # set once the infer endpoint exists (run)
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
         self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
@@ -338,7 +340,12 @@ class Ingress:
         sub = self._infer_sub
         await send_pending(self.nc, now=sub is None or not sub.pending_msgs)
 
-    async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None) -> None:
+    async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None,
+                     infer: bool = True) -> None:
+        """Reply ``err`` to ``reply``; ``infer``: the answer to an inference request, counted in the ``infer``
+        endpoint's ``$SRV.STATS`` (``num_errors``, ``last_error``)."""
+        if infer:
+            self._count_infer_error(f"{err.code.value}: {err.message}")
         eh, eb = error_message(err, ct, rid)
         try:
             await self.nc.publish(reply, eb, headers=eh)
@@ -890,6 +897,8 @@ class Ingress:
             if item.held:
                 await self._on_held(p, item, now)
                 continue
+            if not item.ok and item.code != "CANCELLED":  # the worker answered the client with an error
+                self._count_infer_error(f"{item.code or 'error'} (answered by worker {p.worker_id})")
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
@@ -986,7 +995,7 @@ class Ingress:
                 return
             model = self.repo.get(name)
             if model is None:
-                await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None)
+                await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None, infer=False)
                 return
             body = encode(model_metadata(model), ct)
         await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
@@ -1066,6 +1075,7 @@ class Ingress:
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
         self._infer_sub = endpoint_subscription(svc, "infer")
+        self._count_infer_error = endpoint_error_counter(svc, "infer")
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
