@@ -117,7 +117,8 @@ def status(
 
     hbs, loads, sts = _run(go())
     if not hbs:
-        typer.echo("no region manager heard (is a region up, and the prefix right?)", err=True)
+        typer.echo("no region manager heard: is a region up (`inferbus cluster up`, or `inferbus region manager` "
+                   "beside a node; a plain `inferbus up` runs none: docs/regions.md), and the prefix right?", err=True)
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
     if json_out:

@@ -480,15 +480,20 @@ def infer(
 
 @app.command()
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
-    """Ask one ingress whether it is live and ready."""
+    """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering)."""
+    from .schemas import DeadlineExceeded, Unavailable
 
     async def go():
-        from .client import Client
-
         async with await _one_shot_client(nats_url, prefix) as c:
-            return await c.health()
+            try:
+                return await c.health()
+            except (Unavailable, DeadlineExceeded) as err:  # no ingress of that prefix answers: down, for a probe
+                return err
 
     h = _call(go)
+    if isinstance(h, Exception):
+        err_console.print(f"[red]{h.code.value}[/]: {escape(h.message)}")
+        raise typer.Exit(EXIT_FAILED)
     console.print_json(json.dumps({"live": h.live, "ready": h.ready, "parameters": h.parameters}))
     raise typer.Exit(0 if h.ready else 1)
 

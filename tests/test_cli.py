@@ -156,3 +156,19 @@ def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], p.stderr
     assert not (tmp_path / "run" / "nats").exists()  # no embedded server was started
+
+
+def test_health_with_no_ingress_answering_is_not_ready_exit_1(nats_server):
+    """A NATS that answers but no ingress of that prefix: one line (UNAVAILABLE), exit 1 like "not ready", so a
+    probe tells "down" from a usage error (exit 2), as the README's exit statuses say."""
+    p, took_s = cli("health", "--nats-url", nats_server.url, "--prefix", "nobodyhere")
+    assert p.returncode == 1, p
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("UNAVAILABLE"), p.stderr
+
+
+def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server):
+    p, _ = cli("region", "status", "--nats-url", nats_server.url)
+    assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, p
+    assert "no region manager heard" in p.stderr and "a plain `inferbus up` runs none" in p.stderr, p.stderr
