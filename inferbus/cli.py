@@ -269,6 +269,12 @@ def up(
         _usage(f"up: the model repository {_models_dir(models)} is not a folder (--models)")
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
+    from .actors._repository import ModelRepository, RepositoryError
+
+    try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
+        ModelRepository(Path(_models_dir(models)))
+    except RepositoryError as exc:
+        _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
     if nats_url is None and nats_port and _port_busy(nats_port):
         if not demo:
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "

@@ -172,3 +172,20 @@ def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server
     p, _ = cli("region", "status", "--nats-url", nats_server.url)
     assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, p
     assert "no region manager heard" in p.stderr and "a plain `inferbus up` runs none" in p.stderr, p.stderr
+
+
+def test_up_with_an_unreadable_model_artifact_is_one_line_naming_it_exit_2(tmp_path):
+    """A corrupt ``<version>/model.onnx`` stops ``up`` before anything starts, naming the file (fail fast, as
+    Triton's default --exit-on-error; it used to crash every actor mid-start with a long traceback)."""
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "digits", models / "digits")
+    (models / "digits" / "2" / "model.onnx").write_bytes(b"not an onnx model")
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--models",
+                        str(models), "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (p.stdout[-1500:], p.stderr[-1500:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "digits/2/model.onnx" in lines[0] and "cannot be served" in lines[0], p.stderr
+    assert not (tmp_path / "run" / "nats").exists()
