@@ -28,6 +28,7 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import nats
@@ -320,6 +321,9 @@ class Client:
         _subject_token(model, "model")
         if version is not None:
             _subject_token(version, "model_version")
+        if not isinstance(inputs, Mapping):
+            raise InvalidArgument(f"inputs must map each input name to an array (e.g. {{'pixels': x}}), got "
+                                  f"{type(inputs).__name__}", field="inputs")
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding

@@ -773,3 +773,17 @@ def test_no_json_hint_when_the_body_does_not_look_like_json_or_is_json():
         with pytest.raises(InvalidArgument) as ei:
             schemas.decode_request(body, ct)
         assert "looks like JSON" not in ei.value.message, (body, ei.value.message)
+
+
+def test_an_element_without_a_printable_value_is_named_by_its_type_not_a_memory_address():
+    """A MessagePack extension inside ``data`` is refused naming the element and its kind; the message holds no
+    ``<... object at 0x...>`` (found by a fresh-user trial)."""
+    import msgpack
+
+    body = msgpack.packb({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1],
+                                      "data": [msgpack.ExtType(5, b"ab")]}]})
+    req = decode_request(body, None)
+    with pytest.raises(InvalidArgument) as ei:
+        input_to_numpy(req.inputs[0], field="inputs[0]")
+    assert "MessagePack extension" in ei.value.message and "0x" not in ei.value.message, ei.value.message
+    assert ei.value.field == "inputs[0].data"

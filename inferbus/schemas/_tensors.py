@@ -398,6 +398,12 @@ def _bad_element(
 
 
 def _short(x: Any) -> str:
+    """``x`` for an error message: its repr cut to 40 characters; an object without a repr of its own (a
+    MessagePack extension, ...) by its type only, not ``<... object at 0x...>``."""
+    if type(x).__module__.startswith("msgspec"):
+        return "(a MessagePack extension type)"
+    if type(x).__repr__ is object.__repr__:
+        return "(no printable value)"
     r = repr(x)
     return r if len(r) <= 40 else r[:37] + "..."
 
