@@ -43,4 +43,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names and the module's dunders (not the helpers this file imports: ``importlib``, ``Any``)."""
+    return sorted({k for k in globals() if k.startswith("__") and k.endswith("__")} | set(_LAZY))

@@ -18,6 +18,7 @@ assert inferbus.Client is Client and inferbus.InferResult is InferResult
 assert inferbus.Unavailable is Unavailable and inferbus.InvalidArgument is InvalidArgument
 assert issubclass(inferbus.Unavailable, inferbus.InferbusError)
 assert "Client" in dir(inferbus) and "Client" in inferbus.__all__
+assert not {"Any", "importlib", "annotations"} & set(dir(inferbus)), dir(inferbus)  # no helper imports shown
 try:
     inferbus.NoSuchThing
 except AttributeError as exc:
