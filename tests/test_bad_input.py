@@ -523,3 +523,13 @@ async def test_error_replies_count_in_the_infer_endpoints_srv_stats(env):
         await asyncio.sleep(0.02)
     assert after["num_errors"] - before["num_errors"] == 5, after
     assert after["last_error"].startswith("INVALID_ARGUMENT") and "answered by worker" in after["last_error"], after
+    # errors of the model endpoints count there, not under infer
+    msg = await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=5)
+    model_before = next(e for e in json.loads(msg.data)["endpoints"] if e["name"] == "model")
+    for subject, body in ((f"{PREFIX}.models.digits.default", b"{}"), (f"{PREFIX}.models.nosuch", b"")):
+        msg = await nc.request(subject, body, timeout=5, headers={"Content-Type": "application/json"})
+        assert decode_error(msg.headers, msg.data) is not None
+    msg = await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=5)
+    eps = {e["name"]: e for e in json.loads(msg.data)["endpoints"]}
+    assert eps["model"]["num_errors"] - model_before["num_errors"] == 2, eps["model"]
+    assert eps["infer"]["num_errors"] == after["num_errors"], eps["infer"]

@@ -276,7 +276,8 @@ class Ingress:
         """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
         self._infer_sub = None
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
-        self._count_infer_error = lambda description: None  # set once the infer endpoint exists (run)
+        self._error_counters: dict = {}
+        """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
         self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
@@ -341,11 +342,12 @@ class Ingress:
         await send_pending(self.nc, now=sub is None or not sub.pending_msgs)
 
     async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None,
-                     infer: bool = True) -> None:
-        """Reply ``err`` to ``reply``; ``infer``: the answer to an inference request, counted in the ``infer``
-        endpoint's ``$SRV.STATS`` (``num_errors``, ``last_error``)."""
-        if infer:
-            self._count_infer_error(f"{err.code.value}: {err.message}")
+                     endpoint: str = "infer") -> None:
+        """Reply ``err`` to ``reply``, counted in the ``$SRV.STATS`` (``num_errors``, ``last_error``) of the
+        micro endpoint that took the request: ``infer`` (inference) or ``model`` (``<p>.models.<name>[.<op>]``)."""
+        count = self._error_counters.get(endpoint)
+        if count is not None:
+            count(f"{err.code.value}: {err.message}")
         eh, eb = error_message(err, ct, rid)
         try:
             await self.nc.publish(reply, eb, headers=eh)
@@ -898,7 +900,9 @@ class Ingress:
                 await self._on_held(p, item, now)
                 continue
             if not item.ok and item.code != "CANCELLED":  # the worker answered the client with an error
-                self._count_infer_error(f"{item.code or 'error'} (answered by worker {p.worker_id})")
+                count = self._error_counters.get("infer")
+                if count is not None:
+                    count(f"{item.code or 'error'} (answered by worker {p.worker_id})")
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
@@ -995,7 +999,8 @@ class Ingress:
                 return
             model = self.repo.get(name)
             if model is None:
-                await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None, infer=False)
+                await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None,
+                                  endpoint="model")
                 return
             body = encode(model_metadata(model), ct)
         await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
@@ -1075,10 +1080,10 @@ class Ingress:
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
         self._infer_sub = endpoint_subscription(svc, "infer")
-        self._count_infer_error = endpoint_error_counter(svc, "infer")
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
+        self._error_counters = {name: endpoint_error_counter(svc, name) for name in ("infer", "model")}
         named = {"sweeper": self._sweeper}
         if self.busy_poll is not None and self.local_worker is None:
             named["busy-poll"] = self.busy_poll.run

@@ -276,10 +276,11 @@ class IngressModels:
             await self.nc.publish(msg.reply, body, headers={
                 H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack"})
         except InferbusError as err:
-            await self.ing._error(msg.reply, err, ct, None)
+            await self.ing._error(msg.reply, err, ct, None, endpoint="model")
         except Exception as exc:  # never let a request kill the actor
             log(f"ingress {self.writer}: model {op} {model} failed: {exc!r}")
-            await self.ing._error(msg.reply, Internal(f"model {op} failed: {type(exc).__name__}: {exc}"), ct, None)
+            await self.ing._error(msg.reply, Internal(f"model {op} failed: {type(exc).__name__}: {exc}"), ct, None,
+                                  endpoint="model")
 
     def _known(self, model: str) -> ModelState:
         st = self.states.get(model)
