@@ -76,7 +76,14 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
     try:
         if nats_url is not None:
             version = await _served_default(url, prefix, model, version)
-        mv = ModelRepository(models_dir, [model]).get(model).version(version)
+        m = ModelRepository(models_dir, [model]).get(model)
+        mv = m.version(version) if m is not None else None
+        if mv is None:  # the generators need the version's metadata (and its data, when it has some) from disk
+            from .schemas import NotFound
+
+            raise NotFound(f"model {model!r}" + (f" version {version!r}" if m is not None else "")
+                           + f" is not in the model repository {models_dir} (--models)",
+                           field="model_version" if m is not None else "model")
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}
         out = []

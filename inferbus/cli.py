@@ -143,17 +143,30 @@ def _check_accelerator_env() -> None:
             _usage(f"up: environment variable {name}={value!r}: one of {', '.join(allowed)} (or unset)")
 
 
+def _check_prefix(prefix: str) -> None:
+    """``--prefix`` as the bus takes it (dot-separated tokens of letters, digits, '_' or '-'), else one line and
+    exit 2 (it used to end in a traceback from the connection's config)."""
+    from .bus import BusConfig
+
+    try:
+        BusConfig(prefix=prefix)
+    except ValueError as exc:
+        _usage(f"--prefix: {exc}")
+
+
 async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
     """A client for one CLI command: one connect attempt per server, 2 s connect timeout.
 
     Raises:
         NatsUnreachable: no server of ``nats_url`` (comma-separated) accepted the connection.
+        typer.Exit: (status 2) ``prefix`` is not a valid subject prefix, one line printed.
     """
     from .client import Client
     from .schemas import Unavailable
 
     from .bus import split_servers
 
+    _check_prefix(prefix)
     servers = list(split_servers(nats_url))
     try:
         return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
@@ -269,6 +282,8 @@ def up(
         _usage(f"up: the model repository {_models_dir(models)} is not a folder (--models)")
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
+    if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
+        _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {redis_url!r}")
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
@@ -539,6 +554,7 @@ def bench(
         check_busy_poll_us(busy_poll_us, "bench: --busy-poll-us")
     except ValueError as exc:
         _usage(str(exc))
+    _check_prefix(prefix)
     if suite:
         args = (["--profile", profile] + (["--json", str(out)] if out else [])
                 + (["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []))

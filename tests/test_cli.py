@@ -140,7 +140,11 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
 @pytest.mark.parametrize("args,said", [
     (("--models", "/nonexistent-inferbus-models"), "is not a folder"),
     (("--nats-port", "99999"), "--nats-port must be 0"),
-    (("--default-timeout-ms", "-1"), "default_timeout_ms > 0"),
+    (("--default-timeout-ms", "-1"), "default_timeout_ms in (0, 600000]"),
+    (("--default-timeout-ms", "nan"), "default_timeout_ms in (0, 600000]"),
+    (("--default-timeout-ms", "1e99"), "default_timeout_ms in (0, 600000]"),
+    (("--redis-url", "foo://x"), "--redis-url must start with redis://"),
+    (("--prefix", "a b"), "prefix"),
     (("--max-request-bytes", "-1"), "max_request_bytes >= 0"),
     (("--hedge-budget", "2"), "hedge_budget_ratio must be in [0, 1]"),
     (("--mailbox-size", "0"), "mailbox_size must be >= 1"),
@@ -189,3 +193,21 @@ def test_up_with_an_unreadable_model_artifact_is_one_line_naming_it_exit_2(tmp_p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "digits/2/model.onnx" in lines[0] and "cannot be served" in lines[0], p.stderr
     assert not (tmp_path / "run" / "nats").exists()
+
+
+@pytest.mark.parametrize("argv", [("health", "--prefix", ""), ("health", "--prefix", ">"), ("models", "--prefix", ""),
+                                  ("bench", "digits", "--prefix", "", "--duration", "1")])
+def test_a_bad_prefix_is_one_line_exit_2(argv):
+    """Refused before connecting (the URL is unreachable, and the exit is 2, not 3): it used to be a traceback."""
+    p, _ = cli(*argv, "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--prefix" in lines[0], p.stderr
+
+
+def test_bench_of_a_version_not_in_the_repository_is_one_line_exit_2(deployment):
+    p, _ = cli("bench", "digits", "--nats-url", deployment.nats_url, "--version", "9", "--concurrency", "1",
+               "--duration", "1", timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "version '9' is not in the model repository" in lines[0], p.stderr

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
 
 from ..bus import BusConfig
+from ..bus import headers as H
 from ..bus._busypoll import check_busy_poll_us
 
 MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
@@ -241,8 +242,10 @@ class IngressConfig(_JsonMixin):
         if not self.peer_query_timeout_ms > 0:
             raise ValueError("IngressConfig.peer_query_timeout_ms must be > 0 ms")
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
-        if self.pending_grace_s < 0 or self.default_timeout_ms <= 0:
-            raise ValueError("IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms > 0")
+        if not self.pending_grace_s >= 0 or not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
+            raise ValueError(f"IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms in (0, "
+                             f"{H.MAX_TIMEOUT_MS:.0f}] (the header's own bound); got {self.pending_grace_s}, "
+                             f"{self.default_timeout_ms}")
         if self.max_pending < 1:
             raise ValueError("IngressConfig.max_pending must be >= 1 request")
         if not 1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS or not 1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES:
