@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn, Optional
 
@@ -290,12 +291,6 @@ def up(
         ModelRepository(Path(_models_dir(models)))
     except RepositoryError as exc:
         _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
-    if nats_url is None and nats_port and _port_busy(nats_port):
-        if not demo:
-            err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
-                              f"--nats-port, or --nats-url to use the NATS already listening there")
-            raise typer.Exit(2)
-        nats_port = 0
     if nats_url is not None:
         nats_url = _check_nats_urls(nats_url)
     if spread_servers and (nats_url is None or "," not in nats_url):
@@ -316,6 +311,12 @@ def up(
                          **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf)
         _usage(f"up: {exc}")
+    if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
+        if not demo:
+            err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
+                              f"--nats-port, or --nats-url to use the NATS already listening there")
+            raise typer.Exit(2)
+        cfg = replace(cfg, nats_port=0)
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)
 
