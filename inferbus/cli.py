@@ -288,9 +288,12 @@ def up(
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
-        ModelRepository(Path(_models_dir(models)))
+        repo = ModelRepository(Path(_models_dir(models)))
     except RepositoryError as exc:
         _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
+    if not len(repo):
+        err_console.print(f"[yellow]note[/]: no models in {escape(_models_dir(models))} (no <model>/config.json): "
+                          f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
     if nats_url is not None:
         nats_url = _check_nats_urls(nats_url)
     if spread_servers and (nats_url is None or "," not in nats_url):

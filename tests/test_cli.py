@@ -211,3 +211,18 @@ def test_bench_of_a_version_not_in_the_repository_is_one_line_exit_2(deployment)
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "version '9' is not in the model repository" in lines[0], p.stderr
+
+
+def test_up_on_an_empty_model_folder_says_so(tmp_path):
+    """A folder without any <model>/config.json is served (nothing to refuse), with one note naming it."""
+    (tmp_path / "empty").mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--nats-port",
+                          "0", "--models", str(tmp_path / "empty"), "--run-dir", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "COLUMNS": "200"})
+    try:
+        first = p.stderr.readline()
+        assert first.startswith("note: no models in") and str(tmp_path / "empty") in first, first
+    finally:
+        p.terminate()
+        p.wait(30)
