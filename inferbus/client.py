@@ -280,14 +280,15 @@ class Client:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def infer(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], *, version: str | int | None = None,
                     outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
                     raw: bool = True, parameters: dict | None = None, json: bool = False,
                     hedge: str | float | None = None) -> dict[str, np.ndarray]:
         """Run ``model`` on ``inputs`` and return its outputs as numpy arrays.
 
         Args:
-            model: model name. version: model version (None = the model's default).
+            model: model name. version: model version (None = the model's default; an int is taken as its
+                decimal string).
             inputs: one array per model input; the OIP datatype follows the dtype
                 (float32 → FP32, float16 → FP16, ml_dtypes.bfloat16 → BF16, object of bytes → BYTES).
             outputs: names to compute (None = all).
@@ -304,26 +305,36 @@ class Client:
             ``{output name: np.ndarray}``.
 
         Raises:
-            NotFound, InvalidArgument (also before sending, for a model or version that is empty or
-            holds '.', '*', '>' or whitespace), DeadlineExceeded, ResourceExhausted, Unavailable,
+            NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
+            '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string),
+            DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
         res = await self.infer_result(model, inputs, version=version, outputs=outputs, timeout_s=timeout_s,
                                       request_id=request_id, raw=raw, parameters=parameters, json=json, hedge=hedge)
         return res.outputs
 
-    async def infer_result(self, model: str, inputs: dict[str, np.ndarray], *, version: str | None = None,
+    async def infer_result(self, model: str, inputs: dict[str, np.ndarray], *, version: str | int | None = None,
                            outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
                            raw: bool = True, parameters: dict | None = None, json: bool = False,
                            hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
         _subject_token(model, "model")
+        if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            version = str(version)  # version=2 means "2", as on disk and on the subject
         if version is not None:
             _subject_token(version, "model_version")
         if not isinstance(inputs, Mapping):
             raise InvalidArgument(f"inputs must map each input name to an array (e.g. {{'pixels': x}}), got "
                                   f"{type(inputs).__name__}", field="inputs")
+        for name, arr in inputs.items():
+            if arr is None:
+                raise InvalidArgument(f"input {name!r} is None; give an array (e.g. a numpy array of the model's "
+                                      f"datatype)", field=f"inputs.{name}")
+        if isinstance(outputs, (str, bytes)):
+            raise InvalidArgument(f"outputs must be a list of output names (e.g. [{outputs!r}]), not one string",
+                                  field="outputs")
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding

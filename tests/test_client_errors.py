@@ -181,6 +181,12 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", bad, timeout_s=5.0)
             assert ei.value.field == "inputs" and "must map each input name" in ei.value.message
+        with pytest.raises(InvalidArgument) as ei:
+            await client.infer("digits", {"pixels": None}, timeout_s=5.0)
+        assert ei.value.field == "inputs.pixels" and "is None" in ei.value.message
+        with pytest.raises(InvalidArgument) as ei:  # one string, not a list of names (was iterated by character)
+            await client.infer("digits", x, outputs="logits", timeout_s=5.0)
+        assert ei.value.field == "outputs" and "['logits']" in ei.value.message
         await client.nc.flush()
         assert sent == []
     finally:

@@ -61,6 +61,9 @@ async def test_version_routing_and_batch_rows(client):
     np.testing.assert_allclose(v2["logits"], reference("digits", "2", {"pixels": x})["logits"], rtol=1e-5, atol=1e-5)
     v1 = await client.infer("digits", {"pixels": x}, version="1", timeout_s=2)
     assert not np.allclose(v1["logits"], v2["logits"])
+    as_int = await client.infer_result("digits", {"pixels": x}, version=2, timeout_s=2)  # an int version is "2"
+    assert as_int.model_version == "2"
+    np.testing.assert_array_equal(as_int.outputs["logits"], v2["logits"])
 
 
 async def test_json_and_data_forms_give_the_same_answer(client):
