@@ -279,8 +279,9 @@ def up(
             if v is not None},
     )
 
-    if not Path(_models_dir(models)).is_dir():
-        _usage(f"up: the model repository {_models_dir(models)} is not a folder (--models)")
+    models_dir = _models_dir(models)
+    if not Path(models_dir).is_dir():
+        _usage(f"up: the model repository {models_dir} is not a folder (--models)")
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
@@ -288,11 +289,11 @@ def up(
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
-        repo = ModelRepository(Path(_models_dir(models)))
+        repo = ModelRepository(Path(models_dir))
     except RepositoryError as exc:
         _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
     if not len(repo):
-        err_console.print(f"[yellow]note[/]: no models in {escape(_models_dir(models))} (no <model>/config.json): "
+        err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
                           f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
     if nats_url is not None:
         nats_url = _check_nats_urls(nats_url)
@@ -304,7 +305,7 @@ def up(
                f"got {node_id!r}")
     _check_accelerator_env()
     try:
-        cfg = NodeConfig(models_dir=_models_dir(models), workers=workers, ingress=ingress, colocate=colocate,
+        cfg = NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, colocate=colocate,
                          node_id=node_id,
                          nats_url=nats_url, spread_servers=spread_servers,
                          nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,

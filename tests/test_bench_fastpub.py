@@ -8,7 +8,7 @@ import asyncio
 import nats
 import pytest
 
-from inferbus.bus import EmbeddedNats, HeaderError, header_block, publish_raw, send_pending
+from inferbus.bus import EmbeddedNats, HeaderError, header_block, publish_raw, reply_block, send_pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -134,3 +134,15 @@ async def test_send_pending_while_reconnecting_leaves_the_bytes_to_nats_py(tmp_p
         if nc is not None:
             await nc.close()
         srv.stop()
+
+
+def test_reply_block_is_the_header_block_of_content_type_and_request_id():
+    """The shared block of a successful answer (ingress cache hits, worker results) equals what header_block
+    builds from the same headers; an id with CR/LF is refused, not sent as a second header."""
+    for json in (False, True):
+        ct = "application/json" if json else "application/msgpack"
+        assert reply_block(json) == reply_block(json, None) == header_block({"Content-Type": ct})
+        for rid in ("abc-123", " ünï ", "x y"):
+            assert reply_block(json, rid) == header_block({"Content-Type": ct, "Inferbus-Request-Id": rid})
+    with pytest.raises(HeaderError):
+        reply_block(False, "a\r\nInjected: 1")

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw, send_pending
+from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -99,10 +99,6 @@ _HEDGE_LINES = {"": "", HEDGE_PRIMARY: f"{H.HEDGE}: {HEDGE_PRIMARY}\r\n", HEDGE_
 client (``DoneItem.held``); the ingress then hedges at once or answers the client itself."""
 _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
-
-_HIT_BLOCKS = {json: header_block({H.CONTENT_TYPE: "application/json" if json else "application/msgpack"})
-               for json in (False, True)}
-"""Header blocks of a cache hit's reply without a request id (``Content-Type`` only), by JSON-ness."""
 
 RAW_INDEX_MAX_BODY_BYTES = 4096
 """Request bodies up to this size are remembered by their bytes (the raw index): a repeat of the same bytes for
@@ -544,11 +540,8 @@ class Ingress:
             params["term"] = self.fencing.term
         params["timings_us"] = {"total": int((time.monotonic() - t0) * 1e6), "queue": 0, "compute": 0}
         rid = hdrs.get(H.REQUEST_ID) or (H.header_value(req_id) if isinstance(req_id, str) and req_id else None)
-        block = (_HIT_BLOCKS[is_json(ct)] if not rid else
-                 header_block({H.CONTENT_TYPE: "application/json" if is_json(ct) else "application/msgpack",
-                               H.REQUEST_ID: rid}))
         await publish_raw(self.nc, reply, encode_response(msgspec.structs.replace(resp, id=req_id, parameters=params),
-                                                          ct), headers=block, flush=False)
+                                                          ct), headers=reply_block(is_json(ct), rid), flush=False)
         await self._send()
 
     def _pending_copy(self, rid: str | None, model_key: str):

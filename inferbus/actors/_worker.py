@@ -62,7 +62,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import BusyPoll, Subjects, connected_server, header_block, publish_raw, send_pending
+from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -95,9 +95,6 @@ _INLINE_SEED_RUNS = 3
 
 
 _BLOCK_ENDS = ("NATS/1.0\r\n", "\r\n")
-_REPLY_BLOCKS = {json: header_block({H.CONTENT_TYPE: "application/json" if json else "application/msgpack"})
-                 for json in (False, True)}
-"""Header blocks of a result's reply without a request id (``Content-Type`` only), by JSON-ness."""
 
 
 _HELD_CODES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
@@ -185,7 +182,7 @@ class Outcome:
     held: bool = False
     """Not replied to the client: the ingress answers (a hedge-marked copy shed or refused, see ``_finish_now``)."""
     block: bytes | None = None
-    """``hdrs`` as a header block, when built once beforehand (a result's reply without a request id)."""
+    """``hdrs`` as a header block, built with the result (:func:`inferbus.bus.reply_block`); None for errors."""
 
 
 @dataclass
@@ -1078,7 +1075,7 @@ class Worker:
         if job.want_body:
             cached = body if not json_ct else encode_response(resp, None)
         return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True,
-                       block=None if rid else _REPLY_BLOCKS[json_ct])
+                       block=reply_block(json_ct, rid))
 
 
 def _time_batch1_us(sess) -> float:

@@ -54,6 +54,25 @@ def header_block(headers: dict[str, str]) -> bytes:
     return b"".join(parts)
 
 
+_CT_BLOCKS = {json: header_block({"Content-Type": "application/json" if json else "application/msgpack"})
+              for json in (False, True)}
+
+
+def reply_block(json: bool, request_id: str | None = None) -> bytes:
+    """The header block of a successful answer: ``Content-Type`` (JSON or MessagePack) and, when given,
+    ``Inferbus-Request-Id``; the block without an id is built once per Content-Type.
+
+    Raises:
+        HeaderError: ``request_id`` holds CR or LF (callers pass ids as nats-py parsed them, or through
+            ``headers.header_value``).
+    """
+    if not request_id:
+        return _CT_BLOCKS[json]
+    if "\r" in request_id or "\n" in request_id:
+        raise HeaderError("header 'Inferbus-Request-Id': value must not contain CR or LF")
+    return b"".join((_CT_BLOCKS[json][:-2], b"Inferbus-Request-Id: ", request_id.strip().encode(), b"\r\n\r\n"))
+
+
 def parse_block(block: bytes) -> dict[str, str]:
     """The dict a header block encodes (for the fallback path and for tests)."""
     out = {}
