@@ -184,8 +184,9 @@ async def test_spread_colocated_node_answers_on_the_clients_server(tmp_path):
     async with _spread_node(tmp_path, "spr", colocate=True) as (urls, models, node):
         by_server = await _answers_by_server(urls, "spr", "local")
         # process k connected to server k: sequential requests from server k's clients stay there (taken by that
-        # server's colocated ingress, handed to its own worker in-process)
-        assert by_server[0]["n1-w0"] >= 38 and by_server[1]["n1-w1"] >= 38, by_server
+        # server's colocated ingress, handed to its own worker in-process), but for picks made on a stale load
+        # report (see the separate-layout test below)
+        assert by_server[0]["n1-w0"] >= 32 and by_server[1]["n1-w1"] >= 32, by_server
         # the CLI's load generators spread over the same servers (--spread): every answer checked
         out = subprocess.run([sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", ",".join(urls),
                               "--spread", "--gens", "2", "--concurrency", "2", "--duration", "1", "--prefix", "spr",
