@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_STYLE = {"echo": ("tab:gray", "NATS echo (floor)"), "inferbus miss": ("tab:blue", "inferbus, cache miss"),
+_STYLE = {"echo": ("tab:gray", "NATS echo (floor)"), "direct": ("tab:olive", "direct responder (Python floor)"),
+          "inferbus miss": ("tab:blue", "inferbus, cache miss"),
           "inferbus hit": ("tab:green", "inferbus, cache hit"), "ray": ("tab:red", "Ray Serve")}
 
 

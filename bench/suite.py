@@ -10,7 +10,11 @@ What one run measures (DESIGN §11: ratios from one run, absolute times only fro
 
 * floors: a raw NATS echo (nats-py responders + uvloop, the same bodies and
   headers as inferbus requests) and the model's in-process time (ONNX Runtime,
-  the worker's session options);
+  the worker's session options); with ``--direct``, the Python floor of a
+  whole inference: *direct* responders (as many as the echo's, on the same
+  cores) that decode, run the model at batch 1 and encode, and nothing else
+  (:mod:`inferbus.loadgen._procs`), loaded like inferbus and judged answer by
+  answer;
 * inferbus end to end: cache misses (distinct inputs) and hits (one repeated
   input); closed loop at each concurrency, then open-loop rate sweeps up to
   saturation for the echo and for inferbus, each step judged answer by answer;
@@ -53,6 +57,7 @@ from inferbus.loadgen import BenchResult, EchoPool, GeneratorPool, Workload  # n
 from .floors import CpuSampler, model_floor  # noqa: E402
 
 ECHO_SUBJECT = "bench.echo"
+DIRECT_SUBJECT = "bench.direct"
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,11 @@ class SuiteConfig:
     """The echo responders' busy polling, µs (0 = off, the floor as nats-py gives it; set it equal to
     ``busy_poll_us`` for a matched floor)."""
 
+    direct: bool = False
+    """Also measure the direct responders (the Python floor of a whole inference: decode, model at batch 1,
+    encode, publish; see the module doc) in the closed loops, the sweeps and the half-load step: series
+    ``direct``, ratios under ``direct``."""
+
     nats_servers: int = 1
     """nats-servers to run (> 1: a :func:`~inferbus.bus.gateway_mesh`, one server per cluster joined by
     gateways) with every process placed on one of them round robin (generator, echo responder and actor
@@ -148,7 +158,7 @@ PROFILES: dict[str, dict] = {
     "quick": dict(),
     "full": dict(duration_s=5.0, closed=(1, 8, 64), sweep_factor=1.3, sweep_max_steps=12, refine_steps=2),
     "throughput": dict(pin=True, l2=False, closed=(1, 8, 64, 256), sweep_factor=1.25, sweep_max_steps=12,
-                       refine_steps=2, ray=True),
+                       refine_steps=2, ray=True, direct=True),
 }
 
 
@@ -294,7 +304,7 @@ class Suite:
         for srv in servers:
             srv.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
         peer: dict = {}
-        node = None
+        node = direct = None
         try:
             for srv in servers:
                 await asyncio.to_thread(srv.wait_ready)
@@ -305,6 +315,13 @@ class Suite:
             await echo.start()
             for c in echo.children:
                 self.sampler.add("echo", c.proc.pid)
+            direct = None
+            if cfg.direct:  # as many as the echo's, on the same cores (they never carry load at the same time)
+                direct = EchoPool(lay["n_echo"], nats_url, DIRECT_SUBJECT, cpus=lay["echo"], log_dir=run_dir,
+                                  spread=spread, model=(str(mv.path), cfg.model, mv.version))
+                await direct.start()
+                for c in direct.children:
+                    self.sampler.add("direct", c.proc.pid)
             node = await self._start_node(cfg, nats_url, run_dir / "node", colocate=cfg.colocate,
                                           workers=cfg.workers)
             if node.valkey is not None:
@@ -321,6 +338,10 @@ class Suite:
                           "distinct": True, "timeout_ms": cfg.timeout_s * 1000}
                 t_hit = dict(t_miss, distinct=False)
                 series = {"echo": t_echo, "inferbus miss": t_miss, "inferbus hit": t_hit}
+                if direct is not None:
+                    series["direct"] = {"kind": "direct", "name": "direct", "model": cfg.model,
+                                        "version": cfg.version, "subject": DIRECT_SUBJECT,
+                                        "timeout_ms": cfg.timeout_s * 1000}
                 await gp.prepare(list(series.values()))
                 actors = (f"{cfg.workers} colocated process(es), each an ingress with its worker" if cfg.colocate
                           else f"{cfg.workers} worker(s), {cfg.ingress} ingress")
@@ -336,12 +357,13 @@ class Suite:
                         r = await self._step(gp, name, t, mode="closed", concurrency=c)
                         best[name] = max(best.get(name, 0.0), r.qps)
                 self.say("open loop:")
+                swept = [n for n in ("echo", "direct", "inferbus miss") if n in series]
                 if cfg.sweep:
-                    for name in ("echo", "inferbus miss"):
+                    for name in swept:
                         await self._sweep(gp, name, series[name], best[name])
                 else:
                     for rate in cfg.open_rates:
-                        for name in ("echo", "inferbus miss"):
+                        for name in swept:
                             await self._step(gp, name, series[name], mode="open", rate=rate)
                 sat = (self.sweeps.get("inferbus miss") or {}).get("max_sustained_qps") or \
                     max((s["qps"] for s in self.steps if s["series"] == "inferbus miss" and s["mode"] == "open"),
@@ -349,9 +371,10 @@ class Suite:
                 half = max(20.0, round(sat / 2))
                 self.say(f"half of inferbus's max sustained load ({sat:.0f}/s): {half:.0f}/s")
                 half_load = {"rate": half, "max_sustained_qps": sat}
-                for name in ("echo", "inferbus miss", "inferbus hit"):
-                    r = await self._step(gp, name, series[name], mode="open", rate=half)
-                    half_load[name] = r.to_dict()
+                for name in ("echo", "direct", "inferbus miss", "inferbus hit"):
+                    if name in series:
+                        r = await self._step(gp, name, series[name], mode="open", rate=half)
+                        half_load[name] = r.to_dict()
                 await node.stop()
                 node = None
                 if cfg.colocate_ab:
@@ -372,12 +395,17 @@ class Suite:
                     await node.stop()
                     node = None
                 await echo.close()
+                if direct is not None:
+                    await direct.close()
+                    direct = None
                 peer = await self._peer(gp, cfg, mv)
             finally:
                 await gp.close()
         finally:
             if node is not None:
                 await node.stop()
+            if direct is not None:
+                await direct.close()
             for srv in servers:
                 await asyncio.to_thread(srv.stop)
             tmp.cleanup()
@@ -486,6 +514,8 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
         "miss_p99_over_echo_plus_model": _ratio(hm["p99_us"], floor_half) if hm else None,
         "hit_p50_over_echo_p50": _ratio(hh["p50_us"], he["p50_us"]) if hh and he else None,
     }
+    if any(s["series"] == "direct" for s in steps):
+        ratios["direct"] = _direct_ratios(steps, sweeps, half_load, model_p50)
     if any(s["series"] == "inferbus miss [colocated]" for s in steps):
         ab: dict = {}
         for c in sorted({s["concurrency"] for s in steps if s["series"] == "inferbus miss [colocated]"
@@ -549,6 +579,34 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
             "peer": peer, "stages_us": stages, "ratios": ratios, "targets": targets}
 
 
+def _direct_ratios(steps: list[dict], sweeps: dict, half_load: dict, model_p50: float) -> dict:
+    """The direct responders (the Python floor of a whole inference) against the echo and against inferbus."""
+    out: dict = {}
+    for c in sorted({s["concurrency"] for s in steps if s["series"] == "direct" and s["mode"] == "closed"}):
+        e, d, m = (_find(steps, n, "closed", c) for n in ("echo", "direct", "inferbus miss"))
+        out[f"c={c}"] = {
+            "direct_p50_over_echo_p50": _ratio(d["p50_us"], e["p50_us"]) if d and e else None,
+            "direct_qps_over_echo_qps": _ratio(d["qps"], e["qps"]) if d and e else None,
+            "miss_qps_over_direct_qps": _ratio(m["qps"], d["qps"]) if d and m else None,
+        }
+    em, dm, mm = (sweeps.get(n, {}) for n in ("echo", "direct", "inferbus miss"))
+    out["throughput"] = {
+        "direct_max_qps_p99_under_limit": dm.get("max_qps_p99_under_limit"),
+        "direct_over_echo": _ratio(dm.get("max_qps_p99_under_limit"), em.get("max_qps_p99_under_limit")),
+        "inferbus_over_direct": _ratio(mm.get("max_qps_p99_under_limit"), dm.get("max_qps_p99_under_limit")),
+        "direct_max_sustained_qps": dm.get("max_sustained_qps"),
+        "sustained_direct_over_echo": _ratio(dm.get("max_sustained_qps"), em.get("max_sustained_qps")),
+        "sustained_inferbus_over_direct": _ratio(mm.get("max_sustained_qps"), dm.get("max_sustained_qps")),
+    }
+    he, hd = half_load.get("echo"), half_load.get("direct")
+    floor_half = (he["p50_us"] + model_p50) if he else None
+    out["half_load"] = {
+        "direct_p50_over_echo_plus_model": _ratio(hd["p50_us"], floor_half) if hd else None,
+        "direct_p99_over_echo_plus_model": _ratio(hd["p99_us"], floor_half) if hd else None,
+    }
+    return out
+
+
 def _target(name: str, value, limit, ge: bool = False) -> dict:
     met = None if value is None else (value >= limit if ge else value <= limit)
     return {"target": name, "value": value, "limit": limit, "met": met}
@@ -583,9 +641,10 @@ def render(doc: dict, console=None) -> None:
     for c, d in doc["ratios"]["closed"].items():
         for k, v in d.items():
             r.add_row(f"closed {c}: {k}", "—" if v is None else f"{v:.2f}")
-    for c, d in doc["ratios"].get("colocate_ab", {}).items():
-        for k, v in d.items():
-            r.add_row(f"colocate A/B {c}: {k}", "—" if v is None else f"{v:.2f}")
+    for sect, label in (("colocate_ab", "colocate A/B"), ("direct", "direct")):
+        for c, d in doc["ratios"].get(sect, {}).items():
+            for k, v in d.items():
+                r.add_row(f"{label} {c}: {k}", "—" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)))
     for sect in ("half_load", "throughput", "vs_ray"):
         for k, v in doc["ratios"][sect].items():
             if isinstance(v, float):
@@ -657,6 +716,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "round robin (default 1)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
+    p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure direct responders: the Python floor of a whole inference (decode, model at "
+                   "batch 1, encode), on the echo's cores (on in the throughput profile)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")
     return p.parse_args(argv)
@@ -669,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
                                        "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
                                        "colocate", "colocate_ab", "nats_servers", "busy_poll_us",
-                                       "echo_busy_poll_us")}
+                                       "echo_busy_poll_us", "direct")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

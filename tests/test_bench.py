@@ -72,11 +72,35 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
     assert opened.offered_qps == 400
 
 
+@pytest.mark.anyio
+async def test_direct_responders_answer_right_and_refuse_bad_input_with_a_typed_error(nats_server, tmp_path):
+    """The suite's Python floor of a whole inference: generators' ``direct`` target judged against the
+    reference (zero wrong), and a body that is no request answered at once with INVALID_ARGUMENT."""
+    import nats
+
+    from inferbus.schemas import ErrorCode, decode_error
+
+    mv = ModelRepository(MODELS, ["digits"]).get("digits").version("1")
+    async with EchoPool(1, nats_server.url, "t.direct", log_dir=tmp_path, model=(str(mv.path), "digits", "1")) as _d, \
+            GeneratorPool(1, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
+        t = {"kind": "direct", "name": "direct", "model": "digits", "subject": "t.direct"}
+        await gp.prepare([t])
+        r = await gp.step(t, mode="closed", concurrency=4, duration_s=0.4)
+        nc = await nats.connect(nats_server.url)
+        try:
+            msg = await nc.request("t.direct", b"\x93not a request", timeout=2)
+        finally:
+            await nc.close()
+    assert r.requests > 0 and r.wrong == 0 and not r.errors
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT, (msg.headers, msg.data)
+
+
 def test_suite_tiny_run_produces_every_field(tmp_path):
     """One tiny suite run (real nats-server, Valkey, node processes, generators): fields present, nothing wrong."""
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
-                           "--log-dir", str(tmp_path / "logs"), "--colocate-ab"], cwd=ROOT, capture_output=True, text=True,
+                           "--log-dir", str(tmp_path / "logs"), "--colocate-ab", "--direct"], cwd=ROOT, capture_output=True, text=True,
                           timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -101,6 +125,10 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     # --colocate-ab: the same loops against a colocated node, in the same run
     assert ("inferbus miss [colocated]", "closed") in series and ("echo [B]", "closed") in series
     assert doc["ratios"]["colocate_ab"]["c=1"]["colocated_miss_p50_over_echo_p50"] > 0
+    # --direct: the Python floor of a whole inference, in the closed and open loops and at half load
+    assert {("direct", "closed"), ("direct", "open")} <= series and doc["half_load"]["direct"]["requests"] > 0
+    assert doc["ratios"]["direct"]["c=1"]["direct_p50_over_echo_p50"] > 0
+    assert all(s["cpu_us_per_req"].get("direct", 0) > 0 for s in doc["steps"] if s["series"] == "direct")
     assert {t["target"] for t in doc["targets"]} and all("met" in t for t in doc["targets"])
     assert out.with_suffix(".png").exists() or "matplotlib is not installed" in proc.stdout
 

@@ -14,6 +14,14 @@ is system-wide on Linux).
 Echo responders (``python -m inferbus.loadgen echo <config JSON>``) are the
 bus floor: nats-py + uvloop, a queue group, each request's body published back
 to its reply subject with a ``Content-Type`` header, as a worker answers.
+
+*Direct* responders (the same process kind, given a model) are the Python
+floor of a whole inference: per request, what any Python server on nats-py must
+do and nothing else. Each decodes the body (``inferbus.schemas``, msgspec),
+runs the model at batch 1 (ONNX Runtime with the worker's session options) and
+publishes the encoded v2 response; no routing, cache, batching, deadline,
+admission, stage timings or accounting. They answer the generators' ``direct``
+target, which judges every answer against the reference as it does inferbus's.
 """
 
 from __future__ import annotations
@@ -106,6 +114,9 @@ class _Gen:
             t = infer_target(work, spec.get("prefix", "inferbus"), timeout_ms)
         elif kind == "echo":
             t = echo_target(work, spec["subject"], timeout_ms)
+        elif kind == "direct":  # the direct responders: inferbus's bodies and headers, judged as inferbus's answers
+            t = Target("direct", spec["subject"], work.bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"},
+                       work.check_reply)
         elif kind == "http":
             t = Target(spec.get("name", "http"), spec["url"], work.bodies, None, work.check_reply)
         else:
@@ -195,11 +206,14 @@ async def _echo(cfg: dict) -> None:
     poller = asyncio.create_task(bp.run()) if bp is not None else None  # noqa: F841 (held until the process ends)
     monotonic = time.monotonic
 
-    async def on_msg(msg) -> None:
-        if bp is not None:
-            bp.poke(monotonic())
-        if msg.reply:
-            await publish(msg.reply, msg.data, headers=hdrs)
+    if cfg.get("model_path"):
+        on_msg = _direct_handler(cfg, publish, hdrs)
+    else:
+        async def on_msg(msg) -> None:
+            if bp is not None:
+                bp.poke(monotonic())
+            if msg.reply:
+                await publish(msg.reply, msg.data, headers=hdrs)
 
     await nc.subscribe(cfg["subject"], queue=cfg.get("queue", "echo"), cb=on_msg)
     await nc.flush()
@@ -210,6 +224,37 @@ async def _echo(cfg: dict) -> None:
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     await nc.drain()
+
+
+def _direct_handler(cfg: dict, publish, hdrs: dict):
+    """The direct responder's message callback: decode, model at batch 1, encode, publish (see the module doc).
+
+    A request that fails to decode or to run is answered with the typed error reply a worker would send."""
+    from pathlib import Path
+
+    from ..accelerators import OnnxRuntimeBackend
+    from ..schemas import (
+        InferResponse, decode_request, encode_error, encode_response, input_to_numpy, output_from_numpy,
+    )
+
+    sess = OnnxRuntimeBackend().load(Path(cfg["model_path"]))
+    name, version = cfg.get("model_name", "model"), cfg.get("model_version", "1")
+
+    async def on_msg(msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            req = decode_request(msg.data)
+            out = sess.infer({t.name: input_to_numpy(t, field="inputs") for t in req.inputs})
+            body = encode_response(InferResponse(model_name=name, model_version=version, id=req.id,
+                                                 outputs=[output_from_numpy(k, v, raw=True) for k, v in out.items()]))
+        except Exception as exc:  # typed (bad input) or INTERNAL (the model failed), as a worker answers it
+            err_headers, err_body = encode_error(exc)
+            await publish(msg.reply, err_body, headers=err_headers)
+            return
+        await publish(msg.reply, body, headers=hdrs)
+
+    return on_msg
 
 
 def echo_main(config_json: str) -> None:
@@ -397,20 +442,29 @@ class GeneratorPool:
 class EchoPool:
     """``n`` echo responder processes in one queue group on ``subject`` (the bus floor); ``spread`` as for
     :class:`GeneratorPool`; ``busy_poll_us`` > 0: each responder busy-polls that long after each request
-    (:class:`inferbus.bus.BusyPoll`, as the actors with ``busy_poll_us``)."""
+    (:class:`inferbus.bus.BusyPoll`, as the actors with ``busy_poll_us``).
+
+    ``model``: ``(path to model.onnx, model name, version)`` makes them *direct* responders (the Python
+    floor of a whole inference, see the module doc) instead of echoes."""
 
     def __init__(self, n: int, nats_url: str, subject: str = "bench.echo", *, cpus: list[list[int]] | None = None,
-                 log_dir: Path | None = None, spread: bool = False, busy_poll_us: float = 0.0) -> None:
+                 log_dir: Path | None = None, spread: bool = False, busy_poll_us: float = 0.0,
+                 model: tuple[str, str, str] | None = None) -> None:
         self.n, self.nats_url, self.subject, self.cpus, self.log_dir = n, nats_url, subject, cpus, log_dir
         self.spread = spread
         self.busy_poll_us = busy_poll_us
+        self.model = model
         self.children: list[_Child] = []
 
     async def start(self, timeout_s: float = 30.0) -> None:
+        kind = "direct" if self.model else "echo"
         for k in range(self.n):
             cfg = {"index": k, "nats_url": _url_for(self.nats_url, k, self.spread), "subject": self.subject,
                    "cpus": list(self.cpus[k]) if self.cpus else [], "busy_poll_us": self.busy_poll_us}
-            self.children.append(await _spawn("echo", cfg, f"echo-{k}", self.log_dir))
+            if self.model:
+                cfg.update(model_path=str(self.model[0]), model_name=self.model[1], model_version=self.model[2],
+                           queue="direct")
+            self.children.append(await _spawn("echo", cfg, f"{kind}-{k}", self.log_dir))
         await _start_all(self.children, timeout_s)
 
     async def close(self) -> None:
