@@ -200,6 +200,13 @@ async def test_wrong_float_datatypes_are_refused_never_reinterpreted(env):
             await client.infer("digits", {"pixels": x.astype(dt)})
         assert ei.value.field == "inputs[0].datatype"
         assert "pixels" in ei.value.message and "FP32" in ei.value.message
+    # a plain Python list arrives as FP64 (numpy's default): the message says how to send FP32
+    with pytest.raises(InvalidArgument) as ei:
+        await client.infer("digits", {"pixels": [[0.0] * 64]})
+    assert "got FP64" in ei.value.message and "dtype=np.float32" in ei.value.message, ei.value.message
+    err, _ = await raw_request(nc, "typed", {"inputs": [  # ints: INT64 for an INT32 input
+        {"name": "a", "datatype": "INT64", "shape": [1, 1], "data": [1]}, b_input(1)]})
+    assert isinstance(err, InvalidArgument) and "dtype=np.int32" in err.message, err
     # BF16 bytes sent to an FP16 input: refused (0x3f80 is BF16 1.0; read as FP16 it would be 1.875)
     err, _ = await raw_request(nc, "typed", {"inputs": [
         {"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [1]},

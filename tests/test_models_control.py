@@ -126,6 +126,8 @@ async def test_nats_control_not_found_after_unload_and_bad_input(dep, refs):
                                     (s.model_control("nosuch", "unload"), mp({"version": "1"}), NotFound),
                                     (s.model_control("digits", "unload"), b"\xc1junk", InvalidArgument),
                                     (s.model_control("digits", "default"), mp({"version": "x/.."}), InvalidArgument),
+                                    # a Unicode digit is no version folder name (str.isdigit() alone takes it)
+                                    (s.model_control("digits", "load"), mp({"version": "\u0661"}), InvalidArgument),
                                     (s.model_control("digits", "unload"), mp({}), InvalidArgument)]:
             msg = await client.nc.request(subject, body, timeout=10)
             assert isinstance(decode_error(msg.headers, msg.data), kind), (subject, body, msg.data)

@@ -787,3 +787,14 @@ def test_an_element_without_a_printable_value_is_named_by_its_type_not_a_memory_
         input_to_numpy(req.inputs[0], field="inputs[0]")
     assert "MessagePack extension" in ei.value.message and "0x" not in ei.value.message, ei.value.message
     assert ei.value.field == "inputs[0].data"
+
+
+def test_datatype_mismatch_hints_at_numpy_defaults_only_where_they_apply():
+    from inferbus.schemas import datatype_mismatch
+
+    e = datatype_mismatch("x", "BF16", "FP64", "inputs[0].datatype")
+    assert isinstance(e, InvalidArgument) and e.field == "inputs[0].datatype"
+    assert e.message.startswith("input 'x' must be BF16, got FP64") and "ml_dtypes.bfloat16" in e.message
+    assert "an int64 array" in datatype_mismatch("x", "INT8", "INT64", "f").message
+    assert datatype_mismatch("x", "BYTES", "FP64", "f").message == "input 'x' must be BYTES, got FP64"
+    assert datatype_mismatch("x", "FP32", "FP16", "f").message == "input 'x' must be FP32, got FP16"

@@ -59,7 +59,7 @@ from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
-    encode_error, encode_response, input_to_numpy, is_json,
+    datatype_mismatch, encode_error, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._internal import (
     CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
@@ -447,8 +447,7 @@ class Ingress:
                 raise InvalidArgument(f"input {t.name!r} given twice", field=f"inputs[{i}].name")
             seen.add(t.name)
             if t.datatype != info.datatype:
-                raise InvalidArgument(f"input {t.name!r} must be {info.datatype}, got {t.datatype}",
-                                      field=f"inputs[{i}].datatype")
+                raise datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
             if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
                 raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
                                       field=f"inputs[{i}].shape")

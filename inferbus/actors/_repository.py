@@ -116,7 +116,7 @@ class ModelRepository:
         versions = {}
         for vdir in sorted(folder.iterdir()):
             artifact = vdir / "model.onnx"
-            if vdir.is_dir() and vdir.name.isdigit() and artifact.is_file():
+            if vdir.is_dir() and vdir.name.isascii() and vdir.name.isdigit() and artifact.is_file():
                 try:
                     sess = self._backend.load(artifact)
                 except Exception as exc:  # an unreadable artifact: the whole folder is refused, named

@@ -66,7 +66,7 @@ from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
-    decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
+    datatype_mismatch, decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
 from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
@@ -956,8 +956,7 @@ class Worker:
             if info is None or t.name in arrays:
                 raise InvalidArgument(f"unexpected or repeated input {t.name!r}", field=f"inputs[{i}].name")
             if t.datatype != info.datatype:
-                raise InvalidArgument(f"input {t.name!r} must be {info.datatype}, got {t.datatype}",
-                                      field=f"inputs[{i}].datatype")
+                raise datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
             if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
                 raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
                                       field=f"inputs[{i}].shape")

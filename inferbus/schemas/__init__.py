@@ -49,6 +49,7 @@ from ._oip import (
     TensorMetadata,
 )
 from ._tensors import (
+    datatype_mismatch,
     datatype_of,
     input_from_numpy,
     input_to_numpy,
@@ -103,6 +104,7 @@ __all__ = [
     "decode",
     # tensors
     "numpy_dtype",
+    "datatype_mismatch",
     "datatype_of",
     "input_to_numpy",
     "output_to_numpy",

@@ -39,6 +39,7 @@ from ._oip import DATATYPES, RequestInput, ResponseOutput
 
 __all__ = [
     "numpy_dtype",
+    "datatype_mismatch",
     "datatype_of",
     "tensor_nbytes",
     "input_to_numpy",
@@ -90,6 +91,21 @@ _DATATYPE_LIST = ", ".join(DATATYPES)
 
 
 # ---------------------------------------------------------------- datatypes
+
+
+def datatype_mismatch(name: str, expected: str, got: str, field: str) -> InvalidArgument:
+    """The error for input ``name`` sent as datatype ``got`` to a model that takes ``expected``.
+
+    When ``got`` is FP64 or INT64 and ``expected`` is another numeric datatype, the message adds how that
+    usually happens: numpy makes a plain Python list of floats (ints) a float64 (int64) array, so a client
+    that calls ``np.asarray(x)`` without a dtype sends FP64 (INT64). It names the numpy dtype to convert to.
+    """
+    msg = f"input {name!r} must be {expected}, got {got}"
+    if got in ("FP64", "INT64") and expected != "BYTES":
+        kind, made = ("floats", "a float64") if got == "FP64" else ("ints", "an int64")
+        want = "ml_dtypes.bfloat16" if expected == "BF16" else f"np.{_NATIVE[expected].name}"
+        msg += f" (numpy makes a plain Python list of {kind} {made} array; send np.asarray(x, dtype={want}))"
+    return InvalidArgument(msg, field=field)
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
