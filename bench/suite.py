@@ -121,6 +121,9 @@ class SuiteConfig:
     """Also measure the direct responders (the Python floor of a whole inference: decode, model at batch 1,
     encode, publish; see the module doc) in the closed loops, the sweeps and the half-load step: series
     ``direct``, ratios under ``direct``."""
+    direct_batch: int = 1
+    """The direct responders' ``batch_max``: 1 = batch 1 (the plain floor); N > 1 = requests that wait together
+    in a responder's subscription, up to N, run as one merged model call (the floor with batching)."""
 
     nats_servers: int = 1
     """nats-servers to run (> 1: a :func:`~inferbus.bus.gateway_mesh`, one server per cluster joined by
@@ -129,8 +132,8 @@ class SuiteConfig:
     request and its answer stay on one server. The echo floor runs on the same mesh and placement."""
 
     def __post_init__(self) -> None:
-        if min(self.workers, self.ingress, self.gens, self.nats_servers) < 1 or self.echo < 0:
-            raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers >= 1 and echo >= 0")
+        if min(self.workers, self.ingress, self.gens, self.nats_servers, self.direct_batch) < 1 or self.echo < 0:
+            raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers, direct_batch >= 1 and echo >= 0")
         if self.duration_s <= 0 or self.sweep_factor <= 1.0:
             raise ValueError("SuiteConfig: duration_s > 0 and sweep_factor > 1")
         for name in ("busy_poll_us", "echo_busy_poll_us"):
@@ -318,7 +321,8 @@ class Suite:
             direct = None
             if cfg.direct:  # as many as the echo's, on the same cores (they never carry load at the same time)
                 direct = EchoPool(lay["n_echo"], nats_url, DIRECT_SUBJECT, cpus=lay["echo"], log_dir=run_dir,
-                                  spread=spread, model=(str(mv.path), cfg.model, mv.version))
+                                  spread=spread, model=(str(mv.path), cfg.model, mv.version),
+                                  batch_max=cfg.direct_batch)
                 await direct.start()
                 for c in direct.children:
                     self.sampler.add("direct", c.proc.pid)
@@ -719,6 +723,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure direct responders: the Python floor of a whole inference (decode, model at "
                    "batch 1, encode), on the echo's cores (on in the throughput profile)")
+    p.add_argument("--direct-batch", type=_positive_int, help="the direct responders merge up to N requests that "
+                   "wait together into one model run (default 1: batch 1)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")
     return p.parse_args(argv)
@@ -731,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
                                        "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
                                        "colocate", "colocate_ab", "nats_servers", "busy_poll_us",
-                                       "echo_busy_poll_us", "direct")}
+                                       "echo_busy_poll_us", "direct", "direct_batch")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

@@ -19,8 +19,9 @@ to its reply subject with a ``Content-Type`` header, as a worker answers.
 floor of a whole inference: per request, what any Python server on nats-py must
 do and nothing else. Each decodes the body (``inferbus.schemas``, msgspec),
 runs the model at batch 1 (ONNX Runtime with the worker's session options) and
-publishes the encoded v2 response; no routing, cache, batching, deadline,
-admission, stage timings or accounting. They answer the generators' ``direct``
+publishes the encoded v2 response; no routing, cache, deadline, admission,
+stage timings or accounting. With ``batch_max`` > 1 they also batch: requests
+that wait together in the subscription run as one merged model call. They answer the generators' ``direct``
 target, which judges every answer against the reference as it does inferbus's.
 """
 
@@ -206,8 +207,9 @@ async def _echo(cfg: dict) -> None:
     poller = asyncio.create_task(bp.run()) if bp is not None else None  # noqa: F841 (held until the process ends)
     monotonic = time.monotonic
 
+    subs: list = []
     if cfg.get("model_path"):
-        on_msg = _direct_handler(cfg, publish, hdrs)
+        on_msg = _direct_handler(cfg, publish, hdrs, subs)
     else:
         async def on_msg(msg) -> None:
             if bp is not None:
@@ -215,7 +217,7 @@ async def _echo(cfg: dict) -> None:
             if msg.reply:
                 await publish(msg.reply, msg.data, headers=hdrs)
 
-    await nc.subscribe(cfg["subject"], queue=cfg.get("queue", "echo"), cb=on_msg)
+    subs.append(await nc.subscribe(cfg["subject"], queue=cfg.get("queue", "echo"), cb=on_msg))
     await nc.flush()
     gc.collect()
     gc.freeze()
@@ -226,11 +228,18 @@ async def _echo(cfg: dict) -> None:
     await nc.drain()
 
 
-def _direct_handler(cfg: dict, publish, hdrs: dict):
-    """The direct responder's message callback: decode, model at batch 1, encode, publish (see the module doc).
+def _direct_handler(cfg: dict, publish, hdrs: dict, subs: list):
+    """The direct responder's message callback (see the module doc): decode, model, encode, publish.
 
-    A request that fails to decode or to run is answered with the typed error reply a worker would send."""
+    ``cfg["batch_max"]`` (default 1): with more than 1, a message is held while more wait in the
+    subscription (``subs[0].pending_msgs``, nats-py's public count), and the held ones, up to ``batch_max``,
+    are decoded together, run as one merged batch when their inputs stack along the first dimension (else one
+    by one) and answered in order; the replies share nats-py's next write. A request that fails to decode or
+    to run is answered with the typed error reply a worker would send.
+    """
     from pathlib import Path
+
+    import numpy as np
 
     from ..accelerators import OnnxRuntimeBackend
     from ..schemas import (
@@ -239,20 +248,51 @@ def _direct_handler(cfg: dict, publish, hdrs: dict):
 
     sess = OnnxRuntimeBackend().load(Path(cfg["model_path"]))
     name, version = cfg.get("model_name", "model"), cfg.get("model_version", "1")
+    batch_max = max(1, int(cfg.get("batch_max", 1)))
+    held: list = []
+
+    def run(feeds_list: list[dict]) -> list[dict]:
+        """Outputs per request: one merged run when every request has the same inputs with a leading dimension
+        and every output comes back with the summed rows; else one run each."""
+        first = feeds_list[0]
+        rows = [next(iter(f.values())).shape[0] if f and next(iter(f.values())).ndim else -1 for f in feeds_list]
+        if len(feeds_list) > 1 and -1 not in rows and all(
+                f.keys() == first.keys() and all(a.ndim and a.shape[0] == r for a in f.values())
+                for f, r in zip(feeds_list, rows)):
+            out = sess.infer({k: np.concatenate([f[k] for f in feeds_list]) for k in first})
+            total = sum(rows)
+            if all(v.ndim and v.shape[0] == total for v in out.values()):
+                ends = np.cumsum(rows)
+                return [{k: v[e - r:e] for k, v in out.items()} for r, e in zip(rows, ends)]
+        return [sess.infer(f) for f in feeds_list]
 
     async def on_msg(msg) -> None:
-        if not msg.reply:
-            return
-        try:
-            req = decode_request(msg.data)
-            out = sess.infer({t.name: input_to_numpy(t, field="inputs") for t in req.inputs})
-            body = encode_response(InferResponse(model_name=name, model_version=version, id=req.id,
-                                                 outputs=[output_from_numpy(k, v, raw=True) for k, v in out.items()]))
-        except Exception as exc:  # typed (bad input) or INTERNAL (the model failed), as a worker answers it
-            err_headers, err_body = encode_error(exc)
-            await publish(msg.reply, err_body, headers=err_headers)
-            return
-        await publish(msg.reply, body, headers=hdrs)
+        if msg.reply:
+            held.append(msg)
+        if not held or (len(held) < batch_max and subs and subs[0].pending_msgs > 0):
+            return  # more requests wait in the subscription: they join this batch
+        msgs = held[:]
+        held.clear()
+        answers: list = [None] * len(msgs)
+        todo = []
+        for k, m in enumerate(msgs):
+            try:
+                req = decode_request(m.data)
+                todo.append((k, req, {t.name: input_to_numpy(t, field="inputs") for t in req.inputs}))
+            except Exception as exc:  # typed (bad input), as a worker answers it
+                answers[k] = encode_error(exc)
+        if todo:
+            try:
+                outs = run([f for _, _, f in todo])
+                for (k, req, _), out in zip(todo, outs):
+                    answers[k] = (hdrs, encode_response(InferResponse(
+                        model_name=name, model_version=version, id=req.id,
+                        outputs=[output_from_numpy(n, v, raw=True) for n, v in out.items()])))
+            except Exception as exc:  # the model failed: INTERNAL, as a worker answers it
+                for k, _, _ in todo:
+                    answers[k] = encode_error(exc)
+        for m, (h, body) in zip(msgs, answers):
+            await publish(m.reply, body, headers=h)
 
     return on_msg
 
@@ -445,15 +485,17 @@ class EchoPool:
     (:class:`inferbus.bus.BusyPoll`, as the actors with ``busy_poll_us``).
 
     ``model``: ``(path to model.onnx, model name, version)`` makes them *direct* responders (the Python
-    floor of a whole inference, see the module doc) instead of echoes."""
+    floor of a whole inference, see the module doc) instead of echoes; ``batch_max`` > 1: they merge up to
+    that many requests that wait together into one model run."""
 
     def __init__(self, n: int, nats_url: str, subject: str = "bench.echo", *, cpus: list[list[int]] | None = None,
                  log_dir: Path | None = None, spread: bool = False, busy_poll_us: float = 0.0,
-                 model: tuple[str, str, str] | None = None) -> None:
+                 model: tuple[str, str, str] | None = None, batch_max: int = 1) -> None:
         self.n, self.nats_url, self.subject, self.cpus, self.log_dir = n, nats_url, subject, cpus, log_dir
         self.spread = spread
         self.busy_poll_us = busy_poll_us
         self.model = model
+        self.batch_max = batch_max
         self.children: list[_Child] = []
 
     async def start(self, timeout_s: float = 30.0) -> None:
@@ -463,7 +505,7 @@ class EchoPool:
                    "cpus": list(self.cpus[k]) if self.cpus else [], "busy_poll_us": self.busy_poll_us}
             if self.model:
                 cfg.update(model_path=str(self.model[0]), model_name=self.model[1], model_version=self.model[2],
-                           queue="direct")
+                           queue="direct", batch_max=self.batch_max)
             self.children.append(await _spawn("echo", cfg, f"{kind}-{k}", self.log_dir))
         await _start_all(self.children, timeout_s)
 
