@@ -21,8 +21,9 @@ do and nothing else. Each decodes the body (``inferbus.schemas``, msgspec),
 runs the model at batch 1 (ONNX Runtime with the worker's session options) and
 publishes the encoded v2 response; no routing, cache, deadline, admission,
 stage timings or accounting. With ``batch_max`` > 1 they also batch: requests
-that wait together in the subscription run as one merged model call. They answer the generators' ``direct``
-target, which judges every answer against the reference as it does inferbus's.
+that wait together in the subscription run as one merged model call. They
+answer the generators' ``direct`` target, which judges every answer against
+the reference as it does inferbus's.
 """
 
 from __future__ import annotations
