@@ -255,7 +255,8 @@ class IngressModels:
             if op not in MODEL_OPS:
                 raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
             req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
-            if req.version is not None and not (req.version.isascii() and req.version.isdigit() and len(req.version) < 20):
+            v = req.version
+            if v is not None and not (v.isascii() and v.isdigit() and len(v) < 20):  # a folder name: ASCII digits
                 raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
                                       field="version")
             refused = self.write_refusal()
