@@ -790,7 +790,7 @@ def test_an_element_without_a_printable_value_is_named_by_its_type_not_a_memory_
 
 
 def test_datatype_mismatch_hints_at_numpy_defaults_only_where_they_apply():
-    from inferbus.schemas import datatype_mismatch
+    from inferbus.schemas._tensors import datatype_mismatch
 
     e = datatype_mismatch("x", "BF16", "FP64", "inputs[0].datatype")
     assert isinstance(e, InvalidArgument) and e.field == "inputs[0].datatype"

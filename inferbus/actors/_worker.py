@@ -66,8 +66,9 @@ from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
-    datatype_mismatch, decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
+    decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
+from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,

@@ -49,7 +49,6 @@ from ._oip import (
     TensorMetadata,
 )
 from ._tensors import (
-    datatype_mismatch,
     datatype_of,
     input_from_numpy,
     input_to_numpy,
@@ -104,7 +103,6 @@ __all__ = [
     "decode",
     # tensors
     "numpy_dtype",
-    "datatype_mismatch",
     "datatype_of",
     "input_to_numpy",
     "output_to_numpy",

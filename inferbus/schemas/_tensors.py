@@ -39,7 +39,6 @@ from ._oip import DATATYPES, RequestInput, ResponseOutput
 
 __all__ = [
     "numpy_dtype",
-    "datatype_mismatch",
     "datatype_of",
     "tensor_nbytes",
     "input_to_numpy",
