@@ -118,8 +118,8 @@ class SuiteConfig:
     ``busy_poll_us`` for a matched floor)."""
 
     direct: bool = False
-    """Also measure the direct responders (the Python floor of a whole inference: decode, model at batch 1,
-    encode, publish; see the module doc) in the closed loops, the sweeps and the half-load step: series
+    """Also measure the direct responders (the Python floor of a whole inference: decode, model at batch 1 or
+    ``direct_batch``, encode, publish; see the module doc) in the closed loops, the sweeps and the half-load step: series
     ``direct``, ratios under ``direct``."""
     direct_batch: int = 1
     """The direct responders' ``batch_max``: 1 = batch 1 (the plain floor); N > 1 = requests that wait together
@@ -722,7 +722,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure direct responders: the Python floor of a whole inference (decode, model at "
-                   "batch 1, encode), on the echo's cores (on in the throughput profile)")
+                   "batch 1 or --direct-batch, encode), on the echo's cores (on in the throughput profile)")
     p.add_argument("--direct-batch", type=_positive_int, help="the direct responders merge up to N requests that "
                    "wait together into one model run (default 1: batch 1)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,

@@ -795,6 +795,6 @@ def test_datatype_mismatch_hints_at_numpy_defaults_only_where_they_apply():
     e = datatype_mismatch("x", "BF16", "FP64", "inputs[0].datatype")
     assert isinstance(e, InvalidArgument) and e.field == "inputs[0].datatype"
     assert e.message.startswith("input 'x' must be BF16, got FP64") and "ml_dtypes.bfloat16" in e.message
-    assert "an int64 array" in datatype_mismatch("x", "INT8", "INT64", "f").message
+    assert "list of ints" in datatype_mismatch("x", "INT8", "INT64", "f").message
     assert datatype_mismatch("x", "BYTES", "FP64", "f").message == "input 'x' must be BYTES, got FP64"
     assert datatype_mismatch("x", "FP32", "FP16", "f").message == "input 'x' must be FP32, got FP16"

@@ -96,14 +96,15 @@ def datatype_mismatch(name: str, expected: str, got: str, field: str) -> Invalid
     """The error for input ``name`` sent as datatype ``got`` to a model that takes ``expected``.
 
     When ``got`` is FP64 or INT64 and ``expected`` is another numeric datatype, the message adds how that
-    usually happens: numpy makes a plain Python list of floats (ints) a float64 (int64) array, so a client
-    that calls ``np.asarray(x)`` without a dtype sends FP64 (INT64). It names the numpy dtype to convert to.
+    usually happens: FP64 (INT64) is numpy's default for a Python list of floats (ints) and for an array made
+    without a dtype. It names the numpy dtype to convert to.
     """
     msg = f"input {name!r} must be {expected}, got {got}"
     if got in ("FP64", "INT64") and expected != "BYTES":
-        kind, made = ("floats", "a float64") if got == "FP64" else ("ints", "an int64")
+        kind = "floats" if got == "FP64" else "ints"
         want = "ml_dtypes.bfloat16" if expected == "BF16" else f"np.{_NATIVE[expected].name}"
-        msg += f" (numpy makes a plain Python list of {kind} {made} array; send np.asarray(x, dtype={want}))"
+        msg += (f" ({got} is numpy's default for a Python list of {kind} and for an array made without a dtype; "
+                f"send np.asarray(x, dtype={want}))")
     return InvalidArgument(msg, field=field)
 
 
