@@ -74,56 +74,37 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
 
 
 @pytest.mark.anyio
-async def test_direct_responders_answer_right_and_refuse_bad_input_with_a_typed_error(nats_server, tmp_path):
-    """The suite's Python floor of a whole inference: generators' ``direct`` target judged against the
-    reference (zero wrong), and a body that is no request answered at once with INVALID_ARGUMENT."""
-    import nats
-
-    from inferbus.schemas import ErrorCode, decode_error
-
-    mv = ModelRepository(MODELS, ["digits"]).get("digits").version("1")
-    async with EchoPool(1, nats_server.url, "t.direct", log_dir=tmp_path, model=(str(mv.path), "digits", "1")) as _d, \
-            GeneratorPool(1, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
-        t = {"kind": "direct", "name": "direct", "model": "digits", "subject": "t.direct"}
-        await gp.prepare([t])
-        r = await gp.step(t, mode="closed", concurrency=4, duration_s=0.4)
-        nc = await nats.connect(nats_server.url)
-        try:
-            msg = await nc.request("t.direct", b"\x93not a request", timeout=2)
-        finally:
-            await nc.close()
-    assert r.requests > 0 and r.wrong == 0 and not r.errors
-    err = decode_error(msg.headers, msg.data)
-    assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT, (msg.headers, msg.data)
-
-
-@pytest.mark.anyio
-async def test_batching_direct_responders_merge_waiting_requests_and_answer_each_right(nats_server, tmp_path):
-    """``batch_max`` > 1: requests that wait together run as one model call; every answer is still its own
-    (judged against the reference); a bad body among good ones gets its typed error and the others answers."""
+@pytest.mark.parametrize("batch_max,concurrency", [(1, 4), (16, 32)])
+async def test_direct_responders_answer_right_and_refuse_bad_input_with_a_typed_error(nats_server, tmp_path,
+                                                                                     batch_max, concurrency):
+    """The suite's Python floor of a whole inference, at batch 1 and batching (``batch_max`` > 1: requests that
+    wait together run as one model call): the generators' ``direct`` target judged against the reference (zero
+    wrong); a body that is no request, sent among good ones, answered at once with INVALID_ARGUMENT and each
+    good one with its own rows."""
     import msgpack
     import nats
 
     from inferbus.schemas import ErrorCode, decode_error
 
     mv = ModelRepository(MODELS, ["digits"]).get("digits").version("1")
-    async with EchoPool(1, nats_server.url, "t.dbatch", log_dir=tmp_path, model=(str(mv.path), "digits", "1"),
-                        batch_max=16) as _d, \
+    async with EchoPool(1, nats_server.url, "t.direct", log_dir=tmp_path, model=(str(mv.path), "digits", "1"),
+                        batch_max=batch_max) as _d, \
             GeneratorPool(1, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
-        t = {"kind": "direct", "name": "direct", "model": "digits", "subject": "t.dbatch"}
+        t = {"kind": "direct", "name": "direct", "model": "digits", "subject": "t.direct"}
         await gp.prepare([t])
-        r = await gp.step(t, mode="closed", concurrency=32, duration_s=0.5)
+        r = await gp.step(t, mode="closed", concurrency=concurrency, duration_s=0.4)
         nc = await nats.connect(nats_server.url)
         try:
             good = msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 64],
                                               "raw": bytes(2 * 64 * 4)}]})
-            replies = await asyncio.gather(*(nc.request("t.dbatch", body, timeout=5)
-                                             for body in (good, b"\x93bad", good)))
+            replies = await asyncio.gather(*(nc.request("t.direct", body, timeout=5)
+                                             for body in (good, b"\x93not a request", good)))
         finally:
             await nc.close()
     assert r.requests > 0 and r.wrong == 0 and not r.errors
     errs = [decode_error(m.headers, m.data) for m in replies]
-    assert errs[0] is None and errs[2] is None and errs[1].code == ErrorCode.INVALID_ARGUMENT
+    assert errs[0] is None and errs[2] is None, errs
+    assert errs[1] is not None and errs[1].code == ErrorCode.INVALID_ARGUMENT, (replies[1].headers, replies[1].data)
     for m in (replies[0], replies[2]):
         out = msgpack.unpackb(m.data)["outputs"]
         assert all(o["shape"][0] == 2 for o in out), out  # its own two rows, not the merged batch's

@@ -234,15 +234,14 @@ def _direct_handler(cfg: dict, publish, hdrs: dict, subs: list):
 
     ``cfg["batch_max"]`` (default 1): with more than 1, a message is held while more wait in the
     subscription (``subs[0].pending_msgs``, nats-py's public count), and the held ones, up to ``batch_max``,
-    are decoded together, run as one merged batch when their inputs stack along the first dimension (else one
-    by one) and answered in order; the replies share nats-py's next write. A request that fails to decode or
+    are decoded together, run as one merged batch when their inputs stack along the first dimension (the
+    worker's own merge; else one by one) and answered in order; the replies share nats-py's next write. A request that fails to decode or
     to run is answered with the typed error reply a worker would send.
     """
     from pathlib import Path
 
-    import numpy as np
-
     from ..accelerators import OnnxRuntimeBackend
+    from ..actors._worker import _run_merged
     from ..schemas import (
         InferResponse, decode_request, encode_error, encode_response, input_to_numpy, output_from_numpy,
     )
@@ -253,19 +252,10 @@ def _direct_handler(cfg: dict, publish, hdrs: dict, subs: list):
     held: list = []
 
     def run(feeds_list: list[dict]) -> list[dict]:
-        """Outputs per request: one merged run when every request has the same inputs with a leading dimension
-        and every output comes back with the summed rows; else one run each."""
-        first = feeds_list[0]
-        rows = [next(iter(f.values())).shape[0] if f and next(iter(f.values())).ndim else -1 for f in feeds_list]
-        if len(feeds_list) > 1 and -1 not in rows and all(
-                f.keys() == first.keys() and all(a.ndim and a.shape[0] == r for a in f.values())
-                for f, r in zip(feeds_list, rows)):
-            out = sess.infer({k: np.concatenate([f[k] for f in feeds_list]) for k in first})
-            total = sum(rows)
-            if all(v.ndim and v.shape[0] == total for v in out.values()):
-                ends = np.cumsum(rows)
-                return [{k: v[e - r:e] for k, v in out.items()} for r, e in zip(rows, ends)]
-        return [sess.infer(f) for f in feeds_list]
+        """Outputs per request: one merged run, split by rows, as a worker merges a batch
+        (:func:`inferbus.actors._worker._run_merged`); one run each when they do not merge."""
+        merged = _run_merged(sess, None, feeds_list) if len(feeds_list) > 1 else None
+        return merged if merged is not None else [sess.infer(f) for f in feeds_list]
 
     async def on_msg(msg) -> None:
         if msg.reply:
