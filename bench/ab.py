@@ -36,6 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import _args as args
+
 ROOT = Path(__file__).resolve().parents[1]
 ACTOR_GROUPS = ("colocated", "ingress", "worker")
 _TREE_PATHS = ("inferbus", "bench", "models")
@@ -180,11 +182,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     base.add_argument("--base", help="the git revision to compare the working tree against")
     base.add_argument("--base-tree", type=Path, help="a directory holding the base's inferbus/, bench/ and "
                       "models/ (instead of --base, where there is no git repository)")
-    p.add_argument("--pairs", type=int, default=2, help="alternated pairs of runs (default 2)")
+    p.add_argument("--pairs", type=args.count, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
     a = p.parse_args(argv)
-    if a.pairs < 1:
-        p.error(f"--pairs must be >= 1, got {a.pairs}")
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
     if a.out.exists() and not a.out.is_dir():

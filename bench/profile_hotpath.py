@@ -29,6 +29,8 @@ from inferbus.actors import Node, NodeConfig
 from inferbus.bus import EmbeddedNats
 from inferbus.loadgen import EchoPool, GeneratorPool
 
+from . import _args as args
+
 ROOT = Path(__file__).resolve().parents[1]
 _FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:]+)(?::(?P<line>\d+))?\)$")
 
@@ -157,19 +159,19 @@ async def run(a) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile_hotpath", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--seconds", type=args.positive, default=10)
     p.add_argument("--mode", choices=("closed", "open"), default="closed")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--rate-qps", type=float, default=1000)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--gens", type=int, default=1)
+    p.add_argument("--concurrency", type=args.count, default=64)
+    p.add_argument("--rate-qps", type=args.positive, default=1000)
+    p.add_argument("--workers", type=args.count, default=1)
+    p.add_argument("--gens", type=args.count, default=1)
     p.add_argument("--model", default="digits")
     p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--colocate", action="store_true", help="each worker slot one process with its ingress")
     p.add_argument("--hits", action="store_true", help="replay the dataset's rows (L1 hits after the first round) "
                    "instead of distinct inputs (misses)")
-    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
-    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--rate", type=args.count, default=250, help="py-spy samples per second")
+    p.add_argument("--top", type=args.count, default=25)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))
     a = p.parse_args(argv)
     import json

@@ -54,6 +54,7 @@ from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
 from inferbus.bus._busypoll import check_busy_poll_us  # noqa: E402
 from inferbus.loadgen import BenchResult, EchoPool, GeneratorPool, Workload  # noqa: E402
 
+from . import _args as args  # noqa: E402
 from .floors import CpuSampler, model_floor  # noqa: E402
 
 ECHO_SUBJECT = "bench.echo"
@@ -669,13 +670,6 @@ def render(doc: dict, console=None) -> None:
     con.print(tt)
 
 
-def _positive_int(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
 def _poll_us(text: str) -> float:
     """A busy-polling window for argparse (:func:`inferbus.bus._busypoll.check_busy_poll_us`)."""
     try:
@@ -696,34 +690,34 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model")
     p.add_argument("--version")
     p.add_argument("--models-dir")
-    p.add_argument("--workers", type=int)
-    p.add_argument("--ingress", type=int)
-    p.add_argument("--gens", type=int)
-    p.add_argument("--echo", type=int)
+    p.add_argument("--workers", type=args.count)
+    p.add_argument("--ingress", type=args.count)
+    p.add_argument("--gens", type=args.count)
+    p.add_argument("--echo", type=args.count_or_zero)
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--l2", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--ray", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--duration", dest="duration_s", type=float)
-    p.add_argument("--timeout", dest="timeout_s", type=float)
-    p.add_argument("--closed", type=lambda s: tuple(int(x) for x in s.split(",") if x))
-    p.add_argument("--open-rates", type=lambda s: tuple(float(x) for x in s.split(",") if x))
+    p.add_argument("--duration", dest="duration_s", type=args.positive)
+    p.add_argument("--timeout", dest="timeout_s", type=args.positive)
+    p.add_argument("--closed", type=args.counts)
+    p.add_argument("--open-rates", type=args.rates)
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--sweep-factor", type=float)
-    p.add_argument("--sweep-max-steps", type=int)
+    p.add_argument("--sweep-factor", type=args.above_one)
+    p.add_argument("--sweep-max-steps", type=args.count)
     p.add_argument("--log-dir")
-    p.add_argument("--inline-max-compute-us", type=float, help="workers' inline threshold (µs; 0 = thread only)")
+    p.add_argument("--inline-max-compute-us", type=args.non_negative, help="workers' inline threshold (µs; 0 = thread only)")
     p.add_argument("--busy-poll-us", type=_poll_us, help="the actors keep polling this many µs after each request "
                    "(0 = off, the default)")
     p.add_argument("--echo-busy-poll-us", type=_poll_us, help="the echo responders' busy polling, µs (0 = off; equal "
                    "to --busy-poll-us for a matched floor)")
-    p.add_argument("--nats-servers", type=_positive_int, help="nats-servers joined by gateways, processes spread over them "
+    p.add_argument("--nats-servers", type=args.count, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure direct responders: the Python floor of a whole inference (decode, model at "
                    "batch 1 or --direct-batch, encode), on the echo's cores (on in the throughput profile)")
-    p.add_argument("--direct-batch", type=_positive_int, help="the direct responders merge up to N requests that "
+    p.add_argument("--direct-batch", type=args.count, help="the direct responders merge up to N requests that "
                    "wait together into one model run (default 1: batch 1)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")

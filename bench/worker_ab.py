@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _args as args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -119,8 +121,8 @@ async def _run(model: str, rounds: int, seconds: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.worker_ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="digits")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--rounds", type=args.count, default=4)
+    ap.add_argument("--seconds", type=args.positive, default=2.0)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     try:

@@ -166,3 +166,24 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
         assert s["cpu_us_per_req"].get("nats-server", 0) > 0, s
     logs = sorted((tmp_path / "logs" / "nats").glob("s*/nats-*.log"))
     assert len(logs) == 2 and all("Outbound gateway connection to" in p.read_text() for p in logs), logs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
+    (["--open-rates", "-5"], "argument --open-rates: must be a finite number above 0, got '-5'"),
+    (["--sweep-factor", "1"], "argument --sweep-factor: must be a finite number above 1, got '1'"),
+    (["--echo", "-1"], "argument --echo: must be 0 or more, got -1"),
+    (["--direct-batch", "two"], "argument --direct-batch: an integer expected, got 'two'"),
+])
+def test_suite_refuses_bad_values_with_a_message(argv, message, capsys):
+    """A bad option value ends in argparse's usage error (status 2) that says what is expected, not a
+    traceback from deep in a run and not the converter's internal name."""
+    from bench.suite import _parse
+
+    with pytest.raises(SystemExit) as exc:
+        _parse(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "_args" not in err and "lambda" not in err
