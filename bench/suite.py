@@ -107,6 +107,9 @@ class SuiteConfig:
     colocate: bool = False
     """Run the node with colocated workers (``NodeConfig.colocate``: ``workers`` processes, each an ingress
     with its worker; ``ingress`` unused)."""
+    run_to_completion: bool = True
+    """Colocated: the ingresses' ``run_to_completion`` (a miss with nothing to batch with is computed in the call
+    that received it; False = always through the worker's queue)."""
     colocate_ab: bool = False
     """After the main node, run the echo and miss closed loops and the miss sweep again against a colocated
     node with as many actor processes (``workers + ingress`` colocated processes): series ``echo [B]`` and
@@ -431,7 +434,8 @@ class Suite:
                                busy_poll_us=cfg.busy_poll_us,
                                run_dir=str(run_dir),
                                worker_options={} if cfg.inline_max_compute_us is None
-                               else {"inline_max_compute_us": cfg.inline_max_compute_us}))
+                               else {"inline_max_compute_us": cfg.inline_max_compute_us},
+                               ingress_options={"run_to_completion": cfg.run_to_completion}))
         await node.start()
         await node.wait_ready(120)
         for info in node.supervisor.which_children():
@@ -719,6 +723,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "batch 1 or --direct-batch, encode), on the echo's cores (on in the throughput profile)")
     p.add_argument("--direct-batch", type=args.count, help="the direct responders merge up to N requests that "
                    "wait together into one model run (default 1: batch 1)")
+    p.add_argument("--run-to-completion", action=argparse.BooleanOptionalAction, default=None,
+                   help="colocated: a miss with nothing to batch with is computed in the call that received it "
+                   "(default on; --no-run-to-completion: always through the worker's queue)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")
     return p.parse_args(argv)
@@ -731,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
                                        "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
                                        "colocate", "colocate_ab", "nats_servers", "busy_poll_us",
-                                       "echo_busy_poll_us", "direct", "direct_batch")}
+                                       "echo_busy_poll_us", "direct", "direct_batch", "run_to_completion")}
     cfg = config_for(a.profile, **over)
     try:
         import uvloop

@@ -199,6 +199,9 @@ def up(
     ingress: int = typer.Option(1, help="Ingress replicas (one queue group)."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
                                   "which hands it requests in-process (no forward hop); --ingress is then unused."),
+    run_to_completion: bool = typer.Option(True, help="With --colocate: a miss with nothing to batch with is "
+                                           "computed and answered in the call that received it (no queue, no task "
+                                           "switch); off: always through the worker's queue."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
@@ -272,7 +275,7 @@ def up(
             hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
             l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
             max_tensor_bytes=max_tensor_bytes, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
-            peer_query_timeout_ms=peer_query_timeout_ms),
+            peer_query_timeout_ms=peer_query_timeout_ms, run_to_completion=run_to_completion),
         bus_options={k: str(v) for k, v in dict(
             user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,
             user_credentials=nats_creds, tls_ca_file=tls_ca, tls_cert_file=tls_cert, tls_key_file=tls_key).items()

@@ -187,3 +187,17 @@ def test_suite_refuses_bad_values_with_a_message(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err
     assert "_args" not in err and "lambda" not in err
+
+
+def test_pathcost_measures_the_path_against_the_floor(tmp_path):
+    """``bench.pathcost`` (small): the three variants measured on a real nats-server with no errors, the
+    run-to-completion variant running every request to completion and the queued one none."""
+    out = tmp_path / "pc.json"
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "40", "--reps", "1", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["cpu_us_per_request"]) == {"direct", "inferbus", "inferbus_queued"}
+    assert all(v > 0 for v in doc["cpu_us_per_request"].values())
+    assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "errors": 0}
+    assert doc["ratio_to_direct"]["direct"] == 1.0

@@ -32,8 +32,10 @@ pytestmark = [pytest.mark.anyio]
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory):
-    """``inferbus up --colocate --workers 2``: two processes, each an ingress with its worker."""
-    dep = start_deployment(tmp_path_factory.mktemp("coloc"), workers=2, extra=["--colocate"], prefix="co")
+    """``inferbus up --colocate --workers 2 --no-run-to-completion``: two processes, each an ingress with its
+    worker, every request through the worker's queue (test_colocated_fastpath.py runs them to completion)."""
+    dep = start_deployment(tmp_path_factory.mktemp("coloc"), workers=2, extra=["--colocate", "--no-run-to-completion"],
+                           prefix="co")
     yield dep
     dep.stop()
 
@@ -124,6 +126,7 @@ async def test_answers_match_reference_and_use_the_local_hop(colocated):
         assert len(seen) == 2, "the health requests did not reach both ingress replicas"
         assert {p["local_worker"] for p in seen.values()} == {"n1-w0", "n1-w1"}
         assert sum(p["counts"]["local_forwards"] for p in seen.values()) >= 1
+        assert all(p["counts"]["run_now"] == 0 for p in seen.values())  # --no-run-to-completion
     finally:
         await client.close()
 

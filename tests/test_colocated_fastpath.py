@@ -135,6 +135,72 @@ async def test_local_forward_is_not_decoded_again(env, dep):
     assert r1.decoded - r0.decoded == 1  # only the bus forward's body was decoded by the worker
 
 
+async def test_an_idle_worker_runs_a_request_to_completion_and_keeps_its_result(env, dep):
+    """One request at a time (nothing to batch with, nothing queued) is computed and answered in the call that
+    received it (``run_now``): batch 1, inline, local, the full stage breakdown, counted computed by the worker
+    and settled at the ingress (nothing pending). Its result fills the L1 (the same input again is a hit) and,
+    with a request id, the worker's recent results (a retry of it is a dedupe ``hit``, not a second run)."""
+    nc, client, reports = env
+    r0 = await idle_report(reports)
+    h0 = (await health_params(client))["counts"]
+    for _ in range(5):
+        feeds = typed_input(random.randint(1, 3))
+        res = await client.infer_result("typed", feeds, timeout_s=5)
+        check_typed(feeds, res.outputs)
+        p = res.parameters
+        assert (p["forward"], p["exec"], p["batch_size"], p["worker_id"]) == ("local", "inline", 1, W), p
+        assert {"decode", "validate", "cache", "route", "ingress_total", "queue", "compute", "forward_hop",
+                "encode", "worker_total"} <= set(p["timings_us"]), p["timings_us"]
+    x = np.load(dep.run_dir.parent / "models" / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    feeds = {"pixels": x[7:8] + np.float32(random.random())}
+    first = await client.infer_result("digits", feeds, timeout_s=5)
+    again = await client.infer_result("digits", feeds, timeout_s=5)
+    for res in (first, again):
+        np.testing.assert_allclose(res.outputs["logits"], reference("digits", feeds)["logits"], rtol=1e-5, atol=1e-5)
+    assert first.parameters["cache_hit"] is False and again.parameters["cache_hit"] is True
+    feeds, rid = typed_input(), uuid.uuid4().hex
+    hdrs = {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "5000"}
+    once = await nc.request(f"{PREFIX}.infer.typed", typed_body(feeds), timeout=5, headers=hdrs)
+    retry = await nc.request(f"{PREFIX}.infer.typed", typed_body(feeds), timeout=5, headers=hdrs)
+    for m in (once, retry):
+        assert decode_error(m.headers, m.data) is None
+        check_typed(feeds, outputs_of(m))
+        assert m.headers["Inferbus-Request-Id"] == rid
+    assert "Inferbus-Dedup" not in once.headers and retry.headers["Inferbus-Dedup"] == "hit"
+    h1 = (await health_params(client))["counts"]
+    assert h1["run_now"] - h0["run_now"] == 5 + 1 + 1  # typed x5, the digits miss, the first copy of rid
+    assert h1["l1_hits"] - h0["l1_hits"] == 1
+    r1 = await idle_report(reports)
+    assert r1.computed - r0.computed == 7 and r1.dedup_hits - r0.dedup_hits == 1
+    assert (await health_params(client))["pending"] == 0
+
+
+async def test_requests_that_wait_together_are_batched_not_run_one_by_one(env, dep):
+    """64 requests published at once wait together in the ingress's subscription: they go through the
+    worker's queue and are merged into batches (some ``batch_size`` > 1), each answer its own rows."""
+    nc, client, _ = env
+    h0 = (await health_params(client))["counts"]
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    sent = {}
+    for k in range(64):
+        feeds = typed_input()
+        sent[f"r{k}"] = feeds
+        await nc.publish(f"{PREFIX}.infer.typed", typed_body(feeds), reply=inbox,
+                         headers={"Inferbus-Request-Id": f"{uuid.uuid4().hex}-r{k}", "Inferbus-Timeout-Ms": "5000"})
+    await nc.flush()
+    sizes = []
+    for _ in range(64):
+        m = await sub.next_msg(timeout=10)
+        assert decode_error(m.headers, m.data) is None
+        check_typed(sent[m.headers["Inferbus-Request-Id"].rsplit("-", 1)[1]], outputs_of(m))
+        sizes.append(decode_response(m.data).parameters["batch_size"])
+    await sub.unsubscribe()
+    assert max(sizes) > 1, sizes
+    h1 = (await health_params(client))["counts"]
+    assert h1["run_now"] - h0["run_now"] < 64 and h1["local_forwards"] - h0["local_forwards"] == 64
+
+
 async def test_json_bytes_and_body_id_through_the_local_path(env):
     """A JSON request whose id is in the body only, for a BYTES model: answered in JSON with that id (body
     and header), the text conversion done for the runtime; non-UTF-8 bytes refused naming the field."""

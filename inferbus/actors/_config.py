@@ -178,6 +178,11 @@ class IngressConfig(_JsonMixin):
     cpu_affinity: tuple[int, ...] = ()
     busy_poll_us: float = 0.0
     """Busy polling, as :attr:`WorkerConfig.busy_poll_us` (colocated: one poller, the worker's, for both)."""
+    run_to_completion: bool = True
+    """Colocated only: a miss routed to the worker in this process, with nothing waiting to be batched with it
+    or queued before it, is computed and answered in the call that received it (no inline queue, no task
+    switch, no completion item); see docs/architecture.md, "Run to completion". False: always through the
+    worker's queue."""
     max_error_rate: float = 0.01
     """A worker reporting a higher error rate (server-side failures / requests in its window) is unhealthy."""
     min_window_requests: int = 100

@@ -248,7 +248,7 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
-                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0}
+                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -680,6 +680,13 @@ class Ingress:
         hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         body = msg.data
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
+        if local and hedge_policy is None and self.config.run_to_completion:
+            worker_rid = hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None)
+            if self._can_run_now(mv.key, term, worker_rid, body):
+                await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
+                                    hdrs.get(H.REQUEST_ID), worker_rid, stages)
+                self.counts["ok_forwarded"] += 1
+                return
         fwd = None
         if not local or hedge_policy is not None:  # the bus form (a hedge copy may go over the bus)
             fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid)
@@ -741,6 +748,65 @@ class Ingress:
                 self.router.on_done(p.worker_id, 0.0, outcome=SERVER_ERROR, probe=p.probe)
             log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
+
+    def _can_run_now(self, model_key: str, term: int, rid: str | None, body: bytes) -> bool:
+        """A request for the colocated worker may run to completion in this call (:meth:`_run_now`): no other
+        request waits in this ingress's subscription (it would be batched with this one) and the worker agrees
+        (:meth:`Worker.can_run_now`: nothing queued there, no copy of ``rid`` in progress or answered)."""
+        sub = self._infer_sub
+        return (sub is None or not sub.pending_msgs) and self.local_worker.can_run_now(model_key, term or None, rid,
+                                                                                       body)
+
+    async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
+                       now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
+                       worker_rid: str | None, st: tuple) -> None:
+        """Serve a request at the colocated worker within this call (:meth:`Worker.run_now`) and settle it here
+        as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
+        latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
+        event-loop iterations, so no pending entry and no completion item. Only for a request without a
+        hedge, when :meth:`_can_run_now`.
+
+        Args:
+            header_rid: the client's ``Inferbus-Request-Id`` header (None without one).
+            worker_rid: the request id as the worker sees it (the header, else the body's id).
+
+        Raises:
+            InferbusError: the worker refused it before computing (nothing was answered): a client error
+                for the breaker, or neutral for DEADLINE_EXCEEDED.
+            Internal: the worker's code raised (a bug); counted a failure of that worker.
+        """
+        self.counts["local_forwards"] += 1
+        self.counts["run_now"] += 1
+        probe = self.router.on_sent(w)
+        self.hedge_budget.on_request()
+        try:
+            o = await self.local_worker.run_now(
+                reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key, ct, worker_rid,
+                {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3], "ingress_total": st[4]})
+        except InferbusError as err:  # refused before compute: a client's error or neutral (budget), as settled
+            self.router.on_done(w.worker_id, 0.0, outcome=CLIENT_ERROR if err.code.value in _CLIENT_CODES
+                                else NEUTRAL, probe=probe)
+            raise
+        except Exception as exc:
+            self.router.on_done(w.worker_id, 0.0, outcome=SERVER_ERROR, probe=probe)
+            log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
+            raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
+        t_done = time.monotonic()
+        latency_us = (t_done - now) * 1e6
+        self.router.on_done(w.worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
+        if not o.ok:
+            count = self._error_counters.get("infer")
+            if count is not None:
+                count(f"{o.code or 'error'} (answered by worker {w.worker_id})")
+            return
+        if header_rid is not None:
+            self._remember_done(header_rid, mv.key, w.worker_id, t_done)
+        self._observe(mv.key, latency_us)
+        if o.response_msgpack is not None and key is not None:
+            self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
+            if self.config.redis_url:
+                await self.nc.publish(self.subjects.cache_fill,
+                                      encode_internal(CacheFill(key, ttl_ms, o.response_msgpack)))
 
     # ---- hedging ------------------------------------------------------------------------------
     def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float,

@@ -429,6 +429,69 @@ class Worker:
         job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
         await self._admit(job)
 
+    def can_run_now(self, model_key: str, term: int | None, rid: str | None = None, body: bytes = b"") -> bool:
+        """Whether a request for ``model_key`` handed over in-process may run to completion at once
+        (:meth:`run_now`): nothing waits here to be batched with it or to go before it (the inline queue and
+        the inference thread's mailbox empty, the thread idle), the model runs inline, no fault is injected,
+        no audit record is kept, this loop was not just frozen (stall fence), neither the fencing term nor
+        model management refuses it, and no copy of request ``rid`` is in progress or answered here (those
+        go through :meth:`submit_local`'s dedupe). Cheap: attribute reads, and one hash of ``body`` with an id.
+        """
+        fault = self.fault
+        fence = self.config.stall_fence_s
+        if not (not self._inline and not self._thread_busy and not self.mailbox.qsize()
+                and fault.error_rate <= 0 and not fault.shed and not self.config.audit
+                and self._runs_inline(model_key)
+                and (fence <= 0 or time.monotonic() - self._last_tick <= fence)
+                and self.fencing.refusal_term(term) is None and self.model_ctl.refusal(model_key) is None):
+            return False
+        if rid:
+            dkey = dedupe_key(model_key, rid, body)
+            return dkey not in self.in_progress and self.recent.get(dkey) is None
+        return True
+
+    async def run_now(self, reply: str, body: bytes, decoded: tuple, model_key: str, deadline: float,
+                      wall_deadline_ms: float, t_fwd: float, term: int | None, cache_key: str | None,
+                      ct: str | None, rid: str | None, timings: dict) -> Outcome:
+        """Compute one request the colocated ingress hands over when :meth:`can_run_now` says so, on the loop,
+        now: the same compute, accounting and answer as a batch of one from the inline queue
+        (:meth:`_run_group`; ``parameters.exec`` ``inline``, ``batch_size`` 1), published and written at
+        once, without the queue, in-flight tracking or a completion item; the caller settles it. A result
+        with a request id is kept for retries (dedupe) before anything is awaited. Arguments as for
+        :meth:`submit_local`.
+
+        Returns:
+            The :class:`Outcome`, answered (``ok`` False: a typed error reply went, e.g. the model failed).
+
+        Raises:
+            DeadlineExceeded: the budget ran out before compute; nothing was answered.
+            InferbusError: the request does not fit this worker's view of the model (a safety net, see
+                :meth:`_prepare_local`); nothing was answered.
+        """
+        t_recv = time.monotonic()
+        self.stats.received += 1
+        job = Job(reply, body, deadline, t_recv, model_key, -1, None, cache_key is not None, cache_key, ct, rid,
+                  None, term, wall_deadline_ms, timings, decoded)
+        job.local = job.inline = True
+        job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
+        if deadline <= t_recv:  # the rest of the budget went between the ingress's check and here
+            self.stats.expired += 1
+            raise DeadlineExceeded("budget spent before the worker received the request")
+        req, arrays = self._prepare_local(job)
+        outs = [o.name for o in req.outputs] if req.outputs else None
+        o = self._run_group(model_key, outs, [(job, req, arrays)])[0]
+        limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
+        if o.ok and limit > 0 and len(o.body) > limit:
+            self._too_large(o)
+        if o.ok and rid:
+            self.recent.put(dedupe_key(model_key, rid, body), o.hdrs, o.body)
+        await self._reply(o, reply, o.hdrs)
+        try:
+            await send_pending(self.nc)
+        except Exception as exc:  # the client's timeout covers a reply that could not be sent
+            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+        return o
+
     async def _admit(self, job: Job) -> None:
         """The checks every received request passes, whichever way it came (bus or in-process), in order:
         stall fence, deadline (monotonic, then the ingress's wall-clock deadline), fencing term, model
@@ -568,11 +631,7 @@ class Worker:
                         if t.ingress is not None:
                             self.by_seq.pop((t.ingress, t.seq), None)
                 if o.ok and limit > 0 and len(o.body) > limit:
-                    err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
-                                          f"({nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers)",
-                                          field="outputs")
-                    o.hdrs, o.body = error_message(err, job.ct, job.rid)
-                    o.ok, o.response_msgpack, o.code = False, None, err.code.value
+                    self._too_large(o)
                 if count and o.ok and job.dkey is not None:
                     self.recent.put(job.dkey, o.hdrs, o.body)
                 for i, t in enumerate(targets):
@@ -585,16 +644,8 @@ class Worker:
                     elif o.held:
                         pass  # the ingress answers (DoneItem.held)
                     else:
-                        hdrs = o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER) else {**o.hdrs, DEDUP_HEADER: "join"}
-                        try:
-                            if o.ok:  # our own header values (content type, a received request id): no CR/LF
-                                block = o.block if hdrs is o.hdrs and o.block is not None else "".join(
-                                    [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode()
-                                await publish_raw(nc, t.reply, o.body, headers=block, flush=False)
-                            else:
-                                await nc.publish(t.reply, o.body, headers=hdrs)
-                        except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
-                            log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
+                        await self._reply(o, t.reply, o.hdrs if i == 0 or o.hdrs.get(DEDUP_HEADER)
+                                          else {**o.hdrs, DEDUP_HEADER: "join"})
                     if t.ingress is not None and t.seq >= 0:
                         item = DoneItem(t.seq, o.ok and code != CANCELLED, o.server_error and code != CANCELLED,
                                         o.service_us, o.response_msgpack if (t.want_body and o.ok) else None, code,
@@ -629,6 +680,25 @@ class Worker:
                 log(f"worker {self.config.worker_id}: settling at the local ingress failed: {exc!r}")
         for t in requeue:
             await self._requeue(t)
+
+    def _too_large(self, o: Outcome) -> None:
+        """Turn ``o``, an answer over the bus's ``max_payload`` (less the header allowance), into PAYLOAD_TOO_LARGE."""
+        err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
+                              f"({self.nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers)", field="outputs")
+        o.hdrs, o.body = error_message(err, o.job.ct, o.job.rid)
+        o.ok, o.response_msgpack, o.code = False, None, err.code.value
+
+    async def _reply(self, o: Outcome, reply: str, hdrs: dict) -> None:
+        """Publish ``o``'s answer (``hdrs``) to ``reply`` into nats-py's buffer (no write yet); logs a failure."""
+        try:
+            if o.ok:  # our own header values (content type, a received request id): no CR/LF
+                block = o.block if hdrs is o.hdrs and o.block is not None else "".join(
+                    [f"{k}: {v}\r\n" for k, v in hdrs.items()]).join(_BLOCK_ENDS).encode()
+                await publish_raw(self.nc, reply, o.body, headers=block, flush=False)
+            else:
+                await self.nc.publish(reply, o.body, headers=hdrs)
+        except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
+            log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
 
     async def _requeue(self, job: Job) -> None:
         """Queue a joined duplicate whose primary was dropped (expired or cancelled) as a job of its own."""

@@ -1,0 +1,166 @@
+"""CPU per request of the serving path in one process, against the direct floor: a deterministic measure.
+
+    python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--json F]
+
+The load runs of ``bench.suite`` time whole processes under a load generator; on a shared host their CPU per
+request moves by 10 % from run to run, more than most changes to the hot path are worth. This measures the
+same code with the noise taken out: one process holds a colocated ingress and worker
+(:class:`inferbus.actors._colocated.Colocated`, as ``inferbus up --colocate`` runs them, on a real
+nats-server) and the direct responder's handler (``inferbus.loadgen._procs._direct_handler``: decode, model
+at batch 1, encode; the Python floor of the suite's ``--direct``), and feeds each of them ``--requests``
+request messages (distinct inputs from the model's dataset, the load generator's bodies and headers), one at
+a time, as nats-py would hand them to the subscription callback. It reports the least over ``--reps`` of
+this thread's CPU time per request (``time.thread_time``: other processes on the host do not count). What
+both share is left out of both: nats-py's receive (reading the socket, parsing the message), which the load
+runs measure. Each request's reply is written to the socket (a subject nobody listens to) before the next.
+
+Variants, each with the same bodies:
+
+* ``direct``: the floor's handler;
+* ``inferbus``: the colocated ingress's handler, run to completion (the default: the worker computes and
+  answers in the same call);
+* ``inferbus_queued``: the same with ``run_to_completion`` off: the worker's inline queue and its pump task
+  (``--yields`` event-loop turns after each request let the pump run; every variant gets the same turns).
+
+Output: µs per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
+in one process", has figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from inferbus.actors._colocated import Colocated
+from inferbus.actors._config import ColocatedConfig, IngressConfig, WorkerConfig
+from inferbus.actors._repository import ModelRepository
+from inferbus.bus import BusConfig, EmbeddedNats, send_pending
+from inferbus.loadgen._procs import _direct_handler
+from inferbus.loadgen._workload import Workload
+
+from . import _args as args
+
+ROOT = Path(__file__).resolve().parents[1]
+SINK = "_PATHCOST.sink"  # reply subject: nobody subscribes, nats-server drops the replies
+
+
+class _Msg:
+    """What a subscription callback reads of a nats-py message (subject, reply, data, headers)."""
+
+    __slots__ = ("subject", "reply", "data", "headers")
+
+    def __init__(self, subject: str, reply: str, data: bytes, headers: dict) -> None:
+        self.subject, self.reply, self.data, self.headers = subject, reply, data, headers
+
+
+async def _start(url: str, models_dir: str, model: str, run_to_completion: bool, name: str) -> tuple[Colocated, asyncio.Task]:
+    bus = BusConfig(servers=(url,), prefix=f"pc{name}")
+    col = Colocated(ColocatedConfig(
+        IngressConfig(ingress_id=f"pc-i-{name}", bus=bus, models_dir=models_dir, models=(model,),
+                      run_to_completion=run_to_completion),
+        WorkerConfig(worker_id=f"pc-w-{name}", bus=bus, models_dir=models_dir, models=(model,))))
+    task = asyncio.create_task(col.run())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # ready: the ingress has seen its worker's load report
+        if task.done():
+            task.result()
+        ing = col.ingress
+        if ing.nc is not None and ing.router.pick(next(iter(ing.repo.get(model).versions.values())).key) is not None:
+            return col, task
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the colocated actors did not become ready in 60 s")
+
+
+async def _per_request_us(handle, msgs: list[_Msg], reps: int, yields: int, flush=None) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        await asyncio.sleep(0.05)
+        t0 = time.thread_time()
+        for m in msgs:
+            await handle(_Msg(m.subject, m.reply, m.data, dict(m.headers)))
+            if flush is not None:
+                await flush()
+            for _ in range(yields):
+                await asyncio.sleep(0)
+        best = min(best, (time.thread_time() - t0) * 1e6 / len(msgs))
+    return round(best, 1)
+
+
+async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> dict:
+    """Measure the three variants (see the module doc); returns the result document."""
+    tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
+    srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
+    srv.spawn()
+    tasks = []
+    try:
+        await asyncio.to_thread(srv.wait_ready)
+        repo = ModelRepository(models_dir, [model])
+        mv = next(iter(repo.get(model).versions.values()))
+        work = Workload(repo, model, mv.version, pool=n, distinct=True)
+        now_col, t1 = await _start(srv.url, models_dir, model, True, "now")
+        queued_col, t2 = await _start(srv.url, models_dir, model, False, "queued")
+        tasks = [t1, t2]
+        hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
+        nc = now_col.ingress.nc
+        direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
+                                 nc.publish, {"Content-Type": "application/msgpack"}, [])
+
+        def msgs(col: Colocated) -> list[_Msg]:
+            subject = col.ingress.subjects.infer(model, mv.version)
+            return [_Msg(subject, SINK, b, hdrs) for b in work.bodies]
+
+        out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
+        for _ in range(2):  # interleaved, so that a drift of the host shows in both
+            out["direct"].append(await _per_request_us(direct, msgs(now_col), reps, yields,
+                                                       flush=lambda: send_pending(nc)))
+            out["inferbus"].append(await _per_request_us(now_col.ingress._on_infer, msgs(now_col), reps, yields))
+            out["inferbus_queued"].append(await _per_request_us(queued_col.ingress._on_infer, msgs(queued_col),
+                                                                reps, yields))
+        best = {k: min(v) for k, v in out.items()}
+        counts = {"run_now": now_col.ingress.counts["run_now"], "queued_run_now": queued_col.ingress.counts["run_now"],
+                  "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"]}
+        return {"model": model, "requests": n, "reps": reps, "yields": yields, "cpu_us_per_request": best,
+                "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
+                "counts": counts}
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:
+                pass
+        await asyncio.to_thread(srv.stop)
+        tmp.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pathcost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="digits")
+    p.add_argument("--models-dir", default=str(ROOT / "models"))
+    p.add_argument("--requests", type=args.count, default=3000, help="requests per timed pass (default 3000)")
+    p.add_argument("--reps", type=args.count, default=5, help="timed passes per variant; the least counts")
+    p.add_argument("--yields", type=args.count_or_zero, default=3,
+                   help="event-loop turns after each request, every variant (default 3)")
+    p.add_argument("--json", type=Path, help="write the result document here")
+    a = p.parse_args(argv)
+    import uvloop
+
+    doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields))
+    for k, v in doc["cpu_us_per_request"].items():
+        print(f"{k:16s} {v:7.1f} µs/request  ({doc['ratio_to_direct'][k]:.2f} × direct)")
+    print(f"counts: {doc['counts']}")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(doc, indent=1))
+    return 1 if doc["counts"]["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
