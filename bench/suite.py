@@ -201,6 +201,31 @@ def _layout(cfg: SuiteConfig) -> dict:
     return {"n_echo": n_echo, "gens": gens if cfg.pin else None, "echo": echo if cfg.pin else None}
 
 
+async def _ingress_counts(nc, wait_s: float = 0.3) -> dict:
+    """The counters of every ingress on ``nc``'s NATS that answers ``$SRV.STATS.inferbus-ingress`` within
+    ``wait_s``, summed (``requests``, ``local_forwards``, ``run_now``...); {} when none answers. Counters are
+    per process lifetime: a step's share is the difference across it."""
+    inbox = nc.new_inbox()
+    total: dict = {}
+
+    async def on_reply(msg) -> None:
+        try:
+            doc = json.loads(msg.data)
+        except ValueError:
+            return
+        for ep in doc.get("endpoints") or ():
+            for k, v in ((ep.get("data") or {}).get("counts") or {}).items():
+                total[k] = total.get(k, 0) + v
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
+        await asyncio.sleep(wait_s)
+    finally:
+        await sub.unsubscribe()
+    return total
+
+
 class Suite:
     """One run of the suite; :meth:`run` returns the summary document."""
 
@@ -211,19 +236,31 @@ class Suite:
         self.sampler = CpuSampler()
         self.sweeps: dict[str, dict] = {}
         self.notes: list[str] = []
+        self.node = None
+        """The node under test (its connection asks the ingresses for their counters between steps)."""
+        self._counts_before: dict | None = None
 
     # ---- one step -------------------------------------------------------------------------
     async def _step(self, gp: GeneratorPool, series: str, target: dict, *, mode: str, concurrency=None,
                     rate=None, duration_s=None, timeout_s=None, record: bool = True) -> BenchResult:
         cfg = self.cfg
+        if series.startswith("inferbus") and self.node is not None and self._counts_before is None:
+            self._counts_before = await _ingress_counts(self.node.nc)
         self.sampler.mark()
         r = await gp.step(target, mode=mode, concurrency=concurrency, rate=rate,
                           duration_s=duration_s or cfg.duration_s, timeout_s=timeout_s or cfg.timeout_s,
                           label=series, precise=cfg.precise)
         cpu = self.sampler.since()
+        counts = None
+        if series.startswith("inferbus") and self.node is not None:
+            counts = await _ingress_counts(self.node.nc)
+            before, self._counts_before = self._counts_before, counts
         if record:
             d = r.to_dict()
             d["series"] = series
+            if counts and before:  # this step's share of the ingresses' counters
+                d["ingress_counts"] = {k: counts.get(k, 0) - before.get(k, 0)
+                                       for k in ("requests", "local_forwards", "run_now", "l1_hits")}
             d["cpu_us_per_req"] = {g: round(s * 1e6 / r.requests, 1) for g, s in cpu.items()} if r.requests else {}
             self.steps.append(d)
             load = f"c={concurrency}" if mode == "closed" else f"{rate:.0f}/s"
@@ -438,6 +475,7 @@ class Suite:
                                ingress_options={"run_to_completion": cfg.run_to_completion}))
         await node.start()
         await node.wait_ready(120)
+        self.node, self._counts_before = node, None
         for info in node.supervisor.which_children():
             self.sampler.add(info.id.split(":")[0], info.pid)
         return node

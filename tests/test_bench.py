@@ -138,6 +138,13 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     assert doc["peer"]["ray"]["skipped"]
     # --colocate-ab: the same loops against a colocated node, in the same run
     assert ("inferbus miss [colocated]", "closed") in series and ("echo [B]", "closed") in series
+    # each inferbus step carries its share of the ingresses' counters: every request counted, and at c=1 the
+    # colocated node's misses run to completion (nothing waits to be batched with them)
+    for s in doc["steps"]:
+        if s["series"].startswith("inferbus"):
+            assert s["ingress_counts"]["requests"] >= s["requests"] - s.get("timeouts", 0), s
+    coloc1 = next(s for s in doc["steps"] if s["series"] == "inferbus miss [colocated]" and s["concurrency"] == 1)
+    assert coloc1["ingress_counts"]["run_now"] == coloc1["ingress_counts"]["local_forwards"] > 0, coloc1
     assert doc["ratios"]["colocate_ab"]["c=1"]["colocated_miss_p50_over_echo_p50"] > 0
     # --direct: the Python floor of a whole inference, in the closed and open loops and at half load
     assert {("direct", "closed"), ("direct", "open")} <= series and doc["half_load"]["direct"]["requests"] > 0
