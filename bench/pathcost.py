@@ -22,6 +22,11 @@ Variants, each with the same bodies:
 * ``inferbus_queued``: the same with ``run_to_completion`` off: the worker's inline queue and its pump task
   (``--yields`` event-loop turns after each request let the pump run; every variant gets the same turns).
 
+Each pass sends its own distinct inputs (no pass is answered from the caches an earlier one filled). The
+command exits 1 when any request was an error or a cache hit, or did not run as labelled (a model that runs
+on the inference thread, not inline, cannot be measured this way: its compute is on another thread).
+``--yields`` changes the ratios (each turn costs every variant an event-loop iteration); 3 is the default.
+
 Output: µs per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
 in one process", has figures.
 """
@@ -77,9 +82,11 @@ async def _start(url: str, models_dir: str, model: str, run_to_completion: bool,
     raise TimeoutError("the colocated actors did not become ready in 60 s")
 
 
-async def _per_request_us(handle, msgs: list[_Msg], reps: int, yields: int, flush=None) -> float:
+async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=None) -> float:
+    """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
+    pass is answered from the caches the ones before it filled)."""
     best = float("inf")
-    for _ in range(reps):
+    for msgs in passes:
         await asyncio.sleep(0.05)
         t0 = time.thread_time()
         for m in msgs:
@@ -102,7 +109,7 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
         await asyncio.to_thread(srv.wait_ready)
         repo = ModelRepository(models_dir, [model])
         mv = next(iter(repo.get(model).versions.values()))
-        work = Workload(repo, model, mv.version, pool=n, distinct=True)
+        work = Workload(repo, model, mv.version, pool=n * reps * 2, distinct=True)  # distinct for every pass
         now_col, t1 = await _start(srv.url, models_dir, model, True, "now")
         queued_col, t2 = await _start(srv.url, models_dir, model, False, "queued")
         tasks = [t1, t2]
@@ -111,19 +118,23 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
         direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
                                  nc.publish, {"Content-Type": "application/msgpack"}, [])
 
-        def msgs(col: Colocated) -> list[_Msg]:
+        bodies = work.bodies
+
+        def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
             subject = col.ingress.subjects.infer(model, mv.version)
-            return [_Msg(subject, SINK, b, hdrs) for b in work.bodies]
+            return [[_Msg(subject, SINK, b, hdrs) for b in bodies[(rnd * reps + k) * n:(rnd * reps + k + 1) * n]]
+                    for k in range(reps)]
 
         out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
-        for _ in range(2):  # interleaved, so that a drift of the host shows in both
-            out["direct"].append(await _per_request_us(direct, msgs(now_col), reps, yields,
+        for rnd in range(2):  # interleaved, so that a drift of the host shows in both
+            out["direct"].append(await _per_request_us(direct, passes(now_col, rnd), yields,
                                                        flush=lambda: send_pending(nc)))
-            out["inferbus"].append(await _per_request_us(now_col.ingress._on_infer, msgs(now_col), reps, yields))
-            out["inferbus_queued"].append(await _per_request_us(queued_col.ingress._on_infer, msgs(queued_col),
-                                                                reps, yields))
+            out["inferbus"].append(await _per_request_us(now_col.ingress._on_infer, passes(now_col, rnd), yields))
+            out["inferbus_queued"].append(await _per_request_us(queued_col.ingress._on_infer,
+                                                                passes(queued_col, rnd), yields))
         best = {k: min(v) for k, v in out.items()}
         counts = {"run_now": now_col.ingress.counts["run_now"], "queued_run_now": queued_col.ingress.counts["run_now"],
+                  "l1_hits": now_col.ingress.counts["l1_hits"] + queued_col.ingress.counts["l1_hits"],
                   "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"]}
         return {"model": model, "requests": n, "reps": reps, "yields": yields, "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
@@ -142,14 +153,20 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.pathcost", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="digits")
-    p.add_argument("--models-dir", default=str(ROOT / "models"))
+    p.add_argument("--model", default="digits", help="model in the repository (default digits; it must run inline)")
+    p.add_argument("--models-dir", default=str(ROOT / "models"), help="model repository (default ./models)")
     p.add_argument("--requests", type=args.count, default=3000, help="requests per timed pass (default 3000)")
-    p.add_argument("--reps", type=args.count, default=5, help="timed passes per variant; the least counts")
+    p.add_argument("--reps", type=args.count, default=5, help="timed passes per variant per round (default 5); the least counts")
     p.add_argument("--yields", type=args.count_or_zero, default=3,
                    help="event-loop turns after each request, every variant (default 3)")
     p.add_argument("--json", type=Path, help="write the result document here")
     a = p.parse_args(argv)
+    try:
+        repo = ModelRepository(a.models_dir, [a.model])
+    except Exception as exc:  # an unreadable repository: one line, not a traceback
+        p.error(f"--models-dir {a.models_dir}: {exc}")
+    if repo.get(a.model) is None:
+        p.error(f"--model {a.model!r} is not in {a.models_dir}")
     import uvloop
 
     doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields))
@@ -159,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(doc, indent=1))
-    return 1 if doc["counts"]["errors"] else 0
+    # every request must have been a miss computed as labelled: else the figures measure something else
+    expected_run_now = 2 * a.reps * a.requests
+    bad = doc["counts"]["errors"] or doc["counts"]["l1_hits"] or doc["counts"]["run_now"] != expected_run_now
+    if bad:
+        print(f"not a valid measure: expected {expected_run_now} requests run to completion, 0 cache hits and 0 "
+              f"errors; got {doc['counts']} (e.g. a model that does not run inline: see inferbus up "
+              f"--inline-max-compute-us)", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -197,14 +197,18 @@ def test_suite_refuses_bad_values_with_a_message(argv, message, capsys):
 
 
 def test_pathcost_measures_the_path_against_the_floor(tmp_path):
-    """``bench.pathcost`` (small): the three variants measured on a real nats-server with no errors, the
-    run-to-completion variant running every request to completion and the queued one none."""
+    """``bench.pathcost`` (small, 2 passes a round so that a cache hit would show): the three variants measured
+    on a real nats-server with no errors and no cache hits, the run-to-completion variant running every request
+    to completion and the queued one none; an unknown model is a usage error."""
     out = tmp_path / "pc.json"
-    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "40", "--reps", "1", "--json", str(out)],
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "20", "--reps", "2", "--json", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert set(doc["cpu_us_per_request"]) == {"direct", "inferbus", "inferbus_queued"}
     assert all(v > 0 for v in doc["cpu_us_per_request"].values())
-    assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "errors": 0}
+    assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "l1_hits": 0, "errors": 0}
     assert doc["ratio_to_direct"]["direct"] == 1.0
+    bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--model 'nosuch' is not in" in bad.stderr and "Traceback" not in bad.stderr

@@ -72,6 +72,7 @@ from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_e
                       run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import IngressConfig
+from ._dedupe import dedupe_key
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
 from ._models import IngressModels
 from ._ratelimit import RateLimiter
@@ -682,9 +683,10 @@ class Ingress:
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
             worker_rid = hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None)
-            if self._can_run_now(mv.key, term, worker_rid, body):
+            dkey = dedupe_key(mv.key, worker_rid, body) if worker_rid else None
+            if self._can_run_now(mv.key, term, dkey):
                 await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
-                                    hdrs.get(H.REQUEST_ID), worker_rid, stages)
+                                    hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages)
                 self.counts["ok_forwarded"] += 1
                 return
         fwd = None
@@ -749,17 +751,17 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
 
-    def _can_run_now(self, model_key: str, term: int, rid: str | None, body: bytes) -> bool:
+    def _can_run_now(self, model_key: str, term: int, dkey: tuple | None) -> bool:
         """A request for the colocated worker may run to completion in this call (:meth:`_run_now`): no other
         request waits in this ingress's subscription (it would be batched with this one) and the worker agrees
-        (:meth:`Worker.can_run_now`: nothing queued there, no copy of ``rid`` in progress or answered)."""
+        (:meth:`Worker.can_run_now`: nothing queued there, no copy of the request (dedupe key ``dkey``, None
+        without a request id) in progress or answered)."""
         sub = self._infer_sub
-        return (sub is None or not sub.pending_msgs) and self.local_worker.can_run_now(model_key, term or None, rid,
-                                                                                       body)
+        return (sub is None or not sub.pending_msgs) and self.local_worker.can_run_now(model_key, term or None, dkey)
 
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
                        now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
-                       worker_rid: str | None, st: tuple) -> None:
+                       worker_rid: str | None, dkey: tuple | None, st: tuple) -> None:
         """Serve a request at the colocated worker within this call (:meth:`Worker.run_now`) and settle it here
         as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
         latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
@@ -769,6 +771,7 @@ class Ingress:
         Args:
             header_rid: the client's ``Inferbus-Request-Id`` header (None without one).
             worker_rid: the request id as the worker sees it (the header, else the body's id).
+            dkey: its dedupe key (:func:`~inferbus.actors._dedupe.dedupe_key`), None without an id.
 
         Raises:
             InferbusError: the worker refused it before computing (nothing was answered): a client error
@@ -781,7 +784,7 @@ class Ingress:
         self.hedge_budget.on_request()
         try:
             o = await self.local_worker.run_now(
-                reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key, ct, worker_rid,
+                reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key, ct, worker_rid, dkey,
                 {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3], "ingress_total": st[4]})
         except InferbusError as err:  # refused before compute: a client's error or neutral (budget), as settled
             self.router.on_done(w.worker_id, 0.0, outcome=CLIENT_ERROR if err.code.value in _CLIENT_CODES
@@ -795,18 +798,13 @@ class Ingress:
         latency_us = (t_done - now) * 1e6
         self.router.on_done(w.worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
         if not o.ok:
-            count = self._error_counters.get("infer")
-            if count is not None:
-                count(f"{o.code or 'error'} (answered by worker {w.worker_id})")
+            self._count_worker_error(o.code, w.worker_id)
             return
         if header_rid is not None:
             self._remember_done(header_rid, mv.key, w.worker_id, t_done)
         self._observe(mv.key, latency_us)
         if o.response_msgpack is not None and key is not None:
-            self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
-            if self.config.redis_url:
-                await self.nc.publish(self.subjects.cache_fill,
-                                      encode_internal(CacheFill(key, ttl_ms, o.response_msgpack)))
+            await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
 
     # ---- hedging ------------------------------------------------------------------------------
     def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float,
@@ -959,9 +957,7 @@ class Ingress:
                 await self._on_held(p, item, now)
                 continue
             if not item.ok and item.code != "CANCELLED":  # the worker answered the client with an error
-                count = self._error_counters.get("infer")
-                if count is not None:
-                    count(f"{item.code or 'error'} (answered by worker {p.worker_id})")
+                self._count_worker_error(item.code, p.worker_id)
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
@@ -971,10 +967,19 @@ class Ingress:
             elif item.ok:
                 self._observe(p.model_key, latency_us)
             if item.ok and item.response is not None and p.cache_key is not None:
-                self.l1.put(p.cache_key, item.response, p.ttl_ms, now)
-                if self.config.redis_url:
-                    await self.nc.publish(self.subjects.cache_fill,
-                                          encode_internal(CacheFill(p.cache_key, p.ttl_ms, item.response)))
+                await self._fill_caches(p.cache_key, p.ttl_ms, item.response, now)
+
+    def _count_worker_error(self, code: str | None, worker_id: str) -> None:
+        """Count an error a worker answered the client with in the ``infer`` endpoint's ``$SRV.STATS``."""
+        count = self._error_counters.get("infer")
+        if count is not None:
+            count(f"{code or 'error'} (answered by worker {worker_id})")
+
+    async def _fill_caches(self, key: str, ttl_ms: int, response: bytes, now: float) -> None:
+        """Keep a computed answer (encoded msgpack) in L1 and send it to the aggregator for L2."""
+        self.l1.put(key, response, ttl_ms, now)
+        if self.config.redis_url:
+            await self.nc.publish(self.subjects.cache_fill, encode_internal(CacheFill(key, ttl_ms, response)))
 
     def _observe(self, model_key: str, latency_us: float) -> None:
         lw = self._latency.get(model_key)

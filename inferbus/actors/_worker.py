@@ -429,13 +429,14 @@ class Worker:
         job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
         await self._admit(job)
 
-    def can_run_now(self, model_key: str, term: int | None, rid: str | None = None, body: bytes = b"") -> bool:
+    def can_run_now(self, model_key: str, term: int | None, dkey: tuple | None = None) -> bool:
         """Whether a request for ``model_key`` handed over in-process may run to completion at once
         (:meth:`run_now`): nothing waits here to be batched with it or to go before it (the inline queue and
         the inference thread's mailbox empty, the thread idle), the model runs inline, no fault is injected,
         no audit record is kept, this loop was not just frozen (stall fence), neither the fencing term nor
-        model management refuses it, and no copy of request ``rid`` is in progress or answered here (those
-        go through :meth:`submit_local`'s dedupe). Cheap: attribute reads, and one hash of ``body`` with an id.
+        model management refuses it, and no copy of the request (dedupe key ``dkey``, None without a request
+        id) is in progress or answered here (those go through :meth:`submit_local`'s dedupe). Cheap: attribute
+        reads and two table lookups.
         """
         fault = self.fault
         fence = self.config.stall_fence_s
@@ -445,20 +446,17 @@ class Worker:
                 and (fence <= 0 or time.monotonic() - self._last_tick <= fence)
                 and self.fencing.refusal_term(term) is None and self.model_ctl.refusal(model_key) is None):
             return False
-        if rid:
-            dkey = dedupe_key(model_key, rid, body)
-            return dkey not in self.in_progress and self.recent.get(dkey) is None
-        return True
+        return dkey is None or (dkey not in self.in_progress and self.recent.get(dkey) is None)
 
     async def run_now(self, reply: str, body: bytes, decoded: tuple, model_key: str, deadline: float,
                       wall_deadline_ms: float, t_fwd: float, term: int | None, cache_key: str | None,
-                      ct: str | None, rid: str | None, timings: dict) -> Outcome:
+                      ct: str | None, rid: str | None, dkey: tuple | None, timings: dict) -> Outcome:
         """Compute one request the colocated ingress hands over when :meth:`can_run_now` says so, on the loop,
         now: the same compute, accounting and answer as a batch of one from the inline queue
         (:meth:`_run_group`; ``parameters.exec`` ``inline``, ``batch_size`` 1), published and written at
         once, without the queue, in-flight tracking or a completion item; the caller settles it. A result
-        with a request id is kept for retries (dedupe) before anything is awaited. Arguments as for
-        :meth:`submit_local`.
+        with a request id is kept for retries (dedupe, under ``dkey``) before anything is awaited. Arguments as
+        for :meth:`submit_local`.
 
         Returns:
             The :class:`Outcome`, answered (``ok`` False: a typed error reply went, e.g. the model failed).
@@ -483,8 +481,8 @@ class Worker:
         limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
         if o.ok and limit > 0 and len(o.body) > limit:
             self._too_large(o)
-        if o.ok and rid:
-            self.recent.put(dedupe_key(model_key, rid, body), o.hdrs, o.body)
+        if o.ok and dkey is not None:
+            self.recent.put(dkey, o.hdrs, o.body)
         await self._reply(o, reply, o.hdrs)
         try:
             await send_pending(self.nc)
