@@ -1,6 +1,7 @@
 """CPU per request of the serving path in one process, against the direct floor: a deterministic measure.
 
     python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--json F]
+    python -m bench.pathcost --instructions 300 [--json F]     # instructions per request (needs valgrind)
 
 The load runs of ``bench.suite`` time whole processes under a load generator; on a shared host their CPU per
 request moves by 10 % from run to run, more than most changes to the hot path are worth. This measures the
@@ -27,7 +28,12 @@ command exits 1 when any request was an error or a cache hit, or did not run as 
 on the inference thread, not inline, cannot be measured this way: its compute is on another thread).
 ``--yields`` changes the ratios (each turn costs every variant an event-loop iteration); 3 is the default.
 
-Output: µs per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
+``--instructions N`` counts instead of timing: user-space instructions per request of ``direct`` and
+``inferbus`` (run to completion), under valgrind's callgrind (:func:`count_instructions`). The count is the
+same from run to run to within 0.1 % whatever else the host runs, so it can judge a change of 1 % to the
+hot path that the CPU times cannot; it leaves out system calls and memory stalls, which the times include.
+
+Output: µs (or instructions) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
 in one process", has figures.
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
@@ -64,12 +71,13 @@ class _Msg:
         self.subject, self.reply, self.data, self.headers = subject, reply, data, headers
 
 
-async def _start(url: str, models_dir: str, model: str, run_to_completion: bool, name: str) -> tuple[Colocated, asyncio.Task]:
+async def _start(url: str, models_dir: str, model: str, run_to_completion: bool, name: str,
+                 **worker: object) -> tuple[Colocated, asyncio.Task]:
     bus = BusConfig(servers=(url,), prefix=f"pc{name}")
     col = Colocated(ColocatedConfig(
         IngressConfig(ingress_id=f"pc-i-{name}", bus=bus, models_dir=models_dir, models=(model,),
                       run_to_completion=run_to_completion),
-        WorkerConfig(worker_id=f"pc-w-{name}", bus=bus, models_dir=models_dir, models=(model,))))
+        WorkerConfig(worker_id=f"pc-w-{name}", bus=bus, models_dir=models_dir, models=(model,), **worker)))
     task = asyncio.create_task(col.run())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # ready: the ingress has seen its worker's load report
@@ -151,6 +159,114 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
         tmp.cleanup()
 
 
+COUNTED_VARIANTS = ("direct", "inferbus")
+
+
+def _drive(handle, msg) -> int:
+    """Run ``handle(msg)`` to its end without the event loop: 0, or 1 when it suspended (it waited for
+    something; it is closed then and the measure is not valid)."""
+    coro = handle(msg)
+    try:
+        coro.send(None)
+    except StopIteration:
+        return 0
+    coro.close()
+    return 1
+
+
+async def _count_child(model: str, models_dir: str, n: int, variant: str) -> dict:
+    """The process ``--instructions`` runs under callgrind: ``n`` warm-up requests, then ``n`` counted ones,
+    each handled inside one call of ``itertools.starmap`` (the C function ``starmap_next`` toggles
+    callgrind's collection, so only the handlers' own instructions count). Returns the counts."""
+    tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
+    srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
+    srv.spawn()
+    task = None
+    try:
+        await asyncio.to_thread(srv.wait_ready)
+        repo = ModelRepository(models_dir, [model])
+        mv = next(iter(repo.get(model).versions.values()))
+        bodies = Workload(repo, model, mv.version, pool=2 * n, distinct=True).bodies
+        # under callgrind the model's batch-1 time looks ~50 x longer: keep it inline, as it runs natively
+        col, task = await _start(srv.url, models_dir, model, True, "count", inline_max_compute_us=1e12)
+        nc = col.ingress.nc
+        if variant == "direct":
+            direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
+                                     nc.publish, {"Content-Type": "application/msgpack"}, [])
+
+            async def handle(m):
+                await direct(m)
+                await send_pending(nc)
+        else:
+            handle = col.ingress._on_infer
+        subject = col.ingress.subjects.infer(model, mv.version)
+        hdrs = {"Inferbus-Timeout-Ms": "100000.000"}  # callgrind runs the code ~50 x slower
+        suspended = 0
+        for i, body in enumerate(bodies):
+            m = _Msg(subject, SINK, body, dict(hdrs))
+            if i < n:
+                await handle(m)
+            else:
+                suspended += sum(itertools.starmap(_drive, ((handle, m),)))
+            for _ in range(3):
+                await asyncio.sleep(0)
+        c = col.ingress.counts
+        return {"variant": variant, "counted": n, "suspended": suspended, "run_now": c["run_now"],
+                "l1_hits": c["l1_hits"], "errors": c["errors"]}
+    finally:
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except BaseException:
+                pass
+        await asyncio.to_thread(srv.stop)
+        tmp.cleanup()
+
+
+def count_instructions(model: str, models_dir: str, n: int) -> dict:
+    """Instructions per request (user space, counted by valgrind's callgrind) of the floor's handler and of
+    the colocated ingress's, run to completion: a measure that does not move with the host's load (the same
+    code counts the same to within 0.1 %). System calls (the socket write) and cache misses are not in it.
+    The queued variant cannot be counted this way: its compute runs in the worker's pump task, outside the
+    handler's call.
+
+    Raises:
+        RuntimeError: valgrind failed, collected nothing (a Python without symbols: ``starmap_next`` not
+            found), or a request did not run as labelled.
+    """
+    import re
+    import shutil
+    import subprocess
+
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise RuntimeError("--instructions needs valgrind on PATH (e.g. apt-get install valgrind)")
+    per_request: dict[str, float] = {}
+    children: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="pathcost-cg-") as tmp:
+        for variant in COUNTED_VARIANTS:
+            cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=starmap_next",
+                   f"--callgrind-out-file={tmp}/callgrind.{variant}", sys.executable, "-m", "bench.pathcost",
+                   "--count-child", variant, "--model", model, "--models-dir", models_dir, "--instructions", str(n)]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            found = re.findall(r"Collected\s*:\s*([\d,]+)", r.stderr)
+            if r.returncode != 0 or not found:
+                raise RuntimeError(f"callgrind run of {variant} failed (exit {r.returncode}): {r.stderr[-2000:]}")
+            collected = int(found[-1].replace(",", ""))
+            child = json.loads(r.stdout.strip().splitlines()[-1])
+            bad = child["suspended"] or child["errors"] or child["l1_hits"] or (
+                variant == "inferbus" and child["run_now"] != 2 * n)
+            if collected == 0 or bad:
+                raise RuntimeError(f"{variant}: not a valid count: {collected} instructions collected, {child} "
+                                   f"(every request must run to completion in the call, as a miss, without error)")
+            per_request[variant] = round(collected / n)
+            children[variant] = child
+    return {"model": model, "counted_requests": n, "instructions_per_request": per_request,
+            "ratio_to_direct": {k: round(v / per_request["direct"], 3) for k, v in per_request.items()},
+            "children": children}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.pathcost", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="digits", help="model in the repository (default digits; it must run inline)")
@@ -160,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--yields", type=args.count_or_zero, default=3,
                    help="event-loop turns after each request, every variant (default 3)")
     p.add_argument("--json", type=Path, help="write the result document here")
+    p.add_argument("--instructions", type=args.count, metavar="N",
+                   help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
+                        "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind")
+    p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
     try:
         repo = ModelRepository(a.models_dir, [a.model])
@@ -169,6 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--model {a.model!r} is not in {a.models_dir}")
     import uvloop
 
+    if a.count_child:
+        print(json.dumps(uvloop.run(_count_child(a.model, a.models_dir, a.instructions or 300, a.count_child))))
+        return 0
+    if a.instructions:
+        try:
+            doc = count_instructions(a.model, a.models_dir, a.instructions)
+        except RuntimeError as exc:
+            print(f"pathcost: {exc}", file=sys.stderr)
+            return 1
+        for k, v in doc["instructions_per_request"].items():
+            print(f"{k:16s} {v:9,d} instructions/request  ({doc['ratio_to_direct'][k]:.3f} × direct)")
+        if a.json:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(doc, indent=1))
+        return 0
     doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields))
     for k, v in doc["cpu_us_per_request"].items():
         print(f"{k:16s} {v:7.1f} µs/request  ({doc['ratio_to_direct'][k]:.2f} × direct)")
