@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from inferbus.actors._breaker import BreakerState, CircuitBreaker
 from inferbus.actors._cache import cache_key
@@ -212,3 +213,66 @@ def test_no_pickle_or_eval_in_the_package():
     hits = [f"{p.relative_to(root)}:{i + 1}: {line.strip()}"
             for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
     assert not hits, hits
+
+
+# ---- router: the colocated worker's fast path ---------------------------------------------------------
+_worker_states = st.fixed_dictionaries({
+    "alive": st.booleans(), "draining": st.booleans(), "age_s": st.sampled_from([0.0, 1.0, 6.0]),
+    "ewma": st.sampled_from([0.0, 5.0, 30.0, 60.0, 400.0]), "in_flight": st.integers(0, 12),
+    "queue_depth": st.integers(0, 12), "kind": st.sampled_from(["cpu", "gpu"]),
+    "server": st.sampled_from(["s1", "s2"]), "region": st.sampled_from(["", "eu", "us"]),
+    "window": st.sampled_from([0, 200]), "error_rate": st.sampled_from([0.0, 0.5]),
+    "failures": st.sampled_from([0, 0, 0, 3]), "model": st.booleans()})
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states=st.lists(_worker_states, min_size=1, max_size=12), region=st.sampled_from(["", "eu"]),
+       server=st.sampled_from(["", "s1"]), seed=st.integers(0, 2**16), exclude=st.sampled_from([None, "w1", "w0"]))
+def test_router_local_fast_path_picks_what_the_full_scan_picks(states, region, server, seed, exclude):
+    """Whenever pick() returns the colocated worker without pricing the others, the full scan (with any
+    random draw) returns it too; and the fast path is taken in the plain colocated case."""
+    r = Router(health_timeout_s=5.0, min_window_requests=100, breaker_failures=3, region=region, local_worker_id="w0")
+    r.server = server
+    for i, s in enumerate(states):
+        r.on_report(_report(f"w{i}", pid=i + 1, device_kind=s["kind"], ewma_service_us=s["ewma"],
+                            queue_depth=s["queue_depth"], server=s["server"], region=s["region"],
+                            draining=s["draining"], window_requests=s["window"], error_rate=s["error_rate"],
+                            models=["m:1"] if s["model"] or i == 0 else ["other:1"]), now=10.0 - s["age_s"])
+    for i, s in enumerate(states):
+        w = r.workers[f"w{i}"]
+        w.in_flight = s["in_flight"]
+        for _ in range(s["failures"]):
+            r.on_done(w.worker_id, 1.0, outcome=SERVER_ERROR, now=10.0)
+        if not s["alive"]:
+            r.on_down(w.worker_id)
+    assert r._not_closed == sum(1 for w in r.workers.values() if w.breaker.state is not BreakerState.CLOSED)
+    lw = r.workers["w0"]
+    fast = exclude != "w0" and not r._not_closed and r._local_wins(lw, "m:1", 10.0)
+    for k in range(8):
+        r._rng.seed(seed + k)
+        full = r._pick_scan("m:1", 10.0, exclude)
+        r._rng.seed(seed + k)
+        assert r.pick("m:1", 10.0, exclude) is full
+        if fast:
+            assert full is lw
+
+
+def test_router_local_fast_path_is_taken_when_the_local_worker_is_idle():
+    r = Router(local_worker_id="a")
+    for wid in "abcdefgh":
+        r.on_report(_report(wid, ewma_service_us=40.0 if wid == "a" else 30.0), now=0.0)
+    a = r.workers["a"]
+    assert r._local_wins(a, "m:1", 0.1) and r.pick("m:1", 0.1) is a
+    a.in_flight = 10  # 11 x 30 (its class's price) - 250 > 30: a remote worker is cheaper, the full scan decides
+    assert not r._local_wins(a, "m:1", 0.1) and r.pick("m:1", 0.1) is not a
+    a.in_flight = 0
+    r.on_report(_report("b", ewma_service_us=0.0), now=0.1)
+    for _ in range(5):  # an open breaker anywhere: the full scan (a probe may be due)
+        r.on_done("b", 1.0, outcome=SERVER_ERROR, now=0.1)
+    assert r._not_closed == 1 and r.workers["b"].breaker.state is BreakerState.OPEN
+    assert r.pick("m:1", 0.2) is a  # chosen by the full scan
+    r.on_report(_report("b"), now=40.0)
+    assert r.pick("m:1", 40.0, exclude="a").worker_id == "b"  # HALF_OPEN probe
+    assert r._not_closed == 1
+    r.on_done("b", 1.0, outcome=OK, probe=True, now=40.1)
+    assert r._not_closed == 0 and r.workers["b"].breaker.state is BreakerState.CLOSED

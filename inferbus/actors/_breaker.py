@@ -27,6 +27,7 @@ HALF_OPEN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 
@@ -48,15 +49,18 @@ class CircuitBreaker:
         failure_threshold: consecutive failures that open a CLOSED breaker (>= 1; default 5).
         open_s: seconds an OPEN breaker refuses work before HALF_OPEN (> 0; default 30).
         half_open_probes: requests let through at once while HALF_OPEN (>= 1; default 1).
+        on_state: called as ``on_state(old, new)`` on every change of state (the router counts breakers
+            that are not CLOSED with it); None for none.
 
     Raises:
         ValueError: a parameter out of range.
     """
 
     __slots__ = ("failure_threshold", "open_s", "half_open_probes", "state", "consecutive_failures",
-                 "opened_at", "probes_in_flight", "trips")
+                 "opened_at", "probes_in_flight", "trips", "on_state")
 
-    def __init__(self, failure_threshold: int = 5, open_s: float = 30.0, half_open_probes: int = 1) -> None:
+    def __init__(self, failure_threshold: int = 5, open_s: float = 30.0, half_open_probes: int = 1,
+                 on_state: Callable[[BreakerState, BreakerState], None] | None = None) -> None:
         if failure_threshold < 1:
             raise ValueError("CircuitBreaker.failure_threshold must be >= 1")
         if not open_s > 0:
@@ -73,6 +77,12 @@ class CircuitBreaker:
         self.probes_in_flight = 0
         self.trips = 0
         """Times the breaker opened since start."""
+        self.on_state = on_state
+
+    def _set(self, new: BreakerState) -> None:
+        old, self.state = self.state, new
+        if old is not new and self.on_state is not None:
+            self.on_state(old, new)
 
     def allows(self, now: float) -> bool:
         """Whether a request may be sent now; an OPEN breaker past ``open_s`` becomes HALF_OPEN here."""
@@ -82,7 +92,7 @@ class CircuitBreaker:
         if st is BreakerState.OPEN:
             if now - self.opened_at < self.open_s:
                 return False
-            self.state = BreakerState.HALF_OPEN
+            self._set(BreakerState.HALF_OPEN)
             self.probes_in_flight = 0
         return self.probes_in_flight < self.half_open_probes
 
@@ -102,7 +112,7 @@ class CircuitBreaker:
         self._release(probe)
         self.consecutive_failures = 0
         if self.state is BreakerState.HALF_OPEN:
-            self.state = BreakerState.CLOSED
+            self._set(BreakerState.CLOSED)
             self.probes_in_flight = 0
 
     def on_failure(self, now: float, probe: bool = False) -> None:
@@ -120,7 +130,7 @@ class CircuitBreaker:
         self._release(probe)
 
     def _open(self, now: float) -> None:
-        self.state = BreakerState.OPEN
+        self._set(BreakerState.OPEN)
         self.opened_at = now
         self.probes_in_flight = 0
         self.trips += 1
