@@ -198,6 +198,15 @@ def model_metadata(model: Model) -> ModelMetadata:
     )
 
 
+_INPUT_FIELDS = tuple(f"inputs[{i}]" for i in range(16))  # the error field of input i, made once
+
+
+def _shape_mismatch(t, info, i: int):
+    """Raise InvalidArgument: input ``t`` (the ``i``-th) has a shape that does not fit the model's ``info``."""
+    raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
+                          field=f"inputs[{i}].shape")
+
+
 def _reply_ct(request_ct: str | None) -> dict:
     """``Content-Type`` header of a metadata or health reply: the encoding :func:`encode` chose for the request."""
     from ..schemas._codec import JSON, MSGPACK, is_json
@@ -450,12 +459,15 @@ class Ingress:
             seen.add(t.name)
             if t.datatype != info.datatype:
                 raise datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
-            if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
-                raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
-                                      field=f"inputs[{i}].shape")
-            arr = input_to_numpy(t, field=f"inputs[{i}]")
+            shape = t.shape
+            if len(shape) != len(info.shape):
+                _shape_mismatch(t, info, i)
+            for d, n in zip(info.shape, shape):
+                if d >= 0 and d != n:
+                    _shape_mismatch(t, info, i)
+            arr = input_to_numpy(t, field=_INPUT_FIELDS[i] if i < len(_INPUT_FIELDS) else f"inputs[{i}]")
             if max_tensor:
-                nbytes = arr.nbytes if arr.dtype != object else sum(len(x) for x in arr.flat)
+                nbytes = arr.nbytes if t.datatype != "BYTES" else sum(len(x) for x in arr.flat)
                 if nbytes > max_tensor:
                     self.counts["too_large"] += 1
                     raise PayloadTooLarge(f"input {t.name!r} holds {nbytes} bytes, over the limit of {max_tensor}",

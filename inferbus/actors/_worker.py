@@ -210,7 +210,9 @@ class _Stats:
 class _ErrorWindow:
     """Requests and server-side failures per one-second bucket over the last ``window_s`` seconds.
 
-    Written by the inference thread and (inline execution) the loop, read by the loop; guarded by a lock.
+    One writer thread per window, no lock: the worker keeps one for the inference thread and one for the loop
+    (inline execution), and the loop reads both (:meth:`totals`; a bucket being reset by the other thread at
+    that moment can be read half-reset, an error of one second's counts in a health statistic).
     """
 
     def __init__(self, window_s: float) -> None:
@@ -218,25 +220,22 @@ class _ErrorWindow:
         self.reqs = [0] * self.n
         self.errs = [0] * self.n
         self.secs = [-1] * self.n
-        self.lock = threading.Lock()
 
     def add(self, now: float, requests: int, errors: int) -> None:
         sec = int(now)
         i = sec % self.n
-        with self.lock:
-            if self.secs[i] != sec:
-                self.secs[i], self.reqs[i], self.errs[i] = sec, 0, 0
-            self.reqs[i] += requests
-            self.errs[i] += errors
+        if self.secs[i] != sec:
+            self.secs[i], self.reqs[i], self.errs[i] = sec, 0, 0
+        self.reqs[i] += requests
+        self.errs[i] += errors
 
     def totals(self, now: float) -> tuple[int, int]:
         sec = int(now)
-        with self.lock:
-            r = e = 0
-            for i in range(self.n):
-                if sec - self.secs[i] < self.n:
-                    r += self.reqs[i]
-                    e += self.errs[i]
+        r = e = 0
+        for i in range(self.n):
+            if sec - self.secs[i] < self.n:
+                r += self.reqs[i]
+                e += self.errs[i]
         return r, e
 
 
@@ -294,7 +293,8 @@ class Worker:
         self.nc = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
-        self.window = _ErrorWindow(config.health_window_s)
+        self.window = _ErrorWindow(config.health_window_s)  # written by the inference thread
+        self.window_inline = _ErrorWindow(config.health_window_s)  # written by the loop (inline execution)
         self.recent = RecentResults(config.dedupe_ttl_s, config.dedupe_max_entries, config.dedupe_max_bytes)
         self.in_progress: dict[tuple, Job] = {}
         """Dedupe key → the queued or running job (loop thread only)."""
@@ -440,7 +440,7 @@ class Worker:
         """
         fault = self.fault
         fence = self.config.stall_fence_s
-        if not (not self._inline and not self._thread_busy and not self.mailbox.qsize()
+        if not (not self._inline and not self._thread_busy and not self.mailbox.queue  # len read: no lock needed
                 and fault.error_rate <= 0 and not fault.shed and not self.config.audit
                 and self._runs_inline(model_key)
                 and (fence <= 0 or time.monotonic() - self._last_tick <= fence)
@@ -774,7 +774,10 @@ class Worker:
     def _report(self) -> LoadReport:
         s = self.stats
         d = self.device
-        reqs, errs = self.window.totals(time.monotonic())
+        now = time.monotonic()
+        reqs, errs = self.window.totals(now)
+        reqs_inline, errs_inline = self.window_inline.totals(now)
+        reqs, errs = reqs + reqs_inline, errs + errs_inline
         return LoadReport(
             worker_id=self.config.worker_id, pid=os.getpid(), device_kind=d.kind if d else "cpu",
             device_name=d.name if d else "", backend=self.config.backend, precision=self._precision_summary(),
@@ -1108,7 +1111,7 @@ class Worker:
                 outcomes.append(self._error_outcome(job, err))
                 continue
             s.completed += 1
-        self.window.add(time.monotonic(), len(items), errors)
+        (self.window_inline if items[0][0].inline else self.window).add(time.monotonic(), len(items), errors)
         return outcomes
 
     def _encode(self, job: Job, req, mv, res: dict[str, np.ndarray], t0: float, compute_us: int, batch: int) -> Outcome:

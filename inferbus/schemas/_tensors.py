@@ -195,11 +195,10 @@ def _unknown_datatype(datatype: object) -> str:
 
 def _check_shape(shape: Any, field: str | None) -> tuple[tuple[int, ...], int]:
     """Validate a shape; return it as a tuple and its element count."""
-    where = f"{field}.shape" if field else None
     if not isinstance(shape, _LIST_TYPES):
         raise InvalidArgument(
             f"shape must be a list of non-negative integers, got {type(shape).__name__}",
-            field=where,
+            field=f"{field}.shape" if field else None,
         )
     count = 1
     dims = []
@@ -211,11 +210,11 @@ def _check_shape(shape: Any, field: str | None) -> tuple[tuple[int, ...], int]:
                 d = operator.index(d)
             except TypeError:
                 raise InvalidArgument(
-                    f"shape[{i}] must be a non-negative integer, got {d!r}", field=where
+                    f"shape[{i}] must be a non-negative integer, got {d!r}", field=f"{field}.shape" if field else None
                 ) from None
         if d < 0:
             raise InvalidArgument(
-                f"shape[{i}] must be a non-negative integer, got {d}", field=where
+                f"shape[{i}] must be a non-negative integer, got {d}", field=f"{field}.shape" if field else None
             )
         dims.append(d)
         count *= d
