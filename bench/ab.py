@@ -6,7 +6,7 @@
 ``inferbus/``, ``bench/`` and ``models/`` of the base revision are extracted with ``git archive`` into
 ``<out>/base-tree``. Each pair runs ``python -m bench.suite <suite args>`` once with that tree first on
 ``PYTHONPATH`` (every process the suite starts imports the base's code; checked before the first run) and once
-with the working tree, base first in odd pairs and working tree first in even pairs, so that the drift of a
+with the working tree, base first in odd pairs and working tree first in even pairs (``--first work`` swaps them), so that the drift of a
 shared host falls on both sides. The JSON of every run is kept (``<out>/base-N.json``, ``<out>/work-N.json``).
 
 The comparison (``<out>/ab.json`` and a table on stdout): for every step that every run has (same series,
@@ -184,6 +184,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                       "models/ (instead of --base, where there is no git repository)")
     p.add_argument("--pairs", type=args.count, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
+    p.add_argument("--first", choices=("base", "work"), default="base",
+                   help="the side that runs first in odd pairs (default base; even pairs swap); to alternate the "
+                        "order over several invocations of one pair each")
     a = p.parse_args(argv)
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
@@ -199,6 +202,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     a, suite_args = _parse(argv)
     out: Path = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)  # the runs' logs go here before extract (or a base tree) makes it
     if a.base_tree is not None:
         base_tree, commit = a.base_tree, f"tree:{a.base_tree.resolve()}"
     else:
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, int], dict] = {}
     failed = []
     for i in range(1, a.pairs + 1):
-        for name in (("base", "work") if i % 2 else ("work", "base")):
+        for name in (("base", "work") if (i % 2) == (a.first == "base") else ("work", "base")):
             js, log = out / f"{name}-{i}.json", out / f"{name}-{i}.log"
             print(f"[{name}-{i}] python -m bench.suite {' '.join(suite_args)}", flush=True)
             with open(log, "wb") as fh:

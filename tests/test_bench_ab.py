@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ab import compare
+from bench.ab import compare, extract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,17 +45,20 @@ def test_compare_takes_medians_counts_pairs_and_skips_unmatched_steps():
 def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
     """One pair of tiny suite runs: HEAD's tree from git archive, and the working tree; each run imports its own
     tree's code, every answer right, and the comparison covers the closed-loop steps."""
-    out = tmp_path / "ab"
-    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--pairs", "1", "--out", str(out),
-                           "--", "--profile", "tiny", "--closed", "1", "--no-sweep", "--open-rates", "200",
-                           "--no-l2"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    out = tmp_path / "runs" / "ab"  # not there yet: bench.ab makes it
+    tree = tmp_path / "tree"  # the base as a lent host gets it: a directory, no git (--base-tree)
+    head = extract("HEAD", tree)
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base-tree", str(tree), "--pairs", "1", "--out",
+                           str(out), "--first", "work", "--", "--profile", "tiny", "--closed", "1", "--no-sweep",
+                           "--open-rates", "200", "--no-l2"], cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.index("[work-1]") < proc.stdout.index("[base-1]")  # --first work
     doc = json.loads((out / "ab.json").read_text())
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert doc["base_commit"] == head and doc["pairs"] == 1 and doc["compared_pairs"] == [1] and not doc["failed_runs"]
-    assert doc["imported_from"]["base"] == str((out / "base-tree" / "inferbus" / "__init__.py").resolve())
+    assert len(head) == 40 and doc["base_commit"] == f"tree:{tree.resolve()}"
+    assert doc["pairs"] == 1 and doc["compared_pairs"] == [1] and not doc["failed_runs"]
+    assert doc["imported_from"]["base"] == str((tree / "inferbus" / "__init__.py").resolve())
     assert doc["imported_from"]["work"] == str(ROOT / "inferbus" / "__init__.py")
-    assert (out / "base-tree" / "models" / "digits").is_dir()
+    assert (tree / "models" / "digits").is_dir()
     steps = {r["step"]: r for r in doc["rows"]}
     miss = steps["inferbus miss, closed c=1"]
     assert miss["base"]["qps"] > 0 and miss["work"]["qps"] > 0 and miss["base"]["actor_cpu_us_per_req"] > 0
