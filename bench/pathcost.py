@@ -1,7 +1,7 @@
 """CPU per request of the serving path in one process, against the direct floor: a deterministic measure.
 
     python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--json F]
-    python -m bench.pathcost --instructions 300 [--json F]     # instructions per request (needs valgrind)
+    python -m bench.pathcost --instructions 300 [--other-workers 7] [--json F]   # instructions (needs valgrind)
 
 The load runs of ``bench.suite`` time whole processes under a load generator; on a shared host their CPU per
 request moves by 10 % from run to run, more than most changes to the hot path are worth. This measures the
@@ -90,6 +90,24 @@ async def _start(url: str, models_dir: str, model: str, run_to_completion: bool,
     raise TimeoutError("the colocated actors did not become ready in 60 s")
 
 
+def _announce_others(col: Colocated, model_key: str, n: int) -> None:
+    """Make the colocated ingress's router see ``n`` more workers of ``model_key``, as in a deployment of
+    ``n + 1`` colocated processes (the throughput profile runs 8): load reports of idle, healthy workers on the
+    same server, never silent (no reports follow), priced slower than the local worker (so it is picked, as
+    the local worker is at c=1 among equal workers). They receive nothing; a request routed to one would not
+    run to completion and the measure says so."""
+    from inferbus.schemas._internal import LoadReport
+
+    router = col.ingress.router
+    router.health_timeout_s = 1e9
+    server = router.workers[col.worker.config.worker_id].server
+    for i in range(n):
+        router.on_report(LoadReport(
+            worker_id=f"pathcost-other-{i}", pid=10_000 + i, device_kind="cpu", device_name="cpu",
+            backend="onnxruntime", precision="fp32", models=[model_key], queue_depth=0, in_flight=0, capacity=1000,
+            ewma_service_us=1e6, completed=0, errors=0, server=server))
+
+
 async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=None) -> float:
     """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
     pass is answered from the caches the ones before it filled)."""
@@ -107,7 +125,7 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=N
     return round(best, 1)
 
 
-async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> dict:
+async def run(model: str, models_dir: str, n: int, reps: int, yields: int, others: int = 0) -> dict:
     """Measure the three variants (see the module doc); returns the result document."""
     tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
     srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
@@ -121,6 +139,8 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
         now_col, t1 = await _start(srv.url, models_dir, model, True, "now")
         queued_col, t2 = await _start(srv.url, models_dir, model, False, "queued")
         tasks = [t1, t2]
+        for col in (now_col, queued_col):
+            _announce_others(col, mv.key, others)
         hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
         nc = now_col.ingress.nc
         direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
@@ -142,9 +162,11 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int) -> di
                                                                 passes(queued_col, rnd), yields))
         best = {k: min(v) for k, v in out.items()}
         counts = {"run_now": now_col.ingress.counts["run_now"], "queued_run_now": queued_col.ingress.counts["run_now"],
+                  "queued_local_forwards": queued_col.ingress.counts["local_forwards"],
                   "l1_hits": now_col.ingress.counts["l1_hits"] + queued_col.ingress.counts["l1_hits"],
                   "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"]}
-        return {"model": model, "requests": n, "reps": reps, "yields": yields, "cpu_us_per_request": best,
+        return {"model": model, "requests": n, "reps": reps, "yields": yields, "other_workers": others,
+                "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
                 "counts": counts}
     finally:
@@ -174,7 +196,7 @@ def _drive(handle, msg) -> int:
     return 1
 
 
-async def _count_child(model: str, models_dir: str, n: int, variant: str) -> dict:
+async def _count_child(model: str, models_dir: str, n: int, variant: str, others: int = 0) -> dict:
     """The process ``--instructions`` runs under callgrind: ``n`` warm-up requests, then ``n`` counted ones,
     each handled inside one call of ``itertools.starmap`` (the C function ``starmap_next`` toggles
     callgrind's collection, so only the handlers' own instructions count). Returns the counts."""
@@ -189,6 +211,7 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str) -> dic
         bodies = Workload(repo, model, mv.version, pool=2 * n, distinct=True).bodies
         # under callgrind the model's batch-1 time looks ~50 x longer: keep it inline, as it runs natively
         col, task = await _start(srv.url, models_dir, model, True, "count", inline_max_compute_us=1e12)
+        _announce_others(col, mv.key, others)
         nc = col.ingress.nc
         if variant == "direct":
             direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
@@ -224,7 +247,7 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str) -> dic
         tmp.cleanup()
 
 
-def count_instructions(model: str, models_dir: str, n: int) -> dict:
+def count_instructions(model: str, models_dir: str, n: int, others: int = 0) -> dict:
     """Instructions per request (user space, counted by valgrind's callgrind) of the floor's handler and of
     the colocated ingress's, run to completion: a measure that does not move with the host's load (the same
     code counts the same to within 0.1 %). System calls (the socket write) and cache misses are not in it.
@@ -248,7 +271,8 @@ def count_instructions(model: str, models_dir: str, n: int) -> dict:
         for variant in COUNTED_VARIANTS:
             cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=starmap_next",
                    f"--callgrind-out-file={tmp}/callgrind.{variant}", sys.executable, "-m", "bench.pathcost",
-                   "--count-child", variant, "--model", model, "--models-dir", models_dir, "--instructions", str(n)]
+                   "--count-child", variant, "--model", model, "--models-dir", models_dir, "--instructions", str(n),
+                   "--other-workers", str(others)]
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             found = re.findall(r"Collected\s*:\s*([\d,]+)", r.stderr)
             if r.returncode != 0 or not found:
@@ -262,7 +286,7 @@ def count_instructions(model: str, models_dir: str, n: int) -> dict:
                                    f"(every request must run to completion in the call, as a miss, without error)")
             per_request[variant] = round(collected / n)
             children[variant] = child
-    return {"model": model, "counted_requests": n, "instructions_per_request": per_request,
+    return {"model": model, "counted_requests": n, "other_workers": others, "instructions_per_request": per_request,
             "ratio_to_direct": {k: round(v / per_request["direct"], 3) for k, v in per_request.items()},
             "children": children}
 
@@ -279,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instructions", type=args.count, metavar="N",
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
                         "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind")
+    p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
+                   help="N more workers of the model the colocated router sees (load reports; they get no "
+                        "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
     p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
     try:
@@ -290,11 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     if a.count_child:
-        print(json.dumps(uvloop.run(_count_child(a.model, a.models_dir, a.instructions or 300, a.count_child))))
+        print(json.dumps(uvloop.run(_count_child(a.model, a.models_dir, a.instructions or 300, a.count_child,
+                                                       a.other_workers))))
         return 0
     if a.instructions:
         try:
-            doc = count_instructions(a.model, a.models_dir, a.instructions)
+            doc = count_instructions(a.model, a.models_dir, a.instructions, a.other_workers)
         except RuntimeError as exc:
             print(f"pathcost: {exc}", file=sys.stderr)
             return 1
@@ -304,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             a.json.parent.mkdir(parents=True, exist_ok=True)
             a.json.write_text(json.dumps(doc, indent=1))
         return 0
-    doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields))
+    doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
     for k, v in doc["cpu_us_per_request"].items():
         print(f"{k:16s} {v:7.1f} µs/request  ({doc['ratio_to_direct'][k]:.2f} × direct)")
     print(f"counts: {doc['counts']}")
@@ -313,11 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         a.json.write_text(json.dumps(doc, indent=1))
     # every request must have been a miss computed as labelled: else the figures measure something else
     expected_run_now = 2 * a.reps * a.requests
-    bad = doc["counts"]["errors"] or doc["counts"]["l1_hits"] or doc["counts"]["run_now"] != expected_run_now
+    c = doc["counts"]
+    bad = c["errors"] or c["l1_hits"] or c["run_now"] != expected_run_now or c["queued_run_now"] or \
+        c["queued_local_forwards"] != expected_run_now
     if bad:
-        print(f"not a valid measure: expected {expected_run_now} requests run to completion, 0 cache hits and 0 "
-              f"errors; got {doc['counts']} (e.g. a model that does not run inline: see inferbus up "
-              f"--inline-max-compute-us)", file=sys.stderr)
+        print(f"not a valid measure: expected {expected_run_now} requests run to completion (and as many through "
+              f"the queue, to the local worker), 0 cache hits and 0 errors; got {c} (e.g. a model that "
+              f"does not run inline: see inferbus up --inline-max-compute-us)", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -201,14 +202,32 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     on a real nats-server with no errors and no cache hits, the run-to-completion variant running every request
     to completion and the queued one none; an unknown model is a usage error."""
     out = tmp_path / "pc.json"
-    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "20", "--reps", "2", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "20", "--reps", "2", "--other-workers", "7",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert set(doc["cpu_us_per_request"]) == {"direct", "inferbus", "inferbus_queued"}
     assert all(v > 0 for v in doc["cpu_us_per_request"].values())
-    assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "l1_hits": 0, "errors": 0}
+    # every request went to the local worker, though the router saw 7 others (--other-workers)
+    assert doc["other_workers"] == 7
+    assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "queued_local_forwards": 2 * 40, "l1_hits": 0,
+                             "errors": 0}
     assert doc["ratio_to_direct"]["direct"] == 1.0
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--model 'nosuch' is not in" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench.pathcost --instructions needs valgrind (not installed)")
+def test_pathcost_counts_instructions_under_callgrind(tmp_path):
+    """``--instructions``: both handlers counted by callgrind (only inside the handler calls), every counted
+    request run to completion as a miss; the serving path costs more than the floor, and not absurdly more."""
+    out = tmp_path / "ir.json"
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--instructions", "5", "--json", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    ir = doc["instructions_per_request"]
+    assert set(ir) == {"direct", "inferbus"} and ir["direct"] > 10_000
+    assert 1.0 < doc["ratio_to_direct"]["inferbus"] < 5.0
+    assert doc["children"]["inferbus"]["run_now"] == 10 and doc["children"]["inferbus"]["suspended"] == 0
