@@ -23,6 +23,8 @@ be for a remote worker; on equal price it wins, also over the random
 exploration among ties; with power-of-two choices it is always one of the two.
 A local worker whose queue costs more than the hop loses to a less loaded remote
 one, so remote workers (another process's, a GPU's) still get traffic under load.
+When the local worker surely wins, :meth:`Router.pick` returns it without pricing
+the others (:meth:`Router._local_wins`; same choice as the full scan).
 
 Routable = live and healthy and its circuit breaker lets the request through:
 
