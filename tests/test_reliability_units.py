@@ -245,9 +245,9 @@ def test_router_local_fast_path_picks_what_the_full_scan_picks(states, region, s
             r.on_done(w.worker_id, 1.0, outcome=SERVER_ERROR, now=10.0)
         if not s["alive"]:
             r.on_down(w.worker_id)
-    assert r._not_closed == sum(1 for w in r.workers.values() if w.breaker.state is not BreakerState.CLOSED)
+    assert r._not_closed == {w.worker_id for w in r.workers.values() if w.breaker.state is not BreakerState.CLOSED}
     lw = r.workers["w0"]
-    fast = exclude != "w0" and not r._not_closed and r._local_wins(lw, "m:1", 10.0)
+    fast = exclude != "w0" and not r._breaker_pending("m:1") and r._local_wins(lw, "m:1", 10.0)
     for k in range(8):
         r._rng.seed(seed + k)
         full = r._pick_scan("m:1", 10.0, exclude)
@@ -269,10 +269,18 @@ def test_router_local_fast_path_is_taken_when_the_local_worker_is_idle():
     r.on_report(_report("b", ewma_service_us=0.0), now=0.1)
     for _ in range(5):  # an open breaker anywhere: the full scan (a probe may be due)
         r.on_done("b", 1.0, outcome=SERVER_ERROR, now=0.1)
-    assert r._not_closed == 1 and r.workers["b"].breaker.state is BreakerState.OPEN
+    assert r._not_closed == {"b"} and r.workers["b"].breaker.state is BreakerState.OPEN
+    assert r._breaker_pending("m:1") and not r._breaker_pending("other:1")
     assert r.pick("m:1", 0.2) is a  # chosen by the full scan
     r.on_report(_report("b"), now=40.0)
     assert r.pick("m:1", 40.0, exclude="a").worker_id == "b"  # HALF_OPEN probe
-    assert r._not_closed == 1
+    assert r._not_closed == {"b"}
     r.on_done("b", 1.0, outcome=OK, probe=True, now=40.1)
-    assert r._not_closed == 0 and r.workers["b"].breaker.state is BreakerState.CLOSED
+    assert r._not_closed == set() and r.workers["b"].breaker.state is BreakerState.CLOSED
+    # a dead worker's open breaker (nothing will close it) does not keep the fast path off
+    for _ in range(5):
+        r.on_done("c", 1.0, outcome=SERVER_ERROR, now=40.2)
+    assert r._breaker_pending("m:1")
+    r.on_down("c")
+    r.on_report(_report("a", ewma_service_us=40.0), now=40.2)
+    assert r._not_closed == {"c"} and not r._breaker_pending("m:1") and r._local_wins(a, "m:1", 40.3)

@@ -148,9 +148,10 @@ class Router:
     (on one server it would lower every worker alike)."""
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
-    _not_closed: int = 0
-    """Breakers that are not CLOSED (kept by their ``on_state``): the local fast path of :meth:`pick` runs only
-    at 0, so a HALF_OPEN probe is never skipped."""
+    _not_closed: set[str] = field(default_factory=set)
+    """Workers whose breaker is not CLOSED (kept by the breakers' ``on_state``): the local fast path of
+    :meth:`pick` runs only when none of them is alive with the model, so a HALF_OPEN probe is never skipped (a
+    dead worker's open breaker, which nothing will close, does not turn the fast path off)."""
     _min_service_us: dict[str, float] = field(default_factory=dict)
     """model key → the least ``ewma_service_us`` > 0 among its workers (0 = none measured): a lower bound of
     any worker's price; recomputed lazily, cleared on every report and reindex."""
@@ -158,14 +159,22 @@ class Router:
     def _new(self, worker_id: str) -> WorkerState:
         w = self.workers[worker_id] = WorkerState(
             worker_id, CircuitBreaker(self.breaker_failures, self.breaker_open_s, self.breaker_probes,
-                                      on_state=self._on_breaker))
+                                      on_state=lambda old, new: self._on_breaker(worker_id, new)))
         return w
 
-    def _on_breaker(self, old: BreakerState, new: BreakerState) -> None:
-        if old is BreakerState.CLOSED:
-            self._not_closed += 1
-        elif new is BreakerState.CLOSED:
-            self._not_closed -= 1
+    def _on_breaker(self, worker_id: str, new: BreakerState) -> None:
+        if new is BreakerState.CLOSED:
+            self._not_closed.discard(worker_id)
+        else:
+            self._not_closed.add(worker_id)
+
+    def _breaker_pending(self, model_key: str) -> bool:
+        """Whether a live worker of ``model_key`` has a breaker that is not CLOSED (a probe may be due)."""
+        for worker_id in self._not_closed:
+            w = self.workers.get(worker_id)
+            if w is not None and w.alive and model_key in w.models:
+                return True
+        return False
 
     def on_report(self, r: LoadReport, now: float | None = None) -> None:
         """Update from a worker's load report; a new pid revives a worker marked down."""
@@ -248,7 +257,7 @@ class Router:
         """
         now = time.monotonic() if now is None else now
         local = self.local_worker_id
-        if local and local != exclude and not self._not_closed:
+        if local and local != exclude and (not self._not_closed or not self._breaker_pending(model_key)):
             lw = self.workers.get(local)
             if lw is not None and self._local_wins(lw, model_key, now):
                 return lw
@@ -366,7 +375,8 @@ class Router:
         True when ``lw`` is routable for ``model_key`` (live, healthy, not draining, in this ingress's region
         when it has one, on its server when that is priced) and its expected delay, less ``local_hop_us``, is
         at most one service time of the fastest worker of the model: no other worker can cost less, and the
-        local worker wins ties. The caller checks that no breaker is OPEN or HALF_OPEN (a probe goes first).
+        local worker wins ties. The caller checks that no live worker of the model has an OPEN or HALF_OPEN breaker
+        (a probe goes first).
         Its own price is taken as its own EWMA (its class's price is at most that), every other worker's as at
         least the least EWMA of the model's workers (:attr:`_min_service_us`).
         """
