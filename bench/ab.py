@@ -171,7 +171,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, suite_args = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m bench.ab",
-                                usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] --out DIR -- "
+                                usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] [--first base|work] --out DIR -- "
                                       "[bench.suite arguments]",
                                 description=__doc__.split("\n\n")[0],
                                 epilog="Everything after -- goes to each `python -m bench.suite` run (not "
@@ -202,7 +202,6 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     a, suite_args = _parse(argv)
     out: Path = a.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)  # the runs' logs go here before extract (or a base tree) makes it
     if a.base_tree is not None:
         base_tree, commit = a.base_tree, f"tree:{a.base_tree.resolve()}"
     else:
@@ -212,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    out.mkdir(parents=True, exist_ok=True)  # made once the base is known to exist: the runs' logs go here
     trees = {"base": base_tree.resolve(), "work": ROOT}
     used = {name: imported_from(tree) for name, tree in trees.items()}
     for name, tree in trees.items():

@@ -30,7 +30,7 @@ on the inference thread, not inline, cannot be measured this way: its compute is
 
 ``--instructions N`` counts instead of timing: user-space instructions per request of ``direct`` and
 ``inferbus`` (run to completion), under valgrind's callgrind (:func:`count_instructions`). The count is the
-same from run to run to within 0.1 % whatever else the host runs, so it can judge a change of 1 % to the
+same from run to run to within 1 % whatever else the host runs, so it can judge a change of a few % to the
 hot path that the CPU times cannot; it leaves out system calls and memory stalls, which the times include.
 
 Output: µs (or instructions) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
@@ -250,7 +250,7 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
 def count_instructions(model: str, models_dir: str, n: int, others: int = 0) -> dict:
     """Instructions per request (user space, counted by valgrind's callgrind) of the floor's handler and of
     the colocated ingress's, run to completion: a measure that does not move with the host's load (the same
-    code counts the same to within 0.1 %). System calls (the socket write) and cache misses are not in it.
+    code counts the same to within 1 %). System calls (the socket write) and cache misses are not in it.
     The queued variant cannot be counted this way: its compute runs in the worker's pump task, outside the
     handler's call.
 
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the result document here")
     p.add_argument("--instructions", type=args.count, metavar="N",
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
-                        "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind")
+                        "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind "
+                        "(--requests, --reps and --yields do not apply)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
                    help="N more workers of the model the colocated router sees (load reports; they get no "
                         "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"pathcost: {exc}", file=sys.stderr)
             return 1
+        print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
         for k, v in doc["instructions_per_request"].items():
             print(f"{k:16s} {v:9,d} instructions/request  ({doc['ratio_to_direct'][k]:.3f} × direct)")
         if a.json:
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             a.json.write_text(json.dumps(doc, indent=1))
         return 0
     doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
+    print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
     for k, v in doc["cpu_us_per_request"].items():
         print(f"{k:16s} {v:7.1f} µs/request  ({doc['ratio_to_direct'][k]:.2f} × direct)")
     print(f"counts: {doc['counts']}")

@@ -68,9 +68,10 @@ def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
 
 
 def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "no-such-rev-xyz", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "no-such-rev-xyz", "--out", str(tmp_path / "x")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no commit" in proc.stderr
+    assert not (tmp_path / "x").exists()  # nothing left behind
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(tmp_path), "--",
                            "--json", "x.json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--json/--png are set by bench.ab" in proc.stderr
