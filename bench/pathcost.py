@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from inferbus.actors._colocated import Colocated
@@ -125,28 +125,54 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=N
     return round(best, 1)
 
 
-async def run(model: str, models_dir: str, n: int, reps: int, yields: int, others: int = 0) -> dict:
-    """Measure the three variants (see the module doc); returns the result document."""
+@contextlib.asynccontextmanager
+async def _harness(model: str, models_dir: str, others: int, starts: dict[str, dict]):
+    """A nats-server of its own and the colocated actors for one measure, stopped on exit.
+
+    Yields ``(model version, {name: Colocated}, direct floor's handler)``: one colocated process per entry of
+    ``starts`` (name → its run-to-completion flag and worker config overrides), each router seeing ``others``
+    more workers (:func:`_announce_others`), and the floor's handler answering on the first one's connection
+    (its replies are written by ``send_pending`` on that connection)."""
     tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
     srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
     srv.spawn()
     tasks = []
     try:
         await asyncio.to_thread(srv.wait_ready)
-        repo = ModelRepository(models_dir, [model])
-        mv = next(iter(repo.get(model).versions.values()))
-        work = Workload(repo, model, mv.version, pool=n * reps * 2, distinct=True)  # distinct for every pass
-        now_col, t1 = await _start(srv.url, models_dir, model, True, "now")
-        queued_col, t2 = await _start(srv.url, models_dir, model, False, "queued")
-        tasks = [t1, t2]
-        for col in (now_col, queued_col):
-            _announce_others(col, mv.key, others)
-        hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
-        nc = now_col.ingress.nc
+        mv = next(iter(ModelRepository(models_dir, [model]).get(model).versions.values()))
+        cols = {}
+        for name, (run_to_completion, worker) in starts.items():
+            cols[name], task = await _start(srv.url, models_dir, model, run_to_completion, name, **worker)
+            tasks.append(task)
+            _announce_others(cols[name], mv.key, others)
+        nc = next(iter(cols.values())).ingress.nc
         direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
                                  nc.publish, {"Content-Type": "application/msgpack"}, [])
+        yield mv, cols, direct
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:
+                pass
+        await asyncio.to_thread(srv.stop)
+        tmp.cleanup()
 
-        bodies = work.bodies
+
+def _bodies(model: str, models_dir: str, mv, n: int) -> list[bytes]:
+    """``n`` request bodies with distinct inputs (no request is answered from a cache an earlier one filled)."""
+    return Workload(ModelRepository(models_dir, [model]), model, mv.version, pool=n, distinct=True).bodies
+
+
+async def run(model: str, models_dir: str, n: int, reps: int, yields: int, others: int = 0) -> dict:
+    """Measure the three variants (see the module doc); returns the result document."""
+    async with _harness(model, models_dir, others, {"now": (True, {}), "queued": (False, {})}) as (mv, cols, direct):
+        now_col, queued_col = cols["now"], cols["queued"]
+        bodies = _bodies(model, models_dir, mv, n * reps * 2)  # distinct for every pass
+        hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
+        nc = now_col.ingress.nc
 
         def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
             subject = col.ingress.subjects.infer(model, mv.version)
@@ -169,16 +195,6 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
                 "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
                 "counts": counts}
-    finally:
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            try:
-                await t
-            except BaseException:
-                pass
-        await asyncio.to_thread(srv.stop)
-        tmp.cleanup()
 
 
 COUNTED_VARIANTS = ("direct", "inferbus")
@@ -200,23 +216,12 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
     """The process ``--instructions`` runs under callgrind: ``n`` warm-up requests, then ``n`` counted ones,
     each handled inside one call of ``itertools.starmap`` (the C function ``starmap_next`` toggles
     callgrind's collection, so only the handlers' own instructions count). Returns the counts."""
-    tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
-    srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
-    srv.spawn()
-    task = None
-    try:
-        await asyncio.to_thread(srv.wait_ready)
-        repo = ModelRepository(models_dir, [model])
-        mv = next(iter(repo.get(model).versions.values()))
-        bodies = Workload(repo, model, mv.version, pool=2 * n, distinct=True).bodies
-        # under callgrind the model's batch-1 time looks ~50 x longer: keep it inline, as it runs natively
-        col, task = await _start(srv.url, models_dir, model, True, "count", inline_max_compute_us=1e12)
-        _announce_others(col, mv.key, others)
+    # under callgrind the model's batch-1 time looks ~50 x longer: keep it inline, as it runs natively
+    async with _harness(model, models_dir, others, {"count": (True, {"inline_max_compute_us": 1e12})}) as \
+            (mv, cols, direct):
+        col = cols["count"]
         nc = col.ingress.nc
         if variant == "direct":
-            direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
-                                     nc.publish, {"Content-Type": "application/msgpack"}, [])
-
             async def handle(m):
                 await direct(m)
                 await send_pending(nc)
@@ -225,7 +230,7 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
         subject = col.ingress.subjects.infer(model, mv.version)
         hdrs = {"Inferbus-Timeout-Ms": "100000.000"}  # callgrind runs the code ~50 x slower
         suspended = 0
-        for i, body in enumerate(bodies):
+        for i, body in enumerate(_bodies(model, models_dir, mv, 2 * n)):
             m = _Msg(subject, SINK, body, dict(hdrs))
             if i < n:
                 await handle(m)
@@ -236,15 +241,6 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
         c = col.ingress.counts
         return {"variant": variant, "counted": n, "suspended": suspended, "run_now": c["run_now"],
                 "l1_hits": c["l1_hits"], "errors": c["errors"]}
-    finally:
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except BaseException:
-                pass
-        await asyncio.to_thread(srv.stop)
-        tmp.cleanup()
 
 
 def count_instructions(model: str, models_dir: str, n: int, others: int = 0) -> dict:
@@ -291,6 +287,16 @@ def count_instructions(model: str, models_dir: str, n: int, others: int = 0) -> 
             "children": children}
 
 
+def _report(a: argparse.Namespace, doc: dict, key: str, value_fmt: str, ratio_fmt: str) -> None:
+    """Print the result lines of ``doc[key]`` (with ratios to direct) and write ``--json``."""
+    print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
+    for k, v in doc[key].items():
+        print(f"{k:16s} {value_fmt.format(v)}  ({ratio_fmt.format(doc['ratio_to_direct'][k])} × direct)")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(doc, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.pathcost", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="digits", help="model in the repository (default digits; it must run inline)")
@@ -327,21 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"pathcost: {exc}", file=sys.stderr)
             return 1
-        print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
-        for k, v in doc["instructions_per_request"].items():
-            print(f"{k:16s} {v:9,d} instructions/request  ({doc['ratio_to_direct'][k]:.3f} × direct)")
-        if a.json:
-            a.json.parent.mkdir(parents=True, exist_ok=True)
-            a.json.write_text(json.dumps(doc, indent=1))
+        _report(a, doc, "instructions_per_request", "{:9,d} instructions/request", "{:.3f}")
         return 0
     doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
-    print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
-    for k, v in doc["cpu_us_per_request"].items():
-        print(f"{k:16s} {v:7.1f} µs/request  ({doc['ratio_to_direct'][k]:.2f} × direct)")
+    _report(a, doc, "cpu_us_per_request", "{:7.1f} µs/request", "{:.2f}")
     print(f"counts: {doc['counts']}")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(doc, indent=1))
     # every request must have been a miss computed as labelled: else the figures measure something else
     expected_run_now = 2 * a.reps * a.requests
     c = doc["counts"]
