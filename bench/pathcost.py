@@ -2,6 +2,7 @@
 
     python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--json F]
     python -m bench.pathcost --instructions 300 [--other-workers 7] [--json F]   # instructions (needs valgrind)
+    python -m bench.pathcost --bytecodes 300 [--other-workers 7] [--top 25] [--json F]   # bytecodes, by function
 
 The load runs of ``bench.suite`` time whole processes under a load generator; on a shared host their CPU per
 request moves by 10 % from run to run, more than most changes to the hot path are worth. This measures the
@@ -33,7 +34,14 @@ on the inference thread, not inline, cannot be measured this way: its compute is
 same from run to run to within 1 % whatever else the host runs, so it can judge a change of a few % to the
 hot path that the CPU times cannot; it leaves out system calls and memory stalls, which the times include.
 
-Output: µs (or instructions) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
+``--bytecodes N`` counts the Python bytecodes executed per request (``sys.settrace`` with opcode events), by
+function, for all three variants, ``inferbus_queued`` included: each request's count takes in its handler call
+and the ``--yields`` turns after it, so the worker's pump task, which computes and answers a queued request in
+those turns, counts too (:func:`count_bytecodes`). It needs nothing installed and is exact (the same code
+executes the same bytecodes), but it is a guide, not a cost: a bytecode can be a C call of any length (the
+model's run is one call), and tracing slows the code ~50 x (the model is kept inline regardless).
+
+Output: µs (or instructions, or bytecodes) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
 in one process", has figures.
 """
 
@@ -200,6 +208,85 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
 COUNTED_VARIANTS = ("direct", "inferbus")
 
 
+def _where(code) -> str:
+    """``path:function`` of a code object, the path relative to the repository or to site-packages/stdlib."""
+    f = code.co_filename
+    for root in (str(ROOT) + "/", "site-packages/", "/python3."):
+        i = f.find(root)
+        if i >= 0:
+            f = f[i + len(root):]
+            if root == "/python3.":
+                f = f.split("/", 1)[-1]
+            break
+    return f"{f}:{code.co_name}"
+
+
+async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, others: int = 0,
+                          top: int = 25) -> dict:
+    """Python bytecodes executed per request of ``direct``, ``inferbus`` (run to completion) and
+    ``inferbus_queued`` (the worker's inline queue and pump), each over ``n`` distinct requests after ``n`` of
+    warm-up, with ``yields`` event-loop turns after each (counted: the pump runs in them).
+
+    Counted with ``sys.settrace`` opcode events on this thread (the loop's): the handler, the tasks that run in
+    the turns after it (a resumed coroutine is traced from its resumption), and the Python parts of the
+    libraries called (nats-py's publish, ONNX Runtime's wrapper, asyncio). C code (msgspec, numpy, the model,
+    uvloop) is one bytecode per call. Returns per variant the bytecodes per request and the ``top``
+    functions (``path:function`` → bytecodes per request), and the actors' counts.
+    """
+    worker = {"inline_max_compute_us": 1e12}  # tracing makes the model look ~50 x slower: keep it inline
+    async with _harness(model, models_dir, others, {"now": (True, worker), "queued": (False, worker)}) as \
+            (mv, cols, direct):
+        nc = cols["now"].ingress.nc
+
+        async def direct_flushed(m):
+            await direct(m)
+            await send_pending(nc)
+
+        variants = {"direct": (direct_flushed, cols["now"]), "inferbus": (cols["now"].ingress._on_infer, cols["now"]),
+                    "inferbus_queued": (cols["queued"].ingress._on_infer, cols["queued"])}
+        bodies = _bodies(model, models_dir, mv, 2 * n * len(variants))
+        hdrs = {"Inferbus-Timeout-Ms": "100000.000"}
+        driver = count_bytecodes.__code__
+        out: dict[str, dict] = {}
+        for vi, (name, (handle, col)) in enumerate(variants.items()):
+            subject = col.ingress.subjects.infer(model, mv.version)
+            counts: dict = {}
+
+            def tracer(frame, event, arg):
+                frame.f_trace_opcodes = True
+                if event == "opcode":
+                    code = frame.f_code
+                    if code is not driver:  # this loop's own turns are not the variant's
+                        counts[code] = counts.get(code, 0) + 1
+                return tracer
+
+            for i, body in enumerate(bodies[vi * 2 * n:(vi + 1) * 2 * n]):
+                m = _Msg(subject, SINK, body, dict(hdrs))
+                if i >= n:
+                    sys.settrace(tracer)
+                try:
+                    await handle(m)
+                    for _ in range(yields):
+                        await asyncio.sleep(0)
+                finally:
+                    sys.settrace(None)
+            by_fn: dict[str, int] = {}
+            for code, c in counts.items():
+                k = _where(code)
+                by_fn[k] = by_fn.get(k, 0) + c
+            ranked = sorted(by_fn.items(), key=lambda kv: -kv[1])[:top]
+            out[name] = {"bytecodes_per_request": round(sum(by_fn.values()) / n, 1),
+                         "top": {k: round(v / n, 1) for k, v in ranked}}
+        c_now, c_q = cols["now"].ingress.counts, cols["queued"].ingress.counts
+        counts_doc = {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"],
+                      "queued_local_forwards": c_q["local_forwards"], "l1_hits": c_now["l1_hits"] + c_q["l1_hits"],
+                      "errors": c_now["errors"] + c_q["errors"]}
+    per = {k: v["bytecodes_per_request"] for k, v in out.items()}
+    return {"model": model, "counted_requests": n, "yields": yields, "other_workers": others,
+            "bytecodes_per_request": per, "ratio_to_direct": {k: round(v / per["direct"], 3) for k, v in per.items()},
+            "top": {k: v["top"] for k, v in out.items()}, "counts": counts_doc}
+
+
 def _drive(handle, msg) -> int:
     """Run ``handle(msg)`` to its end without the event loop: 0, or 1 when it suspended (it waited for
     something; it is closed then and the measure is not valid)."""
@@ -310,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
                         "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind "
                         "(--requests, --reps and --yields do not apply)")
+    p.add_argument("--bytecodes", type=args.count, metavar="N",
+                   help="instead of CPU time: Python bytecodes per request (sys.settrace), by function, for all "
+                        "three variants, over N requests after N of warm-up (--yields applies; --requests and "
+                        "--reps do not)")
+    p.add_argument("--top", type=args.count, default=25, metavar="K",
+                   help="with --bytecodes: the K functions that execute the most, per variant (default 25)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
                    help="N more workers of the model the colocated router sees (load reports; they get no "
                         "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
@@ -335,11 +428,20 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         _report(a, doc, "instructions_per_request", "{:9,d} instructions/request", "{:.3f}")
         return 0
-    doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
-    _report(a, doc, "cpu_us_per_request", "{:7.1f} µs/request", "{:.2f}")
+    if a.bytecodes:
+        doc = uvloop.run(count_bytecodes(a.model, a.models_dir, a.bytecodes, a.yields, a.other_workers, a.top))
+        for name, fns in doc["top"].items():
+            print(f"-- {name}: {doc['bytecodes_per_request'][name]:,.0f} bytecodes/request, the most executed:")
+            for fn, v in fns.items():
+                print(f"   {v:8.1f}  {fn}")
+        _report(a, doc, "bytecodes_per_request", "{:9,.0f} bytecodes/request", "{:.3f}")
+        expected_run_now = 2 * a.bytecodes
+    else:
+        doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
+        _report(a, doc, "cpu_us_per_request", "{:7.1f} µs/request", "{:.2f}")
+        expected_run_now = 2 * a.reps * a.requests
     print(f"counts: {doc['counts']}")
     # every request must have been a miss computed as labelled: else the figures measure something else
-    expected_run_now = 2 * a.reps * a.requests
     c = doc["counts"]
     bad = c["errors"] or c["l1_hits"] or c["run_now"] != expected_run_now or c["queued_run_now"] or \
         c["queued_local_forwards"] != expected_run_now

@@ -231,3 +231,29 @@ def test_pathcost_counts_instructions_under_callgrind(tmp_path):
     assert set(ir) == {"direct", "inferbus"} and ir["direct"] > 10_000
     assert 1.0 < doc["ratio_to_direct"]["inferbus"] < 5.0
     assert doc["children"]["inferbus"]["run_now"] == 10 and doc["children"]["inferbus"]["suspended"] == 0
+
+
+def test_pathcost_counts_bytecodes_of_all_three_variants(tmp_path):
+    """``--bytecodes``: the floor, run to completion and the queued path counted on a real nats-server, every
+    request a miss that ran as labelled; the queued count includes the worker's pump (it computes and answers
+    in the turns after the handler), so it names the pump's functions and exceeds run to completion's, and the
+    same code counts the same again (exact, unlike times)."""
+    docs = []
+    for i in range(2):
+        out = tmp_path / f"bc{i}.json"
+        r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--bytecodes", "10", "--top", "60", "--json",
+                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        docs.append(json.loads(out.read_text()))
+    doc = docs[0]
+    per = doc["bytecodes_per_request"]
+    assert set(per) == {"direct", "inferbus", "inferbus_queued"}
+    assert doc["counts"] == {"run_now": 20, "queued_run_now": 0, "queued_local_forwards": 20, "l1_hits": 0,
+                             "errors": 0}
+    assert 500 < per["direct"] < per["inferbus"] < per["inferbus_queued"]
+    queued = doc["top"]["inferbus_queued"]
+    assert "inferbus/actors/_worker.py:_publish_outcomes" in queued and "inferbus/actors/_worker.py:_run_group" in queued
+    assert "inferbus/actors/_worker.py:run_now" in doc["top"]["inferbus"]
+    assert not any(k.startswith("bench/pathcost.py:count_bytecodes") for t in doc["top"].values() for k in t)
+    # the direct floor's count is deterministic (the inferbus variants' may vary slightly: periodic tasks)
+    assert abs(docs[1]["bytecodes_per_request"]["direct"] - per["direct"]) <= 0.02 * per["direct"]
