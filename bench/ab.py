@@ -22,7 +22,8 @@ Where the repository is not at hand (a lent benchmark host gets a copy of the wo
 with ``git archive <rev> inferbus bench models | tar -x -C DIR``); ``ab.json`` then names the directory instead
 of a commit.
 
-Exit status: 0; 1 when a run failed or any answer was wrong; 2 for an unknown revision or bad arguments.
+Exit status: 0; 1 when a run failed or any answer was wrong; 2 for an unknown revision or bad arguments, those
+after ``--`` included: they are parsed with the suite's own parser before anything is extracted or run.
 """
 
 from __future__ import annotations
@@ -164,6 +165,20 @@ def render(doc: dict) -> None:
                 console.print(f"{name}-{i} sweeps: " + ", ".join(f"{k}={v}" for k, v in tp.items()))
 
 
+def _check_suite_args(p: argparse.ArgumentParser, suite_args: list[str]) -> None:
+    """Parse ``suite_args`` with the working tree's suite parser before any work: a bad one is ``p``'s usage error
+    (status 2), not a failed run per side (each suite run's exit 2 went to its log only) and a run directory.
+    ``-- --help`` prints the suite's options."""
+    from . import suite
+
+    sp = suite._parser()
+    sp.error = lambda message: p.error(f"bench.suite arguments (after --): {message}")  # type: ignore[method-assign]
+    try:
+        suite.config_from(sp.parse_args(suite_args))
+    except ValueError as exc:
+        p.error(f"bench.suite arguments (after --): {exc}")
+
+
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     suite_args = []
@@ -176,8 +191,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                                 description=__doc__.split("\n\n")[0],
                                 epilog="Everything after -- goes to each `python -m bench.suite` run (not "
                                        "--json/--png). Exit status: 0; 1 when a run failed or an answer was wrong; "
-                                       "2 for an unknown revision or bad arguments. docs/performance.md, 'Running "
-                                       "it', says more.")
+                                       "2 for an unknown revision or bad arguments (the suite's are checked before any "
+                                       "run; -- --help lists them). docs/performance.md, 'Running it', says more.")
     base = p.add_mutually_exclusive_group(required=True)
     base.add_argument("--base", help="the git revision to compare the working tree against")
     base.add_argument("--base-tree", type=Path, help="a directory holding the base's inferbus/, bench/ and "
@@ -190,6 +205,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     a = p.parse_args(argv)
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
+    _check_suite_args(p, suite_args)
     if a.out.exists() and not a.out.is_dir():
         p.error(f"--out {a.out} exists and is not a directory")
     if a.base_tree is not None:

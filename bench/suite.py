@@ -724,7 +724,8 @@ def _poll_us(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
+    """The suite's command line (also how ``bench.ab`` checks the suite arguments it is given, before any run)."""
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="quick", choices=sorted(PROFILES))
     p.add_argument("--json", dest="json_out", type=Path, help="write the JSON document here")
@@ -766,18 +767,36 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "(default on; --no-run-to-completion: always through the worker's queue)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")
-    return p.parse_args(argv)
+    return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+_OVERRIDES = ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin", "l2", "ray", "duration_s",
+              "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "log_dir",
+              "inline_max_compute_us", "colocate", "colocate_ab", "nats_servers", "busy_poll_us", "echo_busy_poll_us",
+              "direct", "direct_batch", "run_to_completion")
+
+
+def config_from(a: argparse.Namespace) -> SuiteConfig:
+    """The config of parsed arguments (:func:`_parser`).
+
+    Raises:
+        ValueError: a combination that :class:`SuiteConfig` refuses.
+    """
+    return config_for(a.profile, **{k: getattr(a, k) for k in _OVERRIDES})
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; exit status 1 when any answer was wrong, else 0 (targets are reported, not enforced)."""
-    a = _parse(argv)
-    over = {k: getattr(a, k) for k in ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin",
-                                       "l2", "ray", "duration_s", "timeout_s", "closed", "open_rates", "sweep",
-                                       "sweep_factor", "sweep_max_steps", "log_dir", "inline_max_compute_us",
-                                       "colocate", "colocate_ab", "nats_servers", "busy_poll_us",
-                                       "echo_busy_poll_us", "direct", "direct_batch", "run_to_completion")}
-    cfg = config_for(a.profile, **over)
+    parser = _parser()
+    a = parser.parse_args(argv)
+    try:
+        cfg = config_from(a)
+    except ValueError as exc:  # a usage error (status 2) like argparse's own, not a traceback
+        parser.error(str(exc))
     try:
         import uvloop
 

@@ -77,6 +77,26 @@ def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
     assert proc.returncode == 2 and "--json/--png are set by bench.ab" in proc.stderr
 
 
+@pytest.mark.parametrize("suite_args,said", [
+    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+])
+def test_ab_refuses_bad_suite_arguments_up_front_exit_2(tmp_path, suite_args, said):
+    """Bad suite arguments after ``--`` are bench.ab's usage error (status 2) naming the argument, before the base
+    is extracted or any run starts; they used to fail every run (each suite's exit 2 only in its log), end in
+    status 1 and leave ``--out`` behind with the extracted tree and the logs."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--pairs", "1", "--out", str(out), "--",
+                           *suite_args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"python -m bench.ab: error: bench.suite arguments (after --): {said}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "[base-1]" not in proc.stdout and "[work-1]" not in proc.stdout  # no suite run started
+    assert not out.exists()  # nothing left behind
+
+
 def test_ab_refuses_a_revision_without_the_suite_and_an_out_that_is_a_file(tmp_path):
     first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
                            text=True).stdout.split()[0]  # the repository's first commit: no bench/ yet
