@@ -199,9 +199,10 @@ def up(
     ingress: int = typer.Option(1, help="Ingress replicas (one queue group)."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
                                   "which hands it requests in-process (no forward hop); --ingress is then unused."),
-    run_to_completion: bool = typer.Option(True, help="With --colocate: a miss with nothing to batch with is "
-                                           "computed and answered in the call that received it (no queue, no task "
-                                           "switch); off: always through the worker's queue."),
+    run_to_completion: Optional[bool] = typer.Option(
+        None, "--run-to-completion/--no-run-to-completion", show_default=False,
+        help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
+        "answered in the call that received it (no queue, no task switch); off: always through the worker's queue."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
@@ -263,6 +264,11 @@ def up(
 ):
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
+
+    if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
+        _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
+               "run a request to completion); add --colocate or leave it out")
+    run_to_completion = True if run_to_completion is None else run_to_completion
 
     serving = dict(
         health_timeout_s=health_timeout_s, mailbox_size=mailbox_size, nats_max_payload_bytes=nats_max_payload,

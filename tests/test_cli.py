@@ -162,6 +162,27 @@ def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_
     assert not (tmp_path / "run" / "nats").exists()  # no embedded server was started
 
 
+@pytest.mark.parametrize("args,said", [
+    # an explicit --run-to-completion without --colocate was silently ignored: now a usage error naming --colocate
+    (("--run-to-completion",), "up: --run-to-completion needs --colocate"),
+    (("--run-to-completion", "--no-colocate"), "up: --run-to-completion needs --colocate"),
+    # valid: each gets past that check to the next bad option (--nats-port), so nothing is started either
+    (("--colocate", "--run-to-completion", "--nats-port", "99999"), "--nats-port must be 0"),
+    (("--colocate", "--nats-port", "99999"), "--nats-port must be 0"),
+    (("--nats-port", "99999"), "--nats-port must be 0"),  # the default (not given) needs no --colocate
+    (("--no-run-to-completion", "--nats-port", "99999"), "--nats-port must be 0"),  # off: what runs anyway
+])
+def test_up_run_to_completion_needs_colocate(tmp_path, args, said):
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1",
+                        "--run-dir", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=30,
+                       cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert not (tmp_path / "run").exists()  # no server, no run folder
+
+
 def test_health_with_no_ingress_answering_is_not_ready_exit_1(nats_server):
     """A NATS that answers but no ingress of that prefix: one line (UNAVAILABLE), exit 1 like "not ready", so a
     probe tells "down" from a usage error (exit 2), as the README's exit statuses say."""
