@@ -29,6 +29,38 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+
+def _help_option_names_in_full() -> None:
+    """Make every ``--help`` print option names in full at 80 columns (they came out as ``--no-run-to-comple…``).
+
+    typer's rich help lays a command's options out in a table whose columns (long names, short names, ``--no-``
+    names, type, help) may all wrap, and rich cuts the widest of them to fit the terminal; typer's settings
+    (``rich_utils.STYLE_OPTIONS_TABLE_*``) are padding, box and lines, none for the columns. So: one space after
+    each column instead of one on each side (the empty short-name columns cost 1 character each instead of 2,
+    which leaves the help text wider), and the help tables are made from a subclass in which every column but the
+    last (the help text, which wraps in the width left) keeps its text on one line at its full width. Every
+    command and group of this CLI gets it (the subcommands' apps are all added to ``app`` here).
+    """
+    try:
+        from rich.table import Table
+        from typer import rich_utils
+    except ImportError:  # pragma: no cover (no rich: typer prints click's plain help, which wraps, not cuts)
+        return
+    if getattr(rich_utils, "Table", None) is not Table:  # pragma: no cover (a typer that builds its tables otherwise)
+        return
+
+    class HelpTable(Table):
+        def add_row(self, *renderables, **kwargs) -> None:
+            super().add_row(*renderables, **kwargs)
+            for column in self.columns[:-1]:
+                column.no_wrap = True
+
+    rich_utils.STYLE_OPTIONS_TABLE_PADDING = (0, 1, 0, 0)
+    rich_utils.Table = HelpTable
+
+
+_help_option_names_in_full()
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -181,6 +182,53 @@ def test_up_run_to_completion_needs_colocate(tmp_path, args, said):
     assert len(lines) == 1 and said in lines[0], p.stderr
     assert "Traceback" not in p.stderr + p.stdout
     assert not (tmp_path / "run").exists()  # no server, no run folder
+
+
+def _commands():
+    """Every command and group of the CLI as (path, click command), the root first."""
+    import typer
+
+    from inferbus.cli import app
+
+    todo = [((), typer.main.get_command(app))]
+    while todo:
+        path, cmd = todo.pop(0)
+        yield path, cmd
+        todo += [((*path, name), sub) for name, sub in getattr(cmd, "commands", {}).items()]
+
+
+def _help_at_80_columns(*path: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", *path, "--help"], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT, env={**env, "COLUMNS": "80"})
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert max(len(line) for line in p.stdout.splitlines()) <= 80
+    return p.stdout
+
+
+def _declared_options(cmd) -> set[str]:
+    return {o for prm in cmd.params if not getattr(prm, "hidden", False) for o in (*prm.opts, *prm.secondary_opts)
+            if o.startswith("--")}
+
+
+def test_up_help_prints_every_option_name_in_full_at_80_columns():
+    """rich's help table cut the widest option names to fit 80 columns (``--no-run-to-comple…``,
+    ``--inline-max-comput…``): every option ``up`` declares must appear whole, as a name of its own."""
+    up = dict(_commands())[("up",)]
+    declared = _declared_options(up)
+    assert {"--run-to-completion", "--no-run-to-completion", "--inline-max-compute-us", "--colocate"} <= declared
+    out = _help_at_80_columns("up")
+    shown = set(re.findall(r"--[A-Za-z0-9][A-Za-z0-9-]*", out))
+    assert declared <= shown, sorted(declared - shown)
+    assert "…" not in out
+
+
+@pytest.mark.parametrize("path", [path for path, _ in _commands() if path != ("up",)], ids=lambda p: " ".join(p) or "(root)")
+def test_every_help_prints_every_option_name_in_full_at_80_columns(path):
+    out = _help_at_80_columns(*path)
+    shown = set(re.findall(r"--[A-Za-z0-9][A-Za-z0-9-]*", out))
+    missing = _declared_options(dict(_commands())[path]) - shown
+    assert not missing, sorted(missing)
 
 
 def test_health_with_no_ingress_answering_is_not_ready_exit_1(nats_server):

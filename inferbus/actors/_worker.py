@@ -284,7 +284,9 @@ class Worker:
         over it and ``_inline`` together."""
         self._inline: collections.deque[Job] = collections.deque()
         """Requests for models that run on the loop, oldest first (loop thread only)."""
-        self._inline_wake: asyncio.Event | None = None
+        self._inline_waiter: asyncio.Future | None = None
+        """The future the inline pump waits on while ``_inline`` is empty; ``_enqueue`` resolves it (one wake-up
+        per batch, not an Event's set and clear per request)."""
         self.stats = _Stats()
         self._last_tick = time.monotonic()
         self._stall_end_unix = 0.0
@@ -501,7 +503,9 @@ class Worker:
                 f"worker {self.config.worker_id} was frozen past its health window; the request may have been "
                 f"retried elsewhere, so it is not computed here"))
             return
-        if job.deadline <= job.t_recv or H.wall_deadline_passed(job.wall_deadline_ms):
+        # a local job's wall-clock deadline is its monotonic one, converted by the ingress in this process: the
+        # monotonic check alone is the same (stricter by the skew allowance)
+        if job.deadline <= job.t_recv or (not job.local and H.wall_deadline_passed(job.wall_deadline_ms)):
             self.stats.expired += 1
             await self._finish_now(job, DeadlineExceeded("budget spent before the worker received the request"))
             return
@@ -540,14 +544,19 @@ class Worker:
         The mailbox bound (``mailbox_size``) covers the inference thread's queue and the loop's inline
         queue together. Loop thread only; it awaits only to publish the shed reply.
         """
-        if self.mailbox.qsize() + len(self._inline) >= self.config.mailbox_size or self.fault.shed:
+        # the queue's length without its lock (qsize() takes it): only this thread adds, so it can only be lower
+        if len(self.mailbox.queue) + len(self._inline) >= self.config.mailbox_size or self.fault.shed:
             self.stats.shed += 1
             await self._finish_now(job, ResourceExhausted(
                 f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
             return
         if self._runs_inline(job.model_key):
             self._inline.append(job)
-            self._inline_wake.set()
+            waiter = self._inline_waiter
+            if waiter is not None:
+                self._inline_waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
         else:
             self.mailbox.put_nowait(job)
         if job.dkey is not None:
@@ -716,11 +725,11 @@ class Worker:
 
         Requests that arrived while a slice ran are merged into the next one (zero-wait batching).
         """
-        wake = self._inline_wake
-        assert wake is not None
+        loop = asyncio.get_running_loop()
         while True:
-            await wake.wait()
-            wake.clear()
+            if not self._inline:
+                waiter = self._inline_waiter = loop.create_future()
+                await waiter
             while self._inline:
                 jobs = self._take_inline()
                 if jobs:
@@ -812,7 +821,6 @@ class Worker:
         set_affinity(self.config.cpu_affinity)
         self.loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
-        self._inline_wake = asyncio.Event()
         own_nc = nc is None
         self.nc = await connect_logged(self.config.bus, f"worker-{self.config.worker_id}") if own_nc else nc
         await self.fencing.start(self.nc)
@@ -977,7 +985,8 @@ class Worker:
                     f"worker {self.config.worker_id} was frozen past its health window; not computed"))
                 outcomes.append(o)
                 continue
-            if job.deadline <= time.monotonic() or (not job.joined and H.wall_deadline_passed(job.wall_deadline_ms)):
+            if job.deadline <= time.monotonic() or (not job.joined and not job.local
+                                                    and H.wall_deadline_passed(job.wall_deadline_ms)):
                 self.stats.expired += 1
                 o = self._error_outcome(job, DeadlineExceeded("budget spent while queued at the worker"))
                 o.retry = True
