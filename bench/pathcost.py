@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import itertools
 import json
 import sys
@@ -133,14 +134,42 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=N
     return round(best, 1)
 
 
+VERBOSE = False
+"""``--verbose``: the actors' own lines (``READY``, connection and shutdown logs) go to the terminal as they come."""
+
+
+@contextlib.contextmanager
+def _actor_lines():
+    """Hold the colocated actors' stdout and stderr lines (``READY``, connections, shutdown) for the block: they
+    are written to stderr only if the block raises (or with ``--verbose``, as they come)."""
+    if VERBOSE:
+        yield
+        return
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
+
+
 @contextlib.asynccontextmanager
 async def _harness(model: str, models_dir: str, others: int, starts: dict[str, dict]):
-    """A nats-server of its own and the colocated actors for one measure, stopped on exit.
+    """A nats-server of its own and the colocated actors for one measure, stopped on exit; the actors' lines
+    are held back (:func:`_actor_lines`).
 
     Yields ``(model version, {name: Colocated}, direct floor's handler)``: one colocated process per entry of
     ``starts`` (name → its run-to-completion flag and worker config overrides), each router seeing ``others``
     more workers (:func:`_announce_others`), and the floor's handler answering on the first one's connection
     (its replies are written by ``send_pending`` on that connection)."""
+    with _actor_lines():
+        async with _harness_unquiet(model, models_dir, others, starts) as held:
+            yield held
+
+
+@contextlib.asynccontextmanager
+async def _harness_unquiet(model: str, models_dir: str, others: int, starts: dict[str, dict]):
     tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
     srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
     srv.spawn()
@@ -406,8 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
                    help="N more workers of the model the colocated router sees (load reports; they get no "
                         "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the actors' own lines (READY, connections, shutdown) as they come; else they are "
+                        "shown only when the measure fails")
     p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
+    global VERBOSE
+    VERBOSE = a.verbose
     try:
         repo = ModelRepository(a.models_dir, [a.model])
     except Exception as exc:  # an unreadable repository: one line, not a traceback
@@ -448,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"not a valid measure: expected {expected_run_now} requests run to completion (and as many through "
               f"the queue, to the local worker), 0 cache hits and 0 errors; got {c} (e.g. a model that "
-              f"does not run inline: see inferbus up --inline-max-compute-us)", file=sys.stderr)
+              f"does not run inline: see inferbus up --inline-max-compute-us; --verbose shows the actors' lines)",
+              file=sys.stderr)
     return 1 if bad else 0
 
 
