@@ -223,7 +223,8 @@ def test_up_help_prints_every_option_name_in_full_at_80_columns():
     assert "…" not in out
 
 
-@pytest.mark.parametrize("path", [path for path, _ in _commands() if path != ("up",)], ids=lambda p: " ".join(p) or "(root)")
+@pytest.mark.parametrize("path", [path for path, _ in _commands() if path != ("up",)],
+                         ids=lambda p: " ".join(p) or "(root)")
 def test_every_help_prints_every_option_name_in_full_at_80_columns(path):
     out = _help_at_80_columns(*path)
     shown = set(re.findall(r"--[A-Za-z0-9][A-Za-z0-9-]*", out))
