@@ -110,9 +110,6 @@ class SuiteConfig:
     run_to_completion: bool = True
     """Colocated: the ingresses' ``run_to_completion`` (a miss with nothing to batch with is computed in the call
     that received it; False = always through the worker's queue)."""
-    batch_waiting: bool = True
-    """Colocated: the ingresses' ``batch_waiting`` (False: a miss that arrives while more wait is run to
-    completion too, at batch 1, instead of being queued to be batched with them)."""
     colocate_ab: bool = False
     """After the main node, run the echo and miss closed loops and the miss sweep again against a colocated
     node with as many actor processes (``workers + ingress`` colocated processes): series ``echo [B]`` and
@@ -475,8 +472,7 @@ class Suite:
                                run_dir=str(run_dir),
                                worker_options={} if cfg.inline_max_compute_us is None
                                else {"inline_max_compute_us": cfg.inline_max_compute_us},
-                               ingress_options={"run_to_completion": cfg.run_to_completion,
-                                                "batch_waiting": cfg.batch_waiting}))
+                               ingress_options={"run_to_completion": cfg.run_to_completion}))
         await node.start()
         await node.wait_ready(120)
         self.node, self._counts_before = node, None
@@ -769,9 +765,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-to-completion", action=argparse.BooleanOptionalAction, default=None,
                    help="colocated: a miss with nothing to batch with is computed in the call that received it "
                    "(default on; --no-run-to-completion: always through the worker's queue)")
-    p.add_argument("--batch-waiting", action=argparse.BooleanOptionalAction, default=None,
-                   help="colocated: a miss that arrives while more requests wait goes through the worker's queue "
-                   "to be batched with them (default on; --no-batch-waiting: run to completion at batch 1 too)")
     p.add_argument("--colocate-ab", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure a colocated node with as many processes, in the same run")
     return p
@@ -784,7 +777,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 _OVERRIDES = ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin", "l2", "ray", "duration_s",
               "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "log_dir",
               "inline_max_compute_us", "colocate", "colocate_ab", "nats_servers", "busy_poll_us", "echo_busy_poll_us",
-              "direct", "direct_batch", "run_to_completion", "batch_waiting")
+              "direct", "direct_batch", "run_to_completion")
 
 
 def config_from(a: argparse.Namespace) -> SuiteConfig:

@@ -183,11 +183,6 @@ class IngressConfig(_JsonMixin):
     or queued before it, is computed and answered in the call that received it (no inline queue, no task
     switch, no completion item); see docs/architecture.md, "Run to completion". False: always through the
     worker's queue."""
-    batch_waiting: bool = True
-    """With ``run_to_completion``: a miss that arrives while more requests wait in this ingress's subscription
-    goes through the worker's queue, to be computed in one batch with them (True), or is run to completion
-    too, at batch 1, its reply left in the connection's buffer to share one write with the waiting requests'
-    (False: no queue, completion item or pump per request, but one model run per request)."""
     max_error_rate: float = 0.01
     """A worker reporting a higher error rate (server-side failures / requests in its window) is unhealthy."""
     min_window_requests: int = 100

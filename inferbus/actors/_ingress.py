@@ -765,13 +765,11 @@ class Ingress:
 
     def _can_run_now(self, model_key: str, term: int, dkey: tuple | None) -> bool:
         """A request for the colocated worker may run to completion in this call (:meth:`_run_now`): no other
-        request waits in this ingress's subscription (it would be batched with this one; with ``batch_waiting``
-        off, waiting requests do not matter) and the worker agrees
+        request waits in this ingress's subscription (it would be batched with this one) and the worker agrees
         (:meth:`Worker.can_run_now`: nothing queued there, no copy of the request (dedupe key ``dkey``, None
         without a request id) in progress or answered)."""
         sub = self._infer_sub
-        return (sub is None or not sub.pending_msgs or not self.config.batch_waiting) and \
-            self.local_worker.can_run_now(model_key, term or None, dkey)
+        return (sub is None or not sub.pending_msgs) and self.local_worker.can_run_now(model_key, term or None, dkey)
 
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
                        now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
@@ -796,12 +794,10 @@ class Ingress:
         self.counts["run_now"] += 1
         probe = self.router.on_sent(w)
         self.hedge_budget.on_request()
-        sub = self._infer_sub
         try:
             o = await self.local_worker.run_now(
                 reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key, ct, worker_rid, dkey,
-                {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3], "ingress_total": st[4]},
-                write_now=sub is None or not sub.pending_msgs)
+                {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3], "ingress_total": st[4]})
         except InferbusError as err:  # refused before compute: a client's error or neutral (budget), as settled
             self.router.on_done(w.worker_id, 0.0, outcome=CLIENT_ERROR if err.code.value in _CLIENT_CODES
                                 else NEUTRAL, probe=probe)

@@ -452,15 +452,13 @@ class Worker:
 
     async def run_now(self, reply: str, body: bytes, decoded: tuple, model_key: str, deadline: float,
                       wall_deadline_ms: float, t_fwd: float, term: int | None, cache_key: str | None,
-                      ct: str | None, rid: str | None, dkey: tuple | None, timings: dict,
-                      write_now: bool = True) -> Outcome:
+                      ct: str | None, rid: str | None, dkey: tuple | None, timings: dict) -> Outcome:
         """Compute one request the colocated ingress hands over when :meth:`can_run_now` says so, on the loop,
         now: the same compute, accounting and answer as a batch of one from the inline queue
         (:meth:`_run_group`; ``parameters.exec`` ``inline``, ``batch_size`` 1), published and written at
         once, without the queue, in-flight tracking or a completion item; the caller settles it. A result
         with a request id is kept for retries (dedupe, under ``dkey``) before anything is awaited. Arguments as
-        for :meth:`submit_local`; ``write_now`` False (more requests wait at the caller, whose replies can share
-        the write): the reply is left to nats-py's flusher (:func:`inferbus.bus.send_pending`).
+        for :meth:`submit_local`.
 
         Returns:
             The :class:`Outcome`, answered (``ok`` False: a typed error reply went, e.g. the model failed).
@@ -489,7 +487,7 @@ class Worker:
             self.recent.put(dkey, o.hdrs, o.body)
         await self._reply(o, reply, o.hdrs)
         try:
-            await send_pending(self.nc, now=write_now)
+            await send_pending(self.nc)
         except Exception as exc:  # the client's timeout covers a reply that could not be sent
             log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
         return o
