@@ -103,8 +103,11 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
     """Make the colocated ingress's router see ``n`` more workers of ``model_key``, as in a deployment of
     ``n + 1`` colocated processes (the throughput profile runs 8): load reports of idle, healthy workers on the
     same server, never silent (no reports follow), priced slower than the local worker (so it is picked, as
-    the local worker is at c=1 among equal workers). They receive nothing; a request routed to one would not
-    run to completion and the measure says so."""
+    the local worker is at c=1 among equal workers). They report a device class of their own (backend
+    ``pathcost``), so the router prices them by their own service time (1 s), not by the local worker's: under
+    ``--bytecodes`` tracing makes the local worker's service time ~50 x longer, and priced as its class's
+    fastest a phantom would win whenever a load report caught a request queued. They receive nothing; a
+    request routed to one would not run to completion and the measure says so."""
     from inferbus.schemas._internal import LoadReport
 
     router = col.ingress.router
@@ -113,7 +116,7 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
     for i in range(n):
         router.on_report(LoadReport(
             worker_id=f"pathcost-other-{i}", pid=10_000 + i, device_kind="cpu", device_name="cpu",
-            backend="onnxruntime", precision="fp32", models=[model_key], queue_depth=0, in_flight=0, capacity=1000,
+            backend="pathcost", precision="fp32", models=[model_key], queue_depth=0, in_flight=0, capacity=1000,
             ewma_service_us=1e6, completed=0, errors=0, server=server))
 
 
