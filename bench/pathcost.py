@@ -259,10 +259,12 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
     ``inferbus_queued`` (the worker's inline queue and pump), each over ``n`` distinct requests after ``n`` of
     warm-up, with ``yields`` event-loop turns after each (counted: the pump runs in them).
 
-    Counted with ``sys.settrace`` opcode events on this thread (the loop's): the handler, the tasks that run in
-    the turns after it (a resumed coroutine is traced from its resumption), and the Python parts of the
-    libraries called (nats-py's publish, ONNX Runtime's wrapper, asyncio). C code (msgspec, numpy, the model,
-    uvloop) is one bytecode per call. Returns per variant the bytecodes per request and the ``top``
+    Counted with ``sys.settrace`` opcode events on this thread (the loop's), in two tasks only: this one (the
+    handler) and the worker's pump (``<actor>:inline``; a resumed coroutine is traced from its resumption),
+    with the Python parts of the libraries they call (nats-py's publish, ONNX Runtime's wrapper, asyncio). The
+    periodic loops (load reports, sweeper, stall watch) and nats-py's reader are left out: how often they run in
+    the traced turns depends on the host's speed. C code (msgspec, numpy, the model, uvloop) is one bytecode
+    per call. Returns per variant the bytecodes per request and the ``top``
     functions (``path:function`` → bytecodes per request), and the actors' counts.
     """
     worker = {"inline_max_compute_us": 1e12}  # tracing makes the model look ~50 x slower: keep it inline
@@ -279,12 +281,21 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
         bodies = _bodies(model, models_dir, mv, 2 * n * len(variants))
         hdrs = {"Inferbus-Timeout-Ms": "100000.000"}
         driver = count_bytecodes.__code__
+        me = asyncio.current_task()
+        tasks: dict = {}  # task -> counted (its name is the supervisor's "<actor>:<loop>", the pump's ":inline")
         out: dict[str, dict] = {}
         for vi, (name, (handle, col)) in enumerate(variants.items()):
             subject = col.ingress.subjects.infer(model, mv.version)
             counts: dict = {}
 
             def tracer(frame, event, arg):
+                if event == "call":
+                    task = asyncio.current_task()
+                    ok = tasks.get(task)
+                    if ok is None:  # this driver's task (the handler) or the worker's pump; not periodic loops
+                        ok = tasks[task] = task is me or (task is not None and task.get_name().endswith(":inline"))
+                    if not ok:
+                        return None
                 frame.f_trace_opcodes = True
                 if event == "opcode":
                     code = frame.f_code
