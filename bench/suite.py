@@ -784,9 +784,15 @@ def config_from(a: argparse.Namespace) -> SuiteConfig:
     """The config of parsed arguments (:func:`_parser`).
 
     Raises:
-        ValueError: a combination that :class:`SuiteConfig` refuses.
+        ValueError: a combination that :class:`SuiteConfig` refuses, or ``--run-to-completion`` given for a layout
+            without colocated processes (only a colocated ingress has its worker at hand; ``inferbus up`` refuses
+            it too).
     """
-    return config_for(a.profile, **{k: getattr(a, k) for k in _OVERRIDES})
+    cfg = config_for(a.profile, **{k: getattr(a, k) for k in _OVERRIDES})
+    if a.run_to_completion and not cfg.colocate:
+        raise ValueError("--run-to-completion needs --colocate (only an ingress with its worker in the same process "
+                         "can run a request to completion)")
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

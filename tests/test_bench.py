@@ -197,6 +197,20 @@ def test_suite_refuses_bad_values_with_a_message(argv, message, capsys):
     assert "_args" not in err and "lambda" not in err
 
 
+def test_suite_refuses_run_to_completion_without_colocated_processes(capsys):
+    """``--run-to-completion`` names something only a colocated layout has: without ``--colocate`` it is a usage
+    error (status 2) naming ``--colocate``, not silently ignored; with it, or left out, the config is made."""
+    from bench.suite import main, config_from, _parse
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--profile", "tiny", "--run-to-completion"])
+    assert exc.value.code == 2
+    assert "--run-to-completion needs --colocate" in capsys.readouterr().err
+    assert config_from(_parse(["--profile", "tiny", "--run-to-completion", "--colocate"])).run_to_completion
+    assert not config_from(_parse(["--profile", "tiny", "--no-run-to-completion"])).run_to_completion
+    assert config_from(_parse(["--profile", "tiny"])).run_to_completion  # the default, valid in any layout
+
+
 def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     """``bench.pathcost`` (small, 2 passes a round so that a cache hit would show): the three variants measured
     on a real nats-server with no errors and no cache hits, the run-to-completion variant running every request
