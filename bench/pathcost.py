@@ -37,9 +37,13 @@ hot path that the CPU times cannot; it leaves out system calls and memory stalls
 ``--bytecodes N`` counts the Python bytecodes executed per request (``sys.settrace`` with opcode events), by
 function, for all three variants, ``inferbus_queued`` included: each request's count takes in its handler call
 and the ``--yields`` turns after it, so the worker's pump task, which computes and answers a queued request in
-those turns, counts too (:func:`count_bytecodes`). It needs nothing installed and is exact (the same code
-executes the same bytecodes), but it is a guide, not a cost: a bytecode can be a C call of any length (the
-model's run is one call), and tracing slows the code ~50 x (the model is kept inline regardless).
+those turns, counts too (:func:`count_bytecodes`); counting starts once the router has a measured service time
+for its worker (before it, every pick prices all workers). It needs nothing installed and repeats to ~1 % on
+one host for a given N (the router's choices follow the load reports, which come on a timer), but it is a guide,
+not a cost: a bytecode can be a C call of any length (the model's run is one call), and tracing slows the code
+~50 x (the model is kept inline regardless). Python 3.11 and 3.12 count differently (the JSON names the version).
+A measure is valid only when every request ran as labelled and was answered within its own ``--yields``
+turns; the JSON's ``valid`` says so, and the exit status is 1 when not.
 
 Output: µs (or instructions, or bytecodes) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
 in one process", has figures.
@@ -53,6 +57,7 @@ import contextlib
 import io
 import itertools
 import json
+import platform
 import sys
 import tempfile
 import time
@@ -120,12 +125,17 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
             ewma_service_us=1e6, completed=0, errors=0, server=server))
 
 
-async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=None) -> float:
+async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=None,
+                          answered=None) -> tuple[float, int]:
     """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
-    pass is answered from the caches the ones before it filled)."""
+    pass is answered from the caches the ones before it filled). Returns ``(µs, requests not answered in
+    their pass)``: ``answered()`` (the worker's completed count) must grow by the pass's requests within the
+    timed window, else the work measured is not the requests' (a queued request whose pump never ran in it)."""
     best = float("inf")
+    late = 0
     for msgs in passes:
         await asyncio.sleep(0.05)
+        before = answered() if answered is not None else 0
         t0 = time.thread_time()
         for m in msgs:
             await handle(_Msg(m.subject, m.reply, m.data, dict(m.headers)))
@@ -134,7 +144,23 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=N
             for _ in range(yields):
                 await asyncio.sleep(0)
         best = min(best, (time.thread_time() - t0) * 1e6 / len(msgs))
-    return round(best, 1)
+        if answered is not None:
+            late += max(0, len(msgs) - (answered() - before))
+    return round(best, 1), late
+
+
+async def _await_routed(col: Colocated, timeout_s: float = 5.0) -> None:
+    """Wait until the colocated router holds a measured service time for its own worker (a load report after
+    the warm-up's requests, every ``report_interval_ms``): before it, the router's fast path is off and every
+    pick prices all workers, so a count would depend on how many requests a host gets through before the
+    first report. Raises RuntimeError after ``timeout_s``."""
+    router = col.ingress.router
+    wid = col.worker.config.worker_id
+    end = time.monotonic() + timeout_s
+    while (w := router.workers.get(wid)) is None or w.ewma_service_us <= 0:
+        if time.monotonic() > end:
+            raise RuntimeError(f"the router saw no measured service time for {wid} within {timeout_s} s")
+        await asyncio.sleep(0.01)
 
 
 VERBOSE = False
@@ -220,17 +246,21 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
                     for k in range(reps)]
 
         out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
+        late = 0
         for rnd in range(2):  # interleaved, so that a drift of the host shows in both
-            out["direct"].append(await _per_request_us(direct, passes(now_col, rnd), yields,
-                                                       flush=lambda: send_pending(nc)))
-            out["inferbus"].append(await _per_request_us(now_col.ingress._on_infer, passes(now_col, rnd), yields))
-            out["inferbus_queued"].append(await _per_request_us(queued_col.ingress._on_infer,
-                                                                passes(queued_col, rnd), yields))
+            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields, flush=lambda: send_pending(nc))
+            out["direct"].append(us)
+            for key, col in (("inferbus", now_col), ("inferbus_queued", queued_col)):
+                us, n_late = await _per_request_us(col.ingress._on_infer, passes(col, rnd), yields,
+                                                   answered=lambda c=col: c.worker.stats.completed)
+                out[key].append(us)
+                late += n_late
         best = {k: min(v) for k, v in out.items()}
         counts = {"run_now": now_col.ingress.counts["run_now"], "queued_run_now": queued_col.ingress.counts["run_now"],
                   "queued_local_forwards": queued_col.ingress.counts["local_forwards"],
                   "l1_hits": now_col.ingress.counts["l1_hits"] + queued_col.ingress.counts["l1_hits"],
-                  "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"]}
+                  "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"],
+                  "answered_late": late}
         return {"model": model, "requests": n, "reps": reps, "yields": yields, "other_workers": others,
                 "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
@@ -241,15 +271,12 @@ COUNTED_VARIANTS = ("direct", "inferbus")
 
 
 def _where(code) -> str:
-    """``path:function`` of a code object, the path relative to the repository or to site-packages/stdlib."""
+    """``path:function`` of a code object, the path relative to the longest ``sys.path`` entry holding it (the
+    repository, site-packages, a ``--target`` folder, the standard library), so that keys match across installs."""
     f = code.co_filename
-    for root in (str(ROOT) + "/", "site-packages/", "/python3."):
-        i = f.find(root)
-        if i >= 0:
-            f = f[i + len(root):]
-            if root == "/python3.":
-                f = f.split("/", 1)[-1]
-            break
+    roots = [r for r in (str(Path(e or ".").resolve()) for e in sys.path) if f.startswith(r + "/")]
+    if roots:
+        f = f[len(max(roots, key=len)) + 1:]
     return f"{f}:{code.co_name}"
 
 
@@ -284,6 +311,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
         me = asyncio.current_task()
         tasks: dict = {}  # task -> counted (its name is the supervisor's "<actor>:<loop>", the pump's ":inline")
         out: dict[str, dict] = {}
+        late = 0
         for vi, (name, (handle, col)) in enumerate(variants.items()):
             subject = col.ingress.subjects.infer(model, mv.version)
             counts: dict = {}
@@ -305,6 +333,9 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
 
             for i, body in enumerate(bodies[vi * 2 * n:(vi + 1) * 2 * n]):
                 m = _Msg(subject, SINK, body, dict(hdrs))
+                if i == n and name != "direct":
+                    await _await_routed(col)
+                    before = col.worker.stats.completed
                 if i >= n:
                     sys.settrace(tracer)
                 try:
@@ -313,6 +344,8 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
                         await asyncio.sleep(0)
                 finally:
                     sys.settrace(None)
+            if name != "direct":  # every counted request computed and answered within its own turns
+                late += max(0, n - (col.worker.stats.completed - before))
             by_fn: dict[str, int] = {}
             for code, c in counts.items():
                 k = _where(code)
@@ -323,9 +356,10 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
         c_now, c_q = cols["now"].ingress.counts, cols["queued"].ingress.counts
         counts_doc = {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"],
                       "queued_local_forwards": c_q["local_forwards"], "l1_hits": c_now["l1_hits"] + c_q["l1_hits"],
-                      "errors": c_now["errors"] + c_q["errors"]}
+                      "errors": c_now["errors"] + c_q["errors"], "answered_late": late}
     per = {k: v["bytecodes_per_request"] for k, v in out.items()}
-    return {"model": model, "counted_requests": n, "yields": yields, "other_workers": others,
+    return {"model": model, "python": platform.python_version(), "counted_requests": n, "yields": yields,
+            "other_workers": others,
             "bytecodes_per_request": per, "ratio_to_direct": {k: round(v / per["direct"], 3) for k, v in per.items()},
             "top": {k: v["top"] for k, v in out.items()}, "counts": counts_doc}
 
@@ -362,6 +396,8 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
         suspended = 0
         for i, body in enumerate(_bodies(model, models_dir, mv, 2 * n)):
             m = _Msg(subject, SINK, body, dict(hdrs))
+            if i == n and variant != "direct":
+                await _await_routed(col, timeout_s=60.0)  # callgrind runs the actors ~50 x slower
             if i < n:
                 await handle(m)
             else:
@@ -433,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", default=str(ROOT / "models"), help="model repository (default ./models)")
     p.add_argument("--requests", type=args.count, default=3000, help="requests per timed pass (default 3000)")
     p.add_argument("--reps", type=args.count, default=5, help="timed passes per variant per round (default 5); the least counts")
-    p.add_argument("--yields", type=args.count_or_zero, default=3,
-                   help="event-loop turns after each request, every variant (default 3)")
+    p.add_argument("--yields", type=args.count, default=3,
+                   help="event-loop turns after each request, every variant (default 3; at least 1: the worker's "
+                        "pump answers a queued request in them)")
     p.add_argument("--json", type=Path, help="write the result document here")
     p.add_argument("--instructions", type=args.count, metavar="N",
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
@@ -451,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                         "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
     p.add_argument("--verbose", action="store_true",
                    help="print the actors' own lines (READY, connections, shutdown) as they come; else they are "
-                        "shown only when the measure fails")
+                        "shown only when the measure raises (not for an invalid count: rerun with --verbose)")
     p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
     global VERBOSE
@@ -482,22 +519,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"-- {name}: {doc['bytecodes_per_request'][name]:,.0f} bytecodes/request, the most executed:")
             for fn, v in fns.items():
                 print(f"   {v:8.1f}  {fn}")
-        _report(a, doc, "bytecodes_per_request", "{:9,.0f} bytecodes/request", "{:.3f}")
-        expected_run_now = 2 * a.bytecodes
+        key, fmts, expected_run_now = "bytecodes_per_request", ("{:9,.0f} bytecodes/request", "{:.3f}"), 2 * a.bytecodes
     else:
         doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
-        _report(a, doc, "cpu_us_per_request", "{:7.1f} µs/request", "{:.2f}")
-        expected_run_now = 2 * a.reps * a.requests
-    print(f"counts: {doc['counts']}")
-    # every request must have been a miss computed as labelled: else the figures measure something else
+        key, fmts, expected_run_now = "cpu_us_per_request", ("{:7.1f} µs/request", "{:.2f}"), 2 * a.reps * a.requests
+    # every request must have been a miss computed as labelled and answered within its own turns: else the
+    # figures measure something else
     c = doc["counts"]
-    bad = c["errors"] or c["l1_hits"] or c["run_now"] != expected_run_now or c["queued_run_now"] or \
-        c["queued_local_forwards"] != expected_run_now
+    bad = bool(c["errors"] or c["l1_hits"] or c["run_now"] != expected_run_now or c["queued_run_now"]
+               or c["queued_local_forwards"] != expected_run_now or c["answered_late"])
+    doc["valid"] = not bad
+    _report(a, doc, key, *fmts)
+    print(f"counts: {c}")
     if bad:
-        print(f"not a valid measure: expected {expected_run_now} requests run to completion (and as many through "
-              f"the queue, to the local worker), 0 cache hits and 0 errors; got {c} (e.g. a model that "
-              f"does not run inline: see inferbus up --inline-max-compute-us; --verbose shows the actors' lines)",
-              file=sys.stderr)
+        print(f"not a valid measure (the JSON says valid: false): expected {expected_run_now} requests run to "
+              f"completion (and as many through the queue, to the local worker), each answered within its own "
+              f"event-loop turns, 0 cache hits and 0 errors; got {c} (e.g. a model that does not run inline: see "
+              f"inferbus up --inline-max-compute-us; --verbose shows the actors' lines)", file=sys.stderr)
     return 1 if bad else 0
 
 

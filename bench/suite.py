@@ -785,13 +785,13 @@ def config_from(a: argparse.Namespace) -> SuiteConfig:
 
     Raises:
         ValueError: a combination that :class:`SuiteConfig` refuses, or ``--run-to-completion`` given for a layout
-            without colocated processes (only a colocated ingress has its worker at hand; ``inferbus up`` refuses
+            without colocated processes (neither ``--colocate`` nor ``--colocate-ab``; only a colocated ingress has its worker at hand; ``inferbus up`` refuses
             it too).
     """
     cfg = config_for(a.profile, **{k: getattr(a, k) for k in _OVERRIDES})
-    if a.run_to_completion and not cfg.colocate:
-        raise ValueError("--run-to-completion needs --colocate (only an ingress with its worker in the same process "
-                         "can run a request to completion)")
+    if a.run_to_completion and not (cfg.colocate or cfg.colocate_ab):
+        raise ValueError("--run-to-completion needs --colocate or --colocate-ab (only an ingress with its worker in "
+                         "the same process can run a request to completion)")
     return cfg
 
 

@@ -494,7 +494,8 @@ class Worker:
 
     async def _admit(self, job: Job) -> None:
         """The checks every received request passes, whichever way it came (bus or in-process), in order:
-        stall fence, deadline (monotonic, then the ingress's wall-clock deadline), fencing term, model
+        stall fence, deadline (monotonic, then, for a request from the bus, the ingress's wall-clock deadline: an
+        in-process one's is the same instant), fencing term, model
         refusal, dedupe by request id (a recent result is a *hit*, a queued or running copy is *joined*),
         then the mailbox bound (:meth:`_enqueue`). A refusal is answered at once (:meth:`_finish_now`)."""
         if self._stalled(job):
