@@ -785,8 +785,8 @@ def config_from(a: argparse.Namespace) -> SuiteConfig:
 
     Raises:
         ValueError: a combination that :class:`SuiteConfig` refuses, or ``--run-to-completion`` given for a layout
-            without colocated processes (neither ``--colocate`` nor ``--colocate-ab``; only a colocated ingress has its worker at hand; ``inferbus up`` refuses
-            it too).
+            without colocated processes (neither ``--colocate`` nor ``--colocate-ab``; only a colocated ingress
+            has its worker at hand; ``inferbus up`` refuses it too).
     """
     cfg = config_for(a.profile, **{k: getattr(a, k) for k in _OVERRIDES})
     if a.run_to_completion and not (cfg.colocate or cfg.colocate_ab):
