@@ -125,8 +125,7 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
             ewma_service_us=1e6, completed=0, errors=0, server=server))
 
 
-async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=None,
-                          answered=None) -> tuple[float, int]:
+async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answered=None) -> tuple[float, int]:
     """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
     pass is answered from the caches the ones before it filled). Returns ``(µs, requests not answered in
     their pass)``: ``answered()`` (the worker's completed count) must grow by the pass's requests within the
@@ -139,8 +138,6 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, flush=N
         t0 = time.thread_time()
         for m in msgs:
             await handle(_Msg(m.subject, m.reply, m.data, dict(m.headers)))
-            if flush is not None:
-                await flush()
             for _ in range(yields):
                 await asyncio.sleep(0)
         best = min(best, (time.thread_time() - t0) * 1e6 / len(msgs))
@@ -190,15 +187,16 @@ async def _harness(model: str, models_dir: str, others: int, starts: dict[str, d
 
     Yields ``(model version, {name: Colocated}, direct floor's handler)``: one colocated process per entry of
     ``starts`` (name → its run-to-completion flag and worker config overrides), each router seeing ``others``
-    more workers (:func:`_announce_others`), and the floor's handler answering on the first one's connection
-    (its replies are written by ``send_pending`` on that connection)."""
+    more workers (:func:`_announce_others`), and the floor's handler answering on the first one's connection,
+    its reply written at once (``send_pending``, as the colocated path writes its own)."""
     with _actor_lines():
-        async with _harness_unquiet(model, models_dir, others, starts) as held:
+        async with _serving(model, models_dir, others, starts) as held:
             yield held
 
 
 @contextlib.asynccontextmanager
-async def _harness_unquiet(model: str, models_dir: str, others: int, starts: dict[str, dict]):
+async def _serving(model: str, models_dir: str, others: int, starts: dict[str, dict]):
+    """The body of :func:`_harness`, without holding the actors' lines."""
     tmp = tempfile.TemporaryDirectory(prefix="pathcost-")
     srv = EmbeddedNats(run_dir=Path(tmp.name) / "nats", server_name="pathcost")
     srv.spawn()
@@ -212,8 +210,13 @@ async def _harness_unquiet(model: str, models_dir: str, others: int, starts: dic
             tasks.append(task)
             _announce_others(cols[name], mv.key, others)
         nc = next(iter(cols.values())).ingress.nc
-        direct = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
-                                 nc.publish, {"Content-Type": "application/msgpack"}, [])
+        handler = _direct_handler({"model_path": str(mv.path), "model_name": model, "model_version": mv.version},
+                                  nc.publish, {"Content-Type": "application/msgpack"}, [])
+
+        async def direct(m) -> None:
+            await handler(m)
+            await send_pending(nc)
+
         yield mv, cols, direct
     finally:
         for t in tasks:
@@ -238,7 +241,6 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
         now_col, queued_col = cols["now"], cols["queued"]
         bodies = _bodies(model, models_dir, mv, n * reps * 2)  # distinct for every pass
         hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
-        nc = now_col.ingress.nc
 
         def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
             subject = col.ingress.subjects.infer(model, mv.version)
@@ -248,7 +250,7 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
         out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
         late = 0
         for rnd in range(2):  # interleaved, so that a drift of the host shows in both
-            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields, flush=lambda: send_pending(nc))
+            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields)
             out["direct"].append(us)
             for key, col in (("inferbus", now_col), ("inferbus_queued", queued_col)):
                 us, n_late = await _per_request_us(col.ingress._on_infer, passes(col, rnd), yields,
@@ -256,15 +258,20 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
                 out[key].append(us)
                 late += n_late
         best = {k: min(v) for k, v in out.items()}
-        counts = {"run_now": now_col.ingress.counts["run_now"], "queued_run_now": queued_col.ingress.counts["run_now"],
-                  "queued_local_forwards": queued_col.ingress.counts["local_forwards"],
-                  "l1_hits": now_col.ingress.counts["l1_hits"] + queued_col.ingress.counts["l1_hits"],
-                  "errors": now_col.ingress.counts["errors"] + queued_col.ingress.counts["errors"],
-                  "answered_late": late}
+        counts = _counts(now_col, queued_col, late)
         return {"model": model, "requests": n, "reps": reps, "yields": yields, "other_workers": others,
                 "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
                 "counts": counts}
+
+
+def _counts(now_col: Colocated, queued_col: Colocated, late: int) -> dict:
+    """What the validity check reads: requests run to completion (the run-to-completion process, and the queued
+    one, which must have none), local forwards of the queued process, L1 hits, errors, late answers."""
+    c_now, c_q = now_col.ingress.counts, queued_col.ingress.counts
+    return {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"], "queued_local_forwards": c_q["local_forwards"],
+            "l1_hits": c_now["l1_hits"] + c_q["l1_hits"], "errors": c_now["errors"] + c_q["errors"],
+            "answered_late": late}
 
 
 COUNTED_VARIANTS = ("direct", "inferbus")
@@ -297,13 +304,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
     worker = {"inline_max_compute_us": 1e12}  # tracing makes the model look ~50 x slower: keep it inline
     async with _harness(model, models_dir, others, {"now": (True, worker), "queued": (False, worker)}) as \
             (mv, cols, direct):
-        nc = cols["now"].ingress.nc
-
-        async def direct_flushed(m):
-            await direct(m)
-            await send_pending(nc)
-
-        variants = {"direct": (direct_flushed, cols["now"]), "inferbus": (cols["now"].ingress._on_infer, cols["now"]),
+        variants = {"direct": (direct, cols["now"]), "inferbus": (cols["now"].ingress._on_infer, cols["now"]),
                     "inferbus_queued": (cols["queued"].ingress._on_infer, cols["queued"])}
         bodies = _bodies(model, models_dir, mv, 2 * n * len(variants))
         hdrs = {"Inferbus-Timeout-Ms": "100000.000"}
@@ -353,10 +354,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
             ranked = sorted(by_fn.items(), key=lambda kv: -kv[1])[:top]
             out[name] = {"bytecodes_per_request": round(sum(by_fn.values()) / n, 1),
                          "top": {k: round(v / n, 1) for k, v in ranked}}
-        c_now, c_q = cols["now"].ingress.counts, cols["queued"].ingress.counts
-        counts_doc = {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"],
-                      "queued_local_forwards": c_q["local_forwards"], "l1_hits": c_now["l1_hits"] + c_q["l1_hits"],
-                      "errors": c_now["errors"] + c_q["errors"], "answered_late": late}
+        counts_doc = _counts(cols["now"], cols["queued"], late)
     per = {k: v["bytecodes_per_request"] for k, v in out.items()}
     return {"model": model, "python": platform.python_version(), "counted_requests": n, "yields": yields,
             "other_workers": others,
@@ -384,13 +382,7 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
     async with _harness(model, models_dir, others, {"count": (True, {"inline_max_compute_us": 1e12})}) as \
             (mv, cols, direct):
         col = cols["count"]
-        nc = col.ingress.nc
-        if variant == "direct":
-            async def handle(m):
-                await direct(m)
-                await send_pending(nc)
-        else:
-            handle = col.ingress._on_infer
+        handle = direct if variant == "direct" else col.ingress._on_infer
         subject = col.ingress.subjects.infer(model, mv.version)
         hdrs = {"Inferbus-Timeout-Ms": "100000.000"}  # callgrind runs the code ~50 x slower
         suspended = 0
