@@ -1,6 +1,6 @@
 """CPU per request of the serving path in one process, against the direct floor: a deterministic measure.
 
-    python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--json F]
+    python -m bench.pathcost [--model digits] [--requests 3000] [--reps 5] [--yields 3] [--batch 1] [--json F]
     python -m bench.pathcost --instructions 300 [--other-workers 7] [--json F]   # instructions (needs valgrind)
     python -m bench.pathcost --bytecodes 300 [--other-workers 7] [--top 25] [--json F]   # bytecodes, by function
 
@@ -28,6 +28,10 @@ Each pass sends its own distinct inputs (no pass is answered from the caches an 
 command exits 1 when any request was an error or a cache hit, or did not run as labelled (a model that runs
 on the inference thread, not inline, cannot be measured this way: its compute is on another thread).
 ``--yields`` changes the ratios (each turn costs every variant an event-loop iteration); 3 is the default.
+``--batch K`` hands the requests over K at a time before the turns, as nats-py hands a subscription's waiting
+messages under load: the queued variant computes each group as one batch (the per-batch costs shared by K
+requests), the floor and run to completion still compute one at a time (in a load run, run to completion would
+queue all but the last of K waiting requests; its figure at K > 1 stands for no load run).
 
 ``--instructions N`` counts instead of timing: user-space instructions per request of ``direct`` and
 ``inferbus`` (run to completion), under valgrind's callgrind (:func:`count_instructions`). The count is the
@@ -125,19 +129,24 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
             ewma_service_us=1e6, completed=0, errors=0, server=server))
 
 
-async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answered=None) -> tuple[float, int]:
+async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answered=None,
+                          batch: int = 1) -> tuple[float, int]:
     """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
-    pass is answered from the caches the ones before it filled). Returns ``(µs, requests not answered in
-    their pass)``: ``answered()`` (the worker's completed count) must grow by the pass's requests within the
-    timed window, else the work measured is not the requests' (a queued request whose pump never ran in it)."""
+    pass is answered from the caches the ones before it filled), handed over ``batch`` at a time back to back
+    (as nats-py hands a subscription's waiting messages), ``yields`` event-loop turns after each group.
+    Returns ``(µs, requests not answered in their pass)``: ``answered()`` (the worker's completed count) must
+    grow by the pass's requests within the timed window, else the work measured is not the requests' (a
+    queued request whose pump never ran in it)."""
     best = float("inf")
     late = 0
     for msgs in passes:
         await asyncio.sleep(0.05)
         before = answered() if answered is not None else 0
         t0 = time.thread_time()
-        for m in msgs:
+        for i, m in enumerate(msgs, 1):
             await handle(_Msg(m.subject, m.reply, m.data, dict(m.headers)))
+            if i % batch and i != len(msgs):
+                continue
             for _ in range(yields):
                 await asyncio.sleep(0)
         best = min(best, (time.thread_time() - t0) * 1e6 / len(msgs))
@@ -235,12 +244,19 @@ def _bodies(model: str, models_dir: str, mv, n: int) -> list[bytes]:
     return Workload(ModelRepository(models_dir, [model]), model, mv.version, pool=n, distinct=True).bodies
 
 
-async def run(model: str, models_dir: str, n: int, reps: int, yields: int, others: int = 0) -> dict:
-    """Measure the three variants (see the module doc); returns the result document."""
+async def run(model: str, models_dir: str, n: int, reps: int, yields: int, others: int = 0, batch: int = 1) -> dict:
+    """Measure the three variants (see the module doc), requests handed over ``batch`` at a time; returns the
+    result document."""
     async with _harness(model, models_dir, others, {"now": (True, {}), "queued": (False, {})}) as (mv, cols, direct):
         now_col, queued_col = cols["now"], cols["queued"]
-        bodies = _bodies(model, models_dir, mv, n * reps * 2)  # distinct for every pass
+        bodies = _bodies(model, models_dir, mv, n * reps * 2 + 2 * _WARM_UP)  # distinct for every pass
         hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
+        for i, col in enumerate((now_col, queued_col)):  # until the router prices its worker by measured times
+            subject = col.ingress.subjects.infer(model, mv.version)
+            warm = [_Msg(subject, SINK, b, hdrs) for b in bodies[-(i + 1) * _WARM_UP:][:_WARM_UP]]
+            await _per_request_us(col.ingress._on_infer, [warm], yields)
+            await _await_routed(col)
+        before = _counts(now_col, queued_col, 0)
 
         def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
             subject = col.ingress.subjects.infer(model, mv.version)
@@ -250,28 +266,41 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
         out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
         late = 0
         for rnd in range(2):  # interleaved, so that a drift of the host shows in both
-            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields)
+            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields, batch=batch)
             out["direct"].append(us)
             for key, col in (("inferbus", now_col), ("inferbus_queued", queued_col)):
                 us, n_late = await _per_request_us(col.ingress._on_infer, passes(col, rnd), yields,
-                                                   answered=lambda c=col: c.worker.stats.completed)
+                                                   answered=lambda c=col: c.worker.stats.completed, batch=batch)
                 out[key].append(us)
                 late += n_late
         best = {k: min(v) for k, v in out.items()}
-        counts = _counts(now_col, queued_col, late)
-        return {"model": model, "requests": n, "reps": reps, "yields": yields, "other_workers": others,
+        counts = _counts(now_col, queued_col, late, since=before)
+        return {"model": model, "requests": n, "reps": reps, "yields": yields, "batch": batch, "other_workers": others,
                 "cpu_us_per_request": best,
                 "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
                 "counts": counts}
 
 
-def _counts(now_col: Colocated, queued_col: Colocated, late: int) -> dict:
+_WARM_UP = 20
+"""Requests each colocated process serves before the timed passes (one at a time): then its router prices its
+worker by a measured service time (:func:`_await_routed`), so a batch does not send requests to the phantom
+workers (``--other-workers``), priced as fast as the local worker until it is measured."""
+
+
+def _counts(now_col: Colocated, queued_col: Colocated, late: int, since: dict | None = None) -> dict:
     """What the validity check reads: requests run to completion (the run-to-completion process, and the queued
-    one, which must have none), local forwards of the queued process, L1 hits, errors, late answers."""
+    one, which must have none), local forwards of the queued process, L1 hits, errors, late answers; and the
+    queued worker's mean batch (requests computed per model run). ``since``: an earlier result of this
+    function, whose counts are taken off (a warm-up's)."""
     c_now, c_q = now_col.ingress.counts, queued_col.ingress.counts
-    return {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"], "queued_local_forwards": c_q["local_forwards"],
-            "l1_hits": c_now["l1_hits"] + c_q["l1_hits"], "errors": c_now["errors"] + c_q["errors"],
-            "answered_late": late}
+    ws = queued_col.worker.stats
+    out = {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"], "queued_local_forwards": c_q["local_forwards"],
+           "l1_hits": c_now["l1_hits"] + c_q["l1_hits"], "errors": c_now["errors"] + c_q["errors"],
+           "answered_late": late, "queued_computed": ws.computed, "queued_batches": getattr(ws, "batches", 0)}
+    if since is not None:
+        out = {k: v - since[k] for k, v in out.items()}
+    out["queued_mean_batch"] = round(out["queued_computed"] / max(out["queued_batches"], 1), 2)
+    return out
 
 
 COUNTED_VARIANTS = ("direct", "inferbus")
@@ -459,9 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.pathcost", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="digits", help="model in the repository (default digits; it must run inline)")
     p.add_argument("--models-dir", default=str(ROOT / "models"), help="model repository (default ./models)")
-    p.add_argument("--requests", type=args.count, default=3000, help="requests per timed pass (default 3000)")
-    p.add_argument("--reps", type=args.count, default=5, help="timed passes per variant per round (default 5); the least counts")
-    p.add_argument("--yields", type=args.count, default=3,
+    p.add_argument("--requests", type=args.count, help="requests per timed pass (default 3000)")
+    p.add_argument("--reps", type=args.count, help="timed passes per variant per round (default 5); the least counts")
+    p.add_argument("--batch", type=args.count, metavar="K",
+                   help="hand the requests over K at a time, back to back, before the --yields turns, as nats-py "
+                        "hands a subscription's waiting messages under load (default 1): the queued variant then "
+                        "computes them as one batch of K; the run-to-completion variant still runs each alone "
+                        "(under load it would queue all but the last, seeing the others wait)")
+    p.add_argument("--yields", type=args.count,
                    help="event-loop turns after each request, every variant (default 3; at least 1: the worker's "
                         "pump answers a queued request in them)")
     p.add_argument("--json", type=Path, help="write the result document here")
@@ -473,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of CPU time: Python bytecodes per request (sys.settrace), by function, for all "
                         "three variants, over N requests after N of warm-up (--yields applies; --requests and "
                         "--reps do not)")
-    p.add_argument("--top", type=args.count, default=25, metavar="K",
+    p.add_argument("--top", type=args.count, metavar="K",
                    help="with --bytecodes: the K functions that execute the most, per variant (default 25)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
                    help="N more workers of the model the colocated router sees (load reports; they get no "
@@ -483,6 +517,17 @@ def main(argv: list[str] | None = None) -> int:
                         "shown only when the measure raises (not for an invalid count: rerun with --verbose)")
     p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
+    timing_only = [f for f, v in (("--requests", a.requests), ("--reps", a.reps), ("--batch", a.batch)) if v is not None]
+    if a.instructions and a.bytecodes:
+        p.error("--instructions and --bytecodes are two measures: give one")
+    if (a.instructions or a.bytecodes) and timing_only:
+        p.error(f"{', '.join(timing_only)} {'applies' if len(timing_only) == 1 else 'apply'} to the CPU-time measure only, not to "
+                f"{'--instructions' if a.instructions else '--bytecodes'}")
+    if a.instructions and a.yields is not None:
+        p.error("--yields does not apply to --instructions (each request runs to completion in its call)")
+    if a.top is not None and not a.bytecodes:
+        p.error("--top applies to --bytecodes only")
+    a.requests, a.reps, a.batch, a.top, a.yields = a.requests or 3000, a.reps or 5, a.batch or 1, a.top or 25, a.yields or 3
     global VERBOSE
     VERBOSE = a.verbose
     try:
@@ -513,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {v:8.1f}  {fn}")
         key, fmts, expected_run_now = "bytecodes_per_request", ("{:9,.0f} bytecodes/request", "{:.3f}"), 2 * a.bytecodes
     else:
-        doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers))
+        doc = uvloop.run(run(a.model, a.models_dir, a.requests, a.reps, a.yields, a.other_workers, a.batch))
         key, fmts, expected_run_now = "cpu_us_per_request", ("{:7.1f} µs/request", "{:.2f}"), 2 * a.reps * a.requests
     # every request must have been a miss computed as labelled and answered within its own turns: else the
     # figures measure something else

@@ -226,9 +226,20 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     assert all(v > 0 for v in doc["cpu_us_per_request"].values())
     # every request went to the local worker, though the router saw 7 others (--other-workers)
     assert doc["other_workers"] == 7
+    # (the warm-up's requests, before the router has measured its worker, are not counted)
     assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "queued_local_forwards": 2 * 40, "l1_hits": 0,
-                             "errors": 0, "answered_late": 0}
-    assert doc["ratio_to_direct"]["direct"] == 1.0 and doc["valid"] is True
+                             "errors": 0, "answered_late": 0, "queued_computed": 2 * 40, "queued_batches": 2 * 40,
+                             "queued_mean_batch": 1.0}
+    assert doc["ratio_to_direct"]["direct"] == 1.0 and doc["valid"] is True and doc["batch"] == 1
+    # --batch: handed over 4 at a time, the queued worker computes them as batches of 4; every one still answered
+    # within its pass, to the local worker (not to the 7 it is told of)
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "20", "--reps", "2", "--other-workers", "7",
+                        "--batch", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["batch"] == 4 and doc["valid"] is True
+    assert doc["counts"]["queued_batches"] == 2 * 40 // 4 and doc["counts"]["queued_mean_batch"] == 4.0
+    assert doc["counts"]["queued_local_forwards"] == 2 * 40 and doc["counts"]["answered_late"] == 0
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--model 'nosuch' is not in" in bad.stderr and "Traceback" not in bad.stderr
@@ -236,6 +247,15 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--yields", "0"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--yields: must be at least 1" in bad.stderr
+    # options of one measure given to another are usage errors, not silently ignored
+    for argv, msg in ((["--bytecodes", "5", "--reps", "2"], "--reps applies to the CPU-time measure only"),
+                      (["--bytecodes", "5", "--batch", "2"], "--batch applies to the CPU-time measure only"),
+                      (["--top", "3"], "--top applies to --bytecodes only"),
+                      (["--instructions", "5", "--bytecodes", "5"], "two measures"),
+                      (["--instructions", "5", "--yields", "2"], "--yields does not apply to --instructions")):
+        bad = subprocess.run([sys.executable, "-m", "bench.pathcost", *argv], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert bad.returncode == 2 and msg in bad.stderr, (argv, bad.stderr)
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench.pathcost --instructions needs valgrind (not installed)")
@@ -269,7 +289,8 @@ def test_pathcost_counts_bytecodes_of_all_three_variants(tmp_path):
     per = doc["bytecodes_per_request"]
     assert set(per) == {"direct", "inferbus", "inferbus_queued"}
     assert doc["counts"] == {"run_now": 20, "queued_run_now": 0, "queued_local_forwards": 20, "l1_hits": 0,
-                             "errors": 0, "answered_late": 0}
+                             "errors": 0, "answered_late": 0, "queued_computed": 20, "queued_batches": 20,
+                             "queued_mean_batch": 1.0}
     assert doc["valid"] is True and doc["python"] == platform.python_version()
     assert 500 < per["direct"] < per["inferbus"] < per["inferbus_queued"]
     queued = doc["top"]["inferbus_queued"]

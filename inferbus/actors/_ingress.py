@@ -50,7 +50,6 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import msgspec
 
@@ -170,8 +169,10 @@ class _Hedge:
         self.local = None
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(msgspec.Struct):
+    """A request forwarded to a worker and not yet settled, by forward sequence number (a ``msgspec.Struct``
+    for its C ``__init__``)."""
+
     worker_id: str
     reply: str
     deadline: float
