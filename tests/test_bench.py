@@ -33,8 +33,8 @@ def test_split_spreads_evenly():
 
 def test_recorders_merge_across_processes():
     a, b = Recorder(), Recorder()
-    for v in (100, 200, 300):
-        a.record(v, params={"timings_us": {"compute": 10, "ingress_total": 20, "worker_total": 30}})
+    for v, batch in ((100, 1), (200, 4), (300, 4)):
+        a.record(v, params={"timings_us": {"compute": 10, "ingress_total": 20, "worker_total": 30}, "batch_size": batch})
     b.record(400, err="TIMEOUT")
     b.record(50, correct=False)
     r = merge_wire([a.to_wire(1.0, 0.01), b.to_wire(2.0, 0.02)], model="m", mode="closed", concurrency=2,
@@ -43,6 +43,7 @@ def test_recorders_merge_across_processes():
     assert r.duration_s == 2.0 and r.qps == 2.5
     assert r.stages_us["compute"] == 10 and r.stages_us["e2e"] == 200 and r.stages_us["bus_other"] == 150
     assert 190 <= r.p50_us <= 210 and r.max_us >= 400
+    assert r.mean_batch == 3.0  # the misses' parameters.batch_size
 
 
 def test_workload_judges_raw_replies():
@@ -136,6 +137,7 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     for k in ("decode", "validate", "route", "ingress_total", "queue", "compute", "encode", "worker_total", "e2e",
               "bus_other"):
         assert k in miss1["stages_us"], k
+    assert miss1["mean_batch"] == 1.0  # one request at a time: each computed alone
     assert any(s["cache_hits"] > 0 for s in doc["steps"] if s["series"] == "inferbus hit")
     assert doc["peer"]["ray"]["skipped"]
     # --colocate-ab: the same loops against a colocated node, in the same run

@@ -37,6 +37,8 @@ class BenchResult:
     (``e2e - ingress_total - worker_total``: hops, NATS server, client receive);
     when the worker stamps ``worker_done_unix_us`` (wall clock, µs) the generator
     adds ``reply_hop`` (that stamp to the answer's arrival, same host's clock).
+    ``mean_batch`` is the misses' mean ``parameters.batch_size`` (requests in the model run that computed
+    each; 0 when no miss said).
     """
 
     model: str
@@ -65,6 +67,7 @@ class BenchResult:
     send_lag_p99_us: float = 0.0
     gen_cpu_us_per_req: float = 0.0
     timeouts: int = 0
+    mean_batch: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,6 +92,8 @@ class Recorder:
         self.stages: Counter = Counter()
         self.stage_n = 0
         self.e2e_miss_sum = 0.0
+        self.batch_sum = 0
+        self.batch_n = 0
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
                params: dict | None = None) -> None:
@@ -115,6 +120,10 @@ class Recorder:
                 for k, v in t.items():
                     if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
                         self.stages[k] += v
+                b = params.get("batch_size")
+                if type(b) is int:
+                    self.batch_sum += b
+                    self.batch_n += 1
                 done = t.get("worker_done_unix_us")
                 if isinstance(done, (int, float)):
                     # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
@@ -138,7 +147,7 @@ class Recorder:
             "hist": self.hist.encode().decode("ascii"), "lag": self.lag.encode().decode("ascii"),
             "errors": dict(self.errors), "ok": self.ok, "wrong": self.wrong, "hits": self.hits,
             "stages": dict(self.stages), "stage_n": self.stage_n, "e2e_miss_sum": self.e2e_miss_sum,
-            "elapsed_s": elapsed_s, "cpu_s": cpu_s,
+            "batch_sum": self.batch_sum, "batch_n": self.batch_n, "elapsed_s": elapsed_s, "cpu_s": cpu_s,
         }
 
 
@@ -152,7 +161,7 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     hist, lag = new_histogram(), new_histogram()
     errors: Counter = Counter()
     stages: Counter = Counter()
-    ok = wrong = hits = stage_n = 0
+    ok = wrong = hits = stage_n = batch_sum = batch_n = 0
     e2e = elapsed = cpu = 0.0
     for p in parts:
         hist.add(HdrHistogram.decode(p["hist"].encode("ascii")))
@@ -164,6 +173,8 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
         hits += p["hits"]
         stage_n += p["stage_n"]
         e2e += p["e2e_miss_sum"]
+        batch_sum += p.get("batch_sum", 0)
+        batch_n += p.get("batch_n", 0)
         elapsed = max(elapsed, p["elapsed_s"])
         cpu += p["cpu_s"]
     n = hist.get_total_count()
@@ -178,6 +189,8 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     if lag.get_total_count():
         r.send_lag_p50_us = float(lag.get_value_at_percentile(50))
         r.send_lag_p99_us = float(lag.get_value_at_percentile(99))
+    if batch_n:
+        r.mean_batch = round(batch_sum / batch_n, 2)
     if stage_n:
         s = {k: round(v / stage_n, 1) for k, v in sorted(stages.items())}
         s["e2e"] = round(e2e / stage_n, 1)
