@@ -1,6 +1,7 @@
 """Profile the hot path under load with py-spy: ingress, worker, a load generator and an echo responder.
 
     python -m bench.profile_hotpath --seconds 10 --concurrency 64 --out bench/results/profile
+    python -m bench.profile_hotpath --colocate --no-l2 --mode open --rate-qps 2750 --direct   # + the direct floor
 
 Starts one nats-server, a node (1 ingress, 1 worker by default), echo
 responders and generator processes as the suite does, drives a closed loop of
@@ -8,7 +9,9 @@ cache misses (then of echo requests) and samples each process with
 ``py-spy record --nonblocking --format raw`` (collapsed stacks). Writes the raw
 stacks per process and prints, per process, the functions with the most
 samples on top of the stack (self) and anywhere on it (inclusive), as shares
-of the samples. ``py-spy`` must be installed (``pip install py-spy``) and
+of the samples. ``--direct`` also drives and samples a direct responder (the suite's ``--direct`` floor:
+decode, model at batch 1, encode, in one nats-py handler) with the same load, so that the serving path's
+process and the floor's compare by layer and function at one rate. ``py-spy`` must be installed (``pip install py-spy``) and
 allowed to read other processes (root, or ptrace permitted).
 """
 
@@ -116,6 +119,14 @@ async def run(a) -> dict:
     try:
         echo = EchoPool(1, nats.url, "bench.echo", log_dir=Path(tmp.name))
         await echo.start()
+        direct = None
+        if a.direct:
+            from inferbus.actors._repository import ModelRepository
+
+            mv = next(iter(ModelRepository(mdir, [a.model]).get(a.model).versions.values()))
+            direct = EchoPool(1, nats.url, "bench.direct", log_dir=Path(tmp.name),
+                              model=(str(mv.path), a.model, mv.version))
+            await direct.start()
         node = Node(NodeConfig(models_dir=mdir, workers=a.workers, ingress=1, nats_url=nats.url, models=(a.model,),
                                no_cache=not a.l2, run_dir=str(Path(tmp.name) / "node"), colocate=a.colocate))
         await node.start()
@@ -125,7 +136,8 @@ async def run(a) -> dict:
         try:
             miss = {"kind": "inferbus", "name": "inferbus", "model": a.model, "version": "1", "distinct": not a.hits}
             e = {"kind": "echo", "name": "echo", "model": a.model, "version": "1", "subject": "bench.echo"}
-            await gp.prepare([miss, e])
+            d = {"kind": "direct", "name": "direct", "model": a.model, "version": "1", "subject": "bench.direct"}
+            await gp.prepare([miss, e] + ([d] if direct is not None else []))
             await gp.step(miss, mode="closed", concurrency=8, duration_s=1)
             pids = {c.id.split(":")[0] + "-" + c.id.split(":")[-1]: c.pid for c in node.supervisor.which_children()}
             pids = {k: v for k, v in pids.items() if not k.startswith("aggregator")}
@@ -137,16 +149,22 @@ async def run(a) -> dict:
                 p.wait()
             report["inferbus"] = {"qps": res.qps, "p50_us": res.p50_us, "p99_us": res.p99_us,
                                   "stages_us": res.stages_us}
-            spies = await _record({"echo": echo.children[0].proc.pid, "loadgen-echo": gp.children[0].proc.pid},
-                                  a.seconds, out, a.rate)
-            res = await gp.step(e, mode=a.mode, concurrency=a.concurrency if a.mode == "closed" else None,
-                                rate=a.rate_qps if a.mode == "open" else None, duration_s=a.seconds + 1)
-            for p in spies.values():
-                p.wait()
-            report["echo"] = {"qps": res.qps, "p50_us": res.p50_us, "p99_us": res.p99_us}
+            legs = [("echo", e, echo)]
+            if direct is not None:
+                legs.append(("direct", d, direct))
+            for name, target, pool in legs:
+                spies = await _record({name: pool.children[0].proc.pid, f"loadgen-{name}": gp.children[0].proc.pid},
+                                      a.seconds, out, a.rate)
+                res = await gp.step(target, mode=a.mode, concurrency=a.concurrency if a.mode == "closed" else None,
+                                    rate=a.rate_qps if a.mode == "open" else None, duration_s=a.seconds + 1)
+                for p in spies.values():
+                    p.wait()
+                report[name] = {"qps": res.qps, "p50_us": res.p50_us, "p99_us": res.p99_us}
         finally:
             await gp.close()
             await echo.close()
+            if direct is not None:
+                await direct.close()
     finally:
         if node is not None:
             await node.stop()
@@ -170,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--colocate", action="store_true", help="each worker slot one process with its ingress")
     p.add_argument("--hits", action="store_true", help="replay the dataset's rows (L1 hits after the first round) "
                    "instead of distinct inputs (misses)")
+    p.add_argument("--direct", action="store_true",
+                   help="also drive and sample a direct responder (the Python floor) with the same load")
     p.add_argument("--rate", type=args.count, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=args.count, default=25)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))
