@@ -18,9 +18,7 @@ allowed to read other processes (root, or ptrace permitted).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -205,7 +203,7 @@ def main(argv=None) -> int:
             for f, pc in v["self"]:
                 print(f"  {pc:5.1f}  {f}")
             print("-- self % by layer: " + ", ".join(f"{k} {pc}" for k, pc in v["layers"].items()))
-            print(f"-- inclusive %")
+            print("-- inclusive %")
             for f, pc in v["inclusive"][:15]:
                 print(f"  {pc:5.1f}  {f}")
         else:

@@ -143,6 +143,35 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+_FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
+                 "rate_limit_per_s": "rate_limit", "client_rate_limit_per_s": "client_rate_limit",
+                 "hedge_budget_ratio": "hedge_budget", "models_dir": "models"}
+"""Configuration fields whose ``inferbus up`` option has another name (the rest: the field's name with dashes)."""
+
+_FIELD = re.compile(r"\b(?:[A-Z]\w*Config(?:\.\w+)*\.)?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b|\b[A-Z]\w*Config(?:\.(\w+))")
+
+
+def _with_flags(message: str, command) -> str:
+    """A configuration check's message (``NodeConfig.ingress_options.rate_limit_per_s must be ...``) in the
+    terms of ``command`` (a typer command function): each field that is one of its options becomes the option's
+    name (``--rate-limit must be ...``) and a leading ``XConfig:`` goes; fields with no option stay as they are."""
+    import inspect
+
+    flags = {}
+    for name, param in inspect.signature(command).parameters.items():
+        decls = getattr(param.default, "param_decls", None)
+        if decls is None:  # an argument, not an option
+            continue
+        longs = [d for decl in decls for d in decl.split("/") if d.startswith("--")]
+        flags[name] = longs[0] if longs else "--" + name.replace("_", "-")
+
+    def sub(m: re.Match) -> str:
+        field = m.group(1) or m.group(2)
+        return flags.get(_FIELD_PARAMS.get(field, field)) or m.group(0)
+
+    return re.sub(r"^[A-Z]\w*Config: ", "", _FIELD.sub(sub, message))
+
+
 def _check_nats_urls(nats_url: str) -> str:
     """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
     string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
@@ -354,8 +383,8 @@ def up(
                          run_dir=str(run_dir) if run_dir else None,
                          backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
                          **serving)
-    except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf)
-        _usage(f"up: {exc}")
+    except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
+        _usage(f"up: {_with_flags(str(exc), up)}")
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
         if not demo:
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "

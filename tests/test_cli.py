@@ -141,14 +141,22 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
 @pytest.mark.parametrize("args,said", [
     (("--models", "/nonexistent-inferbus-models"), "is not a folder"),
     (("--nats-port", "99999"), "--nats-port must be 0"),
-    (("--default-timeout-ms", "-1"), "default_timeout_ms in (0, 600000]"),
-    (("--default-timeout-ms", "nan"), "default_timeout_ms in (0, 600000]"),
-    (("--default-timeout-ms", "1e99"), "default_timeout_ms in (0, 600000]"),
+    (("--default-timeout-ms", "-1"), "--default-timeout-ms in (0, 600000]"),
+    (("--default-timeout-ms", "nan"), "--default-timeout-ms in (0, 600000]"),
+    (("--default-timeout-ms", "1e99"), "--default-timeout-ms in (0, 600000]"),
     (("--redis-url", "foo://x"), "--redis-url must start with redis://"),
     (("--prefix", "a b"), "prefix"),
-    (("--max-request-bytes", "-1"), "max_request_bytes >= 0"),
-    (("--hedge-budget", "2"), "hedge_budget_ratio must be in [0, 1]"),
-    (("--mailbox-size", "0"), "mailbox_size must be >= 1"),
+    (("--max-request-bytes", "-1"), "--max-request-bytes >= 0"),
+    # the node's checks name configuration fields; the message names the options the user typed instead
+    (("--hedge-budget", "2"), "up: --hedge-budget must be in [0, 1]"),
+    (("--mailbox-size", "0"), "up: --mailbox-size must be >= 1"),
+    (("--rate-limit", "-1"), "up: --rate-limit must be a finite number >= 0"),
+    (("--client-rate-limit", "-1"), "up: --client-rate-limit must be a finite number >= 0"),
+    (("--max-error-rate", "2"), "up: --max-error-rate in [0, 1], --min-window-requests >= 1"),
+    (("--inline-max-compute-us", "-5"), "up: --inline-max-compute-us must be >= 0 µs"),
+    # a max_payload nats-server refuses (over 64 MiB), or one so small the node would never get ready
+    (("--nats-max-payload", "5"), "up: --nats-max-payload must be 65536 (64 KiB) to 67108864 (64 MiB"),
+    (("--nats-max-payload", str(128 * 1024 * 1024)), "up: --nats-max-payload must be 65536 (64 KiB) to"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks

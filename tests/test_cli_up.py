@@ -194,7 +194,7 @@ def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
     line naming the range and exit 2, before anything starts (no traceback); ``bench`` checks the same."""
     models = str(models_subset(tmp_path / "models", ["typed"]))
     for value in ("-1", "nan", "inf", "2e6"):
-        text = "busy_poll_us must be 0 (off) to 1000000 µs"
+        text = "up: --busy-poll-us must be 0 (off) to 1000000 µs"
         out = subprocess.run(UP + ["--busy-poll-us", value, "--no-cache", "--workers", "1", "--models", models],
                              capture_output=True, text=True, env=ENV, timeout=30, cwd=ROOT)
         assert out.returncode == 2, (value, out.returncode, out.stderr[-2000:])

@@ -58,7 +58,7 @@ from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
-    encode_error, encode_response, input_to_numpy, is_json,
+    encode_response, input_to_numpy, is_json,
 )
 from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (

@@ -120,7 +120,9 @@ class NodeConfig:
     ``nkeys_seed``, ``user_credentials``) and TLS files. With an embedded nats-server, a ``token`` or
     ``user``/``password`` is also required by that server."""
     nats_max_payload_bytes: int = 8 * 1024 * 1024
-    """``max_payload`` of the embedded nats-server (largest message, headers included)."""
+    """``max_payload`` of the embedded nats-server (largest message, headers included): 64 KiB to 64 MiB
+    (nats-server's own ceiling); below 64 KiB the actors' own messages (load reports, ``$SRV`` answers, model
+    lists) would not fit and the node would never get ready."""
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)
@@ -143,6 +145,10 @@ class NodeConfig:
         if self.server_intensity < 0 or not self.server_period_s > 0:
             raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
                              f"{self.server_intensity}, {self.server_period_s}")
+        if not MIN_MAX_PAYLOAD_BYTES <= self.nats_max_payload_bytes <= MAX_MAX_PAYLOAD_BYTES:
+            raise ValueError(f"NodeConfig.nats_max_payload_bytes must be {MIN_MAX_PAYLOAD_BYTES} (64 KiB) to "
+                             f"{MAX_MAX_PAYLOAD_BYTES} (64 MiB, nats-server's ceiling) bytes; got "
+                             f"{self.nats_max_payload_bytes}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
         # the actors' own checks of the options passed through, now: a bad value fails here, before any
@@ -154,6 +160,14 @@ class NodeConfig:
                                                                   **self.ingress_options})
         WorkerConfig(worker_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                      mailbox_size=self.mailbox_size, **{"busy_poll_us": self.busy_poll_us, **self.worker_options})
+
+
+MIN_MAX_PAYLOAD_BYTES = 64 * 1024
+"""The least ``nats_max_payload_bytes``: room for the actors' own messages (a ``$SRV.INFO`` answer with every
+endpoint, a model list, a load report) with a margin. Chosen here, not taken from NATS."""
+MAX_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""nats-server's ceiling for ``max_payload``: its configuration reference (docs.nats.io, ``max_payload``) allows
+up to 64MB, and no more than ``max_pending`` (64MB by default, which the embedded server keeps)."""
 
 
 class Node:

@@ -56,7 +56,7 @@ import random
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import msgspec
@@ -66,7 +66,7 @@ from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
-    decode_request, encode_error, encode_response, input_to_numpy, is_json, output_from_numpy,
+    decode_request, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
 from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (
