@@ -102,13 +102,26 @@ async def test_settled_topology_lease_on_witness_and_cache_roles(topo):
 
 @pytest.mark.timeout(60)
 async def test_answers_carry_the_primary_term(topo):
+    """Answers from the standby region carry the primary's term once its actors have heard it. Right after the
+    topology settles an answer may still carry 0 (no term heard yet; a box stalled for seconds showed it in
+    CI), never another term; within 10 s every answer carries the primary's."""
+    import asyncio
+
     import numpy as np
 
-    st = await topo.statuses()
+    st = await _until(topo, _link_up("B"))
     p = _primary(st)
+    seen = []
+    deadline = time.monotonic() + 10
     async with await Client.connect(topo.client_urls(first="B"), no_randomize=True) as c:
-        res = await c.infer_result("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=5)
-    assert res.parameters["term"] == st[p].term and res.parameters["region"] == "B"
+        while True:
+            res = await c.infer_result("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=5)
+            assert res.parameters["region"] == "B"
+            seen.append(res.parameters["term"])
+            if seen[-1] == st[p].term or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    assert seen[-1] == st[p].term and set(seen) <= {0, st[p].term}, seen
 
 
 @pytest.mark.timeout(60)
