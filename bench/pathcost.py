@@ -496,17 +496,17 @@ def main(argv: list[str] | None = None) -> int:
                         "computes them as one batch of K; the run-to-completion variant still runs each alone "
                         "(under load it would queue all but the last, seeing the others wait)")
     p.add_argument("--yields", type=args.count,
-                   help="event-loop turns after each request, every variant (default 3; at least 1: the worker's "
-                        "pump answers a queued request in them)")
+                   help="event-loop turns after each request (each group of --batch), every variant (default 3; at "
+                        "least 1: the worker's pump answers a queued request in them)")
     p.add_argument("--json", type=Path, help="write the result document here")
     p.add_argument("--instructions", type=args.count, metavar="N",
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
                         "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind "
-                        "(--requests, --reps and --yields do not apply)")
+                        "(--requests, --reps, --batch and --yields are refused)")
     p.add_argument("--bytecodes", type=args.count, metavar="N",
                    help="instead of CPU time: Python bytecodes per request (sys.settrace), by function, for all "
-                        "three variants, over N requests after N of warm-up (--yields applies; --requests and "
-                        "--reps do not)")
+                        "three variants, over N requests after N of warm-up (--yields applies; --requests, "
+                        "--reps and --batch are refused)")
     p.add_argument("--top", type=args.count, metavar="K",
                    help="with --bytecodes: the K functions that execute the most, per variant (default 25)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
