@@ -288,9 +288,10 @@ measured service time (:func:`_await_routed`), so a batch does not send requests
 (``--other-workers``), priced as fast as the local worker until it is measured."""
 _WARM_UP_GROUPS = 6
 """With ``--batch K``, the warm-up is at least this many groups of K, handed over as the timed passes hand
-them: ONNX Runtime's first run at a new batch size is slow (on the H200 it lifted the worker's compute
-estimate over ``inline_max_compute_us``, and 288 of 30,000 timed requests went to the inference thread,
-answered late), and the estimate must come back down before timing."""
+them. After a warm-up of single requests, the first timed batches of 8 on the H200 measured slow enough to
+lift the worker's compute estimate over ``inline_max_compute_us``: 288 of 30,000 timed requests went to the
+inference thread, answered late (cause not established; docs/performance.md, twelfth session). With this
+warm-up, none did in four runs."""
 
 
 def _counts(now_col: Colocated, queued_col: Colocated, late: int, since: dict | None = None) -> dict:
