@@ -157,6 +157,16 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     # a max_payload nats-server refuses (over 64 MiB), or one so small the node would never get ready
     (("--nats-max-payload", "5"), "up: --nats-max-payload must be 65536 (64 KiB) to 67108864 (64 MiB"),
     (("--nats-max-payload", str(128 * 1024 * 1024)), "up: --nats-max-payload must be 65536 (64 KiB) to"),
+    # NaN passed every "x <= 0" check (each comparison with NaN is false) and started a node; infinity is no time
+    (("--health-timeout-s", "nan"), "up: --health-timeout-s must be a finite number > 0 seconds; got nan"),
+    (("--health-timeout-s", "inf"), "up: --health-timeout-s must be a finite number > 0 seconds; got inf"),
+    (("--health-window-s", "nan"), "up: --health-window-s must be a finite number >= 1 second"),
+    (("--breaker-open-s", "nan"), "--breaker-open-s > 0 seconds (finite)"),
+    (("--inline-max-compute-us", "nan"), "up: --inline-max-compute-us must be >= 0 µs"),
+    (("--peer-query-timeout-ms", "inf"), "up: --peer-query-timeout-ms must be a finite number > 0 ms"),
+    # --l2-timeout-ms had no check at all
+    (("--l2-timeout-ms", "-1"), "up: --l2-timeout-ms must be a finite number > 0 ms; got -1.0"),
+    (("--l2-timeout-ms", "nan"), "up: --l2-timeout-ms must be a finite number > 0 ms"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks

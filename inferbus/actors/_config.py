@@ -22,6 +22,7 @@ MAX_BACKLOG_BYTES = DEFAULT_SUB_PENDING_BYTES_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_bytes`` (half of nats-py's pending-bytes limit, same reason)."""
 
 
+_INF = float("inf")
 RATE_FIELDS = (("rate_limit_per_s", "rate_burst"), ("client_rate_limit_per_s", "client_rate_burst"))
 """(rate, burst) option pairs of :class:`IngressConfig`: the global and the per-client token bucket."""
 
@@ -141,14 +142,17 @@ class WorkerConfig(_JsonMixin):
             raise ValueError("WorkerConfig.mailbox_size must be >= 1")
         if self.report_interval_ms < 10:
             raise ValueError("WorkerConfig.report_interval_ms must be >= 10 ms")
-        if self.health_window_s < 1:
-            raise ValueError("WorkerConfig.health_window_s must be >= 1 second")
-        if self.dedupe_ttl_s <= 0 or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
-            raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds, dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
-        if not 0.0 <= self.inject_error_rate <= 1.0 or self.compute_delay_ms < 0:
-            raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0")
-        if self.inline_max_compute_us < 0:
-            raise ValueError("WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline)")
+        # each check is written so that NaN fails it (every comparison with NaN is false), and infinity where a
+        # finite time is meant
+        if not 1 <= self.health_window_s < _INF:
+            raise ValueError(f"WorkerConfig.health_window_s must be a finite number >= 1 second; got {self.health_window_s}")
+        if not 0 < self.dedupe_ttl_s < _INF or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
+            raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds (finite), dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
+        if not 0.0 <= self.inject_error_rate <= 1.0 or not 0 <= self.compute_delay_ms < _INF:
+            raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0 (finite)")
+        if not self.inline_max_compute_us >= 0:
+            raise ValueError(f"WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline); got "
+                             f"{self.inline_max_compute_us}")
         check_busy_poll_us(self.busy_poll_us, "WorkerConfig.busy_poll_us")
 
 
@@ -231,23 +235,28 @@ class IngressConfig(_JsonMixin):
     """Request ids remembered that way at most (LRU, >= 0; 0 turns it off)."""
 
     def __post_init__(self) -> None:
-        if self.recent_rid_ttl_s <= 0 or self.recent_rid_entries < 0:
-            raise ValueError("IngressConfig: recent_rid_ttl_s > 0 seconds, recent_rid_entries >= 0")
-        if self.health_timeout_s <= 0:
-            raise ValueError("IngressConfig.health_timeout_s must be > 0 seconds")
+        if not 0 < self.recent_rid_ttl_s < _INF or self.recent_rid_entries < 0:
+            raise ValueError("IngressConfig: recent_rid_ttl_s > 0 seconds (finite), recent_rid_entries >= 0")
+        if not 0 < self.health_timeout_s < _INF:
+            raise ValueError(f"IngressConfig.health_timeout_s must be a finite number > 0 seconds; got "
+                             f"{self.health_timeout_s}")
         if not 0.0 <= self.max_error_rate <= 1.0 or self.min_window_requests < 1:
             raise ValueError("IngressConfig: max_error_rate in [0, 1], min_window_requests >= 1")
-        if self.breaker_failures < 1 or self.breaker_open_s <= 0 or self.breaker_probes < 1:
-            raise ValueError("IngressConfig: breaker_failures >= 1, breaker_open_s > 0 seconds, breaker_probes >= 1")
+        if self.breaker_failures < 1 or not 0 < self.breaker_open_s < _INF or self.breaker_probes < 1:
+            raise ValueError("IngressConfig: breaker_failures >= 1, breaker_open_s > 0 seconds (finite), "
+                             "breaker_probes >= 1")
         check_rate_limits("IngressConfig", {n: getattr(self, n) for pair in RATE_FIELDS for n in pair})
         if not 0.0 <= self.hedge_budget_ratio <= 1.0:
             raise ValueError("IngressConfig.hedge_budget_ratio must be in [0, 1]")
         if self.l2_pool_size < 1 or self.max_request_bytes < 0 or self.max_tensor_bytes < 0:
             raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
-        if not self.peer_query_timeout_ms > 0:
-            raise ValueError("IngressConfig.peer_query_timeout_ms must be > 0 ms")
+        if not 0 < self.peer_query_timeout_ms < _INF:
+            raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms; got "
+                             f"{self.peer_query_timeout_ms}")
+        if not 0 < self.l2_timeout_ms < _INF:
+            raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms; got {self.l2_timeout_ms}")
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
-        if not self.pending_grace_s >= 0 or not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
+        if not 0 <= self.pending_grace_s < _INF or not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
             raise ValueError(f"IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms in (0, "
                              f"{H.MAX_TIMEOUT_MS:.0f}] (the header's own bound); got {self.pending_grace_s}, "
                              f"{self.default_timeout_ms}")
