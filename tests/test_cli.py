@@ -167,6 +167,9 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     # --l2-timeout-ms had no check at all
     (("--l2-timeout-ms", "-1"), "up: --l2-timeout-ms must be a finite number > 0 ms; got -1.0"),
     (("--l2-timeout-ms", "nan"), "up: --l2-timeout-ms must be a finite number > 0 ms"),
+    # a huge count kept inferbus up busy starting processes
+    (("--ingress", "99999999999999999999"), "up: --workers must be 0 (one per core) to 1024 and --ingress 1 to 1024"),
+    (("--workers", "5000"), "up: --workers must be 0 (one per core) to 1024"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks

@@ -132,8 +132,9 @@ class NodeConfig:
     cluster-wide: N nodes on one NATS admit N times these limits. Validated here (ValueError)."""
 
     def __post_init__(self) -> None:
-        if self.workers < 0 or self.ingress < 1:
-            raise ValueError("NodeConfig: workers >= 0 (0 = one per core) and ingress >= 1")
+        if not 0 <= self.workers <= MAX_NODE_PROCESSES or not 1 <= self.ingress <= MAX_NODE_PROCESSES:
+            raise ValueError(f"NodeConfig.workers must be 0 (one per core) to {MAX_NODE_PROCESSES} and "
+                             f"NodeConfig.ingress 1 to {MAX_NODE_PROCESSES}; got {self.workers}, {self.ingress}")
         check_busy_poll_us(self.busy_poll_us, "NodeConfig.busy_poll_us")
         from ..accelerators import BACKENDS, PRECISIONS
 
@@ -162,6 +163,9 @@ class NodeConfig:
                      mailbox_size=self.mailbox_size, **{"busy_poll_us": self.busy_poll_us, **self.worker_options})
 
 
+MAX_NODE_PROCESSES = 1024
+"""The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
+and ``--ingress 99999999999999999999`` kept ``inferbus up`` busy starting processes)."""
 MIN_MAX_PAYLOAD_BYTES = 64 * 1024
 """The least ``nats_max_payload_bytes``: room for the actors' own messages (a ``$SRV.INFO`` answer with every
 endpoint, a model list, a load report) with a margin. Chosen here, not taken from NATS."""
