@@ -192,6 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=args.count, default=25)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile"))
     a = p.parse_args(argv)
+    if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
+        p.error("py-spy is not installed: pip install -e '.[bench]' (or pip install py-spy)")
     import json
 
     import uvloop

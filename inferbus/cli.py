@@ -169,7 +169,11 @@ def _with_flags(message: str, command) -> str:
         field = m.group(1) or m.group(2)
         return flags.get(_FIELD_PARAMS.get(field, field)) or m.group(0)
 
-    return re.sub(r"^[A-Z]\w*Config: ", "", _FIELD.sub(sub, message))
+    # the values the message quotes or reports (``'a_b'``, ``got ...``) are the user's own text: left as they are
+    head, got, tail = message.partition("; got ")
+    parts = re.split(r"('[^']*'|\"[^\"]*\")", head)
+    head = "".join(p if i % 2 else _FIELD.sub(sub, p) for i, p in enumerate(parts))
+    return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)
 
 
 def _check_nats_urls(nats_url: str) -> str:
@@ -326,6 +330,8 @@ def up(
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
 
+    if demo and not 0 < demo_duration <= 3600:
+        _usage(f"up: --demo-duration must be more than 0 and at most 3600 seconds, got {demo_duration}")
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")

@@ -254,7 +254,9 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
                       (["--bytecodes", "5", "--batch", "2"], "--batch applies to the CPU-time measure only"),
                       (["--top", "3"], "--top applies to --bytecodes only"),
                       (["--instructions", "5", "--bytecodes", "5"], "two measures"),
-                      (["--instructions", "5", "--yields", "2"], "--yields does not apply to --instructions")):
+                      (["--instructions", "5", "--yields", "2"], "--yields does not apply to --instructions"),
+                      (["--batch", "65"], "--batch 65: at most --requests (3000) and 64"),
+                      (["--batch", "20", "--requests", "10"], "--batch 20: at most --requests (10)")):
         bad = subprocess.run([sys.executable, "-m", "bench.pathcost", *argv], cwd=ROOT, capture_output=True, text=True,
                              timeout=60)
         assert bad.returncode == 2 and msg in bad.stderr, (argv, bad.stderr)

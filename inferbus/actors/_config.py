@@ -138,14 +138,14 @@ class WorkerConfig(_JsonMixin):
     2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
 
     def __post_init__(self) -> None:
-        if self.mailbox_size < 1:
-            raise ValueError("WorkerConfig.mailbox_size must be >= 1")
+        if not 1 <= self.mailbox_size <= 1_000_000_000:
+            raise ValueError(f"WorkerConfig.mailbox_size must be 1 to 1000000000 requests; got {self.mailbox_size}")
         if self.report_interval_ms < 10:
             raise ValueError("WorkerConfig.report_interval_ms must be >= 10 ms")
         # each check is written so that NaN fails it (every comparison with NaN is false), and infinity where a
         # finite time is meant
-        if not 1 <= self.health_window_s < _INF:
-            raise ValueError(f"WorkerConfig.health_window_s must be a finite number >= 1 second; got {self.health_window_s}")
+        if not 1 <= self.health_window_s <= 86_400:
+            raise ValueError(f"WorkerConfig.health_window_s must be 1 to 86400 seconds; got {self.health_window_s}")
         if not 0 < self.dedupe_ttl_s < _INF or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
             raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds (finite), dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
         if not 0.0 <= self.inject_error_rate <= 1.0 or not 0 <= self.compute_delay_ms < _INF:
@@ -256,10 +256,12 @@ class IngressConfig(_JsonMixin):
         if not 0 < self.l2_timeout_ms < _INF:
             raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms; got {self.l2_timeout_ms}")
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
-        if not 0 <= self.pending_grace_s < _INF or not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
-            raise ValueError(f"IngressConfig: pending_grace_s >= 0 seconds, default_timeout_ms in (0, "
-                             f"{H.MAX_TIMEOUT_MS:.0f}] (the header's own bound); got {self.pending_grace_s}, "
-                             f"{self.default_timeout_ms}")
+        if not 0 <= self.pending_grace_s < _INF:
+            raise ValueError(f"IngressConfig.pending_grace_s must be a finite number >= 0 seconds; got "
+                             f"{self.pending_grace_s}")
+        if not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
+            raise ValueError(f"IngressConfig.default_timeout_ms must be in (0, {H.MAX_TIMEOUT_MS:.0f}] ms (the "
+                             f"header's own bound); got {self.default_timeout_ms}")
         if self.max_pending < 1:
             raise ValueError("IngressConfig.max_pending must be >= 1 request")
         if not 1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS or not 1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES:
