@@ -29,6 +29,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .accelerators import BACKENDS
+from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES,
+                      MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
+from .bus._busypoll import MAX_WINDOW_US
+from .bus._headers import MAX_TIMEOUT_MS
+
 
 def _help_option_names_in_full() -> None:
     """Make every ``--help`` print option names in full at 80 columns (they came out as ``--no-run-to-comple…``).
@@ -59,7 +65,45 @@ def _help_option_names_in_full() -> None:
     rich_utils.Table = HelpTable
 
 
+def _help_width() -> Optional[int]:
+    """The width ``--help`` is laid out in: None (rich's choice, the terminal's width) when stdout is a terminal;
+    otherwise ``COLUMNS`` when it is set, else the width of a terminal on stdin or stderr but at least
+    :data:`HELP_MIN_WIDTH`.
+
+    rich gives piped output (``inferbus up --help | less``, a log) the width of the first of stdin, stdout and
+    stderr that is a terminal, else 80: with stdin on a 40-column terminal ``up --help`` had no room left for
+    the help texts at all (the option names and types took it), and at 80 columns 20 for them.
+    """
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    width = 0
+    for fd in (0, 2):
+        try:
+            width = max(width, os.get_terminal_size(fd).columns)
+        except (OSError, ValueError):  # not a terminal (or closed)
+            pass
+    return max(width, HELP_MIN_WIDTH)
+
+
+HELP_MIN_WIDTH = 100
+"""The least width of ``--help`` printed to something other than a terminal (see :func:`_help_width`)."""
+
+
+def _help_at_a_readable_width() -> None:
+    """Lay every ``--help`` out in :func:`_help_width` columns (typer's ``TERMINAL_WIDTH``, when set, wins)."""
+    try:
+        from typer import rich_utils
+    except ImportError:  # pragma: no cover (no rich: click's plain help)
+        return
+    if getattr(rich_utils, "MAX_WIDTH", 0) is None:
+        rich_utils.MAX_WIDTH = _help_width()
+
+
 _help_option_names_in_full()
+_help_at_a_readable_width()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -254,21 +298,23 @@ def _models_dir(models: Optional[Path]) -> str:
 
 
 _REL = "Reliability"
+MAX_DEMO_DURATION_S = 3600.0
+"""Longest ``--demo-duration`` (s): an hour of every demo step is a typo, not a demo."""
 _SEC = "Security"
 
 
 @app.command()
 def up(
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
-    workers: int = typer.Option(0, help="CPU worker processes (0 = one per core)."),
-    ingress: int = typer.Option(1, help="Ingress replicas (one queue group)."),
+    workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
+    ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
                                   "which hands it requests in-process (no forward hop); --ingress is then unused."),
     run_to_completion: Optional[bool] = typer.Option(
         None, "--run-to-completion/--no-run-to-completion", show_default=False,
         help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
         "answered in the call that received it (no queue, no task switch); off: always through the worker's queue."),
-    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port)."),
+    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port), 0 to 65535."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
                                         "mod n first (others for failover); with gateway-joined servers and --colocate "
@@ -283,38 +329,45 @@ def up(
     busy_poll_us: float = typer.Option(0.0, help="Busy polling: each worker/ingress process keeps polling "
                                        "this many µs after each request instead of sleeping (lower latency, a full "
                                        "core per busy process; give each process a core, e.g. --colocate "
-                                       "--pin-cpus). 0 = off, at most 1000000."),
-    backends: str = typer.Option("onnxruntime", help="Comma-separated backends (onnxruntime, jax, tensorrt): one "
-                                 "worker per device each serves; see `inferbus devices`."),
+                                       f"--pin-cpus). 0 = off, at most {MAX_WINDOW_US:.0f}."),
+    backends: str = typer.Option("onnxruntime", help=f"Comma-separated backends, at least one of {', '.join(BACKENDS)}: "
+                                 "one worker per device each serves; see `inferbus devices`."),
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
                                   "checked per model against FP32, falling back to fp32."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
-    demo_duration: float = typer.Option(3.0, help="Seconds per demo load step."),
+    demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, more than 0 and at most "
+                                        f"{MAX_DEMO_DURATION_S:g}."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON here."),
     # reliability (docs/failure-semantics.md)
-    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s).", rich_help_panel=_REL),
-    max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy.", rich_help_panel=_REL),
-    min_window_requests: int = typer.Option(100, help="Requests in a worker's window before its error rate is judged.", rich_help_panel=_REL),
-    health_window_s: float = typer.Option(10.0, help="Sliding window of the workers' error rate (s).", rich_help_panel=_REL),
-    breaker_failures: int = typer.Option(5, help="Consecutive failures that open a worker's circuit breaker.", rich_help_panel=_REL),
-    breaker_open_s: float = typer.Option(30.0, help="Seconds a breaker stays open before one probe (half-open).", rich_help_panel=_REL),
-    rate_limit: float = typer.Option(0.0, help="Requests/s this node admits (token bucket; 0 = off).", rich_help_panel=_REL),
-    rate_burst: float = typer.Option(0.0, help="Bucket capacity (requests) above the rate: R req/s for T s needs (R - rate) * T.", rich_help_panel=_REL),
-    client_rate_limit: float = typer.Option(0.0, help="Requests/s per Inferbus-Client-Id (0 = off).", rich_help_panel=_REL),
-    client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests).", rich_help_panel=_REL),
-    hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request (0..1).", rich_help_panel=_REL),
-    mailbox_size: int = typer.Option(1024, help="Worker mailbox bound; beyond it requests are shed.", rich_help_panel=_REL),
-    inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never)."),
-    max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding.", rich_help_panel=_REL),
-    max_backlog_msgs: int = typer.Option(10_000, help="Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once.", rich_help_panel=_REL),
-    max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help="The same bound in bytes.", rich_help_panel=_REL),
-    default_timeout_ms: float = typer.Option(1000.0, help="Budget of a request without Inferbus-Timeout-Ms (ms).", rich_help_panel=_REL),
-    l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms).", rich_help_panel=_REL),
-    l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups.", rich_help_panel=_REL),
-    max_request_bytes: int = typer.Option(0, help="Largest request body (0 = NATS max_payload).", rich_help_panel=_REL),
-    max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body).", rich_help_panel=_REL),
-    nats_max_payload: int = typer.Option(8 * 1024 * 1024, help="max_payload of the embedded nats-server (bytes).", rich_help_panel=_REL),
+    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, > 0).", rich_help_panel=_REL),
+    max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy, 0 to 1.", rich_help_panel=_REL),
+    min_window_requests: int = typer.Option(100, help="Requests in a worker's window before its error rate is judged (>= 1).", rich_help_panel=_REL),
+    health_window_s: float = typer.Option(10.0, help=f"Sliding window of the workers' error rate (s), 1 to {MAX_HEALTH_WINDOW_S}.", rich_help_panel=_REL),
+    breaker_failures: int = typer.Option(5, help="Consecutive failures that open a worker's circuit breaker (>= 1).", rich_help_panel=_REL),
+    breaker_open_s: float = typer.Option(30.0, help="Seconds a breaker stays open before one probe (half-open), > 0.", rich_help_panel=_REL),
+    rate_limit: float = typer.Option(0.0, help="Requests/s this node admits (token bucket; 0 = off), >= 0.", rich_help_panel=_REL),
+    rate_burst: float = typer.Option(0.0, help="Bucket capacity (requests) above the rate: R req/s for T s needs (R - rate) * T; "
+                                     "0 (one second of the rate) or >= 1, with --rate-limit set.", rich_help_panel=_REL),
+    client_rate_limit: float = typer.Option(0.0, help="Requests/s per Inferbus-Client-Id (0 = off), >= 0.", rich_help_panel=_REL),
+    client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests): 0 (one second of the rate) or >= 1, "
+                                            "with --client-rate-limit set.", rich_help_panel=_REL),
+    hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request, 0 to 1.", rich_help_panel=_REL),
+    mailbox_size: int = typer.Option(1024, help=f"Worker mailbox bound; beyond it requests are shed. 1 to {MAX_MAILBOX_SIZE} requests.", rich_help_panel=_REL),
+    inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never), >= 0."),
+    max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding (>= 1).", rich_help_panel=_REL),
+    max_backlog_msgs: int = typer.Option(10_000, help=f"Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once, 1 to {MAX_BACKLOG_MSGS}.", rich_help_panel=_REL),
+    max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help=f"The same bound in bytes, 1 to {MAX_BACKLOG_BYTES}.", rich_help_panel=_REL),
+    default_timeout_ms: float = typer.Option(1000.0, help=f"Budget of a request without Inferbus-Timeout-Ms (ms), more than 0 and at most {MAX_TIMEOUT_MS:.0f}.", rich_help_panel=_REL),
+    l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms, > 0).", rich_help_panel=_REL),
+    l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups (>= 1).", rich_help_panel=_REL),
+    max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload); with the embedded nats-server "
+                                          "at most --nats-max-payload.", rich_help_panel=_REL),
+    max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body), >= 0.", rich_help_panel=_REL),
+    nats_max_payload: int = typer.Option(8 * 1024 * 1024, help=f"max_payload of the embedded nats-server (bytes), "
+                                         f"{MIN_MAX_PAYLOAD_BYTES} ({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to "
+                                         f"{MAX_MAX_PAYLOAD_BYTES} ({binary_size(MAX_MAX_PAYLOAD_BYTES)}).",
+                                         rich_help_panel=_REL),
     fault_injection: bool = typer.Option(False, hidden=True, help="Workers obey FaultSet on <p>._ctl.<worker> (tests, drills)."),
     peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help="How long a retry asks peer ingresses for its first copy's worker (ms)."),
     # security: credentials for every connection (also required by an embedded nats-server: token, user)
@@ -330,8 +383,9 @@ def up(
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
 
-    if demo and not 0 < demo_duration <= 3600:
-        _usage(f"up: --demo-duration must be more than 0 and at most 3600 seconds, got {demo_duration}")
+    if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
+        _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
+               f"{demo_duration}")
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")
@@ -380,6 +434,10 @@ def up(
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
     _check_accelerator_env()
+    backend_names = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not backend_names:  # it was taken as the default (onnxruntime) without a word
+        _usage(f"up: --backends {backends!r} names no backend; give one or more of {', '.join(BACKENDS)}, "
+               f"comma-separated")
     try:
         cfg = NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, colocate=colocate,
                          node_id=node_id,
@@ -387,7 +445,7 @@ def up(
                          nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,
                          prefix=prefix, pin_cpus=pin_cpus, busy_poll_us=busy_poll_us,
                          run_dir=str(run_dir) if run_dir else None,
-                         backends=tuple(b.strip() for b in backends.split(",") if b.strip()), precision=precision,
+                         backends=backend_names, precision=precision,
                          **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
@@ -610,7 +668,7 @@ def bench(
     workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
     ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling of the deployment started here (µs, 0 = off, "
-                                       "at most 1000000; see `up`)."),
+                                       f"at most {MAX_WINDOW_US:.0f}; see `up`)."),
     gens: int = typer.Option(1, help="Load-generator processes."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),

@@ -174,6 +174,19 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     # a huge count kept inferbus up busy starting processes
     (("--ingress", "99999999999999999999"), "up: --workers must be 0 (one per core) to 1024 and --ingress 1 to 1024"),
     (("--workers", "5000"), "up: --workers must be 0 (one per core) to 1024"),
+    # an empty list was taken as the default backend without a word
+    (("--backends", ","), "up: --backends ',' names no backend; give one or more of onnxruntime, jax, tensorrt"),
+    (("--backends", " , "), "up: --backends ' , ' names no backend"),
+    # a request limit the embedded nats-server's max_payload never lets a request reach was accepted silently
+    (("--nats-max-payload", "65536", "--max-request-bytes", "65537"),
+     "up: --max-request-bytes must be at most --nats-max-payload (the embedded nats-server's largest message; 0 = "
+     "that size); got 65537 > 65536"),
+    # valid: equal to it, or another NATS's (whose max_payload is not known before connecting); each gets past
+    # that check to the next bad option, so nothing is started either
+    (("--nats-max-payload", "65536", "--max-request-bytes", "65536", "--mailbox-size", "0"),
+     "up: --mailbox-size must be 1"),
+    (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--max-request-bytes", "100000",
+      "--mailbox-size", "0"), "up: --mailbox-size must be 1"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks
@@ -255,6 +268,68 @@ def test_every_help_prints_every_option_name_in_full_at_80_columns(path):
     shown = set(re.findall(r"--[A-Za-z0-9][A-Za-z0-9-]*", out))
     missing = _declared_options(dict(_commands())[path]) - shown
     assert not missing, sorted(missing)
+
+
+def _up_help_rows() -> dict[str, str]:
+    """``up --help`` at 400 columns (one line per option): the first option name of each row → the row."""
+    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--help"], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT, env={**env, "COLUMNS": "400"})
+    assert p.returncode == 0, p.stderr[-1500:]
+    return {m.group(1): line for line in p.stdout.splitlines() if (m := re.match(r"│ (--[a-z0-9-]+) ", line))}
+
+
+def test_up_help_states_the_range_each_check_allows():
+    """Every ``up`` option with a checked range says it in its help, from the constants the checks use (there
+    was none: --workers, --ingress, --nats-max-payload, --mailbox-size, ... were refused outside ranges the
+    help did not give)."""
+    from inferbus._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
+                                  MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES)
+    from inferbus.bus._busypoll import MAX_WINDOW_US
+    from inferbus.bus._headers import MAX_TIMEOUT_MS
+    from inferbus.cli import MAX_DEMO_DURATION_S
+
+    rows = _up_help_rows()
+    for option, said in {
+        "--workers": f"0 to {MAX_NODE_PROCESSES}", "--ingress": f"1 to {MAX_NODE_PROCESSES}",
+        "--nats-max-payload": f"{MIN_MAX_PAYLOAD_BYTES} (64 KiB) to {MAX_MAX_PAYLOAD_BYTES} (64 MiB)",
+        "--mailbox-size": f"1 to {MAX_MAILBOX_SIZE}", "--health-window-s": f"1 to {MAX_HEALTH_WINDOW_S}",
+        "--demo-duration": f"more than 0 and at most {MAX_DEMO_DURATION_S:g}",
+        "--busy-poll-us": f"at most {MAX_WINDOW_US:.0f}", "--nats-port": "0 to 65535",
+        "--max-backlog-msgs": f"1 to {MAX_BACKLOG_MSGS}", "--max-backlog-bytes": f"1 to {MAX_BACKLOG_BYTES}",
+        "--default-timeout-ms": f"more than 0 and at most {MAX_TIMEOUT_MS:.0f}",
+        "--max-request-bytes": "at most --nats-max-payload", "--hedge-budget": "0 to 1", "--max-error-rate": "0 to 1",
+        "--health-timeout-s": "> 0", "--breaker-open-s": "> 0", "--l2-timeout-ms": "> 0",
+        "--min-window-requests": ">= 1", "--breaker-failures": ">= 1", "--max-pending": ">= 1",
+        "--l2-pool-size": ">= 1",
+        "--rate-burst": "or >= 1", "--client-rate-burst": "or >= 1",
+    }.items():
+        assert said in rows[option], (option, rows[option])
+
+
+def test_up_help_piped_is_at_least_100_columns_whatever_terminal_stdin_is_on():
+    """Piped, rich laid the help out at the width of a terminal on stdin (or 80): on a 40-column one the option
+    names and types took all of it and no help text was printed at all. Now at least 100 columns unless COLUMNS
+    says otherwise (the 80-column tests above set it)."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TERMINAL_WIDTH", "COLUMNS")}
+    master, tty = pty.openpty()
+    try:
+        import fcntl
+        import struct
+        import termios
+
+        fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+        for stdin in (tty, subprocess.DEVNULL):
+            p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--help"], stdin=stdin,
+                               capture_output=True, text=True, timeout=30, cwd=ROOT, env=env)
+            assert p.returncode == 0, p.stderr[-1500:]
+            assert max(len(line) for line in p.stdout.splitlines()) == 100, p.stdout
+            assert "Model repository folder" in p.stdout and "CPU worker processes" in p.stdout, p.stdout
+    finally:
+        os.close(tty)
+        os.close(master)
 
 
 def test_health_with_no_ingress_answering_is_not_ready_exit_1(nats_server):

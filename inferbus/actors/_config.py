@@ -9,17 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
-
+from .._limits import MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE
 from ..bus import BusConfig
 from ..bus import headers as H
 from ..bus._busypoll import check_busy_poll_us
-
-MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
-"""Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
-ingress refuses a backlog itself long before nats-py would drop messages silently (slow consumer)."""
-MAX_BACKLOG_BYTES = DEFAULT_SUB_PENDING_BYTES_LIMIT // 2
-"""Largest ``IngressConfig.max_backlog_bytes`` (half of nats-py's pending-bytes limit, same reason)."""
 
 
 _INF = float("inf")
@@ -138,14 +131,16 @@ class WorkerConfig(_JsonMixin):
     2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.mailbox_size <= 1_000_000_000:
-            raise ValueError(f"WorkerConfig.mailbox_size must be 1 to 1000000000 requests; got {self.mailbox_size}")
+        if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:
+            raise ValueError(f"WorkerConfig.mailbox_size must be 1 to {MAX_MAILBOX_SIZE} requests; got "
+                             f"{self.mailbox_size}")
         if self.report_interval_ms < 10:
             raise ValueError("WorkerConfig.report_interval_ms must be >= 10 ms")
         # each check is written so that NaN fails it (every comparison with NaN is false), and infinity where a
         # finite time is meant
-        if not 1 <= self.health_window_s <= 86_400:
-            raise ValueError(f"WorkerConfig.health_window_s must be 1 to 86400 seconds; got {self.health_window_s}")
+        if not 1 <= self.health_window_s <= MAX_HEALTH_WINDOW_S:
+            raise ValueError(f"WorkerConfig.health_window_s must be 1 to {MAX_HEALTH_WINDOW_S} seconds; got "
+                             f"{self.health_window_s}")
         if not 0 < self.dedupe_ttl_s < _INF or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
             raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds (finite), dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
         if not 0.0 <= self.inject_error_rate <= 1.0 or not 0 <= self.compute_delay_ms < _INF:

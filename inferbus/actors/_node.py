@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
 from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
@@ -122,7 +123,9 @@ class NodeConfig:
     nats_max_payload_bytes: int = 8 * 1024 * 1024
     """``max_payload`` of the embedded nats-server (largest message, headers included): 64 KiB to 64 MiB
     (nats-server's own ceiling); below 64 KiB the actors' own messages (load reports, ``$SRV`` answers, model
-    lists) would not fit and the node would never get ready."""
+    lists) would not fit and the node would never get ready. With it (no ``nats_url``), a
+    ``max_request_bytes`` in ``ingress_options`` above it is refused (ValueError): the server would refuse such a
+    request before the ingress saw it."""
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)
@@ -147,8 +150,9 @@ class NodeConfig:
             raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
                              f"{self.server_intensity}, {self.server_period_s}")
         if not MIN_MAX_PAYLOAD_BYTES <= self.nats_max_payload_bytes <= MAX_MAX_PAYLOAD_BYTES:
-            raise ValueError(f"NodeConfig.nats_max_payload_bytes must be {MIN_MAX_PAYLOAD_BYTES} (64 KiB) to "
-                             f"{MAX_MAX_PAYLOAD_BYTES} (64 MiB, nats-server's ceiling) bytes; got "
+            raise ValueError(f"NodeConfig.nats_max_payload_bytes must be {MIN_MAX_PAYLOAD_BYTES} "
+                             f"({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to {MAX_MAX_PAYLOAD_BYTES} "
+                             f"({binary_size(MAX_MAX_PAYLOAD_BYTES)}, nats-server's ceiling) bytes; got "
                              f"{self.nats_max_payload_bytes}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
@@ -159,19 +163,16 @@ class NodeConfig:
         IngressConfig(ingress_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                       health_timeout_s=self.health_timeout_s, **{"busy_poll_us": self.busy_poll_us,
                                                                   **self.ingress_options})
+        # with the embedded nats-server, a larger request limit than its max_payload is one that can never apply
+        # (the server refuses the message first): a mistake in one of the two values, refused rather than kept
+        # silently. Another NATS's max_payload (nats_url) is not known until connected.
+        request_bytes = self.ingress_options.get("max_request_bytes", 0)
+        if self.nats_url is None and request_bytes > self.nats_max_payload_bytes:
+            raise ValueError(f"NodeConfig.ingress_options.max_request_bytes must be at most nats_max_payload_bytes "
+                             f"(the embedded nats-server's largest message; 0 = that size); got {request_bytes} > "
+                             f"{self.nats_max_payload_bytes}")
         WorkerConfig(worker_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                      mailbox_size=self.mailbox_size, **{"busy_poll_us": self.busy_poll_us, **self.worker_options})
-
-
-MAX_NODE_PROCESSES = 1024
-"""The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
-and ``--ingress 99999999999999999999`` kept ``inferbus up`` busy starting processes)."""
-MIN_MAX_PAYLOAD_BYTES = 64 * 1024
-"""The least ``nats_max_payload_bytes``: room for the actors' own messages (a ``$SRV.INFO`` answer with every
-endpoint, a model list, a load report) with a margin. Chosen here, not taken from NATS."""
-MAX_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
-"""nats-server's ceiling for ``max_payload``: its configuration reference (docs.nats.io, ``max_payload``) allows
-up to 64MB, and no more than ``max_pending`` (64MB by default, which the embedded server keeps)."""
 
 
 class Node:
