@@ -659,6 +659,17 @@ def _target(name: str, value, limit, ge: bool = False) -> dict:
     return {"target": name, "value": value, "limit": limit, "met": met}
 
 
+def _target_value(value, limit) -> str:
+    """``value`` as the targets table prints it: 2 decimals, more (up to 6) while it would print as ``limit`` does
+    without being equal to it (1.104 against 1.1 is "1.104", not "1.10": a miss never reads as the limit)."""
+    if not isinstance(value, float):
+        return str(value)
+    digits = 2
+    while digits < 6 and value != limit and f"{value:.{digits}f}" == f"{limit:.{digits}f}":
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def render(doc: dict, console=None) -> None:
     """Print the steps, the ratio table and the targets (rich)."""
     from rich.console import Console
@@ -669,7 +680,7 @@ def render(doc: dict, console=None) -> None:
     t = Table(title=f"inferbus bench suite — {m['model']}, {m['profile']}, {m['nproc']} cores ({m['cpu_model']}), "
                     f"{m['date']}")
     for col in ("series", "mode", "load", "qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "err", "wrong", "hits",
-                "lag p99 ms", "CPU µs/req (top)"):
+                "mean batch", "lag p99 ms", "CPU µs/req (top)"):
         t.add_column(col, justify="left" if col in ("series", "mode", "CPU µs/req (top)") else "right")
     for s in doc["steps"]:
         load = f"c={s['concurrency']}" if s["mode"] == "closed" else f"{s['rate_qps']:g}/s"
@@ -677,6 +688,7 @@ def render(doc: dict, console=None) -> None:
         t.add_row(s["series"], s["mode"], load, f"{s['qps']:.0f}", f"{s['p50_us'] / 1000:.3f}",
                   f"{s['p95_us'] / 1000:.3f}", f"{s['p99_us'] / 1000:.3f}", f"{s['p99_9_us'] / 1000:.3f}",
                   str(sum(s["errors"].values())), str(s["wrong"]), str(s["cache_hits"]),
+                  f"{s['mean_batch']:.2f}" if s.get("mean_batch") else "—",  # no miss said (echo, hits, old JSON)
                   f"{s['send_lag_p99_us'] / 1000:.2f}", ", ".join(f"{k} {v:.0f}" for k, v in cpu))
     con.print(t)
     f = doc["floors"]
@@ -707,7 +719,7 @@ def render(doc: dict, console=None) -> None:
         tt.add_column(col)
     for x in doc["targets"]:
         v = x["value"]
-        tt.add_row(x["target"], "—" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)), str(x["limit"]),
+        tt.add_row(x["target"], "—" if v is None else _target_value(v, x["limit"]), str(x["limit"]),
                    {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[x["met"]])
     con.print(tt)
 

@@ -215,6 +215,40 @@ def test_suite_refuses_run_to_completion_without_colocated_processes(capsys):
     assert config_from(_parse(["--profile", "tiny"])).run_to_completion  # the default, valid in any layout
 
 
+def test_suite_table_shows_mean_batch_and_a_missed_target_never_reads_as_its_limit():
+    """The console tables: each step's ``mean_batch`` (it was only in the JSON), and a target's value with the
+    digits that tell it from its limit (1.104 against 1.1 printed as "1.1, limit 1.1, missed")."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from bench.suite import render
+
+    step = dict(series="inferbus miss", mode="closed", concurrency=8, rate_qps=None, qps=900.0, p50_us=1000.0,
+                p95_us=2000.0, p99_us=3000.0, p99_9_us=4000.0, errors={}, wrong=0, cache_hits=0, send_lag_p99_us=0.0,
+                cpu_us_per_req={}, mean_batch=3.25)
+    echo = dict(step, series="echo", mean_batch=0.0)
+    doc = {"meta": dict(model="digits", profile="tiny", nproc=2, cpu_model="cpu", date="today"),
+           "steps": [echo, step], "floors": {"model": {"p50_us": 20.0, "p99_us": 30.0},
+                                             "inproc_pipeline": {"p50_us": 50.0}},
+           "ratios": {"closed": {}, "half_load": {}, "throughput": {}, "vs_ray": {}}, "stages_us": {},
+           "targets": [{"target": "cache hit p50 ≤ 1.1 × echo p50", "value": 1.104, "limit": 1.1, "met": False},
+                       {"target": "cache miss p50 ≤ 1.5 ×", "value": 1.71, "limit": 1.5, "met": False}]}
+    con = Console(file=io.StringIO(), width=250, record=True)
+    render(doc, con)
+    lines = con.export_text().splitlines()
+
+    def cells(first: str) -> list[str]:
+        line = next(line for line in lines if line.lstrip("│┃ ").startswith(first))
+        return [c.strip() for c in re.split("[│┃]", line)[1:-1]]
+
+    col = cells("series").index("mean batch")
+    assert cells("inferbus miss")[col] == "3.25" and cells("echo")[col] == "—"
+    assert cells("cache hit p50")[1:4] == ["1.104", "1.1", "missed"]
+    assert cells("cache miss p50")[1:4] == ["1.71", "1.5", "missed"]
+
+
 def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     """``bench.pathcost`` (small, 2 passes a round so that a cache hit would show): the three variants measured
     on a real nats-server with no errors and no cache hits, the run-to-completion variant running every request
