@@ -107,14 +107,15 @@ the same model version is answered from L1 without being decoded, validated or h
 Bounded by ``l1_entries`` entries, so the index holds at most ``l1_entries`` × 4 KiB of bodies."""
 
 
-def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, stages: tuple, ct: str | None,
+def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, stages: dict, ct: str | None,
                 hdrs: dict, rid: str | None) -> tuple:
     """The ``fwd`` argument of :func:`_fwd_block`: ``(deadline_unix_ms, (ingress, model, version, term, cache
-    key, timings), extra header lines)``; ``stages`` are the ingress's µs (decode, validate, cache, route,
+    key, timings), extra header lines)``; ``stages``: the ingress's µs by stage (decode, validate, cache, route,
     ingress_total); ``extra`` carries the client's Content-Type, the request id (the body's ``rid`` when the
     client sent no header) and its trace headers."""
     fargs = (ingress_id, mv.name, mv.version, str(term) if term else "", key or "",
-             f"decode={stages[0]},validate={stages[1]},cache={stages[2]},route={stages[3]},ingress_total={stages[4]}")
+             f"decode={stages['decode']},validate={stages['validate']},cache={stages['cache']},"
+             f"route={stages['route']},ingress_total={stages['ingress_total']}")
     extra = f"Content-Type: {ct}\r\n" if ct else ""
     v = hdrs.get(H.REQUEST_ID)
     if v:
@@ -685,14 +686,13 @@ class Ingress:
             self.counts["unavailable"] += 1
             raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",
                               field="model", retry_after_ms=50)
-        seq = next(self._seq)
         term = self.fencing.term
-        # the ingress's stages in µs: decode, validate, cache, route, ingress_total
-        stages = (int((t_dec - t0) * 1e6), int((t_val - t_dec) * 1e6), int((t_cache - t_val) * 1e6),
-                  int((now - t_cache) * 1e6), int((now - t0) * 1e6))
         dl_ms = (time.time() + (deadline - now)) * 1000.0
-        hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         body = msg.data
+        # the ingress's stages in µs (the answer's timings_us start with them)
+        stages = {"decode": int((t_dec - t0) * 1e6), "validate": int((t_val - t_dec) * 1e6),
+                  "cache": int((t_cache - t_val) * 1e6), "route": int((now - t_cache) * 1e6),
+                  "ingress_total": int((now - t0) * 1e6)}
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
             worker_rid = hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None)
@@ -702,6 +702,8 @@ class Ingress:
                                     hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages)
                 self.counts["ok_forwarded"] += 1
                 return
+        seq = next(self._seq)
+        hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         fwd = None
         if not local or hedge_policy is not None:  # the bus form (a hedge copy may go over the bus)
             fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid)
@@ -741,7 +743,8 @@ class Ingress:
 
         Args:
             lf: ``(decoded, model key, wall-clock deadline ms, term or None, cache key or None, Content-Type,
-                request id as forwarded, the ingress's stages)`` (see :meth:`_forward`).
+                request id as forwarded, the ingress's stages (µs by name; copied, the worker fills its copy))``
+                (see :meth:`_forward`).
             deadline, now: the request's monotonic deadline and the forward's time.
             hedge: the hedge mark (``primary``, ``copy`` or "").
 
@@ -754,9 +757,7 @@ class Ingress:
         decoded, model_key, dl_ms, term, key, ct, rid, st = lf
         try:
             await worker.submit_local(reply, body, decoded, model_key, seq, self.config.ingress_id, deadline, dl_ms,
-                                      now, term, key, ct, rid, hedge or None,
-                                      {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3],
-                                       "ingress_total": st[4]})
+                                      now, term, key, ct, rid, hedge or None, dict(st))
         except Exception as exc:
             p = self._pop(seq)
             if p is not None:
@@ -774,7 +775,7 @@ class Ingress:
 
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
                        now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
-                       worker_rid: str | None, dkey: tuple | None, st: tuple) -> None:
+                       worker_rid: str | None, dkey: tuple | None, timings: dict) -> None:
         """Serve a request at the colocated worker within this call (:meth:`Worker.run_now`) and settle it here
         as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
         latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
@@ -796,9 +797,8 @@ class Ingress:
         probe = self.router.on_sent(w)
         self.hedge_budget.on_request()
         try:
-            o = await self.local_worker.run_now(
-                reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key, ct, worker_rid, dkey,
-                {"decode": st[0], "validate": st[1], "cache": st[2], "route": st[3], "ingress_total": st[4]})
+            o = await self.local_worker.run_now(reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key,
+                                                ct, worker_rid, dkey, timings)
         except InferbusError as err:  # refused before compute: a client's error or neutral (budget), as settled
             self.router.on_done(w.worker_id, 0.0, outcome=CLIENT_ERROR if err.code.value in _CLIENT_CODES
                                 else NEUTRAL, probe=probe)
