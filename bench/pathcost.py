@@ -29,9 +29,10 @@ command exits 1 when any request was an error or a cache hit, or did not run as 
 on the inference thread, not inline, cannot be measured this way: its compute is on another thread).
 ``--yields`` changes the ratios (each turn costs every variant an event-loop iteration); 3 is the default.
 ``--batch K`` hands the requests over K at a time before the turns, as nats-py hands a subscription's waiting
-messages under load: the queued variant computes each group as one batch (the per-batch costs shared by K
-requests), the floor and run to completion still compute one at a time (in a load run, run to completion would
-queue all but the last of K waiting requests; its figure at K > 1 stands for no load run).
+messages under load, and the colocated ingresses see the rest of the group waiting in their subscription
+(``pending_msgs``, :class:`_Backlog`): the queued variant computes each group as one batch (the per-batch costs
+shared by K requests), the run-to-completion variant holds the group back as a burst and computes it as one
+batch at its end (``Ingress._defer``), and the floor computes one at a time.
 
 ``--instructions N`` counts instead of timing: user-space instructions per request of ``direct`` and
 ``inferbus`` (run to completion), under valgrind's callgrind (:func:`count_instructions`). The count is the
@@ -129,11 +130,35 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
             ewma_service_us=1e6, completed=0, errors=0, server=server))
 
 
+class _Backlog:
+    """Stands in for a colocated ingress's subscription while requests are handed over: ``pending_msgs`` is how
+    many of the group handed over with the current message still wait behind it, as nats-py's subscription
+    reports for messages that arrived together; ``pending_bytes`` 0 (under every bound)."""
+
+    pending_msgs = 0
+    pending_bytes = 0
+
+
+@contextlib.contextmanager
+def _backlogs(*cols: Colocated):
+    """Each colocated ingress's subscription replaced by a :class:`_Backlog` for the measure, restored after (the
+    ingress drains the real one when it stops)."""
+    real = [c.ingress._infer_sub for c in cols]
+    for c in cols:
+        c.ingress._infer_sub = _Backlog()
+    try:
+        yield
+    finally:
+        for c, sub in zip(cols, real):
+            c.ingress._infer_sub = sub
+
+
 async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answered=None,
-                          batch: int = 1) -> tuple[float, int]:
+                          batch: int = 1, backlog: _Backlog | None = None) -> tuple[float, int]:
     """Least thread-CPU µs per request over the passes; each pass its own messages (distinct bodies, so no
     pass is answered from the caches the ones before it filled), handed over ``batch`` at a time back to back
-    (as nats-py hands a subscription's waiting messages), ``yields`` event-loop turns after each group.
+    (as nats-py hands a subscription's waiting messages; ``backlog``, when given, says how many of the group wait
+    behind each), ``yields`` event-loop turns after each group.
     Returns ``(µs, requests not answered in their pass)``: ``answered()`` (the worker's completed count) must
     grow by the pass's requests within the timed window, else the work measured is not the requests' (a
     queued request whose pump never ran in it)."""
@@ -144,6 +169,8 @@ async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answere
         before = answered() if answered is not None else 0
         t0 = time.thread_time()
         for i, m in enumerate(msgs, 1):
+            if backlog is not None:  # the rest of this message's group waits behind it
+                backlog.pending_msgs = min(-(-i // batch) * batch, len(msgs)) - i
             await handle(_Msg(m.subject, m.reply, m.data, dict(m.headers)))
             if i % batch and i != len(msgs):
                 continue
@@ -252,34 +279,36 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
         warm_n = max(_WARM_UP, _WARM_UP_GROUPS * batch)
         bodies = _bodies(model, models_dir, mv, n * reps * 2 + 2 * warm_n)  # distinct for every pass
         hdrs = {"Inferbus-Timeout-Ms": "1000.000"}
-        for i, col in enumerate((now_col, queued_col)):  # until the router prices its worker by measured times
-            subject = col.ingress.subjects.infer(model, mv.version)
-            warm = [_Msg(subject, SINK, b, hdrs) for b in bodies[-(i + 1) * warm_n:][:warm_n]]
-            await _per_request_us(col.ingress._on_infer, [warm], yields, batch=batch)
-            await _await_routed(col)
-        before = _counts(now_col, queued_col, 0)
+        with _backlogs(now_col, queued_col):  # the handlers see the rest of a group waiting (each on its own)
+            for i, col in enumerate((now_col, queued_col)):  # until the router prices its worker by measured times
+                subject = col.ingress.subjects.infer(model, mv.version)
+                warm = [_Msg(subject, SINK, b, hdrs) for b in bodies[-(i + 1) * warm_n:][:warm_n]]
+                await _per_request_us(col.ingress._on_infer, [warm], yields, batch=batch, backlog=col.ingress._infer_sub)
+                await _await_routed(col)
+            before = _counts(now_col, queued_col, 0)
 
-        def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
-            subject = col.ingress.subjects.infer(model, mv.version)
-            return [[_Msg(subject, SINK, b, hdrs) for b in bodies[(rnd * reps + k) * n:(rnd * reps + k + 1) * n]]
-                    for k in range(reps)]
+            def passes(col: Colocated, rnd: int) -> list[list[_Msg]]:
+                subject = col.ingress.subjects.infer(model, mv.version)
+                return [[_Msg(subject, SINK, b, hdrs) for b in bodies[(rnd * reps + k) * n:(rnd * reps + k + 1) * n]]
+                        for k in range(reps)]
 
-        out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
-        late = 0
-        for rnd in range(2):  # interleaved, so that a drift of the host shows in both
-            us, _ = await _per_request_us(direct, passes(now_col, rnd), yields, batch=batch)
-            out["direct"].append(us)
-            for key, col in (("inferbus", now_col), ("inferbus_queued", queued_col)):
-                us, n_late = await _per_request_us(col.ingress._on_infer, passes(col, rnd), yields,
-                                                   answered=lambda c=col: c.worker.stats.completed, batch=batch)
-                out[key].append(us)
-                late += n_late
-        best = {k: min(v) for k, v in out.items()}
-        counts = _counts(now_col, queued_col, late, since=before)
-        return {"model": model, "requests": n, "reps": reps, "yields": yields, "batch": batch, "other_workers": others,
-                "cpu_us_per_request": best,
-                "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
-                "counts": counts}
+            out: dict[str, list[float]] = {"direct": [], "inferbus": [], "inferbus_queued": []}
+            late = 0
+            for rnd in range(2):  # interleaved, so that a drift of the host shows in both
+                us, _ = await _per_request_us(direct, passes(now_col, rnd), yields, batch=batch)
+                out["direct"].append(us)
+                for key, col in (("inferbus", now_col), ("inferbus_queued", queued_col)):
+                    us, n_late = await _per_request_us(col.ingress._on_infer, passes(col, rnd), yields,
+                                                       answered=lambda c=col: c.worker.stats.completed, batch=batch,
+                                                       backlog=col.ingress._infer_sub)
+                    out[key].append(us)
+                    late += n_late
+            best = {k: min(v) for k, v in out.items()}
+            counts = _counts(now_col, queued_col, late, since=before)
+            return {"model": model, "requests": n, "reps": reps, "yields": yields, "batch": batch, "other_workers": others,
+                    "cpu_us_per_request": best,
+                    "runs": out, "ratio_to_direct": {k: round(v / best["direct"], 2) for k, v in best.items()},
+                    "counts": counts}
 
 
 MAX_BATCH = 64
@@ -306,10 +335,12 @@ def _counts(now_col: Colocated, queued_col: Colocated, late: int, since: dict | 
     ws = queued_col.worker.stats
     out = {"run_now": c_now["run_now"], "queued_run_now": c_q["run_now"], "queued_local_forwards": c_q["local_forwards"],
            "l1_hits": c_now["l1_hits"] + c_q["l1_hits"], "errors": c_now["errors"] + c_q["errors"],
-           "answered_late": late, "queued_computed": ws.computed, "queued_batches": getattr(ws, "batches", 0)}
+           "answered_late": late, "queued_computed": ws.computed, "queued_batches": getattr(ws, "batches", 0),
+           "bursts": c_now.get("burst_runs", 0), "burst_requests": c_now.get("burst_deferred", 0)}
     if since is not None:
         out = {k: v - since[k] for k, v in out.items()}
     out["queued_mean_batch"] = round(out["queued_computed"] / max(out["queued_batches"], 1), 2)
+    out["mean_burst"] = round(out["burst_requests"] / max(out["bursts"], 1), 2)
     return out
 
 
@@ -505,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                         "hands a subscription's waiting messages under load (default 1; at most 64): the queued "
                         "variant then computes them as one batch while they fit in the worker's inline slice (about "
                         "1 ms of estimated compute; the JSON's queued_mean_batch says what ran); the "
-                        "run-to-completion variant still runs each alone "
-                        "(under load it would queue all but the last, seeing the others wait)")
+                        "run-to-completion variant holds each group back as a burst, seeing the rest waiting, and "
+                        "computes it as one batch at its end (mean_burst)")
     p.add_argument("--yields", type=args.count,
                    help="event-loop turns after each request (each group of --batch), every variant (default 3; at "
                         "least 1: the worker's pump answers a queued request in them)")

@@ -148,7 +148,11 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
         if s["series"].startswith("inferbus"):
             assert s["ingress_counts"]["requests"] >= s["requests"] - s.get("timeouts", 0), s
     coloc1 = next(s for s in doc["steps"] if s["series"] == "inferbus miss [colocated]" and s["concurrency"] == 1)
-    assert coloc1["ingress_counts"]["run_now"] == coloc1["ingress_counts"]["local_forwards"] > 0, coloc1
+    # (all but a few: when a slow moment of this shared 2-core box lifts the model's compute estimate over
+    # inline_max_compute_us, the next requests go to the inference thread until it falls back; seen: 17 of 333)
+    c1 = coloc1["ingress_counts"]
+    assert c1["local_forwards"] > 0 and c1["run_now"] >= 0.9 * c1["local_forwards"], coloc1
+    assert c1["burst_deferred"] == 0, coloc1  # one request at a time: nothing waits behind it to be held back for
     assert doc["ratios"]["colocate_ab"]["c=1"]["colocated_miss_p50_over_echo_p50"] > 0
     # --direct: the Python floor of a whole inference, in the closed and open loops and at half load
     assert {("direct", "closed"), ("direct", "open")} <= series and doc["half_load"]["direct"]["requests"] > 0
@@ -265,10 +269,11 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     # (the warm-up's requests, before the router has measured its worker, are not counted)
     assert doc["counts"] == {"run_now": 2 * 40, "queued_run_now": 0, "queued_local_forwards": 2 * 40, "l1_hits": 0,
                              "errors": 0, "answered_late": 0, "queued_computed": 2 * 40, "queued_batches": 2 * 40,
-                             "queued_mean_batch": 1.0}
+                             "queued_mean_batch": 1.0, "bursts": 0, "burst_requests": 0, "mean_burst": 0.0}
     assert doc["ratio_to_direct"]["direct"] == 1.0 and doc["valid"] is True and doc["batch"] == 1
-    # --batch: handed over 4 at a time, the queued worker computes them as batches of 4; every one still answered
-    # within its pass, to the local worker (not to the 7 it is told of)
+    # --batch: handed over 4 at a time, the queued worker computes them as batches of 4, and the run-to-completion
+    # ingress holds each group back as a burst of 4 (it sees the rest waiting) and has it computed at its end; every
+    # one still answered within its pass, to the local worker (not to the 7 it is told of)
     r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--requests", "20", "--reps", "2", "--other-workers", "7",
                         "--batch", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -276,6 +281,8 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     assert doc["batch"] == 4 and doc["valid"] is True
     assert doc["counts"]["queued_batches"] == 2 * 40 // 4 and doc["counts"]["queued_mean_batch"] == 4.0
     assert doc["counts"]["queued_local_forwards"] == 2 * 40 and doc["counts"]["answered_late"] == 0
+    assert doc["counts"]["run_now"] == 2 * 40 and doc["counts"]["bursts"] == 2 * 40 // 4
+    assert doc["counts"]["mean_burst"] == 4.0
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--model 'nosuch' is not in" in bad.stderr and "Traceback" not in bad.stderr
@@ -329,7 +336,7 @@ def test_pathcost_counts_bytecodes_of_all_three_variants(tmp_path):
     assert set(per) == {"direct", "inferbus", "inferbus_queued"}
     assert doc["counts"] == {"run_now": 20, "queued_run_now": 0, "queued_local_forwards": 20, "l1_hits": 0,
                              "errors": 0, "answered_late": 0, "queued_computed": 20, "queued_batches": 20,
-                             "queued_mean_batch": 1.0}
+                             "queued_mean_batch": 1.0, "bursts": 0, "burst_requests": 0, "mean_burst": 0.0}
     assert doc["valid"] is True and doc["python"] == platform.python_version()
     assert 500 < per["direct"] < per["inferbus"] < per["inferbus_queued"]
     queued = doc["top"]["inferbus_queued"]

@@ -176,29 +176,44 @@ async def test_an_idle_worker_runs_a_request_to_completion_and_keeps_its_result(
 
 
 async def test_requests_that_wait_together_are_batched_not_run_one_by_one(env, dep):
-    """64 requests published at once wait together in the ingress's subscription: they go through the
-    worker's queue and are merged into batches (some ``batch_size`` > 1), each answer its own rows."""
-    nc, client, _ = env
+    """64 requests published at once wait together in the ingress's subscription: the ingress holds each back
+    while more wait (a burst) and the worker computes them as batches when the burst ends (some ``batch_size``
+    > 1, each answer its own rows), all answered and settled (nothing pending). A copy of a request (same id and
+    body) inside the burst runs the burst first and is answered from the worker's recent results: one model
+    run for the two."""
+    nc, client, reports = env
+    r0 = await idle_report(reports)
     h0 = (await health_params(client))["counts"]
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
-    sent = {}
+    sent, rids = {}, {}
     for k in range(64):
         feeds = typed_input()
         sent[f"r{k}"] = feeds
+        rids[k] = f"{uuid.uuid4().hex}-r{k}"
         await nc.publish(f"{PREFIX}.infer.typed", typed_body(feeds), reply=inbox,
-                         headers={"Inferbus-Request-Id": f"{uuid.uuid4().hex}-r{k}", "Inferbus-Timeout-Ms": "5000"})
+                         headers={"Inferbus-Request-Id": rids[k], "Inferbus-Timeout-Ms": "5000"})
+        if k == 40:  # a copy of request 5 in the same burst
+            await nc.publish(f"{PREFIX}.infer.typed", typed_body(sent["r5"]), reply=inbox,
+                             headers={"Inferbus-Request-Id": rids[5], "Inferbus-Timeout-Ms": "5000"})
     await nc.flush()
-    sizes = []
-    for _ in range(64):
+    sizes, dedup = [], []
+    for _ in range(65):
         m = await sub.next_msg(timeout=10)
         assert decode_error(m.headers, m.data) is None
         check_typed(sent[m.headers["Inferbus-Request-Id"].rsplit("-", 1)[1]], outputs_of(m))
         sizes.append(decode_response(m.data).parameters["batch_size"])
+        if "Inferbus-Dedup" in m.headers:
+            dedup.append((m.headers["Inferbus-Request-Id"], m.headers["Inferbus-Dedup"]))
     await sub.unsubscribe()
     assert max(sizes) > 1, sizes
+    assert dedup == [(rids[5], "hit")], dedup
     h1 = (await health_params(client))["counts"]
-    assert h1["run_now"] - h0["run_now"] < 64 and h1["local_forwards"] - h0["local_forwards"] == 64
+    assert h1["burst_deferred"] > h0["burst_deferred"] and h1["burst_runs"] > h0["burst_runs"], h1
+    assert h1["local_forwards"] - h0["local_forwards"] == 65
+    r1 = await idle_report(reports)
+    assert r1.computed - r0.computed == 64 and r1.dedup_hits - r0.dedup_hits == 1
+    assert (await health_params(client))["pending"] == 0
 
 
 async def test_json_bytes_and_body_id_through_the_local_path(env):

@@ -15,7 +15,7 @@ from inferbus.actors import IngressConfig, Node, NodeConfig
 from inferbus.actors._node import _per_replica
 from inferbus.bus import BusConfig
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InferbusError, ResourceExhausted
+from inferbus.schemas import DeadlineExceeded, InferbusError, PayloadTooLarge, ResourceExhausted
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -86,6 +86,31 @@ async def test_rate_limits_with_more_ingress_replicas_than_burst(nats_server, tm
             for k, o in zip(range(8), outcomes):
                 if isinstance(o, dict):
                     np.testing.assert_array_equal(o["a_times_2"], typed_feeds(k)["a"] * 2)
+        finally:
+            await client.close()
+
+
+async def test_an_oversized_body_is_refused_as_too_large_before_the_rate_limit(nats_server, tmp_path):
+    """A body over ``max_request_bytes`` can never be served: it is refused PAYLOAD_TOO_LARGE (not
+    RESOURCE_EXHAUSTED with a retry hint) even when the rate limit has no token left, and it takes no token:
+    with a bucket of one, a request of the right size after it is still served."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=("typed",), workers=1, ingress=1, nats_url=nats_server.url,
+                     no_cache=True, prefix="rl2", run_dir=str(tmp_path / "run"),
+                     ingress_options={"rate_limit_per_s": 0.01, "rate_burst": 1, "max_request_bytes": 2048})
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "rl2", client_id="c1")
+        try:
+            big = {"a": np.ones((200, 1), np.int32), "b": np.full((200, 4), 0.25, np.float16)}  # > 2048 bytes
+            for _ in range(3):
+                with pytest.raises(PayloadTooLarge):
+                    await client.infer("typed", big, timeout_s=5)
+            out = await client.infer("typed", typed_feeds(3), timeout_s=5)  # the bucket's one token is still there
+            np.testing.assert_array_equal(out["a_times_2"], typed_feeds(3)["a"] * 2)
+            with pytest.raises(PayloadTooLarge):  # the bucket is empty now: still too large, not rate limited
+                await client.infer("typed", big, timeout_s=5)
+            with pytest.raises(ResourceExhausted):
+                await client.infer("typed", typed_feeds(4), timeout_s=5)
         finally:
             await client.close()
 

@@ -180,8 +180,9 @@ class IngressConfig(_JsonMixin):
     run_to_completion: bool = True
     """Colocated only: a miss routed to the worker in this process, with nothing waiting to be batched with it
     or queued before it, is computed and answered in the call that received it (no inline queue, no task
-    switch, no completion item); see docs/architecture.md, "Run to completion". False: always through the
-    worker's queue."""
+    switch, no completion item); misses that arrive together (waiting in the subscription) are held back until
+    the last of them and computed as batches in one call (bursts); see docs/architecture.md, "Run to
+    completion" and "Bursts". False: always through the worker's queue."""
     max_error_rate: float = 0.01
     """A worker reporting a higher error rate (server-side failures / requests in its window) is unhealthy."""
     min_window_requests: int = 100

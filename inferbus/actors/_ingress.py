@@ -1,8 +1,8 @@
 """The ingress (request) actor: the public entry point, one queue group of replicas.
 
 For each request on ``<p>.infer.<model>[.<version>]`` it, in order:
-applies the time budget, resolves the model, applies the rate limits and the
-size limits (all before decoding, so refused traffic costs little), decodes
+applies the time budget, resolves the model, applies the body size limit and
+the rate limits (all before decoding, so refused traffic costs little), decodes
 (msgpack, or JSON with ``Content-Type: application/json``), validates against
 the model's metadata, looks up the L1 then (optionally) L2 cache, asks its
 in-process router for the least-loaded healthy worker and forwards the
@@ -77,7 +77,7 @@ from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
-from ._worker import control_subject
+from ._worker import _INLINE_MAX_JOBS, _INLINE_SLICE_US, control_subject
 
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
@@ -188,6 +188,31 @@ class Pending(msgspec.Struct):
     hedge: _Hedge | None = None
 
 
+class _Deferred(msgspec.Struct):
+    """A miss for the colocated worker held back while more requests wait in the subscription: computed with
+    them at the burst's end (:meth:`Ingress._flush_burst`, :meth:`Worker.run_burst`)."""
+
+    w: object
+    """The router's state of the colocated worker (:class:`~inferbus.actors._router.WorkerState`)."""
+    reply: str
+    body: bytes
+    decoded: tuple
+    model_key: str
+    deadline: float
+    dl_ms: float
+    t_fwd: float
+    term: int
+    cache_key: str | None
+    ttl_ms: int
+    ct: str | None
+    header_rid: str | None
+    worker_rid: str | None
+    dkey: tuple | None
+    stages: dict
+    probe: bool
+    rid: str | None
+
+
 def model_metadata(model: Model) -> ModelMetadata:
     """OIP v2 model metadata of the default version (-1 for variable dimensions); ``parameters.default_version``
     names the version that serves requests naming none (it can change at run time, docs/models.md)."""
@@ -260,7 +285,8 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
-                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0}
+                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0,
+                       "burst_deferred": 0, "burst_runs": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -289,6 +315,15 @@ class Ingress:
         """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
+        self._burst: list[_Deferred] = []
+        """Misses for the colocated worker held back while more requests waited in the subscription (a burst),
+        run together when it ends (:meth:`_flush_burst`)."""
+        self._burst_dkeys: set = set()
+        self._burst_cost_us = 0.0
+        """The burst's estimated compute (the worker's EWMA per request, summed), kept within one inline slice."""
+        self._burst_guard = False
+        """A loop callback is scheduled to run a burst left over (see :meth:`_defer`)."""
+
         self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
         """Keeps the loop polling after each request (``busy_poll_us``); run by the local worker when colocated."""
 
@@ -342,6 +377,8 @@ class Ingress:
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
             await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct, rid)
+        if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
+            await self._flush_burst()
 
     async def _send(self) -> None:
         """Send what this request published: in one write at once when no other request waits in the
@@ -375,16 +412,17 @@ class Ingress:
         if mv is None:
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
+        body = msg.data
+        if len(body) > self.max_request_bytes:  # before the rate limits: a request that can never be served
+            # takes no token, and its client is not told to retry after a wait
+            self.counts["too_large"] += 1
+            raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit of {self.max_request_bytes}")
         if self.limiter.enabled:
             refused = self.limiter.check(hdrs.get(H.CLIENT_ID), t0)
             if refused is not None:
                 self.counts["rate_limited"] += 1
                 scope, wait_ms = refused
                 raise ResourceExhausted(f"{scope} rate limit reached; retry in {wait_ms} ms", retry_after_ms=wait_ms)
-        body = msg.data
-        if len(body) > self.max_request_bytes:
-            self.counts["too_large"] += 1
-            raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit of {self.max_request_bytes}")
         hedge_policy = self._model_hedge.get(mv.key)
         hv = hdrs.get(H.HEDGE)
         if hv is not None:
@@ -697,7 +735,17 @@ class Ingress:
         if local and hedge_policy is None and self.config.run_to_completion:
             worker_rid = hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None)
             dkey = dedupe_key(mv.key, worker_rid, body) if worker_rid else None
-            if self._can_run_now(mv.key, term, dkey):
+            if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
+                await self._flush_burst()
+            if self.local_worker.can_run_now(mv.key, term or None, dkey):
+                sub = self._infer_sub
+                if self._burst or (sub is not None and sub.pending_msgs):
+                    # more requests wait (or wait no longer, ending a burst): held back, to be computed with them
+                    await self._defer(_Deferred(w, msg.reply, body, decoded, mv.key, deadline, dl_ms, now, term, key,
+                                          ttl_ms, ct, hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages,
+                                          self.router.on_sent(w), rid))
+                    self.counts["ok_forwarded"] += 1
+                    return
                 await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
                                     hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages)
                 self.counts["ok_forwarded"] += 1
@@ -765,14 +813,6 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
 
-    def _can_run_now(self, model_key: str, term: int, dkey: tuple | None) -> bool:
-        """A request for the colocated worker may run to completion in this call (:meth:`_run_now`): no other
-        request waits in this ingress's subscription (it would be batched with this one) and the worker agrees
-        (:meth:`Worker.can_run_now`: nothing queued there, no copy of the request (dedupe key ``dkey``, None
-        without a request id) in progress or answered)."""
-        sub = self._infer_sub
-        return (sub is None or not sub.pending_msgs) and self.local_worker.can_run_now(model_key, term or None, dkey)
-
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
                        now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
                        worker_rid: str | None, dkey: tuple | None, timings: dict) -> None:
@@ -780,7 +820,7 @@ class Ingress:
         as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
         latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
         event-loop iterations, so no pending entry and no completion item. Only for a request without a
-        hedge, when :meth:`_can_run_now`.
+        hedge, when nothing waits in the subscription and :meth:`Worker.can_run_now`.
 
         Args:
             header_rid: the client's ``Inferbus-Request-Id`` header (None without one).
@@ -818,6 +858,92 @@ class Ingress:
         self._observe(mv.key, latency_us)
         if o.response_msgpack is not None and key is not None:
             await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
+
+    async def _defer(self, d: _Deferred) -> None:
+        """Hold back ``d`` (a miss the colocated worker may run now, counted in flight at the router already)
+        until the burst ends. A burst that would take more than one inline slice of estimated compute
+        (``_INLINE_SLICE_US``, as the worker's queue does) or ``_INLINE_MAX_JOBS`` requests is run first. A loop
+        callback runs a burst that no later request ended (e.g. the last one was dropped without a reply
+        subject)."""
+        est_us = self.local_worker.compute_ewma_us.get(d.model_key, 0.0)
+        if self._burst and (self._burst_cost_us + est_us > _INLINE_SLICE_US or len(self._burst) >= _INLINE_MAX_JOBS):
+            await self._flush_burst()
+        self._burst.append(d)
+        self._burst_cost_us += est_us
+        if d.dkey is not None:
+            self._burst_dkeys.add(d.dkey)
+        self.counts["burst_deferred"] += 1
+        self.hedge_budget.on_request()
+        if not self._burst_guard:
+            self._burst_guard = True
+            asyncio.get_running_loop().call_soon(self._burst_left_over)
+
+    def _burst_left_over(self) -> None:
+        self._burst_guard = False
+        if self._burst:
+            asyncio.ensure_future(self._flush_burst())
+
+    async def _flush_burst(self) -> None:
+        """Run the held-back burst now (:meth:`_run_burst`)."""
+        held, self._burst = self._burst, []
+        self._burst_dkeys.clear()
+        self._burst_cost_us = 0.0
+        if held:
+            await self._run_burst(held)
+
+    async def _run_burst(self, held: list[_Deferred]) -> None:
+        """Compute ``held`` at the colocated worker as batches (:meth:`Worker.run_burst`) and settle each as
+        :meth:`_run_now` settles one: router (in-flight count, breaker, latency), latency window, request id's
+        worker, L1 fill. A request the worker may no longer run now (its state changed during the burst) goes
+        through its queue instead (:meth:`_queue_local`). Never raises: a failure of the worker's code is
+        answered INTERNAL to each request and counted a failure of that worker."""
+        self.counts["burst_runs"] += 1
+        try:
+            outcomes = await self.local_worker.run_burst(held)
+        except Exception as exc:
+            log(f"ingress {self.config.ingress_id}: local worker failed on a burst: {exc!r}")
+            for d in held:
+                self.router.on_done(d.w.worker_id, 0.0, outcome=SERVER_ERROR, probe=d.probe)
+                self.counts["errors"] += 1
+                await self._error(d.reply, Internal(f"local worker failed: {type(exc).__name__}: {exc}"), d.ct,
+                                  d.header_rid)
+            return
+        t_done = time.monotonic()
+        for d, o in zip(held, outcomes):
+            worker_id = d.w.worker_id
+            if o is None:
+                try:
+                    await self._queue_local(d)
+                except InferbusError as err:
+                    self.counts["errors"] += 1
+                    await self._error(d.reply, err, d.ct, d.header_rid)
+                continue
+            latency_us = (t_done - d.t_fwd) * 1e6
+            self.router.on_done(worker_id, latency_us, outcome=_outcome(o), probe=d.probe, now=t_done)
+            self.counts["local_forwards"] += 1
+            self.counts["run_now"] += 1
+            if not o.ok:
+                self._count_worker_error(o.code, worker_id)
+                continue
+            if d.header_rid is not None:
+                self._remember_done(d.header_rid, d.model_key, worker_id, t_done)
+            self._observe(d.model_key, latency_us)
+            if o.response_msgpack is not None and d.cache_key is not None:
+                await self._fill_caches(d.cache_key, d.ttl_ms, o.response_msgpack, t_done)
+
+    async def _queue_local(self, d: _Deferred) -> None:
+        """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as
+        :meth:`_forward` forwards one; it was counted in flight at the router when held back."""
+        seq = next(self._seq)
+        p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.header_rid,
+                    d.model_key)
+        p.probe = d.probe
+        self.pending[seq] = p
+        if d.rid:
+            self._by_rid[d.rid] = seq
+        await self._forward_local(seq, d.reply, d.body, (d.decoded, d.model_key, d.dl_ms, d.term or None,
+                                                         d.cache_key, d.ct, d.worker_rid, d.stages),
+                                  d.deadline, d.t_fwd, "")
 
     # ---- hedging ------------------------------------------------------------------------------
     def _arm_hedge(self, p: Pending, seq: int, policy, body: bytes, fwd: tuple, deadline: float, now: float,

@@ -517,6 +517,76 @@ class Worker:
             log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
         return o
 
+    async def run_burst(self, entries: list) -> list[Outcome | None]:
+        """Compute requests the colocated ingress deferred while more requests waited in its subscription (a
+        burst), on the loop, now, as batches: the same checks, compute and answers as :meth:`run_now` gives one
+        request, with requests of one model (and the same requested outputs) merged into model runs of up to
+        ``max_batch_size`` (``parameters.exec`` ``inline``, ``batch_size`` the run's size). Every answer is
+        published, then all leave in one write. No queue, in-flight tracking or completion item; the caller
+        settles each.
+
+        Args:
+            entries: objects with ``reply``, ``body``, ``decoded``, ``model_key``, ``deadline`` (monotonic s),
+                ``dl_ms`` (wall-clock deadline, ms), ``t_fwd`` (when the ingress handed it over, monotonic s),
+                ``term``, ``cache_key``, ``ct``, ``worker_rid``, ``dkey`` and ``stages`` (the ingress's µs by
+                stage; owned by the answer), as the ingress's ``_Deferred``.
+
+        Returns:
+            One item per entry, in order: its :class:`Outcome` (answered; ``ok`` False: a typed error reply went,
+            e.g. DEADLINE_EXCEEDED when the budget ran out during the burst), or None when this worker may not
+            run it now (:meth:`can_run_now` changed during the burst: queued work here, a fault set, a fencing
+            term or model refusal); nothing was answered for those, and the caller queues them.
+        """
+        t_recv = time.monotonic()
+        out: list[Outcome | None] = [None] * len(entries)
+        groups: dict[tuple, list] = {}
+        where: dict[int, int] = {}  # id(job) -> index in entries
+        errors = []
+        for i, e in enumerate(entries):
+            if not self.can_run_now(e.model_key, e.term or None, e.dkey):
+                continue
+            self.stats.received += 1
+            job = Job(e.reply, e.body, e.deadline, t_recv, e.model_key, -1, None, e.cache_key is not None,
+                      e.cache_key, e.ct, e.worker_rid, None, e.term or None, e.dl_ms, e.stages, e.decoded)
+            job.local = job.inline = True
+            job.forward_hop_us = int((t_recv - e.t_fwd) * 1e6)
+            if e.deadline <= t_recv:
+                self.stats.expired += 1
+                errors.append((i, self._error_outcome(job, DeadlineExceeded(
+                    "budget spent before the worker received the request"))))
+                continue
+            try:
+                req, arrays = self._prepare_local(job)
+            except InferbusError as err:
+                errors.append((i, self._error_outcome(job, err)))
+                continue
+            where[id(job)] = i
+            outs = tuple(o.name for o in req.outputs) if req.outputs else ()
+            groups.setdefault((e.model_key, outs), []).append((job, req, arrays))
+        for i, o in errors:
+            out[i] = o
+        for (model_key, outs), items in groups.items():
+            limit = max(self.max_batch.get(model_key, 0), 1)
+            for k in range(0, len(items), limit):
+                for o in self._run_group(model_key, list(outs) or None, items[k:k + limit]):
+                    out[where[id(o.job)]] = o
+        limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
+        try:
+            for i, o in enumerate(out):
+                if o is None:
+                    continue
+                if o.ok and limit > 0 and len(o.body) > limit:
+                    self._too_large(o)
+                if o.ok and entries[i].dkey is not None:
+                    self.recent.put(entries[i].dkey, o.hdrs, o.body)
+                await self._reply(o, o.job.reply, o.hdrs)
+        finally:
+            try:
+                await send_pending(self.nc)
+            except Exception as exc:  # the client's timeout covers a reply that could not be sent
+                log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+        return out
+
     async def _admit(self, job: Job) -> None:
         """The checks every received request passes, whichever way it came (bus or in-process), in order:
         stall fence, deadline (monotonic, then, for a request from the bus, the ingress's wall-clock deadline: an
