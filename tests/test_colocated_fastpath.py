@@ -216,6 +216,46 @@ async def test_requests_that_wait_together_are_batched_not_run_one_by_one(env, d
     assert (await health_params(client))["pending"] == 0
 
 
+async def test_a_burst_of_two_models_and_two_encodings_answers_each_in_its_own(env):
+    """A burst that mixes models (``typed``, and ``strings`` with BYTES tensors) and encodings (msgpack, JSON with
+    the id in the body): each request answered with its own rows, in its own content type, with its id."""
+    nc, client, _ = env
+    h0 = (await health_params(client))["counts"]
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    typed_sent = {}
+    for k in range(30):
+        if k % 3 == 2:
+            body = json.dumps({"id": f"s{k}", "inputs": [
+                {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [f"w{k}"]}]}).encode()
+            await nc.publish(f"{PREFIX}.infer.strings", body, reply=inbox,
+                             headers={"Content-Type": "application/json", "Inferbus-Timeout-Ms": "5000"})
+        else:
+            feeds = typed_input()
+            typed_sent[f"t{k}"] = feeds
+            await nc.publish(f"{PREFIX}.infer.typed", typed_body(feeds), reply=inbox,
+                             headers={"Inferbus-Request-Id": f"t{k}", "Inferbus-Timeout-Ms": "5000"})
+    await nc.flush()
+    seen = set()
+    for _ in range(30):
+        m = await sub.next_msg(timeout=10)
+        assert decode_error(m.headers, m.data) is None
+        rid = m.headers["Inferbus-Request-Id"]
+        seen.add(rid)
+        if rid.startswith("s"):
+            assert m.headers["Content-Type"] == "application/json"
+            resp = json.loads(m.data)
+            assert resp["id"] == rid and resp["parameters"]["forward"] == "local"
+            assert next(o for o in resp["outputs"] if o["name"] == "doubled")["data"] == [f"w{rid[1:]}" * 2]
+        else:
+            check_typed(typed_sent[rid], outputs_of(m))
+    await sub.unsubscribe()
+    assert len(seen) == 30
+    h1 = (await health_params(client))["counts"]
+    assert h1["local_forwards"] - h0["local_forwards"] == 30 and h1["burst_deferred"] > h0["burst_deferred"]
+    assert (await health_params(client))["pending"] == 0
+
+
 async def test_json_bytes_and_body_id_through_the_local_path(env):
     """A JSON request whose id is in the body only, for a BYTES model: answered in JSON with that id (body
     and header), the text conversion done for the runtime; non-UTF-8 bytes refused naming the field."""

@@ -884,19 +884,24 @@ class Ingress:
             asyncio.ensure_future(self._flush_burst())
 
     async def _flush_burst(self) -> None:
-        """Run the held-back burst now (:meth:`_run_burst`)."""
+        """Run the held-back burst now (:meth:`_run_burst`). Never raises (it runs after a request's own
+        handling, and from a loop callback): a failure past the answers, e.g. an L2 fill that could not be
+        published, is logged."""
         held, self._burst = self._burst, []
         self._burst_dkeys.clear()
         self._burst_cost_us = 0.0
         if held:
-            await self._run_burst(held)
+            try:
+                await self._run_burst(held)
+            except Exception as exc:
+                log(f"ingress {self.config.ingress_id}: settling a burst failed: {exc!r}")
 
     async def _run_burst(self, held: list[_Deferred]) -> None:
         """Compute ``held`` at the colocated worker as batches (:meth:`Worker.run_burst`) and settle each as
         :meth:`_run_now` settles one: router (in-flight count, breaker, latency), latency window, request id's
         worker, L1 fill. A request the worker may no longer run now (its state changed during the burst) goes
-        through its queue instead (:meth:`_queue_local`). Never raises: a failure of the worker's code is
-        answered INTERNAL to each request and counted a failure of that worker."""
+        through its queue instead (:meth:`_queue_local`). A failure of the worker's code is answered INTERNAL
+        to each request and counted a failure of that worker."""
         self.counts["burst_runs"] += 1
         try:
             outcomes = await self.local_worker.run_burst(held)
