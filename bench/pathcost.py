@@ -46,7 +46,9 @@ those turns, counts too (:func:`count_bytecodes`); counting starts once the rout
 for its worker (before it, every pick prices all workers). It needs nothing installed and repeats to ~1 % on
 one host for a given N (the router's choices follow the load reports, which come on a timer), but it is a guide,
 not a cost: a bytecode can be a C call of any length (the model's run is one call), and tracing slows the code
-~50 x (the model is kept inline regardless). Python 3.11 and 3.12 count differently (the JSON names the version).
+~50 x (the model is kept inline regardless, and the inline slice is lifted so that a ``--batch`` group is not
+cut). ``--batch K`` applies as in the CPU-time measure: groups of K, the turns after each group. Python 3.11 and
+3.12 count differently (the JSON names the version).
 A measure is valid only when every request ran as labelled and was answered within its own ``--yields``
 turns; the JSON's ``valid`` says so, and the exit status is 1 when not.
 
@@ -151,6 +153,28 @@ def _backlogs(*cols: Colocated):
     finally:
         for c, sub in zip(cols, real):
             c.ingress._infer_sub = sub
+
+
+@contextlib.asynccontextmanager
+async def _unsliced():
+    """The inline slice (``_INLINE_SLICE_US`` of estimated compute, in the worker's queue and the ingress's
+    bursts) lifted while bytecodes are counted: tracing makes the model's compute estimate ~50 x too high, and
+    a group of ``--batch`` would be cut into slices that it is not in an untraced run."""
+    from inferbus.actors import _ingress, _worker
+
+    saved = _ingress._INLINE_SLICE_US, _worker._INLINE_SLICE_US
+    _ingress._INLINE_SLICE_US = _worker._INLINE_SLICE_US = 1e12
+    try:
+        yield
+    finally:
+        _ingress._INLINE_SLICE_US, _worker._INLINE_SLICE_US = saved
+
+
+@contextlib.asynccontextmanager
+async def _backlogs_async(*cols: Colocated):
+    """:func:`_backlogs` in an ``async with``."""
+    with _backlogs(*cols):
+        yield
 
 
 async def _per_request_us(handle, passes: list[list[_Msg]], yields: int, answered=None,
@@ -358,10 +382,11 @@ def _where(code) -> str:
 
 
 async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, others: int = 0,
-                          top: int = 25) -> dict:
-    """Python bytecodes executed per request of ``direct``, ``inferbus`` (run to completion) and
-    ``inferbus_queued`` (the worker's inline queue and pump), each over ``n`` distinct requests after ``n`` of
-    warm-up, with ``yields`` event-loop turns after each (counted: the pump runs in them).
+                          top: int = 25, batch: int = 1) -> dict:
+    """Python bytecodes executed per request of ``direct``, ``inferbus`` (run to completion; bursts of
+    ``batch``) and ``inferbus_queued`` (the worker's inline queue and pump), each over ``n`` distinct requests
+    after ``n`` of warm-up, handed over ``batch`` at a time as in :func:`run` (the colocated ingresses see the
+    rest of a group waiting), with ``yields`` event-loop turns after each group (counted: the pump runs in them).
 
     Counted with ``sys.settrace`` opcode events on this thread (the loop's), in two tasks only: this one (the
     handler) and the worker's pump (``<actor>:inline``; a resumed coroutine is traced from its resumption),
@@ -373,7 +398,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
     """
     worker = {"inline_max_compute_us": 1e12}  # tracing makes the model look ~50 x slower: keep it inline
     async with _harness(model, models_dir, others, {"now": (True, worker), "queued": (False, worker)}) as \
-            (mv, cols, direct):
+            (mv, cols, direct), _backlogs_async(cols["now"], cols["queued"]), _unsliced():
         variants = {"direct": (direct, cols["now"]), "inferbus": (cols["now"].ingress._on_infer, cols["now"]),
                     "inferbus_queued": (cols["queued"].ingress._on_infer, cols["queued"])}
         bodies = _bodies(model, models_dir, mv, 2 * n * len(variants))
@@ -407,12 +432,17 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
                 if i == n and name != "direct":
                     await _await_routed(col)
                     before = col.worker.stats.completed
+                k = i % n  # the position in this phase (warm-up, then counted)
+                behind = min((k // batch + 1) * batch, n) - k - 1  # the rest of this request's group
+                if name != "direct":
+                    col.ingress._infer_sub.pending_msgs = behind
                 if i >= n:
                     sys.settrace(tracer)
                 try:
                     await handle(m)
-                    for _ in range(yields):
-                        await asyncio.sleep(0)
+                    if not behind:
+                        for _ in range(yields):
+                            await asyncio.sleep(0)
                 finally:
                     sys.settrace(None)
             if name != "direct":  # every counted request computed and answered within its own turns
@@ -427,7 +457,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
         counts_doc = _counts(cols["now"], cols["queued"], late)
     per = {k: v["bytecodes_per_request"] for k, v in out.items()}
     return {"model": model, "python": platform.python_version(), "counted_requests": n, "yields": yields,
-            "other_workers": others,
+            "batch": batch, "other_workers": others,
             "bytecodes_per_request": per, "ratio_to_direct": {k: round(v / per["direct"], 3) for k, v in per.items()},
             "top": {k: v["top"] for k, v in out.items()}, "counts": counts_doc}
 
@@ -548,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(--requests, --reps, --batch and --yields are refused)")
     p.add_argument("--bytecodes", type=args.count, metavar="N",
                    help="instead of CPU time: Python bytecodes per request (sys.settrace), by function, for all "
-                        "three variants, over N requests after N of warm-up (--yields applies; --requests, "
-                        "--reps and --batch are refused)")
+                        "three variants, over N requests after N of warm-up (--yields and --batch apply; --requests "
+                        "and --reps are refused)")
     p.add_argument("--top", type=args.count, metavar="K",
                    help="with --bytecodes: the K functions that execute the most, per variant (default 25)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
@@ -560,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
                         "shown only when the measure raises (not for an invalid count: rerun with --verbose)")
     p.add_argument("--count-child", choices=COUNTED_VARIANTS, help=argparse.SUPPRESS)  # the process callgrind runs
     a = p.parse_args(argv)
-    timing_only = [f for f, v in (("--requests", a.requests), ("--reps", a.reps), ("--batch", a.batch)) if v is not None]
+    timing_only = [f for f, v in (("--requests", a.requests), ("--reps", a.reps)) if v is not None]
+    if a.instructions and a.batch is not None:
+        timing_only.append("--batch")
     if a.instructions and a.bytecodes:
         p.error("--instructions and --bytecodes are two measures: give one")
     if (a.instructions or a.bytecodes) and timing_only:
@@ -571,9 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.top is not None and not a.bytecodes:
         p.error("--top applies to --bytecodes only")
     a.requests, a.reps, a.batch, a.top, a.yields = a.requests or 3000, a.reps or 5, a.batch or 1, a.top or 25, a.yields or 3
-    if a.batch > min(a.requests, MAX_BATCH):
-        p.error(f"--batch {a.batch}: at most --requests ({a.requests}) and {MAX_BATCH} (the worker splits a larger "
-                f"group over several loop turns, and the last ones would be answered after their pass)")
+    per_pass = a.bytecodes or a.requests
+    if a.batch > min(per_pass, MAX_BATCH):
+        p.error(f"--batch {a.batch}: at most {'--bytecodes' if a.bytecodes else '--requests'} ({per_pass}) and "
+                f"{MAX_BATCH} (the worker splits a larger group over several loop turns, and the last ones would be "
+                f"answered after their pass)")
     global VERBOSE
     VERBOSE = a.verbose
     try:
@@ -597,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         _report(a, doc, "instructions_per_request", "{:9,d} instructions/request", "{:.3f}")
         return 0
     if a.bytecodes:
-        doc = uvloop.run(count_bytecodes(a.model, a.models_dir, a.bytecodes, a.yields, a.other_workers, a.top))
+        doc = uvloop.run(count_bytecodes(a.model, a.models_dir, a.bytecodes, a.yields, a.other_workers, a.top,
+                                         a.batch))
         for name, fns in doc["top"].items():
             print(f"-- {name}: {doc['bytecodes_per_request'][name]:,.0f} bytecodes/request, the most executed:")
             for fn, v in fns.items():

@@ -292,7 +292,8 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     assert bad.returncode == 2 and "--yields: must be at least 1" in bad.stderr
     # options of one measure given to another are usage errors, not silently ignored
     for argv, msg in ((["--bytecodes", "5", "--reps", "2"], "--reps applies to the CPU-time measure only"),
-                      (["--bytecodes", "5", "--batch", "2"], "--batch applies to the CPU-time measure only"),
+                      (["--instructions", "5", "--batch", "2"], "--batch applies to the CPU-time measure only"),
+                      (["--bytecodes", "4", "--batch", "8"], "--batch 8: at most --bytecodes (4)"),
                       (["--top", "3"], "--top applies to --bytecodes only"),
                       (["--instructions", "5", "--bytecodes", "5"], "two measures"),
                       (["--instructions", "5", "--yields", "2"], "--yields does not apply to --instructions"),
@@ -342,6 +343,16 @@ def test_pathcost_counts_bytecodes_of_all_three_variants(tmp_path):
     queued = doc["top"]["inferbus_queued"]
     assert "inferbus/actors/_worker.py:_publish_outcomes" in queued and "inferbus/actors/_worker.py:_run_group" in queued
     assert "inferbus/actors/_worker.py:run_now" in doc["top"]["inferbus"]
+    # --batch: the groups are bursts at the run-to-completion ingress and batches at the queued worker, and the
+    # rest of each group waits for them uncut (the inline slice is lifted while tracing slows the model)
+    out = tmp_path / "bc-batch.json"
+    r = subprocess.run([sys.executable, "-m", "bench.pathcost", "--bytecodes", "12", "--batch", "4", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    b = json.loads(out.read_text())
+    assert b["batch"] == 4 and b["valid"] is True
+    assert (b["counts"]["mean_burst"], b["counts"]["queued_mean_batch"]) == (4.0, 4.0), b["counts"]
+    assert "inferbus/actors/_worker.py:run_burst" in b["top"]["inferbus"]
     assert not any(k.startswith("bench/pathcost.py:count_bytecodes") for t in doc["top"].values() for k in t)
     # counted once the router routes by measured service times, the count does not depend on how many requests
     # (10 or 20) a run counts

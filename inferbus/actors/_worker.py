@@ -446,13 +446,22 @@ class Worker:
         id) is in progress or answered here (those go through :meth:`submit_local`'s dedupe). Cheap: attribute
         reads and two table lookups.
         """
+        return self._idle_now() and self._may_run_now(model_key, term, dkey)
+
+    def _idle_now(self) -> bool:
+        """:meth:`can_run_now`'s checks that do not depend on the request: nothing queued here or running on
+        the inference thread, no fault injected, no audit record kept, the stall fence down."""
         fault = self.fault
         fence = self.config.stall_fence_s
-        if not (not self._inline and not self._thread_busy and not self.mailbox.queue  # len read: no lock needed
+        return (not self._inline and not self._thread_busy and not self.mailbox.queue  # len read: no lock needed
                 and fault.error_rate <= 0 and not fault.shed and not self.config.audit
-                and self._runs_inline(model_key)
-                and (fence <= 0 or time.monotonic() - self._last_tick <= fence)
-                and self.fencing.refusal_term(term) is None and self.model_ctl.refusal(model_key) is None):
+                and (fence <= 0 or time.monotonic() - self._last_tick <= fence))
+
+    def _may_run_now(self, model_key: str, term: int | None, dkey: tuple | None) -> bool:
+        """:meth:`can_run_now`'s checks of one request: its model runs inline and is served here, its fencing
+        term is not refused, and no copy of it is in progress or answered here."""
+        if not (self._runs_inline(model_key) and self.fencing.refusal_term(term) is None
+                and self.model_ctl.refusal(model_key) is None):
             return False
         return dkey is None or (dkey not in self.in_progress and self.recent.get(dkey) is None)
 
@@ -542,8 +551,10 @@ class Worker:
         groups: dict[tuple, list] = {}
         where: dict[int, int] = {}  # id(job) -> index in entries
         errors = []
+        if not self._idle_now():  # e.g. the loop ran other work during the burst and something is queued
+            return out
         for i, e in enumerate(entries):
-            if not self.can_run_now(e.model_key, e.term or None, e.dkey):
+            if not self._may_run_now(e.model_key, e.term or None, e.dkey):
                 continue
             self.stats.received += 1
             job = Job(e.reply, e.body, e.deadline, t_recv, e.model_key, -1, None, e.cache_key is not None,
