@@ -25,6 +25,7 @@ id) instead of waiting out their budget.
 from __future__ import annotations
 
 import asyncio
+import numbers
 import random
 import time
 import uuid
@@ -80,6 +81,16 @@ def _subject_token(value: str, field: str) -> str:
         raise InvalidArgument(f"{field} {value!r} must be a non-empty name without '.', '*', '>' or whitespace",
                               field=field)
     return value
+
+
+def _check_timeout(timeout_s) -> None:
+    """``timeout_s`` is a finite number of seconds > 0, else InvalidArgument at once (``field`` ``timeout_s``):
+    0, a negative budget, NaN (every comparison with it is false) or infinity (a request that could wait and
+    retry forever) is the caller's error, not a deadline."""
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+            or not 0 < timeout_s < float("inf")):  # NaN fails both comparisons
+        raise InvalidArgument(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}",
+                              field="timeout_s")
 
 
 class _LatencyEstimate:
@@ -292,7 +303,7 @@ class Client:
             inputs: one array per model input; the OIP datatype follows the dtype
                 (float32 → FP32, float16 → FP16, ml_dtypes.bfloat16 → BF16, object of bytes → BYTES).
             outputs: names to compute (None = all).
-            timeout_s: whole budget, retries included; sent as ``Inferbus-Timeout-Ms``.
+            timeout_s: whole budget in seconds, retries included, a finite number > 0; sent as ``Inferbus-Timeout-Ms``.
             request_id: idempotency key (a UUID4 when None), reused across retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
@@ -306,7 +317,8 @@ class Client:
 
         Raises:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
-            '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string),
+            '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
+            ``timeout_s`` that is not a finite number > 0),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -320,6 +332,7 @@ class Client:
                            hedge: str | float | None = None) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
+        _check_timeout(timeout_s)
         _subject_token(model, "model")
         if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
             version = str(version)  # version=2 means "2", as on disk and on the subject
@@ -366,7 +379,7 @@ class Client:
             ``(response body, response content type)``.
 
         Raises:
-            ValueError: ``timeout_s`` not > 0.
+            InvalidArgument: ``timeout_s`` is not a finite number > 0 (0, negative, NaN, infinity; nothing sent).
             the typed error of an error reply; DeadlineExceeded when the budget runs out (at once,
             nothing sent, when it was spent before sending);
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
@@ -374,8 +387,7 @@ class Client:
             Unavailable at once, not retried, when the connection is closed or draining
             (after :meth:`close`, or once nats-py gave up reconnecting).
         """
-        if not timeout_s > 0:  # also NaN
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        _check_timeout(timeout_s)
         now = time.monotonic()
         deadline = (now if started_at is None else started_at) + timeout_s
         if deadline <= now:

@@ -194,6 +194,52 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
         await client.close()
 
 
+async def test_a_timeout_that_is_no_budget_is_invalid_argument_before_sending(nats_server):
+    """``timeout_s`` 0, negative, NaN or infinite raised a plain ValueError (or waited forever): now the typed
+    InvalidArgument naming ``timeout_s``, like the SDK's other checks, from every call that takes it; nothing
+    is sent."""
+    import math
+
+    import numpy as np
+
+    from inferbus.model_admin import model_control
+    from inferbus.schemas import InvalidArgument
+
+    client = await Client.connect(nats_server.url)
+    sent = []
+
+    async def seen(msg):
+        sent.append(msg.subject)
+
+    sub = await client.nc.subscribe(">", cb=seen)
+    try:
+        x = {"pixels": np.zeros((1, 64), np.float32)}
+        for bad in (0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, True, "1", None):
+            calls = [lambda: client.infer("digits", x, timeout_s=bad),
+                     lambda: client.infer_result("digits", x, timeout_s=bad),
+                     lambda: client.models(timeout_s=bad), lambda: client.model("digits", timeout_s=bad),
+                     lambda: client.health(timeout_s=bad),
+                     lambda: client.request("inferbus.health", b"", timeout_s=bad),
+                     lambda: model_control(client, "load", "digits", timeout_s=bad)]
+            for call in calls:
+                with pytest.raises(InvalidArgument) as ei:
+                    await call()
+                assert ei.value.field == "timeout_s", (bad, ei.value)
+                assert ei.value.message == f"timeout_s must be a finite number of seconds > 0, got {bad!r}"
+        await client.nc.flush()
+        assert sent == []
+        # a budget of numpy's float32 or an int is a budget: sent (no ingress here: no answer within it)
+        from inferbus.schemas import DeadlineExceeded
+
+        for ok in (np.float32(0.2), 1):
+            with pytest.raises((Unavailable, DeadlineExceeded)):
+                await client.health(timeout_s=ok)
+        assert sent
+    finally:
+        await sub.unsubscribe()
+        await client.close()
+
+
 async def test_close_right_after_the_server_stopped_with_unsent_data_does_not_raise(tmp_path):
     """The same, closed before nats-py noticed, with a publish still in its buffer (a fresh-user trial saw
     ``ConnectionResetError`` from ``close()`` here, after Ctrl-C on ``inferbus up``)."""
