@@ -1,6 +1,7 @@
 """``inferbus models``: list the served models; load, unload and set the default model version at run time.
 
-``inferbus models``                          the served models' OIP v2 metadata (a table);
+``inferbus models``                          the served models (a table: versions, default version, platform,
+                                             inputs, outputs; from their OIP v2 metadata);
 ``inferbus models load NAME [--version V]``  load a version from the model repository folder (all versions
                                              on disk not served yet without ``--version``);
 ``inferbus models unload NAME --version V``  drain and drop a version (not the default);
@@ -46,11 +47,12 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
 
     ml = _call(go)
     t = Table(title="models")
-    for col in ("name", "versions", "platform", "inputs", "outputs"):
+    for col in ("name", "versions", "default", "platform", "inputs", "outputs"):
         t.add_column(col)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
-    for m in ml.models:
-        t.add_row(m.name, ",".join(m.versions), m.platform, fmt(m.inputs), fmt(m.outputs))
+    for m in ml.models:  # the default version: what a request naming none is served by (metadata parameters)
+        default = str((m.parameters or {}).get("default_version", ""))
+        t.add_row(m.name, ",".join(m.versions), default, m.platform, fmt(m.inputs), fmt(m.outputs))
     console.print(t)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -257,3 +258,41 @@ def test_models_control_reply_is_plain_msgpack():
     r = ModelControlReply("digits", "default", ["1", "2"], "2", 3, version="2", workers={"w0": "loaded"})
     d = msgspec.msgpack.decode(msgspec.msgpack.encode(r))
     assert d["default_version"] == "2" and d["workers"] == {"w0": "loaded"} and d["revision"] == 3
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """A deployment (1 worker, 1 ingress) serving a model repository of its own (a copy of digits), which the
+    tests may change on disk: (deployment, models folder)."""
+    root = tmp_path_factory.mktemp("models-own")
+    models = root / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    d = start_deployment(root / "dep", workers=1, prefix="mmc", extra=["--models", str(models), "--no-cache"])
+    yield d, models
+    d.stop()
+
+
+def _listing(url: list[str]) -> dict[str, dict[str, str]]:
+    """``inferbus models`` as {name: {column: cell}} (rich's table, one line per row at 200 columns)."""
+    p = cli(*url)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    rows = [[c.strip() for c in line.replace("┃", "│").split("│")[1:-1]] for line in p.stdout.splitlines()
+            if line[:1] in ("│", "┃")]  # the header's rule is heavy
+    header, *body = rows
+    return {r[0]: dict(zip(header, r)) for r in body}
+
+
+@pytest.mark.timeout(180)
+def test_the_listing_shows_each_models_default_version(own):
+    """docs/models.md said the plain listing shows each model's default version; it showed only the versions."""
+    dep, _ = own
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmc"]
+    rows = _listing(url)
+    assert list(rows["digits"])[:3] == ["name", "versions", "default"], rows
+    assert rows["digits"]["versions"] == "1,2" and rows["digits"]["default"] == "1", rows
+    p = cli("default", "digits", "2", *url)
+    assert p.returncode == 0, p.stderr
+    deadline = time.monotonic() + 10
+    while _listing(url)["digits"]["default"] != "2":  # the one ingress applied it before answering; the loop
+        assert time.monotonic() < deadline         # only guards against a slow broadcast
+    assert _listing(url)["digits"]["versions"] == "1,2"
