@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -396,3 +397,41 @@ def test_up_on_an_empty_model_folder_says_so(tmp_path):
     finally:
         p.terminate()
         p.wait(30)
+
+
+def _up_refused(tmp_path, *args, argv_head=None, env=None) -> str:
+    """``inferbus up ... args`` refused: exit 2, one line on stderr (returned), no traceback, no server started."""
+    head = argv_head or [sys.executable, "-m", "inferbus.cli"]
+    p = subprocess.run([*head, "up", "--no-cache", "--workers", "1", "--nats-port", "0", "--run-dir",
+                        str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=150, cwd=ROOT,
+                       env={**os.environ, "COLUMNS": "200", **(env or {})})
+    assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("config,said", [
+    ({}, None),  # a TypeError traceback (missing 'name'); now the folder's name: served, refused only for --json
+    ([], "model 'broken': the config must be a JSON object"),  # an AttributeError traceback
+    ({"name": "broken", "max_batch_size": "x"}, "model 'broken': max_batch_size must be an integer"),  # worker died
+    ({"name": "broken", "cache_ttl_ms": "abc"}, "model 'broken': cache_ttl_ms must be an integer"),  # INTERNAL
+    ({"name": "broken", "default_version": "9"}, "model 'broken': default_version '9' is not a version on disk"),
+])
+def test_up_with_a_malformed_model_config_is_one_line_naming_it_exit_2(tmp_path, config, said):
+    """Each malformed ``config.json`` ended in a traceback, a dead worker, INTERNAL for every request, or was
+    accepted silently: now ``up`` refuses it before anything starts, like a corrupt model.onnx, naming the file,
+    the model and the field."""
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "digits" / "1", models / "broken" / "1")
+    (models / "broken" / "config.json").write_text(json.dumps(config))
+    # {} is servable: the same command then stops at the next bad option, checked after the repository was
+    # read (--node-id), still before anything starts
+    line = _up_refused(tmp_path, "--models", str(models), *(("--node-id", "a b") if said is None else ()))
+    if said is None:
+        assert "up: --node-id must be 1-64 letters" in line, line
+    else:
+        assert line.startswith(f"error: up: the model repository cannot be served: {models}/broken/config.json: "), line
+        assert said in line, line
+    assert not (tmp_path / "run").exists()

@@ -263,7 +263,7 @@ def test_models_control_reply_is_plain_msgpack():
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
     """A deployment (1 worker, 1 ingress) serving a model repository of its own (a copy of digits), which the
-    tests may change on disk: (deployment, models folder)."""
+    tests change on disk: (deployment, models folder)."""
     root = tmp_path_factory.mktemp("models-own")
     models = root / "models"
     shutil.copytree(MODELS / "digits", models / "digits")
@@ -280,6 +280,43 @@ def _listing(url: list[str]) -> dict[str, dict[str, str]]:
             if line[:1] in ("│", "┃")]  # the header's rule is heavy
     header, *body = rows
     return {r[0]: dict(zip(header, r)) for r in body}
+
+
+@pytest.mark.timeout(180)
+def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serving_goes_on(own):
+    """``models load`` of a model whose config.json is malformed: INVALID_ARGUMENT naming the file, the model and
+    the field, nothing changes (it used to be INTERNAL with a TypeError or AttributeError, a load every worker
+    failed, or a model served with every request INTERNAL); fixed on disk, the same load works."""
+    dep, models = own
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmc"]
+    broken = models / "broken"
+    for v in ("1", "2"):
+        shutil.copytree(MODELS / "digits" / v, broken / v)
+    for config, said in [([], "the config must be a JSON object"),
+                         ({"name": "broken", "max_batch_size": "x"}, "max_batch_size must be an integer"),
+                         ({"name": "broken", "cache_ttl_ms": "abc"}, "cache_ttl_ms must be an integer"),
+                         ({"name": "broken", "default_version": "9"}, "default_version '9' is not a version on disk"),
+                         ({"name": "broken", "hedge_after_ms": "sometimes"}, "hedge_after_ms")]:
+        (broken / "config.json").write_text(json.dumps(config))
+        p = cli("load", "broken", *url)
+        assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (p.stdout, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: model 'broken' cannot be loaded: "), lines
+        assert f"{broken}/config.json: model 'broken': " in lines[0] and said in lines[0], lines[0]
+    # a served model's config broken on disk: a load of it is refused the same way, and it is served on
+    cfg_path = models / "digits" / "config.json"
+    good = cfg_path.read_text()
+    cfg_path.write_text(json.dumps({**json.loads(good), "max_batch_size": -1}))
+    p = cli("load", "digits", *url)
+    assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "max_batch_size" in p.stderr, p.stderr
+    cfg_path.write_text(good)
+    assert "digits" in _listing(url) and "broken" not in _listing(url)
+    # fixed: the ingress and the worker serve on and load it
+    (broken / "config.json").write_text(json.dumps({"default_version": 1}))
+    p = cli("load", "broken", *url, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["versions"] == ["1", "2"] and r["default_version"] == "1" and set(r["workers"].values()) == {"loaded"}
 
 
 @pytest.mark.timeout(180)

@@ -10,6 +10,23 @@
 Versions are the numeric sub-folders holding ``model.onnx``; the default version
 is ``config.default_version`` or the highest number. Metadata (tensor names,
 datatypes, shapes) is read from the artifact with ONNX Runtime.
+
+``config.json`` is one JSON object, checked when the folder is read (:class:`ModelConfig`);
+a malformed one is a :class:`ModelConfigError` naming the file, the model and the field:
+
+=====================  ===========================================================  ==================
+key                    allowed                                                      absent
+=====================  ===========================================================  ==================
+``name``               the folder's name (one NATS subject token)                   the folder's name
+``platform``           a non-empty string (reported in the metadata)                ``onnxruntime_onnx``
+``max_batch_size``     an integer 0 to :data:`MAX_BATCH_SIZE` (0 = no batching)     0
+``cache_ttl_ms``       an integer 0 to :data:`MAX_CACHE_TTL_MS` (0 = no caching)    100
+``default_version``    a version on disk, as an integer or a string of digits       the highest version
+``description``        a string                                                     ``""``
+``hedge_after_ms``     null, ``"off"``, a number of ms > 0, ``"pNN"`` or ``"auto"``  no hedging
+=====================  ===========================================================  ==================
+
+Other keys (Triton's ``input``/``output`` lists, ...) are kept in ``ModelConfig.extra`` unread.
 """
 
 from __future__ import annotations
@@ -20,10 +37,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
+from ._hedge import HedgePolicyError, parse_policy
+
+MAX_BATCH_SIZE = 65_536
+"""Largest ``max_batch_size`` a model's config may give: each worker warms the model up at every power of two
+up to it (a typo such as ``64000000000`` would allocate that many rows and kill the worker at start)."""
+MAX_CACHE_TTL_MS = 86_400_000
+"""Longest ``cache_ttl_ms`` a model's config may give: one day (the value travels as an integer in the
+ingresses' cache-fill messages, which a 20-digit one would not fit)."""
 
 
 class RepositoryError(ValueError):
-    """The model repository is malformed (missing config, bad JSON, no versions)."""
+    """The model repository is malformed (missing config, bad JSON, no versions, unreadable artifact)."""
+
+
+class ModelConfigError(RepositoryError):
+    """A model's ``config.json`` is not a JSON object of the allowed keys and values (the message names the
+    file, the model and the field)."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token(value: str) -> bool:
+    """``value`` can be one NATS subject token (the model name is one in ``<p>.infer.<model>[.<version>]``)."""
+    return bool(value) and value.isprintable() and not any(c.isspace() or c in ".*>" for c in value)
 
 
 @dataclass(frozen=True)
@@ -44,18 +83,57 @@ class ModelVersion:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A model's ``config.json``."""
+    """A model's ``config.json``, checked on construction.
+
+    Raises:
+        ValueError: a field of the wrong type or out of its range (the message names the field and the
+            allowed form). :meth:`ModelRepository._scan` turns it into a :class:`ModelConfigError` naming
+            the file and the model.
+    """
 
     name: str
+    """The model's name: one NATS subject token (no ``.``, ``*``, ``>`` or whitespace)."""
     platform: str = "onnxruntime_onnx"
     max_batch_size: int = 0
-    """Largest batch the worker may form from queued requests (0 = no batching)."""
+    """Largest batch the worker may form from queued requests (0 = no batching), 0 to :data:`MAX_BATCH_SIZE`."""
     cache_ttl_ms: int = 100
-    """Result cache TTL in ms; 0 disables caching for the model."""
+    """Result cache TTL in ms; 0 disables caching for the model. 0 to :data:`MAX_CACHE_TTL_MS`."""
     default_version: str | None = None
+    """The version serving requests that name none (a string of digits; an integer is taken as its decimal
+    string); None = the highest version on disk."""
     description: str = ""
-    hedge_after_ms: float | None = None
+    hedge_after_ms: float | str | None = None
+    """Hedge policy (:func:`~inferbus.actors._hedge.parse_policy`): None/``"off"``, ms > 0, ``"pNN"``, ``"auto"``."""
     extra: dict = field(default_factory=dict)
+    """The other keys of ``config.json``, unread."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _is_token(self.name):
+            raise ValueError(f"name must be a non-empty string without '.', '*', '>' or whitespace (one NATS "
+                             f"subject token), got {self.name!r}")
+        if not isinstance(self.platform, str) or not self.platform:
+            raise ValueError(f"platform must be a non-empty string (e.g. \"onnxruntime_onnx\"), got {self.platform!r}")
+        if not _is_int(self.max_batch_size) or not 0 <= self.max_batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"max_batch_size must be an integer 0 (no batching) to {MAX_BATCH_SIZE}, got "
+                             f"{self.max_batch_size!r}")
+        if not _is_int(self.cache_ttl_ms) or not 0 <= self.cache_ttl_ms <= MAX_CACHE_TTL_MS:
+            raise ValueError(f"cache_ttl_ms must be an integer 0 (no caching) to {MAX_CACHE_TTL_MS} ms, got "
+                             f"{self.cache_ttl_ms!r}")
+        v = self.default_version
+        if _is_int(v) and v >= 0:
+            object.__setattr__(self, "default_version", str(v))
+        elif v is not None and not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 20):
+            raise ValueError(f"default_version must be a version number (an integer or a string of digits, the "
+                             f"name of a version folder) or null, got {v!r}")
+        if not isinstance(self.description, str):
+            raise ValueError(f"description must be a string, got {self.description!r}")
+        if not (self.hedge_after_ms is None or isinstance(self.hedge_after_ms, (str, int, float))):
+            raise ValueError(f"hedge_after_ms must be a number of ms > 0, 'off', 'pNN' (e.g. 'p95') or 'auto', "
+                             f"got {self.hedge_after_ms!r}")
+        try:
+            parse_policy(self.hedge_after_ms)
+        except HedgePolicyError as exc:
+            raise ValueError(f"hedge_after_ms: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -80,11 +158,17 @@ class Model:
         return root / self.name / "data" / "test.npz"
 
 
+def _json_kind(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
 class ModelRepository:
     """All models found under ``root``.
 
     Raises:
-        RepositoryError: a model folder has an unreadable config or no versions.
+        ModelConfigError: a model's ``config.json`` is unreadable, not JSON or malformed (a field's type or
+            value; a ``default_version`` with no folder).
+        RepositoryError: a model folder has no versions or an unreadable artifact.
     """
 
     def __init__(self, root: Path, only: list[str] | None = None) -> None:
@@ -103,16 +187,23 @@ class ModelRepository:
         cfg_path = folder / "config.json"
         try:
             raw = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RepositoryError(f"{cfg_path}: {exc}") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelConfigError(f"{cfg_path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config must be a JSON object "
+                                   f"({{\"name\": ..., \"max_batch_size\": ...}}), got a JSON {_json_kind(raw)}")
         name = raw.get("name", folder.name)
+        if name != folder.name:  # scan_model finds a model's folder by its name; two folders could claim one name
+            raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: name must be the folder's name "
+                                   f"{folder.name!r} (or left out), got {name!r}")
         if only and name not in only:
             return None
         known = set(ModelConfig.__dataclass_fields__) - {"extra"}
-        cfg = ModelConfig(**{k: v for k, v in raw.items() if k in known},
-                          extra={k: v for k, v in raw.items() if k not in known})
-        if cfg.default_version is not None:
-            object.__setattr__(cfg, "default_version", str(cfg.default_version))
+        try:
+            cfg = ModelConfig(**{**{k: v for k, v in raw.items() if k in known}, "name": name},
+                              extra={k: v for k, v in raw.items() if k not in known})
+        except ValueError as exc:
+            raise ModelConfigError(f"{cfg_path}: model {name!r}: {exc}") from None
         versions = {}
         for vdir in sorted(folder.iterdir()):
             artifact = vdir / "model.onnx"
@@ -125,6 +216,10 @@ class ModelRepository:
                 sess.close()
         if not versions:
             raise RepositoryError(f"{folder}: no <version>/model.onnx found")
+        if cfg.default_version is not None and cfg.default_version not in versions:
+            on_disk = ", ".join(sorted(versions, key=lambda v: (len(v), v)))
+            raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not a "
+                                   f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")
         return Model(cfg, versions)
 
     def scan_model(self, name: str) -> Model:
@@ -133,7 +228,9 @@ class ModelRepository:
         metadata with ONNX Runtime, a few ms per version): call it off the event loop.
 
         Raises:
-            RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, or it is malformed.
+            ModelConfigError: its ``config.json`` is malformed (see :class:`ModelRepository`).
+            RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, no versions, an unreadable
+                artifact.
         """
         known = self.models.get(name)
         folder = known.versions[next(iter(known.versions))].path.parent.parent if known else self.root / name
