@@ -253,6 +253,45 @@ def _check_accelerator_env() -> None:
             _usage(f"up: environment variable {name}={value!r}: one of {', '.join(allowed)} (or unset)")
 
 
+def _check_output_file(option: str, path: Path) -> None:
+    """``path`` can be written as a file, checked before anything starts (one line, exit 2, naming ``option``):
+    not a folder, its folder exists and is writable, and an existing file there is writable. (``up --demo
+    --json`` used to run the whole demo and then end in a FileNotFoundError / IsADirectoryError traceback.)"""
+    folder = path.parent
+    if path.is_dir():
+        _usage(f"up: {option} {path}: is a folder; give a file name (e.g. {path / 'demo.json'})")
+    if not folder.is_dir():
+        _usage(f"up: {option} {path}: its folder {folder} does not exist" if not folder.exists()
+               else f"up: {option} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        _usage(f"up: {option} {path}: its folder {folder} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        _usage(f"up: {option} {path}: the file exists and is not writable")
+
+
+_BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),
+                     "tensorrt": ("tensorrt", "pip install tensorrt; it serves NVIDIA GPUs only")}
+"""Backends whose runtime is an optional package: its import name and how to install it."""
+
+
+def _check_backends_installed(names: tuple[str, ...]) -> None:
+    """Each backend's runtime package can be found (``importlib.util.find_spec``, no import), checked before
+    anything starts: one line naming it, exit 2. Whether it imports and has a device is known only from the
+    device probe, after the servers started; :func:`_up` turns that failure into one line too."""
+    from importlib.util import find_spec
+
+    for name in names:
+        if name not in _BACKEND_PACKAGES:
+            continue
+        module, install = _BACKEND_PACKAGES[name]
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken install, or a module object without a spec
+            found = False
+        if not found:
+            _usage(f"up: --backends {name}: backend {name}: not installed ({install})")
+
+
 def _check_prefix(prefix: str) -> None:
     """``--prefix`` as the bus takes it (dot-separated tokens of letters, digits, '_' or '-'), else one line and
     exit 2 (it used to end in a traceback from the connection's config)."""
@@ -338,7 +377,8 @@ def up(
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, more than 0 and at most "
                                         f"{MAX_DEMO_DURATION_S:g}."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON to "
+                                            "this file (its folder must exist and be writable)."),
     # reliability (docs/failure-semantics.md)
     health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, > 0).", rich_help_panel=_REL),
     max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy, 0 to 1.", rich_help_panel=_REL),
@@ -386,6 +426,8 @@ def up(
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
         _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
                f"{demo_duration}")
+    if json_out is not None:
+        _check_output_file("--json", json_out)
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")
@@ -449,6 +491,7 @@ def up(
                          **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
+    _check_backends_installed(backend_names)
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
         if not demo:
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
@@ -464,6 +507,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
 
     from nats.errors import NoServersError
 
+    from .accelerators import BackendUnavailable
     from .actors import Node
     from .actors._node import NodeIdInUse
     from .bus import split_servers
@@ -480,6 +524,10 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         await node.start()
     except NodeIdInUse as exc:
         err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
+        return EXIT_USAGE
+    except BackendUnavailable as exc:  # installed but unusable here (no GPU, a broken import): the device probe
+        err_console.print(f"[red]error[/]: up: --backends {escape(','.join(cfg.backends))}: "
+                          f"{escape(' '.join(str(exc).split()))}")
         return EXIT_USAGE
     except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
         raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
@@ -591,7 +639,12 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
     errors = sum(sum(r.errors.values()) for r in results)
     console.print(f"wrong answers: [bold]{wrong}[/]   errors: [bold]{errors}[/]")
     if json_out:
-        json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2))
+        try:  # checked before the node started (_check_output_file); it can still go (removed, disk full)
+            json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2))
+        except OSError as exc:
+            err_console.print(f"[red]error[/]: up: --json {escape(str(json_out))}: cannot write the results: "
+                              f"{escape(exc.strerror or str(exc))}")
+            return 1
     return 1 if wrong or errors else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +190,14 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
      "up: --mailbox-size must be 1"),
     (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--max-request-bytes", "100000",
       "--mailbox-size", "0"), "up: --mailbox-size must be 1"),
+    # --json that cannot be written ran the whole demo first, then ended in a FileNotFoundError /
+    # IsADirectoryError traceback
+    (("--nats-port", "0", "--demo", "--demo-duration", "0.2", "--json", "/nonexistent-inferbus/dir/x.json"),
+     "up: --json /nonexistent-inferbus/dir/x.json: its folder /nonexistent-inferbus/dir does not exist"),
+    (("--nats-port", "0", "--demo", "--demo-duration", "0.2", "--json", "/tmp"),
+     "up: --json /tmp: is a folder; give a file name"),
+    (("--nats-port", "0", "--demo", "--json", f"{ROOT}/README.md/x.json"), f"up: --json {ROOT}/README.md/x.json: "
+                                                                          f"{ROOT}/README.md is not a folder"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks
@@ -410,6 +420,47 @@ def _up_refused(tmp_path, *args, argv_head=None, env=None) -> str:
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     return lines[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="tensorrt is installed here")
+def test_up_with_a_backend_not_installed_is_one_line_exit_2_before_starting_anything(tmp_path):
+    """``--backends tensorrt`` (or jax) without its package printed a 100-line traceback ending in
+    BackendUnavailable after the servers had started: now found before (importlib.util.find_spec)."""
+    line = _up_refused(tmp_path, "--backends", "tensorrt")
+    assert line == "error: up: --backends tensorrt: backend tensorrt: not installed (pip install tensorrt; it " \
+                   "serves NVIDIA GPUs only)", line
+    assert not (tmp_path / "run").exists()
+    # jax is installed in the test environment: hidden from the CLI's process (sys.modules["jax"] = None makes
+    # both find_spec and import say it is missing)
+    hide_jax = [sys.executable, "-c", "import sys; sys.modules['jax'] = None; sys.argv[0] = 'inferbus'; "
+                "from inferbus.cli import main; main()"]
+    line = _up_refused(tmp_path, "--backends", "onnxruntime,jax", argv_head=hide_jax)
+    assert line == "error: up: --backends jax: backend jax: not installed (pip install 'inferbus[jax]')", line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="an NVIDIA GPU may be here")
+def test_up_with_a_backend_without_a_device_is_one_line_exit_2_and_stops_the_servers(tmp_path):
+    """A backend whose package is there but that has no device here is known only from the device probe, after
+    the embedded servers started: one line, exit 2, and the servers are stopped again. A stand-in ``tensorrt``
+    package (importable, no GPU on this machine) makes the probe say so."""
+    fake = tmp_path / "site" / "tensorrt"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.0-stand-in'\n")
+    site = str(tmp_path / "site")
+    line = _up_refused(tmp_path, "--backends", "tensorrt",
+                       env={"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))})
+    assert line == "error: up: --backends tensorrt: backend tensorrt: no NVIDIA GPU found", line
+    run = str(tmp_path / "run")
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and run in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                left.append(proc.name)
+        except OSError:
+            pass
+    assert not left, f"processes of the refused node still running: {left}"
 
 
 @pytest.mark.parametrize("config,said", [

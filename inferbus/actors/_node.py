@@ -303,6 +303,8 @@ class Node:
             EmbeddedServerError: an embedded server did not start.
             ChildStartError: an actor process failed to start.
             NodeIdInUse: on a NATS given by URL, workers of this ``node_id`` already report on this prefix.
+            BackendUnavailable: a backend of ``backends`` has no runtime or no device here (the device probe);
+                the embedded servers are stopped again.
         """
         c = self.config
         self._failed = asyncio.get_running_loop().create_future()
@@ -361,7 +363,12 @@ class Node:
             children.append(self._child("aggregator", "aggregator",
                                         AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir))
         self.worker_ids = []
-        plan = await self._plan_workers() if c.actors else []
+        try:
+            plan = await self._plan_workers() if c.actors else []
+        except BaseException:  # BackendUnavailable (no runtime or device here): nothing of this node stays up
+            await self.nc.close()
+            await self._stop_servers()
+            raise
         n_colocated = sum(1 for p in plan if p.backend == "onnxruntime" and p.device_kind == "cpu") if c.colocate else 0
         n_ingress = self.n_ingress = n_colocated or c.ingress
         colocated = []
