@@ -352,7 +352,8 @@ def up(
     run_to_completion: Optional[bool] = typer.Option(
         None, "--run-to-completion/--no-run-to-completion", show_default=False,
         help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
-        "answered in the call that received it (no queue, no task switch); off: always through the worker's queue."),
+        "answered in the call that received it (no queue, no task switch), and misses that arrive together are "
+        "held back until the last and computed as batches in one call; off: always through the worker's queue."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port), 0 to 65535."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
