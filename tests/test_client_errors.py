@@ -4,6 +4,7 @@ raise inferbus's Unavailable (not nats-py's errors), against a real nats-server 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from nats.errors import ConnectionClosedError, NoServersError
@@ -150,6 +151,23 @@ async def test_close_after_the_server_went_away_does_not_raise(tmp_path):
     assert client.nc.is_closed
 
 
+@contextlib.asynccontextmanager
+async def _client_and_sent(url: str):
+    """A client of the server at ``url`` and the subjects of every message published there while it is open."""
+    client = await Client.connect(url)
+    sent: list[str] = []
+
+    async def seen(msg):
+        sent.append(msg.subject)
+
+    sub = await client.nc.subscribe(">", cb=seen)
+    try:
+        yield client, sent
+    finally:
+        await sub.unsubscribe()
+        await client.close()
+
+
 async def test_model_names_that_are_no_subject_token_are_refused_before_sending(nats_server):
     """An empty name, one with '.', a wildcard or whitespace is InvalidArgument at once, naming the field; nothing
     is sent (this server has no ingress: a request that went out would end in Unavailable after its budget), and
@@ -158,14 +176,7 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
 
     from inferbus.schemas import InvalidArgument
 
-    client = await Client.connect(nats_server.url)
-    sent = []
-
-    async def seen(msg):
-        sent.append(msg.subject)
-
-    sub = await client.nc.subscribe(">", cb=seen)
-    try:
+    async with _client_and_sent(nats_server.url) as (client, sent):
         x = {"pixels": np.zeros((1, 64), np.float32)}
         for bad in ("", "digits.", ".digits", "digits.1", "a b", "digits ", "*", ">", "tab\tname"):
             with pytest.raises(InvalidArgument) as ei:
@@ -189,9 +200,6 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
         assert ei.value.field == "outputs" and "['logits']" in ei.value.message
         await client.nc.flush()
         assert sent == []
-    finally:
-        await sub.unsubscribe()
-        await client.close()
 
 
 async def test_a_timeout_that_is_no_budget_is_invalid_argument_before_sending(nats_server):
@@ -205,14 +213,7 @@ async def test_a_timeout_that_is_no_budget_is_invalid_argument_before_sending(na
     from inferbus.model_admin import model_control
     from inferbus.schemas import InvalidArgument
 
-    client = await Client.connect(nats_server.url)
-    sent = []
-
-    async def seen(msg):
-        sent.append(msg.subject)
-
-    sub = await client.nc.subscribe(">", cb=seen)
-    try:
+    async with _client_and_sent(nats_server.url) as (client, sent):
         x = {"pixels": np.zeros((1, 64), np.float32)}
         for bad in (0, 0.0, -1, -0.5, math.nan, math.inf, -math.inf, True, "1", None):
             calls = [lambda: client.infer("digits", x, timeout_s=bad),
@@ -235,9 +236,6 @@ async def test_a_timeout_that_is_no_budget_is_invalid_argument_before_sending(na
             with pytest.raises((Unavailable, DeadlineExceeded)):
                 await client.health(timeout_s=ok)
         assert sent
-    finally:
-        await sub.unsubscribe()
-        await client.close()
 
 
 async def test_close_right_after_the_server_stopped_with_unsent_data_does_not_raise(tmp_path):
