@@ -481,6 +481,9 @@ def up(
     if not backend_names:  # it was taken as the default (onnxruntime) without a word
         _usage(f"up: --backends {backends!r} names no backend; give one or more of {', '.join(BACKENDS)}, "
                f"comma-separated")
+    twice = sorted({b for b in backend_names if backend_names.count(b) > 1})
+    if twice:  # two workers of one backend would share a child id in the node's supervisor
+        _usage(f"up: --backends {backends!r} names {', '.join(twice)} more than once; give each backend once")
     try:
         cfg = NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, colocate=colocate,
                          node_id=node_id,

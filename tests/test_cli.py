@@ -180,6 +180,8 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     # an empty list was taken as the default backend without a word
     (("--backends", ","), "up: --backends ',' names no backend; give one or more of onnxruntime, jax, tensorrt"),
     (("--backends", " , "), "up: --backends ' , ' names no backend"),
+    (("--backends", "onnxruntime,onnxruntime"), "up: --backends 'onnxruntime,onnxruntime' names onnxruntime more "
+                                                "than once"),  # was a SpecError traceback (duplicate child id)
     # a request limit the embedded nats-server's max_payload never lets a request reach was accepted silently
     (("--nats-max-payload", "65536", "--max-request-bytes", "65537"),
      "up: --max-request-bytes must be at most --nats-max-payload (the embedded nats-server's largest message; 0 = "

@@ -256,6 +256,31 @@ async def test_a_burst_of_two_models_and_two_encodings_answers_each_in_its_own(e
     assert (await health_params(client))["pending"] == 0
 
 
+async def test_a_merged_run_holds_at_most_max_batch_size_rows(env, dep):
+    """Requests of 10 rows that wait together are merged into model runs of at most ``max_batch_size`` (64) rows:
+    6 requests a run at most; a request of 70 rows runs alone. Each answer its own rows."""
+    nc, _, _ = env
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    sent = {}
+    for k in range(40):
+        feeds = typed_input(70 if k == 20 else 10)
+        sent[f"m{k}"] = feeds
+        await nc.publish(f"{PREFIX}.infer.typed", typed_body(feeds), reply=inbox,
+                         headers={"Inferbus-Request-Id": f"m{k}", "Inferbus-Timeout-Ms": "5000"})
+    await nc.flush()
+    sizes = {}
+    for _ in range(40):
+        m = await sub.next_msg(timeout=10)
+        assert decode_error(m.headers, m.data) is None
+        rid = m.headers["Inferbus-Request-Id"]
+        check_typed(sent[rid], outputs_of(m))
+        sizes[rid] = decode_response(m.data).parameters["batch_size"]
+    await sub.unsubscribe()
+    assert sizes["m20"] == 1, sizes
+    assert max(sizes.values()) > 1 and max(v for k, v in sizes.items() if k != "m20") <= 6, sizes
+
+
 async def test_json_bytes_and_body_id_through_the_local_path(env):
     """A JSON request whose id is in the body only, for a BYTES model: answered in JSON with that id (body
     and header), the text conversion done for the runtime; non-UTF-8 bytes refused naming the field."""

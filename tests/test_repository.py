@@ -51,6 +51,7 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ("null", "the config must be a JSON object"),
     ('"digits"', "the config must be a JSON object"),
     ("{not json", "Expecting property name"),
+    ("[" * 100_000 + "]" * 100_000, "the config is nested too deeply to read"),  # was a RecursionError traceback
     ({"name": "broken", "max_batch_size": "x"}, f"max_batch_size must be an integer 0 (no batching) to "
                                                 f"{MAX_BATCH_SIZE}, got 'x'"),
     ({"max_batch_size": -1}, "max_batch_size must be an integer"),

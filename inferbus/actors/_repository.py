@@ -189,6 +189,9 @@ class ModelRepository:
             raw = json.loads(cfg_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelConfigError(f"{cfg_path}: {exc}") from exc
+        except RecursionError:  # nested deeper than the decoder recurses: no config nests at all
+            raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config is nested too deeply to read "
+                                   f"(it must be a JSON object of the documented fields)") from None
         if not isinstance(raw, dict):
             raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config must be a JSON object "
                                    f"({{\"name\": ..., \"max_batch_size\": ...}}), got a JSON {_json_kind(raw)}")

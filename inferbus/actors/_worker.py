@@ -40,7 +40,7 @@ sliding window of ``health_window_s`` seconds. Only the worker's own failures
 
 Zero-wait batching (DESIGN §4): when several requests for the same model version
 and outputs are already queued, they run as one batch (up to the model's
-``max_batch_size``) without waiting for more. Requests are merged only when
+``max_batch_size`` rows in all) without waiting for more. Requests are merged only when
 every input of each request has the same leading (batch) dimension, and the
 result is split back only when every output has the summed batch size;
 otherwise they run one by one, so rows can never cross between requests.
@@ -530,7 +530,7 @@ class Worker:
         """Compute requests the colocated ingress deferred while more requests waited in its subscription (a
         burst), on the loop, now, as batches: the same checks, compute and answers as :meth:`run_now` gives one
         request, with requests of one model (and the same requested outputs) merged into model runs of up to
-        ``max_batch_size`` (``parameters.exec`` ``inline``, ``batch_size`` the run's size). Every answer is
+        ``max_batch_size`` rows (``parameters.exec`` ``inline``, ``batch_size`` the run's size). Every answer is
         published, then all leave in one write. No queue, in-flight tracking or completion item; the caller
         settles each.
 
@@ -577,9 +577,8 @@ class Worker:
         for i, o in errors:
             out[i] = o
         for (model_key, outs), items in groups.items():
-            limit = max(self.max_batch.get(model_key, 0), 1)
-            for k in range(0, len(items), limit):
-                for o in self._run_group(model_key, list(outs) or None, items[k:k + limit]):
+            for group in _by_rows(items, max(self.max_batch.get(model_key, 0), 1)):
+                for o in self._run_group(model_key, list(outs) or None, group):
                     out[where[id(o.job)]] = o
         limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
         try:
@@ -1128,9 +1127,8 @@ class Worker:
             outs = tuple(o.name for o in req.outputs) if req.outputs else ()
             groups.setdefault((job.model_key, outs), []).append((job, req, arrays))
         for (model_key, outs), items in groups.items():
-            limit = max(self.max_batch.get(model_key, 0), 1)
-            for i in range(0, len(items), limit):
-                outcomes.extend(self._run_group(model_key, list(outs) or None, items[i:i + limit]))
+            for group in _by_rows(items, max(self.max_batch.get(model_key, 0), 1)):
+                outcomes.extend(self._run_group(model_key, list(outs) or None, group))
         return outcomes
 
     def _prepare(self, job: Job):
@@ -1292,6 +1290,25 @@ def _time_batch1_us(sess) -> float:
             return 0.0
         best = min(best, (time.thread_time() - t0) * 1e6)
     return best
+
+
+def _by_rows(items: list, max_rows: int):
+    """``items`` (``(job, request, {input name: array})``, in order) in consecutive groups to merge into one
+    model run each, whose rows (a request's leading dimension; 1 for inputs without one) add up to at most
+    ``max_rows`` (the model's ``max_batch_size``, docs/wire.md); a request with more rows is a group of its own.
+    """
+    group: list = []
+    rows = 0
+    for item in items:
+        first = next(iter(item[2].values()), None)
+        n = first.shape[0] if first is not None and first.ndim else 1
+        if group and rows + n > max_rows:
+            yield group
+            group, rows = [], 0
+        group.append(item)
+        rows += n
+    if group:
+        yield group
 
 
 def _run_merged(sess, outs: list[str] | None, feeds_list: list[dict[str, np.ndarray]]):
