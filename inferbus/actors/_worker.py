@@ -1293,15 +1293,19 @@ def _time_batch1_us(sess) -> float:
 
 
 def _by_rows(items: list, max_rows: int):
-    """``items`` (``(job, request, {input name: array})``, in order) in consecutive groups to merge into one
-    model run each, whose rows (a request's leading dimension; 1 for inputs without one) add up to at most
-    ``max_rows`` (the model's ``max_batch_size``, docs/wire.md); a request with more rows is a group of its own.
+    """``items`` (``(job, request, {input name: array})``) in groups to merge into one model run each, whose rows
+    (a request's leading dimension; 1 for inputs without one) add up to at most ``max_rows`` (the model's
+    ``max_batch_size``, docs/wire.md). A request of ``max_rows`` rows or more is a group of its own, at once,
+    and does not end the group of smaller ones around it; the others are grouped in order.
     """
     group: list = []
     rows = 0
     for item in items:
         first = next(iter(item[2].values()), None)
         n = first.shape[0] if first is not None and first.ndim else 1
+        if n >= max_rows:
+            yield [item]
+            continue
         if group and rows + n > max_rows:
             yield group
             group, rows = [], 0
