@@ -281,8 +281,10 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     assert doc["batch"] == 4 and doc["valid"] is True
     assert doc["counts"]["queued_batches"] == 2 * 40 // 4 and doc["counts"]["queued_mean_batch"] == 4.0
     assert doc["counts"]["queued_local_forwards"] == 2 * 40 and doc["counts"]["answered_late"] == 0
-    assert doc["counts"]["run_now"] == 2 * 40 and doc["counts"]["bursts"] == 2 * 40 // 4
-    assert doc["counts"]["mean_burst"] == 4.0
+    # (a group is cut where it would take more than one inline slice, ~1 ms of estimated compute: on a slow box
+    # 4 digits requests can)
+    assert doc["counts"]["run_now"] == doc["counts"]["burst_requests"] == 2 * 40
+    assert 2 * 40 // 4 <= doc["counts"]["bursts"] < 2 * 40 and doc["counts"]["mean_burst"] > 1.0, doc["counts"]
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--model 'nosuch' is not in" in bad.stderr and "Traceback" not in bad.stderr
