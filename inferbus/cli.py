@@ -348,7 +348,8 @@ def up(
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
-                                  "which hands it requests in-process (no forward hop); --ingress is then unused."),
+                                  "which hands it requests in-process (no forward hop); --ingress is then refused (the CPU slots are the "
+                                  "ingress replicas)."),
     run_to_completion: Optional[bool] = typer.Option(
         None, "--run-to-completion/--no-run-to-completion", show_default=False,
         help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
@@ -427,6 +428,8 @@ def up(
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
         _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
                f"{demo_duration}")
+    if json_out is not None and not demo:  # it was ignored without a word: only the demo writes results
+        _usage("up: --json writes the demo's results and needs --demo; add --demo or leave it out")
     if json_out is not None:
         _check_output_file("--json", json_out)
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
@@ -459,6 +462,9 @@ def up(
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
         _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {redis_url!r}")
+    if no_cache and (redis_url is not None or l2_lookup):  # the cache was off and the others ignored
+        given = " and ".join(o for o, on in (("--redis-url", redis_url is not None), ("--l2-lookup", l2_lookup)) if on)
+        _usage(f"up: --no-cache turns the L2 cache off, so {given} cannot apply; give one or the other")
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
@@ -484,6 +490,9 @@ def up(
     twice = sorted({b for b in backend_names if backend_names.count(b) > 1})
     if twice:  # two workers of one backend would share a child id in the node's supervisor
         _usage(f"up: --backends {backends!r} names {', '.join(twice)} more than once; give each backend once")
+    if colocate and ingress != 1 and "onnxruntime" in backend_names:  # it was ignored without a word
+        _usage(f"up: --ingress {ingress} does not apply with --colocate (each CPU worker slot is one process, an "
+               f"ingress with its worker: --workers sets both); leave --ingress out or drop --colocate")
     try:
         cfg = NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, colocate=colocate,
                          node_id=node_id,

@@ -200,6 +200,11 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
      "up: --json /tmp: is a folder; give a file name"),
     (("--nats-port", "0", "--demo", "--json", f"{ROOT}/README.md/x.json"), f"up: --json {ROOT}/README.md/x.json: "
                                                                           f"{ROOT}/README.md is not a folder"),
+    # options that cannot apply together were accepted, one of them ignored without a word
+    (("--json", "/tmp/inferbus-no-demo.json"), "up: --json writes the demo's results and needs --demo"),
+    (("--colocate", "--ingress", "2"), "up: --ingress 2 does not apply with --colocate"),
+    (("--redis-url", "redis://127.0.0.1:1"), "up: --no-cache turns the L2 cache off, so --redis-url cannot apply"),
+    (("--l2-lookup",), "up: --no-cache turns the L2 cache off, so --l2-lookup cannot apply"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks
