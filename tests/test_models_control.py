@@ -284,8 +284,8 @@ def _listing(url: list[str]) -> dict[str, dict[str, str]]:
 
 @pytest.mark.timeout(180)
 def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serving_goes_on(own):
-    """``models load`` of a model whose config.json is malformed: INVALID_ARGUMENT naming the file, the model and
-    the field, nothing changes (it used to be INTERNAL with a TypeError or AttributeError, a load every worker
+    """``models load`` of a model whose config.json is malformed (or not JSON), or one of whose model.onnx is no
+    model: INVALID_ARGUMENT naming the file, the model and the field (or version), nothing changes (it used to be INTERNAL with a TypeError or AttributeError, a load every worker
     failed, or a model served with every request INTERNAL); fixed on disk, the same load works."""
     dep, models = own
     url = ["--nats-url", dep.nats_url, "--prefix", "mmc"]
@@ -296,13 +296,24 @@ def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serv
                          ({"name": "broken", "max_batch_size": "x"}, "max_batch_size must be an integer"),
                          ({"name": "broken", "cache_ttl_ms": "abc"}, "cache_ttl_ms must be an integer"),
                          ({"name": "broken", "default_version": "9"}, "default_version '9' is not a version on disk"),
-                         ({"name": "broken", "hedge_after_ms": "sometimes"}, "hedge_after_ms")]:
-        (broken / "config.json").write_text(json.dumps(config))
+                         ({"name": "broken", "hedge_after_ms": "sometimes"}, "hedge_after_ms"),
+                         ("{not json", "the config cannot be read as JSON: Expecting property name")]:
+        (broken / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
         p = cli("load", "broken", *url)
         assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (p.stdout, p.stderr)
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: model 'broken' cannot be loaded: "), lines
         assert f"{broken}/config.json: model 'broken': " in lines[0] and said in lines[0], lines[0]
+    # a model.onnx that is no model: the same, naming the file and the version (it was NOT_FOUND)
+    (broken / "config.json").write_text(json.dumps({"default_version": 1}))
+    junk = broken / "2" / "model.onnx"
+    junk.write_bytes(b"not an ONNX model")
+    p = cli("load", "broken", *url)
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: model 'broken' cannot be loaded: "), lines
+    assert f"{junk}: model 'broken' version 2: " in lines[0], lines[0]
+    shutil.copy(MODELS / "digits" / "2" / "model.onnx", junk)
     # a served model's config broken on disk: a load of it is refused the same way, and it is served on
     cfg_path = models / "digits" / "config.json"
     good = cfg_path.read_text()

@@ -45,7 +45,7 @@ from ..schemas import (
 from ..schemas._internal import InternalDecodeError, LoadReport, ModelState, ModelStates, decode_internal, encode_internal
 from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decode_region
 from ._common import log
-from ._repository import Model, ModelConfigError, RepositoryError
+from ._repository import Model, ModelArtifactError, ModelConfigError, RepositoryError
 
 BROADCAST_PERIOD_S = 2.0
 """Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
@@ -338,7 +338,8 @@ class IngressModels:
                            f"({sorted(self.ing.config.models)})", field="model")
         try:
             m = await asyncio.to_thread(self.ing.repo.scan_model, model)
-        except ModelConfigError as exc:  # the folder is there, its config.json is not servable: nothing changes
+        except (ModelConfigError, ModelArtifactError) as exc:  # the folder is there, its config.json or a
+            # model.onnx is not servable: nothing changes (it was NOT_FOUND for an unreadable model.onnx)
             raise InvalidArgument(f"model {model!r} cannot be loaded: {exc}", field="model") from None
         except RepositoryError as exc:
             raise NotFound(str(exc), field="model") from None

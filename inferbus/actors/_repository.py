@@ -51,6 +51,11 @@ class RepositoryError(ValueError):
     """The model repository is malformed (missing config, bad JSON, no versions, unreadable artifact)."""
 
 
+class ModelArtifactError(RepositoryError):
+    """A model version's ``model.onnx`` is there but cannot be read as a model (the message names the file and
+    the runtime's reason)."""
+
+
 class ModelConfigError(RepositoryError):
     """A model's ``config.json`` is not a JSON object of the allowed keys and values (the message names the
     file, the model and the field)."""
@@ -188,7 +193,8 @@ class ModelRepository:
         try:
             raw = json.loads(cfg_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"{cfg_path}: {exc}") from exc
+            raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config cannot be read as JSON: "
+                                   f"{exc}") from exc
         except RecursionError:  # nested deeper than the decoder recurses: no config nests at all
             raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config is nested too deeply to read "
                                    f"(it must be a JSON object of the documented fields)") from None
@@ -214,7 +220,8 @@ class ModelRepository:
                 try:
                     sess = self._backend.load(artifact)
                 except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
-                    raise RepositoryError(f"{artifact}: {exc}") from exc
+                    raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
+                                             f"{' '.join(str(exc).split())}") from exc
                 versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
                 sess.close()
         if not versions:
