@@ -159,17 +159,17 @@ def _backlogs(*cols: Colocated):
 
 @contextlib.asynccontextmanager
 async def _unsliced():
-    """The inline slice (``_INLINE_SLICE_US`` of estimated compute, in the worker's queue and the ingress's
+    """The inline slice (``INLINE_SLICE_US`` of estimated compute, in the worker's queue and the ingress's
     bursts) lifted while bytecodes are counted: tracing makes the model's compute estimate ~50 x too high, and
     a group of ``--batch`` would be cut into slices that it is not in an untraced run."""
     from inferbus.actors import _ingress, _worker
 
-    saved = _ingress._INLINE_SLICE_US, _worker._INLINE_SLICE_US
-    _ingress._INLINE_SLICE_US = _worker._INLINE_SLICE_US = 1e12
+    saved = _ingress.INLINE_SLICE_US, _worker.INLINE_SLICE_US
+    _ingress.INLINE_SLICE_US = _worker.INLINE_SLICE_US = 1e12
     try:
         yield
     finally:
-        _ingress._INLINE_SLICE_US, _worker._INLINE_SLICE_US = saved
+        _ingress.INLINE_SLICE_US, _worker.INLINE_SLICE_US = saved
 
 
 @contextlib.asynccontextmanager
@@ -344,7 +344,7 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
 
 
 MAX_BATCH = 64
-"""The largest ``--batch``: above it the worker's inline slices (``_INLINE_SLICE_US``) split a group over more
+"""The largest ``--batch``: above it the worker's inline slices (``INLINE_SLICE_US``) split a group over more
 loop turns than ``--yields`` gives, and requests were answered after their pass (seen at 65 on the box)."""
 _WARM_UP = 20
 """Requests each colocated process serves before the timed passes: then its router prices its worker by a

@@ -77,7 +77,7 @@ from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
-from ._worker import _INLINE_MAX_JOBS, _INLINE_SLICE_US, control_subject
+from ._worker import INLINE_MAX_JOBS, INLINE_SLICE_US, control_subject
 
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
@@ -847,26 +847,35 @@ class Ingress:
             self.router.on_done(w.worker_id, 0.0, outcome=SERVER_ERROR, probe=probe)
             log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
-        t_done = time.monotonic()
-        latency_us = (t_done - now) * 1e6
-        self.router.on_done(w.worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
+        await self._settle_run(o, w.worker_id, mv.key, now, time.monotonic(), probe, header_rid, key, ttl_ms)
+
+    async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
+                          header_rid: str | None, key: str | None, ttl_ms: int) -> None:
+        """Settle a request the colocated worker computed and answered within this call (:meth:`_run_now`,
+        :meth:`_run_burst`), as :meth:`settle` settles a completion without a hedge: the router (in-flight
+        count, breaker, latency from ``t_fwd`` to ``t_done``, monotonic s), and for a good answer the request
+        id's worker (retries), the latency window and the L1 (and L2) fill under ``key``; an error answer is
+        counted in the ``infer`` endpoint's stats. (:meth:`settle` stays apart: it also settles hedges and
+        requests a worker held.)"""
+        latency_us = (t_done - t_fwd) * 1e6
+        self.router.on_done(worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
         if not o.ok:
-            self._count_worker_error(o.code, w.worker_id)
+            self._count_worker_error(o.code, worker_id)
             return
         if header_rid is not None:
-            self._remember_done(header_rid, mv.key, w.worker_id, t_done)
-        self._observe(mv.key, latency_us)
+            self._remember_done(header_rid, model_key, worker_id, t_done)
+        self._observe(model_key, latency_us)
         if o.response_msgpack is not None and key is not None:
             await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
 
     async def _defer(self, d: _Deferred) -> None:
         """Hold back ``d`` (a miss the colocated worker may run now, counted in flight at the router already)
         until the burst ends. A burst that would take more than one inline slice of estimated compute
-        (``_INLINE_SLICE_US``, as the worker's queue does) or ``_INLINE_MAX_JOBS`` requests is run first. A loop
+        (``INLINE_SLICE_US``, as the worker's queue does) or ``INLINE_MAX_JOBS`` requests is run first. A loop
         callback runs a burst that no later request ended (e.g. the last one was dropped without a reply
         subject)."""
         est_us = self.local_worker.compute_ewma_us.get(d.model_key, 0.0)
-        if self._burst and (self._burst_cost_us + est_us > _INLINE_SLICE_US or len(self._burst) >= _INLINE_MAX_JOBS):
+        if self._burst and (self._burst_cost_us + est_us > INLINE_SLICE_US or len(self._burst) >= INLINE_MAX_JOBS):
             await self._flush_burst()
         self._burst.append(d)
         self._burst_cost_us += est_us
@@ -915,7 +924,6 @@ class Ingress:
             return
         t_done = time.monotonic()
         for d, o in zip(held, outcomes):
-            worker_id = d.w.worker_id
             if o is None:
                 try:
                     await self._queue_local(d)
@@ -923,18 +931,10 @@ class Ingress:
                     self.counts["errors"] += 1
                     await self._error(d.reply, err, d.ct, d.header_rid)
                 continue
-            latency_us = (t_done - d.t_fwd) * 1e6
-            self.router.on_done(worker_id, latency_us, outcome=_outcome(o), probe=d.probe, now=t_done)
             self.counts["local_forwards"] += 1
             self.counts["run_now"] += 1
-            if not o.ok:
-                self._count_worker_error(o.code, worker_id)
-                continue
-            if d.header_rid is not None:
-                self._remember_done(d.header_rid, d.model_key, worker_id, t_done)
-            self._observe(d.model_key, latency_us)
-            if o.response_msgpack is not None and d.cache_key is not None:
-                await self._fill_caches(d.cache_key, d.ttl_ms, o.response_msgpack, t_done)
+            await self._settle_run(o, d.w.worker_id, d.model_key, d.t_fwd, t_done, d.probe, d.header_rid,
+                                   d.cache_key, d.ttl_ms)
 
     async def _queue_local(self, d: _Deferred) -> None:
         """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as

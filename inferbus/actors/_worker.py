@@ -10,7 +10,7 @@ Inline execution: a model version whose EWMA compute time per request is at most
 ``inline_max_compute_us`` (CPU ONNX Runtime sessions only) runs on the event loop
 instead, which saves both directions of the thread hand-off. Those requests wait
 in a loop-side queue that counts toward the same mailbox bound; the loop runs
-them in slices of about ``_INLINE_SLICE_US`` of estimated compute and yields
+them in slices of about ``INLINE_SLICE_US`` of estimated compute and yields
 between slices, so receiving, load reports, cancellations and the stall tick are
 never starved. Everything below (deadline checks, dedupe, cancellation, audit,
 zero-wait batching, accounting) is the same code on either path; each answer's
@@ -87,10 +87,12 @@ DEDUP_HEADER = "Inferbus-Dedup"
 CANCELLED = "CANCELLED"
 _HEADER_ALLOWANCE = 1024
 """Bytes reserved for NATS protocol and headers when checking a reply against max_payload."""
-_INLINE_SLICE_US = 1000.0
-"""Estimated compute (Σ EWMA µs per request) the loop runs inline before it yields; at least one request."""
-_INLINE_MAX_JOBS = 256
-"""Requests taken into one inline slice at most (the thread's zero-wait batch takes as many)."""
+INLINE_SLICE_US = 1000.0
+"""Estimated compute (Σ EWMA µs per request) the loop runs inline before it yields; at least one request. The
+colocated ingress bounds a burst it holds back by the same slice (``Ingress._defer``)."""
+INLINE_MAX_JOBS = 256
+"""Requests taken into one inline slice at most (the thread's zero-wait batch takes as many); also the most
+requests a colocated ingress holds back in one burst."""
 _INLINE_SEED_RUNS = 3
 """Batch-1 runs timed after warm-up to seed a model's compute EWMA (the least of them)."""
 
@@ -514,16 +516,8 @@ class Worker:
             o = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
             o.executed = True
             self.window_inline.add(t1, 1, 1)
-        limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
-        if o.ok and limit > 0 and len(o.body) > limit:
-            self._too_large(o)
-        if o.ok and dkey is not None:
-            self.recent.put(dkey, o.hdrs, o.body)
-        await self._reply(o, reply, o.hdrs)
-        try:
-            await send_pending(self.nc)
-        except Exception as exc:  # the client's timeout covers a reply that could not be sent
-            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+        await self._answer_in_call(o, dkey, (self.nc.max_payload or 0) - _HEADER_ALLOWANCE)
+        await self._write_answers()
         return o
 
     async def run_burst(self, entries: list) -> list[Outcome | None]:
@@ -583,19 +577,31 @@ class Worker:
         limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
         try:
             for i, o in enumerate(out):
-                if o is None:
-                    continue
-                if o.ok and limit > 0 and len(o.body) > limit:
-                    self._too_large(o)
-                if o.ok and entries[i].dkey is not None:
-                    self.recent.put(entries[i].dkey, o.hdrs, o.body)
-                await self._reply(o, o.job.reply, o.hdrs)
+                if o is not None:
+                    await self._answer_in_call(o, entries[i].dkey, limit)
         finally:
-            try:
-                await send_pending(self.nc)
-            except Exception as exc:  # the client's timeout covers a reply that could not be sent
-                log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+            await self._write_answers()
         return out
+
+    async def _answer_in_call(self, o: Outcome, dkey: tuple | None, limit: int) -> None:
+        """Publish the answer of a request computed within the ingress's call (:meth:`run_now`,
+        :meth:`run_burst`), to its job's reply subject: an answer over ``limit`` bytes (the bus's max_payload
+        less the header allowance; 0: none) becomes a typed PAYLOAD_TOO_LARGE error (:meth:`_too_large`), and
+        a good one is kept for retries under ``dkey`` (None: the request has no id). Not yet written
+        (:meth:`_write_answers`)."""
+        if o.ok and limit > 0 and len(o.body) > limit:
+            self._too_large(o)
+        if o.ok and dkey is not None:
+            self.recent.put(dkey, o.hdrs, o.body)
+        await self._reply(o, o.job.reply, o.hdrs)
+
+    async def _write_answers(self) -> None:
+        """Write what was published to the socket now (one write). Never raises: the client's timeout covers
+        a reply that could not be sent (logged)."""
+        try:
+            await send_pending(self.nc)
+        except Exception as exc:
+            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
 
     async def _admit(self, job: Job) -> None:
         """The checks every received request passes, whichever way it came (bus or in-process), in order:
@@ -831,7 +837,7 @@ class Worker:
         await self._enqueue(job)
 
     async def _inline_pump(self) -> None:
-        """Run the inline queue on the loop: one slice (about ``_INLINE_SLICE_US`` of estimated compute) at a
+        """Run the inline queue on the loop: one slice (about ``INLINE_SLICE_US`` of estimated compute) at a
         time, its outcomes published before the next, and a yield to the loop between slices.
 
         Requests that arrived while a slice ran are merged into the next one (zero-wait batching). With
@@ -861,14 +867,14 @@ class Worker:
         dq = self._inline
         jobs: list[Job] = []
         cost_us = 0.0
-        while dq and len(jobs) < _INLINE_MAX_JOBS:
+        while dq and len(jobs) < INLINE_MAX_JOBS:
             job = dq[0]
             if not self._runs_inline(job.model_key):
                 dq.popleft()
                 self.mailbox.put_nowait(job)  # same bound: it only moves between the two queues
                 continue
             est_us = self.compute_ewma_us.get(job.model_key, 0.0)
-            if jobs and cost_us + est_us > _INLINE_SLICE_US:
+            if jobs and cost_us + est_us > INLINE_SLICE_US:
                 break
             cost_us += est_us
             job.inline = True
