@@ -149,13 +149,18 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     (("--default-timeout-ms", "1e99"), "--default-timeout-ms must be in (0, 600000]"),
     (("--redis-url", "foo://x"), "--redis-url must start with redis://"),
     (("--prefix", "a b"), "prefix"),
-    (("--max-request-bytes", "-1"), "--max-request-bytes >= 0"),
+    (("--max-request-bytes", "-1"), "up: --max-request-bytes must be >= 0 bytes (0 = the bus's max_payload); got -1"),
     # the node's checks name configuration fields; the message names the options the user typed instead
-    (("--hedge-budget", "2"), "up: --hedge-budget must be in [0, 1]"),
+    (("--hedge-budget", "2"), "up: --hedge-budget must be in [0, 1]; got 2.0"),
     (("--mailbox-size", "0"), "up: --mailbox-size must be 1 to 1000000000 requests; got 0"),
     (("--rate-limit", "-1"), "up: --rate-limit must be a finite number >= 0"),
     (("--client-rate-limit", "-1"), "up: --client-rate-limit must be a finite number >= 0"),
-    (("--max-error-rate", "2"), "up: --max-error-rate in [0, 1], --min-window-requests >= 1"),
+    (("--max-error-rate", "2"), "up: --max-error-rate must be in [0, 1]; got 2.0"),
+    # a check of several options named them all, not which one was wrong, nor the value given
+    (("--min-window-requests", "0"), "up: --min-window-requests must be >= 1 request; got 0"),
+    (("--l2-pool-size", "0"), "up: --l2-pool-size must be >= 1 connection; got 0"),
+    (("--max-tensor-bytes", "-1"), "up: --max-tensor-bytes must be >= 0 bytes (0 = no limit); got -1"),
+    (("--max-backlog-bytes", "0"), "up: --max-backlog-bytes must be 1 to"),
     (("--inline-max-compute-us", "-5"), "up: --inline-max-compute-us must be >= 0 µs"),
     # a max_payload nats-server refuses (over 64 MiB), or one so small the node would never get ready
     (("--nats-max-payload", "5"), "up: --nats-max-payload must be 65536 (64 KiB) to 67108864 (64 MiB"),
@@ -168,7 +173,7 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     (("--mailbox-size", "99999999999999999999"), "up: --mailbox-size must be 1 to 1000000000 requests"),
     (("--demo", "--demo-duration", "nan"), "up: --demo-duration must be more than 0"),
     (("--prefix", "max_pending bad"), "up: --prefix 'max_pending bad'"),
-    (("--breaker-open-s", "nan"), "--breaker-open-s > 0 seconds (finite)"),
+    (("--breaker-open-s", "nan"), "up: --breaker-open-s must be a finite number > 0 seconds; got nan"),
     (("--inline-max-compute-us", "nan"), "up: --inline-max-compute-us must be >= 0 µs"),
     (("--peer-query-timeout-ms", "inf"), "up: --peer-query-timeout-ms must be a finite number > 0 ms"),
     # --l2-timeout-ms had no check at all

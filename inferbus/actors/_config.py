@@ -20,6 +20,13 @@ RATE_FIELDS = (("rate_limit_per_s", "rate_burst"), ("client_rate_limit_per_s", "
 """(rate, burst) option pairs of :class:`IngressConfig`: the global and the per-client token bucket."""
 
 
+def _require(ok: bool, field: str, rule: str, value) -> None:
+    """Raise ``ValueError("<field> must be <rule>; got <value>")`` unless ``ok`` (one field per message, the
+    value as given: ``inferbus up`` shows it with the field's option name)."""
+    if not ok:
+        raise ValueError(f"{field} must be {rule}; got {value}")
+
+
 def check_rate_limits(owner: str, options: dict) -> None:
     """Validate the rate-limit options in ``options`` (any subset of :data:`RATE_FIELDS`' names).
 
@@ -134,17 +141,20 @@ class WorkerConfig(_JsonMixin):
         if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:
             raise ValueError(f"WorkerConfig.mailbox_size must be 1 to {MAX_MAILBOX_SIZE} requests; got "
                              f"{self.mailbox_size}")
-        if self.report_interval_ms < 10:
-            raise ValueError("WorkerConfig.report_interval_ms must be >= 10 ms")
+        _require(self.report_interval_ms >= 10, "WorkerConfig.report_interval_ms", ">= 10 ms", self.report_interval_ms)
         # each check is written so that NaN fails it (every comparison with NaN is false), and infinity where a
         # finite time is meant
         if not 1 <= self.health_window_s <= MAX_HEALTH_WINDOW_S:
             raise ValueError(f"WorkerConfig.health_window_s must be 1 to {MAX_HEALTH_WINDOW_S} seconds; got "
                              f"{self.health_window_s}")
-        if not 0 < self.dedupe_ttl_s < _INF or self.dedupe_max_entries < 0 or self.dedupe_max_bytes < 0:
-            raise ValueError("WorkerConfig: dedupe_ttl_s > 0 seconds (finite), dedupe_max_entries >= 0, dedupe_max_bytes >= 0")
-        if not 0.0 <= self.inject_error_rate <= 1.0 or not 0 <= self.compute_delay_ms < _INF:
-            raise ValueError("WorkerConfig: inject_error_rate in [0, 1], compute_delay_ms >= 0 (finite)")
+        _require(0 < self.dedupe_ttl_s < _INF, "WorkerConfig.dedupe_ttl_s", "a finite number > 0 seconds",
+                 self.dedupe_ttl_s)
+        _require(self.dedupe_max_entries >= 0, "WorkerConfig.dedupe_max_entries", ">= 0", self.dedupe_max_entries)
+        _require(self.dedupe_max_bytes >= 0, "WorkerConfig.dedupe_max_bytes", ">= 0 bytes", self.dedupe_max_bytes)
+        _require(0.0 <= self.inject_error_rate <= 1.0, "WorkerConfig.inject_error_rate", "in [0, 1]",
+                 self.inject_error_rate)
+        _require(0 <= self.compute_delay_ms < _INF, "WorkerConfig.compute_delay_ms", "a finite number >= 0 ms",
+                 self.compute_delay_ms)
         if not self.inline_max_compute_us >= 0:
             raise ValueError(f"WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline); got "
                              f"{self.inline_max_compute_us}")
@@ -231,21 +241,27 @@ class IngressConfig(_JsonMixin):
     """Request ids remembered that way at most (LRU, >= 0; 0 turns it off)."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.recent_rid_ttl_s < _INF or self.recent_rid_entries < 0:
-            raise ValueError("IngressConfig: recent_rid_ttl_s > 0 seconds (finite), recent_rid_entries >= 0")
+        _require(0 < self.recent_rid_ttl_s < _INF, "IngressConfig.recent_rid_ttl_s", "a finite number > 0 seconds",
+                 self.recent_rid_ttl_s)
+        _require(self.recent_rid_entries >= 0, "IngressConfig.recent_rid_entries", ">= 0", self.recent_rid_entries)
         if not 0 < self.health_timeout_s < _INF:
             raise ValueError(f"IngressConfig.health_timeout_s must be a finite number > 0 seconds; got "
                              f"{self.health_timeout_s}")
-        if not 0.0 <= self.max_error_rate <= 1.0 or self.min_window_requests < 1:
-            raise ValueError("IngressConfig: max_error_rate in [0, 1], min_window_requests >= 1")
-        if self.breaker_failures < 1 or not 0 < self.breaker_open_s < _INF or self.breaker_probes < 1:
-            raise ValueError("IngressConfig: breaker_failures >= 1, breaker_open_s > 0 seconds (finite), "
-                             "breaker_probes >= 1")
+        _require(0.0 <= self.max_error_rate <= 1.0, "IngressConfig.max_error_rate", "in [0, 1]", self.max_error_rate)
+        _require(self.min_window_requests >= 1, "IngressConfig.min_window_requests", ">= 1 request",
+                 self.min_window_requests)
+        _require(self.breaker_failures >= 1, "IngressConfig.breaker_failures", ">= 1", self.breaker_failures)
+        _require(0 < self.breaker_open_s < _INF, "IngressConfig.breaker_open_s", "a finite number > 0 seconds",
+                 self.breaker_open_s)
+        _require(self.breaker_probes >= 1, "IngressConfig.breaker_probes", ">= 1", self.breaker_probes)
         check_rate_limits("IngressConfig", {n: getattr(self, n) for pair in RATE_FIELDS for n in pair})
-        if not 0.0 <= self.hedge_budget_ratio <= 1.0:
-            raise ValueError("IngressConfig.hedge_budget_ratio must be in [0, 1]")
-        if self.l2_pool_size < 1 or self.max_request_bytes < 0 or self.max_tensor_bytes < 0:
-            raise ValueError("IngressConfig: l2_pool_size >= 1, max_request_bytes >= 0, max_tensor_bytes >= 0")
+        _require(0.0 <= self.hedge_budget_ratio <= 1.0, "IngressConfig.hedge_budget_ratio", "in [0, 1]",
+                 self.hedge_budget_ratio)
+        _require(self.l2_pool_size >= 1, "IngressConfig.l2_pool_size", ">= 1 connection", self.l2_pool_size)
+        _require(self.max_request_bytes >= 0, "IngressConfig.max_request_bytes", ">= 0 bytes (0 = the bus's max_payload)",
+                 self.max_request_bytes)
+        _require(self.max_tensor_bytes >= 0, "IngressConfig.max_tensor_bytes", ">= 0 bytes (0 = no limit)",
+                 self.max_tensor_bytes)
         if not 0 < self.peer_query_timeout_ms < _INF:
             raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms; got "
                              f"{self.peer_query_timeout_ms}")
@@ -258,11 +274,11 @@ class IngressConfig(_JsonMixin):
         if not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
             raise ValueError(f"IngressConfig.default_timeout_ms must be in (0, {H.MAX_TIMEOUT_MS:.0f}] ms (the "
                              f"header's own bound); got {self.default_timeout_ms}")
-        if self.max_pending < 1:
-            raise ValueError("IngressConfig.max_pending must be >= 1 request")
-        if not 1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS or not 1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES:
-            raise ValueError(f"IngressConfig: max_backlog_msgs in [1, {MAX_BACKLOG_MSGS}] requests, max_backlog_bytes "
-                             f"in [1, {MAX_BACKLOG_BYTES}] bytes (below nats-py's own pending limits)")
+        _require(self.max_pending >= 1, "IngressConfig.max_pending", ">= 1 request", self.max_pending)
+        _require(1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS, "IngressConfig.max_backlog_msgs",
+                 f"1 to {MAX_BACKLOG_MSGS} requests (below nats-py's own pending limit)", self.max_backlog_msgs)
+        _require(1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES, "IngressConfig.max_backlog_bytes",
+                 f"1 to {MAX_BACKLOG_BYTES} bytes (below nats-py's own pending limit)", self.max_backlog_bytes)
 
 
 @dataclass(frozen=True)
