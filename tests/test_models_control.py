@@ -285,7 +285,8 @@ def _listing(url: list[str]) -> dict[str, dict[str, str]]:
 @pytest.mark.timeout(180)
 def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serving_goes_on(own):
     """``models load`` of a model whose config.json is malformed (or not JSON), or one of whose model.onnx is no
-    model: INVALID_ARGUMENT naming the file, the model and the field (or version), nothing changes (it used to be INTERNAL with a TypeError or AttributeError, a load every worker
+    model: INVALID_ARGUMENT naming the file, the model and the field (or version), nothing changes; a broken
+    version does not block loading another by name (it used to be INTERNAL with a TypeError or AttributeError, a load every worker
     failed, or a model served with every request INTERNAL); fixed on disk, the same load works."""
     dep, models = own
     url = ["--nats-url", dep.nats_url, "--prefix", "mmc"]
@@ -313,7 +314,6 @@ def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serv
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: model 'broken' cannot be loaded: "), lines
     assert f"{junk}: model 'broken' version 2: " in lines[0], lines[0]
-    shutil.copy(MODELS / "digits" / "2" / "model.onnx", junk)
     # a served model's config broken on disk: a load of it is refused the same way, and it is served on
     cfg_path = models / "digits" / "config.json"
     good = cfg_path.read_text()
@@ -322,8 +322,15 @@ def test_load_of_a_malformed_model_config_is_invalid_argument_naming_it_and_serv
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "max_batch_size" in p.stderr, p.stderr
     cfg_path.write_text(good)
     assert "digits" in _listing(url) and "broken" not in _listing(url)
+    # the broken version 2 does not block loading version 1 by name (it refused every load of the model)
+    p = cli("load", "broken", "--version", "1", *url, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["versions"] == ["1"] and r["default_version"] == "1" and set(r["workers"].values()) == {"loaded"}, r
+    p = cli("load", "broken", "--version", "2", *url)
+    assert p.returncode == 2 and f"{junk}: model 'broken' version 2: " in p.stderr, p.stderr
     # fixed: the ingress and the worker serve on and load it
-    (broken / "config.json").write_text(json.dumps({"default_version": 1}))
+    shutil.copy(MODELS / "digits" / "2" / "model.onnx", junk)
     p = cli("load", "broken", *url, "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)

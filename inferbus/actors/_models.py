@@ -145,7 +145,7 @@ class IngressModels:
             m = self.disk.get(st.model)
             if m is None or any(v not in m.versions for v in st.versions):
                 try:
-                    m = await asyncio.to_thread(self.ing.repo.scan_model, st.model)
+                    m = await asyncio.to_thread(self.ing.repo.scan_model, st.model, st.versions)
                 except RepositoryError as exc:
                     log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
                     return False
@@ -337,7 +337,8 @@ class IngressModels:
             raise NotFound(f"model {model!r} is not among the models this deployment serves "
                            f"({sorted(self.ing.config.models)})", field="model")
         try:
-            m = await asyncio.to_thread(self.ing.repo.scan_model, model)
+            m = await asyncio.to_thread(self.ing.repo.scan_model, model,
+                                       None if version is None else (version,))
         except (ModelConfigError, ModelArtifactError) as exc:  # the folder is there, its config.json or a
             # model.onnx is not servable: nothing changes (it was NOT_FOUND for an unreadable model.onnx)
             raise InvalidArgument(f"model {model!r} cannot be loaded: {exc}", field="model") from None
@@ -510,7 +511,7 @@ class WorkerModels:
         w.load_errors.pop(key, None)
         t0 = time.monotonic()
         try:
-            m = await asyncio.to_thread(w.repo.scan_model, model)
+            m = await asyncio.to_thread(w.repo.scan_model, model, (version,))
             if version not in m.versions:
                 raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size

@@ -187,8 +187,10 @@ class ModelRepository:
             if model is not None:
                 self.models[model.name] = model
 
-    def _scan(self, folder: Path, only: list[str] | None = None) -> Model | None:
-        """Read one model folder (config and every ``<version>/model.onnx``); None when ``only`` excludes it."""
+    def _scan(self, folder: Path, only: list[str] | None = None, need=None) -> Model | None:
+        """Read one model folder (config and every ``<version>/model.onnx``); None when ``only`` excludes it.
+        With ``need`` (version names), a version not in it whose artifact cannot be read is left out of the
+        model instead of refusing it (a broken new version does not block loading or rolling back to another)."""
         cfg_path = folder / "config.json"
         try:
             raw = json.loads(cfg_path.read_text())
@@ -214,39 +216,46 @@ class ModelRepository:
         except ValueError as exc:
             raise ModelConfigError(f"{cfg_path}: model {name!r}: {exc}") from None
         versions = {}
+        left_out = set()
         for vdir in sorted(folder.iterdir()):
             artifact = vdir / "model.onnx"
             if vdir.is_dir() and vdir.name.isascii() and vdir.name.isdigit() and artifact.is_file():
                 try:
                     sess = self._backend.load(artifact)
                 except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
+                    if need is not None and vdir.name not in need:
+                        left_out.add(vdir.name)
+                        continue
                     raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
                                              f"{' '.join(str(exc).split())}") from exc
                 versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
                 sess.close()
         if not versions:
             raise RepositoryError(f"{folder}: no <version>/model.onnx found")
-        if cfg.default_version is not None and cfg.default_version not in versions:
+        if cfg.default_version is not None and cfg.default_version not in versions \
+                and str(cfg.default_version) not in left_out:
             on_disk = ", ".join(sorted(versions, key=lambda v: (len(v), v)))
             raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not a "
                                    f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")
         return Model(cfg, versions)
 
-    def scan_model(self, name: str) -> Model:
+    def scan_model(self, name: str, need=None) -> Model:
         """Read the folder of model ``name`` again (model-management ``load``: a version added on disk
         since start-up is found). Does not change :attr:`models`; blocking (reads each artifact's
-        metadata with ONNX Runtime, a few ms per version): call it off the event loop.
+        metadata with ONNX Runtime, a few ms per version): call it off the event loop. With ``need`` (a
+        collection of version names, e.g. ``{V}`` for ``load --version V``), only those versions' artifacts must
+        be readable: others that are not are left out of the returned model.
 
         Raises:
             ModelConfigError: its ``config.json`` is malformed (see :class:`ModelRepository`).
-            RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, no versions, an unreadable
-                artifact.
+            ModelArtifactError: an artifact cannot be read (with ``need``: one of those versions').
+            RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, no versions.
         """
         known = self.models.get(name)
         folder = known.versions[next(iter(known.versions))].path.parent.parent if known else self.root / name
         if "/" in name or name in ("", ".", "..") or not (folder / "config.json").is_file():
             raise RepositoryError(f"no model folder {name!r} with a config.json under {self.root}")
-        model = self._scan(folder)
+        model = self._scan(folder, need=None if need is None else {str(v) for v in need})
         assert model is not None
         return model
 
