@@ -220,6 +220,47 @@ def _with_flags(message: str, command) -> str:
     return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)
 
 
+def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_ca: Optional[Path],
+                          tls_cert: Optional[Path], tls_key: Optional[Path]) -> None:
+    """``up``'s credential and TLS files, before anything starts: each given one a readable file, the nkeys
+    package there for an NKey seed or ``.creds``, the certificate and key loadable (Python's ``ssl``), else one
+    line and exit 2. (A missing file was a traceback after the embedded nats-server had started.)"""
+    for option, path in (("--nats-nkey-seed", nkey_seed), ("--nats-creds", creds), ("--tls-ca", tls_ca),
+                         ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is None:
+            continue
+        if not path.is_file():
+            _usage(f"up: {option} {path}: {'is a folder' if path.is_dir() else 'no such file'}")
+        if not os.access(path, os.R_OK):
+            _usage(f"up: {option} {path}: not readable")
+    if (nkey_seed or creds) is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("nkeys") is None:
+            _usage(f"up: {'--nats-creds' if creds else '--nats-nkey-seed'} needs the nkeys package: "
+                   f"pip install 'inferbus[nkeys]'")
+        if nkey_seed is not None:
+            import nkeys
+
+            try:
+                nkeys.from_seed(nkey_seed.read_bytes().strip())
+            except Exception as exc:  # nkeys raises its own error types (and binascii's) for a bad seed
+                _usage(f"up: --nats-nkey-seed {nkey_seed}: not an NKey seed ({type(exc).__name__})")
+        if creds is not None and b"NKEY SEED" not in creds.read_bytes():
+            _usage(f"up: --nats-creds {creds}: not a .creds file (a user JWT and its NKey seed, as `nsc` writes them)")
+    if tls_key is not None and tls_cert is None:
+        _usage("up: --tls-key is the key of --tls-cert; give the certificate too")
+    if tls_ca is not None or tls_cert is not None:
+        import ssl
+
+        try:
+            ctx = ssl.create_default_context(cafile=str(tls_ca) if tls_ca else None)
+            if tls_cert is not None:
+                ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            _usage(f"up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: {exc}")
+
+
 def _check_nats_urls(nats_url: str) -> str:
     """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
     string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
@@ -344,6 +385,7 @@ _SEC = "Security"
 
 @app.command()
 def up(
+    ctx: typer.Context,
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
@@ -428,8 +470,23 @@ def up(
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
         _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
                f"{demo_duration}")
+    _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
+
+    def given(name: str) -> bool:  # on the command line (or from its env var), not the default
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
     if json_out is not None and not demo:  # it was ignored without a word: only the demo writes results
         _usage("up: --json writes the demo's results and needs --demo; add --demo or leave it out")
+    if given("demo_duration") and not demo:
+        _usage("up: --demo-duration is the demo's step length and needs --demo; add --demo or leave it out")
+    if nats_url is not None:  # they configure the embedded nats-server, which --nats-url replaces
+        embedded_only = [o for n, o in (("nats_port", "--nats-port"), ("nats_max_payload", "--nats-max-payload"))
+                         if given(n)]
+        if embedded_only:
+            many = len(embedded_only) > 1
+            _usage(f"up: {' and '.join(embedded_only)} {'configure' if many else 'configures'} the embedded "
+                   f"nats-server, which --nats-url replaces; leave {'them' if many else 'it'} out or drop --nats-url")
     if json_out is not None:
         _check_output_file("--json", json_out)
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
@@ -462,9 +519,6 @@ def up(
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
         _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {redis_url!r}")
-    if no_cache and (redis_url is not None or l2_lookup):  # the cache was off and the others ignored
-        given = " and ".join(o for o, on in (("--redis-url", redis_url is not None), ("--l2-lookup", l2_lookup)) if on)
-        _usage(f"up: --no-cache turns the L2 cache off, so {given} cannot apply; give one or the other")
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
@@ -504,6 +558,13 @@ def up(
                          **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
+    if no_cache:  # the cache was off and these ignored without a word
+        l2_options = [o for n, o in (("redis_url", "--redis-url"), ("l2_lookup", "--l2-lookup"),
+                                     ("l2_pool_size", "--l2-pool-size"), ("l2_timeout_ms", "--l2-timeout-ms"))
+                      if given(n)]
+        if l2_options:
+            _usage(f"up: --no-cache turns the L2 cache off, so {' and '.join(l2_options)} cannot apply; give one or "
+                   f"the other")
     _check_backends_installed(backend_names)
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
         if not demo:

@@ -224,9 +224,13 @@ class Client:
                 tries of ``connect_timeout_s`` each (nothing listening, unreachable, or the server refused
                 the credentials); the message names the servers and the last connection error, and
                 ``__cause__`` is nats-py's error.
+            InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
             ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
         """
         servers = split_servers(servers)
+        if not servers:  # BusConfig's ValueError named its own field, not this argument
+            raise InvalidArgument("Client.connect: servers names no NATS URL; give one or more, e.g. "
+                                  "nats://127.0.0.1:4222", field="servers")
         cfg = BusConfig(servers=servers, prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []

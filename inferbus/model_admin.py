@@ -8,7 +8,8 @@ Semantics: docs/models.md.
 
 from __future__ import annotations
 
-from .schemas import MODEL_OPS, InvalidArgument, ModelControlReply, ModelControlRequest, decode, encode
+from .schemas import (MODEL_OPS, DeadlineExceeded, InvalidArgument, ModelControlReply, ModelControlRequest, decode,
+                      encode)
 
 
 async def model_control(client, op: str, model: str, version: str | None = None, *,
@@ -33,7 +34,8 @@ async def model_control(client, op: str, model: str, version: str | None = None,
         NotFound: unknown model, or a version that is not on disk / not served.
         Unavailable: writes are refused in this region (not the primary), or the version is not loaded
             on every worker yet (``default``), or no ingress answers.
-        DeadlineExceeded: no answer within ``timeout_s`` (a slow load keeps going on the workers).
+        DeadlineExceeded: no answer within ``timeout_s``; the message says that the operation may still have
+            been applied (a slow load keeps going on the workers).
         Internal: no worker could load the version (its reason in the message).
     """
     if op not in MODEL_OPS:
@@ -43,5 +45,9 @@ async def model_control(client, op: str, model: str, version: str | None = None,
     _subject_token(model, "model")  # '../etc' or 'dig.its' would address another subject, not this model
     strict = Client(client.nc, client.subjects.prefix, retry_unavailable=False)
     body = encode(ModelControlRequest(version=version))
-    resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s)
+    try:
+        resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s)
+    except DeadlineExceeded as exc:  # the write went; whether it was applied is not known here
+        raise DeadlineExceeded(f"{exc.message}; the {op} may still have been applied (or may still be under way): "
+                               f"check with `inferbus models`") from exc
     return decode(resp, ModelControlReply, ct)

@@ -90,7 +90,9 @@ def start_deployment(run_dir: Path, *, workers: int = 2, extra: list[str] | None
     port = free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "up.log"
-    argv = [sys.executable, "-m", "inferbus.cli", "up", "--nats-port", str(port), "--workers", str(workers),
+    # (with --nats-url in ``extra`` there is no embedded server, and up refuses --nats-port)
+    own = [] if "--nats-url" in (extra or []) else ["--nats-port", str(port)]
+    argv = [sys.executable, "-m", "inferbus.cli", "up", *own, "--workers", str(workers),
             "--models", str(MODELS), "--run-dir", str(run_dir), "--prefix", prefix] + (extra or [])
     fh = open(log, "wb")
     proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,

@@ -195,8 +195,8 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     # that check to the next bad option, so nothing is started either
     (("--nats-max-payload", "65536", "--max-request-bytes", "65536", "--mailbox-size", "0"),
      "up: --mailbox-size must be 1"),
-    (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--max-request-bytes", "100000",
-      "--mailbox-size", "0"), "up: --mailbox-size must be 1"),
+    (("--nats-url", "nats://127.0.0.1:1", "--max-request-bytes", str(64 * 1024 * 1024), "--mailbox-size", "0"),
+     "up: --mailbox-size must be 1"),
     # --json that cannot be written ran the whole demo first, then ended in a FileNotFoundError /
     # IsADirectoryError traceback
     (("--nats-port", "0", "--demo", "--demo-duration", "0.2", "--json", "/nonexistent-inferbus/dir/x.json"),
@@ -205,11 +205,27 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
      "up: --json /tmp: is a folder; give a file name"),
     (("--nats-port", "0", "--demo", "--json", f"{ROOT}/README.md/x.json"), f"up: --json {ROOT}/README.md/x.json: "
                                                                           f"{ROOT}/README.md is not a folder"),
+    # a credential or TLS file that is missing or not what it should be was a traceback after the embedded
+    # nats-server had started
+    (("--tls-cert", "/nonexistent-inferbus.pem"), "up: --tls-cert /nonexistent-inferbus.pem: no such file"),
+    (("--nats-creds", "/nonexistent-inferbus.creds"), "up: --nats-creds /nonexistent-inferbus.creds: no such file"),
+    (("--nats-creds", f"{ROOT}/README.md"), "not a .creds file"),
+    (("--nats-nkey-seed", f"{ROOT}/README.md"), "not an NKey seed"),
+    (("--tls-key", f"{ROOT}/README.md"), "up: --tls-key is the key of --tls-cert; give the certificate too"),
+    (("--tls-cert", f"{ROOT}/README.md"), "up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: "),
+    (("--tls-ca", f"{ROOT}/README.md"), "up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: "),
     # options that cannot apply together were accepted, one of them ignored without a word
     (("--json", "/tmp/inferbus-no-demo.json"), "up: --json writes the demo's results and needs --demo"),
     (("--colocate", "--ingress", "2"), "up: --ingress 2 does not apply with --colocate"),
     (("--redis-url", "redis://127.0.0.1:1"), "up: --no-cache turns the L2 cache off, so --redis-url cannot apply"),
     (("--l2-lookup",), "up: --no-cache turns the L2 cache off, so --l2-lookup cannot apply"),
+    (("--l2-pool-size", "5", "--l2-timeout-ms", "5"), "up: --no-cache turns the L2 cache off, so --l2-pool-size and "
+                                                      "--l2-timeout-ms cannot apply"),
+    (("--demo-duration", "5"), "up: --demo-duration is the demo's step length and needs --demo"),
+    (("--nats-url", "nats://127.0.0.1:1", "--nats-port", "4333"), "up: --nats-port configures the embedded "
+                                                                  "nats-server, which --nats-url replaces"),
+    (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--nats-port", "0"),
+     "up: --nats-port and --nats-max-payload configure the embedded nats-server"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks

@@ -11,7 +11,7 @@ from nats.errors import ConnectionClosedError, NoServersError
 
 from inferbus.bus import free_port
 from inferbus.client import Client
-from inferbus.schemas import Unavailable
+from inferbus.schemas import InvalidArgument, Unavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -251,3 +251,11 @@ async def test_close_right_after_the_server_stopped_with_unsent_data_does_not_ra
         await client.nc.publish("x.y", b"z" * 1000)
         await client.close()
         assert client.nc.is_closed
+
+
+@pytest.mark.parametrize("servers", ["", " , ", []])
+async def test_connect_to_no_url_is_invalid_argument_naming_servers(servers):
+    """``Client.connect("")`` raised BusConfig's ValueError (naming ``BusConfig.servers``, not the argument given)."""
+    with pytest.raises(InvalidArgument) as ei:
+        await Client.connect(servers)
+    assert ei.value.field == "servers" and "names no NATS URL" in ei.value.message

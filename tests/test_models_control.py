@@ -27,7 +27,7 @@ from inferbus.bus import Subjects
 from inferbus.client import Client
 from inferbus.loadgen import Workload
 from inferbus.model_admin import model_control
-from inferbus.schemas import InvalidArgument, NotFound, Unavailable, decode_error
+from inferbus.schemas import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, decode_error
 from inferbus.schemas._region import PRIMARY, STANDBY, RegionHeartbeat, encode_region
 
 pytestmark = [pytest.mark.anyio]
@@ -180,6 +180,24 @@ async def test_default_swap_under_light_load_every_answer_matches_its_version(de
 
 
 @pytest.mark.timeout(120)
+async def test_a_write_with_no_answer_in_time_says_it_may_have_been_applied(nats_server):
+    """A model write whose answer does not come within its budget: DEADLINE_EXCEEDED that says the write may still
+    have been applied (the ingress got it; a fresh-user trial saw an unload applied after the CLI said only
+    "no answer within 1 ms"). A real nats-server, and a subscriber on the write's subject that never answers."""
+    client = await Client.connect(nats_server.url, "slow")
+    try:
+        sub = await client.nc.subscribe(Subjects("slow").model_control("digits", "unload"))  # takes it, answers never
+        await client.nc.flush()
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as ei:
+            await model_control(client, "unload", "digits", "2", timeout_s=0.3)
+        assert 0.25 < time.monotonic() - t0 < 5
+        assert "the unload may still have been applied" in ei.value.message and "inferbus models" in ei.value.message
+        assert (await sub.next_msg(timeout=1)).subject == "slow.models.digits.unload"
+    finally:
+        await client.close()
+
+
 async def test_writes_refused_on_a_standby_region(nats_server, tmp_path, refs):
     """The gate with real actors and a real NATS: the region managers' heartbeats are published by the test
     (the same messages a manager sends), region B standby, A primary."""
