@@ -615,7 +615,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}"
-                      f"run dir {node.run_dir}")
+                      f"run dir {node.run_dir}", soft_wrap=True)  # one line: logs are grepped for it
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))

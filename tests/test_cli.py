@@ -180,7 +180,7 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     (("--l2-timeout-ms", "-1"), "up: --l2-timeout-ms must be a finite number > 0 ms; got -1.0"),
     (("--l2-timeout-ms", "nan"), "up: --l2-timeout-ms must be a finite number > 0 ms"),
     # a huge count kept inferbus up busy starting processes
-    (("--ingress", "99999999999999999999"), "up: --workers must be 0 (one per core) to 1024 and --ingress 1 to 1024"),
+    (("--ingress", "99999999999999999999"), "up: --ingress must be 1 to 1024; got 99999999999999999999"),
     (("--workers", "5000"), "up: --workers must be 0 (one per core) to 1024"),
     # an empty list was taken as the default backend without a word
     (("--backends", ","), "up: --backends ',' names no backend; give one or more of onnxruntime, jax, tensorrt"),

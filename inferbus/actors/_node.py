@@ -135,9 +135,10 @@ class NodeConfig:
     cluster-wide: N nodes on one NATS admit N times these limits. Validated here (ValueError)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.workers <= MAX_NODE_PROCESSES or not 1 <= self.ingress <= MAX_NODE_PROCESSES:
-            raise ValueError(f"NodeConfig.workers must be 0 (one per core) to {MAX_NODE_PROCESSES} and "
-                             f"NodeConfig.ingress 1 to {MAX_NODE_PROCESSES}; got {self.workers}, {self.ingress}")
+        if not 0 <= self.workers <= MAX_NODE_PROCESSES:
+            raise ValueError(f"NodeConfig.workers must be 0 (one per core) to {MAX_NODE_PROCESSES}; got {self.workers}")
+        if not 1 <= self.ingress <= MAX_NODE_PROCESSES:
+            raise ValueError(f"NodeConfig.ingress must be 1 to {MAX_NODE_PROCESSES}; got {self.ingress}")
         check_busy_poll_us(self.busy_poll_us, "NodeConfig.busy_poll_us")
         from ..accelerators import BACKENDS, PRECISIONS
 

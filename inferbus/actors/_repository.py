@@ -227,7 +227,7 @@ class ModelRepository:
                         left_out.add(vdir.name)
                         continue
                     raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
-                                             f"{' '.join(str(exc).split())}") from exc
+                                             f"{' '.join(str(exc).replace(str(artifact), 'model.onnx').split())}") from exc
                 versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
                 sess.close()
         if not versions:
