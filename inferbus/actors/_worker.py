@@ -516,8 +516,18 @@ class Worker:
             o = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
             o.executed = True
             self.window_inline.add(t1, 1, 1)
-        await self._answer_in_call(o, dkey, (self.nc.max_payload or 0) - _HEADER_ALLOWANCE)
-        await self._write_answers()
+        # the answer's tail, as _answer_in_call + _write_answers give it to a burst, written out here: this is the
+        # lone miss's path, and the two calls cost it measurably (docs/performance.md, fourteenth session)
+        limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
+        if o.ok and limit > 0 and len(o.body) > limit:
+            self._too_large(o)
+        if o.ok and dkey is not None:
+            self.recent.put(dkey, o.hdrs, o.body)
+        await self._reply(o, reply, o.hdrs)
+        try:
+            await send_pending(self.nc)
+        except Exception as exc:  # the client's timeout covers a reply that could not be sent
+            log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
         return o
 
     async def run_burst(self, entries: list) -> list[Outcome | None]:
@@ -584,8 +594,8 @@ class Worker:
         return out
 
     async def _answer_in_call(self, o: Outcome, dkey: tuple | None, limit: int) -> None:
-        """Publish the answer of a request computed within the ingress's call (:meth:`run_now`,
-        :meth:`run_burst`), to its job's reply subject: an answer over ``limit`` bytes (the bus's max_payload
+        """Publish the answer of a request computed within the ingress's call (:meth:`run_burst`; :meth:`run_now`
+        has the same steps written out), to its job's reply subject: an answer over ``limit`` bytes (the bus's max_payload
         less the header allowance; 0: none) becomes a typed PAYLOAD_TOO_LARGE error (:meth:`_too_large`), and
         a good one is kept for retries under ``dkey`` (None: the request has no id). Not yet written
         (:meth:`_write_answers`)."""
