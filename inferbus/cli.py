@@ -225,6 +225,8 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
     """``up``'s credential and TLS files, before anything starts: each given one a readable file, the nkeys
     package there for an NKey seed or ``.creds``, the certificate and key loadable (Python's ``ssl``), else one
     line and exit 2. (A missing file was a traceback after the embedded nats-server had started.)"""
+    if tls_key is not None and tls_cert is None:
+        _usage("up: --tls-key is the key of --tls-cert; give the certificate too")
     for option, path in (("--nats-nkey-seed", nkey_seed), ("--nats-creds", creds), ("--tls-ca", tls_ca),
                          ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
         if path is None:
@@ -248,17 +250,20 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
                 _usage(f"up: --nats-nkey-seed {nkey_seed}: not an NKey seed ({type(exc).__name__})")
         if creds is not None and b"NKEY SEED" not in creds.read_bytes():
             _usage(f"up: --nats-creds {creds}: not a .creds file (a user JWT and its NKey seed, as `nsc` writes them)")
-    if tls_key is not None and tls_cert is None:
-        _usage("up: --tls-key is the key of --tls-cert; give the certificate too")
     if tls_ca is not None or tls_cert is not None:
         import ssl
 
         try:
             ctx = ssl.create_default_context(cafile=str(tls_ca) if tls_ca else None)
-            if tls_cert is not None:
-                ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            _usage(f"up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: {exc}")
+            _usage(f"up: --tls-ca {tls_ca}: not a CA certificate bundle (PEM): {exc}")
+        if tls_cert is not None:
+            try:
+                ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                given = f"--tls-cert {tls_cert}" + (f" with --tls-key {tls_key}" if tls_key else "")
+                _usage(f"up: {given}: not a certificate and its private key (PEM; the key in the certificate's file "
+                       f"or in --tls-key): {exc}")
 
 
 def _check_nats_urls(nats_url: str) -> str:
@@ -344,8 +349,18 @@ def _check_prefix(prefix: str) -> None:
         _usage(f"--prefix: {exc}")
 
 
+CLIENT_ENV = {"user": "INFERBUS_NATS_USER", "password": "INFERBUS_NATS_PASSWORD", "token": "INFERBUS_NATS_TOKEN",
+              "nkeys_seed": "INFERBUS_NATS_NKEY_SEED", "user_credentials": "INFERBUS_NATS_CREDS",
+              "tls_ca_file": "INFERBUS_NATS_TLS_CA", "tls_cert_file": "INFERBUS_NATS_TLS_CERT",
+              "tls_key_file": "INFERBUS_NATS_TLS_KEY"}
+"""The client commands' (``infer``, ``models``, ``health``, ``bench``, ``region``, ``cluster``) credentials and
+TLS files for a secured NATS: :class:`~inferbus.bus.BusConfig` field → environment variable (the first three are
+also ``inferbus up``'s)."""
+
+
 async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
-    """A client for one CLI command: one connect attempt per server, 2 s connect timeout.
+    """A client for one CLI command: one connect attempt per server, 2 s connect timeout; credentials and TLS
+    files from the environment (:data:`CLIENT_ENV`) unless given.
 
     Raises:
         NatsUnreachable: no server of ``nats_url`` (comma-separated) accepted the connection.
@@ -358,6 +373,9 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_optio
 
     _check_prefix(prefix)
     servers = list(split_servers(nats_url))
+    for field_name, var in CLIENT_ENV.items():
+        if os.environ.get(var) and field_name not in bus_options:
+            bus_options[field_name] = os.environ[var]
     try:
         return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
     except Unavailable as err:
@@ -476,6 +494,17 @@ def up(
         source = ctx.get_parameter_source(name)
         return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
+    if (nats_user is None) != (nats_password is None):  # the server refused the one given: "cannot reach NATS"
+        _usage(f"up: {'--nats-user' if nats_user is not None else '--nats-password'} needs "
+               f"{'--nats-password' if nats_user is not None else '--nats-user'} (or INFERBUS_NATS_PASSWORD / "
+               f"INFERBUS_NATS_USER)")
+    if nats_url is None:  # the embedded nats-server is started with user/password or a token, never these
+        external = [o for n, o in (("tls_ca", "--tls-ca"), ("tls_cert", "--tls-cert"), ("tls_key", "--tls-key"),
+                                   ("nats_nkey_seed", "--nats-nkey-seed"), ("nats_creds", "--nats-creds")) if given(n)]
+        if external:
+            _usage(f"up: {' and '.join(external)} {'apply' if len(external) > 1 else 'applies'} to a NATS given "
+                   f"with --nats-url (the embedded nats-server is started without TLS or NKey authentication; "
+                   f"--nats-user/--nats-password or --nats-token secure it)")
     if json_out is not None and not demo:  # it was ignored without a word: only the demo writes results
         _usage("up: --json writes the demo's results and needs --demo; add --demo or leave it out")
     if given("demo_duration") and not demo:
@@ -559,9 +588,9 @@ def up(
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
     if no_cache:  # the cache was off and these ignored without a word
-        l2_options = [o for n, o in (("redis_url", "--redis-url"), ("l2_lookup", "--l2-lookup"),
-                                     ("l2_pool_size", "--l2-pool-size"), ("l2_timeout_ms", "--l2-timeout-ms"))
-                      if given(n)]
+        l2_options = [o for n, o, on in (("redis_url", "--redis-url", True), ("l2_lookup", "--l2-lookup", l2_lookup),
+                                         ("l2_pool_size", "--l2-pool-size", True),
+                                         ("l2_timeout_ms", "--l2-timeout-ms", True)) if on and given(n)]
         if l2_options:
             _usage(f"up: --no-cache turns the L2 cache off, so {' and '.join(l2_options)} cannot apply; give one or "
                    f"the other")

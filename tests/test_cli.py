@@ -212,13 +212,18 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     (("--nats-creds", f"{ROOT}/README.md"), "not a .creds file"),
     (("--nats-nkey-seed", f"{ROOT}/README.md"), "not an NKey seed"),
     (("--tls-key", f"{ROOT}/README.md"), "up: --tls-key is the key of --tls-cert; give the certificate too"),
-    (("--tls-cert", f"{ROOT}/README.md"), "up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: "),
-    (("--tls-ca", f"{ROOT}/README.md"), "up: --tls-ca/--tls-cert/--tls-key: cannot be used for TLS: "),
+    (("--tls-cert", f"{ROOT}/README.md"), f"up: --tls-cert {ROOT}/README.md: not a certificate and its private key"),
+    (("--tls-ca", f"{ROOT}/README.md"), f"up: --tls-ca {ROOT}/README.md: not a CA certificate bundle (PEM)"),
+    (("--tls-key", "/nonexistent-inferbus.key"), "up: --tls-key is the key of --tls-cert; give the certificate too"),
+    # a user without a password (or the reverse) ended in "cannot reach NATS at None" after starting the server
+    (("--nats-user", "u"), "up: --nats-user needs --nats-password"),
+    (("--nats-password", "p"), "up: --nats-password needs --nats-user"),
     # options that cannot apply together were accepted, one of them ignored without a word
     (("--json", "/tmp/inferbus-no-demo.json"), "up: --json writes the demo's results and needs --demo"),
     (("--colocate", "--ingress", "2"), "up: --ingress 2 does not apply with --colocate"),
     (("--redis-url", "redis://127.0.0.1:1"), "up: --no-cache turns the L2 cache off, so --redis-url cannot apply"),
     (("--l2-lookup",), "up: --no-cache turns the L2 cache off, so --l2-lookup cannot apply"),
+    (("--no-l2-lookup", "--mailbox-size", "0"), "up: --mailbox-size must be 1"),  # agrees with --no-cache: past it
     (("--l2-pool-size", "5", "--l2-timeout-ms", "5"), "up: --no-cache turns the L2 cache off, so --l2-pool-size and "
                                                       "--l2-timeout-ms cannot apply"),
     (("--demo-duration", "5"), "up: --demo-duration is the demo's step length and needs --demo"),

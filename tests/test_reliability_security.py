@@ -77,6 +77,21 @@ async def test_embedded_server_requires_the_token_and_argv_never_shows_it(dep):
         await client.close()
 
 
+async def test_cli_client_commands_take_the_token_from_the_environment(dep):
+    """``inferbus models`` (as every client command) connects with ``INFERBUS_NATS_TOKEN`` from the environment,
+    as ``inferbus up`` takes it; without it the secured server refuses, exit 3 (the client commands had no way to
+    give credentials: found by a fresh-user trial)."""
+    def models(env):
+        return subprocess.run([sys.executable, "-m", "inferbus.cli", "models", "--nats-url", dep.nats_url, "--prefix",
+                               PREFIX], capture_output=True, text=True, timeout=60,
+                              env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200", **env})
+    ok = await asyncio.to_thread(models, {"INFERBUS_NATS_TOKEN": TOKEN})
+    assert ok.returncode == 0, ok.stderr
+    assert "typed" in ok.stdout, ok.stdout
+    refused = await asyncio.to_thread(models, {})
+    assert refused.returncode == 3 and "Authorization Violation" in refused.stderr, refused.stderr
+
+
 async def test_per_client_rate_limit_refuses_at_once_with_retry_after(dep):
     await asyncio.sleep(0.6)  # buckets full again (earlier tests)
     a = await Client.connect(dep.nats_url, PREFIX, token=TOKEN, client_id="client-a")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import subprocess
 import sys
 import time
 
@@ -26,9 +27,9 @@ import pytest
 
 from inferbus.bus import BusConfig, EmbeddedNats, connect
 from inferbus.client import Client
-from inferbus.schemas import PayloadTooLarge, decode_error
+from inferbus.schemas import PayloadTooLarge, Unavailable, decode_error
 
-from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from conftest import ROOT, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset
 from test_reliability_security import _make_tls
 
@@ -124,6 +125,18 @@ async def test_mutual_tls_end_to_end(tmp_path):
         ctx = ssl.create_default_context(cafile=str(tls["ca"]))
         ctx.load_cert_chain(str(stranger["client_cert"]), str(stranger["client_key"]))
         await _refused(url, tls=ctx)  # a certificate from another CA
+        # a server certificate the client cannot verify (no CA given): nats-py retried the handshake without end,
+        # and the SDK and every CLI command hung until killed; now it is UNAVAILABLE naming the cause, in bounded time
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            await Client.connect(url, tls_cert_file=str(tls["client_cert"]), tls_key_file=str(tls["client_key"]))
+        assert time.monotonic() - t0 < 30
+    # TLS files without --nats-url: the embedded server would not use them (they were ignored without a word)
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--nats-port", "0", "--tls-ca",
+                        str(tls["ca"]), "--tls-cert", str(tls["client_cert"]), "--tls-key", str(tls["client_key"])],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "up: --tls-ca and --tls-cert and --tls-key apply to a NATS given with --nats-url" in p.stderr, p.stderr
 
 
 @pytest.fixture(scope="module")

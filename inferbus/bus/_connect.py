@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
-import nats
 from nats.aio.client import Client
+from nats.errors import NoServersError
 
 from ._config import BusConfig
 
 
 class ConnectionLost(Exception):
     """The connection carrying a request was lost before its answer came (set by :func:`fail_pending_requests`)."""
+
+
+_CONNECT_SLACK_S = 2.0
+"""Seconds allowed beyond ``servers × connect_attempts × (connect_timeout_s + reconnect_time_wait_s)`` for a
+first connect (:func:`connect`)."""
 
 
 def fail_pending_requests(nc: Client, reason: str = "connection to the NATS server lost") -> int:
@@ -52,7 +58,8 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
             (the message says to install ``inferbus[nkeys]``).
         nats.errors.NoServersError: no server in ``config.servers`` accepted the
             connection within ``connect_attempts`` tries each (unreachable, or
-            credentials refused: the cause is passed to ``error_cb``).
+            credentials refused: the cause is passed to ``error_cb``), or the tries did not end within
+            their bound (a TLS handshake that keeps failing, e.g. a certificate that does not verify).
     """
     kwargs: dict = dict(
         servers=list(config.servers),
@@ -93,7 +100,20 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
     kwargs.setdefault("error_cb", _quiet_error)
     kwargs.update(callbacks)
     kwargs.update(config.extra)
-    nc = await nats.connect(**kwargs)
+    nc = Client()
+    # nats-py's first connect is bounded by its attempts, except when a TLS handshake fails (e.g. the server's
+    # certificate does not verify): then it retries without end (nats-py 2.16; seen by a fresh-user trial, the
+    # CLI hung until killed). Bound it by what the attempts may take, then give up as for unreachable servers.
+    bound_s = len(config.servers) * config.connect_attempts * (
+        config.connect_timeout_s + config.reconnect_time_wait_s) + _CONNECT_SLACK_S
+    try:
+        await asyncio.wait_for(nc.connect(**kwargs), bound_s)
+    except asyncio.TimeoutError:
+        try:
+            await asyncio.wait_for(nc.close(), 1.0)
+        except BaseException:  # closing a client that never connected: nothing else to release
+            pass
+        raise NoServersError() from None
     # nats-py has one attempts setting for the first connect and for reconnects; once connected,
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
