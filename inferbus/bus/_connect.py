@@ -103,17 +103,35 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
     nc = Client()
     # nats-py's first connect is bounded by its attempts, except when a TLS handshake fails (e.g. the server's
     # certificate does not verify): then it retries without end (nats-py 2.16; seen by a fresh-user trial, the
-    # CLI hung until killed). Bound it by what the attempts may take, then give up as for unreachable servers.
+    # CLI hung until killed). With one server such a failure ends the connect at once (it is reported to
+    # error_cb, which names it); in any case the connect is bounded by what its attempts may take (each can wait
+    # connect_timeout_s for the socket, the INFO, the TLS upgrade, the first op and the PONG).
     bound_s = len(config.servers) * config.connect_attempts * (
-        config.connect_timeout_s + config.reconnect_time_wait_s) + _CONNECT_SLACK_S
+        5 * config.connect_timeout_s + config.reconnect_time_wait_s) + _CONNECT_SLACK_S
+    handshake_failed = asyncio.get_running_loop().create_future()
+    user_error_cb = kwargs["error_cb"]
+
+    async def error_cb(exc: Exception) -> None:
+        if isinstance(exc, ssl.SSLError) and len(config.servers) == 1 and not handshake_failed.done() \
+                and not nc.is_connected:
+            handshake_failed.set_result(exc)
+        await user_error_cb(exc)
+
+    kwargs["error_cb"] = error_cb
+    connecting = asyncio.ensure_future(nc.connect(**kwargs))
     try:
-        await asyncio.wait_for(nc.connect(**kwargs), bound_s)
-    except asyncio.TimeoutError:
+        await asyncio.wait({connecting, handshake_failed}, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        connecting.cancel()
+        raise
+    if not connecting.done():  # the bound passed, or a handshake failed that no retry would mend
+        connecting.cancel()
         try:
             await asyncio.wait_for(nc.close(), 1.0)
         except BaseException:  # closing a client that never connected: nothing else to release
             pass
         raise NoServersError() from None
+    connecting.result()  # nats-py's own error (NoServersError, ...) when it gave up
     # nats-py has one attempts setting for the first connect and for reconnects; once connected,
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
