@@ -408,8 +408,8 @@ def up(
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
-                                  "which hands it requests in-process (no forward hop); --ingress is then refused (the CPU slots are the "
-                                  "ingress replicas)."),
+                                  "which hands it requests in-process (no forward hop); --ingress is then refused "
+                                  "(the CPU slots are the ingress replicas)."),
     run_to_completion: Optional[bool] = typer.Option(
         None, "--run-to-completion/--no-run-to-completion", show_default=False,
         help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
