@@ -220,6 +220,13 @@ def _with_flags(message: str, command) -> str:
     return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option of parameter ``name`` was given (on the command line or by its environment variable),
+    not left at its default: what tells an option that cannot apply from one left alone."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_ca: Optional[Path],
                           tls_cert: Optional[Path], tls_key: Optional[Path]) -> None:
     """``up``'s credential and TLS files, before anything starts: each given one a readable file, the nkeys
@@ -490,9 +497,8 @@ def up(
                f"{demo_duration}")
     _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
 
-    def given(name: str) -> bool:  # on the command line (or from its env var), not the default
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+    def given(name: str) -> bool:
+        return _given(ctx, name)
 
     if (nats_user is None) != (nats_password is None):  # the server refused the one given: "cannot reach NATS"
         _usage(f"up: {'--nats-user' if nats_user is not None else '--nats-password'} needs "
@@ -816,6 +822,7 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     model: str = typer.Argument("digits"),
     nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
     models: Optional[Path] = typer.Option(None, help="Model repository (for inputs and the reference)."),
@@ -865,6 +872,12 @@ def bench(
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
     if not duration_s > 0 or not timeout_s > 0 or gens < 1 or ingress < 1 or workers < 0:
         _usage("bench: --duration and --timeout-s must be > 0, --gens and --ingress >= 1, --workers >= 0")
+    if nats_url is not None:  # they shape the deployment bench starts itself: ignored without a word before
+        own = [o for n, o in (("workers", "--workers"), ("ingress", "--ingress"), ("busy_poll_us", "--busy-poll-us"))
+               if _given(ctx, n)]
+        if own:
+            _usage(f"bench: {' and '.join(own)} shape{'' if len(own) > 1 else 's'} the deployment bench starts "
+                   f"itself, not the one at --nats-url; leave {'them' if len(own) > 1 else 'it'} out or drop --nats-url")
     kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
               workers=workers, ingress=ingress, busy_poll_us=busy_poll_us, gens=gens, concurrency=levels, rates=rates,
               duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread)

@@ -96,7 +96,9 @@ def test_region_promote_of_a_region_without_a_manager_is_one_line_exit_1(nats_se
 
 
 @pytest.mark.parametrize("args", [("--concurrency", "0,-1"), ("--concurrency", "x"), ("--concurrency", "", "--rate", "0"),
-                                  ("--concurrency", "", "--rate", ""), ("--duration", "0")])
+                                  ("--concurrency", "", "--rate", ""), ("--duration", "0"),
+                                  # options of the deployment bench starts itself, ignored with --nats-url before
+                                  ("--workers", "2"), ("--ingress", "2", "--busy-poll-us", "5")])
 def test_bench_bad_arguments_are_one_line_exit_2(args):
     """Checked before anything starts: one line, exit 2, no traceback (no deployment needed)."""
     p, took_s = cli("bench", "digits", "--nats-url", "nats://127.0.0.1:1", *args)
