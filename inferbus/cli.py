@@ -693,7 +693,9 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
             return 1
         failed.cancel()
-        console.print("stopping: the ingresses stop taking requests and the workers finish theirs, then the servers")
+        own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
+        console.print("stopping: the ingresses stop taking requests and the workers finish theirs"
+                      + (f", then the embedded {own}" if own else ""))
         t_stop = time.monotonic()
         await node.stop()
         console.print(f"inferbus stopped in {time.monotonic() - t_stop:.2f}s after serving "
