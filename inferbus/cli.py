@@ -242,7 +242,7 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
             _usage(f"up: {option} {path}: {'is a folder' if path.is_dir() else 'no such file'}")
         if not os.access(path, os.R_OK):
             _usage(f"up: {option} {path}: not readable")
-    if (nkey_seed or creds) is not None:
+    if nkey_seed is not None or creds is not None:
         import importlib.util
 
         if importlib.util.find_spec("nkeys") is None:

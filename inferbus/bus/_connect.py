@@ -16,7 +16,7 @@ class ConnectionLost(Exception):
 
 
 _CONNECT_SLACK_S = 2.0
-"""Seconds allowed beyond ``servers × connect_attempts × (connect_timeout_s + reconnect_time_wait_s)`` for a
+"""Seconds allowed beyond ``servers × connect_attempts × (5 × connect_timeout_s + reconnect_time_wait_s)`` for a
 first connect (:func:`connect`)."""
 
 
