@@ -847,8 +847,8 @@ class Ingress:
             self.router.on_done(w.worker_id, 0.0, outcome=SERVER_ERROR, probe=probe)
             log(f"ingress {self.config.ingress_id}: local worker failed: {exc!r}")
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
-        # _settle_run's steps written out: this is the lone miss's path, and the call cost it measurably
-        # (docs/performance.md, fourteenth session)
+        # _settle_run's steps written out: this is the lone miss's path, and the call cost it bytecodes
+        # (with _answer_in_call/_write_answers, +1.2 % per miss; docs/performance.md, fourteenth session)
         t_done = time.monotonic()
         latency_us = (t_done - now) * 1e6
         self.router.on_done(w.worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
@@ -864,10 +864,10 @@ class Ingress:
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
                           header_rid: str | None, key: str | None, ttl_ms: int) -> None:
         """Settle a request the colocated worker computed and answered within this call (:meth:`_run_burst`;
-        :meth:`_run_now` has the same steps written out), as :meth:`settle` settles a completion without a hedge: the router (in-flight
-        count, breaker, latency from ``t_fwd`` to ``t_done``, monotonic s), and for a good answer the request
-        id's worker (retries), the latency window and the L1 (and L2) fill under ``key``; an error answer is
-        counted in the ``infer`` endpoint's stats. (:meth:`settle` stays apart: it also settles hedges and
+        :meth:`_run_now` has the same steps written out), as :meth:`settle` settles a completion without a
+        hedge: the router (in-flight count, breaker, latency from ``t_fwd`` to ``t_done``, monotonic s), and
+        for a good answer the request id's worker (retries), the latency window and the L1 (and L2) fill under
+        ``key``; an error answer is counted in the ``infer`` endpoint's stats. (:meth:`settle` stays apart: it also settles hedges and
         requests a worker held.)"""
         latency_us = (t_done - t_fwd) * 1e6
         self.router.on_done(worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)

@@ -517,7 +517,7 @@ class Worker:
             o.executed = True
             self.window_inline.add(t1, 1, 1)
         # the answer's tail, as _answer_in_call + _write_answers give it to a burst, written out here: this is the
-        # lone miss's path, and the two calls cost it measurably (docs/performance.md, fourteenth session)
+        # lone miss's path, and the calls cost it bytecodes (+1.2 % per miss; docs/performance.md, fourteenth session)
         limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
         if o.ok and limit > 0 and len(o.body) > limit:
             self._too_large(o)
@@ -594,9 +594,9 @@ class Worker:
         return out
 
     async def _answer_in_call(self, o: Outcome, dkey: tuple | None, limit: int) -> None:
-        """Publish the answer of a request computed within the ingress's call (:meth:`run_burst`; :meth:`run_now`
-        has the same steps written out), to its job's reply subject: an answer over ``limit`` bytes (the bus's max_payload
-        less the header allowance; 0: none) becomes a typed PAYLOAD_TOO_LARGE error (:meth:`_too_large`), and
+        """Publish the answer of a request computed within the ingress's call (:meth:`run_burst`;
+        :meth:`run_now` has the same steps written out), to its job's reply subject: an answer over ``limit``
+        bytes (the bus's max_payload less the header allowance; 0: none) becomes a typed PAYLOAD_TOO_LARGE error (:meth:`_too_large`), and
         a good one is kept for retries under ``dkey`` (None: the request has no id). Not yet written
         (:meth:`_write_answers`)."""
         if o.ok and limit > 0 and len(o.body) > limit:
