@@ -69,7 +69,7 @@ def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_
         async with await _one_shot_client(nats_url, prefix) as c:
             return await model_control(c, op, name, version, timeout_s=timeout_s)
 
-    r = _call(go)
+    r = _call(go, as_json=as_json)
     if as_json:
         import msgspec
 

@@ -99,7 +99,7 @@ def status(
     import msgspec
 
     from .actors._region import ask_region
-    from .cli import _run
+    from .cli import _json_error, _run
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))
@@ -115,10 +115,13 @@ def status(
         finally:
             await nc.close()
 
-    hbs, loads, sts = _run(go())
+    hbs, loads, sts = _run(go(), as_json=json_out)
     if not hbs:
-        typer.echo("no region manager heard: is a region up (`inferbus cluster up`, or `inferbus region manager` "
-                   "beside a node; a plain `inferbus up` runs none: docs/regions.md), and the prefix right?", err=True)
+        text = ("no region manager heard: is a region up (`inferbus cluster up`, or `inferbus region manager` "
+                "beside a node; a plain `inferbus up` runs none: docs/regions.md), and the prefix right?")
+        if json_out:
+            _json_error("UNAVAILABLE", text)
+        typer.echo(text, err=True)
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
     if json_out:

@@ -153,8 +153,21 @@ def _exit_unreachable(exc: BaseException) -> "typer.Exit":
     return typer.Exit(EXIT_NO_NATS)
 
 
-def _run(coro):
-    """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3."""
+def _json_error(code: str, message: str, field: "str | None" = None, retry_after_ms: "int | None" = None) -> None:
+    """Print a ``--json`` command's failure on stdout as the wire's error body (docs/wire.md, "Errors"):
+    ``{"error": {"code": ..., "message": ..., "field"?: ..., "retry_after_ms"?: ...}}``, one line (the optional
+    members only when set, as on the wire)."""
+    detail = {"code": code, "message": message}
+    if field is not None:
+        detail["field"] = field
+    if retry_after_ms is not None:
+        detail["retry_after_ms"] = retry_after_ms
+    print(json.dumps({"error": detail}), flush=True)
+
+
+def _run(coro, as_json: bool = False):
+    """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3
+    (with ``as_json`` also an UNAVAILABLE error object on stdout)."""
     from nats.errors import NoServersError
 
     try:
@@ -166,18 +179,28 @@ def _run(coro):
     try:
         return runner(coro)
     except (NatsUnreachable, NoServersError) as exc:
+        if as_json:
+            _json_error("UNAVAILABLE", str(exc) or type(exc).__name__)
         raise _exit_unreachable(exc) from None
 
 
-def _call(coro_fn):
-    """Run a one-shot client call; typed errors and bad files print one line + exit 2, unreachable NATS exit 3."""
+def _call(coro_fn, as_json: bool = False):
+    """Run a one-shot client call; typed errors and bad files print one line + exit 2, unreachable NATS exit 3.
+
+    With ``as_json`` (a command's ``--json``) a typed error is printed on stdout as the wire's error object,
+    ``{"error": {"code", "message", "field"?, "retry_after_ms"?}}``, so what reads the output parses every outcome
+    (unreachable NATS: code UNAVAILABLE, and the one line on stderr too); the exit statuses are the same.
+    """
     from .schemas import InferbusError
 
     try:
-        return _run(coro_fn())
+        return _run(coro_fn(), as_json=as_json)
     except InferbusError as err:
-        err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
-                          + (f" (field {err.field})" if err.field else ""))
+        if as_json:
+            _json_error(err.code.value, err.message, err.field, err.retry_after_ms)
+        else:
+            err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
+                              + (f" (field {err.field})" if err.field else ""))
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -883,7 +906,7 @@ def bench(
     kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
               workers=workers, ingress=ingress, busy_poll_us=busy_poll_us, gens=gens, concurrency=levels, rates=rates,
               duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread)
-    results = _call(lambda: run_load(**kw))
+    results = _call(lambda: run_load(**kw), as_json=json_out)
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -103,6 +103,15 @@ def test_cli_load_unload_default(dep, refs):
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "Traceback" not in p.stderr
     p = cli("load", "nosuchmodel", *url)
     assert p.returncode == 2 and "NOT_FOUND" in p.stderr
+    # with --json a refused write is the wire's error object on stdout (a script parses every outcome)
+    p = cli("unload", "digits", "--version", "2", *url, "--json")
+    err = json.loads(p.stdout)["error"]
+    assert p.returncode == 2 and err["code"] == "INVALID_ARGUMENT" and "default" in err["message"], p.stdout
+    p = cli("load", "nosuchmodel", *url, "--json")
+    assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "NOT_FOUND", p.stdout
+    p = cli("load", "digits", "--nats-url", "nats://127.0.0.1:1", "--json")  # nothing listens on port 1
+    assert p.returncode == 3 and json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", (p.stdout, p.stderr)
+    assert "cannot reach NATS" in p.stderr
     p = cli("load", "digits", "--version", "1", *url, "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
