@@ -803,12 +803,7 @@ def infer(
             raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}")
         if name in feeds:
             _usage(f"infer: input {name!r} given twice (--input {name}=...)")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            err_console.print(f"[red]cannot read {escape(path)}[/]: it must be a .npy file "
-                              f"(numpy.save) of a numeric or bytes array ({escape(type(exc).__name__)}: {escape(str(exc)[:200])})")
-            raise typer.Exit(2)
+        feeds[name] = _load_npy(path)
 
     async def go():
         from .client import Client
@@ -823,6 +818,32 @@ def infer(
         console.print(f"[cyan]{escape(name)}[/] {arr.dtype} {list(arr.shape)}")
         console.print(np.array2string(arr, precision=5, threshold=2000), markup=False, highlight=False)
     console.print_json(json.dumps(res.parameters, default=str))
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+"""The first bytes of every .npy file (numpy's format, ``numpy.lib.format``)."""
+
+
+def _load_npy(path: str) -> np.ndarray:
+    """``infer``'s ``--input`` file as an array; any file that is not a numeric or bytes .npy is one line naming the
+    file and what is wrong with it, exit 2 (never numpy's own advice to load pickled data, which inferbus refuses)."""
+    def refuse(why: str) -> NoReturn:
+        err_console.print(f"[red]cannot read {escape(path)}[/]: {escape(why)}; --input takes a .npy file "
+                          f"(numpy.save) of a numeric or bytes array")
+        raise typer.Exit(EXIT_USAGE)
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                refuse("not a .npy file (it does not start with numpy's header)")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except OSError as exc:
+        refuse(exc.strerror or str(exc))
+    except (ValueError, EOFError) as exc:
+        if "allow_pickle" in str(exc) or "pickled" in str(exc):
+            refuse("the array holds Python objects (dtype object), which are not loaded")
+        refuse(f"a damaged .npy file ({str(exc)[:200]})")
 
 
 @app.command()

@@ -56,6 +56,18 @@ def test_bad_input_files(tmp_path):
     junk.write_text("not numpy")
     p, _ = cli("infer", "digits", "-i", f"pixels={junk}")
     assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr
+    # what is wrong with each, in our words: never numpy's advice to load pickled data
+    assert "not a .npy file" in p.stderr and "pickle" not in p.stderr, p.stderr
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    p, _ = cli("infer", "digits", "-i", f"pixels={objects}")
+    assert p.returncode == 2 and "holds Python objects" in p.stderr and "allow_pickle" not in p.stderr, p.stderr
+    truncated = tmp_path / "truncated.npy"
+    truncated.write_bytes(objects.read_bytes()[:20])
+    p, _ = cli("infer", "digits", "-i", f"pixels={truncated}")
+    assert p.returncode == 2 and "damaged .npy" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p, _ = cli("infer", "digits", "-i", f"pixels={tmp_path}")
+    assert p.returncode == 2 and "Is a directory" in p.stderr, p.stderr
 
 
 def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_path):
@@ -392,6 +404,8 @@ def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server
     p, _ = cli("region", "status", "--nats-url", nats_server.url)
     assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, p
     assert "no region manager heard" in p.stderr and "a plain `inferbus up` runs none" in p.stderr, p.stderr
+    p, _ = cli("region", "status", "--nats-url", nats_server.url, "--json")  # for scripts: the wire's error object
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", p.stdout
 
 
 def test_up_with_an_unreadable_model_artifact_is_one_line_naming_it_exit_2(tmp_path):
