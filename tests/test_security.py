@@ -78,6 +78,10 @@ async def _serve_through(tmp_path, url: str, extra: list[str], **client_kw) -> N
             await client.close()
     finally:
         await asyncio.to_thread(dep.stop)
+    said = dep.log.read_text()
+    assert "inferbus stopped" in said and "Traceback" not in said, said[-3000:]
+    # nats-py's TLS upgrade made asyncio print this at every stop (it told a user nothing): filtered out
+    assert "eof_received" not in said, said[-3000:]
 
 
 async def test_nkey_authentication_end_to_end(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 from nats.aio.client import Client
@@ -18,6 +19,26 @@ class ConnectionLost(Exception):
 _CONNECT_SLACK_S = 2.0
 """Seconds allowed beyond ``servers × connect_attempts × (5 × connect_timeout_s + reconnect_time_wait_s)`` for a
 first connect (:func:`connect`)."""
+
+
+_TLS_EOF_NOTE = "returning true from eof_received() has no effect when using ssl"
+"""asyncio's warning (``asyncio.sslproto``; uvloop's SSL protocol says the same) when a TLS connection's peer closes
+and the stream protocol asks to keep the write side open. nats-py upgrades a connection to TLS with
+``loop.start_tls`` under an ``asyncio.StreamReaderProtocol`` that was created for plain TCP and so does not know it
+runs over TLS (it answers True); the close is handled all the same. Printed on stderr at every stop of a TLS
+connection, it told a user nothing: :func:`connect` filters out exactly this message."""
+
+
+class _DropTlsEofNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _TLS_EOF_NOTE
+
+
+def _quiet_tls_eof_note() -> None:
+    """Install the filter of :data:`_TLS_EOF_NOTE` on the ``asyncio`` logger, once per process."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropTlsEofNote) for f in logger.filters):
+        logger.addFilter(_DropTlsEofNote())
 
 
 def fail_pending_requests(nc: Client, reason: str = "connection to the NATS server lost") -> int:
@@ -93,6 +114,8 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
         if config.tls_cert_file:
             ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file)
         kwargs["tls"] = ctx
+    if "tls" in kwargs or any(str(u).startswith("tls://") for u in config.servers):
+        _quiet_tls_eof_note()
 
     async def _quiet_error(exc: Exception) -> None:  # nats-py logs noisily by default
         pass
