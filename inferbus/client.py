@@ -406,6 +406,7 @@ class Client:
             hdrs[H.CLIENT_ID] = self.client_id
         max_payload = getattr(self.nc, "max_payload", 0) or 0
         hdrs[H.TIMEOUT_MS] = H.format_ms(timeout_s * 1000.0)
+        hdrs[H.DEADLINE_UNIX_MS] = f"{time.time() * 1000.0 + timeout_s * 1000.0:.0f}"  # reset per attempt
         if max_payload and len(body) + H.header_bytes(hdrs) + 16 > max_payload:
             raise PayloadTooLarge(f"request of {len(body)} bytes (plus headers) exceeds the server's max_payload "
                                   f"({max_payload} bytes)")
@@ -448,6 +449,9 @@ class Client:
                                        + (f" (last error: {last_err})" if last_err else "")
                                        + ("" if sent else "; nothing was sent"))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
+            # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
+            # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
+            hdrs[H.DEADLINE_UNIX_MS] = f"{time.time() * 1000.0 + left_ms:.0f}"
             if sent and request_id:  # a retry: an ingress without the first copy finds it through its peers
                 hdrs[H.ATTEMPT] = str(sent + 1)
             # the last attempt that fits gets the whole remaining budget

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from inferbus.client import Client
-from inferbus.schemas import InvalidArgument, PayloadTooLarge, decode_error
+from inferbus.schemas import DeadlineExceeded, InvalidArgument, PayloadTooLarge, decode_error
 
 from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import health_params, models_subset, reference
@@ -227,6 +227,27 @@ async def test_malformed_timeout_header_is_refused_not_defaulted(env):
         assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Timeout-Ms", (bad, err)
         assert time.perf_counter() - t0 < 0.5  # answered at once, not after a default budget
     err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": "750.5"})
+    assert err is None and out(resp, "a_times_2")["data"] == [42]
+
+
+async def test_a_client_deadline_already_passed_is_refused_at_once_and_a_malformed_one_named(env):
+    """``Inferbus-Deadline-Unix-Ms`` (the SDK sends it): a request that reaches the ingress after its client's
+    wall-clock deadline (it waited in the bus) is DEADLINE_EXCEEDED before anything is decoded or forwarded."""
+    nc, client = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    before = (await health_params(client))["counts"]
+    past = f"{(time.time() - 2.0) * 1000:.0f}"  # 2 s ago: beyond the 50 ms clock-skew allowance
+    err, _ = await raw_request(nc, "typed", body,
+                               headers={"Inferbus-Timeout-Ms": "5000", "Inferbus-Deadline-Unix-Ms": past})
+    assert isinstance(err, DeadlineExceeded) and "Inferbus-Deadline-Unix-Ms" in err.message, err
+    after = (await health_params(client))["counts"]
+    assert after["expired_on_arrival"] == before["expired_on_arrival"] + 1
+    assert after["ok_forwarded"] == before["ok_forwarded"]  # refused before the worker saw it
+    for bad in ("soon", "nan", ""):
+        err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": bad})
+        assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Deadline-Unix-Ms", (bad, err)
+    future = f"{(time.time() + 5.0) * 1000:.0f}"
+    err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": future})
     assert err is None and out(resp, "a_times_2")["data"] == [42]
 
 

@@ -79,6 +79,34 @@ async def test_lost_attempt_is_retried_with_the_same_id_within_the_budget(nats_s
 
 
 @pytest.mark.timeout(30)
+async def test_each_attempt_carries_the_budget_left_as_a_wall_clock_deadline_too(nats_server):
+    """``Inferbus-Deadline-Unix-Ms`` = now + the budget left, on every attempt, so an ingress that takes a copy
+    after its client stopped waiting (queued behind an overload) refuses it instead of computing it."""
+    server_nc, client = await _pair(nats_server.url, attempt_timeout_ms=150)
+    got = []
+
+    async def on(msg):
+        got.append((time.time() * 1000.0, msg.headers or {}))
+        if len(got) > 1:
+            await server_nc.publish(msg.reply, b"ok")
+
+    try:
+        await server_nc.subscribe(SUBJECT, cb=on)
+        await server_nc.flush()
+        await client.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-dl")
+        assert len(got) == 2
+        for (t_ms, hdrs), budget_ms in zip(got, (2000.0, 2000.0 - 150.0)):
+            deadline = float(hdrs[H.DEADLINE_UNIX_MS])
+            timeout_ms = float(hdrs[H.TIMEOUT_MS])
+            assert abs(deadline - (t_ms + timeout_ms)) < 50, (deadline, t_ms, timeout_ms)  # the same deadline
+            assert timeout_ms <= budget_ms + 1
+        assert float(got[1][1][H.TIMEOUT_MS]) < float(got[0][1][H.TIMEOUT_MS])  # the retry has what is left
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
 async def test_attempt_timeouts_back_off_and_the_budget_still_bounds_the_request(nats_server):
     server_nc, client = await _pair(nats_server.url, attempt_timeout_ms=100)
     try:

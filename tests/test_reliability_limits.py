@@ -156,3 +156,50 @@ async def test_ingress_backlog_is_bounded_and_refused_at_once(nats_server, tmp_p
             print(f"backlog bound 4: {n} requests, {ok} answered, {len(refused)} refused at once")
         finally:
             await client.close()
+
+
+async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serves_again_at_once(nats_server,
+                                                                                                   tmp_path):
+    """Open-loop load several times what one ingress can take (``inferbus bench --rate``): requests wait in the
+    bus until their clients have gone. Seen by a fresh-user trial before the fix: every request was still
+    decoded, forwarded and computed (no answer in time: 0 of 40,000 at 20k/s), the workers' completion notices
+    queued behind the same backlog were counted as lost, both healthy workers' breakers opened, and the node
+    answered UNAVAILABLE and reported not ready for ~30 s after the load stopped. Now a request past its
+    client's deadline (``Inferbus-Deadline-Unix-Ms``, which the load generator and the SDK send) is refused on
+    arrival, a missing completion while the ingress is behind blames nobody, and right after the load the node
+    is ready with closed breakers and answers."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = NodeConfig(models_dir=str(MODELS), models=("typed",), workers=1, ingress=1, nats_url=nats_server.url,
+                     no_cache=True, prefix="ovl", run_dir=str(tmp_path / "run"))
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "ovl")
+        try:
+            bench = [sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", nats_server.url,
+                     "--prefix", "ovl", "--models", str(MODELS), "--concurrency", "", "--rate", "15000",
+                     "--duration", "3", "--timeout-s", "0.3", "--json"]
+            b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=120, cwd=ROOT)
+            steps = json.loads(b.stdout)
+            assert steps[0]["wrong"] == 0, steps
+            p = (await client.health(timeout_s=5)).parameters
+            c = p["counts"]
+            print(f"overload 15k/s, 0.3 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; ingress "
+                  f"expired_on_arrival {c.get('expired_on_arrival')}, lost {c['lost']}, lost_while_behind "
+                  f"{c.get('lost_while_behind')}, lost_in_reconnect {c.get('lost_in_reconnect')}")
+            w = p["workers"]["n1-w0"]
+            assert c["lost"] == 0, c  # no worker blamed for what the ingress's own backlog delayed
+            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
+            assert c["expired_on_arrival"] > 0, c  # it was behind by more than the budget: the load was an overload
+            t0 = time.monotonic()
+            while not (await client.health(timeout_s=5)).ready:  # the backlog drains within a budget or two
+                assert time.monotonic() - t0 < 5, "not ready again within 5 s of the overload"
+                await asyncio.sleep(0.1)
+            out = await client.infer("typed", typed_feeds(7), timeout_s=5)
+            np.testing.assert_array_equal(out["a_times_2"], typed_feeds(7)["a"] * 2)
+        finally:
+            await client.close()

@@ -284,7 +284,8 @@ class Ingress:
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0, "local_forwards": 0, "suspect_reroutes": 0,
+                       "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0,
                        "burst_deferred": 0, "burst_runs": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
@@ -313,6 +314,12 @@ class Ingress:
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
         self._error_counters: dict = {}
         """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
+        self._behind_seen = 0
+        self._behind_at = float("-inf")
+        self._reconnects_seen = 0
+        self._reconnected_at = float("-inf")
+        """When a sweep last saw this ingress's NATS connection re-established (monotonic s): requests forwarded
+        before it whose completion never came are not held against their worker (:meth:`_sweep`)."""
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
         self._burst: list[_Deferred] = []
@@ -402,6 +409,9 @@ class Ingress:
 
     async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
         deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms, strict=True)
+        client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
+        if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
+            deadline = self._client_deadline(client_deadline, deadline, t0)
         if deadline <= t0:
             raise DeadlineExceeded("the request's budget (Inferbus-Timeout-Ms) was already spent on arrival")
         model_name, version = self.subjects.parse_infer(msg.subject)
@@ -475,6 +485,37 @@ class Ingress:
                 return
         await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
                             time.monotonic(), (req, arrays))
+
+    def _client_deadline(self, raw: str, deadline: float, t0: float) -> float:
+        """The earlier of ``deadline`` (``Inferbus-Timeout-Ms`` from this handler's start, monotonic s) and the
+        client's wall-clock deadline ``raw`` (``Inferbus-Deadline-Unix-Ms``, ms since the Unix epoch) plus the
+        clock-skew allowance (``DEADLINE_SKEW_MS``, 50 ms).
+
+        A relative budget starts when the handler does, so it cannot see the time a request spent in the
+        server's or the socket's buffers while this ingress was behind: under overload every request then
+        arrived with its client gone and was still decoded, forwarded and computed, and no answer came in time
+        (a fresh-user trial: 0 of 100,000 at 20k/s on 2 cores). The client's clock can see it, and a request
+        past its deadline is refused here for the price of a header.
+
+        Raises:
+            InvalidArgument: ``raw`` is not a number (``field`` = the header's name).
+            DeadlineExceeded: the client's deadline passed more than the allowance before this handler started.
+        """
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = float("nan")
+        if ms != ms:
+            raise InvalidArgument(f"{H.DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch, got "
+                                  f"{str(raw)[:40]!r}", field=H.DEADLINE_UNIX_MS)
+        left_s = (ms + H.DEADLINE_SKEW_MS) / 1000.0 - time.time()
+        if left_s <= 0:
+            self.counts["expired_on_arrival"] += 1
+            raise DeadlineExceeded(
+                f"the client's deadline ({H.DEADLINE_UNIX_MS}) had passed {-left_s * 1000 + H.DEADLINE_SKEW_MS:.0f} ms "
+                f"before this ingress took the request (it waited in the bus while the ingress was behind, or the "
+                f"client's clock and this host's differ by more than {H.DEADLINE_SKEW_MS:.0f} ms)")
+        return min(deadline, t0 + left_s)
 
     def _validate(self, req, mv, model_name: str):
         """``req``'s inputs against ``mv``'s metadata: ``([numpy array per input, in request order], requested
@@ -1188,16 +1229,54 @@ class Ingress:
             except Exception as exc:  # keep sweeping whatever one pass hit
                 log(f"ingress {self.config.ingress_id}: sweep failed: {exc!r}")
 
+    def _saw_reconnect(self, now: float) -> float:
+        """When this ingress last found its own NATS connection re-established (monotonic s; -inf if never),
+        from nats-py's public ``stats["reconnects"]``, read once per sweep."""
+        stats = getattr(self.nc, "stats", None)
+        n = stats.get("reconnects", 0) if isinstance(stats, dict) else 0
+        if n != self._reconnects_seen:
+            self._reconnects_seen = n
+            self._reconnected_at = now
+        return self._reconnected_at
+
+    def _saw_behind(self, now: float) -> float:
+        """When this ingress last found itself behind its requests (monotonic s; -inf if never): requests that
+        reached it past their client's deadline, or refused for its backlog, since the previous sweep."""
+        seen = self.counts["expired_on_arrival"] + self.counts["backlog_shed"]
+        if seen != self._behind_seen:
+            self._behind_seen = seen
+            self._behind_at = now
+        return self._behind_at
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         grace = self.config.pending_grace_s
+        reconnected_at = self._saw_reconnect(now)
+        behind_at = self._saw_behind(now)
         stale = [s for s, p in self.pending.items() if p.deadline + grace < now]
         for s in stale:
             p = self._pop(s)
+            if p.t_fwd <= reconnected_at:
+                # forwarded before this ingress's own connection dropped: the worker's completion notice may have
+                # come while nobody here was subscribed (its answer went straight to the client). Not the
+                # worker's failure: blaming it opened every healthy worker's breaker after an overload that made
+                # this ingress miss its PINGs (a fresh-user trial: UNAVAILABLE for ~30 s after the load stopped)
+                self.counts["lost_in_reconnect"] += 1
+                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+                continue
+            if now - behind_at <= 2 * grace:
+                # this ingress is behind: the completion notice may be queued behind the same backlog of requests
+                # (one connection carries both), so its absence says nothing about the worker
+                self.counts["lost_while_behind"] += 1
+                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+                continue
             self.counts["lost"] += 1
             # no completion long after the deadline: the worker lost it (hung, partitioned): a failure
             self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=SERVER_ERROR, probe=p.probe, now=now)
-        # a worker that stopped reporting (hung, partitioned) is failed like a dead one
+        # a worker that stopped reporting (hung, partitioned) is failed like a dead one; not while this ingress's
+        # own connection has just come back (the reports it missed were not the workers' silence)
+        if now - reconnected_at <= self.config.health_timeout_s:
+            return
         for w in list(self.router.workers.values()):
             if w.alive and w.last_report and now - w.last_report > self.config.health_timeout_s:
                 n = await self._fail_pending(w.worker_id, Unavailable(

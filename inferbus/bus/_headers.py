@@ -32,7 +32,9 @@ TERM = "Inferbus-Term"
 A worker that knows a higher term refuses the request with UNAVAILABLE (the SDK
 retries; the ingress stamps the new term by then) and stamps the term on replies."""
 DEADLINE_UNIX_MS = "Inferbus-Deadline-Unix-Ms"
-"""Absolute deadline (wall clock, ms since the Unix epoch) set by the ingress on forwarded requests.
+"""Absolute deadline (wall clock, ms since the Unix epoch) set by the ingress on forwarded requests, and by the
+SDK and the load generator on requests (optional for other clients; the ingress then serves a request by the
+earlier of this and ``Inferbus-Timeout-Ms`` from its receipt, and refuses one already past it).
 
 The relative budget cannot see time a message spends in a socket buffer of a
 stopped or starved process; this header can. It is checked with a clock-skew

@@ -52,6 +52,9 @@ class Target:
         bodies: request bodies, used cyclically (request ``i`` sends ``bodies[i % len]``).
         headers: headers sent with every request (None = plain PUB).
         judge: ``judge(i, headers, body) -> (error code | None, correct, parameters | None)``.
+        deadline_after_s: when set, each request also carries ``Inferbus-Deadline-Unix-Ms``: its scheduled send
+            time (wall clock) plus this many seconds, the moment the driver stops waiting for it (as the SDK
+            sends it), so the ingress refuses a request that waited out its client in the bus.
     """
 
     name: str
@@ -59,16 +62,20 @@ class Target:
     bodies: list[bytes]
     headers: dict | None
     judge: Judge
+    deadline_after_s: float | None = None
 
     def __post_init__(self) -> None:
         self.header_block = header_block(self.headers) if self.headers else None
+        # the block without its closing CRLF: each request appends its deadline header and the CRLF
+        self.header_head = self.header_block[:-2] if self.header_block else b"NATS/1.0\r\n"
 
 
 def infer_target(work: Workload, prefix: str = "inferbus", timeout_ms: float = 1000.0) -> Target:
     """Requests for ``work``'s model version on its public subject, judged against the reference."""
     mv = work.mv
     subject = f"{prefix}.infer.{mv.name}.{mv.version}"
-    return Target("inferbus", subject, work.bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, work.check_reply)
+    return Target("inferbus", subject, work.bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, work.check_reply,
+                  timeout_ms / 1000.0)
 
 
 def echo_target(work: Workload, subject: str, timeout_ms: float = 1000.0) -> Target:
@@ -80,7 +87,7 @@ def echo_target(work: Workload, subject: str, timeout_ms: float = 1000.0) -> Tar
             return "NO_RESPONDERS", False, None
         return None, body == bodies[i % len(bodies)], None
 
-    return Target("echo", subject, bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, judge)
+    return Target("echo", subject, bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"}, judge, timeout_ms / 1000.0)
 
 
 class LeanDriver:
@@ -102,6 +109,7 @@ class LeanDriver:
         self._done = asyncio.Event()
         self._sending = False
         self._last = 0.0
+        self._wall_offset_s = 0.0
         self.late = 0
 
     async def start(self) -> None:
@@ -113,8 +121,12 @@ class LeanDriver:
         tok = self._tok = self._tok + 1
         t = self._target
         self._pending[tok] = (t_ref, i, slot)
+        block = t.header_block
+        if t.deadline_after_s is not None:
+            block = t.header_head + b"Inferbus-Deadline-Unix-Ms: %d\r\n\r\n" % (
+                (t_ref + self._wall_offset_s + t.deadline_after_s) * 1000.0)
         await publish_raw(self.nc, t.subject, t.bodies[i % len(t.bodies)], reply=f"{self._inbox}.{tok}",
-                          headers=t.header_block)
+                          headers=block)
 
     async def _on_reply(self, msg) -> None:
         now = time.monotonic()
@@ -154,6 +166,7 @@ class LeanDriver:
                 self._done.set()
 
     def _begin(self, target: Target) -> Recorder:
+        self._wall_offset_s = time.time() - time.monotonic()  # monotonic → wall clock, for deadline headers
         self._rec = Recorder()
         self._target = target
         self._pending.clear()

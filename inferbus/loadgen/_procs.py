@@ -118,7 +118,7 @@ class _Gen:
             t = echo_target(work, spec["subject"], timeout_ms)
         elif kind == "direct":  # the direct responders: inferbus's bodies and headers, judged as inferbus's answers
             t = Target("direct", spec["subject"], work.bodies, {"Inferbus-Timeout-Ms": f"{timeout_ms:.3f}"},
-                       work.check_reply)
+                       work.check_reply, timeout_ms / 1000.0)
         elif kind == "http":
             t = Target(spec.get("name", "http"), spec["url"], work.bodies, None, work.check_reply)
         else:
