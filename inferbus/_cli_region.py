@@ -99,7 +99,9 @@ def status(
     import msgspec
 
     from .actors._region import ask_region
-    from .cli import _json_error, _run
+    from .cli import _check_prefix, _json_error, _run
+
+    _check_prefix(prefix)
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))
@@ -166,7 +168,9 @@ def promote(
     down first; if it cannot be reached its next renewal fails and it steps down at once).
     """
     from .actors._region import ask_region
-    from .cli import _run
+    from .cli import _check_prefix, _run
+
+    _check_prefix(prefix)
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))
@@ -219,7 +223,9 @@ def demote(
     heartbeat older than the suspect time), or when --to names one that is not, unless --force.
     """
     from .actors._region import ask_region
-    from .cli import _run
+    from .cli import _check_prefix, _run
+
+    _check_prefix(prefix)
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))

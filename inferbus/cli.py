@@ -166,9 +166,12 @@ def _json_error(code: str, message: str, field: "str | None" = None, retry_after
 
 
 def _run(coro, as_json: bool = False):
-    """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3
-    (with ``as_json`` also an UNAVAILABLE error object on stdout)."""
+    """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3, and a
+    typed error (e.g. INVALID_ARGUMENT for a NATS URL that is no URL) one line, exit 2; with ``as_json`` each also
+    as the wire's error object on stdout (:func:`_json_error`)."""
     from nats.errors import NoServersError
+
+    from .schemas import InferbusError
 
     try:
         import uvloop
@@ -182,26 +185,24 @@ def _run(coro, as_json: bool = False):
         if as_json:
             _json_error("UNAVAILABLE", str(exc) or type(exc).__name__)
         raise _exit_unreachable(exc) from None
-
-
-def _call(coro_fn, as_json: bool = False):
-    """Run a one-shot client call; typed errors and bad files print one line + exit 2, unreachable NATS exit 3.
-
-    With ``as_json`` (a command's ``--json``) a typed error is printed on stdout as the wire's error object,
-    ``{"error": {"code", "message", "field"?, "retry_after_ms"?}}``, so what reads the output parses every outcome
-    (unreachable NATS: code UNAVAILABLE, and the one line on stderr too); the exit statuses are the same.
-    """
-    from .schemas import InferbusError
-
-    try:
-        return _run(coro_fn(), as_json=as_json)
     except InferbusError as err:
         if as_json:
             _json_error(err.code.value, err.message, err.field, err.retry_after_ms)
         else:
             err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
                               + (f" (field {err.field})" if err.field else ""))
-    raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _call(coro_fn, as_json: bool = False):
+    """Run a one-shot client call (:func:`_run`): typed errors and bad files print one line + exit 2, unreachable
+    NATS exit 3.
+
+    With ``as_json`` (a command's ``--json``) a typed error is printed on stdout as the wire's error object,
+    ``{"error": {"code", "message", "field"?, "retry_after_ms"?}}``, so what reads the output parses every outcome
+    (unreachable NATS: code UNAVAILABLE, and the one line on stderr too); the exit statuses are the same.
+    """
+    return _run(coro_fn(), as_json=as_json)
 
 
 def _usage(message: str) -> NoReturn:
@@ -299,21 +300,15 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
 def _check_nats_urls(nats_url: str) -> str:
     """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
     string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
-    from urllib.parse import urlsplit
-
-    from .bus import split_servers
+    from .bus import server_url_problem, split_servers
 
     urls = split_servers(nats_url)
     if not urls:
         _usage(f"up: --nats-url {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
     for u in urls:
-        parts = urlsplit(u if "://" in u else f"nats://{u}")
-        try:
-            parts.port  # noqa: B018 (raises ValueError when out of range or not a number)
-        except ValueError as exc:
-            _usage(f"up: --nats-url {u!r}: {exc}")
-        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-            _usage(f"up: --nats-url {u!r}: expected nats://HOST:PORT (or tls://, ws://, wss://)")
+        problem = server_url_problem(u)
+        if problem is not None:
+            _usage(f"up: --nats-url {problem}")
     return ",".join(urls)
 
 

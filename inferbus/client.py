@@ -50,7 +50,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
-from .bus import split_servers
+from .bus import server_url_problem, split_servers
 from .bus import headers as H
 from .schemas import (
     DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
@@ -231,6 +231,10 @@ class Client:
         if not servers:  # BusConfig's ValueError named its own field, not this argument
             raise InvalidArgument("Client.connect: servers names no NATS URL; give one or more, e.g. "
                                   "nats://127.0.0.1:4222", field="servers")
+        for url in servers:  # nats-py raises bare errors for these, deep in its connect
+            problem = server_url_problem(url)
+            if problem is not None:
+                raise InvalidArgument(f"Client.connect: NATS URL {problem}", field="servers")
         cfg = BusConfig(servers=servers, prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []

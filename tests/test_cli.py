@@ -49,6 +49,34 @@ def test_unreachable_nats_is_one_line_naming_the_url_exit_3(argv):
     assert len(lines) == 1 and lines[0].startswith(f"cannot reach NATS at {url}: "), p.stderr
 
 
+@pytest.mark.parametrize("url", ["nats://127.0.0.1:99999", "nats://127.0.0.1:abc", "nats://:4333", "nats://[::1",
+                                 "http://127.0.0.1:4333"])
+def test_a_nats_url_that_is_no_url_is_one_line_exit_2_for_every_client_command(url):
+    """It used to end in nats-py's traceback (``Port out of range``, ``invalid connect url option``), exit 1."""
+    for argv in (("health",), ("models",), ("models", "load", "digits"), ("region", "status"),
+                 ("region", "promote", "A")):
+        p, _ = cli(*argv, "--nats-url", url)
+        assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (argv, p)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "INVALID_ARGUMENT" in lines[0] and repr(url) in lines[0], (argv, p.stderr)
+    for argv in (("models", "load", "digits"), ("region", "status"), ("bench", "digits", "--concurrency", "1")):
+        p, _ = cli(*argv, "--nats-url", url, "--json")
+        err = json.loads(p.stdout)["error"]
+        assert p.returncode == 2 and err["code"] == "INVALID_ARGUMENT" and err["field"] == "servers", (argv, p)
+
+
+def test_the_sdk_refuses_a_nats_url_that_is_no_url_with_invalid_argument():
+    import asyncio
+
+    from inferbus.client import Client
+    from inferbus.schemas import InvalidArgument
+
+    for url in ("nats://127.0.0.1:99999", "nats://127.0.0.1:abc", "nats://:4333", "ftp://h:1", "a,nats://[::1"):
+        with pytest.raises(InvalidArgument) as ei:
+            asyncio.run(Client.connect(url))
+        assert ei.value.field == "servers", url
+
+
 def test_bad_input_files(tmp_path):
     p, _ = cli("infer", "digits", "-i", f"pixels={tmp_path / 'missing.npy'}")
     assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr

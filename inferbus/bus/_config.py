@@ -59,6 +59,10 @@ class BusConfig:
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError("BusConfig.servers: give at least one URL such as nats://127.0.0.1:4222")
+        for url in self.servers:
+            problem = server_url_problem(url)
+            if problem is not None:
+                raise ValueError(f"BusConfig.servers: {problem}")
         for tok in self.prefix.split("."):
             if not _TOKEN_RE.match(tok):
                 raise ValueError(
@@ -90,6 +94,23 @@ class BusConfig:
         d = dict(d)
         d["servers"] = tuple(d.get("servers", cls.servers))
         return cls(**d)
+
+
+def server_url_problem(url: str) -> str | None:
+    """What is wrong with one NATS server URL, or None when nats-py can take it: a scheme of ``nats``, ``tls``,
+    ``ws`` or ``wss`` (none given = ``nats``, as nats-py reads ``host:port``), a host, and a port that is a number
+    from 1 to 65535 when given. nats-py itself raises a bare ``ValueError`` or ``nats.errors.Error`` deep in its
+    connect for these (``Port out of range 0-65535``, ``invalid connect url option``)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        port = parts.port
+    except ValueError as exc:  # a port not a number or out of range, an unclosed IPv6 bracket
+        return f"{url!r}: {exc}"
+    if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname or port == 0:
+        return f"{url!r}: expected nats://HOST:PORT (or tls://, ws://, wss://), port 1 to 65535"
+    return None
 
 
 def split_servers(servers) -> tuple[str, ...]:
