@@ -266,6 +266,30 @@ async def test_writes_refused_on_a_standby_region(nats_server, tmp_path, refs):
             await client.close()
 
 
+def test_a_node_in_no_region_forgets_a_region_manager_gone_for_a_minute(tmp_path):
+    """A fresh-user trial ran `inferbus region manager A` beside a plain `inferbus up` for 25 s: ten minutes later
+    the node still refused every model write (UNAVAILABLE, primary "none known now") until restarted. An
+    ingress in no region now forgets a manager silent for REGION_HB_FORGET_S; one in a region never does."""
+    from inferbus.actors import IngressConfig
+    from inferbus.actors._ingress import Ingress
+    from inferbus.actors._models import REGION_HB_FORGET_S
+    from inferbus.bus import BusConfig
+
+    models = str(MODELS)
+    hb = RegionHeartbeat(region="A", role=PRIMARY, term=1, lease_rev=1, seq=1, manager_id="A-m", lease_holder="A",
+                         model_writes=True)
+    for region, accepted_later in (("", True), ("B", False)):
+        ing = Ingress(IngressConfig(ingress_id="i-gate", bus=BusConfig(servers=("nats://127.0.0.1:1",)),
+                                    models_dir=models, region=region))
+        gate = ing.model_ctl
+        assert gate.write_refusal(now=100.0) is None  # nothing heard: a single node
+        gate.region_hb["A"] = (100.0, hb)
+        assert isinstance(gate.write_refusal(now=101.0), Unavailable)  # a manager of another region is live
+        assert isinstance(gate.write_refusal(now=100.0 + REGION_HB_FORGET_S / 2), Unavailable)
+        later = gate.write_refusal(now=101.0 + REGION_HB_FORGET_S)
+        assert (later is None) is accepted_later, (region, later)
+
+
 @pytest.mark.timeout(150)
 async def test_model_swap_drill_short():
     f = await model_swap(DrillOptions(duration_s=6.0, rate_qps=40.0, timeout_s=1.0, workers=2,

@@ -23,7 +23,8 @@ and the versions they failed to load (``LoadReport.load_errors``); the ingress w
 
 Writes are gated by region role: accepted only where this region's manager announces
 ``model_writes`` (the primary region), or always when no region manager is heard at all (a
-single node). Elsewhere the answer is UNAVAILABLE naming the primary region.
+single node; an ingress in no region forgets a manager silent for ``REGION_HB_FORGET_S``). Elsewhere the answer
+is UNAVAILABLE naming the primary region.
 
 Concurrency: one ingress serialises its own writes; two writes to one model taken by two
 ingress replicas at the same moment can get the same revision, and then the writer id decides
@@ -51,6 +52,11 @@ BROADCAST_PERIOD_S = 2.0
 """Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
 REGION_HB_FRESH_S = 2.0
 """A region manager heartbeat older than this (seconds) no longer counts for the write gate."""
+REGION_HB_FORGET_S = 60.0
+"""An ingress in no region (a plain ``inferbus up``) that heard a region manager once forgets it after this many
+seconds without a heartbeat: it is a single node again and accepts model-management writes (it used to refuse them
+until restarted, after a manager had run beside it once). An ingress in a region never forgets: its writes wait
+for its region's manager."""
 DEFAULT_BUDGET_MS = 60_000.0
 """Budget of a model-management request without ``Inferbus-Timeout-Ms``, ms."""
 STATE_FETCH_TIMEOUT_S = 0.5
@@ -217,11 +223,17 @@ class IngressModels:
         """None when model-management writes are accepted here, else the error to answer with.
 
         Accepted when this region's manager announced ``model_writes`` within
-        :data:`REGION_HB_FRESH_S`, or when no region manager was ever heard (a single node).
+        :data:`REGION_HB_FRESH_S`, or when no region manager was ever heard (a single node), or, for an ingress
+        in no region, none within :data:`REGION_HB_FORGET_S`.
         """
         if not self.region_hb:
             return None
         now = time.monotonic() if now is None else now
+        if not self.region:  # a single node beside which a manager ran once: forgotten when long gone
+            for region in [r for r, (t, _) in self.region_hb.items() if now - t > REGION_HB_FORGET_S]:
+                del self.region_hb[region]
+            if not self.region_hb:
+                return None
         own = self.region_hb.get(self.region)
         if own is not None and now - own[0] <= REGION_HB_FRESH_S and own[1].model_writes:
             return None
