@@ -340,6 +340,22 @@ def _check_output_file(option: str, path: Path) -> None:
         _usage(f"up: {option} {path}: the file exists and is not writable")
 
 
+def _check_run_dir(path: Path) -> None:
+    """``up --run-dir``: a folder that exists and is writable, or one that can be made (its parents made too),
+    checked before anything starts (one line, exit 2). It used to end in a FileExistsError / PermissionError
+    traceback from the node once the option checks had passed."""
+    if path.exists():
+        if not path.is_dir():
+            _usage(f"up: --run-dir {path}: exists and is not a folder; give a folder (made if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            _usage(f"up: --run-dir {path}: the folder is not writable")
+        return
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        _usage(f"up: --run-dir {path}: cannot make the folder: {exc.strerror or exc}")
+
+
 _BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),
                      "tensorrt": ("tensorrt", "pip install tensorrt; it serves NVIDIA GPUs only")}
 """Backends whose runtime is an optional package: its import name and how to install it."""
@@ -619,6 +635,8 @@ def up(
             _usage(f"up: --no-cache turns the L2 cache off, so {' and '.join(l2_options)} cannot apply; give one or "
                    f"the other")
     _check_backends_installed(backend_names)
+    if run_dir is not None:
+        _check_run_dir(run_dir)
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
         if not demo:
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "

@@ -247,6 +247,11 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
      "up: --json /tmp: is a folder; give a file name"),
     (("--nats-port", "0", "--demo", "--json", f"{ROOT}/README.md/x.json"), f"up: --json {ROOT}/README.md/x.json: "
                                                                           f"{ROOT}/README.md is not a folder"),
+    # a --run-dir that is a file, or cannot be made, was a FileExistsError / PermissionError traceback
+    (("--nats-port", "0", "--run-dir", f"{ROOT}/README.md"), f"up: --run-dir {ROOT}/README.md: exists and is not "
+                                                              f"a folder"),
+    (("--nats-port", "0", "--run-dir", "/proc/inferbus-no/run"), "up: --run-dir /proc/inferbus-no/run: cannot make "
+                                                                  "the folder"),
     # a credential or TLS file that is missing or not what it should be was a traceback after the embedded
     # nats-server had started
     (("--tls-cert", "/nonexistent-inferbus.pem"), "up: --tls-cert /nonexistent-inferbus.pem: no such file"),
