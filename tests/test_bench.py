@@ -40,7 +40,7 @@ def test_recorders_merge_across_processes():
     r = merge_wire([a.to_wire(1.0, 0.01), b.to_wire(2.0, 0.02)], model="m", mode="closed", concurrency=2,
                    rate_qps=None, target="inferbus")
     assert (r.requests, r.ok, r.wrong, r.timeouts, r.errors) == (5, 4, 1, 1, {"TIMEOUT": 1})
-    assert r.duration_s == 2.0 and r.qps == 2.5
+    assert r.duration_s == 2.0 and r.qps == 2.0  # answers over 2 s: the TIMEOUT had none
     assert r.stages_us["compute"] == 10 and r.stages_us["e2e"] == 200 and r.stages_us["bus_other"] == 150
     assert 190 <= r.p50_us <= 210 and r.max_us >= 400
     assert r.mean_batch == 3.0  # the misses' parameters.batch_size
@@ -74,6 +74,43 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
     assert closed.gen_procs == 2 and closed.requests > 0 and closed.wrong == 0 and not closed.errors
     assert opened.requests == 120 and opened.wrong == 0 and not opened.errors
     assert opened.offered_qps == 400
+
+
+@pytest.mark.anyio
+async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_server):
+    """A fresh-user trial: with ``--timeout-s 0.0002`` answers arriving after ~2 ms counted as ok (the sweep runs
+    every 5 ms at the least). Every request also carries its wall-clock deadline (Inferbus-Deadline-Unix-Ms)."""
+    import time
+
+    import nats
+
+    from inferbus.loadgen._lean import LeanDriver, echo_target
+
+    server = await nats.connect(nats_server.url)
+    seen = []
+
+    async def slow_echo(msg):
+        seen.append((time.time() * 1000.0, dict(msg.headers or {})))
+        await asyncio.sleep(0.002)  # later than the 1 ms timeout, sooner than the sweep's 5 ms period
+        await server.publish(msg.reply, msg.data)
+
+    await server.subscribe("t.slow", cb=slow_echo)
+    await server.flush()
+    client = await nats.connect(nats_server.url)
+    try:
+        work = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4)
+        drv = LeanDriver(client)
+        await drv.start()
+        rec, _, _ = await drv.closed(echo_target(work, "t.slow", timeout_ms=1.0), concurrency=2, duration_s=0.3,
+                                     timeout_s=0.001)
+        r = merge_wire([rec.to_wire(0.3, 0.0)], model="digits", mode="closed", concurrency=2, rate_qps=None,
+                       target="echo")
+        assert r.requests > 0 and r.ok == 0 and r.timeouts == r.requests and r.qps == 0.0, r
+        t_ms, hdrs = seen[0]
+        assert abs(float(hdrs["Inferbus-Deadline-Unix-Ms"]) - (t_ms + 1.0)) < 50, hdrs
+    finally:
+        await client.close()
+        await server.close()
 
 
 @pytest.mark.anyio

@@ -110,6 +110,7 @@ class LeanDriver:
         self._sending = False
         self._last = 0.0
         self._wall_offset_s = 0.0
+        self._timeout_s = float("inf")
         self.late = 0
 
     async def start(self) -> None:
@@ -139,8 +140,11 @@ class LeanDriver:
             self.late += 1
             return
         t_ref, i, slot = ent
-        err, correct, params = self._target.judge(i, msg.headers, msg.data)
-        self._rec.record((now - t_ref) * 1e6, err, correct, params)
+        if now - t_ref > self._timeout_s:  # late: the sweep (every 5-50 ms) had not counted it out yet
+            self._rec.record(self._timeout_s * 1e6, "TIMEOUT")
+        else:
+            err, correct, params = self._target.judge(i, msg.headers, msg.data)
+            self._rec.record((now - t_ref) * 1e6, err, correct, params)
         self._last = now
         if self._next is not None:
             await self._next(slot, now)
@@ -201,6 +205,7 @@ class LeanDriver:
 
         self._next = nxt
         self._sending = True
+        self._timeout_s = timeout_s  # an answer later than this is a TIMEOUT too (_on_reply)
         sweeper = asyncio.create_task(self._sweep(timeout_s, lambda slot: nxt(slot, time.monotonic())))
         try:
             for slot in range(concurrency):
@@ -242,6 +247,7 @@ class LeanDriver:
             return None
 
         self._sending = True
+        self._timeout_s = timeout_s
         sweeper = asyncio.create_task(self._sweep(timeout_s, noop))
         sent = 0
         k = 0

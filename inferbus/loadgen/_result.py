@@ -27,8 +27,8 @@ def new_histogram() -> HdrHistogram:
 class BenchResult:
     """Figures of one load step. Latencies in µs, rates in requests/s.
 
-    ``qps`` counts every answered request (errors included) over the step's
-    elapsed time; ``offered_qps`` is the open-loop schedule's rate (None in a
+    ``qps`` counts every answered request (errors included, ``TIMEOUT`` not: no
+    answer came within the budget) over the step's elapsed time; ``offered_qps`` is the open-loop schedule's rate (None in a
     closed loop). ``send_lag_*`` say how late the generator sent against its
     schedule (open loop): a large lag means the generator, not the target, was
     the limit. ``gen_cpu_us_per_req`` is the generator processes' CPU time per
@@ -179,7 +179,8 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
         cpu += p["cpu_s"]
     n = hist.get_total_count()
     r = BenchResult(model, mode, concurrency, rate_qps, round(elapsed, 3), requests=n, ok=ok, errors=dict(errors),
-                    wrong=wrong, qps=round(n / elapsed, 1) if elapsed else 0.0, cache_hits=hits, target=target,
+                    wrong=wrong, qps=round((n - errors.get("TIMEOUT", 0)) / elapsed, 1) if elapsed else 0.0,
+                    cache_hits=hits, target=target,
                     label=label, gen_procs=len(parts), offered_qps=rate_qps,
                     timeouts=errors.get("TIMEOUT", 0))
     if n:
