@@ -13,6 +13,7 @@ Two forms:
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -62,6 +63,43 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
     Returns:
         the list of :class:`~inferbus.loadgen.BenchResult`, in step order.
     """
+    import signal
+
+    # SIGTERM stops the run as Ctrl-C does (the generator processes and the node started here are stopped, their
+    # run folder removed); its default action killed bench alone and left its generators running for ~15 s
+    terminated: list[bool] = []
+    main_task = asyncio.current_task()
+
+    def on_sigterm() -> None:
+        terminated.append(True)
+        main_task.cancel()
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError):  # pragma: no cover - no signal handlers on this loop
+        pass
+    try:
+        return await _run_steps(model=model, version=version, models_dir=models_dir, nats_url=nats_url,
+                                workers=workers, ingress=ingress, gens=gens, concurrency=concurrency, rates=rates,
+                                duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread,
+                                busy_poll_us=busy_poll_us)
+    except asyncio.CancelledError:
+        if terminated:
+            print("bench: stopped by SIGTERM (its generators and the node it started are stopped)", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover
+            pass
+
+
+async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, gens, concurrency, rates, duration_s,
+                     hit, timeout_s, prefix, spread, busy_poll_us):
+    """:func:`run_load`'s steps (its arguments)."""
     from .actors import ModelRepository, Node, NodeConfig
     from .loadgen import GeneratorPool
 

@@ -77,6 +77,31 @@ def test_the_sdk_refuses_a_nats_url_that_is_no_url_with_invalid_argument():
         assert ei.value.field == "servers", url
 
 
+@pytest.mark.timeout(120)
+def test_sigterm_stops_a_self_started_bench_with_its_generators_and_node():
+    """SIGTERM used to kill `inferbus bench` alone (exit -15): its generator kept running ~15 s and the node's
+    run folder stayed. Now it stops as Ctrl-C does: exit 143, one line, nothing of its session left running."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "bench", "--workers", "1", "--concurrency", "4",
+                          "--duration", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 90
+    while True:  # until its load generator runs (the node is up and the steps have begun)
+        ps = subprocess.run(["ps", "-s", str(p.pid), "-o", "args="], capture_output=True, text=True).stdout
+        if "inferbus.loadgen" in ps:
+            break
+        assert p.poll() is None and time.monotonic() < deadline, ps
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-s", str(p.pid), "-o", "args="], capture_output=True, text=True).stdout
+    running = [line for line in ps.splitlines() if line.strip() and "<defunct>" not in line]  # exited, not reaped
+    assert not running, f"left running: {running}"
+
+
 def test_bad_input_files(tmp_path):
     p, _ = cli("infer", "digits", "-i", f"pixels={tmp_path / 'missing.npy'}")
     assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr
