@@ -70,10 +70,10 @@ def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_
             return await model_control(c, op, name, version, timeout_s=timeout_s)
 
     r = _call(go, as_json=as_json)
-    if as_json:
-        import msgspec
+    if as_json:  # every field, also those at their default (the wire omits them): the same keys every time
+        import json
 
-        console.print_json(msgspec.json.encode(r).decode())
+        console.print_json(json.dumps({f: getattr(r, f) for f in r.__struct_fields__}))
         return
     what = f"{op} {name}" + (f" version {r.version}" if r.version else "")
     state = "done" if r.changed else "nothing to do"

@@ -83,6 +83,9 @@ def test_cli_load_unload_default(dep, refs):
     p = cli("unload", "digits", "--version", "1", *url, "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
+    # the same keys whether or not the write changed anything (the wire omits defaults; the CLI does not)
+    assert set(r) == {"model", "op", "versions", "default_version", "revision", "version", "workers", "elapsed_ms",
+                      "changed"} and r["changed"] is True, r
     assert r["versions"] == ["2"] and r["default_version"] == "2"
     assert sorted(r["workers"]) == ["n1-w0", "n1-w1"] and set(r["workers"].values()) == {"drained"}
     # `inferbus bench` against the running deployment measures the served default (2), not the one on disk (1)
@@ -120,6 +123,9 @@ def test_cli_load_unload_default(dep, refs):
     assert p.returncode == 0, p.stderr
     p = cli("default", "digits", "1", *url)  # idempotent
     assert p.returncode == 0 and "nothing to do" in p.stdout
+    p = cli("default", "digits", "1", *url, "--json")
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and r["changed"] is False and r["workers"] == {} and "elapsed_ms" in r, r
 
 
 @pytest.mark.timeout(120)
