@@ -105,13 +105,13 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
 
     node = None
     url = nats_url
-    if url is None:
-        node = Node(NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, nats_port=0, prefix=prefix,
-                               busy_poll_us=busy_poll_us))
-        await node.start()
-        await node.wait_ready(120)
-        url = node.nats_url
     try:
+        if url is None:  # started inside the try: a SIGTERM during the start stops what has started
+            node = Node(NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, nats_port=0, prefix=prefix,
+                                   busy_poll_us=busy_poll_us))
+            await node.start()
+            await node.wait_ready(120)
+            url = node.nats_url
         if nats_url is not None:
             version = await _served_default(url, prefix, model, version)
         m = ModelRepository(models_dir, [model]).get(model)

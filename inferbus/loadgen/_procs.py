@@ -463,7 +463,11 @@ class GeneratorPool:
         self.children = []
 
     async def __aenter__(self) -> "GeneratorPool":
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # cancelled (bench's SIGTERM) or failed while starting: no process left behind
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -505,7 +509,11 @@ class EchoPool:
         self.children = []
 
     async def __aenter__(self) -> "EchoPool":
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # cancelled or failed while starting: no process left behind
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
