@@ -284,8 +284,8 @@ class Ingress:
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0, "local_forwards": 0, "suspect_reroutes": 0,
-                       "peer_sticky_retries": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0,
+                       "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0,
                        "burst_deferred": 0, "burst_runs": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
