@@ -9,7 +9,7 @@ date -u
 for side in base work; do
   echo "[suite $side] $(date -u +%T)"
   dir=.; [ "$side" = base ] && dir=.base-tree
-  (cd "$dir" && timeout 240 python3 -m bench.suite --profile throughput --no-ray --colocate --workers 11 --ingress 1 \
+  (cd "$dir" && timeout 195 python3 -m bench.suite --profile throughput --no-ray --colocate --workers 11 --ingress 1 \
     --echo 11 --closed 1,64 --direct --json "$OUT/ab/suite-$side.json" 2>&1 | tail -30)
 done
 date -u
