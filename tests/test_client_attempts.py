@@ -106,6 +106,17 @@ async def test_each_attempt_carries_the_budget_left_as_a_wall_clock_deadline_too
         await server_nc.close()
 
 
+def test_the_wall_clock_deadline_is_read_with_one_skew_allowance():
+    """The ingress (serve by it) and the worker (refuse past it) read the header through one function: the
+    deadline plus 50 ms of clock skew, in seconds left on this host's clock."""
+    now_s = 1_000.0
+    assert H.wall_deadline_left_s(1_000_000.0, now_s) == pytest.approx(0.050)  # due now: the allowance is left
+    assert H.wall_deadline_left_s(999_900.0, now_s) == pytest.approx(-0.050)
+    assert not H.wall_deadline_passed(999_960.0, now_s) and H.wall_deadline_passed(999_940.0, now_s)
+    assert not H.wall_deadline_passed(None, now_s)
+    assert H.wall_deadline_left_s(time.time() * 1000.0 + 1000.0) == pytest.approx(1.05, abs=0.05)
+
+
 @pytest.mark.timeout(30)
 async def test_attempt_timeouts_back_off_and_the_budget_still_bounds_the_request(nats_server):
     server_nc, client = await _pair(nats_server.url, attempt_timeout_ms=100)

@@ -508,7 +508,7 @@ class Ingress:
         if ms != ms:
             raise InvalidArgument(f"{H.DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch, got "
                                   f"{str(raw)[:40]!r}", field=H.DEADLINE_UNIX_MS)
-        left_s = (ms + H.DEADLINE_SKEW_MS) / 1000.0 - time.time()
+        left_s = H.wall_deadline_left_s(ms)
         if left_s <= 0:
             self.counts["expired_on_arrival"] += 1
             raise DeadlineExceeded(

@@ -145,14 +145,21 @@ def budget_ms(raw: str | None, default_ms: float = DEFAULT_TIMEOUT_MS, strict: b
     return min(max(ms, 0.0), MAX_TIMEOUT_MS)
 
 
+def wall_deadline_left_s(deadline_unix_ms: float, now_unix_s: float | None = None,
+                         skew_ms: float = DEADLINE_SKEW_MS) -> float:
+    """Seconds left until a wall-clock deadline (``Inferbus-Deadline-Unix-Ms``, ms since the epoch) plus the
+    clock-skew allowance ``skew_ms``; negative once it passed by more than the allowance.
+
+    The one reading of the header's deadline: the ingress serves a request by it, the worker refuses a job
+    past it (:func:`wall_deadline_passed`)."""
+    return (deadline_unix_ms + skew_ms) / 1000.0 - (time.time() if now_unix_s is None else now_unix_s)
+
+
 def wall_deadline_passed(deadline_unix_ms: float | None, now_unix_s: float | None = None,
                          skew_ms: float = DEADLINE_SKEW_MS) -> bool:
     """True when a wall-clock deadline (``Inferbus-Deadline-Unix-Ms``, ms since the epoch) is set and passed by
     more than ``skew_ms`` (time in a socket buffer of a stopped process, which a relative budget cannot see)."""
-    if deadline_unix_ms is None:
-        return False
-    now_ms = (time.time() if now_unix_s is None else now_unix_s) * 1000.0
-    return now_ms > deadline_unix_ms + skew_ms
+    return deadline_unix_ms is not None and wall_deadline_left_s(deadline_unix_ms, now_unix_s, skew_ms) < 0
 
 
 def remaining_ms(deadline: float, now: float | None = None) -> float:
