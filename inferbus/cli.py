@@ -638,7 +638,7 @@ def up(
     if run_dir is not None:
         _check_run_dir(run_dir)
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
-        if not demo:
+        if not demo or given("nats_port"):  # only the demo's default port moves: a port asked for is kept or refused
             err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
                               f"--nats-port, or --nats-url to use the NATS already listening there")
             raise typer.Exit(2)

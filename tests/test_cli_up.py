@@ -189,6 +189,23 @@ def test_bad_or_unreachable_nats_urls_get_one_line(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_nats_port_asked_for_and_taken_is_refused_even_with_demo(tmp_path):
+    """``--demo`` moves the embedded nats-server off its default port 4222 when that is taken; a port given with
+    ``--nats-port`` is never moved (clients configured for it would reach whatever holds it): exit 2, named."""
+    import socket
+
+    models = str(models_subset(tmp_path / "models", ["typed"]))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = subprocess.run(UP + ["--nats-port", str(port), "--demo", "--no-cache", "--workers", "1", "--models",
+                                   models], capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
+    assert out.returncode == 2, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
+    assert f"port {port} is in use" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
 def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
     """``--busy-poll-us`` must be 0 to 1,000,000 µs: a negative value, nan, inf and more than 1 s each get one
     line naming the range and exit 2, before anything starts (no traceback); ``bench`` checks the same."""
