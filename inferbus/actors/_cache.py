@@ -71,15 +71,21 @@ class L1Cache:
 
     Args:
         capacity: entries kept at most; the least recently used goes first.
+        max_bytes: bytes of values (``len`` of each value as put) kept at most, 0 for no byte bound; the least
+            recently used go first, and a value larger than the bound is not kept. Answers of several MB
+            (large batches) would otherwise hold ``capacity`` × their size.
     """
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(self, capacity: int = 10_000, max_bytes: int = 0) -> None:
         self.capacity = capacity
-        self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """Bytes held (the values' sizes as put)."""
+        self._data: OrderedDict[str, tuple[float, object, int]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: str, now: float | None = None) -> bytes | None:
+    def get(self, key: str, now: float | None = None):
         entry = self._data.get(key)
         if entry is None:
             self.misses += 1
@@ -87,26 +93,35 @@ class L1Cache:
         now = time.monotonic() if now is None else now
         if entry[0] < now:
             del self._data[key]
+            self.bytes -= entry[2]
             self.misses += 1
             return None
         self._data.move_to_end(key)
         self.hits += 1
         return entry[1]
 
-    def put(self, key: str, value: bytes, ttl_ms: float, now: float | None = None) -> None:
+    def put(self, key: str, value, ttl_ms: float, now: float | None = None) -> None:
         if self.capacity <= 0 or ttl_ms <= 0:
             return
+        size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else 0
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.bytes -= old[2]
+        if self.max_bytes and size > self.max_bytes:
+            return
         now = time.monotonic() if now is None else now
-        self._data[key] = (now + ttl_ms / 1000.0, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
+        self._data[key] = (now + ttl_ms / 1000.0, value, size)
+        self.bytes += size
+        data = self._data
+        while len(data) > self.capacity or (self.max_bytes and self.bytes > self.max_bytes):
+            self.bytes -= data.popitem(last=False)[1][2]
 
     def replace(self, key: str, value) -> None:
-        """Swap the value of a live entry (its expiry and LRU position unchanged); no-op when ``key`` is absent."""
+        """Swap the value of a live entry (its expiry, LRU position and counted size unchanged); no-op when
+        ``key`` is absent."""
         entry = self._data.get(key)
         if entry is not None:
-            self._data[key] = (entry[0], value)
+            self._data[key] = (entry[0], value, entry[2])
 
     def __len__(self) -> int:
         return len(self._data)

@@ -175,6 +175,8 @@ class IngressConfig(_JsonMixin):
     """Look up the L2 cache on an L1 miss (costs one Redis round trip per miss; fills happen either way)."""
     l1_entries: int = 10_000
     """L1 cache capacity in entries (LRU)."""
+    l1_max_bytes: int = 256 * 1024 * 1024
+    """L1 cache capacity in bytes of encoded answers (LRU; an answer larger than this is not kept in L1)."""
     l2_timeout_ms: float = 2.0
     """An L2 lookup slower than this counts as a miss."""
     default_timeout_ms: float = 1000.0
@@ -275,6 +277,8 @@ class IngressConfig(_JsonMixin):
             raise ValueError(f"IngressConfig.default_timeout_ms must be in (0, {H.MAX_TIMEOUT_MS:.0f}] ms (the "
                              f"header's own bound); got {self.default_timeout_ms}")
         _require(self.max_pending >= 1, "IngressConfig.max_pending", ">= 1 request", self.max_pending)
+        _require(self.l1_max_bytes >= 0, "IngressConfig.l1_max_bytes", ">= 0 bytes (0: no byte bound)",
+                 self.l1_max_bytes)
         _require(1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS, "IngressConfig.max_backlog_msgs",
                  f"1 to {MAX_BACKLOG_MSGS} requests (below nats-py's own pending limit)", self.max_backlog_msgs)
         _require(1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES, "IngressConfig.max_backlog_bytes",

@@ -265,7 +265,7 @@ class Ingress:
         self.limiter = RateLimiter(config.rate_limit_per_s, config.rate_burst, config.client_rate_limit_per_s,
                                    config.client_rate_burst, config.max_clients)
         self.hedge_budget = HedgeBudget(config.hedge_budget_ratio)
-        self.l1 = L1Cache(config.l1_entries)
+        self.l1 = L1Cache(config.l1_entries, config.l1_max_bytes)
         self._raw_index = L1Cache(config.l1_entries)
         """(model key, JSON?, request body bytes) → (cache key, request id) of a body validated before, for
         bodies up to ``RAW_INDEX_MAX_BODY_BYTES``; entries live as long as the model's cache TTL."""
@@ -286,8 +286,8 @@ class Ingress:
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
-                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l1_raw_hits": 0, "run_now": 0,
-                       "burst_deferred": 0, "burst_runs": 0}
+                       "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
+                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         for m in self.repo:
@@ -1173,10 +1173,22 @@ class Ingress:
             count(f"{code or 'error'} (answered by worker {worker_id})")
 
     async def _fill_caches(self, key: str, ttl_ms: int, response: bytes, now: float) -> None:
-        """Keep a computed answer (encoded msgpack) in L1 and send it to the aggregator for L2."""
+        """Keep a computed answer (encoded msgpack) in L1 and send it to the aggregator for L2.
+
+        An answer whose fill message would exceed the bus's ``max_payload`` stays out of L2
+        (``counts.l2_fill_too_large``); a fill that cannot be sent is logged: neither may leave the other
+        completions of a notice unsettled (they would count as lost and open healthy workers' breakers)."""
         self.l1.put(key, response, ttl_ms, now)
         if self.config.redis_url:
-            await self.nc.publish(self.subjects.cache_fill, encode_internal(CacheFill(key, ttl_ms, response)))
+            fill = encode_internal(CacheFill(key, ttl_ms, response))
+            max_payload = self.nc.max_payload or 0
+            if max_payload and len(fill) > max_payload:
+                self.counts["l2_fill_too_large"] += 1
+                return
+            try:
+                await self.nc.publish(self.subjects.cache_fill, fill)
+            except Exception as exc:
+                log(f"ingress {self.config.ingress_id}: cache fill failed: {exc!r}")
 
     def _observe(self, model_key: str, latency_us: float) -> None:
         lw = self._latency.get(model_key)
@@ -1317,7 +1329,8 @@ class Ingress:
         params = {
             "ingress_id": self.config.ingress_id, "pid": os.getpid(), "models_ready": sorted(ready_models),
             "workers_live": sum(1 for w in self.router.workers.values() if self.router.live(w, now)),
-            "pending": len(self.pending), "l1_entries": len(self.l1), "l2_inflight": self._l2_inflight,
+            "pending": len(self.pending), "l1_entries": len(self.l1), "l1_bytes": self.l1.bytes,
+            "l2_inflight": self._l2_inflight,
             "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
             "max_backlog_msgs": self.config.max_backlog_msgs,
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),

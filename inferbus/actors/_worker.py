@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 import msgspec
 
-from ..accelerators import InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
+from ..accelerators import BackendUnavailable, InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
 from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block, send_pending
 from ..bus import headers as H
 from ..schemas import (
@@ -79,7 +79,7 @@ from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._models import WorkerModels
-from ._repository import ModelRepository
+from ._repository import ModelRepository, ModelStartError
 
 _EWMA_ALPHA = 0.2
 DEDUP_HEADER = "Inferbus-Dedup"
@@ -87,6 +87,10 @@ DEDUP_HEADER = "Inferbus-Dedup"
 CANCELLED = "CANCELLED"
 _HEADER_ALLOWANCE = 1024
 """Bytes reserved for NATS protocol and headers when checking a reply against max_payload."""
+_DONE_ITEM_BYTES = 64
+"""Upper bound of a :class:`DoneItem`'s encoding without its response body (msgpack array of 7 fields)."""
+_DONE_NOTICE_BYTES = 256
+"""Upper bound of a :class:`DoneNotice`'s encoding without its items (tag, worker id)."""
 INLINE_SLICE_US = 1000.0
 """Estimated compute (Σ EWMA µs per request) the loop runs inline before it yields; at least one request. The
 colocated ingress bounds a burst it holds back by the same slice (``Ingress._defer``)."""
@@ -270,8 +274,15 @@ class Worker:
                     self.load_errors[mv.key] = str(exc)
                     log(f"worker {config.worker_id}: not serving {mv.key}: {exc}")
                     continue
+                except BackendUnavailable:
+                    raise
+                except Exception as exc:  # e.g. reference rows the repository's check cannot see into (a bad CRC)
+                    raise ModelStartError(_start_failure(mv, exc)) from exc
                 mb = config.max_batch_size if config.max_batch_size is not None else model.config.max_batch_size
-                sess.warmup(batch_buckets(mb) if mb > 1 else (1,))
+                try:
+                    sess.warmup(batch_buckets(mb) if mb > 1 else (1,))
+                except Exception as exc:  # e.g. a model that cannot take the batch sizes of its max_batch_size
+                    raise ModelStartError(_start_failure(mv, exc, f" at batch sizes up to {mb}")) from exc
                 self.sessions[mv.key] = sess
                 self.versions[mv.key] = mv
                 self.max_batch[mv.key] = mb
@@ -793,8 +804,8 @@ class Worker:
             # handlers already queued on this loop (nats-py's flusher task would send it only after those)
             for ingress, items in done.items():
                 try:
-                    await publish_raw(nc, self.subjects.done(ingress),
-                                      encode_internal(DoneNotice(self.config.worker_id, items)), flush=False)
+                    for notice in done_notices(self.config.worker_id, items, limit):
+                        await publish_raw(nc, self.subjects.done(ingress), notice, flush=False)
                 except Exception as exc:
                     log(f"worker {self.config.worker_id}: done notice failed: {exc!r}")
             if self.config.audit:
@@ -1391,6 +1402,43 @@ def _parse_timings(value: str | None) -> dict[str, int]:
             except ValueError:
                 pass
     return out
+
+
+
+def done_notices(worker_id: str, items: list[DoneItem], max_bytes: int) -> list[bytes]:
+    """``items`` (completions for one ingress) encoded as ``DoneNotice`` messages of at most ``max_bytes`` each
+    (the bus's ``max_payload`` less the header allowance; 0: no bound, one notice).
+
+    One notice unless the answers sent back for cache fills (``DoneItem.response``) make it larger: then
+    the items are split over several notices, and an item whose answer alone cannot fit is sent without it
+    (its answer is not cached; everything else about it is settled). A notice the server refused
+    (``MaxPayloadError``) left every completion in it unsettled: the ingress then counted the requests as lost
+    and opened the breakers of healthy workers (a fresh-user trial: large batches, answers of ~8 MB).
+    """
+    if max_bytes <= 0 or not any(it.response is not None for it in items):
+        return [encode_internal(DoneNotice(worker_id, items))]
+    sizes = [_DONE_ITEM_BYTES + (len(it.response) if it.response is not None else 0) for it in items]
+    if _DONE_NOTICE_BYTES + sum(sizes) <= max_bytes:
+        return [encode_internal(DoneNotice(worker_id, items))]
+    out: list[bytes] = []
+    chunk: list[DoneItem] = []
+    size = _DONE_NOTICE_BYTES
+    for it, n in zip(items, sizes):
+        if _DONE_NOTICE_BYTES + n > max_bytes:  # its answer alone is too large to travel back: settle it without
+            it = msgspec.structs.replace(it, response=None)
+            n = _DONE_ITEM_BYTES
+        if chunk and size + n > max_bytes:
+            out.append(encode_internal(DoneNotice(worker_id, chunk)))
+            chunk, size = [], _DONE_NOTICE_BYTES
+        chunk.append(it)
+        size += n
+    out.append(encode_internal(DoneNotice(worker_id, chunk)))
+    return out
+
+def _start_failure(mv, exc: BaseException, where: str = "") -> str:
+    """One line: the model version a worker could not load at start, and the runtime's reason."""
+    return (f"model {mv.name!r} version {mv.version} ({mv.path}) could not be loaded{where}: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}")
 
 
 def main(config_json: str) -> None:

@@ -1,0 +1,103 @@
+"""Answers of several MB and the completion notices that carry them back for cache fills.
+
+A worker tells each ingress which forwarded requests it completed in one ``DoneNotice`` per publishing pass,
+with each answer the ingress asked for (to fill its caches). Seen by a fresh-user trial (batches of 20,000
+rows, answers of ~8 MB): a pass that completed several such requests built a notice over the bus's
+``max_payload``, the server refused it, every completion in it stayed unsettled, the ingress counted them as
+lost and opened the breakers of healthy workers. Now notices are split under ``max_payload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from inferbus.actors._cache import L1Cache
+from inferbus.actors._worker import done_notices
+from inferbus.client import Client
+from inferbus.schemas._internal import DoneItem, DoneNotice, decode_internal
+
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
+from conftest import start_deployment
+from test_reliability_lib import health_params, models_subset, set_fault
+
+pytestmark = [pytest.mark.anyio]
+
+
+def test_completion_notices_are_split_under_max_payload():
+    """Every item is in exactly one notice, in order; every notice fits; an answer that alone cannot fit
+    travels without it (not cached) and is still settled; without answers there is one notice."""
+    max_bytes = 10_000
+    bodies = [b"a" * 4_000, None, b"b" * 4_000, b"c" * 12_000, b"d" * 9_000, b"e" * 100]
+    items = [DoneItem(seq, True, False, 5, body) for seq, body in enumerate(bodies)]
+    encoded = done_notices("w0", items, max_bytes)
+    assert len(encoded) > 1 and all(len(n) <= max_bytes for n in encoded), [len(n) for n in encoded]
+    got = [it for n in encoded for it in decode_internal(n).items]
+    assert [it.seq for it in got] == list(range(len(bodies)))
+    assert [it.response for it in got] == [b"a" * 4_000, None, b"b" * 4_000, None, b"d" * 9_000, b"e" * 100]
+    assert all(isinstance(decode_internal(n), DoneNotice) and decode_internal(n).worker_id == "w0" for n in encoded)
+    assert len(done_notices("w0", [DoneItem(s, True) for s in range(1000)], max_bytes)) == 1
+    assert len(done_notices("w0", items, 0)) == 1  # no bound known: as before
+
+
+def test_the_l1_cache_is_bounded_in_bytes_too():
+    """Least recently used answers go first once the bytes held pass ``max_bytes``; an answer larger than the
+    bound is not kept (and replaces nothing); expiry and re-puts keep the count of bytes exact."""
+    l1 = L1Cache(capacity=100, max_bytes=10_000)
+    for k in "abcd":
+        l1.put(k, k.encode() * 3_000, ttl_ms=60_000, now=0.0)
+    assert l1.bytes == 9_000 and l1.get("a", 0.0) is None and len(l1) == 3  # "a" went first
+    assert l1.get("b", 0.0) is not None  # "b" is now the most recently used: "c" goes next
+    l1.put("e", b"e" * 3_000, ttl_ms=60_000, now=0.0)
+    assert l1.get("c", 0.0) is None and l1.get("b", 0.0) is not None and l1.bytes == 9_000
+    l1.put("huge", b"h" * 10_001, ttl_ms=60_000, now=0.0)
+    assert l1.get("huge", 0.0) is None and l1.bytes == 9_000
+    l1.put("b", b"b" * 10, ttl_ms=60_000, now=0.0)  # a re-put counts the new size only
+    assert l1.bytes == 6_010
+    l1.put("short", b"s" * 100, ttl_ms=1, now=0.0)
+    assert l1.get("short", 1.0) is None and l1.bytes == 6_010  # expired on get: its bytes are released
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    """One worker with fault injection (to make requests queue into one batch), the ``strings`` model with a
+    minute of cache TTL, and a 1 MiB ``max_payload`` (so that a few answers of 300 kB overflow a notice)."""
+    root = tmp_path_factory.mktemp("large")
+    models = models_subset(root / "models", ["strings"], {"strings": {"cache_ttl_ms": 60_000}})
+    d = start_deployment(root / "dep", workers=1, prefix="lrg", extra=[
+        "--models", str(models), "--no-cache", "--fault-injection", "--nats-max-payload", str(1 << 20)])
+    yield d
+    d.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_batch_of_answers_over_max_payload_is_settled_cached_and_blames_no_worker(dep):
+    """Eleven requests computed in one batch whose answers (~300 kB each) together exceed ``max_payload``:
+    all answered correctly, none counted lost, no breaker trip, and every answer was filled into the ingress's
+    cache (the same requests again are L1 hits). Before the split, the notice was refused by the server: 11
+    lost, and the worker's breaker opened."""
+    client = await Client.connect(dep.nats_url, dep.prefix)
+    try:
+        before = await health_params(client)
+        await set_fault(client.nc, dep.prefix, "n1-w0", compute_delay_ms=400)  # the rest queue meanwhile
+        size = 300_000
+        feeds = [{"s": np.array([[bytes([65 + i]) * size]], dtype=object)} for i in range(12)]
+        first = asyncio.ensure_future(client.infer_result("strings", feeds[0], outputs=["echo"], timeout_s=30))
+        await asyncio.sleep(0.1)  # the first one is in its batch (sleeping): the next eleven make the next batch
+        results = [await first] + list(await asyncio.gather(
+            *(client.infer_result("strings", f, outputs=["echo"], timeout_s=30) for f in feeds[1:])))
+        await set_fault(client.nc, dep.prefix, "n1-w0")
+        for f, r in zip(feeds, results):
+            assert r.outputs["echo"][0, 0] == f["s"][0, 0]
+        after = await health_params(client)
+        assert after["counts"]["lost"] == before["counts"]["lost"], after["counts"]
+        w = after["workers"]["n1-w0"]
+        assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
+        again = [await client.infer_result("strings", f, outputs=["echo"], timeout_s=30) for f in feeds]
+        assert [r.parameters.get("cache_level") for r in again] == ["l1"] * len(feeds)
+        for f, r in zip(feeds, again):
+            assert r.outputs["echo"][0, 0] == f["s"][0, 0]
+    finally:
+        await client.close()
