@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import nats
 import numpy as np
 from nats.errors import (
-    ConnectionClosedError, ConnectionDrainingError, NoRespondersError, NoServersError, TimeoutError as NatsTimeout,
+    ConnectionClosedError, ConnectionDrainingError, NoRespondersError, NoServersError, OutboundBufferLimitError,
+    TimeoutError as NatsTimeout,
 )
 
 def _fmt_ms(ms: float) -> str:
@@ -169,7 +170,10 @@ class Client:
     an ingress sends a pending id to the same worker); one that lands on another worker runs the
     model a second time: the price of the answer. Only UNAVAILABLE, a lost connection and an
     attempt timeout are retried; INVALID_ARGUMENT, NOT_FOUND, PAYLOAD_TOO_LARGE, INTERNAL and a
-    server's DEADLINE_EXCEEDED never are.
+    server's DEADLINE_EXCEEDED never are. A request published while the connection is reconnecting
+    and its buffer (``BusConfig.pending_size_bytes``, 64 MiB) is full (nats-py's ``OutboundBufferLimitError``, after
+    a burst of large requests) was not sent: it is sent again after a pause, within its budget (DeadlineExceeded,
+    saying so, if the budget ends first).
     """
 
     def __init__(self, nc, prefix: str = "inferbus", *, retry_backoff_ms: float = 5.0,
@@ -445,6 +449,7 @@ class Client:
         last_err: Exception | None = None
         attempt = 0
         sent = 0
+        blocked = 0  # attempts refused by this client's own full outbound buffer (nothing sent)
         attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
         while True:
             left_ms = H.remaining_ms(deadline)
@@ -468,6 +473,18 @@ class Client:
                 # closed for good (Client.close, or nats-py gave up reconnecting): no retry can succeed
                 raise Unavailable(f"the NATS connection is {'closed' if self.nc.is_closed else 'draining'}; "
                                   f"connect a new Client") from exc
+            except OutboundBufferLimitError:
+                # nothing left this process: the connection is down (reconnecting) and the buffer that keeps
+                # what is published meanwhile (BusConfig.pending_size_bytes) is full. Wait, within the budget.
+                sent -= 1
+                blocked += 1
+                last_err = Unavailable(f"the connection to NATS is reconnecting and its buffer is full "
+                                       f"({self.nc.pending_data_size} bytes wait to be written); nothing was sent")
+                pause_ms = min(5.0 * blocked, 50.0)
+                if H.remaining_ms(deadline) <= pause_ms:
+                    raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms: {last_err}") from None
+                await asyncio.sleep(pause_ms / 1000.0)
+                continue
             except NoRespondersError:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:

@@ -334,3 +334,31 @@ async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hin
         await retrying.close()
         await plain.close()
         await server_nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_requests_beyond_the_reconnect_buffer_are_sent_once_reconnected(nats_server):
+    """While the connection is down nats-py buffers what is published, up to ``pending_size_bytes``, and
+    raises its own ``OutboundBufferLimitError`` past that (a fresh-user trial saw it escape the SDK). Requests
+    that do not fit are not lost and raise no foreign error: they are sent once the connection is back, within
+    their budget, and answered."""
+    import nats
+
+    server_nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
+    client = await Client.connect(nats_server.url, pending_size_bytes=1 << 20, adaptive_attempt_timeout=False)
+    try:
+        await Responder(server_nc).start()
+        nats_server.stop()
+        t0 = time.monotonic()
+        while not client.nc.is_reconnecting:
+            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
+            await asyncio.sleep(0.02)
+        calls = [asyncio.ensure_future(client.request(SUBJECT, b"x" * 400_000, timeout_s=20, request_id=f"big-{i}"))
+                 for i in range(6)]  # 2.4 MB against a 1 MiB reconnect buffer
+        await asyncio.sleep(0.5)
+        nats_server.start()
+        bodies = [body for body, _ in await asyncio.gather(*calls)]
+        assert bodies == [f"ok:big-{i}".encode() for i in range(6)]
+    finally:
+        await client.close()
+        await server_nc.close()
