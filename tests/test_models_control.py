@@ -408,3 +408,183 @@ def test_the_listing_shows_each_models_default_version(own):
     while _listing(url)["digits"]["default"] != "2":  # the one ingress applied it before answering; the loop
         assert time.monotonic() < deadline         # only guards against a slow broadcast
     assert _listing(url)["digits"]["versions"] == "1,2"
+
+
+@pytest.fixture(scope="module")
+def fails(tmp_path_factory):
+    """A deployment (2 workers, 2 ingress replicas: a state written by one must reach the other) serving a model
+    repository of its own (a copy of digits), to which the tests add models whose workers' loads fail:
+    (deployment, models folder)."""
+    root = tmp_path_factory.mktemp("models-fail")
+    models = root / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    d = start_deployment(root / "dep", workers=2, prefix="mmf",
+                         extra=["--models", str(models), "--ingress", "2", "--no-cache"])
+    yield d, models
+    d.stop()
+
+
+def _unloadable(path) -> None:
+    """Write at ``path`` a model.onnx that the repository's checks pass (ONNX Runtime reads it: input ``pixels``
+    FP32[-1, 64], as digits) but that no worker can load: it fails the warm-up (a Reshape of every batch of 1 to 64
+    rows to [-1, 1000] cannot be done)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 1000])
+    graph = helper.make_graph([helper.make_node("Reshape", ["pixels", "shape"], ["logits"])], "unloadable",
+                              [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["N", 64])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1000])],
+                              initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def _health(url: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", "health", *url], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+async def _every_ingress_ready(client, timeout_s: float = 5.0) -> None:
+    """Until 8 health answers in a row say ready (both queue-group members applied the latest state)."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while seen < 8:
+        h = await client.health(timeout_s=2.0)
+        assert h.ready or time.monotonic() < deadline, f"not ready {timeout_s} s after the write: {h.parameters}"
+        seen = seen + 1 if h.ready else 0
+
+
+def _refused(p: subprocess.CompletedProcess, code: str) -> str:
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (p.stdout, p.stderr)
+    err = json.loads(p.stdout)["error"]
+    assert err["code"] == code, err
+    return err["message"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_failed_load_leaves_the_serving_state_as_it_was(fails, refs):
+    """A fresh-user trial: `models load zz` of a NEW model whose workers all failed to load it was INTERNAL, yet zz
+    stayed announced (listed, the node not ready, every request UNAVAILABLE), its only version could not be
+    unloaded (the default), and after the files were fixed `models load zz` said "nothing to do". A failed load now
+    leaves the serving state as it was: the new model is not served at all; a failed new version of a served model
+    is withdrawn and its default serves on; fixed on disk, the same load really loads."""
+    dep, models = fails
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmf"]
+    inputs, by_version = refs
+    zz = models / "zz"
+    _unloadable(zz / "1" / "model.onnx")  # the ingress reads it; every worker fails to load it
+    (zz / "config.json").write_text("{}")
+    async with await Client.connect(dep.nats_url, "mmf") as client:
+        msg = await asyncio.to_thread(_refused, cli("load", "zz", *url, "--json"), "INTERNAL")
+        assert "no worker could load ['zz:1']" in msg and "not served" in msg, msg
+        rows = await asyncio.to_thread(_listing, url)
+        assert "zz" not in rows and rows["digits"]["versions"] == "1,2", rows
+        await _every_ingress_ready(client, timeout_s=2.0)
+        h = await asyncio.to_thread(_health, url)
+        assert h.returncode == 0 and json.loads(h.stdout)["ready"] is True, (h.stdout, h.stderr)
+        _check(await client.infer_result("digits", inputs[0], timeout_s=5.0), 0, refs)  # the others answer
+        for _ in range(4):  # every ingress: an unknown model, not an UNAVAILABLE retry
+            with pytest.raises(NotFound):
+                await client.infer("zz", inputs[0], timeout_s=5.0)
+        assert "unknown model" in await asyncio.to_thread(
+            _refused, cli("unload", "zz", "--version", "1", *url, "--json"), "NOT_FOUND")
+        # fixed on disk: the same load loads it for real (it said "nothing to do")
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", zz / "1")
+        p = await asyncio.to_thread(cli, "load", "zz", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        r = json.loads(p.stdout)
+        assert r["changed"] and r["versions"] == ["1"] and r["default_version"] == "1", r
+        assert r["workers"] == {"n1-w0": "loaded", "n1-w1": "loaded"}, r
+        await _every_ingress_ready(client)
+        for i in range(4):
+            res = await client.infer_result("zz", inputs[i], timeout_s=5.0)
+            assert res.model_version == "1"
+            np.testing.assert_allclose(res.outputs["logits"], by_version["1"][i]["logits"], rtol=1e-4, atol=1e-5)
+
+        # a served model: a new version that no worker can load is withdrawn, the default serves on
+        _unloadable(zz / "2" / "model.onnx")
+        msg = await asyncio.to_thread(_refused, cli("load", "zz", "--version", "2", *url, "--json"), "INTERNAL")
+        assert "no worker could load ['zz:2']" in msg and "serving versions 1, default 1" in msg, msg
+        rows = await asyncio.to_thread(_listing, url)
+        assert rows["zz"]["versions"] == "1" and rows["zz"]["default"] == "1", rows
+        await _every_ingress_ready(client, timeout_s=2.0)
+        for i in range(4):
+            assert (await client.infer_result("zz", inputs[i], timeout_s=5.0)).model_version == "1"
+            with pytest.raises(NotFound):
+                await client.infer("zz", inputs[i], version="2", timeout_s=5.0)
+        # the same with every version on disk (no --version): only the one not served is tried, and withdrawn
+        await asyncio.to_thread(_refused, cli("load", "zz", *url, "--json"), "INTERNAL")
+        assert (await asyncio.to_thread(_listing, url))["zz"]["versions"] == "1"
+        shutil.copy(MODELS / "digits" / "2" / "model.onnx", zz / "2")
+        p = await asyncio.to_thread(cli, "load", "zz", "--version", "2", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        r = json.loads(p.stdout)
+        assert r["changed"] and r["versions"] == ["1", "2"] and r["default_version"] == "1", r
+        res = await client.infer_result("zz", inputs[0], version="2", timeout_s=5.0)
+        np.testing.assert_allclose(res.outputs["logits"], by_version["2"][0]["logits"], rtol=1e-4, atol=1e-5)
+        await _every_ingress_ready(client)
+
+
+@pytest.mark.timeout(240)
+async def test_a_new_model_whose_default_version_fails_is_not_served_at_all(fails, refs):
+    """A new model with two versions on disk whose configured default fails on every worker while the other loads:
+    the load is INTERNAL and undone as a whole (the model is not served, not served with a default that no worker
+    has, which every ingress ignored while the workers applied it)."""
+    dep, models = fails
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmf"]
+    inputs, _ = refs
+    yy = models / "yy"
+    (yy / "1").mkdir(parents=True)
+    shutil.copy(MODELS / "digits" / "1" / "model.onnx", yy / "1")
+    _unloadable(yy / "2" / "model.onnx")
+    (yy / "config.json").write_text(json.dumps({"default_version": 2}))
+    async with await Client.connect(dep.nats_url, "mmf") as client:
+        msg = await asyncio.to_thread(_refused, cli("load", "yy", *url, "--json"), "INTERNAL")
+        assert "no worker could load ['yy:2']" in msg, msg
+        assert "yy" not in await asyncio.to_thread(_listing, url)
+        await _every_ingress_ready(client, timeout_s=2.0)
+        with pytest.raises(NotFound):
+            await client.infer("yy", inputs[0], version="1", timeout_s=5.0)
+        # the version that loads, by name: served, and the default
+        p = await asyncio.to_thread(cli, "load", "yy", "--version", "1", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        r = json.loads(p.stdout)
+        assert r["versions"] == ["1"] and r["default_version"] == "1", r
+        assert (await client.infer_result("yy", inputs[0], timeout_s=5.0)).model_version == "1"
+        await _every_ingress_ready(client)
+
+
+@pytest.mark.timeout(240)
+async def test_a_load_whose_budget_ran_out_is_loaded_again_not_nothing_to_do(fails, refs):
+    """A load answered DEADLINE_EXCEEDED leaves its version announced while the workers go on loading; when they
+    all fail, a second `models load` said "nothing to do" (the version was announced) and the model stayed
+    UNAVAILABLE. A version announced but loaded by no live worker is now loaded again: still broken, INTERNAL and
+    undone; fixed on disk, served."""
+    dep, models = fails
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmf"]
+    inputs, _ = refs
+    ww = models / "ww"
+    _unloadable(ww / "1" / "model.onnx")
+    (ww / "config.json").write_text("{}")
+    async with await Client.connect(dep.nats_url, "mmf") as client:
+        with pytest.raises(DeadlineExceeded):  # the ingress announces ww:1 and answers before any worker loaded it
+            await model_control(client, "load", "ww", timeout_s=0.001)
+        deadline = time.monotonic() + 10
+        while "ww" not in await asyncio.to_thread(_listing, url):
+            assert time.monotonic() < deadline, "the timed-out load never announced ww"
+        msg = await asyncio.to_thread(_refused, cli("load", "ww", *url, "--json"), "INTERNAL")
+        assert "no worker could load ['ww:1']" in msg and "not served" in msg, msg
+        assert "ww" not in await asyncio.to_thread(_listing, url)
+        await _every_ingress_ready(client, timeout_s=2.0)
+        with pytest.raises(DeadlineExceeded):
+            await model_control(client, "load", "ww", timeout_s=0.001)
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", ww / "1")  # fixed while (or after) the workers load it
+        p = await asyncio.to_thread(cli, "load", "ww", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        r = json.loads(p.stdout)
+        assert r["versions"] == ["1"] and r["default_version"] == "1", r
+        assert (await client.infer_result("ww", inputs[0], timeout_s=5.0)).model_version == "1"
+        await _every_ingress_ready(client)

@@ -12,7 +12,11 @@ MessagePack or JSON; answer :class:`ModelControlReply` or a typed error reply):
   when every required worker has it loaded.
 
 "Required workers" are the workers live when the write arrives that serve some version of the
-model (every live worker when none does). The serving state of a model (:class:`ModelState`:
+model (every live worker when none does). A load that no required worker could do (every worker
+failed it) is undone: the model's serving state goes back to what it was, or to "not served" (a
+state with no versions) for a model that was not served, and the answer is INTERNAL. A load of a
+version that is announced but loaded by no live worker loads it again (it is not "nothing to do").
+The serving state of a model (:class:`ModelState`:
 versions, default version, revision) is set by the ingress that takes the write, applied there
 first and then broadcast on ``<p>._models.state``; every ingress and worker applies the state
 with the highest ``(revision, writer)`` it has seen. Ingresses re-broadcast their written states
@@ -143,11 +147,19 @@ class IngressModels:
         """Serve ``st`` if it is newer than the state known for its model; returns whether it was applied.
 
         Re-reads the model's folder when the state names a version (or model) not read yet; a state
-        that names versions not on disk here, or a default it does not serve, is ignored (logged).
+        that names versions not on disk here, or a default it does not serve, is ignored (logged). A
+        state with no versions withdraws the model: requests naming it are NOT_FOUND (unknown model),
+        it is not listed, and readiness no longer waits for it.
         """
         async with self._apply_lock:
             if not _newer(st, self.states.get(st.model)) or not self._serves(st.model):
                 return False
+            if not st.versions:  # not served at all (a failed load of a new model, undone)
+                self.ing.repo.models.pop(st.model, None)
+                self.ing._meta_cache.pop(st.model, None)
+                self.states[st.model] = st
+                log(f"ingress {self.writer}: model {st.model} r{st.revision}: not served")
+                return True
             m = self.disk.get(st.model)
             if m is None or any(v not in m.versions for v in st.versions):
                 try:
@@ -295,11 +307,25 @@ class IngressModels:
             await self.ing._error(msg.reply, Internal(f"model {op} failed: {type(exc).__name__}: {exc}"), ct, None,
                                   endpoint="model")
 
-    def _known(self, model: str) -> ModelState:
+    def _served(self, model: str) -> ModelState | None:
+        """The serving state of ``model``; None when it is not served (never was, or withdrawn: no versions)."""
         st = self.states.get(model)
+        return st if st is not None and st.versions else None
+
+    def _known(self, model: str) -> ModelState:
+        st = self._served(model)
         if st is None:
-            raise NotFound(f"unknown model {model!r}; models: {sorted(self.states)}", field="model")
+            raise NotFound(f"unknown model {model!r}; models: {sorted(m for m in self.states if self._served(m))}",
+                           field="model")
         return st
+
+    def _loaded_nowhere(self, model: str, versions, now: float) -> set[str]:
+        """Those of ``versions`` that no live worker serving ``model`` reports loaded (empty when no worker is live:
+        then nothing can be told)."""
+        router = self.ing.router
+        required = self._required(model, now)
+        return {v for v in versions
+                if required and not any(f"{model}:{v}" in router.workers[w].models for w in required)}
 
     def _required(self, model: str, now: float) -> list[str]:
         """Live workers serving some version of ``model`` (every live worker when none does)."""
@@ -360,10 +386,12 @@ class IngressModels:
         if version is not None and version not in m.versions:
             raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
                            f"{sorted(m.versions, key=_vkey)}", field="version")
-        cur = self.states.get(model)
+        cur = self._served(model)
         served = set(cur.versions) if cur else set()
-        todo = sorted({version} if version is not None else set(m.versions) - served, key=_vkey)
-        todo = [v for v in todo if v not in served]
+        asked = {version} if version is not None else set(m.versions)
+        # announced but loaded by no live worker (its load failed after the budget ran out, or at start-up): it is
+        # loaded again, never "nothing to do"
+        todo = sorted((asked - served) | self._loaded_nowhere(model, asked & served, time.monotonic()), key=_vkey)
         if not todo:
             return ModelControlReply(model, "load", list(cur.versions), cur.default_version, cur.revision,
                                      version=version, changed=False)
@@ -395,13 +423,29 @@ class IngressModels:
                                    f"they keep loading (see inferbus models)")
         dead = [k for k, ok in loaded_somewhere.items() if not ok and required]
         if dead:
-            # no required worker could load it: stop announcing it (requests would find no worker)
-            back = self._next(model, [v for v in st.versions if f"{model}:{v}" not in dead], st.default_version)
-            if back.versions:
-                await self._publish(back)
-            raise Internal(f"no worker could load {dead}: {workers}", field="version")
+            # no required worker could load it: undo the write (requests would find no worker, readiness would wait
+            # for it, and a retry would be "nothing to do"); the versions of this load that did load are dropped too
+            back = self._undo(model, cur, dead)
+            await self._publish(back)
+            after = (f"serving versions {', '.join(back.versions)}, default {back.default_version}" if back.versions
+                     else f"model {model!r} not served")
+            raise Internal(f"no worker could load {dead}: {workers}; the load was undone: {after} "
+                           f"(revision {back.revision})", field="version")
         return ModelControlReply(model, "load", list(st.versions), st.default_version, st.revision,
                                  version=version, workers=workers)
+
+    def _undo(self, model: str, before: ModelState | None, dead: list[str]) -> ModelState:
+        """The state that undoes a failed load: ``before`` (None: not served) less the ``dead`` keys (announced,
+        loaded by no worker: a retried load failed again). A dead default stays while other versions are served (the
+        user chooses another default, then unloads it); alone, the model is not served at all."""
+        if before is None:
+            return self._next(model, [], "")
+        keep = [v for v in before.versions if f"{model}:{v}" not in dead]
+        if not keep:
+            return self._next(model, [], "")
+        if before.default_version not in keep:
+            keep.append(before.default_version)
+        return self._next(model, keep, before.default_version)
 
     async def _unload(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
         cur = self._known(model)

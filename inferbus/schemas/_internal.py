@@ -166,9 +166,11 @@ class ModelState(msgspec.Struct, omit_defaults=True):
     writer: str
     """Ingress id that made the write (tie-break between two writes of the same revision)."""
     versions: list[str]
-    """Versions to serve: workers hold a session for each, ingresses accept requests naming them."""
+    """Versions to serve: workers hold a session for each, ingresses accept requests naming them. Empty: the
+    model is not served at all (a failed load of a model that was not served, undone): workers drop its
+    sessions, ingresses forget it (NOT_FOUND, not listed, not waited for by readiness)."""
     default_version: str
-    """Version that serves requests naming none."""
+    """Version that serves requests naming none (``""`` when ``versions`` is empty)."""
 
 
 class ModelStates(_Base, tag="inferbus.v1.model_states"):
