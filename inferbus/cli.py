@@ -647,6 +647,22 @@ def up(
     raise typer.Exit(rc)
 
 
+def _child_start_failure(exc) -> tuple[str, int]:
+    """One line and the exit status for an actor process that did not start (``ChildStartError``): a model the
+    worker could not load (its one ``UNSERVABLE_PREFIX`` line) is ``up: the model repository cannot be served:
+    ...``, exit 2; anything else names the child and its last line of output, exit 1."""
+    from .actors._repository import UNSERVABLE_PREFIX
+
+    said = [line.strip() for line in exc.output if line.strip()]
+    child = exc.child_id or "an actor process"
+    for line in reversed(said):
+        if line.startswith(UNSERVABLE_PREFIX):
+            return (f"up: the model repository cannot be served: {child}: {line[len(UNSERVABLE_PREFIX):]}",
+                    EXIT_USAGE)
+    why = " ".join(str(exc).split("; last output:")[0].split())
+    return f"up: {why}" + (f"; its last output: {said[-1]}" if said else ""), EXIT_FAILED
+
+
 async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
     import time
 
@@ -656,6 +672,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     from .actors import Node
     from .actors._node import NodeIdInUse
     from .bus import split_servers
+    from .supervisor import ChildStartError
 
     t0 = time.monotonic()
     # the handlers go in before anything starts: a SIGINT/SIGTERM during start-up is kept and the node is
@@ -677,6 +694,10 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
         raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
                               list(split_servers(cfg.nats_url or ""))) from exc
+    except ChildStartError as exc:  # an actor process died before READY (the node stopped what had started)
+        line, rc = _child_start_failure(exc)
+        err_console.print(f"[red]error[/]: {escape(line)}", soft_wrap=True)
+        return rc
     try:
         await node.wait_ready(60)
         if stop.is_set():
@@ -707,7 +728,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
 
         repo = ModelRepository(cfg.models_dir, list(cfg.models) or None)
         for m in repo:
-            console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions)} → "
+            console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions, key=int)} → "
                           f"{cfg.prefix}.infer.{m.name}[.<version>]")
         if demo:
             run = asyncio.ensure_future(_demo(node, cfg, repo, demo_duration, json_out))
@@ -906,7 +927,8 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="With --suite: write the JSON here (and the PNG next to it)."),
 ):
     """Closed-loop (concurrency) and open-loop (fixed rate) load from generator processes, HDR percentiles,
-    every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md)."""
+    every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md). Each request is sent
+    once (no retries, unlike the SDK): an error during a failover is counted, not hidden."""
     from ._cli_bench import run_load, run_suite
 
     from .bus._busypoll import check_busy_poll_us
