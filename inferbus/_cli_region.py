@@ -154,6 +154,16 @@ def status(
     raise typer.Exit(0 if len(primaries) == 1 else 1)
 
 
+def _check_region(name: str, what: str) -> None:
+    """A region name is one subject token (letters, digits, '_' or '-'), else one line and exit 2 before anything
+    is sent (``a b`` used to reach nats-py and come back as ``BadSubjectError``, exit 1)."""
+    from .bus._config import _TOKEN_RE
+    from .cli import _usage
+
+    if not _TOKEN_RE.match(name):
+        _usage(f"region: {what} {name!r} is no region name (letters, digits, '_' or '-')")
+
+
 @app.command()
 def promote(
     region: str = typer.Argument(..., help="Region to make primary."),
@@ -171,6 +181,7 @@ def promote(
     from .cli import _check_prefix, _run
 
     _check_prefix(prefix)
+    _check_region(region, "REGION")
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))
@@ -226,6 +237,10 @@ def demote(
     from .cli import _check_prefix, _run
 
     _check_prefix(prefix)
+    if region is not None:
+        _check_region(region, "REGION")
+    if to:
+        _check_region(to, "--to")
 
     async def go():
         nc = await _connect(servers_option(nats_url, cluster))

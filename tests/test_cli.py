@@ -493,6 +493,18 @@ def test_a_bad_prefix_is_one_line_exit_2(argv):
     assert len(lines) == 1 and "--prefix" in lines[0], p.stderr
 
 
+@pytest.mark.parametrize("argv,named", [(("region", "promote", "a b"), "REGION 'a b'"),
+                                        (("region", "demote", "eu.west"), "REGION 'eu.west'"),
+                                        (("region", "demote", "--to", "x>"), "--to 'x>'")])
+def test_a_region_name_that_is_no_subject_token_is_one_line_exit_2(argv, named):
+    """Refused before connecting (the URL is unreachable: exit 2, not 3); ``promote 'a b'`` used to reach nats-py
+    and end in ``BadSubjectError``, exit 1."""
+    p, _ = cli(*argv, "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "no region name" in lines[0], p.stderr
+
+
 def test_bench_of_a_version_not_in_the_repository_is_one_line_exit_2(deployment):
     p, _ = cli("bench", "digits", "--nats-url", deployment.nats_url, "--version", "9", "--concurrency", "1",
                "--duration", "1", timeout=60)
@@ -593,3 +605,117 @@ def test_up_with_a_malformed_model_config_is_one_line_naming_it_exit_2(tmp_path,
         assert line.startswith(f"error: up: the model repository cannot be served: {models}/broken/config.json: "), line
         assert said in line, line
     assert not (tmp_path / "run").exists()
+
+
+def _digits_repo(tmp_path, versions=("1",), data=True) -> Path:
+    """A repository with model ``a``: the digits MLP as each of ``versions``, config ``{}``, and the digits
+    ``data/test.npz`` when ``data``."""
+    models = tmp_path / "models"
+    for v in versions:
+        (models / "a" / v).mkdir(parents=True)
+        shutil.copy(ROOT / "models" / "digits" / "1" / "model.onnx", models / "a" / v / "model.onnx")
+    (models / "a" / "config.json").write_text("{}")
+    if data:
+        (models / "a" / "data").mkdir()
+        shutil.copy(ROOT / "models" / "digits" / "data" / "test.npz", models / "a" / "data" / "test.npz")
+    return models
+
+
+def _left_running(run: Path) -> list[str]:
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(run) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                left.append(proc.name)
+        except OSError:
+            pass
+    return left
+
+
+@pytest.mark.parametrize("case,said", [
+    ("junk", "data/test.npz: model 'a': cannot be used as reference rows: not an .npz file"),
+    ("pickled", "data/test.npz: model 'a': cannot be used as reference rows: array 'X' holds Python objects "
+                "(dtype object), which are pickled and not loaded"),
+    ("width", "data/test.npz: model 'a' version 1: cannot be used as reference rows: array 'X' of shape [360, 63] "
+              "does not fit input 'pixels' FP32 [-1, 64]: dimension 1 is 63, not 64"),
+    ("1+01", "a/01: model 'a': version folder '01' is version 1, as folder '1' is; remove one of them"),
+    ("007", "a/007: model 'a': version folder '007' has a leading zero; rename it '7'"),
+])
+def test_up_with_an_unservable_test_npz_or_version_folder_is_one_line_exit_2(tmp_path, case, said):
+    """A user trial: a junk or pickled ``data/test.npz``, or one of the wrong width, crashed ``up`` with a
+    185-line traceback (ChildStartError, the worker dead in np.load or ONNX Runtime), exit 1; folders ``1`` and
+    ``01`` were served as two versions. Now the repository's check refuses each before anything starts."""
+    models = _digits_repo(tmp_path, versions={"1+01": ("1", "01"), "007": ("007",)}.get(case, ("1",)))
+    data = models / "a" / "data" / "test.npz"
+    if case == "junk":
+        data.write_text("junk\n")
+    elif case == "pickled":
+        np.savez(data, X=np.array([[0.0] * 64, None], dtype=object))
+    elif case == "width":
+        np.savez(data, X=np.zeros((360, 63), np.float32))
+    line = _up_refused(tmp_path, "--models", str(models))
+    assert line.startswith("error: up: the model repository cannot be served: "), line
+    assert said in line, line
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+@pytest.mark.timeout(120)
+def test_up_whose_worker_cannot_load_a_model_is_one_line_naming_it_exit_2(tmp_path):
+    """A damage the header check cannot see (a bad CRC in the array's body) fails the worker's load: ``up``
+    prints the worker's one line, naming the model and the reason, exit 2, and nothing is left running."""
+    models = _digits_repo(tmp_path)
+    data = models / "a" / "data" / "test.npz"
+    np.savez(data, X=np.load(data)["X"])  # stored (uncompressed): a flipped byte is in the data as is
+    raw = bytearray(data.read_bytes())
+    raw[raw.find(b"}") + 200] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    line = _up_refused(tmp_path, "--models", str(models))
+    assert line == (f"error: up: the model repository cannot be served: worker:n1-w0: model 'a' version 1 "
+                    f"({models}/a/1/model.onnx) could not be loaded: BadZipFile: Bad CRC-32 for file 'X.npy'"), line
+    assert not _left_running(tmp_path / "run")
+
+
+def test_an_actor_that_dies_at_start_for_another_reason_is_one_line_exit_1():
+    from inferbus.cli import _child_start_failure
+    from inferbus.supervisor import ChildStartError
+
+    exc = ChildStartError("supervisor 'node-n1': child 'ingress:0' failed to start: ingress:0 (pid 7) exited "
+                          "(exit code 1) before printing 'READY'; last output:\n  | Traceback ...\n  | "
+                          "OSError: boom", child_id="ingress:0", output=("Traceback ...", "OSError: boom", ""))
+    assert _child_start_failure(exc) == ("up: supervisor 'node-n1': child 'ingress:0' failed to start: ingress:0 "
+                                         "(pid 7) exited (exit code 1) before printing 'READY'; its last output: "
+                                         "OSError: boom", 1)
+
+
+@pytest.mark.timeout(150)
+def test_a_good_repository_starts_and_models_load_refuses_what_up_would(tmp_path):
+    """Versions 1 and 10 with good reference rows are served (the default is 10, numeric order); at run time
+    ``models load`` reads the folder again and refuses a ``02`` folder or a junk test.npz, INVALID_ARGUMENT."""
+    models = _digits_repo(tmp_path, versions=("1", "10"))
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--nats-port",
+                          "0", "--models", str(models), "--run-dir", str(run)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "400"})
+    try:
+        out = []
+        while not any("model a versions" in x for x in out):
+            line = p.stdout.readline()
+            assert line, (out, p.stderr.read()[-2000:])
+            out.append(line)
+        url = re.search(r"NATS (nats://\S+),", "".join(out)).group(1)
+        assert "model a versions ['1', '10']" in out[-1], out
+        m, _ = cli("models", "--nats-url", url)
+        assert m.returncode == 0 and re.search(r"│ a\s+│ 1,10\s+│ 10\s+│", m.stdout), m.stdout
+        (models / "a" / "02").mkdir()
+        shutil.copy(models / "a" / "1" / "model.onnx", models / "a" / "02" / "model.onnx")
+        r, _ = cli("models", "load", "a", "--nats-url", url)
+        assert r.returncode == 2 and r.stderr.startswith("INVALID_ARGUMENT: model 'a' cannot be loaded: ") \
+            and "version folder '02' has a leading zero" in r.stderr, r
+        shutil.rmtree(models / "a" / "02")
+        (models / "a" / "data" / "test.npz").write_text("junk\n")
+        r, _ = cli("models", "load", "a", "--nats-url", url)
+        assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and "test.npz" in r.stderr, r
+    finally:
+        p.terminate()
+        p.wait(60)
+    assert not _left_running(run)
