@@ -351,6 +351,21 @@ async def test_too_deeply_nested_bodies_are_invalid_argument_not_internal(env, w
     assert (await client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})) is not None
 
 
+async def test_a_json_body_sent_without_content_type_gets_its_error_in_json(env):
+    """Without ``Content-Type`` a body is MessagePack; a JSON one is then refused, and the refusal comes in JSON
+    (the body's first byte says so: ``{`` is never a MessagePack request) so that a JSON-only client can read
+    it, naming the header to set. A MessagePack body that does not decode still gets MessagePack."""
+    nc, _ = env
+    body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]})
+    msg = await nc.request(f"{PREFIX}.infer.digits", b"  " + body.encode(), timeout=5)
+    err = json.loads(msg.data)["error"]  # JSON, not MessagePack
+    assert err["code"] == "INVALID_ARGUMENT" and "Content-Type" in err["message"], err
+    assert isinstance(decode_error(msg.headers, msg.data), InvalidArgument)
+    msg = await nc.request(f"{PREFIX}.infer.digits", b"\x81\xc1", timeout=5)
+    assert isinstance(decode_error(msg.headers, msg.data), InvalidArgument)
+    assert isinstance(msgpack.unpackb(msg.data), dict)  # MessagePack as before
+
+
 async def test_request_over_max_payload_is_refused_at_once(env, dep):
     nc, client = env
     max_payload = nc.max_payload

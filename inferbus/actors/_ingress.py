@@ -58,7 +58,7 @@ from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
-    encode_response, input_to_numpy, is_json,
+    JSON, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (
@@ -252,6 +252,13 @@ def _outcome(item) -> str:
     return NEUTRAL
 
 
+def _sniffed_json(body: bytes) -> str | None:
+    """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (``{`` after
+    whitespace: never a MessagePack request, whose first byte is a map's), so that the error reply (the body
+    was taken as MessagePack and refused) is one a JSON-only client can read; else None (MessagePack)."""
+    return JSON if body[:64].lstrip()[:1] == b"{" else None
+
+
 class Ingress:
     """The ingress actor; ``run()`` serves until cancelled."""
 
@@ -379,7 +386,7 @@ class Ingress:
             await self._handle(msg, hdrs, ct, t0)
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(reply, err, ct, rid or getattr(err, "request_id", None))
+            await self._error(reply, err, ct or _sniffed_json(msg.data), rid or getattr(err, "request_id", None))
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
