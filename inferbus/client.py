@@ -77,7 +77,10 @@ def _subject_token(value: str, field: str) -> str:
     space-containing one is no subject at all (nats-py raises its own BadSubjectError, or the request waits
     for its budget on a subject nothing serves).
     """
-    if (not isinstance(value, str) or not value or not value.isprintable() or any(c.isspace() for c in value)
+    if not isinstance(value, str):
+        kinds = "a string or an int >= 0" if field == "model_version" else "a string"
+        raise InvalidArgument(f"{field} must be {kinds}, got {type(value).__name__} {value!r}", field=field)
+    if (not value or not value.isprintable() or any(c.isspace() for c in value)
             or not _NOT_IN_A_TOKEN.isdisjoint(value)):
         raise InvalidArgument(f"{field} {value!r} must be a non-empty name without '.', '*', '>' or whitespace",
                               field=field)

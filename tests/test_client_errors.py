@@ -188,6 +188,10 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", x, version=bad, timeout_s=5.0)
             assert ei.value.field == "model_version", bad
+        for bad in (-1, 1.5, True):  # neither a string nor an int >= 0: said so, not "without '.', '*', ..."
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer("digits", x, version=bad, timeout_s=5.0)
+            assert ei.value.field == "model_version" and "must be a string" in ei.value.message, ei.value.message
         for bad in ([x["pixels"]], x["pixels"], None):  # inputs not given as {name: array}
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", bad, timeout_s=5.0)
