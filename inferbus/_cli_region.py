@@ -30,12 +30,16 @@ def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str
 
         return list(split_servers(nats_url))
     if cluster:
+        from .cli import _usage
+
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
         try:
-            info = json.loads(p.read_text())
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(f"cannot read {p}: {exc}") from exc
-        return list(info["client_urls"])
+            urls = json.loads(p.read_text())["client_urls"]
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+                raise ValueError("client_urls is not a list of NATS URLs")
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
+            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: {exc!r}")
+        return list(urls)
     return ["nats://127.0.0.1:4222"]
 
 

@@ -505,6 +505,18 @@ def test_a_region_name_that_is_no_subject_token_is_one_line_exit_2(argv, named):
     assert len(lines) == 1 and named in lines[0] and "no region name" in lines[0], p.stderr
 
 
+def test_a_cluster_file_that_names_no_nats_urls_is_one_line_exit_2(tmp_path):
+    """``region ... --cluster`` reads the NATS URLs from the cluster's run dir: a missing or foreign file is one
+    line, exit 2 (was a boxed usage error, and a KeyError traceback for a JSON file without ``client_urls``)."""
+    (tmp_path / "other.json").write_text('{"x": 1}')
+    for path, what in ((tmp_path / "none", "FileNotFoundError"), (tmp_path / "other.json", "client_urls")):
+        for argv in (("region", "status", "--json"), ("region", "promote", "eu")):
+            p, _ = cli(*argv, "--cluster", str(path))
+            assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+            lines = p.stderr.strip().splitlines()
+            assert len(lines) == 1 and "--cluster" in lines[0] and what in lines[0], p.stderr
+
+
 def test_bench_of_a_version_not_in_the_repository_is_one_line_exit_2(deployment):
     p, _ = cli("bench", "digits", "--nats-url", deployment.nats_url, "--version", "9", "--concurrency", "1",
                "--duration", "1", timeout=60)
