@@ -1,6 +1,7 @@
 """inferbus: ML inference served by actors on the NATS message bus.
 
-``inferbus.Client`` (the async SDK, :mod:`inferbus.client`), ``inferbus.InferResult`` and the typed
+``inferbus.Client`` (the async SDK, :mod:`inferbus.client`), ``inferbus.SyncClient`` (the same, blocking, for code
+without an event loop), ``inferbus.InferResult`` and the typed
 errors (``InferbusError``, ``InvalidArgument``, ``NotFound``, ``DeadlineExceeded``,
 ``ResourceExhausted``, ``Unavailable``, ``PayloadTooLarge``, ``Internal``, from
 :mod:`inferbus.schemas`) are imported on first use, so ``import inferbus.schemas`` does not pull in
@@ -14,6 +15,7 @@ from typing import Any
 
 _LAZY = {
     "Client": "inferbus.client",
+    "SyncClient": "inferbus.client",
     "InferResult": "inferbus.client",
     "InferbusError": "inferbus.schemas",
     "InvalidArgument": "inferbus.schemas",
