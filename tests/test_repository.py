@@ -93,3 +93,139 @@ def test_a_folder_name_that_is_no_subject_token_is_refused(tmp_path):
     with pytest.raises(ModelConfigError, match=r"a\.b/config\.json: model 'a\.b': name must be a non-empty string "
                                                r"without '\.', '\*', '>' or whitespace"):
         ModelRepository(root)
+
+
+# ---- version folders: integers, one name each (a user trial served 1 and 01 as two versions) ----------------
+
+def test_version_folders_with_a_leading_zero_are_refused_naming_them(tmp_path):
+    from inferbus.actors._repository import ModelArtifactError, ModelVersionsError
+
+    root = _repo_with(tmp_path, {}, versions=("1", "01"))
+    with pytest.raises(ModelVersionsError) as ei:
+        ModelRepository(root)
+    msg = str(ei.value)
+    assert msg.startswith(f"{root / 'broken' / '01'}: model 'broken': version folder '01' is version 1, as folder "
+                          f"'1' is; remove one of them"), msg
+    assert isinstance(ei.value, ModelArtifactError)  # models load answers INVALID_ARGUMENT for it (_models._load)
+    with pytest.raises(ModelVersionsError, match="version folder '007' has a leading zero; rename it '7'"):
+        ModelRepository(_repo_with(tmp_path / "b", {}, versions=("007",)))
+    with pytest.raises(ModelVersionsError):  # models load NAME (every version) reads the folder the same way
+        ModelRepository(root, ["digits"]).scan_model("broken")
+    # models load NAME --version 1: the folder 01 is left out, as a broken artifact of another version is
+    assert sorted(ModelRepository(root, ["digits"]).scan_model("broken", {"1"}).versions) == ["1"]
+    with pytest.raises(ModelVersionsError):
+        ModelRepository(root, ["digits"]).scan_model("broken", {"01"})
+
+
+def test_the_default_version_is_the_highest_number_not_the_highest_string(tmp_path):
+    root = _repo_with(tmp_path, {}, versions=("9", "10", "2"))
+    assert ModelRepository(root).get("broken").default_version == "10"
+    # a default_version given as "01" or 1 is version 1 (it was NOT a version on disk for "01")
+    for i, given in enumerate(("01", 1, "1")):
+        root = _repo_with(tmp_path / str(i), {"default_version": given}, versions=("1", "10"))
+        m = ModelRepository(root).get("broken")
+        assert (m.config.default_version, m.default_version) == ("1", "1")
+
+
+# ---- data/test.npz: reference rows the worker's precision check and the load generator can both use --------
+
+def _with_data(tmp_path, write, model="digits"):
+    """A copy of the shipped ``model`` whose ``data/test.npz`` is written by ``write(path)``."""
+    root = tmp_path / "models"
+    shutil.copytree(MODELS / model, root / model)
+    path = root / model / "data" / "test.npz"
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)
+    write(path)
+    return root, path
+
+
+def _npz(**arrays):
+    import numpy as np
+
+    return lambda path: np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("write,said", [
+    (lambda p: p.write_text("junk\n"), "not an .npz file (a zip of .npy arrays, as numpy.savez writes); it starts "
+                                       "with b'junk'"),
+    (lambda p: __import__("numpy").save(open(p, "wb"), __import__("numpy").zeros((3, 64))),
+     "not an .npz file (a zip of .npy arrays, as numpy.savez writes); it is a single .npy array"),
+    (lambda p: p.write_bytes(b"PK\x03\x04" + b"\0" * 40), "not a readable .npz (zip) file"),
+    (_npz(X=__import__("numpy").array([{"x": 1}], dtype=object)), "array 'X' holds Python objects (dtype object), "
+                                                                 "which are pickled and not loaded"),
+    (_npz(y=__import__("numpy").zeros(3, dtype=object)), "array 'y' holds Python objects"),  # even one not read
+    (_npz(X=__import__("numpy").zeros((5, 63), "float32")), "version 1: cannot be used as reference rows: array 'X' "
+                                                            "of shape [5, 63] does not fit input 'pixels' FP32 "
+                                                            "[-1, 64]: dimension 1 is 63, not 64"),
+    (_npz(X=__import__("numpy").zeros(64, "float32")), "array 'X' of shape [64] does not fit input 'pixels' FP32 "
+                                                       "[-1, 64]: 1 dimension, not 2"),
+    (_npz(X=__import__("numpy").zeros((0, 64), "float32")), "array 'X' of shape [0, 64] holds no rows"),
+    (_npz(X=__import__("numpy").full((5, 64), "a")), "array 'X' of dtype <U1 does not fit input 'pixels' FP32 "
+                                                     "[-1, 64]: needs numbers"),
+    (_npz(features=__import__("numpy").zeros((5, 64))), "it holds no array for input 'pixels' FP32 [-1, 64]: "
+                                                        "needs an array 'pixels' or 'X'; holds 'features'"),
+])
+def test_a_test_npz_that_cannot_be_reference_rows_is_refused_naming_it(tmp_path, write, said):
+    """It crashed every worker at start (a 185-line traceback from np.load or ONNX Runtime): now the repository
+    refuses it when read, naming the file and why, from the arrays' headers."""
+    from inferbus.actors._repository import ModelArtifactError, ModelDataError
+
+    root, path = _with_data(tmp_path, write)
+    for read in (lambda: ModelRepository(root), lambda: ModelRepository(root, ["fraud"]).scan_model("digits")):
+        with pytest.raises(ModelDataError) as ei:
+            read()
+        msg = str(ei.value)
+        assert msg.startswith(f"{path}: model 'digits'"), msg
+        assert "cannot be used as reference rows" in msg and said in msg, msg
+        assert "\n" not in msg
+        assert isinstance(ei.value, ModelArtifactError)  # INVALID_ARGUMENT for models load
+
+
+def test_reference_rows_of_a_model_with_bytes_tensors_are_refused(tmp_path):
+    """load_checked compares outputs as numbers: a test.npz next to the strings model crashed the worker."""
+    import numpy as np
+
+    from inferbus.actors._repository import ModelDataError
+
+    root, _ = _with_data(tmp_path, lambda p: np.savez(p, X=np.array([["a"]])), model="strings")
+    with pytest.raises(ModelDataError, match="input 's' is BYTES, and the precision check compares numeric tensors"):
+        ModelRepository(root)
+
+
+def test_what_passes_the_check_is_used_by_the_precision_check_and_the_load_generator(tmp_path):
+    """The rule is what load_reference (the input's name, else X) and Workload read: an array named after the
+    input, of ints, is cast and replayed one row a request; several inputs take one array each."""
+    import numpy as np
+
+    from inferbus.accelerators import OnnxRuntimeBackend, load_checked
+    from inferbus.loadgen import Workload
+
+    rows = np.arange(10 * 64, dtype=np.int32).reshape(10, 64)
+    root, path = _with_data(tmp_path, lambda p: np.savez(p, pixels=rows, y=np.zeros(10)))
+    repo = ModelRepository(root)
+    sess = load_checked(OnnxRuntimeBackend(), root / "digits" / "1" / "model.onnx", reference_path=path)
+    assert sess.report.rows == 10 and sess.report.max_error == 0.0
+    w = Workload(repo, "digits", "1", pool=12)
+    assert w.inputs[0]["pixels"].shape == (1, 64) and w.inputs[0]["pixels"].dtype == np.float32
+    assert len({x["pixels"].tobytes() for x in w.inputs}) == 12  # distinct past the 10 rows
+    shutil.copytree(MODELS / "typed", root / "typed")
+    (root / "typed" / "data").mkdir()
+    np.savez(root / "typed" / "data" / "test.npz", a=np.arange(5).reshape(5, 1), b=np.ones((5, 4)))
+    sess = load_checked(OnnxRuntimeBackend(), root / "typed" / "1" / "model.onnx",
+                        reference_path=root / "typed" / "data" / "test.npz")
+    assert ModelRepository(root).get("typed") is not None and sess.report.rows == 5
+
+
+def test_a_test_npz_that_fits_one_version_only_blocks_only_the_other_with_need(tmp_path):
+    """Like an unreadable artifact: ``models load NAME --version V`` is not blocked by another version's misfit."""
+    import numpy as np
+
+    from inferbus.actors._repository import ModelDataError
+
+    root, _ = _with_data(tmp_path, lambda p: np.savez(p, X=np.zeros((3, 30), "float32")), model="fraud")
+    (root / "fraud" / "2").mkdir()
+    shutil.copy(MODELS / "digits" / "1" / "model.onnx", root / "fraud" / "2" / "model.onnx")  # 64 wide
+    with pytest.raises(ModelDataError, match="version 2: .*dimension 1 is 30, not 64"):
+        ModelRepository(root)
+    assert sorted(ModelRepository(root, ["digits"]).scan_model("fraud", {"1"}).versions) == ["1"]

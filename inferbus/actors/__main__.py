@@ -1,4 +1,9 @@
-"""``python -m inferbus.actors KIND CONFIG_JSON``: the entry point of every actor process."""
+"""``python -m inferbus.actors KIND CONFIG_JSON``: the entry point of every actor process.
+
+An actor that cannot start because its model repository cannot be served (a ``RepositoryError``: the
+repository changed since ``inferbus up`` checked it, or a worker's runtime refused a model version) prints
+one line starting with ``UNSERVABLE_PREFIX`` and exits 2, which ``inferbus up`` reports as that line.
+"""
 
 import sys
 
@@ -20,7 +25,13 @@ def _main() -> None:
         from ._colocated import main
     else:
         from ._aggregator import main
-    main(cfg)
+    from ._repository import UNSERVABLE_PREFIX, RepositoryError
+
+    try:
+        main(cfg)
+    except RepositoryError as exc:
+        print(f"{UNSERVABLE_PREFIX}{' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

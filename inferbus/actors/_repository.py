@@ -5,11 +5,24 @@
     models/
       <name>/config.json        {"name", "platform", "max_batch_size", "cache_ttl_ms", "default_version", ...}
       <name>/<version>/model.onnx
-      <name>/data/test.npz      optional reference rows (X, y) used by ``inferbus bench``
+      <name>/data/test.npz      optional reference rows: the worker's precision check, ``inferbus bench``
 
-Versions are the numeric sub-folders holding ``model.onnx``; the default version
-is ``config.default_version`` or the highest number. Metadata (tensor names,
-datatypes, shapes) is read from the artifact with ONNX Runtime.
+Versions are the numeric sub-folders holding ``model.onnx``, named as Triton names them: the
+version number in decimal without leading zeros (``1``, ``10``; a folder ``01`` is refused, as it
+would be a second name for version 1); the default version is ``config.default_version`` or the
+highest number (numeric order: 10 > 9). Metadata (tensor names, datatypes, shapes) is read from the
+artifact with ONNX Runtime.
+
+``data/test.npz`` is checked from its arrays' headers (nothing is unpickled, no data is read): it
+must be a ``.npz`` (a zip of ``.npy`` arrays) without object arrays, holding for a model with one
+input an array named after the input or ``X``, and for a model with several inputs one array per
+input name; each such array has the input's rank, at least one row along the first axis (the
+batch axis, which must be dynamic), the input's size in every fixed dimension, and a numeric dtype
+(bool, int, uint, float: cast to the input's). A model with a BYTES input or output can have none
+(the precision check compares numbers). Other arrays (``y``) are not read. What passes is what
+:func:`inferbus.accelerators._precision.load_reference` and ``load_checked`` (the worker) and
+:class:`inferbus.loadgen.Workload` (the load generator) read; a damaged array body (bad CRC) is
+not seen here, and fails the worker's load (:class:`ModelStartError`).
 
 ``config.json`` is one JSON object, checked when the folder is read (:class:`ModelConfig`);
 a malformed one is a :class:`ModelConfigError` naming the file, the model and the field:
@@ -33,8 +46,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
 from ._hedge import HedgePolicyError, parse_policy
@@ -48,17 +65,51 @@ ingresses' cache-fill messages, which a 20-digit one would not fit)."""
 
 
 class RepositoryError(ValueError):
-    """The model repository is malformed (missing config, bad JSON, no versions, unreadable artifact)."""
+    """The model repository cannot be served (missing config, bad JSON, no versions, unreadable artifact).
+
+    ::
+
+        RepositoryError                 no folder, no config.json, no versions
+        ├── ModelConfigError            a malformed config.json
+        ├── ModelArtifactError          a file or folder of a model cannot be served
+        │   ├── ModelVersionsError      version folders that name one version twice (1 and 01)
+        │   └── ModelDataError          a data/test.npz that cannot serve as reference rows
+        └── ModelStartError             a worker could not load a version the checks passed (the runtime's reason)
+
+    Model management (``inferbus models load``) answers INVALID_ARGUMENT for a ModelConfigError or a
+    ModelArtifactError, NOT_FOUND for the others.
+    """
 
 
 class ModelArtifactError(RepositoryError):
     """A model version's ``model.onnx`` is there but cannot be read as a model (the message names the file and
-    the runtime's reason)."""
+    the runtime's reason); the subclasses, another file or folder of the model that cannot be served."""
+
+
+class ModelVersionsError(ModelArtifactError):
+    """Version folders holding a ``model.onnx`` whose names are not the canonical decimal of their version
+    (``01``, ``007``): the message names them and the folder of the same version, if any."""
+
+
+class ModelDataError(ModelArtifactError):
+    """A model's ``data/test.npz`` cannot serve as its reference rows (the message names the file and says
+    why: not an npz, pickled objects, an array that does not fit an input)."""
 
 
 class ModelConfigError(RepositoryError):
     """A model's ``config.json`` is not a JSON object of the allowed keys and values (the message names the
     file, the model and the field)."""
+
+
+class ModelStartError(RepositoryError):
+    """A worker could not load a model version that the repository's checks passed (the message names the
+    model, the version and the runtime's reason). An actor process that cannot start for a RepositoryError
+    prints one line starting with :data:`UNSERVABLE_PREFIX` and exits 2 (``inferbus/actors/__main__.py``)."""
+
+
+UNSERVABLE_PREFIX = "inferbus: the model repository cannot be served: "
+"""First words of the one line an actor process prints when it exits for a :class:`RepositoryError` at start;
+``inferbus up`` finds it in the output of a child that did not start and prints its reason."""
 
 
 def _is_int(value) -> bool:
@@ -104,8 +155,8 @@ class ModelConfig:
     cache_ttl_ms: int = 100
     """Result cache TTL in ms; 0 disables caching for the model. 0 to :data:`MAX_CACHE_TTL_MS`."""
     default_version: str | None = None
-    """The version serving requests that name none (a string of digits; an integer is taken as its decimal
-    string); None = the highest version on disk."""
+    """The version serving requests that name none (a string of digits or an integer, kept as its canonical
+    decimal string: ``"01"`` and ``1`` are ``"1"``); None = the highest version on disk."""
     description: str = ""
     hedge_after_ms: float | str | None = None
     """Hedge policy (:func:`~inferbus.actors._hedge.parse_policy`): None/``"off"``, ms > 0, ``"pNN"``, ``"auto"``."""
@@ -130,6 +181,8 @@ class ModelConfig:
         elif v is not None and not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 20):
             raise ValueError(f"default_version must be a version number (an integer or a string of digits, the "
                              f"name of a version folder) or null, got {v!r}")
+        elif v is not None:  # "01" is version 1, as the integer 1 is (version folders have no leading zeros)
+            object.__setattr__(self, "default_version", str(int(v)))
         if not isinstance(self.description, str):
             raise ValueError(f"description must be a string, got {self.description!r}")
         if not (self.hedge_after_ms is None or isinstance(self.hedge_after_ms, (str, int, float))):
@@ -154,13 +207,105 @@ class Model:
     def default_version(self) -> str:
         if self.config.default_version is not None and str(self.config.default_version) in self.versions:
             return str(self.config.default_version)
-        return max(self.versions, key=lambda v: (len(v), v))
+        return max(self.versions, key=_version_key)
 
     def version(self, version: str | None) -> ModelVersion | None:
         return self.versions.get(version or self.default_version)
 
     def data_path(self, root: Path) -> Path:
         return root / self.name / "data" / "test.npz"
+
+
+_NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+"""First bytes numpy's ``np.load`` takes for an ``.npz`` (a zip, or an empty zip)."""
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    """Numeric order of version folder names (``"10"`` after ``"9"``)."""
+    return (len(version), version)
+
+
+def read_npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The arrays of an ``.npz`` by key (member name without ``.npy``, as ``np.load`` names them): shape and
+    dtype, read from each member's ``.npy`` header only (no data read, nothing unpickled; a few ms).
+
+    Raises:
+        ValueError: ``path`` is not an ``.npz`` numpy loads with ``allow_pickle=False``: not a zip, a member
+            that is no ``.npy`` array, an object (pickled) array, a member whose size does not match its
+            header (truncated). The message says which member and why, without the path.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not head.startswith(_NPZ_MAGIC):
+        raise ValueError("not an .npz file (a zip of .npy arrays, as numpy.savez writes); "
+                         + ("it is a single .npy array" if head.startswith(b"\x93NUM") else f"it starts with {head!r}"))
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                key = info.filename.removesuffix(".npy")
+                with zf.open(info) as fp:
+                    try:
+                        version = np.lib.format.read_magic(fp)
+                    except ValueError:
+                        raise ValueError(f"member {info.filename!r} is not a .npy array") from None
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+                    else:  # 3.0 is for structured dtypes with non-latin-1 field names: no input takes them
+                        raise ValueError(f"array {key!r}: .npy format version {version[0]}.{version[1]} "
+                                         f"(a structured dtype) is not an array of numbers or strings")
+                    if dtype.hasobject:
+                        raise ValueError(f"array {key!r} holds Python objects (dtype {dtype}), which are pickled "
+                                         f"and not loaded (allow_pickle=False); store numbers or fixed-width "
+                                         f"strings (numpy.savez of a numeric or str array)")
+                    want = fp.tell() + math.prod(shape) * dtype.itemsize
+                    if info.file_size != want:
+                        raise ValueError(f"array {key!r} has {info.file_size} bytes, its header says {want} "
+                                         f"(a truncated or damaged file)")
+                out[key] = (tuple(shape), dtype)
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"not a readable .npz (zip) file: {exc}") from None
+    except (RuntimeError, NotImplementedError, EOFError) as exc:  # encrypted or unsupported compression, cut short
+        raise ValueError(f"not a readable .npz (zip) file: {exc}") from None
+    return out
+
+
+def reference_misfit(arrays: dict[str, tuple[tuple[int, ...], np.dtype]], inputs: tuple[TensorInfo, ...],
+                     outputs: tuple[TensorInfo, ...] = ()) -> str | None:
+    """Why the ``.npz`` arrays ``arrays`` (:func:`read_npz_headers`) cannot be reference rows of a model version
+    with ``inputs`` and ``outputs``, or None when they can: the rule of the module docstring, which
+    ``load_reference`` and ``load_checked`` (the worker) and ``Workload`` (the load generator) read."""
+    if not inputs:
+        return "the model has no inputs"
+    text = [t for t in (*inputs, *outputs) if t.datatype == "BYTES"]
+    if text:  # load_checked compares the outputs as numbers (normalized error): strings cannot be checked
+        return (f"{'input' if text[0] in inputs else 'output'} {text[0].name!r} is BYTES, and the precision check "
+                f"compares numeric tensors only; leave data/test.npz out for this model")
+    for t in inputs:
+        key = t.name if t.name in arrays else "X" if len(inputs) == 1 and "X" in arrays else None
+        shown = f"input {t.name!r} {t.datatype} {list(t.shape)}"
+        if key is None:
+            held = ", ".join(repr(k) for k in arrays) or "none"
+            need = f"an array {t.name!r}" + (" or 'X'" if len(inputs) == 1 else " (one array per input name)")
+            return f"it holds no array for {shown}: needs {need}; holds {held}"
+        shape, dtype = arrays[key]
+        if not t.shape or t.shape[0] >= 0:
+            return (f"{shown} has no dynamic first (batch) dimension, along which reference rows are taken; "
+                    f"leave data/test.npz out for this model")
+        if len(shape) != len(t.shape):
+            return f"array {key!r} of shape {list(shape)} does not fit {shown}: {len(shape)} dimension{'s' * (len(shape) != 1)}, not {len(t.shape)}"
+        if shape[0] < 1 or 0 in shape:
+            return f"array {key!r} of shape {list(shape)} holds no rows for {shown}"
+        for i, (have, want) in enumerate(zip(shape, t.shape)):
+            if i and want >= 0 and have != want:
+                return (f"array {key!r} of shape {list(shape)} does not fit {shown}: dimension {i} is {have}, "
+                        f"not {want}")
+        if dtype.kind not in "biuf":
+            return f"array {key!r} of dtype {dtype} does not fit {shown}: needs numbers (bool, int, uint or float)"
+    return None
 
 
 def _json_kind(value) -> str:
@@ -173,7 +318,9 @@ class ModelRepository:
     Raises:
         ModelConfigError: a model's ``config.json`` is unreadable, not JSON or malformed (a field's type or
             value; a ``default_version`` with no folder).
-        RepositoryError: a model folder has no versions or an unreadable artifact.
+        ModelArtifactError: an unreadable artifact; :class:`ModelVersionsError`, a version folder with a
+            leading zero (``01``); :class:`ModelDataError`, a ``data/test.npz`` that cannot be reference rows.
+        RepositoryError: a model folder has no versions.
     """
 
     def __init__(self, root: Path, only: list[str] | None = None) -> None:
@@ -188,9 +335,11 @@ class ModelRepository:
                 self.models[model.name] = model
 
     def _scan(self, folder: Path, only: list[str] | None = None, need=None) -> Model | None:
-        """Read one model folder (config and every ``<version>/model.onnx``); None when ``only`` excludes it.
-        With ``need`` (version names), a version not in it whose artifact cannot be read is left out of the
-        model instead of refusing it (a broken new version does not block loading or rolling back to another)."""
+        """Read one model folder (config, every ``<version>/model.onnx``, the headers of ``data/test.npz``);
+        None when ``only`` excludes it. With ``need`` (version names), a version not in it whose artifact cannot
+        be read, whose folder has a leading zero or whose inputs the reference rows do not fit is left out of
+        the model instead of refusing it (a broken new version does not block loading or rolling back to
+        another)."""
         cfg_path = folder / "config.json"
         try:
             raw = json.loads(cfg_path.read_text())
@@ -217,24 +366,53 @@ class ModelRepository:
             raise ModelConfigError(f"{cfg_path}: model {name!r}: {exc}") from None
         versions = {}
         left_out = set()
-        for vdir in sorted(folder.iterdir()):
+        vdirs = [d for d in sorted(folder.iterdir())
+                 if d.is_dir() and d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()]
+        for vdir in vdirs:  # "01" is a second name of version 1: refused, as Triton has one name per version
+            if vdir.name != str(int(vdir.name)):
+                if need is not None and vdir.name not in need:
+                    left_out.add(vdir.name)
+                    continue
+                same = [d.name for d in vdirs if d is not vdir and int(d.name) == int(vdir.name)]
+                fix = (f"is version {int(vdir.name)}, as folder {same[0]!r} is; remove one of them" if same else
+                       f"has a leading zero; rename it {str(int(vdir.name))!r}")
+                raise ModelVersionsError(f"{vdir}: model {name!r}: version folder {vdir.name!r} {fix} (versions are "
+                                         f"integers, each named by one folder without leading zeros)")
+        for vdir in vdirs:
             artifact = vdir / "model.onnx"
-            if vdir.is_dir() and vdir.name.isascii() and vdir.name.isdigit() and artifact.is_file():
-                try:
-                    sess = self._backend.load(artifact)
-                except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
-                    if need is not None and vdir.name not in need:
-                        left_out.add(vdir.name)
-                        continue
-                    raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
-                                             f"{' '.join(str(exc).replace(str(artifact), 'model.onnx').split())}") from exc
-                versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
-                sess.close()
+            if vdir.name in left_out:
+                continue
+            try:
+                sess = self._backend.load(artifact)
+            except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
+                if need is not None and vdir.name not in need:
+                    left_out.add(vdir.name)
+                    continue
+                raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
+                                         f"{' '.join(str(exc).replace(str(artifact), 'model.onnx').split())}") from exc
+            versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
+            sess.close()
+        data = folder / "data" / "test.npz"
+        if data.exists() and versions:  # the worker's precision check and the load generator read it
+            try:
+                arrays = read_npz_headers(data)
+            except (OSError, ValueError) as exc:
+                raise ModelDataError(f"{data}: model {name!r}: cannot be used as reference rows: "
+                                     f"{' '.join(str(exc).split())}") from exc
+            for v in sorted(versions, key=_version_key):
+                why = reference_misfit(arrays, versions[v].inputs, versions[v].outputs)
+                if why is None:
+                    continue
+                if need is not None and v not in need:  # like an unreadable artifact: only that version left out
+                    del versions[v]
+                    left_out.add(v)
+                    continue
+                raise ModelDataError(f"{data}: model {name!r} version {v}: cannot be used as reference rows: {why}")
         if not versions:
             raise RepositoryError(f"{folder}: no <version>/model.onnx found")
         if cfg.default_version is not None and cfg.default_version not in versions \
                 and str(cfg.default_version) not in left_out:
-            on_disk = ", ".join(sorted(versions, key=lambda v: (len(v), v)))
+            on_disk = ", ".join(sorted(versions, key=_version_key))
             raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not a "
                                    f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")
         return Model(cfg, versions)
@@ -248,7 +426,8 @@ class ModelRepository:
 
         Raises:
             ModelConfigError: its ``config.json`` is malformed (see :class:`ModelRepository`).
-            ModelArtifactError: an artifact cannot be read (with ``need``: one of those versions').
+            ModelArtifactError: an artifact cannot be read, a version folder has a leading zero, or
+                ``data/test.npz`` cannot be reference rows (with ``need``: for one of those versions).
             RepositoryError: no folder ``<root>/<name>`` with a ``config.json``, no versions.
         """
         known = self.models.get(name)

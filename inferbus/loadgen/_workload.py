@@ -1,7 +1,8 @@
 """Inputs of a load run, their pre-encoded request bodies and their reference answers.
 
-Inputs replay the model's shipped dataset rows (``models/<name>/data/test.npz``), or,
-for a model without one, are drawn at random (normal floats, integers in [0, 100),
+Inputs replay the model's shipped dataset rows (``models/<name>/data/test.npz``: for a model
+with one input, the array named after it or ``X``, one row a request; the repository checks
+that it fits), or, for a model without one or with several inputs, are drawn at random (normal floats, integers in [0, 100),
 distinct UTF-8 strings for BYTES); ``distinct=True`` perturbs each one so that no two requests of a run are equal
 (cache misses), ``distinct=False`` repeats one row (cache hits). The reference
 outputs come from an in-process ONNX Runtime session with the worker's session
@@ -50,18 +51,21 @@ class Workload:
         self.inputs: list[dict[str, np.ndarray]] = []
         rows = None
         if data.is_file() and len(self.mv.inputs) == 1:
-            rows = np.load(data)["X"]
+            # the array load_reference (the worker's precision check) takes: the input's name, else X; the
+            # repository checked that it fits the input (rank, fixed dimensions, dtype) when it was read
+            with np.load(data, allow_pickle=False) as z:
+                rows = z[self.mv.inputs[0].name] if self.mv.inputs[0].name in z.files else z["X"]
         for i in range(pool if distinct else 1):
             gi = offset + i
             feed = {}
             for t in self.mv.inputs:
                 shape = [1 if d < 0 else d for d in t.shape]
                 if rows is not None:
-                    x = rows[gi % len(rows)].reshape(shape).astype(numpy_dtype_for(t.datatype))
+                    j = gi % len(rows)
+                    x = rows[j:j + 1].astype(numpy_dtype_for(t.datatype))  # one row, the batch axis kept
                     if distinct:
                         # (row, magnitude) = divmod of the global index: no two indices give the same input
-                        x = x.copy()
-                        x.flat[gi % x.size] += np.float32((gi // len(rows) + 1) * 1e-3)
+                        _perturb(x, gi % x.size, gi // len(rows) + 1)
                 else:
                     dt = numpy_dtype_for(t.datatype)
                     if dt.kind == "f":
@@ -139,6 +143,16 @@ class Workload:
         except Exception:
             return None, False, resp.parameters
         return None, self.check(i, arrays), resp.parameters
+
+
+def _perturb(x: np.ndarray, k: int, m: int) -> None:
+    """Make element ``k`` of ``x`` (numbers: the repository allows reference rows for numeric inputs only)
+    distinct by magnitude ``m`` >= 1, in place: floats + m·1e-3, integers + m (a float step was truncated
+    away), booleans left as they are (two values cannot make a pool distinct)."""
+    if x.dtype.kind in "iu":
+        x.flat[k] = x.flat[k] + np.asarray(m).astype(x.dtype)
+    elif x.dtype.kind != "b":
+        x.flat[k] += np.float32(m * 1e-3)
 
 
 def _text_in(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
