@@ -282,7 +282,8 @@ class Worker:
                 try:
                     sess.warmup(batch_buckets(mb) if mb > 1 else (1,))
                 except Exception as exc:  # e.g. a model that cannot take the batch sizes of its max_batch_size
-                    raise ModelStartError(_start_failure(mv, exc, f" at batch sizes up to {mb}")) from exc
+                    sizes = f" at batch sizes up to {mb}" if mb > 1 else " at batch size 1"
+                    raise ModelStartError(_start_failure(mv, exc, sizes)) from exc
                 self.sessions[mv.key] = sess
                 self.versions[mv.key] = mv
                 self.max_batch[mv.key] = mb
