@@ -25,6 +25,7 @@ id) instead of waiting out their budget.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import numbers
 import random
 import threading
@@ -568,7 +569,9 @@ class SyncClient:
     has an event loop should use :class:`Client`; do not call a SyncClient from a coroutine (it would block
     that loop).
 
-    Use ``SyncClient.connect(...)`` (the arguments of :meth:`Client.connect`), and :meth:`close` or ``with``.
+    Use ``SyncClient.connect(...)`` (the arguments of :meth:`Client.connect`), and :meth:`close` or ``with``
+    (each open SyncClient holds a thread and a connection). Closing it while other threads wait in calls makes
+    those calls raise Unavailable at once; Ctrl-C while a call waits cancels it on the loop thread too.
     """
 
     def __init__(self, client: Client, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
@@ -576,6 +579,9 @@ class SyncClient:
         """The :class:`Client` on the loop thread (its ``nc`` belongs to that loop: do not use it here)."""
         self._loop: asyncio.AbstractEventLoop | None = loop
         self._thread = thread
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future] = set()
+        """Calls waiting for their answer (cancelled by :meth:`close`)."""
 
     @classmethod
     def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
@@ -597,10 +603,34 @@ class SyncClient:
         return cls(client, loop, thread)
 
     def _call(self, coro_fn, *args, **kwargs):
-        loop = self._loop
-        if loop is None:
-            raise Unavailable("this SyncClient is closed; connect a new one")
-        return asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), loop).result()
+        """Run ``coro_fn(*args, **kwargs)`` on the loop thread and wait for it.
+
+        Raises:
+            Unavailable: the client is closed, or was closed by another thread while this call waited.
+            RuntimeError: called from the client's own loop thread (it would wait for itself forever).
+            KeyboardInterrupt: while waiting (the call is cancelled on the loop thread too, not left retrying).
+            whatever the call raises (the typed errors of :class:`Client`).
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("SyncClient called from its own event loop's thread (from a callback or a coroutine "
+                               "run there): it would wait for itself; use the async Client (SyncClient.client)")
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                raise Unavailable("this SyncClient is closed; connect a new one")
+            fut = asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), loop)
+            self._pending.add(fut)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            raise Unavailable("this SyncClient was closed while the call waited for its answer") from None
+        except BaseException:
+            if not fut.done():  # interrupted while waiting (Ctrl-C): stop the call there too
+                fut.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._pending.discard(fut)
 
     def infer(self, model: str, inputs: dict[str, np.ndarray], **kwargs) -> dict[str, np.ndarray]:
         """:meth:`Client.infer`, blocking: ``{output name: np.ndarray}``; the same keyword arguments and errors."""
@@ -627,10 +657,16 @@ class SyncClient:
         return self._call(self.client.health, timeout_s)
 
     def close(self) -> None:
-        """Close the client (as :meth:`Client.close`) and stop the loop thread; idempotent."""
-        loop, self._loop = self._loop, None
+        """Close the client (as :meth:`Client.close`) and stop the loop thread; idempotent. Calls other threads
+        are waiting in raise :class:`~inferbus.schemas.Unavailable` at once (they are cancelled, not left to
+        wait for their budget)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+            pending = list(self._pending)
         if loop is None:
             return
+        for fut in pending:
+            fut.cancel()
         try:
             asyncio.run_coroutine_threadsafe(self.client.close(), loop).result()
         finally:

@@ -44,3 +44,64 @@ def test_blocking_calls_from_many_threads_get_their_own_answers_and_typed_errors
     assert {t.name for t in threading.enumerate()} <= before  # the loop thread is gone
     with pytest.raises(Unavailable, match="closed"):
         client.health()
+
+
+def test_close_cancels_the_calls_other_threads_wait_in_and_a_call_from_its_own_loop_is_refused(nats_server):
+    """Strategy threads blocked in calls when the program shuts the client down get Unavailable at once (they
+    used to block forever: the loop they waited on was stopped). A call made on the client's own loop thread
+    would wait for itself: RuntimeError, at once."""
+    import asyncio
+    import time
+
+    import nats
+
+    async def silent_server(ready: threading.Event, stop: threading.Event) -> None:
+        nc = await nats.connect(nats_server.url)
+
+        async def swallow(msg) -> None:  # takes the request, never answers
+            pass
+
+        await nc.subscribe("inferbus.infer.digits", cb=swallow)
+        await nc.flush()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await nc.close()
+
+    ready, stop = threading.Event(), threading.Event()
+    server = threading.Thread(target=lambda: asyncio.run(silent_server(ready, stop)), daemon=True)
+    server.start()
+    assert ready.wait(10)
+    client = inferbus.SyncClient.connect(nats_server.url, adaptive_attempt_timeout=False)
+    outcomes: list[BaseException | None] = []
+
+    def waiter() -> None:
+        try:
+            client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=30)
+            outcomes.append(None)
+        except BaseException as exc:  # noqa: BLE001 (the test looks at what it was)
+            outcomes.append(exc)
+
+    try:
+        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all four are waiting for an answer that never comes
+        assert not outcomes
+
+        async def from_its_own_loop():
+            return client.health()
+
+        with pytest.raises(RuntimeError, match="its own event loop"):
+            asyncio.run_coroutine_threadsafe(from_its_own_loop(), client._loop).result(5)
+        t0 = time.monotonic()
+        client.close()
+        for t in threads:
+            t.join(5)
+        assert time.monotonic() - t0 < 5 and not any(t.is_alive() for t in threads)
+        assert len(outcomes) == 4 and all(isinstance(o, Unavailable) and "closed" in o.message for o in outcomes), \
+            outcomes
+    finally:
+        client.close()
+        stop.set()
+        server.join(5)
