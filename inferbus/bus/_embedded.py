@@ -279,6 +279,12 @@ class _Managed:
             self._tmp = None
 
 
+PING_INTERVAL_S = 1.0
+"""``ping_interval`` of the embedded nats-server, seconds (NATS's default: 2 minutes)."""
+PING_MAX = 2
+"""``ping_max`` of the embedded nats-server: unanswered PINGs before it closes a connection (NATS's default: 2)."""
+
+
 @dataclass
 class EmbeddedNats(_Managed):
     """A nats-server process.
@@ -321,6 +327,12 @@ class EmbeddedNats(_Managed):
             f"listen: {self.host}:{self.port}",
             f"max_payload: {self.max_payload_bytes}",
             "max_pending: 256MB",
+            # a client that stops answering the server's PINGs (a SIGSTOPped or hung process whose socket stays
+            # open) is disconnected after ~3 s, so a queue group stops handing it requests; NATS's default (2 min,
+            # 2 PINGs) left one hung ingress of two taking half the requests for minutes. The server PINGs only a
+            # connection that sent it nothing for the interval: our actors PING every 1 s themselves.
+            f"ping_interval: \"{PING_INTERVAL_S:g}s\"",
+            f"ping_max: {PING_MAX}",
         ]
         if self.monitor_port is not None:
             lines.append(f"http: {self.host}:{self.monitor_port}")
