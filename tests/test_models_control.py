@@ -194,6 +194,45 @@ async def test_default_swap_under_light_load_every_answer_matches_its_version(de
         await _wait_default(client, "1", refs)
 
 
+@pytest.mark.timeout(240)
+async def test_two_contradicting_writes_at_once_exactly_one_succeeds_and_it_is_what_is_served(dep):
+    """``default 1`` and ``unload --version 1`` sent at once by two clients (the queue group hands them to either
+    ingress replica): in any order only one can apply, and before, when the two ingresses each took one, both
+    answered OK and one of them had no effect (a fresh-user trial: 9 of 30 trials). Now the write that lost
+    answers UNAVAILABLE (or, when the two were serialized, the second is refused by the state the first left),
+    and the state served afterwards is the one the successful write announced."""
+    from inferbus.actors._models import fetch_states
+
+    a = await Client.connect(dep.nats_url, PREFIX)
+    b = await Client.connect(dep.nats_url, PREFIX)
+    try:
+        seen = []
+        for trial in range(10):
+            await model_control(a, "load", "digits", timeout_s=30)  # versions 1 and 2 served
+            await model_control(a, "default", "digits", "2", timeout_s=10)
+            await asyncio.sleep(0.3)  # both replicas hold that state
+            r_def, r_unl = await asyncio.gather(model_control(a, "default", "digits", "1", timeout_s=10),
+                                                model_control(b, "unload", "digits", "1", timeout_s=30),
+                                                return_exceptions=True)
+            for r in (r_def, r_unl):
+                assert not isinstance(r, BaseException) or isinstance(r, (Unavailable, InvalidArgument, NotFound)), r
+            ok_def, ok_unl = not isinstance(r_def, BaseException), not isinstance(r_unl, BaseException)
+            seen.append((ok_def, ok_unl, type(r_def).__name__, type(r_unl).__name__))
+            assert ok_def != ok_unl, (trial, r_def, r_unl)
+            await asyncio.sleep(0.3)
+            states = [s for s in await fetch_states(a.nc, Subjects(PREFIX)) if s.model == "digits"]
+            assert states, "no ingress answered the state request"
+            st = states[0]
+            if ok_def:
+                assert st.default_version == "1" and "1" in st.versions, (trial, st)
+            else:
+                assert st.versions == ["2"] and st.default_version == "2", (trial, st)
+        print("outcomes (default ok, unload ok, types):", seen)
+    finally:
+        await a.close()
+        await b.close()
+
+
 @pytest.mark.timeout(120)
 async def test_a_write_with_no_answer_in_time_says_it_may_have_been_applied(nats_server):
     """A model write whose answer does not come within its budget: DEADLINE_EXCEEDED that says the write may still

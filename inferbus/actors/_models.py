@@ -82,6 +82,9 @@ def _states_in(msg) -> list[ModelState]:
     return list(m.items) if isinstance(m, ModelStates) else []
 
 
+_SETTLE_S = 0.3
+"""How long a ``default`` write waits for the workers to report it applied before it answers (s)."""
+
 def _newer(a: ModelState, b: ModelState | None) -> bool:
     return b is None or (a.revision, a.writer) > (b.revision, b.writer)
 
@@ -124,6 +127,9 @@ class IngressModels:
         self._write_lock = asyncio.Lock()
         self._report_seen = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._overridden: dict[tuple[str, int, str], ModelState] = {}
+        """``(model, revision, writer)`` of states replaced by a rival of the same revision (a concurrent write
+        taken by another ingress that won), and the state that replaced each: :meth:`_check_kept`."""
         self.nc = None
 
     # ---- start-up -------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ class IngressModels:
             if not st.versions:  # not served at all (a failed load of a new model, undone)
                 self.ing.repo.models.pop(st.model, None)
                 self.ing._meta_cache.pop(st.model, None)
-                self.states[st.model] = st
+                self._set_state(st)
                 log(f"ingress {self.writer}: model {st.model} r{st.revision}: not served")
                 return True
             m = self.disk.get(st.model)
@@ -187,10 +193,19 @@ class IngressModels:
             from ._ingress import model_metadata
 
             ing._meta_cache[st.model] = encode(model_metadata(served))
-            self.states[st.model] = st
+            self._set_state(st)
             log(f"ingress {self.writer}: model {st.model} r{st.revision}: versions {st.versions}, "
                 f"default {st.default_version}")
             return True
+
+    def _set_state(self, st: ModelState) -> None:
+        """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost)."""
+        prev = self.states.get(st.model)
+        if prev is not None and prev.revision == st.revision and prev.writer != st.writer:
+            if len(self._overridden) >= 1000:
+                self._overridden.clear()
+            self._overridden[(prev.model, prev.revision, prev.writer)] = st
+        self.states[st.model] = st
 
     async def _on_states(self, msg) -> None:
         for st in _states_in(msg):
@@ -334,9 +349,45 @@ class IngressModels:
         holding = [w.worker_id for w in live if any(k.rpartition(":")[0] == model for k in w.models)]
         return sorted(holding or [w.worker_id for w in live])
 
-    async def _publish(self, st: ModelState) -> None:
+    async def _publish(self, st: ModelState, *, check: bool = True) -> None:
+        """Apply ``st`` (this ingress's write) here, then broadcast it.
+
+        Raises:
+            Unavailable: ``check`` and a rival state of the same revision was applied here first (a concurrent
+                write taken by another ingress that wins): nothing is broadcast (:meth:`_check_kept`).
+        """
         await self.apply(st)
+        if check:
+            self._check_kept(st)
         await self.nc.publish(self.subjects.model_state, encode_internal(ModelStates([st])))
+
+    def _check_kept(self, st: ModelState) -> None:
+        """Raise when a concurrent write won over ``st`` (this ingress's write, published and waited for).
+
+        Two ingresses that take writes for one model at the same time each publish the next revision of the
+        state they know; every actor keeps the higher ``(revision, writer)``, so one write is lost whole. Its
+        client was told it succeeded (a fresh-user trial: ``default 1`` and ``unload --version 1`` at once, both
+        answered OK, and either one had no effect). Now the loser answers UNAVAILABLE naming the state that won:
+        nothing of its change applies, and a retry is computed from the state that won (where it may then be
+        refused: ``unload`` of what became the default, ``default`` of what was unloaded). A write whose rival's
+        state reaches this ingress only after the wait is not detected (the window is a load report, ~100 ms,
+        for ``default``; the workers' apply time for ``load`` and ``unload``).
+
+        Raises:
+            Unavailable: a state of ``st``'s revision from another writer replaced ``st`` here, or was here first
+                and outranks it.
+        """
+        cur = self.states.get(st.model)
+        won = self._overridden.get((st.model, st.revision, st.writer))
+        if cur is not None and cur.revision == st.revision and cur.writer != st.writer:
+            won = cur  # applied here before this write's own state could be (apply refused it as older)
+        if won is not None:
+            cur = won
+            raise Unavailable(f"a concurrent change of model {st.model!r} (revision {cur.revision} by "
+                              f"{cur.writer or 'the repository'}: versions {cur.versions}, default "
+                              f"{cur.default_version or '-'}) won over this one (revision {st.revision}), so none of "
+                              f"this change applies; check inferbus models and retry", field="model",
+                              retry_after_ms=100)
 
     def _next(self, model: str, versions, default: str) -> ModelState:
         cur = self.states.get(model)
@@ -426,11 +477,12 @@ class IngressModels:
             # no required worker could load it: undo the write (requests would find no worker, readiness would wait
             # for it, and a retry would be "nothing to do"); the versions of this load that did load are dropped too
             back = self._undo(model, cur, dead)
-            await self._publish(back)
+            await self._publish(back, check=False)
             after = (f"serving versions {', '.join(back.versions)}, default {back.default_version}" if back.versions
                      else f"model {model!r} not served")
             raise Internal(f"no worker could load {dead}: {workers}; the load was undone: {after} "
                            f"(revision {back.revision})", field="version")
+        self._check_kept(st)
         return ModelControlReply(model, "load", list(st.versions), st.default_version, st.revision,
                                  version=version, workers=workers)
 
@@ -462,6 +514,7 @@ class IngressModels:
         await self._publish(st)
         done = await self._wait_applied(required, model, st.revision, deadline)
         workers = {wid: ("drained" if r is not None else "gone or still draining") for wid, r in done.items()}
+        self._check_kept(st)
         return ModelControlReply(model, "unload", list(st.versions), st.default_version, st.revision,
                                  version=version, workers=workers)
 
@@ -486,6 +539,10 @@ class IngressModels:
                               field="version", retry_after_ms=100)
         st = self._next(model, cur.versions, version)
         await self._publish(st)
+        # the workers apply it within a load report or two (100 ms each); meanwhile a concurrent write taken by
+        # another ingress, if any, has reached this one too
+        await self._wait_applied(required, model, st.revision, time.monotonic() + _SETTLE_S)
+        self._check_kept(st)
         return ModelControlReply(model, "default", list(st.versions), st.default_version, st.revision,
                                  version=version, workers={wid: "loaded" for wid in required})
 
