@@ -32,7 +32,9 @@ _TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits
 
 
 @app.callback()
-def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
+def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
+           as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
+                                        "{\"models\": [metadata, ...]} (each with parameters.default_version).")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"nats_url": nats_url, "prefix": prefix}  # the subcommands' connection unless they get their own
@@ -45,7 +47,12 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX):
         async with await _one_shot_client(nats_url, prefix) as c:
             return await c.models()
 
-    ml = _call(go)
+    ml = _call(go, as_json=as_json)
+    if as_json:
+        import msgspec
+
+        print(msgspec.json.encode(ml).decode())
+        return
     t = Table(title="models")
     for col in ("name", "versions", "default", "platform", "inputs", "outputs"):
         t.add_column(col)

@@ -447,6 +447,13 @@ def test_the_listing_shows_each_models_default_version(own):
     while _listing(url)["digits"]["default"] != "2":  # the one ingress applied it before answering; the loop
         assert time.monotonic() < deadline         # only guards against a slow broadcast
     assert _listing(url)["digits"]["versions"] == "1,2"
+    p = cli(*url, "--json")  # the listing a script reads: the OIP v2 model list
+    assert p.returncode == 0, p.stderr
+    listed = {m["name"]: m for m in json.loads(p.stdout)["models"]}
+    assert listed["digits"]["versions"] == ["1", "2"] and listed["digits"]["parameters"]["default_version"] == "2"
+    assert listed["digits"]["inputs"][0]["name"] == "pixels", listed["digits"]
+    p = cli("--nats-url", "nats://127.0.0.1:1", "--json")  # a failure is the wire's error object, exit 3
+    assert p.returncode == 3 and json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", (p.stdout, p.stderr)
 
 
 @pytest.fixture(scope="module")
