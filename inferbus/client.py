@@ -208,6 +208,10 @@ class Client:
         self.retry_backoff_ms = retry_backoff_ms
         self._owns = owns_connection
         self._rng = random.Random()
+        try:  # the loop the connection works on (nats-py's tasks run there)
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     @classmethod
     async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
@@ -403,8 +407,17 @@ class Client:
             max_payload (the server would close the connection instead of answering);
             Unavailable at once, not retried, when the connection is closed or draining
             (after :meth:`close`, or once nats-py gave up reconnecting).
+            RuntimeError: called on another event loop than the one the client was made on (its connection
+                works only there: a second ``asyncio.run``).
         """
         _check_timeout(timeout_s)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._loop is not None:
+                raise RuntimeError("this Client's connection belongs to another event loop (each asyncio.run has its "
+                                   "own, and the first one has ended): connect a new Client in this one, or keep "
+                                   "one loop running (inferbus.SyncClient does that for code without one)")
+            self._loop = loop
         now = time.monotonic()
         deadline = (now if started_at is None else started_at) + timeout_s
         if deadline <= now:

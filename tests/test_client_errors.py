@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from nats.errors import ConnectionClosedError, NoServersError
@@ -263,3 +264,19 @@ async def test_connect_to_no_url_is_invalid_argument_naming_servers(servers):
     with pytest.raises(InvalidArgument) as ei:
         await Client.connect(servers)
     assert ei.value.field == "servers" and "names no NATS URL" in ei.value.message
+
+
+def test_a_client_used_on_a_second_event_loop_says_so(nats_server):
+    """A Client connected in one ``asyncio.run`` and used in another: its connection's tasks died with the first
+    loop, so every call used to end in DEADLINE_EXCEEDED after its budget; now a RuntimeError says why, at once."""
+    import asyncio
+
+    client = asyncio.run(Client.connect(nats_server.url))
+
+    async def use_again() -> None:
+        await client.request("inferbus.infer.digits", b"", timeout_s=5.0)
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(use_again())
+    assert time.monotonic() - t0 < 1.0
