@@ -279,7 +279,7 @@ class _Managed:
             self._tmp = None
 
 
-PING_INTERVAL_S = 1.0
+PING_INTERVAL_S = 2.0
 """``ping_interval`` of the embedded nats-server, seconds (NATS's default: 2 minutes)."""
 PING_MAX = 2
 """``ping_max`` of the embedded nats-server: unanswered PINGs before it closes a connection (NATS's default: 2)."""
@@ -328,9 +328,11 @@ class EmbeddedNats(_Managed):
             f"max_payload: {self.max_payload_bytes}",
             "max_pending: 256MB",
             # a client that stops answering the server's PINGs (a SIGSTOPped or hung process whose socket stays
-            # open) is disconnected after ~3 s, so a queue group stops handing it requests; NATS's default (2 min,
-            # 2 PINGs) left one hung ingress of two taking half the requests for minutes. The server PINGs only a
-            # connection that sent it nothing for the interval: our actors PING every 1 s themselves.
+            # open) is disconnected 4-6 s after it stopped, so a queue group stops handing it requests; NATS's
+            # default (2 min, 2 PINGs) left one hung ingress of two taking half the requests for minutes. The
+            # server PINGs only a connection that sent it nothing for the interval: our actors PING every 1 s
+            # themselves. With a 1 s interval (cut after ~3 s) a clean-clone CI run of the 2 s worker-hang drill
+            # saw 2 requests run twice (not seen before it): a 2 s freeze then comes close to the cut.
             f"ping_interval: \"{PING_INTERVAL_S:g}s\"",
             f"ping_max: {PING_MAX}",
         ]
