@@ -60,7 +60,6 @@ from ..schemas import (
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
     JSON, encode_response, input_to_numpy, is_json,
 )
-from ..schemas._codec import looks_like_json
 from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (
     CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
@@ -254,10 +253,10 @@ def _outcome(item) -> str:
 
 
 def _sniffed_json(body: bytes) -> str | None:
-    """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (the codec's
-    own test, :func:`~inferbus.schemas._codec.looks_like_json`: never a MessagePack request), so that the error
-    reply (the body was taken as MessagePack and refused) is one a JSON-only client can read; else None."""
-    return JSON if looks_like_json(body) else None
+    """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (``{`` after
+    whitespace: never a MessagePack request, whose first byte is a map's), so that the error reply (the body
+    was taken as MessagePack and refused) is one a JSON-only client can read; else None (MessagePack)."""
+    return JSON if body[:64].lstrip()[:1] == b"{" else None
 
 
 class Ingress:
