@@ -60,6 +60,7 @@ from ..schemas import (
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
     JSON, encode_response, input_to_numpy, is_json,
 )
+from ..schemas._codec import looks_like_json
 from ..schemas._tensors import datatype_mismatch
 from ..schemas._internal import (
     CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
@@ -253,10 +254,10 @@ def _outcome(item) -> str:
 
 
 def _sniffed_json(body: bytes) -> str | None:
-    """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (``{`` after
-    whitespace: never a MessagePack request, whose first byte is a map's), so that the error reply (the body
-    was taken as MessagePack and refused) is one a JSON-only client can read; else None (MessagePack)."""
-    return JSON if body[:64].lstrip()[:1] == b"{" else None
+    """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (the codec's
+    own test, :func:`~inferbus.schemas._codec.looks_like_json`: never a MessagePack request), so that the error
+    reply (the body was taken as MessagePack and refused) is one a JSON-only client can read; else None."""
+    return JSON if looks_like_json(body) else None
 
 
 class Ingress:
@@ -1355,12 +1356,27 @@ class Ingress:
         await self.nc.publish(msg.reply, encode(self.health(), ct), headers=_reply_ct(ct))
 
     def _stats_data(self, endpoint_stats) -> dict:
-        """``data`` of the endpoints in ``$SRV.STATS``: breaker states and counts."""
+        """``data`` of the endpoints in ``$SRV.STATS`` (the ``infer`` endpoint's; the others' is empty): breaker
+        states and verdicts per worker, ``counts``, and for ``inferbus up --metrics-port`` (read at scrape time,
+        nothing counted per request for it): every served model version (``models``) and the ready ones,
+        pending forwards, the subscription backlog, L1 entries and bytes, L2 lookups in flight, the per-worker
+        view of the router (``workers``) and the latency window's quantiles per model version in µs
+        (``latency_us``: ``{key: {"0.5": µs, "0.95": µs, "0.99": µs, "samples": n}}``, None with too few samples)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
-        st = self.router.status()
+        now = time.monotonic()
+        st = self.router.status(now)
+        latency = {}
+        for k, lw in self._latency.items():
+            q = {str(p): lw.quantile(p, now) for p in (0.5, 0.95, 0.99)}
+            latency[k] = {**q, "samples": len(lw.samples)}
         return {"breakers": {k: v["breaker"] for k, v in st.items()},
-                "health": {k: v["health"] for k, v in st.items()}, "counts": dict(self.counts)}
+                "health": {k: v["health"] for k, v in st.items()}, "counts": dict(self.counts),
+                "workers": st, "models": sorted(mv.key for m in self.repo for mv in m.versions.values()),
+                "models_ready": sorted(self.router.ready_models(now)), "pending": len(self.pending),
+                "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
+                "l1_entries": len(self.l1), "l1_bytes": self.l1.bytes, "l2_inflight": self._l2_inflight,
+                "latency_us": latency}
 
     async def run(self, *, nc=None, ready=None) -> None:
         """Connect, subscribe (internal subjects first, public last), announce readiness, serve.

@@ -129,7 +129,7 @@ def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArg
 _JSON_HINT = "; looks like JSON: send Content-Type: application/json"
 
 
-def _looks_like_json(body: bytes | memoryview) -> bool:
+def looks_like_json(body: bytes | memoryview) -> bool:
     """True when ``body`` starts, after ASCII whitespace, with ``{`` or ``[`` (MessagePack fixints there)."""
     head = bytes(body[:64]).lstrip(b" \t\r\n")
     return head[:1] in (b"{", b"[")
@@ -145,7 +145,7 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
             err = _validation_error(exc, what)
         else:
             err = _decode_error(exc, what, json)
-        if not json and _looks_like_json(body):
+        if not json and looks_like_json(body):
             err = InvalidArgument(err.message + _JSON_HINT, field=err.field)
         raise err from exc
     except RecursionError:  # msgspec's decoder recurses per nesting level (Python's recursion limit applies)
