@@ -8,6 +8,7 @@ a model one backend cannot load is routed only to the workers that loaded it.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 
 import nats
@@ -47,8 +48,17 @@ def mixed(tmp_path_factory):
         shutil.copytree(MODELS / m / "1", repo / m / "1")
         shutil.copy(MODELS / m / "config.json", repo / m / "config.json")
     _cumsum_model(repo / "cumsum")
-    dep = start_deployment(tmp_path_factory.mktemp("mixed"), workers=1, timeout_s=170,
-                           extra=["--backends", "onnxruntime,jax", "--models", str(repo), "--no-cache"])
+    # JAX on its CPU platform on any host (on a GPU host it would take the GPU; test_accelerators_gpu covers that)
+    before = os.environ.get("JAX_PLATFORMS")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        dep = start_deployment(tmp_path_factory.mktemp("mixed"), workers=1, timeout_s=170,
+                               extra=["--backends", "onnxruntime,jax", "--models", str(repo), "--no-cache"])
+    finally:
+        if before is None:
+            del os.environ["JAX_PLATFORMS"]
+        else:
+            os.environ["JAX_PLATFORMS"] = before
     yield dep
     dep.stop()
 

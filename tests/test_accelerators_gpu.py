@@ -130,3 +130,39 @@ print("OK")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+@pytest.mark.skipif(not _jax_gpu(), reason="jax sees no GPU here")
+def test_jax_gpu_worker_serves_through_the_bus(tmp_path):
+    """``inferbus up --backends jax`` on a GPU host: one JAX worker per GPU, announced as such, serving requests
+    sent over NATS by the SDK, its answers within the fp16 tolerance of an in-process ONNX Runtime CPU run."""
+    import asyncio
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import start_deployment
+
+    from inferbus.client import Client
+
+    dep = start_deployment(tmp_path / "run", workers=1, timeout_s=170, extra=["--backends", "jax", "--no-cache"])
+    try:
+        async def run():
+            out = {}
+            async with await Client.connect(dep.nats_url, dep.prefix) as c:
+                for model in ("digits", "digits_cnn"):
+                    X = np.load(MODELS / model / "data" / "test.npz")["X"].astype(np.float32)[:64]
+                    ref = get_backend("onnxruntime").load(MODELS / model / "1" / "model.onnx")
+                    rs = await asyncio.gather(*[c.infer_result(model, {"pixels": X[i:i + 1]}, timeout_s=20)
+                                                for i in range(len(X))])
+                    worst = max(max(normalized_errors(r.outputs, ref.infer({"pixels": X[i:i + 1]})).values())
+                                for i, r in enumerate(rs))
+                    out[model] = ({(r.parameters["backend"], r.parameters["device"], r.parameters["precision"])
+                                   for r in rs}, worst)
+            return out
+
+        got = asyncio.run(run())
+    finally:
+        dep.stop()
+    for model, (served_by, worst) in got.items():
+        assert served_by == {("jax", "gpu0", "fp16")}, (model, served_by)
+        assert worst <= TOLERANCES["fp16"], (model, worst)
