@@ -430,6 +430,22 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """None when a TCP server could listen on ``host:port`` now (bound and released at once, with SO_REUSEADDR as
+    the metrics server binds), else why not (the OS's words)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _models_dir(models: Optional[Path]) -> str:
     from .actors import default_models_dir
 
@@ -477,6 +493,11 @@ def up(
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
                                   "checked per model against FP32, falling back to fp32."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node at "
+                                               "http://<metrics-host>:PORT/metrics (0 = any free port; default off), "
+                                               "0 to 65535."),
+    metrics_host: str = typer.Option("0.0.0.0", help="Address of the metrics endpoint (0.0.0.0: every interface; "
+                                     "127.0.0.1: this host only); needs --metrics-port."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, more than 0 and at most "
                                         f"{MAX_DEMO_DURATION_S:g}."),
@@ -558,6 +579,11 @@ def up(
                    f"nats-server, which --nats-url replaces; leave {'them' if many else 'it'} out or drop --nats-url")
     if json_out is not None:
         _check_output_file("--json", json_out)
+    if given("metrics_host") and metrics_port is None:  # it was ignored without a word
+        _usage("up: --metrics-host is the metrics endpoint's address and needs --metrics-port; add --metrics-port "
+               "or leave it out")
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        _usage(f"up: --metrics-port must be 0 (any free port) to 65535, got {metrics_port}")
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")
@@ -624,6 +650,7 @@ def up(
                          prefix=prefix, pin_cpus=pin_cpus, busy_poll_us=busy_poll_us,
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
+                         metrics_port=metrics_port, metrics_host=metrics_host,
                          **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
@@ -643,6 +670,10 @@ def up(
                               f"--nats-port, or --nats-url to use the NATS already listening there")
             raise typer.Exit(2)
         cfg = replace(cfg, nats_port=0)
+    if metrics_port:  # before anything starts: a port taken is one line, nothing left running
+        problem = _cannot_listen(metrics_host, metrics_port)
+        if problem:
+            _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
     rc = _run(_up(cfg, demo, demo_duration, json_out))
     raise typer.Exit(rc)
 
@@ -670,7 +701,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
 
     from .accelerators import BackendUnavailable
     from .actors import Node
-    from .actors._node import NodeIdInUse
+    from .actors._node import MetricsPortUnavailable, NodeIdInUse
     from .bus import split_servers
     from .supervisor import ChildStartError
 
@@ -686,6 +717,9 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         await node.start()
     except NodeIdInUse as exc:
         err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
+        return EXIT_USAGE
+    except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running
+        err_console.print(f"[red]error[/]: up: --metrics-port: {escape(str(exc))}")
         return EXIT_USAGE
     except BackendUnavailable as exc:  # installed but unusable here (no GPU, a broken import): the device probe
         err_console.print(f"[red]error[/]: up: --backends {escape(','.join(cfg.backends))}: "
@@ -708,6 +742,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}"
                       f"run dir {node.run_dir}", soft_wrap=True)  # one line: logs are grepped for it
+        if node.metrics is not None:
+            console.print(f"  metrics http://{cfg.metrics_host}:{node.metrics.port}/metrics", soft_wrap=True)
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))

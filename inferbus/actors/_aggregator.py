@@ -37,6 +37,11 @@ class Aggregator:
             except asyncio.QueueFull:
                 self.stats["dropped"] += 1
 
+    def _stats_data(self, endpoint_stats) -> dict:
+        """``data`` of the ``cache-fill`` endpoint in ``$SRV.STATS``: ``fills`` written, ``fill_errors`` (lost to
+        a Redis failure), ``dropped`` (queue full) since start, and ``queued`` fills waiting now."""
+        return {**self.stats, "queued": self.queue.qsize()}
+
     async def _writer(self) -> None:
         while True:
             first = await self.queue.get()
@@ -66,7 +71,8 @@ class Aggregator:
 
         svc = await add_service(self.nc, name="inferbus-aggregator", version="0.1.0",
                                 description="inferbus aggregator (L2 cache fill)",
-                                metadata={"aggregator_id": self.config.aggregator_id})
+                                metadata={"aggregator_id": self.config.aggregator_id},
+                                stats_handler=self._stats_data)
         await svc.add_endpoint(name="cache-fill", subject=self.subjects.cache_fill,
                                queue_group=f"{self.config.bus.prefix}.aggregator",
                                handler=lambda r: self._on_fill(r._msg))

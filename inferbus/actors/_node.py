@@ -126,6 +126,12 @@ class NodeConfig:
     lists) would not fit and the node would never get ready. With it (no ``nats_url``), a
     ``max_request_bytes`` in ``ingress_options`` above it is refused (ValueError): the server would refuse such a
     request before the ingress saw it."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics over HTTP on this port (0 = a free one; None = off): one endpoint for the node,
+    read from the actors' ``$SRV.STATS`` at scrape time, nothing counted per request (docs/observability.md)."""
+    metrics_host: str = "0.0.0.0"
+    """Address the metrics endpoint listens on (``0.0.0.0``: every interface, as Triton's; ``127.0.0.1``: this
+    host only)."""
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)
@@ -157,6 +163,10 @@ class NodeConfig:
                              f"{self.nats_max_payload_bytes}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
+                                              or not 0 <= self.metrics_port <= 65535):
+            raise ValueError(f"NodeConfig.metrics_port: None (off), 0 (any free port) or a port to 65535; got "
+                             f"{self.metrics_port!r}")
         # the actors' own checks of the options passed through, now: a bad value fails here, before any
         # server or process starts, instead of in the middle of the start
         from ..bus import BusConfig
@@ -202,6 +212,9 @@ class Node:
         self.worker_ids: list[str] = []
         self.n_ingress = config.ingress
         """Ingress replicas started (with ``colocate``: one per CPU worker slot)."""
+        self.metrics = None
+        """The Prometheus endpoint (:class:`~inferbus.actors._metrics.MetricsServer`) once started with
+        ``metrics_port``; ``metrics.port`` is where it listens."""
 
     @property
     def n_workers(self) -> int:
@@ -304,6 +317,7 @@ class Node:
             EmbeddedServerError: an embedded server did not start.
             ChildStartError: an actor process failed to start.
             NodeIdInUse: on a NATS given by URL, workers of this ``node_id`` already report on this prefix.
+            MetricsPortUnavailable: ``metrics_host:metrics_port`` cannot be bound; everything started is stopped.
             BackendUnavailable: a backend of ``backends`` has no runtime or no device here (the device probe);
                 the embedded servers are stopped again.
         """
@@ -411,6 +425,16 @@ class Node:
             await self._stop_servers()
             raise
         self._run_task = asyncio.create_task(self._supervise(self.supervisor, "the actor processes"))
+        if c.metrics_port is not None:
+            from ._metrics import MetricsServer, NodeCollector
+
+            try:
+                self.metrics = MetricsServer.start(NodeCollector(self, asyncio.get_running_loop()), c.metrics_host,
+                                                   c.metrics_port)
+            except OSError as exc:
+                await self.stop()
+                raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
+                                             f"{exc.strerror or exc}") from exc
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until an ingress reports every model ready (workers' reports seen).
@@ -470,8 +494,12 @@ class Node:
         return None
 
     async def stop(self) -> None:
-        """Stop actors (reverse start order), then the embedded servers (Valkey, then NATS). Idempotent."""
+        """Stop the metrics endpoint, the actors (reverse start order), then the embedded servers (Valkey, then
+        NATS). Idempotent."""
         self._stopping = True
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)  # joins its thread, which may wait on this loop (a scrape)
+            self.metrics = None
         await _stop_tree(self.supervisor, self._run_task)
         self._run_task = None
         if self.nc is not None and not self.nc.is_closed:
@@ -499,6 +527,11 @@ class Node:
 
 class NodeIdInUse(RuntimeError):
     """Another node with the same ``node_id`` serves on the same NATS and prefix (see :meth:`Node.start`)."""
+
+
+class MetricsPortUnavailable(OSError):
+    """The metrics endpoint's address (``NodeConfig.metrics_host``/``metrics_port``) cannot be bound (see
+    :meth:`Node.start`)."""
 
 
 def _auth_config(bus_options: dict) -> str:

@@ -944,6 +944,17 @@ class Worker:
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
         )
 
+    def _stats_data(self, endpoint_stats) -> dict:
+        """``data`` of the ``infer`` endpoint in ``$SRV.STATS`` (the others' is empty), read at scrape time by
+        ``inferbus up --metrics-port``: the load report's fields (:class:`LoadReport`), plus ``received``
+        (requests taken, over NATS or from a colocated ingress), ``batches`` (model runs), ``stalls``,
+        ``stall_fenced`` and ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs)."""
+        if getattr(endpoint_stats, "name", "") != "infer":
+            return {}
+        s = self.stats
+        return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
+                "stalls": s.stalls, "stall_fenced": s.stall_fenced, "compute_ewma_us": dict(self.compute_ewma_us)}
+
     async def _reporter(self) -> None:
         period = self.config.report_interval_ms / 1000.0
         while True:
@@ -972,7 +983,8 @@ class Worker:
         svc = await add_service(self.nc, name="inferbus-worker", version="0.1.0",
                                 description="inferbus accelerator worker",
                                 metadata={"worker_id": self.config.worker_id, "backend": self.config.backend,
-                                          "device": self.device.name if self.device else ""})
+                                          "device": self.device.name if self.device else ""},
+                                stats_handler=self._stats_data)
         await self.nc.subscribe(control_subject(self.config.bus.prefix, self.config.worker_id), cb=self._on_control)
         await svc.add_endpoint(name="infer", subject=self.subjects.worker(self.config.worker_id),
                                handler=lambda req: self._on_request(req._msg),

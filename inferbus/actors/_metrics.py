@@ -1,0 +1,484 @@
+"""Prometheus metrics of one node, read at scrape time (``inferbus up --metrics-port``; docs/observability.md).
+
+One HTTP endpoint per node (``inferbus up``), like Triton's ``:8002/metrics`` per server: the node process
+serves it with prometheus-client's own WSGI server (``start_wsgi_server``, a daemon thread). Nothing is
+counted for it on the request path: a scrape asks every actor process of this node for its ``$SRV.STATS``
+(NATS micro, one request answered by each instance) on the node's own NATS connection and turns the counters
+and state the actors already keep (the ingresses' ``counts``, router view and latency window, the workers'
+load-report fields, the aggregator's fills, the region manager's role) into metric families. A scrape costs
+each actor process one ``$SRV.STATS`` answer, and nothing per request.
+
+Collection runs on the HTTP server's thread: :meth:`NodeCollector.collect` hands the gathering to the node's
+event loop (``asyncio.run_coroutine_threadsafe``) and waits at most ``wait_s`` (default 1 s) for every actor
+this node started to answer; one that does not is ``inferbus_actor_up 0`` and its metrics are missing from
+that scrape (Prometheus's own ``up`` says whether the node process answered at all). Replies from processes
+of other nodes or prefixes on a shared NATS are ignored (matched by process id and subject prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+
+from ..bus import Subjects
+
+log = logging.getLogger("inferbus.metrics")
+
+SERVICES = ("inferbus-ingress", "inferbus-worker", "inferbus-aggregator", "inferbus-region")
+"""The NATS micro services a scrape asks for ``$SRV.STATS``."""
+
+SCRAPE_WAIT_S = 1.0
+"""How long a scrape waits for the node's actors to answer, seconds (it returns as soon as all have)."""
+
+BREAKER_STATES = ("closed", "open", "half_open")
+
+# ingress ``counts`` keys with a metric of their own: key → (name, help, extra labels); every other key is
+# ``inferbus_ingress_events_total{event=<key>}``, so a count added later is never dropped silently
+_INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "requests": ("inferbus_ingress_requests", "Inference requests the ingress received (with a reply subject).", {}),
+    "ok_forwarded": ("inferbus_ingress_forwards", "Requests forwarded to a worker (cache misses and models "
+                     "without caching), over the bus or in-process.", {}),
+    "local_forwards": ("inferbus_ingress_local_forwards", "Forwards handed to the colocated worker in-process "
+                       "(--colocate), no bus hop.", {}),
+    "errors": ("inferbus_ingress_errors", "Requests the ingress itself answered with a typed error (refused "
+               "before forwarding, or a colocated worker's failure).", {}),
+    "l1_hits": ("inferbus_cache_hits", "Requests answered from a cache, by level.", {"level": "l1"}),
+    "l2_hits": ("inferbus_cache_hits", "Requests answered from a cache, by level.", {"level": "l2"}),
+    "rate_limited": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
+                     {"reason": "rate_limited"}),
+    "too_large": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
+                  {"reason": "too_large"}),
+    "unavailable": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
+                    {"reason": "unavailable"}),
+    "backlog_shed": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
+                     {"reason": "backlog_shed"}),
+    "expired_on_arrival": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
+                           {"reason": "expired_on_arrival"}),
+    "hedges": ("inferbus_hedges", "Hedged copies sent.", {}),
+    "hedge_wins": ("inferbus_hedge_wins", "Requests whose hedged copy answered first.", {}),
+    "lost": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.", {"cause": "worker"}),
+    "lost_in_reconnect": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.",
+                          {"cause": "reconnect"}),
+    "lost_while_behind": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.",
+                          {"cause": "behind"}),
+}
+
+# worker stats (``Worker._stats_data``) that are counters since the process started: key → (name, help, labels)
+_WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "received": ("inferbus_worker_received", "Requests the worker took (over NATS or from its colocated "
+                 "ingress).", {}),
+    "computed": ("inferbus_worker_computed", "Requests run through a model (a deduplicated request counts once).",
+                 {}),
+    "batches": ("inferbus_worker_batches", "Model runs (computed / batches = mean batch size).", {}),
+    "completed": ("inferbus_worker_completed", "Requests answered with a result.", {}),
+    "errors": ("inferbus_worker_errors", "Server-side failures (INTERNAL); never client errors.", {}),
+    "expired": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.", {"reason": "expired"}),
+    "shed": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.", {"reason": "shed"}),
+    "cancelled": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.",
+                  {"reason": "cancelled"}),
+    "stall_fenced": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.",
+                     {"reason": "stall_fenced"}),
+    "dedup_hits": ("inferbus_worker_dedup", "Duplicate requests (same id and body) answered without computing "
+                   "again, by how.", {"how": "recent_result"}),
+    "dedup_joins": ("inferbus_worker_dedup", "Duplicate requests (same id and body) answered without computing "
+                    "again, by how.", {"how": "joined"}),
+    "stalls": ("inferbus_worker_stalls", "Times the worker process was found frozen longer than its stall fence.",
+               {}),
+}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The actor processes of one node that a scrape waits for, and how to recognize their answers.
+
+    Args:
+        prefix: the node's subject prefix (answers of another prefix's actors are ignored).
+        ingress_ids: ingress ids (``<node_id>-i<j>``).
+        worker_ids: worker ids (``<node_id>-w<k>``, ``<node_id>-<backend>-<kind><k>``).
+        aggregator_ids: aggregator ids (``<node_id>-agg``).
+        regions: regions whose manager runs in this node.
+    """
+
+    prefix: str
+    ingress_ids: tuple[str, ...] = ()
+    worker_ids: tuple[str, ...] = ()
+    aggregator_ids: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+
+    def all(self) -> set[tuple[str, str]]:
+        """``{(kind, id)}`` of every expected actor."""
+        return ({("ingress", i) for i in self.ingress_ids} | {("worker", w) for w in self.worker_ids}
+                | {("aggregator", a) for a in self.aggregator_ids} | {("region", r) for r in self.regions})
+
+    def identify(self, stats: dict) -> tuple[str, str] | None:
+        """``(kind, id)`` of a ``$SRV.STATS`` answer from one of these actors, else None (another node's, another
+        prefix's, or not an inferbus service)."""
+        s = Subjects(self.prefix)
+        meta = stats.get("metadata") or {}
+        subjects = {e.get("subject") for e in stats.get("endpoints") or () if isinstance(e, dict)}
+        name = stats.get("name")
+        if name == "inferbus-ingress":
+            key = ("ingress", meta.get("ingress_id"))
+            ok = s.infer_all in subjects
+        elif name == "inferbus-worker":
+            key = ("worker", meta.get("worker_id"))
+            ok = s.worker(str(key[1])) in subjects
+        elif name == "inferbus-aggregator":
+            key = ("aggregator", meta.get("aggregator_id"))
+            ok = s.cache_fill in subjects
+        elif name == "inferbus-region":
+            key = ("region", meta.get("region"))
+            ok = s.region_control(str(key[1])) in subjects
+        else:
+            return None
+        return key if ok and key in self.all() else None
+
+
+async def gather_stats(nc, expected: Expected, wait_s: float = SCRAPE_WAIT_S) -> dict[tuple[str, str], dict]:
+    """Ask every inferbus micro service on ``nc``'s NATS for ``$SRV.STATS``; keep the answers of ``expected``.
+
+    One publish per service name to one inbox; returns when every expected actor answered or after
+    ``wait_s`` seconds, whichever is first. Runs on ``nc``'s event loop.
+
+    Returns:
+        ``{(kind, id): the decoded $SRV.STATS answer}`` of the expected actors that answered.
+
+    Raises:
+        nats.errors.Error: the connection is closed or cannot publish.
+    """
+    want = expected.all()
+    got: dict[tuple[str, str], dict] = {}
+    complete = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        try:
+            stats = json.loads(msg.data)
+        except ValueError:
+            return
+        key = expected.identify(stats) if isinstance(stats, dict) else None
+        if key is not None:
+            got[key] = stats
+            if want <= got.keys():
+                complete.set()
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_msg)
+    try:
+        for name in SERVICES:
+            await nc.publish(f"$SRV.STATS.{name}", b"", reply=inbox)
+        await nc.flush()
+        if want:
+            try:
+                await asyncio.wait_for(complete.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await sub.unsubscribe()
+    return got
+
+
+class _Families:
+    """Metric families by name, made on first use; samples added with a label dict."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[Metric, tuple[str, ...]]] = {}
+
+    def _family(self, cls, name: str, doc: str, labels: dict[str, str]) -> tuple[Metric, list[str]]:
+        got = self._families.get(name)
+        if got is None:
+            got = self._families[name] = (cls(name, doc, labels=list(labels)), tuple(labels))
+        fam, names = got
+        return fam, [str(labels[k]) for k in names]
+
+    def add(self, kind: str, name: str, doc: str, labels: dict[str, str], value: float | None) -> None:
+        """Add one sample; a None value is skipped. ``kind``: ``counter`` or ``gauge``; every sample of one
+        name has the same label names (the first sample's)."""
+        if value is None:
+            return
+        fam, values = self._family(CounterMetricFamily if kind == "counter" else GaugeMetricFamily, name, doc, labels)
+        fam.add_metric(values, float(value))
+
+    def summary(self, name: str, doc: str, labels: dict[str, str], count: int, sum_value: float) -> None:
+        """Add one summary sample (``_count`` and ``_sum``, no quantiles)."""
+        fam, values = self._family(SummaryMetricFamily, name, doc, labels)
+        fam.add_metric(values, count, sum_value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return (fam for fam, _ in self._families.values())
+
+
+def _model_labels(key: str) -> dict[str, str]:
+    name, _, version = key.rpartition(":")
+    return {"model": name, "version": version} if name else {"model": key, "version": ""}
+
+
+def _endpoint(stats: dict, name: str) -> dict:
+    for e in stats.get("endpoints") or ():
+        if isinstance(e, dict) and e.get("name") == name:
+            return e
+    return {}
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def families(stats: dict[tuple[str, str], dict], expected: Expected, children: list | None = None,
+             scrape_s: float | None = None) -> list[Metric]:
+    """The metric families of one scrape.
+
+    Args:
+        stats: :func:`gather_stats`'s answers.
+        expected: the actors the scrape waited for (those missing from ``stats`` are ``inferbus_actor_up 0``).
+        children: the node supervisors' ``ChildInfo`` snapshots (restarts per child), or None.
+        scrape_s: how long gathering took, seconds.
+    """
+    f = _Families()
+    for kind, aid in sorted(expected.all()):
+        f.add("gauge", "inferbus_actor_up", "1 when the actor process answered this scrape's $SRV.STATS within "
+              "the wait, else 0.", {"kind": kind, "actor": aid}, 1 if (kind, aid) in stats else 0)
+    for info in children or ():
+        labels = {"child": info.id}
+        f.add("counter", "inferbus_child_restarts", "Restarts of the node's child process (actors, embedded "
+              "nats-server and Valkey) by its supervisor.", labels, info.restarts)
+        f.add("gauge", "inferbus_child_running", "1 when the node's child process is running (not restarting or "
+              "stopped).", labels, 1 if str(getattr(info.status, "value", info.status)) == "running" else 0)
+    if scrape_s is not None:
+        f.add("gauge", "inferbus_scrape_duration_seconds", "Time this scrape waited for the actors' $SRV.STATS.",
+              {}, scrape_s)
+    for (kind, aid), st in sorted(stats.items()):
+        if kind == "ingress":
+            _ingress(f, aid, st)
+        elif kind == "worker":
+            _worker(f, aid, st)
+        elif kind == "aggregator":
+            _aggregator(f, aid, st)
+        elif kind == "region":
+            _region(f, aid, st)
+    return list(f)
+
+
+def _ingress(f: _Families, iid: str, st: dict) -> None:
+    ep = _endpoint(st, "infer")
+    data = ep.get("data") or {}
+    me = {"ingress": iid}
+    f.add("counter", "inferbus_request_errors", "Inference requests answered with a typed error, by the ingress "
+          "or (counted when its completion comes back) by a worker: the infer endpoint's num_errors.", me,
+          _num(ep.get("num_errors")))
+    for e in st.get("endpoints") or ():
+        if isinstance(e, dict) and _num(e.get("num_requests")) is not None and _num(e.get("processing_time")) is not None:
+            f.summary("inferbus_ingress_handler_seconds", "Time in the ingress's NATS micro handler per message, "
+                      "by endpoint (its decode, validation, cache lookup and forward; not the worker's compute).",
+                      {**me, "endpoint": e.get("name", "")}, int(e["num_requests"]), e["processing_time"] / 1e9)
+    for key, value in sorted((data.get("counts") or {}).items()):
+        named = _INGRESS_COUNTS.get(key)
+        if named is not None:
+            name, doc, extra = named
+            f.add("counter", name, doc, {**me, **extra}, _num(value))
+        else:
+            f.add("counter", "inferbus_ingress_events", "The ingress's other counts, by their name in the health "
+                  "reply's counts (retries joined, hedge cancels, run-to-completion paths, ...).",
+                  {**me, "event": key}, _num(value))
+    gauges = (("pending", "inferbus_ingress_pending_requests", "Forwards waiting for their completion."),
+              ("backlog", "inferbus_ingress_backlog_requests", "Requests received and not yet handled (the infer "
+               "subscription's buffer)."),
+              ("l1_entries", "inferbus_cache_l1_entries", "Entries in the ingress's L1 cache."),
+              ("l1_bytes", "inferbus_cache_l1_bytes", "Bytes of answers in the ingress's L1 cache."),
+              ("l2_inflight", "inferbus_cache_l2_lookups_in_flight", "L2 lookups waiting for Valkey."))
+    for key, name, doc in gauges:
+        f.add("gauge", name, doc, me, _num(data.get(key)))
+    ready = set(data.get("models_ready") or ())
+    for key in data.get("models") or ():
+        f.add("gauge", "inferbus_model_ready", "1 when the ingress has a live, healthy worker for the model version "
+              "(breaker not open), else 0.", {**me, **_model_labels(key)}, 1 if key in ready else 0)
+    for key, lat in sorted((data.get("latency_us") or {}).items()):
+        labels = {**me, **_model_labels(key)}
+        for q in ("0.5", "0.95", "0.99"):
+            v = _num(lat.get(q))
+            f.add("gauge", "inferbus_forward_latency_window_seconds", "Quantiles of the last 512 successful forwards "
+                  "of the model version, from forward to completion (worker queue + compute + both hops), nearest "
+                  "rank; not cumulative, absent below 16 samples.", {**labels, "quantile": q},
+                  None if v is None else v / 1e6)
+        f.add("gauge", "inferbus_forward_latency_window_samples", "Forwards in the latency window (at most 512).",
+              labels, _num(lat.get("samples")))
+    for wid, w in sorted((data.get("workers") or {}).items()):
+        labels = {**me, "worker": wid}
+        state = w.get("breaker")
+        for s in BREAKER_STATES:
+            f.add("gauge", "inferbus_breaker_state", "The ingress's circuit breaker for a worker: 1 for its current "
+                  "state (closed, open, half_open), 0 for the others.", {**labels, "state": s}, 1 if state == s else 0)
+        f.add("counter", "inferbus_breaker_trips", "Times the ingress's breaker for the worker opened.", labels,
+              _num(w.get("breaker_trips")))
+        f.add("gauge", "inferbus_worker_routable", "1 when the ingress routes to the worker (health verdict ok: "
+              "alive, reporting, not draining, error rate and breaker fine), else 0.", labels,
+              1 if w.get("health") == "ok" else 0)
+        f.add("gauge", "inferbus_worker_in_flight_requests_seen", "Requests the ingress has sent the worker and not "
+              "seen completed.", labels, _num(w.get("in_flight")))
+
+
+def _worker(f: _Families, wid: str, st: dict) -> None:
+    data = _endpoint(st, "infer").get("data") or {}
+    me = {"worker": wid}
+    if data:
+        f.add("gauge", "inferbus_worker_info", "The worker's device and backend (value 1).",
+              {**me, "backend": data.get("backend", ""), "device_kind": data.get("device_kind", ""),
+               "device": data.get("device_name", ""), "precision": data.get("precision", ""),
+               "region": data.get("region", "")}, 1)
+    for key, (name, doc, extra) in _WORKER_COUNTERS.items():
+        f.add("counter", name, doc, {**me, **extra}, _num(data.get(key)))
+    f.add("gauge", "inferbus_worker_queued_requests", "Requests waiting in the worker's mailbox.", me,
+          _num(data.get("queue_depth")))
+    f.add("gauge", "inferbus_worker_in_flight_requests", "Requests received and not yet answered (queued + "
+          "computing).", me, _num(data.get("in_flight")))
+    f.add("gauge", "inferbus_worker_mailbox_capacity_requests", "The worker's mailbox bound.", me,
+          _num(data.get("capacity")))
+    ewma = _num(data.get("ewma_service_us"))
+    f.add("gauge", "inferbus_worker_service_time_seconds", "EWMA of compute time per request (alpha 0.2), the "
+          "router's price of this worker.", me, None if ewma is None else ewma / 1e6)
+    f.add("gauge", "inferbus_worker_error_ratio", "Server-side failures / requests in the worker's health window.",
+          me, _num(data.get("error_rate")))
+    precisions = data.get("precisions") or {}
+    for key in data.get("models") or ():
+        f.add("gauge", "inferbus_model_loaded", "1 for each model version the worker serves, with its precision.",
+              {**me, **_model_labels(key), "precision": precisions.get(key, "")}, 1)
+    for key in sorted(data.get("load_errors") or {}):
+        f.add("gauge", "inferbus_model_load_failed", "1 for each model version the worker could not load.",
+              {**me, **_model_labels(key)}, 1)
+    for key, us in sorted((data.get("compute_ewma_us") or {}).items()):
+        v = _num(us)
+        f.add("gauge", "inferbus_model_compute_seconds", "EWMA of the model version's compute per request on the "
+              "worker, in thread CPU time (alpha 0.2).", {**me, **_model_labels(key)}, None if v is None else v / 1e6)
+
+
+def _aggregator(f: _Families, aid: str, st: dict) -> None:
+    data = _endpoint(st, "cache-fill").get("data") or {}
+    me = {"aggregator": aid}
+    f.add("counter", "inferbus_cache_l2_fills", "Answers written to the L2 cache (Valkey).", me, _num(data.get("fills")))
+    f.add("counter", "inferbus_cache_l2_fill_failures", "Cache fills lost, by reason (error: Redis failed; dropped: "
+          "the aggregator's queue was full).", {**me, "reason": "error"}, _num(data.get("fill_errors")))
+    f.add("counter", "inferbus_cache_l2_fill_failures", "Cache fills lost, by reason (error: Redis failed; dropped: "
+          "the aggregator's queue was full).", {**me, "reason": "dropped"}, _num(data.get("dropped")))
+    f.add("gauge", "inferbus_cache_l2_fills_queued", "Cache fills waiting in the aggregator.", me,
+          _num(data.get("queued")))
+
+
+def _region(f: _Families, region: str, st: dict) -> None:
+    data = _endpoint(st, "control").get("data") or {}
+    me = {"region": region}
+    if not data:
+        return
+    f.add("gauge", "inferbus_region_primary", "1 when the region is primary (holds the lease), else 0.", me,
+          1 if data.get("role") == "primary" else 0)
+    f.add("gauge", "inferbus_region_term", "The fencing term the region knows (the lease revision).", me,
+          _num(data.get("term")))
+    for key, name, doc in (("renewals", "inferbus_region_lease_renewals", "Lease renewals."),
+                           ("renewal_failures", "inferbus_region_lease_renewal_failures", "Lease renewals that failed."),
+                           ("lost_races", "inferbus_region_lease_lost_races", "Lease writes that lost the race."),
+                           ("lease_disconnects", "inferbus_region_lease_disconnects", "Disconnections from the "
+                            "lease's NATS."),
+                           ("model_writes", "inferbus_region_model_writes", "Model-management writes the region "
+                            "allowed.")):
+        f.add("counter", name, doc, me, _num(data.get(key)))
+
+
+class NodeCollector:
+    """A prometheus-client collector that reads a running :class:`~inferbus.actors.Node` at scrape time.
+
+    :meth:`collect` is called on the HTTP server's thread, never on the node's event loop (it would block
+    it). Nothing is kept between scrapes: every counter is the actors' own since their process started, so a
+    restarted process's counters start again at 0 (Prometheus's ``rate()`` takes that as a counter reset).
+    """
+
+    def __init__(self, node, loop: asyncio.AbstractEventLoop, wait_s: float = SCRAPE_WAIT_S) -> None:
+        self.node = node
+        self.loop = loop
+        self.wait_s = wait_s
+
+    def expected(self) -> Expected:
+        """The actors of the node as started (none before :meth:`Node.start` made them)."""
+        node, c = self.node, self.node.config
+        if not c.actors or node.supervisor is None:
+            ingress, workers, aggs = (), (), ()
+        else:
+            ingress = tuple(f"{c.node_id}-i{j}" for j in range(node.n_ingress))
+            workers, aggs = tuple(node.worker_ids), (f"{c.node_id}-agg",)
+        regions = (c.region_manager.region,) if c.region_manager is not None and node.supervisor is not None else ()
+        return Expected(c.prefix, ingress, workers, aggs, regions)
+
+    async def scrape(self) -> list[Metric]:
+        """The node's metrics now, gathered on the node's event loop (waits up to ``wait_s`` for the actors).
+
+        Raises:
+            nats.errors.Error: the node's NATS connection cannot publish.
+        """
+        t0 = time.monotonic()
+        expected = self.expected()
+        nc = self.node.nc
+        stats = await gather_stats(nc, expected, self.wait_s) if nc is not None and not nc.is_closed else {}
+        children = []
+        for sup in (self.node.servers, self.node.supervisor):
+            if sup is not None:
+                children.extend(sup.which_children())
+        return families(stats, expected, children, time.monotonic() - t0)
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus-client's hook, on the HTTP server's thread: :meth:`scrape` run on the node's loop, waited
+        for ``wait_s`` + 1 s at most. Never raises: a scrape that fails (NATS down, the node stopping) is logged
+        and yields nothing, so the HTTP answer is empty rather than an error page."""
+        fut = None
+        try:
+            fut = asyncio.run_coroutine_threadsafe(self.scrape(), self.loop)
+            got = fut.result(self.wait_s + 1.0)
+        except Exception as exc:  # closed loop or connection, timeout
+            if fut is not None:
+                fut.cancel()
+            log.warning("metrics scrape failed: %r", exc)
+            return
+        yield from got
+
+
+class MetricsServer:
+    """prometheus-client's HTTP server for one node's :class:`NodeCollector`, on a daemon thread.
+
+    Serves the Prometheus text format (OpenMetrics when the scraper asks for it) on every path, ``/metrics``
+    included. Use :meth:`start`, then :meth:`stop`.
+    """
+
+    def __init__(self, httpd, thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        """The TCP port it listens on (the one chosen when 0 was asked)."""
+        return self._httpd.server_port
+
+    @classmethod
+    def start(cls, collector: NodeCollector, host: str, port: int) -> "MetricsServer":
+        """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics.
+
+        Raises:
+            OSError: the address cannot be bound (port in use, no such address).
+        """
+        from prometheus_client import start_http_server
+        from prometheus_client.registry import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+        return cls(httpd, thread)
+
+    def stop(self) -> None:
+        """Stop listening and join the server thread (at most 5 s). Idempotent."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5.0)
+        self._httpd = None
