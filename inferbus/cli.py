@@ -462,6 +462,8 @@ _SEC = "Security"
 def up(
     ctx: typer.Context,
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
+    model: Optional[list[str]] = typer.Option(None, "--model", help="Serve only this model of the repository "
+                                              "(repeat for several; default: every model in it)."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
@@ -620,6 +622,10 @@ def up(
         repo = ModelRepository(Path(models_dir))
     except RepositoryError as exc:
         _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
+    unknown = sorted(set(model or ()) - {m.name for m in repo})
+    if unknown:
+        _usage(f"up: --model {', '.join(unknown)}: not in the model repository {models_dir} (it has "
+               f"{', '.join(sorted(m.name for m in repo)) or 'no models'})")
     if not len(repo):
         err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
                           f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
@@ -643,7 +649,8 @@ def up(
         _usage(f"up: --ingress {ingress} does not apply with --colocate (each CPU worker slot is one process, an "
                f"ingress with its worker: --workers sets both); leave --ingress out or drop --colocate")
     try:
-        cfg = NodeConfig(models_dir=models_dir, workers=workers, ingress=ingress, colocate=colocate,
+        cfg = NodeConfig(models_dir=models_dir, models=tuple(dict.fromkeys(model or ())), workers=workers,
+                         ingress=ingress, colocate=colocate,
                          node_id=node_id,
                          nats_url=nats_url, spread_servers=spread_servers,
                          nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,
@@ -701,7 +708,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
 
     from .accelerators import BackendUnavailable
     from .actors import Node
-    from .actors._node import MetricsPortUnavailable, NodeIdInUse
+    from .actors._node import MetricsPortUnavailable, ModelsUnservable, NodeIdInUse
     from .bus import split_servers
     from .supervisor import ChildStartError
 
@@ -733,7 +740,22 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         err_console.print(f"[red]error[/]: {escape(line)}", soft_wrap=True)
         return rc
     try:
-        await node.wait_ready(60)
+        try:
+            await node.wait_ready(60)
+        except ModelsUnservable as exc:  # a model no backend given can run: say which and why, at once
+            for key, why in sorted(exc.reasons.items()):
+                name, _, version = key.rpartition(":")
+                workers = "; ".join(f"{w}: {' '.join(r.split())}" for w, r in sorted(why.items()))
+                err_console.print(f"[red]error[/]: up: model {escape(name)!r} version {escape(version)}: no worker "
+                                  f"could load it ({escape(workers)})", soft_wrap=True)
+            err_console.print(f"up: serve these with another backend (--backends, e.g. onnxruntime,"
+                              f"{','.join(b for b in cfg.backends if b != 'onnxruntime') or 'jax'}) or leave them out "
+                              f"(--model NAME for each model to serve, or a --models folder without them)",
+                              soft_wrap=True)
+            return EXIT_USAGE
+        except TimeoutError as exc:
+            err_console.print(f"[red]error[/]: up: {escape(str(exc))}", soft_wrap=True)
+            return 1
         if stop.is_set():
             console.print("stopped during start-up")
             return 0

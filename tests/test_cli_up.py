@@ -222,3 +222,56 @@ def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
         assert out.returncode == 2, (value, out.returncode, out.stderr[-2000:])
         assert "--busy-poll-us must be 0 (off) to 1000000 µs" in out.stderr, (value, out.stderr[-2000:])
         assert "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_model_no_backend_given_can_load_fails_the_start_at_once_naming_it(tmp_path):
+    """A user trial: ``up --backends jax`` on a repository with the ``strings`` model (StringConcat, which the JAX
+    interpreter lacks) waited 60 s, then ended in a TimeoutError traceback. Once every worker has reported, a model
+    loaded by none is named with each worker's reason, exit 2, and nothing is left running."""
+    pytest.importorskip("jax", reason="jax is not installed (pip install 'inferbus[jax]')")
+    models = models_subset(tmp_path / "models", ["digits", "strings"])
+    argv = UP + ["--backends", "jax", "--nats-port", str(free_port()), "--no-cache", "--models", str(models),
+                 "--run-dir", str(tmp_path / "run")]
+    t0 = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=110, cwd=ROOT, env=ENV)
+    took_s = time.monotonic() - t0
+    assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-3000:])
+    err = out.stderr
+    assert "model 'strings' version 1: no worker could load it" in err and "StringConcat" in err, err[-3000:]
+    assert "'digits'" not in err and "Traceback" not in err, err[-3000:]
+    assert "--model NAME" in err, err[-3000:]
+    assert took_s < 55, took_s  # not the 60 s readiness wait: it stopped when the reports said so
+    ps = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", ps.stdout  # no actor process or server of that run left
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_model_option_serves_only_the_models_named(tmp_path):
+    models = models_subset(tmp_path / "models", ["digits", "strings"])
+    port = free_port()
+    log = tmp_path / "up.log"
+    argv = UP + ["--model", "digits", "--nats-port", str(port), "--workers", "1", "--no-cache", "--models",
+                 str(models), "--run-dir", str(tmp_path / "run")]
+    proc = spawn_logged(argv, log, ENV)
+    try:
+        wait_serving(proc, log)
+        text = log.read_text()
+        assert "model digits versions" in text and "model strings" not in text, text
+        x = np.load(models / "digits" / "data" / "test.npz")["X"][:2].astype(np.float32)
+        async with await Client.connect(f"nats://127.0.0.1:{port}") as client:
+            out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+            np.testing.assert_allclose(out["logits"], reference("digits", {"pixels": x})["logits"], rtol=1e-5,
+                                       atol=1e-5)
+            from inferbus.schemas import NotFound
+
+            with pytest.raises(NotFound):
+                await client.infer("strings", {"text": np.array([b"a"], dtype=object)}, timeout_s=5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    bad = subprocess.run(UP + ["--model", "nope", "--nats-port", "0", "--models", str(models)], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, env=ENV)
+    assert bad.returncode == 2 and "--model nope: not in the model repository" in bad.stderr, bad.stderr[-2000:]
+    assert "digits, strings" in bad.stderr, bad.stderr[-2000:]

@@ -440,20 +440,42 @@ class Node:
         """Wait until an ingress reports every model ready (workers' reports seen).
 
         Raises:
-            TimeoutError: not ready within ``timeout_s``.
+            ModelsUnservable: every worker of this node has reported (its ``_load`` report, sent once its
+                models are loaded) and a model version is loaded by none of them, each having failed to load it
+                (e.g. an operator the JAX interpreter lacks): waiting longer cannot make the node ready.
+            TimeoutError: not ready within ``timeout_s`` for another reason (the logs in the run dir say why).
         """
         from ..client import Client
 
+        reports: dict[str, LoadReport] = {}
+        mine = set(self.worker_ids)
+
+        async def on_load(msg) -> None:
+            try:
+                r = decode_internal(msg.data)
+            except InternalDecodeError:
+                return
+            if isinstance(r, LoadReport) and r.worker_id in mine:
+                reports[r.worker_id] = r
+
+        sub = await self.nc.subscribe(f"{self.config.prefix}._load", cb=on_load)
         client = Client(self.nc, self.config.prefix, retry_unavailable=False)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                h = await client.health(timeout_s=0.5)
-                if h.ready:
-                    return
-            except Exception:
-                pass
-            await asyncio.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    h = await client.health(timeout_s=0.5)
+                    if h.ready:
+                        return
+                except Exception:
+                    pass
+                if mine and len(reports) == len(mine):
+                    unservable = _unservable(reports.values())
+                    if unservable:
+                        raise ModelsUnservable(unservable)
+                await asyncio.sleep(0.05)
+        finally:
+            await sub.unsubscribe()
         raise TimeoutError(f"inferbus not ready after {timeout_s}s (logs in {self.run_dir})")
 
     async def _check_node_id_free(self, bus: BusConfig, listen_s: float = 0.35) -> None:
@@ -527,6 +549,30 @@ class Node:
 
 class NodeIdInUse(RuntimeError):
     """Another node with the same ``node_id`` serves on the same NATS and prefix (see :meth:`Node.start`)."""
+
+
+class ModelsUnservable(RuntimeError):
+    """At start, model versions that no worker of the node could load (see :meth:`Node.wait_ready`).
+
+    Attributes:
+        reasons: per ``name:version``, per worker id, why that worker did not load it (its load error).
+    """
+
+    def __init__(self, reasons: dict[str, dict[str, str]]) -> None:
+        self.reasons = reasons
+        super().__init__("; ".join(f"{k}: loaded by no worker" for k in sorted(reasons)))
+
+
+def _unservable(reports) -> dict[str, dict[str, str]]:
+    """Per ``name:version`` that some worker failed to load and none loaded: ``{worker_id: load error}``."""
+    reports = list(reports)
+    loaded = {k for r in reports for k in r.models}
+    out: dict[str, dict[str, str]] = {}
+    for r in reports:
+        for k, why in r.load_errors.items():
+            if k not in loaded:
+                out.setdefault(k, {})[r.worker_id] = why
+    return out
 
 
 class MetricsPortUnavailable(OSError):
