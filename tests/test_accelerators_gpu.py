@@ -134,7 +134,7 @@ print("OK")
 
 @pytest.mark.skipif(not _jax_gpu(), reason="jax sees no GPU here")
 def test_jax_gpu_worker_serves_through_the_bus(tmp_path):
-    """``inferbus up --backends jax`` on a GPU host: one JAX worker per GPU, announced as such, serving requests
+    """``inferbus up --backends jax`` on a GPU host (the two models JAX serves): one JAX worker per GPU, serving requests
     sent over NATS by the SDK, its answers within the fp16 tolerance of an in-process ONNX Runtime CPU run."""
     import asyncio
     import sys
@@ -144,7 +144,7 @@ def test_jax_gpu_worker_serves_through_the_bus(tmp_path):
 
     from inferbus.client import Client
 
-    dep = start_deployment(tmp_path / "run", workers=1, timeout_s=170, extra=["--backends", "jax", "--no-cache"])
+    dep = start_deployment(tmp_path / "run", workers=1, timeout_s=170, extra=["--backends", "jax", "--no-cache", "--model", "digits", "--model", "digits_cnn"])
     try:
         async def run():
             out = {}
