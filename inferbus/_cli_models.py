@@ -54,13 +54,39 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         print(msgspec.json.encode(ml).decode())
         return
     t = Table(title="models")
-    for col in ("name", "versions", "default", "platform", "inputs", "outputs"):
+    # a version some worker does not serve because its files are not those it was pinned to (docs/models.md)
+    problems = {m.name: (m.parameters or {}).get("versions_not_served") or {} for m in ml.models}
+    cols = ("name", "versions", "default", "platform", "inputs", "outputs") + (
+        ("not served",) if any(problems.values()) else ())
+    for col in cols:
         t.add_column(col)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
     for m in ml.models:  # the default version: what a request naming none is served by (metadata parameters)
         default = str((m.parameters or {}).get("default_version", ""))
-        t.add_row(m.name, ",".join(m.versions), default, m.platform, fmt(m.inputs), fmt(m.outputs))
+        row = [m.name, ",".join(m.versions), default, m.platform, fmt(m.inputs), fmt(m.outputs)]
+        if len(cols) > len(row):
+            row.append(",".join(sorted(problems[m.name], key=lambda v: (len(v), v))))
+        t.add_row(*row)
     console.print(t)
+    for name, probs in problems.items():  # why, one line each, unwrapped (a digest is 71 characters)
+        for line in _not_served(name, probs):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _not_served(name: str, problems: dict) -> list[str]:
+    """One line per version of ``name`` in ``problems`` (metadata ``parameters.versions_not_served``):
+    ``digits version 2 NOT READY (no worker serves it): digest mismatch: expected sha256:... got sha256:... (n1-w0,
+    n1-w1)``, or ``... not served by n1-w0 (others serve it): ...`` while other workers serve it."""
+    lines = []
+    for v, p in sorted(problems.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        workers = p.get("workers") or {}
+        why = next(iter(workers.values()), "")
+        # the reason without the "model 'm' version v: " lead and the advice after the folder
+        why = why.split(f"version {v}: ", 1)[-1].split(" (", 1)[0]
+        who = ", ".join(sorted(workers))
+        lines.append(f"{name} version {v} not served by {who} (other workers serve it): {why}" if p.get("ready") else
+                     f"{name} version {v} NOT READY (no live worker serves it): {why} ({who})")
+    return lines
 
 
 def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],

@@ -83,6 +83,11 @@ class WorkerConfig(_JsonMixin):
     models_dir: str
     models: tuple[str, ...] = ()
     """Model names to load (empty = every model in the repository)."""
+    pins: dict[str, str] = field(default_factory=dict)
+    """``"name:version"`` → ``"sha256:<hex>"``: the digests of the versions' files when the node first loaded them
+    (:mod:`inferbus.actors._pinning`). A version pinned here is served only if its files still have that digest; a
+    version on disk not pinned here (added after start) is not loaded at start. Empty = nothing pinned (every version
+    on disk is loaded, as read)."""
     backend: str = "onnxruntime"
     device_kind: str = "cpu"
     device_index: int = 0
@@ -169,6 +174,9 @@ class IngressConfig(_JsonMixin):
     bus: BusConfig
     models_dir: str
     models: tuple[str, ...] = ()
+    pins: dict[str, str] = field(default_factory=dict)
+    """``"name:version"`` → ``"sha256:<hex>"``, as :attr:`WorkerConfig.pins`: carried in the serving state this
+    ingress starts from (revision 0), so that model-management writes keep them."""
     redis_url: str | None = None
     """L2 cache (Valkey/Redis URL); None disables L2 lookups."""
     l2_lookup: bool = False

@@ -226,6 +226,16 @@ def model_metadata(model: Model) -> ModelMetadata:
     )
 
 
+def _with_problems(meta: ModelMetadata, problems: dict[str, dict]) -> ModelMetadata:
+    """``meta`` with ``parameters.versions_not_served``: per version of it that some live worker does not serve
+    because its files are not the pinned ones, ``{"ready": <another worker serves it>, "workers": {id: reason}}``
+    (:meth:`IngressModels.version_problems`); ``meta`` itself when there is none."""
+    mine = {k.rpartition(":")[2]: p for k, p in problems.items() if k.rpartition(":")[0] == meta.name}
+    if mine:
+        meta.parameters = {**(meta.parameters or {}), "versions_not_served": mine}
+    return meta
+
+
 _INPUT_FIELDS = tuple(f"inputs[{i}]" for i in range(16))  # the error field of input i, made once
 
 
@@ -291,6 +301,7 @@ class Ingress:
         self.redis = None
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
+                       "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
@@ -770,6 +781,13 @@ class Ingress:
                 except Exception:
                     pass
         if w is None:
+            pinned = self.model_ctl.pin_failures(mv.key, now)
+            if pinned:  # its files changed or are gone where it was (re)loaded: a retry cannot help, say why now
+                self.counts["pin_refused"] += 1
+                wid, why = next(iter(sorted(pinned.items())))
+                raise Internal(f"model version {mv.key} is not served: no live worker holds the files it was "
+                               f"pinned to: {why} (worker {wid}" + (f" and {len(pinned) - 1} more" if len(pinned) > 1
+                                                                   else "") + ")", field="model_version")
             self.counts["unavailable"] += 1
             raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",
                               field="model", retry_after_ms=50)
@@ -1309,7 +1327,8 @@ class Ingress:
         subj = msg.subject
         ct = (msg.headers or {}).get(H.CONTENT_TYPE)
         if subj == self.subjects.models:
-            body = encode(ModelList(models=[model_metadata(m) for m in self.repo]), ct)
+            problems = self.model_ctl.version_problems(time.monotonic())
+            body = encode(ModelList(models=[_with_problems(model_metadata(m), problems) for m in self.repo]), ct)
         else:
             name = subj[len(self.subjects.models) + 1:]
             if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback)
@@ -1321,7 +1340,7 @@ class Ingress:
                 await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None,
                                   endpoint="model")
                 return
-            body = encode(model_metadata(model), ct)
+            body = encode(_with_problems(model_metadata(model), self.model_ctl.version_problems(time.monotonic())), ct)
         await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
 
     def health(self) -> Health:
@@ -1329,6 +1348,9 @@ class Ingress:
         now = time.monotonic()
         ready_models = self.router.ready_models(now)
         wanted = {m.version(None).key for m in self.repo}
+        # a served version whose files changed or are gone on every live worker that (re)loaded it: not ready either
+        problems = self.model_ctl.version_problems(now)
+        wanted |= {k for k, p in problems.items() if not p["ready"]}
         latency = {}
         for k, lw in self._latency.items():
             p50, p95 = lw.quantile(0.5, now), lw.quantile(0.95, now)
@@ -1345,6 +1367,8 @@ class Ingress:
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None, "nats_server": connected_server(self.nc),
         }
+        if problems:  # {"digits:2": {"ready": false, "workers": {"n1-w0": "model 'digits' version 2: digest ..."}}}
+            params["model_versions_not_served"] = problems
         if self.redis is not None:
             pool = self.redis.connection_pool
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))

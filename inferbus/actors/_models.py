@@ -25,6 +25,10 @@ them on ``<p>._models.get`` before it announces READY, so a restart does not und
 Workers report per model the revision they have fully applied (``LoadReport.model_revisions``)
 and the versions they failed to load (``LoadReport.load_errors``); the ingress waits on those.
 
+Each state pins its versions (``ModelState.digests``: the SHA-256 of each version's files when first loaded,
+:mod:`._pinning`): a worker loads a version only from files with that digest, and a ``load`` of a served version
+whose files changed re-pins it (loaded again from the new files everywhere; undone to the old pin if no worker can).
+
 Writes are gated by region role: accepted only where this region's manager announces
 ``model_writes`` (the primary region), or always when no region manager is heard at all (a
 single node; an ingress in no region forgets a manager silent for ``REGION_HB_FORGET_S``). Elsewhere the answer
@@ -50,7 +54,8 @@ from ..schemas import (
 from ..schemas._internal import InternalDecodeError, LoadReport, ModelState, ModelStates, decode_internal, encode_internal
 from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decode_region
 from ._common import log
-from ._repository import Model, ModelArtifactError, ModelConfigError, RepositoryError
+from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
+from ._repository import Model, ModelArtifactError, ModelConfigError, ModelPinError, RepositoryError
 
 BROADCAST_PERIOD_S = 2.0
 """Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
@@ -89,9 +94,23 @@ def _newer(a: ModelState, b: ModelState | None) -> bool:
     return b is None or (a.revision, a.writer) > (b.revision, b.writer)
 
 
-def _initial_state(model: Model) -> ModelState:
-    """Revision 0: every version in the repository folder, the configured default."""
-    return ModelState(model.name, 0, "", sorted(model.versions, key=_vkey), model.default_version)
+def _initial_state(model: Model, pins: dict[str, str] | None = None) -> ModelState:
+    """Revision 0: every version in the repository folder, the configured default, the digests of ``pins``
+    (``"name:version"`` → digest, as the node pinned them at start) for those versions."""
+    pins = pins or {}
+    return ModelState(model.name, 0, "", sorted(model.versions, key=_vkey), model.default_version,
+                      {v: pins[mv.key] for v, mv in model.versions.items() if mv.key in pins})
+
+
+def _disk_digests(m: Model, versions) -> dict[str, str]:
+    """Blocking: digest of each of ``versions`` of ``m`` as its files are now (left out: unreadable)."""
+    out = {}
+    for v in versions:
+        try:
+            out[v] = version_files(m.versions[v].path.parent).digest
+        except (OSError, ModelPinError):
+            continue
+    return out
 
 
 async def fetch_states(nc, subjects) -> list[ModelState]:
@@ -119,7 +138,7 @@ class IngressModels:
         self.region = ingress.config.region
         self.disk: dict[str, Model] = dict(ingress.repo.models)
         """Every model as last read from its folder (all versions on disk)."""
-        self.states: dict[str, ModelState] = {m.name: _initial_state(m) for m in ingress.repo}
+        self.states: dict[str, ModelState] = {m.name: _initial_state(m, ingress.config.pins) for m in ingress.repo}
         self.reports: dict[str, LoadReport] = {}
         self.region_hb: dict[str, tuple[float, RegionHeartbeat]] = {}
         self.writes = {"accepted": 0, "refused": 0}
@@ -167,14 +186,23 @@ class IngressModels:
                 log(f"ingress {self.writer}: model {st.model} r{st.revision}: not served")
                 return True
             m = self.disk.get(st.model)
-            if m is None or any(v not in m.versions for v in st.versions):
+            # a version served now whose folder was deleted since keeps the metadata read when it was loaded (its
+            # workers hold it in memory; a restarted one reports it not served): it does not block writes to the model
+            old = self.ing.repo.models.get(st.model)
+            held = dict(old.versions) if old is not None else {}
+            prev = self.states.get(st.model)
+            repinned = [v for v in st.versions if prev is not None and v in st.digests and v in prev.digests
+                        and st.digests[v] != prev.digests[v]]  # re-pinned: its metadata is read again
+            if m is None or repinned or any(v not in m.versions and v not in held for v in st.versions):
                 try:
-                    m = await asyncio.to_thread(self.ing.repo.scan_model, st.model, st.versions)
+                    m = await asyncio.to_thread(self.ing.repo.scan_model, st.model,
+                                                [v for v in st.versions if v not in held or v in repinned])
                 except RepositoryError as exc:
                     log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
                     return False
                 self.disk[st.model] = m
-            versions = {v: m.versions[v] for v in st.versions if v in m.versions}
+            versions = {v: m.versions[v] if v in m.versions else held[v] for v in st.versions
+                        if v in m.versions or v in held}
             if len(versions) != len(st.versions) or st.default_version not in versions:
                 log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: versions "
                     f"{st.versions} default {st.default_version} vs {sorted(m.versions)} on disk")
@@ -389,9 +417,41 @@ class IngressModels:
                               f"this change applies; check inferbus models and retry", field="model",
                               retry_after_ms=100)
 
-    def _next(self, model: str, versions, default: str) -> ModelState:
+    def _next(self, model: str, versions, default: str, digests: dict[str, str] | None = None) -> ModelState:
+        """The next state of ``model``; ``digests`` (version → digest) default to the current state's pins of those
+        versions (a write other than a (re-)load keeps every version's pin)."""
         cur = self.states.get(model)
-        return ModelState(model, (cur.revision if cur else 0) + 1, self.writer, sorted(versions, key=_vkey), default)
+        if digests is None:
+            digests = dict(cur.digests) if cur else {}
+        versions = sorted(versions, key=_vkey)
+        return ModelState(model, (cur.revision if cur else 0) + 1, self.writer, versions, default,
+                          {v: digests[v] for v in versions if v in digests})
+
+    def pin_failures(self, key: str, now: float) -> dict[str, str]:
+        """Live workers that do not serve model version ``key`` because its files are not the pinned ones, with each
+        one's reason (from their load reports; empty when none)."""
+        router = self.ing.router
+        out = {}
+        for wid, r in self.reports.items():
+            why = r.load_errors.get(key)
+            if why is None or not why.startswith(PIN_ERROR_PREFIX) or key in r.models:
+                continue
+            w = router.workers.get(wid)
+            if w is not None and router.live(w, now):
+                out[wid] = why[len(PIN_ERROR_PREFIX):]
+        return out
+
+    def version_problems(self, now: float) -> dict[str, dict]:
+        """Served model versions that some live worker does not serve because of their files (pin failures):
+        ``{key: {"ready": whether another live worker serves it, "workers": {worker id: reason}}}``."""
+        ready = self.ing.router.ready_models(now)
+        out = {}
+        for m in self.ing.repo:
+            for mv in m.versions.values():
+                why = self.pin_failures(mv.key, now)
+                if why:
+                    out[mv.key] = {"ready": mv.key in ready, "workers": why}
+        return out
 
     async def _wait_applied(self, workers: list[str], model: str, revision: int, deadline: float
                             ) -> dict[str, LoadReport | None]:
@@ -440,15 +500,22 @@ class IngressModels:
         cur = self._served(model)
         served = set(cur.versions) if cur else set()
         asked = {version} if version is not None else set(m.versions)
-        # announced but loaded by no live worker (its load failed after the budget ran out, or at start-up): it is
-        # loaded again, never "nothing to do"
-        todo = sorted((asked - served) | self._loaded_nowhere(model, asked & served, time.monotonic()), key=_vkey)
+        # the files as they are now: a new version is pinned to them; a served one whose files changed is re-pinned
+        # (loaded again from them everywhere, as Triton's load of a loaded model reloads it). Off the loop: this
+        # reads every asked version's files once
+        disk = await asyncio.to_thread(_disk_digests, m, sorted(asked))
+        pins = dict(cur.digests) if cur else {}
+        repin = {v for v in asked & served if v in disk and pins.get(v) != disk[v]}
+        # announced but loaded by no live worker (its load failed after the budget ran out, or at start-up, or its
+        # files changed everywhere): it is loaded again, never "nothing to do"
+        nowhere = self._loaded_nowhere(model, asked & served, time.monotonic())
+        todo = sorted((asked - served) | nowhere | repin, key=_vkey)
         if not todo:
             return ModelControlReply(model, "load", list(cur.versions), cur.default_version, cur.revision,
                                      version=version, changed=False)
         default = cur.default_version if cur else (m.default_version if m.default_version in todo else todo[-1])
         required = self._required(model, time.monotonic())
-        st = self._next(model, served | set(todo), default)
+        st = self._next(model, served | set(todo), default, {**pins, **{v: disk[v] for v in todo if v in disk}})
         await self._publish(st)
         done = await self._wait_applied(required, model, st.revision, deadline)
         keys = [f"{model}:{v}" for v in todo]
@@ -476,7 +543,8 @@ class IngressModels:
         if dead:
             # no required worker could load it: undo the write (requests would find no worker, readiness would wait
             # for it, and a retry would be "nothing to do"); the versions of this load that did load are dropped too
-            back = self._undo(model, cur, dead)
+            # a re-pin of a version that was served somewhere: undone to its old pin, which those workers still hold
+            back = self._undo(model, cur, [k for k in dead if k.rpartition(":")[2] not in repin - nowhere])
             await self._publish(back, check=False)
             after = (f"serving versions {', '.join(back.versions)}, default {back.default_version}" if back.versions
                      else f"model {model!r} not served")
@@ -497,7 +565,7 @@ class IngressModels:
             return self._next(model, [], "")
         if before.default_version not in keep:
             keep.append(before.default_version)
-        return self._next(model, keep, before.default_version)
+        return self._next(model, keep, before.default_version, dict(before.digests))
 
     async def _unload(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
         cur = self._known(model)
@@ -564,6 +632,10 @@ class WorkerModels:
         """Per model: the revision whose loads and drains have all finished (reported to the ingresses)."""
         self.draining: set[str] = set()
         """``name:version`` keys being drained: new requests for them are refused (NOT_FOUND)."""
+        self.parked: dict[str, tuple[object, str]] = {}
+        """Key → ``(session, digest)`` of a version whose re-pin (a state naming another digest for it) failed here:
+        not served (its files are not the pinned ones); served again if a later state pins it back (the write
+        undone)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -599,15 +671,36 @@ class WorkerModels:
             st = self.states[model]
             if self.applied.get(model, -1) >= st.revision and st.revision > 0 and self._in_line(st):
                 return
+            w = self.w
+            pins = {f"{model}:{v}": d for v, d in st.digests.items()}
             want = {f"{model}:{v}" for v in st.versions}
-            have = {k for k in self.w.sessions if k.rpartition(":")[0] == model}
-            await asyncio.gather(*[self._load(model, k) for k in sorted(want - have)],
+            for k in [k for k in self.parked if k.rpartition(":")[0] == model]:
+                if k in want and pins.get(k) == self.parked[k][1]:  # pinned back (a failed re-pin undone): serve it
+                    w.sessions[k] = self.parked.pop(k)[0]
+                    w.load_errors.pop(k, None)
+                elif k not in want or (pins.get(k) and pins[k] != self.parked[k][1]):
+                    self.parked.pop(k)  # unloaded, or pinned to yet other files: dropped
+                    if k not in want:
+                        self._forget(k)
+            have = {k for k in w.sessions if k.rpartition(":")[0] == model}
+            # served here from other files than the state pins (re-pinned by `models load`): loaded again
+            repin = {k for k in want & have if pins.get(k) and w.digests.get(k) != pins[k]}
+            await asyncio.gather(*[self._load(model, k, pins.get(k)) for k in sorted(want - have)],
+                                 *[self._load(model, k, pins[k], replace=True) for k in sorted(repin)],
                                  *[self._drain(k) for k in sorted(have - want)])
+            for k in [k for k in w.load_errors if k.rpartition(":")[0] == model and k not in want]:
+                del w.load_errors[k]  # a version no longer served: its failure is no longer news
             self.applied[model] = st.revision
 
     def _in_line(self, st: ModelState) -> bool:
         have = {k for k in self.w.sessions if k.rpartition(":")[0] == st.model}
-        return have == {f"{st.model}:{v}" for v in st.versions}
+        if have != {f"{st.model}:{v}" for v in st.versions}:
+            return False
+        return all(self.w.digests.get(f"{st.model}:{v}") == d for v, d in st.digests.items())
+
+    def _forget(self, key: str) -> None:
+        for table in (self.w.versions, self.w.max_batch, self.w._bytes_inputs, self.w._specs, self.w.digests):
+            table.pop(key, None)
 
     def _open(self, model: Model, version: str, max_batch: int):
         """Blocking (a thread): session for ``model``/``version``, precision-checked and warmed up."""
@@ -618,22 +711,37 @@ class WorkerModels:
         sess.warmup(batch_buckets(max_batch) if max_batch > 1 else (1,))
         return mv, sess
 
-    async def _load(self, model: str, key: str) -> None:
+    async def _load(self, model: str, key: str, pinned: str | None = None, replace: bool = False) -> None:
+        """Load version ``key`` off the loop and publish it to the worker's tables; never raises.
+
+        Its files are checked against ``pinned`` (the digest the serving state names; None: not pinned) before the
+        session is created, and must not have changed by the time it is ready. A failure is reported in
+        ``load_errors`` (a pin failure prefixed :data:`PIN_ERROR_PREFIX`). With ``replace`` (a re-pin: the version is
+        served here from other files), the new session replaces the old one once ready; if it fails, the old one is
+        parked (not served: it is not the pinned version) until a state pins it back.
+        """
         w = self.w
         version = key.rpartition(":")[2]
         w.load_errors.pop(key, None)
         t0 = time.monotonic()
         try:
+            files = await asyncio.to_thread(check_pin, model, version, w.repo.root / model / version, pinned)
             m = await asyncio.to_thread(w.repo.scan_model, model, (version,))
             if version not in m.versions:
                 raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size
             mv, sess = await asyncio.to_thread(self._open, m, version, mb)
-        except Exception as exc:  # ModelLoadError, RepositoryError, a runtime error: reported, not fatal
+            if not await asyncio.to_thread(files.unchanged):
+                raise ModelPinError(f"model {model!r} version {version}: files changed while being loaded "
+                                    f"({w.repo.root / model / version}); not served")
+        except Exception as exc:  # ModelPinError, ModelLoadError, RepositoryError, a runtime error: reported, not fatal
             w.load_errors[key] = f"{type(exc).__name__}: {exc}"
             log(f"worker {w.config.worker_id}: load {key} failed: {exc}")
+            if replace and key in w.sessions:
+                self.parked[key] = (w.sessions.pop(key), w.digests.get(key, ""))
             return
         w.repo.models[model] = m
+        w.digests[key] = files.digest
         w.versions[key] = mv
         w.max_batch[key] = mb
         w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
@@ -662,8 +770,7 @@ class WorkerModels:
         while self._busy(key) and time.monotonic() - t0 < DRAIN_TIMEOUT_S:
             await asyncio.sleep(0.01)
         sess = w.sessions.pop(key, None)
-        for table in (w.versions, w.max_batch, w._bytes_inputs, w._specs):
-            table.pop(key, None)
+        self._forget(key)
         self.draining.discard(key)
         if sess is not None:
             try:

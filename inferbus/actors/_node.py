@@ -40,6 +40,7 @@ from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
                           SupervisorSpec)
+from ._pinning import pin_repository
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
 from ._region import RegionConfig
 
@@ -384,6 +385,10 @@ class Node:
             await self.nc.close()
             await self._stop_servers()
             raise
+        # version pinning: the digest of each version's files now, before any actor loads it; a worker restarted later
+        # serves a version only from files with that digest (docs/models.md, "Pinned versions"). Reads every version
+        # once, off the loop (about 1 s per GB, docs/models.md)
+        pins = await asyncio.to_thread(pin_repository, Path(c.models_dir), c.models) if c.actors else {}
         n_colocated = sum(1 for p in plan if p.backend == "onnxruntime" and p.device_kind == "cpu") if c.colocate else 0
         n_ingress = self.n_ingress = n_colocated or c.ingress
         colocated = []
@@ -392,7 +397,7 @@ class Node:
             wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
             wc = WorkerConfig(worker_id=wid, bus=bus.rotated(i) if c.spread_servers else bus, models_dir=c.models_dir,
-                              models=c.models, backend=p.backend,
+                              models=c.models, pins=pins, backend=p.backend,
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
@@ -405,7 +410,7 @@ class Node:
                 children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
         for j in range(n_ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
-                               models_dir=c.models_dir, models=c.models,
+                               models_dir=c.models_dir, models=c.models, pins=pins,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
                                **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})

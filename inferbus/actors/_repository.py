@@ -74,7 +74,8 @@ class RepositoryError(ValueError):
         ├── ModelArtifactError          a file or folder of a model cannot be served
         │   ├── ModelVersionsError      version folders that name one version twice (1 and 01)
         │   └── ModelDataError          a data/test.npz that cannot serve as reference rows
-        └── ModelStartError             a worker could not load a version the checks passed (the runtime's reason)
+        ├── ModelStartError             a worker could not load a version the checks passed (the runtime's reason)
+        └── ModelPinError               a served version's files are not those it was pinned to (changed, missing)
 
     Model management (``inferbus models load``) answers INVALID_ARGUMENT for a ModelConfigError or a
     ModelArtifactError, NOT_FOUND for the others.
@@ -105,6 +106,12 @@ class ModelStartError(RepositoryError):
     """A worker could not load a model version that the repository's checks passed (the message names the
     model, the version and the runtime's reason). An actor process that cannot start for a RepositoryError
     prints one line starting with :data:`UNSERVABLE_PREFIX` and exits 2 (``inferbus/actors/__main__.py``)."""
+
+
+class ModelPinError(RepositoryError):
+    """A model version's files are not those it was pinned to when first loaded (:mod:`._pinning`): changed
+    (``digest mismatch: expected X got Y``), missing (``files missing``), or changed while being loaded. The message
+    names the model, the version, the folder and what to do; the worker that raised it does not serve the version."""
 
 
 UNSERVABLE_PREFIX = "inferbus: the model repository cannot be served: "
@@ -323,23 +330,41 @@ class ModelRepository:
         RepositoryError: a model folder has no versions.
     """
 
-    def __init__(self, root: Path, only: list[str] | None = None) -> None:
+    def __init__(self, root: Path, only: list[str] | None = None, need: dict[str, set[str]] | None = None) -> None:
+        """Read every model folder under ``root`` (only those named in ``only``, when given).
+
+        With ``need`` (model name → version names: a restarted worker's pinned versions whose files are unchanged),
+        the read is tolerant: in each model only the versions in ``need`` must be readable (others that are not are
+        left out, as :meth:`scan_model` does; a ``default_version`` whose folder is gone is not an error), and a model
+        that still cannot be read is left out of :attr:`models` with its reason in :attr:`unreadable` instead of
+        raising (the worker serves the other models).
+        """
         self.root = Path(root)
         self.models: dict[str, Model] = {}
+        self.unreadable: dict[str, str] = {}
+        """Model name → why it was left out (only with ``need``)."""
         if not self.root.is_dir():
             raise RepositoryError(f"model repository {self.root} is not a folder")
         self._backend = OnnxRuntimeBackend()
         for cfg_path in sorted(self.root.glob("*/config.json")):
-            model = self._scan(cfg_path.parent, only)
+            if need is None:
+                model = self._scan(cfg_path.parent, only)
+            else:
+                try:
+                    model = self._scan(cfg_path.parent, only, need.get(cfg_path.parent.name, set()), pinned=True)
+                except RepositoryError as exc:
+                    self.unreadable[cfg_path.parent.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                    continue
             if model is not None:
                 self.models[model.name] = model
 
-    def _scan(self, folder: Path, only: list[str] | None = None, need=None) -> Model | None:
+    def _scan(self, folder: Path, only: list[str] | None = None, need=None, pinned: bool = False) -> Model | None:
         """Read one model folder (config, every ``<version>/model.onnx``, the headers of ``data/test.npz``);
         None when ``only`` excludes it. With ``need`` (version names), a version not in it whose artifact cannot
         be read, whose folder has a leading zero or whose inputs the reference rows do not fit is left out of
         the model instead of refusing it (a broken new version does not block loading or rolling back to
-        another)."""
+        another). With ``pinned`` (a restarted worker), a ``default_version`` not on disk is not an error (the
+        serving state names the default)."""
         cfg_path = folder / "config.json"
         try:
             raw = json.loads(cfg_path.read_text())
@@ -411,7 +436,7 @@ class ModelRepository:
         if not versions:
             raise RepositoryError(f"{folder}: no <version>/model.onnx found")
         if cfg.default_version is not None and cfg.default_version not in versions \
-                and str(cfg.default_version) not in left_out:
+                and str(cfg.default_version) not in left_out and not pinned:
             on_disk = ", ".join(sorted(versions, key=_version_key))
             raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not a "
                                    f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")

@@ -57,6 +57,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import msgspec
@@ -79,7 +80,8 @@ from ._fencing import Fencing
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._models import WorkerModels
-from ._repository import ModelRepository, ModelStartError
+from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
+from ._repository import ModelPinError, ModelRepository, ModelStartError
 
 _EWMA_ALPHA = 0.2
 DEDUP_HEADER = "Inferbus-Dedup"
@@ -257,14 +259,29 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.subjects = Subjects(config.bus.prefix)
-        self.repo = ModelRepository(config.models_dir, list(config.models) or None)
+        self.load_errors: dict[str, str] = {}
+        self.digests: dict[str, str] = {}
+        """Model key → digest of the files its session was loaded from (:mod:`._pinning`; read on the loop)."""
+        files, need = self._check_pins(config)
+        self.repo = ModelRepository(config.models_dir, list(config.models) or None, need)
+        for name, why in self.repo.unreadable.items():  # (pinned only) a model folder that cannot be read any more
+            for key in config.pins:
+                if key.rpartition(":")[0] == name:
+                    self.load_errors.setdefault(key, why)
         self.backend = get_backend(config.backend)
         self.sessions = {}
         self.versions = {}
         self.max_batch: dict[str, int] = {}
-        self.load_errors: dict[str, str] = {}
         for model in self.repo:
             for mv in model.versions.values():
+                if need is not None and mv.key not in files:
+                    continue  # not pinned (on disk, not served: `models load` loads it) or its files changed
+                if mv.key not in files:
+                    try:
+                        files[mv.key] = version_files(mv.path.parent)
+                    except (OSError, ModelPinError) as exc:
+                        self.load_errors[mv.key] = f"{PIN_ERROR_PREFIX}model {mv.name!r} version {mv.version}: {exc}"
+                        continue
                 # precision checked against FP32 on the model's reference rows; FP32 fallback (accelerators)
                 try:
                     sess = load_checked(self.backend, mv.path, precision=config.precision,
@@ -284,9 +301,15 @@ class Worker:
                 except Exception as exc:  # e.g. a model that cannot take the batch sizes of its max_batch_size
                     sizes = f" at batch sizes up to {mb}" if mb > 1 else " at batch size 1"
                     raise ModelStartError(_start_failure(mv, exc, sizes)) from exc
+                if not files[mv.key].unchanged():  # replaced while it was loaded: what was loaded is not known
+                    self.load_errors[mv.key] = (f"{PIN_ERROR_PREFIX}model {mv.name!r} version {mv.version}: files "
+                                                f"changed while being loaded ({mv.path.parent}); not served")
+                    log(f"worker {config.worker_id}: not serving {mv.key}: {self.load_errors[mv.key]}")
+                    continue
                 self.sessions[mv.key] = sess
                 self.versions[mv.key] = mv
                 self.max_batch[mv.key] = mb
+                self.digests[mv.key] = files[mv.key].digest
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
@@ -339,6 +362,31 @@ class Worker:
                           else None)
         """Keeps the loop polling after each request (``busy_poll_us``), except while the inference thread has
         work (a spinning loop would keep the GIL from it); a colocated ingress pokes it too."""
+
+    def _check_pins(self, config: WorkerConfig) -> tuple[dict, dict[str, set[str]] | None]:
+        """Check each pinned version's files (``config.pins``) before anything is loaded; blocking (reads them).
+
+        Returns:
+            ``(files, need)``: the :class:`VersionFiles` of each pinned version whose files are unchanged, and the
+            versions to read per model (None when nothing is pinned: every version on disk is read, as before).
+            A version whose files changed or are missing is not in either; its reason is in :attr:`load_errors`
+            (prefixed :data:`PIN_ERROR_PREFIX`) and it is not served here.
+        """
+        if not config.pins:
+            return {}, None
+        files, need = {}, {}
+        for key, pinned in config.pins.items():
+            name, _, version = key.rpartition(":")
+            if config.models and name not in config.models:
+                continue
+            try:
+                files[key] = check_pin(name, version, Path(config.models_dir) / name / version, pinned)
+            except ModelPinError as exc:
+                self.load_errors[key] = f"{PIN_ERROR_PREFIX}{exc}"
+                log(f"worker {config.worker_id}: not serving {key}: {exc}")
+                continue
+            need.setdefault(name, set()).add(version)
+        return files, need
 
     def thread_has_work(self) -> bool:
         """Whether the inference thread is computing or has requests queued (the busy poller then lets it run)."""

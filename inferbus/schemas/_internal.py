@@ -171,6 +171,9 @@ class ModelState(msgspec.Struct, omit_defaults=True):
     sessions, ingresses forget it (NOT_FOUND, not listed, not waited for by readiness)."""
     default_version: str
     """Version that serves requests naming none (``""`` when ``versions`` is empty)."""
+    digests: dict[str, str] = {}
+    """Version → ``"sha256:<hex>"`` of its files when it was first loaded (its pin, docs/models.md): a worker serves
+    a version only from files with this digest. A version missing here is not pinned (not compared)."""
 
 
 class ModelStates(_Base, tag="inferbus.v1.model_states"):

@@ -1,0 +1,185 @@
+"""Version pinning (docs/models.md, "Pinned versions"): a served model version is the bytes it was first loaded from.
+
+A user trial found that a worker restarted by its supervisor loaded whatever was on disk under a served version: with
+the version's ``model.onnx`` overwritten while serving, two different models answered under one version (the other
+workers still held the old one), silently; and a served version whose folder was deleted stayed announced, every
+request UNAVAILABLE while health said ready. Now a restarted worker checks each version's files against the digest
+pinned at start and does not serve a version whose files changed or are gone: its other versions serve on, the other
+workers keep answering that version from the pinned bytes, and once no worker serves it, requests get INTERNAL at once
+naming the reason, health is not ready and ``inferbus models`` says why. ``inferbus models load`` re-pins.
+
+Real processes only: ``inferbus up`` (embedded nats-server, 2 workers, 1 ingress, no cache) on a copy of digits with a
+third version (a copy of version 2); workers killed with SIGKILL, restarted by the node's supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MODELS, ROOT, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
+from inferbus.actors import ModelRepository
+from inferbus.actors._pinning import version_files
+from inferbus.client import Client
+from inferbus.loadgen import Workload
+from inferbus.schemas import Internal
+
+pytestmark = [pytest.mark.anyio]
+
+PREFIX = "pin"
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    """(deployment, models folder): digits versions 1, 2 and 3 (3 = a copy of 2), 2 workers."""
+    root = tmp_path_factory.mktemp("pinning")
+    models = root / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    shutil.copytree(MODELS / "digits" / "2", models / "digits" / "3")
+    d = start_deployment(root / "dep", workers=2, prefix=PREFIX, extra=["--models", str(models), "--no-cache"])
+    yield d, models
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def refs():
+    repo = ModelRepository(MODELS, ["digits"])
+    w1 = Workload(repo, "digits", "1", pool=8)
+    w2 = Workload(repo, "digits", "2", pool=8)
+    return w1.inputs, {"1": w1.reference, "2": w2.reference}
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+
+
+def _outputs_of(res, refs, i: int) -> str:
+    """Which model's outputs (the files of digits "1" or "2") answered input ``i``."""
+    _, by = refs
+    for files in ("1", "2"):
+        if np.allclose(res.outputs["logits"], by[files][i]["logits"], rtol=1e-4, atol=1e-5):
+            return files
+    return "neither"
+
+
+async def _kill_and_wait_restart(client, wid: str, timeout_s: float = 60.0) -> None:
+    """SIGKILL worker ``wid`` (its pid from health) and wait until it reports again from a new process."""
+    h = await client.health(timeout_s=2.0)
+    old = h.parameters["workers"][wid]["pid"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline, f"{wid} not back within {timeout_s} s"
+        await asyncio.sleep(0.2)
+        w = (await client.health(timeout_s=2.0)).parameters["workers"].get(wid, {})
+        if w.get("pid") not in (None, old) and w.get("health") == "ok" and (w.get("report_age_ms") or 1e9) < 1000:
+            return
+
+
+@pytest.mark.timeout(300)
+async def test_a_restarted_worker_does_not_serve_changed_or_deleted_files_under_a_pinned_version(pinned, refs):
+    dep, models = pinned
+    url = ["--nats-url", dep.nats_url, "--prefix", PREFIX]
+    inputs, _ = refs
+    pinned_2 = version_files(models / "digits" / "2").digest
+    async with await Client.connect(dep.nats_url, PREFIX) as client:
+        for v in ("1", "2", "3"):
+            res = await client.infer_result("digits", inputs[0], version=v, timeout_s=5.0)
+            assert _outputs_of(res, refs, 0) == {"1": "1", "2": "2", "3": "2"}[v]
+        # while serving: version 2's model file overwritten with another valid model (version 1's), version 3 deleted
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "digits" / "2" / "model.onnx")
+        shutil.rmtree(models / "digits" / "3")
+        now_2 = version_files(models / "digits" / "2").digest
+        assert now_2 != pinned_2
+
+        # one worker crashes and is restarted: it serves version 1, not 2 or 3; the other serves all three as pinned
+        await _kill_and_wait_restart(client, "n1-w0")
+        served_by = {"1": set(), "2": set(), "3": set()}
+        for n in range(30):  # 8 at once, so that the router uses both workers
+            asked = [(v, (n + j) % len(inputs)) for j, v in enumerate(("1", "2", "3", "1", "2", "3", "1", "1"))]
+            answers = await asyncio.gather(*[client.infer_result("digits", inputs[i], version=v, timeout_s=5.0)
+                                             for v, i in asked])
+            for (v, i), res in zip(asked, answers):
+                served_by[v].add(res.parameters["worker_id"])
+                # never the changed bytes under the old version (it answered version 1's outputs as version 2)
+                assert _outputs_of(res, refs, i) == {"1": "1", "2": "2", "3": "2"}[v], (v, res.parameters)
+        deadline = time.monotonic() + 10
+        while True:
+            h = await client.health(timeout_s=2.0)
+            bad = h.parameters.get("model_versions_not_served", {})
+            if set(bad) == {"digits:2", "digits:3"}:
+                break
+            assert time.monotonic() < deadline, h.parameters
+            await asyncio.sleep(0.1)
+        assert h.ready, h.parameters  # n1-w1 still serves both from the pinned bytes
+        assert bad["digits:2"]["ready"] and set(bad["digits:2"]["workers"]) == {"n1-w0"}, bad
+        assert f"digest mismatch: expected {pinned_2} got {now_2}" in bad["digits:2"]["workers"]["n1-w0"], bad
+        assert "files missing" in bad["digits:3"]["workers"]["n1-w0"], bad
+        assert served_by["1"] == {"n1-w0", "n1-w1"} and served_by["2"] == served_by["3"] == {"n1-w1"}, served_by
+
+        # the other worker restarts too: no worker holds the pinned files; typed error at once, not ready, listed
+        await _kill_and_wait_restart(client, "n1-w1")
+        for v, said in (("2", f"digest mismatch: expected {pinned_2} got {now_2}"), ("3", "files missing")):
+            t0 = time.monotonic()
+            with pytest.raises(Internal) as err:
+                await client.infer("digits", inputs[0], version=v, timeout_s=10.0)
+            assert time.monotonic() - t0 < 2.0, "answered after a wait, not at once"
+            assert f"model version digits:{v} is not served" in str(err.value) and said in str(err.value), err.value
+        for i in range(4):  # version 1 (the default) serves on, on both
+            res = await client.infer_result("digits", inputs[i], timeout_s=5.0)
+            assert res.model_version == "1" and _outputs_of(res, refs, i) == "1"
+        h = await client.health(timeout_s=2.0)
+        assert not h.ready, h.parameters
+        bad = h.parameters["model_versions_not_served"]
+        assert not bad["digits:2"]["ready"] and set(bad["digits:2"]["workers"]) == {"n1-w0", "n1-w1"}, bad
+        hp = await asyncio.to_thread(_cli, "health", *url)
+        assert json.loads(hp.stdout)["ready"] is False, (hp.stdout, hp.stderr)
+        p = await asyncio.to_thread(_cli, "models", *url)
+        assert p.returncode == 0, p.stderr
+        assert "not served" in p.stdout, p.stdout
+        assert (f"digits version 2 NOT READY (no live worker serves it): digest mismatch: expected {pinned_2} got "
+                f"{now_2} (n1-w0, n1-w1)") in p.stdout, p.stdout
+        assert (f"digits version 3 NOT READY (no live worker serves it): files missing: "
+                f"{models / 'digits' / '3' / 'model.onnx'} (n1-w0, n1-w1)") in p.stdout, p.stdout
+        p = await asyncio.to_thread(_cli, "models", *url, "--json")
+        listed = {m["name"]: m for m in json.loads(p.stdout)["models"]}
+        assert set(listed["digits"]["parameters"]["versions_not_served"]) == {"2", "3"}, listed["digits"]
+
+        # the explicit load re-pins version 2 to its new files (Triton's load of a loaded model reloads it)
+        p = await asyncio.to_thread(_cli, "models", "load", "digits", "--version", "2", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        r = json.loads(p.stdout)
+        assert r["changed"] and r["workers"] == {"n1-w0": "loaded", "n1-w1": "loaded"}, r
+        for i in range(4):
+            res = await client.infer_result("digits", inputs[i], version="2", timeout_s=5.0)
+            assert _outputs_of(res, refs, i) == "1"  # the new files, knowingly
+        p = await asyncio.to_thread(_cli, "models", "load", "digits", "--version", "2", *url, "--json")
+        assert p.returncode == 0 and json.loads(p.stdout)["changed"] is False, p.stdout  # pinned: nothing to do
+        # the deleted version is unloaded; then every served version is ready again
+        p = await asyncio.to_thread(_cli, "models", "unload", "digits", "--version", "3", *url, "--json")
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        deadline = time.monotonic() + 5
+        while not (h := await client.health(timeout_s=2.0)).ready or "model_versions_not_served" in h.parameters:
+            assert time.monotonic() < deadline, h.parameters
+            await asyncio.sleep(0.1)
+
+        # a worker restarted after the re-pin serves version 2 from the new files (the state it fetches pins them)
+        await _kill_and_wait_restart(client, "n1-w0")
+        deadline = time.monotonic() + 5
+        seen = set()
+        while seen != {"n1-w0", "n1-w1"}:
+            assert time.monotonic() < deadline, seen
+            res = await client.infer_result("digits", inputs[1], version="2", timeout_s=5.0)
+            assert _outputs_of(res, refs, 1) == "1"
+            seen.add(res.parameters["worker_id"])
