@@ -183,3 +183,44 @@ async def test_a_restarted_worker_does_not_serve_changed_or_deleted_files_under_
             res = await client.infer_result("digits", inputs[1], version="2", timeout_s=5.0)
             assert _outputs_of(res, refs, 1) == "1"
             seen.add(res.parameters["worker_id"])
+
+
+@pytest.mark.timeout(180)
+async def test_a_repinned_version_never_answers_from_the_old_files_cached(tmp_path, refs):
+    """A user trial: after ``models load`` re-pinned a version to new files, both ingresses' L1 caches (and the raw
+    index) kept answering the old files' results as hits, under the same version, for the model's ``cache_ttl_ms``.
+    Cache keys now carry the pin: with L1 and the shared L2 warm with the old answers, every answer after the
+    re-pin is the new files', and the new answers are cached again."""
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    cfg = json.loads((models / "digits" / "config.json").read_text())
+    cfg["cache_ttl_ms"] = 60_000
+    (models / "digits" / "config.json").write_text(json.dumps(cfg))
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix=PREFIX, extra=["--models", str(models), "--ingress", "2",
+                                                                             "--l2-lookup"])
+    inputs, _ = refs
+    try:
+        async with await Client.connect(dep.nats_url, PREFIX) as client:
+            async def ask_all(rounds: int) -> list:
+                out = []
+                for _ in range(rounds):  # each round every input once, at once (spread over both ingresses)
+                    res = await asyncio.gather(*[client.infer_result("digits", x, version="2", timeout_s=5.0)
+                                                 for x in inputs])
+                    out += list(enumerate(res))
+                return out
+
+            before = await ask_all(6)  # both ingresses see each input: L1 on both, L2 filled
+            assert all(_outputs_of(r, refs, i) == "2" for i, r in before)
+            assert sum(bool(r.parameters.get("cache_hit")) for _, r in before) > len(inputs), "no hits before"
+            shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "digits" / "2" / "model.onnx")
+            p = await asyncio.to_thread(_cli, "models", "load", "digits", "--version", "2", "--nats-url", dep.nats_url,
+                                        "--prefix", PREFIX, "--json")
+            assert p.returncode == 0 and json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
+            await asyncio.sleep(0.3)  # every ingress has the new state (it is broadcast once the load is done)
+            after = await ask_all(6)
+            stale = [(i, r.parameters.get("cache_hit"), r.parameters.get("cache_level")) for i, r in after
+                     if _outputs_of(r, refs, i) != "1"]
+            assert not stale, stale  # (input, hit, level) answered from the old files
+            assert sum(bool(r.parameters.get("cache_hit")) for _, r in after) > len(inputs), "no hits after"
+    finally:
+        dep.stop()

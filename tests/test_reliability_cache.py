@@ -26,6 +26,7 @@ import pytest
 
 from chaos.proxy import TcpProxy
 from inferbus.actors._cache import cache_key
+from inferbus.actors._pinning import version_files
 from inferbus.bus import EmbeddedValkey
 from inferbus.client import Client
 from inferbus.schemas import (
@@ -50,8 +51,10 @@ def _check(k: int, out) -> bool:
 
 
 async def _key_of(prefix: str, model: str, feeds: dict, outputs: list[str] | None = None, raw: bool = True,
-                  version: str = "1") -> str:
-    """The Valkey key of the entry the SDK's request for ``feeds`` fills (the ingress's ``cache_key``)."""
+                  version: str = "1", models_dir=MODELS) -> str:
+    """The Valkey key of the entry the SDK's request for ``feeds`` fills (the ingress's ``cache_key``, whose version
+    carries the version's pin: ``<version>@<digest of models_dir/model/version>``)."""
+    version = f"{version}@{version_files(models_dir / model / version).digest}"
     req = decode_request(encode_request(InferRequest(
         inputs=[input_from_numpy(n, a, raw=raw) for n, a in feeds.items()],
         outputs=[RequestedOutput(name=o) for o in outputs] if outputs else None)))
@@ -249,7 +252,9 @@ async def test_same_bytes_as_other_shapes_and_datatypes_never_share_an_entry(cac
             assert ei.value.field == "inputs[0].datatype", ei.value
 
         await one_round()  # misses: each form fills its own entry
-        entries = await _wait_l2(vk_url, [await _key_of("c2", "grid", {"x": x}) for x in forms.values()])
+        models_dir = dep.run_dir.parent / "models"
+        entries = await _wait_l2(vk_url, [await _key_of("c2", "grid", {"x": x}, models_dir=models_dir)
+                                          for x in forms.values()])
         for x, body in zip(forms.values(), entries.values()):  # the L2 entries hold their own answers
             y = next(o for o in decode_response(body).outputs if o.name == "y")
             assert list(y.shape) == list(x.shape)

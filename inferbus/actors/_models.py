@@ -139,6 +139,8 @@ class IngressModels:
         self.disk: dict[str, Model] = dict(ingress.repo.models)
         """Every model as last read from its folder (all versions on disk)."""
         self.states: dict[str, ModelState] = {m.name: _initial_state(m, ingress.config.pins) for m in ingress.repo}
+        for st in self.states.values():
+            self._cache_tags(st)
         self.reports: dict[str, LoadReport] = {}
         self.region_hb: dict[str, tuple[float, RegionHeartbeat]] = {}
         self.writes = {"accepted": 0, "refused": 0}
@@ -226,8 +228,20 @@ class IngressModels:
                 f"default {st.default_version}")
             return True
 
+    def _cache_tags(self, st: ModelState) -> None:
+        """Set the result cache's version tag of each version of ``st`` (``ingress._cache_version``, ``name:version``
+        → ``version@digest``, or the bare version when it is not pinned): cache keys and raw-index keys carry the
+        pin, so a version re-pinned to new files (``models load``) never gets an answer of its old files from the
+        L1 cache, the raw index or the shared L2 (a user trial: the old answers came back as hits for the model's
+        whole ``cache_ttl_ms``), nor does a fill computed by the old files that arrives after the re-pin."""
+        tags = self.ing._cache_version
+        for v in st.versions:
+            d = st.digests.get(v)
+            tags[f"{st.model}:{v}"] = f"{v}@{d}" if d else v
+
     def _set_state(self, st: ModelState) -> None:
         """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost)."""
+        self._cache_tags(st)
         prev = self.states.get(st.model)
         if prev is not None and prev.revision == st.revision and prev.writer != st.writer:
             if len(self._overridden) >= 1000:
