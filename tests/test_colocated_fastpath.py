@@ -395,3 +395,20 @@ async def test_a_bus_forward_whose_budget_runs_out_in_the_workers_decode_is_refu
     assert "while the worker decoded the request" in err.message, err.message
     feeds = typed_input()
     check_typed(feeds, (await client.infer_result("typed", feeds, timeout_s=5)).outputs)
+
+
+async def test_a_request_far_larger_than_the_models_usual_is_not_run_on_the_loop(env, dep):
+    """A user trial: 30,000 rows of a model priced at ~100 µs per request ran to completion on the colocated
+    process's event loop (its ingress and worker frozen for seconds). Over the model's inline body bound it goes
+    through the worker's queue to the inference thread; the next small request runs to completion again."""
+    nc, client, reports = env
+    x = np.load(dep.run_dir.parent / "models" / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    big = np.tile(x, (20_000 // len(x) + 1, 1))[:20_000] + np.float32(random.random())  # uncached: a new input
+    h0 = (await health_params(client))["counts"]
+    for rows, expect in ((20_000, "thread"), (1, "inline")):
+        feeds = {"pixels": big[:rows] + np.float32(rows)}
+        res = await client.infer_result("digits", feeds, timeout_s=20)
+        assert (res.parameters["forward"], res.parameters["exec"]) == ("local", expect), (rows, res.parameters)
+        np.testing.assert_allclose(res.outputs["logits"], reference("digits", feeds)["logits"], rtol=1e-4, atol=1e-4)
+    h1 = (await health_params(client))["counts"]
+    assert h1["run_now"] - h0["run_now"] == 1, (h0, h1)  # the small one only

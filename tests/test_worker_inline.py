@@ -191,3 +191,26 @@ async def test_a_model_that_becomes_slow_goes_back_to_the_thread_and_returns(nc)
     await set_fault(conn, PREFIX, "w-inline")
     resp, _ = await _ask(conn, "w-inline", "typed", _typed(30))
     assert resp.parameters["exec"] == "inline"
+
+
+async def test_a_request_far_larger_than_its_models_usual_runs_on_the_thread(nc):
+    """A user trial: 30,000 rows (7.7 MB) of a model whose requests usually take ~100 µs ran inline, holding the
+    worker's event loop for seconds (no load reports: its ingress counted it gone and the SDK retried elsewhere).
+    A body over the model's inline bound (``inline_max_body_bytes``: 16 rows raw + 1 KiB, 4-64 KiB) goes to the
+    inference thread; a few rows still run inline."""
+    from inferbus.actors._worker import inline_max_body_bytes
+    from inferbus.actors import ModelRepository
+
+    conn, reports = nc
+    x = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"].astype(np.float32)
+    mv = ModelRepository(__import__("conftest").MODELS, ["digits"]).get("digits").version("1")
+    bound = inline_max_body_bytes(mv)
+    assert bound == 16 * 64 * 4 + 1024, bound
+    big = np.tile(x, (20_000 // len(x) + 1, 1))[:20_000]
+    for rows, expect in ((1, "inline"), (8, "inline"), (20_000, "thread"), (1, "inline")):
+        feeds = {"pixels": big[:rows]}
+        assert (len(_body(feeds)) <= bound) == (expect == "inline"), (rows, len(_body(feeds)))
+        resp, _ = await _ask(conn, "w-inline", "digits", feeds)
+        assert resp.parameters["exec"] == expect, (rows, resp.parameters)
+        np.testing.assert_allclose(_outputs(resp)["logits"], reference("digits", feeds)["logits"], rtol=1e-5,
+                                   atol=1e-5)

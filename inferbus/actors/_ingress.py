@@ -807,7 +807,7 @@ class Ingress:
             dkey = dedupe_key(mv.key, worker_rid, body) if worker_rid else None
             if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
                 await self._flush_burst()
-            if self.local_worker.can_run_now(mv.key, term or None, dkey):
+            if self.local_worker.can_run_now(mv.key, term or None, dkey, len(body)):
                 sub = self._infer_sub
                 if self._burst or (sub is not None and sub.pending_msgs):
                     # more requests wait (or wait no longer, ending a burst): held back, to be computed with them

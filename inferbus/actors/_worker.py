@@ -69,7 +69,7 @@ from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
     decode_request, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
-from ..schemas._tensors import datatype_mismatch
+from ..schemas._tensors import datatype_mismatch, numpy_dtype
 from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,
@@ -99,6 +99,13 @@ colocated ingress bounds a burst it holds back by the same slice (``Ingress._def
 INLINE_MAX_JOBS = 256
 """Requests taken into one inline slice at most (the thread's zero-wait batch takes as many); also the most
 requests a colocated ingress holds back in one burst."""
+INLINE_BODY_FLOOR_BYTES = 4096
+INLINE_BODY_CEIL_BYTES = 65536
+"""A request body larger than ``min(CEIL, max(FLOOR, 16 rows' raw bytes + 1 KiB))`` of its model never runs inline
+(:func:`inline_max_body_bytes`): the inline decision prices a request by its model's EWMA per request, which small
+requests set, so a request of 30,000 rows (7.7 MB) of a model priced at 100 µs ran on the event loop for 1.9-4.7 s on
+the 2-core box, the worker sent no load report meanwhile, its ingress counted it gone and the SDK retried the request
+elsewhere (a user trial). On the inference thread it blocks nothing."""
 _INLINE_SEED_RUNS = 3
 """Batch-1 runs timed after warm-up to seed a model's compute EWMA (the least of them)."""
 
@@ -320,6 +327,8 @@ class Worker:
         self._inline_capable = frozenset(
             k for k, sess in self.sessions.items()
             if config.inline_max_compute_us > 0 and config.backend == "onnxruntime" and sess.device.kind == "cpu")
+        self._inline_max_bytes = {k: inline_max_body_bytes(self.versions[k]) for k in self._inline_capable}
+        """Model key → the largest request body (bytes) that may run inline (:data:`INLINE_BODY_CEIL_BYTES`)."""
         for k in self._inline_capable:  # seed the EWMA so the first request already takes the right path
             self.compute_ewma_us[k] = _time_batch1_us(self.sessions[k])
         self.mailbox: queue.Queue[Job] = queue.Queue()
@@ -499,16 +508,17 @@ class Worker:
         job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
         await self._admit(job)
 
-    def can_run_now(self, model_key: str, term: int | None, dkey: tuple | None = None) -> bool:
+    def can_run_now(self, model_key: str, term: int | None, dkey: tuple | None = None, nbytes: int = 0) -> bool:
         """Whether a request for ``model_key`` handed over in-process may run to completion at once
         (:meth:`run_now`): nothing waits here to be batched with it or to go before it (the inline queue and
         the inference thread's mailbox empty, the thread idle), the model runs inline, no fault is injected,
         no audit record is kept, this loop was not just frozen (stall fence), neither the fencing term nor
         model management refuses it, and no copy of the request (dedupe key ``dkey``, None without a request
-        id) is in progress or answered here (those go through :meth:`submit_local`'s dedupe). Cheap: attribute
-        reads and two table lookups.
+        id) is in progress or answered here (those go through :meth:`submit_local`'s dedupe), and its body of
+        ``nbytes`` bytes is small enough to run inline (:func:`inline_max_body_bytes`). Cheap: attribute reads and
+        a few table lookups.
         """
-        return self._idle_now() and self._may_run_now(model_key, term, dkey)
+        return self._idle_now() and self._may_run_now(model_key, term, dkey, nbytes)
 
     def _idle_now(self) -> bool:
         """:meth:`can_run_now`'s checks that do not depend on the request: nothing queued here or running on
@@ -519,10 +529,11 @@ class Worker:
                 and fault.error_rate <= 0 and not fault.shed and not self.config.audit
                 and (fence <= 0 or time.monotonic() - self._last_tick <= fence))
 
-    def _may_run_now(self, model_key: str, term: int | None, dkey: tuple | None) -> bool:
-        """:meth:`can_run_now`'s checks of one request: its model runs inline and is served here, its fencing
-        term is not refused, and no copy of it is in progress or answered here."""
-        if not (self._runs_inline(model_key) and self.fencing.refusal_term(term) is None
+    def _may_run_now(self, model_key: str, term: int | None, dkey: tuple | None, nbytes: int) -> bool:
+        """:meth:`can_run_now`'s checks of one request: its model runs inline and is served here, its body of
+        ``nbytes`` is small enough to, its fencing term is not refused, and no copy of it is in progress or
+        answered here."""
+        if not (self._runs_inline(model_key, nbytes) and self.fencing.refusal_term(term) is None
                 and self.model_ctl.refusal(model_key) is None):
             return False
         return dkey is None or (dkey not in self.in_progress and self.recent.get(dkey) is None)
@@ -618,7 +629,7 @@ class Worker:
         if not self._idle_now():  # e.g. the loop ran other work during the burst and something is queued
             return out
         for i, e in enumerate(entries):
-            if not self._may_run_now(e.model_key, e.term or None, e.dkey):
+            if not self._may_run_now(e.model_key, e.term or None, e.dkey, len(e.body)):
                 continue
             self.stats.received += 1
             job = Job(e.reply, e.body, e.deadline, t_recv, e.model_key, -1, None, e.cache_key is not None,
@@ -732,7 +743,7 @@ class Worker:
             await self._finish_now(job, ResourceExhausted(
                 f"worker {self.config.worker_id} mailbox full ({self.config.mailbox_size})", retry_after_ms=10))
             return
-        if self._runs_inline(job.model_key):
+        if self._runs_inline(job.model_key, len(job.body)):
             self._inline.append(job)
             waiter = self._inline_waiter
             if waiter is not None:
@@ -745,10 +756,13 @@ class Worker:
             self.in_progress[job.dkey] = job
         self._track(job)
 
-    def _runs_inline(self, model_key: str) -> bool:
-        """Whether ``model_key``'s next batch runs on the loop: a CPU ONNX Runtime session whose EWMA compute
-        per request is within ``inline_max_compute_us``, and no injected compute delay (it sleeps)."""
+    def _runs_inline(self, model_key: str, nbytes: int) -> bool:
+        """Whether a request for ``model_key`` with a body of ``nbytes`` runs on the loop: a CPU ONNX Runtime
+        session whose EWMA compute per request is within ``inline_max_compute_us``, a body within the model's
+        inline bound (:func:`inline_max_body_bytes`: a request much larger than those that set the EWMA would
+        hold the loop for longer), and no injected compute delay (it sleeps)."""
         return (model_key in self._inline_capable and self.fault.compute_delay_ms <= 0
+                and nbytes <= self._inline_max_bytes[model_key]
                 and self.compute_ewma_us.get(model_key, 0.0) <= self.config.inline_max_compute_us)
 
     def _track(self, job: Job) -> None:
@@ -939,7 +953,7 @@ class Worker:
         cost_us = 0.0
         while dq and len(jobs) < INLINE_MAX_JOBS:
             job = dq[0]
-            if not self._runs_inline(job.model_key):
+            if not self._runs_inline(job.model_key, len(job.body)):
                 dq.popleft()
                 self.mailbox.put_nowait(job)  # same bound: it only moves between the two queues
                 continue
@@ -1296,7 +1310,9 @@ class Worker:
                     results.append(exc)
         t1 = time.monotonic()
         compute_us = int((t1 - t0) * 1e6)
-        self._account(model_key, len(items), compute_us, (time.thread_time() - cpu0) * 1e6)
+        mb = self._inline_max_bytes.get(model_key)  # a run with a request over the inline bound does not price it
+        self._account(model_key, len(items), compute_us, (time.thread_time() - cpu0) * 1e6,
+                      mb is None or all(len(job.body) <= mb for job, _, _ in items))
         s = self.stats
         mv = self.versions[model_key]
         fault_rate = self.fault.error_rate
@@ -1319,16 +1335,20 @@ class Worker:
         (self.window_inline if items[0][0].inline else self.window).add(time.monotonic(), len(items), errors)
         return outcomes
 
-    def _account(self, model_key: str, n: int, compute_us: int, cpu_us: float) -> None:
+    def _account(self, model_key: str, n: int, compute_us: int, cpu_us: float, prices_inline: bool = True) -> None:
         """Count one model run of ``n`` requests that took ``compute_us`` (wall clock) and ``cpu_us`` (this
-        thread's CPU time): the service-time EWMA (per request, the load reports' price) and the per-model
-        compute EWMA (CPU per request, what decides inline execution), ``computed`` and ``batches``."""
+        thread's CPU time): the service-time EWMA (per request, the load reports' price), the per-model
+        compute EWMA (CPU per request, what decides inline execution) unless ``prices_inline`` is False (a run
+        with a request over the model's inline body bound, which would send its small requests to the thread
+        for a while), ``computed`` and ``batches``."""
         per_us = compute_us / n
         s = self.stats
         s.ewma_service_us = per_us if s.ewma_service_us == 0 else (1 - _EWMA_ALPHA) * s.ewma_service_us + _EWMA_ALPHA * per_us
-        cpu_per_us = cpu_us / n
-        prev = self.compute_ewma_us.get(model_key)
-        self.compute_ewma_us[model_key] = cpu_per_us if prev is None else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * cpu_per_us
+        if prices_inline:
+            cpu_per_us = cpu_us / n
+            prev = self.compute_ewma_us.get(model_key)
+            self.compute_ewma_us[model_key] = (cpu_per_us if prev is None
+                                               else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * cpu_per_us)
         s.computed += n
         s.batches += 1
 
@@ -1365,6 +1385,20 @@ class Worker:
             cached = body if not json_ct else encode_response(resp, None)
         return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True,
                        block=reply_block(json_ct, rid))
+
+
+def inline_max_body_bytes(mv) -> int:
+    """The largest request body (bytes) of model version ``mv`` that may run inline on a worker's event loop:
+    16 rows in the raw form (Σ over inputs of the row's elements × itemsize, a variable dimension counted as 1, a
+    BYTES element as 64 bytes) plus 1 KiB for the envelope, within [:data:`INLINE_BODY_FLOOR_BYTES`,
+    :data:`INLINE_BODY_CEIL_BYTES`]. JSON bodies are 2-3 × the raw form, so a few rows of JSON still fit."""
+    row = 0
+    for t in mv.inputs:
+        n = 1
+        for d in t.shape:
+            n *= d if d > 0 else 1
+        row += n * (64 if t.datatype == "BYTES" else numpy_dtype(t.datatype).itemsize)
+    return min(INLINE_BODY_CEIL_BYTES, max(INLINE_BODY_FLOOR_BYTES, 16 * row + 1024))
 
 
 def _time_batch1_us(sess) -> float:
