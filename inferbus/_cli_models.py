@@ -9,8 +9,9 @@
 
 ``--nats-url`` and ``--prefix`` may come before the subcommand (``inferbus models --nats-url URL default
 digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` (docs/models.md);
-a refused write prints its typed error on one line and exits 2; unreachable NATS prints one line naming the
-URL and exits 3.
+a refused write prints its typed error on one line and exits 2 (1 for UNAVAILABLE or DEADLINE_EXCEEDED: the
+deployment could not do it, e.g. no ingress answering or a rival write won); unreachable NATS prints one line naming
+the URL and exits 3.
 """
 
 from __future__ import annotations

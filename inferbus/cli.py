@@ -167,11 +167,12 @@ def _json_error(code: str, message: str, field: "str | None" = None, retry_after
 
 def _run(coro, as_json: bool = False):
     """Run ``coro`` on uvloop (asyncio without it); a NATS connection that fails prints one line, exit 3, and a
-    typed error (e.g. INVALID_ARGUMENT for a NATS URL that is no URL) one line, exit 2; with ``as_json`` each also
+    typed error (e.g. INVALID_ARGUMENT for a NATS URL that is no URL) one line, exit 2 (UNAVAILABLE and
+    DEADLINE_EXCEEDED: exit 1); with ``as_json`` each also
     as the wire's error object on stdout (:func:`_json_error`)."""
     from nats.errors import NoServersError
 
-    from .schemas import InferbusError
+    from .schemas import DeadlineExceeded, InferbusError, Unavailable
 
     try:
         import uvloop
@@ -191,12 +192,14 @@ def _run(coro, as_json: bool = False):
         else:
             err_console.print(f"[red]{err.code.value}[/]: {escape(err.message)}"
                               + (f" (field {err.field})" if err.field else ""))
-        raise typer.Exit(EXIT_USAGE) from None
+        # UNAVAILABLE (no ingress answering, no worker) and DEADLINE_EXCEEDED (no answer in time) say the
+        # deployment could not do it, not that the input was bad: exit 1, as `health` of a deployment that is down
+        raise typer.Exit(EXIT_FAILED if isinstance(err, (Unavailable, DeadlineExceeded)) else EXIT_USAGE) from None
 
 
 def _call(coro_fn, as_json: bool = False):
-    """Run a one-shot client call (:func:`_run`): typed errors and bad files print one line + exit 2, unreachable
-    NATS exit 3.
+    """Run a one-shot client call (:func:`_run`): typed errors and bad files print one line + exit 2 (UNAVAILABLE
+    and DEADLINE_EXCEEDED: exit 1, the deployment could not do it), unreachable NATS exit 3.
 
     With ``as_json`` (a command's ``--json``) a typed error is printed on stdout as the wire's error object,
     ``{"error": {"code", "message", "field"?, "retry_after_ms"?}}``, so what reads the output parses every outcome

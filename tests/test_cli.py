@@ -735,3 +735,14 @@ def test_a_good_repository_starts_and_models_load_refuses_what_up_would(tmp_path
         p.terminate()
         p.wait(60)
     assert not _left_running(run)
+
+
+def test_model_commands_with_no_ingress_answering_exit_1_like_health(nats_server):
+    """A user trial: with no ingress of that prefix, ``health`` exited 1 but ``models --json`` and ``models load``
+    exited 2, the status of bad input. UNAVAILABLE (and DEADLINE_EXCEEDED) is the deployment failing: exit 1."""
+    for argv in (("models",), ("models", "--json"), ("models", "load", "digits", "--version", "2", "--json")):
+        p, _ = cli(*argv, "--nats-url", nats_server.url, "--prefix", "nobodyhere")
+        assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, (argv, p)
+        assert "UNAVAILABLE" in p.stderr + p.stdout, (argv, p)
+    p, _ = cli("models", "load", "dig.its", "--nats-url", nats_server.url, "--prefix", "nobodyhere")
+    assert p.returncode == 2, p  # a bad name is still bad input, refused before anything is sent
