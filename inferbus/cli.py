@@ -465,7 +465,7 @@ _SEC = "Security"
 def up(
     ctx: typer.Context,
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
-    model: Optional[list[str]] = typer.Option(None, "--model", help="Serve only this model of the repository "
+    model: Optional[list[str]] = typer.Option(None, "--model", metavar="NAME", help="Serve only this model of the repository "
                                               "(repeat for several; default: every model in it)."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
@@ -498,9 +498,9 @@ def up(
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
                                   "checked per model against FP32, falling back to fp32."),
     run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node at "
-                                               "http://<metrics-host>:PORT/metrics (0 = any free port; default off), "
-                                               "0 to 65535."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node on this port, "
+                                               "path /metrics, address --metrics-host (0 = any free port; default "
+                                               "off), 0 to 65535."),
     metrics_host: str = typer.Option("0.0.0.0", help="Address of the metrics endpoint (0.0.0.0: every interface; "
                                      "127.0.0.1: this host only); needs --metrics-port."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),

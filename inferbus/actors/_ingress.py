@@ -460,10 +460,11 @@ class Ingress:
             hedge_policy = self._policy(hv)
         ttl_ms = model.config.cache_ttl_ms
         raw_key = None
+        vtag = self._cache_version.get(mv.key, mv.version) if ttl_ms > 0 else None  # the version with its pin
         if ttl_ms > 0 and len(body) <= RAW_INDEX_MAX_BODY_BYTES:
             # the same body bytes for the same model version and encoding were decoded, validated and keyed
             # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
-            raw_key = (mv.key, self._cache_version.get(mv.key), is_json(ct), body)
+            raw_key = (mv.key, vtag, is_json(ct), body)
             seen_before = self._raw_index.get(raw_key, t0)
             if seen_before is not None:
                 cached = self.l1.get(seen_before[0], t0)
@@ -488,8 +489,7 @@ class Ingress:
         rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
             raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
-            key = cache_key(mv.name, self._cache_version.get(mv.key, mv.version), req.inputs, arrays, out_names,
-                            raw_form, req.parameters)
+            key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
             if raw_key is not None:
                 self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
             cached = self.l1.get(key, t_val)

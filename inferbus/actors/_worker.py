@@ -1312,7 +1312,8 @@ class Worker:
         compute_us = int((t1 - t0) * 1e6)
         mb = self._inline_max_bytes.get(model_key)  # a run with a request over the inline bound does not price it
         self._account(model_key, len(items), compute_us, (time.thread_time() - cpu0) * 1e6,
-                      mb is None or all(len(job.body) <= mb for job, _, _ in items))
+                      mb is None or (len(items[0][0].body) <= mb if len(items) == 1
+                                     else all(len(job.body) <= mb for job, _, _ in items)))
         s = self.stats
         mv = self.versions[model_key]
         fault_rate = self.fault.error_rate
