@@ -28,10 +28,9 @@ import pytest
 
 from conftest import MODELS, ROOT, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from inferbus.actors import ModelRepository
+from test_reliability_lib import digits_version_refs
 from inferbus.actors._pinning import version_files
 from inferbus.client import Client
-from inferbus.loadgen import Workload
 from inferbus.schemas import Internal
 
 pytestmark = [pytest.mark.anyio]
@@ -53,10 +52,7 @@ def pinned(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def refs():
-    repo = ModelRepository(MODELS, ["digits"])
-    w1 = Workload(repo, "digits", "1", pool=8)
-    w2 = Workload(repo, "digits", "2", pool=8)
-    return w1.inputs, {"1": w1.reference, "2": w2.reference}
+    return digits_version_refs()
 
 
 def _cli(*args) -> subprocess.CompletedProcess:

@@ -22,10 +22,10 @@ from chaos.load import Driver
 from chaos.node_drills import DrillOptions, model_swap
 from conftest import MODELS, ROOT, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from inferbus.actors import ModelRepository, Node, NodeConfig
+from test_reliability_lib import digits_version_refs
+from inferbus.actors import Node, NodeConfig
 from inferbus.bus import Subjects
 from inferbus.client import Client
-from inferbus.loadgen import Workload
 from inferbus.model_admin import model_control
 from inferbus.schemas import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, decode_error
 from inferbus.schemas._region import PRIMARY, STANDBY, RegionHeartbeat, encode_region
@@ -51,10 +51,7 @@ def cli(*args, timeout=60):
 
 @pytest.fixture(scope="module")
 def refs():
-    repo = ModelRepository(MODELS, ["digits"])
-    w1 = Workload(repo, "digits", "1", pool=8)
-    w2 = Workload(repo, "digits", "2", pool=8)
-    return w1.inputs, {"1": w1.reference, "2": w2.reference}
+    return digits_version_refs()
 
 
 def _check(res, i, refs) -> None:

@@ -118,3 +118,15 @@ async def wait_health(client, predicate, timeout_s: float = 10.0, what: str = "h
             return params
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {json.dumps(params, default=str)[:2000]}")
+
+
+def digits_version_refs(pool: int = 8) -> tuple[list[dict], dict[str, list[dict]]]:
+    """``(inputs, {"1": outputs, "2": outputs})``: ``pool`` digits inputs and each version's in-process answers to
+    them (the ``refs`` fixture of the model-management tests)."""
+    from inferbus.actors import ModelRepository
+    from inferbus.loadgen import Workload
+
+    repo = ModelRepository(MODELS, ["digits"])
+    w1 = Workload(repo, "digits", "1", pool=pool)
+    w2 = Workload(repo, "digits", "2", pool=pool)
+    return w1.inputs, {"1": w1.reference, "2": w2.reference}

@@ -40,6 +40,9 @@ BREAKER_STATES = ("closed", "open", "half_open")
 
 # ingress ``counts`` keys with a metric of their own: key → (name, help, extra labels); every other key is
 # ``inferbus_ingress_events_total{event=<key>}``, so a count added later is never dropped silently
+_REJECTED = ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.")
+_LOST = ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.")
+_HITS = ("inferbus_cache_hits", "Requests answered from a cache, by level.")
 _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "requests": ("inferbus_ingress_requests", "Inference requests the ingress received (with a reply subject).", {}),
     "ok_forwarded": ("inferbus_ingress_forwards", "Requests forwarded to a worker (cache misses and models "
@@ -48,28 +51,20 @@ _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
                        "(--colocate), no bus hop.", {}),
     "errors": ("inferbus_ingress_errors", "Requests the ingress itself answered with a typed error (refused "
                "before forwarding, or a colocated worker's failure).", {}),
-    "l1_hits": ("inferbus_cache_hits", "Requests answered from a cache, by level.", {"level": "l1"}),
-    "l2_hits": ("inferbus_cache_hits", "Requests answered from a cache, by level.", {"level": "l2"}),
-    "rate_limited": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
-                     {"reason": "rate_limited"}),
-    "too_large": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
-                  {"reason": "too_large"}),
-    "unavailable": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
-                    {"reason": "unavailable"}),
-    "backlog_shed": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
-                     {"reason": "backlog_shed"}),
-    "expired_on_arrival": ("inferbus_ingress_rejected", "Requests refused before forwarding, by reason.",
-                           {"reason": "expired_on_arrival"}),
+    "l1_hits": (*_HITS, {"level": "l1"}),
+    "l2_hits": (*_HITS, {"level": "l2"}),
+    **{k: (*_REJECTED, {"reason": k}) for k in ("rate_limited", "too_large", "unavailable", "backlog_shed",
+                                                 "expired_on_arrival")},
     "hedges": ("inferbus_hedges", "Hedged copies sent.", {}),
     "hedge_wins": ("inferbus_hedge_wins", "Requests whose hedged copy answered first.", {}),
-    "lost": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.", {"cause": "worker"}),
-    "lost_in_reconnect": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.",
-                          {"cause": "reconnect"}),
-    "lost_while_behind": ("inferbus_ingress_lost", "Forwards whose completion never came back, by cause.",
-                          {"cause": "behind"}),
+    "lost": (*_LOST, {"cause": "worker"}),
+    "lost_in_reconnect": (*_LOST, {"cause": "reconnect"}),
+    "lost_while_behind": (*_LOST, {"cause": "behind"}),
 }
 
 # worker stats (``Worker._stats_data``) that are counters since the process started: key → (name, help, labels)
+_DROPPED = ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.")
+_DEDUP = ("inferbus_worker_dedup", "Duplicate requests (same id and body) answered without computing again, by how.")
 _WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "received": ("inferbus_worker_received", "Requests the worker took (over NATS or from its colocated "
                  "ingress).", {}),
@@ -78,16 +73,9 @@ _WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "batches": ("inferbus_worker_batches", "Model runs (computed / batches = mean batch size).", {}),
     "completed": ("inferbus_worker_completed", "Requests answered with a result.", {}),
     "errors": ("inferbus_worker_errors", "Server-side failures (INTERNAL); never client errors.", {}),
-    "expired": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.", {"reason": "expired"}),
-    "shed": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.", {"reason": "shed"}),
-    "cancelled": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.",
-                  {"reason": "cancelled"}),
-    "stall_fenced": ("inferbus_worker_dropped", "Requests the worker did not compute, by reason.",
-                     {"reason": "stall_fenced"}),
-    "dedup_hits": ("inferbus_worker_dedup", "Duplicate requests (same id and body) answered without computing "
-                   "again, by how.", {"how": "recent_result"}),
-    "dedup_joins": ("inferbus_worker_dedup", "Duplicate requests (same id and body) answered without computing "
-                    "again, by how.", {"how": "joined"}),
+    **{k: (*_DROPPED, {"reason": k}) for k in ("expired", "shed", "cancelled", "stall_fenced")},
+    "dedup_hits": (*_DEDUP, {"how": "recent_result"}),
+    "dedup_joins": (*_DEDUP, {"how": "joined"}),
     "stalls": ("inferbus_worker_stalls", "Times the worker process was found frozen longer than its stall fence.",
                {}),
 }
