@@ -426,9 +426,13 @@ async def test_batched_rows_equal_the_single_row_reference(env, sizes):
         sizes = [int(s) for s in rng.integers(1, 20, 12)]
     X = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"].astype(np.float32)
     feeds = [X[rng.integers(0, len(X), s)] + np.float32(rng.random()) for s in sizes]
+    # concurrently, behind a 64-row request that keeps the inference thread busy, so the worker batches them
+    # (zero-wait): without it a 1-row request arriving at an idle worker runs inline, on its own (a clean-clone
+    # run: [1, 62, 1] never batched in 3 tries)
+    blocker = X[:64] + np.float32(0.5)
     results = []
-    for _ in range(3):  # concurrently, so the worker batches them (zero-wait)
-        results = await asyncio.gather(*(client.infer_result("digits", {"pixels": f}) for f in feeds))
+    for _ in range(10):
+        results = (await asyncio.gather(*(client.infer_result("digits", {"pixels": f}) for f in [blocker, *feeds])))[1:]
         if any(r.parameters.get("batch_size", 1) > 1 for r in results):
             break
     assert any(r.parameters.get("batch_size", 1) > 1 for r in results), "no request was batched"

@@ -549,3 +549,46 @@ async def test_no_live_worker_fast_unavailable_then_ready_means_reachable(nats_s
             if p is not None:
                 p.terminate()
                 p.wait(10)
+
+
+def _typed_body() -> bytes:
+    return encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in typed_input().items()]))
+
+
+async def test_requests_late_behind_a_long_legal_batch_do_not_open_the_breaker(env, dep):
+    """A fresh-user trial (2026-12-02): small requests queued behind one legal multi-second request were counted
+    lost past their deadline + ``pending_grace_s``, and five of them opened a busy, reporting worker's breaker.
+    Now a request late behind a batch its worker is still computing within that batch's own budget is
+    ``lost_while_busy`` (not blamed); a batch computing past every deadline in it still is ("lost")."""
+    nc, client, reports = env
+    p = dep.prefix
+    await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+    for w in (W0, W1):
+        await set_fault(nc, p, w, compute_delay_ms=3500)
+    c0 = (await health_params(client))["counts"]
+    # one long request per worker, 12 s budget each: computing within budget for 3.5 s
+    longs = [asyncio.ensure_future(nc.request(f"{p}.infer.typed", _typed_body(), timeout=12,
+                                              headers={"Inferbus-Timeout-Ms": "12000"})) for _ in range(2)]
+    await reports.wait(lambda r: all(r[w].computing_ms > 0 for w in (W0, W1)), what="both computing")
+    assert not any(reports.latest[w].computing_overdue for w in (W0, W1))
+    # small requests, 0.3 s budget, queued behind them: late for a legal reason
+    smalls = [asyncio.ensure_future(nc.request(f"{p}.infer.typed", _typed_body(), timeout=1,
+                                               headers={"Inferbus-Timeout-Ms": "300"})) for _ in range(10)]
+    await asyncio.gather(*smalls, return_exceptions=True)
+    params = await wait_health(client, lambda q: q["counts"]["lost_while_busy"] - c0["lost_while_busy"] >= 10,
+                               timeout_s=3, what="the small requests forgotten as late behind a busy worker")
+    assert params["counts"]["lost"] == c0["lost"], params["counts"]
+    assert all(params["workers"][w]["breaker"] == "closed" for w in (W0, W1)), params["workers"]
+    for f in longs:  # the long requests are answered
+        msg = await f
+        assert decode_error(msg.headers, msg.data) is None
+    # the same wait with no request in the batch still within its budget: overdue, blamed
+    await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
+    c1 = (await health_params(client))["counts"]
+    smalls = [asyncio.ensure_future(nc.request(f"{p}.infer.typed", _typed_body(), timeout=1,
+                                               headers={"Inferbus-Timeout-Ms": "300"})) for _ in range(4)]
+    await asyncio.gather(*smalls, return_exceptions=True)
+    await reports.wait(lambda r: any(r[w].computing_overdue for w in (W0, W1)), what="an overdue batch reported")
+    params = await wait_health(client, lambda q: q["counts"]["lost"] - c1["lost"] >= 4, timeout_s=3,
+                               what="the requests behind an overdue batch counted lost")
+    assert params["counts"]["lost_while_busy"] == c1["lost_while_busy"], params["counts"]

@@ -303,7 +303,7 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "lost_in_reconnect": 0, "lost_while_behind": 0, "expired_on_arrival": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "expired_on_arrival": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0}
@@ -1289,6 +1289,15 @@ class Ingress:
             self._behind_at = now
         return self._behind_at
 
+    def _busy_within_budget(self, worker_id: str, now: float) -> bool:
+        """Whether the worker's last report, fresh (within ``health_timeout_s``), says its inference thread is
+        computing a batch whose requests' deadlines have not all passed: a request of this ingress waiting behind
+        it is late for a legal reason. A batch computing past every deadline in it (hung model, injected delay)
+        is not, nor is a worker that stopped reporting (the silent-worker check below fails it)."""
+        w = self.router.workers.get(worker_id)
+        return (w is not None and w.alive and w.computing_ms > 0 and not w.computing_overdue
+                and now - w.last_report <= self.config.health_timeout_s)
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         grace = self.config.pending_grace_s
@@ -1309,6 +1318,13 @@ class Ingress:
                 # this ingress is behind: the completion notice may be queued behind the same backlog of requests
                 # (one connection carries both), so its absence says nothing about the worker
                 self.counts["lost_while_behind"] += 1
+                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+                continue
+            if self._busy_within_budget(p.worker_id, now):
+                # queued behind a batch its worker is still computing within that batch's own budget (one legal
+                # multi-second request): late, not lost; blaming it opened a busy worker's breaker (fresh-user
+                # trial: a 2-worker node not ready after two 7.7 MB requests)
+                self.counts["lost_while_busy"] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             self.counts["lost"] += 1

@@ -60,6 +60,7 @@ _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "lost": (*_LOST, {"cause": "worker"}),
     "lost_in_reconnect": (*_LOST, {"cause": "reconnect"}),
     "lost_while_behind": (*_LOST, {"cause": "behind"}),
+    "lost_while_busy": (*_LOST, {"cause": "worker_busy"}),
 }
 
 # worker stats (``Worker._stats_data``) that are counters since the process started: key → (name, help, labels)

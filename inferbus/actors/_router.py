@@ -100,6 +100,10 @@ class WorkerState:
     error_rate: float = 0.0
     """From the last report: server-side failures / requests in the worker's sliding window."""
     window_requests: int = 0
+    computing_ms: float = 0.0
+    """From the last report: how long its inference thread has been computing the current batch, ms (0 idle)."""
+    computing_overdue: bool = False
+    """From the last report: that batch is past the latest deadline of its requests."""
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
@@ -197,6 +201,7 @@ class Router:
             w.server = r.server
             self._multi_server = len({x.server for x in self.workers.values()}) > 1
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
+        w.computing_ms, w.computing_overdue = r.computing_ms, r.computing_overdue
         if changed:
             self._reindex()
 
@@ -459,6 +464,7 @@ class Router:
                 "health": self.health_reason(w, now), "breaker": state.value, "breaker_trips": b.trips,
                 "consecutive_failures": b.consecutive_failures, "error_rate": round(w.error_rate, 5),
                 "window_requests": w.window_requests, "in_flight": w.in_flight, "queue_depth": w.queue_depth,
+                "computing_ms": round(w.computing_ms, 1), "computing_overdue": w.computing_overdue,
                 "report_age_ms": round((now - w.last_report) * 1000, 1) if w.last_report else None,
                 "pid": w.pid, "sent": w.sent, "server_errors": w.server_errors, "nats_server": w.server,
             }

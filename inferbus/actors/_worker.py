@@ -366,6 +366,10 @@ class Worker:
         self.local_done_notices = 0
         """Completion batches settled at the colocated ingress in-process (no notice, no NATS message)."""
         self._thread_busy = False
+        self._batch_t0 = 0.0
+        """``time.monotonic()`` when the inference thread took its current batch (0: never)."""
+        self._batch_deadline = 0.0
+        """Latest monotonic deadline among the current batch's requests."""
         """The inference thread is computing a batch (written by that thread, read by the loop)."""
         self.busy_poll = (BusyPoll(config.busy_poll_us, pause=self.thread_has_work) if config.busy_poll_us > 0
                           else None)
@@ -991,6 +995,7 @@ class Worker:
         reqs, errs = self.window.totals(now)
         reqs_inline, errs_inline = self.window_inline.totals(now)
         reqs, errs = reqs + reqs_inline, errs + errs_inline
+        computing_ms = (now - self._batch_t0) * 1000.0 if self._thread_busy else 0.0
         return LoadReport(
             worker_id=self.config.worker_id, pid=os.getpid(), device_kind=d.kind if d else "cpu",
             device_name=d.name if d else "", backend=self.config.backend, precision=self._precision_summary(),
@@ -1004,6 +1009,7 @@ class Worker:
             error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
+            computing_ms=computing_ms, computing_overdue=computing_ms > 0 and now > self._batch_deadline,
         )
 
     def _stats_data(self, endpoint_stats) -> dict:
@@ -1163,6 +1169,9 @@ class Worker:
                     jobs.append(mailbox.get_nowait())
                 except queue.Empty:
                     break
+            # what the load report says while this batch computes (read on the loop; two plain stores)
+            self._batch_deadline = max(j.deadline for j in jobs)
+            self._batch_t0 = time.monotonic()
             self._thread_busy = True
             try:
                 delay_ms = self.fault.compute_delay_ms

@@ -78,6 +78,11 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     """The device's number on its host (CPU slot, CUDA ordinal, TPU chip)."""
     device_model: str = ""
     """What the runtime calls the device (``NVIDIA H200``, ``TPU v5 lite``); empty for CPU slots."""
+    computing_ms: float = 0.0
+    """How long the inference thread has been computing its current batch, ms (0 when idle)."""
+    computing_overdue: bool = False
+    """The current batch is still computing past the latest deadline among its requests (a hung or far too
+    slow model): the ingress blames such a worker for requests it lost, not one computing within its budget."""
     precisions: dict[str, str] = msgspec.field(default_factory=dict)
     """Served precision per ``name:version`` after the load-time check (``precision`` is ``mixed`` when they differ)."""
     load_errors: dict[str, str] = msgspec.field(default_factory=dict)
