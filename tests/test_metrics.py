@@ -66,7 +66,12 @@ def digits_input(seed: int) -> dict[str, np.ndarray]:
 
 
 async def test_counters_move_by_what_was_sent(node):
-    before = scrape(node.metrics_url)
+    # ready means every model has a worker on every ingress, not that each ingress has heard from both workers
+    # yet (a clean-clone run: 3 breakers of 4 at the first scrape): wait for the second report
+    deadline = time.monotonic() + 10
+    while total(before := scrape(node.metrics_url), "inferbus_breaker_state", state="closed") < 4:
+        assert time.monotonic() < deadline, "an ingress never heard from both workers"
+        time.sleep(0.05)
     # every actor process of the node answered, and nothing else (one series per actor)
     up = {dict(ls)["actor"]: v for (n, ls), v in before.items() if n == "inferbus_actor_up"}
     assert up == {"n1-i0": 1, "n1-i1": 1, "n1-w0": 1, "n1-w1": 1, "n1-agg": 1}, up

@@ -181,14 +181,14 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
         client = await Client.connect(nats_server.url, "ovl")
         try:
             bench = [sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", nats_server.url,
-                     "--prefix", "ovl", "--models", str(MODELS), "--concurrency", "", "--rate", "15000",
+                     "--prefix", "ovl", "--models", str(MODELS), "--concurrency", "", "--rate", "40000",
                      "--duration", "3", "--timeout-s", "0.3", "--json"]
             b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=120, cwd=ROOT)
             steps = json.loads(b.stdout)
             assert steps[0]["wrong"] == 0, steps
             p = (await client.health(timeout_s=5)).parameters
             c = p["counts"]
-            print(f"overload 15k/s, 0.3 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; ingress "
+            print(f"overload 40k/s, 0.3 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; ingress "
                   f"expired_on_arrival {c.get('expired_on_arrival')}, lost {c['lost']}, lost_while_behind "
                   f"{c.get('lost_while_behind')}, lost_in_reconnect {c.get('lost_in_reconnect')}")
             w = p["workers"]["n1-w0"]
