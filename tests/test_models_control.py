@@ -245,6 +245,8 @@ async def test_a_write_with_no_answer_in_time_says_it_may_have_been_applied(nats
         assert 0.25 < time.monotonic() - t0 < 5
         assert "the unload may still have been applied" in ei.value.message and "inferbus models" in ei.value.message
         assert (await sub.next_msg(timeout=1)).subject == "slow.models.digits.unload"
+        # the write's second attempt is unread: draining it would wait nats-py's drain timeout (30 s) at close
+        await sub.unsubscribe()
     finally:
         await client.close()
 
