@@ -284,3 +284,27 @@ def test_router_local_fast_path_is_taken_when_the_local_worker_is_idle():
     r.on_down("c")
     r.on_report(_report("a", ewma_service_us=40.0), now=40.2)
     assert r._not_closed == {"c"} and not r._breaker_pending("m:1") and r._local_wins(a, "m:1", 40.3)
+
+
+def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():
+    """Another ingress's one legal multi-second request is on worker "a" (its inference thread has been
+    computing for 2 s): an ingress that did not send it must not see "a" as idle and tie it with "b"; a normal
+    batch (a few service times old) changes nothing."""
+    r = Router()
+    r.on_report(_report("a", ewma_service_us=300.0, computing_ms=2000.0), now=0.0)
+    r.on_report(_report("b", ewma_service_us=300.0), now=0.0)
+    assert r.workers["a"].queue_depth >= 2000 * 1000 // 300 - 1
+    assert {r.pick("m:1", 0.1).worker_id for _ in range(50)} == {"b"}
+    # both busy: the younger long batch is the shorter expected wait
+    r.on_report(_report("b", ewma_service_us=300.0, computing_ms=500.0), now=0.2)
+    assert {r.pick("m:1", 0.3).worker_id for _ in range(50)} == {"b"}
+    # the batch ended: "a" is priced by its mailbox again, and a short batch (3 ms, 10 service times) is normal
+    r.on_report(_report("a", ewma_service_us=300.0, computing_ms=3.0), now=0.4)
+    r.on_report(_report("b", ewma_service_us=300.0), now=0.4)
+    assert r.workers["a"].queue_depth == 0
+    seen = set()
+    for _ in range(20):  # sent, so their queues grow: equal load spreads
+        w = r.pick("m:1", 0.5)
+        r.on_sent(w)
+        seen.add(w.worker_id)
+    assert seen == {"a", "b"}

@@ -69,6 +69,14 @@ _EWMA_ALPHA = 0.2
 OK, CLIENT_ERROR, SERVER_ERROR, NEUTRAL = "ok", "client_error", "server_error", "neutral"
 
 
+#: A batch the worker reports computing (``LoadReport.computing_ms``) for longer than both of these, in ms and in
+#: the worker's service times (``ewma_service_us``: 256 is the most requests the inference thread takes in one
+#: batch), counts as that many service times queued at it (:meth:`Router.on_report`): a long legal request
+#: delays what is routed behind it by about its age so far.
+LONG_BATCH_MIN_MS = 20.0
+LONG_BATCH_SERVICES = 256
+
+
 @dataclass
 class WorkerState:
     """What one ingress knows about one worker."""
@@ -84,7 +92,8 @@ class WorkerState:
     in_flight: int = 0
     """Requests this ingress forwarded and has not seen completed."""
     queue_depth: int = 0
-    """Mailbox depth in the worker's last report."""
+    """Mailbox depth in the worker's last report, plus, while it reports a batch computing abnormally long, that
+    batch's age in service times (``LONG_BATCH_SERVICES``)."""
     ewma_service_us: float = 0.0
     ewma_latency_us: float = 0.0
     """Forward → completion notice, as seen by this ingress."""
@@ -195,6 +204,13 @@ class Router:
         if w.ewma_service_us != r.ewma_service_us:
             self._min_service_us.clear()
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
+        if r.computing_ms > LONG_BATCH_MIN_MS and r.ewma_service_us > 0:
+            # a batch computing far longer than the largest normal one (one legal multi-second request): what
+            # waits behind it waits that long, so price the worker as if that many service times were queued
+            # (else an ingress that did not send the long request sees an idle worker and ties it with one)
+            behind = r.computing_ms * 1000.0 / r.ewma_service_us
+            if behind > LONG_BATCH_SERVICES:
+                w.queue_depth += int(behind)
         w.draining = r.draining
         w.region = r.region
         if w.server != r.server:
