@@ -171,6 +171,17 @@ class _Hedge:
         self.local = None
 
 
+#: Requests waiting in the ``infer`` subscription at or above which a request that arrives past its client's
+#: deadline is dropped without an answer (:class:`_ExpiredUnanswered`): the client has given up by its own clock,
+#: and under overload the answers to the expired requests ate the time the fresh ones needed. Below it (no
+#: backlog: a client whose clock runs ahead of this host's) the client is told, with the reason.
+SILENT_EXPIRY_BACKLOG = 64
+
+
+class _ExpiredUnanswered(Exception):
+    """A request past its client's deadline, found while this ingress is behind: dropped, not answered."""
+
+
 class Pending(msgspec.Struct):
     """A request forwarded to a worker and not yet settled, by forward sequence number (a ``msgspec.Struct``
     for its C ``__init__``)."""
@@ -303,7 +314,7 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "expired_on_arrival": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0}
@@ -398,6 +409,8 @@ class Ingress:
             return
         try:
             await self._handle(msg, hdrs, ct, t0)
+        except _ExpiredUnanswered:
+            self.counts["expired_unanswered"] += 1
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(reply, err, ct or _sniffed_json(msg.data), rid or getattr(err, "request_id", None))
@@ -533,6 +546,9 @@ class Ingress:
         left_s = H.wall_deadline_left_s(ms)
         if left_s <= 0:
             self.counts["expired_on_arrival"] += 1
+            sub = self._infer_sub
+            if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
+                raise _ExpiredUnanswered
             raise DeadlineExceeded(
                 f"the client's deadline ({H.DEADLINE_UNIX_MS}) had passed {-left_s * 1000 + H.DEADLINE_SKEW_MS:.0f} ms "
                 f"before this ingress took the request (it waited in the bus while the ingress was behind, or the "

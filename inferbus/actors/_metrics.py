@@ -55,6 +55,9 @@ _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "l2_hits": (*_HITS, {"level": "l2"}),
     **{k: (*_REJECTED, {"reason": k}) for k in ("rate_limited", "too_large", "unavailable", "backlog_shed",
                                                  "expired_on_arrival")},
+    "expired_unanswered": ("inferbus_ingress_expired_unanswered", "Requests past their client's deadline on arrival "
+                           "dropped without an answer because the ingress was behind (a part of "
+                           "rejected{reason=expired_on_arrival}).", {}),
     "hedges": ("inferbus_hedges", "Hedged copies sent.", {}),
     "hedge_wins": ("inferbus_hedge_wins", "Requests whose hedged copy answered first.", {}),
     "lost": (*_LOST, {"cause": "worker"}),
