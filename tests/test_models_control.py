@@ -633,3 +633,50 @@ async def test_a_load_whose_budget_ran_out_is_loaded_again_not_nothing_to_do(fai
         assert r["versions"] == ["1"] and r["default_version"] == "1", r
         assert (await client.infer_result("ww", inputs[0], timeout_s=5.0)).model_version == "1"
         await _every_ingress_ready(client)
+
+
+async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_path, refs):
+    """A fresh-user trial (2026-12-02), the default layout (one ingress): ``default digits 2``, then the ingress
+    SIGKILLed and restarted by the node: it asked its peers for the states, nobody but itself answered, and it went
+    back to the repository's state (default 1) while the worker kept default 2; a later ``unload`` got a revision
+    the worker had already applied, was ignored there and still answered "drained". Now the workers answer the
+    state request too, every answer within a short window counts (newest per model), and the ingress numbers its
+    writes above what its workers report."""
+    import os
+    import signal
+
+    d = start_deployment(tmp_path / "one", workers=1, prefix="one", extra=["--no-cache"])
+    try:
+        inputs, _ = refs
+        async with await Client.connect(d.nats_url, "one") as client:
+            r = await model_control(client, "default", "digits", "2", timeout_s=10)
+            assert r.default_version == "2"
+            assert (await client.infer_result("digits", inputs[0], timeout_s=5.0)).model_version == "2"
+            old = (await client.health(timeout_s=2.0)).parameters["pid"]
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:  # the node's supervisor restarts it
+                assert time.monotonic() < deadline, "the ingress was not restarted"
+                await asyncio.sleep(0.2)
+                try:
+                    h = await client.health(timeout_s=1.0)
+                except Exception:
+                    continue
+                if h.parameters["pid"] != old and h.parameters.get("models_ready"):
+                    break
+            # the write stands: the listing and unversioned requests say version 2
+            res = await client.infer_result("digits", inputs[0], timeout_s=5.0)
+            assert res.model_version == "2"
+            listing = {m.name: m for m in (await client.models(timeout_s=2.0)).models}
+            assert listing["digits"].parameters["default_version"] == "2", listing["digits"]
+            # and a later write is applied on the worker, not only answered
+            r = await model_control(client, "unload", "digits", "1", timeout_s=30)
+            assert r.versions == ["2"] and r.revision >= 2, r
+            deadline = time.monotonic() + 10
+            while "digits:1" in (await client.health(timeout_s=2.0)).parameters["models_ready"]:
+                assert time.monotonic() < deadline, "the worker never dropped digits:1"
+                await asyncio.sleep(0.1)
+            with pytest.raises(NotFound):
+                await client.infer("digits", inputs[0], version="1", timeout_s=5.0)
+    finally:
+        d.stop()

@@ -69,7 +69,14 @@ for its region's manager."""
 DEFAULT_BUDGET_MS = 60_000.0
 """Budget of a model-management request without ``Inferbus-Timeout-Ms``, ms."""
 STATE_FETCH_TIMEOUT_S = 0.5
-"""How long an actor starting up waits for an ingress to send the current states, seconds."""
+"""How long an actor starting up waits for a first answer with the current states, seconds."""
+STATE_GATHER_S = 0.05
+"""After the first answer, how long it keeps taking answers from the other actors, seconds (the newest state of
+each model wins: a restarted ingress answers its own request with nothing, and a worker may hold a write that no
+live ingress does)."""
+CATCH_UP_MIN_INTERVAL_S = 1.0
+"""An ingress whose workers report a model revision above its own asks for the states again at most this often,
+seconds (:meth:`IngressModels.on_report`)."""
 DRAIN_TIMEOUT_S = 60.0
 """A worker drops an unloaded version's session after at most this long even if requests remain, seconds."""
 
@@ -114,13 +121,39 @@ def _disk_digests(m: Model, versions) -> dict[str, str]:
 
 
 async def fetch_states(nc, subjects) -> list[ModelState]:
-    """Ask any ingress for the current model states (``<p>._models.get``); [] when none answers in time."""
+    """Ask the ingresses and workers for the current model states (``<p>._models.get``): the newest state of each
+    model among the answers that come within :data:`STATE_GATHER_S` of the first (which is awaited up to
+    :data:`STATE_FETCH_TIMEOUT_S`); [] when none answers (first start: the repository's state stands).
+
+    Every answer counts, not the first: with one ingress, a restarted ingress's own (empty) answer came first and
+    the write its workers still served was undone (a fresh-user trial, 2026-12-02). Workers answer with the states
+    they hold (:meth:`WorkerModels._on_get`). Never raises (a garbled answer is skipped)."""
+    newest: dict[str, ModelState] = {}
+    first = asyncio.Event()
+
+    async def on_answer(msg) -> None:
+        for st in _states_in(msg):
+            if _newer(st, newest.get(st.model)):
+                newest[st.model] = st
+        first.set()
+
     try:
-        msg = await nc.request(subjects.model_state_get, b"", timeout=STATE_FETCH_TIMEOUT_S)
-        m = decode_internal(msg.data)
-    except Exception:  # no ingress yet (first start), timeout, garbage: the repository's state stands
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=on_answer)
+    except Exception:  # the connection is closing: nothing to learn
         return []
-    return list(m.items) if isinstance(m, ModelStates) else []
+    try:
+        await nc.publish(subjects.model_state_get, b"", reply=inbox)
+        await asyncio.wait_for(first.wait(), STATE_FETCH_TIMEOUT_S)
+        await asyncio.sleep(STATE_GATHER_S)
+    except Exception:  # no answer in time (first start), or the connection went: what came stands
+        pass
+    finally:
+        try:
+            await sub.unsubscribe()
+        except Exception:
+            pass
+    return list(newest.values())
 
 
 class IngressModels:
@@ -148,6 +181,8 @@ class IngressModels:
         self._write_lock = asyncio.Lock()
         self._report_seen = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._catching_up = False
+        self._caught_up_at = float("-inf")
         self._overridden: dict[tuple[str, int, str], ModelState] = {}
         """``(model, revision, writer)`` of states replaced by a rival of the same revision (a concurrent write
         taken by another ingress that won), and the state that replaced each: :meth:`_check_kept`."""
@@ -275,9 +310,31 @@ class IngressModels:
         return not only or model in only
 
     def on_report(self, r: LoadReport) -> None:
-        """A worker's load report (the ingress's ``_on_load`` calls this)."""
+        """A worker's load report (the ingress's ``_on_load`` calls this). A worker that has applied a revision of a
+        model above this ingress's state of it holds a write this ingress missed (it restarted while no other
+        ingress was left to tell it): the states are asked for again (:meth:`_catch_up`), at most once every
+        :data:`CATCH_UP_MIN_INTERVAL_S`."""
         self.reports[r.worker_id] = r
         self._report_seen.set()
+        if r.model_revisions and not self._catching_up:
+            states = self.states
+            for model, rev in r.model_revisions.items():
+                st = states.get(model)
+                if st is not None and rev > st.revision and self._serves(model):
+                    now = time.monotonic()
+                    if now - self._caught_up_at >= CATCH_UP_MIN_INTERVAL_S:
+                        self._catching_up = True
+                        self._caught_up_at = now
+                        self._spawn(self._catch_up())
+                    break
+
+    async def _catch_up(self) -> None:
+        try:
+            for st in await fetch_states(self.nc, self.subjects):
+                if _newer(st, self.states.get(st.model)):
+                    await self.apply(st)
+        finally:
+            self._catching_up = False
 
     # ---- write gate ---------------------------------------------------------------------------
     async def _on_region_hb(self, msg) -> None:
@@ -438,7 +495,10 @@ class IngressModels:
         if digests is None:
             digests = dict(cur.digests) if cur else {}
         versions = sorted(versions, key=_vkey)
-        return ModelState(model, (cur.revision if cur else 0) + 1, self.writer, versions, default,
+        # above any revision a worker reports applied, too: a write numbered at or below what the workers hold
+        # would be ignored by them and still be answered as done
+        held = max((r.model_revisions.get(model, 0) for r in self.reports.values()), default=0)
+        return ModelState(model, max(cur.revision if cur else 0, held) + 1, self.writer, versions, default,
                           {v: digests[v] for v in versions if v in digests})
 
     def pin_failures(self, key: str, now: float) -> dict[str, str]:
@@ -652,12 +712,24 @@ class WorkerModels:
         undone)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.nc = None
 
     async def start(self, nc) -> None:
-        """Subscribe to the states and apply the peers' current ones (before READY)."""
+        """Subscribe to the states and apply the peers' current ones (before READY); then answer the peers' state
+        requests too (an ingress restarted with no other ingress left learns the writes from the workers)."""
         await nc.subscribe(self.subjects.model_state, cb=self._on_states)
         for st in await fetch_states(nc, self.subjects):
             self._take(st)
+        self.nc = nc
+        await nc.subscribe(self.subjects.model_state_get, cb=self._on_get)
+
+    async def _on_get(self, msg) -> None:
+        items = [s for s in self.states.values() if s.revision > 0]
+        if msg.reply and items:  # nothing to tell: silent (the asker waits for the others' answers, not for this)
+            try:
+                await self.nc.publish(msg.reply, encode_internal(ModelStates(items)))
+            except Exception as exc:
+                log(f"worker {self.w.config.worker_id}: model state answer failed: {exc!r}")
 
     def refusal(self, model_key: str) -> NotFound | None:
         """NOT_FOUND for a request naming a version this worker does not serve (or is draining)."""

@@ -10,7 +10,7 @@ Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingre
           ``<p>._region.hb.<r>``   region manager heartbeats (fencing term);
           ``<p>._region.ctl.<r>``  operator requests to a region manager;
           ``<p>._models.state``    model serving states (model-management writes, every actor listens);
-          ``<p>._models.get``      an actor starting up asks the ingresses for the current states.
+          ``<p>._models.get``      an actor starting up asks the ingresses and workers for the current states.
 Model management (public): ``<p>.models.<model>.load``, ``.unload``, ``.default`` (queue group of the
 ingress actors, served by the ``models.>`` endpoint; see docs/models.md).
 """
