@@ -961,6 +961,32 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     raise typer.Exit(0 if h.ready else 1)
 
 
+MAX_BENCH_DURATION_S = 86_400.0
+"""Longest ``bench --duration`` (one step), seconds: a day."""
+MAX_BENCH_TIMEOUT_S = 3_600.0
+"""Longest ``bench --timeout-s`` (one request's budget), seconds."""
+
+
+def max_bench_gens() -> int:
+    """Most ``bench --gens`` on this host: 4 per core, at least 8 (1,000 generator processes on a 2-core box ran
+    the load average to 67 and did not finish a 1 s step within a minute: a fresh-user trial, 2026-12-02)."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingress: int, workers: int) -> None:
+    """Refuse a ``bench`` option out of its range: one line naming the option and the value, exit 2."""
+    import math
+
+    for opt, v, hi in (("--duration", duration_s, MAX_BENCH_DURATION_S), ("--timeout-s", timeout_s, MAX_BENCH_TIMEOUT_S)):
+        if not (math.isfinite(v) and 0 < v <= hi):
+            _usage(f"bench: {opt} must be a finite number > 0 and at most {hi:.0f} seconds; got {v}")
+    for opt, v, lo, hi in (("--gens", gens, 1, max_bench_gens()), ("--ingress", ingress, 1, MAX_NODE_PROCESSES),
+                           ("--workers", workers, 0, MAX_NODE_PROCESSES)):
+        if not lo <= v <= hi:
+            what = "4 per core on this host, at least 8" if opt == "--gens" else "processes of one node"
+            _usage(f"bench: {opt} must be {lo} to {hi} ({what}); got {v}")
+
+
 @app.command()
 def bench(
     ctx: typer.Context,
@@ -973,7 +999,7 @@ def bench(
     ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling of the deployment started here (µs, 0 = off, "
                                        f"at most {MAX_WINDOW_US:.0f}; see `up`)."),
-    gens: int = typer.Option(1, help="Load-generator processes."),
+    gens: int = typer.Option(1, help="Load-generator processes (1 to 4 per core of this host, at least 8)."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
     duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
@@ -1012,8 +1038,7 @@ def bench(
         _usage(f"bench: every --concurrency must be >= 1 and every --rate > 0 (got {concurrency!r}, {rate!r})")
     if not levels and not rates:
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
-    if not duration_s > 0 or not timeout_s > 0 or gens < 1 or ingress < 1 or workers < 0:
-        _usage("bench: --duration and --timeout-s must be > 0, --gens and --ingress >= 1, --workers >= 0")
+    _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)
     if nats_url is not None:  # they shape the deployment bench starts itself: ignored without a word before
         own = [o for n, o in (("workers", "--workers"), ("ingress", "--ingress"), ("busy_poll_us", "--busy-poll-us"))
                if _given(ctx, n)]

@@ -746,3 +746,22 @@ def test_model_commands_with_no_ingress_answering_exit_1_like_health(nats_server
         assert "UNAVAILABLE" in p.stderr + p.stdout, (argv, p)
     p, _ = cli("models", "load", "dig.its", "--nats-url", nats_server.url, "--prefix", "nobodyhere")
     assert p.returncode == 2, p  # a bad name is still bad input, refused before anything is sent
+
+
+@pytest.mark.parametrize("args,said", [
+    (("--duration", "0"), "bench: --duration must be a finite number > 0 and at most 86400 seconds; got 0.0"),
+    (("--duration", "nan"), "bench: --duration must be a finite number > 0 and at most 86400 seconds; got nan"),
+    (("--timeout-s", "0"), "bench: --timeout-s must be a finite number > 0 and at most 3600 seconds; got 0.0"),
+    (("--gens", "0"), "bench: --gens must be 1 to "),
+    (("--gens", "100000"), "bench: --gens must be 1 to "),
+])
+def test_bench_range_errors_name_the_option(args, said):
+    """A fresh-user trial (2026-12-02): one line for all four ranges did not say which option was wrong, and
+    ``--gens 1000`` on a 2-core box ran the load average to 67. In-process (typer's runner): no CLI start."""
+    from typer.testing import CliRunner
+
+    from inferbus.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "digits", "--nats-url", "nats://127.0.0.1:1", *args])
+    assert r.exit_code == 2, r.output
+    assert said in " ".join(r.output.split()), r.output
