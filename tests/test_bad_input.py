@@ -580,3 +580,17 @@ async def test_error_replies_count_in_the_infer_endpoints_srv_stats(env):
     eps = {e["name"]: e for e in json.loads(msg.data)["endpoints"]}
     assert eps["model"]["num_errors"] - model_before["num_errors"] == 2, eps["model"]
     assert eps["infer"]["num_errors"] == after["num_errors"], eps["infer"]
+
+
+async def test_a_request_on_the_infer_subject_with_no_model_is_invalid_argument(env):
+    """A fresh-user trial (2026-12-02): ``<p>.infer`` itself matched no endpoint, so a hand-written client got
+    NATS's "no responders" instead of an answer saying what is wrong."""
+    nc, _ = env
+    for data, h in ((msgpack.packb({"inputs": []}), None),
+                    (b'{"inputs": []}', {"Content-Type": "application/json"})):
+        msg = await nc.request(f"{PREFIX}.infer", data, timeout=5, headers=h)
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, InvalidArgument) and err.field == "model", err
+        assert f"{PREFIX}.infer.<model>" in err.message, err.message
+        if h:
+            assert json.loads(msg.data)["error"]["code"] == "INVALID_ARGUMENT"

@@ -421,6 +421,15 @@ class Ingress:
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
 
+    async def _on_infer_bare(self, msg) -> None:
+        """A request on ``<p>.infer`` (no model named): INVALID_ARGUMENT saying where to send it."""
+        if msg.reply:
+            hdrs = msg.headers or {}
+            await self._error(msg.reply, InvalidArgument(
+                f"subject {msg.subject!r} names no model: send inference requests to "
+                f"{self.subjects.prefix}.infer.<model>[.<version>]", field="model"),
+                hdrs.get(H.CONTENT_TYPE) or _sniffed_json(msg.data), hdrs.get(H.REQUEST_ID))
+
     async def _send(self) -> None:
         """Send what this request published: in one write at once when no other request waits in the
         subscription, else by nats-py's flusher after the waiting ones (their messages share the write);
@@ -1474,6 +1483,8 @@ class Ingress:
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
         self._infer_sub = endpoint_subscription(svc, "infer")
+        # `<p>.infer` itself (no model token) matches no endpoint: a hand-written client got NATS's "no responders"
+        await self.nc.subscribe(s.infer_bare, queue=q, cb=self._on_infer_bare)
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))

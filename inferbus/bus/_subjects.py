@@ -30,6 +30,11 @@ class Subjects:
     def infer_all(self) -> str:
         return f"{self.prefix}.infer.>"
 
+    @property
+    def infer_bare(self) -> str:
+        """``<p>.infer`` with no model token: answered INVALID_ARGUMENT by the ingresses."""
+        return f"{self.prefix}.infer"
+
     def infer(self, model: str, version: str | None = None) -> str:
         return f"{self.prefix}.infer.{model}" + (f".{version}" if version else "")
 
