@@ -594,3 +594,19 @@ async def test_a_request_on_the_infer_subject_with_no_model_is_invalid_argument(
         assert f"{PREFIX}.infer.<model>" in err.message, err.message
         if h:
             assert json.loads(msg.data)["error"]["code"] == "INVALID_ARGUMENT"
+
+
+async def test_json_with_a_utf8_byte_order_mark_is_served(env):
+    """RFC 8259 section 8.1 lets a parser ignore a leading byte order mark; a fresh-user trial (2026-12-02) got
+    "JSON is malformed: invalid character (byte 0)" for one (Windows tools write it)."""
+    nc, _ = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [3]},
+                       {"name": "b", "datatype": "FP16", "shape": [1, 4], "data": [0.25, 0.25, 0.25, 0.25]}]}
+    for data in (b"\xef\xbb\xbf" + json.dumps(body).encode(), b"\xef\xbb\xbf \n" + json.dumps(body).encode()):
+        err, resp = await raw_request(nc, "typed", data, json_body=True)
+        assert err is None, err
+        outs = {o["name"]: o for o in resp["outputs"]}
+        assert outs["a_times_2"]["data"] == [6] and outs["b_sum"]["data"] == [1.0], resp
+    # still malformed after the mark: the error is about what follows it
+    err, _ = await raw_request(nc, "typed", b"\xef\xbb\xbf{nope", json_body=True)
+    assert isinstance(err, InvalidArgument) and err.field == "body" and "JSON" in err.message, err
