@@ -798,3 +798,19 @@ def test_datatype_mismatch_hints_at_numpy_defaults_only_where_they_apply():
     assert "list of ints" in datatype_mismatch("x", "INT8", "INT64", "f").message
     assert datatype_mismatch("x", "BYTES", "FP64", "f").message == "input 'x' must be BYTES, got FP64"
     assert datatype_mismatch("x", "FP32", "FP16", "f").message == "input 'x' must be FP32, got FP16"
+
+
+@pytest.mark.parametrize("ct", [None, "application/json"])
+def test_a_shape_over_32_dimensions_is_refused_in_one_short_line(ct):
+    """A fresh-user trial (2026-12-02): a 10,000-dimension shape was echoed whole in the error message."""
+    from inferbus.schemas._oip import MAX_RANK
+
+    t = {"name": "a", "datatype": "FP32", "shape": [1] * 10_000, "data": [1.0]}
+    body = json.dumps({"inputs": [t]}).encode() if ct else msgpack.packb({"inputs": [t]})
+    with pytest.raises(InvalidArgument) as ei:
+        decode_request(body, ct)
+    assert ei.value.field == "inputs[0].shape" and f"length <= {MAX_RANK}" in ei.value.message
+    assert len(ei.value.message) < 200, ei.value.message
+    t["shape"] = [1] * MAX_RANK  # the most is served
+    body = json.dumps({"inputs": [t]}).encode() if ct else msgpack.packb({"inputs": [t]})
+    assert decode_request(body, ct).inputs[0].shape == [1] * MAX_RANK

@@ -74,6 +74,11 @@ Datatype = Literal[
 _Dim = Annotated[int, msgspec.Meta(ge=0)]
 _MetaDim = Annotated[int, msgspec.Meta(ge=-1)]
 _NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+MAX_RANK = 32
+"""Most dimensions of a tensor's ``shape`` (numpy 1.x's ``NPY_MAXDIMS``; numpy 2 allows 64). A longer shape is
+refused at decode (msgspec checks it in C): a 10,000-dimension shape used to be echoed whole in the error message
+(a fresh-user trial, 2026-12-02)."""
+_Shape = Annotated[list[_Dim], msgspec.Meta(max_length=MAX_RANK)]
 
 
 class ShmRef(msgspec.Struct, kw_only=True):
@@ -113,7 +118,7 @@ class RequestInput(msgspec.Struct, omit_defaults=True):
 
     name: str
     datatype: Datatype
-    shape: list[_Dim]
+    shape: _Shape
     data: Any = None
     raw: bytes | None = None
     shm: ShmRef | None = None
@@ -153,7 +158,7 @@ class ResponseOutput(msgspec.Struct, omit_defaults=True):
 
     name: str
     datatype: Datatype
-    shape: list[_Dim]
+    shape: _Shape
     data: Any = None
     raw: bytes | None = None
 
