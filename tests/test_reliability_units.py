@@ -291,13 +291,27 @@ def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():
     computing for 2 s): an ingress that did not send it must not see "a" as idle and tie it with "b"; a normal
     batch (a few service times old) changes nothing."""
     r = Router()
-    r.on_report(_report("a", ewma_service_us=300.0, computing_ms=2000.0), now=0.0)
-    r.on_report(_report("b", ewma_service_us=300.0), now=0.0)
+    cap = 100_000
+    r.on_report(_report("a", ewma_service_us=300.0, computing_ms=2000.0, capacity=cap), now=0.0)
+    r.on_report(_report("b", ewma_service_us=300.0, capacity=cap), now=0.0)
     assert r.workers["a"].queue_depth >= 2000 * 1000 // 300 - 1
     assert {r.pick("m:1", 0.1).worker_id for _ in range(50)} == {"b"}
     # both busy: the younger long batch is the shorter expected wait
-    r.on_report(_report("b", ewma_service_us=300.0, computing_ms=500.0), now=0.2)
+    r.on_report(_report("b", ewma_service_us=300.0, computing_ms=500.0, capacity=cap), now=0.2)
     assert {r.pick("m:1", 0.3).worker_id for _ in range(50)} == {"b"}
+    # at most a full mailbox (8 here): "b" is preferred until its own queue is as long, then "a" takes its share
+    # (uncapped, a burst all went to "b", whose mailbox shed what "a" would have queued)
+    r.on_report(_report("a", ewma_service_us=300.0, computing_ms=2000.0), now=0.35)
+    r.on_report(_report("b", ewma_service_us=300.0), now=0.35)
+    assert r.workers["a"].queue_depth == 8
+    picks = []
+    for _ in range(20):
+        w = r.pick("m:1", 0.36)
+        r.on_sent(w)
+        picks.append(w.worker_id)
+    assert picks[:8] == ["b"] * 8 and "a" in picks[8:], picks
+    for w in ("a", "b"):
+        r.workers[w].in_flight = 0
     # the batch ended: "a" is priced by its mailbox again, and a short batch (3 ms, 10 service times) is normal
     r.on_report(_report("a", ewma_service_us=300.0, computing_ms=3.0), now=0.4)
     r.on_report(_report("b", ewma_service_us=300.0), now=0.4)

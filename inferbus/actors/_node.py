@@ -237,7 +237,8 @@ class Node:
 
     def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None) -> ChildSpec:
         # the config travels in a file only we can read, not on the command line: it may hold credentials
-        cfg_path = log_dir / f"{child_id.replace(':', '-')}.config.json"
+        stem = child_id.replace(":", "-")  # worker:n1-w0 -> worker-n1-w0 (no ':' in file names: scp, Windows shares)
+        cfg_path = log_dir / f"{stem}.config.json"
         fd = os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(cfg_json)
@@ -246,7 +247,7 @@ class Node:
 
         async def start():
             return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=log_dir / f"{child_id}.log", name=child_id)
+                                            log_path=log_dir / f"{stem}.log", name=child_id)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
 

@@ -71,8 +71,8 @@ OK, CLIENT_ERROR, SERVER_ERROR, NEUTRAL = "ok", "client_error", "server_error", 
 
 #: A batch the worker reports computing (``LoadReport.computing_ms``) for longer than both of these, in ms and in
 #: the worker's service times (``ewma_service_us``: 256 is the most requests the inference thread takes in one
-#: batch), counts as that many service times queued at it (:meth:`Router.on_report`): a long legal request
-#: delays what is routed behind it by about its age so far.
+#: batch), counts as that many service times queued at it, at most its mailbox's capacity (:meth:`Router.on_report`):
+#: a long legal request delays what is routed behind it by about its age so far.
 LONG_BATCH_MIN_MS = 20.0
 LONG_BATCH_SERVICES = 256
 
@@ -210,7 +210,10 @@ class Router:
             # (else an ingress that did not send the long request sees an idle worker and ties it with one)
             behind = r.computing_ms * 1000.0 / r.ewma_service_us
             if behind > LONG_BATCH_SERVICES:
-                w.queue_depth += int(behind)
+                # at most a full mailbox: the others are preferred until their own queues are as long, then it
+                # takes its share again (uncapped, a burst all went to the one idle worker, whose bounded mailbox
+                # shed what the busy one would have queued)
+                w.queue_depth += min(int(behind), r.capacity)
         w.draining = r.draining
         w.region = r.region
         if w.server != r.server:
