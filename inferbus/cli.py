@@ -973,6 +973,33 @@ def max_bench_gens() -> int:
     return max(8, 4 * (os.cpu_count() or 1))
 
 
+MAX_BENCH_CONCURRENCY = 1_000_000
+"""Most callers of one closed-loop step (``bench --concurrency``)."""
+MAX_BENCH_RATE = 10_000_000.0
+"""Highest ``bench --rate``, requests/s (``inf`` was a traceback; a rate the generators cannot reach stops at
+twice the step's duration with the rest counted NOT_SENT, :meth:`inferbus.loadgen._lean.LeanDriver.open`)."""
+
+
+def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str) -> list:
+    """``bench``'s comma-separated ``--concurrency`` / ``--rate``: each item a finite ``kind`` in range (``lo``
+    exclusive for rates, inclusive for concurrencies); '' = none. One line naming ``opt`` and the item, exit 2."""
+    import math
+
+    items = text.split(",") if text.strip() else []
+    out = []
+    for raw in items:
+        try:
+            v = kind(raw.strip())
+        except ValueError:
+            _usage(f"bench: {opt} takes {what}, comma-separated; got {raw.strip()!r} in {text!r}")
+        ok = math.isfinite(v) and (lo <= v if kind is int else lo < v) and v <= hi
+        if not ok:
+            bound = f">= {lo}" if kind is int else f"> {lo:g}"
+            _usage(f"bench: each {opt} must be {bound} and at most {hi:,.0f}; got {raw.strip()!r}")
+        out.append(v)
+    return out
+
+
 def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingress: int, workers: int) -> None:
     """Refuse a ``bench`` option out of its range: one line naming the option and the value, exit 2."""
     import math
@@ -1029,13 +1056,8 @@ def bench(
         args = (["--profile", profile] + (["--json", str(out)] if out else [])
                 + (["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []))
         raise typer.Exit(run_suite(args))
-    try:
-        levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        rates = [float(x) for x in rate.split(",") if x.strip()]
-    except ValueError as exc:
-        _usage(f"bench: --concurrency takes integers and --rate numbers, comma-separated ({exc})")
-    if any(c < 1 for c in levels) or any(not r > 0 for r in rates):
-        _usage(f"bench: every --concurrency must be >= 1 and every --rate > 0 (got {concurrency!r}, {rate!r})")
+    levels = _bench_list(concurrency, "--concurrency", int, 1, MAX_BENCH_CONCURRENCY, "integers")
+    rates = _bench_list(rate, "--rate", float, 0, MAX_BENCH_RATE, "numbers of requests/s")
     if not levels and not rates:
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
     _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)

@@ -114,6 +114,43 @@ async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_
 
 
 @pytest.mark.anyio
+async def test_an_open_loop_rate_the_generator_cannot_reach_stops_and_counts_what_it_did_not_send(nats_server):
+    """A fresh-user trial (2026-12-02): ``bench --rate 1e9 --duration 0.5`` kept sending for as long as 5e8
+    requests take (killed after 15 s, the node flooded). Now a generator still sending one step's duration (at
+    least 1 s) past the step's end stops, and the rest is the error NOT_SENT."""
+    import time
+
+    import nats
+
+    from inferbus.loadgen._lean import LeanDriver, echo_target
+
+    server = await nats.connect(nats_server.url)
+
+    async def echo(msg):
+        await server.publish(msg.reply, msg.data)
+
+    await server.subscribe("t.fast", cb=echo)
+    await server.flush()
+    client = await nats.connect(nats_server.url)
+    try:
+        work = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4)
+        drv = LeanDriver(client)
+        await drv.start()
+        t0 = time.monotonic()
+        rec, _, _ = await drv.open(echo_target(work, "t.fast", timeout_ms=500.0), rate_qps=5_000_000, duration_s=0.2,
+                                   timeout_s=0.5)
+        took = time.monotonic() - t0
+        assert took < 4.0, took  # 0.2 s step + 1 s of lateness + stragglers, not the million requests' worth
+        r = merge_wire([rec.to_wire(0.2, 0.0)], model="digits", mode="open", concurrency=None, rate_qps=5e6,
+                       target="echo")
+        assert r.errors.get("NOT_SENT", 0) > 500_000 and r.requests > 0, (r.errors, r.requests)
+        assert r.errors["NOT_SENT"] + r.requests == 1_000_000
+    finally:
+        await client.close()
+        await server.close()
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("batch_max,concurrency", [(1, 4), (16, 32)])
 async def test_direct_responders_answer_right_and_refuse_bad_input_with_a_typed_error(nats_server, tmp_path,
                                                                                      batch_max, concurrency):

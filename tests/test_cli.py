@@ -754,6 +754,11 @@ def test_model_commands_with_no_ingress_answering_exit_1_like_health(nats_server
     (("--timeout-s", "0"), "bench: --timeout-s must be a finite number > 0 and at most 3600 seconds; got 0.0"),
     (("--gens", "0"), "bench: --gens must be 1 to "),
     (("--gens", "100000"), "bench: --gens must be 1 to "),
+    (("--rate", "inf"), "bench: each --rate must be > 0 and at most 10,000,000; got 'inf'"),
+    (("--rate", "1e9"), "bench: each --rate must be > 0 and at most 10,000,000; got '1e9'"),
+    (("--rate", "100,,200"), "bench: --rate takes numbers of requests/s, comma-separated; got '' in '100,,200'"),
+    (("--concurrency", "0"), "bench: each --concurrency must be >= 1 and at most 1,000,000; got '0'"),
+    (("--concurrency", "1,,8"), "bench: --concurrency takes integers, comma-separated; got '' in '1,,8'"),
 ])
 def test_bench_range_errors_name_the_option(args, said):
     """A fresh-user trial (2026-12-02): one line for all four ranges did not say which option was wrong, and

@@ -304,6 +304,8 @@ def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():
     r.on_report(_report("a", ewma_service_us=300.0, computing_ms=2000.0), now=0.35)
     r.on_report(_report("b", ewma_service_us=300.0), now=0.35)
     assert r.workers["a"].queue_depth == 8
+    st = r.status(0.35)["a"]  # the health reply shows the mailbox as reported, and the priced part apart
+    assert st["queue_depth"] == 0 and st["long_batch_depth"] == 8 and st["computing_ms"] == 2000.0
     picks = []
     for _ in range(20):
         w = r.pick("m:1", 0.36)

@@ -113,6 +113,8 @@ class WorkerState:
     """From the last report: how long its inference thread has been computing the current batch, ms (0 idle)."""
     computing_overdue: bool = False
     """From the last report: that batch is past the latest deadline of its requests."""
+    long_batch_depth: int = 0
+    """The part of ``queue_depth`` that prices a batch computing abnormally long (0 otherwise)."""
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
@@ -204,6 +206,7 @@ class Router:
         if w.ewma_service_us != r.ewma_service_us:
             self._min_service_us.clear()
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
+        extra = 0
         if r.computing_ms > LONG_BATCH_MIN_MS and r.ewma_service_us > 0:
             # a batch computing far longer than the largest normal one (one legal multi-second request): what
             # waits behind it waits that long, so price the worker as if that many service times were queued
@@ -213,7 +216,9 @@ class Router:
                 # at most a full mailbox: the others are preferred until their own queues are as long, then it
                 # takes its share again (uncapped, a burst all went to the one idle worker, whose bounded mailbox
                 # shed what the busy one would have queued)
-                w.queue_depth += min(int(behind), r.capacity)
+                extra = min(int(behind), r.capacity)
+                w.queue_depth += extra
+        w.long_batch_depth = extra
         w.draining = r.draining
         w.region = r.region
         if w.server != r.server:
@@ -482,7 +487,8 @@ class Router:
             out[wid] = {
                 "health": self.health_reason(w, now), "breaker": state.value, "breaker_trips": b.trips,
                 "consecutive_failures": b.consecutive_failures, "error_rate": round(w.error_rate, 5),
-                "window_requests": w.window_requests, "in_flight": w.in_flight, "queue_depth": w.queue_depth,
+                "window_requests": w.window_requests, "in_flight": w.in_flight,
+                "queue_depth": w.queue_depth - w.long_batch_depth, "long_batch_depth": w.long_batch_depth,
                 "computing_ms": round(w.computing_ms, 1), "computing_overdue": w.computing_overdue,
                 "report_age_ms": round((now - w.last_report) * 1000, 1) if w.last_report else None,
                 "pid": w.pid, "sent": w.sent, "server_errors": w.server_errors, "nats_server": w.server,

@@ -225,6 +225,11 @@ class LeanDriver:
                    phase: float = 0.0, precise: bool = True, grace_s: float = 0.0015) -> tuple[Recorder, float, float]:
         """Send at ``rate_qps`` for ``duration_s`` whatever the answers do; wait for the stragglers.
 
+        A generator that falls so far behind the rate that the step's end has passed by :data:`NOT_SENT_AFTER`
+        times ``duration_s`` (at least 1 s) stops sending: the requests it did not send are counted as the error
+        ``NOT_SENT`` (the load asked for was not offered). Before 2026-12-02 it sent them all, however late:
+        ``--rate 1e9 --duration 0.5`` ran for an hour's worth of requests (a fresh-user trial).
+
         Args:
             phase: fraction of a tick to shift this process's ticks by, so that
                 several generator processes do not all fire on the same instant.
@@ -251,10 +256,14 @@ class LeanDriver:
         sweeper = asyncio.create_task(self._sweep(timeout_s, noop))
         sent = 0
         k = 0
+        give_up = start + duration_s + max(1.0, NOT_SENT_AFTER * duration_s)
         try:
             while sent < total:
                 t_k = start + k * tick_s
                 now = time.monotonic()
+                if now > give_up:
+                    rec.errors["NOT_SENT"] += total - sent
+                    break
                 if precise:
                     while now < t_k:
                         await asyncio.sleep(t_k - now if t_k - now > 0.0005 else 0)
@@ -278,6 +287,10 @@ class LeanDriver:
         elapsed = max(self._last, start + 1e-6) - start
         self._rec = None
         return rec, elapsed, time.process_time() - cpu0
+
+
+NOT_SENT_AFTER = 1.0
+"""An open-loop generator still sending this many step durations (at least 1 s) after its step's end stops."""
 
 
 async def _sleep_until(t: float) -> None:
