@@ -269,3 +269,32 @@ async def test_requests_held_by_a_killed_worker_fail_unavailable_at_once(tmp_pat
         await nc.close()
     finally:
         dep.stop()
+
+
+def test_the_run_dir_keeps_the_nodes_restart_history_with_timestamps(tmp_path):
+    """A second fresh-user trial (2026-12-02): a ``kill -9`` of an actor showed only as a second READY in its own
+    log; the cause and the restart went to ``up``'s stderr alone, lost when it runs detached. ``node.log`` in the
+    run dir now has the supervisors' records with UTC timestamps; the actors' logs are named like their configs."""
+    import re
+    import signal
+
+    from conftest import start_deployment
+
+    d = start_deployment(tmp_path / "run", workers=1, prefix="hist", extra=["--no-cache"])
+    try:
+        node_log = tmp_path / "run" / "node.log"
+        assert (tmp_path / "run" / "worker-n1-w0.log").exists() and (tmp_path / "run" / "ingress-0.log").exists()
+        m = re.search(r"started child 'worker:n1-w0' \(pid (\d+)\)", node_log.read_text())
+        assert m, node_log.read_text()
+        os.kill(int(m.group(1)), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while node_log.read_text().count("started child 'worker:n1-w0'") < 2:
+            assert time.monotonic() < deadline, node_log.read_text()
+            time.sleep(0.1)
+        text = node_log.read_text()
+        line = next(ln for ln in text.splitlines() if "exited: killed by signal 9 (SIGKILL)" in ln)
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR inferbus\.supervisor: supervisor 'node-n1': "
+                        r"child 'worker:n1-w0' \(pid \d+\) exited", line), line
+        assert "restarting 'worker:n1-w0'" in text
+    finally:
+        d.stop()

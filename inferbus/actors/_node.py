@@ -47,6 +47,39 @@ from ._region import RegionConfig
 log = logging.getLogger("inferbus.node")
 
 
+def _attach_node_log(path: Path):
+    """Write the node's own log records (supervisors: starts, exits with their cause, restarts; INFO and up) to
+    ``path`` with UTC timestamps, so a node run detached keeps its restart history in its run dir (a second
+    fresh-user trial, 2026-12-02: a ``kill -9`` showed only as a second ``READY`` in the actor's own log). What
+    reached stderr before (WARNING and up, the message alone, Python's last-resort handler) still does, unless
+    the application configured logging itself. Returns the function that detaches both handlers again."""
+    lg = logging.getLogger("inferbus")
+    fh = logging.FileHandler(path, encoding="utf-8")
+    fh.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+    fmt.converter = time.gmtime
+    fh.setFormatter(fmt)
+    added = [fh]
+    if not logging.getLogger().handlers and not lg.handlers:
+        sh = logging.StreamHandler()
+        sh.setLevel(logging.WARNING)
+        sh.setFormatter(logging.Formatter("%(message)s"))
+        added.append(sh)
+    old_level = lg.level
+    if lg.getEffectiveLevel() > logging.INFO:
+        lg.setLevel(logging.INFO)
+    for h in added:
+        lg.addHandler(h)
+
+    def detach() -> None:
+        for h in added:
+            lg.removeHandler(h)
+            h.close()
+        lg.setLevel(old_level)
+
+    return detach
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """What ``inferbus up`` runs on one machine."""
@@ -333,6 +366,7 @@ class Node:
             run_dir = Path(c.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
+        self._detach_log = _attach_node_log(run_dir / "node.log")
         servers = []
         if self.nats_url is None:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
@@ -541,6 +575,9 @@ class Node:
         self._stopping = True
         await _stop_tree(self.servers, self._servers_task)
         self._servers_task = None
+        detach, self._detach_log = getattr(self, "_detach_log", None), None
+        if detach is not None:
+            detach()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
