@@ -1026,13 +1026,13 @@ def bench(
     ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling of the deployment started here (µs, 0 = off, "
                                        f"at most {MAX_WINDOW_US:.0f}; see `up`)."),
-    gens: int = typer.Option(1, help="Load-generator processes (1 to 4 per core of this host, at least 8)."),
+    gens: int = typer.Option(1, help="Load-generator processes: 1 to 4 per core of this host (at least 8)."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
     duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
     hit: bool = typer.Option(False, help="Repeat one input (cache hits) instead of distinct inputs."),
     timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: str = typer.Option("inferbus", help="Subject prefix of the deployment (`up --prefix`)."),
     json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
     spread: bool = typer.Option(False, help="Generator k connects to server k mod n of --nats-url first (load "
                                 "spread over gateway-joined servers, as --spread-servers places a node)."),
@@ -1041,7 +1041,7 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="With --suite: write the JSON here (and the PNG next to it)."),
 ):
     """Closed-loop (concurrency) and open-loop (fixed rate) load from generator processes, HDR percentiles,
-    every answer checked; ``--suite`` runs the whole benchmark suite (docs/performance.md). Each request is sent
+    every answer checked; --suite runs the whole benchmark suite (docs/performance.md). Each request is sent
     once (no retries, unlike the SDK): an error during a failover is counted, not hidden."""
     from ._cli_bench import run_load, run_suite
 
