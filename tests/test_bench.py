@@ -8,6 +8,7 @@ every answer (zero wrong), and that the generator's pieces add up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import platform
 import shutil
@@ -76,31 +77,46 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
     assert opened.offered_qps == 400
 
 
-@pytest.mark.anyio
-async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_server):
-    """A fresh-user trial: with ``--timeout-s 0.0002`` answers arriving after ~2 ms counted as ok (the sweep runs
-    every 5 ms at the least). Every request also carries its wall-clock deadline (Inferbus-Deadline-Unix-Ms)."""
+@contextlib.asynccontextmanager
+async def _echo_driver(url: str, subject: str, delay_s: float = 0.0):
+    """A lean load driver (``inferbus.loadgen._lean``) on its own connection, and an echo on ``subject`` that
+    answers after ``delay_s``; yields ``(driver, workload, seen)``, ``seen`` = (ms since the epoch, headers) of
+    each request the echo took."""
     import time
 
     import nats
 
-    from inferbus.loadgen._lean import LeanDriver, echo_target
+    from inferbus.loadgen._lean import LeanDriver
 
-    server = await nats.connect(nats_server.url)
+    server = await nats.connect(url)
     seen = []
 
-    async def slow_echo(msg):
+    async def echo(msg):
         seen.append((time.time() * 1000.0, dict(msg.headers or {})))
-        await asyncio.sleep(0.002)  # later than the 1 ms timeout, sooner than the sweep's 5 ms period
+        if delay_s:
+            await asyncio.sleep(delay_s)
         await server.publish(msg.reply, msg.data)
 
-    await server.subscribe("t.slow", cb=slow_echo)
+    await server.subscribe(subject, cb=echo)
     await server.flush()
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(url)
     try:
-        work = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4)
         drv = LeanDriver(client)
         await drv.start()
+        yield drv, Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4), seen
+    finally:
+        await client.close()
+        await server.close()
+
+
+@pytest.mark.anyio
+async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_server):
+    """A fresh-user trial: with ``--timeout-s 0.0002`` answers arriving after ~2 ms counted as ok (the sweep runs
+    every 5 ms at the least). Every request also carries its wall-clock deadline (Inferbus-Deadline-Unix-Ms)."""
+    from inferbus.loadgen._lean import echo_target
+
+    # the echo answers later than the 1 ms timeout, sooner than the sweep's 5 ms period
+    async with _echo_driver(nats_server.url, "t.slow", delay_s=0.002) as (drv, work, seen):
         rec, _, _ = await drv.closed(echo_target(work, "t.slow", timeout_ms=1.0), concurrency=2, duration_s=0.3,
                                      timeout_s=0.001)
         r = merge_wire([rec.to_wire(0.3, 0.0)], model="digits", mode="closed", concurrency=2, rate_qps=None,
@@ -108,9 +124,6 @@ async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_
         assert r.requests > 0 and r.ok == 0 and r.timeouts == r.requests and r.qps == 0.0, r
         t_ms, hdrs = seen[0]
         assert abs(float(hdrs["Inferbus-Deadline-Unix-Ms"]) - (t_ms + 1.0)) < 50, hdrs
-    finally:
-        await client.close()
-        await server.close()
 
 
 @pytest.mark.anyio
@@ -120,22 +133,9 @@ async def test_an_open_loop_rate_the_generator_cannot_reach_stops_and_counts_wha
     least 1 s) past the step's end stops, and the rest is the error NOT_SENT."""
     import time
 
-    import nats
+    from inferbus.loadgen._lean import echo_target
 
-    from inferbus.loadgen._lean import LeanDriver, echo_target
-
-    server = await nats.connect(nats_server.url)
-
-    async def echo(msg):
-        await server.publish(msg.reply, msg.data)
-
-    await server.subscribe("t.fast", cb=echo)
-    await server.flush()
-    client = await nats.connect(nats_server.url)
-    try:
-        work = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=4)
-        drv = LeanDriver(client)
-        await drv.start()
+    async with _echo_driver(nats_server.url, "t.fast") as (drv, work, _):
         t0 = time.monotonic()
         rec, _, _ = await drv.open(echo_target(work, "t.fast", timeout_ms=500.0), rate_qps=5_000_000, duration_s=0.2,
                                    timeout_s=0.5)
@@ -145,9 +145,6 @@ async def test_an_open_loop_rate_the_generator_cannot_reach_stops_and_counts_wha
                        target="echo")
         assert r.errors.get("NOT_SENT", 0) > 500_000 and r.requests > 0, (r.errors, r.requests)
         assert r.errors["NOT_SENT"] + r.requests == 1_000_000
-    finally:
-        await client.close()
-        await server.close()
 
 
 @pytest.mark.anyio
