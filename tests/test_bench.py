@@ -228,7 +228,10 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     # --direct: the Python floor of a whole inference, in the closed and open loops and at half load
     assert {("direct", "closed"), ("direct", "open")} <= series and doc["half_load"]["direct"]["requests"] > 0
     assert doc["ratios"]["direct"]["c=1"]["direct_p50_over_echo_p50"] > 0
-    assert all(s["cpu_us_per_req"].get("direct", 0) > 0 for s in doc["steps"] if s["series"] == "direct")
+    # /proc's CPU times count in 10 ms clock ticks: a short step of a quiet process can read 0 (a clean-clone run);
+    # the direct responders' CPU is sampled in the run as a whole
+    direct = [s for s in doc["steps"] if s["series"] == "direct"]
+    assert all("direct" in s["cpu_us_per_req"] for s in direct) and sum(s["cpu_us_per_req"]["direct"] for s in direct) > 0
     assert {t["target"] for t in doc["targets"]} and all("met" in t for t in doc["targets"])
     assert out.with_suffix(".png").exists() or "matplotlib is not installed" in proc.stdout
 
@@ -249,7 +252,9 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
     assert {("echo", "closed"), ("inferbus miss", "closed"), ("inferbus miss", "open")} <= series
     for s in doc["steps"]:
         assert s["requests"] > 0 and s["wrong"] == 0 and not s["errors"], s
-        assert s["cpu_us_per_req"].get("nats-server", 0) > 0, s
+        assert "nats-server" in s["cpu_us_per_req"], s
+    # sampled in 10 ms clock ticks: the 200/s open step of a quiet box read 0.0 once (a clean-clone run)
+    assert sum(s["cpu_us_per_req"]["nats-server"] for s in doc["steps"]) > 0
     logs = sorted((tmp_path / "logs" / "nats").glob("s*/nats-*.log"))
     assert len(logs) == 2 and all("Outbound gateway connection to" in p.read_text() for p in logs), logs
 
