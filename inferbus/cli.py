@@ -1007,10 +1007,11 @@ def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingre
     for opt, v, hi in (("--duration", duration_s, MAX_BENCH_DURATION_S), ("--timeout-s", timeout_s, MAX_BENCH_TIMEOUT_S)):
         if not (math.isfinite(v) and 0 < v <= hi):
             _usage(f"bench: {opt} must be a finite number > 0 and at most {hi:.0f} seconds; got {v}")
-    for opt, v, lo, hi in (("--gens", gens, 1, max_bench_gens()), ("--ingress", ingress, 1, MAX_NODE_PROCESSES),
-                           ("--workers", workers, 0, MAX_NODE_PROCESSES)):
+    node = "processes of one node"
+    for opt, v, lo, hi, what in (("--gens", gens, 1, max_bench_gens(), "4 per core on this host, at least 8"),
+                                 ("--ingress", ingress, 1, MAX_NODE_PROCESSES, node),
+                                 ("--workers", workers, 0, MAX_NODE_PROCESSES, node)):
         if not lo <= v <= hi:
-            what = "4 per core on this host, at least 8" if opt == "--gens" else "processes of one node"
             _usage(f"bench: {opt} must be {lo} to {hi} ({what}); got {v}")
 
 

@@ -156,6 +156,17 @@ async def fetch_states(nc, subjects) -> list[ModelState]:
     return list(newest.values())
 
 
+async def answer_states(nc, msg, states: dict[str, ModelState], who: str, *, empty: bool) -> None:
+    """Answer a ``<p>._models.get`` request with the written states (revision > 0) of ``states``; with nothing
+    written, answer only when ``empty``. A failed publish is logged (``who``), never raised."""
+    items = [s for s in states.values() if s.revision > 0]
+    if msg.reply and (items or empty):
+        try:
+            await nc.publish(msg.reply, encode_internal(ModelStates(items)))
+        except Exception as exc:
+            log(f"{who}: model state answer failed: {exc!r}")
+
+
 class IngressModels:
     """The ingress side: serving states, the write gate, and the model-management requests.
 
@@ -290,9 +301,8 @@ class IngressModels:
                 self._spawn(self.apply(st))
 
     async def _on_get(self, msg) -> None:
-        if msg.reply:
-            items = [s for s in self.states.values() if s.revision > 0]
-            await self.nc.publish(msg.reply, encode_internal(ModelStates(items)))
+        # always answered, empty too: an asker that hears this ingress waits STATE_GATHER_S, not the full timeout
+        await answer_states(self.nc, msg, self.states, f"ingress {self.writer}", empty=True)
 
     async def _broadcaster(self) -> None:
         while True:
@@ -331,8 +341,7 @@ class IngressModels:
     async def _catch_up(self) -> None:
         try:
             for st in await fetch_states(self.nc, self.subjects):
-                if _newer(st, self.states.get(st.model)):
-                    await self.apply(st)
+                await self.apply(st)  # applies only a newer state
         finally:
             self._catching_up = False
 
@@ -724,12 +733,8 @@ class WorkerModels:
         await nc.subscribe(self.subjects.model_state_get, cb=self._on_get)
 
     async def _on_get(self, msg) -> None:
-        items = [s for s in self.states.values() if s.revision > 0]
-        if msg.reply and items:  # nothing to tell: silent (the asker waits for the others' answers, not for this)
-            try:
-                await self.nc.publish(msg.reply, encode_internal(ModelStates(items)))
-            except Exception as exc:
-                log(f"worker {self.w.config.worker_id}: model state answer failed: {exc!r}")
+        # nothing to tell: silent (the asker waits for the ingresses' answers, not for this)
+        await answer_states(self.nc, msg, self.states, f"worker {self.w.config.worker_id}", empty=False)
 
     def refusal(self, model_key: str) -> NotFound | None:
         """NOT_FOUND for a request naming a version this worker does not serve (or is draining)."""

@@ -241,6 +241,8 @@ class Node:
         self._stopping = False
         self._pids: dict[str, int] = {}
         self._tmp = None
+        self._detach_log = None
+        """Removes the handlers writing ``node.log`` (:func:`_attach_node_log`); None before start and after stop."""
         self.nats_url = config.nats_url
         self.redis_url = config.redis_url
         self.worker_ids: list[str] = []
@@ -575,7 +577,7 @@ class Node:
         self._stopping = True
         await _stop_tree(self.servers, self._servers_task)
         self._servers_task = None
-        detach, self._detach_log = getattr(self, "_detach_log", None), None
+        detach, self._detach_log = self._detach_log, None
         if detach is not None:
             detach()
         if self._tmp is not None:
