@@ -2,10 +2,12 @@
 
 ``inferbus models``                          the served models (a table: versions, default version, platform,
                                              inputs, outputs; from their OIP v2 metadata);
-``inferbus models load NAME [--version V]``  load a version from the model repository folder (all versions
-                                             on disk not served yet without ``--version``);
-``inferbus models unload NAME --version V``  drain and drop a version (not the default);
+``inferbus models load NAME [V]``           load a version from the model repository folder (all versions
+                                             on disk not served yet without one);
+``inferbus models unload NAME V``            drain and drop a version (not the default);
 ``inferbus models default NAME V``           the version that serves requests naming none.
+
+Each takes the version either way, as the second argument or as ``--version V`` (the same value if both).
 
 ``--nats-url`` and ``--prefix`` may come before the subcommand (``inferbus models --nats-url URL default
 digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` (docs/models.md);
@@ -117,29 +119,54 @@ def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_
         console.print(f"  {wid}: {outcome}", markup=False, highlight=False)
 
 
+def _version(op: str, positional: Optional[str], option: Optional[str], required: bool) -> Optional[str]:
+    """The version a write names: the second argument or ``--version`` (a user who typed ``unload digits 2`` or
+    ``default digits --version 2`` meant it; fresh-user trials tried both).
+
+    Raises:
+        typer.BadParameter: both given and different, or neither while ``required`` (exit 2, usage error).
+    """
+    if positional is not None and option is not None and positional != option:
+        raise typer.BadParameter(f"two different versions: {positional!r} and --version {option!r}; give one",
+                                 param_hint="VERSION")
+    version = positional if positional is not None else option
+    if version is None and required:
+        raise typer.BadParameter(f"{op} needs a version: inferbus models {op} NAME VERSION (or --version VERSION)",
+                                 param_hint="VERSION")
+    return version
+
+
 @app.command()
 def load(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
-         version: Optional[str] = typer.Option(None, help="Version to load (default: every version on disk not "
-                                               "served yet)."),
+         version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
+                                                     help="Version to load (default: every version on disk not "
+                                                     "served yet); or --version."),
+         version: Optional[str] = typer.Option(None, help="Same as VERSION."),
          nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
          as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Load a model version from the repository folder on every worker; returns when they have it."""
-    _write(ctx, "load", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "load", name, _version("load", version_arg, version, False), nats_url, prefix, timeout, as_json)
 
 
 @app.command()
 def unload(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
-           version: str = typer.Option(..., help="Version to unload (not the default)."),
+           version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
+                                                       help="Version to unload (not the default); or --version."),
+           version: Optional[str] = typer.Option(None, help="Same as VERSION."),
            nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
            as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers."""
-    _write(ctx, "unload", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "unload", name, _version("unload", version_arg, version, True), nats_url, prefix, timeout, as_json)
 
 
 @app.command()
 def default(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
-            version: str = typer.Argument(..., help="Version that serves requests naming none."),
+            version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
+                                                        help="Version that serves requests naming none; or "
+                                                        "--version."),
+            version: Optional[str] = typer.Option(None, help="Same as VERSION."),
             nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
             as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Make VERSION the default version of NAME (it must be loaded on every worker serving NAME)."""
-    _write(ctx, "default", name, version, nats_url, prefix, timeout, as_json)
+    _write(ctx, "default", name, _version("default", version_arg, version, True), nats_url, prefix, timeout,
+           as_json)

@@ -274,7 +274,8 @@ async def test_requests_held_by_a_killed_worker_fail_unavailable_at_once(tmp_pat
 def test_the_run_dir_keeps_the_nodes_restart_history_with_timestamps(tmp_path):
     """A second fresh-user trial (2026-12-02): a ``kill -9`` of an actor showed only as a second READY in its own
     log; the cause and the restart went to ``up``'s stderr alone, lost when it runs detached. ``node.log`` in the
-    run dir now has the supervisors' records with UTC timestamps; the actors' logs are named like their configs."""
+    run dir now has the supervisors' records with UTC timestamps; the actors' logs are named like their configs and
+    have a UTC timestamp on every line."""
     import re
     import signal
 
@@ -296,5 +297,14 @@ def test_the_run_dir_keeps_the_nodes_restart_history_with_timestamps(tmp_path):
         assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR inferbus\.supervisor: supervisor 'node-n1': "
                         r"child 'worker:n1-w0' \(pid \d+\) exited", line), line
         assert "restarting 'worker:n1-w0'" in text
+        # the actor's own log: every line after the UTC time the node read it (both incarnations' READY lines)
+        stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+        deadline = time.monotonic() + 30
+        while (tmp_path / "run" / "worker-n1-w0.log").read_text().count("READY") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        lines = (tmp_path / "run" / "worker-n1-w0.log").read_text().splitlines()
+        assert lines and all(re.match(stamp, ln) for ln in lines), lines[:5]
+        assert sum(bool(re.fullmatch(stamp + "READY", ln)) for ln in lines) == 2, lines
     finally:
         d.stop()

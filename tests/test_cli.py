@@ -49,6 +49,20 @@ def test_unreachable_nats_is_one_line_naming_the_url_exit_3(argv):
     assert len(lines) == 1 and lines[0].startswith(f"cannot reach NATS at {url}: "), p.stderr
 
 
+@pytest.mark.parametrize("argv,says", [
+    (("models", "unload", "digits"), "unload needs a version"),
+    (("models", "default", "digits"), "default needs a version"),
+    (("models", "default", "digits", "1", "--version", "2"), "two different versions"),
+    (("models", "load", "digits", "1", "--version", "2"), "two different versions"),
+])
+def test_a_models_write_without_one_version_is_a_usage_error_before_connecting(argv, says):
+    """``unload`` and ``default`` take the version as the second argument or as ``--version``; none, or two
+    different ones, is exit 2 naming the problem, before any connection (nothing listens at the URL)."""
+    p, _ = cli(*argv, "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    assert p.returncode == 2 and says in " ".join(p.stderr.split()), p.stderr
+    assert "Traceback" not in p.stderr + p.stdout and "cannot reach NATS" not in p.stderr
+
+
 @pytest.mark.parametrize("url", ["nats://127.0.0.1:99999", "nats://127.0.0.1:abc", "nats://:4333", "nats://[::1",
                                  "http://127.0.0.1:4333"])
 def test_a_nats_url_that_is_no_url_is_one_line_exit_2_for_every_client_command(url):

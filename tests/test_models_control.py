@@ -77,7 +77,7 @@ def test_cli_load_unload_default(dep, refs):
     p = cli(*url, "default", "digits", "2")
     assert p.returncode == 0, p.stderr
     assert "default 2" in p.stdout and "revision" in p.stdout  # answered by this deployment (port, prefix mm)
-    p = cli("unload", "digits", "--version", "1", *url, "--json")
+    p = cli("unload", "digits", "1", *url, "--json")  # the version as the second argument, as `default` takes it
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     # the same keys whether or not the write changed anything (the wire omits defaults; the CLI does not)
@@ -118,7 +118,7 @@ def test_cli_load_unload_default(dep, refs):
     assert r["versions"] == ["1", "2"] and set(r["workers"].values()) == {"loaded"}, r
     p = cli("default", "digits", "1", *url)
     assert p.returncode == 0, p.stderr
-    p = cli("default", "digits", "1", *url)  # idempotent
+    p = cli("default", "digits", "--version", "1", *url)  # idempotent; --version, as `load` and `unload` take it
     assert p.returncode == 0 and "nothing to do" in p.stdout
     p = cli("default", "digits", "1", *url, "--json")
     r = json.loads(p.stdout)

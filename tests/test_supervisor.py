@@ -447,6 +447,29 @@ async def test_output_is_drained_and_logged_without_blocking(tmp_path: Path) -> 
         await child.stop(5.0)
     text = log_path.read_text()
     assert "x" * 100 + " 19999\n" in text and "to stderr\n" in text and "READY\n" in text
+    assert not text.startswith("20")  # raw bytes unless asked for timestamps
+
+
+@pytest.mark.anyio
+async def test_log_timestamps_put_the_utc_read_time_before_every_line(tmp_path: Path) -> None:
+    import calendar
+    import re
+    import time as _time
+
+    log_path = tmp_path / "stamped.log"
+    before = _time.time()
+    with anyio.fail_after(20):
+        child = await ProcessChild.start(CHATTY, name="chatty", log_path=log_path, log_timestamps=True)
+        await child.stop(5.0)
+    after = _time.time()
+    lines = log_path.read_text().splitlines()
+    assert len(lines) > 20000  # stdout's 20,000 lines, stderr's and READY
+    for ln in (lines[0], lines[len(lines) // 2], lines[-1]):
+        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3})Z ", ln)
+        assert m, ln
+        t = calendar.timegm(_time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + int(m.group(2)) / 1000
+        assert before - 1 <= t <= after + 1, (ln, before, after)
+    assert any(ln.endswith("Z READY") for ln in lines) and any(ln.endswith(" to stderr") for ln in lines)
 
 
 # ---------------------------------------------------------------------------- start failures

@@ -545,10 +545,7 @@ class Ingress:
             InvalidArgument: ``raw`` is not a number (``field`` = the header's name).
             DeadlineExceeded: the client's deadline passed more than the allowance before this handler started.
         """
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = float("nan")
+        ms = H.header_number(raw)
         if ms != ms:
             raise InvalidArgument(f"{H.DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch, got "
                                   f"{str(raw)[:40]!r}", field=H.DEADLINE_UNIX_MS)

@@ -282,7 +282,7 @@ class Node:
 
         async def start():
             return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=log_dir / f"{stem}.log", name=child_id)
+                                            log_path=log_dir / f"{stem}.log", log_timestamps=True, name=child_id)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
 

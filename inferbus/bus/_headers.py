@@ -122,19 +122,33 @@ def deadline_from_headers(headers: dict | None, now: float | None = None, defaul
     return now + budget_ms(headers.get(TIMEOUT_MS) if headers else None, default_ms, strict) / 1000.0
 
 
+def header_number(raw: str) -> float:
+    """A numeric header value (``Inferbus-Timeout-Ms``, ``Inferbus-Deadline-Unix-Ms``) as a float; NaN when
+    malformed.
+
+    The syntax is ASCII decimal as JSON and most clients write it (``750``, ``750.5``, ``7.5e2``, optional sign
+    and surrounding spaces) plus ``inf``/``infinity``. Python's ``float()`` alone also takes digit-group
+    underscores (``1_000``) and any Unicode decimal digits (``١٠٠٠``), which no other language's client would
+    send or read the same way: those are malformed here.
+    """
+    if not raw.isascii() or "_" in raw:
+        return float("nan")
+    try:
+        return float(raw)
+    except ValueError:
+        return float("nan")
+
+
 def budget_ms(raw: str | None, default_ms: float = DEFAULT_TIMEOUT_MS, strict: bool = False) -> float:
     """The time budget an ``Inferbus-Timeout-Ms`` value grants, ms, clamped to [0, ``MAX_TIMEOUT_MS``].
 
-    ``raw`` None (absent) grants ``default_ms``; a malformed value (not a number, NaN) too, unless
-    ``strict``: then it raises InvalidArgument (``field`` = the header's name). The rule of
+    ``raw`` None (absent) grants ``default_ms``; a malformed value (not a number as :func:`header_number`
+    reads it, NaN) too, unless ``strict``: then it raises InvalidArgument (``field`` = the header's name). The rule of
     :func:`deadline_from_headers`, for a value already taken from its header.
     """
     ms = default_ms
     if raw is not None:
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = float("nan")
+        ms = header_number(raw)
         if ms != ms:  # NaN
             if strict:
                 from ..schemas import InvalidArgument

@@ -246,7 +246,7 @@ class Topology:
         async def start():
             d.mkdir(parents=True, exist_ok=True)
             return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=d / "node.log", name=f"node-{region}")
+                                            log_path=d / "node.log", log_timestamps=True, name=f"node-{region}")
 
         return ChildSpec(id=f"node:{region}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=15.0)
 

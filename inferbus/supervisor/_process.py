@@ -9,7 +9,8 @@ is killed (SIGKILL) so that a restart never races orphans of the previous incarn
 Output: stdout and stderr are pipes that the loop keeps reading for the whole life of
 the process (a ``SubprocessProtocol`` gets every chunk as it arrives), so the child never
 blocks on a full pipe. Before READY, stdout lines are compared with ``ready_line``. Every
-line is copied to ``log_path`` (raw bytes, appended) or, when ``log_path`` is None, to our
+line is copied to ``log_path`` (raw bytes, appended; with ``log_timestamps`` each line after the UTC time it
+arrived) or, when ``log_path`` is None, to our
 ``sys.stderr`` prefixed with ``[name] ``. The last lines are kept for error messages.
 
 Everything here runs on the loop that called :meth:`ProcessChild.start`.
@@ -23,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -113,7 +115,7 @@ class ProcessChild:
     """
 
     def __init__(self, *, name: str, argv: list[str], ready_line: str | None,
-                 log_file: IO[bytes] | None) -> None:
+                 log_file: IO[bytes] | None, log_timestamps: bool = False) -> None:
         """Private: use :meth:`ProcessChild.start`."""
         loop = asyncio.get_running_loop()
         self.name = name
@@ -122,6 +124,9 @@ class ProcessChild:
         """The command line the process was started with."""
         self._ready_line = ready_line
         self._log_file = log_file
+        self._log_timestamps = log_timestamps
+        self._stamp_s = -1
+        self._stamp = b""
         self._ready: asyncio.Future[None] = loop.create_future()
         self._leader_exit: asyncio.Future[int] = loop.create_future()
         self._exited: asyncio.Future[ChildExit] = loop.create_future()
@@ -143,6 +148,7 @@ class ProcessChild:
                     ready_line: str | None = "READY",
                     start_timeout_s: float = 30.0,
                     log_path: str | os.PathLike[str] | None = None,
+                    log_timestamps: bool = False,
                     name: str | None = None) -> ProcessChild:
         """Start an OS process and return once it is ready.
 
@@ -164,6 +170,9 @@ class ProcessChild:
                 waits forever. Default 30.
             log_path: file that all output is appended to (parents are created);
                 ``None`` forwards every line to our ``sys.stderr`` as ``[name] line``.
+            log_timestamps: with ``log_path``, each line is written after the UTC time this
+                process read it, ``2026-12-02T11:40:05.123Z `` (the actors' own lines carry none;
+                the read time is within the pipe's latency of the write, milliseconds at most).
             name: label for logs and errors; default ``Path(argv[0]).name``.
 
         Returns:
@@ -196,7 +205,8 @@ class ProcessChild:
             path.parent.mkdir(parents=True, exist_ok=True)
             log_file = open(path, "ab")  # noqa: SIM115 - closed when the process ends
         loop = asyncio.get_running_loop()
-        self = cls(name=name, argv=args, ready_line=ready_line, log_file=log_file)
+        self = cls(name=name, argv=args, ready_line=ready_line, log_file=log_file,
+                   log_timestamps=log_timestamps)
         try:
             await loop.subprocess_exec(
                 lambda: _Protocol(self), *args, stdin=subprocess.DEVNULL,
@@ -325,6 +335,8 @@ class ProcessChild:
             self._ready.set_result(None)
         try:
             if self._log_file is not None:
+                if self._log_timestamps:
+                    self._log_file.write(self._timestamp())
                 self._log_file.write(raw if raw.endswith(b"\n") else raw + b"\n")
             else:
                 sys.stderr.write(f"[{self.name}] {text}\n")
@@ -333,6 +345,15 @@ class ProcessChild:
                 self._log_failed = True
                 log.warning("%s: cannot copy output (%s); further output is dropped",
                             self.name, exc)
+
+    def _timestamp(self) -> bytes:
+        """``2026-12-02T11:40:05.123Z `` for now (UTC); the seconds part is formatted once per second."""
+        now = time.time()
+        sec = int(now)
+        if sec != self._stamp_s:
+            self._stamp_s = sec
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)).encode()
+        return b"%s.%03dZ " % (self._stamp, int((now - sec) * 1000))
 
     def _flush_log(self) -> None:
         try:
