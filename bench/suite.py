@@ -87,6 +87,9 @@ class SuiteConfig:
     closed: tuple[int, ...] = (1, 8, 64)
     sweep: bool = True
     """Open-loop rate sweeps to saturation (else one step at each of ``open_rates``)."""
+    alternate: bool = False
+    """Run the series' sweeps one step of each in turn instead of one whole sweep after another (on in the
+    throughput profile: the limit crossings whose ratio is the target are then measured close together)."""
     open_rates: tuple[float, ...] = ()
     sweep_start_frac: float = 0.25
     """First rate of a sweep as a fraction of the closed loop's best QPS."""
@@ -165,7 +168,7 @@ PROFILES: dict[str, dict] = {
     "quick": dict(),
     "full": dict(duration_s=5.0, closed=(1, 8, 64), sweep_factor=1.3, sweep_max_steps=12, refine_steps=2),
     "throughput": dict(pin=True, l2=False, closed=(1, 8, 64, 256), sweep_factor=1.25, sweep_max_steps=12,
-                       refine_steps=2, ray=True, direct=True),
+                       refine_steps=2, ray=True, direct=True, alternate=True),
 }
 
 
@@ -271,60 +274,29 @@ class Suite:
         return r
 
     async def _sweep(self, gp: GeneratorPool, series: str, target: dict, est_qps: float) -> dict:
-        """Open-loop rates from ``start_frac × est_qps`` up by ``sweep_factor`` until saturation; refine the
-        p99 limit crossing by bisection (geometric).
+        """One series' open-loop sweep (:class:`_Sweep`) on its own; returns its result (also in ``self.sweeps``)."""
+        return (await self._sweeps(gp, {series: (target, est_qps)}))[series]
 
-        A step is *sustained* when at least 97 % of the offered rate is answered, with no
-        timeout, errors under 0.1 % and a median under 20 × the first step's (or the p99
-        limit, if larger); the sweep stops at the first step that is not."""
-        cfg = self.cfg
-        rate = max(50.0, est_qps * cfg.sweep_start_frac)
-        last_good = first_bad = None
-        saturated_at = None
-        best_sustained = 0.0
-
-        p50_first: list[float] = []
-
-        def judge(r: BenchResult, offered: float) -> tuple[bool, bool]:
-            # sustained: the rate is delivered, nothing fails, and no queue builds up (a queue that grows
-            # during the step shows as a median far above the sweep's lightest step)
-            if not p50_first:
-                p50_first.append(r.p50_us)
-            sustained = r.requests > 0 and r.qps >= 0.97 * offered and r.timeouts == 0 \
-                and r.error_count <= 0.001 * r.requests and r.p50_us <= max(20 * p50_first[0], cfg.p99_limit_us)
-            return sustained, sustained and r.p99_us < cfg.p99_limit_us
-
-        for _ in range(cfg.sweep_max_steps):
-            r = await self._step(gp, series, target, mode="open", rate=round(rate))
-            sustained, good = judge(r, rate)
-            if sustained:
-                best_sustained = max(best_sustained, rate)
-            if good:
-                last_good = rate
-            elif first_bad is None or rate < first_bad:
-                first_bad = rate
-            if not sustained:
-                saturated_at = rate
+    async def _sweeps(self, gp: GeneratorPool, todo: dict[str, tuple[dict, float]]) -> dict[str, dict]:
+        """The open-loop sweeps of several series (``{series: (target, closed-loop best QPS)}``), one step of
+        each in turn: step k of every series runs before step k + 1 of any, so the series' limit crossings are
+        measured minutes apart at most when one after the other they would be a whole sweep apart (on a shared
+        host whose echo ceiling alone moved 58k–93k/s between suites, the ratio is the figure that matters)."""
+        states = {name: _Sweep(self.cfg, est) for name, (_, est) in todo.items()}
+        while True:
+            stepped = False
+            for name, st in states.items():
+                rate = st.next_rate()
+                if rate is None:
+                    continue
+                r = await self._step(gp, name, todo[name][0], mode="open", rate=round(rate))
+                st.record(rate, r)
+                stepped = True
+            if not stepped:
                 break
-            rate *= cfg.sweep_factor
-        for _ in range(cfg.refine_steps):
-            if not (last_good and first_bad and first_bad / last_good > 1.08):
-                break
-            mid = math.sqrt(last_good * first_bad)
-            r = await self._step(gp, series, target, mode="open", rate=round(mid))
-            sustained, good = judge(r, mid)
-            if sustained:
-                best_sustained = max(best_sustained, mid)
-            if good:
-                last_good = mid
-            else:
-                first_bad = mid
-        out = {"max_qps_p99_under_limit": round(last_good) if last_good else None,
-               "p99_limit_us": cfg.p99_limit_us, "first_rate_over_limit": round(first_bad) if first_bad else None,
-               "max_sustained_qps": round(best_sustained) if best_sustained else None,
-               "saturated_at": round(saturated_at) if saturated_at else None}
-        self.sweeps[series] = out
-        return out
+        for name, st in states.items():
+            self.sweeps[name] = st.result()
+        return {name: self.sweeps[name] for name in states}
 
     # ---- the run --------------------------------------------------------------------------
     async def run(self) -> dict:
@@ -404,7 +376,9 @@ class Suite:
                         best[name] = max(best.get(name, 0.0), r.qps)
                 self.say("open loop:")
                 swept = [n for n in ("echo", "direct", "inferbus miss") if n in series]
-                if cfg.sweep:
+                if cfg.sweep and cfg.alternate:
+                    await self._sweeps(gp, {name: (series[name], best[name]) for name in swept})
+                elif cfg.sweep:
                     for name in swept:
                         await self._sweep(gp, name, series[name], best[name])
                 else:
@@ -513,6 +487,73 @@ class Suite:
         finally:
             await asyncio.to_thread(rp.stop)
         return out
+
+
+class _Sweep:
+    """One series' open-loop sweep as a state machine: :meth:`next_rate` says the next step's rate (None: done),
+    :meth:`record` takes its result. Rates from ``sweep_start_frac × est_qps`` up by ``sweep_factor`` until
+    saturation (at most ``sweep_max_steps``), then up to ``refine_steps`` geometric bisections of the p99 limit
+    crossing while its bracket is wider than 8 %.
+
+    A step is *sustained* when at least 97 % of the offered rate is answered, with no timeout, errors under 0.1 %
+    and a median under 20 × the first step's (or the p99 limit, if larger): a queue that grows during the step
+    shows as a median far above the sweep's lightest step. The climb stops at the first step that is not."""
+
+    def __init__(self, cfg: SuiteConfig, est_qps: float) -> None:
+        self.cfg = cfg
+        self.rate = max(50.0, est_qps * cfg.sweep_start_frac)
+        self.last_good: float | None = None
+        self.first_bad: float | None = None
+        self.saturated_at: float | None = None
+        self.best_sustained = 0.0
+        self.p50_first_us: float | None = None
+        self.climbing = True
+        self.climbed = self.refined = 0
+
+    def next_rate(self) -> float | None:
+        """The rate of the next step (requests/s), or None when the sweep is over."""
+        if self.climbing and self.climbed < self.cfg.sweep_max_steps:
+            return self.rate
+        self.climbing = False
+        lo, hi = self.last_good, self.first_bad
+        if self.refined < self.cfg.refine_steps and lo and hi and hi / lo > 1.08:
+            return math.sqrt(lo * hi)
+        return None
+
+    def record(self, rate: float, r: BenchResult) -> None:
+        """Take the result of the step at ``rate`` (the one :meth:`next_rate` said)."""
+        if self.p50_first_us is None:
+            self.p50_first_us = r.p50_us
+        sustained = r.requests > 0 and r.qps >= 0.97 * rate and r.timeouts == 0 \
+            and r.error_count <= 0.001 * r.requests and r.p50_us <= max(20 * self.p50_first_us, self.cfg.p99_limit_us)
+        good = sustained and r.p99_us < self.cfg.p99_limit_us
+        if sustained:
+            self.best_sustained = max(self.best_sustained, rate)
+        if self.climbing:
+            self.climbed += 1
+            if good:
+                self.last_good = rate
+            elif self.first_bad is None or rate < self.first_bad:
+                self.first_bad = rate
+            if sustained:
+                self.rate *= self.cfg.sweep_factor
+            else:
+                self.saturated_at = rate
+                self.climbing = False
+        else:
+            self.refined += 1
+            if good:
+                self.last_good = rate
+            else:
+                self.first_bad = rate
+
+    def result(self) -> dict:
+        """``max_qps_p99_under_limit``, ``first_rate_over_limit``, ``max_sustained_qps``, ``saturated_at`` (requests/s,
+        None when not reached) and ``p99_limit_us``."""
+        rnd = lambda v: round(v) if v else None  # noqa: E731
+        return {"max_qps_p99_under_limit": rnd(self.last_good), "p99_limit_us": self.cfg.p99_limit_us,
+                "first_rate_over_limit": rnd(self.first_bad), "max_sustained_qps": rnd(self.best_sustained),
+                "saturated_at": rnd(self.saturated_at)}
 
 
 # ---- summary ------------------------------------------------------------------------------
@@ -760,6 +801,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--sweep-factor", type=args.above_one)
     p.add_argument("--sweep-max-steps", type=args.count)
+    p.add_argument("--alternate", action=argparse.BooleanOptionalAction, default=None,
+                   help="sweep the series one step of each in turn (on in the throughput profile; "
+                   "--no-alternate: one whole sweep after another, as before 2026-12-02)")
     p.add_argument("--log-dir")
     p.add_argument("--inline-max-compute-us", type=args.non_negative, help="workers' inline threshold (µs; 0 = thread only)")
     p.add_argument("--busy-poll-us", type=_poll_us, help="the actors keep polling this many µs after each request "
@@ -788,7 +832,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 _OVERRIDES = ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin", "l2", "ray", "duration_s",
-              "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "log_dir",
+              "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "alternate", "log_dir",
               "inline_max_compute_us", "colocate", "colocate_ab", "nats_servers", "busy_poll_us", "echo_busy_poll_us",
               "direct", "direct_batch", "run_to_completion")
 

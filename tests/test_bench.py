@@ -242,7 +242,7 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
     out = tmp_path / "mesh.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
                            "--nats-servers", "2", "--colocate", "--workers", "2", "--gens", "2", "--closed", "1,8",
-                           "--no-sweep", "--open-rates", "200", "--log-dir", str(tmp_path / "logs")],
+                           "--sweep", "--sweep-max-steps", "2", "--alternate", "--log-dir", str(tmp_path / "logs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gateway mesh, processes spread" in proc.stdout
@@ -253,10 +253,41 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
     for s in doc["steps"]:
         assert s["requests"] > 0 and s["wrong"] == 0 and not s["errors"], s
         assert "nats-server" in s["cpu_us_per_req"], s
+    # --alternate: the sweeps' first steps are one of each series in turn, not one whole sweep after another
+    sweep_steps = [s["series"] for s in doc["steps"] if s["mode"] == "open"][:2]
+    assert sweep_steps == ["echo", "inferbus miss"], [s["series"] for s in doc["steps"] if s["mode"] == "open"]
+    assert set(doc["sweeps"]) >= {"echo", "inferbus miss"} and doc["meta"]["config"]["alternate"] is True
     # sampled in 10 ms clock ticks: the 200/s open step of a quiet box read 0.0 once (a clean-clone run)
     assert sum(s["cpu_us_per_req"]["nats-server"] for s in doc["steps"]) > 0
     logs = sorted((tmp_path / "logs" / "nats").glob("s*/nats-*.log"))
     assert len(logs) == 2 and all("Outbound gateway connection to" in p.read_text() for p in logs), logs
+
+
+def test_a_sweep_climbs_to_saturation_then_bisects_the_p99_crossing():
+    """The sweep's state machine (:class:`bench.suite._Sweep`) against a synthetic server whose p99 passes 5 ms
+    above 40k/s and which saturates at 60k/s: it climbs by the factor from a quarter of the estimate, stops at the
+    first step that is not sustained, and bisects the crossing while its bracket is wider than 8 %."""
+    from types import SimpleNamespace
+
+    from bench.suite import SuiteConfig, _Sweep
+
+    def serve(rate):
+        qps = min(rate, 60_000.0)
+        return SimpleNamespace(requests=int(qps * 3), qps=qps, timeouts=0, error_count=0, p50_us=300.0,
+                               p99_us=2_000.0 if rate <= 40_000 else 9_000.0)
+
+    cfg = SuiteConfig(sweep_factor=1.25, sweep_max_steps=12, refine_steps=2)
+    st, rates = _Sweep(cfg, est_qps=60_000), []
+    while (rate := st.next_rate()) is not None:
+        rates.append(rate)
+        st.record(rate, serve(rate))
+    climb = [15_000 * 1.25 ** k for k in range(6)]  # 15k .. 45.8k sustained, 57.2k sustained, 71.5k not
+    assert rates[:7] == pytest.approx(climb + [15_000 * 1.25 ** 6])
+    assert rates[7] == pytest.approx(15_000 * 1.25 ** 7)  # the first over 60k: saturated, the climb ends
+    assert len(rates) == 10  # two bisections of the (36.6k, 45.8k] bracket
+    res = st.result()
+    assert 36_000 < res["max_qps_p99_under_limit"] <= 40_000 < res["first_rate_over_limit"] < 45_800
+    assert res["saturated_at"] == round(15_000 * 1.25 ** 7) and 57_000 < res["max_sustained_qps"] < 60_000
 
 
 @pytest.mark.parametrize("argv, message", [
