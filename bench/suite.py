@@ -493,7 +493,9 @@ class _Sweep:
     """One series' open-loop sweep as a state machine: :meth:`next_rate` says the next step's rate (None: done),
     :meth:`record` takes its result. Rates from ``sweep_start_frac × est_qps`` up by ``sweep_factor`` until
     saturation (at most ``sweep_max_steps``), then up to ``refine_steps`` geometric bisections of the p99 limit
-    crossing while its bracket is wider than 8 %.
+    crossing while its bracket is wider than 8 %. A step over the limit below a later step under it was a
+    transient (one p99 spike of a shared host at 14k/s, then 17k–28k/s under the limit: 2026-12-02 on the H200):
+    the bracket is the last step under the limit and the first over it above that.
 
     A step is *sustained* when at least 97 % of the offered rate is answered, with no timeout, errors under 0.1 %
     and a median under 20 × the first step's (or the p99 limit, if larger): a queue that grows during the step
@@ -533,6 +535,8 @@ class _Sweep:
             self.climbed += 1
             if good:
                 self.last_good = rate
+                if self.first_bad is not None and self.first_bad < rate:
+                    self.first_bad = None  # a transient: the crossing is above this rate, bracket it there
             elif self.first_bad is None or rate < self.first_bad:
                 self.first_bad = rate
             if sustained:
