@@ -143,8 +143,8 @@ def budget_ms(raw: str | None, default_ms: float = DEFAULT_TIMEOUT_MS, strict: b
     """The time budget an ``Inferbus-Timeout-Ms`` value grants, ms, clamped to [0, ``MAX_TIMEOUT_MS``].
 
     ``raw`` None (absent) grants ``default_ms``; a malformed value (not a number as :func:`header_number`
-    reads it, NaN) too, unless ``strict``: then it raises InvalidArgument (``field`` = the header's name). The rule of
-    :func:`deadline_from_headers`, for a value already taken from its header.
+    reads it, NaN) too, unless ``strict``: then it raises InvalidArgument (``field`` = the header's name).
+    The rule of :func:`deadline_from_headers`, for a value already taken from its header.
     """
     ms = default_ms
     if raw is not None:
