@@ -37,7 +37,7 @@ _FLAGS = {
 
 @app.command("run")
 def run(
-    name: str = typer.Argument(..., help="Drill name (inferbus chaos list)."),
+    name: str = typer.Argument(..., metavar="NAME", help="Drill name (inferbus chaos list)."),
     duration_s: Optional[float] = typer.Option(None, "--duration", help="Seconds of load (drill default if omitted)."),
     rate_qps: Optional[float] = typer.Option(None, "--rate", help="Offered load, requests/s."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout", help="Per-request budget, seconds."),

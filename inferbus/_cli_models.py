@@ -137,7 +137,7 @@ def _version(op: str, positional: Optional[str], option: Optional[str], required
 
 
 @app.command()
-def load(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
+def load(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
          version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                      help="Version to load (default: every version on disk not "
                                                      "served yet); or --version."),
@@ -149,7 +149,7 @@ def load(ctx: typer.Context, name: str = typer.Argument(..., help="Model name.")
 
 
 @app.command()
-def unload(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
+def unload(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
            version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                        help="Version to unload (not the default); or --version."),
            version: Optional[str] = typer.Option(None, help="Same as VERSION."),
@@ -160,7 +160,7 @@ def unload(ctx: typer.Context, name: str = typer.Argument(..., help="Model name.
 
 
 @app.command()
-def default(ctx: typer.Context, name: str = typer.Argument(..., help="Model name."),
+def default(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
             version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                         help="Version that serves requests naming none; or "
                                                         "--version."),

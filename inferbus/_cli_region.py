@@ -170,7 +170,7 @@ def _check_region(name: str, what: str) -> None:
 
 @app.command()
 def promote(
-    region: str = typer.Argument(..., help="Region to make primary."),
+    region: str = typer.Argument(..., metavar="REGION", help="Region to make primary."),
     force: bool = typer.Option(False, help="Take over even while another region holds a live lease."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
@@ -224,7 +224,7 @@ def _no_manager(exc: BaseException) -> str:
 
 @app.command()
 def demote(
-    region: Optional[str] = typer.Argument(None, help="Region to demote (default: the current primary)."),
+    region: Optional[str] = typer.Argument(None, metavar="REGION", help="Region to demote (default: the current primary)."),
     to: str = typer.Option("", help="Region to hand over to (default: the live standby heard last)."),
     force: bool = typer.Option(False, help="Release the lease even when no other region's manager is live "
                                            "(no primary until one is); does not wait for a new primary."),
@@ -281,7 +281,7 @@ def demote(
 
 @app.command("manager")
 def manager(
-    region: str = typer.Argument(..., help="This region's name (a subject token)."),
+    region: str = typer.Argument(..., metavar="REGION", help="This region's name (a subject token)."),
     nats_url: str = typer.Option(..., help="This region's NATS servers, comma-separated."),
     valkey_url: Optional[str] = typer.Option(None, help="This region's Valkey/Redis (redis://host:port/0)."),
     lease_cluster: Optional[str] = typer.Option(None, help="JetStream cluster that holds the lease (the witness)."),

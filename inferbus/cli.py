@@ -879,7 +879,7 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
 
 @app.command()
 def infer(
-    model: str = typer.Argument(..., help="Model name."),
+    model: str = typer.Argument(..., metavar="MODEL", help="Model name."),
     input: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy (repeat per input)."),
     version: Optional[str] = typer.Option(None, help="Model version (default: the model's default)."),
     output: list[str] = typer.Option([], "--output", "-o", help="Output names to compute (default all)."),
@@ -1018,7 +1018,7 @@ def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingre
 @app.command()
 def bench(
     ctx: typer.Context,
-    model: str = typer.Argument("digits"),
+    model: str = typer.Argument("digits", metavar="MODEL"),
     nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
     models: Optional[Path] = typer.Option(None, help="Model repository (for inputs and the reference)."),
     version: Optional[str] = typer.Option(None, help="Model version (default: the default version the deployment "

@@ -230,6 +230,37 @@ async def test_malformed_timeout_header_is_refused_not_defaulted(env):
     assert err is None and out(resp, "a_times_2")["data"] == [42]
 
 
+async def test_our_headers_in_another_case_are_refused_naming_the_spelling(env):
+    """NATS header names are case-sensitive (ADR-4): ``inferbus-timeout-ms: 1_000`` used to be ignored (the
+    default budget, OK) and a lower-case ``content-type: application/json`` had its JSON body read as MessagePack
+    with the hint to send the header it had sent (a fresh-user trial, 2026-12-02). Now INVALID_ARGUMENT at once,
+    naming both spellings; the reply to a JSON body is JSON whatever Content-Type said."""
+    nc, _ = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    for given, ours in (("inferbus-timeout-ms", "Inferbus-Timeout-Ms"), ("INFERBUS-DEADLINE-UNIX-MS",
+                                                                        "Inferbus-Deadline-Unix-Ms")):
+        t0 = time.perf_counter()
+        err, _ = await raw_request(nc, "typed", body, headers={given: "1000"})
+        assert isinstance(err, InvalidArgument) and err.field == ours, (given, err)
+        assert repr(given) in err.message and "case-sensitive" in err.message, err.message
+        assert time.perf_counter() - t0 < 0.5
+    msg = await nc.request(f"{PREFIX}.infer.typed", json.dumps(body).encode(), timeout=5,
+                           headers={"content-type": "application/json"})
+    err = decode_error(msg.headers, msg.data)
+    assert isinstance(err, InvalidArgument) and err.field == "Content-Type" and "'content-type'" in err.message, err
+    assert msg.headers.get("Content-Type") == "application/json" and json.loads(msg.data)["error"]["field"]
+    # a JSON body sent as text/plain: refused as MessagePack with the hint, the reply readable as JSON
+    msg = await nc.request(f"{PREFIX}.infer.typed", json.dumps(body).encode(), timeout=5,
+                           headers={"Content-Type": "text/plain"})
+    assert msg.headers.get("Content-Type") == "application/json", msg.headers
+    assert "looks like JSON" in json.loads(msg.data)["error"]["message"]
+    # our spelling beside another one is served (the other is someone else's header), and so is a header we do
+    # not know in any case
+    err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": "900",
+                                                              "inferbus-timeout-ms": "x", "x-trace": "1"})
+    assert err is None and out(resp, "a_times_2")["data"] == [42]
+
+
 async def test_a_client_deadline_already_passed_is_refused_at_once_and_a_malformed_one_named(env):
     """``Inferbus-Deadline-Unix-Ms`` (the SDK sends it): a request that reaches the ingress after its client's
     wall-clock deadline (it waited in the bus) is DEADLINE_EXCEEDED before anything is decoded or forwarded."""

@@ -281,6 +281,15 @@ def _sniffed_json(body: bytes) -> str | None:
     return JSON if looks_like_json(body) else None
 
 
+def _error_content_type(ct: str | None, body: bytes) -> str | None:
+    """The Content-Type of an error reply to a request with ``ct`` (None: absent) and ``body``: JSON when the
+    request said JSON, or when its body is JSON by its first byte whatever else it said (``text/plain``, none;
+    docs/wire.md); else ``ct``."""
+    if is_json(ct):
+        return ct
+    return _sniffed_json(body) or ct
+
+
 class Ingress:
     """The ingress actor; ``run()`` serves until cancelled."""
 
@@ -413,7 +422,7 @@ class Ingress:
             self.counts["expired_unanswered"] += 1
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(reply, err, ct or _sniffed_json(msg.data), rid or getattr(err, "request_id", None))
+            await self._error(reply, err, _error_content_type(ct, msg.data), rid or getattr(err, "request_id", None))
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
@@ -428,7 +437,7 @@ class Ingress:
             await self._error(msg.reply, InvalidArgument(
                 f"subject {msg.subject!r} names no model: send inference requests to "
                 f"{self.subjects.prefix}.infer.<model>[.<version>]", field="model"),
-                hdrs.get(H.CONTENT_TYPE) or _sniffed_json(msg.data), hdrs.get(H.REQUEST_ID))
+                _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID))
 
     async def _send(self) -> None:
         """Send what this request published: in one write at once when no other request waits in the
@@ -451,6 +460,9 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: error reply failed: {exc!r}")
 
     async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
+        if hdrs and (bad := H.miscased_header(hdrs)) is not None:
+            raise InvalidArgument(f"header {bad[0]!r} is not {bad[1]!r}: NATS header names are case-sensitive "
+                                  f"(ADR-4), so it would be ignored; send {bad[1]!r}", field=bad[1])
         deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms, strict=True)
         client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts

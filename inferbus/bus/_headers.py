@@ -49,6 +49,24 @@ ten ``;``-separated fields (term and cache key may be empty; timings are
 ingress ~16 µs and the worker ~9 µs per request (docs/performance.md).
 :func:`parse_fwd` turns it back into the individual header names (the worker reads the fields straight
 into its job; tests and tools read them by name)."""
+CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, DEADLINE_UNIX_MS, CLIENT_ID, ATTEMPT)}
+"""The headers a client may send to an ingress, by their lower-case spelling."""
+
+
+def miscased_header(headers: dict) -> tuple[str, str] | None:
+    """``(given, ours)`` for the first header in ``headers`` that is one of :data:`CLIENT_HEADERS` in another
+    case (``inferbus-timeout-ms``, ``content-type``) while ours is absent; None when there is none.
+
+    NATS header names are case-sensitive (ADR-4, "NATS Message Headers"), so such a header would be silently
+    ignored: a budget typed in lower case would grant the default one, a lower-case ``content-type`` would have a
+    JSON body read as MessagePack. The ingress refuses the request instead (INVALID_ARGUMENT)."""
+    for k in headers:
+        ours = CLIENT_HEADERS.get(k.lower())
+        if ours is not None and ours != k and ours not in headers:
+            return k, ours
+    return None
+
+
 FWD_VERSION = "v1"
 TIMINGS = "Inferbus-Timings"
 FWD_FIELDS = (SEQ, INGRESS, MODEL, VERSION, TIMEOUT_MS, DEADLINE_UNIX_MS, TERM, CACHE_KEY, TIMINGS)
