@@ -188,7 +188,10 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     """One tiny suite run (real nats-server, Valkey, node processes, generators): fields present, nothing wrong."""
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
-                           "--log-dir", str(tmp_path / "logs"), "--colocate-ab", "--direct"], cwd=ROOT, capture_output=True, text=True,
+                           "--log-dir", str(tmp_path / "logs"), "--colocate-ab", "--direct",
+                           # the inline bound far above digits' compute: a slow moment of this shared box must not
+                           # send c=1 misses to the inference thread (a clean-clone run: 135 of 226 run now at 250 µs)
+                           "--inline-max-compute-us", "50000"], cwd=ROOT, capture_output=True, text=True,
                           timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -219,8 +222,7 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
         if s["series"].startswith("inferbus"):
             assert s["ingress_counts"]["requests"] >= s["requests"] - s.get("timeouts", 0), s
     coloc1 = next(s for s in doc["steps"] if s["series"] == "inferbus miss [colocated]" and s["concurrency"] == 1)
-    # (all but a few: when a slow moment of this shared 2-core box lifts the model's compute estimate over
-    # inline_max_compute_us, the next requests go to the inference thread until it falls back; seen: 17 of 333)
+    # (all but a few: the stall fence still sends a request to the queue after a frozen moment of the loop)
     c1 = coloc1["ingress_counts"]
     assert c1["local_forwards"] > 0 and c1["run_now"] >= 0.9 * c1["local_forwards"], coloc1
     assert c1["burst_deferred"] == 0, coloc1  # one request at a time: nothing waits behind it to be held back for
