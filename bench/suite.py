@@ -280,8 +280,8 @@ class Suite:
     async def _sweeps(self, gp: GeneratorPool, todo: dict[str, tuple[dict, float]]) -> dict[str, dict]:
         """The open-loop sweeps of several series (``{series: (target, closed-loop best QPS)}``), one step of
         each in turn: step k of every series runs before step k + 1 of any, so the series' limit crossings are
-        measured minutes apart at most when one after the other they would be a whole sweep apart (on a shared
-        host whose echo ceiling alone moved 58k–93k/s between suites, the ratio is the figure that matters)."""
+        measured about one round apart (seconds) instead of a whole sweep apart (minutes): on a shared host whose
+        echo ceiling alone moved 58k–93k/s between suites, the ratio is the figure that matters."""
         states = {name: _Sweep(self.cfg, est) for name, (_, est) in todo.items()}
         while True:
             stepped = False
