@@ -256,6 +256,42 @@ async def test_kill_9_child_is_restarted_with_new_pid() -> None:
     assert sup.state == "stopped"
 
 
+@pytest.mark.anyio
+async def test_an_exit_during_another_childs_restart_is_reported_at_once(tmp_path: Path) -> None:
+    """Two children killed together: the second exit's hook runs while the first one's restart is still
+    starting (a slow start, 3 s here), not after it; restarts stay one at a time (OTP). The node's exit hook
+    is how the ingresses learn that a worker died (a fresh-user trial: with two workers killed together, the
+    second death was seen ~1 s late, after the first worker's restart, and requests held there waited)."""
+    flag = tmp_path / "slow"
+    slow_restart = _py(f"import os, time\nif os.path.exists({str(flag)!r}): time.sleep(3)\n"
+                       "print('READY', flush=True)\ntime.sleep(60)\n")
+    rec = Recorder()
+    sup = make_sup(SupervisorSpec(Strategy.ONE_FOR_ONE),
+                   [proc_spec("a", slow_restart), proc_spec("b", slow_restart)], rec)
+    async with sup:
+        before = pids(sup)
+        flag.touch()
+        os.kill(before["a"], signal.SIGKILL)
+        os.kill(before["b"], signal.SIGKILL)
+        await rec.wait_for(lambda r: sorted(r.exit_ids()) == ["a", "b"], timeout_s=2.5)
+        # both reported while the first restart still starts: no new incarnation of either yet
+        assert rec.start_ids() == ["a", "b"]
+        infos = {i.id: i for i in sup.which_children()}
+        assert {i.status for i in infos.values()} == {"restarting"}
+        assert infos["a"].pid is None and infos["b"].pid is None  # no running incarnation to name
+        with anyio.fail_after(15):
+            await sup.wait_started("a", after_restarts=1)
+            await sup.wait_started("b", after_restarts=1)
+        assert sup.count_restarts() == 2
+        assert [e for e in rec.exits()][:2] in (
+            [("a", ChildExit(False, "killed by signal 9 (SIGKILL)", -9)),
+             ("b", ChildExit(False, "killed by signal 9 (SIGKILL)", -9))],
+            [("b", ChildExit(False, "killed by signal 9 (SIGKILL)", -9)),
+             ("a", ChildExit(False, "killed by signal 9 (SIGKILL)", -9))])
+        assert len(rec.exits()) == 2  # each exit reported once, not again when handled
+        flag.unlink()
+
+
 # ---------------------------------------------------------------------------- strategies
 @pytest.mark.anyio
 async def test_one_for_all_restarts_everyone_in_order() -> None:

@@ -97,6 +97,8 @@ class _Exited:
     slot: _Slot
     child: Child
     exit: ChildExit
+    reported: bool = False
+    """The exit was logged and the ``on_child_exit`` hook called when it happened (:meth:`Supervisor._watch`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -406,7 +408,8 @@ class Supervisor:
     def which_children(self) -> list[ChildInfo]:
         """Snapshot of the children in start order (removed temporary children excluded)."""
         return [ChildInfo(id=s.spec.id,
-                          pid=getattr(s.child, "pid", None) if s.child is not None else None,
+                          pid=getattr(s.child, "pid", None) if s.child is not None and s.status == "running"
+                          else None,  # an exit reported but not yet handled: no running incarnation
                           restarts=max(0, self._starts[s.spec.id] - 1),
                           status=s.status, restart=s.spec.restart)
                 for s in self._slots]
@@ -554,7 +557,7 @@ class Supervisor:
         slot.child = child
         slot.status = "running"
         self._starts[spec.id] += 1
-        slot.watcher = self._loop.create_task(self._watch(slot, child, self._events),
+        slot.watcher = self._loop.create_task(self._watch(slot, child),
                                               name=f"supervisor {self.name} watch {spec.id}")
         log.info("supervisor %r: started child %r (pid %s)", self.name, spec.id,
                  getattr(child, "pid", None))
@@ -562,13 +565,29 @@ class Supervisor:
         self._notify()
         return child
 
-    @staticmethod
-    async def _watch(slot: _Slot, child: Child, events: asyncio.Queue[object]) -> None:
+    async def _watch(self, slot: _Slot, child: Child) -> None:
+        """Wait for ``child``'s exit; report it (log line, ``on_child_exit``) at once, then queue it for
+        :meth:`_handle`, which restarts by the strategy.
+
+        The report does not wait for its turn in the queue: handling an exit can take as long as a child's
+        start (a process: its imports and readiness, ~1 s), and exits that happen meanwhile were reported only
+        after it. The node's hook is how the ingresses learn that a worker died and fail what they forwarded
+        there; with two workers killed together, requests held by the second waited ~1 s for that (a
+        fresh-user trial, 2026-12-02). Restarts stay one at a time, in arrival order (OTP). Only while
+        running: an exit during start-up or stop is reported when handled, as before."""
+        assert self._events is not None
         try:
             exit_ = await child.wait()
         except Exception as exc:
             exit_ = ChildExit(False, f"wait() raised {exc!r}")
-        events.put_nowait(_Exited(slot, child, exit_))
+        reported = False
+        if self._state is _State.RUNNING and self._stop_task is None and slot.child is child:
+            restart = slot.spec.restart  # the status the hook sees, as _handle sets it
+            slot.status = "stopped" if restart is Restart.TEMPORARY or (
+                restart is Restart.TRANSIENT and exit_.normal) else "restarting"
+            self._report_exit(slot, child, exit_, by_supervisor=False)
+            reported = True
+        self._events.put_nowait(_Exited(slot, child, exit_, reported))
 
     def _report_exit(self, slot: _Slot, child: Child, exit_: ChildExit, *,
                      by_supervisor: bool) -> None:
@@ -632,7 +651,8 @@ class Supervisor:
                 slot.child = None
                 slot.watcher = None
                 slot.status = "stopped" if stays_down else "restarting"
-                self._report_exit(slot, event.child, event.exit, by_supervisor=False)
+                if not event.reported:
+                    self._report_exit(slot, event.child, event.exit, by_supervisor=False)
                 if stays_down:
                     if restart is Restart.TEMPORARY:
                         self._slots.remove(slot)
