@@ -38,6 +38,7 @@ from inferbus.client import Client
 from inferbus.cluster import ClusterSpec, Topology
 from inferbus.loadgen import Workload
 
+from ._options import check_count, check_number, check_rate, check_seconds
 from .load import DrillFigures, Driver
 
 
@@ -80,10 +81,21 @@ class RegionDrillOptions:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0 or self.rate_qps <= 0 or self.timeout_s <= 0:
-            raise ValueError("duration_s, rate_qps and timeout_s must be > 0")
-        if self.gateway_latency_ms < 0 or self.gateway_jitter_ms < 0 or not 0 <= self.gateway_drop_pct <= 100:
-            raise ValueError("gateway_latency_ms, gateway_jitter_ms >= 0 ms; gateway_drop_pct in [0, 100] percent")
+        """Raises ``ValueError`` naming the option: a time that is not a finite number of seconds (> 0; ``fault_at_s``
+        and ``node_down_s`` may be 0) up to a day, a rate not in (0, 1e6] requests/s, ``workers`` outside [1, 256],
+        gateway latency or jitter not in [0, 60000] ms, loss outside [0, 100] percent."""
+        check_seconds("duration_s", self.duration_s)
+        check_rate("rate_qps", self.rate_qps)
+        check_seconds("timeout_s", self.timeout_s)
+        check_seconds("fault_at_s", self.fault_at_s, zero_ok=True)
+        check_seconds("partition_s", self.partition_s)
+        check_seconds("fault_s", self.fault_s)
+        check_seconds("node_down_s", self.node_down_s, zero_ok=True)
+        check_count("workers", self.workers)
+        check_number("gateway_latency_ms", self.gateway_latency_ms, 0.0, 60_000.0, True, "ms")
+        check_number("gateway_jitter_ms", self.gateway_jitter_ms, 0.0, 60_000.0, True, "ms")
+        if not 0 <= self.gateway_drop_pct <= 100:  # False for NaN too
+            raise ValueError(f"gateway_drop_pct must be in [0, 100] percent, got {self.gateway_drop_pct!r}")
         if self.gateway_links not in ("regions", "all"):
             raise ValueError(f"gateway_links: 'regions' or 'all', got {self.gateway_links!r}")
 

@@ -155,3 +155,23 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
     assert r.returncode == 2 and "gateway_links" in r.stderr and "Traceback" not in r.stderr
     r = _cli("list")
     assert r.returncode == 0 and "nats-node-loss" in r.stdout and "gateway-degrade" in r.stdout
+
+
+@pytest.mark.parametrize("drill,args,named", [
+    # a fresh-user trial: a negative or NaN rate ran for good at a core's worth of CPU, 0 ended in a
+    # ZeroDivisionError traceback, --workers -3 in a NodeConfig traceback, and a negative duration or timeout ran
+    ("worker-crash", ("--rate", "-5"), "rate_qps"),
+    ("worker-crash", ("--rate", "nan"), "rate_qps"),
+    ("worker-crash", ("--rate", "0"), "rate_qps"),
+    ("worker-crash", ("--workers", "-3"), "workers"),
+    ("worker-crash", ("--duration", "-1"), "duration_s"),
+    ("soak", ("--timeout", "-1"), "timeout_s"),
+    ("soak", ("--fault-every", "inf"), "fault_every_s"),
+    ("region-failover", ("--fault-at", "nan"), "fault_at_s"),
+    ("gateway-degrade", ("--latency-ms", "-1"), "gateway_latency_ms"),
+])
+def test_cli_refuses_out_of_range_values_in_one_line_before_starting_anything(drill, args, named):
+    r = _cli("run", drill, *args)
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    assert r.stderr.startswith(f"drill {drill}: bad option: {named} must be"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout

@@ -1,0 +1,41 @@
+"""Range checks of the drills' options (:class:`~chaos.node_drills.DrillOptions`,
+:class:`~chaos.region_drills.RegionDrillOptions`): ``inferbus chaos run`` turns the ``ValueError`` into a one-line
+usage error (exit 2) before anything starts."""
+
+from __future__ import annotations
+
+import math
+
+MAX_DURATION_S = 86_400.0
+"""The longest drill or soak, seconds (a day)."""
+MAX_RATE_QPS = 1_000_000.0
+"""The highest offered load, requests/s."""
+MAX_PROCESSES = 256
+"""The most worker or ingress processes a drill starts."""
+
+
+def check_seconds(name: str, value: float, *, zero_ok: bool = False, max_s: float = MAX_DURATION_S) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number of seconds in (0, ``max_s``]
+    ([0, ``max_s``] with ``zero_ok``)."""
+    check_number(name, value, 0.0, max_s, zero_ok, "s")
+
+
+def check_rate(name: str, value: float) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite rate in (0, :data:`MAX_RATE_QPS`] requests/s."""
+    check_number(name, value, 0.0, MAX_RATE_QPS, False, "requests/s")
+
+
+def check_count(name: str, value: int, *, minimum: int = 1) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer in [``minimum``, :data:`MAX_PROCESSES`]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_PROCESSES:
+        raise ValueError(f"{name} must be an integer from {minimum} to {MAX_PROCESSES}, got {value!r}")
+
+
+def check_number(name: str, value: float, lo: float, hi: float, lo_ok: bool, unit: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number in (``lo``, ``hi``] ([``lo``, ``hi``]
+    with ``lo_ok``), in ``unit``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value >= lo if lo_ok else value > lo) and value <= hi
+    if not ok:
+        low = f"[{lo:g}" if lo_ok else f"({lo:g}"
+        raise ValueError(f"{name} must be a finite number in {low}, {hi:g}] {unit}, got {value!r}")
