@@ -509,9 +509,11 @@ class Client:
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
                                        f"budget lasted)")
             except NatsTimeout:
-                if wait_ms >= left_ms:
+                if wait_ms >= left_ms:  # the last attempt had the rest of the budget; say what the others met
+                    # (a fresh-user trial: 16 of 17 attempts met "no responders" and the error said only "17 attempts")
                     raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
-                                           + (f" ({sent} attempts)" if sent > 1 else "")) from None
+                                           + (f" ({sent} attempts" + (f"; before the last: {last_err}" if last_err
+                                                                      else "") + ")" if sent > 1 else "")) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1

@@ -311,6 +311,26 @@ async def test_no_responders_is_unavailable_at_once_or_retried_within_the_budget
 
 
 @pytest.mark.timeout(30)
+async def test_a_budget_spent_in_the_last_attempt_names_what_the_earlier_ones_met(nats_server):
+    """Nobody serves the subject for 150 ms ("no responders", retried), then a server takes the request and never
+    answers (an ingress that died holding it): the DEADLINE_EXCEEDED says the attempts before met no responders."""
+    server_nc, client = await _pair(nats_server.url, adaptive_attempt_timeout=False)  # an attempt takes the rest
+    try:
+        r = Responder(server_nc, drop=1_000)  # swallows every copy
+        later = asyncio.get_running_loop().call_later(0.15, lambda: asyncio.ensure_future(r.start()))
+        with pytest.raises(DeadlineExceeded) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=0.6, request_id="rid-d1")
+        later.cancel()
+        assert r.seen, "the server subscribed and took copies"
+        msg = ei.value.message
+        assert msg.startswith("no answer within 600 ms (") and "attempts; before the last: " in msg, msg
+        assert "before the last: no responders on inferbus.infer.fake" in msg, msg
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
 async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hint_fits(nats_server):
     server_nc = await __import__("nats").connect(nats_server.url)
     plain = await Client.connect(nats_server.url)
