@@ -1104,7 +1104,28 @@ app.command(name="devices")(_devices_cmd)
 
 
 def main() -> None:
-    app()
+    """The ``inferbus`` command. A usage error that the argument parser finds (an option value of the wrong type, a
+    missing argument, an unknown option or command) is one line on stderr, ``error: <command>: <message> (see
+    <command path> --help)``, exit 2, like the commands' own checks; Typer's default is a framed box of several
+    lines (a fresh-user trial). Everything else (help, exit statuses, tracebacks of bugs) is Typer's."""
+    try:
+        rv = app(standalone_mode=False)
+    except typer.TyperException as exc:  # the base of Typer's (vendored Click's) usage and file errors
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and exc.exit_code == 2 and type(exc).__name__ != "NoArgsIsHelpError":
+            path = ctx.command_path  # "inferbus up", or "python -m inferbus.cli up"
+            sub = path[len(ctx.find_root().command_path):].strip() or "inferbus"
+            print(f"error: {sub}: {' '.join(exc.format_message().split())} "
+                  f"(see {path} --help)", file=sys.stderr)
+        else:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)  # what Typer prints (nothing for a bare group: it printed the help)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

@@ -784,3 +784,28 @@ def test_bench_range_errors_name_the_option(args, said):
     r = CliRunner().invoke(app, ["bench", "digits", "--nats-url", "nats://127.0.0.1:1", *args])
     assert r.exit_code == 2, r.output
     assert said in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("args,said", [
+    # what the argument parser refuses (Typer's default was a framed box of several lines; a fresh-user trial)
+    (("up", "--workers", "abc"), "error: up: Invalid value for '--workers': "),
+    (("models", "unload", "digits"), "error: models unload: Invalid value for VERSION: unload needs a version"),
+    (("infer", "digits", "-i", "pixels"), "error: infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels'"),
+    (("cluster", "up", "--regions", "0"), "error: cluster up: Invalid value: --regions must be between 2 and 8"),
+    (("up", "--no-such-option"), "error: up: No such option: --no-such-option"),
+    (("no-such-command",), "error: inferbus: No such command 'no-such-command'."),
+])
+def test_a_usage_error_the_parser_finds_is_one_line_exit_2(args, said):
+    p, _ = cli(*args)
+    assert p.returncode == 2, (p.returncode, p.stdout[-500:], p.stderr[-1000:])
+    assert p.stderr.startswith(said) and p.stderr.count("\n") == 1 and "--help)" in p.stderr, p.stderr
+    assert not p.stdout
+
+
+def test_help_and_a_bare_group_keep_their_exit_statuses():
+    p, _ = cli("--help")
+    assert p.returncode == 0 and "Usage: " in p.stdout and " COMMAND " in p.stdout
+    p, _ = cli("chaos")  # no command: the group's help, exit 2 as Typer gives it
+    assert p.returncode == 2 and "inferbus.cli chaos [OPTIONS] COMMAND" in p.stdout + p.stderr and "error:" not in p.stderr
+    p, _ = cli("chaos", "list")
+    assert p.returncode == 0 and "worker-crash" in p.stdout
