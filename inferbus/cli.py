@@ -889,8 +889,8 @@ def infer(
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
 ):
     """Send one request built from .npy files and print the outputs."""
-    if not timeout_s > 0:
-        _usage(f"infer: --timeout-s must be > 0 seconds, got {timeout_s}")
+    if not (timeout_s > 0 and timeout_s != float("inf")):  # as the SDK's check (NaN fails the first)
+        _usage(f"infer: --timeout-s must be a finite number of seconds > 0, got {timeout_s}")
     feeds = {}
     for spec in input:
         name, sep, path = spec.partition("=")

@@ -206,7 +206,9 @@ def test_version_and_infer_argument_checks(tmp_path):
     a = tmp_path / "a.npy"
     np.save(a, np.zeros((1, 64), np.float32))
     for args, said in [(("-i", f"pixels={a}", "-i", f"pixels={a}"), "input 'pixels' given twice"),
-                       (("-i", f"pixels={a}", "--timeout-s", "-1"), "--timeout-s must be > 0")]:
+                       (("-i", f"pixels={a}", "--timeout-s", "-1"), "--timeout-s must be a finite number of seconds > 0"),
+                       (("-i", f"pixels={a}", "--timeout-s", "inf"), "infer: --timeout-s must be a finite number"),
+                       (("-i", f"pixels={a}", "--timeout-s", "nan"), "infer: --timeout-s must be a finite number")]:
         p, _ = cli("infer", "digits", *args, "--nats-url", "nats://127.0.0.1:1")  # refused before connecting
         assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p
 

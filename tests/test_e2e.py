@@ -106,6 +106,16 @@ async def test_plain_nats_and_msgpack_client(deployment):
                                headers={"Content-Type": "application/json"})
         assert msg.headers["Nats-Service-Error-Code"] == "404"
         assert json.loads(msg.data)["error"]["code"] == "NOT_FOUND"
+        # an unknown version is NOT_FOUND; tokens past the version name no version at all: INVALID_ARGUMENT
+        msg = await nc.request(f"{deployment.prefix}.infer.digits.9", body, timeout=2,
+                               headers={"Content-Type": "application/json"})
+        err = json.loads(msg.data)["error"]
+        assert err["code"] == "NOT_FOUND" and err["field"] == "model_version", err
+        msg = await nc.request(f"{deployment.prefix}.infer.digits.1.x", body, timeout=2,
+                               headers={"Content-Type": "application/json"})
+        err = json.loads(msg.data)["error"]
+        assert err["code"] == "INVALID_ARGUMENT" and err["field"] == "model_version", err
+        assert "tokens after the version" in err["message"], err
         # metadata and health replies say their encoding, like inference replies
         for subj in ("models", "models.digits", "health"):
             msg = await nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2,

@@ -475,6 +475,9 @@ class Ingress:
             raise NotFound(f"unknown model {model_name!r}", field="model")
         mv = model.version(version)
         if mv is None:
+            if version and "." in version:  # no version holds a dot: the subject has tokens past the version
+                raise InvalidArgument(f"subject {msg.subject!r} has tokens after the version: send inference requests "
+                                      f"to {self.subjects.prefix}.infer.<model>[.<version>]", field="model_version")
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
         body = msg.data
