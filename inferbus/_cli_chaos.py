@@ -90,8 +90,11 @@ def run(
     try:
         opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
                             run_dir=str(run_dir) if run_dir else None, **values)
-    except ValueError as exc:
-        typer.echo(f"drill {name}: bad option: {exc}", err=True)
+    except ValueError as exc:  # the options' range checks name their field: say the option as typed
+        msg = str(exc)
+        field_name = msg.split(" ", 1)[0].rstrip(":")
+        flag = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "timeout_s": "--timeout"}.get(field_name)
+        typer.echo(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}", err=True)
         raise typer.Exit(2)
     try:
         fig = _run(fn(opts))

@@ -1103,6 +1103,20 @@ app.add_typer(_models_app, name="models")
 app.command(name="devices")(_devices_cmd)
 
 
+def _command_words(argv: list[str]) -> str:
+    """The (sub)command ``argv`` names, e.g. ``"chaos run"`` for ``chaos run worker-crash --rate``: the leading
+    words that are command names of the app's groups."""
+    cmd = typer.main.get_command(app)
+    words = []
+    for tok in argv:
+        sub = getattr(cmd, "commands", {}).get(tok)
+        if sub is None:
+            break
+        words.append(tok)
+        cmd = sub
+    return " ".join(words)
+
+
 def main() -> None:
     """The ``inferbus`` command. A usage error that the argument parser finds (an option value of the wrong type, a
     missing argument, an unknown option or command) is one line on stderr, ``error: <command>: <message> (see
@@ -1112,10 +1126,14 @@ def main() -> None:
         rv = app(standalone_mode=False)
     except typer.TyperException as exc:  # the base of Typer's (vendored Click's) usage and file errors
         ctx = getattr(exc, "ctx", None)
-        if ctx is not None and exc.exit_code == 2 and type(exc).__name__ != "NoArgsIsHelpError":
-            path = ctx.command_path  # "inferbus up", or "python -m inferbus.cli up"
-            sub = path[len(ctx.find_root().command_path):].strip() or "inferbus"
-            print(f"error: {sub}: {' '.join(exc.format_message().split())} "
+        if exc.exit_code == 2 and type(exc).__name__ != "NoArgsIsHelpError":
+            if ctx is not None:
+                path = ctx.command_path  # "inferbus up", or "python -m inferbus.cli up"
+                sub = path[len(ctx.find_root().command_path):].strip()
+            else:  # the option parser's own errors carry no context ("Option '--workers' requires an argument.")
+                sub = _command_words(sys.argv[1:])
+                path = f"inferbus {sub}".strip()
+            print(f"error: {sub or 'inferbus'}: {' '.join(exc.format_message().split())} "
                   f"(see {path} --help)", file=sys.stderr)
         else:
             from typer import rich_utils

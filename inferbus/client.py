@@ -472,8 +472,11 @@ class Client:
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
+                if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
+                    raise last_err  # fitted, overshot by the loop): what kept the request from being answered
+                detail = ([f"{sent} attempts"] if sent > 1 else []) + ([f"the last: {last_err}"] if last_err else [])
                 raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
-                                       + (f" (last error: {last_err})" if last_err else "")
+                                       + (f" ({'; '.join(detail)})" if detail else "")
                                        + ("" if sent else "; nothing was sent"))
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus

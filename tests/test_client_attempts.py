@@ -290,8 +290,9 @@ async def test_no_responders_is_unavailable_at_once_or_retried_within_the_budget
         assert time.monotonic() - t0 < 1.0  # ~1 ms on loopback; loose so a loaded box does not flake
         # retries on, nobody ever subscribes: retried until the next pause no longer fits, never past the budget
         t0 = time.monotonic()
-        # (on a loaded box the last attempt's "no responders" status can miss the budget: "no answer within")
-        with pytest.raises((Unavailable, DeadlineExceeded), match="no responders|no answer within") as ei:
+        # (on a loaded box the last attempt's "no responders" status can miss the budget: DEADLINE_EXCEEDED then,
+        # which names what the attempt before met; a fresh-user trial saw one without it)
+        with pytest.raises((Unavailable, DeadlineExceeded), match="no responders") as ei:
             await retrying.request(SUBJECT, b"x", timeout_s=0.4, request_id="rid-n2")
         took = time.monotonic() - t0
         assert 0.25 <= took < 0.4 + 0.3, (took, ei.value)
