@@ -94,8 +94,7 @@ class RegionDrillOptions:
         check_count("workers", self.workers)
         check_number("gateway_latency_ms", self.gateway_latency_ms, 0.0, 60_000.0, True, "ms")
         check_number("gateway_jitter_ms", self.gateway_jitter_ms, 0.0, 60_000.0, True, "ms")
-        if not 0 <= self.gateway_drop_pct <= 100:  # False for NaN too
-            raise ValueError(f"gateway_drop_pct must be in [0, 100] percent, got {self.gateway_drop_pct!r}")
+        check_number("gateway_drop_pct", self.gateway_drop_pct, 0.0, 100.0, True, "percent")
         if self.gateway_links not in ("regions", "all"):
             raise ValueError(f"gateway_links: 'regions' or 'all', got {self.gateway_links!r}")
 

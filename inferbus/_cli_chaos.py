@@ -34,6 +34,9 @@ _FLAGS = {
     "faults": "--faults", "ingress": "--ingress",
 }
 
+_OPTION_FLAGS = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "timeout_s": "--timeout"}
+"""Every option field a drill's range check may name → the option as typed."""
+
 
 @app.command("run")
 def run(
@@ -93,7 +96,7 @@ def run(
     except ValueError as exc:  # the options' range checks name their field: say the option as typed
         msg = str(exc)
         field_name = msg.split(" ", 1)[0].rstrip(":")
-        flag = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "timeout_s": "--timeout"}.get(field_name)
+        flag = _OPTION_FLAGS.get(field_name)
         typer.echo(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}", err=True)
         raise typer.Exit(2)
     try:

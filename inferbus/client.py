@@ -41,6 +41,15 @@ from nats.errors import (
     TimeoutError as NatsTimeout,
 )
 
+def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str) -> DeadlineExceeded:
+    """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts;
+    <which>: <last_err>)``, the parts that apply, and ``; nothing was sent`` when nothing was."""
+    detail = ([f"{sent} attempts"] if sent > 1 else []) + ([f"{which}: {last_err}"] if last_err else [])
+    return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
+                                                                                  else "")
+                            + ("" if sent else "; nothing was sent"))
+
+
 def _fmt_ms(ms: float) -> str:
     """A duration in ms for a message: whole ms from 10 ms up, 3 significant digits below (0.5, not 0)."""
     return f"{ms:.0f}" if ms >= 10 else f"{ms:.3g}"
@@ -474,10 +483,7 @@ class Client:
             if left_ms <= 0:
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
                     raise last_err  # fitted, overshot by the loop): what kept the request from being answered
-                detail = ([f"{sent} attempts"] if sent > 1 else []) + ([f"the last: {last_err}"] if last_err else [])
-                raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
-                                       + (f" ({'; '.join(detail)})" if detail else "")
-                                       + ("" if sent else "; nothing was sent"))
+                raise _no_answer(timeout_s, sent, last_err, "the last")
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
             # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
@@ -514,9 +520,7 @@ class Client:
             except NatsTimeout:
                 if wait_ms >= left_ms:  # the last attempt had the rest of the budget; say what the others met
                     # (a fresh-user trial: 16 of 17 attempts met "no responders" and the error said only "17 attempts")
-                    raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms"
-                                           + (f" ({sent} attempts" + (f"; before the last: {last_err}" if last_err
-                                                                      else "") + ")" if sent > 1 else "")) from None
+                    raise _no_answer(timeout_s, sent, last_err, "before the last") from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1

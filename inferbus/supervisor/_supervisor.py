@@ -109,6 +109,12 @@ class _TryAgain:
 _WAKE = object()
 
 
+def _stays_down(spec: ChildSpec, exit_: ChildExit) -> bool:
+    """Whether a child that exited on its own stays down (OTP restart types): a temporary one always, a transient
+    one after a normal exit; a permanent one is restarted."""
+    return spec.restart is Restart.TEMPORARY or (spec.restart is Restart.TRANSIENT and exit_.normal)
+
+
 class RestartWindow:
     """Restart timestamps of the last ``period_s`` seconds (OTP ``add_restart/2``).
 
@@ -582,9 +588,7 @@ class Supervisor:
             exit_ = ChildExit(False, f"wait() raised {exc!r}")
         reported = False
         if self._state is _State.RUNNING and self._stop_task is None and slot.child is child:
-            restart = slot.spec.restart  # the status the hook sees, as _handle sets it
-            slot.status = "stopped" if restart is Restart.TEMPORARY or (
-                restart is Restart.TRANSIENT and exit_.normal) else "restarting"
+            slot.status = "stopped" if _stays_down(slot.spec, exit_) else "restarting"  # as _handle sets it
             self._report_exit(slot, child, exit_, by_supervisor=False)
             reported = True
         self._events.put_nowait(_Exited(slot, child, exit_, reported))
@@ -646,8 +650,7 @@ class Supervisor:
                 if slot.child is not event.child or slot not in self._slots:
                     return  # stale: that incarnation was stopped by us meanwhile
                 restart = slot.spec.restart
-                stays_down = restart is Restart.TEMPORARY or (
-                    restart is Restart.TRANSIENT and event.exit.normal)
+                stays_down = _stays_down(slot.spec, event.exit)
                 slot.child = None
                 slot.watcher = None
                 slot.status = "stopped" if stays_down else "restarting"
