@@ -426,7 +426,7 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench.pathcost --instructions needs valgrind (not installed)")
-@pytest.mark.slow  # 2-6 minutes on the 2-core box: `pytest -m slow tests/test_bench.py` (CI has no valgrind)
+@pytest.mark.slow  # 2-6 minutes on the 2-core box: `pytest -m slow -n 0 tests/test_bench.py` (CI has no valgrind)
 @pytest.mark.timeout(420)  # callgrind runs the process ~50 x slower: two minutes on a busy 2-core box
 def test_pathcost_counts_instructions_under_callgrind(tmp_path):
     """``--instructions``: both handlers counted by callgrind (only inside the handler calls), every counted

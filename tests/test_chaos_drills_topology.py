@@ -133,7 +133,7 @@ async def test_hung_only_worker_of_a_region_no_duplicates(topo):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_topology_soak_every_fault_kind():
-    """Every fault kind of the topology once (about two minutes; ``pytest -m slow``)."""
+    """Every fault kind of the topology once (about two minutes; ``pytest -m slow -n 0``)."""
     from chaos.topology_drills import TOPOLOGY_SOAK_CYCLE
 
     # its own topology with 2 workers per region (the soak's default): with one, a hung worker's requests
