@@ -254,26 +254,35 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+_UP_SECURITY_FLAGS = {"nkey_seed": "--nats-nkey-seed", "creds": "--nats-creds", "tls_ca": "--tls-ca",
+                      "tls_cert": "--tls-cert", "tls_key": "--tls-key"}
+"""``up``'s options for the files :func:`_check_security_files` checks."""
+
+
 def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_ca: Optional[Path],
-                          tls_cert: Optional[Path], tls_key: Optional[Path]) -> None:
-    """``up``'s credential and TLS files, before anything starts: each given one a readable file, the nkeys
-    package there for an NKey seed or ``.creds``, the certificate and key loadable (Python's ``ssl``), else one
-    line and exit 2. (A missing file was a traceback after the embedded nats-server had started.)"""
+                          tls_cert: Optional[Path], tls_key: Optional[Path], *, command: str = "up",
+                          names: dict[str, str] = _UP_SECURITY_FLAGS) -> None:
+    """Credential and TLS files, before anything starts: each given one a readable file, the nkeys package there
+    for an NKey seed or ``.creds``, the certificate and key loadable (Python's ``ssl``), else one line and exit 2.
+    (A missing file was a traceback after the embedded nats-server had started.) ``command`` starts the line
+    ("" for none); ``names`` says how each file was given (``up``'s options, or the client commands' environment
+    variables, :data:`CLIENT_ENV`)."""
+    who = f"{command}: " if command else ""
     if tls_key is not None and tls_cert is None:
-        _usage("up: --tls-key is the key of --tls-cert; give the certificate too")
-    for option, path in (("--nats-nkey-seed", nkey_seed), ("--nats-creds", creds), ("--tls-ca", tls_ca),
-                         ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        _usage(f"{who}{names['tls_key']} is the key of {names['tls_cert']}; give the certificate too")
+    for name, path in (("nkey_seed", nkey_seed), ("creds", creds), ("tls_ca", tls_ca), ("tls_cert", tls_cert),
+                       ("tls_key", tls_key)):
         if path is None:
             continue
         if not path.is_file():
-            _usage(f"up: {option} {path}: {'is a folder' if path.is_dir() else 'no such file'}")
+            _usage(f"{who}{names[name]} {path}: {'is a folder' if path.is_dir() else 'no such file'}")
         if not os.access(path, os.R_OK):
-            _usage(f"up: {option} {path}: not readable")
+            _usage(f"{who}{names[name]} {path}: not readable")
     if nkey_seed is not None or creds is not None:
         import importlib.util
 
         if importlib.util.find_spec("nkeys") is None:
-            _usage(f"up: {'--nats-creds' if creds else '--nats-nkey-seed'} needs the nkeys package: "
+            _usage(f"{who}{names['creds'] if creds else names['nkey_seed']} needs the nkeys package: "
                    f"pip install 'inferbus[nkeys]'")
         if nkey_seed is not None:
             import nkeys
@@ -281,23 +290,24 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
             try:
                 nkeys.from_seed(nkey_seed.read_bytes().strip())
             except Exception as exc:  # nkeys raises its own error types (and binascii's) for a bad seed
-                _usage(f"up: --nats-nkey-seed {nkey_seed}: not an NKey seed ({type(exc).__name__})")
+                _usage(f"{who}{names['nkey_seed']} {nkey_seed}: not an NKey seed ({type(exc).__name__})")
         if creds is not None and b"NKEY SEED" not in creds.read_bytes():
-            _usage(f"up: --nats-creds {creds}: not a .creds file (a user JWT and its NKey seed, as `nsc` writes them)")
+            _usage(f"{who}{names['creds']} {creds}: not a .creds file (a user JWT and its NKey seed, as `nsc` writes "
+                   f"them)")
     if tls_ca is not None or tls_cert is not None:
         import ssl
 
         try:
             ctx = ssl.create_default_context(cafile=str(tls_ca) if tls_ca else None)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            _usage(f"up: --tls-ca {tls_ca}: not a CA certificate bundle (PEM): {exc}")
+            _usage(f"{who}{names['tls_ca']} {tls_ca}: not a CA certificate bundle (PEM): {exc}")
         if tls_cert is not None:
             try:
                 ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
             except (ssl.SSLError, OSError, ValueError) as exc:
-                given = f"--tls-cert {tls_cert}" + (f" with --tls-key {tls_key}" if tls_key else "")
-                _usage(f"up: {given}: not a certificate and its private key (PEM; the key in the certificate's file "
-                       f"or in --tls-key): {exc}")
+                given = f"{names['tls_cert']} {tls_cert}" + (f" with {names['tls_key']} {tls_key}" if tls_key else "")
+                _usage(f"{who}{given}: not a certificate and its private key (PEM; the key in the certificate's file "
+                       f"or in {names['tls_key']}): {exc}")
 
 
 def _check_nats_urls(nats_url: str) -> str:
@@ -402,6 +412,30 @@ TLS files for a secured NATS: :class:`~inferbus.bus.BusConfig` field → environ
 also ``inferbus up``'s)."""
 
 
+def _check_client_env(given: dict[str, str]) -> None:
+    """The client commands' credentials from the environment (``given``: :data:`CLIENT_ENV` field → value), before
+    connecting, as ``up`` checks its options: the files (:func:`_check_security_files`, naming the variable) and a
+    user with its password. A missing file was a traceback (the nkeys import) or "cannot reach NATS" naming
+    neither the file nor the variable, and a user without a password was sent as given (a fresh-user trial).
+
+    Raises:
+        typer.Exit: (status 2) one line naming the variable.
+    """
+    if ("user" in given) != ("password" in given):
+        have, lacks = (("user", "password") if "user" in given else ("password", "user"))
+        _usage(f"{CLIENT_ENV[have]} needs {CLIENT_ENV[lacks]} (NATS takes a user with its password)")
+    paths = {k: Path(given[f]) if f in given else None
+             for k, f in (("nkey_seed", "nkeys_seed"), ("creds", "user_credentials"), ("tls_ca", "tls_ca_file"),
+                          ("tls_cert", "tls_cert_file"), ("tls_key", "tls_key_file"))}
+    if any(v is not None for v in paths.values()):
+        _check_security_files(**paths, command="", names=_CLIENT_ENV_NAMES)
+
+
+_CLIENT_ENV_NAMES = {"nkey_seed": CLIENT_ENV["nkeys_seed"], "creds": CLIENT_ENV["user_credentials"],
+                     "tls_ca": CLIENT_ENV["tls_ca_file"], "tls_cert": CLIENT_ENV["tls_cert_file"],
+                     "tls_key": CLIENT_ENV["tls_key_file"]}
+
+
 async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
     """A client for one CLI command: one connect attempt per server, 2 s connect timeout; credentials and TLS
     files from the environment (:data:`CLIENT_ENV`) unless given.
@@ -417,9 +451,11 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_optio
 
     _check_prefix(prefix)
     servers = list(split_servers(nats_url))
+    from_env = {}
     for field_name, var in CLIENT_ENV.items():
         if os.environ.get(var) and field_name not in bus_options:
-            bus_options[field_name] = os.environ[var]
+            bus_options[field_name] = from_env[field_name] = os.environ[var]
+    _check_client_env(from_env)
     try:
         return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
     except Unavailable as err:
@@ -1054,9 +1090,12 @@ def bench(
         _usage(str(exc))
     _check_prefix(prefix)
     if suite:
-        args = (["--profile", profile] + (["--json", str(out)] if out else [])
-                + (["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []))
-        raise typer.Exit(run_suite(args))
+        raise typer.Exit(run_suite(_suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers,
+                                               ingress, gens, duration_s, timeout_s)))
+    only_suite = [o for n, o in (("profile", "--profile"), ("out", "--out")) if _given(ctx, n)]
+    if only_suite:  # ignored without a word before (a fresh-user trial: --out wrote nothing, exit 0)
+        _usage(f"bench: {' and '.join(only_suite)} appl{'y' if len(only_suite) > 1 else 'ies'} only with --suite "
+               f"(a load run prints its results; --json prints them as JSON)")
     levels = _bench_list(concurrency, "--concurrency", int, 1, MAX_BENCH_CONCURRENCY, "integers")
     rates = _bench_list(rate, "--rate", float, 0, MAX_BENCH_RATE, "numbers of requests/s")
     if not levels and not rates:
@@ -1088,6 +1127,37 @@ def bench(
 
 
 _OVERLOAD_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "TIMEOUT"})
+
+# bench's options that `bench --suite` hands to `python -m bench.suite`: (parameter, its flag there)
+_SUITE_PASSED = (("model", "--model"), ("version", "--version"), ("models", "--models-dir"), ("workers", "--workers"),
+                 ("ingress", "--ingress"), ("gens", "--gens"), ("duration_s", "--duration"),
+                 ("timeout_s", "--timeout"))
+# and those of a load run that the suite has no use for: (parameter, bench's flag)
+_NOT_FOR_SUITE = (("nats_url", "--nats-url"), ("concurrency", "--concurrency"), ("rate", "--rate"), ("hit", "--hit"),
+                  ("prefix", "--prefix"), ("json_out", "--json"), ("spread", "--spread"))
+
+
+def _suite_args(ctx: typer.Context, profile: str, out: Optional[Path], busy_poll_us: float, *values) -> list[str]:
+    """The argv of ``python -m bench.suite`` for ``bench --suite``: ``--profile``, ``--out`` as ``--json``,
+    ``--busy-poll-us``, and each of :data:`_SUITE_PASSED` that was given (``values`` in that order).
+
+    Raises:
+        typer.Exit: (2, one line) an option of a load run that the suite does not take (it starts its own
+            deployment, sweeps its own loads and writes JSON with ``--out``), or ``--workers 0``.
+    """
+    unused = [flag for name, flag in _NOT_FOR_SUITE if _given(ctx, name)]
+    if unused:  # ignored without a word before (a fresh-user trial: the suite started its own deployment)
+        _usage(f"bench: --suite does not take {', '.join(unused)}: the suite starts its own deployment and sweeps its "
+               f"own loads (see python -m bench.suite --help for its options; --out FILE writes its JSON)")
+    args = ["--profile", profile] + (["--json", str(out)] if out else [])
+    args += ["--busy-poll-us", str(busy_poll_us)] if busy_poll_us else []
+    for (name, flag), value in zip(_SUITE_PASSED, values):
+        if not _given(ctx, name):
+            continue
+        if name == "workers" and value == 0:
+            _usage("bench: --suite takes --workers 1 or more (left out: the profile's number)")
+        args += [flag, str(value)]
+    return args
 
 
 from ._cli_chaos import app as _chaos_app  # noqa: E402

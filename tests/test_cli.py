@@ -22,10 +22,10 @@ from conftest import ROOT
 pytestmark = pytest.mark.timeout(60)
 
 
-def cli(*args, timeout=30):
+def cli(*args, timeout=30, env=None):
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "inferbus.cli", *args], capture_output=True, text=True,
-                       timeout=timeout, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+                       timeout=timeout, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
     return p, time.monotonic() - t0
 
 
@@ -188,6 +188,60 @@ def test_bench_bad_arguments_are_one_line_exit_2(args):
     assert p.returncode == 2, p
     assert "Traceback" not in p.stderr + p.stdout
     assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: bench: "), p.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--suite", "--nats-url", "nats://127.0.0.1:1"), "--suite does not take --nats-url"),
+    (("--suite", "--concurrency", "1", "--rate", "5", "--hit", "--json"),
+     "--suite does not take --concurrency, --rate, --hit, --json"),
+    (("--suite", "--prefix", "x", "--spread"), "--suite does not take --prefix, --spread"),
+    (("--suite", "--workers", "0"), "--suite takes --workers 1 or more"),
+    (("--out", "/tmp/inferbus-never-written.json"), "--out applies only with --suite"),
+    (("--profile", "tiny", "--nats-url", "nats://127.0.0.1:1"), "--profile applies only with --suite"),
+])
+def test_bench_options_that_do_not_apply_are_refused_not_ignored(args, said):
+    """A fresh-user trial (2026-12-02): ``bench --out F`` without ``--suite`` wrote nothing and exited 0, and
+    ``bench --suite --nats-url U`` benchmarked a deployment of its own. Each is one line, exit 2, before anything
+    starts (no load, no file)."""
+    p, took_s = cli("bench", *args)
+    assert p.returncode == 2, p
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: bench: ") and said in lines[0], p.stderr
+    assert not Path("/tmp/inferbus-never-written.json").exists()
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"INFERBUS_NATS_CREDS": "{missing}"}, "INFERBUS_NATS_CREDS {missing}: no such file"),
+    ({"INFERBUS_NATS_NKEY_SEED": "{missing}"}, "INFERBUS_NATS_NKEY_SEED {missing}: no such file"),
+    ({"INFERBUS_NATS_TLS_CA": "{missing}"}, "INFERBUS_NATS_TLS_CA {missing}: no such file"),
+    ({"INFERBUS_NATS_TLS_CA": "{folder}"}, "INFERBUS_NATS_TLS_CA {folder}: is a folder"),
+    ({"INFERBUS_NATS_TLS_CA": "{text}"}, "INFERBUS_NATS_TLS_CA {text}: not a CA certificate bundle (PEM)"),
+    ({"INFERBUS_NATS_TLS_KEY": "{text}"}, "INFERBUS_NATS_TLS_KEY is the key of INFERBUS_NATS_TLS_CERT"),
+    ({"INFERBUS_NATS_CREDS": "{text}"}, "INFERBUS_NATS_CREDS {text}: not a .creds file"),
+    ({"INFERBUS_NATS_USER": "u"}, "INFERBUS_NATS_USER needs INFERBUS_NATS_PASSWORD"),
+    ({"INFERBUS_NATS_PASSWORD": "p"}, "INFERBUS_NATS_PASSWORD needs INFERBUS_NATS_USER"),
+])
+@pytest.mark.parametrize("argv", [("health",), ("region", "status")])
+def test_client_credentials_from_the_environment_are_checked_before_connecting(tmp_path, nats_server, env, said,
+                                                                                argv):
+    """A fresh-user trial (2026-12-02): ``INFERBUS_NATS_CREDS=/nonexist inferbus health`` printed a 109-line
+    traceback, ``INFERBUS_NATS_TLS_CA=/nonexist`` said "cannot reach NATS" naming neither, and a user without a
+    password was sent as given. As ``up`` checks its options: one line naming the variable, exit 2, against a
+    server that is up (so it is not the connection that fails)."""
+    text = tmp_path / "plain.txt"
+    text.write_text("not a key\n")
+    subs = {"{missing}": str(tmp_path / "none"), "{folder}": str(tmp_path), "{text}": str(text)}
+
+    def fill(s):
+        for k, v in subs.items():
+            s = s.replace(k, v)
+        return s
+
+    p, _ = cli(*argv, "--nats-url", nats_server.url, env={k: fill(v) for k, v in env.items()})
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: " + fill(said)), p.stderr
 
 
 def test_bench_of_a_bytes_model_without_a_dataset_checks_its_answers(deployment):
