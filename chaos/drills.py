@@ -37,12 +37,15 @@ class UnknownDrill(KeyError):
 
 @dataclass(frozen=True)
 class DrillEntry:
-    """Where a drill lives: ``module:function`` and ``module:OptionsClass`` (imported lazily)."""
+    """Where a drill lives: ``module:function`` and ``module:OptionsClass`` (imported lazily); ``unused``: the
+    fields of that class the drill does not read (the class is shared by several drills), which
+    :func:`option_names` leaves out so that ``chaos run`` refuses them."""
 
     name: str
     target: str
     options: str
     summary: str
+    unused: frozenset[str] = frozenset()
 
     def load(self):
         """``(drill coroutine function, options class)``."""
@@ -54,16 +57,22 @@ class DrillEntry:
 _NODE_OPTS = "chaos.node_drills:DrillOptions"
 _REGION_OPTS = "chaos.region_drills:RegionDrillOptions"
 _GATEWAY_OPTS = "chaos.topology_drills:GatewayDrillOptions"
+_SOAK_ONLY = frozenset({"fault_every_s", "faults", "topology"})
+"""Fields of the node drills' options that only the soak reads."""
 
 DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
-    DrillEntry("worker-crash", "chaos.node_drills:worker_crash", _NODE_OPTS, "SIGKILL one worker under load"),
-    DrillEntry("worker-hang", "chaos.node_drills:worker_hang", _NODE_OPTS, "SIGSTOP one worker under load"),
-    DrillEntry("cache-loss", "chaos.node_drills:cache_loss", _NODE_OPTS, "SIGKILL Valkey under load"),
+    DrillEntry("worker-crash", "chaos.node_drills:worker_crash", _NODE_OPTS, "SIGKILL one worker under load",
+               _SOAK_ONLY | {"hang_s"}),
+    DrillEntry("worker-hang", "chaos.node_drills:worker_hang", _NODE_OPTS, "SIGSTOP one worker under load",
+               _SOAK_ONLY),
+    DrillEntry("cache-loss", "chaos.node_drills:cache_loss", _NODE_OPTS, "SIGKILL Valkey under load",
+               _SOAK_ONLY | {"hang_s"}),
     DrillEntry("soak", "chaos.node_drills:soak", _NODE_OPTS,
                "steady load with a fault every fault_every_s, cycling through every fault kind "
                "(--topology: on the two-region topology)"),
     DrillEntry("model-swap", "chaos.node_drills:model_swap", _NODE_OPTS,
-               "swap a model's default version under load and back; every answer checked for its version"),
+               "swap a model's default version under load and back; every answer checked for its version",
+               _SOAK_ONLY | {"hang_s"}),
     DrillEntry("region-failover", "chaos.region_drills:region_failover", _REGION_OPTS,
                "SIGKILL every process of the primary region under load; the standby takes over"),
     DrillEntry("region-partition", "chaos.region_drills:region_partition", _REGION_OPTS,
@@ -89,9 +98,11 @@ def get_drill(name: str) -> DrillEntry:
 
 
 def option_names(name: str) -> set[str]:
-    """The option fields the drill ``name`` takes (imports its options class)."""
-    _, opts_cls = get_drill(name).load()
-    return {f.name for f in fields(opts_cls)}
+    """The option fields the drill ``name`` takes (imports its options class): its fields less the entry's
+    ``unused``."""
+    entry = get_drill(name)
+    _, opts_cls = entry.load()
+    return {f.name for f in fields(opts_cls)} - entry.unused
 
 
 def make_options(options_cls, **values):

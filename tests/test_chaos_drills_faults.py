@@ -44,7 +44,8 @@ def test_every_drill_of_the_issue_is_registered_and_loads():
     with pytest.raises(UnknownDrill, match="known drills: .*nats-node-loss"):
         get_drill("nope")
     assert {"gateway_latency_ms", "gateway_drop_pct", "gateway_links"} <= option_names("region-partition")
-    assert {"topology", "fault_every_s"} <= option_names("soak")
+    assert {"topology", "fault_every_s", "faults", "hang_s"} <= option_names("soak")
+    assert "hang_s" in option_names("worker-hang") and not {"fault_every_s", "topology"} & option_names("worker-hang")
 
 
 def test_every_fault_kind_of_the_issue_has_a_named_injector():
@@ -151,6 +152,12 @@ def test_cli_lists_model_swap_as_a_drill_that_runs():
 def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
     r = _cli("run", "worker-crash", "--latency-ms", "50")
     assert r.returncode == 2 and "does not take --latency-ms" in r.stderr
+    # fields of the node drills' shared options class that only some of them read (a fresh-user trial: accepted)
+    for drill, flag, value in (("worker-crash", "--fault-every", "5"), ("worker-crash", "--hang-s", "5"),
+                               ("cache-loss", "--topology", None), ("model-swap", "--fault-every", "5"),
+                               ("worker-hang", "--fault-every", "5")):
+        r = _cli("run", drill, flag, *([value] if value else []), "--duration", "1")
+        assert r.returncode == 2 and f"drill {drill} does not take {flag}" in r.stderr, (drill, flag, r.stderr)
     r = _cli("run", "gateway-degrade", "--links", "moon")
     assert r.returncode == 2 and "bad option: --links: 'regions' or 'all'" in r.stderr and "Traceback" not in r.stderr
     r = _cli("list")
