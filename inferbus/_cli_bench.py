@@ -29,7 +29,12 @@ def run_suite(args: list[str]) -> int:
         sys.path.insert(0, str(root))
     from bench.suite import main  # type: ignore[import-not-found]
 
-    return main(args)
+    import inspect
+
+    # its one-line refusals (an --out that cannot be written, an unknown model...) name bench's options (a checkout
+    # older than said_as names the suite's)
+    said_as = {"said_as": ("bench: ", {"--json": "--out", "--models-dir": "--models"})}
+    return main(args, **(said_as if "said_as" in inspect.signature(main).parameters else {}))
 
 
 async def _served_default(url: str, prefix: str, model: str, version: str | None) -> str | None:
@@ -120,7 +125,8 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
             from .schemas import NotFound
 
             raise NotFound(f"model {model!r}" + (f" version {version!r}" if m is not None else "")
-                           + f" is not in the model repository {models_dir} (--models)",
+                           + f" is not in the model repository {models_dir} (--models), which bench reads for the "
+                           f"inputs and reference answers" + (" of the deployment it benchmarks" if nats_url else ""),
                            field="model_version" if m is not None else "model")
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}

@@ -33,12 +33,17 @@ def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str
         from .cli import _usage
 
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
+        if not p.is_file():
+            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: no such file (FileNotFoundError; give "
+                   f"the run dir of `inferbus cluster up` or its cluster.json)")
         try:
             urls = json.loads(p.read_text())["client_urls"]
             if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
                 raise ValueError("client_urls is not a list of NATS URLs")
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
-            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: {exc!r}")
+        except KeyError:
+            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: it has no client_urls")
+        except (OSError, ValueError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
+            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: {type(exc).__name__}: {exc}")
         return list(urls)
     return ["nats://127.0.0.1:4222"]
 
