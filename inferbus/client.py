@@ -64,6 +64,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
 from .bus import server_url_problem, split_servers
 from .bus import headers as H
+from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
     DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
     RequestedOutput,
@@ -348,7 +349,8 @@ class Client:
         Raises:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
-            ``timeout_s`` that is not a finite number > 0),
+            ``timeout_s`` that is not a finite number > 0; a ``hedge`` that is not a policy, field
+            ``headers.Inferbus-Hedge``, as the ingress would answer),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -378,6 +380,11 @@ class Client:
         if isinstance(outputs, (str, bytes)):
             raise InvalidArgument(f"outputs must be a list of output names (e.g. [{outputs!r}]), not one string",
                                   field="outputs")
+        if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
+            try:
+                parse_policy(str(hedge))
+            except HedgePolicyError as exc:
+                raise InvalidArgument(str(exc), field=f"headers.{H.HEDGE}") from None
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
