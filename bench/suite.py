@@ -49,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from inferbus._paths import output_file_problem  # noqa: E402
 from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
 from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
 from inferbus.bus._busypoll import check_busy_poll_us  # noqa: E402
@@ -856,14 +857,85 @@ def config_from(a: argparse.Namespace) -> SuiteConfig:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite; exit status 1 when any answer was wrong, else 0 (targets are reported, not enforced)."""
+def output_problem(a: argparse.Namespace) -> str | None:
+    """Why the files the run will write (``--json``, ``--png`` or the plot next to ``--json``) cannot be written,
+    as ``--OPTION PATH: <reason>``, or None: checked before any load (the whole suite used to run and then end in a
+    FileExistsError traceback, its results lost, for ``--json /dev/null/x.json``; a missing folder was made)."""
+    if a.json_out is not None:
+        problem = output_file_problem(a.json_out, "suite.json")
+        if problem:
+            return f"--json {a.json_out}: {problem}"
+    if a.png is not None:
+        problem = output_file_problem(a.png, "suite.png")
+        if problem:
+            return f"--png {a.png}: {problem}"
+    png = a.png or (a.json_out.with_suffix(".png") if a.json_out else None)
+    if png is not None and a.json_out is not None and png.resolve() == a.json_out.resolve():
+        if a.png:
+            return f"--png {a.png}: the same file as --json; give another"
+        return f"--json {a.json_out}: ends in .png, and the plot, written next to it, would replace it; give a .json name"
+    if png is not None and a.png is None and png.is_dir():
+        return f"--json {a.json_out}: the plot is written next to it, as {png}, which is a folder; give another name"
+    return None
+
+
+def model_problem(cfg: SuiteConfig) -> str | None:
+    """Why ``cfg``'s model version cannot be loaded from ``cfg.models_dir``, as ``--OPTION ...: <reason>``, or
+    None: checked before any load (an unknown ``--model`` was an AttributeError traceback once the nats-server
+    had started), as ``python -m bench.pathcost --model`` checks it."""
+    try:
+        repo = ModelRepository(cfg.models_dir, [cfg.model])
+    except Exception as exc:  # an unreadable repository or model: one line, not a traceback
+        return f"--models-dir {cfg.models_dir}: {' '.join(str(exc).split())}"
+    m = repo.get(cfg.model)
+    if m is None:
+        return f"--model {cfg.model!r} is not in {cfg.models_dir}"
+    if m.version(cfg.version) is None:
+        have = ", ".join(sorted(m.versions, key=lambda v: (len(v), v)))
+        return f"--version {cfg.version!r}: model {cfg.model!r} in {cfg.models_dir} has no such version (it has {have})"
+    return None
+
+
+def log_dir_problem(cfg: SuiteConfig) -> str | None:
+    """``--log-dir``: None when it is a writable folder, or one that could be made (it is made here, its parents
+    too, as the run would make it), else ``--log-dir PATH: <reason>`` (was a FileExistsError traceback)."""
+    if not cfg.log_dir:
+        return None
+    path = Path(cfg.log_dir)
+    if path.exists():
+        if not path.is_dir():
+            return f"--log-dir {path}: exists and is not a folder; give a folder (made if missing)"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"--log-dir {path}: the folder is not writable"
+        return None
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        return f"--log-dir {path}: cannot make the folder: {exc.strerror or exc}"
+    return None
+
+
+def main(argv: list[str] | None = None, *, said_as: tuple[str, dict[str, str]] = ("", {})) -> int:
+    """Run the suite; exit status 1 when any answer was wrong (or the JSON could not be written after all), else 0
+    (targets are reported, not enforced); 2, with one line ``error: ...`` on stderr, for an output file that
+    cannot be written, a model or version not in the repository, or a bad ``--log-dir``, all found before any
+    load (argparse's own usage errors are 2 too).
+
+    ``said_as``: for a command that runs the suite with options of its own (``inferbus bench --suite``), a prefix
+    for those lines and its name of each suite option (``{"--json": "--out"}``), so a line names what was typed.
+    """
     parser = _parser()
     a = parser.parse_args(argv)
     try:
         cfg = config_from(a)
     except ValueError as exc:  # a usage error (status 2) like argparse's own, not a traceback
         parser.error(str(exc))
+    problem = output_problem(a) or model_problem(cfg) or log_dir_problem(cfg)
+    if problem:
+        prefix, names = said_as
+        option, _, rest = problem.partition(" ")
+        print(f"error: {prefix}{names.get(option, option)} {rest}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
@@ -871,17 +943,22 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         doc = asyncio.run(Suite(cfg).run())
     render(doc)
+    status = 1 if any(s["wrong"] for s in doc["steps"]) else 0
     if a.json_out:
-        a.json_out.parent.mkdir(parents=True, exist_ok=True)
-        a.json_out.write_text(json.dumps(doc, indent=1, default=str))
-        print(f"wrote {a.json_out}")
+        try:
+            a.json_out.write_text(json.dumps(doc, indent=1, default=str))
+        except OSError as exc:  # checked before the run; changed since (removed, full): one line, not a traceback
+            print(f"error: --json {a.json_out}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+            status = 1
+        else:
+            print(f"wrote {a.json_out}")
     png = a.png or (a.json_out.with_suffix(".png") if a.json_out else None)
     if png:
         from .plot import plot
 
         done = plot(doc, png)
         print(f"wrote {done}" if done else "no plot: matplotlib is not installed (pip install -e .[bench])")
-    return 1 if any(s["wrong"] for s in doc["steps"]) else 0
+    return status
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def run_suite(args: list[str]) -> int:
 
     # its one-line refusals (an --out that cannot be written, an unknown model...) name bench's options (a checkout
     # older than said_as names the suite's)
-    said_as = {"said_as": ("bench: ", {"--json": "--out", "--models-dir": "--models"})}
+    said_as = {"said_as": ("bench: ", {"--json": "--out", "--models-dir": "--models", "--model": "model"})}
     return main(args, **(said_as if "said_as" in inspect.signature(main).parameters else {}))
 
 

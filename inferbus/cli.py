@@ -338,19 +338,14 @@ def _check_accelerator_env() -> None:
 
 
 def _check_output_file(option: str, path: Path) -> None:
-    """``path`` can be written as a file, checked before anything starts (one line, exit 2, naming ``option``):
-    not a folder, its folder exists and is writable, and an existing file there is writable. (``up --demo
-    --json`` used to run the whole demo and then end in a FileNotFoundError / IsADirectoryError traceback.)"""
-    folder = path.parent
-    if path.is_dir():
-        _usage(f"up: {option} {path}: is a folder; give a file name (e.g. {path / 'demo.json'})")
-    if not folder.is_dir():
-        _usage(f"up: {option} {path}: its folder {folder} does not exist" if not folder.exists()
-               else f"up: {option} {path}: {folder} is not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        _usage(f"up: {option} {path}: its folder {folder} is not writable")
-    if path.exists() and not os.access(path, os.W_OK):
-        _usage(f"up: {option} {path}: the file exists and is not writable")
+    """``path`` can be written as a file, checked before anything starts (one line, exit 2, naming ``option``;
+    :func:`inferbus._paths.output_file_problem`). (``up --demo --json`` used to run the whole demo and then end in
+    a FileNotFoundError / IsADirectoryError traceback.)"""
+    from ._paths import output_file_problem
+
+    problem = output_file_problem(path, "demo.json")
+    if problem is not None:
+        _usage(f"up: {option} {path}: {problem}")
 
 
 def _check_run_dir(path: Path) -> None:

@@ -1,7 +1,7 @@
 """The benchmark suite and the multi-process load generator, in a tiny configuration, against real processes.
 
-No timed assertions: speed targets live in the benchmarks (docs/performance.md),
-never in tests. These check that one suite run produces every field, judges
+No timed assertions of speed: speed targets live in the benchmarks (docs/performance.md),
+never in tests (a SIGTERM'd ``inferbus bench`` stopping within seconds is a bound on behaviour). These check that one suite run produces every field, judges
 every answer (zero wrong), and that the generator's pieces add up.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -336,6 +337,96 @@ def test_suite_refuses_run_to_completion_without_colocated_processes(capsys):
     assert config_from(_parse(["--profile", "tiny", "--run-to-completion", "--colocate-ab"])).run_to_completion
     assert not config_from(_parse(["--profile", "tiny", "--no-run-to-completion"])).run_to_completion
     assert config_from(_parse(["--profile", "tiny"])).run_to_completion  # the default, valid in any layout
+
+
+@pytest.mark.parametrize("argv, said", [
+    # --json whose folder is a file: the whole suite ran (~22 s of load), then a FileExistsError traceback
+    (("--json", "/dev/null/x.json"), "error: --json /dev/null/x.json: /dev/null is not a folder"),
+    (("--json", "{tmp}/no/dir/x.json"), "error: --json {tmp}/no/dir/x.json: its folder {tmp}/no/dir does not exist"),
+    (("--json", "{tmp}"), "error: --json {tmp}: is a folder; give a file name (e.g. {tmp}/suite.json)"),
+    (("--png", "/dev/null/x.png"), "error: --png /dev/null/x.png: /dev/null is not a folder"),
+    (("--json", "{tmp}/x.json", "--png", "{tmp}/x.json"), "error: --png {tmp}/x.json: the same file as --json"),
+    (("--json", "{tmp}/x.png"), "error: --json {tmp}/x.png: ends in .png, and the plot, written next to it, would "
+                                "replace it"),
+    (("--log-dir", f"{ROOT}/README.md"), f"error: --log-dir {ROOT}/README.md: exists and is not a folder"),
+    # an unknown model: an AttributeError traceback ('NoneType' object has no attribute 'version') once a
+    # nats-server had started; an unknown version of a known one went the same way
+    (("--model", "nosuch"), f"error: --model 'nosuch' is not in {MODELS}"),
+    (("--version", "9"), f"error: --version '9': model 'digits' in {MODELS} has no such version (it has 1, 2)"),
+    (("--models-dir", "{tmp}/none"), "error: --models-dir {tmp}/none: model repository {tmp}/none is not a folder"),
+])
+def test_suite_refuses_an_unwritable_output_or_unknown_model_before_any_load(tmp_path, argv, said):
+    """A fresh-user trial (2026-12-02): each of these ran the suite (or part of it) and ended in a traceback, the
+    results lost; ``--json /nonexistent/dir/x.json`` made the folder. Now: one line, exit 2, nothing started (no
+    'floors:' line), nothing made."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said.format(tmp=tmp_path)), proc.stderr
+    assert "floors:" not in proc.stdout and not proc.stdout.strip(), proc.stdout  # refused before any load
+    assert not (tmp_path / "no").exists() and not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (("--out", "/dev/null/x.json"), "error: bench: --out /dev/null/x.json: /dev/null is not a folder"),
+    (("--out", "{tmp}/no/dir/x.json"), "error: bench: --out {tmp}/no/dir/x.json: its folder {tmp}/no/dir does not "
+                                       "exist"),
+    (("nosuch",), f"error: bench: model 'nosuch' is not in {MODELS}"),
+    (("digits", "--version", "9"), "error: bench: --version '9': model 'digits' in"),
+])
+def test_bench_suite_refuses_an_unwritable_out_or_unknown_model_before_any_load(tmp_path, argv, said):
+    """``inferbus bench --suite`` runs the suite in its own process with ``--out`` as the suite's ``--json``: the
+    same checks, one line naming bench's own options, exit 2, before any load."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "inferbus.cli", "bench", "--suite", "--profile", "tiny", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said.format(tmp=tmp_path)), proc.stderr
+    assert "floors:" not in proc.stdout, proc.stdout
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_mid_step_stops_bench_and_its_generators_within_seconds():
+    """``inferbus bench`` SIGTERM'd during a step: exit 143 within a few seconds (a bound on stopping, not a speed
+    target), no generator process left. Its generators, busy in the step, read no ``quit`` until the step's end:
+    the pool waited 10 s for each before killing it (a fresh-user trial: 10.4 s from SIGTERM to exit); now a busy
+    generator is sent SIGTERM (0.4 s on the 2-core box)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "bench", "digits", "--workers", "1", "--concurrency",
+                          "4", "--duration", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+
+    def session() -> list[str]:
+        ps = subprocess.run(["ps", "-s", str(p.pid), "-o", "args="], capture_output=True, text=True).stdout
+        return [line for line in ps.splitlines() if line.strip() and "<defunct>" not in line]  # exited, not reaped
+
+    try:
+        deadline = time.monotonic() + 90
+        while not any("inferbus.loadgen" in line for line in session()):  # until its generator has started
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.2)
+        time.sleep(5.0)  # past its start (~1.5 s), its prepare and the 1 s warm-up step: in the 60 s step
+        assert p.poll() is None, p.communicate()
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        took_s = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert took_s < 5.0, f"{took_s:.1f} s from SIGTERM to exit"
+    generators = [line for line in session() if "inferbus.loadgen" in line]
+    assert not generators, f"left running: {generators}"  # stopped, and waited for, before bench exited
+    time.sleep(0.5)
+    assert not session(), f"left running: {session()}"
 
 
 def test_suite_table_shows_mean_batch_and_a_missed_target_never_reads_as_its_limit():

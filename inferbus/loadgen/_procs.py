@@ -189,7 +189,14 @@ class _Gen:
 
 
 def gen_main(config_json: str) -> None:
-    """Process entry: ``python -m inferbus.loadgen gen '<GenConfig JSON>'``."""
+    """Process entry: ``python -m inferbus.loadgen gen '<GenConfig JSON>'``.
+
+    SIGTERM ends it at once (the default action, set here in case the parent ignored it): it is how
+    :meth:`GeneratorPool.close` stops a generator busy in a step, which reads no command until the step ends.
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _uvloop_run(_Gen(GenConfig(**json.loads(config_json))).run())
 
 
@@ -301,6 +308,9 @@ class _Child:
         self.proc = proc
         self.name = name
         self.log = log
+        self.busy = True
+        """Not reading its stdin: starting (until READY), or a command sent and its answer not read yet (a step,
+        a prepare). Such a child does not see a quit or the end of its stdin until it is done (a whole step)."""
 
     async def readline(self, timeout_s: float) -> str:
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
@@ -310,16 +320,35 @@ class _Child:
         return line.decode()
 
     async def send(self, obj: dict) -> None:
+        self.busy = True
         self.proc.stdin.write((json.dumps(obj) + "\n").encode())
         await self.proc.stdin.drain()
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
+    async def answer(self, timeout_s: float) -> str:
+        """The answer to the last command sent (:meth:`readline`); the child is then idle.
+
+        Raises:
+            RuntimeError: the child exited. asyncio.TimeoutError: no answer within ``timeout_s`` seconds.
+        """
+        line = await self.readline(timeout_s)
+        self.busy = False
+        return line
+
+    async def stop(self, timeout_s: float = 10.0, *, terminate: bool = False) -> None:
+        """Close its stdin (the cue to exit for an idle child) and wait up to ``timeout_s`` seconds for it to exit,
+        then kill it. ``terminate``: send SIGTERM first (a child busy in a step reads no stdin until the step ends:
+        waiting for it made a SIGTERM'd ``inferbus bench`` take the whole 10 s)."""
         if self.proc.returncode is not None:
             return
         try:
             self.proc.stdin.close()
         except Exception:
             pass
+        if terminate:
+            try:
+                self.proc.terminate()
+            except ProcessLookupError:  # exited since
+                pass
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
         except asyncio.TimeoutError:
@@ -345,6 +374,7 @@ async def _start_all(children: list[_Child], timeout_s: float) -> None:
         while True:
             line = await c.readline(timeout_s)
             if line.strip() == READY:
+                c.busy = False
                 return
 
     await asyncio.gather(*(ready(c) for c in children))
@@ -401,7 +431,7 @@ class GeneratorPool:
     async def _ask(self, items: list[tuple[_Child, dict]], timeout_s: float) -> list[dict]:
         for c, cmd in items:
             await c.send(cmd)
-        outs = await asyncio.gather(*(c.readline(timeout_s) for c, _ in items))
+        outs = await asyncio.gather(*(c.answer(timeout_s) for c, _ in items))
         res = [json.loads(o) for o in outs]
         for (c, _), r in zip(items, res):
             if not r.get("ok"):
@@ -453,13 +483,21 @@ class GeneratorPool:
                           rate_qps=rate if mode == "open" else None, target=target.get("name", target["kind"]),
                           label=label)
 
-    async def close(self) -> None:
+    async def close(self, busy_timeout_s: float = 1.0) -> None:
+        """Stop every process: an idle one is sent ``quit`` (it closes its NATS connection and exits); one still
+        starting or busy in a step or a prepare (the run cancelled, e.g. ``inferbus bench``'s SIGTERM, or a step
+        that failed in another process) reads no command until it is done, so it is sent SIGTERM and killed if
+        it has not exited within ``busy_timeout_s`` seconds. Stopping mid-step takes well under a second, not the
+        rest of the step plus a 10 s wait."""
+        busy = [c for c in self.children if c.busy]
         for c in self.children:
-            try:
-                await c.send({"op": "quit"})
-            except Exception:
-                pass
-        await asyncio.gather(*(c.stop() for c in self.children), return_exceptions=True)
+            if not c.busy:
+                try:
+                    await c.send({"op": "quit"})
+                except Exception:
+                    pass
+        await asyncio.gather(*(c.stop() for c in self.children if c not in busy),
+                             *(c.stop(busy_timeout_s, terminate=True) for c in busy), return_exceptions=True)
         self.children = []
 
     async def __aenter__(self) -> "GeneratorPool":

@@ -1,0 +1,29 @@
+"""Checks of the files a command will write, made before it starts any work: a run that ends in a traceback
+after minutes of load (its results lost) because its output path cannot be written is a usage error found late.
+
+A module of its own with no dependencies, so the bench scripts (``python -m bench.suite``) and the CLI share the
+wording without importing each other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def output_file_problem(path: Path, example: str = "out.json") -> str | None:
+    """Why ``path`` cannot be written as a file, in a few words for ``OPTION PATH: <reason>``, or None if it can:
+    not a folder, its folder exists, is a folder and is writable, and an existing file there is writable. Nothing
+    is made (a missing folder is not created: a typo would leave a tree behind). ``example``: the file name the
+    reason suggests when ``path`` is a folder."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        return f"is a folder; give a file name (e.g. {path / example})"
+    if not folder.is_dir():
+        return f"its folder {folder} does not exist" if not folder.exists() else f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} is not writable"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file exists and is not writable"
+    return None
