@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from inferbus._paths import output_file_problem  # noqa: E402
+from inferbus._paths import folder_problem, output_file_problem  # noqa: E402
 from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
 from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
 from inferbus.bus._busypoll import check_busy_poll_us  # noqa: E402
@@ -898,21 +898,12 @@ def model_problem(cfg: SuiteConfig) -> str | None:
 
 def log_dir_problem(cfg: SuiteConfig) -> str | None:
     """``--log-dir``: None when it is a writable folder, or one that could be made (it is made here, its parents
-    too, as the run would make it), else ``--log-dir PATH: <reason>`` (was a FileExistsError traceback)."""
+    too, as the run would make it; :func:`inferbus._paths.folder_problem`), else ``--log-dir PATH: <reason>`` (was
+    a FileExistsError traceback)."""
     if not cfg.log_dir:
         return None
-    path = Path(cfg.log_dir)
-    if path.exists():
-        if not path.is_dir():
-            return f"--log-dir {path}: exists and is not a folder; give a folder (made if missing)"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"--log-dir {path}: the folder is not writable"
-        return None
-    try:
-        path.mkdir(parents=True)
-    except OSError as exc:
-        return f"--log-dir {path}: cannot make the folder: {exc.strerror or exc}"
-    return None
+    problem = folder_problem(Path(cfg.log_dir))
+    return f"--log-dir {cfg.log_dir}: {problem}" if problem else None
 
 
 def main(argv: list[str] | None = None, *, said_as: tuple[str, dict[str, str]] = ("", {})) -> int:

@@ -29,12 +29,8 @@ def run_suite(args: list[str]) -> int:
         sys.path.insert(0, str(root))
     from bench.suite import main  # type: ignore[import-not-found]
 
-    import inspect
-
-    # its one-line refusals (an --out that cannot be written, an unknown model...) name bench's options (a checkout
-    # older than said_as names the suite's)
-    said_as = {"said_as": ("bench: ", {"--json": "--out", "--models-dir": "--models", "--model": "model"})}
-    return main(args, **(said_as if "said_as" in inspect.signature(main).parameters else {}))
+    # its one-line refusals (an --out that cannot be written, an unknown model...) name bench's options
+    return main(args, said_as=("bench: ", {"--json": "--out", "--models-dir": "--models", "--model": "model"}))
 
 
 async def _served_default(url: str, prefix: str, model: str, version: str | None) -> str | None:

@@ -27,3 +27,20 @@ def output_file_problem(path: Path, example: str = "out.json") -> str | None:
     if path.exists() and not os.access(path, os.W_OK):
         return "the file exists and is not writable"
     return None
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot serve as a folder to write in, in a few words for ``OPTION PATH: <reason>``, or None if
+    it can: an existing writable folder, or one made here (its parents too, as the run would make it)."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a folder; give a folder (made if missing)"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "the folder is not writable"
+        return None
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        return f"cannot make the folder: {exc.strerror or exc}"
+    return None

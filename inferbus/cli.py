@@ -350,18 +350,13 @@ def _check_output_file(option: str, path: Path) -> None:
 
 def _check_run_dir(path: Path) -> None:
     """``up --run-dir``: a folder that exists and is writable, or one that can be made (its parents made too),
-    checked before anything starts (one line, exit 2). It used to end in a FileExistsError / PermissionError
-    traceback from the node once the option checks had passed."""
-    if path.exists():
-        if not path.is_dir():
-            _usage(f"up: --run-dir {path}: exists and is not a folder; give a folder (made if missing)")
-        if not os.access(path, os.W_OK | os.X_OK):
-            _usage(f"up: --run-dir {path}: the folder is not writable")
-        return
-    try:
-        path.mkdir(parents=True)
-    except OSError as exc:
-        _usage(f"up: --run-dir {path}: cannot make the folder: {exc.strerror or exc}")
+    checked before anything starts (one line, exit 2; :func:`inferbus._paths.folder_problem`). It used to end in a
+    FileExistsError / PermissionError traceback from the node once the option checks had passed."""
+    from ._paths import folder_problem
+
+    problem = folder_problem(path)
+    if problem is not None:
+        _usage(f"up: --run-dir {path}: {problem}")
 
 
 _BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),
