@@ -230,6 +230,25 @@ async def test_malformed_timeout_header_is_refused_not_defaulted(env):
     assert err is None and out(resp, "a_times_2")["data"] == [42]
 
 
+async def test_malformed_attempt_header_is_refused_and_a_good_one_served(env):
+    """``Inferbus-Attempt`` (the SDK's retry number) used to be read as "a retry" for any non-empty value, so a
+    client's ``abc`` or ``-1`` routed as a retry or not by a guess. Now a malformed one is INVALID_ARGUMENT at
+    once, naming the header, with a request id or without, a cache hit or not; 1, 2 and " 3 " are served."""
+    nc, _ = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    for bad in ("abc", "0", "-1", "2.5", "1e3", "", "+2", "\u0662", "1000001"):
+        for rid in ({}, {"Inferbus-Request-Id": f"att-{bad!r}"}):
+            t0 = time.perf_counter()
+            err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Attempt": bad, **rid})
+            assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Attempt", (bad, err)
+            assert repr(bad[:40]) in err.message, err.message
+            assert time.perf_counter() - t0 < 0.5
+    for good in ("1", "2", " 3 "):
+        err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Attempt": good,
+                                                                  "Inferbus-Request-Id": f"att-good-{good}"})
+        assert err is None and out(resp, "a_times_2")["data"] == [42], (good, err)
+
+
 async def test_our_headers_in_another_case_are_refused_naming_the_spelling(env):
     """NATS header names are case-sensitive (ADR-4): ``inferbus-timeout-ms: 1_000`` used to be ignored (the
     default budget, OK) and a lower-case ``content-type: application/json`` had its JSON body read as MessagePack

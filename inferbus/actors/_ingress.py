@@ -460,9 +460,12 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: error reply failed: {exc!r}")
 
     async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
-        if hdrs and (bad := H.miscased_header(hdrs)) is not None:
-            raise InvalidArgument(f"header {bad[0]!r} is not {bad[1]!r}: NATS header names are case-sensitive "
-                                  f"(ADR-4), so it would be ignored; send {bad[1]!r}", field=bad[1])
+        if hdrs:
+            if (bad := H.miscased_header(hdrs)) is not None:
+                raise InvalidArgument(f"header {bad[0]!r} is not {bad[1]!r}: NATS header names are case-sensitive "
+                                      f"(ADR-4), so it would be ignored; send {bad[1]!r}", field=bad[1])
+            if H.ATTEMPT in hdrs:
+                H.attempt_number(hdrs[H.ATTEMPT])  # a malformed one is refused, not guessed at
         deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms, strict=True)
         client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
@@ -800,7 +803,8 @@ class Ingress:
         if w is not None:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
-        elif rid is not None and hdrs.get(H.ATTEMPT) and rid not in self._by_rid and rid not in self._done_rids and \
+        elif rid is not None and H.ATTEMPT in hdrs and H.attempt_number(hdrs[H.ATTEMPT]) > 1 and \
+                rid not in self._by_rid and rid not in self._done_rids and \
                 (w := await self._peer_sticky(rid, mv.key, now)) is not None:
             self.counts["peer_sticky_retries"] += 1
             hedge_policy = None

@@ -108,6 +108,30 @@ def parse_fwd(value: str, headers: dict) -> dict | None:
     return {**headers, **{name: v for name, v in zip(FWD_FIELDS, parts) if v is not None}}
 
 
+MAX_ATTEMPT = 1_000_000
+"""The largest ``Inferbus-Attempt`` an ingress takes (far past any retry policy: the SDK's default is 3)."""
+
+
+def attempt_number(raw: str) -> int:
+    """The attempt an ``Inferbus-Attempt`` value names: 1 for the first send, 2, 3, ... for retries (the SDK
+    sends it on retries only).
+
+    The syntax is ASCII decimal digits (surrounding spaces allowed, as nats-py strips them), no sign, from 1 to
+    :data:`MAX_ATTEMPT`.
+
+    Raises:
+        InvalidArgument: any other value (``field`` = the header's name). A retry's number that no client could
+            have meant would otherwise route as a retry or not depending on a guess.
+    """
+    v = raw.strip()
+    if v.isascii() and v.isdigit() and 1 <= int(v) <= MAX_ATTEMPT:
+        return int(v)
+    from ..schemas import InvalidArgument
+
+    raise InvalidArgument(f"{ATTEMPT} must be the attempt's number (1 for the first send, 2, 3, ... for retries; at "
+                          f"most {MAX_ATTEMPT}), got {str(raw)[:40]!r}", field=ATTEMPT)
+
+
 def header_value(v: str) -> str:
     """A header value as nats-py sends it (stripped; CR/LF turned into spaces)."""
     v = v.strip()
