@@ -839,14 +839,38 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         failed.cancel()
         own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
         console.print("stopping: the ingresses stop taking requests and the workers finish theirs"
-                      + (f", then the embedded {own}" if own else ""))
+                      + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
         t_stop = time.monotonic()
-        await node.stop()
+        if await _stop_or_kill(node, loop):
+            err_console.print(f"inferbus killed {time.monotonic() - t_stop:.2f}s after the stop began, after serving "
+                              f"{t_stop - t_serving:.0f}s; requests in flight were not answered")
+            return 130
         console.print(f"inferbus stopped in {time.monotonic() - t_stop:.2f}s after serving "
                       f"{t_stop - t_serving:.0f}s")
         return 0
     finally:
         await node.stop()
+
+
+async def _stop_or_kill(node, loop) -> bool:
+    """Stop ``node`` gracefully (:meth:`Node.stop`: the ingresses drain, the workers answer what they hold); a
+    second SIGINT or SIGTERM while it stops kills its processes at once instead (:meth:`Node.kill`), as a second
+    Ctrl-C does in uvicorn or Ray. True when it was killed."""
+    again = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, again.set)
+    stopping = asyncio.ensure_future(node.stop())
+    waiting = asyncio.ensure_future(again.wait())
+    await asyncio.wait({stopping, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if stopping.done():
+        stopping.result()
+        return False
+    err_console.print("[yellow]second signal[/]: killing the actor processes and the embedded servers now "
+                      "(SIGKILL, no drain)")
+    await node.kill()
+    await asyncio.gather(stopping, return_exceptions=True)
+    return True
 
 
 async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:

@@ -110,6 +110,71 @@ async def test_sigterm_answers_the_requests_already_received_before_exiting(tmp_
         dep.stop()
 
 
+def _descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, grandchildren, ...), read from /proc."""
+    parent_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent_of[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent_of.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_a_second_ctrl_c_during_the_drain_kills_everything_at_once(tmp_path):
+    """A drain can take long (a slow worker holds requests: here 2 s per batch, up to 5 s before its SIGKILL).
+    The first SIGINT starts it; a second one used to be ignored. Now it kills every actor process and the
+    embedded servers at once: ``up`` exits 130 within a second or two, says so, and leaves no process behind."""
+    from conftest import start_deployment
+    from test_reliability_lib import set_fault
+
+    models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="kill2",
+                           extra=["--models", str(models), "--no-cache", "--fault-injection"])
+    try:
+        client = await Client.connect(dep.nats_url, "kill2", retry_unavailable=False, adaptive_attempt_timeout=False)
+        x = np.load(models / "digits" / "data" / "test.npz")["X"][:6].astype(np.float32)
+        await client.infer("digits", {"pixels": x[:1]}, timeout_s=5)  # warm
+        await set_fault(client.nc, "kill2", "n1-w0", compute_delay_ms=2000)
+        calls = [asyncio.ensure_future(client.infer("digits", {"pixels": x[k:k + 1]}, timeout_s=20)) for k in range(6)]
+        await asyncio.sleep(0.3)  # all sent; the worker holds them
+        below = _descendants(dep.proc.pid)
+        assert len(below) >= 3, below  # the actors and the embedded nats-server at least
+        dep.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while b"stopping:" not in dep.log.read_bytes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert b"Ctrl-C again" in dep.log.read_bytes(), dep.log.read_text()[-2000:]
+        await asyncio.sleep(0.2)
+        assert dep.proc.poll() is None  # still draining: the worker holds requests for seconds
+        t_second = time.monotonic()
+        dep.proc.send_signal(signal.SIGINT)
+        rc = await asyncio.to_thread(dep.proc.wait, 10)
+        took_s = time.monotonic() - t_second
+        text = dep.log.read_text()
+        assert rc == 130, text[-3000:]
+        assert took_s < 3.0, (took_s, text[-3000:])
+        assert "second signal" in text and "killing the actor processes" in text and "Traceback" not in text, text[-3000:]
+        for pid in below:  # nothing left behind (the actors and servers, and anything they started)
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        for c in calls:
+            c.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        await client.close()
+    finally:
+        dep.stop()
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(120)
 async def test_a_second_node_with_the_same_node_id_on_one_nats_is_refused(nats_server, tmp_path):

@@ -573,6 +573,17 @@ class Node:
                 pass
         await self._stop_servers()
 
+    async def kill(self) -> None:
+        """Stop at once, without draining: every actor process and embedded server gets SIGKILL
+        (:meth:`Supervisor.kill`), then what :meth:`stop` does after them. Requests in flight are lost (their
+        clients time out or retry elsewhere). Joins a :meth:`stop` in progress and cuts it short (``inferbus
+        up``'s second Ctrl-C)."""
+        self._stopping = True
+        for sup in (self.supervisor, self.servers):
+            if sup is not None:
+                await sup.kill()
+        await self.stop()
+
     async def _stop_servers(self) -> None:
         self._stopping = True
         await _stop_tree(self.servers, self._servers_task)

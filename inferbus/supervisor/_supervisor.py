@@ -534,8 +534,15 @@ class Supervisor:
         self._events.put_nowait(_WAKE)
         self._notify()
 
+    async def kill(self) -> None:
+        """Stop at once: the child being stopped and every remaining child are killed without grace (OTP
+        ``brutal_kill``: SIGKILL to a process child's group; a nested supervisor is killed the same way), in
+        reverse start order. Joins a graceful :meth:`stop` in progress and makes it brutal from here on (what
+        an operator's second Ctrl-C asks for). Idempotent; returns when every child has exited."""
+        await self._kill()
+
     async def _kill(self) -> None:
-        """Brutal stop (parent's shutdown timeout passed): kill remaining children at once."""
+        """Brutal stop (parent's shutdown timeout passed, or :meth:`kill`): kill remaining children at once."""
         self._brutal = True
         child = self._stopping_child
         if child is not None:
