@@ -457,6 +457,29 @@ async def test_shutdown_timeout_then_kill_vs_brutal_kill() -> None:
 
 
 @pytest.mark.anyio
+async def test_kill_cuts_a_graceful_stop_short() -> None:
+    """``Supervisor.kill()`` during a ``stop()`` that waits on children ignoring SIGTERM (30 s shutdown timeouts):
+    the child being stopped and the ones not yet reached are killed at once (SIGKILL), in reverse start order,
+    and the stop in progress returns with it."""
+    rec = Recorder()
+    sup = make_sup(SupervisorSpec(), [
+        proc_spec("first", IGNORES_SIGTERM, shutdown_timeout_s=30.0),
+        proc_spec("second", IGNORES_SIGTERM, shutdown_timeout_s=30.0),
+    ], rec)
+    await sup.start()
+    stopping = asyncio.ensure_future(sup.stop())
+    await asyncio.sleep(0.3)  # "second" has had its SIGTERM and ignores it
+    assert not stopping.done() and rec.exit_ids() == []
+    t0 = time.monotonic()
+    await sup.kill()
+    await asyncio.wait_for(stopping, 2.0)
+    assert time.monotonic() - t0 < 2.0
+    assert rec.exit_ids() == ["second", "first"]
+    assert all(e == ChildExit(False, "killed by signal 9 (SIGKILL)", -9) for e in dict(rec.exits()).values())
+    await sup.kill()  # idempotent
+
+
+@pytest.mark.anyio
 async def test_process_group_is_killed_with_its_leader() -> None:
     # graceful stop: SIGTERM reaches the grandchild too
     child = await ProcessChild.start(WITH_GRANDCHILD, name="gp")
