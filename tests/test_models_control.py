@@ -680,3 +680,68 @@ async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_pa
                 await client.infer("digits", inputs[0], version="1", timeout_s=5.0)
     finally:
         d.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_writes_survive_every_actor_dying_at_once(tmp_path, refs):
+    """A fresh-user trial (2026-12-02) SIGKILLed the ingress and the workers together: the node restarted them and
+    they served the repository's versions and default again (``default 2`` and ``unload 1`` undone), since the
+    states lived only in the actors. Now the node process keeps a copy (``StateKeeper``) and answers the restarted
+    actors' state request: the writes stand."""
+    import os
+    import signal
+
+    d = start_deployment(tmp_path / "all", workers=2, prefix="all", extra=["--no-cache"])
+    try:
+        inputs, _ = refs
+        async with await Client.connect(d.nats_url, "all") as client:
+            r = await model_control(client, "default", "digits", "2", timeout_s=10)
+            assert r.default_version == "2"
+            r = await model_control(client, "unload", "digits", "1", timeout_s=30)
+            assert r.versions == ["2"], r
+            actors = []
+            for entry in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except (OSError, ValueError):
+                    continue
+                if ppid == d.proc.pid and b"inferbus.actors" in cmd:
+                    actors.append(int(entry))
+            assert len(actors) >= 3, actors  # the ingress, two workers (and the aggregator)
+            old_ingress = (await client.health(timeout_s=2.0)).parameters["pid"]
+            assert old_ingress in actors
+            for pid in actors:  # all at once
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 90
+            while True:  # the node's supervisor restarts them
+                assert time.monotonic() < deadline, "the actors were not restarted"
+                await asyncio.sleep(0.2)
+                try:
+                    h = await client.health(timeout_s=1.0)
+                except Exception:
+                    continue
+                ready = h.parameters.get("models_ready") or {}
+                if h.parameters["pid"] != old_ingress and "digits:2" in ready and \
+                        len(h.parameters.get("workers") or ready["digits:2"]) >= 1:
+                    break
+            # the writes stand: unversioned requests get version 2, version 1 is not served, the listing says so
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    res = await client.infer_result("digits", inputs[0], timeout_s=5.0)
+                    break
+                except Unavailable:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+            assert res.model_version == "2"
+            with pytest.raises(NotFound):
+                await client.infer("digits", inputs[0], version="1", timeout_s=5.0)
+            listing = {m.name: m for m in (await client.models(timeout_s=2.0)).models}
+            assert listing["digits"].parameters["default_version"] == "2", listing["digits"]
+            assert listing["digits"].versions == ["2"], listing["digits"]
+    finally:
+        d.stop()

@@ -167,6 +167,55 @@ async def answer_states(nc, msg, states: dict[str, ModelState], who: str, *, emp
             log(f"{who}: model state answer failed: {exc!r}")
 
 
+class StateKeeper:
+    """A copy of the written serving states (revision > 0, the newest per model) outside the actors, kept by the
+    node process (``inferbus up``, :class:`~inferbus.actors.Node`) for as long as it runs.
+
+    It takes every state broadcast on ``<p>._models.state`` (a write, and the ingresses' re-broadcast every
+    :data:`BROADCAST_PERIOD_S`) and answers ``<p>._models.get`` as a worker does (silent when it holds nothing), so
+    an actor starting up learns the writes even when every ingress and worker died at once (an OOM kill of the
+    whole process group, a bug that takes them all): before, they came back serving what the repository folder
+    says, a ``default`` or ``unload`` undone. The node's process runs no request, so it outlives its actors. A
+    restart of ``inferbus up`` itself still starts from the repository folder (the pins are those of its files
+    then: docs/models.md, "Pinned versions").
+    """
+
+    def __init__(self, subjects, who: str) -> None:
+        self.subjects = subjects
+        self.who = who
+        self.states: dict[str, ModelState] = {}
+        self.nc = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, nc) -> None:
+        """Subscribe (states, state requests) and learn, in the background, the states the live actors hold (a node
+        joining a deployment whose writes were made before it started)."""
+        self.nc = nc
+        await nc.subscribe(self.subjects.model_state, cb=self._on_states)
+        await nc.subscribe(self.subjects.model_state_get, cb=self._on_get)
+        t = asyncio.ensure_future(self._learn())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def take(self, st: ModelState) -> bool:
+        """Keep ``st`` if it is a written state newer than the one kept for its model; returns whether it was."""
+        if st.revision > 0 and _newer(st, self.states.get(st.model)):
+            self.states[st.model] = st
+            return True
+        return False
+
+    async def _learn(self) -> None:
+        for st in await fetch_states(self.nc, self.subjects):
+            self.take(st)
+
+    async def _on_states(self, msg) -> None:
+        for st in _states_in(msg):
+            self.take(st)
+
+    async def _on_get(self, msg) -> None:
+        await answer_states(self.nc, msg, self.states, self.who, empty=False)
+
+
 class IngressModels:
     """The ingress side: serving states, the write gate, and the model-management requests.
 

@@ -40,6 +40,7 @@ from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
 from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, ProcessChild, Restart, Strategy, Supervisor,
                           SupervisorSpec)
+from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
 from ._region import RegionConfig
@@ -235,6 +236,8 @@ class Node:
         self.servers: Supervisor | None = None
         """The embedded servers' supervisor (children ``nats``, ``valkey``); None when both are external."""
         self.nc = None
+        self.model_states: StateKeeper | None = None
+        """The node's copy of the model-management writes (:class:`StateKeeper`), so that they outlive its actors."""
         self._run_task: asyncio.Task | None = None
         self._servers_task: asyncio.Task | None = None
         self._failed: asyncio.Future | None = None
@@ -402,6 +405,9 @@ class Node:
             self.nc = await connect(bus, name=f"node-{c.node_id}")
             if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?
                 await self._check_node_id_free(bus)
+            if c.actors:  # the model writes outlive the actors: every one of them dying at once undoes none
+                self.model_states = StateKeeper(Subjects(c.prefix), f"node {c.node_id}")
+                await self.model_states.start(self.nc)
         except BaseException:
             if self.nc is not None and not self.nc.is_closed:
                 await self.nc.close()
