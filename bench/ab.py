@@ -22,8 +22,11 @@ Where the repository is not at hand (a lent benchmark host gets a copy of the wo
 with ``git archive <rev> inferbus bench models | tar -x -C DIR``); ``ab.json`` then names the directory instead
 of a commit.
 
-Exit status: 0; 1 when a run failed or any answer was wrong; 2 for an unknown revision or bad arguments, those
-after ``--`` included: they are parsed with the suite's own parser before anything is extracted or run.
+Exit status: 0; 1 when a run failed or any answer was wrong (or ``ab.json`` could not be written after all); 2 for
+an unknown revision or bad arguments, those after ``--`` included: they are parsed with the suite's own parser before
+anything is extracted or run. An ``--out`` the runs cannot write in (a file; under a file; a folder that is not
+writable; a file it will write, ``ab.json`` or a run's JSON or log, that is a folder) is refused then too, with one
+line ``error: --out ...`` on stderr (:func:`out_problem`), not found after the runs, their results lost.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from inferbus._paths import folder_problem, output_file_problem
 
 from . import _args as args
 
@@ -191,8 +196,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                                 description=__doc__.split("\n\n")[0],
                                 epilog="Everything after -- goes to each `python -m bench.suite` run (not "
                                        "--json/--png). Exit status: 0; 1 when a run failed or an answer was wrong; "
-                                       "2 for an unknown revision or bad arguments (the suite's are checked before any "
-                                       "run; -- --help lists them). docs/performance.md, 'Running it', says more.")
+                                       "2 for an unknown revision, bad arguments (the suite's are checked before any "
+                                       "run; -- --help lists them) or an --out the runs cannot write in. "
+                                       "docs/performance.md, 'Running it', says more.")
     base = p.add_mutually_exclusive_group(required=True)
     base.add_argument("--base", help="the git revision to compare the working tree against")
     base.add_argument("--base-tree", type=Path, help="a directory holding the base's inferbus/, bench/ and "
@@ -206,8 +212,6 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
     _check_suite_args(p, suite_args)
-    if a.out.exists() and not a.out.is_dir():
-        p.error(f"--out {a.out} exists and is not a directory")
     if a.base_tree is not None:
         missing = [d for d in _TREE_PATHS if not (a.base_tree / d).is_dir()]
         if missing:
@@ -215,8 +219,45 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return a, suite_args
 
 
+def out_problem(a: argparse.Namespace) -> str | None:
+    """Why the runs cannot write under ``--out``, as ``--out DIR: <reason>``, or None: checked before anything is
+    extracted or run, and nothing is made (the folder is made, its parents too, once the base is known to exist).
+
+    An existing ``--out`` must be a writable folder (:func:`inferbus._paths.folder_problem`) in which each file the
+    runs write (``ab.json``, ``<side>-<pair>.json`` and ``.log``) can be written
+    (:func:`inferbus._paths.output_file_problem`), and with ``--base``, ``base-tree`` must not be a file; a missing
+    one needs its nearest existing parent to be a writable folder.
+    """
+    out: Path = a.out
+    if out.exists():
+        problem = folder_problem(out)  # it exists: nothing is made
+        if problem:
+            return f"--out {out}: {problem}"
+        names = ["ab.json", *(f"{side}-{i}.{ext}" for i in range(1, a.pairs + 1) for side in ("base", "work")
+                              for ext in ("json", "log"))]
+        for name in names:
+            problem = output_file_problem(out / name, name)
+            if problem:
+                return f"--out {out}: cannot write {out / name}: {problem.split(';')[0]}"
+        if a.base_tree is None and (out / "base-tree").exists() and not (out / "base-tree").is_dir():
+            return f"--out {out}: {out / 'base-tree'}, where the base is extracted, is a file"
+        return None
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: its folder {parent} is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     a, suite_args = _parse(argv)
+    problem = out_problem(a)
+    if problem:  # one line, exit 2, before the base is extracted or any suite runs
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     out: Path = a.out.resolve()
     if a.base_tree is not None:
         base_tree, commit = a.base_tree, f"tree:{a.base_tree.resolve()}"
@@ -260,10 +301,16 @@ def main(argv: list[str] | None = None) -> int:
                                           capture_output=True, text=True).stdout.strip()),
         "suite_args": suite_args, "imported_from": used, "failed_runs": failed,
         "compared_pairs": pairs, **compare([runs[("base", i)] for i in pairs], [runs[("work", i)] for i in pairs])}
-    (out / "ab.json").write_text(json.dumps(doc, indent=1))
-    render(doc)
-    print(f"wrote {out / 'ab.json'}")
-    return 1 if failed or any(r["wrong"] for r in doc["rows"]) else 0
+    try:
+        (out / "ab.json").write_text(json.dumps(doc, indent=1))
+        written = True
+    except OSError as exc:  # checked before the runs; changed since (removed, full): one line, not a traceback
+        print(f"error: --out {a.out}: cannot write {out / 'ab.json'}: {exc.strerror or exc}", file=sys.stderr)
+        written = False
+    render(doc)  # the table still shows the comparison when ab.json could not be written
+    if written:
+        print(f"wrote {out / 'ab.json'}")
+    return 1 if failed or not written or any(r["wrong"] for r in doc["rows"]) else 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ least of several repetitions; latencies are wall time.
   running the model inline on the loop, at concurrency 1;
 * ``codec_us``: the ingress's and worker's per-request Python work
   (decode_request, tensor view, cache key, encode_response).
+
+The results go to stdout as JSON, and to ``--json`` too when given. A ``--json``
+that cannot be written (its folder missing, not a folder or not writable; the
+path a folder) is refused before anything runs: one line ``error: ...`` on
+stderr, exit status 2 (a missing folder is not made).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from inferbus._paths import output_file_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,15 +212,22 @@ async def run() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path)
+    p.add_argument("--json", type=Path,
+                   help="write the results here too (its folder must exist; checked before anything runs)")
     a = p.parse_args(argv)
+    if a.json is not None and (problem := output_file_problem(a.json, "micro.json")):
+        print(f"error: --json {a.json}: {problem}", file=sys.stderr)  # before any run: its results are not lost
+        return 2
     import uvloop
 
     res = uvloop.run(run())
     print(json.dumps(res, indent=1))
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=1))
+        try:
+            a.json.write_text(json.dumps(res, indent=1))
+        except OSError as exc:  # checked before the run; changed since (removed, full): one line, not a traceback
+            print(f"error: --json {a.json}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -56,6 +56,11 @@ turns; the JSON's ``valid`` says so, and the exit status is 1 when not.
 
 Output: µs (or instructions, or bytecodes) per request for each, and ``inferbus ÷ direct``. docs/performance.md, "Run to completion, measured
 in one process", has figures.
+
+Exit status: 0; 1 for a measure that is not valid (above) or a JSON that could not be written after all; 2 for bad
+arguments. A ``--json`` that cannot be written (its folder missing, not a folder or not writable; the path a folder)
+and a ``--model`` not in ``--models-dir`` are refused before anything starts, with one line ``error: ...`` on stderr
+(:func:`problem`), not found after the measure, its results lost.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from inferbus._paths import output_file_problem
 from inferbus.actors._colocated import Colocated
 from inferbus.actors._config import ColocatedConfig, IngressConfig, WorkerConfig
 from inferbus.actors._repository import ModelRepository
@@ -553,14 +559,50 @@ def count_instructions(model: str, models_dir: str, n: int, others: int = 0) -> 
             "children": children}
 
 
-def _report(a: argparse.Namespace, doc: dict, key: str, value_fmt: str, ratio_fmt: str) -> None:
-    """Print the result lines of ``doc[key]`` (with ratios to direct) and write ``--json``."""
+def _report(a: argparse.Namespace, doc: dict, key: str, value_fmt: str, ratio_fmt: str) -> bool:
+    """Print the result lines of ``doc[key]`` (with ratios to direct) and write ``--json``; False when the JSON
+    could not be written after all (one line on stderr)."""
     print(f"the colocated router sees {a.other_workers + 1} worker(s) of {a.model}")
     for k, v in doc[key].items():
         print(f"{k:16s} {value_fmt.format(v)}  ({ratio_fmt.format(doc['ratio_to_direct'][k])} × direct)")
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(doc, indent=1))
+        try:
+            a.json.write_text(json.dumps(doc, indent=1))
+        except OSError as exc:  # checked before the measure; changed since (removed, full): one line, not a traceback
+            print(f"error: --json {a.json}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+            return False
+    return True
+
+
+def problem(a: argparse.Namespace) -> str | None:
+    """Why the run cannot go ahead, as ``--OPTION VALUE: <reason>``, or None: checked before anything starts (no
+    nats-server, no actors, no inference session; only the model's folder is read, as before), so that a bad path
+    or name is not found after the measure.
+
+    * ``--json``: a file that cannot be written (:func:`inferbus._paths.output_file_problem`; a missing folder is
+      not made, as ``bench.suite`` does not make one: a typo would leave a tree behind);
+    * ``--models-dir``: not a folder, or the model's config unreadable;
+    * ``--model``: no such model in ``--models-dir`` (found by its folder's ``config.json``, as
+      :class:`ModelRepository` finds models; the reason lists the models there).
+    """
+    if a.json is not None:
+        reason = output_file_problem(a.json, "pathcost.json")
+        if reason:
+            return f"--json {a.json}: {reason}"
+    models_dir = Path(a.models_dir)
+    if not models_dir.is_dir():
+        return f"--models-dir {a.models_dir}: model repository {a.models_dir} is not a folder"
+    have = sorted(c.parent.name for c in models_dir.glob("*/config.json"))
+    if a.model not in have:
+        return (f"--model {a.model!r} is not in {a.models_dir} (it has "
+                f"{', '.join(have) if have else 'no models: no <model>/config.json there'})")
+    try:
+        repo = ModelRepository(a.models_dir, [a.model])
+    except Exception as exc:  # an unreadable repository or model: one line, not a traceback
+        return f"--models-dir {a.models_dir}: {' '.join(str(exc).split())}"
+    if repo.get(a.model) is None:  # a config whose name is not its folder's is refused above; kept as a guard
+        return f"--model {a.model!r} is not in {a.models_dir}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--yields", type=args.count,
                    help="event-loop turns after each request (each group of --batch), every variant (default 3; at "
                         "least 1: the worker's pump answers a queued request in them)")
-    p.add_argument("--json", type=Path, help="write the result document here")
+    p.add_argument("--json", type=Path,
+                   help="write the result document here (its folder must exist; checked before the measure starts)")
     p.add_argument("--instructions", type=args.count, metavar="N",
                    help="instead of CPU time: instructions per request, counted by valgrind (callgrind) over N "
                         "requests after N of warm-up, for direct and inferbus (run to completion); needs valgrind "
@@ -618,12 +661,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"answered after their pass)")
     global VERBOSE
     VERBOSE = a.verbose
-    try:
-        repo = ModelRepository(a.models_dir, [a.model])
-    except Exception as exc:  # an unreadable repository: one line, not a traceback
-        p.error(f"--models-dir {a.models_dir}: {exc}")
-    if repo.get(a.model) is None:
-        p.error(f"--model {a.model!r} is not in {a.models_dir}")
+    reason = problem(a)
+    if reason:  # one line, exit 2, before any nats-server or model load
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     import uvloop
 
     if a.count_child:
@@ -636,8 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"pathcost: {exc}", file=sys.stderr)
             return 1
-        _report(a, doc, "instructions_per_request", "{:9,d} instructions/request", "{:.3f}")
-        return 0
+        return 0 if _report(a, doc, "instructions_per_request", "{:9,d} instructions/request", "{:.3f}") else 1
     if a.bytecodes:
         doc = uvloop.run(count_bytecodes(a.model, a.models_dir, a.bytecodes, a.yields, a.other_workers, a.top,
                                          a.batch))
@@ -655,14 +695,14 @@ def main(argv: list[str] | None = None) -> int:
     bad = bool(c["errors"] or c["l1_hits"] or c["run_now"] != expected_run_now or c["queued_run_now"]
                or c["queued_local_forwards"] != expected_run_now or c["answered_late"])
     doc["valid"] = not bad
-    _report(a, doc, key, *fmts)
+    written = _report(a, doc, key, *fmts)
     print(f"counts: {c}")
     if bad:
         print(f"not a valid measure (the JSON says valid: false): expected {expected_run_now} requests run to "
               f"completion (and as many through the queue, to the local worker), each answered within its own "
               f"event-loop turns, 0 cache hits and 0 errors; got {c} (e.g. a model that does not run inline: see "
               f"inferbus up --inline-max-compute-us; --verbose shows the actors' lines)", file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad or not written else 0
 
 
 if __name__ == "__main__":

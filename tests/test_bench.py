@@ -516,6 +516,46 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
         assert bad.returncode == 2 and msg in bad.stderr, (argv, bad.stderr)
 
 
+@pytest.mark.parametrize("module", ["bench.pathcost", "bench.micro"])
+@pytest.mark.parametrize("json_arg, said", [
+    ("{tmp}/no/dir/x.json", "error: --json {tmp}/no/dir/x.json: its folder {tmp}/no/dir does not exist"),
+    ("{tmp}", "error: --json {tmp}: is a folder; give a file name (e.g. {tmp}/"),
+    ("/dev/null/x.json", "error: --json /dev/null/x.json: /dev/null is not a folder"),
+])
+def test_pathcost_and_micro_refuse_an_unwritable_json_before_any_run(tmp_path, module, json_arg, said):
+    """``--json`` was written only after the measure (a missing folder made then, a folder or a path under a file a
+    traceback, the results lost): now one line naming ``--json``, exit 2, before anything runs (no result lines on
+    stdout, no actors' lines, nothing made)."""
+    json_arg = json_arg.format(tmp=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", module, "--json", json_arg], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said.format(tmp=tmp_path)), proc.stderr
+    assert not proc.stdout.strip(), proc.stdout  # refused before any run: no results, no actors' lines
+    assert not (tmp_path / "no").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_pathcost_refuses_an_unknown_model_in_one_line_naming_those_there(tmp_path):
+    """``--model nosuch`` was argparse's usage error (usage lines, then the message); now one line naming the model,
+    the repository and the models in it, exit 2, before any nats-server starts; a missing ``--models-dir`` too."""
+    proc = subprocess.run([sys.executable, "-m", "bench.pathcost", "--model", "nosuch"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    have = ", ".join(sorted(c.parent.name for c in MODELS.glob("*/config.json")))
+    assert "digits" in have
+    assert proc.stderr.strip().splitlines() == [f"error: --model 'nosuch' is not in {MODELS} (it has {have})"]
+    assert not proc.stdout.strip(), proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "bench.pathcost", "--models-dir", str(tmp_path / "none")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: --models-dir {tmp_path}/none: model repository {tmp_path}/none is not a folder"], proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "bench.pathcost", "--models-dir", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # a folder with no models
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: --model 'digits' is not in {tmp_path} (it has no models: no <model>/config.json there)"], proc.stderr
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench.pathcost --instructions needs valgrind (not installed)")
 @pytest.mark.slow  # 2-6 minutes on the 2-core box: `pytest -m slow -n 0 tests/test_bench.py` (CI has no valgrind)
 @pytest.mark.timeout(420)  # callgrind runs the process ~50 x slower: two minutes on a busy 2-core box

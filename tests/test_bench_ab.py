@@ -111,7 +111,35 @@ def test_ab_refuses_a_revision_without_the_suite_and_an_out_that_is_a_file(tmp_p
     afile.write_text("x")
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--out", str(afile)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: --out {afile}: exists and is not a folder; give a folder (made if missing)"], proc.stderr
+
+
+@pytest.mark.parametrize("out, make, said", [
+    ("{tmp}/file/out", "file", "error: --out {tmp}/file/out: {tmp}/file is not a folder"),
+    ("{tmp}/o", "ab.json", "error: --out {tmp}/o: cannot write {tmp}/o/ab.json: is a folder"),
+    ("{tmp}/o", "work-2.log", "error: --out {tmp}/o: cannot write {tmp}/o/work-2.log: is a folder"),
+    ("{tmp}/o", "base-tree", "error: --out {tmp}/o: {tmp}/o/base-tree, where the base is extracted, is a file"),
+])
+def test_ab_refuses_an_out_the_runs_cannot_write_in_before_any_run(tmp_path, out, make, said):
+    """``ab.json`` was written only after every run (a folder in its place a traceback then, the comparison lost);
+    an ``--out`` under a file failed at the extraction with a traceback. Now: one line naming ``--out``, exit 2,
+    before the base is extracted or any suite runs."""
+    out = Path(out.format(tmp=tmp_path))
+    if make == "file":
+        (tmp_path / "file").write_text("x")
+    elif make == "base-tree":
+        out.mkdir()
+        (out / make).write_text("x")
+    else:
+        (out / make).mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base", "HEAD", "--pairs", "2", "--out", str(out),
+                           "--", "--profile", "tiny"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [said.format(tmp=tmp_path)], proc.stderr
+    assert "[base-1]" not in proc.stdout and "[work-1]" not in proc.stdout  # no suite run started
+    assert sorted(tmp_path.rglob("*")) == before  # nothing extracted, nothing made
 
 
 def test_ab_base_tree_must_hold_the_three_folders_and_excludes_base(tmp_path):
