@@ -103,17 +103,18 @@ class L1Cache:
     def put(self, key: str, value, ttl_ms: float, now: float | None = None) -> None:
         if self.capacity <= 0 or ttl_ms <= 0:
             return
+        data = self._data  # locals: this runs twice per miss (the raw index and L1)
         size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else 0
-        old = self._data.pop(key, None)
+        old = data.pop(key, None)
         if old is not None:
             self.bytes -= old[2]
-        if self.max_bytes and size > self.max_bytes:
+        max_bytes = self.max_bytes
+        if max_bytes and size > max_bytes:
             return
-        now = time.monotonic() if now is None else now
-        self._data[key] = (now + ttl_ms / 1000.0, value, size)
-        self.bytes += size
-        data = self._data
-        while len(data) > self.capacity or (self.max_bytes and self.bytes > self.max_bytes):
+        data[key] = ((time.monotonic() if now is None else now) + ttl_ms / 1000.0, value, size)
+        if size:  # the raw index's values are tuples (size 0)
+            self.bytes += size
+        while len(data) > self.capacity or (max_bytes and self.bytes > max_bytes):
             self.bytes -= data.popitem(last=False)[1][2]
 
     def replace(self, key: str, value) -> None:

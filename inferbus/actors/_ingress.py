@@ -500,19 +500,22 @@ class Ingress:
             hedge_policy = self._policy(hv)
         ttl_ms = model.config.cache_ttl_ms
         raw_key = None
-        vtag = self._cache_version.get(mv.key, mv.version) if ttl_ms > 0 else None  # the version with its pin
-        if ttl_ms > 0 and len(body) <= RAW_INDEX_MAX_BODY_BYTES:
-            # the same body bytes for the same model version and encoding were decoded, validated and keyed
-            # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
-            raw_key = (mv.key, vtag, is_json(ct), body)
-            seen_before = self._raw_index.get(raw_key, t0)
-            if seen_before is not None:
-                cached = self.l1.get(seen_before[0], t0)
-                if cached is not None:
-                    self.counts["l1_hits"] += 1
-                    self.counts["l1_raw_hits"] += 1
-                    await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0, seen_before[0])
-                    return
+        if ttl_ms > 0:  # vtag and json_ct are read below only when ttl_ms > 0
+            vtag = self._cache_version.get(mv.key, mv.version)  # the version with its pin
+            json_ct = is_json(ct)
+            if len(body) <= RAW_INDEX_MAX_BODY_BYTES:
+                # the same body bytes for the same model version and encoding were decoded, validated and keyed
+                # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
+                raw_key = (mv.key, vtag, json_ct, body)
+                seen_before = self._raw_index.get(raw_key, t0)
+                if seen_before is not None:
+                    cached = self.l1.get(seen_before[0], t0)
+                    if cached is not None:
+                        self.counts["l1_hits"] += 1
+                        self.counts["l1_raw_hits"] += 1
+                        await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0,
+                                                 seen_before[0])
+                        return
         req = decode_request(body, ct)
         t_dec = time.monotonic()
         try:
@@ -528,7 +531,7 @@ class Ingress:
         key = None
         rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
-            raw_form = (not is_json(ct)) and (req.inputs[0].raw is not None if req.inputs else True)
+            raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
             key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
             if raw_key is not None:
                 self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
@@ -844,7 +847,7 @@ class Ingress:
                   "ingress_total": int((now - t0) * 1e6)}
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
-            worker_rid = hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None)
+            worker_rid = (header_rid := hdrs.get(H.REQUEST_ID)) or (H.header_value(rid) if rid else None)
             dkey = dedupe_key(mv.key, worker_rid, body) if worker_rid else None
             if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
                 await self._flush_burst()
@@ -853,12 +856,12 @@ class Ingress:
                 if self._burst or (sub is not None and sub.pending_msgs):
                     # more requests wait (or wait no longer, ending a burst): held back, to be computed with them
                     await self._defer(_Deferred(w, msg.reply, body, decoded, mv.key, deadline, dl_ms, now, term, key,
-                                          ttl_ms, ct, hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages,
+                                          ttl_ms, ct, header_rid, worker_rid, dkey, stages,
                                           self.router.on_sent(w), rid))
                     self.counts["ok_forwarded"] += 1
                     return
                 await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
-                                    hdrs.get(H.REQUEST_ID), worker_rid, dkey, stages)
+                                    header_rid, worker_rid, dkey, stages)
                 self.counts["ok_forwarded"] += 1
                 return
         seq = next(self._seq)
@@ -962,7 +965,7 @@ class Ingress:
         # (with _answer_in_call/_write_answers, +1.2 % per miss; docs/performance.md, fourteenth session)
         t_done = time.monotonic()
         latency_us = (t_done - now) * 1e6
-        self.router.on_done(w.worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
+        self.router.on_done(w.worker_id, latency_us, outcome=OK if o.ok else _outcome(o), probe=probe, now=t_done)
         if not o.ok:
             self._count_worker_error(o.code, w.worker_id)
             return
@@ -970,7 +973,10 @@ class Ingress:
             self._remember_done(header_rid, mv.key, w.worker_id, t_done)
         self._observe(mv.key, latency_us)
         if o.response_msgpack is not None and key is not None:
-            await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
+            if self.config.redis_url:
+                await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
+            else:  # what _fill_caches does without L2, without its call
+                self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
 
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
                           header_rid: str | None, key: str | None, ttl_ms: int) -> None:

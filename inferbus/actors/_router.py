@@ -447,16 +447,17 @@ class Router:
         if w.in_flight > 0:
             w.in_flight -= 1
         w.completed += 1
-        if outcome == SERVER_ERROR:
+        if outcome == OK:  # the common case first: one comparison
+            w.breaker.on_success(probe)
+            w.ewma_latency_us = latency_us if w.ewma_latency_us == 0 else (
+                (1 - _EWMA_ALPHA) * w.ewma_latency_us + _EWMA_ALPHA * latency_us)
+        elif outcome == SERVER_ERROR:
             w.server_errors += 1
             w.breaker.on_failure(time.monotonic() if now is None else now, probe)
         elif outcome == NEUTRAL:
             w.breaker.on_neutral(probe)
-        else:
+        else:  # CLIENT_ERROR (or any other verdict): the worker works
             w.breaker.on_success(probe)
-        if outcome == OK:
-            w.ewma_latency_us = latency_us if w.ewma_latency_us == 0 else (
-                (1 - _EWMA_ALPHA) * w.ewma_latency_us + _EWMA_ALPHA * latency_us)
 
     def on_silent(self, worker_id: str, now: float | None = None) -> None:
         """The worker stopped reporting while holding requests: one failure for its breaker."""
