@@ -404,7 +404,6 @@ class Ingress:
         hdrs = msg.headers or {}
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
-        rid = hdrs.get(H.REQUEST_ID)
         sub = self._infer_sub
         if sub is not None and (sub.pending_msgs > self.config.max_backlog_msgs
                                 or sub.pending_bytes > self.config.max_backlog_bytes):
@@ -414,19 +413,22 @@ class Ingress:
             self.counts["errors"] += 1
             await self._error(reply, ResourceExhausted(
                 f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting (bound "
-                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, rid)
+                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, hdrs.get(H.REQUEST_ID))
             return
+        # the request id header is read only for an error reply (the answered path reads it where it needs it)
         try:
             await self._handle(msg, hdrs, ct, t0)
         except _ExpiredUnanswered:
             self.counts["expired_unanswered"] += 1
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(reply, err, _error_content_type(ct, msg.data), rid or getattr(err, "request_id", None))
+            await self._error(reply, err, _error_content_type(ct, msg.data),
+                              hdrs.get(H.REQUEST_ID) or getattr(err, "request_id", None))
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
-            await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct, rid)
+            await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct,
+                              hdrs.get(H.REQUEST_ID))
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
 

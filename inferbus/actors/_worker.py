@@ -597,7 +597,13 @@ class Worker:
             self._too_large(o)
         if o.ok and dkey is not None:
             self.recent.put(dkey, o.hdrs, o.body)
-        await self._reply(o, reply, o.hdrs)
+        if o.ok and o.block is not None:  # what _reply does for a good answer, without its call
+            try:
+                await publish_raw(self.nc, reply, o.body, headers=o.block, flush=False)
+            except Exception as exc:  # e.g. a connection problem: the client's timeout covers it
+                log(f"worker {self.config.worker_id}: reply failed: {exc!r}")
+        else:
+            await self._reply(o, reply, o.hdrs)
         try:
             await send_pending(self.nc)
         except Exception as exc:  # the client's timeout covers a reply that could not be sent
