@@ -236,7 +236,7 @@ async def test_malformed_attempt_header_is_refused_and_a_good_one_served(env):
     once, naming the header, with a request id or without, a cache hit or not; 1, 2 and " 3 " are served."""
     nc, _ = env
     body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
-    for bad in ("abc", "0", "-1", "2.5", "1e3", "", "+2", "\u0662", "1000001"):
+    for bad in ("abc", "0", "-1", "2.5", "1e3", "", "+2", "\u0662", "1000001", "9" * 5000):
         for rid in ({}, {"Inferbus-Request-Id": f"att-{bad!r}"}):
             t0 = time.perf_counter()
             err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Attempt": bad, **rid})

@@ -654,16 +654,7 @@ async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_pa
             assert (await client.infer_result("digits", inputs[0], timeout_s=5.0)).model_version == "2"
             old = (await client.health(timeout_s=2.0)).parameters["pid"]
             os.kill(old, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while True:  # the node's supervisor restarts it
-                assert time.monotonic() < deadline, "the ingress was not restarted"
-                await asyncio.sleep(0.2)
-                try:
-                    h = await client.health(timeout_s=1.0)
-                except Exception:
-                    continue
-                if h.parameters["pid"] != old and h.parameters.get("models_ready"):
-                    break
+            await _restarted(client, old, lambda ready: bool(ready), 60)  # the node's supervisor restarts it
             # the write stands: the listing and unversioned requests say version 2
             res = await client.infer_result("digits", inputs[0], timeout_s=5.0)
             assert res.model_version == "2"
@@ -680,6 +671,20 @@ async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_pa
                 await client.infer("digits", inputs[0], version="1", timeout_s=5.0)
     finally:
         d.stop()
+
+
+async def _restarted(client, old_pid: int, ready_ok, timeout_s: float) -> None:
+    """Wait until an ingress other than ``old_pid`` answers health with ``ready_ok(models_ready)`` true."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline, "the actors were not restarted"
+        await asyncio.sleep(0.2)
+        try:
+            h = await client.health(timeout_s=1.0)
+        except Exception:
+            continue
+        if h.parameters["pid"] != old_pid and ready_ok(h.parameters.get("models_ready") or {}):
+            return
 
 
 @pytest.mark.anyio
@@ -716,18 +721,7 @@ async def test_writes_survive_every_actor_dying_at_once(tmp_path, refs):
             assert old_ingress in actors
             for pid in actors:  # all at once
                 os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 90
-            while True:  # the node's supervisor restarts them
-                assert time.monotonic() < deadline, "the actors were not restarted"
-                await asyncio.sleep(0.2)
-                try:
-                    h = await client.health(timeout_s=1.0)
-                except Exception:
-                    continue
-                ready = h.parameters.get("models_ready") or {}
-                if h.parameters["pid"] != old_ingress and "digits:2" in ready and \
-                        len(h.parameters.get("workers") or ready["digits:2"]) >= 1:
-                    break
+            await _restarted(client, old_ingress, lambda ready: "digits:2" in ready, 90)  # the node restarts them
             # the writes stand: unversioned requests get version 2, version 1 is not served, the listing says so
             deadline = time.monotonic() + 30
             while True:

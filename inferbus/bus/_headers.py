@@ -124,7 +124,7 @@ def attempt_number(raw: str) -> int:
             have meant would otherwise route as a retry or not depending on a guess.
     """
     v = raw.strip()
-    if v.isascii() and v.isdigit() and 1 <= int(v) <= MAX_ATTEMPT:
+    if v.isascii() and v.isdigit() and len(v) <= 7 and 1 <= int(v) <= MAX_ATTEMPT:  # int() refuses 4,301+ digits
         return int(v)
     from ..schemas import InvalidArgument
 
