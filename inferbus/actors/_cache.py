@@ -26,13 +26,9 @@ _heads: dict[tuple, bytes] = {}
 _MAX_MEMO = 4096
 
 
-def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], outputs: list[str] | None,
-              raw_form: bool, parameters: dict | None) -> str:
-    """Hex key (32 chars) for a request; ``inputs`` are the request's tensors, ``arrays`` their decoded values.
-
-    The digest is the same as hashing everything from scratch; the model prefix's hash
-    state and each (name, datatype, shape) prefix are computed once and reused.
-    """
+def key_base(model: str, version: str, raw_form: bool) -> "hashlib._Hash":
+    """The BLAKE2b-128 state that has hashed a key's model prefix (model, version, output form); memoized, so
+    copy it before updating it."""
     pk = (model, version, raw_form)
     base = _prefixes.get(pk)
     if base is None:
@@ -41,17 +37,41 @@ def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], 
         if len(_prefixes) >= _MAX_MEMO:
             _prefixes.clear()
         _prefixes[pk] = base
-    h = base.copy()
+    return base
+
+
+def key_head(name: str, datatype: str, shape: tuple) -> bytes:
+    """The bytes a key hashes before one input's values: its name, datatype and shape (memoized)."""
+    hk = (name, datatype, shape)
+    head = _heads.get(hk)
+    if head is None:
+        head = f"{name}\0{datatype}\0{','.join(map(str, shape))}\0".encode()
+        if len(_heads) >= _MAX_MEMO:
+            _heads.clear()
+        _heads[hk] = head
+    return head
+
+
+def key_tail(outputs: list[str] | None, parameters: dict | None) -> bytes:
+    """The bytes a key hashes after the last input: the requested outputs and the request parameters."""
+    tail = b"\0out\0" + ",".join(outputs).encode() if outputs else b"\0out\0"
+    if parameters:
+        tail += b"\0par\0" + _enc.encode(parameters)
+    return tail
+
+
+def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], outputs: list[str] | None,
+              raw_form: bool, parameters: dict | None) -> str:
+    """Hex key (32 chars) for a request; ``inputs`` are the request's tensors, ``arrays`` their decoded values.
+
+    The digest is the same as hashing everything from scratch: :func:`key_base`, then per input
+    :func:`key_head` and its values (the ``raw`` bytes as sent; BYTES as length-prefixed elements; else the
+    array's row-major bytes), then :func:`key_tail`. The model prefix's hash state and each head are memoized.
+    """
+    h = key_base(model, version, raw_form).copy()
     update = h.update
     for t, arr in zip(inputs, arrays):
-        hk = (t.name, t.datatype, arr.shape)
-        head = _heads.get(hk)
-        if head is None:
-            head = f"{t.name}\0{t.datatype}\0{','.join(map(str, arr.shape))}\0".encode()
-            if len(_heads) >= _MAX_MEMO:
-                _heads.clear()
-            _heads[hk] = head
-        update(head)
+        update(key_head(t.name, t.datatype, arr.shape))
         if t.raw is not None:
             update(t.raw)
         elif arr.dtype == object:
@@ -60,9 +80,7 @@ def cache_key(model: str, version: str, inputs: list, arrays: list[np.ndarray], 
                 update(item)
         else:
             update(np.ascontiguousarray(arr).data)
-    update(b"\0out\0" + ",".join(outputs).encode() if outputs else b"\0out\0")
-    if parameters:
-        update(b"\0par\0" + _enc.encode(parameters))
+    update(key_tail(outputs, parameters))
     return h.hexdigest()
 
 

@@ -73,6 +73,7 @@ from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_e
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._dedupe import dedupe_key
+from ._layout import RequestLayouts
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
 from ._models import IngressModels
 from ._ratelimit import RateLimiter
@@ -274,6 +275,13 @@ def _outcome(item) -> str:
     return NEUTRAL
 
 
+def _with_body_id(err: InferbusError, req) -> InferbusError:
+    """``err`` carrying the request body's ``id`` for its error reply (used when no header named one)."""
+    if isinstance(req.id, str) and req.id:
+        err.request_id = H.header_value(req.id)
+    return err
+
+
 def _sniffed_json(body: bytes) -> str | None:
     """``application/json`` for a body sent without ``Content-Type`` that is JSON by its first byte (the codec's
     own test, :func:`~inferbus.schemas._codec.looks_like_json`: never a MessagePack request), so that the error
@@ -307,6 +315,9 @@ class Ingress:
         self._raw_index = L1Cache(config.l1_entries)
         """(model key, JSON?, request body bytes) → (cache key, request id) of a body validated before, for
         bodies up to ``RAW_INDEX_MAX_BODY_BYTES``; entries live as long as the model's cache TTL."""
+        self._layouts = RequestLayouts()
+        """(model key, body length) → the byte layout of a MessagePack request validated before: a later body that
+        differs only in its tensors' raw bytes is taken apart by slicing (:mod:`inferbus.actors._layout`)."""
         self.fencing = Fencing(self.subjects)
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.router.region = config.region
@@ -502,9 +513,10 @@ class Ingress:
             hedge_policy = self._policy(hv)
         ttl_ms = model.config.cache_ttl_ms
         raw_key = None
-        if ttl_ms > 0:  # vtag and json_ct are read below only when ttl_ms > 0
+        json_ct = ct is not None and is_json(ct)
+        vtag = None
+        if ttl_ms > 0:  # vtag is read below only when ttl_ms > 0
             vtag = self._cache_version.get(mv.key, mv.version)  # the version with its pin
-            json_ct = is_json(ct)
             if len(body) <= RAW_INDEX_MAX_BODY_BYTES:
                 # the same body bytes for the same model version and encoding were decoded, validated and keyed
                 # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
@@ -518,23 +530,38 @@ class Ingress:
                         await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0,
                                                  seen_before[0])
                         return
-        req = decode_request(body, ct)
-        t_dec = time.monotonic()
-        try:
-            arrays, out_names = self._validate(req, mv, model_name)
-            t_val = time.monotonic()
-            if deadline <= t_val:  # a large request can spend its whole budget in decoding and validation
-                raise DeadlineExceeded(f"the request's budget ran out while the ingress decoded and validated it "
-                                       f"({(t_val - t0) * 1000:.0f} ms)")
-        except InferbusError as err:
-            if isinstance(req.id, str) and req.id:  # the error reply carries the body's id when no header did
-                err.request_id = H.header_value(req.id)
-            raise
+        # a body whose bytes are a request validated before but for its tensors' values is taken apart by
+        # slicing (a layout, inferbus.actors._layout): no decode, no validation, its cache key from the payloads
+        layout = None if json_ct else self._layouts.get(mv.key, body)
+        taken = layout.take(body) if layout is not None else None
+        if taken is not None:
+            req, arrays, raws = taken
+            out_names = layout.out_names
+            t_dec = t_val = time.monotonic()
+            if deadline <= t_val:
+                raise _with_body_id(DeadlineExceeded(f"the request's budget ran out before the ingress took it "
+                                                     f"apart ({(t_val - t0) * 1000:.0f} ms)"), req)
+        else:
+            req = decode_request(body, ct)
+            t_dec = time.monotonic()
+            try:
+                arrays, out_names = self._validate(req, mv, model_name)
+                t_val = time.monotonic()
+                if deadline <= t_val:  # a large request can spend its whole budget in decoding and validation
+                    raise DeadlineExceeded(f"the request's budget ran out while the ingress decoded and validated it "
+                                           f"({(t_val - t0) * 1000:.0f} ms)")
+            except InferbusError as err:
+                raise _with_body_id(err, req)
+            if not json_ct:
+                self._layouts.learn(mv.key, body, req, arrays, out_names, mv.name, vtag)
         key = None
         rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
-            raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
-            key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
+            if taken is not None:
+                key = layout.cache_key(vtag, taken[2])
+            if key is None:
+                raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
+                key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
             if raw_key is not None:
                 self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
             cached = self.l1.get(key, t_val)
@@ -1434,6 +1461,7 @@ class Ingress:
             "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None, "nats_server": connected_server(self.nc),
+            "layouts": self._layouts.stats(),
         }
         if problems:  # {"digits:2": {"ready": false, "workers": {"n1-w0": "model 'digits' version 2: digest ..."}}}
             params["model_versions_not_served"] = problems
@@ -1453,7 +1481,8 @@ class Ingress:
         nothing counted per request for it): every served model version (``models``) and the ready ones,
         pending forwards, the subscription backlog, L1 entries and bytes, L2 lookups in flight, the per-worker
         view of the router (``workers``) and the latency window's quantiles per model version in µs
-        (``latency_us``: ``{key: {"0.5": µs, "0.95": µs, "0.99": µs, "samples": n}}``, None with too few samples)."""
+        (``latency_us``: ``{key: {"0.5": µs, "0.95": µs, "0.99": µs, "samples": n}}``, None with too few samples)
+        and the request layouts (``layouts``: :meth:`RequestLayouts.stats`)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
         now = time.monotonic()
@@ -1468,7 +1497,7 @@ class Ingress:
                 "models_ready": sorted(self.router.ready_models(now)), "pending": len(self.pending),
                 "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
                 "l1_entries": len(self.l1), "l1_bytes": self.l1.bytes, "l2_inflight": self._l2_inflight,
-                "latency_us": latency}
+                "latency_us": latency, "layouts": self._layouts.stats()}
 
     async def run(self, *, nc=None, ready=None) -> None:
         """Connect, subscribe (internal subjects first, public last), announce readiness, serve.

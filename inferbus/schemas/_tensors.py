@@ -542,8 +542,18 @@ def output_from_numpy(name: str, arr: np.ndarray, *, raw: bool) -> ResponseOutpu
         InvalidArgument: the dtype has no OIP datatype; a BYTES element is not
             bytes/str, or is 4 GiB or more in the raw form.
     """
+    if raw and type(arr) is np.ndarray:  # a native little-endian array of a fixed-size datatype: the common answer
+        datatype = _RAW_AS_IS.get(arr.dtype)
+        if datatype is not None:
+            return ResponseOutput(name=name, datatype=datatype, shape=list(arr.shape), raw=arr.tobytes())
     datatype, shape, data, raw_bytes = _from_numpy(name, arr, raw)
     return ResponseOutput(name=name, datatype=datatype, shape=shape, data=data, raw=raw_bytes)
+
+
+_RAW_AS_IS: dict[np.dtype, str] = {} if _BIG_ENDIAN_HOST else {
+    dt: name for name, dt in _NATIVE.items() if name != "BYTES"}
+"""Native dtype → OIP datatype of the arrays whose ``raw`` form is their bytes as they are in memory
+(``tobytes``, row-major): every fixed-size datatype on a little-endian host, none on a big-endian one."""
 
 
 def input_from_numpy(name: str, arr: np.ndarray, *, raw: bool = True) -> RequestInput:
