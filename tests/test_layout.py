@@ -59,7 +59,7 @@ _tensor = st.tuples(st.sampled_from(sorted(_DTYPES)), st.lists(st.integers(0, 5)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=st.lists(_tensor, min_size=1, max_size=3), data=st.data(),
        rid=st.one_of(st.none(), st.text(max_size=12)), params=st.one_of(st.none(), st.dictionaries(
-           st.text(max_size=5), st.integers(), max_size=2)), outputs=st.one_of(st.none(), st.just(["y"])))
+           st.text(max_size=5), st.integers(-2**63, 2**63 - 1), max_size=2)), outputs=st.one_of(st.none(), st.just(["y"])))
 def test_a_taken_body_is_what_a_full_decode_gives(specs, data, rid, params, outputs):
     def body_with_values():
         inputs = []

@@ -104,8 +104,9 @@ _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
 
 RAW_INDEX_MAX_BODY_BYTES = 4096
-"""Request bodies up to this size are remembered by their bytes (the raw index): a repeat of the same bytes for
-the same model version is answered from L1 without being decoded, validated or hashed into a cache key again.
+"""Request bodies up to this size that have no request layout (:mod:`inferbus.actors._layout`) are remembered by
+their bytes (the raw index): a repeat of the same bytes for the same model version is answered from L1 without
+being decoded, validated or hashed into a cache key again.
 Bounded by ``l1_entries`` entries, so the index holds at most ``l1_entries`` × 4 KiB of bodies."""
 
 
@@ -515,9 +516,12 @@ class Ingress:
         raw_key = None
         json_ct = ct is not None and is_json(ct)
         vtag = None
+        # a body whose bytes are a request validated before but for its tensors' values is taken apart by
+        # slicing (a layout, inferbus.actors._layout): no decode, no validation, its cache key from the payloads
+        layout = None if json_ct else self._layouts.get(mv.key, body)
         if ttl_ms > 0:  # vtag is read below only when ttl_ms > 0
             vtag = self._cache_version.get(mv.key, mv.version)  # the version with its pin
-            if len(body) <= RAW_INDEX_MAX_BODY_BYTES:
+            if layout is None and len(body) <= RAW_INDEX_MAX_BODY_BYTES:  # (a body of a layout is keyed by it)
                 # the same body bytes for the same model version and encoding were decoded, validated and keyed
                 # before: their cache key comes from the raw index, and an L1 hit skips decode, validation and key
                 raw_key = (mv.key, vtag, json_ct, body)
@@ -530,9 +534,6 @@ class Ingress:
                         await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0,
                                                  seen_before[0])
                         return
-        # a body whose bytes are a request validated before but for its tensors' values is taken apart by
-        # slicing (a layout, inferbus.actors._layout): no decode, no validation, its cache key from the payloads
-        layout = None if json_ct else self._layouts.get(mv.key, body)
         taken = layout.take(body) if layout is not None else None
         if taken is not None:
             req, arrays, raws = taken

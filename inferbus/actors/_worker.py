@@ -318,6 +318,9 @@ class Worker:
                 self.max_batch[mv.key] = mb
                 self.digests[mv.key] = files[mv.key].digest
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
+        self._answer_params = {"worker_id": config.worker_id, "device": self.device.name if self.device else "",
+                               "backend": config.backend}
+        """The answers' ``parameters`` that are the same for every answer of this worker (:meth:`_encode`)."""
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.compute_ewma_us: dict[str, float] = {}
@@ -1382,8 +1385,7 @@ class Worker:
         if job.forward_hop_us >= 0:
             timings["forward_hop"] = job.forward_hop_us
         params = {
-            "worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
-            "backend": self.config.backend, "precision": self.sessions[mv.key].precision, "cache_hit": False,
+            **self._answer_params, "precision": self.sessions[mv.key].precision, "cache_hit": False,
             "region": self.config.region, "term": job.term or 0,
             "batch_size": batch, "exec": "inline" if job.inline else "thread",
             "forward": "local" if job.local else "bus", "timings_us": timings,
