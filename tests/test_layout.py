@@ -10,6 +10,8 @@ learned layout still gets its typed error.
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import msgpack
 import msgspec
@@ -156,6 +158,10 @@ async def test_served_answers_through_layouts_are_right_and_a_lookalike_gets_its
             assert not resp["parameters"]["cache_hit"]
         after = (await health_params(client))["layouts"]
         assert after["taken"] - before["taken"] >= len(X) - 1, (before, after)
+        # the worker (its own process: not colocated) decodes bodies from the bus through its own layouts
+        msg = await nc.request("$SRV.STATS.inferbus-worker", b"", timeout=5)
+        data = next(e for e in json.loads(msg.data)["endpoints"] if e["name"] == "infer")["data"]
+        assert data["layouts"]["taken"] >= len(X) - 1 and data["layouts"]["entries"] == 1, data["layouts"]
 
         bad = _digits_body(X[:1], datatype="FP64")  # the learned body's length, a datatype its bytes do not fit
         assert len(bad) == len(_digits_body(X[:1]))

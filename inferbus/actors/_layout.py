@@ -57,12 +57,13 @@ class Layout:
 
     Attributes:
         spans: ``(start, end)`` byte offsets of each input's ``raw`` payload in the body, in request order.
+        names: the inputs' names, in request order.
         statics: the body's bytes between the spans: before the first, between each two, after the last.
         hits: bodies taken with it; mismatches: bodies of its length it did not fit since it was learned.
     """
 
     __slots__ = ("spans", "statics", "_req", "_dtypes", "_dims", "out_names", "_vtag", "_key_start", "_heads",
-                 "_tail", "hits", "mismatches", "_first", "_last", "_s", "_e", "_input0", "_dtype0", "_dims0")
+                 "_tail", "hits", "mismatches", "_first", "_last", "_s", "_e", "_input0", "_dtype0", "_dims0", "names")
 
     def __init__(self, body: bytes, spans: list[tuple[int, int]], req, arrays: list[np.ndarray],
                  out_names: list[str] | None, model_name: str, vtag: str | None) -> None:
@@ -80,6 +81,7 @@ class Layout:
         self._dtype0 = arrays[0].dtype
         self._dims0 = arrays[0].shape
         self._req = req
+        self.names = tuple(t.name for t in req.inputs)
         self._dtypes = tuple(a.dtype for a in arrays)
         self._dims = tuple(a.shape for a in arrays)
         self.out_names = out_names

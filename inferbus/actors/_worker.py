@@ -77,6 +77,7 @@ from ..schemas._internal import (
 from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
                       run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
+from ._layout import RequestLayouts
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._models import WorkerModels
@@ -318,9 +319,12 @@ class Worker:
                 self.max_batch[mv.key] = mb
                 self.digests[mv.key] = files[mv.key].digest
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
-        self._answer_params = {"worker_id": config.worker_id, "device": self.device.name if self.device else "",
-                               "backend": config.backend}
+        self._layouts = RequestLayouts()
+        """(model key, body length) → the layout of a MessagePack request from the bus this worker decoded and
+        checked: a later body that differs only in its tensors' raw bytes is taken apart by slicing."""
+        self._answer_params: dict = {}
         """The answers' ``parameters`` that are the same for every answer of this worker (:meth:`_encode`)."""
+        self.answer_params_changed()
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.compute_ewma_us: dict[str, float] = {}
@@ -1024,12 +1028,14 @@ class Worker:
         """``data`` of the ``infer`` endpoint in ``$SRV.STATS`` (the others' is empty), read at scrape time by
         ``inferbus up --metrics-port``: the load report's fields (:class:`LoadReport`), plus ``received``
         (requests taken, over NATS or from a colocated ingress), ``batches`` (model runs), ``stalls``,
-        ``stall_fenced`` and ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs)."""
+        ``stall_fenced``, ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs) and
+        ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
         s = self.stats
         return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
-                "stalls": s.stalls, "stall_fenced": s.stall_fenced, "compute_ewma_us": dict(self.compute_ewma_us)}
+                "stalls": s.stalls, "stall_fenced": s.stall_fenced, "compute_ewma_us": dict(self.compute_ewma_us),
+                "layouts": self._layouts.stats()}
 
     async def _reporter(self) -> None:
         period = self.config.report_interval_ms / 1000.0
@@ -1250,6 +1256,15 @@ class Worker:
                 outcomes.extend(self._run_group(model_key, list(outs) or None, group))
         return outcomes
 
+    def answer_params_changed(self) -> None:
+        """Rebuild the answers' fixed ``parameters`` (worker id, device, backend): call when ``device`` is set."""
+        self._answer_params = {"worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
+                               "backend": self.config.backend}
+
+    def layouts_changed(self) -> None:
+        """Forget the request layouts learned: call when a model version's metadata may have changed (a load)."""
+        self._layouts.clear()
+
     def _prepare(self, job: Job):
         """Decode and check a request from the bus: ``(InferRequest, {input name: numpy array})``.
 
@@ -1257,7 +1272,15 @@ class Worker:
             InferbusError: a client error naming the field (decode, unexpected/missing input, datatype, shape).
         """
         self.stats.decoded += 1
-        req = decode_request(job.body, job.ct)
+        body = job.body
+        json_ct = job.ct is not None and is_json(job.ct)
+        if not json_ct:  # a body of a layout this worker learned: taken apart by slicing (inferbus.actors._layout)
+            layout = self._layouts.get(job.model_key, body)
+            if layout is not None:
+                taken = layout.take(body)
+                if taken is not None:
+                    return taken[0], dict(zip(layout.names, taken[1]))
+        req = decode_request(body, job.ct)
         mv = self.versions[job.model_key]
         text_inputs = self._bytes_inputs.get(job.model_key)
         spec = self._specs[job.model_key]
@@ -1280,6 +1303,8 @@ class Worker:
         for info in mv.inputs:
             if info.name not in arrays:
                 raise InvalidArgument(f"missing input {info.name!r}", field="inputs")
+        if not json_ct:
+            self._layouts.learn(job.model_key, body, req, list(arrays.values()), None, mv.name, None)
         return req, arrays
 
     def _prepare_local(self, job: Job):
