@@ -534,9 +534,18 @@ class Ingress:
                         await self._reply_cached(msg.reply, cached, seen_before[1], ct, hdrs, "l1", t0,
                                                  seen_before[0])
                         return
-        taken = layout.take(body) if layout is not None else None
-        if taken is not None:
-            req, arrays, raws = taken
+        raws = layout.payloads(body) if layout is not None else None
+        key = None
+        if raws is not None:
+            if ttl_ms > 0:
+                key = layout.cache_key(vtag, raws)
+                if key is not None:  # an L1 hit builds no request
+                    cached = self.l1.get(key, t0)
+                    if cached is not None:
+                        self.counts["l1_hits"] += 1
+                        await self._reply_cached(msg.reply, cached, layout.request_id, ct, hdrs, "l1", t0, key)
+                        return
+            req, arrays = layout.build(raws)
             out_names = layout.out_names
             t_dec = t_val = time.monotonic()
             if deadline <= t_val:
@@ -555,21 +564,18 @@ class Ingress:
                 raise _with_body_id(err, req)
             if not json_ct:
                 self._layouts.learn(mv.key, body, req, arrays, out_names, mv.name, vtag)
-        key = None
         rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
         if ttl_ms > 0:
-            if taken is not None:
-                key = layout.cache_key(vtag, taken[2])
             if key is None:
                 raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
                 key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
-            if raw_key is not None:
-                self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
-            cached = self.l1.get(key, t_val)
-            if cached is not None:
-                self.counts["l1_hits"] += 1
-                await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
-                return
+                if raw_key is not None:
+                    self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
+                cached = self.l1.get(key, t_val)
+                if cached is not None:
+                    self.counts["l1_hits"] += 1
+                    await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
+                    return
             if self.redis is not None:
                 if len(self.pending) + self._l2_inflight >= self.config.max_pending:
                     raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "

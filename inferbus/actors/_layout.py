@@ -99,21 +99,16 @@ class Layout:
         self.hits = 0
         self.mismatches = 0
 
-    def take(self, body: bytes):
-        """``(request, [array per input], [payload per input])`` for ``body`` (a body of this layout's length),
-        or None when its bytes outside the spans differ. The arrays are read-only views of the payloads
-        (``bytes`` slices of ``body``: the one copy a full decode makes too)."""
+    def payloads(self, body: bytes) -> tuple[bytes, ...] | None:
+        """The inputs' ``raw`` payloads of ``body`` (a body of this layout's length), in request order, as ``bytes``
+        slices of it (the one copy a full decode makes too), or None when its bytes outside the spans differ."""
         s = self._s
         if s:  # one input, the common case, written out
-            e = self._e
-            if body[:s] != self._first or body[e:] != self._last:
+            if body[:s] != self._first or body[self._e:] != self._last:
                 self.mismatches += 1
                 return None
-            raw = body[s:e]
             self.hits += 1
-            req = self._req
-            return (_replace(req, inputs=[_replace(self._input0, raw=raw)]),
-                    [_frombuffer(raw, self._dtype0).reshape(self._dims0)], (raw,))
+            return (body[s:self._e],)
         spans = self.spans
         statics = self.statics
         prev = 0
@@ -125,12 +120,34 @@ class Layout:
         if body[prev:] != statics[-1]:
             self.mismatches += 1
             return None
-        raws = tuple(body[s:e] for s, e in spans)
         self.hits += 1
+        return tuple(body[s:e] for s, e in spans)
+
+    def build(self, raws: tuple[bytes, ...]):
+        """``(request, [array per input])`` with payloads ``raws`` (from :meth:`payloads`): the request a full
+        decode of that body gives, and its inputs as read-only arrays over the payloads (request order)."""
         req = self._req
+        if self._s:
+            raw = raws[0]
+            return (_replace(req, inputs=[_replace(self._input0, raw=raw)]),
+                    [_frombuffer(raw, self._dtype0).reshape(self._dims0)])
         inputs = [_replace(t, raw=raw) for t, raw in zip(req.inputs, raws)]
-        arrays = [np.frombuffer(raw, dt).reshape(dims) for raw, dt, dims in zip(raws, self._dtypes, self._dims)]
-        return _replace(req, inputs=inputs), arrays, raws
+        arrays = [_frombuffer(raw, dt).reshape(dims) for raw, dt, dims in zip(raws, self._dtypes, self._dims)]
+        return _replace(req, inputs=inputs), arrays
+
+    def take(self, body: bytes):
+        """``(request, [array per input], payloads)`` for ``body`` (:meth:`payloads` then :meth:`build`), or None
+        when its bytes outside the spans differ."""
+        raws = self.payloads(body)
+        if raws is None:
+            return None
+        req, arrays = self.build(raws)
+        return req, arrays, raws
+
+    @property
+    def request_id(self):
+        """The body's ``id`` (None without one): the same in every body of the layout."""
+        return self._req.id
 
     def cache_key(self, vtag: str, raws: tuple) -> str | None:
         """The result-cache key :func:`~inferbus.actors._cache.cache_key` gives the request with payloads
