@@ -129,6 +129,21 @@ def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArg
 _JSON_HINT = "; looks like JSON: send Content-Type: application/json"
 
 
+_NONFINITE_HINT = ('; JSON has no NaN or Infinity literals: send non-finite floats as the strings "NaN", '
+                   '"Infinity", "-Infinity"')
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _bare_nonfinite(message: str, body: bytes | memoryview) -> bool:
+    """True when the JSON parser stopped (``message`` names the byte) at a bare ``NaN``/``Infinity`` token."""
+    m = _AT_BYTE.search(message)
+    if m is None:
+        return False
+    at = int(m[1])
+    tail = bytes(body[max(at - 1, 0):at + 9])
+    return any(tok in tail for tok in (b"NaN", b"Infinity"))
+
+
 _BOM = b"\xef\xbb\xbf"
 """UTF-8 byte order mark: RFC 8259 section 8.1 lets a JSON parser ignore one at the start of a text."""
 
@@ -154,6 +169,8 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
             err = _validation_error(exc, what)
         else:
             err = _decode_error(exc, what, json)
+            if json and _bare_nonfinite(str(exc), body):
+                err = InvalidArgument(err.message + _NONFINITE_HINT, field=err.field)
         if not json and looks_like_json(body):
             err = InvalidArgument(err.message + _JSON_HINT, field=err.field)
         raise err from exc
