@@ -388,9 +388,17 @@ class Client:
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
+        tensors = []
+        for name, arr in inputs.items():
+            try:
+                tensors.append(input_from_numpy(name, np.asarray(arr) if not isinstance(arr, np.ndarray) else arr,
+                                                raw=raw))
+            except InvalidArgument as err:  # e.g. a BYTES element that is neither bytes nor str: name the input
+                if err.field is None:
+                    err.field = f"inputs.{name}"
+                raise
         req = InferRequest(
-            inputs=[input_from_numpy(name, np.asarray(arr) if not isinstance(arr, np.ndarray) else arr, raw=raw)
-                    for name, arr in inputs.items()],
+            inputs=tensors,
             parameters=parameters,
             outputs=[RequestedOutput(name=n) for n in outputs] if outputs else None,
         )
