@@ -58,15 +58,18 @@ class Layout:
     Attributes:
         spans: ``(start, end)`` byte offsets of each input's ``raw`` payload in the body, in request order.
         names: the inputs' names, in request order.
+        tag: what the caller learned it under (e.g. the model metadata it was checked against), to compare later.
         statics: the body's bytes between the spans: before the first, between each two, after the last.
         hits: bodies taken with it; mismatches: bodies of its length it did not fit since it was learned.
     """
 
     __slots__ = ("spans", "statics", "_req", "_dtypes", "_dims", "out_names", "_vtag", "_key_start", "_heads",
-                 "_tail", "hits", "mismatches", "_first", "_last", "_s", "_e", "_input0", "_dtype0", "_dims0", "names")
+                 "_tail", "hits", "mismatches", "_first", "_last", "_s", "_e", "_input0", "_dtype0", "_dims0",
+                 "names", "tag")
 
     def __init__(self, body: bytes, spans: list[tuple[int, int]], req, arrays: list[np.ndarray],
-                 out_names: list[str] | None, model_name: str, vtag: str | None) -> None:
+                 out_names: list[str] | None, model_name: str, vtag: str | None, tag: object = None) -> None:
+        self.tag = tag
         self.spans = tuple(spans)
         cuts = [0]
         for s, e in spans:
@@ -184,11 +187,12 @@ class RequestLayouts:
         return self._by_key.get((model_key, len(body)))
 
     def learn(self, model_key: str, body, req, arrays: list[np.ndarray], out_names: list[str] | None,
-              model_name: str, vtag: str | None) -> Layout | None:
+              model_name: str, vtag: str | None, tag: object = None) -> Layout | None:
         """Learn ``body``'s layout from its full decode ``req`` (validated; ``arrays`` its inputs' values in
         request order, ``out_names`` the requested outputs) unless a layout for its length exists and has not
         missed :data:`RELEARN_AFTER_MISMATCHES` bodies since it was learned. ``vtag`` is the model's cache
-        version (None: the model has no result cache, and no key is prepared). Returns the new layout, or
+        version (None: the model has no result cache, and no key is prepared); ``tag`` is kept as the layout's
+        :attr:`Layout.tag`. Returns the new layout, or
         None when nothing was learned (the body does not qualify, or a payload's bytes are not unique in it)."""
         if type(body) is not bytes or len(body) > LAYOUT_MAX_BODY_BYTES or not req.inputs:
             return None
@@ -212,7 +216,7 @@ class RequestLayouts:
             prev = start + len(raw)
         if old is None and len(self._by_key) >= self.max_entries:
             self._by_key.clear()
-        layout = Layout(body, spans, req, arrays, out_names, model_name, vtag)
+        layout = Layout(body, spans, req, arrays, out_names, model_name, vtag, tag)
         self._by_key[k] = layout
         self.learned += 1
         return layout
