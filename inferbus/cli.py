@@ -14,26 +14,30 @@ INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the serv
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import re
 import signal
-import sys
-from dataclasses import replace
-from pathlib import Path
-from typing import NoReturn, Optional
 
-import numpy as np
-import typer
-from rich.console import Console
-from rich.markup import escape
+try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile exits 130, no traceback (see main())
+    import asyncio
+    import json
+    import os
+    import re
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+    from typing import NoReturn, Optional
 
-from .accelerators import BACKENDS
-from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES,
-                      MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
-from .bus._busypoll import MAX_WINDOW_US
-from .bus._headers import MAX_TIMEOUT_MS
+    import numpy as np
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+
+    from .accelerators import BACKENDS
+    from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
+                          MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
+    from .bus._busypoll import MAX_WINDOW_US
+    from .bus._headers import MAX_TIMEOUT_MS
+except KeyboardInterrupt:
+    raise SystemExit(128 + signal.SIGINT) from None
 
 
 def _help_option_names_in_full() -> None:
@@ -102,8 +106,11 @@ def _help_at_a_readable_width() -> None:
         rich_utils.MAX_WIDTH = _help_width()
 
 
-_help_option_names_in_full()
-_help_at_a_readable_width()
+try:  # (they import typer's rich help, ~0.1 s) a Ctrl-C meanwhile exits 130 quietly, as during the imports above
+    _help_option_names_in_full()
+    _help_at_a_readable_width()
+except KeyboardInterrupt:
+    raise SystemExit(128 + signal.SIGINT) from None
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -731,7 +738,25 @@ def _child_start_failure(exc) -> tuple[str, int]:
 
 
 async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
+    """Serve until a signal (with ``demo``: run the load run). Exit statuses of a stop by signal (SIGINT, SIGTERM):
+    while serving, a graceful stop is 0; a second signal during any stop kills everything, 128 + that signal
+    (130 SIGINT, 143 SIGTERM); a start-up or a demo that a signal interrupted is 128 + the first signal."""
     import time
+
+    t0 = time.monotonic()
+    # the handlers go in first, before the imports below (~1 s) and before anything starts: from here on a
+    # SIGINT/SIGTERM is never a KeyboardInterrupt or a default-action death that would leave a start half done.
+    # They go in even when SIGINT came in ignored (a background job of a non-interactive shell): the drain needs them
+    loop = asyncio.get_running_loop()
+    signals: list[int] = []
+    stop, again = asyncio.Event(), asyncio.Event()  # the first signal: stop gracefully; a second one: kill
+
+    def on_signal(signum: int) -> None:
+        signals.append(signum)
+        (again if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
 
     from nats.errors import NoServersError
 
@@ -741,36 +766,52 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     from .bus import split_servers
     from .supervisor import ChildStartError
 
-    t0 = time.monotonic()
-    # the handlers go in before anything starts: a SIGINT/SIGTERM during start-up is kept and the node is
-    # stopped cleanly as soon as it is up (no default-action death that would leave the start half done)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     node = Node(cfg)
-    try:
+
+    async def start() -> None:
         await node.start()
-    except NodeIdInUse as exc:
-        err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
-        return EXIT_USAGE
-    except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running
-        err_console.print(f"[red]error[/]: up: --metrics-port: {escape(str(exc))}")
-        return EXIT_USAGE
-    except BackendUnavailable as exc:  # installed but unusable here (no GPU, a broken import): the device probe
-        err_console.print(f"[red]error[/]: up: --backends {escape(','.join(cfg.backends))}: "
-                          f"{escape(' '.join(str(exc).split()))}")
-        return EXIT_USAGE
-    except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
-        raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
-                              list(split_servers(cfg.nats_url or ""))) from exc
-    except ChildStartError as exc:  # an actor process died before READY (the node stopped what had started)
-        line, rc = _child_start_failure(exc)
-        err_console.print(f"[red]error[/]: {escape(line)}", soft_wrap=True)
-        return rc
+        await node.wait_ready(60)
+
+    async def stop_start() -> int:
+        """A signal came during start-up: cancel the start (the node stops what it had started, gracefully), or
+        kill everything on a second signal."""
+        first = signal.Signals(signals[0]).name
+        console.print(f"{first} during start-up: stopping what started (Ctrl-C again: stop at once)")
+        t_stop = time.monotonic()
+        if await _stop_or_kill(node, again, starting):
+            err_console.print(f"inferbus killed {time.monotonic() - t_stop:.2f}s after the stop began, during "
+                              f"start-up")
+            return 128 + signals[1]
+        err_console.print(f"inferbus stopped during start-up ({first}), {time.monotonic() - t_stop:.2f}s after the "
+                          f"signal; nothing served")
+        return 128 + signals[0]
+
+    starting = asyncio.ensure_future(start())
+    interrupted = asyncio.ensure_future(stop.wait())
     try:
+        await asyncio.wait({starting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        interrupted.cancel()
+        if not starting.done():
+            return await stop_start()
         try:
-            await node.wait_ready(60)
+            starting.result()
+        except NodeIdInUse as exc:
+            err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
+            return EXIT_USAGE
+        except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running
+            err_console.print(f"[red]error[/]: up: --metrics-port: {escape(str(exc))}")
+            return EXIT_USAGE
+        except BackendUnavailable as exc:  # installed but unusable here (no GPU, a broken import): the device probe
+            err_console.print(f"[red]error[/]: up: --backends {escape(','.join(cfg.backends))}: "
+                              f"{escape(' '.join(str(exc).split()))}")
+            return EXIT_USAGE
+        except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
+            raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
+                                  list(split_servers(cfg.nats_url or ""))) from exc
+        except ChildStartError as exc:  # an actor process died before READY (the node stopped what had started)
+            line, rc = _child_start_failure(exc)
+            err_console.print(f"[red]error[/]: {escape(line)}", soft_wrap=True)
+            return rc
         except ModelsUnservable as exc:  # a model no backend given can run: say which and why, at once
             for key, why in sorted(exc.reasons.items()):
                 name, _, version = key.rpartition(":")
@@ -785,9 +826,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         except TimeoutError as exc:
             err_console.print(f"[red]error[/]: up: {escape(str(exc))}", soft_wrap=True)
             return 1
-        if stop.is_set():
-            console.print("stopped during start-up")
-            return 0
+        if stop.is_set():  # the signal came as the start finished
+            return await stop_start()
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
@@ -817,17 +857,27 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
         for m in repo:
             console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions, key=int)} → "
                           f"{cfg.prefix}.infer.{m.name}[.<version>]")
+        own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
+        stopping_line = ("stopping: the ingresses stop taking requests and the workers finish theirs"
+                         + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
         if demo:
             run = asyncio.ensure_future(_demo(node, cfg, repo, demo_duration, json_out))
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if run.done():
                 stopped.cancel()
-                return run.result()
+                rc = run.result()
+                if await _stop_or_kill(node, again if stop.is_set() else stop):  # a signal now: stop at once
+                    return 128 + signals[-1]
+                return rc
             run.cancel()  # Ctrl-C during the demo: stop the load run, then the node
             await asyncio.gather(run, return_exceptions=True)
-            err_console.print("demo interrupted")
-            return 130
+            err_console.print(f"demo interrupted ({signal.Signals(signals[0]).name})")
+            console.print(stopping_line)
+            if await _stop_or_kill(node, again):
+                err_console.print("inferbus killed during the stop after the demo")
+                return 128 + signals[1]
+            return 128 + signals[0]
         console.print("serving; Ctrl-C to stop")
         t_serving = time.monotonic()
         stopped, failed = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.wait_failed())
@@ -837,30 +887,35 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
             err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
             return 1
         failed.cancel()
-        own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
-        console.print("stopping: the ingresses stop taking requests and the workers finish theirs"
-                      + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
+        console.print(stopping_line)
         t_stop = time.monotonic()
-        if await _stop_or_kill(node, loop):
+        if await _stop_or_kill(node, again):
             err_console.print(f"inferbus killed {time.monotonic() - t_stop:.2f}s after the stop began, after serving "
                               f"{t_stop - t_serving:.0f}s; requests in flight were not answered")
-            return 130
+            return 128 + signals[1]
         console.print(f"inferbus stopped in {time.monotonic() - t_stop:.2f}s after serving "
                       f"{t_stop - t_serving:.0f}s")
         return 0
     finally:
+        starting.cancel()  # (done by now, but for an exception that came from elsewhere)
+        await asyncio.gather(starting, return_exceptions=True)
         await node.stop()
 
 
-async def _stop_or_kill(node, loop) -> bool:
-    """Stop ``node`` gracefully (:meth:`Node.stop`: the ingresses drain, the workers answer what they hold); a
-    second SIGINT or SIGTERM while it stops kills its processes at once instead (:meth:`Node.kill`), as a second
-    Ctrl-C does in uvicorn or Ray. True when it was killed."""
-    again = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, again.set)
-    stopping = asyncio.ensure_future(node.stop())
-    waiting = asyncio.ensure_future(again.wait())
+async def _stop_or_kill(node, kill: asyncio.Event, starting: "asyncio.Future | None" = None) -> bool:
+    """Stop ``node`` gracefully (:meth:`Node.stop`: the ingresses drain, the workers answer what they hold; first
+    ``starting``, a start in progress, is cancelled: the node stops what it had started); ``kill`` set meanwhile (a
+    second SIGINT or SIGTERM) kills its processes at once instead (:meth:`Node.kill`), as a second Ctrl-C does in
+    uvicorn or Ray. True when it was killed."""
+
+    async def graceful() -> None:
+        if starting is not None:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await node.stop()
+
+    stopping = asyncio.ensure_future(graceful())
+    waiting = asyncio.ensure_future(kill.wait())
     await asyncio.wait({stopping, waiting}, return_when=asyncio.FIRST_COMPLETED)
     waiting.cancel()
     if stopping.done():
@@ -1174,11 +1229,14 @@ def _suite_args(ctx: typer.Context, profile: str, out: Optional[Path], busy_poll
     return args
 
 
-from ._cli_chaos import app as _chaos_app  # noqa: E402
-from ._cli_cluster import app as _cluster_app  # noqa: E402
-from ._cli_region import app as _region_app  # noqa: E402
-from ._cli_devices import devices as _devices_cmd  # noqa: E402
-from ._cli_models import app as _models_app  # noqa: E402
+try:  # (after app: they import it) a Ctrl-C while they load exits 130 quietly, as above
+    from ._cli_chaos import app as _chaos_app  # noqa: E402
+    from ._cli_cluster import app as _cluster_app  # noqa: E402
+    from ._cli_region import app as _region_app  # noqa: E402
+    from ._cli_devices import devices as _devices_cmd  # noqa: E402
+    from ._cli_models import app as _models_app  # noqa: E402
+except KeyboardInterrupt:
+    raise SystemExit(128 + signal.SIGINT) from None
 
 app.add_typer(_chaos_app, name="chaos")
 app.add_typer(_cluster_app, name="cluster")
@@ -1205,9 +1263,13 @@ def main() -> None:
     """The ``inferbus`` command. A usage error that the argument parser finds (an option value of the wrong type, a
     missing argument, an unknown option or command) is one line on stderr, ``error: <command>: <message> (see
     <command path> --help)``, exit 2, like the commands' own checks; Typer's default is a framed box of several
-    lines (a fresh-user trial). Everything else (help, exit statuses, tracebacks of bugs) is Typer's."""
+    lines (a fresh-user trial). A Ctrl-C that reaches Python (a command without its own handler, or while modules
+    load: this module's imports turn it into exit 130 too) exits 130 with no traceback, as a shell reports a
+    SIGINT death. Everything else (help, exit statuses, tracebacks of bugs) is Typer's."""
     try:
         rv = app(standalone_mode=False)
+    except KeyboardInterrupt:  # Typer 0.29 makes it Exit(130) itself; this is for one that escaped it
+        sys.exit(128 + signal.SIGINT)
     except typer.TyperException as exc:  # the base of Typer's (vendored Click's) usage and file errors
         ctx = getattr(exc, "ctx", None)
         if exc.exit_code == 2 and type(exc).__name__ != "NoArgsIsHelpError":
@@ -1224,7 +1286,9 @@ def main() -> None:
 
             rich_utils.rich_format_error(exc)  # what Typer prints (nothing for a bare group: it printed the help)
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):  # older Typer: Ctrl-C became Abort
+            sys.exit(128 + signal.SIGINT)
         print("Aborted!", file=sys.stderr)
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -175,6 +175,136 @@ async def test_a_second_ctrl_c_during_the_drain_kills_everything_at_once(tmp_pat
         dep.stop()
 
 
+# imported by every Python process that has its folder on PYTHONPATH: the actor process named by INFERBUS_TEST_HANG
+# never gets READY (a start-up that hangs); the one named by INFERBUS_TEST_DEAF blocks SIGTERM (a slow graceful stop)
+_SITECUSTOMIZE = """
+import os, signal, time
+_argv = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+if b"inferbus.actors" in _argv:
+    _kind = _argv[_argv.index(b"inferbus.actors") + 1].decode()
+    if _kind == os.environ.get("INFERBUS_TEST_DEAF"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    if _kind == os.environ.get("INFERBUS_TEST_HANG"):
+        time.sleep(600)
+"""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _start_hanging(tmp_path, **env) -> tuple[subprocess.Popen, object, set[int]]:
+    """``inferbus up`` whose worker never gets READY; returns once the worker process is there (the aggregator and
+    the embedded nats-server started before it), with the processes below ``up`` then."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    log = tmp_path / "up.log"
+    argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"),
+                 "--models", str(models_subset(tmp_path / "models", ["digits"]))]
+    path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = spawn_logged(argv, log, {**ENV, "PYTHONPATH": path, "INFERBUS_TEST_HANG": "worker", **env})
+    deadline = time.monotonic() + 30
+    while not any("inferbus.actors worker" in _cmdline(p) for p in _descendants(proc.pid)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)  # the worker hangs: up waits for its READY
+    assert proc.poll() is None and b"inferbus up" not in log.read_bytes(), log.read_text()[-3000:]
+    return proc, log, _descendants(proc.pid)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_start_up_stops_it_at_once_and_exits_128_plus_the_signal(tmp_path, sig):
+    """A fresh-user trial: Ctrl-C during start-up was kept until the start had finished (up to the 60 s readiness
+    wait; even a second Ctrl-C), then ``up`` exited 0. Now the start is cancelled at once (the process not yet
+    ready is killed, what had started is stopped gracefully): exit 128 + the signal, nothing left running."""
+    proc, log, below = _start_hanging(tmp_path)
+    try:
+        assert len(below) >= 3, below  # nats-server, the aggregator, the worker
+        t_sig = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(15)
+        took_s = time.monotonic() - t_sig
+        text = log.read_text()
+        assert rc == 128 + sig, text[-3000:]
+        assert took_s < 5.0, (took_s, text[-3000:])
+        assert f"{sig.name} during start-up" in text and "stopped during start-up" in text, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+        assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_second_ctrl_c_during_start_up_kills_everything_at_once(tmp_path):
+    """The first Ctrl-C during start-up stops what started gracefully; here the aggregator ignores SIGTERM, so that
+    stop would wait for its 5 s shutdown timeout. A second Ctrl-C kills everything at once, as during the drain:
+    exit 130 within a second or two, no process left."""
+    proc, log, below = _start_hanging(tmp_path, INFERBUS_TEST_DEAF="aggregator")
+    try:
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while b"Ctrl-C again" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert proc.poll() is None, log.read_text()[-3000:]  # still stopping: the aggregator ignores its SIGTERM
+        t_second = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(15)
+        took_s = time.monotonic() - t_second
+        text = log.read_text()
+        assert rc == 130, text[-3000:]
+        assert took_s < 3.0, (took_s, text[-3000:])
+        assert "second signal" in text and "killed" in text and "Traceback" not in text, text[-3000:]
+        assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_during_the_demo_exits_143(tmp_path):
+    """SIGTERM during ``up --demo``'s load run used to exit 130 (SIGINT's status): a stop by signal is 128 + that
+    signal everywhere in ``up``, as in ``bench``."""
+    log = tmp_path / "up.log"
+    argv = UP + ["--demo", "--demo-duration", "20", "--nats-port", str(free_port()), "--workers", "1", "--no-cache",
+                 "--models", str(models_subset(tmp_path / "models", ["digits"])), "--run-dir", str(tmp_path / "run")]
+    proc = spawn_logged(argv, log, ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while b"model digits versions" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # in the load run
+        below = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(20)
+        text = log.read_text()
+        assert rc == 143 and "demo interrupted (SIGTERM)" in text and "Traceback" not in text, (rc, text[-3000:])
+        assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(120)
 async def test_a_second_node_with_the_same_node_id_on_one_nats_is_refused(nats_server, tmp_path):
