@@ -242,6 +242,8 @@ class Node:
         self._servers_task: asyncio.Task | None = None
         self._failed: asyncio.Future | None = None
         self._stopping = False
+        self._quiesced = False
+        """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
         self._tmp = None
         self._detach_log = None
@@ -294,6 +296,7 @@ class Node:
             self._pids[child_id] = child.pid
 
     def _on_exit(self, child_id: str, exit) -> None:
+        self._maybe_quiesce()
         if self.nc is None or self.nc.is_closed:
             return
         kind, _, rest = child_id.partition(":")
@@ -302,6 +305,36 @@ class Node:
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
                           reason=exit.reason)
         asyncio.ensure_future(self._publish_event(ev))
+
+    def _maybe_quiesce(self) -> None:
+        """During :meth:`stop`, once no ingress (or colocated) process of this node runs any more, send every
+        running worker process the *quiesce* notice (SIGUSR1) at once: each drains its infer subscription, says
+        ``draining`` in its load reports (routers, other nodes' too, stop sending it requests) and answers what
+        it holds within its ``drain_timeout_s``, refusing the rest UNAVAILABLE. The supervisor still stops the
+        workers one at a time in reverse start order (OTP); each SIGTERM then joins the drain already under way,
+        so N workers take about one drain, not N, and none takes requests while it waits for its turn. Sent
+        after the ingresses so the requests they drain are still forwarded to this node's workers."""
+        if not self._stopping or self._quiesced or self.supervisor is None:
+            return
+        import signal
+
+        children = self.supervisor.which_children()
+        if any(i.status == "running" and i.id.partition(":")[0] in ("ingress", "colocated") for i in children):
+            return
+        self._quiesced = True
+        if not hasattr(signal, "SIGUSR1"):
+            return
+        sent = 0
+        for i in children:
+            if i.id.startswith("worker:") and i.status == "running" and i.pid:
+                try:
+                    os.kill(i.pid, signal.SIGUSR1)  # the worker ignores it until it serves (never fatal)
+                    sent += 1
+                except OSError:
+                    pass
+        if sent:
+            log.info("node %s: quiesce: %d worker(s) stop taking requests and drain together", self.config.node_id,
+                     sent)
 
     async def _publish_event(self, ev: ProcessEvent) -> None:
         try:
@@ -364,6 +397,7 @@ class Node:
         c = self.config
         self._failed = asyncio.get_running_loop().create_future()
         self._stopping = False
+        self._quiesced = False
         if c.run_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-run-")
             run_dir = Path(self._tmp.name)
@@ -570,6 +604,7 @@ class Node:
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.stop)  # joins its thread, which may wait on this loop (a scrape)
             self.metrics = None
+        self._maybe_quiesce()  # at once when no ingress runs here; else when the last one has exited
         await _stop_tree(self.supervisor, self._run_task)
         self._run_task = None
         if self.nc is not None and not self.nc.is_closed:

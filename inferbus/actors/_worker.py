@@ -173,6 +173,10 @@ class Job(msgspec.Struct):
     """Computed on the event loop (True) or the inference thread (``parameters.exec``)."""
     local: bool = False
     """Handed over in-process by a colocated ingress (``parameters.forward`` = ``local``), not from the bus."""
+    answered: bool = False
+    """Its outcome was published, or it was refused UNAVAILABLE because the worker stopped before finishing it
+    (:meth:`Worker._refuse_held`): a later outcome (the inference thread's late result) is dropped, so no copy
+    is answered twice (loop thread only)."""
 
     def targets(self) -> list["Job"]:
         """This job and its joined duplicates."""
@@ -227,6 +231,9 @@ class _Stats:
     """Requests refused because the process was frozen after they were forwarded."""
     decoded: int = 0
     """Request bodies decoded for compute (requests handed over decoded by a colocated ingress are not)."""
+    stop_refused: int = 0
+    """Requests (joined copies included) answered UNAVAILABLE because the drain of a graceful stop ended
+    before they were computed (:meth:`Worker._refuse_held`)."""
 
 
 class _ErrorWindow:
@@ -378,6 +385,13 @@ class Worker:
         self._batch_deadline = 0.0
         """Latest monotonic deadline among the current batch's requests."""
         """The inference thread is computing a batch (written by that thread, read by the loop)."""
+        self._batch_jobs: list[Job] = []
+        """The inference thread's current (or last) batch (written by that thread, read by the loop when a
+        drain ends: :meth:`_refuse_held`)."""
+        self._draining = False
+        """A graceful stop began (SIGUSR1 from the node, or SIGTERM): the infer subscription is drained and the
+        load reports say ``draining`` (routers send this worker nothing more)."""
+        self._drain_task: asyncio.Future | None = None
         self.busy_poll = (BusyPoll(config.busy_poll_us, pause=self.thread_has_work) if config.busy_poll_us > 0
                           else None)
         """Keeps the loop polling after each request (``busy_poll_us``), except while the inference thread has
@@ -840,6 +854,10 @@ class Worker:
         try:
             for o in outcomes:
                 job = o.job
+                if count:
+                    if job.answered:  # refused UNAVAILABLE by a stop's drain (_refuse_held): its late result is dropped
+                        continue
+                    job.answered = True
                 targets = job.targets() if job.joined else (job,)  # most jobs have no joined duplicate
                 dkey = job.dkey
                 if count:
@@ -1022,19 +1040,23 @@ class Worker:
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
             computing_ms=computing_ms, computing_overdue=computing_ms > 0 and now > self._batch_deadline,
+            draining=self._draining,
         )
 
     def _stats_data(self, endpoint_stats) -> dict:
         """``data`` of the ``infer`` endpoint in ``$SRV.STATS`` (the others' is empty), read at scrape time by
         ``inferbus up --metrics-port``: the load report's fields (:class:`LoadReport`), plus ``received``
         (requests taken, over NATS or from a colocated ingress), ``batches`` (model runs), ``stalls``,
-        ``stall_fenced``, ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs) and
+        ``stall_fenced``, ``stop_refused`` (requests answered UNAVAILABLE when a stop's drain ended before their
+        answer, :meth:`_refuse_held`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request,
+        µs) and
         ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
         s = self.stats
         return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
-                "stalls": s.stalls, "stall_fenced": s.stall_fenced, "compute_ewma_us": dict(self.compute_ewma_us),
+                "stalls": s.stalls, "stall_fenced": s.stall_fenced, "stop_refused": s.stop_refused,
+                "compute_ewma_us": dict(self.compute_ewma_us),
                 "layouts": self._layouts.stats()}
 
     async def _reporter(self) -> None:
@@ -1081,6 +1103,7 @@ class Worker:
         loops = await supervise_loops(f"worker-{self.config.worker_id}", named)
         serving = asyncio.ensure_future(loops.run())
         await self.nc.flush()
+        quiesce = ready is None and _quiesce_on_sigusr1(self.loop, lambda: self._start_drain(svc))
         if ready is None:
             serving_gc()
             announce_ready()
@@ -1094,11 +1117,14 @@ class Worker:
                 f.result()
         finally:
             if not serving.done() and not thread_died.done():  # stopped (SIGTERM), not failed: drain
-                await self._drain_requests(svc)
+                await self._start_drain(svc)  # or join the one the node's quiesce (SIGUSR1) began
             self._stop.set()
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)  # a cancelled run() stops the loops first
             await loops.stop()
+            if quiesce:
+                _ignore_sigusr1(self.loop)
+            await self._flush_outbox()  # results the thread handed over after the pump stopped
             try:
                 await svc.stop()
             except Exception:
@@ -1109,22 +1135,96 @@ class Worker:
                 except Exception:
                     pass
 
+    def _start_drain(self, svc) -> asyncio.Future:
+        """Begin the graceful stop's drain (:meth:`_drain_requests`) unless it began already; returns its task.
+
+        Called on SIGTERM (from ``run()``'s ``finally``) and on SIGUSR1, the node's *quiesce* notice: a node that
+        stops sends it to all its workers at once when its ingresses have exited, so each worker stops taking
+        requests and drains while the supervisor stops the workers one after another (docs/supervision.md). The
+        drain's ``drain_timeout_s`` counts from whichever came first; the SIGTERM then waits for the same drain.
+        """
+        if self._drain_task is None:
+            self._draining = True  # the next load report says so: routers stop sending requests here
+            self._drain_task = asyncio.ensure_future(self._drain_requests(svc))
+        return self._drain_task
+
     async def _drain_requests(self, svc) -> None:
         """Graceful stop: take no new requests, answer the ones received, within ``drain_timeout_s``.
 
         The infer subscription is drained (what it buffered is enqueued as usual), then the loop waits
         until nothing is in flight (queued, computing or waiting for its reply to be published); the
         loops and the inference thread keep running meanwhile. A forward sent after the unsubscribe gets
-        NATS's no-responders status at its client (the SDK retries it elsewhere). Requests still in
-        flight at the timeout are dropped (their clients' budgets cover them), and logged.
+        NATS's no-responders status at its client (the SDK retries it elsewhere). Requests still held at the
+        timeout are answered UNAVAILABLE at once (:meth:`_refuse_held`): the SDK sends them again, same request
+        id, to another worker, instead of waiting for its attempt timeout.
         """
-        t_end = time.monotonic() + self.config.drain_timeout_s
+        t0 = time.monotonic()
+        t_end = t0 + self.config.drain_timeout_s
         await drain_endpoint(endpoint_subscription(svc, "infer"), self.config.drain_timeout_s)
         while self.stats.in_flight > 0 and time.monotonic() < t_end:
             await asyncio.sleep(0.005)
         if self.stats.in_flight > 0:
-            log(f"worker {self.config.worker_id}: stopping with {self.stats.in_flight} requests unanswered "
-                f"after {self.config.drain_timeout_s} s of draining")
+            held = self.stats.in_flight
+            n = await self._refuse_held(time.monotonic() - t0)
+            log(f"worker {self.config.worker_id}: stopping with {held} requests unanswered after "
+                f"{self.config.drain_timeout_s} s of draining; answered {n} of them UNAVAILABLE (retry elsewhere)")
+
+    async def _flush_outbox(self) -> None:
+        """Publish the outcomes waiting in the outbox now (the pump may be stopped). Never raises."""
+        outbox = self._outbox
+        if outbox is None or outbox.empty():
+            return
+        outcomes: list[Outcome] = []
+        while not outbox.empty():
+            outcomes += outbox.get_nowait()
+        try:
+            await self._publish_outcomes(outcomes)
+        except Exception as exc:
+            log(f"worker {self.config.worker_id}: publishing outcomes failed: {exc!r}")
+
+    def _held_jobs(self) -> list[Job]:
+        """Every request this worker holds and has not answered, as primary jobs (a joined duplicate is answered
+        with its primary): queued for the inference thread (taken out of its mailbox, so the thread never
+        computes them) or the loop, in the thread's current batch, joined, or tracked for cancellation. Loop only."""
+        mb = self.mailbox
+        with mb.mutex:  # the inference thread takes from it concurrently
+            queued = list(mb.queue)
+            mb.queue.clear()
+        inline = list(self._inline)
+        self._inline.clear()
+        seen: dict[int, Job] = {}
+        for j in (*queued, *inline, *self._batch_jobs, *self.in_progress.values(), *self.by_seq.values()):
+            if not j.answered:
+                seen[id(j)] = j
+        joined = {id(t) for j in seen.values() if j.joined for t in j.joined}
+        return [j for k, j in seen.items() if k not in joined]
+
+    async def _refuse_held(self, drained_s: float) -> int:
+        """Answer every request still held when the drain ends with UNAVAILABLE (``retry_after_ms: 0``), at once.
+
+        Each copy's client gets the error on its reply subject and its ingress a completion notice (code
+        UNAVAILABLE, not a server error: the ingress settles it as neutral, without charging the worker's breaker
+        or health). Hedge-marked copies too: unlike a refusal before compute (:meth:`_finish_now`) none is *held*
+        for its ingress to answer, because that ingress may have exited already (a node stops its ingresses
+        before its workers) and the client would wait for its attempt timeout. A request the inference thread is
+        computing is refused too: the job is marked answered, so its late result is dropped
+        (:meth:`_publish_outcomes`), never a second answer. Outcomes already handed to the outbox are published
+        as results first. Returns how many copies were refused (joined ones included)."""
+        await self._flush_outbox()
+        jobs = self._held_jobs()
+        if not jobs:
+            return 0
+        err = Unavailable(f"worker {self.config.worker_id} is stopping and did not finish this request within "
+                          f"its drain ({drained_s:.1f} s); safe to retry on another worker", retry_after_ms=0)
+        outcomes = []
+        n = 0
+        for job in jobs:
+            hdrs, body = error_message(err, job.ct, job.rid)
+            outcomes.append(Outcome(job, hdrs, body, ok=False, code=err.code.value))
+            n += len(job.joined) + 1 if job.joined else 1
+        self.stats.stop_refused += n
+        await self._publish_outcomes(outcomes)  # marks each answered first, releases it from in-flight tracking
+        return n
 
     # ---- stall fence ---------------------------------------------------------------------------
     _STALL_TICK_S = 0.01
@@ -1185,6 +1285,7 @@ class Worker:
                     break
             # what the load report says while this batch computes (read on the loop; two plain stores)
             self._batch_deadline = max(j.deadline for j in jobs)
+            self._batch_jobs = jobs
             self._batch_t0 = time.monotonic()
             self._thread_busy = True
             try:
@@ -1581,7 +1682,34 @@ def _start_failure(mv, exc: BaseException, where: str = "") -> str:
             f"{type(exc).__name__}: {' '.join(str(exc).split())}")
 
 
+def _quiesce_on_sigusr1(loop: asyncio.AbstractEventLoop, start_drain) -> bool:
+    """Make SIGUSR1 (the node's quiesce notice) begin this worker's drain; False where signals cannot be
+    handled here (not the main thread, no such signal)."""
+    import signal
+
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, start_drain)
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _ignore_sigusr1(loop: asyncio.AbstractEventLoop) -> None:
+    """Stop handling SIGUSR1 and ignore it from now on (the default action would end the process)."""
+    import signal
+
+    try:
+        loop.remove_signal_handler(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        pass
+
+
 def main(config_json: str) -> None:
     """Process entry: ``python -m inferbus.actors worker '<WorkerConfig JSON>'``."""
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):  # until run() handles it: a quiesce notice never kills a worker still starting
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     cfg = WorkerConfig.from_json(config_json)
     run_actor(Worker(cfg).run)

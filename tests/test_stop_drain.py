@@ -1,0 +1,201 @@
+"""A node that stops gracefully while its workers hold requests they cannot finish within their drain: every
+request still gets exactly one answer at once (the result, or UNAVAILABLE that the SDK retries on another node),
+never a silent drop that leaves the client waiting for its timeout. Real processes: two ``inferbus up`` nodes on
+one NATS (free ports, the first node's embedded nats-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from inferbus.client import Client
+from inferbus.schemas import InferbusError
+
+from conftest import start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
+from test_reliability_lib import models_subset, reference, set_fault
+
+PREFIX = "stopd"
+DELAY_MS = 2500
+"""Per batch at both workers while the requests arrive: a worker's second batch is still computing when its
+drain (3 s, from the node's quiesce notice) ends."""
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable_at_once(tmp_path):
+    """Two nodes, one worker each, both slowed to 2.5 s per batch; 8 SDK requests (one attempt per budget: only
+    an error reply makes it retry) and 12 raw requests (own reply subjects, so every reply is counted), 20 s
+    budgets, sent so that each worker computes a first batch and holds a second; then n2 gets SIGTERM and n1's
+    worker is fast again. Before the fix, the requests n2's own ingress had forwarded to n2's worker were dropped
+    when its drain ended: two SDK calls ended DEADLINE_EXCEEDED at 20 s, raw requests got no reply. n2's worker cannot finish its second batch
+    within its 3 s drain: those requests are answered UNAVAILABLE (retry hint 0) when the drain ends, to the
+    client and to the ingress that forwarded them, whichever node's. Every raw request gets exactly one reply
+    (nothing dropped, no late second answer), every SDK call a correct answer, all well before the budget."""
+    models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
+    common = ["--models", str(models), "--no-cache", "--fault-injection"]
+    n1 = start_deployment(tmp_path / "n1", workers=1, prefix=PREFIX, extra=common)
+    n2 = None
+    try:
+        n2 = start_deployment(tmp_path / "n2", workers=1, prefix=PREFIX,
+                              extra=common + ["--nats-url", n1.nats_url, "--node-id", "n2"])
+        client = await Client.connect(n1.nats_url, PREFIX, adaptive_attempt_timeout=False)
+        nc = client.nc
+        x = np.load(models / "digits" / "data" / "test.npz")["X"][:20].astype(np.float32)
+        for _ in range(6):  # warm both nodes' paths
+            await client.infer("digits", {"pixels": x[:1]}, timeout_s=5)
+        for w in ("n1-w0", "n2-w0"):
+            await set_fault(nc, PREFIX, w, compute_delay_ms=DELAY_MS)
+
+        replies: dict[str, list] = {}
+
+        async def on_reply(msg) -> None:
+            replies.setdefault(msg.subject, []).append(msg)
+
+        async def one(k):
+            t = time.monotonic()
+            try:
+                out = await client.infer("digits", {"pixels": x[k:k + 1]}, timeout_s=20)
+            except InferbusError as err:
+                return err, time.monotonic() - t
+            return out, time.monotonic() - t
+
+        sub = await nc.subscribe("_RAW.stopd.>", cb=on_reply)
+        raw = [f"_RAW.stopd.{k}" for k in range(12)]
+        t0 = time.monotonic()
+        calls = []
+        for k in range(4):  # first batches: each worker starts one (least loaded), the rest queue behind them
+            calls.append(asyncio.ensure_future(one(12 + k)))
+            await asyncio.sleep(0.15)
+        for k, inbox in enumerate(raw):
+            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                           "data": x[k].tolist()}]}).encode()
+            await nc.publish(f"{PREFIX}.infer.digits", body, reply=inbox,
+                             headers={"Content-Type": "application/json", "Inferbus-Request-Id": f"raw-{k}",
+                                      "Inferbus-Timeout-Ms": "20000"})
+        calls += [asyncio.ensure_future(one(16 + k)) for k in range(4)]
+        await asyncio.sleep(0.3)  # all forwarded: the second batches wait for the first
+        await set_fault(nc, PREFIX, "n1-w0")  # n1's next batch is fast (the retries land there)
+        n2.proc.send_signal(signal.SIGTERM)  # n2's second batch starts ~2.5 s later, ends after its drain
+        results = await asyncio.gather(*calls)
+        sdk_done_s = time.monotonic() - t0
+        while len(replies) < len(raw) and time.monotonic() - t0 < 12:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3.0)  # a late second answer (the refused batch's result) would arrive meanwhile
+        await sub.unsubscribe()
+
+        assert await asyncio.to_thread(n2.proc.wait, 20) == 0
+        wlog = (tmp_path / "n2" / "worker-n2-w0.log").read_text()
+        m = re.search(r"answered (\d+) of them UNAVAILABLE", wlog)
+        assert m and int(m.group(1)) > 0, wlog[-2000:]  # the case under test happened: n2's worker refused some
+
+        bad = [r for r, _ in results if isinstance(r, Exception)]
+        assert not bad, bad
+        for k, (out, _) in enumerate(results):
+            np.testing.assert_allclose(out["probabilities"],
+                                       reference("digits", {"pixels": x[12 + k:13 + k]})["probabilities"],
+                                       rtol=1e-5, atol=1e-6)
+        assert sdk_done_s < 9.0, (sdk_done_s, [round(s, 2) for _, s in results])  # the budget was 20 s
+
+        assert sorted(replies) == sorted(raw), sorted(replies)  # nothing dropped
+        twice = {s: len(v) for s, v in replies.items() if len(v) != 1}
+        assert not twice, twice  # nothing answered twice
+        unavailable = 0
+        for k, inbox in enumerate(raw):
+            msg = replies[inbox][0]
+            hdrs = msg.headers or {}
+            assert hdrs.get("Inferbus-Request-Id") == f"raw-{k}", hdrs
+            if "Nats-Service-Error-Code" in hdrs:
+                err = json.loads(msg.data)["error"]
+                assert err["code"] == "UNAVAILABLE" and "stopping" in err["message"], err
+                unavailable += 1
+            else:
+                out = json.loads(msg.data)["outputs"]
+                probs = next(o for o in out if o["name"] == "probabilities")["data"]
+                np.testing.assert_allclose(np.asarray(probs, np.float32).reshape(1, 10),
+                                           reference("digits", {"pixels": x[k:k + 1]})["probabilities"],
+                                           rtol=1e-5, atol=1e-6)
+        assert unavailable > 0
+        await client.close()
+    finally:
+        if n2 is not None:
+            n2.stop()
+        n1.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_a_stopping_node_quiesces_its_workers_together(tmp_path):
+    """One node, two workers slowed to 2.5 s per batch, each holding a batch it computes and a second one it
+    cannot finish; SIGTERM. The node sends both workers the quiesce notice when its ingress has exited: both
+    stop taking requests and drain at once (their load reports say ``draining`` within the same report period,
+    where before the second worker began its drain only when the first had finished its own, 3 s later, and took
+    requests meanwhile), the node stops within about one drain, and each raw request gets exactly one reply: its
+    result or UNAVAILABLE."""
+    models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
+    dep = start_deployment(tmp_path / "n1", workers=2, prefix=PREFIX,
+                           extra=["--models", str(models), "--no-cache", "--fault-injection"])
+    try:
+        client = await Client.connect(dep.nats_url, PREFIX, retry_unavailable=False, adaptive_attempt_timeout=False)
+        nc = client.nc
+        x = np.load(models / "digits" / "data" / "test.npz")["X"][:16].astype(np.float32)
+        for _ in range(4):
+            await client.infer("digits", {"pixels": x[:1]}, timeout_s=5)
+        for w in ("n1-w0", "n1-w1"):
+            await set_fault(nc, PREFIX, w, compute_delay_ms=DELAY_MS)
+        replies: dict[str, list] = {}
+        draining: dict[str, float] = {}
+        t0 = time.monotonic()
+
+        async def on_reply(msg) -> None:
+            replies.setdefault(msg.subject, []).append(msg)
+
+        async def on_load(msg) -> None:
+            from inferbus.schemas._internal import LoadReport, decode_internal
+
+            r = decode_internal(msg.data)
+            if isinstance(r, LoadReport) and r.draining:
+                draining.setdefault(r.worker_id, time.monotonic() - t0)
+
+        subs = [await nc.subscribe("_RAW.stopd.>", cb=on_reply), await nc.subscribe(f"{PREFIX}._load", cb=on_load)]
+        raw = [f"_RAW.stopd.{k}" for k in range(16)]
+        for k, inbox in enumerate(raw):
+            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                           "data": x[k].tolist()}]}).encode()
+            await nc.publish(f"{PREFIX}.infer.digits", body, reply=inbox,
+                             headers={"Content-Type": "application/json", "Inferbus-Request-Id": f"q-{k}",
+                                      "Inferbus-Timeout-Ms": "20000"})
+            if k < 2:
+                await nc.flush()
+                await asyncio.sleep(0.15)  # a first batch at each worker; the others queue behind them
+        await asyncio.sleep(0.3)
+        t_term = time.monotonic()
+        dep.proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(dep.proc.wait, 20)
+        stop_s = time.monotonic() - t_term
+        await asyncio.sleep(0.5)
+        for s in subs:
+            await s.unsubscribe()
+        text = dep.log.read_text()
+        assert rc == 0, text[-3000:]
+        assert "quiesce: 2 worker(s)" in (tmp_path / "n1" / "node.log").read_text() or "quiesce: 2 worker(s)" in text
+        assert set(draining) == {"n1-w0", "n1-w1"}, draining
+        assert abs(draining["n1-w0"] - draining["n1-w1"]) < 0.5, draining  # together, not one drain after the other
+        assert stop_s < 5.5, stop_s  # the ingress's drain, one worker drain (3 s) and the exits
+
+        assert sorted(replies) == sorted(raw), sorted(set(raw) - set(replies))
+        twice = {s: len(v) for s, v in replies.items() if len(v) != 1}
+        assert not twice, twice
+        codes = [json.loads(replies[i][0].data)["error"]["code"] if "Nats-Service-Error-Code" in (
+            replies[i][0].headers or {}) else "OK" for i in raw]
+        assert codes.count("OK") >= 2 and codes.count("UNAVAILABLE") >= 2, codes
+        assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+        await client.close()
+    finally:
+        dep.stop()
