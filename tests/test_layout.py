@@ -129,6 +129,20 @@ def test_a_layout_that_keeps_missing_is_learned_again():
     assert layouts.stats() == {"entries": 1, "learned": 2, "taken": 1}
 
 
+def test_a_layout_learned_under_another_tag_is_learned_again():
+    """The worker tags a layout with the model metadata it checked the body against; after a load replaced that
+    metadata, the next full decode learns the layout again at once (no stale layout keeps skipping the checks)."""
+    layouts = RequestLayouts()
+    body = _request([("x", "FP32", [3], np.zeros(3, "<f4").tobytes())])
+    req, arrays, outs = _full(body)
+    old_spec, new_spec = {"x": 1}, {"x": 2}
+    first = layouts.learn("m:1", body, req, arrays, outs, "m", None, old_spec)
+    assert first is not None and first.tag is old_spec
+    assert layouts.learn("m:1", body, req, arrays, outs, "m", None, old_spec) is None  # same tag: kept
+    again = layouts.learn("m:1", body, req, arrays, outs, "m", None, new_spec)
+    assert again is not None and again.tag is new_spec and layouts.get("m:1", body) is again
+
+
 def _digits_body(x: np.ndarray, datatype: str = "FP32") -> bytes:
     return _request([("pixels", datatype, list(x.shape), x.astype("<f4").tobytes())])
 

@@ -189,16 +189,16 @@ class RequestLayouts:
     def learn(self, model_key: str, body, req, arrays: list[np.ndarray], out_names: list[str] | None,
               model_name: str, vtag: str | None, tag: object = None) -> Layout | None:
         """Learn ``body``'s layout from its full decode ``req`` (validated; ``arrays`` its inputs' values in
-        request order, ``out_names`` the requested outputs) unless a layout for its length exists and has not
-        missed :data:`RELEARN_AFTER_MISMATCHES` bodies since it was learned. ``vtag`` is the model's cache
-        version (None: the model has no result cache, and no key is prepared); ``tag`` is kept as the layout's
+        request order, ``out_names`` the requested outputs) unless a layout for its length exists, has the same
+        ``tag`` and has not missed :data:`RELEARN_AFTER_MISMATCHES` bodies since it was learned. ``vtag`` is the
+        model's cache version (None: the model has no result cache, and no key is prepared); ``tag`` is kept as the layout's
         :attr:`Layout.tag`. Returns the new layout, or
         None when nothing was learned (the body does not qualify, or a payload's bytes are not unique in it)."""
         if type(body) is not bytes or len(body) > LAYOUT_MAX_BODY_BYTES or not req.inputs:
             return None
         k = (model_key, len(body))
         old = self._by_key.get(k)
-        if old is not None and old.mismatches < RELEARN_AFTER_MISMATCHES:
+        if old is not None and old.mismatches < RELEARN_AFTER_MISMATCHES and old.tag is tag:
             return None
         spans = []
         prev = 0

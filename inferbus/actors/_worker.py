@@ -1377,7 +1377,8 @@ class Worker:
         json_ct = job.ct is not None and is_json(job.ct)
         if not json_ct:  # a body of a layout this worker learned: taken apart by slicing (inferbus.actors._layout)
             layout = self._layouts.get(job.model_key, body)
-            if layout is not None:
+            # (learned against the metadata the version has now: a load replaces the spec dict)
+            if layout is not None and layout.tag is self._specs.get(job.model_key):
                 taken = layout.take(body)
                 if taken is not None:
                     return taken[0], dict(zip(layout.names, taken[1]))
@@ -1405,7 +1406,7 @@ class Worker:
             if info.name not in arrays:
                 raise InvalidArgument(f"missing input {info.name!r}", field="inputs")
         if not json_ct:
-            self._layouts.learn(job.model_key, body, req, list(arrays.values()), None, mv.name, None)
+            self._layouts.learn(job.model_key, body, req, list(arrays.values()), None, mv.name, None, spec)
         return req, arrays
 
     def _prepare_local(self, job: Job):
