@@ -124,7 +124,10 @@ async def test_an_answer_later_than_the_timeout_is_a_timeout_not_an_answer(nats_
                        target="echo")
         assert r.requests > 0 and r.ok == 0 and r.timeouts == r.requests and r.qps == 0.0, r
         t_ms, hdrs = seen[0]
-        assert abs(float(hdrs["Inferbus-Deadline-Unix-Ms"]) - (t_ms + 1.0)) < 50, hdrs
+        # stamped at the send (send time + the 1 ms timeout), before the echo saw it: the receipt is later by the
+        # transit, which a busy 2-core box stretched to 154 ms once (a 50 ms window both ways failed a CI run)
+        sent_ms = float(hdrs["Inferbus-Deadline-Unix-Ms"]) - 1.0
+        assert -5.0 <= t_ms - sent_ms < 2000.0, (t_ms, hdrs)
 
 
 @pytest.mark.anyio

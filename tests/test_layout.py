@@ -151,8 +151,9 @@ def _digits_body(x: np.ndarray, datatype: str = "FP32") -> bytes:
 @pytest.mark.timeout(120)
 async def test_served_answers_through_layouts_are_right_and_a_lookalike_gets_its_error(tmp_path):
     """Distinct inputs of one layout are answered right (each against in-process ONNX Runtime), through the
-    layout after the first (the ingress's ``layouts.taken``), with and without the result cache; a body of the
-    learned length with another datatype gets INVALID_ARGUMENT at once, and the next good body is still right."""
+    layout after the first (the ingress's ``layouts.taken``, and the worker's for the bodies it takes from the bus);
+    a body of the learned length with another datatype gets INVALID_ARGUMENT at once, and the next good body is still
+    right."""
     models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 5000}})
     dep = await anyio.to_thread.run_sync(lambda: start_deployment(
         tmp_path / "dep", workers=1, prefix="lay", extra=["--models", str(models), "--no-cache"]))

@@ -27,6 +27,15 @@ DELAY_MS = 2500
 drain (3 s, from the node's quiesce notice) ends."""
 
 
+async def _publish_row(nc, row, inbox: str, request_id: str) -> None:
+    """Send ``digits`` one row as a raw JSON request (20 s budget) with its answer going to ``inbox``."""
+    body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                   "data": row.tolist()}]}).encode()
+    await nc.publish(f"{PREFIX}.infer.digits", body, reply=inbox,
+                     headers={"Content-Type": "application/json", "Inferbus-Request-Id": request_id,
+                              "Inferbus-Timeout-Ms": "20000"})
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable_at_once(tmp_path):
@@ -74,11 +83,7 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
             calls.append(asyncio.ensure_future(one(12 + k)))
             await asyncio.sleep(0.15)
         for k, inbox in enumerate(raw):
-            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
-                                           "data": x[k].tolist()}]}).encode()
-            await nc.publish(f"{PREFIX}.infer.digits", body, reply=inbox,
-                             headers={"Content-Type": "application/json", "Inferbus-Request-Id": f"raw-{k}",
-                                      "Inferbus-Timeout-Ms": "20000"})
+            await _publish_row(nc, x[k], inbox, f"raw-{k}")
         calls += [asyncio.ensure_future(one(16 + k)) for k in range(4)]
         await asyncio.sleep(0.3)  # all forwarded: the second batches wait for the first
         await set_fault(nc, PREFIX, "n1-w0")  # n1's next batch is fast (the retries land there)
@@ -166,11 +171,7 @@ async def test_a_stopping_node_quiesces_its_workers_together(tmp_path):
         subs = [await nc.subscribe("_RAW.stopd.>", cb=on_reply), await nc.subscribe(f"{PREFIX}._load", cb=on_load)]
         raw = [f"_RAW.stopd.{k}" for k in range(16)]
         for k, inbox in enumerate(raw):
-            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
-                                           "data": x[k].tolist()}]}).encode()
-            await nc.publish(f"{PREFIX}.infer.digits", body, reply=inbox,
-                             headers={"Content-Type": "application/json", "Inferbus-Request-Id": f"q-{k}",
-                                      "Inferbus-Timeout-Ms": "20000"})
+            await _publish_row(nc, x[k], inbox, f"q-{k}")
             if k < 2:
                 await nc.flush()
                 await asyncio.sleep(0.15)  # a first batch at each worker; the others queue behind them
