@@ -115,6 +115,48 @@ def test_payloads_that_are_not_unique_in_the_body_and_value_checked_datatypes_ar
     assert len(layouts) == 0
 
 
+def _map(*pairs: tuple[bytes, bytes]) -> bytes:
+    """A MessagePack map of already-encoded keys and values (fixmap), in the order given, repeats allowed."""
+    return bytes([0x80 | len(pairs)]) + b"".join(k + v for k, v in pairs)
+
+
+def _s(text: str) -> bytes:
+    return msgpack.packb(text)
+
+
+def _lookalike_bodies(real: bytes, decoy: bytes) -> dict[str, bytes]:
+    """Bodies whose full decode has ``real`` as the input's raw and that carry ``decoy`` with the minimal ``bin``
+    header where the decoder ignores it (a fresh-user trial's two crafted forms)."""
+    def tensor(raw_value: bytes) -> bytes:
+        return _map((_s("name"), _s("x")), (_s("datatype"), _s("FP32")), (_s("shape"), msgpack.packb([1, 64])),
+                    (_s("raw"), raw_value))
+
+    bin32 = b"\xc6" + len(real).to_bytes(4, "big") + real  # legal, not minimal: the search cannot match it
+    minimal_decoy = b"\xc5" + len(decoy).to_bytes(2, "big") + decoy
+    return {
+        "unknown key": _map((_s("inputs"), b"\x91" + tensor(bin32)), (_s("zz"), minimal_decoy)),
+        "repeated key": _map((_s("inputs"), b"\x91" + tensor(minimal_decoy)), (_s("inputs"), b"\x91" + tensor(bin32))),
+    }
+
+
+@pytest.mark.parametrize("form", ["unknown key", "repeated key"])
+def test_a_lookalike_payload_where_the_decoder_ignores_it_is_not_learned(form):
+    """A body that carries the payload's bytes twice, once where the decoder reads them (behind a longer ``bin``
+    header) and once where it ignores them (behind the minimal one), must not teach a span over the ignored copy:
+    later bodies changing only that copy would be served with bytes they do not send as their input, and their
+    answers cached under the real input's key (found by a fresh-user trial). The decoder's own probe refuses it."""
+    t = np.arange(64, dtype="<f4").tobytes()
+    u = np.ones(64, dtype="<f4").tobytes()
+    layouts = RequestLayouts()
+    first = _lookalike_bodies(t, t)[form]
+    req, arrays, outs = _full(first)
+    assert req.inputs[0].raw == t
+    assert layouts.learn("m:1", first, req, arrays, outs, "m", "1") is None
+    later = _lookalike_bodies(t, u)[form]
+    assert len(later) == len(first) and _full(later)[0].inputs[0].raw == t  # the decoder reads t, not u
+    assert layouts.get("m:1", later) is None
+
+
 def test_a_layout_that_keeps_missing_is_learned_again():
     layouts = RequestLayouts()
     x = np.zeros(3, "<f4").tobytes()

@@ -18,7 +18,10 @@ payload spans, with the spans at the same offsets and of the same lengths, there
 except the payloads' bytes, and the checks that passed for one (names, datatypes, shapes against the model, byte
 counts, sizes) pass for the other: none of them reads a value. Datatypes whose check reads values (BOOL: each
 byte 0 or 1; BYTES: length-prefixed elements) are never learned. A span is learned only when the payload's
-``bin`` header and bytes occur exactly once in the body, so it is the payload and not a look-alike elsewhere.
+``bin`` header and bytes occur exactly once in the body, and when the real decoder, given the body with other
+bytes in the spans, reads exactly those bytes as the payloads and nothing else differently (two probes): the
+same bytes elsewhere, where the decoder ignores them (an unknown key, a repeated key whose later value wins),
+with the real payload behind a longer ``bin`` header, are a look-alike, not a layout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from ..schemas import decode_request
 from ._cache import key_base, key_head, key_tail
 
 #: The largest body (bytes) whose layout is learned; learning searches the body for each payload.
@@ -50,6 +54,39 @@ def _bin_header(n: int) -> bytes:
     if n < 0x10000:
         return b"\xc5" + n.to_bytes(2, "big")
     return b"\xc6" + n.to_bytes(4, "big")
+
+
+_PROBE_MASKS = (0xA5, 0x3C)
+
+
+def _decodes_as_spans(body: bytes, spans: list[tuple[int, int]], req) -> bool:
+    """True when ``body`` with other bytes in ``spans`` decodes, by the real decoder, to ``req`` with exactly those
+    bytes as its inputs' ``raw`` values (in request order) and nothing else changed, for two probes whose every
+    span byte differs from the body's (XOR with each of :data:`_PROBE_MASKS`).
+
+    The search in :meth:`RequestLayouts.learn` finds where a payload's minimal ``bin`` header and bytes occur,
+    not where the decoder reads the payload: a body can carry the same bytes where the decoder ignores them (an
+    unknown key, a repeated key whose later value wins) and its real payload behind a longer ``bin`` header, and
+    a span there would hand the model bytes the request does not send (a fresh-user trial, 2026-12-03). The probes
+    make the decoder itself say which bytes are the payloads: a look-alike span changes nothing the decoder
+    keeps."""
+    for mask in _PROBE_MASKS:
+        probe = bytearray(body)
+        for s, e in spans:
+            probe[s:e] = bytes(b ^ mask for b in body[s:e])
+        try:
+            got = decode_request(bytes(probe))
+        except Exception:
+            return False
+        if len(got.inputs) != len(req.inputs):
+            return False
+        for t, (s, e) in zip(got.inputs, spans):
+            if t.raw != bytes(probe[s:e]):
+                return False
+        restored = _replace(got, inputs=[_replace(t, raw=o.raw) for t, o in zip(got.inputs, req.inputs)])
+        if restored != req:
+            return False
+    return True
 
 
 class Layout:
@@ -214,6 +251,8 @@ class RequestLayouts:
             start = at + len(pat) - len(raw)
             spans.append((start, start + len(raw)))
             prev = start + len(raw)
+        if not _decodes_as_spans(body, spans, req):
+            return None
         if old is None and len(self._by_key) >= self.max_entries:
             self._by_key.clear()
         layout = Layout(body, spans, req, arrays, out_names, model_name, vtag, tag)
