@@ -738,6 +738,23 @@ def _child_start_failure(exc) -> tuple[str, int]:
 
 
 async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
+    """Serve until a signal (with ``demo``: run the load run); see :func:`_up_body`. When it returns, SIGINT and
+    SIGTERM are ignored until the process exits: a signal that comes after the stop finished would otherwise find
+    the loop's handlers gone (closing the loop restores the default action) and end the process by the signal,
+    not with the exit status the stop chose (a fresh-user trial: a second Ctrl-C 0.1-0.3 s after a start-up stop)."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await _up_body(cfg, demo, demo_duration, json_out)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: nothing to keep
+                pass
+
+
+async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -> int:
     """Serve until a signal (with ``demo``: run the load run). Exit statuses of a stop by signal (SIGINT, SIGTERM):
     while serving, a graceful stop is 0; a second signal during any stop kills everything, 128 + that signal
     (130 SIGINT, 143 SIGTERM); a start-up or a demo that a signal interrupted is 128 + the first signal."""
