@@ -886,11 +886,9 @@ class WorkerModels:
         w.max_batch[key] = mb
         w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
         w._specs[key] = {t.name: t for t in mv.inputs}
-        w.layouts_changed()  # bodies learned against the old metadata are decoded and checked again
         w.sessions[key] = sess  # last: from here on requests for it are accepted
         if w.device is None:
             w.device = sess.device
-            w.answer_params_changed()
         log(f"worker {w.config.worker_id}: loaded {key} at {sess.precision} in {(time.monotonic() - t0) * 1000:.0f} ms")
 
     def _busy(self, key: str) -> bool:

@@ -328,10 +328,8 @@ class Worker:
         self.device = next(iter(self.sessions.values())).device if self.sessions else None
         self._layouts = RequestLayouts()
         """(model key, body length) → the layout of a MessagePack request from the bus this worker decoded and
-        checked: a later body that differs only in its tensors' raw bytes is taken apart by slicing."""
-        self._answer_params: dict = {}
-        """The answers' ``parameters`` that are the same for every answer of this worker (:meth:`_encode`)."""
-        self.answer_params_changed()
+        checked: a later body that differs only in its tensors' raw bytes is taken apart by slicing. Each is
+        tagged with the spec dict it was checked against; a load replaces that dict, and the layout is relearned."""
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
         self.compute_ewma_us: dict[str, float] = {}
@@ -1357,15 +1355,6 @@ class Worker:
                 outcomes.extend(self._run_group(model_key, list(outs) or None, group))
         return outcomes
 
-    def answer_params_changed(self) -> None:
-        """Rebuild the answers' fixed ``parameters`` (worker id, device, backend): call when ``device`` is set."""
-        self._answer_params = {"worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
-                               "backend": self.config.backend}
-
-    def layouts_changed(self) -> None:
-        """Forget the request layouts learned: call when a model version's metadata may have changed (a load)."""
-        self._layouts.clear()
-
     def _prepare(self, job: Job):
         """Decode and check a request from the bus: ``(InferRequest, {input name: numpy array})``.
 
@@ -1512,7 +1501,8 @@ class Worker:
         if job.forward_hop_us >= 0:
             timings["forward_hop"] = job.forward_hop_us
         params = {
-            **self._answer_params, "precision": self.sessions[mv.key].precision, "cache_hit": False,
+            "worker_id": self.config.worker_id, "device": self.device.name if self.device else "",
+            "backend": self.config.backend, "precision": self.sessions[mv.key].precision, "cache_hit": False,
             "region": self.config.region, "term": job.term or 0,
             "batch_size": batch, "exec": "inline" if job.inline else "thread",
             "forward": "local" if job.local else "bus", "timings_us": timings,
