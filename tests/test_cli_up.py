@@ -225,6 +225,28 @@ def _start_hanging(tmp_path, **env) -> tuple[subprocess.Popen, object, set[int]]
     return proc, log, _descendants(proc.pid)
 
 
+def _signal_and_exit(proc, log, below: list[int], sig, *, rc: int, within_s: float) -> str:
+    """Send ``sig`` to ``up``; assert it exits ``rc`` within ``within_s`` with no traceback and none of the
+    processes ``below`` it left. Returns its log."""
+    t_sig = time.monotonic()
+    proc.send_signal(sig)
+    got = proc.wait(15)
+    took_s = time.monotonic() - t_sig
+    text = log.read_text()
+    assert got == rc, text[-3000:]
+    assert took_s < within_s, (took_s, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
+    return text
+
+
+def _kill_group(proc) -> None:
+    """Clean-up after a test: SIGKILL ``up``'s process group if it is still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_start_up_stops_it_at_once_and_exits_128_plus_the_signal(tmp_path, sig):
@@ -234,20 +256,10 @@ def test_a_signal_during_start_up_stops_it_at_once_and_exits_128_plus_the_signal
     proc, log, below = _start_hanging(tmp_path)
     try:
         assert len(below) >= 3, below  # nats-server, the aggregator, the worker
-        t_sig = time.monotonic()
-        proc.send_signal(sig)
-        rc = proc.wait(15)
-        took_s = time.monotonic() - t_sig
-        text = log.read_text()
-        assert rc == 128 + sig, text[-3000:]
-        assert took_s < 5.0, (took_s, text[-3000:])
+        text = _signal_and_exit(proc, log, below, sig, rc=128 + sig, within_s=5.0)
         assert f"{sig.name} during start-up" in text and "stopped during start-up" in text, text[-3000:]
-        assert "Traceback" not in text, text[-3000:]
-        assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_group(proc)
 
 
 @pytest.mark.timeout(60)
@@ -264,19 +276,10 @@ def test_a_second_ctrl_c_during_start_up_kills_everything_at_once(tmp_path):
             time.sleep(0.02)
         time.sleep(0.5)
         assert proc.poll() is None, log.read_text()[-3000:]  # still stopping: the aggregator ignores its SIGTERM
-        t_second = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(15)
-        took_s = time.monotonic() - t_second
-        text = log.read_text()
-        assert rc == 130, text[-3000:]
-        assert took_s < 3.0, (took_s, text[-3000:])
-        assert "second signal" in text and "killed" in text and "Traceback" not in text, text[-3000:]
-        assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
+        text = _signal_and_exit(proc, log, below, signal.SIGINT, rc=130, within_s=3.0)
+        assert "second signal" in text and "killed" in text, text[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_group(proc)
 
 
 @pytest.mark.timeout(90)
