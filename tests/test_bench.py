@@ -466,6 +466,39 @@ def test_suite_table_shows_mean_batch_and_a_missed_target_never_reads_as_its_lim
     assert cells("cache miss p50")[1:4] == ["1.71", "1.5", "missed"]
 
 
+def test_summary_reports_both_readings_of_half_load():
+    """``summarize``: the latency targets at half of the misses' max sustained rate (``half_load``) and, when a
+    sweep found it, at half of their most misses/s with p99 < 5 ms (``half_p99_load``), each with its own ratios
+    and target rows; without the second reading no such rows appear."""
+    from bench.suite import summarize
+
+    def step(series, p50, p99, rate=None, c=None):
+        return dict(series=series, mode="open" if rate else "closed", concurrency=c, rate_qps=rate, qps=rate or 1000.0,
+                    p50_us=p50, p99_us=p99, p99_9_us=p99, errors={}, wrong=0, cache_hits=0)
+
+    floors = {"model": {"p50_us": 20.0}}
+    sweeps = {"echo": {"max_qps_p99_under_limit": 90000, "max_sustained_qps": 170000},
+              "inferbus miss": {"max_qps_p99_under_limit": 40000, "max_sustained_qps": 66000}}
+    half = {"rate": 33000, "echo": step("echo", 400.0, 900.0, 33000), "inferbus miss": step("m", 1000.0, 3000.0, 33000),
+            "inferbus hit": step("h", 500.0, 900.0, 33000)}
+    half_p = {"rate": 20000, "echo": step("echo", 300.0, 700.0, 20000), "inferbus miss": step("m", 400.0, 700.0, 20000),
+              "inferbus hit": step("h", 310.0, 600.0, 20000)}
+    steps = [step("echo", 300.0, 600.0, c=1), step("inferbus miss", 600.0, 1000.0, c=1),
+             step("inferbus hit", 320.0, 600.0, c=1)]
+    doc = summarize({"nproc": 16}, floors, steps, sweeps, half, {}, half_p)
+    assert doc["ratios"]["half_load"]["miss_p50_over_echo_plus_model"] == round(1000 / 420, 3)
+    hp = doc["ratios"]["half_p99_load"]
+    assert hp["rate"] == 20000 and hp["miss_p50_over_echo_plus_model"] == round(400 / 320, 3)
+    rows = {t["target"]: t for t in doc["targets"]}
+    assert rows["cache miss p50 ≤ 1.5 × (echo p50 + model p50), half load"]["met"] is False
+    assert rows["cache miss p50 ≤ 1.5 × (echo p50 + model p50), half of max QPS at p99 < 5 ms"]["met"] is True
+    assert rows["cache miss p99 ≤ 2.5 × (echo p50 + model p50), half of max QPS at p99 < 5 ms"]["met"] is True
+    assert rows["cache hit p50 ≤ 1.1 × echo p50, half of max QPS at p99 < 5 ms"]["value"] == round(310 / 300, 3)
+    alone = summarize({"nproc": 16}, floors, steps, sweeps, half, {})
+    assert alone["ratios"]["half_p99_load"] == {} and not any("p99 < 5 ms" in t["target"] and "half" in t["target"]
+                                                             for t in alone["targets"])
+
+
 def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     """``bench.pathcost`` (small, 2 passes a round so that a cache hit would show): the three variants measured
     on a real nats-server with no errors and no cache hits, the run-to-completion variant running every request
