@@ -232,3 +232,70 @@ async def test_a_repinned_version_never_answers_from_the_old_files_cached(tmp_pa
             assert sum(bool(r.parameters.get("cache_hit")) for _, r in after) > len(inputs), "no hits after"
     finally:
         dep.stop()
+
+
+def _int32_identity_onnx() -> bytes:
+    """An ONNX model ``pixels`` INT32 [-1, 64] → ``logits`` (Identity): the same input name as digits, another
+    datatype."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Identity", ["pixels"], ["logits"])], "int32_identity",
+                          [helper.make_tensor_value_info("pixels", TensorProto.INT32, [None, 64])],
+                          [helper.make_tensor_value_info("logits", TensorProto.INT32, [None, 64])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.timeout(180)
+async def test_a_repinned_version_with_another_input_datatype_refuses_bodies_of_a_learned_layout(tmp_path):
+    """A user trial: the ingress's request layouts (bodies of a learned length taken by slicing, no validation) were
+    kept after ``models load`` re-pinned a version to files taking INT32 instead of FP32. A FP32 body of the learned
+    length then reached the model: INTERNAL ("Unexpected input data type"), counted a server error of the worker,
+    whose breaker opened after ~200 such requests. Now a model-state change drops the model's layouts: the same body
+    gets INVALID_ARGUMENT naming the datatype, the worker's breaker stays closed, and INT32 bodies are served."""
+    import msgpack
+    import nats
+
+    from inferbus.schemas import ErrorCode, decode_error
+
+    models = tmp_path / "models"
+    (models / "m" / "1").mkdir(parents=True)
+    (models / "m" / "config.json").write_text("{}")  # metadata from the ONNX file itself
+    shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "m" / "1" / "model.onnx")
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix=PREFIX,
+                           extra=["--models", str(models), "--colocate", "--no-cache"])
+    rng = np.random.default_rng(7)
+
+    def body(x: np.ndarray) -> bytes:  # one id, one shape: every body of a datatype has the same length
+        return msgpack.packb({"id": "L", "inputs": [{"name": "pixels", "datatype": "FP32" if x.dtype == np.float32
+                                                     else "INT32", "shape": [1, 64], "raw": x.tobytes()}]})
+
+    try:
+        nc = await nats.connect(dep.nats_url)
+        try:
+            subject = f"{PREFIX}.infer.m.1"
+            for _ in range(4):  # learned, then taken by the layout
+                m = await nc.request(subject, body(rng.random((1, 64), dtype=np.float32)), timeout=5)
+                assert decode_error(m.headers, m.data) is None, m.data
+            (models / "m" / "1" / "model.onnx").write_bytes(_int32_identity_onnx())
+            p = await asyncio.to_thread(_cli, "models", "load", "m", "--version", "1", "--nats-url", dep.nats_url,
+                                        "--prefix", PREFIX, "--json")
+            assert p.returncode == 0 and json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
+            for _ in range(20):
+                m = await nc.request(subject, body(rng.random((1, 64), dtype=np.float32)), timeout=5)
+                err = decode_error(m.headers, m.data)
+                assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT and "INT32" in err.message, \
+                    (m.headers, m.data)
+            x = rng.integers(-1000, 1000, (1, 64), dtype=np.int32)
+            m = await nc.request(subject, body(x), timeout=5)
+            assert decode_error(m.headers, m.data) is None, m.data
+            out = msgpack.unpackb(m.data)["outputs"][0]
+            assert out["datatype"] == "INT32" and np.array_equal(np.frombuffer(out["raw"], np.int32), x.ravel())
+        finally:
+            await nc.close()
+        async with await Client.connect(dep.nats_url, PREFIX) as client:
+            workers = (await client.health(timeout_s=5.0)).parameters["workers"]
+            assert workers and all(w.get("breaker") == "closed" for w in workers.values()), workers
+    finally:
+        dep.stop()

@@ -269,5 +269,12 @@ class RequestLayouts:
     def clear(self) -> None:
         self._by_key.clear()
 
+    def forget(self, model_name: str) -> None:
+        """Drop every layout of model ``model_name``'s versions (keys ``<name>:<version>``): their bodies were
+        validated against metadata that a model-state change (a re-pin, a load, a withdrawal) may have replaced."""
+        prefix = model_name + ":"
+        for k in [k for k in self._by_key if k[0].startswith(prefix)]:
+            del self._by_key[k]
+
     def __len__(self) -> int:
         return len(self._by_key)

@@ -277,6 +277,7 @@ class IngressModels:
             if not _newer(st, self.states.get(st.model)) or not self._serves(st.model):
                 return False
             if not st.versions:  # not served at all (a failed load of a new model, undone)
+                self.ing._layouts.forget(st.model)
                 self.ing.repo.models.pop(st.model, None)
                 self.ing._meta_cache.pop(st.model, None)
                 self._set_state(st)
@@ -310,6 +311,11 @@ class IngressModels:
             old = ing.repo.models.get(st.model)
             if old is not None:
                 hedge = ing._model_hedge.get(old.version(None).key)
+            # the request layouts learned so far were validated against the metadata replaced here (a re-pinned
+            # version's files can take another datatype or shape): bodies of their lengths are decoded and checked
+            # against the new metadata again (a user trial: a stale layout let a FP32 body reach an INT32 model,
+            # answered INTERNAL and counted a server error of the worker, until its breaker opened)
+            ing._layouts.forget(st.model)
             for mv in versions.values():
                 ing._inputs[mv.key] = {t.name: t for t in mv.inputs}
                 ing._outputs[mv.key] = {t.name for t in mv.outputs}
