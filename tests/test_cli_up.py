@@ -186,6 +186,18 @@ if b"inferbus.actors" in _argv:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     if _kind == os.environ.get("INFERBUS_TEST_HANG"):
         time.sleep(600)
+_slow = os.environ.get("INFERBUS_TEST_SLOW_IMPORT")  # the CLI process's first import of that module takes 3 s
+if _slow and b"inferbus.cli" in _argv:
+    import sys
+
+    class _SlowImport:
+        def find_spec(self, name, path=None, target=None):
+            if name == _slow:
+                sys.meta_path.remove(self)
+                time.sleep(3)
+            return None
+
+    sys.meta_path.insert(0, _SlowImport())
 """
 
 
@@ -258,6 +270,41 @@ def test_a_signal_during_start_up_stops_it_at_once_and_exits_128_plus_the_signal
         assert len(below) >= 3, below  # nats-server, the aggregator, the worker
         text = _signal_and_exit(proc, log, below, sig, rc=128 + sig, within_s=5.0)
         assert f"{sig.name} during start-up" in text and "stopped during start-up" in text, text[-3000:]
+    finally:
+        _kill_group(proc)
+
+
+def _sigint_state(pid: int) -> tuple[bool, bool]:
+    """(ignored, caught) of SIGINT in process ``pid`` (``SigIgn``/``SigCgt`` of /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(int(fields["SigIgn"], 16) & bit), bool(int(fields["SigCgt"], 16) & bit)
+
+
+@pytest.mark.timeout(60)
+def test_kill_int_while_up_imports_stops_it_even_when_sigint_came_in_ignored(tmp_path):
+    """A fresh-user trial: ``up`` started with SIGINT ignored (a background job ``&`` of a non-interactive shell) lost
+    a ``kill -INT`` sent in its first ~1.5 s (the imports and option checks, before its loop's handlers), and the
+    node started and served. Now ``up`` takes SIGINT from its first line of code: a SIGINT during the imports (made
+    3 s long here) exits 130 at once, no traceback, nothing started."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    log = tmp_path / "up.log"
+    argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run")]
+    path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**ENV, "PYTHONPATH": path, "INFERBUS_TEST_SLOW_IMPORT": "numpy"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 2.5  # (the slow import holds the process 3 s; its loop's handlers come after)
+        while _sigint_state(proc.pid) != (False, True):
+            assert proc.poll() is None and time.monotonic() < deadline, (_sigint_state(proc.pid), log.read_text())
+            time.sleep(0.01)
+        text = _signal_and_exit(proc, log, [], signal.SIGINT, rc=130, within_s=2.0)
+        assert "inferbus up" not in text and "serving" not in text, text[-3000:]
     finally:
         _kill_group(proc)
 
