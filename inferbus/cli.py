@@ -574,6 +574,8 @@ def up(
     max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload); with the embedded nats-server "
                                           "at most --nats-max-payload.", rich_help_panel=_REL),
     max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body), >= 0.", rich_help_panel=_REL),
+    max_bytes_elements: int = typer.Option(65_536, help="Most elements of one BYTES input (0 = no limit), >= 0: each is a "
+                                           "Python object the ingress makes on its event loop.", rich_help_panel=_REL),
     nats_max_payload: int = typer.Option(8 * 1024 * 1024, help=f"max_payload of the embedded nats-server (bytes), "
                                          f"{MIN_MAX_PAYLOAD_BYTES} ({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to "
                                          f"{MAX_MAX_PAYLOAD_BYTES} ({binary_size(MAX_MAX_PAYLOAD_BYTES)}).",
@@ -645,7 +647,7 @@ def up(
             client_rate_limit_per_s=client_rate_limit, client_rate_burst=client_rate_burst,
             hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
             l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
-            max_tensor_bytes=max_tensor_bytes, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
+            max_tensor_bytes=max_tensor_bytes, max_bytes_elements=max_bytes_elements, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
             peer_query_timeout_ms=peer_query_timeout_ms, run_to_completion=run_to_completion),
         bus_options={k: str(v) for k, v in dict(
             user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,

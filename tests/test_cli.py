@@ -301,6 +301,7 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     (("--min-window-requests", "0"), "up: --min-window-requests must be >= 1 request; got 0"),
     (("--l2-pool-size", "0"), "up: --l2-pool-size must be >= 1 connection; got 0"),
     (("--max-tensor-bytes", "-1"), "up: --max-tensor-bytes must be >= 0 bytes (0 = no limit); got -1"),
+    (("--max-bytes-elements", "-1"), "up: --max-bytes-elements must be >= 0 elements (0 = no limit); got -1"),
     (("--max-backlog-bytes", "0"), "up: --max-backlog-bytes must be 1 to"),
     (("--inline-max-compute-us", "-5"), "up: --inline-max-compute-us must be >= 0 µs"),
     # a max_payload nats-server refuses (over 64 MiB), or one so small the node would never get ready

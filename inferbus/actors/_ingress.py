@@ -252,6 +252,20 @@ def _with_problems(meta: ModelMetadata, problems: dict[str, dict]) -> ModelMetad
 _INPUT_FIELDS = tuple(f"inputs[{i}]" for i in range(16))  # the error field of input i, made once
 
 
+def _check_bytes_elements(t, shape, limit: int, i: int) -> None:
+    """Refuse BYTES input ``t`` (``inputs[i]``) whose ``shape`` holds more than ``limit`` elements, before any is read.
+
+    Raises:
+        PayloadTooLarge: more than ``limit`` elements (``field`` = ``inputs[i]``).
+    """
+    n = 1
+    for d in shape:
+        n *= d
+    if n > limit:
+        raise PayloadTooLarge(f"BYTES input {t.name!r} has {n} elements, over the limit of {limit} "
+                              f"(inferbus up --max-bytes-elements)", field=f"inputs[{i}]")
+
+
 def _shape_mismatch(t, info, i: int):
     """Raise InvalidArgument: input ``t`` (the ``i``-th) has a shape that does not fit the model's ``info``."""
     raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
@@ -625,7 +639,8 @@ class Ingress:
         Raises:
             InvalidArgument: an unexpected, repeated or missing input, a datatype or shape that does not fit, an
                 unknown output (naming the field).
-            PayloadTooLarge: an input over ``max_tensor_bytes``.
+            PayloadTooLarge: an input over ``max_tensor_bytes``; a BYTES input of more than ``max_bytes_elements``
+                elements (from its shape, before any element is read).
         """
         spec = self._inputs[mv.key]
         arrays = []
@@ -647,6 +662,12 @@ class Ingress:
             for d, n in zip(info.shape, shape):
                 if d >= 0 and d != n:
                     _shape_mismatch(t, info, i)
+            if t.datatype == "BYTES" and self.config.max_bytes_elements:
+                try:
+                    _check_bytes_elements(t, shape, self.config.max_bytes_elements, i)
+                except PayloadTooLarge:
+                    self.counts["too_large"] += 1
+                    raise
             arr = input_to_numpy(t, field=_INPUT_FIELDS[i] if i < len(_INPUT_FIELDS) else f"inputs[{i}]")
             if max_tensor:
                 nbytes = arr.nbytes if t.datatype != "BYTES" else sum(len(x) for x in arr.flat)
