@@ -41,10 +41,14 @@ from nats.errors import (
     TimeoutError as NatsTimeout,
 )
 
-def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str) -> DeadlineExceeded:
-    """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts;
-    <which>: <last_err>)``, the parts that apply, and ``; nothing was sent`` when nothing was."""
-    detail = ([f"{sent} attempts"] if sent > 1 else []) + ([f"{which}: {last_err}"] if last_err else [])
+def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
+               met: dict[str, int] | None = None) -> DeadlineExceeded:
+    """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
+    <what they met, by kind>; <which>: <last_err>)``, the parts that apply, and ``; nothing was sent`` when nothing
+    was. ``met``: attempts by what ended them (``no responders``, ``timed out``, ...), in the order first met."""
+    tally = ", ".join(f"{n} {kind}" for kind, n in (met or {}).items())
+    detail = ([f"{sent} attempts" + (f": {tally}" if tally else "")] if sent > 1 else []) + \
+        ([f"{which}: {last_err}"] if last_err else [])
     return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
                                                                                   else "")
                             + ("" if sent else "; nothing was sent"))
@@ -493,12 +497,13 @@ class Client:
         sent = 0
         blocked = 0  # attempts refused by this client's own full outbound buffer (nothing sent)
         attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
+        met: dict[str, int] = {}  # what ended each attempt, by kind, for the DEADLINE_EXCEEDED's message
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
                     raise last_err  # fitted, overshot by the loop): what kept the request from being answered
-                raise _no_answer(timeout_s, sent, last_err, "the last")
+                raise _no_answer(timeout_s, sent, last_err, "the last", met)
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
             # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
@@ -528,17 +533,21 @@ class Client:
                 await asyncio.sleep(pause_ms / 1000.0)
                 continue
             except NoRespondersError:
+                met["no responders"] = met.get("no responders", 0) + 1
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:
+                met["connection lost"] = met.get("connection lost", 0) + 1
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
                                        f"budget lasted)")
             except NatsTimeout:
                 if wait_ms >= left_ms:  # the last attempt had the rest of the budget; say what the others met
                     # (a fresh-user trial: 16 of 17 attempts met "no responders" and the error said only "17 attempts")
-                    raise _no_answer(timeout_s, sent, last_err, "before the last") from None
+                    met["timed out"] = met.get("timed out", 0) + 1
+                    raise _no_answer(timeout_s, sent, last_err, "before the last", met) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1
+                met["timed out"] = met.get("timed out", 0) + 1
                 last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms")
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
                 continue
@@ -553,6 +562,8 @@ class Client:
                             est = self._latency[subject] = _LatencyEstimate()
                         est.add((time.monotonic() - t_sent) * 1000.0)
                     return msg.data, (msg.headers or {}).get(H.CONTENT_TYPE)
+                if isinstance(err, (ResourceExhausted, Unavailable)):
+                    met[err.code.value] = met.get(err.code.value, 0) + 1
                 if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
                     hint = float(err.retry_after_ms or self.retry_backoff_ms)
                     if hint >= H.remaining_ms(deadline):
