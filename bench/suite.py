@@ -247,6 +247,17 @@ class Suite:
         self._counts_before: dict | None = None
 
     # ---- one step -------------------------------------------------------------------------
+    async def _half_steps(self, gp, series: dict, what: str, max_qps: float, label: str) -> dict:
+        """Open-loop steps of the echo, direct, miss and hit series (those in ``series``) at half of ``max_qps``
+        (at least 20/s): ``{"rate": ..., what: max_qps, <series name>: step dict, ...}``."""
+        half = max(20.0, round(max_qps / 2))
+        self.say(f"half of inferbus's {label} ({max_qps:.0f}/s): {half:.0f}/s")
+        out: dict = {"rate": half, what: max_qps}
+        for name in ("echo", "direct", "inferbus miss", "inferbus hit"):
+            if name in series:
+                out[name] = (await self._step(gp, name, series[name], mode="open", rate=half)).to_dict()
+        return out
+
     async def _step(self, gp: GeneratorPool, series: str, target: dict, *, mode: str, concurrency=None,
                     rate=None, duration_s=None, timeout_s=None, record: bool = True) -> BenchResult:
         cfg = self.cfg
@@ -391,25 +402,12 @@ class Suite:
                 sat = (self.sweeps.get("inferbus miss") or {}).get("max_sustained_qps") or \
                     max((s["qps"] for s in self.steps if s["series"] == "inferbus miss" and s["mode"] == "open"),
                         default=best.get("inferbus miss", 100.0))
-                half = max(20.0, round(sat / 2))
-                self.say(f"half of inferbus's max sustained load ({sat:.0f}/s): {half:.0f}/s")
-                half_load = {"rate": half, "max_sustained_qps": sat}
-                for name in ("echo", "direct", "inferbus miss", "inferbus hit"):
-                    if name in series:
-                        r = await self._step(gp, name, series[name], mode="open", rate=half)
-                        half_load[name] = r.to_dict()
+                half_load = await self._half_steps(gp, series, "max_sustained_qps", sat, "max sustained load")
                 # the issue's other reading of "max load": its throughput figure, the most misses/s with p99 < 5 ms
                 # (only with a sweep, which finds it); reported beside the stricter reading above, not instead
-                half_p99_load: dict = {}
                 cross = (self.sweeps.get("inferbus miss") or {}).get("max_qps_p99_under_limit")
-                if cross:
-                    half_p = max(20.0, round(cross / 2))
-                    self.say(f"half of inferbus's max load with p99 < 5 ms ({cross:.0f}/s): {half_p:.0f}/s")
-                    half_p99_load = {"rate": half_p, "max_qps_p99_under_limit": cross}
-                    for name in ("echo", "direct", "inferbus miss", "inferbus hit"):
-                        if name in series:
-                            r = await self._step(gp, name, series[name], mode="open", rate=half_p)
-                            half_p99_load[name] = r.to_dict()
+                half_p99_load = (await self._half_steps(gp, series, "max_qps_p99_under_limit", cross,
+                                                        "max load with p99 < 5 ms") if cross else {})
                 await node.stop()
                 node = None
                 if cfg.colocate_ab:
