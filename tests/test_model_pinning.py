@@ -15,6 +15,7 @@ third version (a copy of version 2); workers killed with SIGKILL, restarted by t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -297,5 +298,116 @@ async def test_a_repinned_version_with_another_input_datatype_refuses_bodies_of_
         async with await Client.connect(dep.nats_url, PREFIX) as client:
             workers = (await client.health(timeout_s=5.0)).parameters["workers"]
             assert workers and all(w.get("breaker") == "closed" for w in workers.values()), workers
+    finally:
+        dep.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("run_to_completion", [True, False], ids=["run-now", "queued"])
+async def test_a_colocated_worker_on_new_files_before_its_ingress_answers_a_misfit_as_a_client_error(
+        nats_server, tmp_path, run_to_completion):
+    """A user trial re-pinned a version (FP32 → INT32 files) under load with ``--colocate``: the worker took the new
+    files a moment before its ingress took the new metadata, and requests the ingress had checked against the old
+    metadata reached the new session: answered INTERNAL, counted against the worker, its breaker opened. That moment
+    is made to last here: the worker's own model management loads the new files in place (what a re-pin does first);
+    the ingress has not applied it. Each FP32 request is now INVALID_ARGUMENT naming the datatype, with no server
+    error at the worker and its breaker closed, on the run-to-completion and the queued local path."""
+    import msgpack
+    import nats
+
+    from inferbus.actors import IngressConfig, WorkerConfig
+    from inferbus.actors._breaker import BreakerState
+    from inferbus.actors._colocated import Colocated, ColocatedConfig
+    from inferbus.bus import BusConfig
+    from inferbus.schemas import ErrorCode, decode_error
+
+    models = tmp_path / "models"
+    (models / "m" / "1").mkdir(parents=True)
+    (models / "m" / "config.json").write_text("{}")
+    shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "m" / "1" / "model.onnx")
+    bus = BusConfig(servers=(nats_server.url,), prefix="mis")
+    col = Colocated(ColocatedConfig(
+        IngressConfig(ingress_id="mis-i", bus=bus, models_dir=str(models), models=("m",),
+                      run_to_completion=run_to_completion),
+        WorkerConfig(worker_id="mis-w", bus=bus, models_dir=str(models), models=("m",),
+                     inline_max_compute_us=1e12)))
+    task = asyncio.create_task(col.run())
+    nc = await nats.connect(nats_server.url)
+    try:
+        deadline = time.monotonic() + 60
+        while col.ingress.nc is None or col.ingress.router.pick("m:1") is None:
+            assert not task.done() and time.monotonic() < deadline, task
+            await asyncio.sleep(0.05)
+        rng = np.random.default_rng(3)
+
+        def fp32() -> bytes:
+            return msgpack.packb({"id": "L", "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                                         "raw": rng.random((1, 64), dtype=np.float32).tobytes()}]})
+
+        for _ in range(4):
+            m = await nc.request("mis.infer.m.1", fp32(), timeout=5)
+            assert decode_error(m.headers, m.data) is None, m.data
+        (models / "m" / "1" / "model.onnx").write_bytes(_int32_identity_onnx())
+        await col.worker.model_ctl._load("m", "m:1", None, replace=True)
+        assert col.worker._specs["m:1"]["pixels"].datatype == "INT32"
+        assert col.ingress._inputs["m:1"]["pixels"].datatype == "FP32"  # the ingress has not applied the change
+        for _ in range(10):
+            m = await nc.request("mis.infer.m.1", fp32(), timeout=5)
+            err = decode_error(m.headers, m.data)
+            assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT and "INT32" in err.message, \
+                (m.headers, m.data)
+        assert col.worker.stats.errors == 0
+        assert col.ingress.router.workers["mis-w"].breaker.state == BreakerState.CLOSED
+    finally:
+        await nc.close()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+@pytest.mark.timeout(180)
+async def test_a_version_unloaded_and_loaded_again_from_new_files_is_checked_against_them_on_every_ingress(tmp_path):
+    """A user trial: ``models unload m --version 1``, new files for version 1 (INT32 instead of FP32), ``models load m
+    --version 1``: the ingress that took the load read the new files' metadata, but the other ingress kept the
+    scan it had from before the unload, for good, and refused valid INT32 requests (about half of them, as the
+    queue group spread them). Now a version that the model's state serves again is read again on every ingress."""
+    import msgpack
+    import nats
+
+    from inferbus.schemas import ErrorCode, decode_error
+
+    models = tmp_path / "models"
+    for v in ("1", "2"):
+        (models / "m" / v).mkdir(parents=True)
+        shutil.copy(MODELS / "digits" / v / "model.onnx", models / "m" / v / "model.onnx")
+    (models / "m" / "config.json").write_text(json.dumps({"default_version": 2}))
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix=PREFIX,
+                           extra=["--models", str(models), "--ingress", "2", "--no-cache"])
+    rng = np.random.default_rng(11)
+
+    def body(dtype) -> bytes:
+        x = rng.integers(-9, 9, (1, 64)).astype(dtype)
+        return msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32" if dtype == np.float32 else "INT32",
+                                          "shape": [1, 64], "raw": x.tobytes()}]})
+
+    try:
+        for args in (("unload", "m", "--version", "1"), None, ("load", "m", "--version", "1")):
+            if args is None:
+                (models / "m" / "1" / "model.onnx").write_bytes(_int32_identity_onnx())
+                continue
+            p = await asyncio.to_thread(_cli, "models", *args, "--nats-url", dep.nats_url, "--prefix", PREFIX)
+            assert p.returncode == 0, (args, p.stdout, p.stderr)
+        await asyncio.sleep(1.5)  # the other ingress has applied the broadcast state
+        nc = await nats.connect(dep.nats_url)
+        try:
+            got = [await nc.request(f"{PREFIX}.infer.m.1", body(np.int32), timeout=5) for _ in range(30)]
+            errs = [decode_error(m.headers, m.data) for m in got]
+            assert not [e for e in errs if e is not None], [e for e in errs if e is not None][:3]
+            for _ in range(10):
+                m = await nc.request(f"{PREFIX}.infer.m.1", body(np.float32), timeout=5)
+                err = decode_error(m.headers, m.data)
+                assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT and "INT32" in err.message, err
+        finally:
+            await nc.close()
     finally:
         dep.stop()

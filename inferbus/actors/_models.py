@@ -291,7 +291,12 @@ class IngressModels:
             prev = self.states.get(st.model)
             repinned = [v for v in st.versions if prev is not None and v in st.digests and v in prev.digests
                         and st.digests[v] != prev.digests[v]]  # re-pinned: its metadata is read again
-            if m is None or repinned or any(v not in m.versions and v not in held for v in st.versions):
+            # a version the state serves again after it was not served (unloaded, its files perhaps replaced, then
+            # loaded): read again too, not taken from the scan kept from before (a fresh-user trial: the ingresses
+            # that had not taken the load kept the old files' metadata for good, refusing valid requests)
+            returning = [v for v in st.versions if prev is not None and v not in prev.versions and v in m.versions] \
+                if m is not None else []
+            if m is None or repinned or returning or any(v not in m.versions and v not in held for v in st.versions):
                 try:
                     m = await asyncio.to_thread(self.ing.repo.scan_model, st.model,
                                                 [v for v in st.versions if v not in held or v in repinned])

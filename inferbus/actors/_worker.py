@@ -605,6 +605,9 @@ class Worker:
             except InferbusError as err:  # an output the wire cannot carry
                 o = self._error_outcome(job, err)
             self.window_inline.add(t1, 1, 0)
+        elif (misfit := self._local_misfit(job, req)) is not None:  # the ingress checked older metadata
+            o = self._error_outcome(job, misfit)
+            self.window_inline.add(t1, 1, 0)
         else:
             o = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
             o.executed = True
@@ -1420,6 +1423,28 @@ class Worker:
             return out
         return req, arrays
 
+    def _local_misfit(self, job: Job, req) -> InferbusError | None:
+        """Why request ``req``, handed over in-process by the colocated ingress and failed by the model, does not fit
+        this worker's metadata of its version (an unexpected input, another datatype or shape), as the client error
+        :meth:`_prepare` gives; None when it fits (the failure is the model's) or it came over the bus (checked by
+        :meth:`_prepare` already). Read only after a model run failed: a version re-pinned to files that take
+        another datatype or shape reaches this worker before its ingress, which checked the request against the
+        old metadata (a fresh-user trial: such requests were answered INTERNAL and opened the worker's breaker)."""
+        spec = self._specs.get(job.model_key) if job.local else None
+        if spec is None:
+            return None
+        for i, t in enumerate(req.inputs):
+            info = spec.get(t.name)
+            if info is None:
+                return InvalidArgument(f"unexpected input {t.name!r}; model version {job.model_key} takes "
+                                       f"{sorted(spec)}", field=f"inputs[{i}].name")
+            if t.datatype != info.datatype:
+                return datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
+            if len(t.shape) != len(info.shape) or any(d >= 0 and d != n for d, n in zip(info.shape, t.shape)):
+                return InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
+                                       field=f"inputs[{i}].shape")
+        return None
+
     def _error_outcome(self, job: Job, err: InferbusError, server_error: bool = False) -> Outcome:
         if server_error:
             self.stats.errors += 1
@@ -1455,6 +1480,9 @@ class Worker:
             if fault_rate > 0 and not isinstance(res, Exception) and self._rng.random() < fault_rate:
                 res = InferenceError("injected fault (FaultSet.error_rate)")
             if isinstance(res, Exception):
+                if (misfit := self._local_misfit(job, req)) is not None:  # the ingress checked older metadata
+                    outcomes.append(self._error_outcome(job, misfit))
+                    continue
                 errors += 1
                 failed = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
                 failed.executed = True
