@@ -42,16 +42,19 @@ from nats.errors import (
 )
 
 def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
-               met: dict[str, int] | None = None) -> DeadlineExceeded:
+               met: dict[str, int] | None = None, disconnected: bool = False) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
     <what they met, by kind>; <which>: <last_err>)``, the parts that apply, and ``; nothing was sent`` when nothing
-    was. ``met``: attempts by what ended them (``no responders``, ``timed out``, ...), in the order first met."""
+    was. ``met``: attempts by what ended them (``no responders``, ``timed out``, ...), in the order first met;
+    ``disconnected``: the client's connection was down when the budget ran out (said, so that a user does not look
+    for a slow server)."""
     tally = ", ".join(f"{n} {kind}" for kind, n in (met or {}).items())
     detail = ([f"{sent} attempts" + (f": {tally}" if tally else "")] if sent > 1 else []) + \
         ([f"{which}: {last_err}"] if last_err else [])
     return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
                                                                                   else "")
-                            + ("" if sent else "; nothing was sent"))
+                            + ("" if sent else "; nothing was sent")
+                            + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
 
 
 def _fmt_ms(ms: float) -> str:
@@ -503,7 +506,7 @@ class Client:
             if left_ms <= 0:
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
                     raise last_err  # fitted, overshot by the loop): what kept the request from being answered
-                raise _no_answer(timeout_s, sent, last_err, "the last", met)
+                raise _no_answer(timeout_s, sent, last_err, "the last", met, not self.nc.is_connected)
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
             # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
@@ -543,7 +546,8 @@ class Client:
                 if wait_ms >= left_ms:  # the last attempt had the rest of the budget; say what the others met
                     # (a fresh-user trial: 16 of 17 attempts met "no responders" and the error said only "17 attempts")
                     met["timed out"] = met.get("timed out", 0) + 1
-                    raise _no_answer(timeout_s, sent, last_err, "before the last", met) from None
+                    raise _no_answer(timeout_s, sent, last_err, "before the last", met,
+                                     not self.nc.is_connected) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1

@@ -367,6 +367,26 @@ async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hin
         await server_nc.close()
 
 
+@pytest.mark.timeout(30)
+async def test_a_budget_spent_while_disconnected_says_so(nats_server):
+    """A fresh-user trial stopped a node with its embedded nats-server while SDK clients looped: every call then
+    said ``no answer within 1500 ms (3 attempts: 3 timed out; ...)``, and nothing said that the client itself was
+    not connected, so one would look for a slow server. The DEADLINE_EXCEEDED now says so."""
+    client = await Client.connect(nats_server.url, adaptive_attempt_timeout=False)
+    try:
+        nats_server.stop()
+        t0 = time.monotonic()
+        while client.nc.is_connected:
+            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
+            await asyncio.sleep(0.02)
+        with pytest.raises(DeadlineExceeded) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-down")
+        assert ei.value.message.startswith("no answer within 500 ms"), ei.value.message
+        assert ei.value.message.endswith("; this client is not connected to NATS (reconnecting)"), ei.value.message
+    finally:
+        await client.close()
+
+
 @pytest.mark.timeout(60)
 async def test_requests_beyond_the_reconnect_buffer_are_sent_once_reconnected(nats_server):
     """While the connection is down nats-py buffers what is published, up to ``pending_size_bytes``, and

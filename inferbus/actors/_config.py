@@ -233,9 +233,10 @@ class IngressConfig(_JsonMixin):
     """Largest input tensor accepted, bytes of its values (0 = no limit beyond the body); beyond: PAYLOAD_TOO_LARGE."""
     max_bytes_elements: int = 65_536
     """Most elements of one BYTES input (0 = no limit); beyond: PAYLOAD_TOO_LARGE, checked from the shape before the
-    elements of the ``raw`` form are read (a JSON ``data`` list is parsed with the body, before any check). Reading a BYTES tensor makes one Python object per element on the ingress's loop (~0.45 µs
-    each on the 2-core box): a fresh-user trial's 2,000,000-element request held the ingress for 0.9 s, every other
-    request waiting behind it. The default costs at most ~30 ms there."""
+    elements of the ``raw`` form are read (a ``data`` list, JSON or MessagePack, is parsed with the body, before any
+    check). Reading a BYTES tensor makes one Python object per element on the ingress's loop (~0.45 µs each on the
+    2-core box): a fresh-user trial's 2,000,000-element request held the ingress for 0.9 s, every other request
+    waiting behind it. The default costs at most ~30 ms there."""
     pending_grace_s: float = 1.0
     """A forwarded request with no completion this long after its deadline is counted lost (breaker failure)."""
     max_backlog_msgs: int = 10_000
