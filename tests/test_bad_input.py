@@ -33,7 +33,9 @@ PREFIX = "bad"
 def dep(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     models = models_subset(root / "models", ["typed", "strings", "digits"])
-    d = start_deployment(root / "dep", workers=1, prefix=PREFIX, extra=["--models", str(models), "--no-cache"])
+    # (no bound on BYTES elements: a test here decodes 600k of them to spend a budget in decoding)
+    d = start_deployment(root / "dep", workers=1, prefix=PREFIX, extra=["--models", str(models), "--no-cache",
+                                                                     "--max-bytes-elements", "0"])
     yield d
     d.stop()
 
@@ -476,13 +478,15 @@ async def test_batched_rows_equal_the_single_row_reference(env, sizes):
         sizes = [int(s) for s in rng.integers(1, 20, 12)]
     X = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"].astype(np.float32)
     feeds = [X[rng.integers(0, len(X), s)] + np.float32(rng.random()) for s in sizes]
-    # concurrently, behind a 64-row request that keeps the inference thread busy, so the worker batches them
-    # (zero-wait): without it a 1-row request arriving at an idle worker runs inline, on its own (a clean-clone
-    # run: [1, 62, 1] never batched in 3 tries)
-    blocker = X[:64] + np.float32(0.5)
+    # concurrently, behind 64-row requests that keep the inference thread busy, so the worker batches them
+    # (zero-wait): without them a 1-row request arriving at an idle worker runs inline, on its own (a clean-clone
+    # run: [1, 62, 1] never batched in 3 tries; another, with one such request ahead, in 10 tries: on a busy box the
+    # small requests' bus hops took longer than one 64-row run)
+    blockers = [X[:64] + np.float32(0.5 + k) for k in range(4)]
     results = []
     for _ in range(10):
-        results = (await asyncio.gather(*(client.infer_result("digits", {"pixels": f}) for f in [blocker, *feeds])))[1:]
+        results = (await asyncio.gather(*(client.infer_result("digits", {"pixels": f})
+                                          for f in [*blockers, *feeds])))[len(blockers):]
         if any(r.parameters.get("batch_size", 1) > 1 for r in results):
             break
     assert any(r.parameters.get("batch_size", 1) > 1 for r in results), "no request was batched"
@@ -543,8 +547,9 @@ async def test_100k_distinct_inputs_no_cross_talk(env, dep):
 
 
 async def test_a_budget_spent_in_decoding_is_refused_by_the_ingress_not_forwarded(env):
-    """A BYTES tensor of 600k elements in the raw form takes the ingress hundreds of ms to decode and check
-    (per-element work); with a 20 ms budget the ingress answers DEADLINE_EXCEEDED itself once it is done,
+    """A BYTES tensor of 600k elements in the raw form (this deployment sets no ``--max-bytes-elements``, which would
+    refuse it from its shape) takes the ingress hundreds of ms to decode and check (per-element work); with a 20 ms
+    budget the ingress answers DEADLINE_EXCEEDED itself once it is done,
     naming the stage, instead of forwarding an expired request for the worker to refuse later. The reply
     carries the body's id as Inferbus-Request-Id."""
     nc, client = env
