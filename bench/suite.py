@@ -733,12 +733,8 @@ def _direct_ratios(steps: list[dict], sweeps: dict, half_load: dict, model_p50: 
         "sustained_direct_over_echo": _ratio(dm.get("max_sustained_qps"), em.get("max_sustained_qps")),
         "sustained_inferbus_over_direct": _ratio(mm.get("max_sustained_qps"), dm.get("max_sustained_qps")),
     }
-    he, hd = half_load.get("echo"), half_load.get("direct")
-    floor_half = (he["p50_us"] + model_p50) if he else None
-    out["half_load"] = {
-        "direct_p50_over_echo_plus_model": _ratio(hd["p50_us"], floor_half) if hd else None,
-        "direct_p99_over_echo_plus_model": _ratio(hd["p99_us"], floor_half) if hd else None,
-    }
+    half = _half_ratios(half_load, model_p50)
+    out["half_load"] = {k: half[k] for k in ("direct_p50_over_echo_plus_model", "direct_p99_over_echo_plus_model")}
     return out
 
 

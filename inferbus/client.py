@@ -31,6 +31,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -500,7 +501,7 @@ class Client:
         sent = 0
         blocked = 0  # attempts refused by this client's own full outbound buffer (nothing sent)
         attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
-        met: dict[str, int] = {}  # what ended each attempt, by kind, for the DEADLINE_EXCEEDED's message
+        met: Counter[str] = Counter()  # what ended each attempt, by kind, for the DEADLINE_EXCEEDED's message
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
         while True:
             left_ms = H.remaining_ms(deadline)
@@ -537,11 +538,11 @@ class Client:
                 await asyncio.sleep(pause_ms / 1000.0)
                 continue
             except NoRespondersError:
-                met["no responders"] = met.get("no responders", 0) + 1
+                met["no responders"] += 1
                 no_responders_ms = max(no_responders_ms, (time.monotonic() - t_sent) * 1000.0)
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:
-                met["connection lost"] = met.get("connection lost", 0) + 1
+                met["connection lost"] += 1
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
                                        f"budget lasted)")
             except NatsTimeout:
@@ -553,13 +554,13 @@ class Client:
                         # said DEADLINE_EXCEEDED instead of UNAVAILABLE)
                         raise Unavailable(f"{last_err.message} ({sent} attempts; the last, with {wait_ms:.0f} ms of "
                                           f"the budget left, had no reply in time)") from None
-                    met["timed out"] = met.get("timed out", 0) + 1
+                    met["timed out"] += 1
                     raise _no_answer(timeout_s, sent, last_err, "before the last", met,
                                      not self.nc.is_connected) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1
-                met["timed out"] = met.get("timed out", 0) + 1
+                met["timed out"] += 1
                 last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms")
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
                 continue
@@ -575,7 +576,7 @@ class Client:
                         est.add((time.monotonic() - t_sent) * 1000.0)
                     return msg.data, (msg.headers or {}).get(H.CONTENT_TYPE)
                 if isinstance(err, (ResourceExhausted, Unavailable)):
-                    met[err.code.value] = met.get(err.code.value, 0) + 1
+                    met[err.code.value] += 1
                 if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
                     hint = float(err.retry_after_ms or self.retry_backoff_ms)
                     if hint >= H.remaining_ms(deadline):

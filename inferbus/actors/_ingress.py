@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import time
 from collections import OrderedDict
@@ -258,9 +259,7 @@ def _check_bytes_elements(t, shape, limit: int, i: int) -> None:
     Raises:
         PayloadTooLarge: more than ``limit`` elements (``field`` = ``inputs[i]``).
     """
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if n > limit:
         raise PayloadTooLarge(f"BYTES input {t.name!r} has {n} elements, over the limit of {limit} "
                               f"(inferbus up --max-bytes-elements)", field=f"inputs[{i}]")

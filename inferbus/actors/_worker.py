@@ -1382,14 +1382,8 @@ class Worker:
         for i, t in enumerate(req.inputs):
             # the ingress validated this already; checked again (cheap) so that whatever reaches a worker
             # subject some other way is a client error, never a runtime failure counted against the worker
-            info = spec.get(t.name)
-            if info is None or t.name in arrays:
-                raise InvalidArgument(f"unexpected or repeated input {t.name!r}", field=f"inputs[{i}].name")
-            if t.datatype != info.datatype:
-                raise datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
-            if len(t.shape) != len(info.shape) or any(d >= 0 and d != s for d, s in zip(info.shape, t.shape)):
-                raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
-                                      field=f"inputs[{i}].shape")
+            if (misfit := _input_misfit(spec, t, i, arrays)) is not None:
+                raise misfit
             arr = input_to_numpy(t, field=f"inputs[{i}]")
             if text_inputs and t.name in text_inputs:
                 arr = _bytes_to_text(arr, t, i)
@@ -1433,16 +1427,11 @@ class Worker:
         spec = self._specs.get(job.model_key) if job.local else None
         if spec is None:
             return None
+        seen: dict = {}
         for i, t in enumerate(req.inputs):
-            info = spec.get(t.name)
-            if info is None:
-                return InvalidArgument(f"unexpected input {t.name!r}; model version {job.model_key} takes "
-                                       f"{sorted(spec)}", field=f"inputs[{i}].name")
-            if t.datatype != info.datatype:
-                return datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
-            if len(t.shape) != len(info.shape) or any(d >= 0 and d != n for d, n in zip(info.shape, t.shape)):
-                return InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
-                                       field=f"inputs[{i}].shape")
+            if (misfit := _input_misfit(spec, t, i, seen)) is not None:
+                return misfit
+            seen[t.name] = None
         return None
 
     def _error_outcome(self, job: Job, err: InferbusError, server_error: bool = False) -> Outcome:
@@ -1699,6 +1688,21 @@ def _start_failure(mv, exc: BaseException, where: str = "") -> str:
     """One line: the model version a worker could not load at start, and the runtime's reason."""
     return (f"model {mv.name!r} version {mv.version} ({mv.path}) could not be loaded{where}: "
             f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+
+def _input_misfit(spec: dict, t, i: int, seen) -> InferbusError | None:
+    """The client error input ``t`` (``inputs[i]``) is against a version's input ``spec`` (name → tensor metadata):
+    an unexpected name or one already in ``seen``, another datatype, a shape that does not fit (a dimension of -1
+    takes any size); None when it fits."""
+    info = spec.get(t.name)
+    if info is None or t.name in seen:
+        return InvalidArgument(f"unexpected or repeated input {t.name!r}", field=f"inputs[{i}].name")
+    if t.datatype != info.datatype:
+        return datatype_mismatch(t.name, info.datatype, t.datatype, f"inputs[{i}].datatype")
+    if len(t.shape) != len(info.shape) or any(d >= 0 and d != n for d, n in zip(info.shape, t.shape)):
+        return InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
+                               field=f"inputs[{i}].shape")
+    return None
 
 
 def _quiesce_on_sigusr1(loop: asyncio.AbstractEventLoop, start_drain) -> bool:
