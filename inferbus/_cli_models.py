@@ -1,7 +1,8 @@
 """``inferbus models``: list the served models; load, unload and set the default model version at run time.
 
-``inferbus models``                          the served models (a table: versions, default version, platform,
-                                             inputs, outputs; from their OIP v2 metadata);
+``inferbus models [--timeout-s S]``          the served models (a table: versions, default version, platform,
+                                             inputs, outputs; from their OIP v2 metadata; one request, budget
+                                             S seconds, default 1);
 ``inferbus models load NAME [V]``           load a version from the model repository folder (all versions
                                              on disk not served yet without one);
 ``inferbus models unload NAME V``            drain and drop a version (not the default);
@@ -37,18 +38,25 @@ _TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits
 @app.callback()
 def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
-                                        "{\"models\": [metadata, ...]} (each with parameters.default_version).")):
+                                        "{\"models\": [metadata, ...]} (each with parameters.default_version)."),
+           timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0); "
+                                           "a write takes --timeout after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
+    from .cli import _call, _check_timeout_s, _given, _one_shot_client, _usage, console
+
     if ctx.invoked_subcommand is not None:
+        if _given(ctx, "timeout_s"):  # not the write's budget (60 s by default): refused rather than ignored
+            _usage(f"models {ctx.invoked_subcommand}: --timeout-s is the listing's budget; give the write's after "
+                   f"the subcommand: inferbus models {ctx.invoked_subcommand} ... --timeout SECONDS")
         ctx.obj = {"nats_url": nats_url, "prefix": prefix}  # the subcommands' connection unless they get their own
         return
     from rich.table import Table
 
-    from .cli import _call, _one_shot_client, console
+    _check_timeout_s("models", timeout_s)
 
     async def go():
         async with await _one_shot_client(nats_url, prefix) as c:
-            return await c.models()
+            return await c.models(timeout_s=timeout_s)
 
     ml = _call(go, as_json=as_json)
     if as_json:

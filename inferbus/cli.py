@@ -229,6 +229,17 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _check_timeout_s(command: str, timeout_s: float) -> None:
+    """A client command's ``--timeout-s`` (one request's budget, seconds, retries included), as the SDK checks
+    ``timeout_s``: a finite number > 0, before connecting.
+
+    Raises:
+        typer.Exit: (status 2) one line, ``<command>: --timeout-s must be a finite number of seconds > 0, got ...``.
+    """
+    if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
+        _usage(f"{command}: --timeout-s must be a finite number of seconds > 0, got {timeout_s}")
+
+
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
                  "rate_limit_per_s": "rate_limit", "client_rate_limit_per_s": "client_rate_limit",
                  "hedge_budget_ratio": "hedge_budget", "models_dir": "models"}
@@ -1021,8 +1032,7 @@ def infer(
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
 ):
     """Send one request built from .npy files and print the outputs."""
-    if not (timeout_s > 0 and timeout_s != float("inf")):  # as the SDK's check (NaN fails the first)
-        _usage(f"infer: --timeout-s must be a finite number of seconds > 0, got {timeout_s}")
+    _check_timeout_s("infer", timeout_s)
     feeds = {}
     for spec in input:
         name, sep, path = spec.partition("=")
@@ -1074,14 +1084,18 @@ def _load_npy(path: str) -> np.ndarray:
 
 
 @app.command()
-def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus")):
-    """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering)."""
+def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
+           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0).")):
+    """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering within
+    --timeout-s)."""
     from .schemas import DeadlineExceeded, Unavailable
+
+    _check_timeout_s("health", timeout_s)
 
     async def go():
         async with await _one_shot_client(nats_url, prefix) as c:
             try:
-                return await c.health()
+                return await c.health(timeout_s=timeout_s)
             except (Unavailable, DeadlineExceeded) as err:  # no ingress of that prefix answers: down, for a probe
                 return err
 

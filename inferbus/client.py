@@ -42,20 +42,40 @@ from nats.errors import (
     TimeoutError as NatsTimeout,
 )
 
+def _tally(sent: int, met: Mapping[str, int] | None) -> str:
+    """``<sent> attempts: <n> <kind>, ...``, the attempts of a request whose budget ran out counted by what ended
+    them (``no responders``, ``timed out``, ``while disconnected``, ``connection lost``, ``UNAVAILABLE``, ...; in
+    the order first met), for the error raised then; ``""`` for a single attempt (its own error says what it met).
+    ``met`` empty or None: ``<sent> attempts``."""
+    if sent <= 1:
+        return ""
+    kinds = ", ".join(f"{n} {kind}" for kind, n in (met or {}).items())
+    return f"{sent} attempts" + (f": {kinds}" if kinds else "")
+
+
 def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
-               met: dict[str, int] | None = None, disconnected: bool = False) -> DeadlineExceeded:
+               met: Mapping[str, int] | None = None, disconnected: bool = False) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
-    <what they met, by kind>; <which>: <last_err>)``, the parts that apply, and ``; nothing was sent`` when nothing
-    was. ``met``: attempts by what ended them (``no responders``, ``timed out``, ...), in the order first met;
-    ``disconnected``: the client's connection was down when the budget ran out (said, so that a user does not look
-    for a slow server)."""
-    tally = ", ".join(f"{n} {kind}" for kind, n in (met or {}).items())
-    detail = ([f"{sent} attempts" + (f": {tally}" if tally else "")] if sent > 1 else []) + \
-        ([f"{which}: {last_err}"] if last_err else [])
+    <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`), and
+    ``; nothing was sent`` when nothing was. ``disconnected``: the client's connection was down when the budget ran
+    out (said, so that a user does not look for a slow server)."""
+    tally = _tally(sent, met)
+    detail = ([tally] if tally else []) + ([f"{which}: {last_err}"] if last_err else [])
     return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
                                                                                   else "")
                             + ("" if sent else "; nothing was sent")
                             + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
+
+
+def _unavailable_at_end(last_err: Unavailable, sent: int, met: Mapping[str, int], note: str = "") -> Unavailable:
+    """The UNAVAILABLE raised when a request's budget ran out after UNAVAILABLE retries: the last one met, its
+    message followed by the attempts' tally as the DEADLINE_EXCEEDED gives it (:func:`_tally`) and ``note``:
+    ``no responders on inferbus.infer.digits: no ingress is serving (17 attempts: 17 no responders)``. Its field
+    and ``retry_after_ms`` are the last one's; ``last_err`` itself when there is nothing to add (one attempt)."""
+    detail = "; ".join(part for part in (_tally(sent, met), note) if part)
+    if not detail:
+        return last_err
+    return Unavailable(f"{last_err.message} ({detail})", field=last_err.field, retry_after_ms=last_err.retry_after_ms)
 
 
 def _fmt_ms(ms: float) -> str:
@@ -433,8 +453,15 @@ class Client:
 
         Raises:
             InvalidArgument: ``timeout_s`` is not a finite number > 0 (0, negative, NaN, infinity; nothing sent).
-            the typed error of an error reply; DeadlineExceeded when the budget runs out (at once,
-            nothing sent, when it was spent before sending);
+            the typed error of an error reply; DeadlineExceeded when the budget runs out while an attempt
+            waits for its answer (at once, nothing sent, when it was spent before sending), its message naming
+            the attempts and what ended them by kind (``17 attempts: 16 no responders, 1 timed out``; an
+            attempt with no answer that started or ended while this client was not connected to NATS counts
+            as ``while disconnected``, not ``timed out``);
+            Unavailable when the budget runs out between UNAVAILABLE retries (NATS "no responders", a lost
+            connection, an UNAVAILABLE reply: the next pause would not fit): the last one, its message followed
+            by the same tally (``... no ingress is serving (17 attempts: 17 no responders)``), its
+            ``retry_after_ms`` kept;
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
             max_payload (the server would close the connection instead of answering);
             Unavailable at once, not retried, when the connection is closed or draining
@@ -501,13 +528,14 @@ class Client:
         sent = 0
         blocked = 0  # attempts refused by this client's own full outbound buffer (nothing sent)
         attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
-        met: Counter[str] = Counter()  # what ended each attempt, by kind, for the DEADLINE_EXCEEDED's message
+        met: Counter[str] = Counter()  # what ended each attempt, by kind, for the message of the error that ends them
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
-                    raise last_err  # fitted, overshot by the loop): what kept the request from being answered
+                    raise _unavailable_at_end(last_err, sent, met)  # fitted, overshot by the loop): what kept the
+                    # request from being answered, with the attempts' tally
                 raise _no_answer(timeout_s, sent, last_err, "the last", met, not self.nc.is_connected)
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
@@ -518,6 +546,7 @@ class Client:
             # the last attempt that fits gets the whole remaining budget
             wait_ms = left_ms if attempt_ms is None or attempt_ms + _RTO_MIN_RETRY_MS >= left_ms else attempt_ms
             t_sent = time.monotonic()
+            connected = self.nc.is_connected  # an attempt made while reconnecting is buffered, not sent yet
             sent += 1
             try:
                 msg = await self.nc.request(subject, body, timeout=wait_ms / 1000.0, headers=hdrs)
@@ -546,22 +575,27 @@ class Client:
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
                                        f"budget lasted)")
             except NatsTimeout:
+                # an attempt this client was not connected for (at its start or end) says nothing of the servers:
+                # counted apart (a fresh-user trial read "3 timed out" of a client whose own NATS server was down)
+                down = not (connected and self.nc.is_connected)
                 if wait_ms >= left_ms:  # the last attempt had the rest of the budget; say what the others met
                     # (a fresh-user trial: 16 of 17 attempts met "no responders" and the error said only "17 attempts")
-                    if len(met) == 1 and "no responders" in met and wait_ms < 2 * no_responders_ms + _RTO_MIN_RETRY_MS:
+                    only_no_responders = len(met) == 1 and "no responders" in met
+                    met["while disconnected" if down else "timed out"] += 1
+                    if only_no_responders and wait_ms < 2 * no_responders_ms + _RTO_MIN_RETRY_MS:
                         # every earlier attempt met no responders and the last had less time than such a reply took
                         # here: its timeout says nothing new (a busy CI box: a health probe of a prefix nobody serves
                         # said DEADLINE_EXCEEDED instead of UNAVAILABLE)
-                        raise Unavailable(f"{last_err.message} ({sent} attempts; the last, with {wait_ms:.0f} ms of "
-                                          f"the budget left, had no reply in time)") from None
-                    met["timed out"] += 1
+                        raise _unavailable_at_end(last_err, sent, met, f"the last, with {wait_ms:.0f} ms of the "
+                                                                       f"budget left, had no reply in time") from None
                     raise _no_answer(timeout_s, sent, last_err, "before the last", met,
                                      not self.nc.is_connected) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1
-                met["timed out"] += 1
-                last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms")
+                met["while disconnected" if down else "timed out"] += 1
+                last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms"
+                                            + (" (this client was not connected to NATS)" if down else ""))
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
                 continue
             else:
@@ -595,14 +629,22 @@ class Client:
             pause_ms = b / 2 + self._rng.uniform(0, b / 2)
             if hint is not None:  # the server's hint: the first pause, and no later pause is shorter
                 pause_ms = float(hint) if attempt == 1 else max(float(hint), pause_ms)
-            if H.remaining_ms(deadline) <= pause_ms:
-                raise last_err  # type: ignore[misc]
+            if H.remaining_ms(deadline) <= pause_ms:  # the budget ends before the next pause would: the last
+                raise _unavailable_at_end(last_err, sent, met)  # UNAVAILABLE, with what every attempt met
             if pause_ms > 0:
                 await asyncio.sleep(pause_ms / 1000.0)
 
 
     async def models(self, timeout_s: float = 1.0) -> ModelList:
-        """The served models' OIP v2 metadata (``<p>.models``)."""
+        """The served models' OIP v2 metadata (``<p>.models``), as one ingress answers it.
+
+        Args:
+            timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
+
+        Raises:
+            InvalidArgument: ``timeout_s`` is not a finite number > 0 (nothing sent).
+            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+        """
         body, ct = await self.request(self.subjects.models, b"", timeout_s=timeout_s)
         return decode(body, ModelList, ct)
 
@@ -613,7 +655,15 @@ class Client:
         return decode(body, ModelMetadata, ct)
 
     async def health(self, timeout_s: float = 1.0) -> Health:
-        """Liveness/readiness of one ingress replica (``<p>.health``)."""
+        """Liveness/readiness of one ingress replica (``<p>.health``).
+
+        Args:
+            timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
+
+        Raises:
+            InvalidArgument: ``timeout_s`` is not a finite number > 0 (nothing sent).
+            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+        """
         body, ct = await self.request(self.subjects.health, b"", timeout_s=timeout_s)
         return decode(body, Health, ct)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -531,6 +532,75 @@ def test_health_with_no_ingress_answering_is_not_ready_exit_1(nats_server):
     assert "Traceback" not in p.stderr + p.stdout
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("UNAVAILABLE"), p.stderr
+
+
+@contextlib.contextmanager
+def _hung_ingress(url: str, prefix: str):
+    """A subscriber on ``<prefix>.health`` and ``<prefix>.models`` that takes every request and never answers (an
+    ingress hung holding it), on an event loop of its own thread, while the block runs."""
+    import asyncio
+    import threading
+
+    import nats
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def swallow(msg) -> None:
+        pass
+
+    async def subscribe():
+        nc = await nats.connect(url)
+        for subject in (f"{prefix}.health", f"{prefix}.models"):
+            await nc.subscribe(subject, cb=swallow)
+        await nc.flush()
+        return nc
+
+    nc = asyncio.run_coroutine_threadsafe(subscribe(), loop).result(10)
+    try:
+        yield
+    finally:
+        asyncio.run_coroutine_threadsafe(nc.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_health_and_models_take_their_budget_from_timeout_s(nats_server):
+    """A fresh-user trial: ``inferbus health`` had a fixed 1 s budget, too short for a probe of a loaded box, with no
+    option. ``health`` and the ``models`` listing (the same one-request path) take ``--timeout-s``; the
+    DEADLINE_EXCEEDED of an ingress that takes the request and never answers names the budget given."""
+    with _hung_ingress(nats_server.url, "hung"):
+        for argv, budget_ms in ((("health",), 1000), (("health", "--timeout-s", "1.5"), 1500),
+                                (("models", "--timeout-s", "1.5"), 1500), (("models", "--json", "--timeout-s", "1.5"),
+                                                                          1500)):
+            p, took_s = cli(*argv, "--nats-url", nats_server.url, "--prefix", "hung")
+            assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, (argv, p)
+            said = f"DEADLINE_EXCEEDED: no answer within {budget_ms} ms ("
+            if "--json" in argv:  # the wire's error object on stdout
+                err = json.loads(p.stdout)["error"]
+                assert err["code"] == "DEADLINE_EXCEEDED", err
+                assert err["message"].startswith(said.partition(": ")[2]), err
+            else:
+                assert p.stderr.startswith(said), (argv, p.stderr)
+            assert took_s >= budget_ms / 1000, (argv, took_s)
+
+
+@pytest.mark.parametrize("command", ["health", "models"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(command, value):
+    p, _ = cli(command, "--timeout-s", value, "--nats-url", "nats://127.0.0.1:1")  # nothing listens: exit 3 there
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    assert p.stderr == f"error: {command}: --timeout-s must be a finite number of seconds > 0, got {float(value)}\n", \
+        p.stderr
+
+
+def test_the_models_listings_timeout_s_before_a_write_is_refused_not_ignored():
+    p, _ = cli("models", "--timeout-s", "5", "load", "digits", "--nats-url", "nats://127.0.0.1:1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    assert p.stderr == ("error: models load: --timeout-s is the listing's budget; give the write's after the "
+                        "subcommand: inferbus models load ... --timeout SECONDS\n"), p.stderr
 
 
 def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server):

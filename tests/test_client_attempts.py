@@ -297,6 +297,8 @@ async def test_no_responders_is_unavailable_at_once_or_retried_within_the_budget
             await retrying.request(SUBJECT, b"x", timeout_s=0.4, request_id="rid-n2")
         took = time.monotonic() - t0
         assert 0.25 <= took < 0.4 + 0.3, (took, ei.value)
+        # either error counts the attempts by what ended them (the UNAVAILABLE once said only what the last met)
+        assert re.search(r"\(\d+ attempts: \d+ no responders", ei.value.message), ei.value.message
         # retries on, a server subscribes 150 ms in: the request is answered within its budget, same id
         r = Scripted(server_nc, [None])
         later = asyncio.get_running_loop().call_later(0.15, lambda: asyncio.ensure_future(r.start()))
@@ -331,6 +333,26 @@ async def test_a_budget_spent_in_the_last_attempt_names_what_the_earlier_ones_me
         # message named only the one before the last): the quick "no responders" ones, then the one that timed out
         m = re.search(r"\((\d+) attempts: (\d+) no responders, 1 timed out;", msg)
         assert m and int(m[1]) == int(m[2]) + 1 and int(m[2]) >= 1, msg
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_an_unavailable_at_the_budgets_end_names_what_the_attempts_met(nats_server):
+    """A server that answers every copy UNAVAILABLE with a 200 ms hint, a 0.5 s budget: the copies at about 0, 200
+    and 400 ms, then the next pause would not fit and the last UNAVAILABLE is raised. A fresh-user trial read such
+    an UNAVAILABLE as one attempt: it now carries the tally the DEADLINE_EXCEEDED gives, and keeps its hint."""
+    server_nc, client = await _pair(nats_server.url)
+    try:
+        r = await Scripted(server_nc, [Unavailable("no worker serves the model", retry_after_ms=200)]).start(
+            probe_from=client.nc)
+        with pytest.raises(Unavailable) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-ue")
+        msg = ei.value.message
+        m = re.fullmatch(r"no worker serves the model \((\d+) attempts: (\d+) UNAVAILABLE\)", msg)
+        assert m and int(m[1]) == int(m[2]) == len(r.seen) >= 2, (msg, r.seen)
+        assert ei.value.retry_after_ms == 200, repr(ei.value)
     finally:
         await client.close()
         await server_nc.close()
@@ -383,6 +405,32 @@ async def test_a_budget_spent_while_disconnected_says_so(nats_server):
             await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-down")
         assert ei.value.message.startswith("no answer within 500 ms"), ei.value.message
         assert ei.value.message.endswith("; this client is not connected to NATS (reconnecting)"), ei.value.message
+    finally:
+        await client.close()
+
+
+@pytest.mark.timeout(30)
+async def test_attempts_without_an_answer_while_disconnected_are_counted_apart(nats_server):
+    """The same trial's tally counted the attempts of a client whose NATS server was down as ``timed out``, as if
+    a server had been slow: each attempt that started or ended while the client was not connected is counted as
+    ``while disconnected``."""
+    client = await Client.connect(nats_server.url, attempt_timeout_ms=100)  # attempts of 100, 200, then the rest
+    try:
+        nats_server.stop()
+        t0 = time.monotonic()
+        while client.nc.is_connected:
+            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
+            await asyncio.sleep(0.02)
+        with pytest.raises(DeadlineExceeded) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-down2")
+        msg = ei.value.message
+        # (the first attempt may still meet "connection lost": nats-py calls the disconnect callback, which fails the
+        # requests in flight, a moment after is_connected turns false)
+        m = re.match(r"no answer within 500 ms \((\d+) attempts: (1 connection lost, )?(\d+) while disconnected; "
+                     r"before the last: attempt \d+ had no answer within \d+ ms \(this client was not connected to "
+                     r"NATS\)\); this client is not connected to NATS \(reconnecting\)$", msg)
+        assert m and int(m[1]) == int(m[3]) + (1 if m[2] else 0) >= 2, msg
+        assert "timed out" not in msg, msg
     finally:
         await client.close()
 
