@@ -63,6 +63,32 @@ def test_workload_judges_raw_replies():
     near = encode_response(InferResponse("digits", [output_from_numpy(k, v * (1 + 1e-7), raw=True)
                                                     for k, v in ref.items()], "1"))
     assert w.check_reply(1, None, near)[:2] == (None, True)
+    # ... and the verdict is remembered by input and bytes: the next such answer is not decoded in full
+    near_key = (1, tuple((k, (v * (1 + 1e-7)).tobytes()) for k, v in ref.items()))
+    assert w._verdicts[near_key] is True and w._verdicts[(2, tuple((k, v.tobytes()) for k, v in ref.items()))] is False
+    far = encode_response(InferResponse("digits", [output_from_numpy(k, v + 1, raw=True) for k, v in ref.items()], "1"))
+    assert w.check_reply(1, None, far)[:2] == (None, False) and len(w._verdicts) == 3
+    w._verdicts[near_key] = False  # a repeated answer's verdict is the one remembered
+    assert w.check_reply(1, None, near)[:2] == (None, False)
+
+
+def test_recorder_reads_lean_parameters_and_samples_stage_timings():
+    """The generator's judge hands the recorder its :class:`ReplyParams` (timings still encoded); one answer in
+    ``stage_every`` has its timings added up, every miss its batch size, every hit is counted."""
+    import msgspec
+
+    from inferbus.loadgen._result import ReplyParams
+
+    rec = Recorder(stage_every=4)
+    for k in range(8):
+        t = msgspec.msgpack.encode({"compute": 10 + k, "worker_total": 30, "ingress_total": 20,
+                                    "worker_done_unix_us": 0})
+        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)))
+    rec.record(5, params=ReplyParams(cache_hit=True))
+    rec.record(5, params={"cache_hit": True})
+    assert (rec.stage_n, rec.batch_n, rec.batch_sum, rec.hits, rec.ok) == (2, 8, 16, 2, 10)
+    assert rec.stages["compute"] == 10 + 14 and rec.e2e_miss_sum == 100 + 104  # answers 0 and 4 sampled
+    assert "worker_done_unix_us" not in rec.stages
 
 
 @pytest.mark.anyio

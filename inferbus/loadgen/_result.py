@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+import msgspec
 from hdrh.histogram import HdrHistogram
 
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
@@ -77,10 +78,20 @@ class BenchResult:
         return sum(self.errors.values())
 
 
+class ReplyParams(msgspec.Struct):
+    """What the load generator reads of a response's ``parameters`` (the rest is skipped by the decoder):
+    ``cache_hit``, ``batch_size`` and ``timings_us`` left encoded (``msgspec.Raw``; empty when absent), decoded
+    only for the replies whose stage timings are sampled (:class:`~inferbus.loadgen._result.Recorder`)."""
+
+    cache_hit: bool = False
+    batch_size: int | None = None
+    timings_us: msgspec.Raw = msgspec.Raw()
+
+
 class Recorder:
     """Counts answers of one step in one process; not thread-safe (one event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stage_every: int = 1) -> None:
         self.hist = new_histogram()
         self.lag = new_histogram()
         self._lat: list[int] = []
@@ -94,10 +105,16 @@ class Recorder:
         self.e2e_miss_sum = 0.0
         self.batch_sum = 0
         self.batch_n = 0
+        self.stage_every = stage_every
+        """Stage timings are added up for one answer in this many (the rest are only counted)."""
+        self._tick = stage_every - 1  # the first answer is sampled
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
-               params: dict | None = None) -> None:
-        """Record one answer: its latency, its error code (None = success), whether it was right.
+               params: dict | ReplyParams | None = None) -> None:
+        """Record one answer: its latency, its error code (None = success), whether it was right, and what its
+        response's ``parameters`` say (a dict, or the load generator's :class:`ReplyParams`): a cache hit is
+        counted; a miss's ``batch_size`` is averaged and, for one answer in :attr:`stage_every`, its
+        ``timings_us`` are added to the stage sums (their means are over those answers).
 
         Latencies are appended to a list and put into the histogram by :meth:`to_wire`,
         after the step, so that the histogram's (pure Python) bookkeeping does not
@@ -109,26 +126,40 @@ class Recorder:
         self.ok += 1
         if not correct:
             self.wrong += 1
-        if params:
-            if params.get("cache_hit"):
-                self.hits += 1
+        if not params:
+            return
+        if type(params) is ReplyParams:
+            hit, b, t = params.cache_hit, params.batch_size, params.timings_us
+        else:
+            hit, b, t = params.get("cache_hit"), params.get("batch_size"), params.get("timings_us")
+        if hit:
+            self.hits += 1
+            return
+        if not t:
+            return
+        if type(b) is int:
+            self.batch_sum += b
+            self.batch_n += 1
+        self._tick += 1
+        if self._tick < self.stage_every:
+            return
+        self._tick = 0
+        if type(t) is msgspec.Raw:
+            try:
+                t = msgspec.msgpack.decode(t)
+            except msgspec.MsgspecError:
                 return
-            t = params.get("timings_us")
-            if isinstance(t, dict):
-                self.stage_n += 1
-                self.e2e_miss_sum += latency_us
-                for k, v in t.items():
-                    if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
-                        self.stages[k] += v
-                b = params.get("batch_size")
-                if type(b) is int:
-                    self.batch_sum += b
-                    self.batch_n += 1
-                done = t.get("worker_done_unix_us")
-                if isinstance(done, (int, float)):
-                    # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
-                    # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
-                    self.stages["reply_hop"] += time.time() * 1e6 - done
+        if isinstance(t, dict):
+            self.stage_n += 1
+            self.e2e_miss_sum += latency_us
+            for k, v in t.items():
+                if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
+                    self.stages[k] += v
+            done = t.get("worker_done_unix_us")
+            if isinstance(done, (int, float)):
+                # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
+                # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
+                self.stages["reply_hop"] += time.time() * 1e6 - done
 
     def record_lag(self, lag_us: float) -> None:
         self._lags.append(int(lag_us))
