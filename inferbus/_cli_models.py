@@ -8,7 +8,8 @@
 ``inferbus models unload NAME V``            drain and drop a version (not the default);
 ``inferbus models default NAME V``           the version that serves requests naming none.
 
-Each takes the version either way, as the second argument or as ``--version V`` (the same value if both).
+Each takes the version either way, as the second argument or as ``--version V`` (the same value if both), and
+its budget as ``--timeout-s S`` after the subcommand (default 60 s; ``--timeout`` is the older name).
 
 ``--nats-url`` and ``--prefix`` may come before the subcommand (``inferbus models --nats-url URL default
 digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` (docs/models.md);
@@ -32,7 +33,9 @@ _PREFIX = typer.Option("inferbus", help="Subject prefix.")
 _SUB_NATS = typer.Option(None, help="NATS server(s), comma-separated (default: the group's --nats-url, "
                          "nats://127.0.0.1:4222).")
 _SUB_PREFIX = typer.Option(None, help="Subject prefix (default: the group's --prefix, inferbus).")
-_TIMEOUT = typer.Option(60.0, help="Budget of the write in seconds (a load waits for every worker).")
+_TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
+                        help="Budget of the write in seconds, a finite number > 0 (a load waits for every worker); "
+                        "--timeout is the older name of the same option.")
 
 
 @app.callback()
@@ -40,14 +43,14 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
                                         "{\"models\": [metadata, ...]} (each with parameters.default_version)."),
            timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0); "
-                                           "a write takes --timeout after its subcommand.")):
+                                           "a write takes --timeout-s after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
     from .cli import _call, _check_timeout_s, _given, _one_shot_client, _usage, console
 
     if ctx.invoked_subcommand is not None:
         if _given(ctx, "timeout_s"):  # not the write's budget (60 s by default): refused rather than ignored
             _usage(f"models {ctx.invoked_subcommand}: --timeout-s is the listing's budget; give the write's after "
-                   f"the subcommand: inferbus models {ctx.invoked_subcommand} ... --timeout SECONDS")
+                   f"the subcommand: inferbus models {ctx.invoked_subcommand} ... --timeout-s SECONDS")
         ctx.obj = {"nats_url": nats_url, "prefix": prefix}  # the subcommands' connection unless they get their own
         return
     from rich.table import Table
@@ -102,9 +105,10 @@ def _not_served(name: str, problems: dict) -> list[str]:
 
 def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],
            prefix: Optional[str], timeout_s: float, as_json: bool) -> None:
-    from .cli import _call, _one_shot_client, console
+    from .cli import _call, _check_timeout_s, _one_shot_client, console
     from .model_admin import model_control
 
+    _check_timeout_s(f"models {op}", timeout_s)
     group = ctx.obj or {}
     nats_url = nats_url or group.get("nats_url", "nats://127.0.0.1:4222")
     prefix = prefix or group.get("prefix", "inferbus")
@@ -150,10 +154,10 @@ def load(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", hel
                                                      help="Version to load (default: every version on disk not "
                                                      "served yet); or --version."),
          version: Optional[str] = typer.Option(None, help="Same as VERSION."),
-         nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
+         nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout_s: float = _TIMEOUT,
          as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Load a model version from the repository folder on every worker; returns when they have it."""
-    _write(ctx, "load", name, _version("load", version_arg, version, False), nats_url, prefix, timeout, as_json)
+    _write(ctx, "load", name, _version("load", version_arg, version, False), nats_url, prefix, timeout_s, as_json)
 
 
 @app.command()
@@ -161,10 +165,10 @@ def unload(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", h
            version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                        help="Version to unload (not the default); or --version."),
            version: Optional[str] = typer.Option(None, help="Same as VERSION."),
-           nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
+           nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout_s: float = _TIMEOUT,
            as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers."""
-    _write(ctx, "unload", name, _version("unload", version_arg, version, True), nats_url, prefix, timeout, as_json)
+    _write(ctx, "unload", name, _version("unload", version_arg, version, True), nats_url, prefix, timeout_s, as_json)
 
 
 @app.command()
@@ -173,8 +177,8 @@ def default(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", 
                                                         help="Version that serves requests naming none; or "
                                                         "--version."),
             version: Optional[str] = typer.Option(None, help="Same as VERSION."),
-            nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout: float = _TIMEOUT,
+            nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout_s: float = _TIMEOUT,
             as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
     """Make VERSION the default version of NAME (it must be loaded on every worker serving NAME)."""
-    _write(ctx, "default", name, _version("default", version_arg, version, True), nats_url, prefix, timeout,
+    _write(ctx, "default", name, _version("default", version_arg, version, True), nats_url, prefix, timeout_s,
            as_json)

@@ -600,7 +600,19 @@ def test_the_models_listings_timeout_s_before_a_write_is_refused_not_ignored():
     p, _ = cli("models", "--timeout-s", "5", "load", "digits", "--nats-url", "nats://127.0.0.1:1")
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
     assert p.stderr == ("error: models load: --timeout-s is the listing's budget; give the write's after the "
-                        "subcommand: inferbus models load ... --timeout SECONDS\n"), p.stderr
+                        "subcommand: inferbus models load ... --timeout-s SECONDS\n"), p.stderr
+
+
+@pytest.mark.parametrize("option", ["--timeout-s", "--timeout"])
+@pytest.mark.parametrize("value", ["0", "nan"])
+def test_a_model_writes_budget_is_timeout_s_and_checked_before_connecting(option, value):
+    """The writes named their budget ``--timeout`` where every other client command says ``--timeout-s``, and a
+    budget of 0 or NaN reached the NATS connection; now ``--timeout-s`` (``--timeout`` kept as its older name) is
+    checked first: one line, exit 2, nothing listening needed."""
+    p, _ = cli("models", "unload", "digits", "1", option, value, "--nats-url", "nats://127.0.0.1:1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
+    assert p.stderr == f"error: models unload: --timeout-s must be a finite number of seconds > 0, got {float(value)}\n", \
+        p.stderr
 
 
 def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server):
