@@ -42,24 +42,27 @@ from nats.errors import (
     TimeoutError as NatsTimeout,
 )
 
-def _tally(sent: int, met: Mapping[str, int] | None) -> str:
+def _tally(sent: int, met: Mapping[str, int] | None, count_one: bool = False) -> str:
     """``<sent> attempts: <n> <kind>, ...``, the attempts of a request whose budget ran out counted by what ended
     them (``no responders``, ``timed out``, ``while disconnected``, ``connection lost``, ``UNAVAILABLE``, ...; in
-    the order first met), for the error raised then; ``""`` for a single attempt (its own error says what it met).
-    ``met`` empty or None: ``<sent> attempts``."""
-    if sent <= 1:
+    the order first met), for the error raised then; ``""`` for a single attempt (its own error says what it met)
+    unless ``count_one`` (the error is about something else), and for none. ``met`` empty or None: ``<sent>
+    attempts``."""
+    if sent <= 0 or (sent == 1 and not count_one):
         return ""
     kinds = ", ".join(f"{n} {kind}" for kind, n in (met or {}).items())
-    return f"{sent} attempts" + (f": {kinds}" if kinds else "")
+    return f"{sent} attempt{'s' if sent > 1 else ''}" + (f": {kinds}" if kinds else "")
 
 
 def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
-               met: Mapping[str, int] | None = None, disconnected: bool = False) -> DeadlineExceeded:
+               met: Mapping[str, int] | None = None, disconnected: bool = False,
+               count_one: bool = False) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
     <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`), and
     ``; nothing was sent`` when nothing was. ``disconnected``: the client's connection was down when the budget ran
-    out (said, so that a user does not look for a slow server)."""
-    tally = _tally(sent, met)
+    out (said, so that a user does not look for a slow server). ``count_one``: tally a single attempt too
+    (``last_err`` is not that attempt's)."""
+    tally = _tally(sent, met, count_one)
     detail = ([tally] if tally else []) + ([f"{which}: {last_err}"] if last_err else [])
     return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
                                                                                   else "")
@@ -67,15 +70,17 @@ def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: s
                             + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
 
 
-def _unavailable_at_end(last_err: Unavailable, sent: int, met: Mapping[str, int], note: str = "") -> Unavailable:
-    """The UNAVAILABLE raised when a request's budget ran out after UNAVAILABLE retries: the last one met, its
-    message followed by the attempts' tally as the DEADLINE_EXCEEDED gives it (:func:`_tally`) and ``note``:
-    ``no responders on inferbus.infer.digits: no ingress is serving (17 attempts: 17 no responders)``. Its field
-    and ``retry_after_ms`` are the last one's; ``last_err`` itself when there is nothing to add (one attempt)."""
+def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note: str = "") -> InferbusError:
+    """The retryable error (UNAVAILABLE, RESOURCE_EXHAUSTED) raised when a request's budget ran out between its
+    retries: the last one met, of the same type, its message followed by the attempts' tally as the
+    DEADLINE_EXCEEDED gives it (:func:`_tally`) and ``note``: ``no responders on inferbus.infer.digits: no ingress
+    is serving (17 attempts: 17 no responders)``. Its field and ``retry_after_ms`` are the last one's; ``last_err``
+    itself when there is nothing to add (one attempt)."""
     detail = "; ".join(part for part in (_tally(sent, met), note) if part)
     if not detail:
         return last_err
-    return Unavailable(f"{last_err.message} ({detail})", field=last_err.field, retry_after_ms=last_err.retry_after_ms)
+    return type(last_err)(f"{last_err.message} ({detail})", field=last_err.field,
+                          retry_after_ms=last_err.retry_after_ms)
 
 
 def _fmt_ms(ms: float) -> str:
@@ -534,7 +539,7 @@ class Client:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
-                    raise _unavailable_at_end(last_err, sent, met)  # fitted, overshot by the loop): what kept the
+                    raise _with_tally(last_err, sent, met)  # fitted, overshot by the loop): what kept the
                     # request from being answered, with the attempts' tally
                 raise _no_answer(timeout_s, sent, last_err, "the last", met, not self.nc.is_connected)
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
@@ -560,10 +565,11 @@ class Client:
                 sent -= 1
                 blocked += 1
                 last_err = Unavailable(f"the connection to NATS is reconnecting and its buffer is full "
-                                       f"({self.nc.pending_data_size} bytes wait to be written); nothing was sent")
+                                       f"({self.nc.pending_data_size} bytes wait to be written)")
                 pause_ms = min(5.0 * blocked, 50.0)
-                if H.remaining_ms(deadline) <= pause_ms:
-                    raise DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms: {last_err}") from None
+                if H.remaining_ms(deadline) <= pause_ms:  # with what the attempts sent before met, if any
+                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,
+                                     count_one=True) from None
                 await asyncio.sleep(pause_ms / 1000.0)
                 continue
             except NoRespondersError:
@@ -586,7 +592,7 @@ class Client:
                         # every earlier attempt met no responders and the last had less time than such a reply took
                         # here: its timeout says nothing new (a busy CI box: a health probe of a prefix nobody serves
                         # said DEADLINE_EXCEEDED instead of UNAVAILABLE)
-                        raise _unavailable_at_end(last_err, sent, met, f"the last, with {wait_ms:.0f} ms of the "
+                        raise _with_tally(last_err, sent, met, f"the last, with {wait_ms:.0f} ms of the "
                                                                        f"budget left, had no reply in time") from None
                     raise _no_answer(timeout_s, sent, last_err, "before the last", met,
                                      not self.nc.is_connected) from None
@@ -613,8 +619,8 @@ class Client:
                     met[err.code.value] += 1
                 if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
                     hint = float(err.retry_after_ms or self.retry_backoff_ms)
-                    if hint >= H.remaining_ms(deadline):
-                        raise err
+                    if hint >= H.remaining_ms(deadline):  # the wait it asks for would not fit: with the tally
+                        raise _with_tally(err, sent, met)
                     await asyncio.sleep(hint / 1000.0)
                     continue
                 if not isinstance(err, Unavailable):
@@ -630,7 +636,7 @@ class Client:
             if hint is not None:  # the server's hint: the first pause, and no later pause is shorter
                 pause_ms = float(hint) if attempt == 1 else max(float(hint), pause_ms)
             if H.remaining_ms(deadline) <= pause_ms:  # the budget ends before the next pause would: the last
-                raise _unavailable_at_end(last_err, sent, met)  # UNAVAILABLE, with what every attempt met
+                raise _with_tally(last_err, sent, met)  # UNAVAILABLE, with what every attempt met
             if pause_ms > 0:
                 await asyncio.sleep(pause_ms / 1000.0)
 

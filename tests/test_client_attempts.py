@@ -359,6 +359,27 @@ async def test_an_unavailable_at_the_budgets_end_names_what_the_attempts_met(nat
 
 
 @pytest.mark.timeout(30)
+async def test_a_resource_exhausted_at_the_budgets_end_names_what_the_attempts_met(nats_server):
+    """With ``retry_resource_exhausted``, a server that answers every copy RESOURCE_EXHAUSTED with a 200 ms hint and
+    a 0.5 s budget: copies at about 0 and 200 ms (and 400 ms on a quick box), then the hint does not fit and the
+    last RESOURCE_EXHAUSTED is raised, with the tally the UNAVAILABLE gives and its hint kept."""
+    server_nc = await __import__("nats").connect(nats_server.url)
+    client = await Client.connect(nats_server.url, retry_resource_exhausted=True)
+    try:
+        r = await Scripted(server_nc, [ResourceExhausted("rate limit", retry_after_ms=200)]).start(
+            probe_from=client.nc)
+        with pytest.raises(ResourceExhausted) as ei:
+            await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-rx")
+        msg = ei.value.message
+        m = re.fullmatch(r"rate limit \((\d+) attempts: (\d+) RESOURCE_EXHAUSTED\)", msg)
+        assert m and int(m[1]) == int(m[2]) == len(r.seen) >= 2, (msg, r.seen)
+        assert ei.value.retry_after_ms == 200, repr(ei.value)
+    finally:
+        await client.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
 async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hint_fits(nats_server):
     server_nc = await __import__("nats").connect(nats_server.url)
     plain = await Client.connect(nats_server.url)
@@ -461,3 +482,36 @@ async def test_requests_beyond_the_reconnect_buffer_are_sent_once_reconnected(na
     finally:
         await client.close()
         await server_nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_budget_spent_on_a_full_reconnect_buffer_says_so_with_the_attempts_before(nats_server):
+    """A request that cannot even be buffered while the connection is down (the reconnect buffer is full) and whose
+    budget runs out so raises DEADLINE_EXCEEDED naming the full buffer, the attempts it did send and what ended them
+    (buffered while disconnected), and that this client is not connected: before, it said only the buffer."""
+    client = await Client.connect(nats_server.url, pending_size_bytes=1 << 20, adaptive_attempt_timeout=False,
+                                  attempt_timeout_ms=150)
+    try:
+        nats_server.stop()
+        t0 = time.monotonic()
+        while not client.nc.is_reconnecting:
+            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
+            await asyncio.sleep(0.02)
+        results = await asyncio.gather(*(client.request(SUBJECT, b"x" * 400_000, timeout_s=0.6, request_id=f"b-{i}")
+                                         for i in range(6)), return_exceptions=True)  # 2.4 MB against 1 MiB
+    finally:
+        await client.close()
+    assert all(isinstance(r, DeadlineExceeded) for r in results), results
+    full = [r.message for r in results if "buffer is full" in r.message]
+    assert full, [r.message for r in results]
+    for msg in full:
+        assert msg.startswith("no answer within 600 ms (") and msg.endswith(
+            "; this client is not connected to NATS (reconnecting)"), msg
+        assert re.search(r"the last try: the connection to NATS is reconnecting and its buffer is full \(\d+ bytes "
+                         r"wait to be written\)\)", msg), msg
+        sent = re.match(r"no answer within 600 ms \((\d+) attempts?: (\d+) while disconnected; ", msg)
+        assert sent or msg.endswith("wait to be written)); nothing was sent; this client is not connected to NATS "
+                                    "(reconnecting)"), msg
+        if sent:
+            assert sent[1] == sent[2], msg
+        assert "timed out" not in msg, msg
