@@ -64,6 +64,16 @@ async def _pair(url: str, **client_kw):
     return server_nc, client
 
 
+async def _stop_server_seen_by(nats_server, client, *, until_reconnecting: bool = False) -> None:
+    """Stop the nats-server and wait (10 s at most) until ``client`` has noticed: no longer connected, or with
+    ``until_reconnecting`` reconnecting (nats-py turns ``is_connected`` false a moment before)."""
+    nats_server.stop()
+    t0 = time.monotonic()
+    while (not client.nc.is_reconnecting) if until_reconnecting else client.nc.is_connected:
+        assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.timeout(30)
 async def test_lost_attempt_is_retried_with_the_same_id_within_the_budget(nats_server):
     server_nc, client = await _pair(nats_server.url, attempt_timeout_ms=150)
@@ -339,39 +349,22 @@ async def test_a_budget_spent_in_the_last_attempt_names_what_the_earlier_ones_me
 
 
 @pytest.mark.timeout(30)
-async def test_an_unavailable_at_the_budgets_end_names_what_the_attempts_met(nats_server):
-    """A server that answers every copy UNAVAILABLE with a 200 ms hint, a 0.5 s budget: the copies at about 0, 200
-    and 400 ms, then the next pause would not fit and the last UNAVAILABLE is raised. A fresh-user trial read such
-    an UNAVAILABLE as one attempt: it now carries the tally the DEADLINE_EXCEEDED gives, and keeps its hint."""
-    server_nc, client = await _pair(nats_server.url)
+@pytest.mark.parametrize("error, retry_exhausted, said", [
+    (Unavailable("no worker serves the model", retry_after_ms=200), False, "no worker serves the model"),
+    (ResourceExhausted("rate limit", retry_after_ms=200), True, "rate limit")], ids=["unavailable", "exhausted"])
+async def test_a_retryable_error_at_the_budgets_end_names_what_the_attempts_met(nats_server, error, retry_exhausted,
+                                                                               said):
+    """A server that answers every copy UNAVAILABLE (or RESOURCE_EXHAUSTED, to a client that retries it) with a
+    200 ms hint, a 0.5 s budget: the copies at about 0, 200 and 400 ms, then the next pause would not fit and the
+    last error is raised. A fresh-user trial read such an UNAVAILABLE as one attempt: it now carries the tally the
+    DEADLINE_EXCEEDED gives, and keeps its hint."""
+    server_nc, client = await _pair(nats_server.url, retry_resource_exhausted=retry_exhausted)
     try:
-        r = await Scripted(server_nc, [Unavailable("no worker serves the model", retry_after_ms=200)]).start(
-            probe_from=client.nc)
-        with pytest.raises(Unavailable) as ei:
+        r = await Scripted(server_nc, [error]).start(probe_from=client.nc)
+        with pytest.raises(type(error)) as ei:
             await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-ue")
         msg = ei.value.message
-        m = re.fullmatch(r"no worker serves the model \((\d+) attempts: (\d+) UNAVAILABLE\)", msg)
-        assert m and int(m[1]) == int(m[2]) == len(r.seen) >= 2, (msg, r.seen)
-        assert ei.value.retry_after_ms == 200, repr(ei.value)
-    finally:
-        await client.close()
-        await server_nc.close()
-
-
-@pytest.mark.timeout(30)
-async def test_a_resource_exhausted_at_the_budgets_end_names_what_the_attempts_met(nats_server):
-    """With ``retry_resource_exhausted``, a server that answers every copy RESOURCE_EXHAUSTED with a 200 ms hint and
-    a 0.5 s budget: copies at about 0 and 200 ms (and 400 ms on a quick box), then the hint does not fit and the
-    last RESOURCE_EXHAUSTED is raised, with the tally the UNAVAILABLE gives and its hint kept."""
-    server_nc = await __import__("nats").connect(nats_server.url)
-    client = await Client.connect(nats_server.url, retry_resource_exhausted=True)
-    try:
-        r = await Scripted(server_nc, [ResourceExhausted("rate limit", retry_after_ms=200)]).start(
-            probe_from=client.nc)
-        with pytest.raises(ResourceExhausted) as ei:
-            await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-rx")
-        msg = ei.value.message
-        m = re.fullmatch(r"rate limit \((\d+) attempts: (\d+) RESOURCE_EXHAUSTED\)", msg)
+        m = re.fullmatch(rf"{said} \((\d+) attempts: (\d+) {error.code.value}\)", msg)
         assert m and int(m[1]) == int(m[2]) == len(r.seen) >= 2, (msg, r.seen)
         assert ei.value.retry_after_ms == 200, repr(ei.value)
     finally:
@@ -417,11 +410,7 @@ async def test_a_budget_spent_while_disconnected_says_so(nats_server):
     not connected, so one would look for a slow server. The DEADLINE_EXCEEDED now says so."""
     client = await Client.connect(nats_server.url, adaptive_attempt_timeout=False)
     try:
-        nats_server.stop()
-        t0 = time.monotonic()
-        while client.nc.is_connected:
-            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
-            await asyncio.sleep(0.02)
+        await _stop_server_seen_by(nats_server, client)
         with pytest.raises(DeadlineExceeded) as ei:
             await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-down")
         assert ei.value.message.startswith("no answer within 500 ms"), ei.value.message
@@ -437,11 +426,7 @@ async def test_attempts_without_an_answer_while_disconnected_are_counted_apart(n
     ``while disconnected``."""
     client = await Client.connect(nats_server.url, attempt_timeout_ms=100)  # attempts of 100, 200, then the rest
     try:
-        nats_server.stop()
-        t0 = time.monotonic()
-        while client.nc.is_connected:
-            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
-            await asyncio.sleep(0.02)
+        await _stop_server_seen_by(nats_server, client)
         with pytest.raises(DeadlineExceeded) as ei:
             await client.request(SUBJECT, b"x", timeout_s=0.5, request_id="rid-down2")
         msg = ei.value.message
@@ -468,11 +453,7 @@ async def test_requests_beyond_the_reconnect_buffer_are_sent_once_reconnected(na
     client = await Client.connect(nats_server.url, pending_size_bytes=1 << 20, adaptive_attempt_timeout=False)
     try:
         await Responder(server_nc).start()
-        nats_server.stop()
-        t0 = time.monotonic()
-        while not client.nc.is_reconnecting:
-            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
-            await asyncio.sleep(0.02)
+        await _stop_server_seen_by(nats_server, client, until_reconnecting=True)
         calls = [asyncio.ensure_future(client.request(SUBJECT, b"x" * 400_000, timeout_s=20, request_id=f"big-{i}"))
                  for i in range(6)]  # 2.4 MB against a 1 MiB reconnect buffer
         await asyncio.sleep(0.5)
@@ -492,11 +473,7 @@ async def test_a_budget_spent_on_a_full_reconnect_buffer_says_so_with_the_attemp
     client = await Client.connect(nats_server.url, pending_size_bytes=1 << 20, adaptive_attempt_timeout=False,
                                   attempt_timeout_ms=150)
     try:
-        nats_server.stop()
-        t0 = time.monotonic()
-        while not client.nc.is_reconnecting:
-            assert time.monotonic() - t0 < 10, "the client did not notice the server's stop"
-            await asyncio.sleep(0.02)
+        await _stop_server_seen_by(nats_server, client, until_reconnecting=True)
         results = await asyncio.gather(*(client.request(SUBJECT, b"x" * 400_000, timeout_s=0.6, request_id=f"b-{i}")
                                          for i in range(6)), return_exceptions=True)  # 2.4 MB against 1 MiB
     finally:
