@@ -205,3 +205,55 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
             np.testing.assert_array_equal(out["a_times_2"], typed_feeds(7)["a"] * 2)
         finally:
             await client.close()
+
+
+async def test_an_overload_of_the_one_worker_blames_it_not_and_the_node_serves_again_at_once(nats_server, tmp_path):
+    """A fresh-user trial (2-core box): ``inferbus up --workers 1`` loaded at 11,400/s with a 1 s budget made the
+    worker, not the ingress, the bottleneck. Requests waited in the worker's subscription past their deadline plus
+    ``pending_grace_s``; the ingress counted them lost, failures of the worker; its breaker opened and the node
+    refused every request (UNAVAILABLE, not ready) for ~20 s after the load stopped. Now a request missing while
+    the worker's reports show it behind its own input (a subscription backlog, requests it found expired) is
+    forgotten as ``lost_while_worker_behind``, and right after the load the node is ready and answers. Two
+    ingresses and one worker here, so that the worker is the one behind."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = NodeConfig(models_dir=str(MODELS), models=("digits",), workers=1, ingress=2, nats_url=nats_server.url,
+                     no_cache=True, prefix="ovw", run_dir=str(tmp_path / "run"))
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "ovw")
+        try:
+            bench = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url,
+                     "--prefix", "ovw", "--models", str(MODELS), "--concurrency", "", "--rate", "15000",
+                     "--duration", "4", "--timeout-s", "0.5", "--json"]
+            b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=180, cwd=ROOT)
+            steps = json.loads(b.stdout)
+            assert steps[0]["wrong"] == 0, steps
+            by_ingress: dict = {}
+            t0 = time.monotonic()
+            while len(by_ingress) < 2:  # the queue group answers health from either ingress
+                assert time.monotonic() - t0 < 20, f"only {sorted(by_ingress)} answered health"
+                p = (await client.health(timeout_s=5)).parameters
+                by_ingress[p["ingress_id"]] = p
+            counts = {i: {k: v for k, v in p["counts"].items() if k.startswith("lost")} for i, p in by_ingress.items()}
+            print(f"one worker overloaded, 15k/s, 0.5 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; "
+                  f"{counts}")
+            for i, p in by_ingress.items():
+                w = p["workers"]["n1-w0"]
+                assert p["counts"]["lost"] == 0, (i, counts)  # the worker was overloaded, not faulty
+                assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (i, w)
+            # the worker was behind by more than a budget and its grace: the path under test was taken
+            assert sum(c["lost_while_worker_behind"] for c in counts.values()) > 0, counts
+            t0 = time.monotonic()
+            while not (await client.health(timeout_s=5)).ready:
+                assert time.monotonic() - t0 < 5, "not ready again within 5 s of the overload"
+                await asyncio.sleep(0.1)
+            feed = {"pixels": np.full((1, 64), 0.5, np.float32)}
+            out = await client.infer("digits", feed, timeout_s=5)
+            assert out["logits"].shape == (1, 10), out
+        finally:
+            await client.close()

@@ -348,7 +348,8 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0,
+                       "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0}
@@ -1401,6 +1402,15 @@ class Ingress:
         return (w is not None and w.alive and w.computing_ms > 0 and not w.computing_overdue
                 and now - w.last_report <= self.config.health_timeout_s)
 
+    def _worker_behind(self, worker_id: str, now: float) -> bool:
+        """Whether the worker, reporting (its last report within ``health_timeout_s``), showed itself behind its own
+        input within the last 2 × ``pending_grace_s`` (:attr:`WorkerState.behind_at`): a request of this ingress
+        missing then was delayed or dropped by an overload of that worker, not lost by a fault. A worker that
+        stopped reporting is not (the silent-worker check below fails it)."""
+        w = self.router.workers.get(worker_id)
+        return (w is not None and w.alive and now - w.behind_at <= 2 * self.config.pending_grace_s
+                and now - w.last_report <= self.config.health_timeout_s)
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         grace = self.config.pending_grace_s
@@ -1428,6 +1438,13 @@ class Ingress:
                 # multi-second request): late, not lost; blaming it opened a busy worker's breaker (fresh-user
                 # trial: a 2-worker node not ready after two 7.7 MB requests)
                 self.counts["lost_while_busy"] += 1
+                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+                continue
+            if self._worker_behind(p.worker_id, now):
+                # the worker was behind its own input (a backlog in its subscription, requests it found expired or
+                # shed): an overload of the worker, not a fault; blaming it opened a 1-worker node's breaker after
+                # an overload and the node refused every request for ~20 s (fresh-user trial, 2-core box)
+                self.counts["lost_while_worker_behind"] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             self.counts["lost"] += 1

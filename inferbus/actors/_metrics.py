@@ -64,6 +64,7 @@ _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "lost_in_reconnect": (*_LOST, {"cause": "reconnect"}),
     "lost_while_behind": (*_LOST, {"cause": "behind"}),
     "lost_while_busy": (*_LOST, {"cause": "worker_busy"}),
+    "lost_while_worker_behind": (*_LOST, {"cause": "worker_behind"}),
 }
 
 # worker stats (``Worker._stats_data``) that are counters since the process started: key → (name, help, labels)

@@ -115,6 +115,12 @@ class WorkerState:
     """From the last report: that batch is past the latest deadline of its requests."""
     long_batch_depth: int = 0
     """The part of ``queue_depth`` that prices a batch computing abnormally long (0 otherwise)."""
+    behind_at: float = float("-inf")
+    """``time.monotonic()`` of the last report that showed the worker behind its own input: a backlog in its
+    subscription (``LoadReport.backlog_msgs``), or requests it dropped expired or shed since the report before
+    (-inf: never)."""
+    expired_seen: int = 0
+    shed_seen: int = 0
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
@@ -226,6 +232,9 @@ class Router:
             self._multi_server = len({x.server for x in self.workers.values()}) > 1
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         w.computing_ms, w.computing_overdue = r.computing_ms, r.computing_overdue
+        if r.backlog_msgs > 0 or r.expired > w.expired_seen or r.shed > w.shed_seen:
+            w.behind_at = now
+        w.expired_seen, w.shed_seen = r.expired, r.shed
         if changed:
             self._reindex()
 

@@ -387,6 +387,7 @@ class Worker:
         """The inference thread's current (or last) batch (written by that thread, read by the loop when a
         drain ends: :meth:`_refuse_held`)."""
         self._draining = False
+        self._infer_sub = None  # the bus ``infer`` endpoint's subscription, once subscribed (its backlog is reported)
         """A graceful stop began (SIGUSR1 from the node, or SIGTERM): the infer subscription is drained and the
         load reports say ``draining`` (routers send this worker nothing more)."""
         self._drain_task: asyncio.Future | None = None
@@ -1041,7 +1042,7 @@ class Worker:
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
             computing_ms=computing_ms, computing_overdue=computing_ms > 0 and now > self._batch_deadline,
-            draining=self._draining,
+            draining=self._draining, backlog_msgs=self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
         )
 
     def _stats_data(self, endpoint_stats) -> dict:
@@ -1094,6 +1095,7 @@ class Worker:
         await svc.add_endpoint(name="infer", subject=self.subjects.worker(self.config.worker_id),
                                handler=lambda req: self._on_request(req._msg),
                                queue_group=f"{self.config.bus.prefix}.w.{self.config.worker_id}")
+        self._infer_sub = endpoint_subscription(svc, "infer")
         thread_died: asyncio.Future = self.loop.create_future()
         thread = threading.Thread(target=self._compute_thread, args=(thread_died,), name="inference", daemon=True)
         thread.start()

@@ -68,6 +68,9 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     """Requests dropped with DEADLINE_EXCEEDED before compute since start."""
     shed: int = 0
     """Requests shed with RESOURCE_EXHAUSTED (mailbox full) since start."""
+    backlog_msgs: int = 0
+    """Requests received from the bus and not yet taken by the worker's handler (its ``infer`` subscription's
+    pending messages in nats-py) when the report was made: > 0 means the worker is behind its own input."""
     dedup_hits: int = 0
     """Duplicates (same request id and body) answered from the recent-results cache."""
     dedup_joins: int = 0
