@@ -167,7 +167,7 @@ def _auto_layout(n: int) -> dict:
 
 PROFILES: dict[str, dict] = {
     "tiny": dict(duration_s=0.6, warmup_s=0.3, closed=(1, 8), sweep=False, open_rates=(200.0,), ray=False,
-                 pool=256, floor_s=0.4),
+                 pool=2048, floor_s=0.4),
     "quick": dict(),
     "full": dict(duration_s=5.0, closed=(1, 8, 64), sweep_factor=1.3, sweep_max_steps=12, refine_steps=2),
     "throughput": dict(pin=True, l2=False, closed=(1, 8, 64, 256), sweep_factor=1.25, sweep_max_steps=12,
@@ -576,12 +576,42 @@ class _Sweep:
 # ---- summary ------------------------------------------------------------------------------
 
 
+MAX_ERROR_SHARE = 0.01
+"""A step with more errors than this share of its requests (timeouts included), or no answer at all, measured
+errors, not latency: its latencies and rate enter no ratio (the ratio is None and its target n/a), and the
+document lists it under ``unusable_steps`` (a fresh-user trial: half-load steps answered UNAVAILABLE to every
+request, the node's breaker open after the saturation step, were scored "met" from the errors' latencies)."""
+
+
+def _usable(step: dict | None) -> dict | None:
+    """``step`` when it measured answers (:data:`MAX_ERROR_SHARE`), else None."""
+    if step is None or not step.get("ok") or sum(step["errors"].values()) > MAX_ERROR_SHARE * step["requests"]:
+        return None
+    return step
+
+
 def _find(steps: list[dict], series: str, mode: str, load) -> dict | None:
+    """The step of ``series`` in ``mode`` at ``load`` (concurrency or rate), when it ran and is :func:`_usable`."""
     key = "concurrency" if mode == "closed" else "rate_qps"
     for s in steps:
         if s["series"] == series and s["mode"] == mode and s[key] == load:
-            return s
+            return _usable(s)
     return None
+
+
+def _unusable(steps: list[dict], half_load: dict, half_p99_load: dict) -> list[str]:
+    """What :data:`MAX_ERROR_SHARE` left out of the ratios: the closed-loop and half-load steps that measured
+    errors, one line each (``inferbus miss, open 3795/s: 11385 errors of 11385 (UNAVAILABLE 11385)``)."""
+    ratio_steps = [s for s in steps if s["mode"] == "closed"] + [
+        v for half in (half_load, half_p99_load) for v in half.values() if isinstance(v, dict)]
+    out = []
+    for s in ratio_steps:
+        if _usable(s) is None:
+            load = f"c={s['concurrency']}" if s["mode"] == "closed" else f"{s['rate_qps']:g}/s"
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items()))
+            out.append(f"{s['series']}, {s['mode']} {load}: {sum(s['errors'].values())} errors of {s['requests']}"
+                       + (f" ({kinds})" if kinds else ""))
+    return out
 
 
 def _ratio(a, b) -> float | None:
@@ -621,7 +651,7 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
         "inferbus_max_sustained_qps": mm.get("max_sustained_qps"),
         "sustained_inferbus_over_echo": _ratio(mm.get("max_sustained_qps"), em.get("max_sustained_qps")),
     }
-    hm = half_load.get("inferbus miss")
+    hm = _usable(half_load.get("inferbus miss"))
     ratios["half_load"] = _half_ratios(half_load, model_p50)
     ratios["half_p99_load"] = _half_ratios(half_p99_load, model_p50) if half_p99_load.get("inferbus miss") else {}
     if any(s["series"] == "direct" for s in steps):
@@ -662,7 +692,7 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
     for label, s in (("closed c=1", m1), ("closed c=max", _find(steps, "inferbus miss", "closed",
                                                                  max((x["concurrency"] or 0) for x in steps
                                                                      if x["mode"] == "closed"))),
-                     ("half load", hm), ("half of max QPS at p99 < 5 ms", half_p99_load.get("inferbus miss"))):
+                     ("half load", hm), ("half of max QPS at p99 < 5 ms", _usable(half_p99_load.get("inferbus miss")))):
         if s and s.get("stages_us"):
             stages[label] = s["stages_us"]
     e1 = _find(steps, "echo", "closed", 1)
@@ -695,14 +725,15 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
     if nproc >= 48:
         targets.append(_target("≥ 100k QPS at p99 < 5 ms", mm.get("max_qps_p99_under_limit"), 100_000, ge=True))
     return {"meta": meta, "floors": floors, "steps": steps, "sweeps": sweeps, "half_load": half_load,
-            "half_p99_load": half_p99_load, "peer": peer, "stages_us": stages, "ratios": ratios, "targets": targets}
+            "half_p99_load": half_p99_load, "peer": peer, "stages_us": stages, "ratios": ratios, "targets": targets,
+            "unusable_steps": _unusable(steps, half_load, half_p99_load)}
 
 
 def _half_ratios(half: dict, model_p50: float) -> dict:
     """The latency ratios of one half-load step set (``half_load`` or ``half_p99_load``): the miss's p50 and p99
     against (echo p50 + model p50), the hit's p50 against the echo's p50, and the direct floor's against the same,
     each None where its series did not run."""
-    he, hm, hh, hd = (half.get(n) for n in ("echo", "inferbus miss", "inferbus hit", "direct"))
+    he, hm, hh, hd = (_usable(half.get(n)) for n in ("echo", "inferbus miss", "inferbus hit", "direct"))
     floor_half = (he["p50_us"] + model_p50) if he else None
     return {
         "rate": half.get("rate"),
@@ -795,6 +826,8 @@ def render(doc: dict, console=None) -> None:
             elif v is not None:
                 r.add_row(f"{sect}: {k}", str(v))
     con.print(r)
+    for line in doc.get("unusable_steps") or ():
+        con.print(f"[bold red]left out of the ratios (more than {MAX_ERROR_SHARE:.0%} errors):[/] {line}")
     st = doc.get("stages_us") or {}
     for label, s in st.items():
         con.print(f"stages µs ({label}): " + ", ".join(f"{k}={v:g}" for k, v in s.items()))

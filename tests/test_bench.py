@@ -243,6 +243,10 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
         assert k in miss1["stages_us"], k
     assert miss1["mean_batch"] == 1.0  # one request at a time: each computed alone
     assert any(s["cache_hits"] > 0 for s in doc["steps"] if s["series"] == "inferbus hit")
+    # and none in a miss series: the tiny profile's 256 inputs came round within digits' 100 ms cache TTL at a few
+    # thousand requests/s (a fresh-user trial: 767 hits of 1,866 "misses" at c=8); 2,048 do not
+    assert all(s["cache_hits"] == 0 for s in doc["steps"] if s["series"].startswith("inferbus miss")), \
+        [(s["series"], s["mode"], s["cache_hits"]) for s in doc["steps"]]
     assert doc["peer"]["ray"]["skipped"]
     # --colocate-ab: the same loops against a colocated node, in the same run
     assert ("inferbus miss [colocated]", "closed") in series and ("echo [B]", "closed") in series
@@ -500,7 +504,7 @@ def test_summary_reports_both_readings_of_half_load():
 
     def step(series, p50, p99, rate=None, c=None):
         return dict(series=series, mode="open" if rate else "closed", concurrency=c, rate_qps=rate, qps=rate or 1000.0,
-                    p50_us=p50, p99_us=p99, p99_9_us=p99, errors={}, wrong=0, cache_hits=0)
+                    p50_us=p50, p99_us=p99, p99_9_us=p99, errors={}, wrong=0, cache_hits=0, ok=1000, requests=1000)
 
     floors = {"model": {"p50_us": 20.0}}
     sweeps = {"echo": {"max_qps_p99_under_limit": 90000, "max_sustained_qps": 170000},
@@ -523,6 +527,44 @@ def test_summary_reports_both_readings_of_half_load():
     alone = summarize({"nproc": 16}, floors, steps, sweeps, half, {})
     assert alone["ratios"]["half_p99_load"] == {} and not any("p99 < 5 ms" in t["target"] and "half" in t["target"]
                                                              for t in alone["targets"])
+
+
+def test_steps_that_measured_errors_enter_no_ratio_and_are_listed():
+    """A fresh-user trial: after the saturation step opened the node's breaker, both half-load steps were answered
+    UNAVAILABLE to every request, and the targets read "met" from the errors' latencies. A step with more than 1 %
+    errors (or no answer) now enters no ratio (its targets n/a) and is listed in ``unusable_steps``, printed."""
+    import io
+
+    from rich.console import Console
+
+    from bench.suite import render, summarize
+
+    def step(series, p50, rate=None, c=None, errors=None, ok=1000):
+        return dict(series=series, mode="open" if rate else "closed", concurrency=c, rate_qps=rate, qps=1000.0,
+                    p50_us=p50, p95_us=p50, p99_us=p50, p99_9_us=p50, max_us=p50, errors=errors or {}, wrong=0,
+                    cache_hits=0, ok=ok, requests=ok + sum((errors or {}).values()), mean_batch=0.0,
+                    send_lag_p99_us=0.0, cpu_us_per_req={})
+
+    floors = {"model": {"p50_us": 20.0, "p99_us": 30.0}, "inproc_pipeline": {"p50_us": 25.0}}
+    failed = {"UNAVAILABLE": 11385}
+    half = {"rate": 3795, "echo": step("echo", 400.0, 3795),
+            "inferbus miss": step("inferbus miss", 500.0, 3795, errors=failed, ok=0),
+            "inferbus hit": step("inferbus hit", 450.0, 3795, errors={"UNAVAILABLE": 20}, ok=980)}
+    steps = [step("echo", 300.0, c=1), step("inferbus miss", 600.0, c=1, errors={"TIMEOUT": 5}, ok=995),
+             step("inferbus hit", 320.0, c=1)]
+    doc = summarize({"nproc": 2, "model": "digits", "profile": "quick", "cpu_model": "x", "date": "d"}, floors, steps,
+                    {}, half, {})
+    assert doc["ratios"]["half_load"]["miss_p50_over_echo_plus_model"] is None  # every answer an error
+    assert doc["ratios"]["half_load"]["hit_p50_over_echo_p50"] is None  # 2 % errors
+    assert doc["ratios"]["closed"]["c=1"]["miss_p50_over_echo_p50"] == 2.0  # 0.5 % errors: still a measure
+    rows = {t["target"]: t for t in doc["targets"]}
+    assert rows["cache miss p50 ≤ 1.5 × (echo p50 + model p50), half load"]["met"] is None
+    assert rows["cache hit p50 ≤ 1.1 × echo p50, half load"]["met"] is None
+    assert doc["unusable_steps"] == ["inferbus miss, open 3795/s: 11385 errors of 11385 (UNAVAILABLE 11385)",
+                                     "inferbus hit, open 3795/s: 20 errors of 1000 (UNAVAILABLE 20)"]
+    con = Console(file=io.StringIO(), width=250, record=True)
+    render(doc, con)
+    assert "left out of the ratios (more than 1% errors): inferbus miss, open 3795/s" in con.export_text()
 
 
 def test_pathcost_measures_the_path_against_the_floor(tmp_path):
