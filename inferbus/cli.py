@@ -231,13 +231,21 @@ def _usage(message: str) -> NoReturn:
 
 def _check_timeout_s(command: str, timeout_s: float) -> None:
     """A client command's ``--timeout-s`` (one request's budget, seconds, retries included), as the SDK checks
-    ``timeout_s``: a finite number > 0, before connecting.
+    ``timeout_s``: a finite number > 0, before connecting; and at most the servers' own ceiling of a budget
+    (``MAX_TIMEOUT_MS``, 600 s): a longer one bounds nothing on the server, and against a prefix nobody serves
+    ``health --timeout-s 1e300`` retried for ever (a fresh-user trial).
 
     Raises:
-        typer.Exit: (status 2) one line, ``<command>: --timeout-s must be a finite number of seconds > 0, got ...``.
+        typer.Exit: (status 2) one line, ``<command>: --timeout-s must be a finite number of seconds > 0, got ...``
+            or ``... at most 600 seconds ...``.
     """
+    from .bus._headers import MAX_TIMEOUT_MS
+
     if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
         _usage(f"{command}: --timeout-s must be a finite number of seconds > 0, got {timeout_s}")
+    if timeout_s > MAX_TIMEOUT_MS / 1000.0:
+        _usage(f"{command}: --timeout-s must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
+               f"server honours), got {timeout_s:g}")
 
 
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
