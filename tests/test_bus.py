@@ -53,3 +53,36 @@ def test_embedded_nats_restarts_on_the_same_port(tmp_path):
         assert srv.port == port and srv.proc.poll() is None
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+async def test_the_first_connect_tries_each_server_connect_attempts_times(attempts):
+    """nats-py tries a server until its failures exceed ``max_reconnect_attempts``: once more than asked (a
+    fresh-user trial timed ``connect_timeout_s=0.5, connect_attempts=1`` at 2.06 s). A server that accepts TCP and
+    never says INFO (so that each try is one accepted connection that times out) is now tried exactly
+    ``connect_attempts`` times."""
+    import asyncio
+
+    accepted = []
+
+    async def silent(reader, writer):
+        accepted.append(time.monotonic())
+        try:
+            await reader.read()  # until the client gives up and closes
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NoServersError):
+            await connect(BusConfig(servers=(f"nats://127.0.0.1:{port}",), connect_timeout_s=0.3,
+                                    connect_attempts=attempts))
+        took_s = time.monotonic() - t0
+        await asyncio.sleep(0.3)  # a further try would have been accepted by now
+        assert len(accepted) == attempts, (accepted, took_s)
+        assert took_s < attempts * 0.3 + 1.0, took_s
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -132,13 +132,20 @@ async def connect(config: BusConfig, *, name: str | None = None, **callbacks) ->
     # connect_timeout_s for the socket, the INFO, the TLS upgrade, the first op and the PONG).
     bound_s = len(config.servers) * config.connect_attempts * (
         5 * config.connect_timeout_s + config.reconnect_time_wait_s) + _CONNECT_SLACK_S
+    # nats-py tries each server until its failures exceed max_reconnect_attempts, that is that many times plus one
+    # (and 0 means for ever), so the first connect ends here after connect_attempts failures per server: a
+    # fresh-user trial timed connect_timeout_s=0.5, connect_attempts=1 at 2.06 s, two tries and a wait
     handshake_failed = asyncio.get_running_loop().create_future()
     user_error_cb = kwargs["error_cb"]
+    failures = 0
 
     async def error_cb(exc: Exception) -> None:
-        if isinstance(exc, ssl.SSLError) and len(config.servers) == 1 and not handshake_failed.done() \
-                and not nc.is_connected:
-            handshake_failed.set_result(exc)
+        nonlocal failures
+        if not nc.is_connected and not handshake_failed.done():
+            failures += 1
+            if (isinstance(exc, ssl.SSLError) and len(config.servers) == 1) or \
+                    failures >= len(config.servers) * config.connect_attempts:
+                handshake_failed.set_result(exc)
         await user_error_cb(exc)
 
     kwargs["error_cb"] = error_cb
