@@ -58,15 +58,17 @@ def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: s
                met: Mapping[str, int] | None = None, disconnected: bool = False,
                count_one: bool = False) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
-    <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`), and
-    ``; nothing was sent`` when nothing was. ``disconnected``: the client's connection was down when the budget ran
+    <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`); when nothing
+    was sent, ``nothing was sent within the budget of <budget> ms (...)``. ``disconnected``: the client's connection was down when the budget ran
     out (said, so that a user does not look for a slow server). ``count_one``: tally a single attempt too
     (``last_err`` is not that attempt's)."""
     tally = _tally(sent, met, count_one)
     detail = ([tally] if tally else []) + ([f"{which}: {last_err}"] if last_err else [])
-    return DeadlineExceeded(f"no answer within {_fmt_ms(timeout_s * 1000)} ms" + (f" ({'; '.join(detail)})" if detail
-                                                                                  else "")
-                            + ("" if sent else "; nothing was sent")
+    # with nothing sent there was no answer to wait for (a fresh-user trial read "no answer within 1e-06 ms; nothing
+    # was sent" as a contradiction)
+    head = (f"no answer within {_fmt_ms(timeout_s * 1000)} ms" if sent
+            else f"nothing was sent within the budget of {_fmt_ms(timeout_s * 1000)} ms")
+    return DeadlineExceeded(head + (f" ({'; '.join(detail)})" if detail else "")
                             + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
 
 
@@ -578,7 +580,7 @@ class Client:
                 last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
             except _ConnectionLost as exc:
                 met["connection lost"] += 1
-                last_err = Unavailable(f"{exc} while waiting for the answer (retried on the new connection while the "
+                last_err = Unavailable(f"{exc} while waiting for the answer (retried once reconnected, while the "
                                        f"budget lasted)")
             except NatsTimeout:
                 # an attempt this client was not connected for (at its start or end) says nothing of the servers:
@@ -601,7 +603,8 @@ class Client:
                 self.attempt_timeouts += 1
                 met["while disconnected" if down else "timed out"] += 1
                 last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms"
-                                            + (" (this client was not connected to NATS)" if down else ""))
+                                            + (" (this client was not connected to NATS then)"
+                                               if down and self.nc.is_connected else ""))
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
                 continue
             else:

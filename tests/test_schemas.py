@@ -260,6 +260,14 @@ def test_wrong_nesting_names_the_data_field(shape, data):
         raises_field("inputs[0].data", decode_input, body, ct)
 
 
+def test_bytes_under_data_point_at_raw():
+    """A fresh-user trial put a tensor's MessagePack bytes under ``data`` and read only ``... got bytes``: the
+    message now says where bytes go."""
+    t = RequestInput("x", "FP32", [1, 4], data=np.zeros(4, np.float32).tobytes())
+    err = raises_field("inputs[0].data", input_to_numpy, t, field="inputs[0]")
+    assert "got bytes; a tensor's bytes go in `raw` (row-major, little-endian), not `data`" in err.message, err.message
+
+
 def test_wrong_nesting_message_points_at_the_element():
     t = RequestInput("x", "INT32", [2, 3], data=[[1, 2, 3], [4, 5]])
     err = raises_field("x.data", input_to_numpy, t, field="x")

@@ -359,7 +359,9 @@ def _from_data(
     else:
         raise InvalidArgument(
             f"data must be a list of {count} elements (flat or nested as shape "
-            f"{list(dims)}), got {type(data).__name__}",
+            f"{list(dims)}), got {type(data).__name__}"
+            + ("; a tensor's bytes go in `raw` (row-major, little-endian), not `data`"
+               if isinstance(data, (bytes, bytearray, memoryview)) else ""),
             field=where,
         )
 
