@@ -419,12 +419,21 @@ def _check_backends_installed(names: tuple[str, ...]) -> None:
 def _check_prefix(prefix: str) -> None:
     """``--prefix`` as the bus takes it (dot-separated tokens of letters, digits, '_' or '-'), else one line and
     exit 2 (it used to end in a traceback from the connection's config)."""
+    from typer.main import get_current_context
+
     from .bus import BusConfig
 
     try:
         BusConfig(prefix=prefix)
-    except ValueError as exc:
-        _usage(f"--prefix: {exc}")
+    except ValueError:
+        names = []  # the command as typed below the program (``models``, ``region status``), however it was run
+        ctx = get_current_context(silent=True)
+        while ctx is not None and ctx.parent is not None:
+            names.append(ctx.info_name)
+            ctx = ctx.parent
+        command = " ".join(reversed(names))
+        _usage((f"{command}: " if command else "") + f"--prefix {prefix!r} must be dot-separated tokens of letters, "
+               f"digits, '_' or '-'")
 
 
 CLIENT_ENV = {"user": "INFERBUS_NATS_USER", "password": "INFERBUS_NATS_PASSWORD", "token": "INFERBUS_NATS_TOKEN",
@@ -738,9 +747,8 @@ def up(
         _check_run_dir(run_dir)
     if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
         if not demo or given("nats_port"):  # only the demo's default port moves: a port asked for is kept or refused
-            err_console.print(f"[red]port {nats_port} is in use[/]: pass --nats-port 0 (any free port), another "
-                              f"--nats-port, or --nats-url to use the NATS already listening there")
-            raise typer.Exit(2)
+            _usage(f"up: port {nats_port} is in use: pass --nats-port 0 (any free port), another --nats-port, or "
+                   f"--nats-url to use the NATS already listening there")
         cfg = replace(cfg, nats_port=0)
     if metrics_port:  # before anything starts: a port taken is one line, nothing left running
         problem = _cannot_listen(metrics_host, metrics_port)

@@ -652,6 +652,8 @@ def test_a_bad_prefix_is_one_line_exit_2(argv):
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "--prefix" in lines[0], p.stderr
+    # the documented form, naming the command and not the config class behind it (a fresh-user trial)
+    assert lines[0].startswith(f"error: {argv[0]}: --prefix ") and "BusConfig" not in lines[0], p.stderr
 
 
 @pytest.mark.parametrize("argv,named", [(("region", "promote", "a b"), "REGION 'a b'"),

@@ -448,6 +448,7 @@ def test_a_nats_port_asked_for_and_taken_is_refused_even_with_demo(tmp_path):
                                    models], capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
     assert out.returncode == 2, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
     assert f"port {port} is in use" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.startswith(f"error: up: port {port} is in use"), out.stderr[-2000:]  # the documented form
 
 
 @pytest.mark.timeout(60)
