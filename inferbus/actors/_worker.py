@@ -387,9 +387,11 @@ class Worker:
         """The inference thread's current (or last) batch (written by that thread, read by the loop when a
         drain ends: :meth:`_refuse_held`)."""
         self._draining = False
-        self._infer_sub = None  # the bus ``infer`` endpoint's subscription, once subscribed (its backlog is reported)
         """A graceful stop began (SIGUSR1 from the node, or SIGTERM): the infer subscription is drained and the
         load reports say ``draining`` (routers send this worker nothing more)."""
+        self._infer_sub = None
+        """The bus ``infer`` endpoint's subscription, once subscribed: its backlog (``pending_msgs``) goes in the
+        load reports (``LoadReport.backlog_msgs``)."""
         self._drain_task: asyncio.Future | None = None
         self.busy_poll = (BusyPoll(config.busy_poll_us, pause=self.thread_has_work) if config.busy_poll_us > 0
                           else None)
