@@ -4,6 +4,7 @@ replicas, and the bound on requests waiting in the ingress's own subscription bu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 
@@ -158,6 +159,48 @@ async def test_ingress_backlog_is_bounded_and_refused_at_once(nats_server, tmp_p
             await client.close()
 
 
+@contextlib.asynccontextmanager
+async def _overload_node(nats_url: str, tmp_path, model: str, prefix: str, *, ingress: int):
+    """A node of one worker and ``ingress`` ingresses serving ``model`` (no L2 cache) on ``prefix``, ready, and an
+    SDK client of it; both stopped after."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=(model,), workers=1, ingress=ingress, nats_url=nats_url,
+                     no_cache=True, prefix=prefix, run_dir=str(tmp_path / "run"))
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_url, prefix)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+async def _open_loop_overload(nats_url: str, prefix: str, model: str, *, rate: int, duration_s: float,
+                              budget_s: float) -> dict:
+    """Run ``inferbus bench MODEL --rate RATE`` (open loop, the load generator's own process) against the node on
+    ``prefix``: its one step, every answer judged right (errors are expected: the load is an overload)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    bench = [sys.executable, "-m", "inferbus.cli", "bench", model, "--nats-url", nats_url, "--prefix", prefix,
+             "--models", str(MODELS), "--concurrency", "", "--rate", str(rate), "--duration", str(duration_s),
+             "--timeout-s", str(budget_s), "--json"]
+    b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    step = json.loads(b.stdout)[0]
+    assert step["wrong"] == 0, step
+    return step
+
+
+async def _ready_again_within(client: Client, within_s: float) -> None:
+    """Wait until the node reports ready (its breakers closed, its workers live), failing after ``within_s``."""
+    t0 = time.monotonic()
+    while not (await client.health(timeout_s=5)).ready:  # the backlog drains within a budget or two
+        assert time.monotonic() - t0 < within_s, f"not ready again within {within_s} s of the overload"
+        await asyncio.sleep(0.1)
+
+
 async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serves_again_at_once(nats_server,
                                                                                                    tmp_path):
     """Open-loop load several times what one ingress can take (``inferbus bench --rate``): requests wait in the
@@ -168,43 +211,22 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
     client's deadline (``Inferbus-Deadline-Unix-Ms``, which the load generator and the SDK send) is refused on
     arrival, a missing completion while the ingress is behind blames nobody, and right after the load the node
     is ready with closed breakers and answers."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    cfg = NodeConfig(models_dir=str(MODELS), models=("typed",), workers=1, ingress=1, nats_url=nats_server.url,
-                     no_cache=True, prefix="ovl", run_dir=str(tmp_path / "run"))
-    async with Node(cfg) as node:
-        await node.wait_ready(60)
-        client = await Client.connect(nats_server.url, "ovl")
-        try:
-            bench = [sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", nats_server.url,
-                     "--prefix", "ovl", "--models", str(MODELS), "--concurrency", "", "--rate", "40000",
-                     "--duration", "3", "--timeout-s", "0.3", "--json"]
-            b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=120, cwd=ROOT)
-            steps = json.loads(b.stdout)
-            assert steps[0]["wrong"] == 0, steps
-            p = (await client.health(timeout_s=5)).parameters
-            c = p["counts"]
-            print(f"overload 40k/s, 0.3 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; ingress "
-                  f"expired_on_arrival {c.get('expired_on_arrival')}, lost {c['lost']}, lost_while_behind "
-                  f"{c.get('lost_while_behind')}, lost_in_reconnect {c.get('lost_in_reconnect')}")
-            w = p["workers"]["n1-w0"]
-            assert c["lost"] == 0, c  # no worker blamed for what the ingress's own backlog delayed
-            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
-            assert c["expired_on_arrival"] > 0, c  # it was behind by more than the budget: the load was an overload
-            # most found behind a backlog: dropped unanswered (their clients had given up), not answered one by one
-            assert 0 < c["expired_unanswered"] <= c["expired_on_arrival"], c
-            t0 = time.monotonic()
-            while not (await client.health(timeout_s=5)).ready:  # the backlog drains within a budget or two
-                assert time.monotonic() - t0 < 5, "not ready again within 5 s of the overload"
-                await asyncio.sleep(0.1)
-            out = await client.infer("typed", typed_feeds(7), timeout_s=5)
-            np.testing.assert_array_equal(out["a_times_2"], typed_feeds(7)["a"] * 2)
-        finally:
-            await client.close()
+    async with _overload_node(nats_server.url, tmp_path, "typed", "ovl", ingress=1) as client:
+        step = await _open_loop_overload(nats_server.url, "ovl", "typed", rate=40000, duration_s=3, budget_s=0.3)
+        p = (await client.health(timeout_s=5)).parameters
+        c = p["counts"]
+        print(f"overload 40k/s, 0.3 s budget: {step['ok']} ok, errors {step['errors']}; ingress "
+              f"expired_on_arrival {c.get('expired_on_arrival')}, lost {c['lost']}, lost_while_behind "
+              f"{c.get('lost_while_behind')}, lost_in_reconnect {c.get('lost_in_reconnect')}")
+        w = p["workers"]["n1-w0"]
+        assert c["lost"] == 0, c  # no worker blamed for what the ingress's own backlog delayed
+        assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
+        assert c["expired_on_arrival"] > 0, c  # it was behind by more than the budget: the load was an overload
+        # most found behind a backlog: dropped unanswered (their clients had given up), not answered one by one
+        assert 0 < c["expired_unanswered"] <= c["expired_on_arrival"], c
+        await _ready_again_within(client, 5)
+        out = await client.infer("typed", typed_feeds(7), timeout_s=5)
+        np.testing.assert_array_equal(out["a_times_2"], typed_feeds(7)["a"] * 2)
 
 
 async def test_an_overload_of_the_one_worker_blames_it_not_and_the_node_serves_again_at_once(nats_server, tmp_path):
@@ -215,45 +237,17 @@ async def test_an_overload_of_the_one_worker_blames_it_not_and_the_node_serves_a
     the worker's reports show it behind its own input (a subscription backlog, requests it found expired) is
     forgotten as ``lost_while_worker_behind``, and right after the load the node is ready and answers. Two
     ingresses and one worker here, so that the worker is the one behind."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    cfg = NodeConfig(models_dir=str(MODELS), models=("digits",), workers=1, ingress=2, nats_url=nats_server.url,
-                     no_cache=True, prefix="ovw", run_dir=str(tmp_path / "run"))
-    async with Node(cfg) as node:
-        await node.wait_ready(60)
-        client = await Client.connect(nats_server.url, "ovw")
-        try:
-            bench = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url,
-                     "--prefix", "ovw", "--models", str(MODELS), "--concurrency", "", "--rate", "15000",
-                     "--duration", "4", "--timeout-s", "0.5", "--json"]
-            b = await asyncio.to_thread(subprocess.run, bench, capture_output=True, text=True, timeout=180, cwd=ROOT)
-            steps = json.loads(b.stdout)
-            assert steps[0]["wrong"] == 0, steps
-            by_ingress: dict = {}
-            t0 = time.monotonic()
-            while len(by_ingress) < 2:  # the queue group answers health from either ingress
-                assert time.monotonic() - t0 < 20, f"only {sorted(by_ingress)} answered health"
-                p = (await client.health(timeout_s=5)).parameters
-                by_ingress[p["ingress_id"]] = p
-            counts = {i: {k: v for k, v in p["counts"].items() if k.startswith("lost")} for i, p in by_ingress.items()}
-            print(f"one worker overloaded, 15k/s, 0.5 s budget: {steps[0]['ok']} ok, errors {steps[0]['errors']}; "
-                  f"{counts}")
-            for i, p in by_ingress.items():
-                w = p["workers"]["n1-w0"]
-                assert p["counts"]["lost"] == 0, (i, counts)  # the worker was overloaded, not faulty
-                assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (i, w)
-            # the worker was behind by more than a budget and its grace: the path under test was taken
-            assert sum(c["lost_while_worker_behind"] for c in counts.values()) > 0, counts
-            t0 = time.monotonic()
-            while not (await client.health(timeout_s=5)).ready:
-                assert time.monotonic() - t0 < 5, "not ready again within 5 s of the overload"
-                await asyncio.sleep(0.1)
-            feed = {"pixels": np.full((1, 64), 0.5, np.float32)}
-            out = await client.infer("digits", feed, timeout_s=5)
-            assert out["logits"].shape == (1, 10), out
-        finally:
-            await client.close()
+    async with _overload_node(nats_server.url, tmp_path, "digits", "ovw", ingress=2) as client:
+        step = await _open_loop_overload(nats_server.url, "ovw", "digits", rate=15000, duration_s=4, budget_s=0.5)
+        by_ingress = await _health_by_replica(client, 2)
+        counts = {i: {k: v for k, v in p["counts"].items() if k.startswith("lost")} for i, p in by_ingress.items()}
+        print(f"one worker overloaded, 15k/s, 0.5 s budget: {step['ok']} ok, errors {step['errors']}; {counts}")
+        for i, p in by_ingress.items():
+            w = p["workers"]["n1-w0"]
+            assert p["counts"]["lost"] == 0, (i, counts)  # the worker was overloaded, not faulty
+            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (i, w)
+        # the worker was behind by more than a budget and its grace: the path under test was taken
+        assert sum(c["lost_while_worker_behind"] for c in counts.values()) > 0, counts
+        await _ready_again_within(client, 5)
+        out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
+        assert out["logits"].shape == (1, 10), out

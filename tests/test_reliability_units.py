@@ -327,19 +327,19 @@ def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():
 
 
 def test_the_router_marks_when_a_worker_reported_itself_behind_its_input():
-    """``WorkerState.behind_at``: a report with a subscription backlog, or with more requests found expired or shed
-    than the report before, marks the worker behind at that time; a report with neither leaves the mark (the
-    ingress forgets, not blames, a request missing within 2 × ``pending_grace_s`` of it)."""
+    """``WorkerState.behind_at``: a report with a subscription backlog marks the worker behind at that time; a report
+    without one leaves the mark (the ingress forgets, not blames, a request missing within 2 × ``pending_grace_s``
+    of it); requests found expired or shed do not mark it (they also pile up behind a hung model's batch); a report
+    after a gap of reports marks the gap (a frozen worker's backlog is no overload)."""
     r = Router()
-    r.on_report(_report("w1"), now=10.0)
+    r.on_report(_report("w1"), now=10.0)  # reports every 100 ms (LoadReport.interval_ms)
     assert r.workers["w1"].behind_at == float("-inf")
-    r.on_report(_report("w1", backlog_msgs=40), now=11.0)
-    assert r.workers["w1"].behind_at == 11.0
-    r.on_report(_report("w1"), now=12.0)  # caught up: the mark stays where it was
-    assert r.workers["w1"].behind_at == 11.0
-    r.on_report(_report("w1", expired=3), now=13.0)
-    assert r.workers["w1"].behind_at == 13.0
-    r.on_report(_report("w1", expired=3), now=14.0)  # the same count: nothing new expired
-    assert r.workers["w1"].behind_at == 13.0
-    r.on_report(_report("w1", expired=3, shed=1), now=15.0)
-    assert r.workers["w1"].behind_at == 15.0
+    r.on_report(_report("w1", backlog_msgs=40), now=10.1)
+    assert r.workers["w1"].behind_at == 10.1
+    r.on_report(_report("w1"), now=10.2)  # caught up: the mark stays where it was
+    assert r.workers["w1"].behind_at == 10.1
+    r.on_report(_report("w1", expired=3, shed=1), now=10.3)
+    assert r.workers["w1"].behind_at == 10.1
+    assert r.workers["w1"].gap_at == float("-inf")
+    r.on_report(_report("w1", backlog_msgs=9), now=12.3)  # 2 s after the last: it was frozen
+    assert r.workers["w1"].gap_at == 12.3 and r.workers["w1"].behind_at == 12.3

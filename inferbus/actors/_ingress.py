@@ -1403,13 +1403,16 @@ class Ingress:
                 and now - w.last_report <= self.config.health_timeout_s)
 
     def _worker_behind(self, worker_id: str, now: float) -> bool:
-        """Whether the worker, reporting (its last report within ``health_timeout_s``), showed itself behind its own
-        input within the last 2 × ``pending_grace_s`` (:attr:`WorkerState.behind_at`): a request of this ingress
-        missing then was delayed or dropped by an overload of that worker, not lost by a fault. A worker that
-        stopped reporting is not (the silent-worker check below fails it)."""
+        """Whether the worker, reporting (its last report within ``health_timeout_s``) and not computing a batch
+        past its deadlines, showed its event loop behind its own input within the last 2 × ``pending_grace_s``
+        (:attr:`WorkerState.behind_at`): a request of this ingress missing then was delayed by an overload of that
+        worker, not lost by a fault. A worker that stopped reporting is not (the silent-worker check below fails
+        it), nor one whose batch is overdue (a hung model: blamed), nor one whose reports came after a gap in that
+        window (:attr:`WorkerState.gap_at`: it was frozen, and its backlog is what it read meanwhile)."""
         w = self.router.workers.get(worker_id)
-        return (w is not None and w.alive and now - w.behind_at <= 2 * self.config.pending_grace_s
-                and now - w.last_report <= self.config.health_timeout_s)
+        window_s = 2 * self.config.pending_grace_s
+        return (w is not None and w.alive and not w.computing_overdue and now - w.behind_at <= window_s
+                and now - w.gap_at > window_s and now - w.last_report <= self.config.health_timeout_s)
 
     async def _sweep(self) -> None:
         now = time.monotonic()
@@ -1441,9 +1444,9 @@ class Ingress:
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             if self._worker_behind(p.worker_id, now):
-                # the worker was behind its own input (a backlog in its subscription, requests it found expired or
-                # shed): an overload of the worker, not a fault; blaming it opened a 1-worker node's breaker after
-                # an overload and the node refused every request for ~20 s (fresh-user trial, 2-core box)
+                # the worker's loop was behind its own input (a backlog in its subscription): an overload of the
+                # worker, not a fault; blaming it opened a 1-worker node's breaker after an overload and the node
+                # refused every request for ~20 s (fresh-user trial, 2-core box)
                 self.counts["lost_while_worker_behind"] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue

@@ -76,6 +76,11 @@ OK, CLIENT_ERROR, SERVER_ERROR, NEUTRAL = "ok", "client_error", "server_error", 
 LONG_BATCH_MIN_MS = 20.0
 LONG_BATCH_SERVICES = 256
 
+REPORT_GAP_INTERVALS = 5
+"""A report later than this many of the worker's report intervals after the one before marks a gap
+(:attr:`WorkerState.gap_at`): an overloaded worker's loop still reports on time (its requests are short), a frozen
+or partitioned one does not."""
+
 
 @dataclass
 class WorkerState:
@@ -116,11 +121,13 @@ class WorkerState:
     long_batch_depth: int = 0
     """The part of ``queue_depth`` that prices a batch computing abnormally long (0 otherwise)."""
     behind_at: float = float("-inf")
-    """``time.monotonic()`` of the last report that showed the worker behind its own input: a backlog in its
-    subscription (``LoadReport.backlog_msgs``), or requests it dropped expired or shed since the report before
-    (-inf: never)."""
-    expired_seen: int = 0
-    shed_seen: int = 0
+    """``time.monotonic()`` of the last report that showed the worker's event loop behind its own input: a backlog
+    in its subscription (``LoadReport.backlog_msgs`` > 0; -inf: never). Not requests it dropped expired or shed:
+    those also pile up behind a batch computing past its deadlines (a hung model), which must still be blamed."""
+    gap_at: float = float("-inf")
+    """``time.monotonic()`` of the last report that came after a gap of more than ``REPORT_GAP_INTERVALS`` report
+    intervals (-inf: never): the worker was frozen or cut off, so a backlog it reports then is what it read while
+    frozen, not an overload (the ingress blames what went missing then, as before)."""
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
@@ -211,6 +218,8 @@ class Router:
         w.backend, w.precision, w.pid = r.backend, r.precision, r.pid
         if w.ewma_service_us != r.ewma_service_us:
             self._min_service_us.clear()
+        if w.last_report and now - w.last_report > REPORT_GAP_INTERVALS * max(r.interval_ms, 1) / 1000.0:
+            w.gap_at = now  # reports stopped for a while: the worker was frozen (SIGSTOP, a hung loop) or cut off
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
         extra = 0
         if r.computing_ms > LONG_BATCH_MIN_MS and r.ewma_service_us > 0:
@@ -232,9 +241,8 @@ class Router:
             self._multi_server = len({x.server for x in self.workers.values()}) > 1
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         w.computing_ms, w.computing_overdue = r.computing_ms, r.computing_overdue
-        if r.backlog_msgs > 0 or r.expired > w.expired_seen or r.shed > w.shed_seen:
+        if r.backlog_msgs > 0:
             w.behind_at = now
-        w.expired_seen, w.shed_seen = r.expired, r.shed
         if changed:
             self._reindex()
 
