@@ -327,7 +327,7 @@ def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():
 
 
 def test_the_router_marks_when_a_worker_reported_itself_behind_its_input():
-    """``WorkerState.behind_at``: a report with a subscription backlog marks the worker behind at that time; a report
+    """``WorkerState.behind_at``: a report with a subscription backlog or a queue marks the worker behind at that time; a report
     without one leaves the mark (the ingress forgets, not blames, a request missing within 2 × ``pending_grace_s``
     of it); requests found expired or shed do not mark it (they also pile up behind a hung model's batch); a report
     after a gap of reports marks the gap (a frozen worker's backlog is no overload)."""
@@ -343,3 +343,5 @@ def test_the_router_marks_when_a_worker_reported_itself_behind_its_input():
     assert r.workers["w1"].gap_at == float("-inf")
     r.on_report(_report("w1", backlog_msgs=9), now=12.3)  # 2 s after the last: it was frozen
     assert r.workers["w1"].gap_at == 12.3 and r.workers["w1"].behind_at == 12.3
+    r.on_report(_report("w1", queue_depth=5), now=12.4)  # requests queued at the worker: behind too
+    assert r.workers["w1"].behind_at == 12.4 and r.workers["w1"].gap_at == 12.3

@@ -76,7 +76,7 @@ OK, CLIENT_ERROR, SERVER_ERROR, NEUTRAL = "ok", "client_error", "server_error", 
 LONG_BATCH_MIN_MS = 20.0
 LONG_BATCH_SERVICES = 256
 
-REPORT_GAP_INTERVALS = 5
+REPORT_GAP_INTERVALS = 10
 """A report later than this many of the worker's report intervals after the one before marks a gap
 (:attr:`WorkerState.gap_at`): an overloaded worker's loop still reports on time (its requests are short), a frozen
 or partitioned one does not."""
@@ -121,9 +121,10 @@ class WorkerState:
     long_batch_depth: int = 0
     """The part of ``queue_depth`` that prices a batch computing abnormally long (0 otherwise)."""
     behind_at: float = float("-inf")
-    """``time.monotonic()`` of the last report that showed the worker's event loop behind its own input: a backlog
-    in its subscription (``LoadReport.backlog_msgs`` > 0; -inf: never). Not requests it dropped expired or shed:
-    those also pile up behind a batch computing past its deadlines (a hung model), which must still be blamed."""
+    """``time.monotonic()`` of the last report that showed the worker behind its own input: a backlog in its
+    subscription (``LoadReport.backlog_msgs`` > 0) or requests queued (``queue_depth`` > 0; -inf: never). Not requests
+    it dropped expired or shed, which it counts after the fact. A queue behind a batch computing past its deadlines
+    (a hung model) marks it too: the ingress blames what goes missing while the worker reports such a batch."""
     gap_at: float = float("-inf")
     """``time.monotonic()`` of the last report that came after a gap of more than ``REPORT_GAP_INTERVALS`` report
     intervals (-inf: never): the worker was frozen or cut off, so a backlog it reports then is what it read while
@@ -241,7 +242,7 @@ class Router:
             self._multi_server = len({x.server for x in self.workers.values()}) > 1
         w.error_rate, w.window_requests = r.error_rate, r.window_requests
         w.computing_ms, w.computing_overdue = r.computing_ms, r.computing_overdue
-        if r.backlog_msgs > 0:
+        if r.backlog_msgs > 0 or r.queue_depth > 0:  # (an overdue batch behind a queue is told apart by the ingress)
             w.behind_at = now
         if changed:
             self._reindex()
