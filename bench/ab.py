@@ -17,6 +17,10 @@ and the higher answers/s; then each run's sweep ratios (``ratios.throughput``) w
 only these ratios mean something, not the absolute times (DESIGN §11); pairs that disagree are the run-to-run
 spread, and a change whose pairs split is not shown to help.
 
+``--work-args "ARGS"`` adds suite arguments to the working tree's runs only; with ``--base-tree .`` (the working
+tree as its own base) that is an alternated A/B of a setting on the same code, e.g. ``--work-args "--nats-cpus
+11-15"``.
+
 Where the repository is not at hand (a lent benchmark host gets a copy of the working tree without ``.git``),
 ``--base-tree DIR`` takes the base from a directory that holds those three folders already (made beforehand
 with ``git archive <rev> inferbus bench models | tar -x -C DIR``); ``ab.json`` then names the directory instead
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -170,18 +175,19 @@ def render(doc: dict) -> None:
                 console.print(f"{name}-{i} sweeps: " + ", ".join(f"{k}={v}" for k, v in tp.items()))
 
 
-def _check_suite_args(p: argparse.ArgumentParser, suite_args: list[str]) -> None:
+def _check_suite_args(p: argparse.ArgumentParser, suite_args: list[str],
+                      where: str = "bench.suite arguments (after --)") -> None:
     """Parse ``suite_args`` with the working tree's suite parser before any work: a bad one is ``p``'s usage error
     (status 2), not a failed run per side (each suite run's exit 2 went to its log only) and a run directory.
     ``-- --help`` prints the suite's options."""
     from . import suite
 
     sp = suite._parser()
-    sp.error = lambda message: p.error(f"bench.suite arguments (after --): {message}")  # type: ignore[method-assign]
+    sp.error = lambda message: p.error(f"{where}: {message}")  # type: ignore[method-assign]
     try:
         suite.config_from(sp.parse_args(suite_args))
     except ValueError as exc:
-        p.error(f"bench.suite arguments (after --): {exc}")
+        p.error(f"{where}: {exc}")
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -191,7 +197,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, suite_args = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m bench.ab",
-                                usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] [--first base|work] --out DIR -- "
+                                usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] [--first base|work] [--work-args ARGS] --out DIR -- "
                                       "[bench.suite arguments]",
                                 description=__doc__.split("\n\n")[0],
                                 epilog="Everything after -- goes to each `python -m bench.suite` run (not "
@@ -205,13 +211,22 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                       "models/ (instead of --base, where there is no git repository)")
     p.add_argument("--pairs", type=args.count, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
+    p.add_argument("--work-args", default="", metavar="ARGS",
+                   help="more bench.suite arguments for the working tree's runs only (one string, split as a shell "
+                        "would), after those after --: with --base-tree . an A/B of a setting on the same code")
     p.add_argument("--first", choices=("base", "work"), default="base",
                    help="the side that runs first in odd pairs (default base; even pairs swap); to alternate the "
                         "order over several invocations of one pair each")
     a = p.parse_args(argv)
-    if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args):
+    try:
+        a.work_args = shlex.split(a.work_args)
+    except ValueError as exc:
+        p.error(f"--work-args: {exc}")
+    if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args + a.work_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
     _check_suite_args(p, suite_args)
+    if a.work_args:
+        _check_suite_args(p, suite_args + a.work_args, "--work-args with the arguments after --")
     if a.base_tree is not None:
         missing = [d for d in _TREE_PATHS if not (a.base_tree / d).is_dir()]
         if missing:
@@ -281,9 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(1, a.pairs + 1):
         for name in (("base", "work") if (i % 2) == (a.first == "base") else ("work", "base")):
             js, log = out / f"{name}-{i}.json", out / f"{name}-{i}.log"
-            print(f"[{name}-{i}] python -m bench.suite {' '.join(suite_args)}", flush=True)
+            side_args = suite_args + (a.work_args if name == "work" else [])
+            print(f"[{name}-{i}] python -m bench.suite {shlex.join(side_args)}", flush=True)
             with open(log, "wb") as fh:
-                rc = subprocess.run([sys.executable, "-m", "bench.suite", *suite_args, "--json", str(js)],
+                rc = subprocess.run([sys.executable, "-m", "bench.suite", *side_args, "--json", str(js)],
                                     cwd=trees[name], env=_env(trees[name]), stdout=fh,
                                     stderr=subprocess.STDOUT).returncode
             if rc != 0 or not js.exists():
@@ -299,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "work_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *_TREE_PATHS],
                                           capture_output=True, text=True).stdout.strip()),
-        "suite_args": suite_args, "imported_from": used, "failed_runs": failed,
+        "suite_args": suite_args, "work_args": a.work_args, "imported_from": used, "failed_runs": failed,
         "compared_pairs": pairs, **compare([runs[("base", i)] for i in pairs], [runs[("work", i)] for i in pairs])}
     try:
         (out / "ab.json").write_text(json.dumps(doc, indent=1))

@@ -141,6 +141,12 @@ class SuiteConfig:
     process ``k`` on server ``k mod n``; the node with ``spread_servers``), so that with ``colocate`` a
     request and its answer stay on one server. The echo floor runs on the same mesh and placement."""
 
+    nats_cpus: tuple[int, ...] | None = None
+    """The cores nats-server may run on (every server of ``nats_servers``); None = not pinned, every core. With
+    ``pin``, the serving processes (``workers + ingress``, or ``workers`` colocated) are pinned to cores 0, 1, ...
+    and the generators to the last cores, so that e.g. ``(11, 12, 13, 14, 15)`` with 11 colocated processes on 16
+    cores keeps nats-server's threads off every serving core (they share the generators' cores)."""
+
     def __post_init__(self) -> None:
         if min(self.workers, self.ingress, self.gens, self.nats_servers, self.direct_batch) < 1 or self.echo < 0:
             raise ValueError("SuiteConfig: workers, ingress, gens, nats_servers, direct_batch >= 1 and echo >= 0")
@@ -194,6 +200,30 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def _cpu_siblings() -> list[str]:
+    """The host's groups of cores that share a physical core (``thread_siblings_list`` of each, as the kernel
+    writes it, e.g. ``["0,8", "1,9", ...]`` with SMT, ``["0", "1", ...]`` without); [] where it is not exposed."""
+    groups: dict[str, None] = {}
+    for cpu in range(os.cpu_count() or 0):
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            return []
+        groups[text] = None
+    return list(groups)
+
+
+def _cores_text(cores: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` as ``0-2,5``."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def _layout(cfg: SuiteConfig) -> dict:
@@ -333,7 +363,9 @@ class Suite:
         else:
             servers = [EmbeddedNats(run_dir=run_dir / "nats", server_name="inferbus-bench")]
         for srv in servers:
+            srv.cpus = cfg.nats_cpus
             srv.spawn()  # on the loop's thread (PDEATHSIG follows the spawning thread)
+        nats_affinity = sorted(os.sched_getaffinity(servers[0].proc.pid))  # what it runs with, for the record
         peer: dict = {}
         node = direct = None
         try:
@@ -379,7 +411,8 @@ class Suite:
                           else f"{cfg.workers} worker(s), {cfg.ingress} ingress")
                 self.say(f"node: {actors}, L2 {'on' if cfg.l2 else 'off'}, "
                          f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
-                         f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else ""))
+                         f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else "")
+                         + (f", nats-server on cores {_cores_text(cfg.nats_cpus)}" if cfg.nats_cpus else ""))
                 for name, t in series.items():  # warm-up, not recorded
                     await self._step(gp, name, t, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
                 best: dict[str, float] = {}
@@ -447,7 +480,7 @@ class Suite:
                 "python": sys.version.split()[0], "platform": platform.platform(), "profile": cfg.profile,
                 "model": f"{cfg.model}:{cfg.version}", "wall_s": round(time.monotonic() - t_start, 1),
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-                "layout": lay}
+                "layout": lay, "cpu_siblings": _cpu_siblings(), "nats_affinity": _cores_text(tuple(nats_affinity))}
         return summarize(meta, floors, self.steps, self.sweeps, half_load, peer, half_p99_load)
 
     async def _start_node(self, cfg: SuiteConfig, nats_url: str, run_dir: Path, *, colocate: bool,
@@ -887,6 +920,8 @@ def _parser() -> argparse.ArgumentParser:
                    "to --busy-poll-us for a matched floor)")
     p.add_argument("--nats-servers", type=args.count, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")
+    p.add_argument("--nats-cpus", type=args.cpu_list, help="the cores nats-server may run on, e.g. 11-15 (its "
+                   "CPU affinity; default every core)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
@@ -909,7 +944,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 _OVERRIDES = ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin", "l2", "ray", "duration_s",
               "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "alternate", "log_dir",
               "inline_max_compute_us", "colocate", "colocate_ab", "nats_servers", "busy_poll_us", "echo_busy_poll_us",
-              "direct", "direct_batch", "run_to_completion")
+              "direct", "direct_batch", "run_to_completion", "nats_cpus")
 
 
 def config_from(a: argparse.Namespace) -> SuiteConfig:

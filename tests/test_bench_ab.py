@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,9 @@ def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
     tree = tmp_path / "tree"  # the base as a lent host gets it: a directory, no git (--base-tree)
     head = extract("HEAD", tree)
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base-tree", str(tree), "--pairs", "1", "--out",
-                           str(out), "--first", "work", "--", "--profile", "tiny", "--closed", "1", "--no-sweep",
-                           "--open-rates", "200", "--no-l2"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+                           str(out), "--first", "work", "--work-args", "--nats-cpus 0", "--", "--profile", "tiny",
+                           "--closed", "1", "--no-sweep", "--open-rates", "200", "--no-l2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.index("[work-1]") < proc.stdout.index("[base-1]")  # --first work
     doc = json.loads((out / "ab.json").read_text())
@@ -65,6 +67,12 @@ def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
     assert all(r["wrong"] == 0 for r in doc["rows"])
     assert (out / "base-1.json").exists() and (out / "work-1.json").exists()
     assert "working tree, medians of 1 pair(s)" in proc.stdout
+    # --work-args: the working tree's run alone kept nats-server on core 0 (its affinity as the suite read it back)
+    assert doc["work_args"] == ["--nats-cpus", "0"] and "[work-1] python -m bench.suite --profile tiny" in proc.stdout
+    work, base = (json.loads((out / f"{side}-1.json").read_text())["meta"] for side in ("work", "base"))
+    assert work["config"]["nats_cpus"] == [0] and work["nats_affinity"] == "0"
+    assert "nats_cpus" not in base["config"] or base["config"]["nats_cpus"] is None
+    assert os.cpu_count() == 1 or base.get("nats_affinity", f"0-{os.cpu_count() - 1}") == f"0-{os.cpu_count() - 1}"
 
 
 def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
@@ -82,6 +90,9 @@ def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
     (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
     (["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+    (["--nats-cpus", "1-0"], "argument --nats-cpus: a CPU range runs from a core to a later one, got '1-0'"),
+    (["--nats-cpus", "0-x"], "argument --nats-cpus: a CPU list expected (e.g. 11-15 or 0,2,8-11), got '0-x'"),
+    (["--nats-cpus", "100000"], "argument --nats-cpus: this host has cores 0-"),
 ])
 def test_ab_refuses_bad_suite_arguments_up_front_exit_2(tmp_path, suite_args, said):
     """Bad suite arguments after ``--`` are bench.ab's usage error (status 2) naming the argument, before the base

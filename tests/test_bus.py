@@ -44,6 +44,30 @@ def test_bus_config_validation():
     assert BusConfig.from_dict(BusConfig(servers=("nats://x:1",)).to_dict()).servers == ("nats://x:1",)
 
 
+async def test_embedded_nats_runs_on_the_cores_it_is_given(tmp_path):
+    """``EmbeddedNats(cpus=...)``: the server process and every one of its threads run with that affinity (set
+    before exec, so the Go runtime starts with it), and it serves."""
+    import os
+    from pathlib import Path
+
+    mine = os.sched_getaffinity(0)
+    with EmbeddedNats(run_dir=tmp_path, cpus=(0,)) as srv:
+        tasks = list(Path(f"/proc/{srv.proc.pid}/task").iterdir())
+        assert len(tasks) > 1 and all(os.sched_getaffinity(int(t.name)) == {0} for t in tasks)
+        nc = await connect(BusConfig(servers=(srv.url,)))
+
+        async def echo(msg) -> None:
+            await msg.respond(msg.data)
+
+        try:
+            sub = await nc.subscribe("echo", cb=echo)
+            assert (await nc.request("echo", b"x", timeout=2)).data == b"x"
+            await sub.unsubscribe()
+        finally:
+            await nc.close()
+    assert os.sched_getaffinity(0) == mine  # set in the child only
+
+
 def test_embedded_nats_restarts_on_the_same_port(tmp_path):
     srv = EmbeddedNats(run_dir=tmp_path).start()
     try:

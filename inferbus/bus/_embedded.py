@@ -246,9 +246,17 @@ class _Managed:
         (``PR_SET_PDEATHSIG``): call from a thread that lives as long as the process (the kernel
         signals when the spawning thread exits), then :meth:`wait_ready` from any thread.
         """
+        pdeathsig = die_with_parent()
+        cpus = getattr(self, "cpus", None)
+        preexec = pdeathsig
+        if cpus:
+            def preexec() -> None:  # set before exec: the Go runtime sizes GOMAXPROCS from this affinity at start
+                os.sched_setaffinity(0, cpus)
+                if pdeathsig is not None:
+                    pdeathsig()
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent())
+                                         start_new_session=True, preexec_fn=preexec)
         self._ready_check = (log, what)
 
     def wait_ready(self) -> None:
@@ -297,6 +305,9 @@ class EmbeddedNats(_Managed):
         run_dir: config, logs and JetStream data; a temp dir when None.
         server_name: the server's name.
         extra_config: raw nats-server config text appended (cluster, gateway blocks...).
+        cpus: the cores the server may run on (its CPU affinity, set before exec, so that the Go runtime's
+            ``GOMAXPROCS`` is their count); None = every core. To keep its threads off cores that serving
+            processes are pinned to (``bench.suite --nats-cpus``).
     """
 
     port: int = 0
@@ -308,6 +319,7 @@ class EmbeddedNats(_Managed):
     extra_config: str = ""
     monitor_port: int | None = None
     start_timeout_s: float = 15.0
+    cpus: tuple[int, ...] | None = None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     @property
