@@ -70,21 +70,11 @@ def rates(text: str) -> tuple[float, ...]:
 
 
 def cpu_list(text: str) -> tuple[int, ...]:
-    """A Linux CPU list (``taskset -c`` / cpuset syntax): comma-separated cores and ranges, e.g. ``11-15`` or
-    ``0,2,8-11``; every core must be one this host has (``os.cpu_count()``). Returns the cores, sorted."""
-    import os
+    """A Linux CPU list (``taskset -c`` / cpuset syntax), e.g. ``11-15`` or ``0,2,8-11``, of cores this host has
+    (:func:`inferbus._cpus.parse_cpu_list`). Returns the cores, sorted."""
+    from inferbus._cpus import parse_cpu_list
 
-    cores: set[int] = set()
-    for part in (x.strip() for x in text.split(",")):
-        lo, sep, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"a CPU list expected (e.g. 11-15 or 0,2,8-11), got {text!r}") from None
-        if a < 0 or b < a:
-            raise argparse.ArgumentTypeError(f"a CPU range runs from a core to a later one, got {part!r}")
-        cores.update(range(a, b + 1))
-    n = os.cpu_count() or 1
-    if max(cores) >= n:
-        raise argparse.ArgumentTypeError(f"this host has cores 0-{n - 1}, got {text!r}")
-    return tuple(sorted(cores))
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -51,6 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from inferbus._cpus import cores_text  # noqa: E402
 from inferbus._paths import folder_problem, output_file_problem  # noqa: E402
 from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
 from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
@@ -213,17 +214,6 @@ def _cpu_siblings() -> list[str]:
             return []
         groups[text] = None
     return list(groups)
-
-
-def _cores_text(cores: tuple[int, ...]) -> str:
-    """``(0, 1, 2, 5)`` as ``0-2,5``."""
-    runs: list[list[int]] = []
-    for c in cores:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def _layout(cfg: SuiteConfig) -> dict:
@@ -412,7 +402,7 @@ class Suite:
                 self.say(f"node: {actors}, L2 {'on' if cfg.l2 else 'off'}, "
                          f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
                          f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else "")
-                         + (f", nats-server on cores {_cores_text(cfg.nats_cpus)}" if cfg.nats_cpus else ""))
+                         + (f", nats-server on cores {cores_text(cfg.nats_cpus)}" if cfg.nats_cpus else ""))
                 for name, t in series.items():  # warm-up, not recorded
                     await self._step(gp, name, t, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
                 best: dict[str, float] = {}
@@ -480,7 +470,7 @@ class Suite:
                 "python": sys.version.split()[0], "platform": platform.platform(), "profile": cfg.profile,
                 "model": f"{cfg.model}:{cfg.version}", "wall_s": round(time.monotonic() - t_start, 1),
                 "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-                "layout": lay, "cpu_siblings": _cpu_siblings(), "nats_affinity": _cores_text(tuple(nats_affinity))}
+                "layout": lay, "cpu_siblings": _cpu_siblings(), "nats_affinity": cores_text(tuple(nats_affinity))}
         return summarize(meta, floors, self.steps, self.sweeps, half_load, peer, half_p99_load)
 
     async def _start_node(self, cfg: SuiteConfig, nats_url: str, run_dir: Path, *, colocate: bool,

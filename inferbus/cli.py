@@ -40,6 +40,7 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
     from rich.markup import escape
 
     from .accelerators import BACKENDS
+    from ._cpus import cores_text, parse_cpu_list
     from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
                           MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
     from .bus._busypoll import MAX_WINDOW_US
@@ -557,7 +558,11 @@ def up(
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
     node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
                                 "give each node that joins one NATS (--nats-url) its own."),
-    pin_cpus: bool = typer.Option(False, help="Pin each process to one core."),
+    pin_cpus: bool = typer.Option(False, help="Pin each process to one core (round robin over the cores not in "
+                                  "--nats-cpus)."),
+    nats_cpus: Optional[str] = typer.Option(None, help="Run the embedded nats-server on these cores, e.g. 12-15 "
+                                            "(a CPU list as taskset -c takes it); with --pin-cpus the actors take "
+                                            "the other cores. Keeps its threads off the serving cores."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling: each worker/ingress process keeps polling "
                                        "this many µs after each request instead of sleeping (lower latency, a full "
                                        "core per busy process; give each process a core, e.g. --colocate "
@@ -722,13 +727,19 @@ def up(
     if colocate and ingress != 1 and "onnxruntime" in backend_names:  # it was ignored without a word
         _usage(f"up: --ingress {ingress} does not apply with --colocate (each CPU worker slot is one process, an "
                f"ingress with its worker: --workers sets both); leave --ingress out or drop --colocate")
+    nats_cores: tuple[int, ...] = ()
+    if nats_cpus is not None:
+        try:
+            nats_cores = parse_cpu_list(nats_cpus)
+        except ValueError as exc:
+            _usage(f"up: --nats-cpus: {exc}")
     try:
         cfg = NodeConfig(models_dir=models_dir, models=tuple(dict.fromkeys(model or ())), workers=workers,
                          ingress=ingress, colocate=colocate,
                          node_id=node_id,
                          nats_url=nats_url, spread_servers=spread_servers,
                          nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,
-                         prefix=prefix, pin_cpus=pin_cpus, busy_poll_us=busy_poll_us,
+                         prefix=prefix, pin_cpus=pin_cpus, nats_cpus=nats_cores, busy_poll_us=busy_poll_us,
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host,
@@ -882,10 +893,12 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             return 1
         if stop.is_set():  # the signal came as the start finished
             return await stop_start()
-        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}, "
+        nats_where = f" (nats-server on cores {cores_text(cfg.nats_cpus)})" if cfg.nats_cpus else ""
+        pinned = f"actors pinned to cores {cores_text(node.serving_cores)}, " if cfg.pin_cpus else ""
+        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}{nats_where}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
-                      f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}"
+                      f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}{pinned}"
                       f"run dir {node.run_dir}", soft_wrap=True)  # one line: logs are grepped for it
         if node.metrics is not None:
             console.print(f"  metrics http://{cfg.metrics_host}:{node.metrics.port}/metrics", soft_wrap=True)

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .._cpus import cores_text
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
 from ..bus._busypoll import check_busy_poll_us
@@ -128,7 +129,14 @@ class NodeConfig:
     """Requested precision of every worker: ``auto`` (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8;
     each model falls back to fp32 where the requested one fails its check (docs/accelerators.md)."""
     pin_cpus: bool = False
-    """Pin each process to one core (round robin)."""
+    """Pin each process to one core (round robin over the cores not in ``nats_cpus``)."""
+    nats_cpus: tuple[int, ...] = ()
+    """The cores the embedded nats-server runs on (its CPU affinity, set before it starts, so that the Go runtime
+    sizes ``GOMAXPROCS`` to them); () = every core. With ``pin_cpus`` the actors go round robin over the other
+    cores, and ``workers`` = 0 means one per core left. On the 16-core H200 host, keeping nats-server's threads
+    off the serving processes' cores cut its CPU per request by 37-53 % and raised the misses/s of 64 requests
+    in flight by 22-27 % (docs/performance.md, twenty-sixth session). Only for the embedded server: with
+    ``nats_url``, place that server where it runs (``taskset``)."""
     busy_poll_us: float = 0.0
     """Busy polling for every worker and ingress process (``WorkerConfig.busy_poll_us``): keep polling this
     many µs after each request instead of blocking. A full core per busy process; use with ``pin_cpus`` on
@@ -196,6 +204,17 @@ class NodeConfig:
                              f"({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to {MAX_MAX_PAYLOAD_BYTES} "
                              f"({binary_size(MAX_MAX_PAYLOAD_BYTES)}, nats-server's ceiling) bytes; got "
                              f"{self.nats_max_payload_bytes}")
+        if self.nats_cpus:
+            ncpu = os.cpu_count() or 1
+            if any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < ncpu for c in self.nats_cpus):
+                raise ValueError(f"NodeConfig.nats_cpus: cores of this host (0-{ncpu - 1}); got "
+                                 f"{list(self.nats_cpus)}")
+            if self.nats_url is not None:
+                raise ValueError("NodeConfig.nats_cpus places the embedded nats-server, and nats_url replaces it; "
+                                 "place that server where it runs (taskset -c), or leave nats_url out")
+            if self.pin_cpus and set(range(ncpu)) <= set(self.nats_cpus):
+                raise ValueError(f"NodeConfig.nats_cpus leaves no core for the pinned actors (pin_cpus); got "
+                                 f"{cores_text(self.nats_cpus)} of this host's 0-{ncpu - 1}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
@@ -258,8 +277,15 @@ class Node:
         ``metrics_port``; ``metrics.port`` is where it listens."""
 
     @property
+    def serving_cores(self) -> tuple[int, ...]:
+        """The cores the actors are pinned to with ``pin_cpus`` (round robin): every core but ``nats_cpus``."""
+        ncpu = max(os.cpu_count() or 1, 1)
+        return tuple(c for c in range(ncpu) if c not in self.config.nats_cpus) or tuple(range(ncpu))
+
+    @property
     def n_workers(self) -> int:
-        return self.config.workers or max(os.cpu_count() or 1, 1)
+        """``workers``, or with 0 one per core (per core not in ``nats_cpus``)."""
+        return self.config.workers or len(self.serving_cores)
 
     async def _plan_workers(self) -> list:
         """Worker placements: ``n_workers`` ONNX Runtime CPU slots, or a device probe for other backends.
@@ -410,7 +436,7 @@ class Node:
         if self.nats_url is None:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
                                      max_payload_bytes=c.nats_max_payload_bytes,
-                                     extra_config=_auth_config(c.bus_options))
+                                     extra_config=_auth_config(c.bus_options), cpus=c.nats_cpus or None)
             servers.append(self._server_spec("nats", self.nats))
         if self.redis_url is None and not c.no_cache:
             self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
@@ -447,7 +473,7 @@ class Node:
                 await self.nc.close()
             await self._stop_servers()
             raise
-        ncpu = os.cpu_count() or 1
+        cores = self.serving_cores
         children = []
         if c.region_manager is not None:  # first: workers and ingress learn the fencing term from it
             rc = replace(c.region_manager, bus=replace(bus, no_randomize=True, ping_interval_s=0.5))
@@ -479,7 +505,7 @@ class Node:
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               stall_fence_s=0.3 * c.health_timeout_s,  # < the ingresses' suspicion age
-                              cpu_affinity=(i % ncpu,) if c.pin_cpus else (),
+                              cpu_affinity=(cores[i % len(cores)],) if c.pin_cpus else (),
                               **{"busy_poll_us": c.busy_poll_us, **c.worker_options})
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place
@@ -489,7 +515,7 @@ class Node:
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
                                models_dir=c.models_dir, models=c.models, pins=pins,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
-                               cpu_affinity=((self.n_workers + j) % ncpu,) if c.pin_cpus else (),
+                               cpu_affinity=(cores[(self.n_workers + j) % len(cores)],) if c.pin_cpus else (),
                                **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..supervisor._pdeathsig import die_with_parent
+from ..supervisor._pdeathsig import die_with_parent_on
 from ..supervisor._process import ProcessChild
 
 
@@ -212,7 +212,8 @@ class _Managed:
             ChildStartError: the process could not be spawned.
         """
         argv, log, what = self._command()  # type: ignore[attr-defined]
-        child = await ProcessChild.start(argv, ready_line=None, log_path=log, name=what)
+        child = await ProcessChild.start(argv, ready_line=None, log_path=log, name=what,
+                                         cpu_affinity=getattr(self, "cpus", None))
         try:
             await _wait_serving(self.host, self.port, child, self.start_timeout_s, what, log)  # type: ignore[attr-defined]
         except BaseException:
@@ -246,17 +247,10 @@ class _Managed:
         (``PR_SET_PDEATHSIG``): call from a thread that lives as long as the process (the kernel
         signals when the spawning thread exits), then :meth:`wait_ready` from any thread.
         """
-        pdeathsig = die_with_parent()
-        cpus = getattr(self, "cpus", None)
-        preexec = pdeathsig
-        if cpus:
-            def preexec() -> None:  # set before exec: the Go runtime sizes GOMAXPROCS from this affinity at start
-                os.sched_setaffinity(0, cpus)
-                if pdeathsig is not None:
-                    pdeathsig()
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=preexec)
+                                         start_new_session=True,
+                                         preexec_fn=die_with_parent_on(getattr(self, "cpus", None)))
         self._ready_check = (log, what)
 
     def wait_ready(self) -> None:

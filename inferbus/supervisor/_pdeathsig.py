@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "die_with_parent_on"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -66,5 +66,25 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if getppid() != parent:  # the parent died between fork and prctl: nobody would signal us
             exit_now(1)
+
+    return preexec
+
+
+def die_with_parent_on(cpus: tuple[int, ...] | None, sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """:func:`die_with_parent`'s ``preexec_fn``, run after setting the child's CPU affinity to ``cpus`` (in the
+    child, before exec: the program starts on those cores, and so does every thread it makes; a Go program such
+    as nats-server sizes ``GOMAXPROCS`` from it). ``cpus`` None or empty: :func:`die_with_parent` itself.
+
+    Raises (in the child, which the spawn then reports as failed): OSError for a core this host does not have."""
+    pdeathsig = die_with_parent(sig)
+    if not cpus:
+        return pdeathsig
+    cores = tuple(cpus)
+    setaffinity = os.sched_setaffinity
+
+    def preexec() -> None:
+        setaffinity(0, cores)
+        if pdeathsig is not None:
+            pdeathsig()
 
     return preexec

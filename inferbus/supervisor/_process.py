@@ -32,7 +32,7 @@ from typing import IO
 
 from ._aio import finish_despite_cancel, log
 from ._errors import ChildStartError, SpecError
-from ._pdeathsig import die_with_parent
+from ._pdeathsig import die_with_parent_on
 from ._spec import ChildExit, check_shutdown_timeout
 
 __all__ = ["ProcessChild", "exit_from_returncode"]
@@ -149,7 +149,8 @@ class ProcessChild:
                     start_timeout_s: float = 30.0,
                     log_path: str | os.PathLike[str] | None = None,
                     log_timestamps: bool = False,
-                    name: str | None = None) -> ProcessChild:
+                    name: str | None = None,
+                    cpu_affinity: Sequence[int] | None = None) -> ProcessChild:
         """Start an OS process and return once it is ready.
 
         The process gets ``stdin`` from ``/dev/null``, pipes for stdout and stderr, and a
@@ -174,6 +175,8 @@ class ProcessChild:
                 process read it, ``2026-12-02T11:40:05.123Z `` (the actors' own lines carry none;
                 the read time is within the pipe's latency of the write, milliseconds at most).
             name: label for logs and errors; default ``Path(argv[0]).name``.
+            cpu_affinity: the cores the process runs on, set in the child before exec (every thread it makes
+                inherits it); None or empty: this process's own.
 
         Returns:
             The running, ready child.
@@ -212,7 +215,7 @@ class ProcessChild:
                 lambda: _Protocol(self), *args, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-                preexec_fn=die_with_parent())
+                preexec_fn=die_with_parent_on(tuple(cpu_affinity) if cpu_affinity else None))
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self._close_log()
             raise ChildStartError(f"{name}: cannot start {args!r}: {exc}") from exc

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 date -u; nproc; lscpu | grep -iE "^(model name|thread|core|socket|numa node|l[123])" || true
-timeout 560 python3 -m bench.ab --base-tree . --pairs 1 --first "$first" --work-args "--nats-cpus $cpus" \
+timeout 560 python3 -m bench.ab --base-tree . --pairs 1 --first "$first" --work-args "--nats-cpus $cpus ${WORK_EXTRA:-}" \
   --out "$OUT/$tag" -- --profile throughput --no-ray --colocate --workers 11 --ingress 1 --echo 11 --closed 1,64 \
   --direct "$@"
 date -u

@@ -1,0 +1,42 @@
+"""CPU lists: the Linux ``cpuset``/``taskset -c`` notation (``11-15``, ``0,2,8-11``) for the options that place
+processes on cores (``inferbus up --nats-cpus``, ``bench.suite --nats-cpus``)."""
+
+from __future__ import annotations
+
+import os
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """The cores a CPU list names, sorted, each once: comma-separated cores and inclusive ranges, as
+    ``cpuset(7)`` writes them (``11-15``, ``0,2,8-11``).
+
+    Raises:
+        ValueError: a part that is not a core number or a ``low-high`` range with ``low <= high``, an empty list,
+            or a core this host does not have (``os.cpu_count()``); the message says which.
+    """
+    cores: set[int] = set()
+    for part in (x.strip() for x in str(text).split(",")):
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"a CPU list expected (e.g. 11-15 or 0,2,8-11), got {text!r}") from None
+        if a < 0 or b < a:
+            raise ValueError(f"a CPU range runs from a core to a later one, got {part!r}")
+        cores.update(range(a, b + 1))
+    n = os.cpu_count() or 1
+    if max(cores) >= n:
+        raise ValueError(f"this host has cores 0-{n - 1}, got {text!r}")
+    return tuple(sorted(cores))
+
+
+def cores_text(cores) -> str:
+    """Cores in CPU-list notation, ranges folded: ``(0, 1, 2, 5)`` → ``"0-2,5"``; ``""`` for none."""
+    runs: list[list[int]] = []
+    for c in sorted(set(cores)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
