@@ -862,6 +862,12 @@ def render(doc: dict, console=None) -> None:
         tt.add_row(x["target"], "—" if v is None else _target_value(v, x["limit"]), str(x["limit"]),
                    {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[x["met"]])
     con.print(tt)
+    nats_cpus = ((doc.get("meta") or {}).get("config") or {}).get("nats_cpus")
+    if nats_cpus:
+        con.print(f"note: nats-server ran on cores {cores_text(nats_cpus)} for the echo too, which then lacks the "
+                  "spare cores it uses unpinned (on the H200 host its p99 < 5 ms rate fell from 81k-100k/s to "
+                  "57k-63k/s), so the QPS ratio to the echo reads high; set it against an unpinned run's echo "
+                  "(python -m bench.ab --base-tree . --work-args '--nats-cpus ...')", soft_wrap=True)
 
 
 def _poll_us(text: str) -> float:
