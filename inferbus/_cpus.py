@@ -12,7 +12,7 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
 
     Raises:
         ValueError: a part that is not a core number or a ``low-high`` range with ``low <= high``, an empty list,
-            or a core this host does not have (``os.cpu_count()``); the message says which.
+            or a core this process may not run on (:func:`usable_cores`); the message says which.
     """
     cores: set[int] = set()
     for part in (x.strip() for x in str(text).split(",")):
@@ -25,10 +25,19 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         if a < 0 or b < a:
             raise ValueError(f"a CPU range runs from a core to a later one, got {part!r}")
         cores.update(range(a, b + 1))
-    n = os.cpu_count() or 1
-    if max(cores) >= n:
-        raise ValueError(f"this host has cores 0-{n - 1}, got {text!r}")
+    usable = usable_cores()
+    if not cores <= set(usable):
+        raise ValueError(f"this process may run on cores {cores_text(usable)} only, got {text!r}")
     return tuple(sorted(cores))
+
+
+def usable_cores() -> tuple[int, ...]:
+    """The cores this process may run on (its CPU affinity, which a cgroup cpuset or ``taskset`` may narrow from
+    the host's), sorted; every core of ``os.cpu_count()`` where affinity is not available."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return tuple(range(os.cpu_count() or 1))
 
 
 def cores_text(cores) -> str:

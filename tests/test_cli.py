@@ -379,13 +379,13 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
                                                                   "nats-server, which --nats-url replaces"),
     (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--nats-port", "0"),
      "up: --nats-port and --nats-max-payload configure the embedded nats-server"),
-    (("--nats-cpus", "999999"), "up: --nats-cpus: this host has cores 0-"),
+    (("--nats-cpus", "999999"), "up: --nats-cpus: this process may run on cores "),
     (("--nats-cpus", "3-1"), "up: --nats-cpus: a CPU range runs from a core to a later one, got '3-1'"),
     (("--nats-cpus", "a"), "up: --nats-cpus: a CPU list expected (e.g. 11-15 or 0,2,8-11), got 'a'"),
-    (("--nats-url", "nats://127.0.0.1:1", "--nats-cpus", "0"), "up: --nats-cpus places the embedded nats-server, "
-                                                              "and --nats-url replaces it"),
-    (("--pin-cpus", "--nats-cpus", f"0-{(os.cpu_count() or 1) - 1}"), "up: --nats-cpus leaves no core for the "
-                                                                     "pinned actors (--pin-cpus)"),
+    (("--nats-url", "nats://127.0.0.1:1", "--nats-cpus", str(min(os.sched_getaffinity(0)))),
+     "up: --nats-cpus places the embedded nats-server, and --nats-url replaces it"),
+    (("--pin-cpus", "--nats-cpus", ",".join(map(str, sorted(os.sched_getaffinity(0))))),
+     "up: --nats-cpus leaves no core for the pinned actors (--pin-cpus)"),
 ])
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks

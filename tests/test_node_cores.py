@@ -13,27 +13,30 @@ import pytest
 
 from conftest import MODELS, uvloop_backend as anyio_backend  # noqa: F401 (process-heavy: one loop)
 from test_reliability_lib import reference
+from inferbus._cpus import cores_text
 from inferbus.actors import Node, NodeConfig
 from inferbus.client import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 NCPU = os.cpu_count() or 1
+USABLE = sorted(os.sched_getaffinity(0))  # the cores this process, and so the node, may run on
 
 
 def _affinity_of_every_thread(pid: int) -> set[frozenset[int]]:
     return {frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()}
 
 
-@pytest.mark.skipif(NCPU < 2, reason="needs 2 cores: one for nats-server, one for the actors")
+@pytest.mark.skipif(len(USABLE) < 2, reason="needs 2 cores: one for nats-server, one for the actors")
 async def test_nats_server_on_its_cores_and_the_pinned_actors_on_the_others(tmp_path):
-    nats_core = NCPU - 1
+    nats_core = USABLE[-1]
+    serving = [c for c in USABLE if c != nats_core]
     cfg = NodeConfig(models_dir=str(MODELS), models=("digits",), workers=1, ingress=1, no_cache=True, pin_cpus=True,
                      nats_cpus=(nats_core,), run_dir=str(tmp_path / "run"))
     async with Node(cfg) as node:
-        assert node.serving_cores == tuple(c for c in range(NCPU) if c != nats_core)
+        assert node.serving_cores == tuple(serving)
         assert _affinity_of_every_thread(node.nats.pid) == {frozenset({nats_core})}
         worker, ingress = node.pid_of(f"worker:{node.worker_ids[0]}"), node.pid_of("ingress:0")
-        assert os.sched_getaffinity(worker) == {0} and os.sched_getaffinity(ingress) == {1 % (NCPU - 1)}
+        assert os.sched_getaffinity(worker) == {serving[0]} and os.sched_getaffinity(ingress) == {serving[1 % len(serving)]}
         x = np.random.default_rng(3).random((2, 64), dtype=np.float32)
         client = await Client.connect(node.nats_url)
         try:
@@ -50,16 +53,17 @@ async def test_nats_server_on_its_cores_and_the_pinned_actors_on_the_others(tmp_
 
 async def test_workers_0_is_one_per_core_left_by_nats_cpus(tmp_path):
     """With ``workers`` = 0 (one per core) a node that gives nats-server cores starts a worker per core left."""
-    cfg = NodeConfig(models_dir=str(MODELS), workers=0, nats_cpus=(0,), no_cache=True)
-    assert Node(cfg).n_workers == max(NCPU - 1, 1)
-    assert Node(NodeConfig(models_dir=str(MODELS), workers=0, no_cache=True)).n_workers == NCPU
+    cfg = NodeConfig(models_dir=str(MODELS), workers=0, nats_cpus=(USABLE[0],), no_cache=True)
+    assert Node(cfg).n_workers == max(len(USABLE) - 1, 1)
+    assert Node(NodeConfig(models_dir=str(MODELS), workers=0, no_cache=True)).n_workers == len(USABLE)
 
 
 @pytest.mark.parametrize("kw,said", [
-    (dict(nats_cpus=(NCPU,)), f"NodeConfig.nats_cpus: cores of this host (0-{NCPU - 1}); got [{NCPU}]"),
-    (dict(nats_cpus=(0,), nats_url="nats://127.0.0.1:4222"), "nats_cpus places the embedded nats-server, and "
+    (dict(nats_cpus=(NCPU,)),
+     f"NodeConfig.nats_cpus: cores this process may run on ({cores_text(USABLE)}); got [{NCPU}]"),
+    (dict(nats_cpus=(USABLE[0],), nats_url="nats://127.0.0.1:4222"), "nats_cpus places the embedded nats-server, and "
                                                               "nats_url replaces it"),
-    (dict(nats_cpus=tuple(range(NCPU)), pin_cpus=True), "nats_cpus leaves no core for the pinned actors"),
+    (dict(nats_cpus=tuple(USABLE), pin_cpus=True), "nats_cpus leaves no core for the pinned actors"),
 ])
 def test_node_config_refuses_nats_cpus_that_cannot_apply(kw, said):
     with pytest.raises(ValueError) as ei:

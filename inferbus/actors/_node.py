@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .._cpus import cores_text
+from .._cpus import cores_text, usable_cores
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
 from ..bus._busypoll import check_busy_poll_us
@@ -205,16 +205,17 @@ class NodeConfig:
                              f"({binary_size(MAX_MAX_PAYLOAD_BYTES)}, nats-server's ceiling) bytes; got "
                              f"{self.nats_max_payload_bytes}")
         if self.nats_cpus:
-            ncpu = os.cpu_count() or 1
-            if any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < ncpu for c in self.nats_cpus):
-                raise ValueError(f"NodeConfig.nats_cpus: cores of this host (0-{ncpu - 1}); got "
+            usable = usable_cores()
+            if any(isinstance(c, bool) or not isinstance(c, int) or c not in usable for c in self.nats_cpus):
+                raise ValueError(f"NodeConfig.nats_cpus: cores this process may run on ({cores_text(usable)}); got "
                                  f"{list(self.nats_cpus)}")
             if self.nats_url is not None:
                 raise ValueError("NodeConfig.nats_cpus places the embedded nats-server, and nats_url replaces it; "
                                  "place that server where it runs (taskset -c), or leave nats_url out")
-            if self.pin_cpus and set(range(ncpu)) <= set(self.nats_cpus):
+            if self.pin_cpus and set(usable) <= set(self.nats_cpus):
                 raise ValueError(f"NodeConfig.nats_cpus leaves no core for the pinned actors (pin_cpus); got "
-                                 f"{cores_text(self.nats_cpus)} of this host's 0-{ncpu - 1}")
+                                 f"{cores_text(self.nats_cpus)} of the cores this process may run on, "
+                                 f"{cores_text(usable)}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
@@ -278,9 +279,10 @@ class Node:
 
     @property
     def serving_cores(self) -> tuple[int, ...]:
-        """The cores the actors are pinned to with ``pin_cpus`` (round robin): every core but ``nats_cpus``."""
-        ncpu = max(os.cpu_count() or 1, 1)
-        return tuple(c for c in range(ncpu) if c not in self.config.nats_cpus) or tuple(range(ncpu))
+        """The cores the actors are pinned to with ``pin_cpus`` (round robin): every core this process may run on
+        (:func:`~inferbus._cpus.usable_cores`) but ``nats_cpus``."""
+        usable = usable_cores()
+        return tuple(c for c in usable if c not in self.config.nats_cpus) or usable
 
     @property
     def n_workers(self) -> int:
