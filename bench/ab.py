@@ -196,6 +196,10 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, suite_args = argv[:cut], argv[cut + 1:]
+    # `--work-args --colocate`: argparse takes a value that starts with "-" and holds no space for an option of its
+    # own ("expected one argument"); the value after --work-args is always its value
+    argv = [f"--work-args={argv[i + 1]}" if x == "--work-args" and i + 1 < len(argv) else x
+            for i, x in enumerate(argv) if not (i > 0 and argv[i - 1] == "--work-args")]
     p = argparse.ArgumentParser(prog="python -m bench.ab",
                                 usage="python -m bench.ab (--base REV | --base-tree DIR) [--pairs N] [--first base|work] [--work-args ARGS] --out DIR -- "
                                       "[bench.suite arguments]",
@@ -211,17 +215,20 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                       "models/ (instead of --base, where there is no git repository)")
     p.add_argument("--pairs", type=args.count, default=2, help="alternated pairs of runs (default 2)")
     p.add_argument("--out", type=Path, required=True, help="directory for the runs' JSON, logs and ab.json")
-    p.add_argument("--work-args", default="", metavar="ARGS",
+    p.add_argument("--work-args", metavar="ARGS",
                    help="more bench.suite arguments for the working tree's runs only (one string, split as a shell "
                         "would), after those after --: with --base-tree . an A/B of a setting on the same code")
     p.add_argument("--first", choices=("base", "work"), default="base",
                    help="the side that runs first in odd pairs (default base; even pairs swap); to alternate the "
                         "order over several invocations of one pair each")
     a = p.parse_args(argv)
+    given = a.work_args is not None
     try:
-        a.work_args = shlex.split(a.work_args)
+        a.work_args = shlex.split(a.work_args or "")
     except ValueError as exc:
         p.error(f"--work-args: {exc}")
+    if given and not a.work_args:
+        p.error("--work-args is empty: give the suite arguments for the working tree's runs, or leave it out")
     if any(x in ("--json", "--png") or x.startswith(("--json=", "--png=")) for x in suite_args + a.work_args):
         p.error("the suite's --json/--png are set by bench.ab (one file per run under --out)")
     _check_suite_args(p, suite_args)

@@ -51,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from inferbus._cpus import cores_text  # noqa: E402
+from inferbus._cpus import cores_phrase, cores_text  # noqa: E402
 from inferbus._paths import folder_problem, output_file_problem  # noqa: E402
 from inferbus.actors import ModelRepository, Node, NodeConfig  # noqa: E402
 from inferbus.bus import EmbeddedNats, gateway_mesh  # noqa: E402
@@ -402,7 +402,7 @@ class Suite:
                 self.say(f"node: {actors}, L2 {'on' if cfg.l2 else 'off'}, "
                          f"pin {cfg.pin}; {cfg.gens} generator process(es), {lay['n_echo']} echo responder(s); "
                          f"nats {nats_url}" + (" (gateway mesh, processes spread)" if spread else "")
-                         + (f", nats-server on cores {cores_text(cfg.nats_cpus)}" if cfg.nats_cpus else ""))
+                         + (f", nats-server on {cores_phrase(cfg.nats_cpus)}" if cfg.nats_cpus else ""))
                 for name, t in series.items():  # warm-up, not recorded
                     await self._step(gp, name, t, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
                 best: dict[str, float] = {}
@@ -864,10 +864,10 @@ def render(doc: dict, console=None) -> None:
     con.print(tt)
     nats_cpus = ((doc.get("meta") or {}).get("config") or {}).get("nats_cpus")
     if nats_cpus:
-        con.print(f"note: nats-server ran on cores {cores_text(nats_cpus)} for the echo too, which then lacks the "
-                  "spare cores it uses unpinned (on the H200 host its p99 < 5 ms rate fell from 81k-100k/s to "
-                  "57k-63k/s), so the QPS ratio to the echo reads high; set it against an unpinned run's echo "
-                  "(python -m bench.ab --base-tree . --work-args '--nats-cpus ...')", soft_wrap=True)
+        con.print(f"note: nats-server ran on {cores_phrase(nats_cpus)} for the echo too, which then lacks the "
+                  "spare cores it uses unpinned, so the QPS ratio to the echo can read high (on the H200 host, "
+                  "2026-12-03, the echo's p99 < 5 ms rate fell 27-41 % pinned); set it against an unpinned run's "
+                  "echo (python -m bench.ab --base-tree . --work-args='--nats-cpus ...')", soft_wrap=True)
 
 
 def _poll_us(text: str) -> float:
@@ -917,7 +917,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-servers", type=args.count, help="nats-servers joined by gateways, processes spread over them "
                    "round robin (default 1)")
     p.add_argument("--nats-cpus", type=args.cpu_list, help="the cores nats-server may run on, e.g. 11-15 (its "
-                   "CPU affinity; default every core)")
+                   "CPU affinity; default every core). The other processes keep their cores (with --pin: the actors "
+                   "and echo responders from core 0 up, the generators from the last core down): give cores they "
+                   "leave, or share some on purpose")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,

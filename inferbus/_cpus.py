@@ -4,6 +4,10 @@ processes on cores (``inferbus up --nats-cpus``, ``bench.suite --nats-cpus``).""
 from __future__ import annotations
 
 import os
+import re
+
+_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
+"""One part of a CPU list: a core or an inclusive range, ASCII digits only, no spaces or signs (as ``taskset -c``)."""
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -14,18 +18,19 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         ValueError: a part that is not a core number or a ``low-high`` range with ``low <= high``, an empty list,
             or a core this process may not run on (:func:`usable_cores`); the message says which.
     """
-    cores: set[int] = set()
-    for part in (x.strip() for x in str(text).split(",")):
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise ValueError(f"a CPU list expected (e.g. 11-15 or 0,2,8-11), got {text!r}") from None
-        if a < 0 or b < a:
-            raise ValueError(f"a CPU range runs from a core to a later one, got {part!r}")
-        cores.update(range(a, b + 1))
     usable = usable_cores()
+    cores: set[int] = set()
+    for part in str(text).split(","):
+        m = _PART.fullmatch(part)
+        if m is None:
+            raise ValueError(f"a CPU list expected (e.g. 11-15 or 0,2,8-11), got {text!r}")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a:
+            raise ValueError(f"a CPU range runs from a core to a later one, got {part!r}")
+        if b > usable[-1] or a < usable[0]:  # before the range is made: 0-99999999999 is refused at once
+            raise ValueError(f"this process may run on cores {cores_text(usable)} only, got {text!r}")
+        cores.update(range(a, b + 1))
     if not cores <= set(usable):
         raise ValueError(f"this process may run on cores {cores_text(usable)} only, got {text!r}")
     return tuple(sorted(cores))
@@ -49,3 +54,9 @@ def cores_text(cores) -> str:
         else:
             runs.append([c, c])
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def cores_phrase(cores) -> str:
+    """``core 1`` or ``cores 0-2,5``: :func:`cores_text` after the right noun."""
+    text = cores_text(cores)
+    return f"core {text}" if text.isdigit() else f"cores {text}"

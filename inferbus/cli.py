@@ -40,7 +40,7 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
     from rich.markup import escape
 
     from .accelerators import BACKENDS
-    from ._cpus import cores_text, parse_cpu_list
+    from ._cpus import cores_phrase, parse_cpu_list
     from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
                           MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
     from .bus._busypoll import MAX_WINDOW_US
@@ -537,7 +537,8 @@ def up(
     models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
     model: Optional[list[str]] = typer.Option(None, "--model", metavar="NAME", help="Serve only this model of the repository "
                                               "(repeat for several; default: every model in it)."),
-    workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core), 0 to {MAX_NODE_PROCESSES}."),
+    workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), 0 to "
+                                f"{MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
                                   "which hands it requests in-process (no forward hop); --ingress is then refused "
@@ -561,8 +562,9 @@ def up(
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core (round robin over the cores not in "
                                   "--nats-cpus)."),
     nats_cpus: Optional[str] = typer.Option(None, help="Run the embedded nats-server on these cores, e.g. 12-15 "
-                                            "(a CPU list as taskset -c takes it); with --pin-cpus the actors take "
-                                            "the other cores. Keeps its threads off the serving cores."),
+                                            "(a CPU list as taskset -c takes it), and count only the other cores for "
+                                            "--workers 0; with --pin-cpus the actors are pinned to the other cores, "
+                                            "which keeps nats-server's threads off the serving cores."),
     busy_poll_us: float = typer.Option(0.0, help="Busy polling: each worker/ingress process keeps polling "
                                        "this many µs after each request instead of sleeping (lower latency, a full "
                                        "core per busy process; give each process a core, e.g. --colocate "
@@ -733,6 +735,9 @@ def up(
             nats_cores = parse_cpu_list(nats_cpus)
         except ValueError as exc:
             _usage(f"up: --nats-cpus: {exc}")
+        if not pin_cpus and nats_url is None:
+            err_console.print(f"[yellow]note[/]: --nats-cpus keeps nats-server on {cores_phrase(nats_cores)}, but "
+                              "the actors are not pinned and may run there too; add --pin-cpus to keep them off")
     try:
         cfg = NodeConfig(models_dir=models_dir, models=tuple(dict.fromkeys(model or ())), workers=workers,
                          ingress=ingress, colocate=colocate,
@@ -893,8 +898,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             return 1
         if stop.is_set():  # the signal came as the start finished
             return await stop_start()
-        nats_where = f" (nats-server on cores {cores_text(cfg.nats_cpus)})" if cfg.nats_cpus else ""
-        pinned = f"actors pinned to cores {cores_text(node.serving_cores)}, " if cfg.pin_cpus else ""
+        nats_where = f" (nats-server on {cores_phrase(cfg.nats_cpus)})" if cfg.nats_cpus else ""
+        pinned = f"actors pinned to {cores_phrase(node.serving_cores)}, " if cfg.pin_cpus else ""
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}{nats_where}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "

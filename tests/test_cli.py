@@ -283,6 +283,17 @@ def test_up_refuses_a_bad_accelerator_environment_in_one_line_exit_2(name, value
     assert time.monotonic() - t0 < 20
 
 
+def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tmp_path):
+    """A fresh-user trial: ``--nats-cpus`` without ``--pin-cpus`` left the actors free to run on nats-server's cores
+    without a word. Now a note says so (here before a bad option stops the start: nothing runs)."""
+    core = min(os.sched_getaffinity(0))
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--nats-cpus",
+                        str(core), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 2 and "up: --mailbox-size must be 1" in p.stderr, p.stderr
+    assert f"note: --nats-cpus keeps nats-server on core {core}, but the actors are not pinned" in p.stderr
+
+
 @pytest.mark.parametrize("args,said", [
     (("--models", "/nonexistent-inferbus-models"), "is not a folder"),
     (("--nats-port", "99999"), "--nats-port must be 0"),

@@ -15,10 +15,19 @@ READY_LINE = "READY"
 
 
 def set_affinity(cores: tuple[int, ...]) -> None:
-    """Pin this process to ``cores`` (Linux); ignored where unsupported."""
-    if cores and hasattr(os, "sched_setaffinity"):
+    """Pin this process to ``cores`` (Linux): every thread it has now (``/proc/self/task``), so that threads they
+    start later inherit it too; ignored where unsupported, and for a thread that ended meanwhile. (Linux's
+    ``sched_setaffinity(0, ...)`` sets the calling thread's alone: a fresh-user trial found 2 of a pinned worker's
+    4 threads, started before it pinned itself, still on every core.)"""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the calling thread
+        tids = [0]
+    for tid in tids:
         try:
-            os.sched_setaffinity(0, set(cores))
+            os.sched_setaffinity(tid, set(cores))
         except OSError:
             pass
 

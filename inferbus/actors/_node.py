@@ -286,8 +286,8 @@ class Node:
 
     @property
     def n_workers(self) -> int:
-        """``workers``, or with 0 one per core (per core not in ``nats_cpus``)."""
-        return self.config.workers or len(self.serving_cores)
+        """``workers``, or with 0 one per core this process may run on that ``nats_cpus`` leaves (at least 1)."""
+        return self.config.workers or max(len([c for c in usable_cores() if c not in self.config.nats_cpus]), 1)
 
     async def _plan_workers(self) -> list:
         """Worker placements: ``n_workers`` ONNX Runtime CPU slots, or a device probe for other backends.
@@ -482,7 +482,9 @@ class Node:
             children.append(self._child("region", "region", rc.to_json(), run_dir))
         if c.actors:
             children.append(self._child("aggregator", "aggregator",
-                                        AggregatorConfig(f"{c.node_id}-agg", bus, redis_url).to_json(), run_dir))
+                                        AggregatorConfig(f"{c.node_id}-agg", bus, redis_url,
+                                                         cpu_affinity=cores if c.pin_cpus else ()).to_json(),
+                                        run_dir))
         self.worker_ids = []
         try:
             plan = await self._plan_workers() if c.actors else []
