@@ -180,7 +180,12 @@ class Driver:
     def figures(self, drill: str, fault_window: tuple[float, float] | None = None, *,
                 detection_ms: float | None = None, recovery_ms: float | None = None, extra: dict | None = None
                 ) -> DrillFigures:
-        """Summarize the records; ``fault_window`` = (start, end) monotonic seconds for the during-fault p99."""
+        """Summarize the records; ``fault_window`` = (start, end) monotonic seconds for the during-fault p99.
+
+        With a fault window and the audit, ``extra.duplicates_in_flight_at_fault`` counts the duplicated requests
+        that were in flight when the fault began (sent at most ``timeout_s`` before it, not after): the only ones
+        a frozen worker may run twice by design, when the freeze caught it computing them and the client's retry
+        ran them elsewhere meanwhile (docs/failure-semantics.md, "A worker that freezes")."""
         recs = self.records
         hist = HdrHistogram(1, 600_000_000, 3)
         fault_hist = HdrHistogram(1, 600_000_000, 3)
@@ -201,6 +206,10 @@ class Driver:
         dups = sum(1 for c in self.executions.values() if c > 1) if self.audit_subject else None
         t0 = recs[0].t_sched if recs else 0.0
         dup_at = sorted(round(r.t_sched - t0, 2) for r in recs if self.executions.get(r.request_id, 0) > 1)
+        dups_in_flight = None
+        if fault_window and self.audit_subject:
+            dups_in_flight = sum(1 for r in recs if self.executions.get(r.request_id, 0) > 1
+                                 and fault_window[0] - self.timeout_s <= r.t_sched <= fault_window[0])
         failed_at = sorted(round(r.t_sched - t0, 2) for r in recs if r.outcome not in ("ok", "wrong"))
         by_version = Counter(r.model_version for r in recs if r.model_version is not None)
         return DrillFigures(
@@ -214,6 +223,7 @@ class Driver:
             extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None,
                    "max_ms": round(hist.get_max_value() / 1000, 1) if n else None, "timeout_ms": self.timeout_s * 1000,
                    **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {}),
+                   **({"duplicates_in_flight_at_fault": dups_in_flight} if dups_in_flight is not None else {}),
                    **({"failed_sent_at_s": failed_at[:50]} if failed_at else {}),
                    **({"answers_by_version": dict(sorted(by_version.items()))}
                       if self.references_by_version is not None else {})},

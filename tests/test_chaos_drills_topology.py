@@ -120,7 +120,8 @@ async def test_hung_only_worker_of_a_region_no_duplicates(topo):
     """hang-worker with ONE worker per region (the shared topology): the SDK's attempt timeout retries the
     requests held by the frozen worker, the ingress sends those retries to the other region's worker and
     cancels the old copies, and the thawed worker's stall fence refuses what it read while frozen, so
-    nothing runs twice (docs/reliability.md, gap 3)."""
+    nothing it read runs twice (docs/reliability.md, gap 3). A request the freeze caught mid-computation could
+    (docs/failure-semantics.md, "A worker that freezes"); at 50 requests/s that has not been seen here."""
     f = await soak_topology(DrillOptions(duration_s=14.0, rate_qps=50, fault_every_s=5.0, hang_s=2.0,
                                          models_dir=MODELS, faults=("hang-worker",)), topology=topo)
     d = _common(f)  # 0 wrong, 0 duplicates

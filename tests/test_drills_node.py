@@ -20,10 +20,18 @@ def _opts(**kw) -> DrillOptions:
     return DrillOptions(**base)
 
 
-def _common(f):
+def _common(f, *, frozen: bool = False):
     assert f.requests > 0
     assert f.wrong == 0
-    assert f.duplicates == 0
+    if frozen:
+        # a worker frozen in the middle of computing a request finishes it when it thaws, and the client's retry may
+        # have run it elsewhere meanwhile: the one duplicate the design allows (docs/failure-semantics.md, "A worker
+        # that freezes"; a clean-clone CI run, 2026-12-03: one, sent at the instant of the SIGSTOP). The fence must
+        # stop every other: nothing sent after the freeze began, and at 60 requests/s no more than the batch it
+        # caught (1-2 requests)
+        assert f.duplicates == f.extra["duplicates_in_flight_at_fault"] <= 2, f.extra
+    else:
+        assert f.duplicates == 0
     assert f.extra["executions_audited"] >= f.ok  # the audit saw every answered execution
     print(f.to_dict())
 
@@ -40,7 +48,7 @@ async def test_worker_crash_drill():
 @pytest.mark.timeout(90)
 async def test_worker_hang_drill():
     f = await worker_hang(_opts(duration_s=8.0))
-    _common(f)
+    _common(f, frozen=True)
     assert f.availability >= 0.99
     # taken out of routing within its health window (1 s here) plus report/sweep periods
     assert f.detection_ms is not None and f.detection_ms < 1000 + 600
