@@ -80,7 +80,9 @@ async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[st
             t_healed, err = time.monotonic(), f"{type(exc).__name__}: {exc}"
         rec = {"fault": name, "target": fault.target_id, "t_s": round(fault.t_inject - t_start, 1),
                "heal_s": round(t_healed - fault.t_inject, 2), "t_inject": fault.t_inject, "t_healed": t_healed,
-               "info": {k_: (round(v - fault.t_inject, 3) if isinstance(v, float) else v)
+               # the info's instants (``*_at``, monotonic) become seconds after the injection; its durations
+               # (``swap_ms``...) stay as they are (a fresh-user trial: swap_ms -88741.0, the host's uptime)
+               "info": {k_: (round(v - fault.t_inject, 3) if isinstance(v, float) and k_.endswith("_at") else v)
                         for k_, v in fault.info.items()}}
         if err:
             rec["heal_error"] = err

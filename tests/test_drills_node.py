@@ -68,5 +68,10 @@ async def test_soak_short():
     f = await soak(_opts(duration_s=30.0, fault_every_s=6.0, hang_s=1.5))
     _common(f)
     assert len(f.extra["faults"]) >= 3
+    swaps = [e["info"] for e in f.extra["faults"] if e["fault"] == "model-swap"]
+    # the writes' own answer times in ms (they were shifted by the injection's monotonic instant: -88741 ms), and
+    # the heal's instant in seconds after the injection
+    assert swaps and all(0 < i["swap_ms"] < 10_000 and 0 < i["heal_ms"] < 10_000 and 0 < i["healed_at"] < 60
+                         for i in swaps), swaps
     assert f.availability >= 0.98
     assert f.extra["rss_kib"]
