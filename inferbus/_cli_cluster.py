@@ -119,7 +119,9 @@ async def _send(cluster: Path, op: str, **kw):
                                msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=60)
         return msgspec.msgpack.decode(msg.data, type=ClusterReply)
     finally:
-        await nc.close()
+        from .bus import close_connection
+
+        await close_connection(nc)
 
 
 def _control(cluster: Path, op: str, **kw) -> None:

@@ -124,7 +124,9 @@ def status(
                     out[region] = exc
             return hbs, loads, out
         finally:
-            await nc.close()
+            from .bus import close_connection
+
+            await close_connection(nc)
 
     hbs, loads, sts = _run(go(), as_json=json_out)
     if not hbs:
@@ -197,7 +199,9 @@ def promote(
         try:
             return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=10.0)
         finally:
-            await nc.close()
+            from .bus import close_connection
+
+            await close_connection(nc)
 
     t0 = time.monotonic()
     try:
@@ -263,7 +267,9 @@ def demote(
                 target = prim[0]
             return target, await ask_region(nc, prefix, target, "demote", successor=to, force=force, timeout_s=10.0)
         finally:
-            await nc.close()
+            from .bus import close_connection
+
+            await close_connection(nc)
 
     t0 = time.monotonic()
     try:

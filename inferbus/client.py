@@ -96,7 +96,7 @@ _FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reco
 are tried in the order given (list the local region's first; ``no_randomize=False`` spreads clients)."""
 
 
-from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, connect, fail_pending_requests
+from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, close_connection, connect, fail_pending_requests
 from .bus import server_url_problem, split_servers
 from .bus import headers as H
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
@@ -340,16 +340,11 @@ class Client:
 
     async def close(self) -> None:
         """Drain and close the connection if this client made it (:meth:`connect`); never raises for a
-        connection that is reconnecting or already closed (it is closed without draining then)."""
+        connection that is reconnecting or already closed (it is closed without draining then), nor a
+        ``CancelledError`` of nats-py's own (:func:`inferbus.bus.close_connection`); a cancellation of the caller
+        still propagates."""
         if self._owns:
-            try:
-                await self.nc.drain()
-            except Exception:  # reconnecting (the server went away), closed, or the drain timed out
-                if not self.nc.is_closed:
-                    try:
-                        await self.nc.close()
-                    except Exception:  # e.g. ConnectionResetError flushing to a server that is gone
-                        pass
+            await close_connection(self.nc, drain=True)
 
     async def __aenter__(self) -> "Client":
         return self

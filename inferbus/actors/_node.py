@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
-from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, connect, split_servers
+from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, split_servers
 from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
@@ -471,8 +471,8 @@ class Node:
                 self.model_states = StateKeeper(Subjects(c.prefix), f"node {c.node_id}")
                 await self.model_states.start(self.nc)
         except BaseException:
-            if self.nc is not None and not self.nc.is_closed:
-                await self.nc.close()
+            if self.nc is not None:
+                await close_connection(self.nc)
             await self._stop_servers()
             raise
         cores = self.serving_cores
@@ -489,7 +489,7 @@ class Node:
         try:
             plan = await self._plan_workers() if c.actors else []
         except BaseException:  # BackendUnavailable (no runtime or device here): nothing of this node stays up
-            await self.nc.close()
+            await close_connection(self.nc)
             await self._stop_servers()
             raise
         # version pinning: the digest of each version's files now, before any actor loads it; a worker restarted later
@@ -637,11 +637,8 @@ class Node:
         self._maybe_quiesce()  # at once when no ingress runs here; else when the last one has exited
         await _stop_tree(self.supervisor, self._run_task)
         self._run_task = None
-        if self.nc is not None and not self.nc.is_closed:
-            try:
-                await self.nc.close()
-            except Exception:
-                pass
+        if self.nc is not None:
+            await close_connection(self.nc)
         await self._stop_servers()
 
     async def kill(self) -> None:

@@ -37,7 +37,7 @@ import msgspec
 
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
-from ..bus import nats_server_binary, valkey_server_binary
+from ..bus import close_connection, nats_server_binary, valkey_server_binary
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
 from ._plan import ClusterSpec, Plan
 
@@ -367,7 +367,7 @@ class Topology:
             return dict(zip(regions, await asyncio.gather(*(one(r) for r in regions))))
         finally:
             if own:
-                await nc.close()
+                await close_connection(nc)
 
     async def wait_settled(self, timeout_s: float = 30.0) -> str:
         """Wait until exactly one live region is primary and every other live region's manager
@@ -394,7 +394,7 @@ class Topology:
                         return p
                 await asyncio.sleep(0.05)
         finally:
-            await nc.close()
+            await close_connection(nc)
         summary = {r: (st.role, st.term, st.lease_rev) if st else None for r, st in last.items()}
         raise TopologyError(f"regions not settled after {timeout_s:g} s: {summary}")
 

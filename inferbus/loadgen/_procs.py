@@ -185,7 +185,9 @@ class _Gen:
         finally:
             if self.http is not None:
                 await self.http.close()
-            await self.nc.close()
+            from ..bus import close_connection
+
+            await close_connection(self.nc)
 
 
 def gen_main(config_json: str) -> None:
