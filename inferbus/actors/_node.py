@@ -303,7 +303,12 @@ class Node:
         self.discovery = await asyncio.to_thread(discover_devices)
         return plan_workers(tuple(backends), self.discovery, self.n_workers)
 
-    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None) -> ChildSpec:
+    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None,
+               cpu_affinity: tuple[int, ...] = ()) -> ChildSpec:
+        """The child spec of one actor process. ``cpu_affinity``: the cores it runs on from its exec on (set in
+        the child before exec, so the interpreter's and the libraries' threads are born there; every restart
+        gets it too); empty = any core. The actor pins itself to its config's ``cpu_affinity`` as well, which
+        matters only when it is started without a node."""
         # the config travels in a file only we can read, not on the command line: it may hold credentials
         stem = child_id.replace(":", "-")  # worker:n1-w0 -> worker-n1-w0 (no ':' in file names: scp, Windows shares)
         cfg_path = log_dir / f"{stem}.config.json"
@@ -315,7 +320,8 @@ class Node:
 
         async def start():
             return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=log_dir / f"{stem}.log", log_timestamps=True, name=child_id)
+                                            log_path=log_dir / f"{stem}.log", log_timestamps=True, name=child_id,
+                                            cpu_affinity=cpu_affinity or None)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
 
@@ -481,10 +487,9 @@ class Node:
             rc = replace(c.region_manager, bus=replace(bus, no_randomize=True, ping_interval_s=0.5))
             children.append(self._child("region", "region", rc.to_json(), run_dir))
         if c.actors:
-            children.append(self._child("aggregator", "aggregator",
-                                        AggregatorConfig(f"{c.node_id}-agg", bus, redis_url,
-                                                         cpu_affinity=cores if c.pin_cpus else ()).to_json(),
-                                        run_dir))
+            agg = AggregatorConfig(f"{c.node_id}-agg", bus, redis_url, cpu_affinity=cores if c.pin_cpus else ())
+            children.append(self._child("aggregator", "aggregator", agg.to_json(), run_dir,
+                                        cpu_affinity=agg.cpu_affinity))
         self.worker_ids = []
         try:
             plan = await self._plan_workers() if c.actors else []
@@ -514,7 +519,8 @@ class Node:
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place
             else:
-                children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env))
+                children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env,
+                                            cpu_affinity=wc.cpu_affinity))
         for j in range(n_ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
                                models_dir=c.models_dir, models=c.models, pins=pins,
@@ -524,9 +530,11 @@ class Node:
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]
                 cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), replace(wc, bus=ic.bus))
-                children.append(self._child(f"colocated:{wc.worker_id}", "colocated", cc.to_json(), run_dir))
+                children.append(self._child(f"colocated:{wc.worker_id}", "colocated", cc.to_json(), run_dir,
+                                            cpu_affinity=wc.cpu_affinity))
             else:
-                children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir))
+                children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
+                                            cpu_affinity=ic.cpu_affinity))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
                                                     period_s=c.period_s),
                                      children, name=f"node-{c.node_id}", on_child_exit=self._on_exit,
