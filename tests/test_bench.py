@@ -299,6 +299,37 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
     assert len(logs) == 2 and all("Outbound gateway connection to" in p.read_text() for p in logs), logs
 
 
+def test_suite_with_nats_cpus_measures_the_echo_in_both_layouts(tmp_path):
+    """``--nats-cpus``: nats-server on one core for the main run, and the echo again (closed loops and sweep)
+    through a second nats-server on every core this process may use, in the same run; the throughput target is
+    set against the better echo, and the note about a pinned echo reading high is not printed."""
+    from inferbus._cpus import cores_text
+
+    core = max(os.sched_getaffinity(0))
+    out = tmp_path / "both.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
+                           "--nats-cpus", str(core), "--closed", "1", "--sweep", "--sweep-max-steps", "2",
+                           "--no-l2", "--log-dir", str(tmp_path / "logs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["nats_affinity"] == str(core)
+    assert doc["meta"]["unpinned_nats_affinity"] == cores_text(os.sched_getaffinity(0))
+    unpinned = [s for s in doc["steps"] if s["series"] == "echo [nats unpinned]"]
+    assert {s["mode"] for s in unpinned} == {"closed", "open"}, [(s["series"], s["mode"]) for s in doc["steps"]]
+    for s in unpinned:
+        assert s["requests"] > 0 and s["wrong"] == 0 and not s["errors"], s
+    assert "echo [nats unpinned]" in doc["sweeps"]
+    thr = doc["ratios"]["throughput"]
+    both = [v for v in (thr["echo_max_qps_p99_under_limit"], thr["echo_nats_unpinned_max_qps_p99_under_limit"]) if v]
+    assert thr["best_echo_max_qps_p99_under_limit"] == (max(both) if both else None)
+    target = next(t for t in doc["targets"] if t["target"].startswith("QPS at p99 < 5 ms"))
+    assert "the better echo's, nats-server pinned or not" in target["target"]
+    assert target["value"] == thr["inferbus_over_best_echo"]
+    assert "for the echo too" not in proc.stdout
+    assert (tmp_path / "logs" / "nats-unpinned").is_dir()
+
+
 def test_a_sweep_climbs_to_saturation_then_bisects_the_p99_crossing():
     """The sweep's state machine (:class:`bench.suite._Sweep`) against a synthetic server whose p99 passes 5 ms
     above 40k/s and which saturates at 60k/s: it climbs by the factor from a quarter of the estimate, stops at the
