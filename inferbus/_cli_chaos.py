@@ -2,7 +2,7 @@
 
 Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice;
 1 it ran but saw wrong answers or duplicates; 2 a usage error (unknown drill or fault name, an option
-the drill does not take, a value out of range); 3 the drill cannot run here (its fault is unavailable on this target,
+the drill does not take, a value out of range), one line on stderr starting ``error: ``; 3 the drill cannot run here (its fault is unavailable on this target,
 or its deployment did not start), with the reason on stderr.
 """
 
@@ -73,22 +73,20 @@ def run(
     from chaos.drills import UnknownDrill, get_drill, make_options, option_names
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
-    from .cli import _run
+    from .cli import _run, _usage  # _usage: one line on stderr, "error: ...", exit 2, as every command's usage error
 
     try:
         get_drill(name)
         takes = option_names(name)
     except UnknownDrill as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2)
+        _usage(str(exc))
     values = dict(fault_every_s=fault_every_s, topology=topology, workers=workers, ingress=ingress, hang_s=hang_s,
                   gateway_latency_ms=latency_ms, gateway_drop_pct=drop_pct, gateway_links=links, fault_s=fault_s,
                   node_down_s=down_s, nats_server=server, fault_at_s=fault_at_s,
                   faults=tuple(x.strip() for x in faults.split(",") if x.strip()) if faults else None)
     unused = [_FLAGS[k] for k, v in values.items() if v is not None and k not in takes]
     if unused:
-        typer.echo(f"drill {name} does not take {', '.join(unused)}", err=True)
-        raise typer.Exit(2)
+        _usage(f"drill {name} does not take {', '.join(unused)}")
     fn, opts_cls = get_drill(name).load()
     try:
         opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
@@ -97,13 +95,11 @@ def run(
         msg = str(exc)
         field_name = msg.split(" ", 1)[0].rstrip(":")
         flag = _OPTION_FLAGS.get(field_name)
-        typer.echo(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}", err=True)
-        raise typer.Exit(2)
+        _usage(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}")
     try:
         fig = _run(fn(opts))
     except UnknownFault as exc:
-        typer.echo(f"drill {name}: {exc.args[0] if exc.args else exc}", err=True)
-        raise typer.Exit(2)
+        _usage(f"drill {name}: {exc.args[0] if exc.args else exc}")
     except FaultUnavailable as exc:
         msg = str(exc)
         msg = msg[len(name) + 2:] if msg.startswith(f"{name}: ") else msg

@@ -1099,9 +1099,7 @@ def _load_npy(path: str) -> np.ndarray:
     """``infer``'s ``--input`` file as an array; any file that is not a numeric or bytes .npy is one line naming the
     file and what is wrong with it, exit 2 (never numpy's own advice to load pickled data, which inferbus refuses)."""
     def refuse(why: str) -> NoReturn:
-        err_console.print(f"[red]cannot read {escape(path)}[/]: {escape(why)}; --input takes a .npy file "
-                          f"(numpy.save) of a numeric or bytes array")
-        raise typer.Exit(EXIT_USAGE)
+        _usage(f"cannot read {path}: {why}; --input takes a .npy file (numpy.save) of a numeric or bytes array")
 
     try:
         with open(path, "rb") as f:

@@ -1,0 +1,67 @@
+"""Usage errors of ``inferbus infer`` and ``inferbus chaos run`` as a user meets them: one line on stderr that starts
+``error: ``, as every other command's usage error does, exit 2, nothing on stdout, no traceback; refused before
+connecting (the NATS URL given is one nothing listens at: a connection attempt would be exit 3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inferbus.bus import free_port
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout[-500:], p.stderr[-1000:])
+    assert p.stderr.startswith(f"error: {said}"), p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr and not p.stdout, (p.stdout, p.stderr)
+    assert "cannot reach NATS" not in p.stderr
+
+
+@pytest.mark.parametrize("args,said", [
+    # each exit-2 path of `chaos run` (they printed the message alone, with no "error: ")
+    (("no-such-drill",), "unknown drill 'no-such-drill'; known drills: "),
+    (("worker-crash", "--latency-ms", "50"), "drill worker-crash does not take --latency-ms"),
+    (("worker-crash", "--rate", "-5"), "drill worker-crash: bad option: --rate must be"),
+    (("soak", "--faults", "bogus", "--duration", "1"), "drill soak: unknown fault 'bogus'; known: "),
+    # the argument parser's (already "error: ")
+    (("worker-crash", "--rate", "x"), "chaos run: Invalid value for '--rate'"),
+], ids=["unknown-drill", "option-not-taken", "option-out-of-range", "unknown-fault", "parser"])
+def test_chaos_run_usage_errors_are_one_error_line_exit_2(args, said):
+    assert_one_error_line(cli("chaos", "run", *args), said)
+
+
+def test_every_infer_usage_error_is_one_error_line_exit_2(tmp_path):
+    """The ``--input`` file errors printed ``cannot read FILE: ...`` with no ``error: ``; the other checks had it."""
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((1, 64), np.float32))
+    junk = tmp_path / "junk.npy"
+    junk.write_text("not numpy")
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    truncated = tmp_path / "truncated.npy"
+    truncated.write_bytes(objects.read_bytes()[:20])
+    missing = tmp_path / "missing.npy"
+    for args, said in [
+        (("-i", f"pixels={missing}"), f"cannot read {missing}: No such file or directory; --input takes a .npy file"),
+        (("-i", f"pixels={tmp_path}"), f"cannot read {tmp_path}: Is a directory"),
+        (("-i", f"pixels={junk}"), f"cannot read {junk}: not a .npy file"),
+        (("-i", f"pixels={objects}"), f"cannot read {objects}: the array holds Python objects"),
+        (("-i", f"pixels={truncated}"), f"cannot read {truncated}: a damaged .npy file"),
+        (("-i", f"pixels={good}", "-i", f"pixels={good}"), "infer: input 'pixels' given twice"),
+        (("-i", f"pixels={good}", "--timeout-s", "0"), "infer: --timeout-s must be a finite number of seconds > 0"),
+        (("-i", "pixels"), "infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels'"),
+    ]:
+        assert_one_error_line(cli("infer", "digits", *args, "--nats-url", url), said)
