@@ -1067,11 +1067,15 @@ def infer(
 ):
     """Send one request built from .npy files and print the outputs."""
     _check_timeout_s("infer", timeout_s)
-    feeds = {}
-    for spec in input:
+    specs = []
+    for spec in input:  # every --input's form first, then the files: nothing read, nothing sent, for a bad one
         name, sep, path = spec.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}")
+        if not (sep and name and path):  # "x.npy", "=x.npy" (an empty NAME went to the server), "pixels="
+            missing = "" if not sep else " (no NAME before '=')" if not name else " (no FILE after '=')"
+            raise typer.BadParameter(f"--input takes NAME=FILE.npy, got {spec!r}{missing}")
+        specs.append((name, path))
+    feeds = {}
+    for name, path in specs:
         if name in feeds:
             _usage(f"infer: input {name!r} given twice (--input {name}=...)")
         feeds[name] = _load_npy(path)

@@ -65,3 +65,24 @@ def test_every_infer_usage_error_is_one_error_line_exit_2(tmp_path):
         (("-i", "pixels"), "infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels'"),
     ]:
         assert_one_error_line(cli("infer", "digits", *args, "--nats-url", url), said)
+
+
+@pytest.mark.parametrize("spec,said", [
+    # an empty NAME was sent and refused by the server (INVALID_ARGUMENT: unexpected input ''), an empty FILE was
+    # "cannot read : No such file or directory"; both now fail as a spec with no '=' does, naming the --input value
+    ("={good}", "infer: Invalid value: --input takes NAME=FILE.npy, got '={good}' (no NAME before '=')"),
+    ("=", "infer: Invalid value: --input takes NAME=FILE.npy, got '=' (no NAME before '=')"),
+    ("pixels=", "infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels=' (no FILE after '=')"),
+    ("{good}", "infer: Invalid value: --input takes NAME=FILE.npy, got '{good}' (see "),
+], ids=["empty-name", "empty-both", "empty-file", "no-equals"])
+def test_a_malformed_input_spec_is_refused_before_connecting_naming_it(tmp_path, spec, said):
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((1, 64), np.float32))
+    spec, said = spec.format(good=good), said.format(good=good)
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there: a request would be "cannot reach NATS", exit 3
+    p = cli("infer", "digits", "-i", spec, "--nats-url", url)
+    assert_one_error_line(p, said)
+    assert p.stderr.rstrip().endswith("(see python -m inferbus.cli infer --help)"), p.stderr
+    # every --input's form is checked before any file is read: the bad one is named even after a missing file
+    p = cli("infer", "digits", "-i", f"pixels={tmp_path / 'missing.npy'}", "-i", spec, "--nats-url", url)
+    assert_one_error_line(p, said)
