@@ -181,5 +181,5 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
 def test_cli_refuses_out_of_range_values_in_one_line_before_starting_anything(drill, args, named):
     r = _cli("run", drill, *args)
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    assert r.stderr.startswith(f"drill {drill}: bad option: {named} must be"), r.stderr
+    assert r.stderr.startswith(f"error: drill {drill}: bad option: {named} must be"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout
