@@ -9,7 +9,8 @@
 
 Exit status of every command that talks to a deployment: 0 done; 1 the operation ran and failed (wrong
 answers, not ready, refused by a region manager); 2 usage or a typed error reply (bad option or file,
-INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the servers, no traceback).
+INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the servers, no traceback). Every command: 141
+(128 + SIGPIPE) its stdout or stderr was a pipe its reader had closed (``| head -1``), no message (see main()).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and \
 
 try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile exits 130, no traceback (see main())
     import asyncio
+    import errno
     import json
     import os
     import re
@@ -149,6 +151,70 @@ EXIT_USAGE = 2
 """Exit status: bad usage or input, or a typed error reply (INVALID_ARGUMENT, NOT_FOUND, ...)."""
 EXIT_NO_NATS = 3
 """Exit status: no NATS server of the given URL(s) accepted a connection."""
+EXIT_CLOSED_OUTPUT = 128 + signal.SIGPIPE
+"""Exit status (141): stdout or stderr was a pipe its reader had closed (``inferbus infer ... | head -c1``), as a
+shell reports a death by SIGPIPE; see :class:`_Output`."""
+
+
+class _ClosedOutput:
+    """What :class:`_Output` saw: ``closed``, a write found stdout or stderr a closed pipe; ``raised``, the
+    BrokenPipeError then went up to end the command; ``handler``, set by a command that takes the loss over
+    (``up``: it stops its node as on a signal), called instead of raising."""
+
+    closed = False
+    raised = False
+    handler = None
+
+
+class _Output:
+    """``sys.stdout`` or ``sys.stderr`` of the ``inferbus`` command (:func:`main` puts them in; everything else is
+    the stream's own). A write or flush that finds the pipe closed (its reader gone: ``... | head -1``) sends the
+    stream's file descriptor to /dev/null, so that what is still buffered, what is written later (a ``finally``'s
+    output, the interpreter's last flush) and the processes started later go nowhere without an error, and records
+    it in :class:`_ClosedOutput`. Then, as a Unix tool dies of SIGPIPE, it raises BrokenPipeError to end the
+    command, which :func:`main` turns into exit 141 with no message; unless a ``handler`` is set (``up``), which is
+    called instead, the write dropped. (Typer ended such a command with exit 1, as Click does; rich's console with
+    ``SystemExit(1)`` from inside ``up``'s loop.)"""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _closed(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+            self._stream.flush()  # the text the pipe refused, into /dev/null
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's stream): nothing more to keep off it
+            pass
+        _ClosedOutput.closed = True
+        if _ClosedOutput.handler is not None:
+            _ClosedOutput.handler()
+            return
+        _ClosedOutput.raised = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the command's output closed the pipe")
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 class NatsUnreachable(Exception):
@@ -799,6 +865,7 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     try:
         return await _up_body(cfg, demo, demo_duration, json_out)
     finally:
+        _ClosedOutput.handler = None  # a closed output from here ends the command (main(): 141)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.remove_signal_handler(sig)
@@ -827,6 +894,13 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+
+    def on_closed_output() -> None:  # stdout or stderr is a closed pipe (`inferbus up | head -1`): as a first signal
+        if not stop.is_set():  # (in a stop already: it goes on; a second real signal still kills)
+            signals.append(signal.SIGPIPE)  # its status: 128 + SIGPIPE (main() makes a 0 that too)
+            stop.set()
+
+    _ClosedOutput.handler = lambda: loop.call_soon_threadsafe(on_closed_output)  # (reset by _up when it returns)
 
     from nats.errors import NoServersError
 
@@ -1337,12 +1411,39 @@ def _command_words(argv: list[str]) -> str:
 
 
 def main() -> None:
-    """The ``inferbus`` command. A usage error that the argument parser finds (an option value of the wrong type, a
-    missing argument, an unknown option or command) is one line on stderr, ``error: <command>: <message> (see
-    <command path> --help)``, exit 2, like the commands' own checks; Typer's default is a framed box of several
-    lines (a fresh-user trial). A Ctrl-C that reaches Python (a command without its own handler, or while modules
-    load: this module's imports turn it into exit 130 too) exits 130 with no traceback, as a shell reports a
-    SIGINT death. Everything else (help, exit statuses, tracebacks of bugs) is Typer's."""
+    """The ``inferbus`` command (:func:`_run_app`). Its stdout or stderr found a closed pipe (``inferbus infer ... |
+    head -c1``): the command ends quietly, no traceback, exit 141 (128 + SIGPIPE, as a shell reports ``yes | head
+    -1``'s ``yes``); ``up`` first stops its node as on SIGTERM (see :class:`_Output`), and exits 141 where it would
+    have exited 0, its own status otherwise (a second signal, a failure)."""
+    if sys.stdout is not None:  # (None: started with its descriptor closed; print() and rich then write nothing)
+        sys.stdout = _Output(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = _Output(sys.stderr)
+    code = 0
+    try:
+        try:
+            _run_app()
+        except SystemExit as exc:
+            code = exc.code
+        for stream in (sys.stdout, sys.stderr):  # text still buffered: a closed pipe shows only now
+            if stream is not None:
+                stream.flush()
+    except BrokenPipeError:
+        if not _ClosedOutput.raised:  # not ours (e.g. a socket's): what it was before
+            raise
+    if _ClosedOutput.raised or (_ClosedOutput.closed and code in (0, None)):
+        code = EXIT_CLOSED_OUTPUT
+    sys.exit(code)
+
+
+def _run_app() -> None:
+    """The ``inferbus`` command's app (:func:`main` runs it). A usage error that the argument parser finds (an
+    option value of the wrong type, a missing argument, an unknown option or command) is one line on stderr,
+    ``error: <command>: <message> (see <command path> --help)``, exit 2, like the commands' own checks; Typer's
+    default is a framed box of several lines (a fresh-user trial). A Ctrl-C that reaches Python (a command without
+    its own handler, or while modules load: this module's imports turn it into exit 130 too) exits 130 with no
+    traceback, as a shell reports a SIGINT death. Everything else (help, exit statuses, tracebacks of bugs) is
+    Typer's."""
     try:
         rv = app(standalone_mode=False)
     except KeyboardInterrupt:  # Typer 0.29 makes it Exit(130) itself; this is for one that escaped it

@@ -159,6 +159,38 @@ def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_pat
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "inputs[0].shape" in p.stderr
 
 
+def cli_into_a_closed_pipe(*args, stream: str = "stdout", timeout=30) -> subprocess.CompletedProcess:
+    """The command with ``stream`` (stdout or stderr) a pipe whose reader is already gone (``| head -c1`` that has
+    exited: deterministic, where a live ``head`` may read everything before it goes); the other stream captured."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], text=True, timeout=timeout,
+                              env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+                              **({"stdout": w, "stderr": subprocess.PIPE} if stream == "stdout"
+                                 else {"stdout": subprocess.PIPE, "stderr": w}))
+    finally:
+        os.close(w)
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_141(deployment, tmp_path):
+    """`inferbus infer ... | head -c1` exited 1 (Typer's and rich's handling of a broken pipe), as a failed request
+    does. Now it ends as a Unix tool killed by SIGPIPE is reported: 141, nothing on stderr; for each way the
+    commands write: rich's console (flushed each line), print() (buffered until the exit), typer.echo; and for a
+    closed stderr (an error message that cannot be written)."""
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 64), np.float32))
+    p, _ = cli("infer", "digits", "-i", f"pixels={x}", "--nats-url", deployment.nats_url)
+    assert p.returncode == 0 and "probabilities" in p.stdout, p  # the same request with its output read
+    for argv in (("infer", "digits", "-i", f"pixels={x}", "--nats-url", deployment.nats_url),
+                 ("models", "--json", "--nats-url", deployment.nats_url),
+                 ("chaos", "list")):
+        p = cli_into_a_closed_pipe(*argv)
+        assert (p.returncode, p.stderr) == (141, ""), (argv, p.returncode, p.stderr[-2000:])
+    p = cli_into_a_closed_pipe("infer", "digits", "-i", f"pixels={tmp_path / 'missing.npy'}", stream="stderr")
+    assert (p.returncode, p.stdout) == (141, ""), (p.returncode, p.stdout[-2000:])
+
+
 def test_cluster_control_with_its_witness_unreachable_is_one_line_exit_3(tmp_path):
     url = f"nats://127.0.0.1:{free_port()}"
     (tmp_path / "cluster.json").write_text(json.dumps(

@@ -260,6 +260,37 @@ def _kill_group(proc) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_up_into_a_closed_pipe_stops_its_node_as_on_sigterm_and_exits_141(tmp_path):
+    """``inferbus up | head -1``: its stdout a pipe whose reader is gone (here before it starts, so that its first
+    line finds it so: deterministic). It exited 1 from inside the serving loop (rich's handling of a broken pipe).
+    Now its first failed write is a first signal: the node drains and stops (every actor and the embedded
+    nats-server exit 0), and it exits 141 as a Unix tool killed by SIGPIPE is reported, nothing on stderr, nothing
+    left running."""
+    run = tmp_path / "run"
+    argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(run),
+                 "--models", str(models_subset(tmp_path / "models", ["digits"]))]
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.Popen(argv, stdout=w, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                                start_new_session=True)
+    finally:
+        os.close(w)
+    try:
+        _, err = proc.communicate(timeout=45)
+        time.sleep(0.3)
+        ps = subprocess.run(["ps", "-s", str(proc.pid), "-o", "stat=,args="], capture_output=True, text=True).stdout
+    finally:
+        _kill_group(proc)
+    assert (proc.returncode, err) == (141, ""), (proc.returncode, err[-3000:])
+    assert not [line for line in ps.splitlines() if line.strip() and not line.startswith("Z")], ps
+    log = (run / "node.log").read_text()
+    stopped = re.findall(r"child '([^']+)' \(pid \d+\) stopped: exit code 0", log)
+    assert sorted(stopped) == ["aggregator", "ingress:0", "nats", "worker:n1-w0"], log[-3000:]
+    assert "quiesce" in log and "kill" not in log.lower(), log[-3000:]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_start_up_stops_it_at_once_and_exits_128_plus_the_signal(tmp_path, sig):
     """A fresh-user trial: Ctrl-C during start-up was kept until the start had finished (up to the 60 s readiness
