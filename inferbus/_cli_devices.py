@@ -23,7 +23,7 @@ def devices(
     """List GPUs, TPU chips and CPU slots found here, the backend that serves each and the worker plan."""
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
     try:
         disc = discover_devices()
     except BackendUnavailable as exc:

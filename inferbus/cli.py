@@ -89,7 +89,7 @@ def _help_width() -> Optional[int]:
     stderr that is a terminal, else 80: with stdin on a 40-column terminal ``up --help`` had no room left for
     the help texts at all (the option names and types took it), and at 80 columns 20 for them.
     """
-    if sys.stdout.isatty():
+    if sys.stdout is None or sys.stdout.isatty():  # None: started with stdout closed (`>&-`); nothing is shown
         return None
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
@@ -124,7 +124,7 @@ except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
@@ -1414,7 +1414,17 @@ def main() -> None:
     """The ``inferbus`` command (:func:`_run_app`). Its stdout or stderr found a closed pipe (``inferbus infer ... |
     head -c1``): the command ends quietly, no traceback, exit 141 (128 + SIGPIPE, as a shell reports ``yes | head
     -1``'s ``yes``); ``up`` first stops its node as on SIGTERM (see :class:`_Output`), and exits 141 where it would
-    have exited 0, its own status otherwise (a second signal, a failure)."""
+    have exited 0, its own status otherwise (a second signal, a failure). Started with stdin, stdout or stderr
+    closed (``>&-``), that descriptor is opened on /dev/null first: else the first socket took its number, and
+    uvloop aborts on closing a descriptor below 3 (``uv__close: Assertion `fd > STDERR_FILENO' failed``)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: hold the number with /dev/null so no socket or file gets it
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
     if sys.stdout is not None:  # (None: started with its descriptor closed; print() and rich then write nothing)
         sys.stdout = _Output(sys.stdout)
     if sys.stderr is not None:

@@ -86,3 +86,28 @@ def test_a_malformed_input_spec_is_refused_before_connecting_naming_it(tmp_path,
     # every --input's form is checked before any file is read: the bad one is named even after a missing file
     p = cli("infer", "digits", "-i", f"pixels={tmp_path / 'missing.npy'}", "-i", spec, "--nats-url", url)
     assert_one_error_line(p, said)
+
+
+def test_a_command_started_with_stdout_or_stdin_closed_runs_as_with_them_on_dev_null():
+    """``inferbus models ... >&-``: the first socket used to take descriptor 1, and uvloop aborted the process on
+    closing it (``uv__close: Assertion `fd > STDERR_FILENO' failed``, exit 134); with stdout closed the import
+    failed before that (``sys.stdout`` is None). Now the closed descriptors are held by /dev/null: the command
+    runs to its own status, its error line on the stderr that is open."""
+    import os
+
+    def closed(*fds):
+        def pre():
+            for fd in fds:
+                os.close(fd)
+        return pre
+
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there: exit 3 after a connection attempt
+    for fds in ((1,), (0, 1)):
+        p = subprocess.run([sys.executable, "-m", "inferbus.cli", "models", "--nats-url", url], cwd=ROOT,
+                           stderr=subprocess.PIPE, text=True, timeout=30, preexec_fn=closed(*fds),
+                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        assert p.returncode == 3, (fds, p.returncode, p.stderr[-1500:])
+        assert p.stderr.startswith(f"cannot reach NATS at {url}") and "Traceback" not in p.stderr, (fds, p.stderr)
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "chaos", "list"], cwd=ROOT, stderr=subprocess.PIPE,
+                       text=True, timeout=30, preexec_fn=closed(1), env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0 and not p.stderr, (p.returncode, p.stderr[-1500:])
