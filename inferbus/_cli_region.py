@@ -116,13 +116,15 @@ def status(
         nc = await _connect(servers_option(nats_url, cluster))
         try:
             hbs, loads = await discover(nc, prefix)
-            out = {}
-            for region in sorted(hbs):
+
+            async def one(region):
                 try:
-                    out[region] = (await ask_region(nc, prefix, region, "status", timeout_s=2.0)).status
+                    return (await ask_region(nc, prefix, region, "status", timeout_s=2.0)).status
                 except Exception as exc:
-                    out[region] = exc
-            return hbs, loads, out
+                    return exc
+
+            regions = sorted(hbs)  # asked at once: a region that does not answer costs 2 s in all, not 2 s each
+            return hbs, loads, dict(zip(regions, await asyncio.gather(*(one(r) for r in regions))))
         finally:
             from .bus import close_connection
 
