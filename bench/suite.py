@@ -926,9 +926,11 @@ def render(doc: dict, console=None) -> None:
     if nats_cpus and "echo [nats unpinned]" not in (doc.get("sweeps") or {}):
         con.print(f"note: nats-server ran on {cores_phrase(nats_cpus)} for the echo too, which then lacks the "
                   "spare cores it uses unpinned, so the QPS ratio to the echo can read high (on the H200 host, "
-                  "2026-12-03, the echo's p99 < 5 ms rate fell 27-41 % pinned); --echo-unpinned (the default) "
-                  "measures the echo through an unpinned nats-server too and sets the target against the better",
-                  soft_wrap=True)
+                  "2026-12-03, the echo's p99 < 5 ms rate fell 27-41 % pinned); "
+                  + ("the echo through an unpinned nats-server is not measured with --nats-servers > 1"
+                     if (m.get("config") or {}).get("nats_servers", 1) > 1 else
+                     "--echo-unpinned (the default, with --sweep) measures the echo through an unpinned nats-server "
+                     "too and sets the target against the better"), soft_wrap=True)
 
 
 def _poll_us(text: str) -> float:
@@ -982,8 +984,9 @@ def _parser() -> argparse.ArgumentParser:
                    "and echo responders from core 0 up, the generators from the last core down): give cores they "
                    "leave, or share some on purpose")
     p.add_argument("--echo-unpinned", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --nats-cpus: also run the echo through a nats-server on every core, and set the "
-                   "throughput target against the better echo (default on; --no-echo-unpinned: the pinned echo only)")
+                   help="with --nats-cpus (and one nats-server): also run the echo through a nats-server on every "
+                   "core, and, with --sweep, set the throughput target against the better echo (default on; "
+                   "--no-echo-unpinned: the pinned echo only)")
     p.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
                    help="run the node with colocated workers (each process an ingress with its worker)")
     p.add_argument("--direct", action=argparse.BooleanOptionalAction, default=None,
