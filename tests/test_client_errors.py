@@ -351,3 +351,51 @@ def test_a_client_used_on_a_second_event_loop_says_so(nats_server):
     with pytest.raises(RuntimeError, match="another event loop"):
         asyncio.run(use_again())
     assert time.monotonic() - t0 < 1.0
+
+
+async def test_close_as_the_server_stops_is_prompt_and_ends_the_calls_in_flight(tmp_path):
+    """``Client.close`` right after the server's SIGTERM: the drain's flush would wait nats-py's 10 s for a PONG
+    that never comes (a fresh-user trial: 10.0 s in 6 of 12 closes); it gets at most 2 s. And a call still waiting
+    for an answer (here a responder that never answers, 5 s budget) ends at the close with UNAVAILABLE, not at its
+    attempt's timeout."""
+    import nats
+
+    from inferbus.bus import EmbeddedNats
+
+    for i in range(6):  # the race (the connection still looks connected as the server goes) is hit often, not always
+        srv = EmbeddedNats(run_dir=tmp_path / f"nats{i}")
+        srv.start()
+        try:
+            client = await Client.connect(srv.url)
+            srv.proc.terminate()
+            t0 = time.monotonic()
+            await client.close()
+            took_s = time.monotonic() - t0
+        finally:
+            srv.stop()
+        assert client.nc.is_closed and took_s < 5.0, (i, took_s)
+
+    with EmbeddedNats(run_dir=tmp_path / "nats-live") as srv:
+        mute = await nats.connect(srv.url, allow_reconnect=False)
+
+        async def hears(msg):  # never answers
+            pass
+
+        await mute.subscribe("mute", cb=hears)
+        await mute.flush()
+        client = await Client.connect(srv.url)
+        call = asyncio.ensure_future(client.request("mute", b"x", timeout_s=5.0))
+        await asyncio.sleep(0.3)
+    # the server is gone: the call's attempt was failed at the disconnect and sent again into the reconnect buffer
+    for _ in range(200):
+        if client.nc.is_reconnecting:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert not call.done()
+    t0 = time.monotonic()
+    await client.close()
+    with pytest.raises(Unavailable) as ei:
+        await asyncio.wait_for(call, 4.0)
+    took_s = time.monotonic() - t0
+    assert "closed" in ei.value.message and took_s < 1.5, (took_s, ei.value.message)
