@@ -871,6 +871,7 @@ def _target_value(value, limit) -> str:
 def render(doc: dict, console=None) -> None:
     """Print the steps, the ratio table and the targets (rich)."""
     from rich.console import Console
+    from rich.markup import escape  # series names hold brackets ("echo [nats unpinned]"), which rich takes for markup
     from rich.table import Table
 
     con = console or Console(width=160)
@@ -882,8 +883,9 @@ def render(doc: dict, console=None) -> None:
         t.add_column(col, justify="left" if col in ("series", "mode", "CPU µs/req (top)") else "right")
     for s in doc["steps"]:
         load = f"c={s['concurrency']}" if s["mode"] == "closed" else f"{s['rate_qps']:g}/s"
-        cpu = sorted(s.get("cpu_us_per_req", {}).items(), key=lambda kv: -kv[1])[:4]
-        t.add_row(s["series"], s["mode"], load, f"{s['qps']:.0f}", f"{s['p50_us'] / 1000:.3f}",
+        # a group with no CPU in this step (a process of an earlier phase, stopped since) is left out
+        cpu = sorted(((k, v) for k, v in s.get("cpu_us_per_req", {}).items() if v > 0), key=lambda kv: -kv[1])[:4]
+        t.add_row(escape(s["series"]), s["mode"], load, f"{s['qps']:.0f}", f"{s['p50_us'] / 1000:.3f}",
                   f"{s['p95_us'] / 1000:.3f}", f"{s['p99_us'] / 1000:.3f}", f"{s['p99_9_us'] / 1000:.3f}",
                   str(sum(s["errors"].values())), str(s["wrong"]), str(s["cache_hits"]),
                   f"{s['mean_batch']:.2f}" if s.get("mean_batch") else "—",  # no miss said (echo, hits, old JSON)
@@ -930,7 +932,7 @@ def render(doc: dict, console=None) -> None:
                   + ("the echo through an unpinned nats-server is not measured with --nats-servers > 1"
                      if (m.get("config") or {}).get("nats_servers", 1) > 1 else
                      "--echo-unpinned (the default, with --sweep) measures the echo through an unpinned nats-server "
-                     "too and sets the target against the better"), soft_wrap=True)
+                     "too and sets the target against the better of the two echoes"), soft_wrap=True)
 
 
 def _poll_us(text: str) -> float:

@@ -507,8 +507,10 @@ def test_suite_table_shows_mean_batch_and_a_missed_target_never_reads_as_its_lim
                 p95_us=2000.0, p99_us=3000.0, p99_9_us=4000.0, errors={}, wrong=0, cache_hits=0, send_lag_p99_us=0.0,
                 cpu_us_per_req={}, mean_batch=3.25)
     echo = dict(step, series="echo", mean_batch=0.0)
+    # series named with brackets: rich took "[nats unpinned]" for markup and printed "echo" (a fresh-user trial)
+    unpinned = dict(echo, series="echo [nats unpinned]", cpu_us_per_req={"echo": 40.0, "aggregator": 0.0})
     doc = {"meta": dict(model="digits", profile="tiny", nproc=2, cpu_model="cpu", date="today"),
-           "steps": [echo, step], "floors": {"model": {"p50_us": 20.0, "p99_us": 30.0},
+           "steps": [echo, step, unpinned, dict(echo, series="echo [B]")], "floors": {"model": {"p50_us": 20.0, "p99_us": 30.0},
                                              "inproc_pipeline": {"p50_us": 50.0}},
            "ratios": {"closed": {}, "half_load": {}, "throughput": {}, "vs_ray": {}}, "stages_us": {},
            "targets": [{"target": "cache hit p50 ≤ 1.1 × echo p50", "value": 1.104, "limit": 1.1, "met": False},
@@ -523,6 +525,8 @@ def test_suite_table_shows_mean_batch_and_a_missed_target_never_reads_as_its_lim
 
     col = cells("series").index("mean batch")
     assert cells("inferbus miss")[col] == "3.25" and cells("echo")[col] == "—"
+    assert cells("echo [nats unpinned]")[0] == "echo [nats unpinned]" and cells("echo [B]")[0] == "echo [B]"
+    assert cells("echo [nats unpinned]")[-1] == "echo 40"  # a group with no CPU in the step is not listed
     assert cells("cache hit p50")[1:4] == ["1.104", "1.1", "missed"]
     assert cells("cache miss p50")[1:4] == ["1.71", "1.5", "missed"]
 
