@@ -84,6 +84,17 @@ def run(
                   gateway_latency_ms=latency_ms, gateway_drop_pct=drop_pct, gateway_links=links, fault_s=fault_s,
                   node_down_s=down_s, nats_server=server, fault_at_s=fault_at_s,
                   faults=tuple(x.strip() for x in faults.split(",") if x.strip()) if faults else None)
+    if values["faults"] == ():  # "," or " ": a soak with no fault at all ran, and passed
+        from chaos.faults import FAULTS
+
+        _usage(f"drill {name}: --faults names no fault; give one or more, comma-separated, of: "
+               f"{', '.join(sorted(FAULTS))}")
+    if run_dir is not None:
+        from ._paths import folder_problem
+
+        problem = folder_problem(run_dir)  # a file, or a folder that cannot be made: was a traceback, exit 1
+        if problem:
+            _usage(f"drill {name}: --run-dir {run_dir}: {problem}")
     unused = [_FLAGS[k] for k, v in values.items() if v is not None and k not in takes]
     if unused:
         _usage(f"drill {name} does not take {', '.join(unused)}")

@@ -37,7 +37,15 @@ def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
     (("soak", "--faults", "bogus", "--duration", "1"), "drill soak: unknown fault 'bogus'; known: "),
     # the argument parser's (already "error: ")
     (("worker-crash", "--rate", "x"), "chaos run: Invalid value for '--rate'"),
-], ids=["unknown-drill", "option-not-taken", "option-out-of-range", "unknown-fault", "parser"])
+    # found by a fresh-user trial: a KeyError traceback after a 17 s cluster start; a soak with no fault, exit 0;
+    # a FileExistsError traceback
+    (("nats-node-loss", "--server", "Z9"), "drill nats-node-loss: bad option: --server: one of the topology's "
+                                           "servers (A1, A2, A3, B1, B2, B3, W1, W2, W3), got 'Z9'"),
+    (("soak", "--faults", ","), "drill soak: --faults names no fault; give one or more, comma-separated, of: "),
+    (("worker-crash", "--run-dir", "/etc/passwd"), "drill worker-crash: --run-dir /etc/passwd: exists and is not a "
+                                                   "folder"),
+], ids=["unknown-drill", "option-not-taken", "option-out-of-range", "unknown-fault", "parser", "unknown-server",
+        "no-fault", "run-dir-a-file"])
 def test_chaos_run_usage_errors_are_one_error_line_exit_2(args, said):
     assert_one_error_line(cli("chaos", "run", *args), said)
 
