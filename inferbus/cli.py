@@ -179,6 +179,24 @@ class _Output:
     def __init__(self, stream):
         self._stream = stream
 
+    def _to_devnull(self) -> None:
+        """Send this stream's descriptor to /dev/null and drop what its buffer holds there."""
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+            self._stream.flush()
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's stream): nothing more to keep off it
+            pass
+
+    def _failed(self, exc: OSError) -> None:
+        """A write failed otherwise (``> /dev/full``: ENOSPC; EIO): the command ends with one line on stderr and
+        exit 1 (:class:`_OutputFailed`), not rich's traceback of the OSError."""
+        self._to_devnull()
+        raise _OutputFailed(self._stream, exc) from None
+
     def _closed(self) -> None:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -202,6 +220,8 @@ class _Output:
         except BrokenPipeError:
             self._closed()
             return len(text)
+        except OSError as exc:
+            self._failed(exc)
 
     def writelines(self, lines) -> None:
         for line in lines:
@@ -212,9 +232,20 @@ class _Output:
             self._stream.flush()
         except BrokenPipeError:
             self._closed()
+        except OSError as exc:
+            self._failed(exc)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+class _OutputFailed(Exception):
+    """Writing the command's stdout or stderr failed with an OSError other than a closed pipe (``> /dev/full``):
+    :func:`main` prints one line on stderr (when stderr is not the stream that failed) and exits 1."""
+
+    def __init__(self, stream, exc: OSError):
+        super().__init__(exc)
+        self.stream, self.exc = stream, exc
 
 
 class NatsUnreachable(Exception):
@@ -1441,6 +1472,15 @@ def main() -> None:
     except BrokenPipeError:
         if not _ClosedOutput.raised:  # not ours (e.g. a socket's): what it was before
             raise
+    except _OutputFailed as failed:
+        which = "stdout" if failed.stream is sys.__stdout__ else "stderr"
+        if which == "stdout":
+            try:
+                print(f"error: cannot write the output (stdout): {failed.exc.strerror or failed.exc}",
+                      file=sys.__stderr__, flush=True)
+            except OSError:
+                pass
+        sys.exit(1)
     if _ClosedOutput.raised or (_ClosedOutput.closed and code in (0, None)):
         code = EXIT_CLOSED_OUTPUT
     sys.exit(code)

@@ -119,3 +119,14 @@ def test_a_command_started_with_stdout_or_stdin_closed_runs_as_with_them_on_dev_
     p = subprocess.run([sys.executable, "-m", "inferbus.cli", "chaos", "list"], cwd=ROOT, stderr=subprocess.PIPE,
                        text=True, timeout=30, preexec_fn=closed(1), env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0 and not p.stderr, (p.returncode, p.stderr[-1500:])
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_output_that_cannot_be_written_is_one_line_exit_1():
+    """stdout on a full device (``> /dev/full``, ENOSPC): one line on stderr naming the failure, exit 1; it was
+    rich's traceback of the OSError (a fresh-user trial: ``infer ... > /dev/full``, ~60 lines)."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "inferbus.cli", "models", "--help"], cwd=ROOT, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 1, (p.returncode, p.stderr[-1500:])
+    assert p.stderr == "error: cannot write the output (stdout): No space left on device\n", p.stderr
