@@ -799,8 +799,23 @@ class SyncClient:
         self.close()
 
 
+async def _cancel_the_rest() -> None:
+    """Cancel every other task of the running loop and wait for them (at most 2 s)."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in rest:
+        t.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=2.0)
+
+
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Stop ``loop`` running on ``thread``, wait for the thread, close the loop."""
+    """Cancel what still runs on ``loop`` (nats-py's subscription tasks of a connection whose server went away),
+    stop it on ``thread``, wait for the thread, close the loop. (Stopped with them pending, the interpreter printed
+    ``Task was destroyed but it is pending!`` for each: a fresh-user trial.)"""
+    try:
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result(timeout=3.0)
+    except Exception:  # the loop is not running any more, or a task would not end: stop it as it is
+        pass
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=5)
     if not thread.is_alive():

@@ -105,3 +105,56 @@ def test_close_cancels_the_calls_other_threads_wait_in_and_a_call_from_its_own_l
         client.close()
         stop.set()
         server.join(5)
+
+
+def test_close_after_the_server_went_away_leaves_no_pending_task_behind(tmp_path):
+    """A SyncClient whose server stopped with calls waiting (nats-py's subscription tasks still pending),
+    then closed: the process ends without asyncio's ``Task was destroyed but it is pending!`` on stderr (its loop
+    was stopped with nats-py's tasks pending: a fresh-user trial, 3 of 3 runs)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import ROOT
+
+    script = textwrap.dedent(f"""
+        import asyncio, threading, nats
+        import inferbus
+        from inferbus.bus import EmbeddedNats
+        srv = EmbeddedNats(run_dir={str(tmp_path / "nats")!r})
+        srv.start()
+        ready = threading.Event()
+
+        def responder():
+            async def main():
+                nc = await nats.connect(srv.url, allow_reconnect=False)
+                async def answer(msg):
+                    await msg.respond(b"ok")
+                await nc.subscribe("echo", cb=answer)
+                await nc.flush()
+                ready.set()
+                while not nc.is_closed:
+                    await asyncio.sleep(0.05)
+            asyncio.run(main())
+
+        threading.Thread(target=responder, daemon=True).start()
+        ready.wait(10)
+        client = inferbus.SyncClient.connect(srv.url)
+        assert client.request("echo", b"x", timeout_s=5.0)[0] == b"ok"  # its reply subscription is up
+        srv.stop()
+        def waiting():  # a call in flight when the server went away: it waits in the reconnect buffer
+            try:
+                client.request("echo", b"y", timeout_s=5.0)
+            except inferbus.schemas.Unavailable:
+                pass
+        calls = [threading.Thread(target=waiting) for _ in range(4)]
+        [c.start() for c in calls]
+        import time
+        time.sleep(1.0)
+        client.close()
+        [c.join(10) for c in calls]
+        print("closed")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "closed", (p.returncode, p.stdout, p.stderr[-2000:])
+    assert "Task was destroyed" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
