@@ -198,15 +198,7 @@ class _Output:
         raise _OutputFailed(self._stream, exc) from None
 
     def _closed(self) -> None:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, self._stream.fileno())
-            finally:
-                os.close(devnull)
-            self._stream.flush()  # the text the pipe refused, into /dev/null
-        except (OSError, ValueError, AttributeError):  # no descriptor (a test's stream): nothing more to keep off it
-            pass
+        self._to_devnull()  # the text the pipe refused, and all written later, into /dev/null
         _ClosedOutput.closed = True
         if _ClosedOutput.handler is not None:
             _ClosedOutput.handler()
