@@ -238,14 +238,21 @@ async def test_an_overload_of_the_one_worker_blames_it_not_and_the_node_serves_a
     forgotten as ``lost_while_worker_behind``, and right after the load the node is ready and answers. Two
     ingresses and one worker here, so that the worker is the one behind."""
     async with _overload_node(nats_server.url, tmp_path, "digits", "ovw", ingress=2) as client:
-        step = await _open_loop_overload(nats_server.url, "ovw", "digits", rate=10000, duration_s=4, budget_s=0.5)
-        by_ingress = await _health_by_replica(client, 2)
-        counts = {i: {k: v for k, v in p["counts"].items() if k.startswith("lost")} for i, p in by_ingress.items()}
-        print(f"one worker overloaded, 10k/s, 0.5 s budget: {step['ok']} ok, errors {step['errors']}; {counts}")
-        for i, p in by_ingress.items():
-            w = p["workers"]["n1-w0"]
-            assert p["counts"]["lost"] == 0, (i, counts)  # the worker was overloaded, not faulty
-            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (i, w)
+        # a heavier second overload when the first left the worker less than a budget behind (a quiet box served
+        # all 40,000 at 10k/s in a clean-clone CI run: the path under test not taken); each is checked in full
+        for rate in (10000, 25000):
+            step = await _open_loop_overload(nats_server.url, "ovw", "digits", rate=rate, duration_s=4,
+                                             budget_s=0.5)
+            by_ingress = await _health_by_replica(client, 2)
+            counts = {i: {k: v for k, v in p["counts"].items() if k.startswith("lost")} for i, p in by_ingress.items()}
+            print(f"one worker overloaded, {rate}/s, 0.5 s budget: {step['ok']} ok, errors {step['errors']}; {counts}")
+            for i, p in by_ingress.items():
+                w = p["workers"]["n1-w0"]
+                assert p["counts"]["lost"] == 0, (i, counts)  # the worker was overloaded, not faulty
+                assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (i, w)
+            if sum(c["lost_while_worker_behind"] for c in counts.values()) > 0:
+                break
+            await _ready_again_within(client, 5)
         # the worker was behind by more than a budget and its grace: the path under test was taken
         assert sum(c["lost_while_worker_behind"] for c in counts.values()) > 0, counts
         await _ready_again_within(client, 5)
