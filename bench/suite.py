@@ -773,9 +773,15 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
     for label, s in (("closed c=1", m1), ("closed c=max", _find(steps, "inferbus miss", "closed",
                                                                  max((x["concurrency"] or 0) for x in steps
                                                                      if x["mode"] == "closed"))),
-                     ("half load", hm), ("half of max QPS at p99 < 5 ms", _usable(half_p99_load.get("inferbus miss")))):
+                     ("half load", hm), ("half of max QPS at p99 < 5 ms", _usable(half_p99_load.get("inferbus miss"))),
+                     ("sweep, most misses/s with p99 < 5 ms", _find(steps, "inferbus miss", "open",
+                                                                     mm.get("max_qps_p99_under_limit"))),
+                     ("sweep, first rate over p99 5 ms", _find(steps, "inferbus miss", "open",
+                                                                mm.get("first_rate_over_limit")))):
         if s and s.get("stages_us"):
             stages[label] = s["stages_us"]
+        if s and s.get("stages_tail_us"):  # where the slow answers' time went, against the mean above
+            stages[f"{label}, the {s['tail_answers']} answers ≥ {s['tail_us'] / 1000:g} ms"] = s["stages_tail_us"]
     e1 = _find(steps, "echo", "closed", 1)
     h1 = _find(steps, "inferbus hit", "closed", 1)
     nproc = meta.get("nproc") or 1

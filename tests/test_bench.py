@@ -91,6 +91,39 @@ def test_recorder_reads_lean_parameters_and_samples_stage_timings():
     assert "worker_done_unix_us" not in rec.stages
 
 
+def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
+    """Every miss at least ``tail_us`` slow has its timings added to the tail's sums, sampled or not; the merged
+    result gives their means (``stages_tail_us``) with ``inbound``: the time before the ingress took the request."""
+    import time
+
+    import msgspec
+
+    from inferbus.loadgen._result import ReplyParams
+
+    rec = Recorder(stage_every=4, tail_us=103)
+    for k in range(8):  # latencies 100..107 µs: 103..107 are the tail; 0 and 4 sampled
+        t = msgspec.msgpack.encode({"compute": 10 + k, "worker_total": 30, "ingress_total": 20,
+                                    "worker_done_unix_us": int(time.time() * 1e6) - 40})
+        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)))
+    rec.record(500, params=ReplyParams(cache_hit=True))  # a slow hit has no stages: not in the tail
+    rec.record(900, err="TIMEOUT")  # nor has an error
+    assert (rec.stage_n, rec.tail_n) == (2, 5)
+    assert rec.tail_stages["compute"] == sum(10 + k for k in range(3, 8)) and rec.tail_e2e_sum == sum(range(103, 108))
+    r = merge_wire([rec.to_wire(1.0, 0.0), Recorder(tail_us=103).to_wire(1.0, 0.0)], model="m", mode="open",
+                   concurrency=None, rate_qps=10, target="inferbus")
+    assert (r.tail_answers, r.tail_us) == (5, 103)
+    tail = r.stages_tail_us
+    assert (tail["compute"], tail["e2e"], tail["bus_other"]) == (15, 105, 55)
+    assert 40 <= tail["reply_hop"] < 1_000_000 and tail["inbound"] == round(55 - tail["reply_hop"], 1)
+    assert r.stages_us["compute"] == 12 and "inbound" in r.stages_us  # the sampled means, as before
+    # a step with no slow answer has no tail
+    quick = Recorder(tail_us=10_000)
+    quick.record(100, params={"timings_us": {"compute": 1, "worker_total": 2, "ingress_total": 3}})
+    q = merge_wire([quick.to_wire(1.0, 0.0)], model="m", mode="open", concurrency=None, rate_qps=1,
+                   target="inferbus")
+    assert (q.tail_answers, q.stages_tail_us) == (0, {}) and "inbound" not in q.stages_us  # no stamp: no hop
+
+
 @pytest.mark.anyio
 async def test_generator_pool_against_echo(nats_server, tmp_path):
     async with EchoPool(1, nats_server.url, "t.echo", log_dir=tmp_path) as _echo, \

@@ -16,6 +16,9 @@ import msgspec
 from hdrh.histogram import HdrHistogram
 
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+TAIL_US = 2500
+"""Answers at least this slow (µs, half of the 5 ms p99 limit the suite judges by) have their stage timings added
+up on their own as well (:attr:`BenchResult.stages_tail_us`): where a slow answer's time went, against the mean."""
 _LOWEST_US, _HIGHEST_US, _DIGITS = 1, 60_000_000, 3
 
 
@@ -37,7 +40,12 @@ class BenchResult:
     (cache misses only) plus ``e2e`` (client-observed mean) and ``bus_other``
     (``e2e - ingress_total - worker_total``: hops, NATS server, client receive);
     when the worker stamps ``worker_done_unix_us`` (wall clock, µs) the generator
-    adds ``reply_hop`` (that stamp to the answer's arrival, same host's clock).
+    adds ``reply_hop`` (that stamp to the answer's arrival, same host's clock) and ``inbound``
+    (``bus_other - reply_hop - forward_hop``: from the send, or its schedule in an open loop, to the ingress's
+    callback: the generator's publish, nats-server, the socket, nats-py's parse and the wait in the ingress
+    subscription's pending queue behind earlier requests). ``stages_tail_us`` are the same means over the misses
+    whose latency was at least ``tail_us`` (:data:`TAIL_US`), every one of them, not a sample;
+    ``tail_answers`` says how many.
     ``mean_batch`` is the misses' mean ``parameters.batch_size`` (requests in the model run that computed
     each; 0 when no miss said).
     """
@@ -69,6 +77,9 @@ class BenchResult:
     gen_cpu_us_per_req: float = 0.0
     timeouts: int = 0
     mean_batch: float = 0.0
+    stages_tail_us: dict = field(default_factory=dict)
+    tail_answers: int = 0
+    tail_us: float = TAIL_US
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +102,7 @@ class ReplyParams(msgspec.Struct):
 class Recorder:
     """Counts answers of one step in one process; not thread-safe (one event loop)."""
 
-    def __init__(self, stage_every: int = 1) -> None:
+    def __init__(self, stage_every: int = 1, tail_us: float = TAIL_US) -> None:
         self.hist = new_histogram()
         self.lag = new_histogram()
         self._lat: list[int] = []
@@ -108,13 +119,19 @@ class Recorder:
         self.stage_every = stage_every
         """Stage timings are added up for one answer in this many (the rest are only counted)."""
         self._tick = stage_every - 1  # the first answer is sampled
+        self.tail_us = tail_us
+        """A miss at least this slow (µs) has its stage timings added up on their own too, sampled or not."""
+        self.tail_stages: Counter = Counter()
+        self.tail_n = 0
+        self.tail_e2e_sum = 0.0
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
                params: dict | ReplyParams | None = None) -> None:
         """Record one answer: its latency, its error code (None = success), whether it was right, and what its
         response's ``parameters`` say (a dict, or the load generator's :class:`ReplyParams`): a cache hit is
         counted; a miss's ``batch_size`` is averaged and, for one answer in :attr:`stage_every`, its
-        ``timings_us`` are added to the stage sums (their means are over those answers).
+        ``timings_us`` are added to the stage sums (their means are over those answers); a miss of at least
+        :attr:`tail_us` has them added to the tail's sums as well.
 
         Latencies are appended to a list and put into the histogram by :meth:`to_wire`,
         after the step, so that the histogram's (pure Python) bookkeeping does not
@@ -141,25 +158,27 @@ class Recorder:
             self.batch_sum += b
             self.batch_n += 1
         self._tick += 1
-        if self._tick < self.stage_every:
+        sampled = self._tick >= self.stage_every
+        tail = latency_us >= self.tail_us
+        if not (sampled or tail):
             return
-        self._tick = 0
+        if sampled:
+            self._tick = 0
         if type(t) is msgspec.Raw:
             try:
                 t = msgspec.msgpack.decode(t)
             except msgspec.MsgspecError:
                 return
-        if isinstance(t, dict):
+        if not isinstance(t, dict):
+            return
+        if sampled:
             self.stage_n += 1
             self.e2e_miss_sum += latency_us
-            for k, v in t.items():
-                if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
-                    self.stages[k] += v
-            done = t.get("worker_done_unix_us")
-            if isinstance(done, (int, float)):
-                # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
-                # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
-                self.stages["reply_hop"] += time.time() * 1e6 - done
+            _add_stages(self.stages, t)
+        if tail:
+            self.tail_n += 1
+            self.tail_e2e_sum += latency_us
+            _add_stages(self.tail_stages, t)
 
     def record_lag(self, lag_us: float) -> None:
         self._lags.append(int(lag_us))
@@ -179,7 +198,34 @@ class Recorder:
             "errors": dict(self.errors), "ok": self.ok, "wrong": self.wrong, "hits": self.hits,
             "stages": dict(self.stages), "stage_n": self.stage_n, "e2e_miss_sum": self.e2e_miss_sum,
             "batch_sum": self.batch_sum, "batch_n": self.batch_n, "elapsed_s": elapsed_s, "cpu_s": cpu_s,
+            "tail_stages": dict(self.tail_stages), "tail_n": self.tail_n, "tail_e2e_sum": self.tail_e2e_sum,
+            "tail_us": self.tail_us,
         }
+
+
+def _add_stages(sums: Counter, timings: dict) -> None:
+    """Add one answer's ``timings_us`` (numbers; the ``*_unix_us`` stamps left out) to ``sums``, and its
+    ``reply_hop``: from the worker's ``worker_done_unix_us`` stamp to now (the answer's arrival), one host's clock."""
+    for k, v in timings.items():
+        if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
+            sums[k] += v
+    done = timings.get("worker_done_unix_us")
+    if isinstance(done, (int, float)):
+        # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
+        # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
+        sums["reply_hop"] += time.time() * 1e6 - done
+
+
+def _stage_means(sums: Counter, n: int, e2e_sum: float) -> dict:
+    """Means of stage sums over ``n`` answers, with ``e2e`` (the client-observed mean), ``bus_other``
+    (``e2e - ingress_total - worker_total``) and ``inbound`` (``bus_other - reply_hop - forward_hop``)."""
+    s = {k: round(v / n, 1) for k, v in sorted(sums.items())}
+    s["e2e"] = round(e2e_sum / n, 1)
+    if "ingress_total" in s and "worker_total" in s:
+        s["bus_other"] = round(s["e2e"] - s["ingress_total"] - s["worker_total"], 1)
+        if "reply_hop" in s:
+            s["inbound"] = round(s["bus_other"] - s["reply_hop"] - s.get("forward_hop", 0.0), 1)
+    return s
 
 
 def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | None, rate_qps: float | None,
@@ -192,8 +238,10 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     hist, lag = new_histogram(), new_histogram()
     errors: Counter = Counter()
     stages: Counter = Counter()
-    ok = wrong = hits = stage_n = batch_sum = batch_n = 0
-    e2e = elapsed = cpu = 0.0
+    tail_stages: Counter = Counter()
+    ok = wrong = hits = stage_n = batch_sum = batch_n = tail_n = 0
+    e2e = elapsed = cpu = tail_e2e = 0.0
+    tail_us = TAIL_US
     for p in parts:
         hist.add(HdrHistogram.decode(p["hist"].encode("ascii")))
         lag.add(HdrHistogram.decode(p["lag"].encode("ascii")))
@@ -206,6 +254,10 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
         e2e += p["e2e_miss_sum"]
         batch_sum += p.get("batch_sum", 0)
         batch_n += p.get("batch_n", 0)
+        tail_stages.update(p.get("tail_stages", {}))
+        tail_n += p.get("tail_n", 0)
+        tail_e2e += p.get("tail_e2e_sum", 0.0)
+        tail_us = p.get("tail_us", tail_us)
         elapsed = max(elapsed, p["elapsed_s"])
         cpu += p["cpu_s"]
     n = hist.get_total_count()
@@ -213,7 +265,7 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
                     wrong=wrong, qps=round((n - errors.get("TIMEOUT", 0)) / elapsed, 1) if elapsed else 0.0,
                     cache_hits=hits, target=target,
                     label=label, gen_procs=len(parts), offered_qps=rate_qps,
-                    timeouts=errors.get("TIMEOUT", 0))
+                    timeouts=errors.get("TIMEOUT", 0), tail_answers=tail_n, tail_us=tail_us)
     if n:
         r.p50_us, r.p95_us, r.p99_us, r.p99_9_us = (float(hist.get_value_at_percentile(p)) for p in PERCENTILES)
         r.max_us, r.mean_us = float(hist.get_max_value()), round(hist.get_mean_value(), 1)
@@ -224,11 +276,9 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     if batch_n:
         r.mean_batch = round(batch_sum / batch_n, 2)
     if stage_n:
-        s = {k: round(v / stage_n, 1) for k, v in sorted(stages.items())}
-        s["e2e"] = round(e2e / stage_n, 1)
-        if "ingress_total" in s and "worker_total" in s:
-            s["bus_other"] = round(s["e2e"] - s["ingress_total"] - s["worker_total"], 1)
-        r.stages_us = s
+        r.stages_us = _stage_means(stages, stage_n, e2e)
+    if tail_n:
+        r.stages_tail_us = _stage_means(tail_stages, tail_n, tail_e2e)
     return r
 
 
