@@ -583,10 +583,19 @@ def test_summary_reports_both_readings_of_half_load():
               "inferbus hit": step("h", 310.0, 600.0, 20000)}
     steps = [step("echo", 300.0, 600.0, c=1), step("inferbus miss", 600.0, 1000.0, c=1),
              step("inferbus hit", 320.0, 600.0, c=1)]
-    doc = summarize({"nproc": 16}, floors, steps, sweeps, half, {}, half_p)
+    # the sweep's last rate under the p99 limit, with the stage means of all its misses and of its slow ones
+    last_good = dict(step("inferbus miss", 900.0, 4000.0, 40000), stages_us={"compute": 30.0, "inbound": 500.0},
+                     stages_tail_us={"compute": 60.0, "inbound": 2500.0}, tail_answers=120, tail_us=2500)
+    doc = summarize({"nproc": 16}, floors, steps + [last_good], sweeps, half, {}, half_p)
     assert doc["ratios"]["half_load"]["miss_p50_over_echo_plus_model"] == round(1000 / 420, 3)
+    # the echo's own tail on the p99 target's yardstick: the bound under which no server's p99 can be measured
+    assert doc["ratios"]["half_load"]["echo_p99_over_echo_plus_model"] == round(900 / 420, 3)
+    assert doc["stages_us"]["sweep, most misses/s with p99 < 5 ms"] == {"compute": 30.0, "inbound": 500.0}
+    assert doc["stages_us"]["sweep, most misses/s with p99 < 5 ms, the 120 answers ≥ 2.5 ms"]["inbound"] == 2500.0
+    assert not any(k.startswith("sweep, first rate over") for k in doc["stages_us"])  # no such step ran
     hp = doc["ratios"]["half_p99_load"]
     assert hp["rate"] == 20000 and hp["miss_p50_over_echo_plus_model"] == round(400 / 320, 3)
+    assert hp["echo_p99_over_echo_plus_model"] == round(700 / 320, 3)
     rows = {t["target"]: t for t in doc["targets"]}
     assert rows["cache miss p50 ≤ 1.5 × (echo p50 + model p50), half load"]["met"] is False
     assert rows["cache miss p50 ≤ 1.5 × (echo p50 + model p50), half of max QPS at p99 < 5 ms"]["met"] is True
