@@ -19,12 +19,17 @@ from pathlib import Path
 
 
 def run_suite(args: list[str]) -> int:
-    """Run ``python -m bench.suite`` in this process with ``args``; 2 when no checkout is found."""
+    """Run ``python -m bench.suite`` in this process with ``args``; its exit status.
+
+    Raises:
+        typer.Exit: (2) no checkout here: one line, ``error: bench: --suite needs the repository's bench/ folder:
+            ...``, as every command's usage error.
+    """
     root = Path.cwd()
     if not (root / "bench" / "suite.py").is_file():
-        print("inferbus bench --suite needs the repository's bench/ folder: run it from a checkout's root",
-              file=sys.stderr)
-        return 2
+        from .cli import _usage
+
+        _usage("bench: --suite needs the repository's bench/ folder: run it from a checkout's root")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from bench.suite import main  # type: ignore[import-not-found]

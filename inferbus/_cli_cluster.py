@@ -125,15 +125,21 @@ async def _send(cluster: Path, op: str, **kw):
 
 
 def _control(cluster: Path, op: str, **kw) -> None:
-    from .cli import _run
+    """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused.
+
+    Raises:
+        typer.Exit: (3) NATS unreachable, one line (:func:`inferbus.cli._run`); (2) no answer from the cluster (its
+            control subject has no responder, the 60 s timeout, a cluster.json that cannot be read), one line
+            ``error: cluster OP: no answer from the cluster (...)``, as every command's usage error and refusal.
+    """
+    from .cli import _run, _usage
 
     try:
         reply = _run(_send(cluster, op, **kw))
     except typer.Exit:  # NATS unreachable: _run printed it
         raise
     except Exception as exc:
-        typer.echo(f"{op}: no answer from the cluster ({type(exc).__name__}: {exc})", err=True)
-        raise typer.Exit(2)
+        _usage(f"cluster {op}: no answer from the cluster ({type(exc).__name__}: {' '.join(str(exc).split())})")
     typer.echo(f"{op}: {reply.detail} ({reply.ms:.1f} ms)")
     raise typer.Exit(0 if reply.ok else 1)
 

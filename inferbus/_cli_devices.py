@@ -20,15 +20,19 @@ def devices(
                                            "`inferbus up --backends` would."),
     json_out: bool = typer.Option(False, "--json", help="Print the discovery and the worker plan as JSON."),
 ):
-    """List GPUs, TPU chips and CPU slots found here, the backend that serves each and the worker plan."""
+    """List GPUs, TPU chips and CPU slots found here, the backend that serves each and the worker plan.
+
+    Exit status: 0 listed; 1 no plan for ``--backends``; 2 the device probe failed or timed out: one line,
+    ``error: devices: device probe failed (...): <its stderr on one line>``, as every command's usage error.
+    """
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
+    from .cli import _usage
 
     console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
     try:
         disc = discover_devices()
-    except BackendUnavailable as exc:
-        Console(stderr=True).print(f"[red]device probe failed[/]: {exc}")
-        raise typer.Exit(2)
+    except BackendUnavailable as exc:  # its message ends with the probe's stderr (a traceback): one line of it
+        _usage(f"devices: {' '.join(str(exc).split())}")
     chosen = tuple(b.strip() for b in backends.split(",") if b.strip()) if backends else None
     plan, plan_error = [], None
     if chosen:

@@ -23,15 +23,24 @@ _LISTEN_S = 0.35
 """How long to listen for heartbeats and load reports (3+ heartbeat periods)."""
 
 
-def servers_option(nats_url: Optional[str], cluster: Optional[Path]) -> list[str]:
-    """Server list from ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json)."""
+def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path]) -> list[str]:
+    """Server list from ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json), else
+    ``nats://127.0.0.1:4222``; for ``command`` (e.g. ``"region status"``), before it connects.
+
+    Raises:
+        typer.Exit: (2, one line ``error: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
+            ``--cluster`` were ignored without a word); a ``--cluster`` file that cannot be read or names no URLs.
+    """
+    from .cli import _usage
+
+    if nats_url is not None and cluster is not None:
+        _usage(f"{command}: --nats-url and --cluster both say which NATS to reach (--cluster: the client URLs in its "
+               f"cluster.json); give one of them")
     if nats_url:
         from .bus import split_servers
 
         return list(split_servers(nats_url))
     if cluster:
-        from .cli import _usage
-
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
         if not p.is_file():
             _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: no such file (FileNotFoundError; give "
@@ -111,9 +120,10 @@ def status(
     from .cli import _check_prefix, _json_error, _run
 
     _check_prefix(prefix)
+    servers = servers_option("region status", nats_url, cluster)
 
     async def go():
-        nc = await _connect(servers_option(nats_url, cluster))
+        nc = await _connect(servers)
         try:
             hbs, loads = await discover(nc, prefix)
 
@@ -195,9 +205,10 @@ def promote(
 
     _check_prefix(prefix)
     _check_region(region, "REGION")
+    servers = servers_option("region promote", nats_url, cluster)
 
     async def go():
-        nc = await _connect(servers_option(nats_url, cluster))
+        nc = await _connect(servers)
         try:
             return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=10.0)
         finally:
@@ -256,9 +267,10 @@ def demote(
         _check_region(region, "REGION")
     if to:
         _check_region(to, "--to")
+    servers = servers_option("region demote", nats_url, cluster)
 
     async def go():
-        nc = await _connect(servers_option(nats_url, cluster))
+        nc = await _connect(servers)
         try:
             target = region
             if target is None:

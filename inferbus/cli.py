@@ -174,10 +174,11 @@ class _Output:
     it in :class:`_ClosedOutput`. Then, as a Unix tool dies of SIGPIPE, it raises BrokenPipeError to end the
     command, which :func:`main` turns into exit 141 with no message; unless a ``handler`` is set (``up``), which is
     called instead, the write dropped. (Typer ended such a command with exit 1, as Click does; rich's console with
-    ``SystemExit(1)`` from inside ``up``'s loop.)"""
+    ``SystemExit(1)`` from inside ``up``'s loop.) A write that fails otherwise (``> /dev/full``): see
+    :meth:`_failed`. ``name``: ``"stdout"`` or ``"stderr"``."""
 
-    def __init__(self, stream):
-        self._stream = stream
+    def __init__(self, stream, name: str):
+        self._stream, self._name = stream, name
 
     def _to_devnull(self) -> None:
         """Send this stream's descriptor to /dev/null and drop what its buffer holds there."""
@@ -192,10 +193,17 @@ class _Output:
             pass
 
     def _failed(self, exc: OSError) -> None:
-        """A write failed otherwise (``> /dev/full``: ENOSPC; EIO): the command ends with one line on stderr and
-        exit 1 (:class:`_OutputFailed`), not rich's traceback of the OSError."""
+        """A write failed otherwise (``> /dev/full``: ENOSPC; EIO): the descriptor goes to /dev/null as for a closed
+        pipe, and the failure is recorded in :attr:`_OutputFailed.seen`, where :func:`main` finds it even when
+        something on the way swallowed the exception (Click's echo tries its stream with a write of ``""`` inside
+        ``except Exception``: ``chaos list > /dev/full`` ended 0, its output lost). On stdout the command ends
+        (:class:`_OutputFailed`) with one line on stderr and exit 1, not rich's traceback of the OSError; on stderr,
+        where nothing can be said, it goes on to its own exit status (``infer`` with NATS out of reach: 3, not 1),
+        a 0 made 1 (main())."""
         self._to_devnull()
-        raise _OutputFailed(self._stream, exc) from None
+        _OutputFailed.seen.setdefault(self._name, exc)
+        if self._name == "stdout":
+            raise _OutputFailed(self._name, exc) from None
 
     def _closed(self) -> None:
         self._to_devnull()  # the text the pipe refused, and all written later, into /dev/null
@@ -232,12 +240,15 @@ class _Output:
 
 
 class _OutputFailed(Exception):
-    """Writing the command's stdout or stderr failed with an OSError other than a closed pipe (``> /dev/full``):
-    :func:`main` prints one line on stderr (when stderr is not the stream that failed) and exits 1."""
+    """Writing the command's stdout failed with an OSError other than a closed pipe (``> /dev/full``): raised to end
+    the command; :func:`main` prints one line on stderr and exits 1. ``seen``: the first such OSError of each stream
+    (``"stdout"``, ``"stderr"``; see :meth:`_Output._failed`)."""
 
-    def __init__(self, stream, exc: OSError):
+    seen: dict[str, OSError] = {}
+
+    def __init__(self, name: str, exc: OSError):
         super().__init__(exc)
-        self.stream, self.exc = stream, exc
+        self.name, self.exc = name, exc
 
 
 class NatsUnreachable(Exception):
@@ -962,8 +973,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             return await stop_start()
         try:
             starting.result()
-        except NodeIdInUse as exc:
-            err_console.print(f"[red]cannot start[/]: {escape(str(exc))}")
+        except NodeIdInUse as exc:  # (it was "cannot start: ...", without the "error: up: " of every other refusal)
+            err_console.print(f"[red]error[/]: up: {escape(str(exc))}")
             return EXIT_USAGE
         except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running
             err_console.print(f"[red]error[/]: up: --metrics-port: {escape(str(exc))}")
@@ -1437,8 +1448,9 @@ def main() -> None:
     """The ``inferbus`` command (:func:`_run_app`). Its stdout or stderr found a closed pipe (``inferbus infer ... |
     head -c1``): the command ends quietly, no traceback, exit 141 (128 + SIGPIPE, as a shell reports ``yes | head
     -1``'s ``yes``); ``up`` first stops its node as on SIGTERM (see :class:`_Output`), and exits 141 where it would
-    have exited 0, its own status otherwise (a second signal, a failure). Started with stdin, stdout or stderr
-    closed (``>&-``), that descriptor is opened on /dev/null first: else the first socket took its number, and
+    have exited 0, its own status otherwise (a second signal, a failure). A write that fails otherwise (``>
+    /dev/full``): on stdout, one line on stderr and exit 1; on stderr, the command's own exit status, a 0 made 1
+    (:meth:`_Output._failed`). Started with stdin, stdout or stderr closed (``>&-``), that descriptor is opened on /dev/null first: else the first socket took its number, and
     uvloop aborts on closing a descriptor below 3 (``uv__close: Assertion `fd > STDERR_FILENO' failed``)."""
     for fd in (0, 1, 2):
         try:
@@ -1449,9 +1461,9 @@ def main() -> None:
                 os.dup2(null, fd)
                 os.close(null)
     if sys.stdout is not None:  # (None: started with its descriptor closed; print() and rich then write nothing)
-        sys.stdout = _Output(sys.stdout)
+        sys.stdout = _Output(sys.stdout, "stdout")
     if sys.stderr is not None:
-        sys.stderr = _Output(sys.stderr)
+        sys.stderr = _Output(sys.stderr, "stderr")
     code = 0
     try:
         try:
@@ -1464,17 +1476,20 @@ def main() -> None:
     except BrokenPipeError:
         if not _ClosedOutput.raised:  # not ours (e.g. a socket's): what it was before
             raise
-    except _OutputFailed as failed:
-        which = "stdout" if failed.stream is sys.__stdout__ else "stderr"
-        if which == "stdout":
-            try:
-                print(f"error: cannot write the output (stdout): {failed.exc.strerror or failed.exc}",
-                      file=sys.__stderr__, flush=True)
-            except OSError:
-                pass
-        sys.exit(1)
+    except _OutputFailed:  # stdout: recorded in _OutputFailed.seen, said below
+        pass
+    failed = _OutputFailed.seen.get("stdout")
+    if failed is not None:
+        try:
+            print(f"error: cannot write the output (stdout): {failed.strerror or failed}", file=sys.__stderr__,
+                  flush=True)
+        except OSError:
+            pass
+        sys.exit(EXIT_FAILED)
     if _ClosedOutput.raised or (_ClosedOutput.closed and code in (0, None)):
         code = EXIT_CLOSED_OUTPUT
+    if "stderr" in _OutputFailed.seen and code in (0, None):  # done, but what it said on stderr is lost
+        code = EXIT_FAILED
     sys.exit(code)
 
 

@@ -730,6 +730,19 @@ def test_a_cluster_file_that_names_no_nats_urls_is_one_line_exit_2(tmp_path):
             assert len(lines) == 1 and "--cluster" in lines[0] and what in lines[0], p.stderr
 
 
+@pytest.mark.parametrize("argv", [("region", "status"), ("region", "status", "--json"), ("region", "promote", "A"),
+                                  ("region", "demote")])
+def test_a_region_command_given_both_nats_url_and_cluster_refuses_the_pair(tmp_path, argv):
+    """``--nats-url`` won and ``--cluster`` was ignored without a word: refused as other options that cannot apply
+    together are, one line, exit 2, before connecting (nothing listens at the URL: connecting would be exit 3)."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    (tmp_path / "cluster.json").write_text(json.dumps({"client_urls": [url]}))
+    p, _ = cli(*argv, "--nats-url", url, "--cluster", str(tmp_path))
+    assert (p.returncode, p.stdout) == (2, ""), p
+    assert p.stderr == f"error: {' '.join(argv[:2])}: --nats-url and --cluster both say which NATS to reach " \
+                       f"(--cluster: the client URLs in its cluster.json); give one of them\n", p.stderr
+
+
 def test_bench_of_a_version_not_in_the_repository_is_one_line_exit_2(deployment):
     p, _ = cli("bench", "digits", "--nats-url", deployment.nats_url, "--version", "9", "--concurrency", "1",
                "--duration", "1", timeout=60)

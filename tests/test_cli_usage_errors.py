@@ -1,25 +1,31 @@
 """Usage errors of ``inferbus infer`` and ``inferbus chaos run`` as a user meets them: one line on stderr that starts
 ``error: ``, as every other command's usage error does, exit 2, nothing on stdout, no traceback; refused before
-connecting (the NATS URL given is one nothing listens at: a connection attempt would be exit 3)."""
+connecting (the NATS URL given is one nothing listens at: a connection attempt would be exit 3). The other commands'
+refusals with exit 2 (``devices``, ``bench --suite``, ``up``) start the same way; and output that cannot be written
+(``> /dev/full``, ``2> /dev/full``)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 
+import nats
 import numpy as np
 import pytest
 
-from inferbus.bus import free_port
+from inferbus.bus import Subjects, free_port
+from inferbus.schemas._internal import LoadReport, encode_internal
 
-from conftest import ROOT
+from conftest import ROOT, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+def cli(*args: str, cwd=ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
@@ -121,12 +127,87 @@ def test_a_command_started_with_stdout_or_stdin_closed_runs_as_with_them_on_dev_
     assert p.returncode == 0 and not p.stderr, (p.returncode, p.stderr[-1500:])
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
-def test_output_that_cannot_be_written_is_one_line_exit_1():
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("argv", [("models", "--help"), ("chaos", "list")])
+def test_output_that_cannot_be_written_is_one_line_exit_1(argv):
     """stdout on a full device (``> /dev/full``, ENOSPC): one line on stderr naming the failure, exit 1; it was
-    rich's traceback of the OSError (a fresh-user trial: ``infer ... > /dev/full``, ~60 lines)."""
+    rich's traceback of the OSError (a fresh-user trial: ``infer ... > /dev/full``, ~60 lines). ``chaos list``
+    prints through Click's echo, which swallowed the error (its stream check writes ``""`` inside ``except
+    Exception``): its output was lost without a word, exit 0."""
     with open("/dev/full", "w") as full:
-        p = subprocess.run([sys.executable, "-m", "inferbus.cli", "models", "--help"], cwd=ROOT, stdout=full,
+        p = subprocess.run([sys.executable, "-m", "inferbus.cli", *argv], cwd=ROOT, stdout=full,
                            stderr=subprocess.PIPE, text=True, timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 1, (p.returncode, p.stderr[-1500:])
     assert p.stderr == "error: cannot write the output (stdout): No space left on device\n", p.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_stderr_that_cannot_be_written_keeps_the_commands_exit_status(tmp_path):
+    """``2> /dev/full``: the error line is lost, but the exit status is still the command's own (NATS out of reach:
+    3; a usage error: 2), not 1 as for any failed write; a command that succeeded with a stderr line lost exits 1."""
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((1, 64), np.float32))
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    say_on_stderr = ("import sys; from inferbus.cli import app, main; "
+                     "app.command('say')(lambda: print('a line', file=sys.stderr)); sys.argv[1:] = ['say']; main()")
+    for argv, status in (([sys.executable, "-m", "inferbus.cli", "infer", "digits", "-i", f"pixels={good}",
+                           "--nats-url", url], 3),
+                         ([sys.executable, "-m", "inferbus.cli", "infer", "digits", "-i",
+                           f"pixels={tmp_path / 'missing.npy'}", "--nats-url", url], 2),
+                         ([sys.executable, "-c", say_on_stderr], 1)):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=full, text=True, timeout=30,
+                               env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        assert (p.returncode, p.stdout) == (status, ""), (argv, p.returncode, p.stdout[-1500:])
+
+
+def test_a_failed_device_probe_is_one_error_line_exit_2(tmp_path):
+    """``inferbus devices`` whose probe subprocess fails (a stand-in ``pynvml`` that dies on import, as a broken
+    driver install can): one line ``error: devices: ...`` with the probe's stderr on it, exit 2; it was ``device
+    probe failed: ...`` with no ``error: `` and the probe's stderr over several lines."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "pynvml.py").write_text("import sys\nsys.stderr.write('NVML stand-in: broken\\non two "
+                                                 "lines\\n')\nraise SystemExit(1)\n")
+    p = cli("devices", env={"PYTHONPATH": str(tmp_path / "site")})
+    assert_one_error_line(p, "devices: device probe failed (1): ")
+    assert p.stderr.endswith(" NVML stand-in: broken on two lines\n"), p.stderr
+
+
+def test_bench_suite_outside_a_checkout_is_one_error_line_exit_2(tmp_path):
+    """``bench --suite`` needs the repository's bench/ folder (run from a checkout's root): one line, exit 2; it
+    was the message without ``error: ``."""
+    p = cli("bench", "--suite", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert_one_error_line(p, "bench: --suite needs the repository's bench/ folder: run it from a checkout's root")
+
+
+@pytest.mark.anyio
+async def test_up_with_a_node_id_in_use_is_one_error_line_exit_2(nats_server, tmp_path):
+    """A worker of node ``n1`` reports on the NATS and prefix ``up --nats-url ... --node-id n1`` would join (here a
+    stand-in publishing its load reports): refused, one line ``error: up: node id 'n1' is in use ...``, exit 2; it
+    was ``cannot start: ...``, with no ``error: ``."""
+    nc = await nats.connect(nats_server.url)
+    stop = asyncio.Event()
+
+    async def reports() -> None:
+        report = LoadReport(worker_id="n1-w0", pid=1, device_kind="cpu", device_name="cpu", backend="onnxruntime",
+                            precision="fp32", models=["digits:1"], queue_depth=0, in_flight=0, capacity=1024,
+                            ewma_service_us=50.0, completed=0, errors=0)
+        while not stop.is_set():
+            await nc.publish(Subjects("p").load, encode_internal(report))
+            await asyncio.sleep(0.05)
+
+    beat = asyncio.ensure_future(reports())
+    try:
+        await nc.flush()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferbus.cli", "up", "--nats-url", nats_server.url, "--prefix", "p", "--node-id",
+            "n1", "--no-cache", "--workers", "1", "--model", "digits", "--run-dir", str(tmp_path / "run"), cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        out, err = await asyncio.wait_for(proc.communicate(), 45)
+    finally:
+        stop.set()
+        await beat
+        await nc.close()
+    p = subprocess.CompletedProcess([], proc.returncode, out.decode(), err.decode())
+    assert_one_error_line(p, f"up: node id 'n1' is in use on {nats_server.url} with prefix 'p' (live workers n1-w0)")

@@ -138,6 +138,19 @@ def test_chaos_run_region_failover_json(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_cluster_control_with_no_answer_is_one_error_line_exit_2(nats_server, tmp_path):
+    """The witness's NATS is reachable but no ``cluster up`` serves its control subject there: one line that starts
+    ``error: `` as every refusal with exit 2 does (it was ``heal: no answer ...``)."""
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"spec": {"witness": "W", "prefix": "x"}, "servers": {"W1": {"site": "W", "url": nats_server.url}},
+         "client_urls": [nats_server.url]}))
+    out = _inferbus("cluster", "heal", "--cluster", str(tmp_path))
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith("error: cluster heal: no answer from the cluster (NoRespondersError") \
+        and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.timeout(60)
 def test_chaos_run_unknown_drill():
     out = _inferbus("chaos", "run", "no-such-drill")
     assert out.returncode == 2 and "unknown drill 'no-such-drill'" in out.stderr and "region-failover" in out.stderr
