@@ -93,7 +93,8 @@ def test_recorder_reads_lean_parameters_and_samples_stage_timings():
 
 def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
     """Every miss at least ``tail_us`` slow has its timings added to the tail's sums, sampled or not; the merged
-    result gives their means (``stages_tail_us``) with ``inbound``: the time before the ingress took the request."""
+    result gives their means (``stages_tail_us``) with ``inbound``: the time from the generator's publish to the
+    ingress's callback, the generator's own lateness (``send_lag``) taken out."""
     import time
 
     import msgspec
@@ -104,7 +105,7 @@ def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
     for k in range(8):  # latencies 100..107 µs: 103..107 are the tail; 0 and 4 sampled
         t = msgspec.msgpack.encode({"compute": 10 + k, "worker_total": 30, "ingress_total": 20,
                                     "worker_done_unix_us": int(time.time() * 1e6) - 40})
-        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)))
+        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)), send_lag_us=k)
     rec.record(500, params=ReplyParams(cache_hit=True))  # a slow hit has no stages: not in the tail
     rec.record(900, err="TIMEOUT")  # nor has an error
     assert (rec.stage_n, rec.tail_n) == (2, 5)
@@ -114,7 +115,8 @@ def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
     assert (r.tail_answers, r.tail_us) == (5, 103)
     tail = r.stages_tail_us
     assert (tail["compute"], tail["e2e"], tail["bus_other"]) == (15, 105, 55)
-    assert 40 <= tail["reply_hop"] < 1_000_000 and tail["inbound"] == round(55 - tail["reply_hop"], 1)
+    assert tail["send_lag"] == 5  # the generator's lateness: 3..7 µs, not the bus's
+    assert 40 <= tail["reply_hop"] < 1_000_000 and tail["inbound"] == round(55 - tail["reply_hop"] - 5, 1)
     assert r.stages_us["compute"] == 12 and "inbound" in r.stages_us  # the sampled means, as before
     # a step with no slow answer has no tail
     quick = Recorder(tail_us=10_000)

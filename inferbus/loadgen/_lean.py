@@ -107,7 +107,8 @@ class LeanDriver:
         self.nc = nc
         self._inbox = nc.new_inbox()
         self._plen = len(self._inbox) + 1
-        self._pending: dict[int, tuple[float, int, int]] = {}
+        self._pending: dict[int, tuple[float, int, int, float]] = {}
+        """token -> (reference time, request index, closed-loop slot, µs of the reference's send lag)"""
         self._tok = 0
         self._rec: Recorder | None = None
         self._target: Target | None = None
@@ -124,10 +125,12 @@ class LeanDriver:
                                 pending_bytes_limit=1 << 30)
         await self.nc.flush()
 
-    async def _send(self, i: int, t_ref: float, slot: int) -> None:
+    async def _send(self, i: int, t_ref: float, slot: int, lag_us: float = 0.0) -> None:
+        """Publish request ``i``; its latency counts from ``t_ref``, which its send left ``lag_us`` behind (the
+        open loop's lateness against its schedule, part of the latency; 0 when counted from the send)."""
         tok = self._tok = self._tok + 1
         t = self._target
-        self._pending[tok] = (t_ref, i, slot)
+        self._pending[tok] = (t_ref, i, slot, lag_us)
         block = t.header_block
         if t.deadline_after_s is not None:
             block = t.header_head + b"Inferbus-Deadline-Unix-Ms: %d\r\n\r\n" % (
@@ -145,12 +148,12 @@ class LeanDriver:
         if ent is None or self._rec is None:
             self.late += 1
             return
-        t_ref, i, slot = ent
+        t_ref, i, slot, lag_us = ent
         if now - t_ref > self._timeout_s:  # late: the sweep (every 5-50 ms) had not counted it out yet
             self._rec.record(self._timeout_s * 1e6, "TIMEOUT")
         else:
             err, correct, params = self._target.judge(i, msg.headers, msg.data)
-            self._rec.record((now - t_ref) * 1e6, err, correct, params)
+            self._rec.record((now - t_ref) * 1e6, err, correct, params, lag_us)
         self._last = now
         if self._next is not None:
             await self._next(slot, now)
@@ -163,12 +166,12 @@ class LeanDriver:
             await asyncio.sleep(period)
             limit = time.monotonic() - timeout_s
             expired = []
-            for tok, (t_ref, i, slot) in self._pending.items():
+            for tok, (t_ref, i, slot, _) in self._pending.items():
                 if t_ref > limit:
                     break  # insertion order = send order (closed: t_ref = send time)
                 expired.append(tok)
             for tok in expired:
-                t_ref, i, slot = self._pending.pop(tok)
+                t_ref, i, slot, _ = self._pending.pop(tok)
                 self._rec.record(timeout_s * 1e6, "TIMEOUT")
                 self._last = time.monotonic()
                 await on_timeout(slot)
@@ -281,7 +284,10 @@ class LeanDriver:
                     t_send = time.monotonic()
                     lag = t_send - t_k
                     rec.record_lag(lag * 1e6)
-                    await self._send(index_base + sent, t_send if 0 < lag < grace else t_k, 0)
+                    if 0 < lag < grace:  # counted from the send
+                        await self._send(index_base + sent, t_send, 0)
+                    else:
+                        await self._send(index_base + sent, t_k, 0, lag * 1e6 if lag > 0 else 0.0)
                     sent += 1
                 k += 1
             self._sending = False

@@ -41,9 +41,10 @@ class BenchResult:
     (``e2e - ingress_total - worker_total``: hops, NATS server, client receive);
     when the worker stamps ``worker_done_unix_us`` (wall clock, µs) the generator
     adds ``reply_hop`` (that stamp to the answer's arrival, same host's clock) and ``inbound``
-    (``bus_other - reply_hop - forward_hop``: from the send, or its schedule in an open loop, to the ingress's
-    callback: the generator's publish, nats-server, the socket, nats-py's parse and the wait in the ingress
-    subscription's pending queue behind earlier requests). ``stages_tail_us`` are the same means over the misses
+    (``bus_other - reply_hop - forward_hop - send_lag``: from the generator's publish to the ingress's callback:
+    nats-server, the sockets, nats-py's parse and the wait in the ingress subscription's pending queue behind
+    earlier requests); ``send_lag`` is how late the open loop sent its requests against the schedule their
+    latency counts from (part of ``e2e``; 0 in a closed loop). ``stages_tail_us`` are the same means over the misses
     whose latency was at least ``tail_us`` (:data:`TAIL_US`), every one of them, not a sample;
     ``tail_answers`` says how many.
     ``mean_batch`` is the misses' mean ``parameters.batch_size`` (requests in the model run that computed
@@ -126,12 +127,13 @@ class Recorder:
         self.tail_e2e_sum = 0.0
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
-               params: dict | ReplyParams | None = None) -> None:
+               params: dict | ReplyParams | None = None, send_lag_us: float = 0.0) -> None:
         """Record one answer: its latency, its error code (None = success), whether it was right, and what its
         response's ``parameters`` say (a dict, or the load generator's :class:`ReplyParams`): a cache hit is
         counted; a miss's ``batch_size`` is averaged and, for one answer in :attr:`stage_every`, its
         ``timings_us`` are added to the stage sums (their means are over those answers); a miss of at least
-        :attr:`tail_us` has them added to the tail's sums as well.
+        :attr:`tail_us` has them added to the tail's sums as well, with ``send_lag``: ``send_lag_us``, how late
+        the generator sent it against the time its latency counts from (open loop).
 
         Latencies are appended to a list and put into the histogram by :meth:`to_wire`,
         after the step, so that the histogram's (pure Python) bookkeeping does not
@@ -174,11 +176,11 @@ class Recorder:
         if sampled:
             self.stage_n += 1
             self.e2e_miss_sum += latency_us
-            _add_stages(self.stages, t)
+            _add_stages(self.stages, t, send_lag_us)
         if tail:
             self.tail_n += 1
             self.tail_e2e_sum += latency_us
-            _add_stages(self.tail_stages, t)
+            _add_stages(self.tail_stages, t, send_lag_us)
 
     def record_lag(self, lag_us: float) -> None:
         self._lags.append(int(lag_us))
@@ -203,9 +205,11 @@ class Recorder:
         }
 
 
-def _add_stages(sums: Counter, timings: dict) -> None:
-    """Add one answer's ``timings_us`` (numbers; the ``*_unix_us`` stamps left out) to ``sums``, and its
-    ``reply_hop``: from the worker's ``worker_done_unix_us`` stamp to now (the answer's arrival), one host's clock."""
+def _add_stages(sums: Counter, timings: dict, send_lag_us: float) -> None:
+    """Add one answer's ``timings_us`` (numbers; the ``*_unix_us`` stamps left out) to ``sums``, its ``send_lag``
+    (µs, the generator's) and its ``reply_hop``: from the worker's ``worker_done_unix_us`` stamp to now (the
+    answer's arrival), one host's clock."""
+    sums["send_lag"] += send_lag_us
     for k, v in timings.items():
         if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
             sums[k] += v
@@ -218,13 +222,13 @@ def _add_stages(sums: Counter, timings: dict) -> None:
 
 def _stage_means(sums: Counter, n: int, e2e_sum: float) -> dict:
     """Means of stage sums over ``n`` answers, with ``e2e`` (the client-observed mean), ``bus_other``
-    (``e2e - ingress_total - worker_total``) and ``inbound`` (``bus_other - reply_hop - forward_hop``)."""
+    (``e2e - ingress_total - worker_total``) and ``inbound`` (``bus_other - reply_hop - forward_hop - send_lag``)."""
     s = {k: round(v / n, 1) for k, v in sorted(sums.items())}
     s["e2e"] = round(e2e_sum / n, 1)
     if "ingress_total" in s and "worker_total" in s:
         s["bus_other"] = round(s["e2e"] - s["ingress_total"] - s["worker_total"], 1)
         if "reply_hop" in s:
-            s["inbound"] = round(s["bus_other"] - s["reply_hop"] - s.get("forward_hop", 0.0), 1)
+            s["inbound"] = round(s["bus_other"] - s["reply_hop"] - s.get("forward_hop", 0.0) - s.get("send_lag", 0.0), 1)
     return s
 
 
