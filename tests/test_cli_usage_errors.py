@@ -128,15 +128,18 @@ def test_a_command_started_with_stdout_or_stdin_closed_runs_as_with_them_on_dev_
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("unbuffered", [{}, {"PYTHONUNBUFFERED": "1"}], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize("argv", [("models", "--help"), ("chaos", "list")])
-def test_output_that_cannot_be_written_is_one_line_exit_1(argv):
+def test_output_that_cannot_be_written_is_one_line_exit_1(argv, unbuffered):
     """stdout on a full device (``> /dev/full``, ENOSPC): one line on stderr naming the failure, exit 1; it was
     rich's traceback of the OSError (a fresh-user trial: ``infer ... > /dev/full``, ~60 lines). ``chaos list``
-    prints through Click's echo, which swallowed the error (its stream check writes ``""`` inside ``except
-    Exception``): its output was lost without a word, exit 0."""
+    prints through Click's echo, which tries its stream with a write of ``""`` inside ``except Exception``: with
+    stdout unbuffered (``PYTHONUNBUFFERED=1``, common in containers and CI) that write is where it failed, the error
+    was swallowed and the output lost without a word, exit 0."""
     with open("/dev/full", "w") as full:
         p = subprocess.run([sys.executable, "-m", "inferbus.cli", *argv], cwd=ROOT, stdout=full,
-                           stderr=subprocess.PIPE, text=True, timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+                           stderr=subprocess.PIPE, text=True, timeout=30,
+                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **unbuffered})
     assert p.returncode == 1, (p.returncode, p.stderr[-1500:])
     assert p.stderr == "error: cannot write the output (stdout): No space left on device\n", p.stderr
 
