@@ -372,26 +372,20 @@ class Suite:
             nats_url = ",".join(srv.url for srv in servers)
             echo = EchoPool(lay["n_echo"], nats_url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir, spread=spread,
                             busy_poll_us=cfg.echo_busy_poll_us)
-            await echo.start()
-            for c in echo.children:
-                self.sampler.add("echo", c.proc.pid)
+            await self._start_pool(echo, "echo")
             direct = None
             if cfg.direct:  # as many as the echo's, on the same cores (they never carry load at the same time)
                 direct = EchoPool(lay["n_echo"], nats_url, DIRECT_SUBJECT, cpus=lay["echo"], log_dir=run_dir,
                                   spread=spread, model=(str(mv.path), cfg.model, mv.version),
                                   batch_max=cfg.direct_batch)
-                await direct.start()
-                for c in direct.children:
-                    self.sampler.add("direct", c.proc.pid)
+                await self._start_pool(direct, "direct")
             node = await self._start_node(cfg, nats_url, run_dir / "node", colocate=cfg.colocate,
                                           workers=cfg.workers)
             if node.valkey is not None:
                 self.sampler.add("valkey", node.valkey.pid)
             gp = GeneratorPool(cfg.gens, nats_url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool, log_dir=run_dir,
                                spread=spread)
-            await gp.start()
-            for c in gp.children:
-                self.sampler.add("loadgen", c.proc.pid)
+            await self._start_pool(gp, "loadgen")
             try:
                 t_echo = {"kind": "echo", "name": "echo", "model": cfg.model, "version": cfg.version,
                           "subject": ECHO_SUBJECT, "timeout_ms": cfg.timeout_s * 1000}
@@ -499,14 +493,10 @@ class Suite:
             (run_dir / "unpinned").mkdir(exist_ok=True)
             echo = EchoPool(lay["n_echo"], srv.url, ECHO_SUBJECT, cpus=lay["echo"], log_dir=run_dir / "unpinned",
                             busy_poll_us=cfg.echo_busy_poll_us)
-            await echo.start()
-            for c in echo.children:
-                self.sampler.add("echo", c.proc.pid)
+            await self._start_pool(echo, "echo")
             gp = GeneratorPool(cfg.gens, srv.url, cfg.models_dir, cpus=lay["gens"], pool=cfg.pool,
                                log_dir=run_dir / "unpinned")
-            await gp.start()
-            for c in gp.children:
-                self.sampler.add("loadgen", c.proc.pid)
+            await self._start_pool(gp, "loadgen")
             await gp.prepare([t_echo])
             self.say(f"{name}: the echo again, through a nats-server on cores {self.unpinned_nats_affinity}")
             await self._step(gp, name, t_echo, mode="closed", concurrency=8, duration_s=cfg.warmup_s, record=False)
@@ -521,6 +511,13 @@ class Suite:
             if echo is not None:
                 await echo.close()
             await asyncio.to_thread(srv.stop)
+
+    async def _start_pool(self, pool, group: str) -> None:
+        """Start ``pool`` (an :class:`EchoPool` or :class:`GeneratorPool`) and count its processes' CPU under
+        ``group`` (``echo``, ``direct``, ``loadgen``) in the sampler."""
+        await pool.start()
+        for c in pool.children:
+            self.sampler.add(group, c.proc.pid)
 
     async def _start_node(self, cfg: SuiteConfig, nats_url: str, run_dir: Path, *, colocate: bool,
                           workers: int) -> Node:
