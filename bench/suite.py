@@ -107,7 +107,10 @@ class SuiteConfig:
     pool: int = 8192
     floor_s: float = 2.0
     precise: bool | None = None
-    """Open-loop pacing (None = spin only on hosts with >= 8 cores)."""
+    """Open-loop pacing (None = precise only on hosts with >= 8 cores)."""
+    tick_timer: bool = True
+    """With precise pacing, wake on each tick through a timerfd (Linux; :mod:`inferbus.loadgen._timer`) rather
+    than sleep to 0.5 ms before it and spin (False: the suite's pacing before 2026-12-03)."""
     log_dir: str | None = None
     inline_max_compute_us: float | None = None
     """The workers' ``inline_max_compute_us`` (None = their default; 0 = every batch on the inference thread)."""
@@ -293,7 +296,7 @@ class Suite:
         self.sampler.mark()
         r = await gp.step(target, mode=mode, concurrency=concurrency, rate=rate,
                           duration_s=duration_s or cfg.duration_s, timeout_s=timeout_s or cfg.timeout_s,
-                          label=series, precise=cfg.precise)
+                          label=series, precise=cfg.precise, timer=cfg.tick_timer)
         cpu = self.sampler.since()
         counts = None
         if series.startswith("inferbus") and self.node is not None:
@@ -991,6 +994,10 @@ def _parser() -> argparse.ArgumentParser:
                    "CPU affinity; default every core). The other processes keep their cores (with --pin: the actors "
                    "and echo responders from core 0 up, the generators from the last core down): give cores they "
                    "leave, or share some on purpose")
+    p.add_argument("--tick-timer", action=argparse.BooleanOptionalAction, default=None,
+                   help="open loop with precise pacing: wake on each 1 ms tick through a timerfd (default on, "
+                   "Linux); --no-tick-timer: sleep to 0.5 ms before the tick and spin, as before 2026-12-03 (that "
+                   "sleep could end ~1 ms past the tick: a send lag of 1.1-1.4 ms at p99 on the H200)")
     p.add_argument("--echo-unpinned", action=argparse.BooleanOptionalAction, default=None,
                    help="with --nats-cpus (and one nats-server): also run the echo through a nats-server on every "
                    "core, and, with --sweep, set the throughput target against the better echo (default on; "
@@ -1017,7 +1024,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 _OVERRIDES = ("model", "version", "models_dir", "workers", "ingress", "gens", "echo", "pin", "l2", "ray", "duration_s",
               "timeout_s", "closed", "open_rates", "sweep", "sweep_factor", "sweep_max_steps", "alternate", "log_dir",
               "inline_max_compute_us", "colocate", "colocate_ab", "nats_servers", "busy_poll_us", "echo_busy_poll_us",
-              "direct", "direct_batch", "run_to_completion", "nats_cpus", "echo_unpinned")
+              "direct", "direct_batch", "run_to_completion", "nats_cpus", "echo_unpinned", "tick_timer")
 
 
 def config_from(a: argparse.Namespace) -> SuiteConfig:

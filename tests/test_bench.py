@@ -134,9 +134,45 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
         await gp.prepare([t])
         closed = await gp.step(t, mode="closed", concurrency=3, duration_s=0.3)
         opened = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=False)
+        # precise pacing: through a timerfd on Linux (each tick woken on time), or the old sleep-and-spin
+        timed = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=True)
+        spun = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=True, timer=False)
     assert closed.gen_procs == 2 and closed.requests > 0 and closed.wrong == 0 and not closed.errors
     assert opened.requests == 120 and opened.wrong == 0 and not opened.errors
     assert opened.offered_qps == 400
+    assert (opened.pacing, closed.pacing) == ("sleep", "")
+    assert timed.pacing == ("timerfd" if sys.platform.startswith("linux") else "spin") and spun.pacing == "spin"
+    for r in (timed, spun):
+        assert r.requests == 120 and r.wrong == 0 and not r.errors
+
+
+@pytest.mark.anyio
+async def test_tick_timer_never_wakes_before_its_time():
+    """``TickTimer.wait_until(t)`` returns at ``time.monotonic() >= t`` (a timerfd on CLOCK_MONOTONIC never expires
+    early), at once for a time already past, and lets the loop run other callbacks while it waits."""
+    import asyncio
+    import time
+
+    from inferbus.loadgen._timer import tick_timer
+
+    loop = asyncio.get_running_loop()
+    timer = tick_timer(loop)
+    if timer is None:
+        pytest.skip("no timerfd on this platform: the generator paces by sleep and spin there")
+    ran = []
+    try:
+        for k in range(50):
+            t = time.monotonic() + 0.0003 + k * 1e-5
+            loop.call_soon(ran.append, k)
+            await timer.wait_until(t)
+            assert time.monotonic() >= t, k
+        assert ran == list(range(50))  # other callbacks ran during each wait
+        t0 = time.monotonic()
+        await timer.wait_until(t0 - 1.0)  # in the past: no wait, no hang
+        await asyncio.wait_for(timer.wait_until(time.monotonic() + 0.001), 1.0)
+    finally:
+        timer.close()
+        timer.close()  # idempotent
 
 
 @contextlib.asynccontextmanager

@@ -70,8 +70,10 @@ class HttpDriver:
 
     async def open(self, target: Target, *, rate_qps: float, duration_s: float, timeout_s: float = 5.0,
                    start_at: float | None = None, tick_s: float = 0.001, index_base: int = 0,
-                   phase: float = 0.0, precise: bool = False) -> tuple[Recorder, float, float]:
-        """Open loop with one task per request (fine at a peer's rates); ``precise`` is ignored (sleep pacing)."""
+                   phase: float = 0.0, precise: bool = False, timer: bool = False) -> tuple[Recorder, float, float]:
+        """Open loop with one task per request (fine at a peer's rates); ``precise`` and ``timer`` are ignored
+        (sleep pacing)."""
+        self.pacing = "sleep"
         rec = Recorder()
         if start_at is not None and start_at > time.monotonic():
             await asyncio.sleep(start_at - time.monotonic())

@@ -15,8 +15,10 @@ event loop's timer resolution); the requests due in a tick are sent together
 and their latency is counted from the tick's scheduled time, so a generator or
 system stall shows up in the latency (no coordinated omission). uvloop's
 timers have 1 ms resolution and may fire up to 1 ms early, so hitting a tick on
-time needs a short spin (``precise=True``, for hosts with cores to spare).
-Without it (``precise=False``, small hosts where a spinning generator would
+time needs a precise wake-up (``precise=True``, for hosts with cores to spare): a
+timerfd the loop watches (:mod:`inferbus.loadgen._timer`, ``timer=True``, Linux), else a
+spin through the last 0.5 ms before the tick (``timer=False``, or no timerfd; that
+sleep could still end up to ~1.4 ms late). Without it (``precise=False``, small hosts where a spinning generator would
 steal the pipeline's CPU) the generator sleeps through the remainder and the
 latency of a request sent late by less than ``grace_s`` (timer granularity) is
 counted from its actual send time; a later send still counts from its schedule.
@@ -38,6 +40,7 @@ from typing import Callable
 
 from ..bus import header_block, publish_raw
 from ._result import Recorder
+from ._timer import tick_timer
 from ._workload import Workload
 
 STAGE_SAMPLE_EVERY = 8
@@ -119,6 +122,8 @@ class LeanDriver:
         self._wall_offset_s = 0.0
         self._timeout_s = float("inf")
         self.late = 0
+        self.pacing = ""
+        """How the last open-loop step paced its ticks: ``timerfd``, ``spin`` or ``sleep``."""
 
     async def start(self) -> None:
         await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply, pending_msgs_limit=1_000_000,
@@ -231,7 +236,8 @@ class LeanDriver:
 
     async def open(self, target: Target, *, rate_qps: float, duration_s: float, timeout_s: float = 1.0,
                    start_at: float | None = None, tick_s: float = 0.001, index_base: int = 0,
-                   phase: float = 0.0, precise: bool = True, grace_s: float = 0.0015) -> tuple[Recorder, float, float]:
+                   phase: float = 0.0, precise: bool = True, grace_s: float = 0.0015,
+                   timer: bool = True) -> tuple[Recorder, float, float]:
         """Send at ``rate_qps`` for ``duration_s`` whatever the answers do; wait for the stragglers.
 
         A generator that falls so far behind the rate that the step's end has passed by :data:`NOT_SENT_AFTER`
@@ -242,8 +248,10 @@ class LeanDriver:
         Args:
             phase: fraction of a tick to shift this process's ticks by, so that
                 several generator processes do not all fire on the same instant.
-            precise: spin the last < 0.5 ms before a tick (True) or sleep through it (False).
+            precise: wake on each tick's time (True) or sleep through it (False).
             grace_s: with ``precise=False``, lateness counted from the actual send time.
+            timer: with ``precise``, wake through a timerfd (:func:`~inferbus.loadgen._timer.tick_timer`; where
+                there is none, as with False) rather than sleep to 0.5 ms before the tick and spin the rest.
 
         Returns:
             ``(recorder, elapsed_s, cpu_s)``.
@@ -256,6 +264,8 @@ class LeanDriver:
         start = time.monotonic() + phase * tick_s
         cpu0 = time.process_time()
         grace = 0.0 if precise else grace_s
+        tt = tick_timer(asyncio.get_running_loop()) if precise and timer else None
+        self.pacing = "sleep" if not precise else ("timerfd" if tt is not None else "spin")
 
         async def noop(slot: int) -> None:
             return None
@@ -274,6 +284,9 @@ class LeanDriver:
                     rec.errors["NOT_SENT"] += total - sent
                     break
                 if precise:
+                    if tt is not None and now < t_k:
+                        await tt.wait_until(t_k)
+                        now = time.monotonic()
                     while now < t_k:
                         await asyncio.sleep(t_k - now if t_k - now > 0.0005 else 0)
                         now = time.monotonic()
@@ -296,6 +309,8 @@ class LeanDriver:
         finally:
             sweeper.cancel()
             self._sending = False
+            if tt is not None:
+                tt.close()
         elapsed = max(self._last, start + 1e-6) - start
         self._rec = None
         return rec, elapsed, time.process_time() - cpu0

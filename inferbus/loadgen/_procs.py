@@ -146,8 +146,11 @@ class _Gen:
         else:
             rec, elapsed, cpu = await drv.open(target, rate_qps=cmd["rate"], duration_s=cmd["duration_s"],
                                                timeout_s=cmd["timeout_s"], start_at=cmd.get("start_at"),
-                                               phase=cmd.get("phase", 0.0), precise=cmd.get("precise", True))
-        return rec.to_wire(elapsed, cpu)
+                                               phase=cmd.get("phase", 0.0), precise=cmd.get("precise", True),
+                                               timer=cmd.get("timer", True))
+        w = rec.to_wire(elapsed, cpu)
+        w["pacing"] = getattr(drv, "pacing", "")
+        return w
 
     async def run(self) -> None:
         from ._lean import LeanDriver
@@ -446,14 +449,15 @@ class GeneratorPool:
 
     async def step(self, target: dict, *, mode: str, concurrency: int | None = None, rate: float | None = None,
                    duration_s: float = 5.0, timeout_s: float = 1.0, label: str = "",
-                   procs: int | None = None, precise: bool | None = None) -> BenchResult:
+                   procs: int | None = None, precise: bool | None = None, timer: bool = True) -> BenchResult:
         """One closed-loop (``concurrency`` callers in all) or open-loop (``rate`` requests/s in all) step.
 
         Concurrency is split over the processes (a process with no share sits
         out); the rate is split evenly, each process's ticks shifted by a
         fraction of a tick. ``procs`` caps how many processes take part.
         ``precise``: open-loop tick pacing (see :meth:`LeanDriver.open`); None =
-        precise on hosts with 8 cores or more.
+        precise on hosts with 8 cores or more; ``timer``: precise pacing through a timerfd where there is one.
+        The result's ``pacing`` says what the processes did (``timerfd``, ``spin`` or ``sleep``).
 
         Raises:
             RuntimeError: a generator process failed or died.
@@ -476,7 +480,7 @@ class GeneratorPool:
             for k, c in enumerate(use):
                 items.append((c, {"op": "step", "target": target, "mode": "open", "rate": rate / len(use),
                                   "duration_s": duration_s, "timeout_s": timeout_s, "start_at": start_at,
-                                  "phase": k / len(use), "precise": precise}))
+                                  "phase": k / len(use), "precise": precise, "timer": timer}))
         else:
             raise ValueError(f"mode is 'closed' or 'open', not {mode!r}")
         res = await self._ask(items, duration_s + timeout_s + 60.0)

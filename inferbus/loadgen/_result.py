@@ -81,6 +81,9 @@ class BenchResult:
     stages_tail_us: dict = field(default_factory=dict)
     tail_answers: int = 0
     tail_us: float = TAIL_US
+    pacing: str = ""
+    """How the generator processes paced an open loop (``timerfd``, ``spin``, ``sleep``; several comma-joined
+    when they differed; empty in a closed loop or when not told)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -269,7 +272,8 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
                     wrong=wrong, qps=round((n - errors.get("TIMEOUT", 0)) / elapsed, 1) if elapsed else 0.0,
                     cache_hits=hits, target=target,
                     label=label, gen_procs=len(parts), offered_qps=rate_qps,
-                    timeouts=errors.get("TIMEOUT", 0), tail_answers=tail_n, tail_us=tail_us)
+                    timeouts=errors.get("TIMEOUT", 0), tail_answers=tail_n, tail_us=tail_us,
+                    pacing=",".join(sorted({p.get("pacing") or "" for p in parts} - {""})) if mode == "open" else "")
     if n:
         r.p50_us, r.p95_us, r.p99_us, r.p99_9_us = (float(hist.get_value_at_percentile(p)) for p in PERCENTILES)
         r.max_us, r.mean_us = float(hist.get_max_value()), round(hist.get_mean_value(), 1)
