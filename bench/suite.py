@@ -107,7 +107,7 @@ class SuiteConfig:
     pool: int = 8192
     floor_s: float = 2.0
     precise: bool | None = None
-    """Open-loop pacing (None = precise only on hosts with >= 8 cores)."""
+    """Open-loop pacing (None = precise on Linux with ``tick_timer``, else only on hosts with >= 8 cores)."""
     tick_timer: bool = True
     """With precise pacing, wake on each tick through a timerfd (Linux; :mod:`inferbus.loadgen._timer`) rather
     than sleep to 0.5 ms before it and spin (False: the suite's pacing before 2026-12-03)."""

@@ -455,16 +455,17 @@ class GeneratorPool:
         Concurrency is split over the processes (a process with no share sits
         out); the rate is split evenly, each process's ticks shifted by a
         fraction of a tick. ``procs`` caps how many processes take part.
-        ``precise``: open-loop tick pacing (see :meth:`LeanDriver.open`); None =
-        precise on hosts with 8 cores or more; ``timer``: precise pacing through a timerfd where there is one.
+        ``precise``: open-loop tick pacing (see :meth:`LeanDriver.open`); None = precise on Linux with
+        ``timer`` (a timerfd, no spin) and on other hosts with 8 cores or more; ``timer``: precise pacing
+        through a timerfd where there is one.
         The result's ``pacing`` says what the processes did (``timerfd``, ``spin`` or ``sleep``).
 
         Raises:
             RuntimeError: a generator process failed or died.
         """
         use = self.children[: max(1, min(procs or self.n, self.n))]
-        if precise is None:
-            precise = (os.cpu_count() or 1) >= 8
+        if precise is None:  # a timerfd wakes on time without spinning; a spin only where cores are to spare
+            precise = (timer and sys.platform.startswith("linux")) or (os.cpu_count() or 1) >= 8
         start_at = time.monotonic() + 0.2
         items = []
         if mode == "closed":
