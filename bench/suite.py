@@ -781,7 +781,8 @@ def summarize(meta: dict, floors: dict, steps: list[dict], sweeps: dict, half_lo
         if s and s.get("stages_us"):
             stages[label] = s["stages_us"]
         if s and s.get("stages_tail_us"):  # where the slow answers' time went, against the mean above
-            stages[f"{label}, the {s['tail_answers']} answers ≥ {s['tail_us'] / 1000:g} ms"] = s["stages_tail_us"]
+            stages[f"{label}, answers ≥ {s['tail_us'] / 1000:g} ms"] = dict(s["stages_tail_us"],
+                                                                             answers=s["tail_answers"])
     e1 = _find(steps, "echo", "closed", 1)
     h1 = _find(steps, "inferbus hit", "closed", 1)
     nproc = meta.get("nproc") or 1

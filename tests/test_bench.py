@@ -102,10 +102,13 @@ def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
     from inferbus.loadgen._result import ReplyParams
 
     rec = Recorder(stage_every=4, tail_us=103)
+    done = int(time.time() * 1e6)
     for k in range(8):  # latencies 100..107 µs: 103..107 are the tail; 0 and 4 sampled
         t = msgspec.msgpack.encode({"compute": 10 + k, "worker_total": 30, "ingress_total": 20,
-                                    "worker_done_unix_us": int(time.time() * 1e6) - 40})
-        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)), send_lag_us=k)
+                                    "worker_done_unix_us": done})
+        # arrived 40 µs after the worker's stamp: reply_hop ends at the arrival, not when the recorder runs
+        rec.record(100 + k, params=ReplyParams(batch_size=2, timings_us=msgspec.Raw(t)), send_lag_us=k,
+                   recv_unix_us=done + 40)
     rec.record(500, params=ReplyParams(cache_hit=True))  # a slow hit has no stages: not in the tail
     rec.record(900, err="TIMEOUT")  # nor has an error
     assert (rec.stage_n, rec.tail_n) == (2, 5)
@@ -116,7 +119,7 @@ def test_recorder_adds_up_the_slow_answers_stage_timings_on_their_own():
     tail = r.stages_tail_us
     assert (tail["compute"], tail["e2e"], tail["bus_other"]) == (15, 105, 55)
     assert tail["send_lag"] == 5  # the generator's lateness: 3..7 µs, not the bus's
-    assert 40 <= tail["reply_hop"] < 1_000_000 and tail["inbound"] == round(55 - tail["reply_hop"] - 5, 1)
+    assert (tail["reply_hop"], tail["inbound"]) == (40, 10)  # 55 - 40 - 5
     assert r.stages_us["compute"] == 12 and "inbound" in r.stages_us  # the sampled means, as before
     # a step with no slow answer has no tail
     quick = Recorder(tail_us=10_000)
@@ -629,7 +632,8 @@ def test_summary_reports_both_readings_of_half_load():
     # the echo's own tail on the p99 target's yardstick: the bound under which no server's p99 can be measured
     assert doc["ratios"]["half_load"]["echo_p99_over_echo_plus_model"] == round(900 / 420, 3)
     assert doc["stages_us"]["sweep, most misses/s with p99 < 5 ms"] == {"compute": 30.0, "inbound": 500.0}
-    assert doc["stages_us"]["sweep, most misses/s with p99 < 5 ms, the 120 answers ≥ 2.5 ms"]["inbound"] == 2500.0
+    slow = doc["stages_us"]["sweep, most misses/s with p99 < 5 ms, answers ≥ 2.5 ms"]
+    assert (slow["inbound"], slow["answers"]) == (2500.0, 120)
     assert not any(k.startswith("sweep, first rate over") for k in doc["stages_us"])  # no such step ran
     hp = doc["ratios"]["half_p99_load"]
     assert hp["rate"] == 20000 and hp["miss_p50_over_echo_plus_model"] == round(400 / 320, 3)

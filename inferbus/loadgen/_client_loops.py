@@ -72,13 +72,15 @@ async def open_loop(client, work: Workload, *, rate_qps: float, duration_s: floa
     tasks = set()
 
     async def one(i: int, t_sched: float) -> None:
+        lag_us = max(0.0, time.perf_counter() - t_sched) * 1e6  # late against the schedule: part of the latency
         feed = work.inputs[i % len(work.inputs)]
         try:
             res = await client.infer_result(model, feed, version=version, timeout_s=timeout_s)
         except InferbusError as err:
             rec.record((time.perf_counter() - t_sched) * 1e6, err=_code(err))
             return
-        rec.record((time.perf_counter() - t_sched) * 1e6, correct=work.check(i, res.outputs), params=res.parameters)
+        rec.record((time.perf_counter() - t_sched) * 1e6, correct=work.check(i, res.outputs), params=res.parameters,
+                   send_lag_us=lag_us)
 
     cpu0 = time.process_time()
     start = time.perf_counter()

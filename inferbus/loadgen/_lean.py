@@ -158,7 +158,8 @@ class LeanDriver:
             self._rec.record(self._timeout_s * 1e6, "TIMEOUT")
         else:
             err, correct, params = self._target.judge(i, msg.headers, msg.data)
-            self._rec.record((now - t_ref) * 1e6, err, correct, params, lag_us)
+            # the arrival on the wall clock (the worker's done stamp is one): reply_hop ends here, not after the judge
+            self._rec.record((now - t_ref) * 1e6, err, correct, params, lag_us, (now + self._wall_offset_s) * 1e6)
         self._last = now
         if self._next is not None:
             await self._next(slot, now)

@@ -130,13 +130,15 @@ class Recorder:
         self.tail_e2e_sum = 0.0
 
     def record(self, latency_us: float, err: str | None = None, correct: bool = True,
-               params: dict | ReplyParams | None = None, send_lag_us: float = 0.0) -> None:
+               params: dict | ReplyParams | None = None, send_lag_us: float = 0.0,
+               recv_unix_us: float | None = None) -> None:
         """Record one answer: its latency, its error code (None = success), whether it was right, and what its
         response's ``parameters`` say (a dict, or the load generator's :class:`ReplyParams`): a cache hit is
         counted; a miss's ``batch_size`` is averaged and, for one answer in :attr:`stage_every`, its
         ``timings_us`` are added to the stage sums (their means are over those answers); a miss of at least
         :attr:`tail_us` has them added to the tail's sums as well, with ``send_lag``: ``send_lag_us``, how late
-        the generator sent it against the time its latency counts from (open loop).
+        the generator sent it against the time its latency counts from (open loop). ``recv_unix_us`` is when
+        the answer arrived (wall clock, µs), the end of its ``reply_hop``; None = now.
 
         Latencies are appended to a list and put into the histogram by :meth:`to_wire`,
         after the step, so that the histogram's (pure Python) bookkeeping does not
@@ -179,11 +181,11 @@ class Recorder:
         if sampled:
             self.stage_n += 1
             self.e2e_miss_sum += latency_us
-            _add_stages(self.stages, t, send_lag_us)
+            _add_stages(self.stages, t, send_lag_us, recv_unix_us)
         if tail:
             self.tail_n += 1
             self.tail_e2e_sum += latency_us
-            _add_stages(self.tail_stages, t, send_lag_us)
+            _add_stages(self.tail_stages, t, send_lag_us, recv_unix_us)
 
     def record_lag(self, lag_us: float) -> None:
         self._lags.append(int(lag_us))
@@ -208,10 +210,10 @@ class Recorder:
         }
 
 
-def _add_stages(sums: Counter, timings: dict, send_lag_us: float) -> None:
+def _add_stages(sums: Counter, timings: dict, send_lag_us: float, recv_unix_us: float | None) -> None:
     """Add one answer's ``timings_us`` (numbers; the ``*_unix_us`` stamps left out) to ``sums``, its ``send_lag``
-    (µs, the generator's) and its ``reply_hop``: from the worker's ``worker_done_unix_us`` stamp to now (the
-    answer's arrival), one host's clock."""
+    (µs, the generator's) and its ``reply_hop``: from the worker's ``worker_done_unix_us`` stamp to the answer's
+    arrival (``recv_unix_us``, None = now), one host's clock."""
     sums["send_lag"] += send_lag_us
     for k, v in timings.items():
         if isinstance(v, (int, float)) and not k.endswith("_unix_us"):
@@ -220,7 +222,7 @@ def _add_stages(sums: Counter, timings: dict, send_lag_us: float) -> None:
     if isinstance(done, (int, float)):
         # wall-clock stamp taken by the worker before its msgpack encode: the rest of the way back
         # (encode, thread->loop handoff, publish, hop, our receive) on one host's clock
-        sums["reply_hop"] += time.time() * 1e6 - done
+        sums["reply_hop"] += (time.time() * 1e6 if recv_unix_us is None else recv_unix_us) - done
 
 
 def _stage_means(sums: Counter, n: int, e2e_sum: float) -> dict:
