@@ -42,12 +42,14 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -1100,8 +1102,20 @@ def main(argv: list[str] | None = None, *, said_as: tuple[str, dict[str, str]] =
 
     ``said_as``: for a command that runs the suite with options of its own (``inferbus bench --suite``), a prefix
     for those lines and its name of each suite option (``{"--json": "--out"}``), so a line names what was typed.
+    With a prefix, argparse's usage errors are such one line too (not its usage block), still status 2.
     """
     parser = _parser()
+    prefix, names = said_as
+
+    def said(text: str) -> str:  # the suite's option names in ``text`` as the calling command spells them
+        return re.sub(r"(?<![\w-])--[a-z][\w-]*", lambda m: names.get(m.group(0), m.group(0)), text)
+
+    if prefix:
+        def one_line(message: str) -> NoReturn:
+            print(f"error: {prefix}{said(message.removeprefix('argument '))}", file=sys.stderr)
+            raise SystemExit(2)
+
+        parser.error = one_line  # type: ignore[method-assign]
     a = parser.parse_args(argv)
     try:
         cfg = config_from(a)
@@ -1109,7 +1123,6 @@ def main(argv: list[str] | None = None, *, said_as: tuple[str, dict[str, str]] =
         parser.error(str(exc))
     problem = output_problem(a) or model_problem(cfg) or log_dir_problem(cfg)
     if problem:
-        prefix, names = said_as
         option, _, rest = problem.partition(" ")
         print(f"error: {prefix}{names.get(option, option)} {rest}", file=sys.stderr)
         return 2
@@ -1125,7 +1138,8 @@ def main(argv: list[str] | None = None, *, said_as: tuple[str, dict[str, str]] =
         try:
             a.json_out.write_text(json.dumps(doc, indent=1, default=str))
         except OSError as exc:  # checked before the run; changed since (removed, full): one line, not a traceback
-            print(f"error: --json {a.json_out}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: {prefix}{said('--json')} {a.json_out}: cannot write it: {exc.strerror or exc}",
+                  file=sys.stderr)
             status = 1
         else:
             print(f"wrote {a.json_out}")

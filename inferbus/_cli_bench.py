@@ -35,7 +35,8 @@ def run_suite(args: list[str]) -> int:
     from bench.suite import main  # type: ignore[import-not-found]
 
     # its one-line refusals (an --out that cannot be written, an unknown model...) name bench's options
-    return main(args, said_as=("bench: ", {"--json": "--out", "--models-dir": "--models", "--model": "model"}))
+    return main(args, said_as=("bench: ", {"--json": "--out", "--models-dir": "--models", "--model": "model",
+                                           "--timeout": "--timeout-s"}))
 
 
 async def _served_default(url: str, prefix: str, model: str, version: str | None) -> str | None:
