@@ -28,13 +28,28 @@ def _regions(n: int) -> tuple[str, ...]:
     return tuple(string.ascii_uppercase[:n])
 
 
-def _spec(regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path], proxy: bool,
-          actors: bool, witness_servers: int):
-    from .cluster import ClusterSpec
+def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
+          proxy: bool, actors: bool, witness_servers: int):
+    """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
-    return ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
-                       models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
-                       witness_servers=witness_servers)
+    Raises:
+        typer.Exit: (2) one line ``error: cluster COMMAND: ...`` for a value the spec or the bus refuses (a
+            traceback before), or a ``--base-port`` whose consecutive ports would pass 65535 (it wrote such
+            ports into the configs).
+    """
+    from .cli import _check_prefix, _usage
+    from .cluster import ClusterSpec, Plan
+
+    _check_prefix(prefix)
+    try:
+        spec = ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
+                           models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
+                           witness_servers=witness_servers)
+        if base_port:
+            Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
+    except ValueError as exc:
+        _usage(f"cluster {command}: {exc}")
+    return spec
 
 
 @app.command()
@@ -53,7 +68,7 @@ def up(
     from .cli import _run
     from .cluster import Topology
 
-    spec = _spec(regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
+    spec = _spec("up", regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
 
     async def go() -> int:
         t0 = time.monotonic()
@@ -98,8 +113,14 @@ def config(
     """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
     from .cluster import Plan
 
-    plan = Plan.make(_spec(regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
-    for p in plan.write_configs(out, data_root):
+    from .cli import _usage
+
+    plan = Plan.make(_spec("config", regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
+    try:
+        written = plan.write_configs(out, data_root)
+    except OSError as exc:  # --out an existing file, a folder that cannot be made...: one line, not a traceback
+        _usage(f"cluster config: --out {out}: {exc.strerror or exc}")
+    for p in written:
         typer.echo(str(p))
 
 

@@ -154,3 +154,29 @@ def test_cluster_control_with_no_answer_is_one_error_line_exit_2(nats_server, tm
 def test_chaos_run_unknown_drill():
     out = _inferbus("chaos", "run", "no-such-drill")
     assert out.returncode == 2 and "unknown drill 'no-such-drill'" in out.stderr and "region-failover" in out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, said", [
+    (("config", "--witness-servers", "0"), "error: cluster config: ClusterSpec: servers_per_region >= 1 and "
+                                           "witness_servers in (3, 5)"),
+    (("up", "--witness-servers", "4"), "error: cluster up: ClusterSpec: servers_per_region >= 1 and witness_servers"),
+    (("config", "--base-port", "70000"), "error: cluster config: base port 70000: the topology takes 47 consecutive "
+                                         "ports from it; give 1 to 65489, or 0 for free ones"),
+    (("up", "--prefix", "a b"), "error: cluster up: --prefix 'a b' must be dot-separated tokens"),
+])
+def test_cluster_config_and_up_refuse_bad_values_in_one_line(tmp_path, args, said):
+    """A fresh-user trial (2026-12-03): these ended in tracebacks, exit 1 (``--base-port 70000`` wrote configs
+    listening on port 70032, exit 0). One ``error: cluster ...`` line, exit 2, nothing started or written."""
+    out = _inferbus("cluster", *args, *(("--out", str(tmp_path / "cfg")) if args[0] == "config" else ()))
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith(said) and out.stderr.count("\n") == 1, out.stderr
+    assert not (tmp_path / "cfg").exists()
+
+
+@pytest.mark.timeout(60)
+def test_cluster_config_out_an_existing_file_is_one_error_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    out = _inferbus("cluster", "config", "--out", str(tmp_path / "afile"))
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == f"error: cluster config: --out {tmp_path / 'afile'}: File exists\n", out.stderr

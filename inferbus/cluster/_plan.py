@@ -153,9 +153,16 @@ class Plan:
 
     @classmethod
     def make(cls, spec: ClusterSpec) -> "Plan":
-        """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0."""
+        """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0.
+
+        Raises:
+            ValueError: ``spec.base_port`` is outside 1..65535 or its consecutive ports would pass 65535.
+        """
         n_servers = len(spec.regions) * spec.servers_per_region + spec.witness_servers
         need = 5 * n_servers + len(spec.regions)
+        if spec.base_port and not 1 <= spec.base_port <= 65536 - need:
+            raise ValueError(f"base port {spec.base_port}: the topology takes {need} consecutive ports from it; give "
+                             f"1 to {65536 - need}, or 0 for free ones")
         nxt = iter(range(spec.base_port, spec.base_port + need) if spec.base_port else pick_ports(need))
 
         def port() -> int:
