@@ -124,19 +124,40 @@ def config(
         typer.echo(str(p))
 
 
-async def _send(cluster: Path, op: str, **kw):
+def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
+    """The witness's NATS URLs and the subject prefix from ``cluster`` (a run dir or its cluster.json).
+
+    Raises:
+        typer.Exit: (2) one line ``error: cluster OP: --cluster PATH: ...`` when the file cannot be read or is not
+            a cluster.json (nothing is asked then; it used to read "no answer from the cluster (FileNotFoundError)").
+    """
+    from .cli import _usage
+
+    p = cluster / "cluster.json" if cluster.is_dir() else cluster
+    try:
+        info = json.loads(p.read_text())
+        witness = info["spec"]["witness"]
+        urls = [s["url"] for s in info["servers"].values() if s["site"] == witness]
+        prefix = info["spec"]["prefix"]
+    except OSError as exc:
+        _usage(f"cluster {op}: --cluster {cluster}: cannot read {p}: {exc.strerror or exc}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        _usage(f"cluster {op}: --cluster {cluster}: {p} is not the cluster.json of 'inferbus cluster up' "
+               f"({type(exc).__name__}: {exc})")
+    if not urls or not all(isinstance(u, str) for u in urls) or not isinstance(prefix, str):
+        _usage(f"cluster {op}: --cluster {cluster}: {p} names no witness server")
+    return urls, prefix
+
+
+async def _send(urls: list[str], prefix: str, op: str, **kw):
     import msgspec
 
     from .cli import _one_shot_client
     from .cluster import ClusterCommand, ClusterReply
 
-    p = cluster / "cluster.json" if cluster.is_dir() else cluster
-    info = json.loads(p.read_text())
-    witness = info["spec"]["witness"]
-    urls = [s["url"] for s in info["servers"].values() if s["site"] == witness]
-    nc = (await _one_shot_client(urls, info["spec"]["prefix"])).nc  # unreachable: one line naming the URLs, exit 3
+    nc = (await _one_shot_client(urls, prefix)).nc  # unreachable: one line naming the URLs, exit 3
     try:
-        msg = await nc.request(f"{info['spec']['prefix']}._cluster.ctl",
+        msg = await nc.request(f"{prefix}._cluster.ctl",
                                msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=60)
         return msgspec.msgpack.decode(msg.data, type=ClusterReply)
     finally:
@@ -149,14 +170,15 @@ def _control(cluster: Path, op: str, **kw) -> None:
     """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused.
 
     Raises:
-        typer.Exit: (3) NATS unreachable, one line (:func:`inferbus.cli._run`); (2) no answer from the cluster (its
-            control subject has no responder, the 60 s timeout, a cluster.json that cannot be read), one line
-            ``error: cluster OP: no answer from the cluster (...)``, as every command's usage error and refusal.
+        typer.Exit: (3) NATS unreachable, one line (:func:`inferbus.cli._run`); (2) a cluster.json that cannot be
+            read (:func:`_cluster_info`), or no answer from the cluster (its control subject has no responder, the
+            60 s timeout), one line ``error: cluster OP: ...``, as every command's usage error and refusal.
     """
     from .cli import _run, _usage
 
+    urls, prefix = _cluster_info(cluster, op)
     try:
-        reply = _run(_send(cluster, op, **kw))
+        reply = _run(_send(urls, prefix, op, **kw))
     except typer.Exit:  # NATS unreachable: _run printed it
         raise
     except Exception as exc:

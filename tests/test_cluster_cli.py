@@ -180,3 +180,22 @@ def test_cluster_config_out_an_existing_file_is_one_error_line(tmp_path):
     out = _inferbus("cluster", "config", "--out", str(tmp_path / "afile"))
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr == f"error: cluster config: --out {tmp_path / 'afile'}: File exists\n", out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content, said", [
+    (None, "cannot read {p}: No such file or directory"),
+    ("{not json", "{p} is not the cluster.json of 'inferbus cluster up' (JSONDecodeError"),
+    ("{}", "{p} is not the cluster.json of 'inferbus cluster up' (KeyError: 'spec')"),
+    ('{"spec": {"witness": "W", "prefix": "x"}, "servers": {}}', "{p} names no witness server"),
+])
+def test_cluster_control_with_a_bad_cluster_file_says_so_before_asking(tmp_path, content, said):
+    """A fresh-user trial (2026-12-03): a missing or malformed ``--cluster`` file read "no answer from the cluster
+    (FileNotFoundError ...)" though nothing was asked. One line naming the file, exit 2."""
+    p = tmp_path / "cluster.json"
+    if content is not None:
+        p.write_text(content)
+    out = _inferbus("cluster", "heal", "--cluster", str(p))
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith(f"error: cluster heal: --cluster {p}: " + said.format(p=p)) \
+        and out.stderr.count("\n") == 1, out.stderr
