@@ -999,7 +999,8 @@ def _parser() -> argparse.ArgumentParser:
                    "leave, or share some on purpose")
     p.add_argument("--tick-timer", action=argparse.BooleanOptionalAction, default=None,
                    help="open loop with precise pacing: wake on each 1 ms tick through a timerfd (default on, "
-                   "Linux); --no-tick-timer: sleep to 0.5 ms before the tick and spin, as before 2026-12-03 (that "
+                   "Linux); --no-tick-timer: as before 2026-12-03, on hosts with >= 8 cores sleep to 0.5 ms before the tick "
+                   "and spin (elsewhere sleep, a send late by < 1.5 ms counted from the send) (that "
                    "sleep could end ~1 ms past the tick: a send lag of 1.1-1.4 ms at p99 on the H200)")
     p.add_argument("--echo-unpinned", action=argparse.BooleanOptionalAction, default=None,
                    help="with --nats-cpus (and one nats-server): also run the echo through a nats-server on every "

@@ -834,3 +834,24 @@ def test_pathcost_counts_bytecodes_of_all_three_variants(tmp_path):
     # (10 or 20) a run counts
     for k, v in per.items():
         assert abs(docs[1]["bytecodes_per_request"][k] - v) <= 0.02 * v, (k, v, docs[1]["bytecodes_per_request"])
+
+
+@pytest.mark.anyio
+async def test_tick_timer_on_a_loop_that_cannot_watch_descriptors_leaves_no_descriptor_open():
+    """A fresh-user trial (2026-12-03): ``tick_timer`` on such a loop returned None but left its timerfd open,
+    one per open-loop step. It returns None and closes it."""
+    import asyncio
+
+    from inferbus.loadgen._timer import tick_timer
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("timerfd is Linux's")
+
+    class NoReaders:
+        def add_reader(self, fd, cb):
+            raise NotImplementedError
+
+    before = len(os.listdir("/proc/self/fd"))
+    assert all(tick_timer(NoReaders()) is None for _ in range(50))
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert asyncio.get_running_loop() is not None

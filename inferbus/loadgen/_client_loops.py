@@ -89,11 +89,12 @@ async def open_loop(client, work: Workload, *, rate_qps: float, duration_s: floa
         delay = t_sched - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        else:
-            rec.record_lag(-delay * 1e6)
+        rec.record_lag(max(0.0, time.perf_counter() - t_sched) * 1e6)  # every send, the ones that slept too
         t = asyncio.create_task(one(i, t_sched))
         tasks.add(t)
         t.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.gather(*tasks)
-    return _result(rec, model, "open", None, rate_qps, time.perf_counter() - start, cpu0)
+    r = _result(rec, model, "open", None, rate_qps, time.perf_counter() - start, cpu0)
+    r.pacing = "sleep"  # a sleep per request (the SDK's loop; no tick timer)
+    return r

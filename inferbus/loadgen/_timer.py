@@ -53,7 +53,12 @@ class TickTimer:
                 raise OSError(err, f"timerfd_create: {os.strerror(err)}")
             self._fd, self._libc = fd, libc
             self._spec = _Itimerspec()
-        loop.add_reader(self._fd, self._expired)
+        try:
+            loop.add_reader(self._fd, self._expired)
+        except BaseException:  # a loop that cannot watch descriptors: the caller paces otherwise; no fd left open
+            os.close(self._fd)
+            self._fd = -1
+            raise
 
     def _arm(self, t: float) -> None:
         ns = max(1, int(t * 1e9))  # 0 would disarm the timer
