@@ -111,9 +111,8 @@ def config(
     witness_servers: int = typer.Option(3),
 ) -> None:
     """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
-    from .cluster import Plan
-
     from .cli import _usage
+    from .cluster import Plan
 
     plan = Plan.make(_spec("config", regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
     try:

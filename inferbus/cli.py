@@ -1450,8 +1450,8 @@ def main() -> None:
     -1``'s ``yes``); ``up`` first stops its node as on SIGTERM (see :class:`_Output`), and exits 141 where it would
     have exited 0, its own status otherwise (a second signal, a failure). A write that fails otherwise (``>
     /dev/full``): on stdout, one line on stderr and exit 1; on stderr, the command's own exit status, a 0 made 1
-    (:meth:`_Output._failed`). Started with stdin, stdout or stderr closed (``>&-``), that descriptor is opened on /dev/null first: else the first socket took its number, and
-    uvloop aborts on closing a descriptor below 3 (``uv__close: Assertion `fd > STDERR_FILENO' failed``)."""
+    (:meth:`_Output._failed`). Started with stdin, stdout or stderr closed (``>&-``), that descriptor is opened on
+    /dev/null first: else the first socket took its number, and uvloop aborts on closing a descriptor below 3 (``uv__close: Assertion `fd > STDERR_FILENO' failed``)."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)

@@ -71,8 +71,7 @@ async def open_loop(client, work: Workload, *, rate_qps: float, duration_s: floa
     interval = 1.0 / rate_qps
     tasks = set()
 
-    async def one(i: int, t_sched: float) -> None:
-        lag_us = max(0.0, time.perf_counter() - t_sched) * 1e6  # late against the schedule: part of the latency
+    async def one(i: int, t_sched: float, lag_us: float) -> None:
         feed = work.inputs[i % len(work.inputs)]
         try:
             res = await client.infer_result(model, feed, version=version, timeout_s=timeout_s)
@@ -89,8 +88,9 @@ async def open_loop(client, work: Workload, *, rate_qps: float, duration_s: floa
         delay = t_sched - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        rec.record_lag(max(0.0, time.perf_counter() - t_sched) * 1e6)  # every send, the ones that slept too
-        t = asyncio.create_task(one(i, t_sched))
+        lag_us = max(0.0, time.perf_counter() - t_sched) * 1e6  # every send's, the ones that slept too
+        rec.record_lag(lag_us)  # (late against the schedule: part of the latency, and a stage of it)
+        t = asyncio.create_task(one(i, t_sched, lag_us))
         tasks.add(t)
         t.add_done_callback(tasks.discard)
     if tasks:

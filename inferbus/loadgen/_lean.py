@@ -15,11 +15,11 @@ event loop's timer resolution); the requests due in a tick are sent together
 and their latency is counted from the tick's scheduled time, so a generator or
 system stall shows up in the latency (no coordinated omission). uvloop's
 timers have 1 ms resolution and may fire up to 1 ms early, so hitting a tick on
-time needs a precise wake-up (``precise=True``, for hosts with cores to spare): a
-timerfd the loop watches (:mod:`inferbus.loadgen._timer`, ``timer=True``, Linux), else a
-spin through the last 0.5 ms before the tick (``timer=False``, or no timerfd; that
-sleep could still end up to ~1.4 ms late). Without it (``precise=False``, small hosts where a spinning generator would
-steal the pipeline's CPU) the generator sleeps through the remainder and the
+time needs a precise wake-up (``precise=True``): a timerfd the loop watches
+(:mod:`inferbus.loadgen._timer`, ``timer=True``, Linux; it does not spin), else a
+spin through the last 0.5 ms before the tick (``timer=False``, or no timerfd: for
+hosts with cores to spare; that sleep could still end up to ~1.4 ms late). Without
+it (``precise=False``, where a spinning generator would steal the pipeline's CPU) the generator sleeps through the remainder and the
 latency of a request sent late by less than ``grace_s`` (timer granularity) is
 counted from its actual send time; a later send still counts from its schedule.
 ``send_lag`` records how late each request actually left, either way.
