@@ -127,12 +127,15 @@ def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
     """The witness's NATS URLs and the subject prefix from ``cluster`` (a run dir or its cluster.json).
 
     Raises:
-        typer.Exit: (2) one line ``error: cluster OP: --cluster PATH: ...`` when the file cannot be read or is not
-            a cluster.json (nothing is asked then; it used to read "no answer from the cluster (FileNotFoundError)").
+        typer.Exit: (2) one line ``error: cluster OP: --cluster PATH: ...`` when the file cannot be read, is not a
+            regular file (a FIFO: not opened, it blocked) or is not a cluster.json (nothing is asked then; it used to
+            read "no answer from the cluster (FileNotFoundError)").
     """
     from .cli import _usage
 
     p = cluster / "cluster.json" if cluster.is_dir() else cluster
+    if p.exists() and not p.is_file():  # a FIFO or a device: reading it blocked for ever (a FIFO with no writer)
+        _usage(f"cluster {op}: --cluster {cluster}: cannot read {p}: not a regular file")
     try:
         info = json.loads(p.read_text())
         witness = info["spec"]["witness"]

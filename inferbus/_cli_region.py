@@ -29,7 +29,8 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
 
     Raises:
         typer.Exit: (2, one line ``error: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
-            ``--cluster`` were ignored without a word); a ``--cluster`` file that cannot be read or names no URLs.
+            ``--cluster`` were ignored without a word); a ``--cluster`` file that is missing, not a regular file (a
+            FIFO), cannot be read or names no URLs.
     """
     from .cli import _usage
 
@@ -42,6 +43,9 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
         return list(split_servers(nats_url))
     if cluster:
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
+        if p.exists() and not p.is_file():  # a FIFO or a device (not opened: a FIFO with no writer blocks)
+            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: not a regular file (give the run dir "
+                   f"of `inferbus cluster up` or its cluster.json)")
         if not p.is_file():
             _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: no such file (FileNotFoundError; give "
                    f"the run dir of `inferbus cluster up` or its cluster.json)")

@@ -734,6 +734,18 @@ def test_a_cluster_file_that_names_no_nats_urls_is_one_line_exit_2(tmp_path):
             assert len(lines) == 1 and "--cluster" in lines[0] and what in lines[0], p.stderr
 
 
+@pytest.mark.parametrize("argv", [("region", "status", "--json"), ("region", "promote", "eu"), ("region", "demote")])
+def test_a_fifo_as_region_cluster_file_is_one_line_naming_it_exit_2(tmp_path, argv):
+    """A named pipe as ``--cluster`` (or as the run dir's cluster.json) is refused without being opened (it read
+    "no such file (FileNotFoundError ...)")."""
+    os.mkfifo(tmp_path / "cluster.json")
+    for given in (tmp_path / "cluster.json", tmp_path):
+        p, _ = cli(*argv, "--cluster", str(given))
+        assert (p.returncode, p.stdout) == (2, ""), p
+        assert p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
+        assert f"from {tmp_path / 'cluster.json'}: not a regular file" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("argv", [("region", "status"), ("region", "status", "--json"), ("region", "promote", "A"),
                                   ("region", "demote")])
 def test_a_region_command_given_both_nats_url_and_cluster_refuses_the_pair(tmp_path, argv):

@@ -199,3 +199,16 @@ def test_cluster_control_with_a_bad_cluster_file_says_so_before_asking(tmp_path,
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr.startswith(f"error: cluster heal: --cluster {p}: " + said.format(p=p)) \
         and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_run_dir", [False, True], ids=["file", "run-dir"])
+def test_cluster_control_with_a_fifo_as_cluster_file_is_one_error_line(tmp_path, in_run_dir):
+    """A named pipe given as ``--cluster`` (or as the run dir's cluster.json) hung reading it, with no writer: one
+    line naming it, exit 2, and it is not opened (the subprocess's timeout is the hang's guard)."""
+    p = tmp_path / "cluster.json"
+    os.mkfifo(p)
+    given = tmp_path if in_run_dir else p
+    out = _inferbus("cluster", "heal", "--cluster", str(given), timeout_s=30)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == f"error: cluster heal: --cluster {given}: cannot read {p}: not a regular file\n", out.stderr
