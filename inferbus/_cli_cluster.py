@@ -105,7 +105,7 @@ def up(
 def config(
     regions: int = typer.Option(2, help="Number of regions."),
     base_port: int = typer.Option(14000, help="First of consecutive ports."),
-    out: Path = typer.Option(Path("deploy/local"), help="Folder for <server>.conf, valkey-<region>.conf, cluster.json."),
+    out: str = typer.Option("deploy/local", help="Folder for <server>.conf, valkey-<region>.conf, cluster.json."),
     data_root: Path = typer.Option(Path("/tmp/inferbus-local"), help="Where the servers keep their data."),
     proxy: bool = typer.Option(True, help="Advertise proxy ports for the gateways (as 'up' does)."),
     witness_servers: int = typer.Option(3),
@@ -114,9 +114,11 @@ def config(
     from .cli import _usage
     from .cluster import Plan
 
+    if not out:  # a str, not a Path: Path('') is '.', and the configs went into the current folder
+        _usage(f"cluster config: --out must name a folder, got {out!r} (give '.' for the current one)")
     plan = Plan.make(_spec("config", regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
     try:
-        written = plan.write_configs(out, data_root)
+        written = plan.write_configs(Path(out), data_root)
     except OSError as exc:  # --out an existing file, a folder that cannot be made...: one line, not a traceback
         _usage(f"cluster config: --out {out}: {exc.strerror or exc}")
     for p in written:

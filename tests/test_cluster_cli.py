@@ -183,6 +183,18 @@ def test_cluster_config_out_an_existing_file_is_one_error_line(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_cluster_config_empty_out_is_one_error_line_and_writes_nothing(tmp_path):
+    """``--out ''`` was taken as the current folder (``Path('')`` is ``.``) and the configs were written there."""
+    out = subprocess.run([sys.executable, "-m", "inferbus.cli", "cluster", "config", "--out", ""], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == "error: cluster config: --out must name a folder, got '' (give '.' for the current one)\n", \
+        out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("content, said", [
     (None, "cannot read {p}: No such file or directory"),
     ("{not json", "{p} is not the cluster.json of 'inferbus cluster up' (JSONDecodeError"),
