@@ -34,13 +34,19 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
 
     Raises:
         typer.Exit: (2) one line ``error: cluster COMMAND: ...`` for a value the spec or the bus refuses (a
-            traceback before), or a ``--base-port`` whose consecutive ports would pass 65535 (it wrote such
-            ports into the configs).
+            traceback before; ``--witness-servers`` and ``--workers`` named as options, not as the spec's fields), or
+            a ``--base-port`` whose consecutive ports would pass 65535 (it wrote such ports into the configs).
     """
     from .cli import _check_prefix, _usage
     from .cluster import ClusterSpec, Plan
 
     _check_prefix(prefix)
+    # the options ClusterSpec checks too, named as given here (its message names its fields: witness_servers...)
+    if witness_servers not in (3, 5):
+        _usage(f"cluster {command}: --witness-servers must be 3 or 5 (the lease bucket's quorum; 1 cannot form a "
+               f"JetStream cluster), got {witness_servers}")
+    if workers < 1:
+        _usage(f"cluster {command}: --workers must be 1 or more, got {workers}")
     try:
         spec = ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
