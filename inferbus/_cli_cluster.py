@@ -136,9 +136,10 @@ def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
 
     Raises:
         typer.Exit: (2) one line ``error: cluster OP: --cluster PATH: ...`` when the file cannot be read, is not a
-            regular file (a FIFO: not opened, it blocked) or is not a cluster.json (nothing is asked then; it used to
-            read "no answer from the cluster (FileNotFoundError)").
+            regular file (a FIFO: not opened, it blocked), is not a cluster.json or holds an invalid prefix (nothing
+            is asked then; it used to read "no answer from the cluster (FileNotFoundError)").
     """
+    from .bus import BusConfig
     from .cli import _usage
 
     p = cluster / "cluster.json" if cluster.is_dir() else cluster
@@ -156,6 +157,11 @@ def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
                f"({type(exc).__name__}: {exc})")
     if not urls or not all(isinstance(u, str) for u in urls) or not isinstance(prefix, str):
         _usage(f"cluster {op}: --cluster {cluster}: {p} names no witness server")
+    try:  # checked here, naming the file: the connection's check named --prefix, an option not given
+        BusConfig(prefix=prefix)
+    except ValueError:
+        _usage(f"cluster {op}: --cluster {cluster}: {p}: its spec's prefix {prefix!r} must be dot-separated tokens "
+               f"of letters, digits, '_' or '-'")
     return urls, prefix
 
 

@@ -202,6 +202,9 @@ def test_cluster_config_empty_out_is_one_error_line_and_writes_nothing(tmp_path)
     ("{not json", "{p} is not the cluster.json of 'inferbus cluster up' (JSONDecodeError"),
     ("{}", "{p} is not the cluster.json of 'inferbus cluster up' (KeyError: 'spec')"),
     ('{"spec": {"witness": "W", "prefix": "x"}, "servers": {}}', "{p} names no witness server"),
+    # it named --prefix, an option not given
+    ('{"spec": {"witness": "W", "prefix": "a b"}, "servers": {"W1": {"site": "W", "url": "nats://127.0.0.1:1"}}}',
+     "{p}: its spec's prefix 'a b' must be dot-separated tokens of letters, digits, '_' or '-'\n"),
 ])
 def test_cluster_control_with_a_bad_cluster_file_says_so_before_asking(tmp_path, content, said):
     """A fresh-user trial (2026-12-03): a missing or malformed ``--cluster`` file read "no answer from the cluster
