@@ -28,7 +28,7 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
     ``nats://127.0.0.1:4222``; for ``command`` (e.g. ``"region status"``), before it connects.
 
     Raises:
-        typer.Exit: (2, one line ``error: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
+        typer.Exit: (2, one line ``error: COMMAND: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
             ``--cluster`` were ignored without a word); a ``--cluster`` file that is missing, not a regular file (a
             FIFO), cannot be read or names no URLs.
     """
@@ -43,20 +43,20 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
         return list(split_servers(nats_url))
     if cluster:
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
+        said = f"{command}: --cluster: cannot read the cluster's NATS URLs from {p}"  # the command first, as above
         if p.exists() and not p.is_file():  # a FIFO or a device (not opened: a FIFO with no writer blocks)
-            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: not a regular file (give the run dir "
-                   f"of `inferbus cluster up` or its cluster.json)")
+            _usage(f"{said}: not a regular file (give the run dir of `inferbus cluster up` or its cluster.json)")
         if not p.is_file():
-            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: no such file (FileNotFoundError; give "
-                   f"the run dir of `inferbus cluster up` or its cluster.json)")
+            _usage(f"{said}: no such file (FileNotFoundError; give the run dir of `inferbus cluster up` or its "
+                   f"cluster.json)")
         try:
             urls = json.loads(p.read_text())["client_urls"]
             if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
                 raise ValueError("client_urls is not a list of NATS URLs")
         except KeyError:
-            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: it has no client_urls")
+            _usage(f"{said}: it has no client_urls")
         except (OSError, ValueError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
-            _usage(f"--cluster: cannot read the cluster's NATS URLs from {p}: {type(exc).__name__}: {exc}")
+            _usage(f"{said}: {type(exc).__name__}: {exc}")
         return list(urls)
     return ["nats://127.0.0.1:4222"]
 

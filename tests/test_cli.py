@@ -732,6 +732,9 @@ def test_a_cluster_file_that_names_no_nats_urls_is_one_line_exit_2(tmp_path):
             assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
             lines = p.stderr.strip().splitlines()
             assert len(lines) == 1 and "--cluster" in lines[0] and what in lines[0], p.stderr
+            # the command first, as the region commands' other errors say it (it was "error: --cluster: ...")
+            assert lines[0].startswith(f"error: {argv[0]} {argv[1]}: --cluster: cannot read the cluster's NATS URLs "
+                                       f"from {path}: "), p.stderr
 
 
 @pytest.mark.parametrize("argv", [("region", "status", "--json"), ("region", "promote", "eu"), ("region", "demote")])
@@ -742,8 +745,9 @@ def test_a_fifo_as_region_cluster_file_is_one_line_naming_it_exit_2(tmp_path, ar
     for given in (tmp_path / "cluster.json", tmp_path):
         p, _ = cli(*argv, "--cluster", str(given))
         assert (p.returncode, p.stdout) == (2, ""), p
-        assert p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
-        assert f"from {tmp_path / 'cluster.json'}: not a regular file" in p.stderr, p.stderr
+        assert p.stderr.startswith(f"error: {argv[0]} {argv[1]}: --cluster: cannot read the cluster's NATS URLs from "
+                                   f"{tmp_path / 'cluster.json'}: not a regular file ") \
+            and p.stderr.count("\n") == 1, p.stderr
 
 
 @pytest.mark.parametrize("argv", [("region", "status"), ("region", "status", "--json"), ("region", "promote", "A"),
