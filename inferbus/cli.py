@@ -1344,8 +1344,11 @@ def bench(
         _usage(str(exc))
     _check_prefix(prefix)
     if suite:
-        raise typer.Exit(run_suite(_suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers,
-                                               ingress, gens, duration_s, timeout_s)))
+        args = _suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers, ingress, gens,
+                           duration_s, timeout_s)
+        # the ranges of a load run (--duration 1e9 was handed to the suite and run)
+        _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)
+        raise typer.Exit(run_suite(args))
     only_suite = [o for n, o in (("profile", "--profile"), ("out", "--out")) if _given(ctx, n)]
     if only_suite:  # ignored without a word before (a fresh-user trial: --out wrote nothing, exit 0)
         _usage(f"bench: {' and '.join(only_suite)} appl{'y' if len(only_suite) > 1 else 'ies'} only with --suite "

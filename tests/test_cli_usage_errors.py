@@ -183,6 +183,18 @@ def test_bench_suite_outside_a_checkout_is_one_error_line_exit_2(tmp_path):
     assert_one_error_line(p, "bench: --suite needs the repository's bench/ folder: run it from a checkout's root")
 
 
+@pytest.mark.parametrize("args,said", [
+    (("--duration", "1e9"), "bench: --duration must be a finite number > 0 and at most 86400 seconds; got 1000000000.0"),
+    (("--timeout-s", "inf"), "bench: --timeout-s must be a finite number > 0 and at most 3600 seconds; got inf"),
+])
+def test_bench_suite_refuses_the_ranges_a_load_run_refuses(args, said):
+    """``bench --suite --duration 1e9`` was handed to the suite and run, while a load run caps it at a day: refused
+    the same way, one line, exit 2, before the suite starts (from a checkout's root, where it would run)."""
+    p = cli("bench", "--suite", *args, env={"PYTHONPATH": str(ROOT)})
+    assert_one_error_line(p, said)
+    assert p.stderr == f"error: {said}\n", p.stderr
+
+
 @pytest.mark.anyio
 async def test_up_with_a_node_id_in_use_is_one_error_line_exit_2(nats_server, tmp_path):
     """A worker of node ``n1`` reports on the NATS and prefix ``up --nats-url ... --node-id n1`` would join (here a
