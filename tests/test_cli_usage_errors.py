@@ -226,3 +226,12 @@ async def test_up_with_a_node_id_in_use_is_one_error_line_exit_2(nats_server, tm
         await nc.close()
     p = subprocess.CompletedProcess([], proc.returncode, out.decode(), err.decode())
     assert_one_error_line(p, f"up: node id 'n1' is in use on {nats_server.url} with prefix 'p' (live workers n1-w0)")
+
+
+def test_a_device_probe_killed_by_a_signal_says_which(tmp_path):
+    """A probe killed by a signal (a stand-in ``pynvml`` that SIGKILLs its process, as the OOM killer would) said
+    ``device probe failed (-9): `` with an empty reason: it names the signal."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "pynvml.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    p = cli("devices", env={"PYTHONPATH": str(tmp_path / "site")})
+    assert_one_error_line(p, "devices: device probe failed (killed by signal 9 (SIGKILL))")

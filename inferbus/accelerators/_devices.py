@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -214,6 +215,13 @@ def discover_devices(timeout_s: float = 120.0) -> Discovery:
                             text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         raise BackendUnavailable(f"device probe timed out after {timeout_s}s") from exc
+    if cp.returncode < 0:  # killed by a signal (the OOM killer's SIGKILL...): its stderr is often empty
+        sig = -cp.returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown signal"
+        raise BackendUnavailable(f"device probe failed (killed by signal {sig} ({name})): {cp.stderr[-2000:]}")
     if cp.returncode != 0:
         raise BackendUnavailable(f"device probe failed ({cp.returncode}): {cp.stderr[-2000:]}")
     return Discovery.from_dict(json.loads(cp.stdout.strip().splitlines()[-1]))
