@@ -310,7 +310,7 @@ class Suite:
             if counts and before:  # this step's share of the ingresses' counters
                 d["ingress_counts"] = {k: counts.get(k, 0) - before.get(k, 0)
                                        for k in ("requests", "local_forwards", "run_now", "burst_deferred", "burst_runs",
-                                                 "l1_hits")}
+                                                 "l1_hits", "route_scans")}
             d["cpu_us_per_req"] = {g: round(s * 1e6 / r.requests, 1) for g, s in cpu.items()} if r.requests else {}
             self.steps.append(d)
             load = f"c={concurrency}" if mode == "closed" else f"{rate:.0f}/s"

@@ -247,7 +247,7 @@ def test_router_local_fast_path_picks_what_the_full_scan_picks(states, region, s
             r.on_down(w.worker_id)
     assert r._not_closed == {w.worker_id for w in r.workers.values() if w.breaker.state is not BreakerState.CLOSED}
     lw = r.workers["w0"]
-    fast = exclude != "w0" and not r._breaker_pending("m:1") and r._local_wins(lw, "m:1", 10.0)
+    fast = exclude != "w0" and not r._breaker_pending("m:1") and r._local_wins(lw, "m:1", 10.0, exclude)
     for k in range(8):
         r._rng.seed(seed + k)
         full = r._pick_scan("m:1", 10.0, exclude)
@@ -284,6 +284,33 @@ def test_router_local_fast_path_is_taken_when_the_local_worker_is_idle():
     r.on_down("c")
     r.on_report(_report("a", ewma_service_us=40.0), now=40.2)
     assert r._not_closed == {"c"} and not r._breaker_pending("m:1") and r._local_wins(a, "m:1", 40.3)
+
+
+def test_router_local_fast_path_prices_by_the_class_when_its_fastest_worker_is_routable():
+    """With one device class, the fast path prices the local worker as the full choice does (by the class's
+    least EWMA) while the worker that has it is routable, not by the local worker's own higher EWMA: in a burst
+    the local worker keeps its requests without the full pass as long as the full pass would keep them."""
+    r = Router(health_timeout_s=5.0, local_worker_id="a")
+    for wid in "abcdefgh":
+        r.on_report(_report(wid, ewma_service_us=60.0 if wid == "a" else 30.0), now=0.0)
+    a = r.workers["a"]
+    a.in_flight = 8  # 8 x 30 = 240 < 250: the full choice keeps it local ((8 + 1) x 30 - 250 = 20 < 30)
+    assert r._pick_scan("m:1", 0.1, None) is a
+    scans = r.scans
+    assert r._local_wins(a, "m:1", 0.1) and r.pick("m:1", 0.1) is a  # by its own EWMA: 9 x 60 - 250 > 30
+    assert r.scans == scans  # no full pass (counts.route_scans)
+    a.in_flight = 9  # 9 x 30 = 270 > 250: a remote worker is cheaper; the fast path says so too
+    assert not r._local_wins(a, "m:1", 0.1) and r.pick("m:1", 0.1) is not a
+    assert r.scans == scans + 1
+    a.in_flight = 8
+    assert not r._local_wins(a, "m:1", 0.1, exclude="b")  # the fastest is excluded: priced by its own EWMA
+    r.on_report(_report("b", ewma_service_us=30.0, draining=True), now=0.1)
+    assert not r._local_wins(a, "m:1", 0.2)  # the fastest is draining: the class's price is not known here
+    r.on_report(_report("b", ewma_service_us=30.0), now=0.1)
+    assert r._local_wins(a, "m:1", 0.2)
+    r.on_report(_report("h", ewma_service_us=30.0, device_kind="gpu"), now=0.2)
+    assert not r._local_wins(a, "m:1", 0.3)  # two device classes: priced by its own EWMA again
+    assert r._pick_scan("m:1", 0.3, None) is a
 
 
 def test_router_prices_a_worker_busy_with_a_long_batch_by_its_age():

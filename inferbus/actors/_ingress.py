@@ -1505,7 +1505,7 @@ class Ingress:
             "l2_inflight": self._l2_inflight,
             "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
             "max_backlog_msgs": self.config.max_backlog_msgs,
-            "workers": self.router.status(now), "counts": dict(self.counts), "rate_limit": self.limiter.stats(),
+            "workers": self.router.status(now), "counts": {**self.counts, "route_scans": self.router.scans}, "rate_limit": self.limiter.stats(),
             "latency": latency, "hedge_budget_tokens": round(self.hedge_budget.tokens, 2),
             "local_worker": self.router.local_worker_id or None, "nats_server": connected_server(self.nc),
             "layouts": self._layouts.stats(),
@@ -1539,7 +1539,7 @@ class Ingress:
             q = {str(p): lw.quantile(p, now) for p in (0.5, 0.95, 0.99)}
             latency[k] = {**q, "samples": len(lw.samples)}
         return {"breakers": {k: v["breaker"] for k, v in st.items()},
-                "health": {k: v["health"] for k, v in st.items()}, "counts": dict(self.counts),
+                "health": {k: v["health"] for k, v in st.items()}, "counts": {**self.counts, "route_scans": self.router.scans},
                 "workers": st, "models": sorted(mv.key for m in self.repo for mv in m.versions.values()),
                 "models_ready": sorted(self.router.ready_models(now)), "pending": len(self.pending),
                 "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,

@@ -82,6 +82,11 @@ REPORT_GAP_INTERVALS = 10
 or partitioned one does not."""
 
 
+_TIE_MARGIN_US = 1e-6
+"""How far under ``local_hop_us`` the local fast path of :meth:`Router.pick` keeps ``k × least`` (µs): a tie in
+exact arithmetic is left to the full choice, whose floating-point sums may round it either way."""
+
+
 @dataclass
 class WorkerState:
     """What one ingress knows about one worker."""
@@ -175,15 +180,20 @@ class Router:
     _multi_server: bool = False
     """Workers report more than one NATS server (kept on reports): only then is the same-server price applied
     (on one server it would lower every worker alike)."""
+    scans: int = 0
+    """Choices made by pricing every worker (:meth:`_pick_scan`), not by the local fast path: the ingress's
+    ``counts.route_scans``."""
     _by_model: dict[str, list[WorkerState]] = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random)
     _not_closed: set[str] = field(default_factory=set)
     """Workers whose breaker is not CLOSED (kept by the breakers' ``on_state``): the local fast path of
     :meth:`pick` runs only when none of them is alive with the model, so a HALF_OPEN probe is never skipped (a
     dead worker's open breaker, which nothing will close, does not turn the fast path off)."""
-    _min_service_us: dict[str, float] = field(default_factory=dict)
-    """model key → the least ``ewma_service_us`` > 0 among its workers (0 = none measured): a lower bound of
-    any worker's price; recomputed lazily, cleared on every report and reindex."""
+    _min_service_us: dict[str, tuple[float, WorkerState | None, bool]] = field(default_factory=dict)
+    """model key → ``(least, fastest, one_class)``: the least ``ewma_service_us`` > 0 among its workers (0 =
+    none measured; a lower bound of any worker's price), the worker that has it (None: none measured), and
+    whether all its workers are of one device class (kind, backend). Recomputed lazily; cleared when a report
+    changes a worker's EWMA or class, and on every reindex."""
 
     def _new(self, worker_id: str) -> WorkerState:
         w = self.workers[worker_id] = WorkerState(
@@ -215,10 +225,10 @@ class Router:
             return  # a late report from the process that died
         models = frozenset(r.models)
         changed = models != w.models or not w.alive
+        if w.ewma_service_us != r.ewma_service_us or w.device_kind != r.device_kind or w.backend != r.backend:
+            self._min_service_us.clear()
         w.models, w.device_kind, w.device_name = models, r.device_kind, r.device_name
         w.backend, w.precision, w.pid = r.backend, r.precision, r.pid
-        if w.ewma_service_us != r.ewma_service_us:
-            self._min_service_us.clear()
         if w.last_report and now - w.last_report > REPORT_GAP_INTERVALS * max(r.interval_ms, 1) / 1000.0:
             w.gap_at = now  # reports stopped for a while: the worker was frozen (SIGSTOP, a hung loop) or cut off
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
@@ -306,12 +316,14 @@ class Router:
         local = self.local_worker_id
         if local and local != exclude and (not self._not_closed or not self._breaker_pending(model_key)):
             lw = self.workers.get(local)
-            if lw is not None and self._local_wins(lw, model_key, now):
+            if lw is not None and self._local_wins(lw, model_key, now, exclude):
                 return lw
         return self._pick_scan(model_key, now, exclude)
 
     def _pick_scan(self, model_key: str, now: float, exclude: str | None) -> WorkerState | None:
-        """:meth:`pick` by pricing every routable worker (what the local fast path must agree with)."""
+        """:meth:`pick` by pricing every routable worker (what the local fast path must agree with); counted in
+        :attr:`scans`."""
+        self.scans += 1
         ws = self._by_model.get(model_key)
         if not ws:
             return None
@@ -414,18 +426,27 @@ class Router:
               - (server_hop if server and b.server == server else 0.0), True, b.score())
         return a if ka <= kb else b
 
-    def _local_wins(self, lw: WorkerState, model_key: str, now: float) -> bool:
+    def _local_wins(self, lw: WorkerState, model_key: str, now: float, exclude: str | None = None) -> bool:
         """Whether the full choice below would surely pick the colocated worker ``lw``, known without pricing
         every worker (the common case of a colocated ingress; with 8 workers the full pass costs about a fifth
         of a miss's instructions, ``bench.pathcost --instructions``).
 
-        True when ``lw`` is routable for ``model_key`` (live, healthy, not draining, in this ingress's region
-        when it has one, on its server when that is priced) and its expected delay, less ``local_hop_us``, is
-        at most one service time of the fastest worker of the model: no other worker can cost less, and the
-        local worker wins ties. The caller checks that no live worker of the model has an OPEN or HALF_OPEN breaker
-        (a probe goes first).
-        Its own price is taken as its own EWMA (its class's price is at most that), every other worker's as at
-        least the least EWMA of the model's workers (:attr:`_min_service_us`).
+        Needs ``lw`` routable for ``model_key`` (live, healthy, not draining, in this ingress's region when it
+        has one, on its server when that is priced) and measured; the caller checks that no live worker of the
+        model has an OPEN or HALF_OPEN breaker (a probe goes first) and that ``lw`` is not ``exclude``. With
+        ``k`` requests in flight or queued at ``lw``, ``e`` its EWMA, ``h`` = ``local_hop_us`` and ``least``
+        the least EWMA of the model's workers (:attr:`_min_service_us`), True when either
+
+        * the model's workers are all of one device class, the worker with ``least`` is routable now (so
+          ``least`` is the class's price in the full choice) and ``k × least < h``: ``lw`` then costs
+          ``(k + 1) × least − h`` < ``least``, what an idle worker costs, and no worker costs less than an
+          idle one (the full choice's own comparison; exact ties are left to it); or
+        * ``(k + 1) × e − h ≤ least``: ``lw``'s price is at most its own EWMA, every other worker's at least
+          ``least``, and the local worker wins ties.
+
+        The first is the full choice's own bound when the others are idle; the second, all that can be said
+        without knowing which workers are candidates, stops ``e / least − 1`` requests earlier (under an open
+        load's bursts, 1–2 of a burst of 4–6 on the H200 host, each paying the full pass).
         """
         if not (lw.alive and not lw.draining and now - lw.last_report <= self.health_timeout_s
                 and (lw.window_requests < self.min_window_requests or lw.error_rate <= self.max_error_rate)
@@ -435,11 +456,28 @@ class Router:
         if e <= 0 or (self.region and lw.region != self.region) or (
                 self._multi_server and self.server and lw.server != self.server):
             return False
-        least = self._min_service_us.get(model_key)
-        if least is None:
-            least = self._min_service_us[model_key] = min(
-                (w.ewma_service_us for w in self._by_model.get(model_key, ()) if w.ewma_service_us > 0), default=0.0)
-        return (lw.in_flight + lw.queue_depth + 1) * e - self.local_hop_us <= least
+        entry = self._min_service_us.get(model_key)
+        if entry is None:
+            entry = self._min_service_us[model_key] = self._least_price(model_key)
+        least, fastest, one_class = entry
+        k = lw.in_flight + lw.queue_depth
+        hop = self.local_hop_us
+        if (one_class and fastest is not None and k * least < hop - _TIE_MARGIN_US and fastest.alive
+                and not fastest.draining and now - fastest.last_report <= self.health_timeout_s
+                and (fastest.window_requests < self.min_window_requests or fastest.error_rate <= self.max_error_rate)
+                and (not self.region or fastest.region == self.region) and fastest.worker_id != exclude):
+            return True
+        return (k + 1) * e - hop <= least
+
+    def _least_price(self, model_key: str) -> tuple[float, WorkerState | None, bool]:
+        """``(least, fastest, one_class)`` of :attr:`_min_service_us` for ``model_key``, from its live workers."""
+        ws = self._by_model.get(model_key, ())
+        fastest = None
+        for w in ws:
+            if w.ewma_service_us > 0 and (fastest is None or w.ewma_service_us < fastest.ewma_service_us):
+                fastest = w
+        classes = {(w.device_kind, w.backend) for w in ws}
+        return (fastest.ewma_service_us if fastest is not None else 0.0), fastest, len(classes) <= 1
 
     def on_sent(self, w: WorkerState) -> bool:
         """Count a forwarded request; returns True when it is the breaker's HALF_OPEN probe."""
