@@ -127,7 +127,13 @@ def _announce_others(col: Colocated, model_key: str, n: int) -> None:
     ``pathcost``), so the router prices them by their own service time (1 s), not by the local worker's: under
     ``--bytecodes`` tracing makes the local worker's service time ~50 x longer, and priced as its class's
     fastest a phantom would win whenever a load report caught a request queued. They receive nothing; a
-    request routed to one would not run to completion and the measure says so."""
+    request routed to one would not run to completion and the measure says so.
+
+    With ``--batch`` above 1 this overstates the router: as the model's workers are then of two classes, the
+    local fast path prices the local worker by its own (traced) EWMA and gives up from the second request of a
+    group on, so nearly every request of a group pays the full scan (``Router._pick_scan``, ~450 bytecodes with
+    8 workers). Under a real open load on one class of workers the full scan ran for about 1 % of misses at the
+    p99 < 5 ms crossing (``counts.route_scans``, docs/performance.md, twenty-ninth session)."""
     from inferbus.schemas._internal import LoadReport
 
     router = col.ingress.router
