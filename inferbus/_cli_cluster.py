@@ -139,7 +139,6 @@ def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
             regular file (a FIFO: not opened, it blocked), is not a cluster.json or holds an invalid prefix (nothing
             is asked then; it used to read "no answer from the cluster (FileNotFoundError)").
     """
-    from .bus import BusConfig
     from .cli import _usage
 
     p = cluster / "cluster.json" if cluster.is_dir() else cluster
@@ -157,12 +156,32 @@ def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
                f"({type(exc).__name__}: {exc})")
     if not urls or not all(isinstance(u, str) for u in urls) or not isinstance(prefix, str):
         _usage(f"cluster {op}: --cluster {cluster}: {p} names no witness server")
-    try:  # checked here, naming the file: the connection's check named --prefix, an option not given
+    return urls, spec_prefix(info, f"cluster {op}: --cluster {cluster}: {p}")
+
+
+def spec_prefix(info: object, said: str) -> Optional[str]:
+    """The subject prefix a cluster.json records (``spec.prefix``, as ``cluster up|config`` write it), checked as the
+    bus takes it; None when ``info`` (the file's parsed JSON) records none. What every ``--cluster`` reader
+    (``cluster kill|...``, ``region status|promote|demote``) talks on.
+
+    Raises:
+        typer.Exit: (2) one line ``error: SAID: its spec's prefix ... must be ...``, naming the file (``said`` says
+            the command and the file): the connection's check named ``--prefix``, an option not given.
+    """
+    from .bus import BusConfig
+    from .cli import _usage
+
+    spec = info.get("spec") if isinstance(info, dict) else None
+    prefix = spec.get("prefix") if isinstance(spec, dict) else None
+    if prefix is None:
+        return None
+    try:
+        if not isinstance(prefix, str):
+            raise ValueError(prefix)
         BusConfig(prefix=prefix)
     except ValueError:
-        _usage(f"cluster {op}: --cluster {cluster}: {p}: its spec's prefix {prefix!r} must be dot-separated tokens "
-               f"of letters, digits, '_' or '-'")
-    return urls, prefix
+        _usage(f"{said}: its spec's prefix {prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'")
+    return prefix
 
 
 async def _send(urls: list[str], prefix: str, op: str, **kw):

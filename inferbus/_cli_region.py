@@ -23,15 +23,23 @@ _LISTEN_S = 0.35
 """How long to listen for heartbeats and load reports (3+ heartbeat periods)."""
 
 
-def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path]) -> list[str]:
-    """Server list from ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json), else
-    ``nats://127.0.0.1:4222``; for ``command`` (e.g. ``"region status"``), before it connects.
+def target_option(command: str, nats_url: Optional[str], cluster: Optional[Path],
+                  prefix: Optional[str]) -> tuple[list[str], str]:
+    """The servers and the subject prefix of ``command`` (e.g. ``"region status"``), before it connects.
+
+    Servers: ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json: its
+    ``client_urls``), else ``nats://127.0.0.1:4222``. Prefix: ``--prefix``, else the one the ``--cluster`` file
+    records (``spec.prefix``, read as ``cluster kill|...`` read it: :func:`inferbus._cli_cluster.spec_prefix`), else
+    ``inferbus``. (The file's prefix was ignored: against a cluster started with ``cluster up --prefix P`` the
+    commands talked on ``inferbus.*`` and heard no manager.)
 
     Raises:
         typer.Exit: (2, one line ``error: COMMAND: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
             ``--cluster`` were ignored without a word); a ``--cluster`` file that is missing, not a regular file (a
-            FIFO), cannot be read or names no URLs.
+            FIFO), cannot be read, names no URLs or records an invalid prefix; ``--prefix`` given and not the
+            prefix the ``--cluster`` file records.
     """
+    from ._cli_cluster import spec_prefix
     from .cli import _usage
 
     if nats_url is not None and cluster is not None:
@@ -40,7 +48,7 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
     if nats_url:
         from .bus import split_servers
 
-        return list(split_servers(nats_url))
+        return list(split_servers(nats_url)), prefix or "inferbus"
     if cluster:
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
         said = f"{command}: --cluster: cannot read the cluster's NATS URLs from {p}"  # the command first, as above
@@ -50,22 +58,27 @@ def servers_option(command: str, nats_url: Optional[str], cluster: Optional[Path
             _usage(f"{said}: no such file (FileNotFoundError; give the run dir of `inferbus cluster up` or its "
                    f"cluster.json)")
         try:
-            urls = json.loads(p.read_text())["client_urls"]
+            info = json.loads(p.read_text())
+            urls = info["client_urls"]
             if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
                 raise ValueError("client_urls is not a list of NATS URLs")
         except KeyError:
             _usage(f"{said}: it has no client_urls")
         except (OSError, ValueError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
             _usage(f"{said}: {type(exc).__name__}: {exc}")
-        return list(urls)
-    return ["nats://127.0.0.1:4222"]
+        recorded = spec_prefix(info, f"{command}: --cluster: {p}")
+        if recorded is not None and prefix is not None and prefix != recorded:
+            _usage(f"{command}: --prefix {prefix!r} is not the prefix of the cluster in {p} ({recorded!r}); leave "
+                   f"--prefix out or give {recorded!r}")
+        return list(urls), prefix or recorded or "inferbus"
+    return ["nats://127.0.0.1:4222"], prefix or "inferbus"
 
 
-async def _connect(servers: list[str]):
+async def _connect(servers: list[str], prefix: str):
     """A NATS connection for one command (raises :class:`inferbus.cli.NatsUnreachable`: one line, exit 3)."""
     from .cli import _one_shot_client
 
-    return (await _one_shot_client(servers, "inferbus")).nc
+    return (await _one_shot_client(servers, prefix)).nc
 
 
 async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, dict]:
@@ -102,6 +115,9 @@ async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, 
     return {r: ((now - t) * 1000, hb) for r, (t, hb) in hbs.items()}, loads
 
 
+_PREFIX = typer.Option(None, help="Subject prefix (default: the one the --cluster file records, else inferbus).")
+
+
 def _print_steps(reply) -> None:
     for i, st in enumerate(reply.steps, 1):
         typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
@@ -111,7 +127,7 @@ def _print_steps(reply) -> None:
 def status(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: Optional[str] = _PREFIX,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
@@ -123,11 +139,12 @@ def status(
     from .actors._region import ask_region
     from .cli import _check_prefix, _json_error, _run
 
-    _check_prefix(prefix)
-    servers = servers_option("region status", nats_url, cluster)
+    if prefix is not None:
+        _check_prefix(prefix)
+    servers, prefix = target_option("region status", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers)
+        nc = await _connect(servers, prefix)
         try:
             hbs, loads = await discover(nc, prefix)
 
@@ -197,7 +214,7 @@ def promote(
     force: bool = typer.Option(False, help="Take over even while another region holds a live lease."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: Optional[str] = _PREFIX,
 ) -> None:
     """Make REGION primary: lease CAS, Valkey master, model-management writes on, new term published.
 
@@ -207,12 +224,13 @@ def promote(
     from .actors._region import ask_region
     from .cli import _check_prefix, _run
 
-    _check_prefix(prefix)
+    if prefix is not None:
+        _check_prefix(prefix)
     _check_region(region, "REGION")
-    servers = servers_option("region promote", nats_url, cluster)
+    servers, prefix = target_option("region promote", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers)
+        nc = await _connect(servers, prefix)
         try:
             return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=10.0)
         finally:
@@ -256,7 +274,7 @@ def demote(
                                            "(no primary until one is); does not wait for a new primary."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: Optional[str] = _PREFIX,
 ) -> None:
     """Hand the primary role over: release the lease (naming the successor), step down, report the new primary.
 
@@ -266,15 +284,16 @@ def demote(
     from .actors._region import ask_region
     from .cli import _check_prefix, _run
 
-    _check_prefix(prefix)
+    if prefix is not None:
+        _check_prefix(prefix)
     if region is not None:
         _check_region(region, "REGION")
     if to:
         _check_region(to, "--to")
-    servers = servers_option("region demote", nats_url, cluster)
+    servers, prefix = target_option("region demote", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers)
+        nc = await _connect(servers, prefix)
         try:
             target = region
             if target is None:

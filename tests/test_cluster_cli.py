@@ -27,12 +27,15 @@ def _inferbus(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProces
 
 @pytest.fixture
 def cluster_up(tmp_path):
-    """``inferbus cluster up --regions 2 --no-actors`` (servers + region managers), stopped with SIGTERM."""
+    """``inferbus cluster up --regions 2 --no-actors --prefix ibt`` (servers + region managers), stopped with SIGTERM.
+
+    Not the default prefix: the region and cluster commands given ``--cluster`` must take it from cluster.json
+    (``region status|promote|demote`` took ``--prefix``'s default and heard no manager)."""
     run = tmp_path / "run"
     log = tmp_path / "up.log"
     fh = open(log, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
-                             "--run-dir", str(run)], stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                             "--run-dir", str(run), "--prefix", "ibt"], stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
     try:
         wait_serving(proc, log, timeout_s=90, poll_s=0.1)
@@ -58,6 +61,7 @@ def _status(run: Path) -> dict:
 def test_cluster_up_region_commands_and_faults(cluster_up):
     run, proc, log = cluster_up
     info = json.loads((run / "cluster.json").read_text())
+    assert info["spec"]["prefix"] == "ibt"
     assert sorted({s["site"] for s in info["servers"].values()}) == ["A", "B", "W"]
     assert len(info["servers"]) == 9 and set(info["valkey"]) == {"A", "B"}
     assert "sync_interval: always" in (run / "nats" / "W2" / "W2.conf").read_text()

@@ -63,3 +63,100 @@ async def test_status_asks_every_region_at_once(nats_server):
     assert sorted(asked) == sorted(s.region_control(r) for r in regions)
     # the four waits overlap: one 2 s timeout plus start-up and listening (in turn they are 8 s of waits alone)
     assert took_s < 6.5, took_s
+
+
+class _FakeManager:
+    """A region manager's wire side on a real nats-server under ``prefix``: heartbeats of ``region`` as primary every
+    50 ms, and an ``ok`` answer (one step) to every status, promote and demote asked on its control subject."""
+
+    def __init__(self, url: str, prefix: str, region: str = "r1"):
+        self.url, self.prefix, self.region = url, prefix, region
+        self.asked: list[str] = []
+
+    async def __aenter__(self):
+        from inferbus.schemas._region import RegionCommand, RegionReply, RegionStatus, RegionStep, decode_region
+
+        s = Subjects(self.prefix)
+        self.nc = await nats.connect(self.url)
+
+        async def answer(msg):
+            cmd = decode_region(msg.data)
+            assert isinstance(cmd, RegionCommand)
+            self.asked.append(cmd.action)
+            st = RegionStatus(region=self.region, role="primary", term=1, lease_rev=1, lease_holder=self.region,
+                              lease_age_ms=1.0, heartbeat_age_ms={}, peer_roles={}, valkey="", cache_role="master",
+                              model_writes=True, manager_id=f"{self.region}-m", monotonic_now=time.monotonic())
+            await msg.respond(encode_region(RegionReply(ok=True, region=self.region,
+                                                        steps=[RegionStep(name=f"fake {cmd.action}", ms=1.0)],
+                                                        status=st)))
+
+        await self.nc.subscribe(s.region_control(self.region), cb=answer)
+        self.stop = asyncio.Event()
+
+        async def heartbeats():
+            seq = 0
+            while not self.stop.is_set():
+                seq += 1
+                await self.nc.publish(s.region_heartbeats, encode_region(RegionHeartbeat(
+                    region=self.region, role="primary", term=1, lease_rev=1, seq=seq, manager_id=f"{self.region}-m")))
+                await asyncio.sleep(0.05)
+
+        await self.nc.flush()
+        self.beat = asyncio.ensure_future(heartbeats())
+        return self
+
+    async def __aexit__(self, *exc):
+        self.stop.set()
+        await self.beat
+        await self.nc.close()
+
+
+async def _region_cli(*args: str, timeout_s: float = 30.0) -> tuple[int, str, str, float]:
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferbus.cli", "region", *args, cwd=ROOT,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0
+
+
+async def test_cluster_file_prefix_is_the_region_commands_prefix(nats_server, tmp_path):
+    """``region status|promote|demote --cluster`` talk on the subjects of the prefix the cluster file records (a
+    cluster started with ``cluster up --prefix ibt``): they took ``--prefix``'s default, ``inferbus``, heard no
+    manager and said "no region manager heard ... and the prefix right?" (exit 1). ``--prefix`` given the same is
+    accepted; a different one is refused in one line, exit 2, before connecting."""
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"spec": {"prefix": "ibt", "witness": "W"}, "client_urls": [nats_server.url]}))
+    async with _FakeManager(nats_server.url, "ibt") as mgr:
+        rc, out, err, _ = await _region_cli("status", "--cluster", str(tmp_path), "--json")
+        assert rc == 0, (rc, out, err)
+        assert json.loads(out)["primary"] == "r1", out
+        rc, out, err, _ = await _region_cli("status", "--cluster", str(tmp_path / "cluster.json"), "--prefix", "ibt")
+        assert rc == 0 and "primary: r1" in out, (rc, out, err)
+        rc, out, err, _ = await _region_cli("promote", "r1", "--cluster", str(tmp_path))
+        assert rc == 0 and "fake promote" in out, (rc, out, err)
+        rc, out, err, _ = await _region_cli("demote", "--cluster", str(tmp_path))
+        assert rc == 0 and "demote r1" in out and "fake demote" in out, (rc, out, err)
+        assert mgr.asked == ["status", "status", "promote", "demote"]
+        for argv in (("status",), ("status", "--json"), ("promote", "r1"), ("demote",)):
+            rc, out, err, _ = await _region_cli(*argv, "--cluster", str(tmp_path), "--prefix", "inferbus")
+            assert (rc, out) == (2, ""), (argv, rc, out, err)
+            assert err == (f"error: region {argv[0]}: --prefix 'inferbus' is not the prefix of the cluster in "
+                           f"{tmp_path / 'cluster.json'} ('ibt'); leave --prefix out or give 'ibt'\n"), err
+        assert mgr.asked == ["status", "status", "promote", "demote"]  # nothing asked by the refused ones
+
+
+async def test_a_cluster_file_that_records_no_prefix_takes_the_prefix_option(nats_server, tmp_path):
+    """A hand-written cluster.json with only ``client_urls``: ``--prefix`` applies (default ``inferbus``); an invalid
+    prefix in the file is one line naming the file, exit 2, before connecting."""
+    (tmp_path / "cluster.json").write_text(json.dumps({"client_urls": [nats_server.url]}))
+    async with _FakeManager(nats_server.url, "ibt"), _FakeManager(nats_server.url, "inferbus", region="r2"):
+        rc, out, err, _ = await _region_cli("status", "--cluster", str(tmp_path), "--json")
+        assert rc == 0 and json.loads(out)["primary"] == "r2", (rc, out, err)
+        rc, out, err, _ = await _region_cli("status", "--cluster", str(tmp_path), "--json", "--prefix", "ibt")
+        assert rc == 0 and json.loads(out)["primary"] == "r1", (rc, out, err)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"spec": {"prefix": "a b"}, "client_urls": [nats_server.url]}))
+    rc, out, err, _ = await _region_cli("status", "--cluster", str(p))
+    assert (rc, out) == (2, ""), (rc, out, err)
+    assert err == (f"error: region status: --cluster: {p}: its spec's prefix 'a b' must be dot-separated tokens of "
+                   f"letters, digits, '_' or '-'\n"), err
