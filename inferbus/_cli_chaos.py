@@ -9,7 +9,6 @@ or its deployment did not start), with the reason on stderr.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -66,14 +65,16 @@ def run(
     down_s: Optional[float] = typer.Option(None, "--down-s",
                                            help="nats-node-loss: seconds the server stays down before its restart."),
     server: Optional[str] = typer.Option(None, "--server", help="nats-node-loss: which server (e.g. A2)."),
-    run_dir: Optional[Path] = typer.Option(None, help="Logs of the deployment the drill starts (default: temp)."),
+    run_dir: Optional[str] = typer.Option(None, help="Logs of the deployment the drill starts (default: temp).",
+                                          metavar="<path>"),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
 ) -> None:
     """Run one drill: it starts its own deployment on free ports, injects the fault, prints the figures."""
     from chaos.drills import UnknownDrill, get_drill, make_options, option_names
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
-    from .cli import _run, _usage  # _usage: one line on stderr, "error: ...", exit 2, as every command's usage error
+    from .cli import _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...", exit 2, as every
+    # command's usage error
 
     try:
         get_drill(name)
@@ -89,6 +90,7 @@ def run(
 
         _usage(f"drill {name}: --faults names no fault; give one or more, comma-separated, of: "
                f"{', '.join(sorted(FAULTS))}")
+    run_dir = _folder_option(f"drill {name}", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         from ._paths import folder_problem
 

@@ -63,7 +63,7 @@ def up(
     regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
     workers: int = typer.Option(1, help="Worker processes per region."),
     base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
-    run_dir: Optional[Path] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept)."),
+    run_dir: Optional[str] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept).", metavar="<path>"),
     models: Optional[Path] = typer.Option(None, help="Model repository (default ./models)."),
     prefix: str = typer.Option("inferbus"),
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
@@ -71,10 +71,11 @@ def up(
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
-    from .cli import _run
+    from .cli import _folder_option, _run
     from .cluster import Topology
 
     spec = _spec("up", regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
+    run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
 
     async def go() -> int:
         t0 = time.monotonic()
@@ -111,20 +112,24 @@ def up(
 def config(
     regions: int = typer.Option(2, help="Number of regions."),
     base_port: int = typer.Option(14000, help="First of consecutive ports."),
-    out: str = typer.Option("deploy/local", help="Folder for <server>.conf, valkey-<region>.conf, cluster.json."),
-    data_root: Path = typer.Option(Path("/tmp/inferbus-local"), help="Where the servers keep their data."),
+    out: str = typer.Option("deploy/local", help="Folder for <server>.conf, valkey-<region>.conf, cluster.json.",
+                            metavar="<path>"),
+    data_root: str = typer.Option("/tmp/inferbus-local", help="Where the servers keep their data (a relative "
+                                  "path is taken from the folder each server runs in).", metavar="<path>"),
     proxy: bool = typer.Option(True, help="Advertise proxy ports for the gateways (as 'up' does)."),
     witness_servers: int = typer.Option(3),
 ) -> None:
     """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
-    from .cli import _usage
+    from .cli import _folder_option, _usage
     from .cluster import Plan
 
-    if not out:  # a str, not a Path: Path('') is '.', and the configs went into the current folder
-        _usage(f"cluster config: --out must name a folder, got {out!r} (give '.' for the current one)")
+    # str options, not Path ones: Path('') is '.', and an empty --out wrote the configs into the current folder, an
+    # empty --data-root made the servers keep their data in theirs ('store_dir: "js/W1"')
+    out_dir = _folder_option("cluster config", "--out", out)
+    data_dir = _folder_option("cluster config", "--data-root", data_root)
     plan = Plan.make(_spec("config", regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
     try:
-        written = plan.write_configs(Path(out), data_root)
+        written = plan.write_configs(out_dir, data_dir)
     except OSError as exc:  # --out an existing file, a folder that cannot be made...: one line, not a traceback
         _usage(f"cluster config: --out {out}: {exc.strerror or exc}")
     for p in written:

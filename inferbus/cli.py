@@ -483,6 +483,21 @@ def _check_output_file(option: str, path: Path) -> None:
         _usage(f"up: {option} {path}: {problem}")
 
 
+def _folder_option(command: str, option: str, value: Optional[str]) -> Optional[Path]:
+    """A folder option taken as text (a ``str`` option, not a ``Path`` one): ``""`` is refused, one line, exit 2;
+    else its Path (None for None). ``Path('')`` is ``Path('.')``: an empty ``--out``, ``--data-root`` or ``--run-dir``
+    (an unset variable in a script) wrote into the current folder without a word; ``.`` says that on purpose.
+
+    Raises:
+        typer.Exit: (2) ``error: COMMAND: OPTION must name a folder, got '' (give '.' for the current one)``.
+    """
+    if value is None:
+        return None
+    if not value:
+        _usage(f"{command}: {option} must name a folder, got {value!r} (give '.' for the current one)")
+    return Path(value)
+
+
 def _check_run_dir(path: Path) -> None:
     """``up --run-dir``: a folder that exists and is writable, or one that can be made (its parents made too),
     checked before anything starts (one line, exit 2; :func:`inferbus._paths.folder_problem`). It used to end in a
@@ -673,7 +688,8 @@ def up(
                                  "one worker per device each serves; see `inferbus devices`."),
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
                                   "checked per model against FP32, falling back to fp32."),
-    run_dir: Optional[Path] = typer.Option(None, help="Logs and server data (default: a temp folder)."),
+    run_dir: Optional[str] = typer.Option(None, help="Logs and server data (default: a temp folder).",
+                                          metavar="<path>"),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node on this port, "
                                                "path /metrics, address --metrics-host (0 = any free port; default "
                                                "off), 0 to 65535."),
@@ -734,6 +750,7 @@ def up(
         _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
                f"{demo_duration}")
     _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
+    run_dir = _folder_option("up", "--run-dir", run_dir)
 
     def given(name: str) -> bool:
         return _given(ctx, name)

@@ -235,3 +235,20 @@ def test_a_device_probe_killed_by_a_signal_says_which(tmp_path):
     (tmp_path / "site" / "pynvml.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     p = cli("devices", env={"PYTHONPATH": str(tmp_path / "site")})
     assert_one_error_line(p, "devices: device probe failed (killed by signal 9 (SIGKILL))")
+
+
+@pytest.mark.parametrize("argv,said", [
+    (("cluster", "config", "--out", "cfg", "--data-root", ""), "cluster config: --data-root"),
+    (("cluster", "config", "--out", ""), "cluster config: --out"),
+    (("cluster", "up", "--run-dir", ""), "cluster up: --run-dir"),
+    (("up", "--run-dir", ""), "up: --run-dir"),
+    (("chaos", "run", "worker-crash", "--run-dir", ""), "drill worker-crash: --run-dir"),
+], ids=["config-data-root", "config-out", "cluster-up-run-dir", "up-run-dir", "chaos-run-dir"])
+def test_an_empty_folder_option_is_one_error_line_and_writes_nothing(tmp_path, argv, said):
+    """``Path('')`` is ``Path('.')``: an empty folder (an unset variable in a script) was the current folder without a
+    word: ``cluster config --data-root ''`` wrote ``store_dir: "js/W1"`` (the servers' own folder), ``cluster up
+    --run-dir ''`` ran the topology in the current folder ("run dir ."), as ``up`` and ``chaos run`` did. One line,
+    exit 2, nothing started or written; ``.`` says the current folder on purpose."""
+    p = cli(*argv, cwd=tmp_path)
+    assert_one_error_line(p, f"{said} must name a folder, got '' (give '.' for the current one)\n")
+    assert list(tmp_path.iterdir()) == []
