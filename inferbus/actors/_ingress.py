@@ -46,6 +46,7 @@ failure) so counts return to zero even when a worker loses requests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import os
@@ -54,7 +55,8 @@ from collections import OrderedDict
 
 import msgspec
 
-from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block, send_pending
+from ..bus import (BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block,
+                   send_pending)
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -102,6 +104,21 @@ _HEDGE_LINES = {"": "", HEDGE_PRIMARY: f"{H.HEDGE}: {HEDGE_PRIMARY}\r\n", HEDGE_
 (the hedge). A worker that sheds or refuses (retryable) a copy so marked tells this ingress instead of the
 client (``DoneItem.held``); the ingress then hedges at once or answers the client itself."""
 _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
+
+
+STOP_DRAIN_S = 2.0
+"""Graceful stop, first phase: the ``infer`` subscription takes nothing new (UNSUB) and the requests it had
+received are handled as usual for at most this long (s)."""
+STOP_REFUSE_S = 1.0
+"""Second phase, when the drain did not finish: every request still waiting in the subscription, or still on its
+way from the server, is answered UNAVAILABLE at once (``retry_after_ms: 0``, the SDK retries it elsewhere), for at
+most this long (s); what is left after it is dropped (its client's attempt times out)."""
+STOP_CLOSE_S = 1.0
+"""Last phase: the request being handled, the micro service's stop and the connection's flush and close get at
+most this long (s) together."""
+STOP_BOUND_S = STOP_DRAIN_S + STOP_REFUSE_S + STOP_CLOSE_S
+"""An ingress's graceful stop takes at most this long (s) whatever its backlog (4 s; the node's supervisor kills
+it 5 s after SIGTERM)."""
 
 
 RAW_INDEX_MAX_BODY_BYTES = 4096
@@ -310,6 +327,71 @@ def _error_content_type(ct: str | None, body: bytes) -> str | None:
     if is_json(ct):
         return ct
     return _sniffed_json(body) or ct
+
+
+def _can_stop_apart(nc, sub) -> bool:
+    """Whether nats-py has the internals :meth:`Ingress._stop_infer` uses (checked at 2.9-2.16)."""
+    return all(hasattr(nc, a) for a in ("_send_unsubscribe", "_send_ping", "_remove_sub")) and all(
+        hasattr(sub, a) for a in ("_id", "_cb", "_pending_queue", "_stop_processing"))
+
+
+async def _drained(nc, sub, poll_s: float = 0.02) -> None:
+    """UNSUB ``sub`` and return once every request the server delivered to it has been handled.
+
+    A PING follows the UNSUB: its PONG comes after every message the server sent before the UNSUB, so once it is
+    back nothing more can come for ``sub``, which is then forgotten (:meth:`Client._remove_sub`), and what its
+    buffer holds is all there is (its ``queue.join()``). The PONG's future is never cancelled (``nc.flush(timeout)``
+    cancels it on its timeout, and nats-py 2.16 then sets that cancelled future's result when the PONG comes, which
+    raises ``InvalidStateError`` in its read loop and ends it). A reconnect meanwhile (the server dropped a slow
+    consumer, or nats-py found the connection stale because its own PINGs waited behind a flood) loses the PING
+    and subscribes ``sub`` again, as nats-py does with every subscription it still has: UNSUB and PING are then
+    sent again. A closed connection delivers nothing more: only the buffer is waited for."""
+    while not nc.is_closed:
+        if not nc.is_connected:  # reconnecting: what it writes now may go nowhere
+            await asyncio.sleep(poll_s)
+            continue
+        reconnects = nc.stats["reconnects"]
+        pong = asyncio.get_running_loop().create_future()
+        try:
+            await nc._send_unsubscribe(sub._id)
+            await nc._send_ping(pong)
+        except Exception:  # the socket went away under it: once reconnected, again
+            await asyncio.sleep(poll_s)
+            continue
+        while not pong.done() and nc.stats["reconnects"] == reconnects and not nc.is_closed:
+            await asyncio.wait({pong}, timeout=poll_s)
+        if pong.done():
+            break
+    nc._remove_sub(sub._id)
+    await sub._pending_queue.join()
+
+
+async def _round_trip(nc, timeout_s: float) -> bool:
+    """Whether the server answered a PING within ``timeout_s``: all this connection wrote before it was processed.
+
+    Not ``nc.flush(timeout)``: that cancels the PONG's future when it times out, and nats-py (2.16) then sets the
+    result of that cancelled future when the PONG comes, which raises ``InvalidStateError`` in its read loop and
+    ends it. Here the future is left to the PONG. False, not raised, for a connection closed or reconnecting."""
+    if nc.is_closed or not nc.is_connected or timeout_s <= 0:
+        return False
+    pong = asyncio.get_running_loop().create_future()
+    try:
+        await nc._send_ping(pong)
+    except Exception:
+        return False
+    done, _ = await asyncio.wait({pong}, timeout=timeout_s)
+    return bool(done)
+
+
+async def _close_quietly(nc) -> None:
+    """Close ``nc`` (:func:`inferbus.bus.close_connection`: never raises for a connection already gone), logging
+    an error instead of raising it."""
+    try:
+        await close_connection(nc)
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:
+        log(f"closing the NATS connection: {exc!r}")
 
 
 class Ingress:
@@ -1602,19 +1684,117 @@ class Ingress:
         try:
             await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
         finally:
-            # graceful stop: requests already received (buffered in the infer subscription) are still
-            # handled and forwarded (the workers stop after the ingresses); new ones go to other replicas
-            await drain_endpoint(self._infer_sub, 2.0)
-            await loops.stop()
+            await self._stop(loops, svc, own_nc)
+
+    # ---- graceful stop ------------------------------------------------------------------------
+    async def _stop(self, loops, svc, own_nc: bool) -> None:
+        """Graceful stop (SIGTERM: ``run()`` cancelled), within :data:`STOP_BOUND_S` whatever the backlog.
+
+        1. Drain (:data:`STOP_DRAIN_S`): the ``infer`` subscription takes nothing new, and the requests it received
+           are handled and forwarded as usual (the node stops its workers after its ingresses); new requests go to
+           the other replicas of the queue group.
+        2. Refuse (:data:`STOP_REFUSE_S`), when the drain did not finish: each request still waiting is answered
+           UNAVAILABLE at once; past this phase the rest is dropped (:meth:`_stop_infer`).
+        3. Close (:data:`STOP_CLOSE_S`): the loops stop; the connection, when this actor owns it, is flushed (a
+           PING/PONG round trip: what it forwarded and answered has reached the server) and closed, else (colocated)
+           the micro service is stopped on it. Not nats-py's ``Client.drain()``: that one handled every
+           subscription's whole buffer again (a flood's backlog in the ``infer`` one: the process was killed 5 s
+           after SIGTERM), and cut short by a cancellation it leaves its gather of the subscriptions' drains
+           unretrieved (asyncio then logs ``_GatheringFuture exception was never retrieved``).
+
+        Cancellation: a second cancellation (a second SIGTERM) during the stop ends the drain or refusal phase at
+        once (the requests still waiting are dropped) and goes on with the close; it is not raised from here.
+        Never raises otherwise: errors (a connection already closed) are logged.
+        """
+        t0 = time.monotonic()
+        cut = False
+        try:
+            await self._stop_infer(t0 + STOP_DRAIN_S, t0 + STOP_DRAIN_S + STOP_REFUSE_S)
+        except asyncio.CancelledError:
+            cut = True
+            log(f"ingress {self.config.ingress_id}: stop cut short (cancelled again): what still waited is dropped")
+        t_end = time.monotonic() + STOP_CLOSE_S
+        try:
+            await asyncio.wait_for(loops.stop(), max(t_end - time.monotonic(), 0.0))
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: B902 (a second cancellation: close all the same)
+            log(f"ingress {self.config.ingress_id}: stopping its loops: {exc!r}")
+        if not own_nc and not cut:  # a shared connection (colocated) stays: take this actor's endpoints off it
             try:
-                await svc.stop()
+                await asyncio.wait_for(svc.stop(), max(t_end - time.monotonic(), 0.0))
+            except (Exception, asyncio.CancelledError) as exc:  # noqa: B902
+                log(f"ingress {self.config.ingress_id}: stopping its service: {exc!r}")
+        if own_nc:  # closing it ends the service's subscriptions too
+            try:
+                await _round_trip(self.nc, max(t_end - time.monotonic(), 0.0))
+            except asyncio.CancelledError:
+                pass
+            await _close_quietly(self.nc)
+
+    async def _stop_infer(self, drain_until: float, refuse_until: float) -> None:
+        """Phases 1 and 2 of :meth:`_stop` on the ``infer`` subscription (monotonic deadlines, s).
+
+        UNSUB, then a PING (:func:`_drained`): its PONG comes after every request the server sent before the UNSUB,
+        so once it is back and the buffer is empty, everything this ingress was given has been handled or answered.
+        Until ``drain_until`` the requests are handled as usual; then, if some still wait (or the PONG has not
+        come), each one the subscription delivers is answered UNAVAILABLE (:meth:`_refuse_stopping`: 10-20 µs each,
+        where handling one takes up to a few ms on a saturated box) until ``refuse_until``, and dropped past it.
+        Then the subscription is forgotten (messages for it are dropped, and a reconnect does not subscribe it
+        again: nats-py subscribes again every subscription it still has, so a reconnect during the old drain, which
+        a flood makes likely, handed the ingress the flood again) and its task is stopped.
+
+        Falls back to :func:`drain_endpoint` (the drain alone, at most ``drain_until``) when nats-py's internals it
+        uses are missing (logged).
+
+        Cancellation: the phase in progress ends; the subscription is still forgotten and stopped, what waits is
+        dropped, and the cancellation is raised.
+        """
+        sub, nc = self._infer_sub, self.nc
+        if sub is None:
+            return
+        if not _can_stop_apart(nc, sub):
+            log(f"ingress {self.config.ingress_id}: nats-py internals changed: the stop drains its infer "
+                f"subscription for at most {STOP_DRAIN_S} s without refusing what is left")
+            await drain_endpoint(sub, max(drain_until - time.monotonic(), 0.0))
+            return
+        queue = sub._pending_queue
+        t0 = time.monotonic()
+        tally = {"refused": 0, "dropped": 0}
+        drained = asyncio.ensure_future(_drained(nc, sub))
+        try:
+            await asyncio.wait({drained}, timeout=max(drain_until - time.monotonic(), 0.0))
+            if not drained.done():
+                waiting = queue.qsize()
+                sub._cb = functools.partial(self._refuse_stopping, until=refuse_until, tally=tally)
+                await asyncio.wait({drained}, timeout=max(refuse_until - time.monotonic(), 0.0))
+                unsent = "" if drained.done() else " and what the server had yet to deliver"
+                log(f"ingress {self.config.ingress_id}: stop: {STOP_DRAIN_S} s of draining did not finish ({waiting} "
+                    f"requests waiting, more on their way); answered {tally['refused']} UNAVAILABLE (retry "
+                    f"elsewhere), dropped {tally['dropped'] + queue.qsize()}{unsent}; stop took "
+                    f"{time.monotonic() - t0:.2f} s so far")
+        finally:
+            drained.cancel()
+            await asyncio.gather(drained, return_exceptions=True)  # its outcome retrieved, whatever it was
+            nc._remove_sub(sub._id)
+            sub._stop_processing()  # a request still being handled is cut short (the close's bound)
+            try:
+                await nc._send_unsubscribe(sub._id)  # again: a reconnect may have subscribed it anew
             except Exception:
                 pass
-            if own_nc:
-                try:
-                    await self.nc.drain()  # flushes what was forwarded or answered
-                except Exception:
-                    pass
+
+    async def _refuse_stopping(self, msg, *, until: float, tally: dict) -> None:
+        """The ``infer`` subscription's callback once the stop's drain is over: answer ``msg`` UNAVAILABLE at once
+        (its encoding, its request id; counted as an error reply) until ``until`` (monotonic s), drop it after."""
+        if not msg.reply:
+            return
+        if time.monotonic() >= until:
+            tally["dropped"] += 1
+            return
+        hdrs = msg.headers or {}
+        self.counts["errors"] += 1
+        tally["refused"] += 1
+        await self._error(msg.reply, Unavailable(f"ingress {self.config.ingress_id} is shutting down; retry "
+                                                 f"elsewhere", retry_after_ms=0),
+                          _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID))
 
 
 def main(config_json: str) -> None:
