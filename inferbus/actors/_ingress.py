@@ -114,7 +114,7 @@ STOP_REFUSE_S = 1.0
 way from the server, is answered UNAVAILABLE at once (``retry_after_ms: 0``, the SDK retries it elsewhere), for at
 most this long (s); what is left after it is dropped (its client's attempt times out)."""
 STOP_CLOSE_S = 1.0
-"""Last phase: the request being handled, the micro service's stop and the connection's flush and close get at
+"""Last phase: the loops' stop, the micro service's stop (colocated) and the connection's flush and close get at
 most this long (s) together."""
 STOP_BOUND_S = STOP_DRAIN_S + STOP_REFUSE_S + STOP_CLOSE_S
 """An ingress's graceful stop takes at most this long (s) whatever its backlog (4 s; the node's supervisor kills
@@ -1694,7 +1694,8 @@ class Ingress:
            are handled and forwarded as usual (the node stops its workers after its ingresses); new requests go to
            the other replicas of the queue group.
         2. Refuse (:data:`STOP_REFUSE_S`), when the drain did not finish: each request still waiting is answered
-           UNAVAILABLE at once; past this phase the rest is dropped (:meth:`_stop_infer`).
+           UNAVAILABLE at once; past this phase the rest is dropped, and a request whose handling is still running
+           is cut short (:meth:`_stop_infer`).
         3. Close (:data:`STOP_CLOSE_S`): the loops stop; the connection, when this actor owns it, is flushed (a
            PING/PONG round trip: what it forwarded and answered has reached the server) and closed, else (colocated)
            the micro service is stopped on it. Not nats-py's ``Client.drain()``: that one handled every
