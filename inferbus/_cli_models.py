@@ -45,7 +45,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0); "
                                            "a write takes --timeout-s after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
-    from .cli import _call, _check_timeout_s, _given, _one_shot_client, _usage, console
+    from .cli import _call, _check_timeout_s, _given, _left_s, _one_shot_client, _usage, console
 
     if ctx.invoked_subcommand is not None:
         if _given(ctx, "timeout_s"):  # not the write's budget (60 s by default): refused rather than ignored
@@ -58,8 +58,11 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
     _check_timeout_s("models", timeout_s)
 
     async def go():
-        async with await _one_shot_client(nats_url, prefix) as c:
-            return await c.models(timeout_s=timeout_s)
+        import time
+
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        async with await _one_shot_client(nats_url, prefix, timeout_s=timeout_s) as c:
+            return await c.models(timeout_s=_left_s(t_end))
 
     ml = _call(go, as_json=as_json)
     if as_json:
@@ -105,7 +108,7 @@ def _not_served(name: str, problems: dict) -> list[str]:
 
 def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],
            prefix: Optional[str], timeout_s: float, as_json: bool) -> None:
-    from .cli import _call, _check_timeout_s, _one_shot_client, console
+    from .cli import _call, _check_timeout_s, _left_s, _one_shot_client, console
     from .model_admin import model_control
 
     _check_timeout_s(f"models {op}", timeout_s)
@@ -114,8 +117,11 @@ def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_
     prefix = prefix or group.get("prefix", "inferbus")
 
     async def go():
-        async with await _one_shot_client(nats_url, prefix) as c:
-            return await model_control(c, op, name, version, timeout_s=timeout_s)
+        import time
+
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        async with await _one_shot_client(nats_url, prefix, timeout_s=timeout_s) as c:
+            return await model_control(c, op, name, version, timeout_s=_left_s(t_end))
 
     r = _call(go, as_json=as_json)
     if as_json:  # every field, also those at their default (the wire omits them): the same keys every time

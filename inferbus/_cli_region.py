@@ -74,11 +74,12 @@ def target_option(command: str, nats_url: Optional[str], cluster: Optional[Path]
     return ["nats://127.0.0.1:4222"], prefix or "inferbus"
 
 
-async def _connect(servers: list[str], prefix: str):
-    """A NATS connection for one command (raises :class:`inferbus.cli.NatsUnreachable`: one line, exit 3)."""
+async def _connect(servers: list[str], prefix: str, timeout_s: float):
+    """A NATS connection for one command, made within ``timeout_s`` (its ``--timeout-s``; raises
+    :class:`inferbus.cli.NatsUnreachable`: one line, exit 3)."""
     from .cli import _one_shot_client
 
-    return (await _one_shot_client(servers, prefix)).nc
+    return (await _one_shot_client(servers, prefix, timeout_s=timeout_s)).nc
 
 
 async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, dict]:
@@ -116,6 +117,15 @@ async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, 
 
 
 _PREFIX = typer.Option(None, help="Subject prefix (default: the one the --cluster file records, else inferbus).")
+_STATUS_TIMEOUT_S = 2.5
+"""``region status``'s default budget (s): the connect, 0.35 s of listening and ~2 s for the managers' answers."""
+_CONTROL_TIMEOUT_S = 10.0
+"""``region promote|demote``'s default budget (s), the connect and the manager's answer included."""
+
+
+def _timeout_option(default: float, what: str):
+    return typer.Option(default, help=f"Budget of the command in seconds (> 0, at most 600): connecting to NATS, "
+                                      f"{what}.")
 
 
 def _print_steps(reply) -> None:
@@ -129,6 +139,8 @@ def status(
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    timeout_s: float = _timeout_option(_STATUS_TIMEOUT_S, "listening 0.35 s for heartbeats and the managers' answers "
+                                                          "(a manager that has not answered by then: 'no answer')"),
 ) -> None:
     """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
     from rich.console import Console
@@ -137,24 +149,26 @@ def status(
     import msgspec
 
     from .actors._region import ask_region
-    from .cli import _check_prefix, _json_error, _run
+    from .cli import _check_prefix, _check_timeout_s, _json_error, _left_s, _run
 
     if prefix is not None:
         _check_prefix(prefix)
+    _check_timeout_s("region status", timeout_s)
     servers, prefix = target_option("region status", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers, prefix)
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        nc = await _connect(servers, prefix, timeout_s)
         try:
-            hbs, loads = await discover(nc, prefix)
+            hbs, loads = await discover(nc, prefix, listen_s=min(_LISTEN_S, _left_s(t_end)))
 
             async def one(region):
                 try:
-                    return (await ask_region(nc, prefix, region, "status", timeout_s=2.0)).status
+                    return (await ask_region(nc, prefix, region, "status", timeout_s=_left_s(t_end))).status
                 except Exception as exc:
                     return exc
 
-            regions = sorted(hbs)  # asked at once: a region that does not answer costs 2 s in all, not 2 s each
+            regions = sorted(hbs)  # asked at once: a region that does not answer costs the budget once, not each
             return hbs, loads, dict(zip(regions, await asyncio.gather(*(one(r) for r in regions))))
         finally:
             from .bus import close_connection
@@ -215,6 +229,7 @@ def promote(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
+    timeout_s: float = _timeout_option(_CONTROL_TIMEOUT_S, "and the region manager's answer (the steps it took)"),
 ) -> None:
     """Make REGION primary: lease CAS, Valkey master, model-management writes on, new term published.
 
@@ -222,17 +237,19 @@ def promote(
     down first; if it cannot be reached its next renewal fails and it steps down at once).
     """
     from .actors._region import ask_region
-    from .cli import _check_prefix, _run
+    from .cli import _check_prefix, _check_timeout_s, _left_s, _run
 
     if prefix is not None:
         _check_prefix(prefix)
+    _check_timeout_s("region promote", timeout_s)
     _check_region(region, "REGION")
     servers, prefix = target_option("region promote", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers, prefix)
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        nc = await _connect(servers, prefix, timeout_s)
         try:
-            return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=10.0)
+            return await ask_region(nc, prefix, region, "promote", force=force, timeout_s=_left_s(t_end))
         finally:
             from .bus import close_connection
 
@@ -244,7 +261,7 @@ def promote(
     except typer.Exit:
         raise
     except Exception as exc:  # no responders / timeout: the operation ran and found no manager to do it
-        typer.echo(f"promote {region}: {_no_manager(exc)}", err=True)
+        typer.echo(f"promote {region}: {_no_manager(exc, timeout_s)}", err=True)
         raise typer.Exit(1)
     typer.echo(f"promote {region}{' (forced)' if force else ''}:")
     _print_steps(reply)
@@ -254,7 +271,7 @@ def promote(
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
 
 
-def _no_manager(exc: BaseException) -> str:
+def _no_manager(exc: BaseException, timeout_s: float) -> str:
     """One line for a region command nobody answered (exit 1: the command ran, no manager could act on it)."""
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeout
@@ -262,7 +279,7 @@ def _no_manager(exc: BaseException) -> str:
     if isinstance(exc, NoRespondersError):
         return "no region manager of that region is running (no responders on its control subject)"
     if isinstance(exc, NatsTimeout):
-        return "its region manager did not answer within 10 s"
+        return f"its region manager did not answer within the command's --timeout-s ({timeout_s:g} s)"
     return f"no answer from its region manager ({type(exc).__name__}: {exc})"
 
 
@@ -275,6 +292,8 @@ def demote(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
+    timeout_s: float = _timeout_option(_CONTROL_TIMEOUT_S, "listening 0.35 s for the primary's heartbeat (without "
+                                                            "REGION) and the region manager's answer"),
 ) -> None:
     """Hand the primary role over: release the lease (naming the successor), step down, report the new primary.
 
@@ -282,10 +301,11 @@ def demote(
     heartbeat older than the suspect time), or when --to names one that is not, unless --force.
     """
     from .actors._region import ask_region
-    from .cli import _check_prefix, _run
+    from .cli import _check_prefix, _check_timeout_s, _left_s, _run
 
     if prefix is not None:
         _check_prefix(prefix)
+    _check_timeout_s("region demote", timeout_s)
     if region is not None:
         _check_region(region, "REGION")
     if to:
@@ -293,16 +313,18 @@ def demote(
     servers, prefix = target_option("region demote", nats_url, cluster, prefix)
 
     async def go():
-        nc = await _connect(servers, prefix)
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        nc = await _connect(servers, prefix, timeout_s)
         try:
             target = region
             if target is None:
-                hbs, _ = await discover(nc, prefix)
+                hbs, _ = await discover(nc, prefix, listen_s=min(_LISTEN_S, _left_s(t_end)))
                 prim = [r for r, (_, hb) in hbs.items() if hb.role == "primary"]
                 if len(prim) != 1:
                     return None, f"cannot tell the primary from the heartbeats (primaries heard: {prim})"
                 target = prim[0]
-            return target, await ask_region(nc, prefix, target, "demote", successor=to, force=force, timeout_s=10.0)
+            return target, await ask_region(nc, prefix, target, "demote", successor=to, force=force,
+                                            timeout_s=_left_s(t_end))
         finally:
             from .bus import close_connection
 
@@ -314,7 +336,7 @@ def demote(
     except typer.Exit:
         raise
     except Exception as exc:
-        typer.echo(f"demote: {_no_manager(exc)}", err=True)
+        typer.echo(f"demote: {_no_manager(exc, timeout_s)}", err=True)
         raise typer.Exit(1)
     if target is None:
         typer.echo(f"demote: {reply}", err=True)

@@ -585,12 +585,27 @@ _CLIENT_ENV_NAMES = {"nkey_seed": CLIENT_ENV["nkeys_seed"], "creds": CLIENT_ENV[
                      "tls_key": CLIENT_ENV["tls_key_file"]}
 
 
-async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_options):
-    """A client for one CLI command: one connect attempt per server, 2 s connect timeout; credentials and TLS
-    files from the environment (:data:`CLIENT_ENV`) unless given.
+_CONNECT_TIMEOUT_S = 2.0
+"""A CLI command's connect: one try per server, each given at most this long (seconds) for the socket, the server's
+INFO and the handshake (nats-py's ``connect_timeout``), and no more than the command's ``--timeout-s``."""
+
+
+async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_s: "float | None" = None,
+                           **bus_options):
+    """A client for one CLI command: one connect attempt per server (no reconnect rounds), each of at most
+    :data:`_CONNECT_TIMEOUT_S`; credentials and TLS files from the environment (:data:`CLIENT_ENV`) unless given.
+
+    Args:
+        timeout_s: the command's budget (its ``--timeout-s``, seconds, > 0): the connect, every server's try
+            together, ends within it, each try within ``min(2 s, timeout_s)``; the caller gives what is left of it
+            to the request (:func:`_left_s`). None (default): 2 s per server, however many servers. (nats-py's own
+            timeouts made the connect alone 2 s per server whatever the budget: ``health --timeout-s 1`` against
+            three servers that accept TCP and never speak NATS took 7.3 s.)
 
     Raises:
-        NatsUnreachable: no server of ``nats_url`` (comma-separated) accepted the connection.
+        NatsUnreachable: no server of ``nats_url`` (comma-separated) accepted the connection (in time); the message
+            names the URLs and the cause, e.g. ``cannot reach NATS at nats://h:4222: not connected within the
+            command's --timeout-s (1 s)``.
         typer.Exit: (status 2) ``prefix`` is not a valid subject prefix, one line printed.
     """
     from .client import Client
@@ -605,10 +620,30 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, **bus_optio
         if os.environ.get(var) and field_name not in bus_options:
             bus_options[field_name] = from_env[field_name] = os.environ[var]
     _check_client_env(from_env)
+    try_s = _CONNECT_TIMEOUT_S if timeout_s is None else min(_CONNECT_TIMEOUT_S, timeout_s)
+    in_budget = f"not connected within the command's --timeout-s ({timeout_s:g} s)" if timeout_s is not None else ""
+    connecting = Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=try_s, **bus_options)
     try:
-        return await Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=2.0, **bus_options)
+        if timeout_s is None:
+            return await connecting
+        return await asyncio.wait_for(connecting, timeout_s)
+    except asyncio.TimeoutError:  # the tries of several servers (or nats-py's waits) passed the budget
+        raise NatsUnreachable(f"cannot reach NATS at {', '.join(servers)}: {in_budget}", servers) from None
     except Unavailable as err:
-        raise NatsUnreachable(err.message, servers) from err
+        message = err.message
+        if message.endswith(": TimeoutError"):  # nats-py's bare "TimeoutError": say what timed out, and after what
+            message = message[:-len("TimeoutError")] + (
+                in_budget if timeout_s is not None and try_s >= timeout_s else
+                f"not connected within {try_s:g} s{' per server' if len(servers) > 1 else ''} (TimeoutError)")
+        raise NatsUnreachable(message, servers) from err
+
+
+def _left_s(t_end: float) -> float:
+    """Seconds left of a command's budget that ends at ``t_end`` (``time.monotonic()``), at least 1 ms: what a
+    request is given after its connect (:func:`_one_shot_client`) took its share."""
+    import time
+
+    return max(t_end - time.monotonic(), 0.001)
 
 
 def _port_busy(port: int) -> bool:
@@ -1206,11 +1241,12 @@ def infer(
         feeds[name] = _load_npy(path)
 
     async def go():
-        from .client import Client
+        import time
 
-        async with await _one_shot_client(nats_url, prefix) as c:
-            return await c.infer_result(model, feeds, version=version, outputs=output or None, timeout_s=timeout_s,
-                                        json=json_wire)
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        async with await _one_shot_client(nats_url, prefix, timeout_s=timeout_s) as c:
+            return await c.infer_result(model, feeds, version=version, outputs=output or None,
+                                        timeout_s=_left_s(t_end), json=json_wire)
 
     res = _call(go)
     console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
@@ -1254,9 +1290,12 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     _check_timeout_s("health", timeout_s)
 
     async def go():
-        async with await _one_shot_client(nats_url, prefix) as c:
+        import time
+
+        t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+        async with await _one_shot_client(nats_url, prefix, timeout_s=timeout_s) as c:
             try:
-                return await c.health(timeout_s=timeout_s)
+                return await c.health(timeout_s=_left_s(t_end))
             except (Unavailable, DeadlineExceeded) as err:  # no ingress of that prefix answers: down, for a probe
                 return err
 
