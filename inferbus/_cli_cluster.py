@@ -65,7 +65,8 @@ def up(
     base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
     run_dir: Optional[str] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept).", metavar="<path>"),
     models: Optional[Path] = typer.Option(None, help="Model repository (default ./models)."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: str = typer.Option("inferbus", help="Subject prefix of the cluster's actors (recorded in cluster.json, "
+                               "which 'region ... --cluster' and 'cluster kill|...' talk on)."),
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
     actors: bool = typer.Option(True, help="Run the serving actors (off: servers and region managers only)."),
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
@@ -117,7 +118,9 @@ def config(
     data_root: str = typer.Option("/tmp/inferbus-local", help="Where the servers keep their data (a relative "
                                   "path is taken from the folder each server runs in).", metavar="<path>"),
     proxy: bool = typer.Option(True, help="Advertise proxy ports for the gateways (as 'up' does)."),
-    witness_servers: int = typer.Option(3),
+    witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5."),
+    prefix: str = typer.Option("inferbus", help="Subject prefix the actors you run on these servers use (recorded "
+                               "in cluster.json, which 'region ... --cluster' talks on)."),
 ) -> None:
     """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
     from .cli import _folder_option, _usage
@@ -127,7 +130,7 @@ def config(
     # empty --data-root made the servers keep their data in theirs ('store_dir: "js/W1"')
     out_dir = _folder_option("cluster config", "--out", out)
     data_dir = _folder_option("cluster config", "--data-root", data_root)
-    plan = Plan.make(_spec("config", regions, 1, base_port, "inferbus", None, proxy, True, witness_servers))
+    plan = Plan.make(_spec("config", regions, 1, base_port, prefix, None, proxy, True, witness_servers))
     try:
         written = plan.write_configs(out_dir, data_dir)
     except OSError as exc:  # --out an existing file, a folder that cannot be made...: one line, not a traceback

@@ -170,6 +170,7 @@ def test_chaos_run_unknown_drill():
     (("config", "--base-port", "70000"), "error: cluster config: base port 70000: the topology takes 47 consecutive "
                                          "ports from it; give 1 to 65489, or 0 for free ones"),
     (("up", "--prefix", "a b"), "error: cluster up: --prefix 'a b' must be dot-separated tokens"),
+    (("config", "--prefix", "a b"), "error: cluster config: --prefix 'a b' must be dot-separated tokens"),
 ])
 def test_cluster_config_and_up_refuse_bad_values_in_one_line(tmp_path, args, said):
     """A fresh-user trial (2026-12-03): these ended in tracebacks, exit 1 (``--base-port 70000`` wrote configs
@@ -233,3 +234,16 @@ def test_cluster_control_with_a_fifo_as_cluster_file_is_one_error_line(tmp_path,
     out = _inferbus("cluster", "heal", "--cluster", str(given), timeout_s=30)
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr == f"error: cluster heal: --cluster {given}: cannot read {p}: not a regular file\n", out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_cluster_config_records_its_prefix_for_the_region_commands(tmp_path):
+    """``cluster config`` had no ``--prefix``: its cluster.json always said ``inferbus``, so ``region ... --cluster``
+    (which talks on the file's prefix) could not reach actors run with another one on those servers."""
+    out = _inferbus("cluster", "config", "--out", str(tmp_path / "cfg"), "--prefix", "desk.eu")
+    assert out.returncode == 0, out
+    assert json.loads((tmp_path / "cfg" / "cluster.json").read_text())["spec"]["prefix"] == "desk.eu"
+    out = _inferbus("region", "status", "--cluster", str(tmp_path / "cfg"), "--prefix", "inferbus")
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith("error: region status: --prefix 'inferbus' is not the prefix of the cluster in ") \
+        and "('desk.eu')" in out.stderr, out.stderr
