@@ -192,16 +192,23 @@ def spec_prefix(info: object, said: str) -> Optional[str]:
     return prefix
 
 
-async def _send(urls: list[str], prefix: str, op: str, **kw):
+_CONTROL_TIMEOUT_S = 60.0
+"""Default budget of ``cluster kill|restore|partition|isolate|heal`` (s): the connect and the answer together; a
+``restore`` starts a region's servers, Valkey and actors before it answers."""
+
+
+async def _send(urls: list[str], prefix: str, op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw):
     import msgspec
 
-    from .cli import _one_shot_client
+    from .cli import _left_s, _one_shot_client
     from .cluster import ClusterCommand, ClusterReply
 
-    nc = (await _one_shot_client(urls, prefix)).nc  # unreachable: one line naming the URLs, exit 3
+    t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
+    # unreachable (or not within the budget): one line naming the URLs, exit 3
+    nc = (await _one_shot_client(urls, prefix, timeout_s=timeout_s)).nc
     try:
         msg = await nc.request(f"{prefix}._cluster.ctl",
-                               msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=60)
+                               msgspec.msgpack.encode(ClusterCommand(op=op, **kw)), timeout=_left_s(t_end))
         return msgspec.msgpack.decode(msg.data, type=ClusterReply)
     finally:
         from .bus import close_connection
@@ -209,19 +216,23 @@ async def _send(urls: list[str], prefix: str, op: str, **kw):
         await close_connection(nc)
 
 
-def _control(cluster: Path, op: str, **kw) -> None:
-    """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused.
+def _control(cluster: Path, op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw) -> None:
+    """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused. ``timeout_s`` (its
+    ``--timeout-s``) bounds the connect and the answer together.
 
     Raises:
-        typer.Exit: (3) NATS unreachable, one line (:func:`inferbus.cli._run`); (2) a cluster.json that cannot be
-            read (:func:`_cluster_info`), or no answer from the cluster (its control subject has no responder, the
-            60 s timeout), one line ``error: cluster OP: ...``, as every command's usage error and refusal.
+        typer.Exit: (3) NATS unreachable (or not within ``timeout_s``), one line (:func:`inferbus.cli._run`); (2) a
+            ``timeout_s`` that is not a finite number in (0, 600], a cluster.json that cannot be read
+            (:func:`_cluster_info`), or no answer from the cluster (its control subject has no responder, or no
+            answer within ``timeout_s``), one line ``error: cluster OP: ...``, as every command's usage error and
+            refusal.
     """
-    from .cli import _run, _usage
+    from .cli import _check_timeout_s, _run, _usage
 
+    _check_timeout_s(f"cluster {op}", timeout_s)
     urls, prefix = _cluster_info(cluster, op)
     try:
-        reply = _run(_send(urls, prefix, op, **kw))
+        reply = _run(_send(urls, prefix, op, timeout_s, **kw))
     except typer.Exit:  # NATS unreachable: _run printed it
         raise
     except Exception as exc:
@@ -231,33 +242,35 @@ def _control(cluster: Path, op: str, **kw) -> None:
 
 
 _CLUSTER = typer.Option(..., "--cluster", help="Run dir (or cluster.json) of a running 'inferbus cluster up'.")
+_TIMEOUT = typer.Option(_CONTROL_TIMEOUT_S, "--timeout-s", help="Budget in seconds for the connect and the "
+                        "cluster's answer together (> 0, at most 600).")
 
 
 @app.command()
-def kill(region: str, cluster: Path = _CLUSTER) -> None:
+def kill(region: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """SIGKILL every process of REGION at once (servers, Valkey, node and actors); it stays down."""
-    _control(cluster, "kill", region=region)
+    _control(cluster, "kill", timeout_s, region=region)
 
 
 @app.command()
-def restore(region: str, cluster: Path = _CLUSTER) -> None:
+def restore(region: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Start a killed REGION again; its region manager rejoins as standby."""
-    _control(cluster, "restore", region=region)
+    _control(cluster, "restore", timeout_s, region=region)
 
 
 @app.command()
-def partition(side_a: str, side_b: str, cluster: Path = _CLUSTER) -> None:
+def partition(side_a: str, side_b: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut the gateways between the sites of SIDE_A and SIDE_B (comma-separated site names)."""
-    _control(cluster, "partition", side_a=side_a.split(","), side_b=side_b.split(","))
+    _control(cluster, "partition", timeout_s, side_a=side_a.split(","), side_b=side_b.split(","))
 
 
 @app.command()
-def isolate(site: str, cluster: Path = _CLUSTER) -> None:
+def isolate(site: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut SITE's gateways to every other site."""
-    _control(cluster, "isolate", region=site)
+    _control(cluster, "isolate", timeout_s, region=site)
 
 
 @app.command()
-def heal(cluster: Path = _CLUSTER) -> None:
+def heal(cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Remove every gateway fault."""
-    _control(cluster, "heal")
+    _control(cluster, "heal", timeout_s)

@@ -247,3 +247,72 @@ def test_cluster_config_records_its_prefix_for_the_region_commands(tmp_path):
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr.startswith("error: region status: --prefix 'inferbus' is not the prefix of the cluster in ") \
         and "('desk.eu')" in out.stderr, out.stderr
+
+
+def _cluster_json(path, url: str) -> None:
+    path.write_text(json.dumps({"spec": {"witness": "W", "prefix": "x"}, "servers": {"W1": {"site": "W", "url": url}},
+                                "client_urls": [url]}))
+
+
+@pytest.mark.timeout(60)
+def test_cluster_control_connect_counts_within_timeout_s(tmp_path):
+    """A witness that accepts TCP and never speaks NATS, ``--timeout-s 1``: one line naming it and the budget, exit 3,
+    about a second after start-up (the connect took 2 s per witness server whatever was asked; there was no
+    ``--timeout-s``)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        url = f"nats://127.0.0.1:{s.getsockname()[1]}"
+        _cluster_json(tmp_path / "cluster.json", url)
+        t0 = time.monotonic()
+        out = _inferbus("cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", "1")
+        took_s = time.monotonic() - t0
+    assert (out.returncode, out.stdout) == (3, ""), out
+    assert out.stderr == f"cannot reach NATS at {url}: not connected within the command's --timeout-s (1 s)\n", \
+        out.stderr
+    assert took_s < 1 + 3.5, took_s  # loose: start-up and a shared host
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.anyio
+async def test_cluster_control_answer_waits_at_most_timeout_s(nats_server, tmp_path):
+    """A control subject that takes the request and never answers, ``--timeout-s 1``: ``error: cluster heal: no
+    answer from the cluster (TimeoutError ...)``, exit 2, about a second after start-up (it waited 60 s)."""
+    import asyncio
+
+    import nats
+
+    _cluster_json(tmp_path / "cluster.json", nats_server.url)
+    nc = await nats.connect(nats_server.url)
+    try:
+        taken = []
+
+        async def swallow(msg) -> None:
+            taken.append(msg.subject)
+
+        await nc.subscribe("x._cluster.ctl", cb=swallow)
+        await nc.flush()
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferbus.cli", "cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", "1",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+        out, err = await asyncio.wait_for(proc.communicate(), 50)
+        took_s = time.monotonic() - t0
+    finally:
+        await nc.close()
+    assert (proc.returncode, out) == (2, b""), (proc.returncode, out, err)
+    assert err.decode().startswith("error: cluster heal: no answer from the cluster (TimeoutError") \
+        and err.count(b"\n") == 1, err
+    assert taken == ["x._cluster.ctl"]
+    assert took_s < 1 + 3.5, took_s
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "601"])
+def test_cluster_control_refuses_a_bad_timeout_s(tmp_path, value):
+    _cluster_json(tmp_path / "cluster.json", "nats://127.0.0.1:1")
+    out = _inferbus("cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", value)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith("error: cluster heal: --timeout-s must be ") and out.stderr.count("\n") == 1, out.stderr
