@@ -70,14 +70,21 @@ def _cancel_requested() -> bool:
     return task is None or task.cancelling() > 0
 
 
-async def close_connection(nc: Client, *, drain: bool = False, drain_timeout_s: float = 2.0) -> None:
+async def close_connection(nc: Client, *, drain: bool = False, drain_timeout_s: float = 2.0,
+                           close_timeout_s: float | None = None) -> None:
     """Close ``nc`` (after draining it when ``drain``), never raising for a connection that is already closed,
     reconnecting (its server went away), or that fails while draining: such a one is closed without draining.
 
-    The drain is given ``drain_timeout_s`` (default 2 s), then the connection is closed without it: nats-py's drain
-    ends with a flush that waits 10 s for the server's PONG, and a server that stopped at that moment never sends
-    it, while the connection still looked connected (a fresh-user trial: ``Client.close()`` took 10.0 s in 6 of 12
-    closes right after the server's SIGTERM). A live server answers the flush within milliseconds.
+    The drain (:func:`_drain`) takes nothing new on any subscription (UNSUB), lets the callbacks handle what their
+    subscriptions had received, and makes sure what the connection wrote reached the server (a PING/PONG round
+    trip), all within ``drain_timeout_s`` (default 2 s); then the connection is closed, drained or not. A drain
+    cut short (its bound, or a cancellation of the caller) leaves nothing of its own behind. Not nats-py's
+    ``Client.drain()`` under ``asyncio.wait_for``, as before: cut short, that one left its gather of the
+    subscriptions' drains unretrieved (asyncio logged ``_GatheringFuture exception was never retrieved``), and it
+    ends with ``flush()`` waiting 10 s for a PONG, which a server stopping at that moment never sends (a fresh-user
+    trial: ``Client.close()`` took 10.0 s in 6 of 12 closes right after the server's SIGTERM). When the nats-py
+    internals :func:`_drain` uses are missing, nats-py's ``Client.drain()`` is used with its own ``drain_timeout``
+    option set to ``drain_timeout_s`` (it then ends itself and retrieves its gather), never cancelled.
 
     Works around a nats-py 2.16 race (``Client._close``): the close cancels the client's reconnect task and later
     awaits the socket's close waiter (``StreamWriter.wait_closed()``); when the reconnect task was itself awaiting
@@ -88,29 +95,163 @@ async def close_connection(nc: Client, *, drain: bool = False, drain_timeout_s: 
     that close are skipped. Such a ``CancelledError`` is swallowed when the calling task has no cancellation request
     (``Task.cancelling() == 0``); a real cancellation of the caller still propagates.
 
+    Args:
+        nc: the connection.
+        drain: drain before closing (default False: close at once; what is buffered for writing is still sent).
+        drain_timeout_s: bound of the drain (s, default 2.0).
+        close_timeout_s: bound of nats-py's ``Client.close()`` (s); default None, unbounded (it is quick unless the
+            server's socket takes nothing more, e.g. a blackholed path with a full send buffer). Past it the
+            connection is left closed (its status) with its socket to the garbage collector.
+
     Raises:
-        asyncio.CancelledError: only when the calling task itself was cancelled.
+        asyncio.CancelledError: only when the calling task itself was cancelled. A cancellation during the drain
+            ends the drain at once; the connection is still closed, then the cancellation is raised.
     """
     if nc.is_closed:
         return
-    if drain:
+    cancelled: asyncio.CancelledError | None = None
+    if drain and nc.is_connected and not nc.is_draining:
         try:
-            await asyncio.wait_for(nc.drain(), drain_timeout_s)
-            return
-        except asyncio.CancelledError:
+            if _can_drain_apart(nc):
+                await _drain(nc, drain_timeout_s)
+            else:
+                await _nats_py_drain(nc, drain_timeout_s)
+        except asyncio.CancelledError as exc:
             if _cancel_requested():
-                raise
-        except Exception:  # reconnecting, closed, or the drain timed out (ours or nats-py's): close it below
+                cancelled = exc  # close all the same, then raise it
+        except Exception:  # reconnecting, closed meanwhile: close it below
             pass
     if not nc.is_closed:
         try:
-            await nc.close()
-        except asyncio.CancelledError:
-            if _cancel_requested():
-                raise
-        except Exception:  # e.g. ConnectionResetError flushing to a server that is gone; the status is CLOSED by then
-            pass
+            if close_timeout_s is None:
+                await nc.close()
+            else:
+                await asyncio.wait_for(nc.close(), close_timeout_s)
+        except asyncio.CancelledError as exc:
+            if _cancel_requested() and cancelled is None:
+                cancelled = exc
+        except Exception:  # e.g. ConnectionResetError flushing to a server that is gone, or close_timeout_s passed;
+            pass  # the status is CLOSED by then
     await _reconnect_task_ended(nc)
+    if cancelled is not None:
+        raise cancelled
+
+
+def _can_drain_apart(nc: Client) -> bool:
+    """Whether nats-py has the internals :func:`_drain` uses (checked at 2.16)."""
+    return all(hasattr(nc, a) for a in ("_subs", "_send_unsubscribe", "_send_ping", "_remove_sub", "_flush_queue",
+                                        "_flusher_task", "_flush_pending")) and all(
+        hasattr(sub, a) for sub in nc._subs.values() for a in ("_id", "_cb", "_pending_queue", "_stop_processing"))
+
+
+async def _drain(nc: Client, timeout_s: float) -> bool:
+    """NATS's drain of the whole connection within ``timeout_s``; whether it finished. Does not close ``nc``.
+
+    1. Every subscription is unsubscribed (UNSUB), then a PING is sent after it (:func:`_round_trip`): its PONG
+       comes after every message the server sent before the UNSUBs, so once it is back nothing more can come, and
+       the subscriptions are forgotten (``Client._remove_sub``: a reconnect does not subscribe them again).
+    2. Each subscription with a callback is waited for until its buffer is empty and its callback returned (its
+       queue's ``join()``); a subscription read by ``next_msg`` or an iterator is not waited for.
+    3. A last round trip: what the callbacks published reached the server.
+    The subscriptions' message tasks are stopped at the end, finished or not (a callback still running is
+    cancelled, as ``Client.close()`` does).
+
+    Every wait is an ``asyncio.wait`` on futures this function owns or leaves to nats-py: nothing of nats-py's is
+    cancelled, and the PONG's future is left to the PONG (``nc.flush(timeout)`` cancels it on its timeout, and
+    nats-py 2.16 then sets the result of that cancelled future when the PONG comes, which raises
+    ``InvalidStateError`` in its read loop and ends it). The drain gives up (False) as soon as the connection is no
+    longer connected or has reconnected (its PONG is lost then).
+
+    Cancellation: the drain ends at once, its own tasks cancelled and retrieved; the cancellation is raised.
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + max(timeout_s, 0.0)
+    reconnects = nc.stats["reconnects"]
+    subs = list(nc._subs.values())
+    forgotten: list = []
+    joins: list[asyncio.Future] = []
+    try:
+        for sub in subs:
+            await nc._send_unsubscribe(sub._id)
+        if not await _round_trip(nc, until, reconnects):
+            return False
+        for sub in subs:
+            nc._remove_sub(sub._id)
+            forgotten.append(sub)
+        joins = [asyncio.ensure_future(sub._pending_queue.join()) for sub in subs
+                 if sub._cb is not None and sub._pending_queue is not None]
+        if joins and not await _until(nc, joins, until, reconnects):
+            return False
+        return await _round_trip(nc, until, reconnects)
+    finally:
+        for sub in forgotten:  # no longer in nc._subs: Client.close() would not stop their tasks
+            sub._stop_processing()
+        for j in joins:
+            j.cancel()
+        if joins:
+            await asyncio.gather(*joins, return_exceptions=True)
+
+
+async def _until(nc: Client, futures, until: float, reconnects: int, poll_s: float = 0.05) -> bool:
+    """Wait until every one of ``futures`` is done, ``until`` (the loop's clock) passes, or ``nc`` stops being
+    connected or reconnects (``reconnects``: its count before); whether they all are done. Cancels none."""
+    loop = asyncio.get_running_loop()
+    pending = {f for f in futures if not f.done()}
+    while pending and nc.is_connected and nc.stats["reconnects"] == reconnects:
+        left = until - loop.time()
+        if left <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(left, poll_s))
+    return not pending
+
+
+async def _round_trip(nc: Client, until: float, reconnects: int) -> bool:
+    """Whether the server answered a PING sent after all ``nc`` had buffered, by ``until`` (the loop's clock).
+
+    What is buffered is written first (a future handed to nats-py's flusher task, set once it has written): nats-py
+    writes a PING to the socket at once while other commands (an UNSUB, a publish) wait in its buffer for the
+    flusher, so its own ``flush()`` can be answered before the server has seen them. The PONG's future is left to
+    the PONG, never cancelled (see :func:`_drain`). False, not raised, for a connection closed or reconnecting."""
+    loop = asyncio.get_running_loop()
+    if not nc.is_connected:
+        return False
+    try:
+        if nc._flusher_task is None or nc._flusher_task.done():
+            await nc._flush_pending()  # nats-py writes inline then
+        else:
+            written = loop.create_future()
+            put = asyncio.ensure_future(nc._flush_queue.put(written))  # waits only when the flusher's queue is full
+            try:
+                for step in (put, written):
+                    if not await _until(nc, [step], until, reconnects):
+                        return False
+            finally:
+                put.cancel()  # done by then, unless given up on
+        pong = loop.create_future()
+        await nc._send_ping(pong)
+    except Exception:  # the socket went away under it
+        return False
+    return await _until(nc, [pong], until, reconnects)
+
+
+async def _nats_py_drain(nc: Client, timeout_s: float) -> None:
+    """nats-py's ``Client.drain()`` (closes ``nc``), bounded by its own ``drain_timeout`` option, never cancelled.
+
+    On its timeout nats-py cancels its gather of the subscriptions' drains and retrieves it; cancelled from outside,
+    it would leave that gather unretrieved. So a cancellation of the caller is held until the drain ends (its
+    bound, plus its last flush: at most 10 s more when the server does not answer), then raised."""
+    nc.options["drain_timeout"] = max(timeout_s, 0.001)
+    task = asyncio.ensure_future(nc.drain())
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if not task.cancelled():
+        task.exception()  # retrieved; the caller closes what is left
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _reconnect_task_ended(nc: Client, bound_s: float = 1.0) -> None:
