@@ -182,3 +182,44 @@ async def test_the_fallback_on_nats_py_own_drain_is_bounded_by_its_drain_timeout
         del nc, task
         seen = await reports.settled()
         assert seen == [], seen
+
+
+async def test_a_region_manager_stopped_with_a_backlog_stops_within_its_bound(nats_server, monkeypatch):
+    """A region manager whose heartbeat callback is slow (``SLOW_S`` each, ``N`` waiting) is stopped (its
+    SIGTERM): its connection's drain is cut at 2 s, the close follows, and asyncio reports nothing. Before, its
+    ``asyncio.wait_for(nc.drain(), 2.0)`` left nats-py's gather unretrieved."""
+    from inferbus.actors._region import RegionConfig, RegionManager
+    from inferbus.bus import BusConfig, Subjects
+
+    async def slow_hb(self, msg) -> None:
+        await asyncio.sleep(SLOW_S)
+
+    monkeypatch.setattr(RegionManager, "_on_hb", slow_hb)
+    with _Reports() as reports:
+        prefix = "tcdr"
+        m = RegionManager(RegionConfig(region="A", bus=BusConfig(servers=(nats_server.url,), prefix=prefix),
+                                       bucket="cdr", replicas=1, initial_primary=True))
+        task = asyncio.create_task(m.run())
+        deadline = time.monotonic() + 30
+        while not m.is_primary():
+            assert time.monotonic() < deadline and not task.done(), task
+            await asyncio.sleep(0.02)
+        subject = Subjects(prefix).region_heartbeats
+        pub = await nats.connect(nats_server.url)
+        for _ in range(N):
+            await pub.publish(subject, b"not a heartbeat")
+        await pub.flush()
+        await pub.close()
+        hb = next(s for s in m.nc._subs.values() if s.subject == subject)
+        deadline = time.monotonic() + 10
+        while hb._pending_queue.qsize() < N // 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        took = time.monotonic() - t0
+        assert m.nc.is_closed
+        assert took < 2.0 + SLACK_S, took
+        del m, task, hb
+        seen = await reports.settled()
+        assert seen == [], seen

@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from ..bus import BusConfig, Subjects, connect, fail_pending_requests
+from ..bus import BusConfig, Subjects, close_connection, connect, fail_pending_requests
 from ..schemas._region import (
     PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
     RegionStep, Transition, decode_region, encode_region,
@@ -838,14 +838,14 @@ class RegionManager:
                 await asyncio.wait_for(self.cache.close(), 2.0)
             except BaseException:
                 pass
+            # each connection drained (2 s) then closed (1 s); cut short (a second cancellation) the drain leaves
+            # nothing unretrieved (close_connection), and the connections left are closed without draining
+            hurry = False
             for nc in {id(c): c for c in (self.lease_nc, self.nc) if c is not None}.values():
                 try:
-                    await asyncio.wait_for(nc.drain(), 2.0)
-                except BaseException:
-                    try:
-                        await asyncio.wait_for(nc.close(), 1.0)
-                    except BaseException:
-                        pass
+                    await close_connection(nc, drain=not hurry, drain_timeout_s=2.0, close_timeout_s=1.0)
+                except BaseException:  # a second cancellation: the run's own cancellation propagates all the same
+                    hurry = True
 
 
 async def ask_region(nc, prefix: str, region: str, action: str, *, force: bool = False, successor: str = "",
