@@ -223,3 +223,55 @@ async def test_a_region_manager_stopped_with_a_backlog_stops_within_its_bound(na
         del m, task, hb
         seen = await reports.settled()
         assert seen == [], seen
+
+
+async def test_an_aggregator_stop_cancelled_again_during_its_drain_leaves_no_future_unretrieved(nats_server,
+                                                                                                 monkeypatch):
+    """The aggregator's stop drains its connection; a second SIGTERM (its task cancelled again) during that drain
+    ends it at once, the connection is closed and asyncio reports nothing. A slow subscription with a backlog is
+    put on the aggregator's connection so that its drain lasts. Before, its bare ``nc.drain()`` swallowed the
+    second cancellation, left nats-py's gather unretrieved and went on to its flush."""
+    from inferbus.actors import _aggregator
+    from inferbus.actors._config import AggregatorConfig
+    from inferbus.bus import BusConfig
+
+    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)  # no gc.freeze() in the test process
+    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
+    with _Reports() as reports:
+        agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a1",
+                                                      bus=BusConfig(servers=(nats_server.url,), prefix="tcda")))
+        task = asyncio.create_task(agg.run())
+        probe = await nats.connect(nats_server.url)
+        deadline = time.monotonic() + 30
+        while True:  # serving once its micro service answers
+            assert time.monotonic() < deadline and not task.done(), task
+            try:
+                await probe.request("$SRV.PING.inferbus-aggregator", b"", timeout=0.5)
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+        await probe.close()
+
+        async def slow(msg) -> None:
+            await asyncio.sleep(SLOW_S)
+
+        sub = await agg.nc.subscribe("tcda.slow", cb=slow)
+        pub = await nats.connect(nats_server.url)
+        for _ in range(N):
+            await pub.publish("tcda.slow", b"x")
+        await pub.flush()
+        await pub.close()
+        deadline = time.monotonic() + 10
+        while sub._pending_queue.qsize() < N // 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        task.cancel()
+        await asyncio.sleep(0.3)  # in the drain (1 s bound, the backlog would take 5 s)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        took = time.monotonic() - t0
+        assert agg.nc.is_closed
+        assert took < 0.3 + SLACK_S, took
+        del agg, task, sub
+        seen = await reports.settled()
+        assert seen == [], seen

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..bus import Subjects
+from ..bus import Subjects, close_connection
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
 from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity, supervise_loops
 from ._config import AggregatorConfig
@@ -86,9 +86,10 @@ class Aggregator:
             await loops.stop()
             try:
                 await svc.stop()
-                await self.nc.drain()
             except Exception:
                 pass
+            # 1 s to drain, then closed; a second SIGTERM cuts the drain short, the close still follows
+            await close_connection(self.nc, drain=True, drain_timeout_s=1.0)
 
 
 def main(config_json: str) -> None:

@@ -29,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from ..bus import close_connection
 from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity
 from ._config import ColocatedConfig
 from ._ingress import Ingress
-from ._worker import Worker
+from ._worker import STOP_CLOSE_DRAIN_S, Worker
 
 
 class Colocated:
@@ -77,10 +78,8 @@ class Colocated:
                     await task
                 except BaseException:
                     pass
-            try:
-                await nc.drain()
-            except Exception:
-                pass
+            # a second SIGTERM cuts the drain short (nothing left unretrieved), the close still follows
+            await close_connection(nc, drain=True, drain_timeout_s=STOP_CLOSE_DRAIN_S)
 
 
 def main(config_json: str) -> None:

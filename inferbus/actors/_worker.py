@@ -63,7 +63,7 @@ import numpy as np
 import msgspec
 
 from ..accelerators import BackendUnavailable, InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
-from ..bus import BusyPoll, Subjects, connected_server, publish_raw, reply_block, send_pending
+from ..bus import BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -85,6 +85,10 @@ from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
 from ._repository import ModelPinError, ModelRepository, ModelStartError
 
 _EWMA_ALPHA = 0.2
+STOP_CLOSE_DRAIN_S = 1.0
+"""Graceful stop, last step: the drain of the worker's own connection (its control and model subscriptions, the
+last replies and completion notices flushed to the server) gets at most this long (s) before the close
+(:func:`inferbus.bus.close_connection`); nats-py's ``Client.drain()`` had 30 s and its flush 10 s more."""
 DEDUP_HEADER = "Inferbus-Dedup"
 """Set on a reply that was not computed for this copy of the request: ``join`` or ``hit``."""
 CANCELLED = "CANCELLED"
@@ -1134,11 +1138,8 @@ class Worker:
                 await svc.stop()
             except Exception:
                 pass
-            if own_nc:
-                try:
-                    await self.nc.drain()  # flushes the last replies
-                except Exception:
-                    pass
+            if own_nc:  # flushes the last replies; a second SIGTERM cuts the drain short, the close still follows
+                await close_connection(self.nc, drain=True, drain_timeout_s=STOP_CLOSE_DRAIN_S)
 
     def _start_drain(self, svc) -> asyncio.Future:
         """Begin the graceful stop's drain (:meth:`_drain_requests`) unless it began already; returns its task.
