@@ -275,3 +275,32 @@ async def test_an_aggregator_stop_cancelled_again_during_its_drain_leaves_no_fut
         del agg, task, sub
         seen = await reports.settled()
         assert seen == [], seen
+
+
+async def test_an_endpoint_drain_cut_short_by_a_frozen_server_leaves_the_connection_working(nats_server):
+    """``drain_endpoint`` (a worker's graceful stop of its ``infer`` subscription) against a SIGSTOPped server: it
+    returns at its bound, the subscription delivers nothing more, and when the server answers again the drain's
+    PONG does not end the connection's read loop. Before, it was nats-py's ``Subscription.drain()`` under
+    ``asyncio.wait_for``: the bound cancelled nats-py's flush, whose PONG then set a cancelled future's result
+    (``InvalidStateError`` in the read loop: nothing was read any more, this flush timed out)."""
+    from inferbus.actors._common import drain_endpoint
+
+    with _Reports() as reports:
+        nc = await nats.connect(nats_server.url)
+        sub = await nc.subscribe("ep", cb=_nothing)
+        await nc.flush()
+        os.kill(nats_server.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            await drain_endpoint(sub, 0.3)
+            took = time.monotonic() - t0
+        finally:
+            os.kill(nats_server.proc.pid, signal.SIGCONT)
+        assert took < 0.3 + SLACK_S, took
+        assert sub._id not in nc._subs
+        await nc.flush(timeout=5)  # the read loop is alive: the drain's PONG, then this one, were read
+        assert nc.is_connected
+        await nc.close()
+        del nc, sub
+        seen = await reports.settled()
+        assert seen == [], seen

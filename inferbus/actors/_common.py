@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..bus import connect, connected_server
+from ..bus._connect import _can_drain_apart, drain_subscription
 from ..bus import headers as H
 from ..schemas import InferbusError, encode_error
 
@@ -185,7 +186,28 @@ async def drain_endpoint(sub, timeout_s: float) -> None:
     """
     if sub is None:
         return
+    nc = getattr(sub, "_conn", None)
+    if nc is None or not _can_drain_apart(nc) or not hasattr(sub, "_id"):
+        try:  # nats-py's own (internals changed): its flush cancelled on the bound is nats-py's hazard
+            await asyncio.wait_for(sub.drain(), max(timeout_s, 0.0))
+        except Exception as exc:  # timeout, connection closed: what is left is dropped
+            log(f"drain of {getattr(sub, 'subject', '?')} incomplete: {exc!r}")
+        return
+    # not sub.drain() under wait_for: cut short by the bound, that cancelled nats-py's flush, whose PONG then set a
+    # cancelled future's result and ended the connection's read loop (InvalidStateError); and a drain cut short
+    # left the subscription delivering
+    task = asyncio.ensure_future(drain_subscription(nc, sub))
     try:
-        await asyncio.wait_for(sub.drain(), max(timeout_s, 0.0))
-    except Exception as exc:  # timeout, connection closed: what is left is dropped
-        log(f"drain of {getattr(sub, 'subject', '?')} incomplete: {exc!r}")
+        done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.0))
+        if not done:
+            log(f"drain of {getattr(sub, 'subject', '?')} incomplete after {timeout_s:g} s: what is left is dropped")
+    finally:
+        task.cancel()
+        for outcome in await asyncio.gather(task, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log(f"drain of {getattr(sub, 'subject', '?')} failed: {outcome!r}")
+        try:
+            nc._remove_sub(sub._id)  # delivers nothing more (a reconnect does not subscribe it again)
+            sub._stop_processing()
+        except Exception as exc:
+            log(f"drain of {getattr(sub, 'subject', '?')}: {exc!r}")

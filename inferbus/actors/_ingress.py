@@ -58,6 +58,8 @@ import msgspec
 from ..bus import (BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block,
                    send_pending)
 from ..bus import headers as H
+from ..bus._connect import _can_drain_apart, drain_subscription
+from ..bus._connect import _round_trip as _server_round_trip
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
@@ -330,57 +332,18 @@ def _error_content_type(ct: str | None, body: bytes) -> str | None:
 
 
 def _can_stop_apart(nc, sub) -> bool:
-    """Whether nats-py has the internals :meth:`Ingress._stop_infer` uses (checked at 2.9-2.16)."""
-    return all(hasattr(nc, a) for a in ("_send_unsubscribe", "_send_ping", "_remove_sub")) and all(
-        hasattr(sub, a) for a in ("_id", "_cb", "_pending_queue", "_stop_processing"))
-
-
-async def _drained(nc, sub, poll_s: float = 0.02) -> None:
-    """UNSUB ``sub`` and return once every request the server delivered to it has been handled.
-
-    A PING follows the UNSUB: its PONG comes after every message the server sent before the UNSUB, so once it is
-    back nothing more can come for ``sub``, which is then forgotten (:meth:`Client._remove_sub`), and what its
-    buffer holds is all there is (its ``queue.join()``). The PONG's future is never cancelled (``nc.flush(timeout)``
-    cancels it on its timeout, and nats-py 2.16 then sets that cancelled future's result when the PONG comes, which
-    raises ``InvalidStateError`` in its read loop and ends it). A reconnect meanwhile (the server dropped a slow
-    consumer, or nats-py found the connection stale because its own PINGs waited behind a flood) loses the PING
-    and subscribes ``sub`` again, as nats-py does with every subscription it still has: UNSUB and PING are then
-    sent again. A closed connection delivers nothing more: only the buffer is waited for."""
-    while not nc.is_closed:
-        if not nc.is_connected:  # reconnecting: what it writes now may go nowhere
-            await asyncio.sleep(poll_s)
-            continue
-        reconnects = nc.stats["reconnects"]
-        pong = asyncio.get_running_loop().create_future()
-        try:
-            await nc._send_unsubscribe(sub._id)
-            await nc._send_ping(pong)
-        except Exception:  # the socket went away under it: once reconnected, again
-            await asyncio.sleep(poll_s)
-            continue
-        while not pong.done() and nc.stats["reconnects"] == reconnects and not nc.is_closed:
-            await asyncio.wait({pong}, timeout=poll_s)
-        if pong.done():
-            break
-    nc._remove_sub(sub._id)
-    await sub._pending_queue.join()
+    """Whether nats-py has the internals :meth:`Ingress._stop_infer` uses (checked at 2.9-2.16; the round trip's
+    are :func:`inferbus.bus._connect._can_drain_apart`'s)."""
+    return _can_drain_apart(nc) and all(hasattr(sub, a) for a in ("_id", "_cb", "_pending_queue", "_stop_processing"))
 
 
 async def _round_trip(nc, timeout_s: float) -> bool:
-    """Whether the server answered a PING within ``timeout_s``: all this connection wrote before it was processed.
-
-    Not ``nc.flush(timeout)``: that cancels the PONG's future when it times out, and nats-py (2.16) then sets the
-    result of that cancelled future when the PONG comes, which raises ``InvalidStateError`` in its read loop and
-    ends it. Here the future is left to the PONG. False, not raised, for a connection closed or reconnecting."""
+    """Whether the server answered a PING sent after all this connection had written, within ``timeout_s``
+    (:func:`inferbus.bus._connect._round_trip`: the PONG's future left to the PONG, not ``nc.flush(timeout)``).
+    False, not raised, for a connection closed or reconnecting."""
     if nc.is_closed or not nc.is_connected or timeout_s <= 0:
         return False
-    pong = asyncio.get_running_loop().create_future()
-    try:
-        await nc._send_ping(pong)
-    except Exception:
-        return False
-    done, _ = await asyncio.wait({pong}, timeout=timeout_s)
-    return bool(done)
+    return await _server_round_trip(nc, asyncio.get_running_loop().time() + timeout_s, nc.stats["reconnects"])
 
 
 async def _close_quietly(nc) -> None:
@@ -1734,7 +1697,7 @@ class Ingress:
     async def _stop_infer(self, drain_until: float, refuse_until: float) -> None:
         """Phases 1 and 2 of :meth:`_stop` on the ``infer`` subscription (monotonic deadlines, s).
 
-        UNSUB, then a PING (:func:`_drained`): its PONG comes after every request the server sent before the UNSUB,
+        UNSUB, then a PING (:func:`inferbus.bus._connect.drain_subscription`): its PONG comes after every request the server sent before the UNSUB,
         so once it is back and the buffer is empty, everything this ingress was given has been handled or answered.
         Until ``drain_until`` the requests are handled as usual; then, if some still wait (or the PONG has not
         come), each one the subscription delivers is answered UNAVAILABLE (:meth:`_refuse_stopping`: 10-20 µs each,
@@ -1760,7 +1723,7 @@ class Ingress:
         queue = sub._pending_queue
         t0 = time.monotonic()
         tally = {"refused": 0, "dropped": 0}
-        drained = asyncio.ensure_future(_drained(nc, sub))
+        drained = asyncio.ensure_future(drain_subscription(nc, sub))
         try:
             await asyncio.wait({drained}, timeout=max(drain_until - time.monotonic(), 0.0))
             if not drained.done():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import ssl
 
 from nats.aio.client import Client
@@ -190,6 +191,39 @@ async def _drain(nc: Client, timeout_s: float) -> bool:
             j.cancel()
         if joins:
             await asyncio.gather(*joins, return_exceptions=True)
+
+
+async def drain_subscription(nc: Client, sub, poll_s: float = 0.02) -> None:
+    """UNSUB ``sub`` and return once every request the server delivered to it has been handled.
+
+    A PING follows the UNSUB once nats-py has written it (:func:`_round_trip`: nats-py writes
+    a PING at once, ahead of what waits in its buffer): its PONG comes after every message the server sent before
+    the UNSUB, so once it is back nothing more can come for ``sub``, which is then forgotten
+    (:meth:`Client._remove_sub`), and what its buffer holds is all there is (its ``queue.join()``). The PONG's future
+    is never cancelled (``nc.flush(timeout)`` cancels it on its timeout, and nats-py 2.16 then sets that cancelled
+    future's result when the PONG comes, which raises ``InvalidStateError`` in its read loop and ends it). A
+    reconnect meanwhile (the server dropped a slow consumer, or nats-py found the connection stale because its own
+    PINGs waited behind a flood) loses the PING and subscribes ``sub`` again, as nats-py does with every subscription
+    it still has: UNSUB and PING are then sent again. A closed connection delivers nothing more: only the buffer is
+    waited for.
+
+    Unbounded: the caller bounds it (``asyncio.wait`` on its task, then cancels it: nothing of nats-py's is cancelled).
+    Uses nats-py internals (:func:`_can_drain_apart`)."""
+    while not nc.is_closed:
+        if not nc.is_connected:  # reconnecting: what it writes now may go nowhere
+            await asyncio.sleep(poll_s)
+            continue
+        reconnects = nc.stats["reconnects"]
+        try:
+            await nc._send_unsubscribe(sub._id)
+        except Exception:  # the socket went away under it: once reconnected, again
+            await asyncio.sleep(poll_s)
+            continue
+        if await _round_trip(nc, math.inf, reconnects):  # until the PONG, a reconnect or the close
+            break
+        await asyncio.sleep(poll_s)
+    nc._remove_sub(sub._id)
+    await sub._pending_queue.join()
 
 
 async def _until(nc: Client, futures, until: float, reconnects: int, poll_s: float = 0.05) -> bool:
