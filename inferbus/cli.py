@@ -1266,14 +1266,37 @@ def _load_npy(path: str) -> np.ndarray:
     def refuse(why: str) -> NoReturn:
         _usage(f"cannot read {path}: {why}; --input takes a .npy file (numpy.save) of a numeric or bytes array")
 
+    import math
+    import os
+    import stat
+
     try:
+        st = os.stat(path)
+        size = st.st_size
+        if stat.S_ISDIR(st.st_mode):
+            refuse("Is a directory")
+        if not stat.S_ISREG(st.st_mode):  # a FIFO with no writer blocked the open for ever
+            refuse("not a regular file")
         with open(path, "rb") as f:
             if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
                 refuse("not a .npy file (it does not start with numpy's header)")
             f.seek(0)
+            version = np.lib.format.read_magic(f)
+            header = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if header is not None:  # what the header promises must be in the file (else numpy allocates it first)
+                shape, _, dtype = header(f)
+                if not dtype.hasobject:
+                    claimed = math.prod(shape) * dtype.itemsize
+                    if claimed > size - f.tell():
+                        refuse(f"a damaged .npy file (its header says shape {tuple(shape)} of {dtype}, "
+                               f"{claimed} bytes, and the file holds {max(size - f.tell(), 0)} after it)")
+            f.seek(0)
             return np.load(f, allow_pickle=False)
     except OSError as exc:
         refuse(exc.strerror or str(exc))
+    except MemoryError:
+        refuse("its array does not fit in this machine's memory")
     except (ValueError, EOFError) as exc:
         if "allow_pickle" in str(exc) or "pickled" in str(exc):
             refuse("the array holds Python objects (dtype object), which are not loaded")

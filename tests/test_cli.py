@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -201,6 +202,19 @@ def test_bad_input_files(tmp_path):
     assert p.returncode == 2 and "damaged .npy" in p.stderr and "Traceback" not in p.stderr, p.stderr
     p, _ = cli("infer", "digits", "-i", f"pixels={tmp_path}")
     assert p.returncode == 2 and "Is a directory" in p.stderr, p.stderr
+    # a fresh-user trial: a FIFO hung the open (no writer), a header claiming 23.8 GiB was a MemoryError traceback
+    fifo = tmp_path / "fifo.npy"
+    os.mkfifo(fifo)
+    p, _ = cli("infer", "digits", "-i", f"pixels={fifo}")
+    assert (p.returncode, p.stderr.count("\n")) == (2, 1) and f"cannot read {fifo}: not a regular file" in p.stderr, \
+        p.stderr
+    huge = tmp_path / "huge.npy"
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (100_000_000, 64)})
+    huge.write_bytes(head.getvalue() + bytes(16))
+    p, _ = cli("infer", "digits", "-i", f"pixels={huge}")
+    assert (p.returncode, p.stderr.count("\n")) == (2, 1) and "a damaged .npy file (its header says shape " \
+        "(100000000, 64) of float32, 25600000000 bytes, and the file holds 16 after it)" in p.stderr, p.stderr
 
 
 def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_path):
