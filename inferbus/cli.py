@@ -922,7 +922,15 @@ def up(
         problem = _cannot_listen(metrics_host, metrics_port)
         if problem:
             _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
-    rc = _run(_up(cfg, demo, demo_duration, json_out))
+    try:
+        rc = _run(_up(cfg, demo, demo_duration, json_out))
+    except Exception as exc:  # the port check above and nats-server's own bind race (two 'up' at the same moment)
+        from .bus._embedded import EmbeddedServerError
+
+        if not (isinstance(exc, EmbeddedServerError) and "address already in use" in str(exc) and nats_url is None):
+            raise
+        _usage(f"up: port {cfg.nats_port} is in use (taken while this node started): pass --nats-port 0 (any free "
+               f"port), another --nats-port, or --nats-url to use the NATS already listening there")
     raise typer.Exit(rc)
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -554,3 +555,32 @@ async def test_model_option_serves_only_the_models_named(tmp_path):
                          text=True, timeout=60, cwd=ROOT, env=ENV)
     assert bad.returncode == 2 and "--model nope: not in the model repository" in bad.stderr, bad.stderr[-2000:]
     assert "digits, strings" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_nats_port_taken_between_the_check_and_the_bind_is_one_error_line(tmp_path):
+    """Two ``up`` started at the same moment on one port: both pass the port check, one nats-server loses the bind.
+    That one printed ~100 lines of traceback ending ``EmbeddedServerError: ... address already in use``, exit 1 (a
+    fresh-user trial). Here the check is made to pass (``_port_busy`` answers False) while a socket holds the port:
+    the documented one line, exit 2, and nothing of the node left running."""
+    import socket
+
+    models = str(models_subset(tmp_path / "models", ["typed"]))
+    code = "import sys, inferbus.cli as c; c._port_busy = lambda port: False; sys.argv[0] = 'inferbus'; c.main()"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = subprocess.run([sys.executable, "-c", code, "up", "--nats-port", str(port), "--no-cache", "--workers",
+                              "1", "--models", models, "--run-dir", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), (out.returncode, out.stdout[-1000:], out.stderr[-3000:])
+    assert out.stderr.startswith(f"error: up: port {port} is in use (taken while this node started)"), out.stderr
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(tmp_path / "run").encode() in (proc / "cmdline").read_bytes():
+                left.append(proc.name)
+        except OSError:
+            pass
+    assert not left, f"left running: {left}"
