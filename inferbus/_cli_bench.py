@@ -72,6 +72,8 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
     """
     import signal
 
+    from .loadgen._procs import GeneratorFailed
+
     # SIGTERM stops the run as Ctrl-C does (the generator processes and the node started here are stopped, their
     # run folder removed); its default action killed bench alone and left its generators running for ~15 s
     terminated: list[bool] = []
@@ -97,6 +99,10 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
                   flush=True)
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
+    except GeneratorFailed as exc:  # one line, not a traceback (e.g. the node it loads stopped under a flood and a
+        # generator was still waiting out its requests 66 s later: a fresh-user trial)
+        print(f"bench: a load generator failed: {' '.join(str(exc).split())[:600]}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         try:
             loop.remove_signal_handler(signal.SIGTERM)

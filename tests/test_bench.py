@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -855,3 +856,26 @@ async def test_tick_timer_on_a_loop_that_cannot_watch_descriptors_leaves_no_desc
     assert all(tick_timer(NoReaders()) is None for _ in range(50))
     assert len(os.listdir("/proc/self/fd")) == before
     assert asyncio.get_running_loop() is not None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.anyio
+async def test_a_generator_that_gives_no_answer_in_time_is_a_generator_failure_naming_it(nats_server, tmp_path):
+    """A step's answer that does not come within its wait (here a 1 s step given 0.3 s; in a fresh-user trial a node
+    stopped under a flood left a generator waiting out its requests past the step's duration + timeout + 60 s) is a
+    :class:`GeneratorFailed` naming the process, which ``inferbus bench`` prints as one line; the pool's close then
+    stops the busy process at once."""
+    from inferbus.loadgen._procs import GeneratorFailed
+
+    mv = ModelRepository(MODELS, ["digits"]).get("digits").version("1")
+    async with EchoPool(1, nats_server.url, "t.direct", log_dir=tmp_path, model=(str(mv.path), "digits", "1")) as _d, \
+            GeneratorPool(1, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
+        t = {"kind": "direct", "name": "direct", "model": "digits", "subject": "t.direct"}
+        await gp.prepare([t])
+        c = gp.children[0]
+        with pytest.raises(GeneratorFailed, match=r"loadgen-0 gave no answer within 0 s"):
+            await gp._ask([(c, {"op": "step", "target": t, "mode": "closed", "concurrency": 1, "duration_s": 1.0,
+                                "timeout_s": 1.0, "start_at": 0.0})], 0.3)
+        assert c.busy
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 5.0  # the busy generator was stopped, not waited for

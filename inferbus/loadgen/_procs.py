@@ -308,6 +308,10 @@ def echo_main(config_json: str) -> None:
 # ------------------------------------------------------------------ parent side
 
 
+class GeneratorFailed(RuntimeError):
+    """A load-generator or responder process died, refused a command, or gave no answer in time (its log named)."""
+
+
 class _Child:
     def __init__(self, proc: asyncio.subprocess.Process, name: str, log: Path | None) -> None:
         self.proc = proc
@@ -321,7 +325,7 @@ class _Child:
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
         if not line:
             tail = self.log.read_text(errors="replace")[-2000:] if self.log and self.log.exists() else ""
-            raise RuntimeError(f"{self.name} exited (code {self.proc.returncode}): {tail}")
+            raise GeneratorFailed(f"{self.name} exited (code {self.proc.returncode}): {tail}")
         return line.decode()
 
     async def send(self, obj: dict) -> None:
@@ -436,11 +440,21 @@ class GeneratorPool:
     async def _ask(self, items: list[tuple[_Child, dict]], timeout_s: float) -> list[dict]:
         for c, cmd in items:
             await c.send(cmd)
-        outs = await asyncio.gather(*(c.answer(timeout_s) for c, _ in items))
+        answers = [asyncio.ensure_future(c.answer(timeout_s)) for c, _ in items]
+        try:
+            outs = await asyncio.gather(*answers)
+        except asyncio.TimeoutError:
+            late = [c.name for (c, _), a in zip(items, answers) if not a.done() or a.cancelled() or a.exception()]
+            raise GeneratorFailed(f"{', '.join(late)} gave no answer within {timeout_s:.0f} s"
+                                  + (f" (logs in {self.log_dir})" if getattr(self, "log_dir", None) else "")) from None
+        finally:
+            for a in answers:
+                a.cancel()
+            await asyncio.gather(*answers, return_exceptions=True)
         res = [json.loads(o) for o in outs]
         for (c, _), r in zip(items, res):
             if not r.get("ok"):
-                raise RuntimeError(f"{c.name}: {r.get('error')}")
+                raise GeneratorFailed(f"{c.name}: {r.get('error')}")
         return res
 
     async def prepare(self, targets: list[dict], timeout_s: float = 300.0) -> None:
@@ -461,7 +475,8 @@ class GeneratorPool:
         The result's ``pacing`` says what the processes did (``timerfd``, ``spin`` or ``sleep``).
 
         Raises:
-            RuntimeError: a generator process failed or died.
+            GeneratorFailed: a generator process failed or died, or gave no answer within the step's duration, its
+                timeout and 60 s.
         """
         use = self.children[: max(1, min(procs or self.n, self.n))]
         if precise is None:  # a timerfd wakes on time without spinning; a spin only where cores are to spare
