@@ -53,6 +53,19 @@ async def _nothing(msg) -> None:
     pass
 
 
+async def _fill(url: str, subject: str, payload: bytes, sub) -> None:
+    """Publish ``N`` messages on ``subject`` from a connection of its own and wait (10 s at most) until ``sub`` (a
+    subscription with a slow callback) holds at least half of them in its buffer."""
+    pub = await nats.connect(url)
+    for _ in range(N):
+        await pub.publish(subject, payload)
+    await pub.flush()
+    await pub.close()
+    deadline = time.monotonic() + 10
+    while sub._pending_queue.qsize() < N // 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 async def _backlogged(url: str, handled: list, n: int = N, reply: str = ""):
     """A connection with a subscription whose callback takes ``SLOW_S`` a message and ``n`` messages received for it
     (the callback has begun the first); each callback answers the message's reply subject after its wait."""
@@ -205,15 +218,8 @@ async def test_a_region_manager_stopped_with_a_backlog_stops_within_its_bound(na
             assert time.monotonic() < deadline and not task.done(), task
             await asyncio.sleep(0.02)
         subject = Subjects(prefix).region_heartbeats
-        pub = await nats.connect(nats_server.url)
-        for _ in range(N):
-            await pub.publish(subject, b"not a heartbeat")
-        await pub.flush()
-        await pub.close()
         hb = next(s for s in m.nc._subs.values() if s.subject == subject)
-        deadline = time.monotonic() + 10
-        while hb._pending_queue.qsize() < N // 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _fill(nats_server.url, subject, b"not a heartbeat", hb)
         t0 = time.monotonic()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -256,14 +262,7 @@ async def test_an_aggregator_stop_cancelled_again_during_its_drain_leaves_no_fut
             await asyncio.sleep(SLOW_S)
 
         sub = await agg.nc.subscribe("tcda.slow", cb=slow)
-        pub = await nats.connect(nats_server.url)
-        for _ in range(N):
-            await pub.publish("tcda.slow", b"x")
-        await pub.flush()
-        await pub.close()
-        deadline = time.monotonic() + 10
-        while sub._pending_queue.qsize() < N // 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _fill(nats_server.url, "tcda.slow", b"x", sub)
         t0 = time.monotonic()
         task.cancel()
         await asyncio.sleep(0.3)  # in the drain (1 s bound, the backlog would take 5 s)

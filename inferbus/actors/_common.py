@@ -8,8 +8,8 @@ import os
 import sys
 
 from ..bus import connect, connected_server
-from ..bus._connect import _can_drain_apart, drain_subscription
 from ..bus import headers as H
+from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..schemas import InferbusError, encode_error
 
 READY_LINE = "READY"
@@ -202,12 +202,6 @@ async def drain_endpoint(sub, timeout_s: float) -> None:
         if not done:
             log(f"drain of {getattr(sub, 'subject', '?')} incomplete after {timeout_s:g} s: what is left is dropped")
     finally:
-        task.cancel()
-        for outcome in await asyncio.gather(task, return_exceptions=True):
-            if isinstance(outcome, Exception):
-                log(f"drain of {getattr(sub, 'subject', '?')} failed: {outcome!r}")
-        try:
-            nc._remove_sub(sub._id)  # delivers nothing more (a reconnect does not subscribe it again)
-            sub._stop_processing()
-        except Exception as exc:
-            log(f"drain of {getattr(sub, 'subject', '?')}: {exc!r}")
+        failed = await end_drain(nc, sub, task)  # forgotten: delivers nothing more, finished or not
+        if failed is not None:
+            log(f"drain of {getattr(sub, 'subject', '?')} failed: {failed!r}")

@@ -58,7 +58,7 @@ import msgspec
 from ..bus import (BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block,
                    send_pending)
 from ..bus import headers as H
-from ..bus._connect import _can_drain_apart, drain_subscription
+from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..bus._connect import _round_trip as _server_round_trip
 from ..schemas import (
     DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
@@ -1736,14 +1736,9 @@ class Ingress:
                     f"elsewhere), dropped {tally['dropped'] + queue.qsize()}{unsent}; stop took "
                     f"{time.monotonic() - t0:.2f} s so far")
         finally:
-            drained.cancel()
-            await asyncio.gather(drained, return_exceptions=True)  # its outcome retrieved, whatever it was
-            nc._remove_sub(sub._id)
-            sub._stop_processing()  # a request still being handled is cut short (the close's bound)
-            try:
-                await nc._send_unsubscribe(sub._id)  # again: a reconnect may have subscribed it anew
-            except Exception:
-                pass
+            # its outcome retrieved, the subscription forgotten and stopped (a request still being handled is cut
+            # short: the close's bound)
+            await end_drain(nc, sub, drained)
 
     async def _refuse_stopping(self, msg, *, until: float, tally: dict) -> None:
         """The ``infer`` subscription's callback once the stop's drain is over: answer ``msg`` UNAVAILABLE at once

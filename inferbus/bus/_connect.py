@@ -226,6 +226,23 @@ async def drain_subscription(nc: Client, sub, poll_s: float = 0.02) -> None:
     await sub._pending_queue.join()
 
 
+async def end_drain(nc: Client, sub, drain: asyncio.Future) -> BaseException | None:
+    """End a :func:`drain_subscription` task ``drain``, finished or not: cancel and retrieve it, forget ``sub``
+    (``Client._remove_sub``: nothing more is delivered to it, and a reconnect does not subscribe it again), stop its
+    message task (a callback still running is cut short) and send its UNSUB again (a reconnect during the drain may
+    have subscribed it anew). Returns the drain's exception, None when it finished or was cancelled. Never raises
+    for a connection gone."""
+    drain.cancel()
+    (outcome,) = await asyncio.gather(drain, return_exceptions=True)
+    nc._remove_sub(sub._id)
+    sub._stop_processing()
+    try:
+        await nc._send_unsubscribe(sub._id)
+    except Exception:
+        pass
+    return outcome if isinstance(outcome, Exception) else None
+
+
 async def _until(nc: Client, futures, until: float, reconnects: int, poll_s: float = 0.05) -> bool:
     """Wait until every one of ``futures`` is done, ``until`` (the loop's clock) passes, or ``nc`` stops being
     connected or reconnects (``reconnects``: its count before); whether they all are done. Cancels none."""

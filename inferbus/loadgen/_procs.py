@@ -446,7 +446,7 @@ class GeneratorPool:
         except asyncio.TimeoutError:
             late = [c.name for (c, _), a in zip(items, answers) if not a.done() or a.cancelled() or a.exception()]
             raise GeneratorFailed(f"{', '.join(late)} gave no answer within {timeout_s:.0f} s"
-                                  + (f" (logs in {self.log_dir})" if getattr(self, "log_dir", None) else "")) from None
+                                  + (f" (logs in {self.log_dir})" if self.log_dir else "")) from None
         finally:
             for a in answers:
                 a.cancel()
