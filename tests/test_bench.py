@@ -879,3 +879,83 @@ async def test_a_generator_that_gives_no_answer_in_time_is_a_generator_failure_n
         assert c.busy
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 5.0  # the busy generator was stopped, not waited for
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.anyio
+async def test_a_server_lost_under_a_flood_ends_the_step_on_time_with_the_unanswered_as_timeouts(nats_server):
+    """A fresh-user trial: ``inferbus up`` SIGTERM'd under ``bench --rate 200000`` left the generator waiting ~66 s
+    past its step. Its publish had more than ``pending_size`` bytes waiting (the stopping server read nothing), so
+    nats-py made it wait in a *forced* flush, whose future sat in the flusher task's queue; the lost connection
+    ended that flusher (nats-py cancels it to reconnect) without resolving the futures queued behind, and the
+    reconnect never came. Here: the server SIGSTOPped under an open loop until a publish is in that flush (more
+    than a small ``pending_size`` waits), then killed. The generator's connection (``_procs._connect``) bounds the
+    forced flush, so the step ends about on time, the unanswered requests counted as TIMEOUT."""
+    import signal
+
+    from inferbus.loadgen._lean import LeanDriver, infer_target
+    from inferbus.loadgen._procs import FLUSH_TIMEOUT_S, _connect
+
+    pending_size = 1 << 20
+    nc = await _connect(nats_server.url, "t-gen", pending_size_bytes=pending_size)
+    stopper = None
+    try:
+        drv = LeanDriver(nc)
+        await drv.start()
+        work = Workload(ModelRepository(str(MODELS), ["digits"]), "digits", "1", pool=64)
+        # nothing serves it: NO_RESPONDERS answers, until the server stops
+        target = infer_target(work, "t", timeout_ms=500.0)
+        duration_s, timeout_s = 3.0, 0.5
+        in_flush = asyncio.Event()
+
+        async def stop_server() -> None:
+            await asyncio.sleep(0.3)
+            os.kill(nats_server.proc.pid, signal.SIGSTOP)  # its socket open, nothing read: the writes pile up
+            while nc.pending_data_size <= pending_size:  # more is waiting: the publish is in the forced flush
+                await asyncio.sleep(0.005)
+            in_flush.set()
+            nats_server.kill()  # the connection is lost; nats-py reconnects for ever, to no server
+
+        t0 = time.monotonic()
+        stopper = asyncio.ensure_future(stop_server())
+        rec, _, _ = await asyncio.wait_for(drv.open(target, rate_qps=100_000, duration_s=duration_s,
+                                                    timeout_s=timeout_s), duration_s + timeout_s + 6.0)
+        took_s = time.monotonic() - t0
+        assert in_flush.is_set(), "the flood ended before a publish waited in the forced flush: nothing tested"
+        # the step's duration + its timeout + the flush's bound + the sweep, and slack for a busy box
+        assert took_s < duration_s + timeout_s + FLUSH_TIMEOUT_S + 2.0, took_s
+        r = merge_wire([rec.to_wire(duration_s, 0.0)], model="digits", mode="open", concurrency=None,
+                       rate_qps=100_000, target="inferbus")
+        assert r.errors.get("TIMEOUT", 0) > 0 and r.ok == 0, r.errors
+    finally:
+        if stopper is not None:
+            stopper.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(nats_server.proc.pid, signal.SIGCONT)
+        from inferbus.bus import close_connection
+
+        await close_connection(nc)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.anyio
+async def test_a_closed_loop_on_a_connection_closed_mid_step_fails_the_step_not_waits(nats_server):
+    """The closed loop's sweeper sends the next request of a caller whose request timed out; a connection closed
+    mid-step made that send raise and end the sweeper, and the step then waited for ever (no answer and no sweep
+    would end it). Now the sweeper's error is the step's, at once."""
+    from nats.errors import ConnectionClosedError
+
+    from inferbus.loadgen._lean import echo_target
+
+    async with _echo_driver(nats_server.url, "t.gone", delay_s=60.0) as (drv, work, _):  # answers nothing in time
+        async def close_soon() -> None:
+            await asyncio.sleep(0.3)
+            await drv.nc.close()
+
+        closer = asyncio.ensure_future(close_soon())
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionClosedError):
+            await asyncio.wait_for(drv.closed(echo_target(work, "t.gone", timeout_ms=200.0), concurrency=2,
+                                              duration_s=5.0, timeout_s=0.2), 10.0)
+        assert time.monotonic() - t0 < 3.0
+        await closer

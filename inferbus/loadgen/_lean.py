@@ -104,6 +104,10 @@ class LeanDriver:
 
     Call :meth:`start` once (subscribes the reply inbox), then any number of
     :meth:`closed` / :meth:`open` steps.
+
+    ``nc`` should bound nats-py's forced flush (``flush_timeout``, as the generator processes' connections do:
+    :data:`inferbus.loadgen._procs.FLUSH_TIMEOUT_S`): without it a publish made while more than ``pending_size``
+    bytes wait to be written can wait for ever if the connection is lost meanwhile, and the step with it.
     """
 
     def __init__(self, nc) -> None:
@@ -184,6 +188,18 @@ class LeanDriver:
             if not self._pending and not self._sending:
                 self._done.set()
 
+    async def _wait_done(self, sweeper: asyncio.Task) -> None:
+        """Until the step is done, or its sweeper ended with an error, which is then the step's (e.g. the
+        connection closed: the sweeper's send of a closed loop's next request raised ConnectionClosedError). Before,
+        a sweeper that died left the step waiting for ever."""
+        done = asyncio.ensure_future(self._done.wait())
+        try:
+            await asyncio.wait({done, sweeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+        if not self._done.is_set() and sweeper.done() and not sweeper.cancelled() and sweeper.exception():
+            raise sweeper.exception()
+
     def _begin(self, target: Target) -> Recorder:
         self._wall_offset_s = time.time() - time.monotonic()  # monotonic → wall clock, for deadline headers
         self._rec = Recorder(stage_every=STAGE_SAMPLE_EVERY)
@@ -226,7 +242,7 @@ class LeanDriver:
             for slot in range(concurrency):
                 await self._send(next(counter), time.monotonic(), slot)
             self._sending = False
-            await self._done.wait()
+            await self._wait_done(sweeper)
         finally:
             sweeper.cancel()
             self._next = None
@@ -306,7 +322,7 @@ class LeanDriver:
                 k += 1
             self._sending = False
             if self._pending:
-                await self._done.wait()
+                await self._wait_done(sweeper)
         finally:
             sweeper.cancel()
             self._sending = False

@@ -59,10 +59,26 @@ def _uvloop_run(coro) -> None:
         asyncio.run(coro)
 
 
-async def _connect(url: str, name: str):
+FLUSH_TIMEOUT_S = 1.0
+"""The longest a generator's or responder's publish waits in nats-py's *forced* flush (``flush_timeout``), the wait
+a publish makes once more than ``pending_size`` bytes (64 MiB) wait to be written, as under a flood the server does
+not read fast enough. nats-py waits for ever by default, and that flush's future waits in the queue of nats-py's
+flusher task, which a lost connection ends (nats-py 2.16: ``_attempt_reconnect`` cancels it) without resolving the
+futures queued behind the one it holds: only the flusher of a later reconnect would. So when the node a bench
+flooded stopped, the generator's publish waited for a reconnect that never came, its step never ended, and
+``inferbus bench`` failed the generator 66 s later (a fresh-user trial). Past this bound the publish goes on (its
+bytes stay buffered; the server, if alive, reads them later), and the requests no answer reaches are counted out
+by the step's ``timeout_s`` as usual."""
+
+
+async def _connect(url: str, name: str, **bus):
+    """The NATS connection of a generator or responder process: ``url``'s servers tried in the given order, a
+    forced flush bounded by :data:`FLUSH_TIMEOUT_S`; ``bus``: further :class:`~inferbus.bus.BusConfig` fields
+    (e.g. ``pending_size_bytes``)."""
     from ..bus import BusConfig, connect, split_servers
 
-    return await connect(BusConfig(servers=split_servers(url), name=name, no_randomize=True))  # in the given order
+    return await connect(BusConfig(servers=split_servers(url), name=name, no_randomize=True,
+                                   extra={"flush_timeout": FLUSH_TIMEOUT_S}, **bus))
 
 
 # ------------------------------------------------------------------ child: generator
