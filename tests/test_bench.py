@@ -890,7 +890,8 @@ async def test_a_server_lost_under_a_flood_ends_the_step_on_time_with_the_unansw
     ended that flusher (nats-py cancels it to reconnect) without resolving the futures queued behind, and the
     reconnect never came. Here: the server SIGSTOPped under an open loop until a publish is in that flush (more
     than a small ``pending_size`` waits), then killed. The generator's connection (``_procs._connect``) bounds the
-    forced flush, so the step ends about on time, the unanswered requests counted as TIMEOUT."""
+    forced flush, so the step ends about on time, the unanswered requests counted as TIMEOUT, and those not sent
+    (the connection down, its buffer full) as DISCONNECTED."""
     import signal
 
     from inferbus.loadgen._lean import LeanDriver, infer_target
@@ -927,6 +928,10 @@ async def test_a_server_lost_under_a_flood_ends_the_step_on_time_with_the_unansw
         r = merge_wire([rec.to_wire(duration_s, 0.0)], model="digits", mode="open", concurrency=None,
                        rate_qps=100_000, target="inferbus")
         assert r.errors.get("TIMEOUT", 0) > 0 and r.ok == 0, r.errors
+        # once the connection was down and its buffer full, the requests were not sent (nor held in memory) but
+        # counted as DISCONNECTED: an error other than TIMEOUT, so bench exits 1 (a stopped node is no saturation)
+        assert r.errors.get("DISCONNECTED", 0) > 0, r.errors
+        assert r.requests + r.errors["DISCONNECTED"] + r.errors.get("NOT_SENT", 0) == int(100_000 * duration_s)
     finally:
         if stopper is not None:
             stopper.cancel()

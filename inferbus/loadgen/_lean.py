@@ -27,7 +27,8 @@ counted from its actual send time; a later send still counts from its schedule.
 Every answer is judged by the target (:meth:`Target.judge`): error code,
 correctness against the reference, and response parameters (cache hit, batch
 size; the stage timings of one answer in :data:`STAGE_SAMPLE_EVERY`).
-A request unanswered within ``timeout_s`` counts as error ``TIMEOUT``.
+A request unanswered within ``timeout_s`` counts as error ``TIMEOUT``; an open loop's request not sent because
+the connection is down and its buffer full, as ``DISCONNECTED`` (:meth:`LeanDriver.open`).
 """
 
 from __future__ import annotations
@@ -262,6 +263,12 @@ class LeanDriver:
         ``NOT_SENT`` (the load asked for was not offered). Before 2026-12-02 it sent them all, however late:
         ``--rate 1e9 --duration 0.5`` ran for an hour's worth of requests (a fresh-user trial).
 
+        While the connection is down (nats-py reconnecting) and more than its ``pending_size`` bytes already wait
+        to be written, a tick's requests are not sent but counted as the error ``DISCONNECTED``, as nats-py's own
+        publish refuses them then (``OutboundBufferLimitError``; :func:`inferbus.bus.publish_raw` does not check).
+        Before, they were all buffered: a node stopped under ``--rate 200000`` left the generator holding every
+        request of the step's rest in memory, counted as TIMEOUT as if the node were only saturated.
+
         Args:
             phase: fraction of a tick to shift this process's ticks by, so that
                 several generator processes do not all fire on the same instant.
@@ -287,6 +294,9 @@ class LeanDriver:
         async def noop(slot: int) -> None:
             return None
 
+        nc = self.nc
+        buffer_limit = getattr(nc, "_max_pending_size", 0) or 64 * 1024 * 1024  # nats-py's pending_size
+
         self._sending = True
         self._timeout_s = timeout_s
         sweeper = asyncio.create_task(self._sweep(timeout_s, noop))
@@ -310,6 +320,9 @@ class LeanDriver:
                 elif now < t_k:
                     await asyncio.sleep(t_k - now)
                 due = min(total, math.floor((k + 1) * per_tick))
+                if due > sent and not nc.is_connected and nc.pending_data_size > buffer_limit:
+                    rec.errors["DISCONNECTED"] += due - sent  # down, its buffer full: nats-py would refuse them
+                    sent = due
                 while sent < due:
                     t_send = time.monotonic()
                     lag = t_send - t_k
