@@ -142,6 +142,7 @@ async def test_generator_pool_against_echo(nats_server, tmp_path):
         timed = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=True)
         spun = await gp.step(t, mode="open", rate=400, duration_s=0.3, precise=True, timer=False)
     assert closed.gen_procs == 2 and closed.requests > 0 and closed.wrong == 0 and not closed.errors
+    assert closed.ok_qps == closed.qps > 0  # every answer no error and right: the goodput is the throughput
     assert opened.requests == 120 and opened.wrong == 0 and not opened.errors
     assert opened.offered_qps == 400
     assert (opened.pacing, closed.pacing) == ("sleep", "")
@@ -964,3 +965,57 @@ async def test_a_closed_loop_on_a_connection_closed_mid_step_fails_the_step_not_
                                               duration_s=5.0, timeout_s=0.2), 10.0)
         assert time.monotonic() - t0 < 3.0
         await closer
+
+
+def _table_text(results) -> str:
+    import io
+
+    from rich.console import Console
+
+    from inferbus.loadgen import render_table
+
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(render_table(results, "t"))
+    return out.getvalue()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.anyio
+async def test_error_replies_count_in_qps_but_not_in_ok_qps_and_the_table_breaks_errors_down(nats_server, tmp_path):
+    """A model nothing serves: every request is answered at once with NO_RESPONDERS (nats-server's 503). ``qps``
+    counts those answers; ``ok_qps``, the goodput (no error and right, per second), is 0, in the result, its JSON
+    and the table, whose ``errors`` column names each code with its count, most frequent first (it showed a total
+    only, next to a qps that read as throughput)."""
+    async with GeneratorPool(1, nats_server.url, str(MODELS), pool=64, log_dir=tmp_path) as gp:
+        t = {"kind": "inferbus", "name": "inferbus", "model": "digits", "version": "1", "prefix": "t.none",
+             "timeout_ms": 1000.0}
+        await gp.prepare([t])
+        r = await gp.step(t, mode="closed", concurrency=2, duration_s=0.5, label="digits")
+    assert r.requests > 0 and set(r.errors) == {"NO_RESPONDERS"} and r.errors["NO_RESPONDERS"] == r.requests, r.errors
+    assert r.qps > 0 and r.ok_qps == 0.0, (r.qps, r.ok_qps)
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["ok_qps"] == 0.0 and d["qps"] == r.qps and d["errors"] == {"NO_RESPONDERS": r.requests}  # as before
+    header, row = [line for line in _table_text([r]).splitlines() if "digits" in line or "ok qps" in line]
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    names = [c.strip() for c in header.strip("┃ ").split("┃")]
+    assert names[4:6] == ["qps", "ok qps"], names
+    assert cells[names.index("ok qps")] == "0" and cells[names.index("qps")] == f"{r.qps:.0f}", cells
+    assert cells[names.index("errors")] == f"NO_RESPONDERS {r.requests}", cells
+
+
+def test_the_error_breakdown_lists_the_most_frequent_code_first():
+    from inferbus.loadgen._result import error_breakdown
+
+    a, b = Recorder(), Recorder()
+    for _ in range(3):
+        a.record(100, err="NO_RESPONDERS")
+    for _ in range(12):
+        b.record(1_000_000, err="TIMEOUT")
+    b.record(100)
+    b.record(100, correct=False)
+    r = merge_wire([a.to_wire(1.0, 0.0), b.to_wire(2.0, 0.0)], model="m", mode="closed", concurrency=2,
+                   rate_qps=None, target="inferbus")
+    assert r.qps == 2.5 and r.ok_qps == 0.5  # 5 answers (3 errors, 1 wrong, 1 right) over 2 s; 1 right
+    assert error_breakdown(r.errors) == "TIMEOUT 12, NO_RESPONDERS 3"
+    assert error_breakdown({}) == "0" and error_breakdown({"B": 1, "A": 1, "C": 0}) == "A 1, B 1"
+    assert "TIMEOUT 12, NO_RESPONDERS 3" in _table_text([r])

@@ -32,7 +32,11 @@ class BenchResult:
     """Figures of one load step. Latencies in µs, rates in requests/s.
 
     ``qps`` counts every answered request (errors included, ``TIMEOUT`` not: no
-    answer came within the budget) over the step's elapsed time; ``offered_qps`` is the open-loop schedule's rate (None in a
+    answer came within the budget) over the step's elapsed time; ``ok_qps`` is the goodput: the answers that were
+    no error and right (``ok - wrong``) over the same time, so an error reply (e.g. ``NO_RESPONDERS`` when nothing
+    serves the model) counts in ``qps`` but not here. ``errors`` counts each error code (``TIMEOUT``, the
+    generator's ``NOT_SENT`` and ``DISCONNECTED``, and the codes of error replies); :func:`render_table` shows
+    them most frequent first. ``offered_qps`` is the open-loop schedule's rate (None in a
     closed loop). ``send_lag_*`` say how late the generator sent against its
     schedule (open loop): a large lag means the generator, not the target, was
     the limit. ``gen_cpu_us_per_req`` is the generator processes' CPU time per
@@ -84,6 +88,9 @@ class BenchResult:
     pacing: str = ""
     """How the generator processes paced an open loop (``timerfd``, ``spin``, ``sleep``; several comma-joined
     when they differed; empty in a closed loop or when not told)."""
+    ok_qps: float = 0.0
+    """Goodput, requests/s: answers that were no error and right (``ok - wrong``) over the step's elapsed time
+    (``duration_s``, as ``qps``). ``qps`` alone read as throughput while every answer was an error reply."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -272,6 +279,7 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     n = hist.get_total_count()
     r = BenchResult(model, mode, concurrency, rate_qps, round(elapsed, 3), requests=n, ok=ok, errors=dict(errors),
                     wrong=wrong, qps=round((n - errors.get("TIMEOUT", 0)) / elapsed, 1) if elapsed else 0.0,
+                    ok_qps=round((ok - wrong) / elapsed, 1) if elapsed else 0.0,
                     cache_hits=hits, target=target,
                     label=label, gen_procs=len(parts), offered_qps=rate_qps,
                     timeouts=errors.get("TIMEOUT", 0), tail_answers=tail_n, tail_us=tail_us,
@@ -292,18 +300,26 @@ def merge_wire(parts: list[dict], *, model: str, mode: str, concurrency: int | N
     return r
 
 
+def error_breakdown(errors: dict) -> str:
+    """``errors`` (code -> count) as ``TIMEOUT 12, NO_RESPONDERS 3``: most frequent first, ties by code; ``0``
+    when there is none."""
+    kinds = sorted(((n, code) for code, n in errors.items() if n), key=lambda e: (-e[0], e[1]))
+    return ", ".join(f"{code} {n}" for n, code in kinds) or "0"
+
+
 def render_table(results: list[BenchResult], title: str = "inferbus load run"):
-    """A rich Table of results (latencies in ms)."""
+    """A rich Table of results (latencies in ms): ``qps`` (answers, error replies included) next to ``ok qps``
+    (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code (:func:`error_breakdown`)."""
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("target", "mode", "load", "requests", "qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors",
-                "wrong", "cache hits"):
-        t.add_column(col, justify="right" if col not in ("target", "mode") else "left")
+    for col in ("target", "mode", "load", "requests", "qps", "ok qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
+                "errors", "wrong", "cache hits"):
+        t.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
     for r in results:
         load = f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
         name = r.label or (r.model if r.target == "inferbus" else r.target)
-        t.add_row(name, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.p50_us / 1000:.3f}",
+        t.add_row(name, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.ok_qps:.0f}", f"{r.p50_us / 1000:.3f}",
                   f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}",
-                  str(r.error_count), str(r.wrong), str(r.cache_hits))
+                  error_breakdown(r.errors), str(r.wrong), str(r.cache_hits))
     return t
