@@ -33,8 +33,18 @@ _FLAGS = {
     "faults": "--faults", "ingress": "--ingress",
 }
 
-_OPTION_FLAGS = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "timeout_s": "--timeout"}
+_OPTION_FLAGS = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "timeout_s": "--timeout-s"}
 """Every option field a drill's range check may name → the option as typed."""
+
+
+def _as_typed(flag: str) -> str:
+    """``flag``, or ``--timeout`` when the command line gave the budget by its older name (Click does not say which
+    name of an option was used): a range error names the option as typed."""
+    import sys
+
+    if flag == "--timeout-s" and any(a.split("=", 1)[0] == "--timeout" for a in sys.argv[1:]):
+        return "--timeout"
+    return flag
 
 
 @app.command("run")
@@ -42,7 +52,9 @@ def run(
     name: str = typer.Argument(..., metavar="NAME", help="Drill name (inferbus chaos list)."),
     duration_s: Optional[float] = typer.Option(None, "--duration", help="Seconds of load (drill default if omitted)."),
     rate_qps: Optional[float] = typer.Option(None, "--rate", help="Offered load, requests/s."),
-    timeout_s: Optional[float] = typer.Option(None, "--timeout", help="Per-request budget, seconds."),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout-s", "--timeout",
+                                              help="Per-request budget, seconds (--timeout-s as every command "
+                                                   "names it; --timeout is the older name of the same option)."),
     fault_every_s: Optional[float] = typer.Option(None, "--fault-every", help="soak: seconds between faults (30)."),
     topology: Optional[bool] = typer.Option(None, "--topology/--node",
                                             help="soak: run on the two-region topology (cluster faults in the "
@@ -108,6 +120,7 @@ def run(
         msg = str(exc)
         field_name = msg.split(" ", 1)[0].rstrip(":")
         flag = _OPTION_FLAGS.get(field_name)
+        flag = _as_typed(flag) if flag else flag
         _usage(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}")
     try:
         fig = _run(fn(opts))

@@ -252,3 +252,22 @@ def test_an_empty_folder_option_is_one_error_line_and_writes_nothing(tmp_path, a
     p = cli(*argv, cwd=tmp_path)
     assert_one_error_line(p, f"{said} must name a folder, got '' (give '.' for the current one)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def _help_text(*argv: str) -> str:
+    import re
+
+    r = cli(*argv, "--help")
+    assert r.returncode == 0, r.stderr
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())
+
+
+def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
+    """``chaos run`` named the request budget ``--timeout`` where every other command says ``--timeout-s`` (``No such
+    option: --timeout-s``): ``--timeout-s`` is its name in the help, ``--timeout`` the older name of the same option
+    (a range error names the one typed)."""
+    for flag in ("--timeout-s", "--timeout"):
+        assert_one_error_line(cli("chaos", "run", "worker-crash", flag, "0"),
+                              f"drill worker-crash: bad option: {flag} must be a finite number in (0, ")
+    text = _help_text("chaos", "run")
+    assert "--timeout-s,--timeout <float> Per-request budget, seconds" in text, text
