@@ -45,8 +45,9 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0); "
                                            "a write takes --timeout-s after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
-    from .cli import _call, _check_timeout_s, _given, _left_s, _one_shot_client, _usage, console
+    from .cli import _call, _check_timeout_s, _given, _left_s, _nats_urls_given, _one_shot_client, _usage, console
 
+    _nats_urls_given("models", nats_url)
     if ctx.invoked_subcommand is not None:
         if _given(ctx, "timeout_s"):  # not the write's budget (60 s by default): refused rather than ignored
             _usage(f"models {ctx.invoked_subcommand}: --timeout-s is the listing's budget; give the write's after "
@@ -108,12 +109,15 @@ def _not_served(name: str, problems: dict) -> list[str]:
 
 def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],
            prefix: Optional[str], timeout_s: float, as_json: bool) -> None:
-    from .cli import _call, _check_timeout_s, _left_s, _one_shot_client, console
+    from .cli import _call, _check_timeout_s, _left_s, _nats_urls_given, _one_shot_client, console
     from .model_admin import model_control
 
     _check_timeout_s(f"models {op}", timeout_s)
     group = ctx.obj or {}
-    nats_url = nats_url or group.get("nats_url", "nats://127.0.0.1:4222")
+    if nats_url is not None:  # '' was the group's URL (the default one): refused, as the group refuses it
+        _nats_urls_given(f"models {op}", nats_url)
+    else:
+        nats_url = group.get("nats_url", "nats://127.0.0.1:4222")
     prefix = prefix or group.get("prefix", "inferbus")
 
     async def go():

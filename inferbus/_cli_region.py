@@ -35,20 +35,19 @@ def target_option(command: str, nats_url: Optional[str], cluster: Optional[Path]
 
     Raises:
         typer.Exit: (2, one line ``error: COMMAND: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
-            ``--cluster`` were ignored without a word); a ``--cluster`` file that is missing, not a regular file (a
+            ``--cluster`` were ignored without a word); a ``--nats-url`` that names no server (``''``: it was the
+            default URL); a ``--cluster`` file that is missing, not a regular file (a
             FIFO), cannot be read, names no URLs or records an invalid prefix; ``--prefix`` given and not the
             prefix the ``--cluster`` file records.
     """
     from ._cli_cluster import spec_prefix
-    from .cli import _usage
+    from .cli import _nats_urls_given, _usage
 
     if nats_url is not None and cluster is not None:
         _usage(f"{command}: --nats-url and --cluster both say which NATS to reach (--cluster: the client URLs in its "
                f"cluster.json); give one of them")
-    if nats_url:
-        from .bus import split_servers
-
-        return list(split_servers(nats_url)), prefix or "inferbus"
+    if nats_url is not None:
+        return _nats_urls_given(command, nats_url), prefix or "inferbus"
     if cluster:
         p = cluster / "cluster.json" if cluster.is_dir() else cluster
         said = f"{command}: --cluster: cannot read the cluster's NATS URLs from {p}"  # the command first, as above
@@ -373,6 +372,11 @@ def manager(
     from .actors._common import run_actor
     from .actors._region import RegionConfig, RegionManager
     from .bus import BusConfig, split_servers
+    from .cli import _nats_urls_given
+
+    _nats_urls_given("region manager", nats_url)  # '' was a ValueError traceback from the connection's config
+    if lease_nats_url is not None:
+        _nats_urls_given("region manager", lease_nats_url, "--lease-nats-url")  # '' was taken as not given
 
     cfg = RegionConfig(region=region, bus=BusConfig(servers=split_servers(nats_url),
                                                    prefix=prefix, no_randomize=True, ping_interval_s=0.5),

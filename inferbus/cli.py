@@ -445,14 +445,30 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
                        f"or in {names['tls_key']}): {exc}")
 
 
+def _nats_urls_given(command: str, nats_url: str, option: str = "--nats-url") -> list[str]:
+    """The servers of a ``--nats-url`` given (comma-separated, empty entries dropped), before any connect; one that
+    names none (``''``, ``','``: an unset variable in a script) is one line, exit 2. (``infer``, ``health``,
+    ``models``, ``bench`` sent it to the SDK and printed its INVALID_ARGUMENT reply; ``models load`` and ``region``
+    took the default URL instead; ``region manager`` ended in a traceback.) Each URL's form is checked where it is
+    used: the SDK's INVALID_ARGUMENT for the client commands, :func:`_check_nats_urls` for ``up``.
+
+    Raises:
+        typer.Exit: (2) ``error: COMMAND: OPTION '' names no server; give nats://HOST:PORT[,nats://HOST:PORT...]``.
+    """
+    from .bus import split_servers
+
+    urls = list(split_servers(nats_url))
+    if not urls:
+        _usage(f"{command}: {option} {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
+    return urls
+
+
 def _check_nats_urls(nats_url: str) -> str:
     """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
     string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
-    from .bus import server_url_problem, split_servers
+    from .bus import server_url_problem
 
-    urls = split_servers(nats_url)
-    if not urls:
-        _usage(f"up: --nats-url {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
+    urls = _nats_urls_given("up", nats_url)
     for u in urls:
         problem = server_url_problem(u)
         if problem is not None:
@@ -1235,6 +1251,7 @@ def infer(
 ):
     """Send one request built from .npy files and print the outputs."""
     _check_timeout_s("infer", timeout_s)
+    _nats_urls_given("infer", nats_url)
     specs = []
     for spec in input:  # every --input's form first, then the files: nothing read, nothing sent, for a bad one
         name, sep, path = spec.partition("=")
@@ -1319,6 +1336,7 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     from .schemas import DeadlineExceeded, Unavailable
 
     _check_timeout_s("health", timeout_s)
+    _nats_urls_given("health", nats_url)
 
     async def go():
         import time
@@ -1446,6 +1464,7 @@ def bench(
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
     _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)
     if nats_url is not None:  # they shape the deployment bench starts itself: ignored without a word before
+        _nats_urls_given("bench", nats_url)
         own = [o for n, o in (("workers", "--workers"), ("ingress", "--ingress"), ("busy_poll_us", "--busy-poll-us"))
                if _given(ctx, n)]
         if own:

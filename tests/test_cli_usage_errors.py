@@ -271,3 +271,30 @@ def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
                               f"drill worker-crash: bad option: {flag} must be a finite number in (0, ")
     text = _help_text("chaos", "run")
     assert "--timeout-s,--timeout <float> Per-request budget, seconds" in text, text
+
+
+@pytest.mark.parametrize("argv", [
+    ("infer", "digits", "-i", "pixels={good}"), ("health",), ("models",), ("models", "load", "digits", "1"),
+    ("models", "unload", "digits", "1"), ("region", "status"), ("region", "promote", "A"), ("region", "demote"),
+    ("region", "manager", "A"), ("bench", "digits", "--concurrency", "1")])
+def test_an_empty_nats_url_is_one_error_line_exit_2_before_connecting(tmp_path, argv):
+    """``--nats-url ''`` (an unset variable in a script): ``infer``, ``health``, ``models`` and ``bench`` printed the
+    SDK's ``INVALID_ARGUMENT: Client.connect: servers names no NATS URL ...`` (no ``error: ``), ``models load`` and
+    ``region`` took the default URL (exit 3, or the wrong NATS), ``region manager`` ended in a traceback. One line
+    naming the option, exit 2, nothing connected; given before a ``models`` subcommand, the same."""
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((1, 64), np.float32))
+    argv = tuple(a.format(good=good) for a in argv)
+    for url in ("", ","):
+        r = cli(*argv, "--nats-url", url)
+        assert_one_error_line(r, f"{' '.join(argv[:2]) if argv[0] in ('models', 'region') and len(argv) > 1 else argv[0]}"
+                                 f": --nats-url {url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]\n")
+    if argv[0] == "models" and len(argv) > 1:  # the group's option, before the subcommand
+        r = cli("models", "--nats-url", "", *argv[1:])
+        assert_one_error_line(r, "models: --nats-url '' names no server; ")
+
+
+def test_region_manager_refuses_an_empty_lease_nats_url():
+    """``--lease-nats-url ''`` was taken as not given: the lease went through the region's own servers."""
+    r = cli("region", "manager", "A", "--nats-url", f"nats://127.0.0.1:{free_port()}", "--lease-nats-url", "")
+    assert_one_error_line(r, "region manager: --lease-nats-url '' names no server; ")
