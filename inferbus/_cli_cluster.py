@@ -122,7 +122,8 @@ def config(
     prefix: str = typer.Option("inferbus", help="Subject prefix the actors you run on these servers use (recorded "
                                "in cluster.json, which 'region ... --cluster' talks on)."),
 ) -> None:
-    """Render the nats-server configs of a topology (what 'up' writes into its run dir)."""
+    """Render the nats-server and Valkey configs of a topology and its cluster.json (what 'up' writes into its run
+    dir); print the path of each file written."""
     from .cli import _folder_option, _usage
     from .cluster import Plan
 
@@ -135,7 +136,8 @@ def config(
         written = plan.write_configs(out_dir, data_dir)
     except OSError as exc:  # --out an existing file, a folder that cannot be made...: one line, not a traceback
         _usage(f"cluster config: --out {out}: {exc.strerror or exc}")
-    for p in written:
+    # write_configs writes cluster.json too but lists only the configs: it went unsaid
+    for p in written + [out_dir / "cluster.json"] * (out_dir / "cluster.json" not in written):
         typer.echo(str(p))
 
 

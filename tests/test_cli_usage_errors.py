@@ -298,3 +298,14 @@ def test_region_manager_refuses_an_empty_lease_nats_url():
     """``--lease-nats-url ''`` was taken as not given: the lease went through the region's own servers."""
     r = cli("region", "manager", "A", "--nats-url", f"nats://127.0.0.1:{free_port()}", "--lease-nats-url", "")
     assert_one_error_line(r, "region manager: --lease-nats-url '' names no server; ")
+
+
+def test_cluster_config_lists_every_file_it_wrote(tmp_path):
+    """``cluster config`` printed its server and Valkey configs but not the cluster.json it wrote beside them (what
+    ``region ... --cluster`` reads)."""
+    out = tmp_path / "cfg"
+    r = cli("cluster", "config", "--out", str(out), "--base-port", "14000")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    listed = r.stdout.splitlines()
+    assert sorted(listed) == sorted(str(f) for f in out.iterdir()) and str(out / "cluster.json") in listed, listed
+    assert len(listed) == len(set(listed)), listed
