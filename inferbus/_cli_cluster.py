@@ -243,9 +243,16 @@ def _control(cluster: Path, op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw
     raise typer.Exit(0 if reply.ok else 1)
 
 
+def timeout_s_option(default: float, what: str):
+    """The ``--timeout-s`` option of the ``region`` and ``cluster`` commands: the command's whole budget in seconds
+    (checked by :func:`inferbus.cli._check_timeout_s`); ``what`` says what it covers after the connect."""
+    return typer.Option(default, "--timeout-s", help=f"Budget of the command in seconds (> 0, at most 600): "
+                                                     f"connecting to NATS, {what}.")
+
+
 _CLUSTER = typer.Option(..., "--cluster", help="Run dir (or cluster.json) of a running 'inferbus cluster up'.")
-_TIMEOUT = typer.Option(_CONTROL_TIMEOUT_S, "--timeout-s", help="Budget in seconds for the connect and the "
-                        "cluster's answer together (> 0, at most 600).")
+_TIMEOUT = timeout_s_option(_CONTROL_TIMEOUT_S, "and the cluster's answer (a restore starts the region's processes "
+                                                "before it answers)")
 
 
 @app.command()

@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from ._cli_cluster import timeout_s_option
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Regions: which one is primary (lease, fencing term, cache master), promote, demote.")
 
@@ -122,11 +124,6 @@ _CONTROL_TIMEOUT_S = 10.0
 """``region promote|demote``'s default budget (s), the connect and the manager's answer included."""
 
 
-def _timeout_option(default: float, what: str):
-    return typer.Option(default, help=f"Budget of the command in seconds (> 0, at most 600): connecting to NATS, "
-                                      f"{what}.")
-
-
 def _print_steps(reply) -> None:
     for i, st in enumerate(reply.steps, 1):
         typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
@@ -138,7 +135,7 @@ def status(
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    timeout_s: float = _timeout_option(_STATUS_TIMEOUT_S, "listening 0.35 s for heartbeats and the managers' answers "
+    timeout_s: float = timeout_s_option(_STATUS_TIMEOUT_S, "listening 0.35 s for heartbeats and the managers' answers "
                                                           "(a manager that has not answered by then: 'no answer')"),
 ) -> None:
     """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
@@ -228,7 +225,7 @@ def promote(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
-    timeout_s: float = _timeout_option(_CONTROL_TIMEOUT_S, "and the region manager's answer (the steps it took)"),
+    timeout_s: float = timeout_s_option(_CONTROL_TIMEOUT_S, "and the region manager's answer (the steps it took)"),
 ) -> None:
     """Make REGION primary: lease CAS, Valkey master, model-management writes on, new term published.
 
@@ -291,7 +288,7 @@ def demote(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
     prefix: Optional[str] = _PREFIX,
-    timeout_s: float = _timeout_option(_CONTROL_TIMEOUT_S, "listening 0.35 s for the primary's heartbeat (without "
+    timeout_s: float = timeout_s_option(_CONTROL_TIMEOUT_S, "listening 0.35 s for the primary's heartbeat (without "
                                                             "REGION) and the region manager's answer"),
 ) -> None:
     """Hand the primary role over: release the lease (naming the successor), step down, report the new primary.

@@ -309,3 +309,19 @@ def test_cluster_config_lists_every_file_it_wrote(tmp_path):
     listed = r.stdout.splitlines()
     assert sorted(listed) == sorted(str(f) for f in out.iterdir()) and str(out / "cluster.json") in listed, listed
     assert len(listed) == len(set(listed)), listed
+
+
+def test_region_and_cluster_spell_timeout_s_alike():
+    """``region`` built its ``--timeout-s`` with one helper and ``cluster`` with a constant of other words ("Budget
+    in seconds for the connect and the cluster's answer together"): one spelling now, each command's default and
+    what it covers kept."""
+    lead = "--timeout-s <float> Budget of the command in seconds (> 0, at most 600): connecting to NATS, "
+    for argv, covers, default in (
+            (("region", "status"), "listening 0.35 s for heartbeats", "2.5"),
+            (("region", "promote"), "and the region manager's answer", "10.0"),
+            (("region", "demote"), "listening 0.35 s for the primary's heartbeat", "10.0"),
+            (("cluster", "kill"), "and the cluster's answer", "60.0"),
+            (("cluster", "heal"), "and the cluster's answer", "60.0")):
+        text = _help_text(*argv)
+        assert lead + covers in text, (argv, text)
+        assert f"[default: {default}]" in text.split("--timeout-s", 1)[1], (argv, text)
