@@ -13,6 +13,7 @@ import json
 import signal
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -141,32 +142,144 @@ def config(
         typer.echo(str(p))
 
 
-def _cluster_info(cluster: Path, op: str) -> tuple[list[str], str]:
-    """The witness's NATS URLs and the subject prefix from ``cluster`` (a run dir or its cluster.json).
+_CLUSTER_FILE_MAX_BYTES = 16 * 1024 * 1024
+"""The largest cluster.json read (bytes); ``cluster up`` writes a few KiB."""
+
+_GIVE = "give the run dir of 'inferbus cluster up' or its cluster.json"
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """The cluster.json of ``inferbus cluster up`` (or ``cluster config``), read and checked by
+    :func:`read_cluster_file`: what the ``--cluster`` readers (``cluster kill|restore|partition|isolate|heal``,
+    ``region status|promote|demote``) connect to and talk on."""
+
+    path: Path
+    """The file read (the run dir's ``cluster.json`` when a folder was given)."""
+    client_urls: tuple[str, ...]
+    """``client_urls``: the regions' NATS URLs, the first region's first; () when the file has none."""
+    witness_urls: tuple[str, ...]
+    """The NATS URLs of the witness site's servers (``servers`` whose ``site`` is ``spec.witness``); () when none."""
+    regions: tuple[str, ...]
+    """``spec.regions``; () when the file has no spec (a hand-written file of ``client_urls`` alone)."""
+    witness: Optional[str]
+    """``spec.witness``, the witness site's name; None without a spec."""
+    prefix: Optional[str]
+    """``spec.prefix``, checked as the bus takes it; None when the file records none."""
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """Every site: the regions, then the witness."""
+        return self.regions + ((self.witness,) if self.witness else ())
+
+
+def _json_kind(value: object) -> str:
+    return {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
+
+
+def read_cluster_file(command: str, cluster: Optional[str], need: str) -> ClusterFile:
+    """``--cluster`` of ``command`` (e.g. ``"region status"``, ``"cluster kill"``): a run dir of ``inferbus cluster
+    up`` (its ``cluster.json``) or the file itself, read and checked before anything connects. The one reader of a
+    cluster.json for every ``--cluster`` option.
+
+    Args:
+        command: the command as typed, for the messages.
+        cluster: the option's text (a str option: ``Path('')`` is ``.``, and ``--cluster ''`` read ./cluster.json).
+        need: ``"client_urls"`` (the region commands connect to the regions) or ``"witness"`` (the cluster
+            commands connect to the witness and name regions and sites: ``spec.regions``, ``spec.witness`` and the
+            witness's ``servers`` must be there).
 
     Raises:
-        typer.Exit: (2) one line ``error: cluster OP: --cluster PATH: ...`` when the file cannot be read, is not a
-            regular file (a FIFO: not opened, it blocked), is not a cluster.json or holds an invalid prefix (nothing
-            is asked then; it used to read "no answer from the cluster (FileNotFoundError)").
+        typer.Exit: (2) one line ``error: COMMAND: --cluster PATH: ...``, nothing opened or connected: an empty
+            path; a file that is missing, not a regular file (a FIFO: never opened, reading it blocked), unreadable,
+            not JSON (binary data or text that does not parse: said plainly, no parser's internals), JSON that is
+            not an object, not the cluster.json of ``inferbus cluster up`` (``need`` missing, a field of the wrong
+            type), or an invalid ``spec.prefix``.
     """
+    import os
+    import stat
+
     from .cli import _usage
 
-    p = cluster / "cluster.json" if cluster.is_dir() else cluster
-    if p.exists() and not p.is_file():  # a FIFO or a device: reading it blocked for ever (a FIFO with no writer)
-        _usage(f"cluster {op}: --cluster {cluster}: cannot read {p}: not a regular file")
+    if cluster is None:
+        raise ValueError("read_cluster_file: no --cluster given")
+    if not cluster:
+        _usage(f"{command}: --cluster must name the run dir of 'inferbus cluster up' or its cluster.json, got ''")
+    given = Path(cluster)
+    said = f"{command}: --cluster {cluster}"
+    p = given / "cluster.json" if given.is_dir() else given
     try:
-        info = json.loads(p.read_text())
-        witness = info["spec"]["witness"]
-        urls = [s["url"] for s in info["servers"].values() if s["site"] == witness]
-        prefix = info["spec"]["prefix"]
+        st = os.stat(p)
     except OSError as exc:
-        _usage(f"cluster {op}: --cluster {cluster}: cannot read {p}: {exc.strerror or exc}")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        _usage(f"cluster {op}: --cluster {cluster}: {p} is not the cluster.json of 'inferbus cluster up' "
-               f"({type(exc).__name__}: {exc})")
-    if not urls or not all(isinstance(u, str) for u in urls) or not isinstance(prefix, str):
-        _usage(f"cluster {op}: --cluster {cluster}: {p} names no witness server")
-    return urls, spec_prefix(info, f"cluster {op}: --cluster {cluster}: {p}")
+        _usage(f"{said}: cannot read {p}: {exc.strerror or exc} ({_GIVE})")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: not opened (a FIFO with no writer blocks for ever)
+        _usage(f"{said}: cannot read {p}: not a regular file ({_GIVE})")
+    if st.st_size > _CLUSTER_FILE_MAX_BYTES:
+        _usage(f"{said}: {p} is not a cluster.json ({st.st_size} bytes; 'cluster up' writes a few KiB)")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        _usage(f"{said}: cannot read {p}: {exc.strerror or exc}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:
+        _usage(f"{said}: {p} is not JSON: it holds binary data, not text ({_GIVE})")
+    if not text.strip():
+        _usage(f"{said}: {p} is empty, not JSON ({_GIVE})")
+    try:
+        info = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError (or a number too long to convert): its position, not its wording
+        at = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        _usage(f"{said}: {p} is not JSON: its text does not parse{at} ({_GIVE})")
+    if not isinstance(info, dict):
+        _usage(f"{said}: {p} holds {_json_kind(info)}, not the JSON object of a cluster.json ({_GIVE})")
+
+    def not_ours(why: str):
+        _usage(f"{said}: {p} is not the cluster.json of 'inferbus cluster up': {why}")
+
+    def urls_of(value: object) -> Optional[tuple[str, ...]]:
+        ok = isinstance(value, list) and all(isinstance(u, str) and u.strip() for u in value)
+        return tuple(value) if ok else None
+
+    client_urls: tuple[str, ...] = ()
+    if "client_urls" in info or need == "client_urls":
+        client_urls = urls_of(info.get("client_urls")) or ()
+        if not client_urls:
+            not_ours("it has no client_urls (a list of NATS URLs)" if "client_urls" not in info else
+                     "its client_urls is not a list of NATS URLs")
+    spec = info.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        not_ours(f"its spec is {_json_kind(spec)}, not an object")
+    regions: tuple[str, ...] = ()
+    witness = None
+    witness_urls: tuple[str, ...] = ()
+    if need == "witness" or spec is not None:
+        spec = spec or {}
+        regions, witness = spec.get("regions"), spec.get("witness")
+        if need == "witness" and not spec:
+            not_ours("it has no spec (the regions, the witness site and the prefix)")
+        if regions is not None or need == "witness":
+            if not (isinstance(regions, list) and regions and all(isinstance(r, str) and r for r in regions)):
+                not_ours("its spec.regions is not a list of region names")
+            regions = tuple(regions)
+        else:
+            regions = ()
+        if witness is not None or need == "witness":
+            if not (isinstance(witness, str) and witness):
+                not_ours("its spec.witness is not a site name")
+        if need == "witness" and "prefix" not in spec:
+            not_ours("its spec records no prefix")
+    if need == "witness":
+        servers = info.get("servers")
+        if not (isinstance(servers, dict) and all(isinstance(s, dict) for s in servers.values())):
+            not_ours("its servers is not an object of servers")
+        witness_urls = urls_of([s.get("url") for s in servers.values() if s.get("site") == witness]) or ()
+        if not witness_urls:
+            not_ours(f"its servers name no server of the witness site {witness!r} with a NATS URL")
+    return ClusterFile(path=p, client_urls=client_urls, witness_urls=witness_urls, regions=regions, witness=witness,
+                       prefix=spec_prefix(info, said if p == given else f"{said}: {p}"))
 
 
 def spec_prefix(info: object, said: str) -> Optional[str]:
@@ -218,23 +331,23 @@ async def _send(urls: list[str], prefix: str, op: str, timeout_s: float = _CONTR
         await close_connection(nc)
 
 
-def _control(cluster: Path, op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw) -> None:
+def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw) -> None:
     """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused. ``timeout_s`` (its
     ``--timeout-s``) bounds the connect and the answer together.
 
     Raises:
         typer.Exit: (3) NATS unreachable (or not within ``timeout_s``), one line (:func:`inferbus.cli._run`); (2) a
             ``timeout_s`` that is not a finite number in (0, 600], a cluster.json that cannot be read
-            (:func:`_cluster_info`), or no answer from the cluster (its control subject has no responder, or no
+            (:func:`read_cluster_file`), or no answer from the cluster (its control subject has no responder, or no
             answer within ``timeout_s``), one line ``error: cluster OP: ...``, as every command's usage error and
             refusal.
     """
     from .cli import _check_timeout_s, _run, _usage
 
     _check_timeout_s(f"cluster {op}", timeout_s)
-    urls, prefix = _cluster_info(cluster, op)
+    cf = read_cluster_file(f"cluster {op}", cluster, "witness")
     try:
-        reply = _run(_send(urls, prefix, op, timeout_s, **kw))
+        reply = _run(_send(list(cf.witness_urls), cf.prefix, op, timeout_s, **kw))
     except typer.Exit:  # NATS unreachable: _run printed it
         raise
     except Exception as exc:
@@ -250,36 +363,37 @@ def timeout_s_option(default: float, what: str):
                                                      f"connecting to NATS, {what}.")
 
 
-_CLUSTER = typer.Option(..., "--cluster", help="Run dir (or cluster.json) of a running 'inferbus cluster up'.")
+_CLUSTER = typer.Option(..., "--cluster", metavar="<path>",
+                        help="Run dir (or cluster.json) of a running 'inferbus cluster up'.")
 _TIMEOUT = timeout_s_option(_CONTROL_TIMEOUT_S, "and the cluster's answer (a restore starts the region's processes "
                                                 "before it answers)")
 
 
 @app.command()
-def kill(region: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def kill(region: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """SIGKILL every process of REGION at once (servers, Valkey, node and actors); it stays down."""
     _control(cluster, "kill", timeout_s, region=region)
 
 
 @app.command()
-def restore(region: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def restore(region: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Start a killed REGION again; its region manager rejoins as standby."""
     _control(cluster, "restore", timeout_s, region=region)
 
 
 @app.command()
-def partition(side_a: str, side_b: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def partition(side_a: str, side_b: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut the gateways between the sites of SIDE_A and SIDE_B (comma-separated site names)."""
     _control(cluster, "partition", timeout_s, side_a=side_a.split(","), side_b=side_b.split(","))
 
 
 @app.command()
-def isolate(site: str, cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def isolate(site: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut SITE's gateways to every other site."""
     _control(cluster, "isolate", timeout_s, region=site)
 
 
 @app.command()
-def heal(cluster: Path = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def heal(cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Remove every gateway fault."""
     _control(cluster, "heal", timeout_s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -25,24 +24,24 @@ _LISTEN_S = 0.35
 """How long to listen for heartbeats and load reports (3+ heartbeat periods)."""
 
 
-def target_option(command: str, nats_url: Optional[str], cluster: Optional[Path],
+def target_option(command: str, nats_url: Optional[str], cluster: Optional[str],
                   prefix: Optional[str]) -> tuple[list[str], str]:
     """The servers and the subject prefix of ``command`` (e.g. ``"region status"``), before it connects.
 
     Servers: ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json: its
-    ``client_urls``), else ``nats://127.0.0.1:4222``. Prefix: ``--prefix``, else the one the ``--cluster`` file
-    records (``spec.prefix``, read as ``cluster kill|...`` read it: :func:`inferbus._cli_cluster.spec_prefix`), else
-    ``inferbus``. (The file's prefix was ignored: against a cluster started with ``cluster up --prefix P`` the
-    commands talked on ``inferbus.*`` and heard no manager.)
+    ``client_urls``, read and checked by :func:`inferbus._cli_cluster.read_cluster_file`, as ``cluster kill|...``
+    read it), else ``nats://127.0.0.1:4222``. Prefix: ``--prefix``, else the one the ``--cluster`` file records
+    (``spec.prefix``), else ``inferbus``. (The file's prefix was ignored: against a cluster started with ``cluster
+    up --prefix P`` the commands talked on ``inferbus.*`` and heard no manager.)
 
     Raises:
         typer.Exit: (2, one line ``error: COMMAND: ...``) both ``--nats-url`` and ``--cluster`` given (the URLs of
             ``--cluster`` were ignored without a word); a ``--nats-url`` that names no server (``''``: it was the
-            default URL); a ``--cluster`` file that is missing, not a regular file (a
-            FIFO), cannot be read, names no URLs or records an invalid prefix; ``--prefix`` given and not the
-            prefix the ``--cluster`` file records.
+            default URL); a ``--cluster`` that :func:`~inferbus._cli_cluster.read_cluster_file` refuses (empty, a
+            file missing, not a regular file, unreadable, not JSON, not a JSON object, with no ``client_urls``, or
+            an invalid prefix); ``--prefix`` given and not the prefix the ``--cluster`` file records.
     """
-    from ._cli_cluster import spec_prefix
+    from ._cli_cluster import read_cluster_file
     from .cli import _nats_urls_given, _usage
 
     if nats_url is not None and cluster is not None:
@@ -50,28 +49,12 @@ def target_option(command: str, nats_url: Optional[str], cluster: Optional[Path]
                f"cluster.json); give one of them")
     if nats_url is not None:
         return _nats_urls_given(command, nats_url), prefix or "inferbus"
-    if cluster:
-        p = cluster / "cluster.json" if cluster.is_dir() else cluster
-        said = f"{command}: --cluster: cannot read the cluster's NATS URLs from {p}"  # the command first, as above
-        if p.exists() and not p.is_file():  # a FIFO or a device (not opened: a FIFO with no writer blocks)
-            _usage(f"{said}: not a regular file (give the run dir of `inferbus cluster up` or its cluster.json)")
-        if not p.is_file():
-            _usage(f"{said}: no such file (FileNotFoundError; give the run dir of `inferbus cluster up` or its "
-                   f"cluster.json)")
-        try:
-            info = json.loads(p.read_text())
-            urls = info["client_urls"]
-            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
-                raise ValueError("client_urls is not a list of NATS URLs")
-        except KeyError:
-            _usage(f"{said}: it has no client_urls")
-        except (OSError, ValueError, TypeError) as exc:  # one line, exit 2 (was a boxed usage error)
-            _usage(f"{said}: {type(exc).__name__}: {exc}")
-        recorded = spec_prefix(info, f"{command}: --cluster: {p}")
-        if recorded is not None and prefix is not None and prefix != recorded:
-            _usage(f"{command}: --prefix {prefix!r} is not the prefix of the cluster in {p} ({recorded!r}); leave "
-                   f"--prefix out or give {recorded!r}")
-        return list(urls), prefix or recorded or "inferbus"
+    if cluster is not None:
+        cf = read_cluster_file(command, cluster, "client_urls")
+        if cf.prefix is not None and prefix is not None and prefix != cf.prefix:
+            _usage(f"{command}: --prefix {prefix!r} is not the prefix of the cluster in {cf.path} ({cf.prefix!r}); "
+                   f"leave --prefix out or give {cf.prefix!r}")
+        return list(cf.client_urls), prefix or cf.prefix or "inferbus"
     return ["nats://127.0.0.1:4222"], prefix or "inferbus"
 
 
@@ -118,6 +101,8 @@ async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, 
 
 
 _PREFIX = typer.Option(None, help="Subject prefix (default: the one the --cluster file records, else inferbus).")
+_CLUSTER = typer.Option(None, metavar="<path>", help="Run dir (or cluster.json) of 'inferbus cluster up' (its "
+                        "client_urls and prefix).")
 _STATUS_TIMEOUT_S = 2.5
 """``region status``'s default budget (s): the connect, 0.35 s of listening and ~2 s for the managers' answers."""
 _CONTROL_TIMEOUT_S = 10.0
@@ -132,7 +117,7 @@ def _print_steps(reply) -> None:
 @app.command()
 def status(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
-    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    cluster: Optional[str] = _CLUSTER,
     prefix: Optional[str] = _PREFIX,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     timeout_s: float = timeout_s_option(_STATUS_TIMEOUT_S, "listening 0.35 s for heartbeats and the managers' answers "
@@ -223,7 +208,7 @@ def promote(
     region: str = typer.Argument(..., metavar="REGION", help="Region to make primary."),
     force: bool = typer.Option(False, help="Take over even while another region holds a live lease."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
-    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    cluster: Optional[str] = _CLUSTER,
     prefix: Optional[str] = _PREFIX,
     timeout_s: float = timeout_s_option(_CONTROL_TIMEOUT_S, "and the region manager's answer (the steps it took)"),
 ) -> None:
@@ -286,7 +271,7 @@ def demote(
     force: bool = typer.Option(False, help="Release the lease even when no other region's manager is live "
                                            "(no primary until one is); does not wait for a new primary."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
-    cluster: Optional[Path] = typer.Option(None, help="Run dir (or cluster.json) of 'inferbus cluster up'."),
+    cluster: Optional[str] = _CLUSTER,
     prefix: Optional[str] = _PREFIX,
     timeout_s: float = timeout_s_option(_CONTROL_TIMEOUT_S, "listening 0.35 s for the primary's heartbeat (without "
                                                             "REGION) and the region manager's answer"),

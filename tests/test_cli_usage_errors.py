@@ -300,6 +300,71 @@ def test_region_manager_refuses_an_empty_lease_nats_url():
     assert_one_error_line(r, "region manager: --lease-nats-url '' names no server; ")
 
 
+def _cluster_file(path, url: str) -> None:
+    """A cluster.json as ``cluster up`` writes it (the fields the ``--cluster`` readers take), every URL ``url``."""
+    import json
+
+    path.write_text(json.dumps({"spec": {"regions": ["A", "B"], "witness": "W", "prefix": "ibt"},
+                                "servers": {"W1": {"site": "W", "url": url}}, "client_urls": [url]}))
+
+
+_NOT_OURS = "is not the cluster.json of 'inferbus cluster up': "
+
+
+@pytest.mark.parametrize("case", ["empty-path", "fifo", "fifo-in-run-dir", "missing", "unreadable", "binary",
+                                  "not-json", "empty-file", "a-list", "a-string", "not-ours", "bad-prefix"])
+def test_both_cluster_file_readers_refuse_a_bad_cluster_file_in_the_same_words(tmp_path, case):
+    """``cluster kill|...`` and ``region status|...`` each read ``--cluster`` with checks of their own, in other
+    words: now one reader, the same line for each (after the command), exit 2, before connecting (a cluster.json
+    whose URLs nothing listens at is in the current folder: reading it and connecting would be exit 3). ``--cluster
+    ''`` was ``./cluster.json``; a JSON list was ``TypeError: list indices must be integers...``, a binary file
+    ``UnicodeDecodeError: 'utf-8' codec can't decode...``, text that is no JSON the parser's ``Expecting ...
+    (char 0)``: said plainly now."""
+    if case == "unreadable" and os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    _cluster_file(tmp_path / "cluster.json", url)
+    d = tmp_path / "d"
+    d.mkdir()
+    p = d / "c.json"
+    given = str(p)
+    if case == "empty-path":
+        given, said = "", "--cluster must name the run dir of 'inferbus cluster up' or its cluster.json, got ''\n"
+    elif case.startswith("fifo"):
+        os.mkfifo(d / "cluster.json")
+        given = str(d) if case == "fifo-in-run-dir" else str(d / "cluster.json")
+        said = f"--cluster {given}: cannot read {d / 'cluster.json'}: not a regular file ("
+    elif case == "missing":
+        said = f"--cluster {p}: cannot read {p}: No such file or directory ("
+    elif case == "unreadable":
+        _cluster_file(p, url)
+        p.chmod(0)
+        said = f"--cluster {p}: cannot read {p}: Permission denied\n"
+    else:
+        content, said = {
+            "binary": (b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}\xff\xfe", "is not JSON: it holds binary data, not text ("),
+            "not-json": (b"{not json", "is not JSON: its text does not parse at line 1, column 2 ("),
+            "empty-file": (b"\n", "is empty, not JSON ("),
+            "a-list": (b"[1, 2]", "holds an array, not the JSON object of a cluster.json ("),
+            "a-string": (b'"cluster"', "holds a string, not the JSON object of a cluster.json ("),
+            "not-ours": (b'{"x": 1}', _NOT_OURS),
+            "bad-prefix": (f'{{"spec": {{"regions": ["A"], "witness": "W", "prefix": "a b"}}, "servers": {{"W1": '
+                           f'{{"site": "W", "url": "{url}"}}}}, "client_urls": ["{url}"]}}'.encode(),
+                           "its spec's prefix 'a b' must be dot-separated tokens of letters, digits, '_' or '-'\n"),
+        }[case]
+        p.write_bytes(content)
+        said = f"--cluster {p}: " + ("" if case == "bad-prefix" else f"{p} ") + said
+    lines = []
+    for command in (("cluster", "kill", "A"), ("region", "status")):
+        r = cli(*command, "--cluster", given, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+        assert_one_error_line(r, f"{command[0]} {command[1]}: {said}")
+        for internal in ("Expecting", "char 0", "b'\\x", "Error", "codec", "indices", "NUMPY"):
+            assert internal not in r.stderr, (internal, r.stderr)
+        lines.append(r.stderr.split(": ", 2)[2])
+    if case != "not-ours":  # the same words from both (not-ours: each says which field it lacks)
+        assert lines[0] == lines[1], lines
+
+
 def test_cluster_config_lists_every_file_it_wrote(tmp_path):
     """``cluster config`` printed its server and Valkey configs but not the cluster.json it wrote beside them (what
     ``region ... --cluster`` reads)."""
