@@ -331,21 +331,53 @@ async def _send(urls: list[str], prefix: str, op: str, timeout_s: float = _CONTR
         await close_connection(nc)
 
 
-def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOUT_S, **kw) -> None:
+def _known(cf: ClusterFile, op: str, what: str, names: list[str], kind: str) -> None:
+    """Each of ``names`` (``what``: the argument, e.g. ``REGION``) is one of the cluster's ``kind`` (``regions`` or
+    ``sites``), else one line naming the known ones, exit 2, before connecting: the cluster answered an unknown
+    region with a KeyError-like refusal after the connect, and an unknown site of a partition cut nothing."""
+    from .cli import _usage
+
+    known = cf.regions if kind == "regions" else cf.sites
+    if not names:
+        _usage(f"cluster {op}: {what} names no site; give one or more of the cluster's sites, comma-separated: "
+               f"{', '.join(known)}")
+    bad = [n for n in names if n not in known]
+    if bad:
+        note = f" ({cf.witness} is the witness site; {op} acts on regions)" if cf.witness in bad else ""
+        _usage(f"cluster {op}: {what} {', '.join(repr(n) for n in bad)}: not a {kind[:-1]} of the cluster in "
+               f"{cf.path}; its {kind}: {', '.join(known)}{note}")
+
+
+def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOUT_S, *, region: Optional[str] = None,
+             site: Optional[str] = None, sides: Optional[tuple[str, str]] = None) -> None:
     """Send ``op`` to the running ``cluster up`` and print its answer: exit 0 done, 1 refused. ``timeout_s`` (its
-    ``--timeout-s``) bounds the connect and the answer together.
+    ``--timeout-s``) bounds the connect and the answer together. ``region`` (kill, restore) must be one of the
+    cluster's regions, ``site`` (isolate) one of its sites, ``sides`` (partition: two comma-separated lists) its
+    sites, as its cluster.json names them.
 
     Raises:
         typer.Exit: (3) NATS unreachable (or not within ``timeout_s``), one line (:func:`inferbus.cli._run`); (2) a
             ``timeout_s`` that is not a finite number in (0, 600], a cluster.json that cannot be read
-            (:func:`read_cluster_file`), or no answer from the cluster (its control subject has no responder, or no
-            answer within ``timeout_s``), one line ``error: cluster OP: ...``, as every command's usage error and
-            refusal.
+            (:func:`read_cluster_file`), a region or site it does not name (before connecting), or no answer from
+            the cluster (its control subject has no responder, or no answer within ``timeout_s``), one line
+            ``error: cluster OP: ...``, as every command's usage error and refusal.
     """
     from .cli import _check_timeout_s, _run, _usage
 
     _check_timeout_s(f"cluster {op}", timeout_s)
     cf = read_cluster_file(f"cluster {op}", cluster, "witness")
+    kw: dict = {}
+    if region is not None:
+        _known(cf, op, "REGION", [region], "regions")
+        kw["region"] = region
+    if site is not None:
+        _known(cf, op, "SITE", [site], "sites")
+        kw["region"] = site
+    if sides is not None:
+        a, b = ([n.strip() for n in side.split(",") if n.strip()] for side in sides)
+        _known(cf, op, "SIDE_A", a, "sites")
+        _known(cf, op, "SIDE_B", b, "sites")
+        kw.update(side_a=a, side_b=b)
     try:
         reply = _run(_send(list(cf.witness_urls), cf.prefix, op, timeout_s, **kw))
     except typer.Exit:  # NATS unreachable: _run printed it
@@ -370,27 +402,35 @@ _TIMEOUT = timeout_s_option(_CONTROL_TIMEOUT_S, "and the cluster's answer (a res
 
 
 @app.command()
-def kill(region: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def kill(region: str = typer.Argument(..., metavar="REGION", help="A region of the cluster (its cluster.json's "
+                                      "spec.regions; another name is refused before connecting)."),
+         cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """SIGKILL every process of REGION at once (servers, Valkey, node and actors); it stays down."""
     _control(cluster, "kill", timeout_s, region=region)
 
 
 @app.command()
-def restore(region: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def restore(region: str = typer.Argument(..., metavar="REGION", help="A killed region of the cluster (its "
+                                         "cluster.json's spec.regions)."),
+            cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Start a killed REGION again; its region manager rejoins as standby."""
     _control(cluster, "restore", timeout_s, region=region)
 
 
 @app.command()
-def partition(side_a: str, side_b: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
-    """Cut the gateways between the sites of SIDE_A and SIDE_B (comma-separated site names)."""
-    _control(cluster, "partition", timeout_s, side_a=side_a.split(","), side_b=side_b.split(","))
+def partition(side_a: str = typer.Argument(..., metavar="SIDE_A", help="Sites, comma-separated (regions or the "
+                                           "witness, as the cluster.json names them)."),
+              side_b: str = typer.Argument(..., metavar="SIDE_B", help="Sites, comma-separated."),
+              cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+    """Cut the gateways between the sites of SIDE_A and SIDE_B (comma-separated site names of the cluster)."""
+    _control(cluster, "partition", timeout_s, sides=(side_a, side_b))
 
 
 @app.command()
-def isolate(site: str, cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
+def isolate(site: str = typer.Argument(..., metavar="SITE", help="A site of the cluster: a region or the witness."),
+            cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut SITE's gateways to every other site."""
-    _control(cluster, "isolate", timeout_s, region=site)
+    _control(cluster, "isolate", timeout_s, site=site)
 
 
 @app.command()

@@ -365,6 +365,33 @@ def test_both_cluster_file_readers_refuse_a_bad_cluster_file_in_the_same_words(t
         assert lines[0] == lines[1], lines
 
 
+@pytest.mark.parametrize("argv,said", [
+    (("kill", "Z"), "cluster kill: REGION 'Z': not a region of the cluster in {f}; its regions: A, B\n"),
+    (("restore", "Z"), "cluster restore: REGION 'Z': not a region of the cluster in {f}; its regions: A, B\n"),
+    (("kill", "W"), "cluster kill: REGION 'W': not a region of the cluster in {f}; its regions: A, B (W is the "
+                    "witness site; kill acts on regions)\n"),
+    (("isolate", "Z"), "cluster isolate: SITE 'Z': not a site of the cluster in {f}; its sites: A, B, W\n"),
+    (("partition", "A,Z", "B"), "cluster partition: SIDE_A 'Z': not a site of the cluster in {f}; its sites: A, B, "
+                                "W\n"),
+    (("partition", "A", ","), "cluster partition: SIDE_B names no site; give one or more of the cluster's sites, "
+                              "comma-separated: A, B, W\n"),
+], ids=["kill", "restore", "kill-the-witness", "isolate", "partition", "partition-no-site"])
+def test_cluster_control_refuses_a_region_or_site_its_cluster_file_does_not_name(tmp_path, argv, said):
+    """``cluster kill Z`` connected to the witness and came back refused by the cluster (or, for a partition, cut
+    nothing for the unknown site): the names are checked against the cluster.json first, one line naming the known
+    ones, exit 2 (nothing listens at the file's URLs: connecting would be exit 3)."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    _cluster_file(tmp_path / "cluster.json", url)
+    r = cli("cluster", *argv, "--cluster", str(tmp_path))
+    assert_one_error_line(r, said.format(f=tmp_path / "cluster.json"))
+    assert r.stderr == "error: " + said.format(f=tmp_path / "cluster.json"), r.stderr
+    # a name it has goes on to connect: exit 3, the witness out of reach
+    good = {"kill": ("kill", "B"), "restore": ("restore", "A"), "isolate": ("isolate", "W"),
+            "partition": ("partition", "A", "B,W")}[argv[0]]
+    r = cli("cluster", *good, "--cluster", str(tmp_path), "--timeout-s", "2")
+    assert r.returncode == 3 and r.stderr.startswith(f"cannot reach NATS at {url}"), (r.returncode, r.stderr)
+
+
 def test_cluster_config_lists_every_file_it_wrote(tmp_path):
     """``cluster config`` printed its server and Valkey configs but not the cluster.json it wrote beside them (what
     ``region ... --cluster`` reads)."""
