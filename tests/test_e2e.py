@@ -53,6 +53,86 @@ async def test_digits_matches_in_process_reference(client):
             assert k in p, k
         for k in ("queue", "compute"):
             assert k in p["timings_us"]
+        if not p["cache_hit"]:  # a hit's timings are the ingress's own (total, queue 0, compute 0)
+            assert_ingress_stages_tile(p["timings_us"])
+
+
+INGRESS_STAGES = ("decode", "validate", "cache", "route")
+"""The ingress's stages in order; they tile ``ingress_total`` (callback start → the forward)."""
+
+
+def assert_ingress_stages_tile(t: dict) -> None:
+    """The ingress's stages add up to its total: each is a difference of consecutive stamps truncated to whole
+    µs, so their sum is ``ingress_total`` or at most 3 µs short (4 truncations against 1); more means a gap
+    between two stages (time the ingress spent that no stage counts)."""
+    assert set(INGRESS_STAGES) | {"ingress_total"} <= set(t), t
+    assert all(t[k] >= 0 for k in INGRESS_STAGES), t
+    gap = t["ingress_total"] - sum(t[k] for k in INGRESS_STAGES)
+    assert 0 <= gap <= 3, (gap, t)
+
+
+PICK_DELAY_S = 0.02
+"""What the router's pick is made to take (a busy wait) in the test below: far above the stages' own µs."""
+
+
+async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
+    """``route`` covers choosing the worker: with the router's ``pick`` made to take 20 ms (a busy wait in an
+    in-process ingress; a real worker process on a real nats-server), every answer's ``route`` and
+    ``ingress_total`` are at least that long and the ingress's stages still tile its total. Before, the stamp
+    that ends both was taken before the pick, so the pick was in no stage (``route`` read ~0 here)."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from inferbus.actors import WorkerConfig
+    from inferbus.actors._config import IngressConfig
+    from inferbus.actors._ingress import Ingress
+    from inferbus.bus import BusConfig
+
+    bus = BusConfig(servers=(nats_server.url,), prefix="e2eroute")
+    wcfg = WorkerConfig(worker_id="w-route", bus=bus, models_dir=str(MODELS), models=("digits",))
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.actors", "worker", wcfg.to_json()],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    ingress = Ingress(IngressConfig(ingress_id="i-route", bus=bus, models_dir=str(MODELS), models=("digits",)))
+    task = None
+    c = None
+    try:
+        assert await asyncio.to_thread(proc.stdout.readline) == b"READY\n"
+        ready = asyncio.Event()
+        task = asyncio.ensure_future(ingress.run(ready=ready.set))
+        await asyncio.wait_for(ready.wait(), 30)
+        deadline = time.monotonic() + 20
+        while ingress.router.pick("digits:1") is None:  # the worker's first load report reached the router
+            assert time.monotonic() < deadline, "the worker never became routable"
+            await asyncio.sleep(0.02)
+        pick = ingress.router.pick
+
+        def slow_pick(*args, **kwargs):
+            end = time.monotonic() + PICK_DELAY_S
+            while time.monotonic() < end:
+                pass
+            return pick(*args, **kwargs)
+
+        ingress.router.pick = slow_pick
+        c = await Client.connect(nats_server.url, "e2eroute")
+        x = digits_rows(4)
+        for i in range(len(x)):  # distinct inputs: every one a miss, forwarded
+            res = await c.infer_result("digits", {"pixels": x[i:i + 1]}, timeout_s=5)
+            np.testing.assert_allclose(res.outputs["logits"], reference("digits", "1", {"pixels": x[i:i + 1]})[
+                "logits"], rtol=1e-5, atol=1e-5)
+            t = res.parameters["timings_us"]
+            assert res.parameters["cache_hit"] is False, res.parameters
+            assert t["route"] >= PICK_DELAY_S * 1e6, t
+            assert t["ingress_total"] >= PICK_DELAY_S * 1e6, t
+            assert_ingress_stages_tile(t)
+    finally:
+        if c is not None:
+            await c.close()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        proc.terminate()
+        proc.wait(10)
 
 
 async def test_version_routing_and_batch_rows(client):

@@ -771,10 +771,11 @@ class Ingress:
                 self.l1.put(key, cached, ttl_ms)
                 await self._reply_cached(msg.reply, cached, req_id, ct, hdrs, "l2", t0)
                 return
-            if deadline <= time.monotonic():
+            t_cache = time.monotonic()
+            if deadline <= t_cache:
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                time.monotonic(), decoded)
+                                t_cache, decoded)
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None)
@@ -896,13 +897,18 @@ class Ingress:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
-        ended (stage ``cache``)."""
+        ended (stage ``cache``, the start of stage ``route``).
+
+        Stage ``route`` runs from ``t_cache`` through the choice of the worker (a retry's copy, a peer's answer,
+        or the router's ``pick``) to one stamp taken once the worker is chosen, which also ends ``ingress_total``
+        and starts ``forward_hop`` (the forward's time: its deadline fields, the pending entry, the local hand-over),
+        so the ingress's stages tile its time with no gap. The choice itself reads the clock as ``t_cache``."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
-        now = time.monotonic()
+        now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
         w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
         if w is not None:
@@ -940,10 +946,12 @@ class Ingress:
             self.counts["unavailable"] += 1
             raise Unavailable(f"no live, healthy worker has {mv.key} loaded (or every breaker is open)",
                               field="model", retry_after_ms=50)
+        now = time.monotonic()  # the worker is chosen: 'route' and 'ingress_total' end, the forward starts
         term = self.fencing.term
         dl_ms = (time.time() + (deadline - now)) * 1000.0
         body = msg.data
-        # the ingress's stages in µs (the answer's timings_us start with them)
+        # the ingress's stages in µs (the answer's timings_us start with them; decode + validate + cache + route
+        # is ingress_total, each truncated to whole µs)
         stages = {"decode": int((t_dec - t0) * 1e6), "validate": int((t_val - t_dec) * 1e6),
                   "cache": int((t_cache - t_val) * 1e6), "route": int((now - t_cache) * 1e6),
                   "ingress_total": int((now - t0) * 1e6)}
