@@ -160,10 +160,10 @@ async def test_ingress_backlog_is_bounded_and_refused_at_once(nats_server, tmp_p
 
 
 @contextlib.asynccontextmanager
-async def _overload_node(nats_url: str, tmp_path, model: str, prefix: str, *, ingress: int):
-    """A node of one worker and ``ingress`` ingresses serving ``model`` (no L2 cache) on ``prefix``, ready, and an
-    SDK client of it; both stopped after."""
-    cfg = NodeConfig(models_dir=str(MODELS), models=(model,), workers=1, ingress=ingress, nats_url=nats_url,
+async def _overload_node(nats_url: str, tmp_path, model: str, prefix: str, *, ingress: int, workers: int = 1):
+    """A node of ``workers`` workers and ``ingress`` ingresses serving ``model`` (no L2 cache) on ``prefix``, ready,
+    and an SDK client of it; both stopped after."""
+    cfg = NodeConfig(models_dir=str(MODELS), models=(model,), workers=workers, ingress=ingress, nats_url=nats_url,
                      no_cache=True, prefix=prefix, run_dir=str(tmp_path / "run"))
     async with Node(cfg) as node:
         await node.wait_ready(60)
@@ -227,6 +227,63 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
         await _ready_again_within(client, 5)
         out = await client.infer("typed", typed_feeds(7), timeout_s=5)
         np.testing.assert_array_equal(out["a_times_2"], typed_feeds(7)["a"] * 2)
+
+
+async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_serves_again_at_once(nats_server,
+                                                                                                    tmp_path):
+    """A fresh-user trial (2026-12-04, 2-core box): one plain nats-py client sent 20,000 ``digits`` requests at once
+    with ``Inferbus-Timeout-Ms`` only (no ``Inferbus-Deadline-Unix-Ms``, so none is found expired on arrival and
+    nothing marks the ingress behind). The ingress read its connection seconds behind the burst; the workers'
+    completion notices, queued behind the requests in that one stream, came after deadline + ``pending_grace_s``;
+    the ingress counted them lost, failures of both healthy workers, whose breakers opened: the node refused every
+    request (UNAVAILABLE, not ready) for ~30 s after the burst. Now a sweep that would blame a worker first makes a
+    round trip on its connection and lets the notices read before the PONG settle; one that does not come back
+    within ``pending_grace_s`` marks the ingress behind (``behind_round_trips``) and blames nobody."""
+    import msgspec
+    import nats
+
+    from inferbus.bus import headers as H
+
+    n = 20000
+    async with _overload_node(nats_server.url, tmp_path, "digits", "brst", ingress=1, workers=2) as client:
+        nc = await nats.connect(nats_server.url, pending_size=256 * 1024 * 1024)
+        try:
+            answers = 0
+
+            async def on_answer(msg) -> None:
+                nonlocal answers
+                answers += 1
+
+            inbox = nc.new_inbox()
+            await nc.subscribe(inbox + ".*", cb=on_answer, pending_msgs_limit=2 * n)
+            rng = np.random.default_rng(0)
+            for i in range(n):
+                body = msgspec.msgpack.encode({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                                           "raw": rng.random((1, 64), dtype=np.float32).tobytes()}]})
+                await nc.publish("brst.infer.digits", body, reply=f"{inbox}.{i}", headers={H.TIMEOUT_MS: "1000"})
+            await nc.flush(30)
+            last, quiet_since = -1, time.monotonic()
+            while time.monotonic() - quiet_since < 2.0:  # until the answers stop coming
+                await asyncio.sleep(0.2)
+                if answers != last:
+                    last, quiet_since = answers, time.monotonic()
+        finally:
+            await nc.close()
+        p = (await client.health(timeout_s=5)).parameters
+        c = p["counts"]
+        late = c["behind_round_trips"] + c["lost_while_behind"] + c["lost_in_reconnect"]
+        print(f"burst of {n}: {answers} answered; ingress lost {c['lost']}, lost_while_behind "
+              f"{c['lost_while_behind']}, lost_in_reconnect {c['lost_in_reconnect']}, behind_round_trips "
+              f"{c['behind_round_trips']}")
+        assert late > 0, ("the ingress kept up with the burst: no completion came late, so the case is not "
+                          f"exercised on this host ({c})")
+        assert c["lost"] == 0, c  # no worker blamed for what the ingress's own backlog delayed
+        for wid, w in p["workers"].items():
+            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (wid, w)
+        await _ready_again_within(client, 5)
+        x = np.random.default_rng(1).random((1, 64), dtype=np.float32)
+        out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+        assert out["probabilities"].shape == (1, 10)
 
 
 async def test_an_overload_of_the_one_worker_blames_it_not_and_the_node_serves_again_at_once(nats_server, tmp_path):

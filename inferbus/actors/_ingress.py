@@ -393,7 +393,7 @@ class Ingress:
                        "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
-                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0,
+                       "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "behind_round_trips": 0,
                        "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
@@ -424,6 +424,8 @@ class Ingress:
         """The worker hosted in this process (colocated), handed requests in-process; None = every worker is remote."""
         self._infer_sub = None
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
+        self._done_sub = None
+        """The subscription to ``<p>._done.<ingress>`` (the workers' completion notices), set in run."""
         self._error_counters: dict = {}
         """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
         self._behind_seen = 0
@@ -1467,12 +1469,47 @@ class Ingress:
         return (w is not None and w.alive and not w.computing_overdue and now - w.behind_at <= window_s
                 and now - w.gap_at > window_s and now - w.last_report <= self.config.health_timeout_s)
 
+    async def _caught_up(self, timeout_s: float) -> bool:
+        """Whether this ingress has received and settled every completion notice the server held for it: a round
+        trip (:func:`_round_trip`; its PONG comes after every message the server had queued for this connection,
+        the notices among them), then the notices' subscription handled down to an empty buffer, all within
+        ``timeout_s``. False when the PONG or the buffer took longer (this ingress reads its connection behind a
+        backlog: a notice may still be waiting in it), or the connection closed or reconnected meanwhile."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        if not await _round_trip(self.nc, timeout_s):
+            return False
+        sub = self._done_sub
+        queue = getattr(sub, "_pending_queue", None)
+        if queue is None:  # a nats-py without it (checked at 2.9-2.16): the notices already read are handled
+            await asyncio.sleep(0)
+            return True
+        try:
+            await asyncio.wait_for(queue.join(), max(until - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         grace = self.config.pending_grace_s
         reconnected_at = self._saw_reconnect(now)
         behind_at = self._saw_behind(now)
         stale = [s for s, p in self.pending.items() if p.deadline + grace < now]
+        if stale and now - behind_at > 2 * grace and any(
+                self.pending[s].t_fwd > reconnected_at and not self._busy_within_budget(self.pending[s].worker_id, now)
+                and not self._worker_behind(self.pending[s].worker_id, now) for s in stale):
+            # one of them would be held against its worker: first make sure its completion notice is not still on
+            # its way in, queued behind a backlog of this ingress's own connection (the server writes requests and
+            # notices to it in one stream): under a burst of requests with no client deadline, nothing else shows
+            # this ingress behind, and blaming the workers opened every breaker of a healthy node for ~30 s
+            # (fresh-user trial, 2-core box: 20,000 requests at once from one raw NATS client)
+            if not await self._caught_up(max(grace, _SWEEP_PERIOD_S)):
+                self._behind_at = behind_at = time.monotonic()
+                self.counts["behind_round_trips"] += 1
+            now = time.monotonic()
+            reconnected_at = self._saw_reconnect(now)
+            stale = [s for s in stale if s in self.pending]  # settled meanwhile: not lost
         for s in stale:
             p = self._pop(s)
             if p.t_fwd <= reconnected_at:
@@ -1481,12 +1518,6 @@ class Ingress:
                 # worker's failure: blaming it opened every healthy worker's breaker after an overload that made
                 # this ingress miss its PINGs (a fresh-user trial: UNAVAILABLE for ~30 s after the load stopped)
                 self.counts["lost_in_reconnect"] += 1
-                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
-                continue
-            if now - behind_at <= 2 * grace:
-                # this ingress is behind: the completion notice may be queued behind the same backlog of requests
-                # (one connection carries both), so its absence says nothing about the worker
-                self.counts["lost_while_behind"] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             if self._busy_within_budget(p.worker_id, now):
@@ -1501,6 +1532,13 @@ class Ingress:
                 # worker, not a fault; blaming it opened a 1-worker node's breaker after an overload and the node
                 # refused every request for ~20 s (fresh-user trial, 2-core box)
                 self.counts["lost_while_worker_behind"] += 1
+                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+                continue
+            if now - behind_at <= 2 * grace:
+                # this ingress is behind (the worker's own reports show nothing: the causes above, the more
+                # specific, count first): the completion notice may be queued behind the same backlog of requests
+                # (one connection carries both), so its absence says nothing about the worker
+                self.counts["lost_while_behind"] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             self.counts["lost"] += 1
@@ -1623,7 +1661,7 @@ class Ingress:
         s = self.subjects
         await self.nc.subscribe(s.load, cb=self._on_load)
         await self.nc.subscribe(s.events, cb=self._on_event)
-        await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
+        self._done_sub = await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
         await self.nc.subscribe(s.rid_query, cb=self._on_rid_query)  # peers locating a retried request's copy
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
