@@ -1481,12 +1481,25 @@ def bench(
 
         console.print(render_table(results, f"inferbus bench — {model}"))
     # wrong answers, or errors other than overload signals (a step past saturation times out or is shed:
-    # that is a measurement, not a failure), make the exit status 1
-    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES]
+    # that is a measurement, not a failure), make the exit status 1; so does a step in which not one request was
+    # answered at all (every one TIMEOUT): a deployment past saturation still answers or sheds some, one that
+    # answers nothing has stopped or hung (a fresh-user trial: a node stopped during a closed-loop run, 32 of 32
+    # timed out, exit 0)
+    silent = [r for r in results if r.requests > 0 and r.errors.get("TIMEOUT", 0) >= r.requests]
+    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or any(r is x for x in silent)]
+    if silent:
+        print(f"bench: {len(silent)} step(s) got no answer at all ({', '.join(_step_name(r) for r in silent)}: every "
+              f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing", file=sys.stderr,
+              flush=True)
     if failed and not json_out:
-        console.print(f"[red]{len(failed)} step(s) with wrong answers or errors other than "
-                      f"{'/'.join(sorted(_OVERLOAD_CODES))}[/red]")
+        console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
+                      f"{'/'.join(sorted(_OVERLOAD_CODES))}, or no answer at all[/red]")
     raise typer.Exit(1 if failed else 0)
+
+
+def _step_name(r) -> str:
+    """A load step as the table names it: ``closed c=4``, ``open 1000/s``."""
+    return f"closed c={r.concurrency}" if r.mode == "closed" else f"{r.mode} {r.rate_qps:g}/s"
 
 
 _OVERLOAD_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "TIMEOUT"})

@@ -1019,3 +1019,38 @@ def test_the_error_breakdown_lists_the_most_frequent_code_first():
     assert error_breakdown(r.errors) == "TIMEOUT 12, NO_RESPONDERS 3"
     assert error_breakdown({}) == "0" and error_breakdown({"B": 1, "A": 1, "C": 0}) == "A 1, B 1"
     assert "TIMEOUT 12, NO_RESPONDERS 3" in _table_text([r])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.anyio
+async def test_bench_exits_1_when_a_step_gets_no_answer_at_all(nats_server):
+    """A fresh-user trial: a node stopped during ``inferbus bench --concurrency 4``; 32 of 32 requests timed out and
+    bench exited 0, as if that were saturation. Here a hung deployment (its infer subject subscribed, nothing
+    answered, as a SIGSTOPped ingress) gets a closed-loop step: every request times out, and bench says so in one
+    line and exits 1, its JSON still printed. A step with some answers past saturation stays exit 0 (the overload
+    tests of test_reliability_limits read such steps)."""
+    import json
+    import subprocess
+    import sys
+
+    import nats
+
+    async def ignore(msg) -> None:  # received, never answered
+        return None
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.subscribe("hung.infer.digits", cb=ignore)
+        await nc.subscribe("hung.infer.digits.>", cb=ignore)
+        await nc.flush()
+        argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url, "--prefix",
+                "hung", "--version", "1", "--models", str(MODELS), "--concurrency", "4", "--duration", "1",
+                "--timeout-s", "0.2", "--json"]
+        b = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
+    finally:
+        await nc.close()
+    step = json.loads(b.stdout)[0]
+    assert step["requests"] > 0 and step["ok"] == 0 and step["errors"] == {"TIMEOUT": step["requests"]}, step
+    assert b.returncode == 1, (b.returncode, b.stderr[-2000:])
+    assert "bench: 1 step(s) got no answer at all (closed c=4: every request timed out after --timeout-s 0.2 s)" \
+        in b.stderr, b.stderr[-2000:]
