@@ -25,7 +25,7 @@ from inferbus.bus._fastpub import parse_block
 from inferbus.client import Client
 from inferbus.schemas import (
     InferRequest, InvalidArgument, ResourceExhausted, decode_error, decode_response, encode_request,
-    input_from_numpy,
+    input_from_numpy, output_to_numpy,
 )
 from inferbus.schemas._region import RegionHeartbeat, encode_region
 
@@ -395,6 +395,25 @@ async def test_a_bus_forward_whose_budget_runs_out_in_the_workers_decode_is_refu
     assert "while the worker decoded the request" in err.message, err.message
     feeds = typed_input()
     check_typed(feeds, (await client.infer_result("typed", feeds, timeout_s=5)).outputs)
+
+
+async def test_a_bus_forward_with_a_deadline_or_term_out_of_range_is_served_as_without_one(env):
+    """A fresh-user trial sent the worker subject forwards whose ``deadline_unix_ms`` was ``inf`` or ``1e309``: the
+    answer was a bare NATS 500 (``OverflowError``, no body, no typed error); a term of 20 digits ran the model and
+    then failed the answer's encoding (INVALID_ARGUMENT for a request that was fine). A field out of range is now
+    malformed, served as a forward without it (the deadline from ``timeout_ms``; no term, ``parameters.term`` 0)."""
+    nc, client, _ = env
+    feeds = typed_input()
+    body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
+    ok_dl = f"{time.time() * 1000.0 + 5000.0:.1f}"
+    for dl, term in (("inf", ""), ("1e309", ""), ("nan", ""), ("-inf", ""), (ok_dl, "99999999999999999999"),
+                     (ok_dl, "-3")):
+        fwd = f"v1;1;other;typed;1;5000;{dl};{term};;"
+        msg = await nc.request(f"{PREFIX}._w.{W}", body, timeout=10, headers={"Inferbus-Fwd": fwd})
+        assert decode_error(msg.headers, msg.data) is None, (fwd, msg.headers, msg.data[:300])
+        res = decode_response(msg.data)
+        assert res.parameters["term"] == 0, (fwd, res.parameters)
+        check_typed(feeds, {o.name: output_to_numpy(o) for o in res.outputs})
 
 
 async def test_a_request_far_larger_than_the_models_usual_is_not_run_on_the_loop(env, dep):

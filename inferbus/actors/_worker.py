@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import os
 import queue
 import random
@@ -483,13 +484,19 @@ class Worker:
                 term = int(term_s)
             except ValueError:
                 pass  # malformed: served, as a request without a term
+            if term is not None and not 0 <= term < 1 << 63:  # no election reaches it; the answer could not carry it
+                term = None
         wall_ms = None
         fwd_unix = 0.0
         if dl_s is not None:
             try:
                 wall_ms = float(dl_s)
-                if timeout_s is not None:  # when the ingress forwarded it: deadline minus the budget it sent
+                if not math.isfinite(wall_ms):  # "inf", "nan", "1e309": malformed, as a forward without one
+                    wall_ms = None
+                elif timeout_s is not None:  # when the ingress forwarded it: deadline minus the budget it sent
                     fwd_unix = (wall_ms - float(timeout_s)) / 1000.0
+                    if not math.isfinite(fwd_unix):
+                        fwd_unix = 0.0
             except ValueError:
                 pass
         job = Job(reply, msg.data, t_recv + H.budget_ms(timeout_s) / 1000.0, t_recv, f"{model or ''}:{version or ''}",
