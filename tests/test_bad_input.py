@@ -298,6 +298,9 @@ async def test_a_client_deadline_already_passed_is_refused_at_once_and_a_malform
     for bad in ("soon", "nan", "", "1_700_000_000_000"):
         err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": bad})
         assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Deadline-Unix-Ms", (bad, err)
+    # "-inf" is a deadline before any time: refused as passed, saying what it was (it read "had passed inf ms")
+    err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": "-inf"})
+    assert isinstance(err, DeadlineExceeded) and "is '-inf'" in err.message and " inf ms" not in err.message, err
     future = f"{(time.time() + 5.0) * 1000:.0f}"
     err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": future})
     assert err is None and out(resp, "a_times_2")["data"] == [42]

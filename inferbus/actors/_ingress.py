@@ -673,6 +673,9 @@ class Ingress:
             sub = self._infer_sub
             if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
                 raise _ExpiredUnanswered
+            if not math.isfinite(ms):  # "-inf": no time to tell, and no bus wait or clock skew to blame
+                raise DeadlineExceeded(f"the client's deadline ({H.DEADLINE_UNIX_MS}) is {str(raw).strip()[:40]!r}, "
+                                       f"before any time this ingress could take the request")
             raise DeadlineExceeded(
                 f"the client's deadline ({H.DEADLINE_UNIX_MS}) had passed {-left_s * 1000 + H.DEADLINE_SKEW_MS:.0f} ms "
                 f"before this ingress took the request (it waited in the bus while the ingress was behind, or the "
