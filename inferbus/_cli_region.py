@@ -162,7 +162,7 @@ def status(
                 "beside a node; a plain `inferbus up` runs none: docs/regions.md), and the prefix right?")
         if json_out:
             _json_error("UNAVAILABLE", text)
-        typer.echo(text, err=True)
+        typer.echo(f"UNAVAILABLE: {text}", err=True)  # as health and infer print a typed UNAVAILABLE; the JSON's code
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
     if json_out:

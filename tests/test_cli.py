@@ -755,6 +755,7 @@ def test_region_status_without_a_manager_says_a_plain_node_runs_none(nats_server
     p, _ = cli("region", "status", "--nats-url", nats_server.url)
     assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout, p
     assert "no region manager heard" in p.stderr and "a plain `inferbus up` runs none" in p.stderr, p.stderr
+    assert p.stderr.startswith("UNAVAILABLE: no region manager heard: "), p.stderr  # typed, as health and infer print
     p, _ = cli("region", "status", "--nats-url", nats_server.url, "--json")  # for scripts: the wire's error object
     assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", p.stdout
 
