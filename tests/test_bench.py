@@ -1054,3 +1054,56 @@ async def test_bench_exits_1_when_a_step_gets_no_answer_at_all(nats_server):
     assert b.returncode == 1, (b.returncode, b.stderr[-2000:])
     assert "bench: 1 step(s) got no answer at all (closed c=4: every request timed out after --timeout-s 0.2 s)" \
         in b.stderr, b.stderr[-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_server):
+    """A fresh-user trial: ``inferbus bench ... &`` in a non-interactive shell (SIGINT ignored, as such a shell starts
+    background jobs) ran its whole 20 s step through a ``kill -INT``, exit 0, where ``up`` stops. Now ``bench`` takes
+    SIGINT as ``up`` does: 130 within seconds, its generator processes gone with it. The deployment here takes the
+    requests and answers none, so that the step would run its full 60 s."""
+    import signal
+    import subprocess
+    import sys
+
+    import nats
+
+    async def hung_deployment():
+        nc = await nats.connect(nats_server.url)
+
+        async def ignore(msg) -> None:
+            return None
+
+        await nc.subscribe("bgint.infer.digits", cb=ignore)
+        await nc.subscribe("bgint.infer.digits.>", cb=ignore)
+        await nc.flush()
+        return nc
+
+    loop = asyncio.new_event_loop()
+    nc = loop.run_until_complete(hung_deployment())
+    argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url, "--prefix",
+            "bgint", "--version", "1", "--models", str(MODELS), "--concurrency", "2", "--duration", "60",
+            "--timeout-s", "0.2"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(8)  # imports, the generators' start, into the step (the step alone would take 60 s)
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) > 1, children  # bench and its generator(s)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=15)
+        took_s = time.monotonic() - t0
+        out = proc.stdout.read().decode()
+        assert rc == 130 and "Traceback" not in out, (rc, out[-3000:])
+        assert took_s < 10, took_s
+        deadline = time.monotonic() + 5
+        while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "generator processes outlived bench"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        loop.run_until_complete(nc.close())
+        loop.close()
