@@ -277,7 +277,7 @@ def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
     ("infer", "digits", "-i", "pixels={good}"), ("health",), ("models",), ("models", "load", "digits", "1"),
     ("models", "unload", "digits", "1"), ("region", "status"), ("region", "promote", "A"), ("region", "demote"),
     ("region", "manager", "A"), ("bench", "digits", "--concurrency", "1")])
-def test_an_empty_or_malformed_nats_url_is_one_error_line_exit_2_before_connecting(tmp_path, argv):
+def test_an_empty_nats_url_is_one_error_line_exit_2_before_connecting(tmp_path, argv):
     """``--nats-url ''`` (an unset variable in a script): ``infer``, ``health``, ``models`` and ``bench`` printed the
     SDK's ``INVALID_ARGUMENT: Client.connect: servers names no NATS URL ...`` (no ``error: ``), ``models load`` and
     ``region`` took the default URL (exit 3, or the wrong NATS), ``region manager`` ended in a traceback. One line
@@ -292,12 +292,6 @@ def test_an_empty_or_malformed_nats_url_is_one_error_line_exit_2_before_connecti
     if argv[0] == "models" and len(argv) > 1:  # the group's option, before the subcommand
         r = cli("models", "--nats-url", "", *argv[1:])
         assert_one_error_line(r, "models: --nats-url '' names no server; ")
-    # a malformed URL the same way (a fresh-user trial: a port out of range was the SDK's
-    # "INVALID_ARGUMENT: Client.connect: ... Port out of range" for the client commands, a usage line for up)
-    for url in ("nats://127.0.0.1:99999", "http://127.0.0.1:4222"):
-        r = cli(*argv, "--nats-url", url)
-        assert_one_error_line(r, f"{' '.join(argv[:2]) if argv[0] in ('models', 'region') and len(argv) > 1 else argv[0]}"
-                                 f": --nats-url {url!r}: ")
 
 
 def test_region_manager_refuses_an_empty_lease_nats_url():
