@@ -232,7 +232,7 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
 async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_serves_again_at_once(nats_server,
                                                                                                     tmp_path):
     """A fresh-user trial (2026-12-04, 2-core box): one plain nats-py client sent 20,000 ``digits`` requests at once
-    with ``Inferbus-Timeout-Ms`` only (no ``Inferbus-Deadline-Unix-Ms``, so none is found expired on arrival and
+    (30,000 here, so that a quicker host still falls behind) with ``Inferbus-Timeout-Ms`` only (no ``Inferbus-Deadline-Unix-Ms``, so none is found expired on arrival and
     nothing marks the ingress behind). The ingress read its connection seconds behind the burst; the workers'
     completion notices, queued behind the requests in that one stream, came after deadline + ``pending_grace_s``;
     the ingress counted them lost, failures of both healthy workers, whose breakers opened: the node refused every
@@ -244,7 +244,7 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
 
     from inferbus.bus import headers as H
 
-    n = 20000
+    n = 30000
     async with _overload_node(nats_server.url, tmp_path, "digits", "brst", ingress=1, workers=2) as client:
         nc = await nats.connect(nats_server.url, pending_size=256 * 1024 * 1024)
         try:
