@@ -87,8 +87,9 @@ def test_the_nats_connect_counts_within_timeout_s(tmp_path, argv):
                        f"(1 s)\n", p.stderr
     if "--json" in argv:
         assert json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", p.stdout
-    # loose (shared, noisy hosts): the budget plus start-up (~0.8 s) and slack, well below 3 servers x 2 s
-    assert took_s < 1 + 3.5, took_s
+    # loose (shared, noisy hosts): the budget plus start-up (~0.8 s; ~2 s on a slow day of the 2-core box) and slack,
+    # below 3 servers x 2 s plus that start-up
+    assert took_s < 1 + 4.5, took_s
 
 
 def test_one_silent_server_is_given_up_on_within_timeout_s_in_the_same_words():
@@ -98,7 +99,7 @@ def test_one_silent_server_is_given_up_on_within_timeout_s_in_the_same_words():
         p, took_s = cli("health", "--nats-url", url, "--timeout-s", "1")
     assert (p.returncode, p.stdout) == (3, ""), p
     assert p.stderr == f"cannot reach NATS at {url}: not connected within the command's --timeout-s (1 s)\n", p.stderr
-    assert took_s < 1 + 3.5, took_s
+    assert took_s < 1 + 4.5, took_s
 
 
 def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
@@ -109,7 +110,7 @@ def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
         p, took_s = cli("health", "--nats-url", ",".join([*urls, nats_server.url]), "--timeout-s", "4.5")
     assert p.returncode == 1, p
     assert p.stderr.startswith(("UNAVAILABLE: ", "DEADLINE_EXCEEDED: ")) and p.stderr.count("\n") == 1, p.stderr
-    assert took_s < 4.5 + 2.5, took_s  # loose, as above; 8.5 s and more before
+    assert took_s < 4.5 + 3.5, took_s  # loose, as above; 8.5 s plus start-up before
 
 
 @pytest.mark.parametrize("argv,says", [

@@ -284,7 +284,7 @@ def test_cluster_control_connect_counts_within_timeout_s(tmp_path):
     assert (out.returncode, out.stdout) == (3, ""), out
     assert out.stderr == f"cannot reach NATS at {url}: not connected within the command's --timeout-s (1 s)\n", \
         out.stderr
-    assert took_s < 1 + 3.5, took_s  # loose: start-up and a shared host
+    assert took_s < 1 + 4.5, took_s  # loose: start-up (~2 s on a slow day of the 2-core box) and a shared host
 
 
 @pytest.mark.timeout(60)
