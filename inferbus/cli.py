@@ -1485,21 +1485,19 @@ def bench(
     # answered at all (every one TIMEOUT): a deployment past saturation still answers or sheds some, one that
     # answers nothing has stopped or hung (a fresh-user trial: a node stopped during a closed-loop run, 32 of 32
     # timed out, exit 0)
+    from .loadgen._result import load_label
+
     silent = [r for r in results if r.requests > 0 and r.errors.get("TIMEOUT", 0) >= r.requests]
-    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or any(r is x for x in silent)]
+    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or r in silent]
     if silent:
-        print(f"bench: {len(silent)} step(s) got no answer at all ({', '.join(_step_name(r) for r in silent)}: every "
+        steps = ", ".join(f"{r.mode} {load_label(r)}" for r in silent)
+        print(f"bench: {len(silent)} step(s) got no answer at all ({steps}: every "
               f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing", file=sys.stderr,
               flush=True)
     if failed and not json_out:
         console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
                       f"{'/'.join(sorted(_OVERLOAD_CODES))}, or no answer at all[/red]")
     raise typer.Exit(1 if failed else 0)
-
-
-def _step_name(r) -> str:
-    """A load step as the table names it: ``closed c=4``, ``open 1000/s``."""
-    return f"closed c={r.concurrency}" if r.mode == "closed" else f"{r.mode} {r.rate_qps:g}/s"
 
 
 _OVERLOAD_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "TIMEOUT"})

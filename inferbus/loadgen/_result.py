@@ -307,6 +307,11 @@ def error_breakdown(errors: dict) -> str:
     return ", ".join(f"{code} {n}" for n, code in kinds) or "0"
 
 
+def load_label(r: BenchResult) -> str:
+    """A step's load as the table's ``load`` column shows it: ``c=8`` (closed loop), ``1260/s`` (open loop)."""
+    return f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
+
+
 def render_table(results: list[BenchResult], title: str = "inferbus load run"):
     """A rich Table of results (latencies in ms): ``qps`` (answers, error replies included) next to ``ok qps``
     (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code (:func:`error_breakdown`)."""
@@ -317,7 +322,7 @@ def render_table(results: list[BenchResult], title: str = "inferbus load run"):
                 "errors", "wrong", "cache hits"):
         t.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
     for r in results:
-        load = f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
+        load = load_label(r)
         name = r.label or (r.model if r.target == "inferbus" else r.target)
         t.add_row(name, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.ok_qps:.0f}", f"{r.p50_us / 1000:.3f}",
                   f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}",
