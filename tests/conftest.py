@@ -42,6 +42,23 @@ def spawn_logged(argv: list[str], log: Path, env: dict | None = None) -> subproc
                                 env=env if env is not None else {**os.environ, "COLUMNS": "200"})
 
 
+def cli_startup_s(*argv: str, env: dict | None = None, cwd: Path | None = None) -> float:
+    """Seconds ``inferbus *argv`` takes with ``{url}`` in ``argv`` replaced by a NATS URL where nothing listens: the
+    interpreter's start, the imports, a refused connect (no wait) and the exit (code 3, asserted).
+
+    A timing bound on a command (its budget honoured, not 2 s per server) subtracts this, measured just before on
+    the same host, instead of a constant start-up: on the 2-core CI box it was 0.8 s on some days and 2.5 s on
+    others (ml_dtypes 0.7.0 alone added 1.5-2.3 s until it was imported lazily)."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", *(a.replace("{url}", url) for a in argv)],
+                       capture_output=True, text=True, timeout=60, cwd=cwd or ROOT,
+                       env=env if env is not None else {**os.environ, "COLUMNS": "200"})
+    took_s = time.monotonic() - t0
+    assert p.returncode == 3 and "cannot reach NATS" in p.stderr, p
+    return took_s
+
+
 def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, poll_s: float = 0.05) -> None:
     """Wait until ``inferbus up`` / ``cluster up`` printed "serving; Ctrl-C to stop" (its signal handlers are
     set by then); fails with the log's tail if the process exits first or ``timeout_s`` passes."""

@@ -243,6 +243,33 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
 
 
 @pytest.mark.timeout(60)
+async def test_forced_promote_takes_the_lease_itself_when_the_step_down_reply_is_read_late(witness):
+    """A forced promotion asks the holder to step down; the holder's release names us, and our tick loop would
+    campaign on it at once. The promotion keeps that campaign to itself, so its steps show the lease CAS, Valkey and
+    the term (on a loaded CI box ``region promote --force`` printed only "asked B to step down" and the total: the
+    reply was read after the tick's campaign had won). Here the reply is read 0.3 s late, as on a starved loop; the
+    lease store and the other manager are the real ones."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: b.primary_hb_at is not None and b.nc is not None, 5)
+        real_request = b.nc.request
+        control_a = b.subjects.region_control("A")
+
+        async def late_request(subject, *args, **kw):
+            reply = await real_request(subject, *args, **kw)
+            if subject == control_a:
+                await asyncio.sleep(0.3)
+            return reply
+
+        b.nc.request = late_request
+        forced = await b.promote(force=True)
+        names = [s.name for s in forced.steps]
+        assert forced.ok and names[0] == "asked A to step down", forced
+        assert {"lease acquired", "valkey master", "term published"} <= set(names), forced.steps
+        await ms.until(lambda: b.is_primary() and not a.is_primary(), 3)
+
+
+@pytest.mark.timeout(60)
 async def test_demoted_primary_is_standby_before_its_release_is_sent(witness):
     """The release lets the successor win its CAS the moment it commits, possibly before the old primary
     reads the acknowledgement: so the old primary must have stepped down (role, lease validity, model

@@ -651,27 +651,31 @@ class RegionManager:
         if self.is_primary():
             return RegionReply(ok=True, region=self.region, steps=[RegionStep("already primary", 0.0,
                                                                                f"term {self.term}")])
-        holder = self.seen_holder
-        if self._holder_live(t0):
-            if not force:
-                age = (t0 - (self.primary_hb_at or self.seen_at)) * 1000
-                return RegionReply(ok=False, region=self.region, error=(
-                    f"region {holder} holds a live lease (revision {self.seen_rev}, last heard {age:.0f} ms ago); "
-                    f"demote it first or use --force"))
-            t = time.monotonic()
-            try:
-                await self.nc.request(self.subjects.region_control(holder),
-                                      encode_region(RegionCommand(action="demote", successor=self.region,
-                                                                  force=True)),
-                                      timeout=0.5)
-                steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000))
-            except Exception as exc:
-                steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000,
-                                        f"no answer ({type(exc).__name__}); taking over by CAS anyway"))
-        self.hold_until = 0.0
+        # the lock from before the step-down request: the holder's release names us, and the tick loop's own
+        # campaign on it (it skips while the lock is held) would take the lease outside these steps
         async with self._lock:
+            holder = self.seen_holder
+            if not self.is_primary() and self._holder_live(t0):
+                if not force:
+                    age = (t0 - (self.primary_hb_at or self.seen_at)) * 1000
+                    return RegionReply(ok=False, region=self.region, error=(
+                        f"region {holder} holds a live lease (revision {self.seen_rev}, last heard {age:.0f} ms ago); "
+                        f"demote it first or use --force"))
+                t = time.monotonic()
+                try:
+                    await self.nc.request(self.subjects.region_control(holder),
+                                          encode_region(RegionCommand(action="demote", successor=self.region,
+                                                                      force=True)),
+                                          timeout=0.5)
+                    steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000))
+                except Exception as exc:
+                    steps.append(RegionStep(f"asked {holder} to step down", (time.monotonic() - t) * 1000,
+                                            f"no answer ({type(exc).__name__}); taking over by CAS anyway"))
+            self.hold_until = 0.0
             for attempt in range(3):
-                if self.is_primary():
+                if self.is_primary():  # the tick loop's campaign won while we waited for the lock
+                    if attempt == 0:
+                        steps.append(RegionStep("lease acquired", 0.0, f"by the election meanwhile; term {self.term}"))
                     break
                 t = time.monotonic()
                 await self._refresh()
