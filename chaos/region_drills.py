@@ -24,6 +24,10 @@ answer carrying the new primary's term; ``recovery_ms`` = fault → the first
 correct answer to a request sent after the fault (stateless serving continuity:
 queue groups fail over across the gateways before any promotion).
 ``extra.promotion_ms`` = fault → the standby's lease CAS was sent.
+
+The fault goes to the region that is primary just before it, read again then (on a
+starved host a late renewal can hand the lease over in the load's first seconds);
+``extra.primary_changed_before_fault`` says whether the roles had changed since the setup.
 """
 
 from __future__ import annotations
@@ -230,7 +234,10 @@ class _Setup:
             mdir = o.models_dir or str(default_models_dir())
             self.client = await Client.connect(self.topo.client_urls(first=self.primary), self.topo.spec.prefix,
                                                no_randomize=True)
-            work = Workload(ModelRepository(mdir), o.model, distinct=True, pool=2048)
+            # in a thread: building the pool and its reference answers (ONNX Runtime, ~0.3 s, more on a loaded
+            # host) on this loop stalled the gateway proxies that run on it past the 400 ms lease, so the primary's
+            # renewal failed before the fault (a CI run: the lease changed hands and the drill killed the standby)
+            work = await asyncio.to_thread(lambda: Workload(ModelRepository(mdir), o.model, distinct=True, pool=2048))
             self.driver = Driver(self.client, o.model, work.inputs, work.reference, rate_qps=o.rate_qps,
                                  timeout_s=o.timeout_s, audit_subject=Subjects(self.topo.spec.prefix).audit)
             # warm: one answer before the clock starts (with the pool's last input: the load starts with the
@@ -249,6 +256,22 @@ class _Setup:
                 await self.topo.stop()
             raise
         return self
+
+    async def settle_before_fault(self) -> bool:
+        """Re-read which region is primary just before the fault (waiting up to 30 s for one settled primary) and
+        aim the fault there. Returns True when the roles changed since the setup: on a starved host (the 2-core CI
+        box) a late renewal can hand the lease over during the load's first seconds, the election's job, and a
+        drill that then killed the region read at setup killed the standby (``detection_ms`` None, a negative
+        ``failover_ms``)."""
+        primary = await self.topo.wait_settled(30)
+        changed = primary != self.primary
+        if changed:
+            self.primary = primary
+            self.standby = next(r for r in self.topo.spec.regions if r != primary and r not in self.topo.down)
+        st = (await self.topo.statuses()).get(primary)
+        if st is not None:
+            self.term0 = st.term
+        return changed
 
     def wan_extra(self) -> dict:
         """The degraded-WAN settings (for a drill's ``extra``), or {} when the gateways are clean."""
@@ -301,6 +324,7 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
         topo = s.topo
         load = asyncio.create_task(s.driver.run(opts.duration_s))
         await asyncio.sleep(opts.fault_at_s)
+        changed = await s.settle_before_fault()
         t_kill = await topo.kill_region(s.primary)
         st = await _wait_primary(topo, s.standby, s.term0, 10.0)
         await load
@@ -324,7 +348,8 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
                                    "pids_killed": getattr(topo, "last_kill", {}).get("pids"), "lease_ms": topo.spec.lease_ms,
                                    "suspect_ms": topo.spec.suspect_ms, "heartbeat_ms": topo.spec.heartbeat_ms,
                                    "terms_by_region": {t: sorted(v) for t, v in terms_by_region(rs).items()},
-                                   "overlapping_reigns": len(overlaps(rs)), **s.wan_extra(),
+                                   "overlapping_reigns": len(overlaps(rs)), "primary_changed_before_fault": changed,
+                                   **s.wan_extra(),
                                })
         fig.failover_ms = _r((min(ok_new) - t_kill) * 1000 if ok_new else None)
         if topology is not None:
@@ -346,6 +371,7 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
         async with RoleWatch(topo) as watch:
             load = asyncio.create_task(s.driver.run(opts.duration_s + 2 * opts.partition_s))
             await asyncio.sleep(opts.fault_at_s)
+            changed = await s.settle_before_fault()
             # 1. regions cut from each other; both still reach the witness
             t_cut = time.monotonic()
             faults = topo.partition({s.primary}, sites - {s.primary, topo.spec.witness})
@@ -376,7 +402,8 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             "settled_primary_after_heal": settled, "max_primaries_sampled": watch.max_primaries,
             "samples": len(watch.samples), "overlapping_reigns": len(overlaps(rs)),
             "terms_shared_by_regions": sum(1 for v in tb.values() if len(v) > 1),
-            "terms_by_region": {t: sorted(v) for t, v in tb.items()}, **s.wan_extra(),
+            "terms_by_region": {t: sorted(v) for t, v in tb.items()}, "primary_changed_before_fault": changed,
+            **s.wan_extra(),
         })
         return fig
 

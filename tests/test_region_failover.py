@@ -314,6 +314,25 @@ async def test_planned_demotion_and_promotion_round_trip_zero_failed(topo):
     await topo.wait_settled(30)
 
 
+@pytest.mark.timeout(120)
+async def test_a_drill_aims_its_fault_at_the_region_primary_just_before_it(topo):
+    """The roles change between a drill's setup and its fault (here a demotion; on the starved CI box a late
+    renewal did it): the fault goes to the primary read just before it, with its term, not to the region read at
+    setup (a CI run of region-failover killed the then standby: detection_ms None, failover_ms -2,500)."""
+    from chaos.region_drills import _Setup
+
+    async with _Setup(RegionDrillOptions(models_dir=MODELS), topo) as s:
+        before, other = s.primary, s.standby
+        r = await ask_region(s.client.nc, topo.spec.prefix, before, "demote")
+        assert r.ok, r
+        assert await s.settle_before_fault() is True
+        st = await topo.statuses()
+        assert (s.primary, s.standby) == (other, before), (s.primary, s.standby)
+        assert st[other].role == "primary" and s.term0 == st[other].term, st
+        assert await s.settle_before_fault() is False and s.primary == other
+    await topo.wait_settled(30)
+
+
 @pytest.mark.timeout(150)
 async def test_partition_never_yields_two_primaries(topo):
     fig = await region_partition(RegionDrillOptions(duration_s=3.0, fault_at_s=1.0, partition_s=2.0,
