@@ -100,6 +100,9 @@ class Driver:
         self.references_by_version = references_by_version
         self.records: list[RequestRecord] = []
         self.executions: Counter = Counter()
+        self.t_start: float | None = None
+        """Monotonic time the first request was scheduled (set by :meth:`run`); the ``*_sent_at_s`` figures count
+        from it."""
         self._stop = asyncio.Event()
         self._run_id = uuid.uuid4().hex[:8]
 
@@ -154,7 +157,7 @@ class Driver:
             await self.client.nc.flush()  # the server has the interest before the first request goes out
         tasks: set[asyncio.Task] = set()
         interval = 1.0 / self.rate_qps
-        start = time.monotonic()
+        start = self.t_start = time.monotonic()
         i = 0
         while not self._stop.is_set():
             t_sched = start + i * interval
@@ -204,7 +207,7 @@ class Driver:
                 errors[r.outcome] += 1
         n = len(recs)
         dups = sum(1 for c in self.executions.values() if c > 1) if self.audit_subject else None
-        t0 = recs[0].t_sched if recs else 0.0
+        t0 = self.t_start if self.t_start is not None else (recs[0].t_sched if recs else 0.0)
         dup_at = sorted(round(r.t_sched - t0, 2) for r in recs if self.executions.get(r.request_id, 0) > 1)
         dups_in_flight = None
         if fault_window and self.audit_subject:

@@ -380,12 +380,14 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             kept = mid.get(s.primary) is not None and mid[s.primary].role == "primary" \
                 and mid[s.primary].term == s.term0
             topo.heal(faults)
+            t_cut_healed = time.monotonic()
             # 2. the primary cut from every other site: it must step down, the standby take over
             t_iso = time.monotonic()
             faults = topo.isolate(s.primary)
             st = await _wait_primary(topo, s.standby, s.term0, 10.0)
             await asyncio.sleep(max(opts.partition_s - (time.monotonic() - t_iso), 0))
             topo.heal(faults)
+            t_iso_healed = time.monotonic()
             settled = await topo.wait_settled(30)
             await load
         after = await topo.statuses()
@@ -403,6 +405,8 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             "samples": len(watch.samples), "overlapping_reigns": len(overlaps(rs)),
             "terms_shared_by_regions": sum(1 for v in tb.values() if len(v) > 1),
             "terms_by_region": {t: sorted(v) for t, v in tb.items()}, "primary_changed_before_fault": changed,
+            "fault_events_at_s": [round(t - (s.driver.t_start or t_cut), 2)
+                                  for t in (t_cut, t_cut_healed, t_iso, t_iso_healed)],
             **s.wan_extra(),
         })
         return fig
