@@ -73,15 +73,26 @@ async def _race(urls, rounds: int, candidates: int = 10) -> list[int]:
     conns = [await _store(urls, bucket) for _ in range(candidates)]
     stores = [s for _, s in conns]
     try:
-        last, terms = 0, []
-        for rnd in range(rounds):
+        last, terms, no_winner = 0, [], 0
+        rnd = 0
+        while rnd < rounds:
             results = await asyncio.gather(
                 *(s.cas(LeaseValue(holder=f"c{i}", manager_id=f"c{i}", op="acquire"), last)
                   for i, s in enumerate(stores)), return_exceptions=True)
             winners = [(i, r) for i, r in enumerate(results) if isinstance(r, int)]
             others = [r for r in results if not isinstance(r, (int, LostRace))]
             assert not others, f"round {rnd}: unexpected errors {others[:3]}"
-            assert len(winners) == 1, f"round {rnd}: {len(winners)} winners"
+            assert len(winners) <= 1, f"round {rnd}: {len(winners)} winners"  # safety: never two
+            if not winners:
+                # every candidate was refused: 10164 (another conditional write on the key in flight) can refuse the
+                # one that was in flight too (seen once in CI, round 64 of 1,000). No harm: nobody acts as holder,
+                # and a region manager campaigns again at its next tick. The round is run again from the key's
+                # revision as it is now; more than 2 % of such rounds fails the test.
+                no_winner += 1
+                assert no_winner <= max(2, rounds // 50), f"{no_winner} rounds without a winner by round {rnd}"
+                last = max(last, (await stores[0].read())[0])
+                continue
+            rnd += 1
             term = winners[0][1]
             assert term > last, f"round {rnd}: term {term} not above {last}"
             terms.append(term)
@@ -208,6 +219,30 @@ async def test_leader_whose_renewal_fails_steps_down_at_once(witness):
             assert any(tr.event == "standby" and "lost" in tr.detail for tr in a.transitions)
         finally:
             await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_takeover_after_a_slow_lease_read_records_the_suspicion(witness):
+    """The primary dies just as the standby's tick starts a lease read that takes longer than ``suspect_ms`` (a
+    starved loop, a slow witness): the takeover that follows has its suspicion recorded (``suspected_at``, the
+    drills' detection time). It was judged before the read's await only, so a CI run took over with none. The
+    read is delayed here by a wrapper around the real store's."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: b.primary_hb_at is not None, 5)
+        real_read = b.store.read
+
+        async def slow_read():
+            await asyncio.sleep(b.config.suspect_ms / 1000 + 0.15)
+            return await real_read()
+
+        b.store.read = slow_read
+        await ms.until(lambda: time.monotonic() - b.primary_hb_at < 0.03, 2)  # right after a heartbeat
+        ms.tasks["A"].cancel()
+        b._next_read = time.monotonic()  # the standby's next tick reads the lease
+        t_dead = time.monotonic()
+        await ms.until(lambda: b.is_primary(), 5)
+        assert b.suspected_at is not None and b.suspected_at - t_dead <= 1.5, (b.suspected_at, t_dead)
 
 
 @pytest.mark.timeout(60)

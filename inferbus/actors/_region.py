@@ -525,15 +525,19 @@ class RegionManager:
                 # in a task of its own: heartbeats keep flowing while a renewal is retried
                 self._renew_task = asyncio.ensure_future(self._renew_locked())
         else:
+            if (self.seen_rev is None or self._next_read) and now >= self._next_read:
+                self._next_read = 0.0
+                await self._refresh()
+            # one instant for the suspicion and the campaign: with the suspicion judged before the refresh's await,
+            # a starved loop could campaign on a primary found dead after it with no suspicion recorded (a CI run:
+            # B took over, suspected_at None, so no detection time)
+            now = time.monotonic()
             if (self.primary_hb_at is not None and not self._primary_alive(now)
                     and (self.suspected_at is None or self.suspected_at < self.primary_hb_at)):
                 self.suspected_at = now
                 self._note("suspect", f"no heartbeat or lease write from primary {self.primary_region} for "
                                       f"{(now - self.primary_hb_at) * 1000:.0f} ms", self.known_term)
-            if (self.seen_rev is None or self._next_read) and now >= self._next_read:
-                self._next_read = 0.0
-                await self._refresh()
-            reason = self._campaign_reason(time.monotonic())
+            reason = self._campaign_reason(now)
             if reason is not None and not self._lock.locked() and self._lease_connected():
                 async with self._lock:
                     if self.role != PRIMARY:
