@@ -55,6 +55,7 @@ from ._tensors import (
     numpy_dtype,
     output_from_numpy,
     output_to_numpy,
+    preload_datatypes,
     tensor_nbytes,
 )
 
@@ -108,5 +109,6 @@ __all__ = [
     "output_to_numpy",
     "input_from_numpy",
     "output_from_numpy",
+    "preload_datatypes",
     "tensor_nbytes",
 ]

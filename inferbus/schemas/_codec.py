@@ -31,7 +31,7 @@ import numpy as np
 
 from ._errors import InvalidArgument
 from ._oip import DATATYPES, InferRequest, InferResponse, RequestInput, ResponseOutput
-from ._tensors import _WIRE
+from ._tensors import _ITEMSIZE
 
 __all__ = [
     "MSGPACK",
@@ -230,7 +230,7 @@ def _check_tensors(tensors: list[Any], prefix: str) -> None:
                     field=f"{prefix}[{i}].raw",
                 )
             continue
-        expected = math.prod(t.shape) * _WIRE[t.datatype].itemsize
+        expected = math.prod(t.shape) * _ITEMSIZE[t.datatype]
         if t.raw is not None:
             if len(t.raw) != expected:
                 raise InvalidArgument(
