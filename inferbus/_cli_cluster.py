@@ -331,20 +331,21 @@ async def _send(urls: list[str], prefix: str, op: str, timeout_s: float = _CONTR
         await close_connection(nc)
 
 
-def _known(cf: ClusterFile, op: str, what: str, names: list[str], kind: str) -> None:
+def _known(cf: ClusterFile, command: str, what: str, names: list[str], kind: str) -> None:
     """Each of ``names`` (``what``: the argument, e.g. ``REGION``) is one of the cluster's ``kind`` (``regions`` or
-    ``sites``), else one line naming the known ones, exit 2, before connecting: the cluster answered an unknown
-    region with a KeyError-like refusal after the connect, and an unknown site of a partition cut nothing."""
+    ``sites``), else one line naming the known ones, exit 2, before connecting (``command``: e.g. ``cluster kill``,
+    ``region promote``): the cluster answered an unknown region with a KeyError-like refusal after the connect, an
+    unknown site of a partition cut nothing, and ``region promote`` said no manager of that region was running."""
     from .cli import _usage
 
     known = cf.regions if kind == "regions" else cf.sites
     if not names:
-        _usage(f"cluster {op}: {what} names no site; give one or more of the cluster's sites, comma-separated: "
+        _usage(f"{command}: {what} names no site; give one or more of the cluster's sites, comma-separated: "
                f"{', '.join(known)}")
     bad = [n for n in names if n not in known]
     if bad:
-        note = f" ({cf.witness} is the witness site; {op} acts on regions)" if cf.witness in bad else ""
-        _usage(f"cluster {op}: {what} {', '.join(repr(n) for n in bad)}: not a {kind[:-1]} of the cluster in "
+        note = f" ({cf.witness} is the witness site; {command.split()[-1]} acts on regions)" if cf.witness in bad else ""
+        _usage(f"{command}: {what} {', '.join(repr(n) for n in bad)}: not a {kind[:-1]} of the cluster in "
                f"{cf.path}; its {kind}: {', '.join(known)}{note}")
 
 
@@ -368,15 +369,15 @@ def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOU
     cf = read_cluster_file(f"cluster {op}", cluster, "witness")
     kw: dict = {}
     if region is not None:
-        _known(cf, op, "REGION", [region], "regions")
+        _known(cf, f"cluster {op}", "REGION", [region], "regions")
         kw["region"] = region
     if site is not None:
-        _known(cf, op, "SITE", [site], "sites")
+        _known(cf, f"cluster {op}", "SITE", [site], "sites")
         kw["region"] = site
     if sides is not None:
         a, b = ([n.strip() for n in side.split(",") if n.strip()] for side in sides)
-        _known(cf, op, "SIDE_A", a, "sites")
-        _known(cf, op, "SIDE_B", b, "sites")
+        _known(cf, f"cluster {op}", "SIDE_A", a, "sites")
+        _known(cf, f"cluster {op}", "SIDE_B", b, "sites")
         kw.update(side_a=a, side_b=b)
     try:
         reply = _run(_send(list(cf.witness_urls), cf.prefix, op, timeout_s, **kw))

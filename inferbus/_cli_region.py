@@ -25,7 +25,7 @@ _LISTEN_S = 0.35
 
 
 def target_option(command: str, nats_url: Optional[str], cluster: Optional[str],
-                  prefix: Optional[str]) -> tuple[list[str], str]:
+                  prefix: Optional[str], regions: tuple[tuple[str, Optional[str]], ...] = ()) -> tuple[list[str], str]:
     """The servers and the subject prefix of ``command`` (e.g. ``"region status"``), before it connects.
 
     Servers: ``--nats-url`` (comma-separated), else ``--cluster`` (a run dir or its cluster.json: its
@@ -39,7 +39,9 @@ def target_option(command: str, nats_url: Optional[str], cluster: Optional[str],
             ``--cluster`` were ignored without a word); a ``--nats-url`` that names no server (``''``: it was the
             default URL); a ``--cluster`` that :func:`~inferbus._cli_cluster.read_cluster_file` refuses (empty, a
             file missing, not a regular file, unreadable, not JSON, not a JSON object, with no ``client_urls``, or
-            an invalid prefix); ``--prefix`` given and not the prefix the ``--cluster`` file records.
+            an invalid prefix); ``--prefix`` given and not the prefix the ``--cluster`` file records; a region of
+            ``regions`` (``(argument, name)`` pairs, e.g. ``("REGION", "Z")``; None = not given) that the
+            ``--cluster`` file's ``spec.regions`` does not name (a file without a spec is not checked).
     """
     from ._cli_cluster import read_cluster_file
     from .cli import _nats_urls_given, _usage
@@ -54,6 +56,12 @@ def target_option(command: str, nats_url: Optional[str], cluster: Optional[str],
         if cf.prefix is not None and prefix is not None and prefix != cf.prefix:
             _usage(f"{command}: --prefix {prefix!r} is not the prefix of the cluster in {cf.path} ({cf.prefix!r}); "
                    f"leave --prefix out or give {cf.prefix!r}")
+        if cf.regions:
+            from ._cli_cluster import _known
+
+            for what, name in regions:
+                if name is not None:
+                    _known(cf, command, what, [name], "regions")
         return list(cf.client_urls), prefix or cf.prefix or "inferbus"
     return ["nats://127.0.0.1:4222"], prefix or "inferbus"
 
@@ -224,7 +232,7 @@ def promote(
         _check_prefix(prefix)
     _check_timeout_s("region promote", timeout_s)
     _check_region(region, "REGION")
-    servers, prefix = target_option("region promote", nats_url, cluster, prefix)
+    servers, prefix = target_option("region promote", nats_url, cluster, prefix, (("REGION", region),))
 
     async def go():
         t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
@@ -291,7 +299,8 @@ def demote(
         _check_region(region, "REGION")
     if to:
         _check_region(to, "--to")
-    servers, prefix = target_option("region demote", nats_url, cluster, prefix)
+    servers, prefix = target_option("region demote", nats_url, cluster, prefix,
+                                    (("REGION", region), ("--to", to or None)))
 
     async def go():
         t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s

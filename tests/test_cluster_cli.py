@@ -346,3 +346,25 @@ def test_cluster_control_refuses_a_bad_timeout_s(tmp_path, value):
     out = _inferbus("cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", value)
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr.startswith("error: cluster heal: --timeout-s must be ") and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv,what,name", [
+    (("region", "promote", "Z", "--force"), "REGION", "Z"),
+    (("region", "promote", "W"), "REGION", "W"),
+    (("region", "demote", "Z"), "REGION", "Z"),
+    (("region", "demote", "--to", "Z"), "--to", "Z"),
+])
+def test_region_commands_refuse_a_region_the_cluster_file_does_not_name(tmp_path, argv, what, name):
+    """``region promote|demote`` with ``--cluster``: a region its cluster.json does not name is one usage line naming
+    the cluster's regions, exit 2, before connecting (nothing listens at the file's URL), as ``cluster kill`` does
+    (a fresh-user trial: ``promote Z --force`` said after the connect that no manager of Z was running, exit 1)."""
+    from inferbus.bus import free_port
+
+    _cluster_json(tmp_path / "cluster.json", f"nats://127.0.0.1:{free_port()}")
+    out = _inferbus(*argv, "--cluster", str(tmp_path))
+    assert (out.returncode, out.stdout) == (2, ""), out
+    want = f"error: {argv[0]} {argv[1]}: {what} {name!r}: not a region of the cluster in {tmp_path / 'cluster.json'}; " \
+           f"its regions: A, B"
+    assert " ".join(out.stderr.split()).startswith(want), out.stderr
+    assert ("W is the witness site" in out.stderr) == (name == "W"), out.stderr
