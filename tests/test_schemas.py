@@ -923,3 +923,19 @@ assert ("ml_dtypes" in sys.modules) is {bf16_model}, sys.modules.get("ml_dtypes"
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr + p.stdout
+
+
+def test_a_bfloat16_array_read_back_from_npy_gets_a_hint(tmp_path):
+    """np.save keeps no ml_dtypes type: a bfloat16 array reads back as ``|V2``, which has no OIP datatype; the
+    refusal says so and how to send it as BF16 (a fresh-user trial met the bare refusal through ``infer -i``).
+    Other unsupported dtypes get no such hint."""
+    np.save(tmp_path / "b.npy", np.array([1.5, 2.0], ml_dtypes.bfloat16))
+    back = np.load(tmp_path / "b.npy")
+    assert back.dtype == np.dtype("V2")
+    with pytest.raises(InvalidArgument) as ei:
+        schemas.datatype_of(back.dtype)
+    assert "has no OIP v2 datatype" in ei.value.message and "arr.view(ml_dtypes.bfloat16)" in ei.value.message
+    assert schemas.datatype_of(back.view(ml_dtypes.bfloat16).dtype) == "BF16"
+    with pytest.raises(InvalidArgument) as ei:
+        schemas.datatype_of(np.dtype(np.complex64))
+    assert "bfloat16" not in ei.value.message

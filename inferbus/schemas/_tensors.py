@@ -208,7 +208,10 @@ def datatype_of(dtype: Any) -> str:
     else:
         name = _KIND_SIZE.get((dt.kind, dt.itemsize))
         if name is None:
-            raise InvalidArgument(f"numpy dtype {dt} has no OIP v2 datatype")
+            hint = ("; a bfloat16 array saved with np.save reads back as |V2 (.npy keeps no ml_dtypes type): view it "
+                    "as ml_dtypes.bfloat16 (arr.view(ml_dtypes.bfloat16)) to send BF16"
+                    if dt.kind == "V" and dt.names is None and dt.itemsize == 2 else "")
+            raise InvalidArgument(f"numpy dtype {dt} has no OIP v2 datatype{hint}")
     if isinstance(dtype, np.dtype) and len(_DATATYPE_OF) < _DATATYPE_OF_MAX:
         _DATATYPE_OF[dtype] = name
     return name
