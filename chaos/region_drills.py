@@ -227,8 +227,7 @@ class _Setup:
                                suspect_ms=o.suspect_ms, models_dir=o.models_dir)
             self.topo = await Topology(spec, run_dir=o.run_dir).start()
         try:
-            self.primary = await self.topo.wait_settled(60)
-            self.standby = next(r for r in self.topo.spec.regions if r != self.primary and r not in self.topo.down)
+            self._aim(await self.topo.wait_settled(60))
             before = await self.topo.statuses()
             self.term0 = before[self.primary].term
             mdir = o.models_dir or str(default_models_dir())
@@ -257,6 +256,11 @@ class _Setup:
             raise
         return self
 
+    def _aim(self, primary: str) -> None:
+        """Aim the drill at ``primary``: the fault's region; the standby is the first other region that is up."""
+        self.primary = primary
+        self.standby = next(r for r in self.topo.spec.regions if r != primary and r not in self.topo.down)
+
     async def settle_before_fault(self) -> bool:
         """Re-read which region is primary just before the fault (waiting up to 30 s for one settled primary) and
         aim the fault there. Returns True when the roles changed since the setup: on a starved host (the 2-core CI
@@ -266,8 +270,7 @@ class _Setup:
         primary = await self.topo.wait_settled(30)
         changed = primary != self.primary
         if changed:
-            self.primary = primary
-            self.standby = next(r for r in self.topo.spec.regions if r != primary and r not in self.topo.down)
+            self._aim(primary)
         st = (await self.topo.statuses()).get(primary)
         if st is not None:
             self.term0 = st.term
