@@ -117,9 +117,18 @@ _CONTROL_TIMEOUT_S = 10.0
 """``region promote|demote``'s default budget (s), the connect and the manager's answer included."""
 
 
-def _print_steps(reply) -> None:
-    for i, st in enumerate(reply.steps, 1):
-        typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
+def _report(head: str, reply, t0: float) -> None:
+    """Print a promote/demote reply: ``head:`` and the manager's steps on stdout, then ``done in ...``; or, when it
+    was refused, ``refused: <why>`` on stderr and exit 1. A refusal that took no step (a non-forced promote while
+    another region holds the lease) is that one stderr line: no header with nothing under it on stdout."""
+    if reply.steps or reply.ok:
+        typer.echo(f"{head}:")
+        for i, st in enumerate(reply.steps, 1):
+            typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
+    if not reply.ok:
+        typer.echo(f"refused: {reply.error}" if reply.steps else f"{head}: refused: {reply.error}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
 
 
 @app.command()
@@ -252,12 +261,7 @@ def promote(
     except Exception as exc:  # no responders / timeout: the operation ran and found no manager to do it
         typer.echo(f"promote {region}: {_no_manager(exc, timeout_s)}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"promote {region}{' (forced)' if force else ''}:")
-    _print_steps(reply)
-    if not reply.ok:
-        typer.echo(f"refused: {reply.error}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
+    _report(f"promote {region}{' (forced)' if force else ''}", reply, t0)
 
 
 def _no_manager(exc: BaseException, timeout_s: float) -> str:
@@ -331,12 +335,7 @@ def demote(
     if target is None:
         typer.echo(f"demote: {reply}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"demote {target}{' (forced)' if force else ''}:")
-    _print_steps(reply)
-    if not reply.ok:
-        typer.echo(f"refused: {reply.error}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
+    _report(f"demote {target}{' (forced)' if force else ''}", reply, t0)
 
 
 @app.command("manager")

@@ -75,6 +75,8 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
 
     refused = _inferbus("region", "promote", o, "--cluster", str(run))
     assert refused.returncode == 1 and "live lease" in refused.stderr
+    # a refusal that took no step is one stderr line, no lone "promote B:" header on stdout (a fresh-user trial)
+    assert refused.stdout == "" and refused.stderr.startswith(f"promote {o}: refused: region {p} holds"), refused
 
     demoted = _inferbus("region", "demote", "--cluster", str(run))
     assert demoted.returncode == 0, demoted.stderr
@@ -125,6 +127,7 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
         assert time.monotonic() < deadline, st
     lonely = _inferbus("region", "demote", "--cluster", str(run))
     assert lonely.returncode == 1 and "no other region's manager is live" in lonely.stderr, lonely
+    assert lonely.stdout == "" and lonely.stderr.startswith(f"demote {o}: refused: "), lonely
     st = _status(run)
     assert st["primary"] == o and st["regions"][o]["model_writes"] is True, st
 
