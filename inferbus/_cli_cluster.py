@@ -83,7 +83,7 @@ def up(
         t0 = time.monotonic()
         topo = Topology(spec, run_dir=run_dir)
         await topo.start()
-        ctl = None
+        ctl = t_stop = None
         try:
             primary = await topo.wait_settled(60)
             ctl = await topo.serve_control()
@@ -97,15 +97,20 @@ def up(
             typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
             typer.echo("serving; Ctrl-C to stop")
             stop = asyncio.Event()
+            got: list[str] = []
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), stop.set()))
             await stop.wait()
+            t_stop = time.monotonic()
+            typer.echo(f"{got[0]}: stopping the cluster (actors, region managers, servers)")
             return 0
         finally:
             if ctl is not None:
                 await ctl.close()
             await topo.stop()
+            if t_stop is not None:
+                typer.echo(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s")
 
     raise typer.Exit(_run(go()))
 

@@ -6,6 +6,7 @@ Each runs the real command as a subprocess against real processes (no mocks).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -133,6 +134,10 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, log.read_text()[-2000:]
+    # the stop is said, as `inferbus up` says its own (a fresh-user trial: nothing was printed after "serving")
+    tail = log.read_text().split("serving; Ctrl-C to stop\n", 1)[1].splitlines()  # after the drill's child exits
+    assert "SIGTERM: stopping the cluster (actors, region managers, servers)" in tail, tail
+    assert re.fullmatch(r"inferbus cluster stopped in \d+\.\ds", tail[-1]), tail
 
 
 @pytest.mark.timeout(240)
