@@ -15,6 +15,7 @@ INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the serv
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 
@@ -646,11 +647,11 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
     except asyncio.TimeoutError:  # the tries of several servers (or nats-py's waits) passed the budget
         raise NatsUnreachable(f"cannot reach NATS at {', '.join(servers)}: {in_budget}", servers) from None
     except Unavailable as err:
-        message = err.message
-        if message.endswith(": TimeoutError"):  # nats-py's bare "TimeoutError": say what timed out, and after what
-            message = message[:-len("TimeoutError")] + (
-                in_budget if timeout_s is not None and try_s >= timeout_s else
-                f"not connected within {try_s:g} s{' per server' if len(servers) > 1 else ''} (TimeoutError)")
+        # nats-py's bare "TimeoutError" (the one cause, or one server's among several): say what timed out, and
+        # after what
+        timed_out = (in_budget if timeout_s is not None and try_s >= timeout_s else
+                     f"not connected within {try_s:g} s{' per server' if len(servers) > 1 else ''} (TimeoutError)")
+        message = re.sub(r"(?<=: )TimeoutError(?=;|$)", lambda _: timed_out, err.message)
         raise NatsUnreachable(message, servers) from err
 
 

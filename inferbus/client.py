@@ -85,6 +85,23 @@ def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note
                           retry_after_ms=last_err.retry_after_ms)
 
 
+def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseException) -> str:
+    """Why a first connect failed, for its Unavailable: each server's last failure (``h1:4222: TimeoutError;
+    h2:4222: [Errno 111] Connect call failed ...``, in the order first tried), or the last cause alone when every
+    server failed alike (same error type, and same errno or text) or only one was tried; ``final`` (what the
+    connect raised) when no try reported a failure."""
+    def text(exc: BaseException) -> str:
+        return str(exc) or type(exc).__name__
+
+    def kind(exc: BaseException) -> tuple:  # an OS error names its address: alike when type and errno are
+        return (type(exc), exc.errno) if isinstance(exc, OSError) and exc.errno else (type(exc), text(exc))
+
+    last = {server: exc for server, exc in failures}  # dicts keep first-insertion order, last value
+    if len({kind(exc) for exc in last.values()}) > 1:
+        return "; ".join(f"{server}: {text(exc)}" for server, exc in last.items())
+    return text(failures[-1][1]) if failures else text(final)
+
+
 def _fmt_ms(ms: float) -> str:
     """A duration in ms for a message: whole ms from 10 ms up, 3 significant digits below (0.5, not 0)."""
     return f"{ms:.0f}" if ms >= 10 else f"{ms:.3g}"
@@ -280,7 +297,8 @@ class Client:
         Raises:
             Unavailable: no server of ``servers`` accepted the connection within ``connect_attempts``
                 tries of ``connect_timeout_s`` each (nothing listening, unreachable, or the server refused
-                the credentials); the message names the servers and the last connection error, and
+                the credentials); the message names the servers and the cause: one, when every server's last
+                try failed alike, else each server's (``h1:4222: TimeoutError; h2:4222: [Errno 111] ...``);
                 ``__cause__`` is nats-py's error.
             InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
             ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
@@ -296,22 +314,16 @@ class Client:
         cfg = BusConfig(servers=servers, prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []
-        connect_errors: list[BaseException] = []
+        failures: list[tuple[str, BaseException]] = []
 
         async def on_disconnect() -> None:
             if holder:
                 holder[0]._connection_lost()
 
-        async def on_error(exc: Exception) -> None:  # nats-py reports each failed connect attempt here
-            if not holder:
-                connect_errors.append(exc)
-
         try:
-            nc = await connect(cfg, disconnected_cb=on_disconnect, error_cb=on_error)
+            nc = await connect(cfg, disconnected_cb=on_disconnect, connect_failures=failures)
         except (NoServersError, OSError, asyncio.TimeoutError) as exc:
-            last = connect_errors[-1] if connect_errors else exc
-            raise Unavailable(f"cannot reach NATS at {', '.join(servers)}: "
-                              f"{str(last) or type(last).__name__}") from exc
+            raise Unavailable(f"cannot reach NATS at {', '.join(servers)}: {_connect_causes(failures, exc)}") from exc
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
                      retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
                      attempt_timeout_floor_ms=attempt_timeout_floor_ms,

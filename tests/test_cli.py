@@ -106,6 +106,21 @@ def test_one_silent_server_is_given_up_on_within_timeout_s_in_the_same_words():
     assert took_s - startup_s < 1 + 2.5, (took_s, startup_s)
 
 
+def test_servers_that_fail_differently_are_each_named_with_their_cause():
+    """A silent server and a refused port: the line names each server's cause (it gave only the last one tried,
+    so a refused port could hide that the other one black-holes the protocol; a fresh-user trial)."""
+    dead_port = free_port()
+    dead = f"nats://127.0.0.1:{dead_port}"
+    with silent_servers(1) as (silent,):
+        p, _ = cli("health", "--nats-url", f"{silent},{dead}", "--timeout-s", "3")
+    assert (p.returncode, p.stdout) == (3, ""), p
+    head = f"cannot reach NATS at {silent}, {dead}: "
+    assert p.stderr.startswith(head) and p.stderr.count("\n") == 1, p.stderr
+    causes = sorted(p.stderr[len(head):].rstrip("\n").split("; "), key=lambda c: not c.startswith(silent[7:]))
+    assert len(causes) == 2 and causes[0] == f"{silent[7:]}: not connected within 2 s per server (TimeoutError)" \
+        and causes[1].startswith(f"127.0.0.1:{dead_port}: [Errno 111] "), causes
+
+
 def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
     """Two silent servers before a live one (tried in the order given), ``health --timeout-s 4.5``: the connect takes
     2 s per silent server, and the probe (no ingress answers on this NATS) only what is left of the 4.5 s, not 4.5 s
