@@ -74,20 +74,22 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
 
     from .loadgen._procs import GeneratorFailed
 
-    # SIGTERM stops the run as Ctrl-C does (the generator processes and the node started here are stopped, their
-    # run folder removed); its default action killed bench alone and left its generators running for ~15 s
-    terminated: list[bool] = []
+    # SIGTERM and SIGINT (Ctrl-C) stop the run: the generator processes and the node started here are stopped, their
+    # run folder removed, and one line says so (SIGTERM's default action killed bench alone and left its generators
+    # running for ~15 s; a Ctrl-C stopped it without a word). A second signal cancels the stop itself.
+    terminated: list[signal.Signals] = []
     main_task = asyncio.current_task()
 
-    def on_sigterm() -> None:
-        terminated.append(True)
+    def on_signal(sig: signal.Signals) -> None:
+        terminated.append(sig)
         main_task.cancel()
 
     loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    except (NotImplementedError, RuntimeError):  # pragma: no cover - no signal handlers on this loop
-        pass
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - no signal handlers on this loop
+            pass
     try:
         return await _run_steps(model=model, version=version, models_dir=models_dir, nats_url=nats_url,
                                 workers=workers, ingress=ingress, gens=gens, concurrency=concurrency, rates=rates,
@@ -95,19 +97,20 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
                                 busy_poll_us=busy_poll_us)
     except asyncio.CancelledError:
         if terminated:
-            print("bench: stopped by SIGTERM (its generators and the node it started are stopped)", file=sys.stderr,
-                  flush=True)
-            raise SystemExit(128 + signal.SIGTERM) from None
+            print(f"bench: stopped by {terminated[0].name} (its generators and the node it started are stopped; "
+                  f"no results are printed for a run cut short)", file=sys.stderr, flush=True)
+            raise SystemExit(128 + terminated[0]) from None
         raise
     except GeneratorFailed as exc:  # one line, not a traceback (a generator that died or gave no answer in time; a
         # fresh-user trial once saw one wait 66 s when the node it flooded stopped: _procs.FLUSH_TIMEOUT_S says why)
         print(f"bench: a load generator failed: {' '.join(str(exc).split())[:600]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGTERM)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover
-            pass
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
 
 
 async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, gens, concurrency, rates, duration_s,

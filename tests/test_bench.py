@@ -1097,6 +1097,8 @@ def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_ser
         took_s = time.monotonic() - t0
         out = proc.stdout.read().decode()
         assert rc == 130 and "Traceback" not in out, (rc, out[-3000:])
+        # said as SIGTERM's stop is (a Ctrl-C stopped it without a word)
+        assert "bench: stopped by SIGINT (its generators and the node it started are stopped" in out, out[-3000:]
         assert took_s < 10, took_s
         deadline = time.monotonic() + 5
         while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).returncode == 0:
