@@ -1498,15 +1498,41 @@ class Ingress:
             return False
         return True
 
+    def _neutral_cause(self, p, now: float, reconnected_at: float, behind_at: float) -> str | None:
+        """Why a forward missing past its deadline + ``pending_grace_s`` is no fault of its worker: the key of
+        ``counts`` it goes under (the first cause that applies, the more specific first), or None when it is the
+        worker's failure (``lost``: hung, partitioned). Used by the sweep's check before its round trip and by its
+        verdict on each forward, so that the two cannot disagree."""
+        if p.t_fwd <= reconnected_at:
+            # forwarded before this ingress's own connection dropped: the worker's completion notice may have
+            # come while nobody here was subscribed (its answer went straight to the client). Not the
+            # worker's failure: blaming it opened every healthy worker's breaker after an overload that made
+            # this ingress miss its PINGs (a fresh-user trial: UNAVAILABLE for ~30 s after the load stopped)
+            return "lost_in_reconnect"
+        if self._busy_within_budget(p.worker_id, now):
+            # queued behind a batch its worker is still computing within that batch's own budget (one legal
+            # multi-second request): late, not lost; blaming it opened a busy worker's breaker (fresh-user
+            # trial: a 2-worker node not ready after two 7.7 MB requests)
+            return "lost_while_busy"
+        if self._worker_behind(p.worker_id, now):
+            # the worker's loop was behind its own input (a backlog in its subscription): an overload of the
+            # worker, not a fault; blaming it opened a 1-worker node's breaker after an overload and the node
+            # refused every request for ~20 s (fresh-user trial, 2-core box)
+            return "lost_while_worker_behind"
+        if now - behind_at <= 2 * self.config.pending_grace_s:
+            # this ingress is behind (the worker's own reports show nothing: the causes above, the more
+            # specific, count first): the completion notice may be queued behind the same backlog of requests
+            # (one connection carries both), so its absence says nothing about the worker
+            return "lost_while_behind"
+        return None
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         grace = self.config.pending_grace_s
         reconnected_at = self._saw_reconnect(now)
         behind_at = self._saw_behind(now)
         stale = [s for s, p in self.pending.items() if p.deadline + grace < now]
-        if stale and now - behind_at > 2 * grace and any(
-                self.pending[s].t_fwd > reconnected_at and not self._busy_within_budget(self.pending[s].worker_id, now)
-                and not self._worker_behind(self.pending[s].worker_id, now) for s in stale):
+        if any(self._neutral_cause(self.pending[s], now, reconnected_at, behind_at) is None for s in stale):
             # one of them would be held against its worker: first make sure its completion notice is not still on
             # its way in, queued behind a backlog of this ingress's own connection (the server writes requests and
             # notices to it in one stream): under a burst of requests with no client deadline, nothing else shows
@@ -1520,33 +1546,9 @@ class Ingress:
             stale = [s for s in stale if s in self.pending]  # settled meanwhile: not lost
         for s in stale:
             p = self._pop(s)
-            if p.t_fwd <= reconnected_at:
-                # forwarded before this ingress's own connection dropped: the worker's completion notice may have
-                # come while nobody here was subscribed (its answer went straight to the client). Not the
-                # worker's failure: blaming it opened every healthy worker's breaker after an overload that made
-                # this ingress miss its PINGs (a fresh-user trial: UNAVAILABLE for ~30 s after the load stopped)
-                self.counts["lost_in_reconnect"] += 1
-                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
-                continue
-            if self._busy_within_budget(p.worker_id, now):
-                # queued behind a batch its worker is still computing within that batch's own budget (one legal
-                # multi-second request): late, not lost; blaming it opened a busy worker's breaker (fresh-user
-                # trial: a 2-worker node not ready after two 7.7 MB requests)
-                self.counts["lost_while_busy"] += 1
-                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
-                continue
-            if self._worker_behind(p.worker_id, now):
-                # the worker's loop was behind its own input (a backlog in its subscription): an overload of the
-                # worker, not a fault; blaming it opened a 1-worker node's breaker after an overload and the node
-                # refused every request for ~20 s (fresh-user trial, 2-core box)
-                self.counts["lost_while_worker_behind"] += 1
-                self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
-                continue
-            if now - behind_at <= 2 * grace:
-                # this ingress is behind (the worker's own reports show nothing: the causes above, the more
-                # specific, count first): the completion notice may be queued behind the same backlog of requests
-                # (one connection carries both), so its absence says nothing about the worker
-                self.counts["lost_while_behind"] += 1
+            cause = self._neutral_cause(p, now, reconnected_at, behind_at)
+            if cause is not None:
+                self.counts[cause] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
                 continue
             self.counts["lost"] += 1
