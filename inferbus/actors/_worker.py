@@ -220,6 +220,8 @@ class _Stats:
     received: int = 0
     completed: int = 0
     errors: int = 0
+    input_failures: int = 0
+    """Requests the model failed on while it ran its warm-up input: answered INVALID_ARGUMENT, no worker fault."""
     shed: int = 0
     expired: int = 0
     in_flight: int = 0
@@ -619,13 +621,9 @@ class Worker:
             except InferbusError as err:  # an output the wire cannot carry
                 o = self._error_outcome(job, err)
             self.window_inline.add(t1, 1, 0)
-        elif (misfit := self._local_misfit(job, req)) is not None:  # the ingress checked older metadata
-            o = self._error_outcome(job, misfit)
-            self.window_inline.add(t1, 1, 0)
         else:
-            o = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
-            o.executed = True
-            self.window_inline.add(t1, 1, 1)
+            o = self._model_failure(job, req, sess, res)
+            self.window_inline.add(t1, 1, int(o.server_error))
         # the answer's tail, as _answer_in_call + _write_answers give it to a burst, written out here: this is the
         # lone miss's path, and the calls cost it bytecodes (+1.2 % per miss; docs/performance.md, fourteenth session)
         limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
@@ -1063,7 +1061,8 @@ class Worker:
         ``inferbus up --metrics-port``: the load report's fields (:class:`LoadReport`), plus ``received``
         (requests taken, over NATS or from a colocated ingress), ``batches`` (model runs), ``stalls``,
         ``stall_fenced``, ``stop_refused`` (requests answered UNAVAILABLE when a stop's drain ended before their
-        answer, :meth:`_refuse_held`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request,
+        answer, :meth:`_refuse_held`), ``input_failures`` (requests the model failed on while it ran its warm-up
+        input: INVALID_ARGUMENT, :meth:`_model_failure`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request,
         µs) and
         ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
         if getattr(endpoint_stats, "name", "") != "infer":
@@ -1071,7 +1070,7 @@ class Worker:
         s = self.stats
         return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
                 "stalls": s.stalls, "stall_fenced": s.stall_fenced, "stop_refused": s.stop_refused,
-                "compute_ewma_us": dict(self.compute_ewma_us),
+                "input_failures": s.input_failures, "compute_ewma_us": dict(self.compute_ewma_us),
                 "layouts": self._layouts.stats()}
 
     async def _reporter(self) -> None:
@@ -1446,6 +1445,35 @@ class Worker:
             seen[t.name] = None
         return None
 
+    def _model_failure(self, job: Job, req, sess, res: Exception) -> Outcome:
+        """The answer to a request whose model run raised ``res`` (an :class:`InferenceError`).
+
+        * The request does not fit this worker's metadata of the version (:meth:`_local_misfit`): that client error.
+        * The failure is the input's: the session runs its zero-filled warm-up input again, now, on this thread,
+          and it succeeds (a worker does not serve a model that cannot run it: see :meth:`__init__`). The model
+          refused this input past what its metadata says (an index out of a Gather's table, a Reshape or a
+          broadcast the dimensions do not allow, a zero Range step): INVALID_ARGUMENT, naming the runtime's words,
+          no failure of the worker. Every replica would fail it alike, so holding it against this one opened the
+          breakers of every worker, and ten such requests to one model made a node refuse every model for 30 s (a
+          fresh-user trial). ``stats.input_failures`` counts them.
+        * Otherwise (the warm-up input fails too, or the failure was injected): INTERNAL, a server error that
+          counts against this worker's breaker and health window.
+
+        The check costs one batch-1 run of the model per failed request, only on this failure path.
+        """
+        if (misfit := self._local_misfit(job, req)) is not None:  # the ingress checked older metadata
+            return self._error_outcome(job, misfit)
+        mv = self.versions[job.model_key]
+        if not getattr(res, "injected", False) and _runs_warmup_input(sess):
+            self.stats.input_failures += 1
+            o = self._error_outcome(job, InvalidArgument(
+                f"model {mv.name!r} version {mv.version} failed on this input (it runs others: the failure is the "
+                f"input's, every replica would fail it alike): {res}"))
+        else:
+            o = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
+        o.executed = True
+        return o
+
     def _error_outcome(self, job: Job, err: InferbusError, server_error: bool = False) -> Outcome:
         if server_error:
             self.stats.errors += 1
@@ -1480,13 +1508,10 @@ class Worker:
         for (job, req, arrays), res in zip(items, results):
             if fault_rate > 0 and not isinstance(res, Exception) and self._rng.random() < fault_rate:
                 res = InferenceError("injected fault (FaultSet.error_rate)")
+                res.injected = True  # a worker failure by definition: not judged by the warm-up input
             if isinstance(res, Exception):
-                if (misfit := self._local_misfit(job, req)) is not None:  # the ingress checked older metadata
-                    outcomes.append(self._error_outcome(job, misfit))
-                    continue
-                errors += 1
-                failed = self._error_outcome(job, Internal(f"inference failed: {res}"), server_error=True)
-                failed.executed = True
+                failed = self._model_failure(job, req, sess, res)
+                errors += failed.server_error
                 outcomes.append(failed)
                 continue
             try:
@@ -1565,6 +1590,15 @@ def inline_max_body_bytes(mv) -> int:
             n *= d if d > 0 else 1
         row += n * (64 if t.datatype == "BYTES" else numpy_dtype(t.datatype).itemsize)
     return min(INLINE_BODY_CEIL_BYTES, max(INLINE_BODY_FLOOR_BYTES, 16 * row + 1024))
+
+
+def _runs_warmup_input(sess) -> bool:
+    """Whether ``sess`` runs its zero-filled batch-1 warm-up input now (:meth:`Worker._model_failure`'s check)."""
+    try:
+        sess.warmup((1,))
+    except Exception:
+        return False
+    return True
 
 
 def _time_batch1_us(sess) -> float:

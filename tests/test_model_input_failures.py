@@ -1,0 +1,128 @@
+"""A model that fails on one input and runs others: the request is the client's error, not the worker's.
+
+A fresh-user trial (2026-12-04, 2-core box): ``lookup``, a Gather over a 3-row table, given ``idx = 7``. ONNX Runtime
+fails the run (``indices element out of data bounds``); the worker answered INTERNAL, a server error, and ten such
+requests in a row opened the breaker of both workers: the node refused every model, ``digits`` included, for ~30 s,
+and most of the bad requests waited out their budget as UNAVAILABLE instead of getting their error. Now the worker
+runs the model's warm-up input again after such a failure; when that runs, the answer is INVALID_ARGUMENT with the
+runtime's words and no worker is blamed. Against real ``inferbus up`` processes, with and without ``--colocate``
+(the colocated ingress runs a lone miss itself, :meth:`Worker.run_now`; otherwise the worker's batch path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from conftest import start_deployment
+from inferbus.client import Client
+from inferbus.schemas import InvalidArgument
+from test_reliability_lib import models_subset
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+TABLE = np.array([10.0, 20.0, 30.0], np.float32)
+
+
+def _lookup_model(folder) -> None:
+    """``lookup``: idx INT64 [n, 1] -> v = TABLE[idx] FP32 [n, 1] (ONNX Gather; an idx outside -3..2 fails the run)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["v"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 1])],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", 1])],
+        initializer=[helper.make_tensor("table", TensorProto.FLOAT, [3], TABLE.tolist())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (folder / "config.json").write_text(json.dumps({
+        "name": "lookup", "platform": "onnxruntime_onnx", "max_batch_size": 8, "cache_ttl_ms": 0,
+        "default_version": 1}))
+
+
+@pytest.fixture(scope="module", params=["forwarded", "colocated"])
+def dep(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    models = models_subset(root / "models", ["digits"])
+    _lookup_model(models / "lookup")
+    extra = ["--models", str(models), "--no-cache"] + (["--colocate"] if request.param == "colocated" else [])
+    d = start_deployment(root / "dep", workers=2, prefix="mif", extra=extra)
+    yield d
+    d.stop()
+
+
+async def test_a_model_failure_the_input_causes_is_invalid_argument_and_blames_no_worker(dep):
+    client = await Client.connect(dep.nats_url, "mif")
+    try:
+        for i in range(10):  # twice the breaker's consecutive failures (5), one at a time
+            t0 = time.monotonic()
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer("lookup", {"idx": np.array([[7 + i]], np.int64)}, timeout_s=5.0)
+            took_s = time.monotonic() - t0
+            msg = ei.value.message
+            assert "model 'lookup' version 1 failed on this input" in msg and "out of data bounds" in msg, msg
+            assert took_s < 2.5, took_s  # answered, not waited out (a slack bound for a shared host, budget 5 s)
+        health = await client.health(timeout_s=5.0)
+        h = health.parameters
+        assert health.ready is True, h
+        for wid, w in h["workers"].items():
+            assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (wid, w)
+        # every model still served at once
+        out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
+        assert out["probabilities"].shape == (1, 10)
+        out = await client.infer("lookup", {"idx": np.array([[2], [0]], np.int64)}, timeout_s=5.0)
+        np.testing.assert_array_equal(out["v"], TABLE[[[2], [0]]])
+
+        # one bad request among good ones sent at once (merged into batches where they meet): only it fails
+        async def one(i: int):
+            idx = 99 if i == 10 else i % 3
+            try:
+                got = await client.infer("lookup", {"idx": np.array([[idx]], np.int64)}, timeout_s=5.0)
+            except InvalidArgument as err:
+                return i, err
+            return i, got["v"]
+
+        results = dict(await asyncio.gather(*(one(i) for i in range(21))))
+        assert isinstance(results.pop(10), InvalidArgument)
+        for i, v in results.items():
+            assert not isinstance(v, Exception), (i, v)
+            np.testing.assert_array_equal(v, TABLE[[[i % 3]]])
+    finally:
+        await client.close()
+
+
+async def test_the_workers_count_them_as_input_failures_not_as_their_errors(dep):
+    """After the test above (same deployment): the workers' ``$SRV.STATS`` count the bad requests under
+    ``input_failures``, none under ``errors`` (server-side failures, what the health window and the load reports
+    hold against a worker). A fault injected as a worker failure (``FaultSet.error_rate``) stays INTERNAL: it is
+    not judged by the warm-up input (tests/test_chaos*.py's breakers depend on it)."""
+    import nats
+
+    nc = await nats.connect(dep.nats_url)
+    try:
+        msgs = []
+
+        async def on_stats(msg) -> None:
+            msgs.append(msg)
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=on_stats)
+        await nc.publish("$SRV.STATS.inferbus-worker", b"", reply=inbox)
+        deadline = time.monotonic() + 3
+        while len(msgs) < 2 and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    datas = [e.get("data") or {} for m in msgs for e in json.loads(m.data)["endpoints"] if e["name"] == "infer"]
+    assert len(datas) == 2, [m.data[:300] for m in msgs]
+    assert sum(d["input_failures"] for d in datas) >= 11, datas  # the ten in a row and the one in the burst
+    assert sum(d["errors"] for d in datas) == 0, datas
