@@ -103,7 +103,7 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
         raise
     except GeneratorFailed as exc:  # one line, not a traceback (a generator that died or gave no answer in time; a
         # fresh-user trial once saw one wait 66 s when the node it flooded stopped: _procs.FLUSH_TIMEOUT_S says why)
-        print(f"bench: a load generator failed: {' '.join(str(exc).split())[:600]}", file=sys.stderr, flush=True)
+        print(f"bench: a load generator failed: {' '.join(str(exc).split())[:1200]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -126,3 +126,32 @@ async def test_the_workers_count_them_as_input_failures_not_as_their_errors(dep)
     assert len(datas) == 2, [m.data[:300] for m in msgs]
     assert sum(d["input_failures"] for d in datas) >= 11, datas  # the ten in a row and the one in the burst
     assert sum(d["errors"] for d in datas) == 0, datas
+
+
+def test_bench_says_how_to_load_a_model_that_fails_on_drawn_inputs(tmp_path):
+    """``inferbus bench lookup``: the load draws integers in [0, 100) for ``idx``, the model fails on them, and the
+    generator's one line said only the runtime's words (a fresh-user trial). It now names the dataset file that
+    mends it; with that file, the rows made distinct for a cache-miss load (+1 or more) fail too, and the line says
+    to load it with ``--hit``, which then runs with every answer right (``cache_ttl_ms`` 0: each one computed)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    models = tmp_path / "models"
+    _lookup_model(models / "lookup")
+    argv = [sys.executable, "-m", "inferbus.cli", "bench", "lookup", "--models", str(models), "--workers", "1",
+            "--concurrency", "2", "--duration", "1", "--json"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    data = models / "lookup" / "data" / "test.npz"
+    assert p.returncode == 1 and "fails on the random inputs drawn for a model without a dataset" in p.stderr and \
+        f"give it rows it accepts in {data}" in p.stderr and "out of data bounds" in p.stderr, p.stderr[-2000:]
+    data.parent.mkdir()
+    np.savez(data, idx=np.array([[0], [1], [2]] * 10, np.int64))
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert p.returncode == 1 and f"fails on a row of {data} made distinct" in p.stderr and "out of data bounds" in p.stderr and "bench --hit" in \
+        p.stderr, p.stderr[-2000:]
+    p = subprocess.run(argv + ["--hit"], capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    step = json.loads(p.stdout)[0]
+    assert step["requests"] > 0 and step["wrong"] == 0 and not step["errors"], step

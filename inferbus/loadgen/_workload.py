@@ -16,7 +16,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from ..accelerators import OnnxRuntimeBackend
+from ..accelerators import InferenceError, OnnxRuntimeBackend
 from ..accelerators._dtypes import numpy_dtype_for
 from ..actors._repository import ModelRepository
 from ..schemas import InferRequest, InferResponse, decode_error, encode_request, input_from_numpy, output_to_numpy
@@ -58,6 +58,8 @@ class Workload:
 
     Raises:
         KeyError: unknown model.
+        InferenceError: the model fails on an input (the reference run); for drawn inputs the message says which
+            dataset file would give it inputs it accepts.
     """
 
     def __init__(self, repo: ModelRepository, model: str, version: str | None = None, pool: int = 4096,
@@ -101,7 +103,26 @@ class Workload:
             self.inputs.append(feed)
         sess = OnnxRuntimeBackend().load(self.mv.path)
         # the worker hands BYTES to ONNX Runtime as text and answers text outputs as UTF-8 bytes: the same here
-        self.reference = [_bytes_out(sess.infer(_text_in(feed))) for feed in self.inputs]
+        try:
+            self.reference = [_bytes_out(sess.infer(_text_in(feed))) for feed in self.inputs]
+        except InferenceError as exc:
+            # (a fresh-user trial: a Gather over a 3-row table given integers in [0, 100) said only the runtime's
+            # words, and which data file would mend it was left to guess)
+            hit = "`bench --hit` (its first row, unchanged; computed each time when the model's cache_ttl_ms is 0)"
+            if rows is not None and not distinct:
+                raise
+            if rows is not None:
+                what = f"a row of {data} made distinct for a cache-miss load (integers + 1 or more, floats + 0.001)"
+                mend = f"load it with {hit}"
+            elif len(self.mv.inputs) == 1:
+                what = "the random inputs drawn for a model without a dataset (normal floats, integers in [0, 100))"
+                mend = (f"give it rows it accepts in {data} (array {self.mv.inputs[0].name!r} or X, a row a request; "
+                        f"docs/models.md), with {hit} if a row made distinct fails too")
+            else:
+                what = "the random inputs drawn (normal floats, integers in [0, 100))"
+                mend = "a model of several inputs is loaded with drawn inputs only"
+            raise InferenceError(f"model {model!r} version {self.mv.version} fails on {what}: {exc}; {mend}") \
+                from exc
         # the fast path compares raw bytes: only for fixed-size datatypes (BYTES outputs are judged decoded)
         self._ref_raw = [{k: (v.tobytes() if v.dtype != object else None) for k, v in ref.items()}
                          for ref in self.reference]
