@@ -398,7 +398,7 @@ async def connect(config: BusConfig, *, name: str | None = None,
     tries_failed: set = set()
 
     async def error_cb(exc: Exception) -> None:
-        if not nc.is_connected and not handshake_failed.done():
+        if not handshake_failed.done() and not nc.is_connected:  # the first connect's tries (done once it ends)
             # one failed try can be reported twice: a server that refuses the credentials sends
             # 'Authorization Violation', then closing the socket it reset reports ECONNRESET. Counted as two, they
             # ended the connect before the next server was tried (26 of 40 connects to [refusing, good] failed).
@@ -427,6 +427,7 @@ async def connect(config: BusConfig, *, name: str | None = None,
             pass
         raise NoServersError() from None
     connecting.result()  # nats-py's own error (NoServersError, ...) when it gave up
+    handshake_failed.cancel()  # connected: a later reconnect's failures are not the first connect's tries
     # nats-py has one attempts setting for the first connect and for reconnects; once connected,
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
