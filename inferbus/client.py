@@ -549,9 +549,14 @@ class Client:
         attempt_ms = self.attempt_timeout_for(subject, timeout_s * 1000.0)
         met: Counter[str] = Counter()  # what ended each attempt, by kind, for the message of the error that ends them
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
+        buffer_full = False  # the last try found the reconnect buffer full (nothing sent)
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
+                if buffer_full:  # the pause for a full reconnect buffer overshot the budget: as when it would not
+                    # fit (below), DEADLINE_EXCEEDED naming the buffer (a loaded CI box gave UNAVAILABLE here)
+                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,
+                                     count_one=True)
                 if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
                     raise _with_tally(last_err, sent, met)  # fitted, overshot by the loop): what kept the
                     # request from being answered, with the attempts' tally
@@ -567,6 +572,7 @@ class Client:
             t_sent = time.monotonic()
             connected = self.nc.is_connected  # an attempt made while reconnecting is buffered, not sent yet
             sent += 1
+            buffer_full = False
             try:
                 msg = await self.nc.request(subject, body, timeout=wait_ms / 1000.0, headers=hdrs)
             except (ConnectionClosedError, ConnectionDrainingError) as exc:
@@ -580,6 +586,7 @@ class Client:
                 blocked += 1
                 last_err = Unavailable(f"the connection to NATS is reconnecting and its buffer is full "
                                        f"({self.nc.pending_data_size} bytes wait to be written)")
+                buffer_full = True
                 pause_ms = min(5.0 * blocked, 50.0)
                 if H.remaining_ms(deadline) <= pause_ms:  # with what the attempts sent before met, if any
                     raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,

@@ -495,6 +495,32 @@ async def test_a_budget_spent_on_a_full_reconnect_buffer_says_so_with_the_attemp
         assert "timed out" not in msg, msg
 
 
+@pytest.mark.timeout(60)
+async def test_a_pause_for_a_full_buffer_that_overshoots_the_budget_is_still_deadline_exceeded(nats_server):
+    """The pause between tries on a full reconnect buffer fitted the budget, but the event loop came back to the
+    request after the budget's end (a loaded CI box): the error was the buffer's UNAVAILABLE, where a pause that did
+    not fit gives DEADLINE_EXCEEDED naming the buffer. Here the loop is held 0.5 s during the pause."""
+    client = await Client.connect(nats_server.url, pending_size_bytes=1 << 20, adaptive_attempt_timeout=False,
+                                  attempt_timeout_ms=150)
+    try:
+        await _stop_server_seen_by(nats_server, client, until_reconnecting=True)
+        filler = [asyncio.ensure_future(client.request(SUBJECT, b"x" * 400_000, timeout_s=5.0, request_id=f"f-{i}"))
+                  for i in range(2)]  # 0.8 MB buffered: the next 400 kB finds the 1 MiB buffer full
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(client.request(SUBJECT, b"x" * 400_000, timeout_s=0.2, request_id="late"))
+        await asyncio.sleep(0.002)  # it found the buffer full and pauses (5 ms)
+        time.sleep(0.5)  # the loop held past its budget
+        with pytest.raises(DeadlineExceeded) as ei:
+            await late
+        assert "buffer is full" in ei.value.message and ei.value.message.endswith(
+            "; this client is not connected to NATS (reconnecting)"), ei.value.message
+        for f in filler:
+            f.cancel()
+        await asyncio.gather(*filler, return_exceptions=True)
+    finally:
+        await client.close()
+
+
 @pytest.mark.timeout(30)
 async def test_a_budget_too_short_to_send_says_nothing_was_sent_not_no_answer(nats_server):
     """``inferbus health --timeout-s 1e-9`` said ``no answer within 1e-06 ms; nothing was sent`` (a fresh-user trial:
