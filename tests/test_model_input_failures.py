@@ -22,7 +22,7 @@ import pytest
 from conftest import start_deployment
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument
-from test_reliability_lib import models_subset
+from test_reliability_lib import models_subset, write_onnx_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -31,7 +31,6 @@ TABLE = np.array([10.0, 20.0, 30.0], np.float32)
 
 def _lookup_model(folder) -> None:
     """``lookup``: idx INT64 [n, 1] -> v = TABLE[idx] FP32 [n, 1] (ONNX Gather; an idx outside -3..2 fails the run)."""
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -39,13 +38,7 @@ def _lookup_model(folder) -> None:
         [helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 1])],
         [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", 1])],
         initializer=[helper.make_tensor("table", TensorProto.FLOAT, [3], TABLE.tolist())])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
-    (folder / "config.json").write_text(json.dumps({
-        "name": "lookup", "platform": "onnxruntime_onnx", "max_batch_size": 8, "cache_ttl_ms": 0,
-        "default_version": 1}))
+    write_onnx_model(folder, graph, {"max_batch_size": 8, "cache_ttl_ms": 0})
 
 
 @pytest.fixture(scope="module", params=["forwarded", "colocated"])
@@ -97,16 +90,19 @@ async def test_a_model_failure_the_input_causes_is_invalid_argument_and_blames_n
             np.testing.assert_array_equal(v, TABLE[[[i % 3]]])
     finally:
         await client.close()
+    # the workers' $SRV.STATS count them under input_failures (this deployment's, other tests' included: at least
+    # the eleven above), none under errors (server-side failures, what the health window and the load reports hold
+    # against a worker)
+    stats = await _worker_stats(dep.nats_url)
+    assert sum(d["input_failures"] for d in stats) >= 11, stats
+    assert sum(d["errors"] for d in stats) == 0, stats
 
 
-async def test_the_workers_count_them_as_input_failures_not_as_their_errors(dep):
-    """After the test above (same deployment): the workers' ``$SRV.STATS`` count the bad requests under
-    ``input_failures``, none under ``errors`` (server-side failures, what the health window and the load reports
-    hold against a worker). A fault injected as a worker failure (``FaultSet.error_rate``) stays INTERNAL: it is
-    not judged by the warm-up input (tests/test_chaos*.py's breakers depend on it)."""
+async def _worker_stats(nats_url: str) -> list[dict]:
+    """The ``infer`` endpoint data of both workers' ``$SRV.STATS`` replies."""
     import nats
 
-    nc = await nats.connect(dep.nats_url)
+    nc = await nats.connect(nats_url)
     try:
         msgs = []
 
@@ -124,8 +120,9 @@ async def test_the_workers_count_them_as_input_failures_not_as_their_errors(dep)
         await nc.close()
     datas = [e.get("data") or {} for m in msgs for e in json.loads(m.data)["endpoints"] if e["name"] == "infer"]
     assert len(datas) == 2, [m.data[:300] for m in msgs]
-    assert sum(d["input_failures"] for d in datas) >= 11, datas  # the ten in a row and the one in the burst
-    assert sum(d["errors"] for d in datas) == 0, datas
+    return datas
+
+
 
 
 def test_bench_says_how_to_load_a_model_that_fails_on_drawn_inputs(tmp_path):

@@ -36,7 +36,7 @@ from inferbus.schemas import (
 
 from conftest import MODELS, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from test_reliability_lib import models_subset, reference
+from test_reliability_lib import models_subset, reference, write_onnx_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -194,7 +194,6 @@ async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valk
 
 def _grid_model(folder) -> None:
     """``grid``: x FP32 [r, c] (any shape) -> y = 2 x [r, c] and rowsum = sum(x, axis 1) [r, 1]; no batching."""
-    import onnx
     from onnx import TensorProto, helper
 
     f = TensorProto.FLOAT
@@ -205,13 +204,7 @@ def _grid_model(folder) -> None:
         [helper.make_tensor_value_info("y", f, ["r", "c"]), helper.make_tensor_value_info("rowsum", f, ["r", 1])],
         initializer=[helper.make_tensor("two", f, [], [2.0]),
                      helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
-    (folder / "config.json").write_text(json.dumps({
-        "name": "grid", "platform": "onnxruntime_onnx", "max_batch_size": 0, "cache_ttl_ms": 600_000,
-        "default_version": 1}))
+    write_onnx_model(folder, graph, {"max_batch_size": 0, "cache_ttl_ms": 600_000})
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,20 @@ def models_subset(dest: Path, names: list[str], overrides: dict[str, dict] | Non
     return dest
 
 
+def write_onnx_model(folder: Path, graph, config: dict) -> None:
+    """A model folder made from an ONNX ``graph`` (opset 17, IR 8, checked): ``1/model.onnx`` and a ``config.json``
+    holding ``config`` (name, platform onnxruntime_onnx and default version 1 unless given)."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (folder / "config.json").write_text(json.dumps({
+        "name": folder.name, "platform": "onnxruntime_onnx", "default_version": 1, **config}))
+
+
 _SESSIONS: dict[str, ort.InferenceSession] = {}
 
 
