@@ -152,3 +152,79 @@ def test_bench_says_how_to_load_a_model_that_fails_on_drawn_inputs(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     step = json.loads(p.stdout)[0]
     assert step["requests"] > 0 and step["wrong"] == 0 and not step["errors"], step
+
+
+def _div_model(folder) -> None:
+    """``div``: out = d / (e - 1), INT64 [n, 1]. Its zero warm-up input runs (0 / -1); d = INT64_MIN, e = 0 (INT64_MIN
+    / -1) kills ONNX Runtime's process with SIGFPE (onnxruntime 1.2x on x86-64)."""
+    from onnx import TensorProto, helper
+
+    i64 = TensorProto.INT64
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["e", "one"], ["em"]), helper.make_node("Div", ["d", "em"], ["out"])], "div",
+        [helper.make_tensor_value_info("d", i64, ["n", 1]), helper.make_tensor_value_info("e", i64, ["n", 1])],
+        [helper.make_tensor_value_info("out", i64, ["n", 1])], initializer=[helper.make_tensor("one", i64, [], [1])])
+    write_onnx_model(folder, graph, {"max_batch_size": 8, "cache_ttl_ms": 1000})
+
+
+@pytest.fixture
+def poisoned(tmp_path):
+    root = tmp_path
+    models = models_subset(root / "models", ["digits"])
+    _div_model(models / "div")
+    d = start_deployment(root / "dep", workers=2, prefix="qod", extra=["--models", str(models)])
+    yield d
+    d.stop()
+
+
+POISON = {"d": np.array([[np.iinfo(np.int64).min]], np.int64), "e": np.array([[0]], np.int64)}
+
+
+async def test_a_request_that_kills_its_workers_is_answered_after_two_deaths_and_then_refused(poisoned):
+    """A fresh-user trial: INT64_MIN / -1 kills ONNX Runtime's process (SIGFPE). The ingress answered UNAVAILABLE
+    "safe to retry", the SDK retried it on the next worker, and one request killed every worker of the model again
+    and again (11 deaths for one request with a 10 s budget; `digits` requests failed meanwhile). Now a request held
+    by two workers that died is answered INTERNAL (not retried), and the same inputs are refused on sight."""
+    import re
+
+    from inferbus.schemas import Internal
+
+    def deaths() -> int:
+        return len(re.findall(r"worker:n1-w\d'.*killed by signal 8", poisoned.log.read_text()))
+
+    client = await Client.connect(poisoned.nats_url, "qod")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Internal) as ei:
+            await client.infer("div", POISON, timeout_s=10.0)
+        took_s = time.monotonic() - t0
+        assert "2 workers died while holding this request to div:1 (the last: killed by signal 8" in ei.value.message, \
+            ei.value.message
+        assert took_s < 8, took_s  # answered, not the budget waited out
+        deadline = time.monotonic() + 5
+        while deaths() < 2:
+            assert time.monotonic() < deadline, poisoned.log.read_text()[-3000:]
+            await anyio.sleep(0.1)
+        assert deaths() == 2, poisoned.log.read_text()[-3000:]
+        # the same inputs again (another request id): refused at once, no worker dies
+        with pytest.raises(Internal) as ei:
+            await client.infer("div", POISON, timeout_s=10.0)
+        assert "is taken to be what kills them" in ei.value.message, ei.value.message
+        # the node serves on: other inputs of the model, other models (the workers restarted)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                out = await client.infer("div", {"d": np.array([[6]], np.int64), "e": np.array([[3]], np.int64)},
+                                         timeout_s=5.0)
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.2)
+        assert out["out"].tolist() == [[3]]
+        out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
+        assert out["probabilities"].shape == (1, 10)
+        assert deaths() == 2, poisoned.log.read_text()[-3000:]
+        counts = (await client.health(timeout_s=5.0)).parameters["counts"]
+        assert counts["query_of_death"] == 2, counts  # answered after the second death, refused once
+    finally:
+        await client.close()

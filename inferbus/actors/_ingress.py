@@ -97,6 +97,14 @@ report period, so a suspected worker that thaws refuses the old copy instead of 
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
+QUERY_OF_DEATH_DEATHS = 2
+"""Worker deaths (a crash, not a stop) while holding one request after which the ingress takes that request to be
+what kills them: answered INTERNAL, not retryable, and refused on sight for :data:`QUERY_OF_DEATH_TTL_S`. One death
+is retried elsewhere (UNAVAILABLE): a worker can die of something else (the OOM killer, a kill -9)."""
+QUERY_OF_DEATH_TTL_S = 60.0
+"""How long after the last death holding it a request stays refused (s)."""
+_QUERY_OF_DEATH_ENTRIES = 4096
+"""Most requests remembered as held by a worker that died (the oldest is forgotten first)."""
 
 
 HEDGE_PRIMARY = "primary"
@@ -381,6 +389,9 @@ class Ingress:
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.router.region = config.region
         self.pending: dict[int, Pending] = {}
+        self._deaths: dict[tuple, tuple[int, float, str]] = {}
+        """Requests held by workers that died (:meth:`_note_deaths`), by request id (with the model version) and
+        by cache key: ``(deaths, forgotten after (monotonic s), the last death's reason)``."""
         self._by_rid: dict[str, int] = {}
         """Request id → seq of its newest pending forward (sticky retries)."""
         self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
@@ -397,7 +408,7 @@ class Ingress:
                        "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
-                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0}
+                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -918,6 +929,9 @@ class Ingress:
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
+        if self._deaths and (why := self._poisoned(mv.key, hdrs.get(H.REQUEST_ID), key, t_cache)) is not None:
+            self.counts["query_of_death"] += 1
+            raise Internal(why)
         now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
         w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
@@ -1409,13 +1423,66 @@ class Ingress:
             return
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
             self.router.on_down(ev.worker_id, ev.pid)
+            stopped = ev.reason == "exit code 0"
+            poison = {} if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic())
             await self._fail_pending(ev.worker_id, Unavailable(
-                f"worker {ev.worker_id} {'stopped' if ev.reason == 'exit code 0' else 'died'} ({ev.reason}) "
-                f"holding this request; safe to retry", retry_after_ms=0))
+                f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
+                f"holding this request; safe to retry", retry_after_ms=0), poison)
 
-    async def _fail_pending(self, worker_id: str, err: InferbusError) -> int:
-        """Answer every request pending at ``worker_id`` with ``err`` (a hedge copy still running elsewhere
-        answers instead). Returns how many were pending."""
+    @staticmethod
+    def _death_keys(model_key: str, request_id: str | None, cache_key: str | None) -> tuple:
+        """What identifies one request across its retries and repeats: its request id (the SDK sends the same on
+        every retry) with the model version, and its cache key (the same inputs, whoever sends them; only where
+        the model's answers are cached)."""
+        return ((("rid", model_key, request_id),) if request_id else ()) + ((("key", cache_key),) if cache_key else ())
+
+    def _note_deaths(self, worker_id: str, reason: str, now: float) -> dict[int, InferbusError]:
+        """Count a crash of ``worker_id`` against each request it held; returns, by pending sequence number, the
+        INTERNAL answer of those now held by :data:`QUERY_OF_DEATH_DEATHS` dying workers (a query of death: an
+        input that kills the runtime, e.g. ONNX Runtime's SIGFPE on INT64_MIN / -1, which the SDK's retries of
+        UNAVAILABLE carried from worker to worker: every worker of the model died, again and again, a fresh-user
+        trial). Such a request is then refused on sight (:meth:`_poisoned`)."""
+        out: dict[int, InferbusError] = {}
+        deaths_map = self._deaths
+        for s, p in self.pending.items():
+            if p.worker_id != worker_id:
+                continue
+            keys = self._death_keys(p.model_key, p.request_id, p.cache_key)
+            if not keys:
+                continue
+            deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
+            for k in keys:
+                deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
+                deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason)
+            if deaths >= QUERY_OF_DEATH_DEATHS:
+                self.counts["query_of_death"] += 1
+                out[s] = Internal(self._poison_message(p.model_key, deaths, reason))
+        while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
+            deaths_map.pop(next(iter(deaths_map)))
+        return out
+
+    @staticmethod
+    def _poison_message(model_key: str, deaths: int, reason: str) -> str:
+        return (f"{deaths} workers died while holding this request to {model_key} (the last: {reason}): it is taken to "
+                f"be what kills them, is not retried, and is refused for {QUERY_OF_DEATH_TTL_S:g} s after the last "
+                f"such death (docs/failure-semantics.md, a request that kills its worker)")
+
+    def _poisoned(self, model_key: str, request_id: str | None, cache_key: str | None, now: float) -> str | None:
+        """The refusal of a request that :meth:`_note_deaths` took to be a query of death, or None."""
+        for k in self._death_keys(model_key, request_id, cache_key):
+            e = self._deaths.get(k)
+            if e is None:
+                continue
+            if e[1] <= now:
+                del self._deaths[k]
+            elif e[0] >= QUERY_OF_DEATH_DEATHS:
+                return self._poison_message(model_key, e[0], e[2])
+        return None
+
+    async def _fail_pending(self, worker_id: str, err: InferbusError,
+                            instead: dict[int, InferbusError] | None = None) -> int:
+        """Answer every request pending at ``worker_id`` with ``err``, or with ``instead[seq]`` where given (a
+        hedge copy still running elsewhere answers instead). Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
         for s in victims:
             p = self._pop(s)
@@ -1426,7 +1493,7 @@ class Ingress:
             if h is not None and h.timer is not None and not h.done:
                 h.done = True
                 h.timer.cancel()
-            await self._error(p.reply, err, p.content_type, p.request_id)
+            await self._error(p.reply, instead.get(s, err) if instead else err, p.content_type, p.request_id)
         return len(victims)
 
     async def _sweeper(self) -> None:
