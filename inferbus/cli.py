@@ -628,7 +628,7 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
     from .client import Client
     from .schemas import Unavailable
 
-    from .bus import split_servers
+    from .bus import shown_servers, split_servers
 
     _check_prefix(prefix)
     servers = list(split_servers(nats_url))
@@ -645,7 +645,7 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
             return await connecting
         return await asyncio.wait_for(connecting, timeout_s)
     except asyncio.TimeoutError:  # the tries of several servers (or nats-py's waits) passed the budget
-        raise NatsUnreachable(f"cannot reach NATS at {', '.join(servers)}: {in_budget}", servers) from None
+        raise NatsUnreachable(f"cannot reach NATS at {shown_servers(servers)}: {in_budget}", servers) from None
     except Unavailable as err:
         # nats-py's bare "TimeoutError" (the one cause, or one server's among several): say what timed out, and
         # after what
@@ -1018,7 +1018,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
     from .accelerators import BackendUnavailable
     from .actors import Node
     from .actors._node import MetricsPortUnavailable, ModelsUnservable, NodeIdInUse
-    from .bus import split_servers
+    from .bus import shown_servers, split_servers
     from .supervisor import ChildStartError
 
     node = Node(cfg)
@@ -1061,7 +1061,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                               f"{escape(' '.join(str(exc).split()))}")
             return EXIT_USAGE
         except NoServersError as exc:  # --nats-url: none of them accepted the node's connection
-            raise NatsUnreachable(f"cannot reach NATS at {cfg.nats_url}: {exc}",
+            raise NatsUnreachable(f"cannot reach NATS at {shown_servers(cfg.nats_url or '')}: {exc}",
                                   list(split_servers(cfg.nats_url or ""))) from exc
         except ChildStartError as exc:  # an actor process died before READY (the node stopped what had started)
             line, rc = _child_start_failure(exc)

@@ -114,7 +114,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, close_connection, connect, fail_pending_requests
-from .bus import server_url_problem, split_servers
+from .bus import server_url_problem, shown_servers, split_servers
 from .bus import headers as H
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
@@ -323,7 +323,8 @@ class Client:
         try:
             nc = await connect(cfg, disconnected_cb=on_disconnect, connect_failures=failures)
         except (NoServersError, OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"cannot reach NATS at {', '.join(servers)}: {_connect_causes(failures, exc)}") from exc
+            raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: {_connect_causes(failures, exc)}") \
+                from exc
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
                      retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
                      attempt_timeout_floor_ms=attempt_timeout_floor_ms,

@@ -121,6 +121,14 @@ def test_servers_that_fail_differently_are_each_named_with_their_cause():
         and causes[1].startswith(f"127.0.0.1:{dead_port}: [Errno 111] "), causes
 
 
+def test_a_password_in_nats_url_is_not_printed_back():
+    """A fresh-user trial: ``--nats-url nats://u:wrong@h:p`` was printed back whole in "cannot reach NATS at ..."."""
+    port = free_port()
+    p, _ = cli("health", "--nats-url", f"nats://u:s3cret@127.0.0.1:{port}", "--timeout-s", "2")
+    assert p.returncode == 3 and "s3cret" not in p.stderr, p
+    assert p.stderr.startswith(f"cannot reach NATS at nats://u:***@127.0.0.1:{port}: "), p.stderr
+
+
 def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
     """Two silent servers before a live one (tried in the order given), ``health --timeout-s 4.5``: the connect takes
     2 s per silent server, and the probe (no ingress answers on this NATS) only what is left of the 4.5 s, not 4.5 s

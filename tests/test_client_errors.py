@@ -454,3 +454,17 @@ async def test_close_as_the_server_stops_is_prompt_and_ends_the_calls_in_flight(
         await asyncio.wait_for(call, 4.0)
     took_s = time.monotonic() - t0
     assert "closed" in ei.value.message and took_s < 1.5, (took_s, ei.value.message)
+
+
+async def test_a_password_or_token_in_a_url_is_not_shown_in_the_error():
+    """A fresh-user trial: ``nats://u:wrong@h:4222`` came back whole in "cannot reach NATS at ..."."""
+    from inferbus.bus import shown_servers
+
+    port = free_port()
+    with pytest.raises(Unavailable) as ei:
+        await Client.connect([f"nats://u:s3cret@127.0.0.1:{port}", f"nats://t0ken@127.0.0.1:{port}"],
+                             connect_attempts=1, connect_timeout_s=1.0)
+    assert "s3cret" not in ei.value.message and "t0ken" not in ei.value.message, ei.value.message
+    assert ei.value.message.startswith(f"cannot reach NATS at nats://u:***@127.0.0.1:{port}, "
+                                       f"nats://***@127.0.0.1:{port}: "), ei.value.message
+    assert shown_servers("nats://127.0.0.1:4222, tls://a:b@h:1/x") == "nats://127.0.0.1:4222, tls://a:***@h:1/x"

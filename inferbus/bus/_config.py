@@ -40,6 +40,11 @@ class BusConfig:
     """Client PING interval in seconds (> 0)."""
     max_outstanding_pings: int = 2
     """Unanswered PINGs before the connection is declared stale."""
+    busy_stale_grace_s: float = 10.0
+    """How long unanswered PINGs do not count while the server keeps sending messages (s; 0 = off): its PONG
+    waits behind them in one stream, so a connection that reads a backlog slower than it comes is alive, not
+    stale (:func:`inferbus.bus.connect`). Past this the stale check applies as usual (a link that delivers but
+    no longer takes what is sent)."""
     pending_size_bytes: int = 64 * 1024 * 1024
     """Bytes buffered while reconnecting before publishes fail."""
     no_randomize: bool = False
@@ -74,6 +79,8 @@ class BusConfig:
             raise ValueError("BusConfig.connect_attempts must be >= 1 (tries per server for the first connect)")
         if self.reconnect_time_wait_s < 0:
             raise ValueError("BusConfig.reconnect_time_wait_s must be >= 0 seconds")
+        if not self.busy_stale_grace_s >= 0:  # NaN too
+            raise ValueError("BusConfig.busy_stale_grace_s must be >= 0 seconds")
 
     def rotated(self, k: int) -> "BusConfig":
         """This config with ``servers`` rotated to start at server ``k mod n``, tried in that order.
@@ -111,6 +118,21 @@ def server_url_problem(url: str) -> str | None:
     if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname or port == 0:
         return f"{url!r}: expected nats://HOST:PORT (or tls://, ws://, wss://), port 1 to 65535"
     return None
+
+
+def shown_servers(servers) -> str:
+    """NATS URLs for a message or a log line: comma-separated, with a password or token in a URL's user part
+    replaced by ``***`` (``nats://u:***@h:4222``, ``nats://***@h:4222``): a fresh-user trial saw ``--nats-url
+    nats://u:wrong@h:4222`` printed back whole in "cannot reach NATS at ...". Other text is kept as given."""
+    def one(url: str) -> str:
+        scheme, sep, rest = url.partition("://")
+        if not sep or "@" not in rest.split("/", 1)[0]:
+            return url
+        userinfo, _, host = rest.partition("@")
+        user, colon, _ = userinfo.partition(":")
+        return f"{scheme}://{user + ':***' if colon else '***'}@{host}"
+
+    return ", ".join(one(u) for u in split_servers(servers))
 
 
 def split_servers(servers) -> tuple[str, ...]:
