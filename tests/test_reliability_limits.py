@@ -238,7 +238,8 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
     the ingress counted them lost, failures of both healthy workers, whose breakers opened: the node refused every
     request (UNAVAILABLE, not ready) for ~30 s after the burst. Now a sweep that would blame a worker first makes a
     round trip on its connection and lets the notices read before the PONG settle; one that does not come back
-    within ``pending_grace_s`` marks the ingress behind (``behind_round_trips``) and blames nobody."""
+    within ``pending_grace_s`` marks the ingress behind (``behind_round_trips``) and blames nobody; no request is
+    answered twice (the ingress makes the same round trip before it fails a worker as silent)."""
     import msgspec
     import nats
 
@@ -249,10 +250,14 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
         nc = await nats.connect(nats_server.url, pending_size=256 * 1024 * 1024)
         try:
             answers = 0
+            answered: set[str] = set()
+            twice = 0
 
             async def on_answer(msg) -> None:
-                nonlocal answers
+                nonlocal answers, twice
                 answers += 1
+                twice += msg.subject in answered
+                answered.add(msg.subject)
 
             inbox = nc.new_inbox()
             await nc.subscribe(inbox + ".*", cb=on_answer, pending_msgs_limit=2 * n)
@@ -278,6 +283,7 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
         assert late > 0, ("the ingress kept up with the burst: no completion came late, so the case is not "
                           f"exercised on this host ({c})")
         assert c["lost"] == 0, c  # no worker blamed for what the ingress's own backlog delayed
+        assert twice == 0, (twice, len(answered), c)  # each request answered at most once
         for wid, w in p["workers"].items():
             assert w["breaker"] == "closed" and w["breaker_trips"] == 0, (wid, w)
         await _ready_again_within(client, 5)

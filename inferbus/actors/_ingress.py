@@ -441,6 +441,7 @@ class Ingress:
         self._infer_sub = None
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
         self._done_sub = None
+        self._load_sub = None
         """The subscription to ``<p>._done.<ingress>`` (the workers' completion notices), set in run."""
         self._error_counters: dict = {}
         """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
@@ -1547,20 +1548,20 @@ class Ingress:
     async def _caught_up(self, timeout_s: float) -> bool:
         """Whether this ingress has received and settled every completion notice the server held for it: a round
         trip (:func:`_round_trip`; its PONG comes after every message the server had queued for this connection,
-        the notices among them), then the notices' subscription handled down to an empty buffer, all within
+        the notices and the workers' load reports among them), then the notices' and the reports' subscriptions
+        handled down to an empty buffer, all within
         ``timeout_s``. False when the PONG or the buffer took longer (this ingress reads its connection behind a
         backlog: a notice may still be waiting in it), or the connection closed or reconnected meanwhile."""
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
         if not await _round_trip(self.nc, timeout_s):
             return False
-        sub = self._done_sub
-        queue = getattr(sub, "_pending_queue", None)
-        if queue is None:  # a nats-py without it (checked at 2.9-2.16): the notices already read are handled
+        queues = [q for sub in (self._done_sub, self._load_sub) if (q := getattr(sub, "_pending_queue", None))]
+        if not queues:  # a nats-py without it (checked at 2.9-2.16): the notices already read are handled
             await asyncio.sleep(0)
             return True
         try:
-            await asyncio.wait_for(queue.join(), max(until - loop.time(), 0.0))
+            await asyncio.wait_for(asyncio.gather(*(q.join() for q in queues)), max(until - loop.time(), 0.0))
         except asyncio.TimeoutError:
             return False
         return True
@@ -1625,8 +1626,24 @@ class Ingress:
         # own connection has just come back (the reports it missed were not the workers' silence)
         if now - reconnected_at <= self.config.health_timeout_s:
             return
+        timeout_s = self.config.health_timeout_s
+        silent = {w.worker_id for w in self.router.workers.values()
+                  if w.alive and w.last_report and now - w.last_report > timeout_s}
+        if not silent or not any(p.worker_id in silent for p in self.pending.values()):
+            return  # nothing to fail (failing nothing changed nothing before either)
+        # nor while its reports may be queued behind a backlog of this ingress's own connection (one stream carries
+        # requests, notices and reports): failing the worker's requests UNAVAILABLE then, while it computes and
+        # answers them, gives their clients two answers each (seen in a burst of 30,000 from one client, 5,176 second
+        # answers, with a connection that was not found stale behind the burst: an experiment of 2026-12-04, not
+        # kept). First a round trip and the reports read before its PONG handled; a round trip that does not come
+        # back in time says this ingress is behind, not the worker
+        if not await self._caught_up(max(self.config.pending_grace_s, _SWEEP_PERIOD_S)):
+            self._behind_at = time.monotonic()
+            self.counts["behind_round_trips"] += 1
+            return
+        now = time.monotonic()
         for w in list(self.router.workers.values()):
-            if w.alive and w.last_report and now - w.last_report > self.config.health_timeout_s:
+            if w.alive and w.last_report and now - w.last_report > timeout_s:
                 n = await self._fail_pending(w.worker_id, Unavailable(
                     f"worker {w.worker_id} stopped reporting; safe to retry", retry_after_ms=0))
                 if n:
@@ -1736,7 +1753,7 @@ class Ingress:
                 socket_connect_timeout=0.5)
             self.redis = aioredis.Redis(connection_pool=pool)
         s = self.subjects
-        await self.nc.subscribe(s.load, cb=self._on_load)
+        self._load_sub = await self.nc.subscribe(s.load, cb=self._on_load)
         await self.nc.subscribe(s.events, cb=self._on_event)
         self._done_sub = await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
         await self.nc.subscribe(s.rid_query, cb=self._on_rid_query)  # peers locating a retried request's copy

@@ -40,11 +40,6 @@ class BusConfig:
     """Client PING interval in seconds (> 0)."""
     max_outstanding_pings: int = 2
     """Unanswered PINGs before the connection is declared stale."""
-    busy_stale_grace_s: float = 10.0
-    """How long unanswered PINGs do not count while the server keeps sending messages (s; 0 = off): its PONG
-    waits behind them in one stream, so a connection that reads a backlog slower than it comes is alive, not
-    stale (:func:`inferbus.bus.connect`). Past this the stale check applies as usual (a link that delivers but
-    no longer takes what is sent)."""
     pending_size_bytes: int = 64 * 1024 * 1024
     """Bytes buffered while reconnecting before publishes fail."""
     no_randomize: bool = False
@@ -79,8 +74,6 @@ class BusConfig:
             raise ValueError("BusConfig.connect_attempts must be >= 1 (tries per server for the first connect)")
         if self.reconnect_time_wait_s < 0:
             raise ValueError("BusConfig.reconnect_time_wait_s must be >= 0 seconds")
-        if not self.busy_stale_grace_s >= 0:  # NaN too
-            raise ValueError("BusConfig.busy_stale_grace_s must be >= 0 seconds")
 
     def rotated(self, k: int) -> "BusConfig":
         """This config with ``servers`` rotated to start at server ``k mod n``, tried in that order.
