@@ -1085,7 +1085,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             return await stop_start()
         nats_where = f" (nats-server on {cores_phrase(cfg.nats_cpus)})" if cfg.nats_cpus else ""
         pinned = f"actors pinned to {cores_phrase(node.serving_cores)}, " if cfg.pin_cpus else ""
-        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS {node.nats_url}{nats_where}, "
+        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS "
+                      f"{shown_servers(node.nats_url)}{nats_where}, "
                       f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}{pinned}"

@@ -236,3 +236,41 @@ async def test_external_nats_with_user_password_over_tls(tmp_path):
             for p in procs:
                 p.terminate()
                 p.wait(10)
+
+
+async def test_a_password_in_the_nats_url_is_shown_nowhere(tmp_path):
+    """``inferbus up --nats-url nats://u:PASSWORD@host:port`` (a fresh-user trial): the password was in the ``up``
+    line, in every health reply (``nats_server`` of the ingress and of each worker, readable by any client on the
+    bus), in the actors' ``reconnected to NATS`` log lines and in a second ``up``'s node-id refusal. Now none has it;
+    only the actors' config files (mode 0600) keep it, as they must to connect."""
+    secret = "pw-9b2e"
+    with EmbeddedNats(run_dir=tmp_path / "nats", jetstream=False,
+                      extra_config=f'authorization {{ user: "u", password: "{secret}" }}\n') as srv:
+        url = f"nats://u:{secret}@127.0.0.1:{srv.port}"
+        models = models_subset(tmp_path / "models", ["digits"])
+        dep = start_deployment(tmp_path / "dep", workers=1, prefix="pw", extra=["--models", str(models),
+                                                                               "--nats-url", url, "--no-cache"])
+        try:
+            assert f"NATS nats://u:***@127.0.0.1:{srv.port}" in dep.log.read_text(), dep.log.read_text()[-2000:]
+            client = await Client.connect(url, "pw")
+            try:
+                health = await client.health(timeout_s=5.0)
+                text = json.dumps(health.parameters)
+                assert secret not in text and f"127.0.0.1:{srv.port}" in text, text[:2000]
+            finally:
+                await client.close()
+            second = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--nats-url", url, "--prefix", "pw",
+                                     "--models", str(models), "--workers", "1", "--run-dir", str(tmp_path / "dep2")],
+                                    capture_output=True, text=True, timeout=120)
+            assert second.returncode == 2 and "is in use on nats://u:***@" in second.stderr, second.stderr[-2000:]
+            srv.stop()  # the actors reconnect once it is back: their log lines name the server
+            srv.start()
+            deadline = time.monotonic() + 20
+            while "reconnected to NATS" not in (tmp_path / "dep" / "ingress-0.log").read_text():
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            for log in (tmp_path / "dep").glob("*.log"):
+                assert secret not in log.read_text(), log
+            assert secret not in second.stdout + second.stderr
+        finally:
+            dep.stop()

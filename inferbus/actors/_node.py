@@ -625,7 +625,9 @@ class Node:
         finally:
             await sub.unsubscribe()
         if taken:
-            raise NodeIdInUse(f"node id {self.config.node_id!r} is in use on {self.nats_url} with prefix "
+            from ..bus import shown_servers
+
+            raise NodeIdInUse(f"node id {self.config.node_id!r} is in use on {shown_servers(self.nats_url)} with prefix "
                               f"{bus.prefix!r} (live workers {', '.join(sorted(taken))}): give this node another "
                               f"--node-id, or another --prefix for a separate deployment")
 

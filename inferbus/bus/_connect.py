@@ -450,7 +450,9 @@ def _tried_server(nc) -> tuple[str, tuple]:
 
 
 def connected_server(nc) -> str:
-    """``host:port`` of the NATS server ``nc`` is connected to now (nats-py's ``connected_url``); empty when
-    not connected. Processes on one server give the same string when started from the same URL list."""
+    """``host:port`` of the NATS server ``nc`` is connected to now (nats-py's ``connected_url``, without its user
+    part); empty when not connected. Processes on one server give the same string when started from the same URL list."""
     url = getattr(nc, "connected_url", None) if nc is not None else None
-    return getattr(url, "netloc", "") or ""
+    # without a user and password or token in the URL (a fresh-user trial found the password in every health
+    # reply's nats_server and in the reconnect log lines)
+    return (getattr(url, "netloc", "") or "").rsplit("@", 1)[-1]
