@@ -164,7 +164,7 @@ def _div_model(folder) -> None:
         [helper.make_node("Sub", ["e", "one"], ["em"]), helper.make_node("Div", ["d", "em"], ["out"])], "div",
         [helper.make_tensor_value_info("d", i64, ["n", 1]), helper.make_tensor_value_info("e", i64, ["n", 1])],
         [helper.make_tensor_value_info("out", i64, ["n", 1])], initializer=[helper.make_tensor("one", i64, [], [1])])
-    write_onnx_model(folder, graph, {"max_batch_size": 8, "cache_ttl_ms": 1000})
+    write_onnx_model(folder, graph, {"max_batch_size": 8, "cache_ttl_ms": 0})  # no cache key: the body identifies it
 
 
 @pytest.fixture
@@ -206,10 +206,17 @@ async def test_a_request_that_kills_its_workers_is_answered_after_two_deaths_and
             assert time.monotonic() < deadline, poisoned.log.read_text()[-3000:]
             await anyio.sleep(0.1)
         assert deaths() == 2, poisoned.log.read_text()[-3000:]
-        # the same inputs again (another request id): refused at once, no worker dies
+        # the same inputs again (another request id, and no cache key: the body's digest), from the SDK and from a
+        # raw client with no request id: refused at once, no worker dies (a second trial: with the model's cache
+        # off, each new SDK call cost two deaths, and their breakers took every model down)
         with pytest.raises(Internal) as ei:
             await client.infer("div", POISON, timeout_s=10.0)
         assert "is taken to be what kills them" in ei.value.message, ei.value.message
+        from inferbus.schemas import InferRequest, encode_request, input_from_numpy
+
+        body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in POISON.items()]))
+        raw = await client.nc.request("qod.infer.div", body, timeout=5.0)
+        assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, raw.headers
         # the node serves on: other inputs of the model, other models (the workers restarted)
         deadline = time.monotonic() + 30
         while True:
@@ -225,6 +232,6 @@ async def test_a_request_that_kills_its_workers_is_answered_after_two_deaths_and
         assert out["probabilities"].shape == (1, 10)
         assert deaths() == 2, poisoned.log.read_text()[-3000:]
         counts = (await client.health(timeout_s=5.0)).parameters["counts"]
-        assert counts["query_of_death"] == 2, counts  # answered after the second death, refused once
+        assert counts["query_of_death"] == 3, counts  # answered after the second death, refused twice
     finally:
         await client.close()

@@ -46,6 +46,7 @@ failure) so counts return to zero even when a worker loses requests.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import functools
 import itertools
 import math
@@ -228,6 +229,9 @@ class Pending(msgspec.Struct):
     probe: bool = False
     """Sent as the worker's circuit-breaker probe (HALF_OPEN)."""
     hedge: _Hedge | None = None
+    body: bytes = b""
+    """The request's body as it came (a reference, not a copy): what identifies a request that kills its worker
+    when it has neither a request id nor a cache key (:meth:`Ingress._note_deaths`)."""
 
 
 class _Deferred(msgspec.Struct):
@@ -930,7 +934,7 @@ class Ingress:
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
-        if self._deaths and (why := self._poisoned(mv.key, hdrs.get(H.REQUEST_ID), key, t_cache)) is not None:
+        if self._deaths and (why := self._poisoned(mv.key, hdrs.get(H.REQUEST_ID), key, msg.data, t_cache)) is not None:
             self.counts["query_of_death"] += 1
             raise Internal(why)
         now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
@@ -1011,7 +1015,7 @@ class Ingress:
                 self.counts["too_large"] += 1
                 raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
                                       f"max_payload ({max_payload} bytes)")
-        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key)
+        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key, body=body)
         self.pending[seq] = p
         if rid:
             self._by_rid[rid] = seq
@@ -1205,7 +1209,7 @@ class Ingress:
         :meth:`_forward` forwards one; it was counted in flight at the router when held back."""
         seq = next(self._seq)
         p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.header_rid,
-                    d.model_key)
+                    d.model_key, body=d.body)
         p.probe = d.probe
         self.pending[seq] = p
         if d.rid:
@@ -1260,7 +1264,7 @@ class Ingress:
         local = h.local is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         remaining_ms = H.remaining_ms(p.deadline, now)
         p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
-                     p.model_key, hedge=h)
+                     p.model_key, hedge=h, body=p.body)
         self.pending[seq2] = p2
         h.seqs.append(seq2)
         p2.probe = self.router.on_sent(w)
@@ -1431,11 +1435,18 @@ class Ingress:
                 f"holding this request; safe to retry", retry_after_ms=0), poison)
 
     @staticmethod
-    def _death_keys(model_key: str, request_id: str | None, cache_key: str | None) -> tuple:
+    def _death_keys(model_key: str, request_id: str | None, cache_key: str | None, body: bytes) -> tuple:
         """What identifies one request across its retries and repeats: its request id (the SDK sends the same on
-        every retry) with the model version, and its cache key (the same inputs, whoever sends them; only where
-        the model's answers are cached)."""
-        return ((("rid", model_key, request_id),) if request_id else ()) + ((("key", cache_key),) if cache_key else ())
+        every retry) with the model version, its cache key (the same inputs in any encoding, whoever sends them;
+        only where the model's answers are cached), and a digest of its body with the model version (the same
+        bytes under another request id, or with no id, cached or not: BLAKE2b, 16 bytes; computed only after a
+        worker crash, for the requests it held, and for each request while such a crash is remembered)."""
+        keys = [("body", model_key, hashlib.blake2b(body, digest_size=16).digest())] if body else []
+        if request_id:
+            keys.append(("rid", model_key, request_id))
+        if cache_key:
+            keys.append(("key", cache_key))
+        return tuple(keys)
 
     def _note_deaths(self, worker_id: str, reason: str, now: float) -> dict[int, InferbusError]:
         """Count a crash of ``worker_id`` against each request it held; returns, by pending sequence number, the
@@ -1448,7 +1459,7 @@ class Ingress:
         for s, p in self.pending.items():
             if p.worker_id != worker_id:
                 continue
-            keys = self._death_keys(p.model_key, p.request_id, p.cache_key)
+            keys = self._death_keys(p.model_key, p.request_id, p.cache_key, p.body)
             if not keys:
                 continue
             deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
@@ -1468,9 +1479,10 @@ class Ingress:
                 f"be what kills them, is not retried, and is refused for {QUERY_OF_DEATH_TTL_S:g} s after the last "
                 f"such death (docs/failure-semantics.md, a request that kills its worker)")
 
-    def _poisoned(self, model_key: str, request_id: str | None, cache_key: str | None, now: float) -> str | None:
+    def _poisoned(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
+                  now: float) -> str | None:
         """The refusal of a request that :meth:`_note_deaths` took to be a query of death, or None."""
-        for k in self._death_keys(model_key, request_id, cache_key):
+        for k in self._death_keys(model_key, request_id, cache_key, body):
             e = self._deaths.get(k)
             if e is None:
                 continue
