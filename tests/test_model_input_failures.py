@@ -235,3 +235,25 @@ async def test_a_request_that_kills_its_workers_is_answered_after_two_deaths_and
         assert counts["query_of_death"] == 3, counts  # answered after the second death, refused twice
     finally:
         await client.close()
+
+
+def test_the_crash_memory_forgets_its_entries_in_time_and_empties():
+    """Entries past their time are dropped by each sweep, the oldest first, so that the memory empties once no crash
+    is remembered (an entry that no request looked up again stayed for good, and each request's body was hashed
+    from the first crash on)."""
+    from inferbus.actors import IngressConfig
+    from inferbus.actors._ingress import Ingress
+    from inferbus.bus import BusConfig
+
+    from conftest import MODELS
+
+    ing = Ingress(IngressConfig(ingress_id="t0", bus=BusConfig(prefix="mem"), models_dir=str(MODELS),
+                                models=("digits",)))
+    ing._deaths.update({("rid", "digits:1", "a"): (1, 10.0, "x"), ("rid", "digits:1", "b"): (2, 20.0, "x"),
+                        ("rid", "digits:1", "c"): (1, 30.0, "x")})
+    ing._forget_deaths(15.0)
+    assert list(ing._deaths) == [("rid", "digits:1", "b"), ("rid", "digits:1", "c")]
+    assert ing._poisoned("digits:1", "b", None, b"", 15.0) is not None  # 2 deaths: still refused
+    assert ing._poisoned("digits:1", "c", None, b"", 15.0) is None  # 1 death: retried
+    ing._forget_deaths(30.0)
+    assert not ing._deaths

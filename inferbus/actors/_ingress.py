@@ -394,8 +394,9 @@ class Ingress:
         self.router.region = config.region
         self.pending: dict[int, Pending] = {}
         self._deaths: dict[tuple, tuple[int, float, str]] = {}
-        """Requests held by workers that died (:meth:`_note_deaths`), by request id (with the model version) and
-        by cache key: ``(deaths, forgotten after (monotonic s), the last death's reason)``."""
+        """Requests held by workers that died (:meth:`_note_deaths`), by body digest, request id and cache key:
+        ``(deaths, forgotten after (monotonic s), the last death's reason)``, in the order of that time (an entry
+        updated is inserted again), emptied of the forgotten ones by each sweep (:meth:`_forget_deaths`)."""
         self._by_rid: dict[str, int] = {}
         """Request id → seq of its newest pending forward (sticky retries)."""
         self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
@@ -445,8 +446,9 @@ class Ingress:
         self._infer_sub = None
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
         self._done_sub = None
-        self._load_sub = None
         """The subscription to ``<p>._done.<ingress>`` (the workers' completion notices), set in run."""
+        self._load_sub = None
+        """The subscription to ``<p>._load`` (the workers' load reports), set in run."""
         self._error_counters: dict = {}
         """Micro endpoint name → its ``$SRV.STATS`` error counter (:func:`endpoint_error_counter`), set in run."""
         self._behind_seen = 0
@@ -1437,8 +1439,9 @@ class Ingress:
     @staticmethod
     def _death_keys(model_key: str, request_id: str | None, cache_key: str | None, body: bytes) -> tuple:
         """What identifies one request across its retries and repeats: its request id (the SDK sends the same on
-        every retry) with the model version, its cache key (the same inputs in any encoding, whoever sends them;
-        only where the model's answers are cached), and a digest of its body with the model version (the same
+        every retry) with the model version, its cache key (the same inputs, whoever sends them;
+        only where the model's answers are cached; another encoding or other requested outputs are another key), and
+        a digest of its body with the model version (the same
         bytes under another request id, or with no id, cached or not: BLAKE2b, 16 bytes; computed only after a
         worker crash, for the requests it held, and for each request while such a crash is remembered)."""
         keys = [("body", model_key, hashlib.blake2b(body, digest_size=16).digest())] if body else []
@@ -1478,6 +1481,16 @@ class Ingress:
         return (f"{deaths} workers died while holding this request to {model_key} (the last: {reason}): it is taken to "
                 f"be what kills them, is not retried, and is refused for {QUERY_OF_DEATH_TTL_S:g} s after the last "
                 f"such death (docs/failure-semantics.md, a request that kills its worker)")
+
+    def _forget_deaths(self, now: float) -> None:
+        """Drop the entries of :attr:`_deaths` past their time (the oldest first: the dict is in that order), so that
+        it empties again once no crash is remembered, and the check on each request costs a truth test again."""
+        deaths = self._deaths
+        while deaths:
+            k, e = next(iter(deaths.items()))
+            if e[1] > now:
+                return
+            del deaths[k]
 
     def _poisoned(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
                   now: float) -> str | None:
@@ -1608,6 +1621,8 @@ class Ingress:
 
     async def _sweep(self) -> None:
         now = time.monotonic()
+        if self._deaths:
+            self._forget_deaths(now)
         grace = self.config.pending_grace_s
         reconnected_at = self._saw_reconnect(now)
         behind_at = self._saw_behind(now)
