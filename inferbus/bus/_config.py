@@ -116,14 +116,17 @@ def server_url_problem(url: str) -> str | None:
 def shown_servers(servers) -> str:
     """NATS URLs for a message or a log line: comma-separated, with a password or token in a URL's user part
     replaced by ``***`` (``nats://u:***@h:4222``, ``nats://***@h:4222``): a fresh-user trial saw ``--nats-url
-    nats://u:wrong@h:4222`` printed back whole in "cannot reach NATS at ...". Other text is kept as given."""
+    nats://u:wrong@h:4222`` printed back whole in "cannot reach NATS at ...". A URL without a scheme, which nats-py
+    reads as ``nats://`` (``u:p@h:4222``), is masked alike and stays without one. Other text is kept as given."""
     def one(url: str) -> str:
         scheme, sep, rest = url.partition("://")
-        if not sep or "@" not in rest.split("/", 1)[0]:
+        if not sep:
+            scheme, rest = "", url
+        if "@" not in rest.split("/", 1)[0]:
             return url
         userinfo, _, host = rest.partition("@")
         user, colon, _ = userinfo.partition(":")
-        return f"{scheme}://{user + ':***' if colon else '***'}@{host}"
+        return f"{scheme}{sep}{user + ':***' if colon else '***'}@{host}"
 
     return ", ".join(one(u) for u in split_servers(servers))
 
