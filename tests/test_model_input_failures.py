@@ -237,6 +237,54 @@ async def test_a_request_that_kills_its_workers_is_answered_after_two_deaths_and
         await client.close()
 
 
+async def test_requests_that_shared_the_killers_runs_are_answered_and_only_its_runs_are_counted(poisoned):
+    """A fresh-user trial: 3 of 24 innocent requests sent with the killer were refused with it: the ingress counted a
+    crash against every request the worker held, and an innocent that shared the killer's batch at both deaths was
+    taken for it. Now the node reads what the dying worker's model run held (its flight record) and the ingress
+    counts only those; a request counted once runs alone after that (``Inferbus-Alone``), so the second crash is
+    the killer's alone. The node's down events say what the run held: at the second death, one request."""
+    from inferbus.schemas import Internal
+    from inferbus.schemas._internal import ProcessEvent, decode_internal
+
+    client = await Client.connect(poisoned.nats_url, "qod")
+    events: list[ProcessEvent] = []
+
+    async def on_event(msg):
+        ev = decode_internal(msg.data)
+        if isinstance(ev, ProcessEvent) and ev.kind == "down":
+            events.append(ev)
+
+    sub = await client.nc.subscribe("qod._events", cb=on_event)
+    try:
+        async def innocent(k: int):
+            out = await client.infer("div", {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)},
+                                     timeout_s=15.0)
+            return out["out"].tolist()
+
+        async def killer():
+            with pytest.raises(Internal) as ei:
+                await client.infer("div", POISON, timeout_s=15.0)
+            return ei.value.message
+
+        for k in range(3):  # warm: both workers serve
+            assert await innocent(k) == [[k]]
+        results = await asyncio.gather(killer(), *(innocent(k) for k in range(1, 24)), return_exceptions=True)
+        assert "2 workers died while holding this request to div:1" in str(results[0]), results[0]
+        assert results[1:] == [[[k]] for k in range(1, 24)], [r for r in results[1:] if not isinstance(r, list)]
+        deadline = time.monotonic() + 5
+        while len(events) < 2:
+            assert time.monotonic() < deadline, events
+            await anyio.sleep(0.05)
+        assert len(events) == 2 and all("signal 8" in e.reason for e in events), events
+        assert events[0].running and all(ing.startswith("n1-i") for ing, _ in events[0].running), events
+        assert len(events[1].running) == 1, events  # the killer, run alone
+        counts = (await client.health(timeout_s=5.0)).parameters["counts"]
+        assert counts["suspects_alone"] >= 1, counts
+    finally:
+        await sub.unsubscribe()
+        await client.close()
+
+
 def test_the_crash_memory_forgets_its_entries_in_time_and_empties():
     """Entries past their time are dropped by each sweep, the oldest first, so that the memory empties once no crash
     is remembered (an entry that no request looked up again stayed for good, and each request's body was hashed
@@ -253,7 +301,31 @@ def test_the_crash_memory_forgets_its_entries_in_time_and_empties():
                         ("rid", "digits:1", "c"): (1, 30.0, "x")})
     ing._forget_deaths(15.0)
     assert list(ing._deaths) == [("rid", "digits:1", "b"), ("rid", "digits:1", "c")]
-    assert ing._poisoned("digits:1", "b", None, b"", 15.0) is not None  # 2 deaths: still refused
-    assert ing._poisoned("digits:1", "c", None, b"", 15.0) is None  # 1 death: retried
+    assert ing._deaths_of("digits:1", "b", None, b"", 15.0) == (2, "x")  # 2 deaths: still refused
+    assert ing._deaths_of("digits:1", "c", None, b"", 15.0) == (1, "x")  # 1 death: retried, alone
     ing._forget_deaths(30.0)
     assert not ing._deaths
+
+
+def test_the_flight_record_says_what_each_slot_runs_and_when_it_does_not_know(tmp_path):
+    """The worker's side writes, the node's side reads (:mod:`inferbus.actors._flight`): both slots' pairs, nothing
+    once cleared, and None (not known) for a missing file, a file of another size or a run too large for its slot."""
+    from inferbus.actors._flight import SLOT_BYTES, THREAD_SLOT, LOOP_SLOT, FlightRecorder, read_flight_record
+
+    path = str(tmp_path / "w.running")
+    assert read_flight_record(path) is None
+    fr = FlightRecorder(path)
+    assert read_flight_record(path) == []
+    fr.record(THREAD_SLOT, [("n1-i0", 7), ("n1-i1", 9)])
+    fr.record(LOOP_SLOT, [("n1-i0", 8)])
+    assert read_flight_record(path) == [("n1-i0", 7), ("n1-i1", 9), ("n1-i0", 8)]
+    fr.clear(THREAD_SLOT)
+    assert read_flight_record(path) == [("n1-i0", 8)]
+    fr.clear(LOOP_SLOT)
+    fr.record(THREAD_SLOT, [("x" * 100, k) for k in range(SLOT_BYTES // 100)])  # does not fit: not known
+    assert read_flight_record(path) is None
+    fr.clear(THREAD_SLOT)
+    assert read_flight_record(path) == []
+    fr.close()
+    (tmp_path / "short").write_bytes(b"\0" * 10)
+    assert read_flight_record(str(tmp_path / "short")) is None

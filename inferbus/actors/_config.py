@@ -141,6 +141,10 @@ class WorkerConfig(_JsonMixin):
     sessions always use the thread). Decided per batch, so a model that becomes slower goes back to the
     thread. 0 disables inline execution. Default: the models here take 20-110 µs per request on a loaded
     2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
+    flight_record_path: str = ""
+    """A file this worker maps and writes, before each model run, which forwarded requests the run holds
+    (:mod:`inferbus.actors._flight`); its node reads it after a crash, so that the ingresses count the crash
+    against those requests only. Set by the node; empty = none (every request the worker held is counted)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:

@@ -165,14 +165,18 @@ def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, s
     return dl_ms, fargs, extra
 
 
-def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str) -> bytes:
+def _fwd_block(seq: int, timeout_ms: float, fwd: tuple, hedge: str, alone: bool = False) -> bytes:
     """The header block of a forwarded request: ``Inferbus-Fwd`` (one header for the routing fields,
     see ``inferbus.bus.headers.FWD``) plus the client's Content-Type / request id / trace headers, plus
-    ``Inferbus-Hedge: <hedge>`` when ``hedge`` is ``primary`` or ``copy``."""
+    ``Inferbus-Hedge: <hedge>`` when ``hedge`` is ``primary`` or ``copy``, plus ``Inferbus-Alone: 1`` when ``alone``
+    (a suspected query of death, :meth:`Ingress._note_deaths`)."""
     dl_ms, (ingress, model, version, term, key, timings), extra = fwd
     return (f"NATS/1.0\r\nInferbus-Fwd: v1;{seq};{ingress};{model};{version};{max(timeout_ms, 0.0):.3f};{dl_ms:.1f};"
-            f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINES[hedge or '']}"
+            f"{term};{key};{timings}\r\n{extra}{_HEDGE_LINES[hedge or '']}{_ALONE_LINE if alone else ''}"
             f"\r\n").encode()
+
+
+_ALONE_LINE = f"{H.ALONE}: 1\r\n"
 
 
 class _Hedge:
@@ -413,7 +417,7 @@ class Ingress:
                        "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
-                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0}
+                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -936,9 +940,15 @@ class Ingress:
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
-        if self._deaths and (why := self._poisoned(mv.key, hdrs.get(H.REQUEST_ID), key, msg.data, t_cache)) is not None:
-            self.counts["query_of_death"] += 1
-            raise Internal(why)
+        alone = False
+        if self._deaths and (died := self._deaths_of(mv.key, hdrs.get(H.REQUEST_ID), key, msg.data, t_cache)):
+            if died[0] >= QUERY_OF_DEATH_DEATHS:
+                self.counts["query_of_death"] += 1
+                raise Internal(self._poison_message(mv.key, *died))
+            # a suspect (a crashed worker's run held it): it runs alone and is not hedged, so a second crash is its
+            alone = True
+            hedge_policy = None
+            self.counts["suspects_alone"] += 1
         now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
         w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
@@ -1011,7 +1021,7 @@ class Ingress:
         if not local or hedge_policy is not None:  # the bus form (a hedge copy may go over the bus)
             fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid)
         if not local:
-            block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark)
+            block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark, alone)
             max_payload = self.nc.max_payload or 0
             if max_payload and len(body) + len(block) > max_payload:
                 self.counts["too_large"] += 1
@@ -1429,9 +1439,10 @@ class Ingress:
         except InternalDecodeError:
             return
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
-            self.router.on_down(ev.worker_id, ev.pid)
             stopped = ev.reason == "exit code 0"
-            poison = {} if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic())
+            poison, charge = ({}, True) if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic(),
+                                                                          ev.running)
+            self.router.on_down(ev.worker_id, ev.pid, charge=charge)
             await self._fail_pending(ev.worker_id, Unavailable(
                 f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
                 f"holding this request; safe to retry", retry_after_ms=0), poison)
@@ -1451,20 +1462,34 @@ class Ingress:
             keys.append(("key", cache_key))
         return tuple(keys)
 
-    def _note_deaths(self, worker_id: str, reason: str, now: float) -> dict[int, InferbusError]:
-        """Count a crash of ``worker_id`` against each request it held; returns, by pending sequence number, the
-        INTERNAL answer of those now held by :data:`QUERY_OF_DEATH_DEATHS` dying workers (a query of death: an
+    def _note_deaths(self, worker_id: str, reason: str, now: float,
+                     running: list[tuple[str, int]] | None = None) -> tuple[dict[int, InferbusError], bool]:
+        """Count a crash of ``worker_id`` against the requests it was running; returns, by pending sequence number,
+        the INTERNAL answer of those now held by :data:`QUERY_OF_DEATH_DEATHS` dying workers (a query of death: an
         input that kills the runtime, e.g. ONNX Runtime's SIGFPE on INT64_MIN / -1, which the SDK's retries of
         UNAVAILABLE carried from worker to worker: every worker of the model died, again and again, a fresh-user
-        trial). Such a request is then refused on sight (:meth:`_poisoned`)."""
+        trial), and whether the crash counts against the worker's breaker.
+
+        ``running``: ``(ingress id, seq)`` of the requests the worker's model runs held when it died (its flight
+        record, :mod:`inferbus.actors._flight`). Only this ingress's among them are counted; the worker's other
+        requests (queued, another model's) are not, and are retried as usual. None (no record): every request it
+        held is counted. A request counted once is a suspect: it is forwarded to run alone (``Inferbus-Alone``), so
+        that a second crash is its own, and the requests that shared its first run are not taken for it.
+
+        The crash does not count against the breaker when this ingress's requests in the dying run are each now
+        answered as a query of death: the request is at fault, not the worker (which restarts). Such a request
+        is then refused on sight (:meth:`_deaths_of`)."""
         out: dict[int, InferbusError] = {}
         deaths_map = self._deaths
+        held = None if running is None else {seq for ingress, seq in running if ingress == self.config.ingress_id}
+        counted = 0
         for s, p in self.pending.items():
-            if p.worker_id != worker_id:
+            if p.worker_id != worker_id or (held is not None and s not in held):
                 continue
             keys = self._death_keys(p.model_key, p.request_id, p.cache_key, p.body)
             if not keys:
                 continue
+            counted += 1
             deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
             for k in keys:
                 deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
@@ -1474,7 +1499,7 @@ class Ingress:
                 out[s] = Internal(self._poison_message(p.model_key, deaths, reason))
         while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
             deaths_map.pop(next(iter(deaths_map)))
-        return out
+        return out, not (held and counted and len(out) == counted)
 
     @staticmethod
     def _poison_message(model_key: str, deaths: int, reason: str) -> str:
@@ -1492,18 +1517,21 @@ class Ingress:
                 return
             del deaths[k]
 
-    def _poisoned(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
-                  now: float) -> str | None:
-        """The refusal of a request that :meth:`_note_deaths` took to be a query of death, or None."""
+    def _deaths_of(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
+                   now: float) -> tuple[int, str] | None:
+        """``(crashes, the last one's reason)`` that :meth:`_note_deaths` counted against this request (the most of
+        its keys' within their time), or None: :data:`QUERY_OF_DEATH_DEATHS` or more is a query of death, refused;
+        fewer, a suspect, run alone."""
+        found = None
         for k in self._death_keys(model_key, request_id, cache_key, body):
             e = self._deaths.get(k)
             if e is None:
                 continue
             if e[1] <= now:
                 del self._deaths[k]
-            elif e[0] >= QUERY_OF_DEATH_DEATHS:
-                return self._poison_message(model_key, e[0], e[2])
-        return None
+            elif found is None or e[0] > found[0]:
+                found = (e[0], e[2])
+        return found
 
     async def _fail_pending(self, worker_id: str, err: InferbusError,
                             instead: dict[int, InferbusError] | None = None) -> int:

@@ -44,6 +44,7 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
 from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
+from ._flight import read_flight_record
 from ._region import RegionConfig
 
 log = logging.getLogger("inferbus.node")
@@ -265,6 +266,8 @@ class Node:
         self._quiesced = False
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
+        self._flight_paths: dict[str, str] = {}
+        """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
         self._tmp = None
         self._detach_log = None
         """Removes the handlers writing ``node.log`` (:func:`_attach_node_log`); None before start and after stop."""
@@ -336,8 +339,11 @@ class Node:
         kind, _, rest = child_id.partition(":")
         # a colocated process's exit is its worker's death too: every ingress fails what it forwarded there
         worker_id = rest if kind in ("worker", "colocated") else None
+        flight = self._flight_paths.get(child_id)
+        # the requests its model runs held when it died (read before the restart truncates the file; 64 KiB)
+        running = read_flight_record(flight) if flight and exit.reason != "exit code 0" else None
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
-                          reason=exit.reason)
+                          reason=exit.reason, running=running)
         asyncio.ensure_future(self._publish_event(ev))
 
     def _maybe_quiesce(self) -> None:
@@ -519,6 +525,9 @@ class Node:
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place
             else:
+                # what its model runs hold, read here after a crash (its file next to its log)
+                wc = replace(wc, flight_record_path=str(run_dir / f"worker-{wid}.running"))
+                self._flight_paths[f"worker:{wid}"] = wc.flight_record_path
                 children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env,
                                             cpu_affinity=wc.cpu_affinity))
         for j in range(n_ingress if c.actors else 0):

@@ -257,13 +257,15 @@ class Router:
         if changed:
             self._reindex()
 
-    def on_down(self, worker_id: str, pid: int | None = None, now: float | None = None) -> None:
-        """The worker's process died: stop routing to it at once; one failure for its breaker."""
+    def on_down(self, worker_id: str, pid: int | None = None, now: float | None = None, charge: bool = True) -> None:
+        """The worker's process died: stop routing to it at once; one failure for its breaker unless ``charge`` is
+        False (the request it died of is known, and at fault: a query of death)."""
         w = self.workers.get(worker_id)
         if w is not None and (pid is None or pid == w.pid or w.pid == 0):
             w.alive = False
             w.in_flight = 0
-            w.breaker.on_failure(time.monotonic() if now is None else now)
+            if charge:
+                w.breaker.on_failure(time.monotonic() if now is None else now)
             self._reindex()
 
     def _reindex(self) -> None:

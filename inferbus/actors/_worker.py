@@ -78,6 +78,7 @@ from ..schemas._internal import (
 from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
                       run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
+from ._flight import LOOP_SLOT, THREAD_SLOT, FlightRecorder
 from ._layout import RequestLayouts
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
@@ -178,6 +179,8 @@ class Job(msgspec.Struct):
     """Computed on the event loop (True) or the inference thread (``parameters.exec``)."""
     local: bool = False
     """Handed over in-process by a colocated ingress (``parameters.forward`` = ``local``), not from the bus."""
+    alone: bool = False
+    """Run in a model run of its own (``Inferbus-Alone: 1``: a worker that crashed was running it)."""
     answered: bool = False
     """Its outcome was published, or it was refused UNAVAILABLE because the worker stopped before finishing it
     (:meth:`Worker._refuse_held`): a later outcome (the inference thread's late result) is dropped, so no copy
@@ -374,6 +377,8 @@ class Worker:
         self.by_seq: dict[tuple[str, int], Job] = {}
         """(ingress, seq) → job, for cancellation (loop thread only)."""
         self.fault = FaultSet(error_rate=config.inject_error_rate, compute_delay_ms=config.compute_delay_ms)
+        self.flight = FlightRecorder(config.flight_record_path) if config.flight_record_path else None
+        """What each model run holds, for the node to read after a crash (:mod:`inferbus.actors._flight`)."""
         self._rng = random.Random()
         self.fencing = Fencing(self.subjects)
         """Current fencing term; requests stamped with an older one are refused (UNAVAILABLE)."""
@@ -507,6 +512,8 @@ class Worker:
         if fwd_unix > 0:
             job.fwd_unix = fwd_unix
             job.forward_hop_us = int((time.time() - fwd_unix) * 1e6)
+        if H.ALONE in hdrs:
+            job.alone = True
         await self._admit(job)
 
     async def submit_local(self, reply: str, body: bytes, decoded: tuple, model_key: str, seq: int, ingress: str,
@@ -1363,8 +1370,9 @@ class Worker:
                 outcomes.append(self._error_outcome(job, err))
                 continue
             outs = tuple(o.name for o in req.outputs) if req.outputs else ()
-            groups.setdefault((job.model_key, outs), []).append((job, req, arrays))
-        for (model_key, outs), items in groups.items():
+            # a suspected query of death runs alone: a group of its own (the third field keeps it apart)
+            groups.setdefault((job.model_key, outs, id(job) if job.alone else 0), []).append((job, req, arrays))
+        for (model_key, outs, _), items in groups.items():
             for group in _by_rows(items, max(self.max_batch.get(model_key, 0), 1)):
                 outcomes.extend(self._run_group(model_key, list(outs) or None, group))
         return outcomes
@@ -1481,20 +1489,34 @@ class Worker:
         return Outcome(job, hdrs, body, ok=False, server_error=server_error, code=err.code.value)
 
     def _run_group(self, model_key: str, outs: list[str] | None, items) -> list[Outcome]:
+        """Run ``items`` (``(job, request, {input name: array})``) of one model version, merged into one model run
+        where they can be (:func:`_run_merged`), else one by one; the flight recorder holds, during each run, the
+        requests it holds (:mod:`inferbus.actors._flight`). Returns their outcomes, in order."""
         sess = self.sessions[model_key]
         t0 = time.monotonic()
         cpu0 = time.thread_time()
         results: list[dict[str, np.ndarray]] | None = None
-        if len(items) > 1:
-            results = _run_merged(sess, outs, [a for _, _, a in items])
+        flight = self.flight
+        slot = LOOP_SLOT if items[0][0].inline else THREAD_SLOT
+        try:
+            if flight is not None:
+                flight.record(slot, _flight_pairs(items))
+            if len(items) > 1:
+                results = _run_merged(sess, outs, [a for _, _, a in items])
+            if results is None:
+                results = []
+                for item in items:
+                    if flight is not None and len(items) > 1:
+                        flight.clear(slot)
+                        flight.record(slot, _flight_pairs((item,)))
+                    try:
+                        results.append(sess.infer(item[2], outs))
+                    except InferenceError as exc:
+                        results.append(exc)
+        finally:
+            if flight is not None:
+                flight.clear(slot)
         outcomes = []
-        if results is None:
-            results = []
-            for job, req, arrays in items:
-                try:
-                    results.append(sess.infer(arrays, outs))
-                except InferenceError as exc:
-                    results.append(exc)
         t1 = time.monotonic()
         compute_us = int((t1 - t0) * 1e6)
         mb = self._inline_max_bytes.get(model_key)  # a run with a request over the inline bound does not price it
@@ -1612,6 +1634,12 @@ def _time_batch1_us(sess) -> float:
             return 0.0
         best = min(best, (time.thread_time() - t0) * 1e6)
     return best
+
+
+def _flight_pairs(items) -> list[tuple[str, int]]:
+    """``(ingress id, forward seq)`` of each forwarded request in ``items`` and of the retries joined to it."""
+    return [(t.ingress, t.seq) for job, _, _ in items for t in (job.targets() if job.joined else (job,))
+            if t.ingress is not None and t.seq >= 0]
 
 
 def _by_rows(items: list, max_rows: int):

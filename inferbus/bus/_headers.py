@@ -23,6 +23,10 @@ MODEL = "Inferbus-Model"
 VERSION = "Inferbus-Version"
 CACHE_KEY = "Inferbus-Cache-Key"
 HEDGE = "Inferbus-Hedge"
+ALONE = "Inferbus-Alone"
+"""On a forward (ingress → worker), value ``1``: run this request in a model run of its own, not merged with others.
+Set for a request that a worker which crashed was running (a suspected query of death), so that a second crash
+is known to be its alone, and the requests that shared its first run are not taken for it."""
 ATTEMPT = "Inferbus-Attempt"
 """Attempt number of a client's retry with the same request id (2, 3, ...; absent on the first). An ingress
 that holds no copy of such a request asks its peers which worker does (``Subjects.rid_query``)."""

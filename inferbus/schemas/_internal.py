@@ -136,6 +136,9 @@ class ProcessEvent(_Base, tag="inferbus.v1.event"):
     worker_id: str | None = None
     pid: int | None = None
     reason: str = ""
+    running: list[tuple[str, int]] | None = None
+    """For a worker's crash: ``(ingress id, forward seq)`` of each request a model run held when it died, as its
+    flight record says (:mod:`inferbus.actors._flight`; empty: it was running none); None when not known."""
 
 
 class Cancel(_Base, tag="inferbus.v1.cancel"):
