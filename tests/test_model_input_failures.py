@@ -329,3 +329,33 @@ def test_the_flight_record_says_what_each_slot_runs_and_when_it_does_not_know(tm
     fr.close()
     (tmp_path / "short").write_bytes(b"\0" * 10)
     assert read_flight_record(str(tmp_path / "short")) is None
+
+
+def test_a_crash_counts_against_the_running_requests_only_and_spares_the_breaker_for_a_query_of_death():
+    """:meth:`Ingress._note_deaths` with the node's list of what the dying run held: the queued request at the same
+    worker and the other ingress's are not counted; the running one is, and when its second crash makes it a query of
+    death the worker's breaker is not charged. With no list, every request the worker held is counted (as before)."""
+    from inferbus.actors import IngressConfig
+    from inferbus.actors._ingress import Ingress, Pending
+    from inferbus.bus import BusConfig
+
+    from conftest import MODELS
+
+    ing = Ingress(IngressConfig(ingress_id="t0", bus=BusConfig(prefix="mem"), models_dir=str(MODELS),
+                                models=("digits",)))
+
+    def pend(seq: int, rid: str, worker: str = "w0") -> None:
+        ing.pending[seq] = Pending(worker, "_INBOX.x", 99.0, 0.0, None, 0, None, rid, "digits:1", body=rid.encode())
+
+    pend(1, "killer"), pend(2, "queued"), pend(3, "elsewhere", "w1")
+    poison, charge = ing._note_deaths("w0", "killed by signal 8", 10.0, [("t0", 1), ("other-ingress", 1)])
+    assert poison == {} and charge
+    assert ing._deaths_of("digits:1", "killer", None, b"killer", 10.0)[0] == 1
+    assert ing._deaths_of("digits:1", "queued", None, b"queued", 10.0) is None
+    poison, charge = ing._note_deaths("w0", "killed by signal 8", 11.0, [("t0", 1)])
+    assert list(poison) == [1] and not charge  # the request is at fault, not the worker
+    poison, charge = ing._note_deaths("w0", "killed by signal 9", 12.0, [])  # killed between runs: nobody's fault
+    assert poison == {} and charge and ing._deaths_of("digits:1", "queued", None, b"queued", 12.0) is None
+    poison, charge = ing._note_deaths("w0", "killed by signal 9", 13.0, None)  # no record: all it held
+    assert charge and ing._deaths_of("digits:1", "queued", None, b"queued", 13.0)[0] == 1
+    assert ing._deaths_of("digits:1", "elsewhere", None, b"elsewhere", 13.0) is None
