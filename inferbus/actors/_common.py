@@ -55,13 +55,26 @@ def install_loop() -> None:
         pass
 
 
+class StopSignal:
+    """When this process was first asked to stop (SIGTERM or SIGINT; :func:`run_actor`), monotonic seconds, or None.
+
+    Set by a Python-level signal handler, which runs between two bytecodes of the main thread even while a task
+    keeps the event loop busy (nats-py's subscription task handles every message already in its buffer without
+    giving the loop back: the loop's own handler, which cancels the actor, ran up to a second late behind a flood).
+    A subscription callback that sees it set gives the loop a turn (:meth:`Ingress._on_infer`), and a stop measures
+    its bound from it."""
+
+    at: float | None = None
+
+
 def run_actor(actor_run) -> None:
     """Run ``actor_run()`` (a coroutine function) on uvloop until it ends or SIGTERM/SIGINT arrives.
 
     A signal cancels the actor's main task, whose ``finally`` drains its NATS
-    connection (orderly shutdown within the supervisor's shutdown timeout).
+    connection (orderly shutdown within the supervisor's shutdown timeout), and sets :attr:`StopSignal.at`.
     """
     import signal
+    import time
 
     install_loop()
 
@@ -70,6 +83,15 @@ def run_actor(actor_run) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
+            loops_handler = signal.getsignal(sig)  # the loop's (it also wakes the loop through its wakeup fd)
+
+            def on_signal(signum, frame, _then=loops_handler) -> None:
+                if StopSignal.at is None:
+                    StopSignal.at = time.monotonic()
+                if callable(_then):
+                    _then(signum, frame)
+
+            signal.signal(sig, on_signal)
         try:
             await actor_run()
         except asyncio.CancelledError:

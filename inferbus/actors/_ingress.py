@@ -73,9 +73,8 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
-from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_error_counter, endpoint_subscription,
-                      error_message, log,
-                      run_actor, serving_gc, set_affinity, supervise_loops)
+from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint, endpoint_error_counter,
+                      endpoint_subscription, error_message, log, run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._config import IngressConfig
 from ._dedupe import dedupe_key
@@ -495,6 +494,10 @@ class Ingress:
 
     # ---- hot path -----------------------------------------------------------------------------
     async def _on_infer(self, msg) -> None:
+        if StopSignal.at is not None:
+            # asked to stop: give the loop a turn, so that its handler cancels this actor now, not after the
+            # subscription's whole buffer (StopSignal)
+            await asyncio.sleep(0)
         t0 = time.monotonic()
         if self.busy_poll is not None:
             self.busy_poll.poke(t0)
@@ -1861,11 +1864,18 @@ class Ingress:
            after SIGTERM), and cut short by a cancellation it leaves its gather of the subscriptions' drains
            unretrieved (asyncio then logs ``_GatheringFuture exception was never retrieved``).
 
+        The phases count from the signal (:attr:`StopSignal.at`) when the loop let the stop begin later.
+
         Cancellation: a second cancellation (a second SIGTERM) during the stop ends the drain or refusal phase at
         once (the requests still waiting are dropped) and goes on with the close; it is not raised from here.
         Never raises otherwise: errors (a connection already closed) are logged.
         """
         t0 = time.monotonic()
+        if StopSignal.at is not None and StopSignal.at < t0:
+            if t0 - StopSignal.at > 0.05:
+                log(f"ingress {self.config.ingress_id}: stop began {t0 - StopSignal.at:.2f} s after the signal; its "
+                    f"phases count from the signal")
+            t0 = StopSignal.at
         cut = False
         try:
             await self._stop_infer(t0 + STOP_DRAIN_S, t0 + STOP_DRAIN_S + STOP_REFUSE_S)

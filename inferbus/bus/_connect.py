@@ -431,7 +431,36 @@ async def connect(config: BusConfig, *, name: str | None = None,
     # nats-py has one attempts setting for the first connect and for reconnects; once connected,
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
+    if config.busy_stale_grace_s > 0 and hasattr(nc, "_pings_outstanding") and isinstance(
+            getattr(nc, "stats", None), dict) and "in_msgs" in nc.stats:
+        # held on the client (a task only the loop references can be collected); ends when the client closes
+        nc._inferbus_busy_keepalive = asyncio.ensure_future(
+            _busy_keepalive(nc, config.ping_interval_s, config.busy_stale_grace_s))
     return nc
+
+
+async def _busy_keepalive(nc, ping_interval_s: float, grace_s: float) -> None:
+    """While the server keeps delivering messages on ``nc``, its unanswered PINGs do not count (for at most
+    ``grace_s`` seconds in a row): nats-py's count (``_pings_outstanding``, nats-py 2.x; checked at 2.16) is set back
+    to 0 twice per ping interval when messages arrived since the last look. Each PING's PONG comes after everything
+    the server queued before it, so behind a backlog it comes late on a live connection (:attr:`BusConfig.busy_stale_grace_s`).
+    A dead server delivers nothing, and is found stale as before."""
+    loop = asyncio.get_running_loop()
+    period_s = max(ping_interval_s / 2.0, 0.01)
+    last = nc.stats["in_msgs"]
+    since = None
+    while not nc.is_closed:
+        await asyncio.sleep(period_s)
+        n = nc.stats["in_msgs"]
+        if nc._pings_outstanding and n != last and nc.is_connected:
+            now = loop.time()
+            if since is None:
+                since = now
+            if now - since <= grace_s:
+                nc._pings_outstanding = 0
+        elif not nc._pings_outstanding:
+            since = None  # a PONG came: the next grace starts afresh
+        last = n
 
 
 _unknown_tries = itertools.count()
