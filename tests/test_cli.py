@@ -1144,3 +1144,14 @@ def test_help_and_a_bare_group_keep_their_exit_statuses():
     assert p.returncode == 2 and "inferbus.cli chaos [OPTIONS] COMMAND" in p.stdout + p.stderr and "error:" not in p.stderr
     p, _ = cli("chaos", "list")
     assert p.returncode == 0 and "worker-crash" in p.stdout
+
+
+def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deployment):
+    """A fresh-user trial: ``inferbus models`` did not show a model's ``max_batch_size``, ``cache_ttl_ms`` or
+    ``description`` (config.json), nor did its metadata."""
+    p, _ = cli("models", "--nats-url", deployment.nats_url, env={"COLUMNS": "400"})
+    assert p.returncode == 0, p.stderr
+    assert "max batch" in p.stdout and "cache ttl ms" in p.stdout and "description" in p.stdout, p.stdout
+    row = next(line for line in p.stdout.splitlines() if " digits " in line)
+    cells = [c.strip() for c in row.split("│")]
+    assert "64" in cells and "100" in cells and any(c.startswith("Handwritten digit") for c in cells), cells

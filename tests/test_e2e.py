@@ -216,6 +216,9 @@ async def test_metadata_and_health(client):
     md = await client.model("digits")
     assert md.inputs[0].name == "pixels" and md.inputs[0].datatype == "FP32" and md.inputs[0].shape == [-1, 64]
     assert md.versions == ["1", "2"]
+    # the model's config.json facts a client needs (a fresh-user trial: not shown anywhere)
+    assert (md.parameters["max_batch_size"], md.parameters["cache_ttl_ms"]) == (64, 100), md.parameters
+    assert md.parameters["description"].startswith("Handwritten digit classifier"), md.parameters
     with pytest.raises(NotFound):
         await client.model("nope")
     h = await client.health()

@@ -263,14 +263,21 @@ class _Deferred(msgspec.Struct):
 
 
 def model_metadata(model: Model) -> ModelMetadata:
-    """OIP v2 model metadata of the default version (-1 for variable dimensions); ``parameters.default_version``
-    names the version that serves requests naming none (it can change at run time, docs/models.md)."""
+    """OIP v2 model metadata of the default version (-1 for variable dimensions). ``parameters``:
+    ``default_version`` names the version that serves requests naming none (it can change at run time,
+    docs/models.md); ``max_batch_size`` (rows a worker merges into one zero-wait batch, 0 = none) and
+    ``cache_ttl_ms`` (how long an answer is cached, 0 = not cached) are the model's config.json, and
+    ``description`` its text when it has one."""
     mv = model.version(None)
+    cfg = model.config
+    params = {"default_version": mv.version, "max_batch_size": cfg.max_batch_size, "cache_ttl_ms": cfg.cache_ttl_ms}
+    if cfg.description:
+        params["description"] = cfg.description
     return ModelMetadata(
-        name=model.name, versions=sorted(model.versions, key=int), platform=model.config.platform,
+        name=model.name, versions=sorted(model.versions, key=int), platform=cfg.platform,
         inputs=[TensorMetadata(t.name, t.datatype, list(t.shape)) for t in mv.inputs],
         outputs=[TensorMetadata(t.name, t.datatype, list(t.shape)) for t in mv.outputs],
-        parameters={"default_version": mv.version},
+        parameters=params,
     )
 
 
