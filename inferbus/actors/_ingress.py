@@ -1493,6 +1493,8 @@ class Ingress:
         deaths_map = self._deaths
         held = None if running is None else {seq for ingress, seq in running if ingress == self.config.ingress_id}
         counted = 0
+        now_deaths: dict = {}  # key -> deaths after this crash: counted once per crash, though copies of one
+        # request (a retry the worker joined to the first) are several pending entries with the same keys
         for s, p in self.pending.items():
             if p.worker_id != worker_id or (held is not None and s not in held):
                 continue
@@ -1502,11 +1504,13 @@ class Ingress:
             counted += 1
             deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
             for k in keys:
-                deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
-                deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason)
+                now_deaths[k] = max(now_deaths.get(k, 0), deaths)
             if deaths >= QUERY_OF_DEATH_DEATHS:
                 self.counts["query_of_death"] += 1
                 out[s] = Internal(self._poison_message(p.model_key, deaths, reason))
+        for k, deaths in now_deaths.items():
+            deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
+            deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason)
         while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
             deaths_map.pop(next(iter(deaths_map)))
         return out, not (held and counted and len(out) == counted)
