@@ -651,7 +651,8 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
         # after what
         timed_out = (in_budget if timeout_s is not None and try_s >= timeout_s else
                      f"not connected within {try_s:g} s{' per server' if len(servers) > 1 else ''} (TimeoutError)")
-        message = re.sub(r"(?<=: )TimeoutError(?=;|$)", lambda _: timed_out, err.message)
+        message = re.sub(r"(?<=: )(?:not connected within \S+ s \((?:TimeoutError)\)|TimeoutError)(?=;|$)",
+                         lambda _: timed_out, err.message)
         raise NatsUnreachable(message, servers) from err
 
 

@@ -85,12 +85,15 @@ def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note
                           retry_after_ms=last_err.retry_after_ms)
 
 
-def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseException) -> str:
-    """Why a first connect failed, for its Unavailable: each server's last failure (``h1:4222: TimeoutError;
-    h2:4222: [Errno 111] Connect call failed ...``, in the order first tried), or the last cause alone when every
-    server failed alike (same error type, and same errno or text) or only one was tried; ``final`` (what the
-    connect raised) when no try reported a failure."""
+def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseException, try_s: float) -> str:
+    """Why a first connect failed, for its Unavailable: each server's last failure (``h1:4222: not connected within
+    2 s (TimeoutError); h2:4222: [Errno 111] Connect call failed ...``, in the order first tried), or the last cause
+    alone when every server failed alike (same error type, and same errno or text) or only one was tried; ``final``
+    (what the connect raised) when no try reported a failure. ``try_s``: the connect timeout of one try, seconds
+    (nats-py's timeout says only ``TimeoutError``)."""
     def text(exc: BaseException) -> str:
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not str(exc):
+            return f"{_NOT_CONNECTED_WITHIN} {try_s:g} s ({type(exc).__name__})"
         return str(exc) or type(exc).__name__
 
     def kind(exc: BaseException) -> tuple:  # an OS error names its address: alike when type and errno are
@@ -100,6 +103,10 @@ def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseExcept
     if len({kind(exc) for exc in last.values()}) > 1:
         return "; ".join(f"{server}: {text(exc)}" for server, exc in last.items())
     return text(failures[-1][1]) if failures else text(final)
+
+
+_NOT_CONNECTED_WITHIN = "not connected within"
+"""How :func:`_connect_causes` starts a try's timeout (the CLI words it with its budget instead)."""
 
 
 def _fmt_ms(ms: float) -> str:
@@ -298,7 +305,8 @@ class Client:
             Unavailable: no server of ``servers`` accepted the connection within ``connect_attempts``
                 tries of ``connect_timeout_s`` each (nothing listening, unreachable, or the server refused
                 the credentials); the message names the servers and the cause: one, when every server's last
-                try failed alike, else each server's (``h1:4222: TimeoutError; h2:4222: [Errno 111] ...``);
+                try failed alike, else each server's (``h1:4222: not connected within 0.5 s (TimeoutError); h2:4222:
+                [Errno 111] ...``);
                 ``__cause__`` is nats-py's error.
             InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
             ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
@@ -323,8 +331,8 @@ class Client:
         try:
             nc = await connect(cfg, disconnected_cb=on_disconnect, connect_failures=failures)
         except (NoServersError, OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: {_connect_causes(failures, exc)}") \
-                from exc
+            raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: "
+                              f"{_connect_causes(failures, exc, cfg.connect_timeout_s)}") from exc
         client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
                      retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
                      attempt_timeout_floor_ms=attempt_timeout_floor_ms,

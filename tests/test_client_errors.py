@@ -471,3 +471,19 @@ async def test_a_password_or_token_in_a_url_is_not_shown_in_the_error(scheme):
                                        f"{scheme}***@127.0.0.1:{port}: "), ei.value.message
     assert shown_servers("nats://127.0.0.1:4222, tls://a:b@h:1/x") == "nats://127.0.0.1:4222, tls://a:***@h:1/x"
     assert shown_servers("127.0.0.1:4222,h:1") == "127.0.0.1:4222, h:1"
+
+
+async def test_a_silent_server_is_named_with_the_time_it_was_given():
+    """The SDK named a server that never speaks NATS ``127.0.0.1:P: TimeoutError`` while the CLI said ``not connected
+    within 2 s per server (TimeoutError)`` (a fresh-user trial): the SDK now says how long the try waited."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+        dead = f"nats://127.0.0.1:{free_port()}"
+        with pytest.raises(Unavailable) as ei:
+            await Client.connect([url, dead], connect_attempts=1, connect_timeout_s=0.5)
+    assert f"{url[7:]}: not connected within 0.5 s (TimeoutError)" in ei.value.message, ei.value.message
+    assert f"{dead[7:]}: [Errno 111]" in ei.value.message, ei.value.message
