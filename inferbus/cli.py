@@ -866,7 +866,9 @@ def up(
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
-        _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {redis_url!r}")
+        from .bus import shown_url
+
+        _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {shown_url(redis_url)!r}")
     from .actors._repository import ModelRepository, RepositoryError
 
     try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
@@ -1019,7 +1021,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
     from .accelerators import BackendUnavailable
     from .actors import Node
     from .actors._node import MetricsPortUnavailable, ModelsUnservable, NodeIdInUse
-    from .bus import shown_servers, split_servers
+    from .bus import shown_servers, shown_url, split_servers
     from .supervisor import ChildStartError
 
     node = Node(cfg)
@@ -1088,7 +1090,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         pinned = f"actors pinned to {cores_phrase(node.serving_cores)}, " if cfg.pin_cpus else ""
         console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS "
                       f"{shown_servers(node.nats_url)}{nats_where}, "
-                      f"L2 cache {node.redis_url or 'off'}, {len(node.worker_ids)} worker(s), {node.n_ingress} ingress"
+                      f"L2 cache {shown_url(node.redis_url) if node.redis_url else 'off'}, {len(node.worker_ids)} worker(s), "
+                      f"{node.n_ingress} ingress"
                       f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
                       f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}{pinned}"
                       f"run dir {node.run_dir}", soft_wrap=True)  # one line: logs are grepped for it
@@ -1108,7 +1111,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         if cfg.redis_url and not cfg.no_cache:
             problem = await _redis_problem(cfg.redis_url)
             if problem:
-                err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(cfg.redis_url)} does not answer "
+                err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(shown_url(cfg.redis_url))} does not answer "
                                   f"({escape(problem)}); serving without L2 until it does")
         from .actors import ModelRepository
 

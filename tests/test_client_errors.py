@@ -487,3 +487,18 @@ async def test_a_silent_server_is_named_with_the_time_it_was_given():
             await Client.connect([url, dead], connect_attempts=1, connect_timeout_s=0.5)
     assert f"{url[7:]}: not connected within 0.5 s (TimeoutError)" in ei.value.message, ei.value.message
     assert f"{dead[7:]}: [Errno 111]" in ei.value.message, ei.value.message
+
+
+def test_a_password_in_a_url_that_does_not_parse_is_not_shown_either():
+    """A fresh-user trial: ``nats://u:s3cret/PW@127.0.0.1:1`` (a '/' in the password ends urllib's host part) came back
+    whole in "NATS URL '...': Port could not be cast to integer value as 's3cret'", and so did a URL with a bad port;
+    a password holding '@' was shown from its '@' on; a Redis password was shown in the ``up`` line."""
+    from inferbus.bus import server_url_problem, shown_url
+
+    for url in ("nats://u:s3cret/PW@127.0.0.1:1", "nats://u:s3cretPW@127.0.0.1:99999", "u:s3cret?PW@127.0.0.1:1",
+                "nats://u:s3cret#PW@127.0.0.1:1", "nats://s3cretTOKEN@127.0.0.1:99999"):
+        problem = server_url_problem(url)
+        assert problem is not None and "s3cret" not in problem, (url, problem)
+    assert shown_url("nats://u:s3cret@PW@127.0.0.1:1") == "nats://u:***@127.0.0.1:1"
+    assert shown_url("redis://user:s3cret@127.0.0.1:6379/0") == "redis://user:***@127.0.0.1:6379/0"
+    assert shown_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from inferbus.actors import IngressConfig, WorkerConfig
-from inferbus.bus import BusConfig, EmbeddedNats
+from inferbus.bus import BusConfig, EmbeddedNats, free_port
 from inferbus.client import Client
 from inferbus.schemas import ResourceExhausted
 
@@ -248,10 +248,15 @@ async def test_a_password_in_the_nats_url_is_shown_nowhere(tmp_path):
                       extra_config=f'authorization {{ user: "u", password: "{secret}" }}\n') as srv:
         url = f"nats://u:{secret}@127.0.0.1:{srv.port}"
         models = models_subset(tmp_path / "models", ["digits"])
+        # a Redis password too (a later trial: in the up line and its warning); nothing listens there
+        redis_url = f"redis://user:R3dis-77c1@127.0.0.1:{free_port()}/0"
         dep = start_deployment(tmp_path / "dep", workers=1, prefix="pw", extra=["--models", str(models),
-                                                                               "--nats-url", url, "--no-cache"])
+                                                                               "--nats-url", url, "--redis-url",
+                                                                               redis_url])
         try:
             assert f"NATS nats://u:***@127.0.0.1:{srv.port}" in dep.log.read_text(), dep.log.read_text()[-2000:]
+            assert "L2 cache redis://user:***@127.0.0.1:" in dep.log.read_text(), dep.log.read_text()[-2000:]
+            assert "R3dis-77c1" not in dep.log.read_text(), dep.log.read_text()[-2000:]
             client = await Client.connect(url, "pw")
             try:
                 health = await client.health(timeout_s=5.0)

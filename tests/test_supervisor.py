@@ -576,6 +576,43 @@ async def test_start_timeout_kills_the_process() -> None:
 
 
 @pytest.mark.anyio
+async def test_an_exit_the_spec_exempts_is_restarted_and_not_counted_against_the_intensity() -> None:
+    """``ChildSpec.exempt`` (not OTP): exits it says True for are restarted without counting (an inference worker killed
+    by SIGFPE inside a model run: the input's fault); the others count as before, and one that raises counts."""
+    rec = Recorder()
+    seen = []
+
+    def exempt(exit_) -> bool:
+        seen.append(exit_.exit_code)
+        if exit_.exit_code == -signal.SIGTERM:
+            raise RuntimeError("a bug in the predicate")
+        return exit_.exit_code == -signal.SIGFPE
+
+    spec = ChildSpec("a", functools.partial(ProcessChild.start, SLEEPER, name="a"), exempt=exempt)
+    sup = make_sup(SupervisorSpec(intensity=1, period_s=60), [spec], rec)
+    await sup.start()
+    run = asyncio.ensure_future(sup.run())
+    try:
+        for n in (1, 2, 3):  # three SIGFPE deaths within the period, intensity 1: restarted, none counted
+            os.kill(pids(sup)["a"], signal.SIGFPE)
+            with anyio.fail_after(10):
+                await sup.wait_started("a", after_restarts=n)
+        assert sup.count_restarts() == 0 and sup.state == "running" and seen == [-signal.SIGFPE] * 3
+        os.kill(pids(sup)["a"], signal.SIGTERM)  # the predicate raises: counted (1 of 1)
+        with anyio.fail_after(10):
+            await sup.wait_started("a", after_restarts=4)
+        assert sup.count_restarts() == 1
+        os.kill(pids(sup)["a"], signal.SIGKILL)  # not exempt: the second counted restart > intensity 1
+        with anyio.fail_after(10), pytest.raises(IntensityExceeded):
+            await run
+    finally:
+        await sup.stop()
+        run.cancel()
+    with pytest.raises(SpecError):
+        ChildSpec("b", functools.partial(ProcessChild.start, SLEEPER), exempt="yes")
+
+
+@pytest.mark.anyio
 async def test_failed_restarts_count_towards_intensity() -> None:
     """A child that cannot be restarted ends in escalation (OTP try_again_restart)."""
     rec = Recorder()

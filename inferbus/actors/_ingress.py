@@ -403,10 +403,11 @@ class Ingress:
         """Fencing term from the primary region manager's heartbeats, stamped on forwarded requests."""
         self.router.region = config.region
         self.pending: dict[int, Pending] = {}
-        self._deaths: dict[tuple, tuple[int, float, str]] = {}
+        self._deaths: dict[tuple, tuple[int, float, str, str | None]] = {}
         """Requests held by workers that died (:meth:`_note_deaths`), by body digest, request id and cache key:
-        ``(deaths, forgotten after (monotonic s), the last death's reason)``, in the order of that time (an entry
-        updated is inserted again), emptied of the forgotten ones by each sweep (:meth:`_forget_deaths`)."""
+        ``(deaths, forgotten after (monotonic s), the last death's reason, the refusal when it is taken for a query of
+        death else None)``, in the order of that time (an entry updated is inserted again), emptied of the forgotten
+        ones by each sweep (:meth:`_forget_deaths`)."""
         self._by_rid: dict[str, int] = {}
         """Request id → seq of its newest pending forward (sticky retries)."""
         self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
@@ -952,9 +953,9 @@ class Ingress:
                                     retry_after_ms=10)
         alone = False
         if self._deaths and (died := self._deaths_of(mv.key, hdrs.get(H.REQUEST_ID), key, msg.data, t_cache)):
-            if died[0] >= QUERY_OF_DEATH_DEATHS:
+            if died[1] is not None:
                 self.counts["query_of_death"] += 1
-                raise Internal(self._poison_message(mv.key, *died))
+                raise Internal(died[1])
             # a suspect (a crashed worker's run held it): it runs alone and is not hedged, so a second crash is its
             alone = True
             hedge_policy = None
@@ -1451,7 +1452,7 @@ class Ingress:
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
             stopped = ev.reason == "exit code 0"
             poison, charge = ({}, True) if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic(),
-                                                                          ev.running)
+                                                                          ev.running, ev.fault)
             self.router.on_down(ev.worker_id, ev.pid, charge=charge)
             await self._fail_pending(ev.worker_id, Unavailable(
                 f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
@@ -1472,8 +1473,8 @@ class Ingress:
             keys.append(("key", cache_key))
         return tuple(keys)
 
-    def _note_deaths(self, worker_id: str, reason: str, now: float,
-                     running: list[tuple[str, int]] | None = None) -> tuple[dict[int, InferbusError], bool]:
+    def _note_deaths(self, worker_id: str, reason: str, now: float, running: list[tuple[str, int]] | None = None,
+                     fault: bool = False) -> tuple[dict[int, InferbusError], bool]:
         """Count a crash of ``worker_id`` against the requests it was running; returns, by pending sequence number,
         the INTERNAL answer of those now held by :data:`QUERY_OF_DEATH_DEATHS` dying workers (a query of death: an
         input that kills the runtime, e.g. ONNX Runtime's SIGFPE on INT64_MIN / -1, which the SDK's retries of
@@ -1486,12 +1487,18 @@ class Ingress:
         held is counted. A request counted once is a suspect: it is forwarded to run alone (``Inferbus-Alone``), so
         that a second crash is its own, and the requests that shared its first run are not taken for it.
 
+        ``fault``: the worker was killed by a signal its own code raised (SIGFPE, SIGSEGV, ...). When the dying run
+        held one request alone, that request is what killed it: a query of death at this first crash (each death
+        costs a restart, and a second one took the other worker of the model down too, a fresh-user trial). A
+        SIGKILL (the OOM killer, an operator) or a run of several requests counts one death, as above.
+
         The crash does not count against the breaker when this ingress's requests in the dying run are each now
         answered as a query of death: the request is at fault, not the worker (which restarts). Such a request
         is then refused on sight (:meth:`_deaths_of`)."""
         out: dict[int, InferbusError] = {}
         deaths_map = self._deaths
         held = None if running is None else {seq for ingress, seq in running if ingress == self.config.ingress_id}
+        caught = fault and running is not None and len(running) == 1  # the run held it alone
         counted = 0
         now_deaths: dict = {}  # key -> deaths after this crash: counted once per crash, though copies of one
         # request (a retry the worker joined to the first) are several pending entries with the same keys
@@ -1503,23 +1510,28 @@ class Ingress:
                 continue
             counted += 1
             deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
+            refusal = (self._poison_message(p.model_key, deaths, reason, alone=caught)
+                       if deaths >= QUERY_OF_DEATH_DEATHS or caught else None)
             for k in keys:
-                now_deaths[k] = max(now_deaths.get(k, 0), deaths)
-            if deaths >= QUERY_OF_DEATH_DEATHS:
+                d, r = now_deaths.get(k, (0, None))
+                now_deaths[k] = (max(d, deaths), r or refusal)
+            if refusal is not None:
                 self.counts["query_of_death"] += 1
-                out[s] = Internal(self._poison_message(p.model_key, deaths, reason))
-        for k, deaths in now_deaths.items():
+                out[s] = Internal(refusal)
+        for k, (deaths, refusal) in now_deaths.items():
             deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
-            deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason)
+            deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason, refusal)
         while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
             deaths_map.pop(next(iter(deaths_map)))
         return out, not (held and counted and len(out) == counted)
 
     @staticmethod
-    def _poison_message(model_key: str, deaths: int, reason: str) -> str:
-        return (f"{deaths} workers died while holding this request to {model_key} (the last: {reason}): it is taken to "
-                f"be what kills them, is not retried, and is refused for {QUERY_OF_DEATH_TTL_S:g} s after the last "
-                f"such death (docs/failure-semantics.md, a request that kills its worker)")
+    def _poison_message(model_key: str, deaths: int, reason: str, alone: bool = False) -> str:
+        who = (f"a worker died ({reason}) running this request to {model_key} alone" if alone and deaths == 1 else
+               f"{deaths} workers died while holding this request to {model_key} (the last: {reason})")
+        return (f"{who}: it is taken to be what kills them, is not retried, and is refused for "
+                f"{QUERY_OF_DEATH_TTL_S:g} s after the last such death (docs/failure-semantics.md, a request that kills "
+                f"its worker)")
 
     def _forget_deaths(self, now: float) -> None:
         """Drop the entries of :attr:`_deaths` past their time (the oldest first: the dict is in that order), so that
@@ -1532,10 +1544,10 @@ class Ingress:
             del deaths[k]
 
     def _deaths_of(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
-                   now: float) -> tuple[int, str] | None:
-        """``(crashes, the last one's reason)`` that :meth:`_note_deaths` counted against this request (the most of
-        its keys' within their time), or None: :data:`QUERY_OF_DEATH_DEATHS` or more is a query of death, refused;
-        fewer, a suspect, run alone."""
+                   now: float) -> tuple[int, str | None] | None:
+        """``(crashes, refusal)`` that :meth:`_note_deaths` counted against this request (the most of its keys' within
+        their time; the refusal of any of them), or None. A refusal (not None): a query of death, refused; else a
+        suspect, run alone."""
         found = None
         for k in self._death_keys(model_key, request_id, cache_key, body):
             e = self._deaths.get(k)
@@ -1543,8 +1555,10 @@ class Ingress:
                 continue
             if e[1] <= now:
                 del self._deaths[k]
-            elif found is None or e[0] > found[0]:
-                found = (e[0], e[2])
+            elif found is None:
+                found = (e[0], e[3])
+            else:
+                found = (max(found[0], e[0]), found[1] or e[3])
         return found
 
     async def _fail_pending(self, worker_id: str, err: InferbusError,

@@ -25,6 +25,7 @@ escalates: the node logs why, stops its children and :meth:`Node.wait_failed` re
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -48,6 +49,22 @@ from ._flight import read_flight_record
 from ._region import RegionConfig
 
 log = logging.getLogger("inferbus.node")
+
+_FAULT_SIGNALS = frozenset({"SIGFPE", "SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT"})
+
+
+def _fault_exit(exit) -> bool:
+    """Whether a child process was killed by a signal its own code raised (SIGFPE, SIGSEGV, SIGBUS, SIGILL,
+    SIGABRT: a runtime dying on an input), not one sent from outside (SIGKILL, SIGTERM)."""
+    import signal
+
+    code = getattr(exit, "exit_code", None)
+    if code is None or code >= 0:
+        return False
+    try:
+        return signal.Signals(-code).name in _FAULT_SIGNALS
+    except ValueError:
+        return False
 
 
 def _attach_node_log(path: Path):
@@ -268,6 +285,8 @@ class Node:
         self._pids: dict[str, int] = {}
         self._flight_paths: dict[str, str] = {}
         """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
+        self._crash_running: dict[str, list | None] = {}
+        """Child id → what its model runs held at its last abnormal exit (read in :meth:`_on_exit`)."""
         self._tmp = None
         self._detach_log = None
         """Removes the handlers writing ``node.log`` (:func:`_attach_node_log`); None before start and after stop."""
@@ -306,7 +325,7 @@ class Node:
         self.discovery = await asyncio.to_thread(discover_devices)
         return plan_workers(tuple(backends), self.discovery, self.n_workers)
 
-    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None,
+    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None, exempt=None,
                cpu_affinity: tuple[int, ...] = ()) -> ChildSpec:
         """The child spec of one actor process. ``cpu_affinity``: the cores it runs on from its exec on (set in
         the child before exec, so the interpreter's and the libraries' threads are born there; every restart
@@ -326,7 +345,15 @@ class Node:
                                             log_path=log_dir / f"{stem}.log", log_timestamps=True, name=child_id,
                                             cpu_affinity=cpu_affinity or None)
 
-        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
+        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0, exempt=exempt)
+
+    def _input_crash(self, child_id: str, exit) -> bool:
+        """A worker's exit that its input caused, not the worker (:attr:`ChildSpec.exempt`: not counted against the
+        node's restart intensity): killed by a fault signal (:func:`_fault_exit`) while its flight record says a
+        model run held requests. Each such request is refused after one or two such deaths (docs/failure-semantics.md,
+        a request that kills its worker), so the crashes end with the requests; counted, a handful of different
+        such requests made the node stop (10 restarts in 10 s; a fresh-user trial)."""
+        return _fault_exit(exit) and bool(self._crash_running.get(child_id))
 
     def _on_start(self, child_id: str, child) -> None:
         if child.pid:
@@ -341,9 +368,10 @@ class Node:
         worker_id = rest if kind in ("worker", "colocated") else None
         flight = self._flight_paths.get(child_id)
         # the requests its model runs held when it died (read before the restart truncates the file; 64 KiB)
-        running = read_flight_record(flight) if flight and exit.reason != "exit code 0" else None
+        running = self._crash_running[child_id] = (read_flight_record(flight) if flight and not exit.normal
+                                                   else None)
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
-                          reason=exit.reason, running=running)
+                          reason=exit.reason, running=running, fault=_fault_exit(exit))
         asyncio.ensure_future(self._publish_event(ev))
 
     def _maybe_quiesce(self) -> None:
@@ -529,7 +557,8 @@ class Node:
                 wc = replace(wc, flight_record_path=str(run_dir / f"worker-{wid}.running"))
                 self._flight_paths[f"worker:{wid}"] = wc.flight_record_path
                 children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env,
-                                            cpu_affinity=wc.cpu_affinity))
+                                            cpu_affinity=wc.cpu_affinity,
+                                            exempt=functools.partial(self._input_crash, f"worker:{wid}")))
         for j in range(n_ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
                                models_dir=c.models_dir, models=c.models, pins=pins,

@@ -112,32 +112,40 @@ def server_url_problem(url: str) -> str | None:
     connect for these (``Port out of range 0-65535``, ``invalid connect url option``)."""
     from urllib.parse import urlsplit
 
+    shown = shown_url(url)  # never the password or token (a fresh-user trial saw them in these messages)
     try:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         port = parts.port
     except ValueError as exc:  # a port not a number or out of range, an unclosed IPv6 bracket
-        return f"{url!r}: {exc}"
+        if "@" in url:  # urllib's words can quote a piece of the password (a '/' in it ends the host part)
+            return (f"{shown!r}: the port is not a number from 1 to 65535, or the URL is malformed (a '/', '?', '#' "
+                    f"or '@' in a user name or password must be percent-encoded)")
+        return f"{shown!r}: {exc}"
     if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname or port == 0:
-        return f"{url!r}: expected nats://HOST:PORT (or tls://, ws://, wss://), port 1 to 65535"
+        return f"{shown!r}: expected nats://HOST:PORT (or tls://, ws://, wss://), port 1 to 65535"
     return None
 
 
-def shown_servers(servers) -> str:
-    """NATS URLs for a message or a log line: comma-separated, with a password or token in a URL's user part
-    replaced by ``***`` (``nats://u:***@h:4222``, ``nats://***@h:4222``): a fresh-user trial saw ``--nats-url
-    nats://u:wrong@h:4222`` printed back whole in "cannot reach NATS at ...". A URL without a scheme, which nats-py
-    reads as ``nats://`` (``u:p@h:4222``), is masked alike and stays without one. Other text is kept as given."""
-    def one(url: str) -> str:
-        scheme, sep, rest = url.partition("://")
-        if not sep:
-            scheme, rest = "", url
-        if "@" not in rest.split("/", 1)[0]:
-            return url
-        userinfo, _, host = rest.partition("@")
-        user, colon, _ = userinfo.partition(":")
-        return f"{scheme}{sep}{user + ':***' if colon else '***'}@{host}"
+def shown_url(url: str) -> str:
+    """One URL (NATS, Redis, ...) for a message or a log line, with the password or token in its user part replaced by
+    ``***``: ``nats://u:***@h:4222``, ``nats://***@h:4222``, ``redis://u:***@h:6379/0``. The user part ends at the
+    last ``@``, so a password holding ``@``, ``/``, ``?`` or ``#`` (malformed unless percent-encoded) is masked whole.
+    A URL without a scheme, which nats-py reads as ``nats://`` (``u:p@h:4222``), is masked alike and stays
+    without one. A URL without ``@`` is kept as given."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    userinfo, _, host = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}{sep}{user + ':***' if colon else '***'}@{host}"
 
-    return ", ".join(one(u) for u in split_servers(servers))
+
+def shown_servers(servers) -> str:
+    """NATS URLs for a message or a log line: comma-separated, each as :func:`shown_url` shows it (a fresh-user trial
+    saw ``--nats-url nats://u:wrong@h:4222`` printed back whole in "cannot reach NATS at ...")."""
+    return ", ".join(shown_url(u) for u in split_servers(servers))
 
 
 def split_servers(servers) -> tuple[str, ...]:

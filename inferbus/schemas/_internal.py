@@ -139,6 +139,9 @@ class ProcessEvent(_Base, tag="inferbus.v1.event"):
     running: list[tuple[str, int]] | None = None
     """For a worker's crash: ``(ingress id, forward seq)`` of each request a model run held when it died, as its
     flight record says (:mod:`inferbus.actors._flight`; empty: it was running none); None when not known."""
+    fault: bool = False
+    """Killed by a signal its own code raised (SIGFPE, SIGSEGV, SIGBUS, SIGILL, SIGABRT), not sent from outside
+    (SIGKILL, SIGTERM) nor an exit."""
 
 
 class Cancel(_Base, tag="inferbus.v1.cancel"):

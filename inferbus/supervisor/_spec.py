@@ -153,6 +153,12 @@ class ChildSpec:
     """Seconds between the graceful stop request (SIGTERM / task cancellation) and the
     kill. ``None`` = OTP ``brutal_kill`` (kill at once), ``math.inf`` = OTP ``infinity``;
     otherwise ``>= 0``. Default 5.0 (OTP's default for workers is 5000 ms)."""
+    exempt: Callable[[ChildExit], bool] | None = None
+    """Called with each abnormal exit before its restart: True says the exit does not count against the
+    supervisor's restart intensity (the child is restarted all the same). For a crash that an input caused, not the
+    child: an inference worker killed by SIGFPE inside a model run is restarted, and the request is refused from
+    then on, so a client sending several such requests must not make the node give up. Not in OTP, where every
+    restart counts. None (default): every restart counts. An exception in it counts the exit (logged)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -166,6 +172,9 @@ class ChildSpec:
                            _coerce_enum(Restart, self.restart, f"ChildSpec {self.id!r}: restart"))
         object.__setattr__(self, "shutdown_timeout_s", check_shutdown_timeout(
             self.shutdown_timeout_s, f"ChildSpec {self.id!r}: shutdown_timeout_s"))
+        if self.exempt is not None and not callable(self.exempt):
+            raise SpecError(f"ChildSpec {self.id!r}: exempt must be a callable of the ChildExit or None; "
+                            f"got {self.exempt!r}")
 
 
 @dataclass(frozen=True)

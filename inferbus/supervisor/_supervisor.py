@@ -668,7 +668,7 @@ class Supervisor:
                         self._slots.remove(slot)
                     self._notify()
                     return
-                await self._restart(slot)
+                await self._restart(slot, counted=not self._exempt(slot, event.exit))
             elif isinstance(event, _TryAgain):
                 slot = event.slot
                 if slot not in self._slots or slot.child is not None \
@@ -676,10 +676,27 @@ class Supervisor:
                     return  # terminated or restarted meanwhile
                 await self._restart(slot)
 
-    async def _restart(self, slot: _Slot) -> None:
-        """Count one restart, then escalate or apply the strategy (OTP ``restart/2,3``)."""
-        self._restart_total += 1
-        if not self._restart_window.add(time.monotonic()):
+    def _exempt(self, slot: _Slot, exit_: ChildExit) -> bool:
+        """Whether the child's spec exempts this exit from the intensity (:attr:`ChildSpec.exempt`)."""
+        exempt = slot.spec.exempt
+        if exempt is None or exit_.normal:
+            return False
+        try:
+            if exempt(exit_):
+                log.warning("supervisor %r: child %r: %s: not counted against the restart intensity (its spec "
+                            "exempts it)", self.name, slot.spec.id, exit_.reason)
+                return True
+        except Exception:
+            log.exception("supervisor %r: child %r: its exempt() raised; the restart counts", self.name,
+                          slot.spec.id)
+        return False
+
+    async def _restart(self, slot: _Slot, counted: bool = True) -> None:
+        """Count one restart (unless not ``counted``: :attr:`ChildSpec.exempt`), then escalate or apply the
+        strategy (OTP ``restart/2,3``)."""
+        if counted:
+            self._restart_total += 1
+        if counted and not self._restart_window.add(time.monotonic()):
             log.error("supervisor %r: reached max restart intensity (%d in %g s) after "
                       "child %r: %s; stopping all children", self.name, self.spec.intensity,
                       self.spec.period_s, slot.spec.id, slot.last_reason)
