@@ -516,6 +516,9 @@ class Ingress:
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
         sub = self._infer_sub
+        if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
+            # behind its own input: the workers' reports wait behind the backlog, their age is this ingress's lag
+            self.router.behind_until = t0 + self.config.health_timeout_s
         if sub is not None and (sub.pending_msgs > self.config.max_backlog_msgs
                                 or sub.pending_bytes > self.config.max_backlog_bytes):
             # more requests wait behind this one than the bound: refuse at once (cheap, before any decoding)
