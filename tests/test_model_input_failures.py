@@ -180,6 +180,20 @@ def poisoned(tmp_path):
 POISON = {"d": np.array([[np.iinfo(np.int64).min]], np.int64), "e": np.array([[0]], np.int64)}
 
 
+async def _div_serves_again(client) -> None:
+    """Wait (30 s at most) until ``div`` answers other inputs right again: its workers restarted."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            out = await client.infer("div", {"d": np.array([[6]], np.int64), "e": np.array([[3]], np.int64)},
+                                     timeout_s=5.0)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.2)
+    assert out["out"].tolist() == [[3]]
+
+
 async def test_a_request_that_kills_its_worker_running_alone_is_answered_at_once_and_then_refused(poisoned):
     """A fresh-user trial: INT64_MIN / -1 kills ONNX Runtime's process (SIGFPE). The ingress answered UNAVAILABLE
     "safe to retry", the SDK retried it on the next worker, and one request killed every worker of the model again
@@ -220,16 +234,7 @@ async def test_a_request_that_kills_its_worker_running_alone_is_answered_at_once
         raw = await client.nc.request("qod.infer.div", body, timeout=5.0)
         assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, raw.headers
         # the node serves on: other inputs of the model, other models (the workers restarted)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                out = await client.infer("div", {"d": np.array([[6]], np.int64), "e": np.array([[3]], np.int64)},
-                                         timeout_s=5.0)
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                await anyio.sleep(0.2)
-        assert out["out"].tolist() == [[3]]
+        await _div_serves_again(client)
         out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
         assert out["probabilities"].shape == (1, 10)
         assert deaths() == 1, poisoned.log.read_text()[-3000:]
@@ -309,16 +314,7 @@ async def test_a_stream_of_different_killers_does_not_make_the_node_give_up(pois
             assert "is taken to be what kills them" in ei.value.message, (v, ei.value.message)
         assert poisoned.proc.poll() is None, poisoned.log.read_text()[-3000:]
         assert "restarted too often" not in poisoned.log.read_text()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                out = await client.infer("div", {"d": np.array([[6]], np.int64), "e": np.array([[3]], np.int64)},
-                                         timeout_s=5.0)
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                await anyio.sleep(0.2)
-        assert out["out"].tolist() == [[3]]
+        await _div_serves_again(client)
         assert poisoned.log.read_text().count("not counted against the restart intensity") >= 12
     finally:
         await client.close()
