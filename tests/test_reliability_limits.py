@@ -374,3 +374,50 @@ async def test_a_burst_at_colocated_processes_finds_every_worker_live(tmp_path):
         assert "UNAVAILABLE" not in codes, codes  # (DEADLINE_EXCEEDED may come: the default 1 s budget)
     finally:
         dep.stop()
+
+
+async def test_a_worker_busy_past_a_report_gap_is_not_blamed_for_what_it_answers_late(tmp_path):
+    """The second trial of 2026-12-05: after back-to-back bursts at ``inferbus up --colocate``, one ingress counted
+    52-57 requests it had sent to the other process's worker ``lost`` and opened that worker's breaker for 30 s,
+    though every request was answered: that process was busy working off its own ingress's backlog, its load
+    reports and completion notices late. A gap of reports read as a freeze (the report after it now says whether the
+    process ran through it: ``LoadReport.cpu_ratio``), and a forward missing during the gap was judged at once.
+    Here one worker's loop is kept busy on the CPU for 2.5 s (``FaultSet.loop_busy_ms``) while requests with a
+    0.2 s budget are sent: those it held are not counted lost, and its breaker stays closed."""
+    import nats
+
+    from conftest import start_deployment
+    from test_reliability_lib import Reports, health_params, set_fault
+
+    w0 = "n1-w0"
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="bgap", extra=[
+        "--fault-injection", "--no-cache", "--health-timeout-s", "10", "--breaker-failures", "2"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        client = Client(nc, dep.prefix)
+        reports = await Reports.start(nc, dep.prefix)
+        await reports.wait(lambda r: {w0, "n1-w1"} <= set(r), what="both workers reporting")
+        expired0 = reports.latest[w0].expired
+        await set_fault(nc, dep.prefix, w0, loop_busy_ms=2500)
+        rng = np.random.default_rng(7)
+        calls = [client.infer("digits", {"pixels": rng.random((1, 64), np.float32)}, timeout_s=0.2)
+                 for _ in range(12)]
+        out = await asyncio.gather(*calls, return_exceptions=True)
+        # the busy worker reads what it was sent past its budget, drops it expired and says so in its notices
+        await reports.wait(lambda r: r[w0].expired > expired0, timeout_s=10, what="the busy worker's expired requests")
+        assert reports.latest[w0].cpu_ratio >= 0 and "n1-w1" in reports.latest
+        deadline = time.monotonic() + 10
+        while (p := await health_params(client))["pending"]:
+            assert time.monotonic() < deadline, p
+            await asyncio.sleep(0.1)
+        c, w = p["counts"], p["workers"][w0]
+        print(f"busy worker: {sum(not isinstance(o, Exception) for o in out)} of 12 answered; "
+              f"expired at it {reports.latest[w0].expired - expired0}; lost {c['lost']}, "
+              f"lost_while_worker_behind {c['lost_while_worker_behind']}; breaker {w['breaker']} {w['breaker_trips']}")
+        assert c["lost"] == 0, c  # busy, not failing: nothing it held is held against it
+        assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
+        ok = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
+        assert ok["logits"].shape == (1, 10)
+        await nc.close()
+    finally:
+        dep.stop()

@@ -372,3 +372,27 @@ def test_the_router_marks_when_a_worker_reported_itself_behind_its_input():
     assert r.workers["w1"].gap_at == 12.3 and r.workers["w1"].behind_at == 12.3
     r.on_report(_report("w1", queue_depth=5), now=12.4)  # requests queued at the worker: behind too
     assert r.workers["w1"].behind_at == 12.4 and r.workers["w1"].gap_at == 12.3
+
+
+def test_a_report_after_a_gap_from_a_busy_process_marks_it_behind_not_frozen():
+    """A gap of reports is a freeze (``gap_at``) only when the report after it says the process used little CPU
+    through it (``LoadReport.cpu_ratio`` < ``GAP_BUSY_CPU_RATIO``); a process that ran through its gap (a colocated
+    process working off its own ingress's backlog, the second trial of 2026-12-05) was behind, an overload
+    (``behind_at``). While the gap lasts, :meth:`WorkerState.in_report_gap` says so (the ingress waits for the
+    report before it judges what went missing there)."""
+    from inferbus.actors._router import GAP_BUSY_CPU_RATIO, REPORT_GAP_INTERVALS
+    r = Router()
+    r.on_report(_report("w1", cpu_ratio=0.1), now=10.0)
+    w = r.workers["w1"]
+    assert not w.in_report_gap(10.0 + REPORT_GAP_INTERVALS * 0.1 - 0.01)
+    assert w.in_report_gap(10.0 + REPORT_GAP_INTERVALS * 0.1 + 0.01)  # 100 ms reports: over 1 s is a gap
+    r.on_report(_report("w1", cpu_ratio=0.97), now=12.0)  # busy through the gap
+    assert (w.behind_at, w.gap_at) == (12.0, float("-inf")) and not w.in_report_gap(12.5)
+    r.on_report(_report("w1", cpu_ratio=GAP_BUSY_CPU_RATIO - 0.01), now=14.0)  # stopped through it: frozen
+    assert (w.behind_at, w.gap_at) == (12.0, 14.0)
+    r.on_report(_report("w1"), now=16.0)  # unmeasured (an older worker): frozen, as before cpu_ratio
+    assert w.gap_at == 16.0
+    r.on_report(_report("w1", interval_ms=1000, cpu_ratio=0.0), now=20.0)  # its interval is its own: 4 s is no gap
+    assert w.gap_at == 16.0 and w.report_interval_s == 1.0 and not w.in_report_gap(29.0) and w.in_report_gap(30.5)
+    r.on_down("w1")
+    assert not w.in_report_gap(40.0)  # a dead worker is no gap: its requests are failed by the down event

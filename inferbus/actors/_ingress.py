@@ -1678,6 +1678,15 @@ class Ingress:
             return "lost_while_behind"
         return None
 
+    def _verdict_waits(self, p, now: float) -> bool:
+        """Whether the sweep leaves a forward missing past its deadline + ``pending_grace_s`` for later: its worker
+        is in a gap of its reports (:meth:`WorkerState.in_report_gap`), so whether it was stopped (a failure) or busy
+        (an overload: a colocated process working off its own ingress's backlog, whose completion notices come late)
+        is known only from its next report (:attr:`LoadReport.cpu_ratio`). The forward stays pending, and so priced
+        in the worker's load, until that report comes, or until the silent-worker check fails it, or a down event."""
+        w = self.router.workers.get(p.worker_id)
+        return w is not None and w.in_report_gap(now)
+
     async def _sweep(self) -> None:
         now = time.monotonic()
         if self._deaths:
@@ -1685,7 +1694,7 @@ class Ingress:
         grace = self.config.pending_grace_s
         reconnected_at = self._saw_reconnect(now)
         behind_at = self._saw_behind(now)
-        stale = [s for s, p in self.pending.items() if p.deadline + grace < now]
+        stale = [s for s, p in self.pending.items() if p.deadline + grace < now and not self._verdict_waits(p, now)]
         if any(self._neutral_cause(self.pending[s], now, reconnected_at, behind_at) is None for s in stale):
             # one of them would be held against its worker: first make sure its completion notice is not still on
             # its way in, queued behind a backlog of this ingress's own connection (the server writes requests and

@@ -82,6 +82,13 @@ REPORT_GAP_INTERVALS = 10
 (:attr:`WorkerState.gap_at`): an overloaded worker's loop still reports on time (its requests are short), a frozen
 or partitioned one does not."""
 
+GAP_BUSY_CPU_RATIO = 0.5
+"""A report after a gap whose :attr:`LoadReport.cpu_ratio` is at least this (the process used half a core or more
+through the gap) marks the worker behind (:attr:`WorkerState.behind_at`), not frozen: its loop was busy, not
+stopped (a colocated process working off its own ingress's backlog; a second-trial finding of 2026-12-05, where an
+ingress took such a gap for a freeze and opened a serving worker's breaker). A stopped (SIGSTOP) or starved process
+uses next to no CPU through its gap."""
+
 
 _TIE_MARGIN_US = 1e-6
 """How far under ``local_hop_us`` the local fast path of :meth:`Router.pick` keeps ``k × least`` (µs): a tie in
@@ -133,11 +140,21 @@ class WorkerState:
     (a hung model) marks it too: the ingress blames what goes missing while the worker reports such a batch."""
     gap_at: float = float("-inf")
     """``time.monotonic()`` of the last report that came after a gap of more than ``REPORT_GAP_INTERVALS`` report
-    intervals (-inf: never): the worker was frozen or cut off, so a backlog it reports then is what it read while
-    frozen, not an overload (the ingress blames what went missing then, as before)."""
+    intervals while its process used little CPU (``GAP_BUSY_CPU_RATIO``; -inf: never): the worker was frozen or cut
+    off, so a backlog it reports then is what it read while frozen, not an overload (the ingress blames what went
+    missing then, as before)."""
+    report_interval_s: float = 0.1
+    """The worker's report interval (:attr:`LoadReport.interval_ms`), from its last report."""
     sent: int = 0
     completed: int = 0
     server_errors: int = 0
+
+    def in_report_gap(self, now: float) -> bool:
+        """Whether the worker, alive and reporting before, has sent no report for more than ``REPORT_GAP_INTERVALS``
+        of its intervals (``now``: ``time.monotonic()``): until its next report says whether its process ran
+        through the gap (busy) or was stopped, a request of it gone missing can be neither blamed nor excused."""
+        return self.alive and self.last_report > 0 and now - self.last_report > REPORT_GAP_INTERVALS * \
+            self.report_interval_s
 
     def score(self) -> tuple[int, float]:
         return (self.in_flight + self.queue_depth, self.ewma_service_us or self.ewma_latency_us)
@@ -237,8 +254,12 @@ class Router:
             self._min_service_us.clear()
         w.models, w.device_kind, w.device_name = models, r.device_kind, r.device_name
         w.backend, w.precision, w.pid = r.backend, r.precision, r.pid
-        if w.last_report and now - w.last_report > REPORT_GAP_INTERVALS * max(r.interval_ms, 1) / 1000.0:
-            w.gap_at = now  # reports stopped for a while: the worker was frozen (SIGSTOP, a hung loop) or cut off
+        w.report_interval_s = max(r.interval_ms, 1) / 1000.0
+        if w.last_report and now - w.last_report > REPORT_GAP_INTERVALS * w.report_interval_s:
+            if r.cpu_ratio >= GAP_BUSY_CPU_RATIO:
+                w.behind_at = now  # its process ran through the gap: its loop was too busy to report (an overload)
+            else:
+                w.gap_at = now  # reports stopped for a while: the worker was frozen (SIGSTOP) or cut off
         w.queue_depth, w.ewma_service_us, w.last_report, w.alive = r.queue_depth, r.ewma_service_us, now, True
         extra = 0
         if r.computing_ms > LONG_BATCH_MIN_MS and r.ewma_service_us > 0:

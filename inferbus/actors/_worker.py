@@ -828,10 +828,15 @@ class Worker:
         if isinstance(m, Cancel):
             self.cancel(m.ingress, m.seqs)
         elif isinstance(m, FaultSet) and self.config.fault_control:
-            self.fault = m
+            self.fault = msgspec.structs.replace(m, loop_busy_ms=0.0)
             log(f"worker {self.config.worker_id}: fault set to {m}")
             if msg.reply:
                 await self.nc.publish(msg.reply, b"ok")
+                await self.nc.flush()
+            if m.loop_busy_ms > 0:
+                until = time.monotonic() + m.loop_busy_ms / 1000.0
+                while time.monotonic() < until:  # the drill: this loop busy on the CPU, nothing else runs on it
+                    pass
 
     def cancel(self, ingress: str, seqs) -> None:
         """Withdraw the copies ``seqs`` forwarded by ``ingress`` (a hedge's loser): a copy not yet started is
@@ -1038,7 +1043,9 @@ class Worker:
         ps = {s.precision for s in self.sessions.values()}
         return ps.pop() if len(ps) == 1 else ("mixed" if ps else self.config.precision)
 
-    def _report(self) -> LoadReport:
+    def _report(self, cpu_ratio: float = -1.0) -> LoadReport:
+        """The load report as of now; ``cpu_ratio`` is :attr:`LoadReport.cpu_ratio` (the reporter measures it
+        between its own reports; a scrape leaves it unmeasured)."""
         s = self.stats
         d = self.device
         now = time.monotonic()
@@ -1061,6 +1068,7 @@ class Worker:
             load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
             computing_ms=computing_ms, computing_overdue=computing_ms > 0 and now > self._batch_deadline,
             draining=self._draining, backlog_msgs=self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
+            cpu_ratio=cpu_ratio,
         )
 
     def _stats_data(self, endpoint_stats) -> dict:
@@ -1082,10 +1090,17 @@ class Worker:
 
     async def _reporter(self) -> None:
         period = self.config.report_interval_ms / 1000.0
+        wall_s, cpu_s = time.monotonic(), time.process_time()
+        cpu_ratio = -1.0
         while True:
             if not self.fault.silent:
-                await self.nc.publish(self.subjects.load, encode_internal(self._report()))
+                await self.nc.publish(self.subjects.load, encode_internal(self._report(cpu_ratio)))
             await asyncio.sleep(period)
+            # the process's CPU over the wall time since the last report: a report late because the loop was busy
+            # (ratio near 1) is told from one late because the process was stopped (near 0) by the ingresses
+            now_s, now_cpu_s = time.monotonic(), time.process_time()
+            cpu_ratio = (now_cpu_s - cpu_s) / (now_s - wall_s) if now_s > wall_s else -1.0
+            wall_s, cpu_s = now_s, now_cpu_s
 
     async def run(self, *, nc=None, ready=None) -> None:
         """Connect, subscribe, announce readiness, serve until cancelled.

@@ -95,6 +95,12 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     decoded: int = 0
     """Request bodies this worker decoded for compute since start; a request a colocated ingress handed over
     in-process arrives decoded and validated and is not counted (docs/architecture.md, colocated workers)."""
+    cpu_ratio: float = -1.0
+    """CPU time the worker's process used (all its threads, ``time.process_time``) since its previous report,
+    divided by the wall time between the two reports (the worker's monotonic clock): about 1.0 for a process that
+    kept one core busy, 0 for one stopped or idle; -1 when not measured (a first report, a scrape, an older
+    worker). A report after a gap from a process that was busy through it (a colocated process working off its
+    ingress's backlog) is an overload, not a freeze (``Router.on_report``, ``GAP_BUSY_CPU_RATIO``)."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):
@@ -169,6 +175,10 @@ class FaultSet(_Base, tag="inferbus.v1.fault"):
     """Stop publishing load reports (a hung or partitioned worker, as the routers see it)."""
     shed: bool = False
     """Shed every request as if the mailbox were full (RESOURCE_EXHAUSTED), while reporting an empty queue."""
+    loop_busy_ms: float = 0.0
+    """Once, right after the ack: keep the worker's event loop busy on the CPU for this long, ms (a process busy
+    with other work, as a colocated process working off its own ingress's backlog is): it reads nothing and sends
+    no load report meanwhile, then carries on. Not kept: a later ``FaultSet`` need not clear it."""
 
 
 class ModelState(msgspec.Struct, omit_defaults=True):
