@@ -184,6 +184,19 @@ async def _never() -> Child:  # pragma: no cover - never awaited
     raise AssertionError
 
 
+def test_a_child_exit_names_the_signal_that_killed_it() -> None:
+    """``ChildExit.signal``: the signal's name for a process killed by one, None otherwise; the reason the process
+    child reports says the same (``exit_from_returncode``)."""
+    from inferbus.supervisor._process import exit_from_returncode
+
+    assert ChildExit(False, "", -signal.SIGFPE).signal == "SIGFPE"
+    assert exit_from_returncode(-signal.SIGKILL) == ChildExit(False, "killed by signal 9 (SIGKILL)", -9)
+    assert exit_from_returncode(-signal.SIGKILL).signal == "SIGKILL"
+    assert exit_from_returncode(-200).reason == "killed by signal 200 (unknown)" and ChildExit(False, "", -200).signal is None
+    for exit in (exit_from_returncode(0), exit_from_returncode(3), ChildExit(False, "raised ValueError('x')")):
+        assert exit.signal is None, exit
+
+
 def test_spec_validation() -> None:
     assert ChildSpec("a", _never, restart="transient").restart is Restart.TRANSIENT  # type: ignore[arg-type]
     assert ChildSpec("a", _never, shutdown_timeout_s=None).shutdown_timeout_s is None

@@ -56,15 +56,7 @@ _FAULT_SIGNALS = frozenset({"SIGFPE", "SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT"})
 def _fault_exit(exit) -> bool:
     """Whether a child process was killed by a signal its own code raised (SIGFPE, SIGSEGV, SIGBUS, SIGILL,
     SIGABRT: a runtime dying on an input), not one sent from outside (SIGKILL, SIGTERM)."""
-    import signal
-
-    code = getattr(exit, "exit_code", None)
-    if code is None or code >= 0:
-        return False
-    try:
-        return signal.Signals(-code).name in _FAULT_SIGNALS
-    except ValueError:
-        return False
+    return exit.signal in _FAULT_SIGNALS
 
 
 def _attach_node_log(path: Path):

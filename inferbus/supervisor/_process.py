@@ -52,12 +52,8 @@ def exit_from_returncode(returncode: int) -> ChildExit:
         return ChildExit(True, "exit code 0", 0)
     if returncode > 0:
         return ChildExit(False, f"exit code {returncode}", returncode)
-    signum = -returncode
-    try:
-        signame = signal.Signals(signum).name
-    except ValueError:
-        signame = "unknown"
-    return ChildExit(False, f"killed by signal {signum} ({signame})", returncode)
+    signame = ChildExit(False, "", returncode).signal or "unknown"
+    return ChildExit(False, f"killed by signal {-returncode} ({signame})", returncode)
 
 
 class _LineSplitter:

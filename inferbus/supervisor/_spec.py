@@ -13,6 +13,7 @@ All dataclasses here are frozen and validated in ``__post_init__``; a bad value 
 from __future__ import annotations
 
 import math
+import signal as _signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -78,6 +79,17 @@ class ChildExit:
     exit_code: int | None = None
     """OS exit status as ``asyncio`` reports it (negative: killed by that signal);
     ``None`` for task and supervisor children."""
+
+    @property
+    def signal(self) -> str | None:
+        """The name of the signal that killed the process (``"SIGKILL"``; ``None`` for an exit code, a task or
+        supervisor child, or a number this platform has no signal for)."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return _signal.Signals(-self.exit_code).name
+        except ValueError:
+            return None
 
 
 @runtime_checkable
