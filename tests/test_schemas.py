@@ -776,6 +776,20 @@ def test_json_body_without_json_content_type_gets_the_hint(body):
     assert "Expected `object`, got `int`" in ei.value.message
 
 
+@pytest.mark.parametrize("body, ct, fmt", [
+    (b"\xff\x00\x01", None, "a MessagePack map (or a JSON object, sent with Content-Type: application/json)"),
+    (b"hello", None, "a MessagePack map (or a JSON object, sent with Content-Type: application/json)"),
+    (b"[1, 2]", "application/json", "a JSON object")])
+def test_a_body_that_is_no_map_is_refused_with_what_a_request_is(body, ct, fmt):
+    """Garbage bytes (a fresh-user trial) and a JSON array were refused with msgspec's words alone (``body: Expected
+    `object`, got `int```); the message now says what a request is."""
+    with pytest.raises(InvalidArgument) as ei:
+        schemas.decode_request(body, ct)
+    assert ei.value.field == "body"
+    assert ei.value.message.startswith("invalid request: body: not a map (Expected `object`, got `"), ei.value.message
+    assert ei.value.message.endswith(f"a request is {fmt} of the KServe Open Inference Protocol v2 fields")
+
+
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
 def test_a_bare_nonfinite_json_literal_gets_the_string_spelling_hint(token):
     """JSON has no NaN/Infinity literals (RFC 8259 section 6); a body using them is refused with the spelling the

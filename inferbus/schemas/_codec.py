@@ -167,6 +167,12 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
             return _decode(dec, body[3:], what, json)  # serving path: only a body that failed is looked at
         if isinstance(exc, msgspec.ValidationError):
             err = _validation_error(exc, what)
+            if err.field == "body" and str(exc).startswith("Expected `object`"):
+                # the body as a whole is no map (a fresh-user trial: garbage bytes got only msgspec's words)
+                fmt = ("a JSON object" if json else "a MessagePack map" if looks_like_json(body) else
+                       "a MessagePack map (or a JSON object, sent with Content-Type: application/json)")
+                err = InvalidArgument(f"invalid {what}: body: not a map ({exc}): a {what} is {fmt} of the KServe "
+                                      f"Open Inference Protocol v2 fields", field="body")
         else:
             err = _decode_error(exc, what, json)
             if json and _bare_nonfinite(str(exc), body):
