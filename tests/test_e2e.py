@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
@@ -75,11 +77,10 @@ PICK_DELAY_S = 0.02
 """What the router's pick is made to take (a busy wait) in the test below: far above the stages' own µs."""
 
 
-async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
-    """``route`` covers choosing the worker: with the router's ``pick`` made to take 20 ms (a busy wait in an
-    in-process ingress; a real worker process on a real nats-server), every answer's ``route`` and
-    ``ingress_total`` are at least that long and the ingress's stages still tile its total. Before, the stamp
-    that ends both was taken before the pick, so the pick was in no stage (``route`` read ~0 here)."""
+@contextlib.asynccontextmanager
+async def _ingress_in_process(nats_url: str, prefix: str):
+    """An in-process ingress (its state open to the test) and one real worker process serving ``digits``, on a
+    real nats-server; yields the ingress once the worker is routable."""
     import asyncio
     import subprocess
     import sys
@@ -89,13 +90,12 @@ async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
     from inferbus.actors._ingress import Ingress
     from inferbus.bus import BusConfig
 
-    bus = BusConfig(servers=(nats_server.url,), prefix="e2eroute")
-    wcfg = WorkerConfig(worker_id="w-route", bus=bus, models_dir=str(MODELS), models=("digits",))
+    bus = BusConfig(servers=(nats_url,), prefix=prefix)
+    wcfg = WorkerConfig(worker_id=f"w-{prefix}", bus=bus, models_dir=str(MODELS), models=("digits",))
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.actors", "worker", wcfg.to_json()],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    ingress = Ingress(IngressConfig(ingress_id="i-route", bus=bus, models_dir=str(MODELS), models=("digits",)))
+    ingress = Ingress(IngressConfig(ingress_id=f"i-{prefix}", bus=bus, models_dir=str(MODELS), models=("digits",)))
     task = None
-    c = None
     try:
         assert await asyncio.to_thread(proc.stdout.readline) == b"READY\n"
         ready = asyncio.Event()
@@ -105,6 +105,21 @@ async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
         while ingress.router.pick("digits:1") is None:  # the worker's first load report reached the router
             assert time.monotonic() < deadline, "the worker never became routable"
             await asyncio.sleep(0.02)
+        yield ingress
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
+    """``route`` covers choosing the worker: with the router's ``pick`` made to take 20 ms (a busy wait in an
+    in-process ingress; a real worker process on a real nats-server), every answer's ``route`` and
+    ``ingress_total`` are at least that long and the ingress's stages still tile its total. Before, the stamp
+    that ends both was taken before the pick, so the pick was in no stage (``route`` read ~0 here)."""
+    async with _ingress_in_process(nats_server.url, "e2eroute") as ingress:
         pick = ingress.router.pick
 
         def slow_pick(*args, **kwargs):
@@ -115,24 +130,45 @@ async def test_route_stage_includes_the_worker_choice(nats_server, tmp_path):
 
         ingress.router.pick = slow_pick
         c = await Client.connect(nats_server.url, "e2eroute")
-        x = digits_rows(4)
-        for i in range(len(x)):  # distinct inputs: every one a miss, forwarded
-            res = await c.infer_result("digits", {"pixels": x[i:i + 1]}, timeout_s=5)
-            np.testing.assert_allclose(res.outputs["logits"], reference("digits", "1", {"pixels": x[i:i + 1]})[
-                "logits"], rtol=1e-5, atol=1e-5)
-            t = res.parameters["timings_us"]
-            assert res.parameters["cache_hit"] is False, res.parameters
-            assert t["route"] >= PICK_DELAY_S * 1e6, t
-            assert t["ingress_total"] >= PICK_DELAY_S * 1e6, t
-            assert_ingress_stages_tile(t)
-    finally:
-        if c is not None:
+        try:
+            x = digits_rows(4)
+            for i in range(len(x)):  # distinct inputs: every one a miss, forwarded
+                res = await c.infer_result("digits", {"pixels": x[i:i + 1]}, timeout_s=5)
+                np.testing.assert_allclose(res.outputs["logits"], reference("digits", "1", {"pixels": x[i:i + 1]})[
+                    "logits"], rtol=1e-5, atol=1e-5)
+                t = res.parameters["timings_us"]
+                assert res.parameters["cache_hit"] is False, res.parameters
+                assert t["route"] >= PICK_DELAY_S * 1e6, t
+                assert t["ingress_total"] >= PICK_DELAY_S * 1e6, t
+                assert_ingress_stages_tile(t)
+        finally:
             await c.close()
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        proc.terminate()
-        proc.wait(10)
+
+
+async def test_answered_requests_leave_no_trace_in_the_ingress(nats_server):
+    """A request identified only by the ``id`` in its body (no ``Inferbus-Request-Id`` header: what a plain KServe
+    client sends) stayed in the ingress's request-id index after its answer: one entry per request, for good (the
+    index was cleaned by the header's id only). Now every answered request, by either id, leaves the index and
+    the pending map empty."""
+    async with _ingress_in_process(nats_server.url, "e2etrace") as ingress:
+        nc = await nats.connect(nats_server.url)
+        try:
+            x = digits_rows(40)
+            for i in range(len(x)):  # distinct inputs: every one a miss, forwarded to the worker
+                body = json.dumps({"id": f"body-{i}", "inputs": [{"name": "pixels", "datatype": "FP32",
+                                   "shape": [1, 64], "data": x[i].tolist()}]}).encode()
+                hdrs = {"Content-Type": "application/json"}
+                if i % 2:
+                    hdrs["Inferbus-Request-Id"] = f"hdr-{i}"
+                msg = await nc.request("e2etrace.infer.digits", body, timeout=5, headers=hdrs)
+                assert json.loads(msg.data)["id"] == f"body-{i}", msg.data
+            deadline = time.monotonic() + 5
+            while ingress.pending:  # (its completion notice may come just after the answer)
+                assert time.monotonic() < deadline, ingress.pending
+                await asyncio.sleep(0.02)
+            assert ingress._by_rid == {}, list(ingress._by_rid.items())[:5]
+        finally:
+            await nc.close()
 
 
 async def test_version_routing_and_batch_rows(client):

@@ -235,6 +235,9 @@ class Pending(msgspec.Struct):
     body: bytes = b""
     """The request's body as it came (a reference, not a copy): what identifies a request that kills its worker
     when it has neither a request id nor a cache key (:meth:`Ingress._note_deaths`)."""
+    rid: str | None = None
+    """The id the ingress's request-id index (``Ingress._by_rid``) holds this copy under (the header's id, or the
+    body's ``id`` when the header has none): :meth:`Ingress._pop` removes it there."""
 
 
 class _Deferred(msgspec.Struct):
@@ -1045,6 +1048,7 @@ class Ingress:
         self.pending[seq] = p
         if rid:
             self._by_rid[rid] = seq
+            p.rid = rid
         p.probe = self.router.on_sent(w)
         self.hedge_budget.on_request()
         lf = None
@@ -1240,6 +1244,7 @@ class Ingress:
         self.pending[seq] = p
         if d.rid:
             self._by_rid[d.rid] = seq
+            p.rid = d.rid
         await self._forward_local(seq, d.reply, d.body, (d.decoded, d.model_key, d.dl_ms, d.term or None,
                                                          d.cache_key, d.ct, d.worker_rid, d.stages),
                                   d.deadline, d.t_fwd, "")
@@ -1362,8 +1367,8 @@ class Ingress:
     # ---- control path -------------------------------------------------------------------------
     def _pop(self, seq: int) -> Pending | None:
         p = self.pending.pop(seq, None)
-        if p is not None and p.request_id is not None and self._by_rid.get(p.request_id) == seq:
-            del self._by_rid[p.request_id]
+        if p is not None and p.rid is not None and self._by_rid.get(p.rid) == seq:
+            del self._by_rid[p.rid]  # (by the header's id alone, a body's id stayed here for good: a leak)
         return p
 
     async def _on_done(self, msg) -> None:
