@@ -297,6 +297,59 @@ async def test_requests_that_shared_the_killers_runs_are_answered_and_only_its_r
         await client.close()
 
 
+async def test_a_raw_client_gets_every_innocent_answered_when_a_killer_takes_their_worker_down(poisoned):
+    """A fresh-user trial (2026-12-05): a raw NATS client (no SDK, no retries) sending 23-39 innocent requests with a
+    killer got 11-19 of them UNAVAILABLE "safe to retry": the dying worker held them, and the ingress answered
+    them so. Now the ingress sends each again to another worker within its budget (``counts.resent_after_death``);
+    the raw client gets every innocent's result and the killer's INTERNAL, one answer each."""
+    import nats
+
+    from inferbus.schemas import InferRequest, decode_response, encode_request, input_from_numpy, output_to_numpy
+
+    def body(feeds) -> bytes:
+        return encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
+
+    client = await Client.connect(poisoned.nats_url, "qod")
+    nc = await nats.connect(poisoned.nats_url)
+    try:
+        for k in range(3):  # warm: both workers serve
+            out = await client.infer("div", {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)},
+                                     timeout_s=10.0)
+            assert out["out"].tolist() == [[k]]
+        answers: dict[int, list] = {}
+        inbox = nc.new_inbox()
+
+        async def on_answer(msg):
+            answers.setdefault(int(msg.subject.rsplit(".", 1)[1]), []).append(msg)
+
+        await nc.subscribe(inbox + ".*", cb=on_answer)
+        n, killer = 24, 11
+        for k in range(n):
+            feeds = POISON if k == killer else {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)}
+            await nc.publish("qod.infer.div", body(feeds), reply=f"{inbox}.{k}",
+                             headers={"Inferbus-Timeout-Ms": "15000"})
+        await nc.flush()
+        deadline = time.monotonic() + 20
+        while len(answers) < n:
+            assert time.monotonic() < deadline, sorted(answers)
+            await anyio.sleep(0.05)
+        await anyio.sleep(0.5)  # (a second answer to any of them would come meanwhile)
+        assert all(len(v) == 1 for v in answers.values()), {k: len(v) for k, v in answers.items() if len(v) != 1}
+        codes = {k: (m[0].headers or {}).get("Nats-Service-Error-Code") for k, m in answers.items()}
+        assert codes.pop(killer) == "500", answers[killer][0].data
+        wrong = {k: (c, answers[k][0].data[:200]) for k, c in codes.items() if c is not None}
+        assert not wrong, wrong  # every innocent answered with its result, none UNAVAILABLE
+        for k in codes:
+            out = output_to_numpy(decode_response(answers[k][0].data).outputs[0])
+            assert out.tolist() == [[k]], (k, out)
+        counts = (await client.health(timeout_s=5.0)).parameters["counts"]
+        print(f"raw client, {n - 1} innocents and a killer: resent {counts['resent_after_death']}, "
+              f"suspects alone {counts['suspects_alone']}, query_of_death {counts['query_of_death']}")
+    finally:
+        await nc.close()
+        await client.close()
+
+
 async def test_a_stream_of_different_killers_does_not_make_the_node_give_up(poisoned):
     """A fresh-user trial: six or seven different killer requests (INT64_MIN / -1 beside another row each time), sent
     one after another, made 10 worker restarts in 10 s, and the node's supervisor gave up: ``inferbus up`` stopped,

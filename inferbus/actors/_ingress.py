@@ -216,6 +216,22 @@ class _ExpiredUnanswered(Exception):
     """A request past its client's deadline, found while this ingress is behind: dropped, not answered."""
 
 
+class _Resent(msgspec.Struct):
+    """What :meth:`Ingress._forward` reads of a NATS message (``data``, ``reply``), for a request sent again."""
+
+    data: bytes
+    reply: str
+
+
+_RESEND_MIN_BUDGET_S = 0.005
+"""A request whose worker died holding it is sent again only with more than this left of its budget (s): less is
+spent before a worker could answer (a hop there and back on a loaded host)."""
+_MAX_RESENDS = 3
+"""How many times one request is sent again after workers died holding it: a request the deaths make a suspect is
+refused after its second (``Ingress._note_deaths``); this bounds the rest (each of a model's workers killed in turn
+by other requests)."""
+
+
 class Pending(msgspec.Struct):
     """A request forwarded to a worker and not yet settled, by forward sequence number (a ``msgspec.Struct``
     for its C ``__init__``)."""
@@ -238,6 +254,14 @@ class Pending(msgspec.Struct):
     rid: str | None = None
     """The id the ingress's request-id index (``Ingress._by_rid``) holds this copy under (the header's id, or the
     body's ``id`` when the header has none): :meth:`Ingress._pop` removes it there."""
+    hdrs: dict | None = None
+    """The request's headers as they came (a reference), with ``mv``: what sending it again takes when its worker
+    dies holding it (:meth:`Ingress._resend`); None for a copy that is not sent again (a hedge's, the colocated
+    worker's in-process one)."""
+    mv: object = None
+    """The model version it was forwarded for (:class:`~inferbus.actors._repository.ModelVersion`)."""
+    resends: int = 0
+    """Times it was sent again after a worker died holding it (at most ``_MAX_RESENDS``)."""
 
 
 class _Deferred(msgspec.Struct):
@@ -412,6 +436,8 @@ class Ingress:
         death else None)``, in the order of that time (an entry updated is inserted again), emptied of the forgotten
         ones by each sweep (:meth:`_forget_deaths`)."""
         self._by_rid: dict[str, int] = {}
+        self._parked: list[tuple[Pending, InferbusError]] = []
+        """Requests whose worker died holding them, waiting for a live worker of their model (:meth:`_resend`)."""
         """Request id → seq of its newest pending forward (sticky retries)."""
         self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         """Request id → (model key, worker id, expiry) of a forward that completed successfully, for
@@ -427,7 +453,8 @@ class Ingress:
                        "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
-                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0}
+                       "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
+                       "resent_after_death": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -942,7 +969,8 @@ class Ingress:
         return seq, p
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
-                       hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None) -> None:
+                       hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None,
+                       resends: int = 0) -> None:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
@@ -951,7 +979,8 @@ class Ingress:
         Stage ``route`` runs from ``t_cache`` through the choice of the worker (a retry's copy, a peer's answer,
         or the router's ``pick``) to one stamp taken once the worker is chosen, which also ends ``ingress_total``
         and starts ``forward_hop`` (the forward's time: its deadline fields, the pending entry, the local hand-over),
-        so the ingress's stages tile its time with no gap. The choice itself reads the clock as ``t_cache``."""
+        so the ingress's stages tile its time with no gap. The choice itself reads the clock as ``t_cache``.
+        ``resends``: how many times :meth:`_resend` has sent it again after workers died holding it."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1044,7 +1073,10 @@ class Ingress:
                 self.counts["too_large"] += 1
                 raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
                                       f"max_payload ({max_payload} bytes)")
-        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key, body=body)
+        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key, body=body,
+                    resends=resends)
+        if not local and hedge_policy is None:
+            p.hdrs, p.mv = hdrs, mv  # what sending it again takes, should its worker die holding it
         self.pending[seq] = p
         if rid:
             self._by_rid[rid] = seq
@@ -1462,9 +1494,11 @@ class Ingress:
             poison, charge = ({}, True) if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic(),
                                                                           ev.running, ev.fault)
             self.router.on_down(ev.worker_id, ev.pid, charge=charge)
+            # what a crashed worker held is sent again to another worker (within its budget); what a stopped one
+            # held it answered itself as it drained, or refused: UNAVAILABLE, as the client may retry
             await self._fail_pending(ev.worker_id, Unavailable(
                 f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
-                f"holding this request; safe to retry", retry_after_ms=0), poison)
+                f"holding this request; safe to retry", retry_after_ms=0), poison, resend=not stopped)
 
     @staticmethod
     def _death_keys(model_key: str, request_id: str | None, cache_key: str | None, body: bytes) -> tuple:
@@ -1570,10 +1604,13 @@ class Ingress:
         return found
 
     async def _fail_pending(self, worker_id: str, err: InferbusError,
-                            instead: dict[int, InferbusError] | None = None) -> int:
+                            instead: dict[int, InferbusError] | None = None, resend: bool = False) -> int:
         """Answer every request pending at ``worker_id`` with ``err``, or with ``instead[seq]`` where given (a
-        hedge copy still running elsewhere answers instead). Returns how many were pending."""
+        hedge copy still running elsewhere answers instead). With ``resend`` (the worker's process died), a request
+        with no ``instead`` answer is first sent again to another worker (:meth:`_resend`), once, within what is
+        left of its budget; ``err`` only where that cannot be done. Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
+        now = time.monotonic()
         for s in victims:
             p = self._pop(s)
             h = p.hedge
@@ -1583,8 +1620,44 @@ class Ingress:
             if h is not None and h.timer is not None and not h.done:
                 h.done = True
                 h.timer.cancel()
-            await self._error(p.reply, instead.get(s, err) if instead else err, p.content_type, p.request_id)
+            answer = instead.get(s) if instead else None
+            if answer is None and resend and await self._resend(p, now, err):
+                continue
+            await self._error(p.reply, answer or err, p.content_type, p.request_id)
         return len(victims)
+
+    async def _resend(self, p: Pending, now: float, err: InferbusError) -> bool:
+        """Send again, to another worker, a request whose worker died holding it (a crash, not a stop), instead of
+        answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
+        its answer. Only a request forwarded over the bus and not hedged (:attr:`Pending.hdrs`), sent again fewer
+        than ``_MAX_RESENDS`` times, with more than ``_RESEND_MIN_BUDGET_S`` of its budget left. It goes through
+        :meth:`_forward` like a new request with the same body, headers, deadline and ids: one the crash made a
+        suspect runs alone (``Inferbus-Alone``), one it made a query of death is refused (answered here). While no
+        worker of its model is live (each died or restarts), it waits (``_parked``; the sweep sends it once one is,
+        or answers ``err`` when its budget is spent; the ingress's stop answers it ``err``).
+        Returns False when it was not sent (the caller answers it ``err``); True when it was sent, parked, or
+        answered with the error the forward raised (a full ingress: RESOURCE_EXHAUSTED)."""
+        if p.hdrs is None or p.resends >= _MAX_RESENDS or p.deadline - now <= _RESEND_MIN_BUDGET_S:
+            return False
+        if p.model_key not in self.router.ready_models(now):
+            self._parked.append((p, err))
+            return True
+        try:
+            await self._forward(_Resent(p.body, p.reply), p.hdrs, p.content_type, now, now, now, p.deadline, p.mv,
+                                p.cache_key, p.ttl_ms, p.rid, None, now, None, resends=p.resends + 1)
+        except InferbusError as exc:
+            await self._error(p.reply, exc, p.content_type, p.request_id)
+            return True
+        self.counts["resent_after_death"] += 1
+        return True
+
+    async def _unpark(self, now: float, stopping: bool = False) -> None:
+        """Send the parked requests (:meth:`_resend`) whose model has a live worker again; answer those whose budget
+        is spent, or all of them when ``stopping``, with the error they would have had."""
+        parked, self._parked = self._parked, []
+        for p, err in parked:
+            if stopping or not await self._resend(p, now, err):
+                await self._error(p.reply, err, p.content_type, p.request_id)
 
     async def _sweeper(self) -> None:
         while True:
@@ -1696,6 +1769,8 @@ class Ingress:
         now = time.monotonic()
         if self._deaths:
             self._forget_deaths(now)
+        if self._parked:
+            await self._unpark(now)
         grace = self.config.pending_grace_s
         reconnected_at = self._saw_reconnect(now)
         behind_at = self._saw_behind(now)
@@ -1921,6 +1996,8 @@ class Ingress:
         cut = False
         try:
             await self._stop_infer(t0 + STOP_DRAIN_S, t0 + STOP_DRAIN_S + STOP_REFUSE_S)
+            if self._parked:  # waiting for a worker this ingress will no longer send them to
+                await self._unpark(time.monotonic(), stopping=True)
         except asyncio.CancelledError:
             cut = True
             log(f"ingress {self.config.ingress_id}: stop cut short (cancelled again): what still waited is dropped")
