@@ -1648,6 +1648,9 @@ class Ingress:
         except InferbusError as exc:
             await self._error(p.reply, exc, p.content_type, p.request_id)
             return True
+        except Exception as exc:  # a bug here must not leave the worker's other requests unanswered
+            log(f"ingress {self.config.ingress_id}: sending a request again failed: {exc!r}")
+            return False
         self.counts["resent_after_death"] += 1
         return True
 
