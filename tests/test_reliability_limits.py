@@ -376,6 +376,40 @@ async def test_a_burst_at_colocated_processes_finds_every_worker_live(tmp_path):
         dep.stop()
 
 
+@contextlib.asynccontextmanager
+async def _gap_node(tmp_path, workers: int):
+    """``inferbus up`` with fault injection and a 10 s health timeout (a report gap, 1 s, is far from the silent
+    check, 10 s, and the stall fence, 3 s), and a connection, an SDK client and the workers' load reports on it."""
+    import nats
+
+    from conftest import start_deployment
+    from test_reliability_lib import Reports
+
+    dep = start_deployment(tmp_path / "dep", workers=workers, prefix="bgap", extra=[
+        "--fault-injection", "--no-cache", "--health-timeout-s", "10", "--breaker-failures", "2"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        try:
+            reports = await Reports.start(nc, dep.prefix)
+            await reports.wait(lambda r: {f"n1-w{i}" for i in range(workers)} <= set(r), what="workers reporting")
+            yield dep, nc, Client(nc, dep.prefix), reports
+        finally:
+            await nc.close()
+    finally:
+        dep.stop()
+
+
+async def _settled_counts(client, worker_id: str) -> tuple[dict, dict]:
+    """The ingress's counts and ``worker_id``'s health entry once nothing is pending (10 s at most)."""
+    from test_reliability_lib import health_params
+
+    deadline = time.monotonic() + 10
+    while (p := await health_params(client))["pending"]:
+        assert time.monotonic() < deadline, p
+        await asyncio.sleep(0.1)
+    return p["counts"], p["workers"][worker_id]
+
+
 async def test_a_worker_busy_past_a_report_gap_is_not_blamed_for_what_it_answers_late(tmp_path):
     """The second trial of 2026-12-05: after back-to-back bursts at ``inferbus up --colocate``, one ingress counted
     52-57 requests it had sent to the other process's worker ``lost`` and opened that worker's breaker for 30 s,
@@ -384,19 +418,10 @@ async def test_a_worker_busy_past_a_report_gap_is_not_blamed_for_what_it_answers
     process ran through it: ``LoadReport.cpu_ratio``), and a forward missing during the gap was judged at once.
     Here one worker's loop is kept busy on the CPU for 2.5 s (``FaultSet.loop_busy_ms``) while requests with a
     0.2 s budget are sent: those it held are not counted lost, and its breaker stays closed."""
-    import nats
-
-    from conftest import start_deployment
-    from test_reliability_lib import Reports, health_params, set_fault
+    from test_reliability_lib import set_fault
 
     w0 = "n1-w0"
-    dep = start_deployment(tmp_path / "dep", workers=2, prefix="bgap", extra=[
-        "--fault-injection", "--no-cache", "--health-timeout-s", "10", "--breaker-failures", "2"])
-    try:
-        nc = await nats.connect(dep.nats_url)
-        client = Client(nc, dep.prefix)
-        reports = await Reports.start(nc, dep.prefix)
-        await reports.wait(lambda r: {w0, "n1-w1"} <= set(r), what="both workers reporting")
+    async with _gap_node(tmp_path, 2) as (dep, nc, client, reports):
         expired0 = reports.latest[w0].expired
         await set_fault(nc, dep.prefix, w0, loop_busy_ms=2500)
         rng = np.random.default_rng(7)
@@ -405,12 +430,8 @@ async def test_a_worker_busy_past_a_report_gap_is_not_blamed_for_what_it_answers
         out = await asyncio.gather(*calls, return_exceptions=True)
         # the busy worker reads what it was sent past its budget, drops it expired and says so in its notices
         await reports.wait(lambda r: r[w0].expired > expired0, timeout_s=10, what="the busy worker's expired requests")
-        assert reports.latest[w0].cpu_ratio >= 0 and "n1-w1" in reports.latest
-        deadline = time.monotonic() + 10
-        while (p := await health_params(client))["pending"]:
-            assert time.monotonic() < deadline, p
-            await asyncio.sleep(0.1)
-        c, w = p["counts"], p["workers"][w0]
+        assert reports.latest[w0].cpu_ratio >= 0
+        c, w = await _settled_counts(client, w0)
         print(f"busy worker: {sum(not isinstance(o, Exception) for o in out)} of 12 answered; "
               f"expired at it {reports.latest[w0].expired - expired0}; lost {c['lost']}, "
               f"lost_while_worker_behind {c['lost_while_worker_behind']}; breaker {w['breaker']} {w['breaker_trips']}")
@@ -418,6 +439,50 @@ async def test_a_worker_busy_past_a_report_gap_is_not_blamed_for_what_it_answers
         assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
         ok = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
         assert ok["logits"].shape == (1, 10)
-        await nc.close()
-    finally:
-        dep.stop()
+
+
+async def test_a_thawed_worker_working_through_its_backlog_is_not_blamed_for_it(tmp_path):
+    """A fresh-user trial (2026-12-05): a 3 s SIGSTOP of a colocated process under a burst made the other ingress
+    count 63 requests it had forwarded there lost and open its breaker, though each was answered after the thaw:
+    the thawed process's first reports came before its completion notices for the backlog it read. Now a forward
+    missing since before a freeze waits (``health_timeout_s`` at most) for its notice. Here the only worker is
+    frozen 2.5 s while 3,000 requests with a 0.3 s budget reach it; thawed, it drops each expired with a notice:
+    none is counted lost, the breaker stays closed, and the node serves at once."""
+    import os
+    import signal
+
+    import msgspec
+
+    w0 = "n1-w0"
+    async with _gap_node(tmp_path, 1) as (dep, nc, client, reports):
+        expired0 = reports.latest[w0].expired
+        pid = reports.latest[w0].pid
+        body = msgspec.msgpack.encode({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                                   "data": [0.25] * 64}]})
+        n = 3000
+        inbox = nc.new_inbox()
+        answers = []
+
+        async def on_answer(msg) -> None:
+            answers.append(msg.subject)
+
+        await nc.subscribe(inbox + ".*", cb=on_answer, pending_msgs_limit=4 * n)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for k in range(n):
+                await nc.publish(f"{dep.prefix}.infer.digits", body, reply=f"{inbox}.{k}",
+                                 headers={"Inferbus-Timeout-Ms": "300"})
+            await nc.flush()
+            await asyncio.sleep(2.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await reports.wait(lambda r: r[w0].expired - expired0 >= n // 2, timeout_s=15,
+                           what="the thawed worker's expired requests")
+        c, w = await _settled_counts(client, w0)
+        print(f"thawed worker: {len(answers)} answers, expired at it {reports.latest[w0].expired - expired0} of {n}; "
+              f"lost {c['lost']}, "
+              f"lost_while_worker_behind {c['lost_while_worker_behind']}; breaker {w['breaker']} {w['breaker_trips']}")
+        assert c["lost"] == 0, c
+        assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
+        ok = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
+        assert ok["logits"].shape == (1, 10)

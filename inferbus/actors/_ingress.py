@@ -1760,13 +1760,25 @@ class Ingress:
         return None
 
     def _verdict_waits(self, p, now: float) -> bool:
-        """Whether the sweep leaves a forward missing past its deadline + ``pending_grace_s`` for later: its worker
-        is in a gap of its reports (:meth:`WorkerState.in_report_gap`), so whether it was stopped (a failure) or busy
-        (an overload: a colocated process working off its own ingress's backlog, whose completion notices come late)
-        is known only from its next report (:attr:`LoadReport.cpu_ratio`). The forward stays pending, and so priced
-        in the worker's load, until that report comes, or until the silent-worker check fails it, or a down event."""
+        """Whether the sweep leaves a forward missing past its deadline + ``pending_grace_s`` for later, for at most
+        ``health_timeout_s`` more:
+
+        * its worker is in a gap of its reports (:meth:`WorkerState.in_report_gap`), so whether it was stopped (a
+          failure) or busy (an overload: a colocated process working off its own ingress's backlog, whose completion
+          notices come late) is known only from its next report (:attr:`LoadReport.cpu_ratio`);
+        * or its worker's reports resumed after a gap (frozen: SIGSTOP, a stalled VM) since this was forwarded: it is
+          working through what it read while frozen (its stall fence refuses most of it, each with a completion
+          notice), and what it has not reached yet is not lost; its reports' backlog cannot show that, since what
+          waits in its socket is not counted (a fresh-user trial, 2026-12-05: a 3 s SIGSTOP of a colocated process
+          under a burst, 63 answered requests counted lost by the other ingress and its breaker opened).
+
+        The forward stays pending, and so priced in the worker's load, until its completion notice comes or the
+        ``health_timeout_s`` is up (then it is judged as any other); the silent-worker check or a down event can
+        settle it first. What a thawed worker really lost is blamed that much later."""
         w = self.router.workers.get(p.worker_id)
-        return w is not None and w.in_report_gap(now)
+        if w is None or now - p.deadline > self.config.pending_grace_s + self.config.health_timeout_s:
+            return False
+        return w.in_report_gap(now) or w.gap_at >= p.t_fwd
 
     async def _sweep(self) -> None:
         now = time.monotonic()

@@ -743,7 +743,8 @@ class Worker:
         if self._stalled(job):
             self.stats.stall_fenced += 1
             await self._finish_now(job, Unavailable(
-                f"worker {self.config.worker_id} was frozen past its health window; the request may have been "
+                f"worker {self.config.worker_id} was frozen longer than its stall fence "
+                f"({self.config.stall_fence_s:g} s); the request may have been "
                 f"retried elsewhere, so it is not computed here"))
             return
         # a local job's wall-clock deadline is its monotonic one, converted by the ingress in this process: the
@@ -1356,7 +1357,8 @@ class Worker:
             if not job.joined and self._stalled(job):
                 self.stats.stall_fenced += 1
                 o = self._error_outcome(job, Unavailable(
-                    f"worker {self.config.worker_id} was frozen past its health window; not computed"))
+                    f"worker {self.config.worker_id} was frozen longer than its stall fence "
+                    f"({self.config.stall_fence_s:g} s); not computed"))
                 outcomes.append(o)
                 continue
             if job.deadline <= time.monotonic() or (not job.joined and not job.local
