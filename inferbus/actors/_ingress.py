@@ -436,9 +436,9 @@ class Ingress:
         death else None)``, in the order of that time (an entry updated is inserted again), emptied of the forgotten
         ones by each sweep (:meth:`_forget_deaths`)."""
         self._by_rid: dict[str, int] = {}
+        """Request id → seq of its newest pending forward (sticky retries)."""
         self._parked: list[tuple[Pending, InferbusError]] = []
         """Requests whose worker died holding them, waiting for a live worker of their model (:meth:`_resend`)."""
-        """Request id → seq of its newest pending forward (sticky retries)."""
         self._done_rids: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
         """Request id → (model key, worker id, expiry) of a forward that completed successfully, for
         ``recent_rid_ttl_s`` (LRU, ``recent_rid_entries``): a later copy goes to the worker holding its result."""
@@ -1607,8 +1607,8 @@ class Ingress:
                             instead: dict[int, InferbusError] | None = None, resend: bool = False) -> int:
         """Answer every request pending at ``worker_id`` with ``err``, or with ``instead[seq]`` where given (a
         hedge copy still running elsewhere answers instead). With ``resend`` (the worker's process died), a request
-        with no ``instead`` answer is first sent again to another worker (:meth:`_resend`), once, within what is
-        left of its budget; ``err`` only where that cannot be done. Returns how many were pending."""
+        with no ``instead`` answer is first sent again to another worker (:meth:`_resend`), within what is left of
+        its budget and at most ``_MAX_RESENDS`` times in all; ``err`` only where that cannot be done. Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
         now = time.monotonic()
         for s in victims:
