@@ -262,6 +262,9 @@ class Pending(msgspec.Struct):
     """The model version it was forwarded for (:class:`~inferbus.actors._repository.ModelVersion`)."""
     resends: int = 0
     """Times it was sent again after a worker died holding it (at most ``_MAX_RESENDS``)."""
+    waited: bool = False
+    """The sweep found it missing past its deadline + ``pending_grace_s`` and waited for its worker's next report
+    or notice (:meth:`Ingress._verdict_waits`; counted once in ``counts.verdicts_waited``)."""
 
 
 class _Deferred(msgspec.Struct):
@@ -454,7 +457,7 @@ class Ingress:
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
-                       "resent_after_death": 0}
+                       "resent_after_death": 0, "verdicts_waited": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -1778,7 +1781,12 @@ class Ingress:
         w = self.router.workers.get(p.worker_id)
         if w is None or now - p.deadline > self.config.pending_grace_s + self.config.health_timeout_s:
             return False
-        return w.in_report_gap(now) or w.gap_at >= p.t_fwd
+        if w.in_report_gap(now) or w.gap_at >= p.t_fwd:
+            if not p.waited:
+                p.waited = True
+                self.counts["verdicts_waited"] += 1
+            return True
+        return False
 
     async def _sweep(self) -> None:
         now = time.monotonic()
