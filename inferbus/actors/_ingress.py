@@ -1614,6 +1614,7 @@ class Ingress:
         its budget and at most ``_MAX_RESENDS`` times in all; ``err`` only where that cannot be done. Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
         now = time.monotonic()
+        ready = self.router.ready_models(now) if resend and victims else None  # (once, not per request)
         for s in victims:
             p = self._pop(s)
             h = p.hedge
@@ -1624,12 +1625,12 @@ class Ingress:
                 h.done = True
                 h.timer.cancel()
             answer = instead.get(s) if instead else None
-            if answer is None and resend and await self._resend(p, now, err):
+            if answer is None and resend and await self._resend(p, now, err, ready):
                 continue
             await self._error(p.reply, answer or err, p.content_type, p.request_id)
         return len(victims)
 
-    async def _resend(self, p: Pending, now: float, err: InferbusError) -> bool:
+    async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str]) -> bool:
         """Send again, to another worker, a request whose worker died holding it (a crash, not a stop), instead of
         answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
         its answer. Only a request forwarded over the bus and not hedged (:attr:`Pending.hdrs`), sent again fewer
@@ -1638,11 +1639,12 @@ class Ingress:
         suspect runs alone (``Inferbus-Alone``), one it made a query of death is refused (answered here). While no
         worker of its model is live (each died or restarts), it waits (``_parked``; the sweep sends it once one is,
         or answers ``err`` when its budget is spent; the ingress's stop answers it ``err``).
+        ``ready``: the model versions with a live worker (:meth:`Router.ready_models`, read once by the caller).
         Returns False when it was not sent (the caller answers it ``err``); True when it was sent, parked, or
         answered with the error the forward raised (a full ingress: RESOURCE_EXHAUSTED)."""
         if p.hdrs is None or p.resends >= _MAX_RESENDS or p.deadline - now <= _RESEND_MIN_BUDGET_S:
             return False
-        if p.model_key not in self.router.ready_models(now):
+        if p.model_key not in ready:
             self._parked.append((p, err))
             return True
         try:
@@ -1661,8 +1663,9 @@ class Ingress:
         """Send the parked requests (:meth:`_resend`) whose model has a live worker again; answer those whose budget
         is spent, or all of them when ``stopping``, with the error they would have had."""
         parked, self._parked = self._parked, []
+        ready = set() if stopping else self.router.ready_models(now)
         for p, err in parked:
-            if stopping or not await self._resend(p, now, err):
+            if stopping or not await self._resend(p, now, err, ready):
                 await self._error(p.reply, err, p.content_type, p.request_id)
 
     async def _sweeper(self) -> None:
