@@ -6,6 +6,7 @@ one NATS (free ports, the first node's embedded nats-server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -16,10 +17,11 @@ import pytest
 
 from inferbus.client import Client
 from inferbus.schemas import InferbusError
+from inferbus.schemas._internal import FORWARD_TAG
 
 from conftest import start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from test_reliability_lib import models_subset, reference, set_fault
+from test_reliability_lib import Reports, models_subset, reference, set_fault
 
 PREFIX = "stopd"
 DELAY_MS = 2500
@@ -41,12 +43,13 @@ async def _publish_row(nc, row, inbox: str, request_id: str) -> None:
 async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable_at_once(tmp_path):
     """Two nodes, one worker each, both slowed to 2.5 s per batch; 8 SDK requests (one attempt per budget: only
     an error reply makes it retry) and 12 raw requests (own reply subjects, so every reply is counted), 20 s
-    budgets, sent so that each worker computes a first batch and holds a second; then n2 gets SIGTERM and n1's
-    worker is fast again. Before the fix, the requests n2's own ingress had forwarded to n2's worker were dropped
-    when its drain ended: two SDK calls ended DEADLINE_EXCEEDED at 20 s, raw requests got no reply. n2's worker cannot finish its second batch
-    within its 3 s drain: those requests are answered UNAVAILABLE (retry hint 0) when the drain ends, to the
-    client and to the ingress that forwarded them, whichever node's. Every raw request gets exactly one reply
-    (nothing dropped, no late second answer), every SDK call a correct answer, all well before the budget."""
+    budgets, sent while each worker computes a first batch (one request sent to it directly, n1's first), so that
+    n2's worker holds them in a second batch; then n2 gets SIGTERM and n1's worker is fast again. Before the fix,
+    the requests n2's own ingress had forwarded to n2's worker were dropped when its drain ended: two SDK calls
+    ended DEADLINE_EXCEEDED at 20 s, raw requests got no reply. n2's worker cannot finish its second batch within
+    its 3 s drain: those requests are answered UNAVAILABLE (retry hint 0) when the drain ends, to the client and
+    to the ingress that forwarded them, whichever node's. Every raw request gets exactly one reply (nothing
+    dropped, no late second answer), every SDK call a correct answer, all well before the budget."""
     models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
     common = ["--models", str(models), "--no-cache", "--fault-injection"]
     n1 = start_deployment(tmp_path / "n1", workers=1, prefix=PREFIX, extra=common)
@@ -59,36 +62,58 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
         x = np.load(models / "digits" / "data" / "test.npz")["X"][:20].astype(np.float32)
         for _ in range(6):  # warm both nodes' paths
             await client.infer("digits", {"pixels": x[:1]}, timeout_s=5)
-        for w in ("n1-w0", "n2-w0"):
-            await set_fault(nc, PREFIX, w, compute_delay_ms=DELAY_MS)
 
         replies: dict[str, list] = {}
 
         async def on_reply(msg) -> None:
             replies.setdefault(msg.subject, []).append(msg)
 
-        async def one(k):
+        async def one(row):
             t = time.monotonic()
             try:
-                out = await client.infer("digits", {"pixels": x[k:k + 1]}, timeout_s=20)
+                out = await client.infer("digits", {"pixels": x[row:row + 1]}, timeout_s=20)
             except InferbusError as err:
-                return err, time.monotonic() - t
-            return out, time.monotonic() - t
+                return row, err, time.monotonic() - t
+            return row, out, time.monotonic() - t
 
         sub = await nc.subscribe("_RAW.stopd.>", cb=on_reply)
+        reports = await Reports.start(nc, PREFIX)
         raw = [f"_RAW.stopd.{k}" for k in range(12)]
-        t0 = time.monotonic()
         calls = []
-        for k in range(4):  # first batches: each worker starts one (least loaded), the rest queue behind them
-            calls.append(asyncio.ensure_future(one(12 + k)))
-            await asyncio.sleep(0.15)
-        for k, inbox in enumerate(raw):
-            await _publish_row(nc, x[k], inbox, f"raw-{k}")
-        calls += [asyncio.ensure_future(one(16 + k)) for k in range(4)]
+
+        def computing(w: str, min_ms: float = 0.0):
+            return lambda r: r.get(w) is not None and r[w].computing_ms > min_ms
+
+        # first batches, n1's first and n2's 0.1 s or more later: one request each (rows 0 and 1), sent to the
+        # worker's own subject as an ingress forwards it. The ingresses price a worker by the age of the batch it
+        # computes (Router.on_report, a long batch), so what follows goes to n2's worker (the younger batch) and
+        # queues behind it. Left to routing, the first batches began in either order, and what followed went to
+        # whichever began later: n1's in two runs of three, and the refusal under test did not happen (CI,
+        # 2026-12-05).
+        t0 = time.monotonic()
+        first = []
+        for row, w in enumerate(("n1-w0", "n2-w0")):
+            await set_fault(nc, PREFIX, w, compute_delay_ms=DELAY_MS)
+            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                           "data": x[row].tolist()}]}).encode()
+            first.append(asyncio.ensure_future(nc.request(f"{PREFIX}._w.{w}", body, timeout=20, headers={
+                "Inferbus-Msg": FORWARD_TAG, "Inferbus-Model": "digits", "Inferbus-Version": "1",
+                "Inferbus-Timeout-Ms": "20000", "Content-Type": "application/json"})))
+            await reports.wait(computing(w, 100), what=f"{w} computing its first batch for 0.1 s")
+        await reports.stop()
+        for j, inbox in enumerate(raw):
+            await _publish_row(nc, x[j], inbox, f"raw-{j}")
+        calls += [asyncio.ensure_future(one(row)) for row in range(12, 20)]
         await asyncio.sleep(0.3)  # all forwarded: the second batches wait for the first
         await set_fault(nc, PREFIX, "n1-w0")  # n1's next batch is fast (the retries land there)
         n2.proc.send_signal(signal.SIGTERM)  # n2's second batch starts ~2.5 s later, ends after its drain
         results = await asyncio.gather(*calls)
+        for row, msg in enumerate(await asyncio.gather(*first)):  # computed within the drain: n2's first batch too
+            out = json.loads(msg.data)["outputs"]
+            probs = next(o for o in out if o["name"] == "probabilities")["data"]
+            np.testing.assert_allclose(np.asarray(probs, np.float32).reshape(1, 10),
+                                       reference("digits", {"pixels": x[row:row + 1]})["probabilities"],
+                                       rtol=1e-5, atol=1e-6)
         sdk_done_s = time.monotonic() - t0
         while len(replies) < len(raw) and time.monotonic() - t0 < 12:
             await asyncio.sleep(0.05)
@@ -100,13 +125,14 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
         m = re.search(r"answered (\d+) of them UNAVAILABLE", wlog)
         assert m and int(m.group(1)) > 0, wlog[-2000:]  # the case under test happened: n2's worker refused some
 
-        bad = [r for r, _ in results if isinstance(r, Exception)]
+        bad = [r for _, r, _ in results if isinstance(r, Exception)]
         assert not bad, bad
-        for k, (out, _) in enumerate(results):
+        assert sorted(row for row, _, _ in results) == list(range(12, 20))
+        for row, out, _ in results:
             np.testing.assert_allclose(out["probabilities"],
-                                       reference("digits", {"pixels": x[12 + k:13 + k]})["probabilities"],
+                                       reference("digits", {"pixels": x[row:row + 1]})["probabilities"],
                                        rtol=1e-5, atol=1e-6)
-        assert sdk_done_s < 9.0, (sdk_done_s, [round(s, 2) for _, s in results])  # the budget was 20 s
+        assert sdk_done_s < 9.0, (sdk_done_s, [round(s, 2) for _, _, s in results])  # the budget was 20 s
 
         assert sorted(replies) == sorted(raw), sorted(replies)  # nothing dropped
         twice = {s: len(v) for s, v in replies.items() if len(v) != 1}
