@@ -180,6 +180,15 @@ def poisoned(tmp_path):
 POISON = {"d": np.array([[np.iinfo(np.int64).min]], np.int64), "e": np.array([[0]], np.int64)}
 
 
+@pytest.fixture
+def poisoned_colocated(tmp_path):
+    models = models_subset(tmp_path / "models", ["digits"])
+    _div_model(models / "div")
+    d = start_deployment(tmp_path / "dep", workers=2, prefix="qodc", extra=["--models", str(models), "--colocate"])
+    yield d
+    d.stop()
+
+
 async def _div_serves_again(client) -> None:
     """Wait (30 s at most) until ``div`` answers other inputs right again: its workers restarted."""
     deadline = time.monotonic() + 30
@@ -301,13 +310,15 @@ async def test_a_raw_client_gets_every_innocent_answered_when_a_killer_takes_the
     """A fresh-user trial (2026-12-05): a raw NATS client (no SDK, no retries) sending 23-39 innocent requests with a
     killer got 11-19 of them UNAVAILABLE "safe to retry": the dying worker held them, and the ingress answered
     them so. Now the ingress sends each again to another worker within its budget (``counts.resent_after_death``);
-    the raw client gets every innocent's result and the killer's INTERNAL, one answer each."""
+    the raw client gets every innocent's result and the killer's INTERNAL, one answer each. Each request's id is
+    the body's ``id`` alone (a plain KServe client): every answer carries it as ``Inferbus-Request-Id``, the
+    killer's INTERNAL (made by the ingress) too; before, the ingress's own answers to such a request had none."""
     import nats
 
     from inferbus.schemas import InferRequest, decode_response, encode_request, input_from_numpy, output_to_numpy
 
-    def body(feeds) -> bytes:
-        return encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
+    def body(feeds, rid: str) -> bytes:
+        return encode_request(InferRequest(id=rid, inputs=[input_from_numpy(k, v) for k, v in feeds.items()]))
 
     client = await Client.connect(poisoned.nats_url, "qod")
     nc = await nats.connect(poisoned.nats_url)
@@ -326,7 +337,7 @@ async def test_a_raw_client_gets_every_innocent_answered_when_a_killer_takes_the
         n, killer = 24, 11
         for k in range(n):
             feeds = POISON if k == killer else {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)}
-            await nc.publish("qod.infer.div", body(feeds), reply=f"{inbox}.{k}",
+            await nc.publish("qod.infer.div", body(feeds, f"raw-{k}"), reply=f"{inbox}.{k}",
                              headers={"Inferbus-Timeout-Ms": "15000"})
         await nc.flush()
         deadline = time.monotonic() + 20
@@ -335,6 +346,8 @@ async def test_a_raw_client_gets_every_innocent_answered_when_a_killer_takes_the
             await anyio.sleep(0.05)
         await anyio.sleep(0.5)  # (a second answer to any of them would come meanwhile)
         assert all(len(v) == 1 for v in answers.values()), {k: len(v) for k, v in answers.items() if len(v) != 1}
+        ids = {k: (m[0].headers or {}).get("Inferbus-Request-Id") for k, m in answers.items()}
+        assert ids == {k: f"raw-{k}" for k in range(n)}, ids
         codes = {k: (m[0].headers or {}).get("Nats-Service-Error-Code") for k, m in answers.items()}
         assert codes.pop(killer) == "500", answers[killer][0].data
         wrong = {k: (c, answers[k][0].data[:200]) for k, c in codes.items() if c is not None}
@@ -371,6 +384,143 @@ async def test_a_stream_of_different_killers_does_not_make_the_node_give_up(pois
         assert poisoned.log.read_text().count("not counted against the restart intensity") >= 12
     finally:
         await client.close()
+
+
+async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_did_not_reach(poisoned_colocated):
+    """``inferbus up --colocate``: the ingress and the worker are one process, so the crash took the ingress's memory
+    with it, and the SDK's retries carried the killer from process to process (a trial: 8 deaths for one 10 s call,
+    which ended DEADLINE_EXCEEDED). Now the worker writes the in-process request itself into its flight record, the
+    node passes its id and body digest on in the down event, and the other processes' ingresses refuse it: the call
+    ends INTERNAL, the killer's words, well within its budget; one process died (two if a retry reached the
+    restarted process first, whose new ingress has no memory), not counted against the node's restart intensity;
+    the node serves on."""
+    import re
+
+    from inferbus.schemas import Internal
+
+    dep = poisoned_colocated
+
+    def deaths() -> int:
+        return len(re.findall(r"colocated:n1-w\d' \(pid \d+\) exited: killed by signal 8", dep.log.read_text()))
+
+    client = await Client.connect(dep.nats_url, "qodc", attempt_timeout_ms=300)
+    try:
+        for k in range(4):  # both processes serve
+            out = await client.infer("div", {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)},
+                                     timeout_s=10.0)
+            assert out["out"].tolist() == [[k]]
+        t0 = time.monotonic()
+        with pytest.raises(Internal) as ei:
+            await client.infer("div", POISON, timeout_s=10.0)
+        took_s = time.monotonic() - t0
+        assert "running this request to div:1 alone: it is taken to be what kills them" in ei.value.message, \
+            ei.value.message
+        assert took_s < 5, took_s
+        deadline = time.monotonic() + 5
+        while deaths() < 1:
+            assert time.monotonic() < deadline, dep.log.read_text()[-3000:]
+            await anyio.sleep(0.1)
+        await _div_serves_again(client)
+        n = deaths()
+        assert 1 <= n <= 2, dep.log.read_text()[-3000:]
+        assert dep.log.read_text().count("not counted against the restart intensity") == n
+        assert dep.proc.poll() is None
+        out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
+        assert out["probabilities"].shape == (1, 10)
+        print(f"colocated killer: {n} process death(s), answered INTERNAL in {took_s:.2f} s")
+    finally:
+        await client.close()
+
+
+async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
+    """``--ingress 2``: each ingress counted the deaths of its own requests only, so the same killer through the other
+    ingress replica started its count afresh (3-4 deaths per killer in a trial). Now an ingress tells its peers what
+    a crash changed in its memory (``<p>._deaths``): after the killer's one death, the same bytes sent by a raw client
+    (no request id) six times, over both replicas, are each refused at once, and no worker dies again."""
+    import re
+
+    import nats
+
+    from inferbus.schemas import InferRequest, Internal, encode_request, input_from_numpy
+
+    models = models_subset(tmp_path / "models", ["digits"])
+    _div_model(models / "div")
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="qod2", extra=["--models", str(models), "--ingress", "2"])
+    try:
+        def deaths() -> int:
+            return len(re.findall(r"worker:n1-w\d' \(pid \d+\) exited: killed by signal 8", dep.log.read_text()))
+
+        client = await Client.connect(dep.nats_url, "qod2")
+        nc = await nats.connect(dep.nats_url)
+        try:
+            with pytest.raises(Internal) as ei:
+                await client.infer("div", POISON, timeout_s=10.0)
+            assert "running this request to div:1 alone" in ei.value.message, ei.value.message
+            await anyio.sleep(0.3)  # (the peer's share crosses the server)
+            body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in POISON.items()]))
+            for _ in range(6):
+                raw = await nc.request("qod2.infer.div", body, timeout=5.0)
+                assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, \
+                    (raw.headers, raw.data[:300])
+            await _div_serves_again(client)
+            assert deaths() == 1, dep.log.read_text()[-3000:]
+            counts = [c for c in await _ingress_counts(nc)]
+            assert len(counts) == 2, counts
+            assert sum(c["deaths_shared_in"] for c in counts) >= 1, counts
+            assert sum(c["query_of_death"] for c in counts) == 7, counts  # the SDK call's answer, six refusals
+            assert all(c["query_of_death"] > 0 for c in counts), counts  # both replicas refused some
+        finally:
+            await nc.close()
+            await client.close()
+    finally:
+        dep.stop()
+
+
+async def _ingress_counts(nc) -> list[dict]:
+    """``counts`` of every ingress replica, from ``$SRV.STATS`` (each answers)."""
+    from nats.errors import TimeoutError as NatsTimeout
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
+    out = []
+    try:
+        while True:
+            stats = json.loads((await sub.next_msg(timeout=0.5)).data)
+            out += [(e.get("data") or {}).get("counts", {}) for e in stats.get("endpoints", []) if e.get("name") == "infer"]
+    except NatsTimeout:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+def test_peers_merge_query_of_death_memories_by_the_most_deaths_and_the_later_expiry():
+    """:meth:`Ingress._merge_deaths`: a peer's entry adds what this ingress did not know (a key, more deaths, a
+    refusal), never lowers a count or drops a refusal, and an entry past its time here is taken as new."""
+    from inferbus.actors import IngressConfig
+    from inferbus.actors._ingress import QUERY_OF_DEATH_TTL_S, Ingress
+    from inferbus.bus import BusConfig
+    from inferbus.schemas._internal import DeathMemory, decode_internal, encode_internal
+
+    from conftest import MODELS
+
+    a, b = (Ingress(IngressConfig(ingress_id=i, bus=BusConfig(prefix="mem"), models_dir=str(MODELS),
+                                  models=("digits",))) for i in ("a", "b"))
+    body_key = ("body", "digits:1", b"\x01" * 16)
+    a._deaths[body_key] = (1, 70.0, "killed by signal 8", None)
+    a._deaths[("rid", "digits:1", "r1")] = (2, 70.0, "killed by signal 8", "refused: r1")
+    a._deaths[("key", "old")] = (1, 5.0, "x", None)  # past its time at 10.0: not shared
+    m = decode_internal(encode_internal(DeathMemory("a", a._memory_entries(None, 10.0))))  # as it crosses the bus
+    assert [tuple(e[0]) for e in m.entries] == [body_key, ("rid", "digits:1", "r1")]
+    assert b._merge_deaths(m, 100.0) == 2 and b._deaths_of("digits:1", "r1", None, b"", 100.0) == (2, "refused: r1")
+    assert b._deaths[body_key] == (1, 160.0, "killed by signal 8", None)  # 60 s left, on b's clock
+    assert b._merge_deaths(m, 100.0) == 0  # nothing new
+    b._deaths[body_key] = (3, 150.0, "later", "refused: body")
+    assert b._merge_deaths(m, 101.0) == 0 and b._deaths[body_key] == (3, 150.0, "later", "refused: body")
+    big = DeathMemory("a", [(list(body_key), 1, 10 * QUERY_OF_DEATH_TTL_S, "y", None), (["rid"], 0, 5.0, "z", None)])
+    b._deaths.clear()
+    assert b._merge_deaths(big, 0.0) == 1 and b._deaths[body_key][1] == QUERY_OF_DEATH_TTL_S  # bounded
 
 
 def test_the_crash_memory_forgets_its_entries_in_time_and_empties():
@@ -414,6 +564,15 @@ def test_the_flight_record_says_what_each_slot_runs_and_when_it_does_not_know(tm
     assert read_flight_record(path) is None
     fr.clear(THREAD_SLOT)
     assert read_flight_record(path) == []
+    # a request a colocated ingress handed over in-process: the request itself (that ingress dies with the process)
+    fr.record(LOOP_SLOT, (("div:1", "r-1", b"\x81\xa6inputs\x90"),))
+    fr.record(THREAD_SLOT, [("n1-i0", 3), ("div:1", "", b"body")])
+    assert read_flight_record(path) == [("n1-i0", 3), ("div:1", "", b"body"), ("div:1", "r-1", b"\x81\xa6inputs\x90")]
+    fr.clear(THREAD_SLOT)
+    fr.record(THREAD_SLOT, [("n1-i0", "3")])  # an entry of neither shape: not known
+    assert read_flight_record(path) is None
+    fr.clear(THREAD_SLOT)
+    fr.clear(LOOP_SLOT)
     fr.close()
     (tmp_path / "short").write_bytes(b"\0" * 10)
     assert read_flight_record(str(tmp_path / "short")) is None
@@ -455,3 +614,19 @@ def test_a_crash_counts_against_the_running_requests_only_and_spares_the_breaker
     pend(5, "other")  # a SIGKILL (the OOM killer, an operator) in such a run: one death, retried
     poison, charge = ing._note_deaths("w0", "killed by signal 9 (SIGKILL)", 15.0, [("t0", 5)], fault=False)
     assert poison == {} and charge and ing._deaths_of("digits:1", "other", None, b"other", 15.0) == (1, None)
+    # a colocated process's crash: the requests its own (dead) ingress handed over in-process, by request id and
+    # body digest; this ingress held none of them, but remembers them for their retries
+    from inferbus.actors._flight import death_digest
+
+    poison, charge = ing._note_deaths("w2", "killed by signal 8 (SIGFPE)", 16.0, [], fault=True,
+                                      running_local=[("digits:1", "", death_digest(b"alone"))])
+    assert poison == {} and ing.counts["crash_suspects_heard"] == 1
+    assert "running this request to digits:1 alone" in ing._deaths_of("digits:1", None, None, b"alone", 16.0)[1]
+    poison, charge = ing._note_deaths("w2", "killed by signal 8 (SIGFPE)", 17.0, [], fault=True, running_local=[
+        ("digits:1", "a", death_digest(b"batched-a")), ("digits:1", "b", death_digest(b"batched-b"))])
+    assert ing._deaths_of("digits:1", "a", None, b"other bytes", 17.0) == (1, None)  # a suspect, by its id
+    assert ing._deaths_of("digits:1", None, None, b"batched-b", 17.0) == (1, None)  # by its body
+    poison, charge = ing._note_deaths("w2", "killed by signal 8 (SIGFPE)", 18.0, [], fault=False, running_local=[
+        ("digits:1", "a", death_digest(b"batched-a")), ("digits:1", "c", death_digest(b"c"))])
+    assert ing._deaths_of("digits:1", "a", None, b"", 18.0)[0] == 2  # its second crash: refused
+    assert ing._deaths_of("digits:1", "a", None, b"", 18.0)[1] is not None

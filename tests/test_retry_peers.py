@@ -58,12 +58,25 @@ async def _ingress_counts(nc) -> list[dict]:
     return out
 
 
-def _body(k: int) -> bytes:
-    return msgpack.packb({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [k]},
+def _body(k: int, rid: str | None = None) -> bytes:
+    return msgpack.packb({**({"id": rid} if rid else {}),
+                          "inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [k]},
                                      {"name": "b", "datatype": "FP16", "shape": [1, 4], "data": [0.25] * 4}]})
 
 
-async def test_retries_through_either_ingress_run_the_model_once(dep):
+def _id_carrier(rid: str, id_in: str, k: int) -> tuple[bytes, dict]:
+    """The body and headers of a request whose id ``rid`` is the ``Inferbus-Request-Id`` header (``id_in`` =
+    ``header``) or the body's ``id`` (``body``: a plain KServe client's idempotency key)."""
+    if id_in == "header":
+        return _body(k), {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "3000"}
+    return _body(k, rid), {"Inferbus-Timeout-Ms": "3000"}
+
+
+ID_IN = pytest.mark.parametrize("id_in", ["header", "body"])
+
+
+@ID_IN
+async def test_retries_through_either_ingress_run_the_model_once(dep, id_in):
     nc = await nats.connect(dep.nats_url)
     reports = await Reports.start(nc, PREFIX)
     try:
@@ -75,8 +88,7 @@ async def test_retries_through_either_ingress_run_the_model_once(dep):
         peer0 = sum(c.get("peer_sticky_retries", 0) for c in await _ingress_counts(nc))
         joins0 = sum(r.dedup_joins for r in reports.latest.values())
         rid = uuid.uuid4().hex
-        body = _body(21)
-        headers = {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "3000"}
+        body, headers = _id_carrier(rid, id_in, 21)
         with pytest.raises(NatsTimeout):  # the first attempt: abandoned by the client while it computes
             await nc.request(f"{PREFIX}.infer.typed", body, timeout=0.2, headers=headers)
         t0 = time.monotonic()
@@ -91,6 +103,7 @@ async def test_retries_through_either_ingress_run_the_model_once(dep):
         answers = []
         for sub in late:  # every retry gets the one computation's answer
             msg = await sub.next_msg(timeout=3.0)
+            assert msg.headers["Inferbus-Request-Id"] == rid
             answers.append(msgpack.unpackb(msg.data))
         assert time.monotonic() - t0 < 2.5
         for a in answers:
@@ -112,11 +125,13 @@ async def test_retries_through_either_ingress_run_the_model_once(dep):
         await nc.close()
 
 
-async def test_a_retry_after_the_answer_is_served_from_the_worker_that_computed_it(dep):
+@ID_IN
+async def test_a_retry_after_the_answer_is_served_from_the_worker_that_computed_it(dep, id_in):
     """A copy of a request id sent *after* its first copy was answered (a lost reply, a late client retry) goes,
     through either ingress replica, to the worker that computed it, whose recent results answer it (``hit``):
     one execution for 13 attempts. Before, a completed copy left no trace at the ingresses, so each later
-    attempt was routed afresh and mostly ran the model again on whichever worker the router picked."""
+    attempt was routed afresh and mostly ran the model again on whichever worker the router picked. The same
+    with the id in the body alone (a plain KServe client): the ingresses remembered only a header's id."""
     nc = await nats.connect(dep.nats_url)
     reports = await Reports.start(nc, PREFIX)
     try:
@@ -126,8 +141,7 @@ async def test_a_retry_after_the_answer_is_served_from_the_worker_that_computed_
         await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
         ran0 = reports.computed()
         rid = uuid.uuid4().hex
-        body = _body(33)
-        headers = {"Inferbus-Request-Id": rid, "Inferbus-Timeout-Ms": "3000"}
+        body, headers = _id_carrier(rid, id_in, 33)
         first = await nc.request(f"{PREFIX}.infer.typed", body, timeout=3.0, headers=headers)
         assert not (first.headers or {}).get("Inferbus-Dedup")
         marks = []
@@ -136,6 +150,7 @@ async def test_a_retry_after_the_answer_is_served_from_the_worker_that_computed_
                                    headers={**headers, "Inferbus-Attempt": str(attempt)})
             a = msgpack.unpackb(msg.data)
             assert next(o for o in a["outputs"] if o["name"] == "a_times_2")["data"] == [66]
+            assert msg.headers["Inferbus-Request-Id"] == rid
             marks.append((msg.headers or {}).get("Inferbus-Dedup"))
         await reports.wait(lambda r: reports.computed() >= ran0 + 1, what="report of the run")
         await asyncio.sleep(0.3)  # one more report period: a second execution would show now

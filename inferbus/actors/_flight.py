@@ -8,24 +8,34 @@ survives the process (a SIGFPE or SIGSEGV inside the runtime, a SIGKILL) for the
 each ingress counts the crash against those requests only, not against every request it had forwarded to the worker
 (queued ones, another model's): see :meth:`inferbus.actors._ingress.Ingress._note_deaths`.
 
+A request a colocated ingress handed to its worker in-process (``--colocate``) dies with that ingress, whose forward
+sequence numbers mean nothing to anyone else: for it the worker writes ``[model version key, request id or "", body]``
+instead (the body as it came, a reference written by the encoder; no digest on the request path), and the node
+passes its :func:`death_digest` on in the event (``running_local``), so that the *other* ingresses know the request
+that killed the process (a query of death carried from process to process by the client's retries).
+
 Two slots: the inference thread's and the event loop's (a model run inline, :attr:`Job.inline`), which can run at
-the same time. Each slot is a 4-byte little-endian length then a MessagePack array of ``[ingress, seq]`` pairs;
-length 0 is an empty slot, :data:`_UNKNOWN` a run whose pairs did not fit (the reader then knows nothing of it).
-The length is written last and cleared first, so a reader never takes a half-written list for a whole one.
+the same time. Each slot is a 4-byte little-endian length then a MessagePack array of entries, each
+``[ingress, seq]`` or ``[model key, request id, body]``; length 0 is an empty slot, :data:`_UNKNOWN` a run whose
+entries did not fit (the reader then knows nothing of it). The length is written last and cleared first, so a
+reader never takes a half-written list for a whole one.
 
 A black-box recorder of this kind is an old technique (a process's "flight recorder"); the file format is our own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
 
 import msgspec
 
-SLOT_BYTES = 32 * 1024
-"""Bytes per slot: a run of 256 requests (the inference thread's largest) with 60-character ingress ids fits."""
+SLOT_BYTES = 256 * 1024
+"""Bytes per slot: a run of 256 forwarded requests (the inference thread's largest) with 60-character ingress ids
+fits, and in-process requests whose bodies add up to about 256 KiB; a run that does not fit is recorded as not
+known. The file is sparse: only what a run writes is touched."""
 SLOTS = 2
 THREAD_SLOT = 0
 LOOP_SLOT = 1
@@ -33,7 +43,14 @@ _UNKNOWN = 0xFFFFFFFF
 _LEN = struct.Struct("<I")
 _pack_len = _LEN.pack_into
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
+_decode = msgspec.msgpack.Decoder().decode  # entries of two shapes, checked by read_flight_record
+
+
+def death_digest(body: bytes) -> bytes:
+    """What identifies a request's body across its copies after a crash: BLAKE2b, 16 bytes (RFC 7693), of the body
+    as the ingress received it. The ingresses key their query-of-death memory by it; the node computes it for the
+    in-process requests a crashed colocated process's runs held."""
+    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 class FlightRecorder:
@@ -57,10 +74,11 @@ class FlightRecorder:
         finally:
             os.close(fd)
 
-    def record(self, slot: int, pairs: list) -> None:
-        """Say that the run starting now on ``slot`` holds ``pairs`` (``[ingress id, seq]`` or tuples). The slot
-        must be clear (new, or :meth:`clear` since the last record): its length is written after the pairs.
-        About 0.6 µs for one pair, 0.8 µs with its :meth:`clear` (2-core box)."""
+    def record(self, slot: int, pairs) -> None:
+        """Say that the run starting now on ``slot`` holds ``pairs``: a list or tuple of entries, each
+        ``(ingress id, seq)``, or ``(model version key, request id or "", body bytes)`` for a request handed over
+        in-process. The slot must be clear (new, or :meth:`clear` since the last record): its length is written
+        after the entries. About 0.6 µs for one pair, 0.8 µs with its :meth:`clear` (2-core box)."""
         data = _encode(pairs)
         n = len(data)
         base = slot * SLOT_BYTES
@@ -78,11 +96,12 @@ class FlightRecorder:
         self._map.close()
 
 
-def read_flight_record(path: str) -> list[tuple[str, int]] | None:
-    """The ``(ingress id, seq)`` pairs of the runs that were under way in the process that wrote ``path``
-    (both slots), or None when that is not known: no such file (a worker started without one), a file of
-    another size, a run that did not fit its slot, or a slot that does not decode. An empty list: the process
-    was computing nothing (it died, or was killed, between runs)."""
+def read_flight_record(path: str) -> list[tuple] | None:
+    """The entries of the runs that were under way in the process that wrote ``path`` (both slots): ``(ingress id,
+    seq)`` of a forwarded request, ``(model version key, request id or "", body)`` of one handed over in-process;
+    or None when that is not known: no such file (a worker started without one), a file of another size, a run
+    that did not fit its slot, or a slot that does not decode or holds an entry of neither shape. An empty list: the
+    process was computing nothing (it died, or was killed, between runs)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(SLOT_BYTES * SLOTS + 1)
@@ -90,7 +109,7 @@ def read_flight_record(path: str) -> list[tuple[str, int]] | None:
         return None
     if len(data) != SLOT_BYTES * SLOTS:
         return None
-    out: list[tuple[str, int]] = []
+    out: list[tuple] = []
     for slot in range(SLOTS):
         base = slot * SLOT_BYTES
         (n,) = _LEN.unpack_from(data, base)
@@ -99,7 +118,18 @@ def read_flight_record(path: str) -> list[tuple[str, int]] | None:
         if n == _UNKNOWN or n > SLOT_BYTES - 4:
             return None
         try:
-            out.extend(_decode(data[base + 4:base + 4 + n]))
+            entries = _decode(data[base + 4:base + 4 + n])
         except msgspec.DecodeError:
             return None
+        if not isinstance(entries, list):
+            return None
+        for e in entries:
+            if not isinstance(e, list):
+                return None
+            if len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int:
+                out.append((e[0], e[1]))
+            elif len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str) and isinstance(e[2], bytes):
+                out.append((e[0], e[1], e[2]))
+            else:
+                return None
     return out

@@ -46,7 +46,6 @@ failure) so counts return to zero even when a worker loses requests.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import functools
 import itertools
 import math
@@ -69,13 +68,14 @@ from ..schemas import (
 from ..schemas._codec import looks_like_json
 from ..schemas._tensors import datatype_mismatch, preload_datatypes
 from ..schemas._internal import (
-    CacheFill, Cancel, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
+    CacheFill, Cancel, DeathMemory, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
 from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint, endpoint_error_counter,
                       endpoint_subscription, error_message, log, run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
+from ._flight import death_digest
 from ._config import IngressConfig
 from ._dedupe import dedupe_key
 from ._layout import RequestLayouts
@@ -244,6 +244,9 @@ class Pending(msgspec.Struct):
     ttl_ms: int
     content_type: str | None
     request_id: str | None
+    """The request id (the ``Inferbus-Request-Id`` header, else the body's ``id`` as the header would carry it):
+    the key of the request-id index (``Ingress._by_rid``, which :meth:`Ingress._pop` cleans), the done memory, the
+    query-of-death memory, and the header of every reply the ingress makes for it."""
     model_key: str = ""
     probe: bool = False
     """Sent as the worker's circuit-breaker probe (HALF_OPEN)."""
@@ -251,9 +254,6 @@ class Pending(msgspec.Struct):
     body: bytes = b""
     """The request's body as it came (a reference, not a copy): what identifies a request that kills its worker
     when it has neither a request id nor a cache key (:meth:`Ingress._note_deaths`)."""
-    rid: str | None = None
-    """The id the ingress's request-id index (``Ingress._by_rid``) holds this copy under (the header's id, or the
-    body's ``id`` when the header has none): :meth:`Ingress._pop` removes it there."""
     hdrs: dict | None = None
     """The request's headers as they came (a reference), with ``mv``: what sending it again takes when its worker
     dies holding it (:meth:`Ingress._resend`); None for a copy that is not sent again (a hedge's, the colocated
@@ -284,12 +284,11 @@ class _Deferred(msgspec.Struct):
     cache_key: str | None
     ttl_ms: int
     ct: str | None
-    header_rid: str | None
     worker_rid: str | None
+    """The request id (as :attr:`Pending.request_id`); the worker's name for it."""
     dkey: tuple | None
     stages: dict
     probe: bool
-    rid: str | None
 
 
 def model_metadata(model: Model) -> ModelMetadata:
@@ -437,7 +436,9 @@ class Ingress:
         """Requests held by workers that died (:meth:`_note_deaths`), by body digest, request id and cache key:
         ``(deaths, forgotten after (monotonic s), the last death's reason, the refusal when it is taken for a query of
         death else None)``, in the order of that time (an entry updated is inserted again), emptied of the forgotten
-        ones by each sweep (:meth:`_forget_deaths`)."""
+        ones by each sweep (:meth:`_forget_deaths`). Shared with the other ingresses (:meth:`_share_deaths`)."""
+        self._deaths_changed: list[tuple] = []
+        """Keys of :attr:`_deaths` the last crash changed, for :meth:`_share_deaths` to send."""
         self._by_rid: dict[str, int] = {}
         """Request id → seq of its newest pending forward (sticky retries)."""
         self._parked: list[tuple[Pending, InferbusError]] = []
@@ -457,7 +458,8 @@ class Ingress:
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
-                       "resent_after_death": 0, "verdicts_waited": 0}
+                       "resent_after_death": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
+                       "deaths_shared_in": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -699,7 +701,11 @@ class Ingress:
                 raise _with_body_id(err, req)
             if not json_ct:
                 self._layouts.learn(mv.key, body, req, arrays, out_names, mv.name, vtag)
-        rid = hdrs.get(H.REQUEST_ID) or (req.id if isinstance(req.id, str) and req.id else None)
+        # the idempotency key: the header, else the body's id as the header would carry it (one key for the
+        # request-id index, the done memory, the query-of-death memory and every reply; an id that is only
+        # whitespace has none)
+        rid = hdrs.get(H.REQUEST_ID) or (H.header_value(req.id) or None if isinstance(req.id, str) and req.id
+                                         else None)
         if ttl_ms > 0:
             if key is None:
                 raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
@@ -990,7 +996,7 @@ class Ingress:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
         alone = False
-        if self._deaths and (died := self._deaths_of(mv.key, hdrs.get(H.REQUEST_ID), key, msg.data, t_cache)):
+        if self._deaths and (died := self._deaths_of(mv.key, rid, key, msg.data, t_cache)):
             if died[1] is not None:
                 self.counts["query_of_death"] += 1
                 raise Internal(died[1])
@@ -1047,8 +1053,7 @@ class Ingress:
                   "ingress_total": int((now - t0) * 1e6)}
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
-            worker_rid = (header_rid := hdrs.get(H.REQUEST_ID)) or (H.header_value(rid) if rid else None)
-            dkey = dedupe_key(mv.key, worker_rid, body) if worker_rid else None
+            dkey = dedupe_key(mv.key, rid, body) if rid else None
             if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
                 await self._flush_burst()
             if self.local_worker.can_run_now(mv.key, term or None, dkey, len(body)):
@@ -1056,12 +1061,11 @@ class Ingress:
                 if self._burst or (sub is not None and sub.pending_msgs):
                     # more requests wait (or wait no longer, ending a burst): held back, to be computed with them
                     await self._defer(_Deferred(w, msg.reply, body, decoded, mv.key, deadline, dl_ms, now, term, key,
-                                          ttl_ms, ct, header_rid, worker_rid, dkey, stages,
-                                          self.router.on_sent(w), rid))
+                                          ttl_ms, ct, rid, dkey, stages, self.router.on_sent(w)))
                     self.counts["ok_forwarded"] += 1
                     return
                 await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
-                                    header_rid, worker_rid, dkey, stages)
+                                    rid, dkey, stages)
                 self.counts["ok_forwarded"] += 1
                 return
         seq = next(self._seq)
@@ -1076,21 +1080,18 @@ class Ingress:
                 self.counts["too_large"] += 1
                 raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
                                       f"max_payload ({max_payload} bytes)")
-        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, hdrs.get(H.REQUEST_ID), mv.key, body=body,
-                    resends=resends)
+        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, rid, mv.key, body=body, resends=resends)
         if not local and hedge_policy is None:
             p.hdrs, p.mv = hdrs, mv  # what sending it again takes, should its worker die holding it
         self.pending[seq] = p
         if rid:
             self._by_rid[rid] = seq
-            p.rid = rid
         p.probe = self.router.on_sent(w)
         self.hedge_budget.on_request()
         lf = None
         if local or (hedge_policy is not None and decoded is not None and self.local_worker is not None):
             # what the colocated worker takes in-process (the request as decoded, the forward's fields)
-            lf = (decoded, mv.key, dl_ms, term or None, key, ct,
-                  hdrs.get(H.REQUEST_ID) or (H.header_value(rid) if rid else None), stages)
+            lf = (decoded, mv.key, dl_ms, term or None, key, ct, rid, stages)
         if hedge_policy is not None:
             self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now, lf)
         if local:
@@ -1132,8 +1133,8 @@ class Ingress:
             raise Internal(f"local worker failed: {type(exc).__name__}: {exc}") from exc
 
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
-                       now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, header_rid: str | None,
-                       worker_rid: str | None, dkey: tuple | None, timings: dict) -> None:
+                       now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, rid: str | None,
+                       dkey: tuple | None, timings: dict) -> None:
         """Serve a request at the colocated worker within this call (:meth:`Worker.run_now`) and settle it here
         as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
         latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
@@ -1141,8 +1142,8 @@ class Ingress:
         hedge, when nothing waits in the subscription and :meth:`Worker.can_run_now`.
 
         Args:
-            header_rid: the client's ``Inferbus-Request-Id`` header (None without one).
-            worker_rid: the request id as the worker sees it (the header, else the body's id).
+            rid: the request id (the ``Inferbus-Request-Id`` header, else the body's id as the header would carry
+                it; None without one).
             dkey: its dedupe key (:func:`~inferbus.actors._dedupe.dedupe_key`), None without an id.
 
         Raises:
@@ -1156,7 +1157,7 @@ class Ingress:
         self.hedge_budget.on_request()
         try:
             o = await self.local_worker.run_now(reply, body, decoded, mv.key, deadline, dl_ms, now, term or None, key,
-                                                ct, worker_rid, dkey, timings)
+                                                ct, rid, dkey, timings)
         except InferbusError as err:  # refused before compute: a client's error or neutral (budget), as settled
             self.router.on_done(w.worker_id, 0.0, outcome=CLIENT_ERROR if err.code.value in _CLIENT_CODES
                                 else NEUTRAL, probe=probe)
@@ -1173,8 +1174,8 @@ class Ingress:
         if not o.ok:
             self._count_worker_error(o.code, w.worker_id)
             return
-        if header_rid is not None:
-            self._remember_done(header_rid, mv.key, w.worker_id, t_done)
+        if rid is not None:
+            self._remember_done(rid, mv.key, w.worker_id, t_done)
         self._observe(mv.key, latency_us)
         if o.response_msgpack is not None and key is not None:
             if self.config.redis_url:
@@ -1183,7 +1184,7 @@ class Ingress:
                 self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
 
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
-                          header_rid: str | None, key: str | None, ttl_ms: int) -> None:
+                          rid: str | None, key: str | None, ttl_ms: int) -> None:
         """Settle a request the colocated worker computed and answered within this call (:meth:`_run_burst`;
         :meth:`_run_now` has the same steps written out), as :meth:`settle` settles a completion without a
         hedge: the router (in-flight count, breaker, latency from ``t_fwd`` to ``t_done``, monotonic s), and
@@ -1195,8 +1196,8 @@ class Ingress:
         if not o.ok:
             self._count_worker_error(o.code, worker_id)
             return
-        if header_rid is not None:
-            self._remember_done(header_rid, model_key, worker_id, t_done)
+        if rid is not None:
+            self._remember_done(rid, model_key, worker_id, t_done)
         self._observe(model_key, latency_us)
         if o.response_msgpack is not None and key is not None:
             await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
@@ -1253,7 +1254,7 @@ class Ingress:
                 self.router.on_done(d.w.worker_id, 0.0, outcome=SERVER_ERROR, probe=d.probe)
                 self.counts["errors"] += 1
                 await self._error(d.reply, Internal(f"local worker failed: {type(exc).__name__}: {exc}"), d.ct,
-                                  d.header_rid)
+                                  d.worker_rid)
             return
         t_done = time.monotonic()
         for d, o in zip(held, outcomes):
@@ -1262,24 +1263,23 @@ class Ingress:
                     await self._queue_local(d)
                 except InferbusError as err:
                     self.counts["errors"] += 1
-                    await self._error(d.reply, err, d.ct, d.header_rid)
+                    await self._error(d.reply, err, d.ct, d.worker_rid)
                 continue
             self.counts["local_forwards"] += 1
             self.counts["run_now"] += 1
-            await self._settle_run(o, d.w.worker_id, d.model_key, d.t_fwd, t_done, d.probe, d.header_rid,
+            await self._settle_run(o, d.w.worker_id, d.model_key, d.t_fwd, t_done, d.probe, d.worker_rid,
                                    d.cache_key, d.ttl_ms)
 
     async def _queue_local(self, d: _Deferred) -> None:
         """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as
         :meth:`_forward` forwards one; it was counted in flight at the router when held back."""
         seq = next(self._seq)
-        p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.header_rid,
+        p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.worker_rid,
                     d.model_key, body=d.body)
         p.probe = d.probe
         self.pending[seq] = p
-        if d.rid:
-            self._by_rid[d.rid] = seq
-            p.rid = d.rid
+        if d.worker_rid:
+            self._by_rid[d.worker_rid] = seq
         await self._forward_local(seq, d.reply, d.body, (d.decoded, d.model_key, d.dl_ms, d.term or None,
                                                          d.cache_key, d.ct, d.worker_rid, d.stages),
                                   d.deadline, d.t_fwd, "")
@@ -1402,8 +1402,8 @@ class Ingress:
     # ---- control path -------------------------------------------------------------------------
     def _pop(self, seq: int) -> Pending | None:
         p = self.pending.pop(seq, None)
-        if p is not None and p.rid is not None and self._by_rid.get(p.rid) == seq:
-            del self._by_rid[p.rid]  # (by the header's id alone, a body's id stayed here for good: a leak)
+        if p is not None and p.request_id is not None and self._by_rid.get(p.request_id) == seq:
+            del self._by_rid[p.request_id]  # (by the header's id alone, a body's id stayed here for good: a leak)
         return p
 
     async def _on_done(self, msg) -> None:
@@ -1495,8 +1495,11 @@ class Ingress:
         if isinstance(ev, ProcessEvent) and ev.kind == "down" and ev.worker_id:
             stopped = ev.reason == "exit code 0"
             poison, charge = ({}, True) if stopped else self._note_deaths(ev.worker_id, ev.reason, time.monotonic(),
-                                                                          ev.running, ev.fault)
+                                                                          ev.running, ev.fault, ev.running_local)
             self.router.on_down(ev.worker_id, ev.pid, charge=charge)
+            if self._deaths_changed:
+                await self._share_deaths(self._deaths_changed)
+                self._deaths_changed = []
             # what a crashed worker held is sent again to another worker (within its budget); what a stopped one
             # held it answered itself as it drained, or refused: UNAVAILABLE, as the client may retry
             await self._fail_pending(ev.worker_id, Unavailable(
@@ -1511,7 +1514,7 @@ class Ingress:
         a digest of its body with the model version (the same
         bytes under another request id, or with no id, cached or not: BLAKE2b, 16 bytes; computed only after a
         worker crash, for the requests it held, and for each request while such a crash is remembered)."""
-        keys = [("body", model_key, hashlib.blake2b(body, digest_size=16).digest())] if body else []
+        keys = [("body", model_key, death_digest(body))] if body else []
         if request_id:
             keys.append(("rid", model_key, request_id))
         if cache_key:
@@ -1519,7 +1522,8 @@ class Ingress:
         return tuple(keys)
 
     def _note_deaths(self, worker_id: str, reason: str, now: float, running: list[tuple[str, int]] | None = None,
-                     fault: bool = False) -> tuple[dict[int, InferbusError], bool]:
+                     fault: bool = False, running_local: list[tuple[str, str, bytes]] | None = None
+                     ) -> tuple[dict[int, InferbusError], bool]:
         """Count a crash of ``worker_id`` against the requests it was running; returns, by pending sequence number,
         the INTERNAL answer of those now held by :data:`QUERY_OF_DEATH_DEATHS` dying workers (a query of death: an
         input that kills the runtime, e.g. ONNX Runtime's SIGFPE on INT64_MIN / -1, which the SDK's retries of
@@ -1537,16 +1541,34 @@ class Ingress:
         costs a restart, and a second one took the other worker of the model down too, a fresh-user trial). A
         SIGKILL (the OOM killer, an operator) or a run of several requests counts one death, as above.
 
+        ``running_local``: for a colocated process (``--colocate``), ``(model version key, request id or "", body
+        digest)`` of each request its own ingress, which died with it, had handed to its worker in-process and a
+        run held. This ingress holds none of them, but their client's retry comes here next: each is remembered by
+        its request id and body digest as above (one death, or a query of death at once when the run held it
+        alone and ``fault``), so that the retry is refused (or run alone) instead of killing this process too.
+
         The crash does not count against the breaker when this ingress's requests in the dying run are each now
         answered as a query of death: the request is at fault, not the worker (which restarts). Such a request
         is then refused on sight (:meth:`_deaths_of`)."""
         out: dict[int, InferbusError] = {}
         deaths_map = self._deaths
         held = None if running is None else {seq for ingress, seq in running if ingress == self.config.ingress_id}
-        caught = fault and running is not None and len(running) == 1  # the run held it alone
+        local = running_local or ()
+        # the run held it alone
+        caught = fault and running is not None and len(running) + len(local) == 1
         counted = 0
         now_deaths: dict = {}  # key -> deaths after this crash: counted once per crash, though copies of one
         # request (a retry the worker joined to the first) are several pending entries with the same keys
+
+        def count(model_key: str, keys: tuple) -> str | None:
+            deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
+            refusal = (self._poison_message(model_key, deaths, reason, alone=caught)
+                       if deaths >= QUERY_OF_DEATH_DEATHS or caught else None)
+            for k in keys:
+                d, r = now_deaths.get(k, (0, None))
+                now_deaths[k] = (max(d, deaths), r or refusal)
+            return refusal
+
         for s, p in self.pending.items():
             if p.worker_id != worker_id or (held is not None and s not in held):
                 continue
@@ -1554,21 +1576,97 @@ class Ingress:
             if not keys:
                 continue
             counted += 1
-            deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
-            refusal = (self._poison_message(p.model_key, deaths, reason, alone=caught)
-                       if deaths >= QUERY_OF_DEATH_DEATHS or caught else None)
-            for k in keys:
-                d, r = now_deaths.get(k, (0, None))
-                now_deaths[k] = (max(d, deaths), r or refusal)
+            refusal = count(p.model_key, keys)
             if refusal is not None:
                 self.counts["query_of_death"] += 1
                 out[s] = Internal(refusal)
+        for model_key, rid, digest in local:  # the dead process's own ingress's: remembered for their retries
+            self.counts["crash_suspects_heard"] += 1
+            count(model_key, (("body", model_key, digest), *((("rid", model_key, rid),) if rid else ())))
         for k, (deaths, refusal) in now_deaths.items():
             deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
             deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason, refusal)
+        self._deaths_changed.extend(now_deaths)
         while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
             deaths_map.pop(next(iter(deaths_map)))
         return out, not (held and counted and len(out) == counted)
+
+    def _memory_entries(self, keys, now: float) -> list:
+        """:class:`DeathMemory` entries of ``keys`` still remembered (all of :attr:`_deaths` for None)."""
+        deaths = self._deaths
+        out = []
+        for k in (deaths if keys is None else keys):
+            e = deaths.get(k)
+            if e is not None and e[1] > now:
+                out.append((list(k), e[0], e[1] - now, e[2], e[3]))
+        return out
+
+    async def _share_deaths(self, keys) -> None:
+        """Tell the other ingresses what a crash changed in this one's query-of-death memory (``<p>._deaths``), so
+        that a client's retry through another ingress replica, or a colocated process, counts the same deaths
+        (before, each ingress counted its own: 3-4 deaths per killer with ``--ingress 2``, a trial). Best effort: a
+        message lost only costs the retry one more death."""
+        entries = self._memory_entries(keys, time.monotonic())
+        if not entries:
+            return
+        try:
+            await self.nc.publish(self.subjects.deaths, encode_internal(DeathMemory(self.config.ingress_id, entries)))
+        except Exception as exc:
+            log(f"ingress {self.config.ingress_id}: could not share the query-of-death memory: {exc!r}")
+
+    def _merge_deaths(self, m: DeathMemory, now: float) -> int:
+        """Take a peer's entries (:meth:`_share_deaths`, or its answer to :meth:`_fetch_deaths`): per key the most
+        deaths, the later expiry, a refusal if either has one. Returns how many entries changed here."""
+        deaths = self._deaths
+        changed = 0
+        for key, n, ttl_s, reason, refusal in m.entries:
+            if not key or not isinstance(key[0], str) or n < 1 or not ttl_s > 0:
+                continue
+            k = tuple(key)
+            e = deaths.get(k)
+            if e is not None and e[1] > now:
+                if e[0] >= n and (e[3] is not None or refusal is None):
+                    continue  # it knows nothing new here
+                n, until, refusal = max(n, e[0]), max(e[1], now + min(ttl_s, QUERY_OF_DEATH_TTL_S)), refusal or e[3]
+            else:
+                until = now + min(ttl_s, QUERY_OF_DEATH_TTL_S)
+            deaths.pop(k, None)
+            deaths[k] = (n, until, reason, refusal)
+            changed += 1
+        while len(deaths) > _QUERY_OF_DEATH_ENTRIES:
+            deaths.pop(next(iter(deaths)))
+        return changed
+
+    async def _on_deaths(self, msg) -> None:
+        """A peer's :class:`DeathMemory` (``<p>._deaths``); or, on ``<p>._deaths.get``, a peer starting asks for
+        this one's memory (answered, empty or not, so that it need not wait)."""
+        if msg.subject == self.subjects.deaths_get:
+            if msg.reply:
+                entries = self._memory_entries(None, time.monotonic()) if self._deaths else []
+                try:
+                    await self.nc.publish(msg.reply, encode_internal(DeathMemory(self.config.ingress_id, entries)))
+                except Exception:
+                    pass
+            return
+        try:
+            m = decode_internal(msg.data)
+        except InternalDecodeError:
+            return
+        if isinstance(m, DeathMemory) and m.ingress != self.config.ingress_id:
+            self.counts["deaths_shared_in"] += self._merge_deaths(m, time.monotonic())
+
+    async def _fetch_deaths(self, timeout_s: float = 0.25) -> None:
+        """At start, before taking requests: the first peer's query-of-death memory, merged (the peers share theirs
+        among themselves, so one is enough). A colocated process restarted after a killer crashed it took the
+        killer's retry afresh and died again. With no peer, NATS answers "no responders" at once; a peer that does
+        not answer within ``timeout_s`` costs that wait, once."""
+        try:
+            msg = await self.nc.request(self.subjects.deaths_get, b"", timeout=timeout_s)
+            m = decode_internal(msg.data)
+        except Exception:  # no responders, a timeout, a reply from another version
+            return
+        if isinstance(m, DeathMemory):
+            self.counts["deaths_shared_in"] += self._merge_deaths(m, time.monotonic())
 
     @staticmethod
     def _poison_message(model_key: str, deaths: int, reason: str, alone: bool = False) -> str:
@@ -1649,7 +1747,7 @@ class Ingress:
             return True
         try:
             await self._forward(_Resent(p.body, p.reply), p.hdrs, p.content_type, now, now, now, p.deadline, p.mv,
-                                p.cache_key, p.ttl_ms, p.rid, None, now, None, resends=p.resends + 1)
+                                p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1)
         except InferbusError as exc:
             await self._error(p.reply, exc, p.content_type, p.request_id)
             return True
@@ -1958,6 +2056,9 @@ class Ingress:
         await self.nc.subscribe(s.events, cb=self._on_event)
         self._done_sub = await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
         await self.nc.subscribe(s.rid_query, cb=self._on_rid_query)  # peers locating a retried request's copy
+        await self.nc.subscribe(s.deaths, cb=self._on_deaths)  # peers sharing their query-of-death memory
+        await self._fetch_deaths()  # (before this one answers such asks: it would answer its own)
+        await self.nc.subscribe(s.deaths_get, cb=self._on_deaths)
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service

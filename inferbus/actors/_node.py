@@ -45,7 +45,7 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
 from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
-from ._flight import read_flight_record
+from ._flight import death_digest, read_flight_record
 from ._region import RegionConfig
 
 log = logging.getLogger("inferbus.node")
@@ -359,11 +359,16 @@ class Node:
         # a colocated process's exit is its worker's death too: every ingress fails what it forwarded there
         worker_id = rest if kind in ("worker", "colocated") else None
         flight = self._flight_paths.get(child_id)
-        # the requests its model runs held when it died (read before the restart truncates the file; 64 KiB)
-        running = self._crash_running[child_id] = (read_flight_record(flight) if flight and not exit.normal
+        # the requests its model runs held when it died (read before the restart truncates the file; 512 KiB)
+        entries = self._crash_running[child_id] = (read_flight_record(flight) if flight and not exit.normal
                                                    else None)
+        running = running_local = None
+        if entries is not None:
+            running = [e for e in entries if len(e) == 2]
+            if kind == "colocated":  # what its own ingress handed over in-process, by digest (not the bodies)
+                running_local = [(e[0], e[1], death_digest(e[2])) for e in entries if len(e) == 3]
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
-                          reason=exit.reason, running=running, fault=_fault_exit(exit))
+                          reason=exit.reason, running=running, fault=_fault_exit(exit), running_local=running_local)
         asyncio.ensure_future(self._publish_event(ev))
 
     def _maybe_quiesce(self) -> None:
@@ -559,9 +564,14 @@ class Node:
                                **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]
-                cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), replace(wc, bus=ic.bus))
-                children.append(self._child(f"colocated:{wc.worker_id}", "colocated", cc.to_json(), run_dir,
-                                            cpu_affinity=wc.cpu_affinity))
+                cid = f"colocated:{wc.worker_id}"
+                # its worker's flight record, as a separate worker's: the in-process requests too (their ingress
+                # dies with the process; the node passes them on to the other ingresses)
+                wc = replace(wc, bus=ic.bus, flight_record_path=str(run_dir / f"worker-{wc.worker_id}.running"))
+                self._flight_paths[cid] = wc.flight_record_path
+                cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), wc)
+                children.append(self._child(cid, "colocated", cc.to_json(), run_dir, cpu_affinity=wc.cpu_affinity,
+                                            exempt=functools.partial(self._input_crash, cid)))
             else:
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
                                             cpu_affinity=ic.cpu_affinity))

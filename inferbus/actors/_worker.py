@@ -612,12 +612,18 @@ class Worker:
             raise DeadlineExceeded("budget spent before the worker received the request")
         req, arrays = self._prepare_local(job)
         sess = self.sessions[model_key]
+        flight = self.flight
+        if flight is not None:  # the ingress dies with this process: the request itself, for the node to pass on
+            flight.record(LOOP_SLOT, ((model_key, rid or "", body),))
         t0 = time.monotonic()
         cpu0 = time.thread_time()
         try:  # a batch of one: what _run_group does for one item, without its lists (the common miss, unloaded)
             res = sess.infer(arrays, [o.name for o in req.outputs] if req.outputs else None)
         except InferenceError as exc:
             res = exc
+        finally:
+            if flight is not None:
+                flight.clear(LOOP_SLOT)
         t1 = time.monotonic()
         compute_us = int((t1 - t0) * 1e6)
         self._account(model_key, 1, compute_us, (time.thread_time() - cpu0) * 1e6)
@@ -1653,10 +1659,13 @@ def _time_batch1_us(sess) -> float:
     return best
 
 
-def _flight_pairs(items) -> list[tuple[str, int]]:
-    """``(ingress id, forward seq)`` of each forwarded request in ``items`` and of the retries joined to it."""
-    return [(t.ingress, t.seq) for job, _, _ in items for t in (job.targets() if job.joined else (job,))
-            if t.ingress is not None and t.seq >= 0]
+def _flight_pairs(items) -> list[tuple]:
+    """The flight record's entries (:mod:`inferbus.actors._flight`) of ``items`` and of the retries joined to each:
+    ``(ingress id, forward seq)`` of a request forwarded over the bus, ``(model version key, request id or "",
+    body)`` of one the colocated ingress handed over in-process (that ingress dies with this process)."""
+    return [(t.model_key, t.rid or "", t.body) if t.local else (t.ingress, t.seq)
+            for job, _, _ in items for t in (job.targets() if job.joined else (job,))
+            if t.local or (t.ingress is not None and t.seq >= 0)]
 
 
 def _by_rows(items: list, max_rows: int):

@@ -7,6 +7,7 @@ Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingre
           ``<p>._done.<ingress>``  completion notices from workers to one ingress;
           ``<p>._cache.fill``      cache fills for the aggregator (queue group);
           ``<p>._events``          process lifecycle events from the node supervisor;
+          ``<p>._deaths``          ingresses share their query-of-death memory (``.get``: one starting asks);
           ``<p>._region.hb.<r>``   region manager heartbeats (fencing term);
           ``<p>._region.ctl.<r>``  operator requests to a region manager;
           ``<p>._models.state``    model serving states (model-management writes, every actor listens);
@@ -88,6 +89,18 @@ class Subjects:
         """Ingress peers: ``"<model_key> <request_id>"`` → the id of the worker holding a pending copy (every
         ingress subscribes, no queue group; only one holding the copy answers)."""
         return f"{self.prefix}._rid"
+
+    @property
+    def deaths(self) -> str:
+        """Ingress peers: what each learned of a crash (``DeathMemory``, the entries it changed; every ingress
+        subscribes, no queue group)."""
+        return f"{self.prefix}._deaths"
+
+    @property
+    def deaths_get(self) -> str:
+        """An ingress starting asks its peers for their query-of-death memory (``DeathMemory`` replies, from each
+        peer that remembers something)."""
+        return f"{self.prefix}._deaths.get"
 
     @property
     def cache_fill(self) -> str:

@@ -148,6 +148,11 @@ class ProcessEvent(_Base, tag="inferbus.v1.event"):
     fault: bool = False
     """Killed by a signal its own code raised (SIGFPE, SIGSEGV, SIGBUS, SIGILL, SIGABRT), not sent from outside
     (SIGKILL, SIGTERM) nor an exit."""
+    running_local: list[tuple[str, str, bytes]] | None = None
+    """For a colocated process's crash (``inferbus up --colocate``): ``(model version key, request id or "",
+    body digest)`` of each request its own ingress had handed to its worker in-process that a model run held when
+    it died (the digest: :func:`inferbus.actors._flight.death_digest`). That ingress died with the process; the
+    others remember these requests as a crash's (docs/failure-semantics.md). None when not known or not colocated."""
 
 
 class Cancel(_Base, tag="inferbus.v1.cancel"):
@@ -207,7 +212,21 @@ class ModelStates(_Base, tag="inferbus.v1.model_states"):
     items: list[ModelState]
 
 
-InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent | Cancel | FaultSet | ModelStates
+class DeathMemory(_Base, tag="inferbus.v1.deaths"):
+    """Requests an ingress remembers as held by workers that died (its query-of-death memory,
+    docs/failure-semantics.md), shared with the other ingresses: on ``<p>._deaths`` the entries a crash changed, as
+    a reply on ``<p>._deaths.get`` all of them. A receiver keeps, per key, the most deaths and the later expiry.
+
+    ``entries``: ``(key, deaths, ttl_s, reason, refusal)``: ``key`` a list, ``["body", model version key, BLAKE2b-16
+    digest]``, ``["rid", model version key, request id]`` or ``["key", cache key]``; ``deaths`` the crashes counted
+    against it; ``ttl_s`` seconds it is still remembered; ``reason`` the last crash's; ``refusal`` the INTERNAL
+    answer's message once it is taken for a query of death, else None (a suspect)."""
+
+    ingress: str
+    entries: list[tuple[list, int, float, str, str | None]]
+
+
+InternalMessage = LoadReport | DoneNotice | CacheFill | ProcessEvent | Cancel | FaultSet | ModelStates | DeathMemory
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(InternalMessage)
