@@ -71,6 +71,7 @@ import contextlib
 import io
 import itertools
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -103,6 +104,8 @@ class _Msg:
 async def _start(url: str, models_dir: str, model: str, run_to_completion: bool, name: str,
                  **worker: object) -> tuple[Colocated, asyncio.Task]:
     bus = BusConfig(servers=(url,), prefix=f"pc{name}")
+    # a flight record, as `inferbus up` gives each colocated process (its model runs write what they hold)
+    worker.setdefault("flight_record_path", str(Path(tempfile.gettempdir()) / f"pathcost-{os.getpid()}-{name}.running"))
     col = Colocated(ColocatedConfig(
         IngressConfig(ingress_id=f"pc-i-{name}", bus=bus, models_dir=models_dir, models=(model,),
                       run_to_completion=run_to_completion),

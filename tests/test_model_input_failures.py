@@ -569,6 +569,11 @@ def test_the_flight_record_says_what_each_slot_runs_and_when_it_does_not_know(tm
     fr.record(THREAD_SLOT, [("n1-i0", 3), ("div:1", "", b"body")])
     assert read_flight_record(path) == [("n1-i0", 3), ("div:1", "", b"body"), ("div:1", "r-1", b"\x81\xa6inputs\x90")]
     fr.clear(THREAD_SLOT)
+    fr.clear(LOOP_SLOT)
+    fr.note("div:1", "r-2", b"lone")  # the lone in-process request, written alone
+    assert read_flight_record(path) == [("div:1", "r-2", b"lone")]
+    fr.clear_loop()
+    assert read_flight_record(path) == []
     fr.record(THREAD_SLOT, [("n1-i0", "3")])  # an entry of neither shape: not known
     assert read_flight_record(path) is None
     fr.clear(THREAD_SLOT)

@@ -614,7 +614,7 @@ class Worker:
         sess = self.sessions[model_key]
         flight = self.flight
         if flight is not None:  # the ingress dies with this process: the request itself, for the node to pass on
-            flight.record(LOOP_SLOT, ((model_key, rid or "", body),))
+            flight.note(model_key, rid or "", body)
         t0 = time.monotonic()
         cpu0 = time.thread_time()
         try:  # a batch of one: what _run_group does for one item, without its lists (the common miss, unloaded)
@@ -623,7 +623,7 @@ class Worker:
             res = exc
         finally:
             if flight is not None:
-                flight.clear(LOOP_SLOT)
+                flight.clear_loop()
         t1 = time.monotonic()
         compute_us = int((t1 - t0) * 1e6)
         self._account(model_key, 1, compute_us, (time.thread_time() - cpu0) * 1e6)
