@@ -25,8 +25,10 @@ from test_reliability_lib import Reports, models_subset, reference, set_fault
 
 PREFIX = "stopd"
 DELAY_MS = 2500
-"""Per batch at both workers while the requests arrive: a worker's second batch is still computing when its
-drain (3 s, from the node's quiesce notice) ends."""
+"""Per batch at both workers while the requests arrive."""
+SECOND_BATCH_MS = 8000
+"""n2's second batch: still computing when its drain (3 s, from the node's quiesce notice, which follows the stop
+of its ingress) ends."""
 
 
 async def _publish_row(nc, row, inbox: str, request_id: str) -> None:
@@ -41,8 +43,8 @@ async def _publish_row(nc, row, inbox: str, request_id: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable_at_once(tmp_path):
-    """Two nodes, one worker each, both slowed to 2.5 s per batch; 8 SDK requests (one attempt per budget: only
-    an error reply makes it retry) and 12 raw requests (own reply subjects, so every reply is counted), 20 s
+    """Two nodes, one worker each, both slowed to 2.5 s per batch (n2's second, 8 s); 8 SDK requests (one attempt
+    per budget: only an error reply makes it retry) and 12 raw requests (own reply subjects, so every reply is counted), 20 s
     budgets, sent while each worker computes a first batch (one request sent to it directly, n1's first), so that
     n2's worker holds them in a second batch; then n2 gets SIGTERM and n1's worker is fast again. Before the fix,
     the requests n2's own ingress had forwarded to n2's worker were dropped when its drain ended: two SDK calls
@@ -101,12 +103,15 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
                 "Inferbus-Timeout-Ms": "20000", "Content-Type": "application/json"})))
             await reports.wait(computing(w, 100), what=f"{w} computing its first batch for 0.1 s")
         await reports.stop()
+        # n2's second batch (what follows) then takes 8 s, far past its drain's end however long the node's stop
+        # of its ingress takes first (on a loaded box the 2.5 s batch ended within the drain: nothing refused)
+        await set_fault(nc, PREFIX, "n2-w0", compute_delay_ms=SECOND_BATCH_MS)
         for j, inbox in enumerate(raw):
             await _publish_row(nc, x[j], inbox, f"raw-{j}")
         calls += [asyncio.ensure_future(one(row)) for row in range(12, 20)]
         await asyncio.sleep(0.3)  # all forwarded: the second batches wait for the first
         await set_fault(nc, PREFIX, "n1-w0")  # n1's next batch is fast (the retries land there)
-        n2.proc.send_signal(signal.SIGTERM)  # n2's second batch starts ~2.5 s later, ends after its drain
+        n2.proc.send_signal(signal.SIGTERM)  # n2's second batch starts ~2 s later, ends long after its drain
         results = await asyncio.gather(*calls)
         for row, msg in enumerate(await asyncio.gather(*first)):  # computed within the drain: n2's first batch too
             out = json.loads(msg.data)["outputs"]
