@@ -22,7 +22,7 @@ import pytest
 from conftest import start_deployment
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument
-from test_reliability_lib import models_subset, write_onnx_model
+from test_reliability_lib import ingress_counts, models_subset, write_onnx_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -180,6 +180,31 @@ def poisoned(tmp_path):
 POISON = {"d": np.array([[np.iinfo(np.int64).min]], np.int64), "e": np.array([[0]], np.int64)}
 
 
+async def _killer_answered(client, deaths, words: str, within_s: float, dep) -> float:
+    """Send :data:`POISON` (10 s budget): it must end INTERNAL saying ``words`` within ``within_s``, and ``deaths()``
+    must reach 1 within 5 s after. Returns the seconds the call took."""
+    from inferbus.schemas import Internal
+
+    t0 = time.monotonic()
+    with pytest.raises(Internal) as ei:
+        await client.infer("div", POISON, timeout_s=10.0)
+    took_s = time.monotonic() - t0
+    assert words in ei.value.message, ei.value.message
+    assert took_s < within_s, took_s
+    deadline = time.monotonic() + 5
+    while deaths() < 1:
+        assert time.monotonic() < deadline, dep.log.read_text()[-3000:]
+        await anyio.sleep(0.1)
+    return took_s
+
+
+def _sigfpe_deaths(dep, kind: str = "worker") -> int:
+    """Exits by SIGFPE of ``dep``'s ``kind`` processes (``worker`` or ``colocated``), from its node's output."""
+    import re
+
+    return len(re.findall(kind + r":n1-w\d' \(pid \d+\) exited: killed by signal 8", dep.log.read_text()))
+
+
 @pytest.fixture
 def poisoned_colocated(tmp_path):
     models = models_subset(tmp_path / "models", ["digits"])
@@ -210,26 +235,17 @@ async def test_a_request_that_kills_its_worker_running_alone_is_answered_at_once
     a worker was running alone when a fault signal killed it is answered INTERNAL (not retried) at that first death
     (a later trial: the second death took the model's other worker down too), and the same inputs are refused on
     sight."""
-    import re
 
     from inferbus.schemas import Internal
 
     def deaths() -> int:
-        return len(re.findall(r"worker:n1-w\d' \(pid \d+\) exited: killed by signal 8", poisoned.log.read_text()))
+        return _sigfpe_deaths(poisoned)
 
     client = await Client.connect(poisoned.nats_url, "qod")
     try:
-        t0 = time.monotonic()
-        with pytest.raises(Internal) as ei:
-            await client.infer("div", POISON, timeout_s=10.0)
-        took_s = time.monotonic() - t0
-        assert "a worker died (killed by signal 8 (SIGFPE)) running this request to div:1 alone" in ei.value.message, \
-            ei.value.message
-        assert took_s < 8, took_s  # answered, not the budget waited out
-        deadline = time.monotonic() + 5
-        while deaths() < 1:
-            assert time.monotonic() < deadline, poisoned.log.read_text()[-3000:]
-            await anyio.sleep(0.1)
+        # answered, not the budget waited out
+        await _killer_answered(client, deaths, "a worker died (killed by signal 8 (SIGFPE)) running this request to "
+                               "div:1 alone", 8, poisoned)
         assert deaths() == 1, poisoned.log.read_text()[-3000:]
         # the same inputs again (another request id, and no cache key: the body's digest), from the SDK and from a
         # raw client with no request id: refused at once, no worker dies (a second trial: with the model's cache
@@ -394,14 +410,13 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
     ends INTERNAL, the killer's words, well within its budget; one process died (two if a retry reached the
     restarted process first, whose new ingress has no memory), not counted against the node's restart intensity;
     the node serves on."""
-    import re
 
     from inferbus.schemas import Internal
 
     dep = poisoned_colocated
 
     def deaths() -> int:
-        return len(re.findall(r"colocated:n1-w\d' \(pid \d+\) exited: killed by signal 8", dep.log.read_text()))
+        return _sigfpe_deaths(dep, "colocated")
 
     client = await Client.connect(dep.nats_url, "qodc", attempt_timeout_ms=300)
     try:
@@ -409,17 +424,8 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
             out = await client.infer("div", {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)},
                                      timeout_s=10.0)
             assert out["out"].tolist() == [[k]]
-        t0 = time.monotonic()
-        with pytest.raises(Internal) as ei:
-            await client.infer("div", POISON, timeout_s=10.0)
-        took_s = time.monotonic() - t0
-        assert "running this request to div:1 alone: it is taken to be what kills them" in ei.value.message, \
-            ei.value.message
-        assert took_s < 5, took_s
-        deadline = time.monotonic() + 5
-        while deaths() < 1:
-            assert time.monotonic() < deadline, dep.log.read_text()[-3000:]
-            await anyio.sleep(0.1)
+        took_s = await _killer_answered(client, deaths, "running this request to div:1 alone: it is taken to be what "
+                                        "kills them", 5, dep)
         await _div_serves_again(client)
         n = deaths()
         assert 1 <= n <= 2, dep.log.read_text()[-3000:]
@@ -437,7 +443,6 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
     ingress replica started its count afresh (3-4 deaths per killer in a trial). Now an ingress tells its peers what
     a crash changed in its memory (``<p>._deaths``): after the killer's one death, the same bytes sent by a raw client
     (no request id) six times, over both replicas, are each refused at once, and no worker dies again."""
-    import re
 
     import nats
 
@@ -448,7 +453,7 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
     dep = start_deployment(tmp_path / "dep", workers=2, prefix="qod2", extra=["--models", str(models), "--ingress", "2"])
     try:
         def deaths() -> int:
-            return len(re.findall(r"worker:n1-w\d' \(pid \d+\) exited: killed by signal 8", dep.log.read_text()))
+            return _sigfpe_deaths(dep)
 
         client = await Client.connect(dep.nats_url, "qod2")
         nc = await nats.connect(dep.nats_url)
@@ -464,7 +469,7 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
                     (raw.headers, raw.data[:300])
             await _div_serves_again(client)
             assert deaths() == 1, dep.log.read_text()[-3000:]
-            counts = [c for c in await _ingress_counts(nc)]
+            counts = await ingress_counts(nc)
             assert len(counts) == 2, counts
             assert sum(c["deaths_shared_in"] for c in counts) >= 1, counts
             assert sum(c["query_of_death"] for c in counts) == 7, counts  # the SDK call's answer, six refusals
@@ -474,25 +479,6 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
             await client.close()
     finally:
         dep.stop()
-
-
-async def _ingress_counts(nc) -> list[dict]:
-    """``counts`` of every ingress replica, from ``$SRV.STATS`` (each answers)."""
-    from nats.errors import TimeoutError as NatsTimeout
-
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
-    out = []
-    try:
-        while True:
-            stats = json.loads((await sub.next_msg(timeout=0.5)).data)
-            out += [(e.get("data") or {}).get("counts", {}) for e in stats.get("endpoints", []) if e.get("name") == "infer"]
-    except NatsTimeout:
-        pass
-    finally:
-        await sub.unsubscribe()
-    return out
 
 
 def test_peers_merge_query_of_death_memories_by_the_most_deaths_and_the_later_expiry():

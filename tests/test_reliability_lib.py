@@ -118,6 +118,26 @@ async def set_fault(nc, prefix: str, worker_id: str, **fault) -> None:
     assert msg.data == b"ok", msg.data
 
 
+async def ingress_counts(nc) -> list[dict]:
+    """``counts`` of every ingress replica, from ``$SRV.STATS`` (each instance answers; 0.5 s after the last)."""
+    from nats.errors import TimeoutError as NatsTimeout
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
+    out = []
+    try:
+        while True:
+            stats = json.loads((await sub.next_msg(timeout=0.5)).data)
+            out += [(e.get("data") or {}).get("counts", {}) for e in stats.get("endpoints", [])
+                    if e.get("name") == "infer"]
+    except NatsTimeout:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
 async def health_params(client) -> dict:
     return (await client.health(timeout_s=2)).parameters
 

@@ -8,7 +8,6 @@ peers (``<p>._rid``) which worker holds it.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 
@@ -18,7 +17,7 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
 from conftest import start_deployment
-from test_reliability_lib import Reports, models_subset, set_fault
+from test_reliability_lib import Reports, ingress_counts, models_subset, set_fault
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -37,25 +36,6 @@ def dep(tmp_path_factory):
         "--peer-query-timeout-ms", "250"])
     yield d
     d.stop()
-
-
-async def _ingress_counts(nc) -> list[dict]:
-    """``counts`` of every ingress replica, from ``$SRV.STATS`` (each instance answers)."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
-    out = []
-    try:
-        while True:
-            stats = json.loads((await sub.next_msg(timeout=0.5)).data)
-            for e in stats.get("endpoints", []):
-                if e.get("name") == "infer":
-                    out.append((e.get("data") or {}).get("counts", {}))
-    except NatsTimeout:
-        pass
-    finally:
-        await sub.unsubscribe()
-    return out
 
 
 def _body(k: int, rid: str | None = None) -> bytes:
@@ -85,7 +65,7 @@ async def test_retries_through_either_ingress_run_the_model_once(dep, id_in):
             await set_fault(nc, PREFIX, w, compute_delay_ms=1500)
         await reports.wait(lambda r: all(r[w].in_flight == 0 for w in (W0, W1)), what="idle")
         ran0 = reports.computed()
-        peer0 = sum(c.get("peer_sticky_retries", 0) for c in await _ingress_counts(nc))
+        peer0 = sum(c.get("peer_sticky_retries", 0) for c in await ingress_counts(nc))
         joins0 = sum(r.dedup_joins for r in reports.latest.values())
         rid = uuid.uuid4().hex
         body, headers = _id_carrier(rid, id_in, 21)
@@ -117,7 +97,7 @@ async def test_retries_through_either_ingress_run_the_model_once(dep, id_in):
         assert sum(r.dedup_joins for r in reports.latest.values()) - joins0 == 12
         # both replicas took retries (all 12 on one: p = 2^-11), and the one without the first copy found
         # it through its peer rather than by chance of routing
-        counts = await _ingress_counts(nc)
+        counts = await ingress_counts(nc)
         assert len(counts) == 2, counts
         assert sum(c["peer_sticky_retries"] for c in counts) - peer0 == 1, counts
     finally:
