@@ -407,11 +407,8 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
     with it, and the SDK's retries carried the killer from process to process (a trial: 8 deaths for one 10 s call,
     which ended DEADLINE_EXCEEDED). Now the worker writes the in-process request itself into its flight record, the
     node passes its id and body digest on in the down event, and the other processes' ingresses refuse it: the call
-    ends INTERNAL, the killer's words, well within its budget; one process died (two if a retry reached the
-    restarted process first, whose new ingress has no memory), not counted against the node's restart intensity;
-    the node serves on."""
-
-    from inferbus.schemas import Internal
+    ends INTERNAL, the killer's words, well within its budget; one process died (two if a retry outran the
+    crash's news), not counted against the node's restart intensity; the node serves on."""
 
     dep = poisoned_colocated
 
