@@ -408,7 +408,8 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
     which ended DEADLINE_EXCEEDED). Now the worker writes the in-process request itself into its flight record, the
     node passes its id and body digest on in the down event, and the other processes' ingresses refuse it: the call
     ends INTERNAL, the killer's words, well within its budget; one process died (two if a retry outran the
-    crash's news), not counted against the node's restart intensity; the node serves on."""
+    crash's news), not counted against the node's restart intensity; the node serves on, and the restarted process
+    refuses the killer too (its new ingress asked a peer for the memory)."""
 
     dep = poisoned_colocated
 
@@ -426,6 +427,24 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
         await _div_serves_again(client)
         n = deaths()
         assert 1 <= n <= 2, dep.log.read_text()[-3000:]
+        # the restarted process's new ingress asked a peer for the memory before it took requests: the same bytes
+        # from a raw client, over both processes, are each refused and nothing dies again
+        from inferbus.schemas import InferRequest, encode_request, input_from_numpy
+
+        deadline = time.monotonic() + 30
+        while len(await ingress_counts(client.nc)) < 2:  # the restarted process serves again
+            assert time.monotonic() < deadline, dep.log.read_text()[-3000:]
+            await anyio.sleep(0.2)
+
+        body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in POISON.items()]))
+        for _ in range(8):
+            raw = await client.nc.request("qodc.infer.div", body, timeout=5.0)
+            assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, \
+                (raw.headers, raw.data[:300])
+        counts = await ingress_counts(client.nc)
+        assert len(counts) == 2 and all(c["query_of_death"] > 0 for c in counts), counts  # both refused some
+        assert any(c["deaths_shared_in"] > 0 for c in counts), counts
+        assert deaths() == n, dep.log.read_text()[-3000:]
         assert dep.log.read_text().count("not counted against the restart intensity") == n
         assert dep.proc.poll() is None
         out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
