@@ -11,7 +11,7 @@ each ingress counts the crash against those requests only, not against every req
 A request a colocated ingress handed to its worker in-process (``--colocate``) dies with that ingress, whose forward
 sequence numbers mean nothing to anyone else: for it the worker writes ``[model version key, request id or "", body]``
 instead (the body as it came, a reference written by the encoder; no digest on the request path), and the node
-passes its :func:`death_digest` on in the event (``running_local``), so that the *other* ingresses know the request
+passes its digest on in the event (``running_local``, :func:`inferbus.actors._crashes.request_digest`), so that the *other* ingresses know the request
 that killed the process (a query of death carried from process to process by the client's retries).
 
 Two slots: the inference thread's and the event loop's (a model run inline, :attr:`Job.inline`), which can run at
@@ -25,7 +25,6 @@ A black-box recorder of this kind is an old technique (a process's "flight recor
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import struct
@@ -47,13 +46,6 @@ _LEN = struct.Struct("<I")
 _pack_len = _LEN.pack_into
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode  # entries of two shapes, checked by read_flight_record
-
-
-def death_digest(body: bytes) -> bytes:
-    """What identifies a request's body across its copies after a crash: BLAKE2b, 16 bytes (RFC 7693), of the body
-    as the ingress received it. The ingresses key their query-of-death memory by it; the node computes it for the
-    in-process requests a crashed colocated process's runs held."""
-    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 class FlightRecorder:

@@ -75,7 +75,8 @@ from ._cache import L1Cache, cache_key
 from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint, endpoint_error_counter,
                       endpoint_subscription, error_message, log, run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
-from ._flight import death_digest
+from ._crashes import (QUERY_OF_DEATH_DEATHS, QUERY_OF_DEATH_TTL_S, answer_ask, commit_crash, count_crash,  # noqa: F401
+                       death_keys, memory_entries, merge_memory)
 from ._config import IngressConfig
 from ._dedupe import dedupe_key
 from ._layout import RequestLayouts
@@ -97,14 +98,6 @@ report period, so a suspected worker that thaws refuses the old copy instead of 
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
-QUERY_OF_DEATH_DEATHS = 2
-"""Worker deaths (a crash, not a stop) while holding one request after which the ingress takes that request to be
-what kills them: answered INTERNAL, not retryable, and refused on sight for :data:`QUERY_OF_DEATH_TTL_S`. One death
-is retried elsewhere (UNAVAILABLE): a worker can die of something else (the OOM killer, a kill -9)."""
-QUERY_OF_DEATH_TTL_S = 60.0
-"""How long after the last death holding it a request stays refused (s)."""
-_QUERY_OF_DEATH_ENTRIES = 4096
-"""Most requests remembered as held by a worker that died (the oldest is forgotten first)."""
 
 
 HEDGE_PRIMARY = "primary"
@@ -725,8 +718,13 @@ class Ingress:
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy, (req, arrays)))
                 return
-        await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                            time.monotonic(), (req, arrays))
+        try:
+            await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
+                                time.monotonic(), (req, arrays))
+        except InferbusError as err:  # a refusal (a query of death, no worker, ...): it carries the body's id too
+            if rid is not None and getattr(err, "request_id", None) is None:
+                err.request_id = rid
+            raise
 
     def _client_deadline(self, raw: str, deadline: float, t0: float) -> float:
         """The earlier of ``deadline`` (``Inferbus-Timeout-Ms`` from this handler's start, monotonic s) and the
@@ -996,7 +994,8 @@ class Ingress:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
         alone = False
-        if self._deaths and (died := self._deaths_of(mv.key, rid, key, msg.data, t_cache)):
+        if self._deaths and (died := self._deaths_of(mv.key, key, msg.data, t_cache,
+                                                                  decoded[0] if decoded is not None else None)):
             if died[1] is not None:
                 self.counts["query_of_death"] += 1
                 raise Internal(died[1])
@@ -1506,21 +1505,6 @@ class Ingress:
                 f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
                 f"holding this request; safe to retry", retry_after_ms=0), poison, resend=not stopped)
 
-    @staticmethod
-    def _death_keys(model_key: str, request_id: str | None, cache_key: str | None, body: bytes) -> tuple:
-        """What identifies one request across its retries and repeats: its request id (the SDK sends the same on
-        every retry) with the model version, its cache key (the same inputs, whoever sends them;
-        only where the model's answers are cached; another encoding or other requested outputs are another key), and
-        a digest of its body with the model version (the same
-        bytes under another request id, or with no id, cached or not: BLAKE2b, 16 bytes; computed only after a
-        worker crash, for the requests it held, and for each request while such a crash is remembered)."""
-        keys = [("body", model_key, death_digest(body))] if body else []
-        if request_id:
-            keys.append(("rid", model_key, request_id))
-        if cache_key:
-            keys.append(("key", cache_key))
-        return tuple(keys)
-
     def _note_deaths(self, worker_id: str, reason: str, now: float, running: list[tuple[str, int]] | None = None,
                      fault: bool = False, running_local: list[tuple[str, str, bytes]] | None = None
                      ) -> tuple[dict[int, InferbusError], bool]:
@@ -1541,10 +1525,10 @@ class Ingress:
         costs a restart, and a second one took the other worker of the model down too, a fresh-user trial). A
         SIGKILL (the OOM killer, an operator) or a run of several requests counts one death, as above.
 
-        ``running_local``: for a colocated process (``--colocate``), ``(model version key, request id or "", body
+        ``running_local``: for a colocated process (``--colocate``), ``(model version key, request id or "", request
         digest)`` of each request its own ingress, which died with it, had handed to its worker in-process and a
         run held. This ingress holds none of them, but their client's retry comes here next: each is remembered by
-        its request id and body digest as above (one death, or a query of death at once when the run held it
+        its digest (:func:`~inferbus.actors._crashes.request_digest`) as above (one death, or a query of death at once when the run held it
         alone and ``fault``), so that the retry is refused (or run alone) instead of killing this process too.
 
         The crash does not count against the breaker when this ingress's requests in the dying run are each now
@@ -1559,47 +1543,27 @@ class Ingress:
         counted = 0
         now_deaths: dict = {}  # key -> deaths after this crash: counted once per crash, though copies of one
         # request (a retry the worker joined to the first) are several pending entries with the same keys
-
-        def count(model_key: str, keys: tuple) -> str | None:
-            deaths = 1 + max((e[0] for k in keys if (e := deaths_map.get(k)) is not None and e[1] > now), default=0)
-            refusal = (self._poison_message(model_key, deaths, reason, alone=caught)
-                       if deaths >= QUERY_OF_DEATH_DEATHS or caught else None)
-            for k in keys:
-                d, r = now_deaths.get(k, (0, None))
-                now_deaths[k] = (max(d, deaths), r or refusal)
-            return refusal
-
         for s, p in self.pending.items():
             if p.worker_id != worker_id or (held is not None and s not in held):
                 continue
-            keys = self._death_keys(p.model_key, p.request_id, p.cache_key, p.body)
+            keys = death_keys(p.model_key, p.cache_key, p.body)
             if not keys:
                 continue
             counted += 1
-            refusal = count(p.model_key, keys)
+            refusal = count_crash(deaths_map, now_deaths, p.model_key, keys, reason, caught, now)
             if refusal is not None:
                 self.counts["query_of_death"] += 1
                 out[s] = Internal(refusal)
-        for model_key, rid, digest in local:  # the dead process's own ingress's: remembered for their retries
+        for model_key, _rid, digest in local:  # the dead process's own ingress's: remembered for their retries
             self.counts["crash_suspects_heard"] += 1
-            count(model_key, (("body", model_key, digest), *((("rid", model_key, rid),) if rid else ())))
-        for k, (deaths, refusal) in now_deaths.items():
-            deaths_map.pop(k, None)  # re-inserted last: the oldest entries are forgotten first
-            deaths_map[k] = (deaths, now + QUERY_OF_DEATH_TTL_S, reason, refusal)
+            count_crash(deaths_map, now_deaths, model_key, (("body", model_key, digest),), reason, caught, now)
+        commit_crash(deaths_map, now_deaths, reason, now)
         self._deaths_changed.extend(now_deaths)
-        while len(deaths_map) > _QUERY_OF_DEATH_ENTRIES:
-            deaths_map.pop(next(iter(deaths_map)))
         return out, not (held and counted and len(out) == counted)
 
     def _memory_entries(self, keys, now: float) -> list:
         """:class:`DeathMemory` entries of ``keys`` still remembered (all of :attr:`_deaths` for None)."""
-        deaths = self._deaths
-        out = []
-        for k in (deaths if keys is None else keys):
-            e = deaths.get(k)
-            if e is not None and e[1] > now:
-                out.append((list(k), e[0], e[1] - now, e[2], e[3]))
-        return out
+        return memory_entries(self._deaths, keys, now)
 
     async def _share_deaths(self, keys) -> None:
         """Tell the other ingresses what a crash changed in this one's query-of-death memory (``<p>._deaths``), so
@@ -1615,38 +1579,15 @@ class Ingress:
             log(f"ingress {self.config.ingress_id}: could not share the query-of-death memory: {exc!r}")
 
     def _merge_deaths(self, m: DeathMemory, now: float) -> int:
-        """Take a peer's entries (:meth:`_share_deaths`, or its answer to :meth:`_fetch_deaths`): per key the most
-        deaths, the later expiry, a refusal if either has one. Returns how many entries changed here."""
-        deaths = self._deaths
-        changed = 0
-        for key, n, ttl_s, reason, refusal in m.entries:
-            if not key or not isinstance(key[0], str) or n < 1 or not ttl_s > 0:
-                continue
-            k = tuple(key)
-            e = deaths.get(k)
-            if e is not None and e[1] > now:
-                if e[0] >= n and (e[3] is not None or refusal is None):
-                    continue  # it knows nothing new here
-                n, until, refusal = max(n, e[0]), max(e[1], now + min(ttl_s, QUERY_OF_DEATH_TTL_S)), refusal or e[3]
-            else:
-                until = now + min(ttl_s, QUERY_OF_DEATH_TTL_S)
-            deaths.pop(k, None)
-            deaths[k] = (n, until, reason, refusal)
-            changed += 1
-        while len(deaths) > _QUERY_OF_DEATH_ENTRIES:
-            deaths.pop(next(iter(deaths)))
-        return changed
+        """Take a peer's entries (:meth:`_share_deaths`, or its answer to :meth:`_fetch_deaths`, or the node's):
+        :func:`~inferbus.actors._crashes.merge_memory`. Returns how many keys changed here."""
+        return merge_memory(self._deaths, m, now)
 
     async def _on_deaths(self, msg) -> None:
         """A peer's :class:`DeathMemory` (``<p>._deaths``); or, on ``<p>._deaths.get``, a peer starting asks for
-        this one's memory (answered, empty or not, so that it need not wait)."""
+        this one's memory (answered when it remembers something: the node answers in any case)."""
         if msg.subject == self.subjects.deaths_get:
-            if msg.reply:
-                entries = self._memory_entries(None, time.monotonic()) if self._deaths else []
-                try:
-                    await self.nc.publish(msg.reply, encode_internal(DeathMemory(self.config.ingress_id, entries)))
-                except Exception:
-                    pass
+            await answer_ask(self.nc, msg, self._deaths, self.config.ingress_id)
             return
         try:
             m = decode_internal(msg.data)
@@ -1656,10 +1597,11 @@ class Ingress:
             self.counts["deaths_shared_in"] += self._merge_deaths(m, time.monotonic())
 
     async def _fetch_deaths(self, timeout_s: float = 0.25) -> None:
-        """At start, before taking requests: the first peer's query-of-death memory, merged (the peers share theirs
-        among themselves, so one is enough). A colocated process restarted after a killer crashed it took the
-        killer's retry afresh and died again. With no peer, NATS answers "no responders" at once; a peer that does
-        not answer within ``timeout_s`` costs that wait, once."""
+        """At start, before taking requests: the query-of-death memory of the first to answer, merged: the node
+        (:class:`~inferbus.actors._crashes.CrashKeeper`, which keeps every ingress's shares and answers in any case)
+        or a peer that remembers something. A colocated process restarted after a killer crashed it took the
+        killer's retry afresh and died again. With nobody to ask, NATS answers "no responders" at once; without a
+        node and with peers that remember nothing, this waits ``timeout_s``, once."""
         try:
             msg = await self.nc.request(self.subjects.deaths_get, b"", timeout=timeout_s)
             m = decode_internal(msg.data)
@@ -1667,14 +1609,6 @@ class Ingress:
             return
         if isinstance(m, DeathMemory):
             self.counts["deaths_shared_in"] += self._merge_deaths(m, time.monotonic())
-
-    @staticmethod
-    def _poison_message(model_key: str, deaths: int, reason: str, alone: bool = False) -> str:
-        who = (f"a worker died ({reason}) running this request to {model_key} alone" if alone and deaths == 1 else
-               f"{deaths} workers died while holding this request to {model_key} (the last: {reason})")
-        return (f"{who}: it is taken to be what kills them, is not retried, and is refused for "
-                f"{QUERY_OF_DEATH_TTL_S:g} s after the last such death (docs/failure-semantics.md, a request that kills "
-                f"its worker)")
 
     def _forget_deaths(self, now: float) -> None:
         """Drop the entries of :attr:`_deaths` past their time (the oldest first: the dict is in that order), so that
@@ -1686,13 +1620,13 @@ class Ingress:
                 return
             del deaths[k]
 
-    def _deaths_of(self, model_key: str, request_id: str | None, cache_key: str | None, body: bytes,
-                   now: float) -> tuple[int, str | None] | None:
+    def _deaths_of(self, model_key: str, cache_key: str | None, body: bytes, now: float,
+                   req=None) -> tuple[int, str | None] | None:
         """``(crashes, refusal)`` that :meth:`_note_deaths` counted against this request (the most of its keys' within
         their time; the refusal of any of them), or None. A refusal (not None): a query of death, refused; else a
         suspect, run alone."""
         found = None
-        for k in self._death_keys(model_key, request_id, cache_key, body):
+        for k in death_keys(model_key, cache_key, body, req):
             e = self._deaths.get(k)
             if e is None:
                 continue

@@ -45,7 +45,8 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
 from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
-from ._flight import death_digest, read_flight_record
+from ._crashes import CrashKeeper, request_digest
+from ._flight import read_flight_record
 from ._region import RegionConfig
 
 log = logging.getLogger("inferbus.node")
@@ -268,6 +269,8 @@ class Node:
         self.nc = None
         self.model_states: StateKeeper | None = None
         """The node's copy of the model-management writes (:class:`StateKeeper`), so that they outlive its actors."""
+        self.crashes: CrashKeeper | None = None
+        """The node's copy of the query-of-death memory (:class:`~inferbus.actors._crashes.CrashKeeper`), likewise."""
         self._run_task: asyncio.Task | None = None
         self._servers_task: asyncio.Task | None = None
         self._failed: asyncio.Future | None = None
@@ -366,10 +369,13 @@ class Node:
         if entries is not None:
             running = [e for e in entries if len(e) == 2]
             if kind == "colocated":  # what its own ingress handed over in-process, by digest (not the bodies)
-                running_local = [(e[0], e[1], death_digest(e[2])) for e in entries if len(e) == 3]
+                running_local = [(e[0], e[1], request_digest(e[2])) for e in entries if len(e) == 3]
         ev = ProcessEvent(kind="down", child_id=child_id, worker_id=worker_id, pid=self._pids.get(child_id),
                           reason=exit.reason, running=running, fault=_fault_exit(exit), running_local=running_local)
-        asyncio.ensure_future(self._publish_event(ev))
+        changed = None
+        if running_local and self.crashes is not None:  # their ingress died too: the node remembers them
+            changed = self.crashes.on_crash(running_local, len(running or ()), ev.fault, exit.reason)
+        asyncio.ensure_future(self._publish_event(ev, changed))
 
     def _maybe_quiesce(self) -> None:
         """During :meth:`stop`, once no ingress (or colocated) process of this node runs any more, send every
@@ -401,9 +407,11 @@ class Node:
             log.info("node %s: quiesce: %d worker(s) stop taking requests and drain together", self.config.node_id,
                      sent)
 
-    async def _publish_event(self, ev: ProcessEvent) -> None:
+    async def _publish_event(self, ev: ProcessEvent, crash_keys: list | None = None) -> None:
         try:
             await self.nc.publish(Subjects(self.config.prefix).events, encode_internal(ev))
+            if crash_keys:
+                await self.crashes.share(crash_keys)
             await self.nc.flush(timeout=1)
         except Exception:
             pass
@@ -507,6 +515,9 @@ class Node:
             if c.actors:  # the model writes outlive the actors: every one of them dying at once undoes none
                 self.model_states = StateKeeper(Subjects(c.prefix), f"node {c.node_id}")
                 await self.model_states.start(self.nc)
+                # so does the query-of-death memory: an ingress that starts after every peer died learns it here
+                self.crashes = CrashKeeper(Subjects(c.prefix), f"node {c.node_id}")
+                await self.crashes.start(self.nc)
         except BaseException:
             if self.nc is not None:
                 await close_connection(self.nc)

@@ -150,8 +150,8 @@ class ProcessEvent(_Base, tag="inferbus.v1.event"):
     (SIGKILL, SIGTERM) nor an exit."""
     running_local: list[tuple[str, str, bytes]] | None = None
     """For a colocated process's crash (``inferbus up --colocate``): ``(model version key, request id or "",
-    body digest)`` of each request its own ingress had handed to its worker in-process that a model run held when
-    it died (the digest: :func:`inferbus.actors._flight.death_digest`). That ingress died with the process; the
+    request digest)`` of each request its own ingress had handed to its worker in-process that a model run held when
+    it died (the digest: :func:`inferbus.actors._crashes.request_digest`). That ingress died with the process; the
     others remember these requests as a crash's (docs/failure-semantics.md). None when not known or not colocated."""
 
 
