@@ -457,16 +457,21 @@ async def test_a_killer_at_colocated_processes_is_refused_by_the_processes_it_di
         await client.close()
 
 
+@pytest.mark.parametrize("attempt_timeout_ms", [300, None])
 async def test_a_killer_in_a_burst_at_colocated_processes_is_answered_and_costs_at_most_three_deaths(
-        poisoned_colocated):
+        poisoned_colocated, attempt_timeout_ms):
     """A fresh-user trial (2026-12-05): at ``--colocate --workers 2``, a killer sent with 23 innocent requests (SDK)
     first ran in a batch, and ended DEADLINE_EXCEEDED after 10 s with 6 deaths: both processes died, and the process
     restarted next had no peer left that remembered it. Now the node remembers too and counts the in-process requests
-    of the crashed process itself: the killer ends INTERNAL within its budget, every innocent gets its result."""
+    of the crashed process itself; and while a crash of the model is remembered, a colocated ingress sends its
+    requests to another process's worker (a crash's suspect above all): the killer ends INTERNAL within its budget.
+    With a warm client (attempt timeout 0.3 s) every innocent gets its result; with a cold one (its first attempt
+    gets half the 10 s budget, so there is no third) 0 of 23 ran out of their budget in 5 runs of 6 alone, 1-5 with
+    other tests beside it (before the sending elsewhere: 2, and 5-6 with other tests)."""
     from inferbus.schemas import Internal
 
     dep = poisoned_colocated
-    client = await Client.connect(dep.nats_url, "qodc", attempt_timeout_ms=300)
+    client = await Client.connect(dep.nats_url, "qodc", attempt_timeout_ms=attempt_timeout_ms)
     try:
         async def innocent(k: int):
             out = await client.infer("div", {"d": np.array([[2 * k]], np.int64), "e": np.array([[3]], np.int64)},
@@ -486,11 +491,17 @@ async def test_a_killer_in_a_burst_at_colocated_processes_is_answered_and_costs_
         took_s = time.monotonic() - t0
         qod = results.pop(11)
         assert "is taken to be what kills them" in str(qod), qod
-        assert results == [[[k]] for k in range(1, 24)], [r for r in results if not isinstance(r, list)]
+        from inferbus.schemas import DeadlineExceeded
+
+        lost = [k for k, r in enumerate(results, 1) if isinstance(r, DeadlineExceeded)]
+        assert [r for k, r in enumerate(results, 1) if k not in lost] == [[[k]] for k in range(1, 24) if k not in lost], \
+            results  # no wrong answer, no other error
+        assert len(lost) <= (0 if attempt_timeout_ms else 11), results
         await _div_serves_again(client)
         n = _sigfpe_deaths(dep, "colocated")
         assert 1 <= n <= 3, dep.log.read_text()[-3000:]
-        print(f"colocated burst with a killer: {n} deaths, all answered in {took_s:.2f} s")
+        print(f"colocated burst with a killer (attempt timeout {attempt_timeout_ms} ms): {n} deaths, "
+              f"{23 - len(lost)} of 23 innocents answered, in {took_s:.2f} s")
     finally:
         await client.close()
 

@@ -430,6 +430,9 @@ class Ingress:
         ``(deaths, forgotten after (monotonic s), the last death's reason, the refusal when it is taken for a query of
         death else None)``, in the order of that time (an entry updated is inserted again), emptied of the forgotten
         ones by each sweep (:meth:`_forget_deaths`). Shared with the other ingresses (:meth:`_share_deaths`)."""
+        self._crashed_until: dict[str, float] = {}
+        """Model version key → until when (monotonic s) a crash of a worker running it is remembered here (its own
+        or a peer's): a colocated ingress sends that model's requests to another process meanwhile (:meth:`_forward`)."""
         self._deaths_changed: list[tuple] = []
         """Keys of :attr:`_deaths` the last crash changed, for :meth:`_share_deaths` to send."""
         self._by_rid: dict[str, int] = {}
@@ -993,16 +996,22 @@ class Ingress:
         if len(self.pending) >= self.config.max_pending:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
-        alone = False
-        if self._deaths and (died := self._deaths_of(mv.key, key, msg.data, t_cache,
-                                                                  decoded[0] if decoded is not None else None)):
-            if died[1] is not None:
-                self.counts["query_of_death"] += 1
-                raise Internal(died[1])
-            # a suspect (a crashed worker's run held it): it runs alone and is not hedged, so a second crash is its
-            alone = True
-            hedge_policy = None
-            self.counts["suspects_alone"] += 1
+        alone = avoid_local = False
+        if self._deaths:
+            died = self._deaths_of(mv.key, key, msg.data, t_cache, decoded[0] if decoded is not None else None)
+            if died:
+                if died[1] is not None:
+                    self.counts["query_of_death"] += 1
+                    raise Internal(died[1])
+                # a suspect (a crashed worker's run held it): it runs alone and is not hedged, so a second crash is
+                # its own
+                alone = True
+                hedge_policy = None
+                self.counts["suspects_alone"] += 1
+            # while a crash of this model is remembered, a colocated ingress sends its requests to another process's
+            # worker: a process that dies then takes no request of its own ingress with it, and what its worker held
+            # for the others' is answered or sent again by them
+            avoid_local = self.local_worker is not None and (alone or self._crashed_until.get(mv.key, 0.0) > t_cache)
         now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
         w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
@@ -1018,6 +1027,12 @@ class Ingress:
             suspected = self._suspected_copy(rid, mv.key, now) if rid is not None else None
             # a retry whose copy sits at a worker that went silent (hung, frozen, partitioned) goes elsewhere
             w = self.router.pick(mv.key, now, exclude=suspected[1].worker_id if suspected else None)
+            if avoid_local and w is not None and w.worker_id == self.router.local_worker_id:
+                # not in this process while another can take it (above): if it is the killer, this ingress must live
+                # to answer it (INTERNAL) and to tell the others (a cold SDK client's killer at --colocate ended
+                # DEADLINE_EXCEEDED: its second death took the ingress holding its retry along, and the innocents
+                # that process held in-process)
+                w = self.router.pick(mv.key, now, exclude=w.worker_id) or w
             if suspected is not None and w is not None:
                 self.counts["suspect_reroutes"] += 1
                 # withdraw the old copy: a worker that thaws reads this right after the buffered request and
@@ -1559,6 +1574,7 @@ class Ingress:
             count_crash(deaths_map, now_deaths, model_key, (("body", model_key, digest),), reason, caught, now)
         commit_crash(deaths_map, now_deaths, reason, now)
         self._deaths_changed.extend(now_deaths)
+        self._note_crashed_models(now_deaths, now + QUERY_OF_DEATH_TTL_S)
         return out, not (held and counted and len(out) == counted)
 
     def _memory_entries(self, keys, now: float) -> list:
@@ -1581,7 +1597,23 @@ class Ingress:
     def _merge_deaths(self, m: DeathMemory, now: float) -> int:
         """Take a peer's entries (:meth:`_share_deaths`, or its answer to :meth:`_fetch_deaths`, or the node's):
         :func:`~inferbus.actors._crashes.merge_memory`. Returns how many keys changed here."""
-        return merge_memory(self._deaths, m, now)
+        changed = merge_memory(self._deaths, m, now)
+        if changed:
+            self._note_crashed_models(((tuple(e[0]), e[2]) for e in m.entries), None, now)
+        return changed
+
+    def _note_crashed_models(self, keys, until: float | None, now: float = 0.0) -> None:
+        """Extend :attr:`_crashed_until` for the models of memory ``keys`` (``("body", model key, ...)``), to ``until``,
+        or, with ``until`` None, ``keys`` being ``(key, ttl_s)`` pairs, to ``now + ttl_s``."""
+        cu = self._crashed_until
+        for k in keys:
+            if until is None:
+                k, ttl_s = k
+                t = now + min(ttl_s, QUERY_OF_DEATH_TTL_S)
+            else:
+                t = until
+            if len(k) == 3 and k[0] == "body" and isinstance(k[1], str) and cu.get(k[1], 0.0) < t:
+                cu[k[1]] = t
 
     async def _on_deaths(self, msg) -> None:
         """A peer's :class:`DeathMemory` (``<p>._deaths``); or, on ``<p>._deaths.get``, a peer starting asks for
