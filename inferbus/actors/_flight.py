@@ -10,15 +10,16 @@ each ingress counts the crash against those requests only, not against every req
 
 A request a colocated ingress handed to its worker in-process (``--colocate``) dies with that ingress, whose forward
 sequence numbers mean nothing to anyone else: for it the worker writes ``[model version key, request id or "", body]``
-instead (the body as it came, a reference written by the encoder; no digest on the request path), and the node
-passes its digest on in the event (``running_local``, :func:`inferbus.actors._crashes.request_digest`), so that the *other* ingresses know the request
-that killed the process (a query of death carried from process to process by the client's retries).
+instead (the body as it came, copied into the file with the entry; no digest on the request path), and the node
+passes its digest on in the event (``running_local``, :func:`inferbus.actors._crashes.request_digest`), so that the
+*other* ingresses know the request that killed the process (a query of death carried from process to process by the
+client's retries).
 
 Two slots: the inference thread's and the event loop's (a model run inline, :attr:`Job.inline`), which can run at
 the same time. Each slot is a 4-byte little-endian length then a MessagePack array of entries, each
-``[ingress, seq]`` or ``[model key, request id, body]``, or one such entry alone; length 0 is an empty slot, :data:`_UNKNOWN` a run whose
-entries did not fit (the reader then knows nothing of it). The length is written last and cleared first, so a
-reader never takes a half-written list for a whole one.
+``[ingress, seq]`` or ``[model key, request id, body]``, or one such entry alone; length 0 is an empty slot,
+:data:`_UNKNOWN` a run whose entries did not fit (the reader then knows nothing of it). The length is written last
+and cleared first, so a reader never takes a half-written list for a whole one.
 
 A black-box recorder of this kind is an old technique (a process's "flight recorder"); the file format is our own.
 """

@@ -238,8 +238,8 @@ class Pending(msgspec.Struct):
     content_type: str | None
     request_id: str | None
     """The request id (the ``Inferbus-Request-Id`` header, else the body's ``id`` as the header would carry it):
-    the key of the request-id index (``Ingress._by_rid``, which :meth:`Ingress._pop` cleans), the done memory, the
-    query-of-death memory, and the header of every reply the ingress makes for it."""
+    the key of the request-id index (``Ingress._by_rid``, which :meth:`Ingress._pop` cleans) and the done memory,
+    and the header of every reply the ingress makes for it."""
     model_key: str = ""
     probe: bool = False
     """Sent as the worker's circuit-breaker probe (HALF_OPEN)."""
@@ -432,7 +432,8 @@ class Ingress:
         ones by each sweep (:meth:`_forget_deaths`). Shared with the other ingresses (:meth:`_share_deaths`)."""
         self._crashed_until: dict[str, float] = {}
         """Model version key → until when (monotonic s) a crash of a worker running it is remembered here (its own
-        or a peer's): a colocated ingress sends that model's requests to another process meanwhile (:meth:`_forward`)."""
+        or a peer's): a colocated ingress sends that model's requests to another process meanwhile
+        (:meth:`_forward`)."""
         self._deaths_changed: list[tuple] = []
         """Keys of :attr:`_deaths` the last crash changed, for :meth:`_share_deaths` to send."""
         self._by_rid: dict[str, int] = {}
@@ -698,8 +699,7 @@ class Ingress:
             if not json_ct:
                 self._layouts.learn(mv.key, body, req, arrays, out_names, mv.name, vtag)
         # the idempotency key: the header, else the body's id as the header would carry it (one key for the
-        # request-id index, the done memory, the query-of-death memory and every reply; an id that is only
-        # whitespace has none)
+        # request-id index, the done memory and every reply; an id that is only whitespace has none)
         rid = hdrs.get(H.REQUEST_ID) or (H.header_value(req.id) or None if isinstance(req.id, str) and req.id
                                          else None)
         if ttl_ms > 0:
@@ -1543,8 +1543,9 @@ class Ingress:
         ``running_local``: for a colocated process (``--colocate``), ``(model version key, request id or "", request
         digest)`` of each request its own ingress, which died with it, had handed to its worker in-process and a
         run held. This ingress holds none of them, but their client's retry comes here next: each is remembered by
-        its digest (:func:`~inferbus.actors._crashes.request_digest`) as above (one death, or a query of death at once when the run held it
-        alone and ``fault``), so that the retry is refused (or run alone) instead of killing this process too.
+        its digest (:func:`~inferbus.actors._crashes.request_digest`) as above (one death, or a query of death at
+        once when the run held it alone and ``fault``), so that the retry is refused (or run alone elsewhere)
+        instead of killing this process too.
 
         The crash does not count against the breaker when this ingress's requests in the dying run are each now
         answered as a query of death: the request is at fault, not the worker (which restarts). Such a request
@@ -1574,7 +1575,8 @@ class Ingress:
             count_crash(deaths_map, now_deaths, model_key, (("body", model_key, digest),), reason, caught, now)
         commit_crash(deaths_map, now_deaths, reason, now)
         self._deaths_changed.extend(now_deaths)
-        self._note_crashed_models(now_deaths, now + QUERY_OF_DEATH_TTL_S)
+        for k in now_deaths:
+            self._note_crashed_model(k, now + QUERY_OF_DEATH_TTL_S)
         return out, not (held and counted and len(out) == counted)
 
     def _memory_entries(self, keys, now: float) -> list:
@@ -1599,21 +1601,16 @@ class Ingress:
         :func:`~inferbus.actors._crashes.merge_memory`. Returns how many keys changed here."""
         changed = merge_memory(self._deaths, m, now)
         if changed:
-            self._note_crashed_models(((tuple(e[0]), e[2]) for e in m.entries), None, now)
+            for key, _n, ttl_s, _reason, _refusal in m.entries:
+                self._note_crashed_model(key, now + min(ttl_s, QUERY_OF_DEATH_TTL_S))
         return changed
 
-    def _note_crashed_models(self, keys, until: float | None, now: float = 0.0) -> None:
-        """Extend :attr:`_crashed_until` for the models of memory ``keys`` (``("body", model key, ...)``), to ``until``,
-        or, with ``until`` None, ``keys`` being ``(key, ttl_s)`` pairs, to ``now + ttl_s``."""
+    def _note_crashed_model(self, key, until: float) -> None:
+        """Extend :attr:`_crashed_until` to ``until`` for the model of memory key ``key`` (``("body", model key,
+        digest)``; a cache key's names no model)."""
         cu = self._crashed_until
-        for k in keys:
-            if until is None:
-                k, ttl_s = k
-                t = now + min(ttl_s, QUERY_OF_DEATH_TTL_S)
-            else:
-                t = until
-            if len(k) == 3 and k[0] == "body" and isinstance(k[1], str) and cu.get(k[1], 0.0) < t:
-                cu[k[1]] = t
+        if len(key) == 3 and key[0] == "body" and isinstance(key[1], str) and cu.get(key[1], 0.0) < until:
+            cu[key[1]] = until
 
     async def _on_deaths(self, msg) -> None:
         """A peer's :class:`DeathMemory` (``<p>._deaths``); or, on ``<p>._deaths.get``, a peer starting asks for
