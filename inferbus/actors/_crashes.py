@@ -140,6 +140,18 @@ def merge_memory(memory: dict, m: DeathMemory, now: float) -> int:
     return changed
 
 
+async def share_memory(nc, subjects: Subjects, memory: dict, keys, who: str) -> None:
+    """Publish the entries of ``keys`` in ``memory`` on ``<p>._deaths`` under the name ``who`` (best effort: a message
+    lost only costs a retry one more death)."""
+    entries = memory_entries(memory, keys, time.monotonic())
+    if not entries or nc is None:
+        return
+    try:
+        await nc.publish(subjects.deaths, encode_internal(DeathMemory(who, entries)))
+    except Exception as exc:
+        log(f"{who}: could not share the query-of-death memory: {exc!r}")
+
+
 async def answer_ask(nc, msg, memory: dict, who: str, always: bool = False) -> None:
     """Answer a starting ingress's ask on ``<p>._deaths.get`` with ``memory``: when it holds something, or ``always``
     (a node, whose memory has every ingress's shares: its answer, empty or not, is enough, so the asker need not wait
@@ -199,11 +211,5 @@ class CrashKeeper:
         return list(now_deaths)
 
     async def share(self, keys: list) -> None:
-        """Publish the entries of ``keys`` on ``<p>._deaths`` (best effort)."""
-        entries = memory_entries(self.memory, keys, time.monotonic())
-        if not entries or self.nc is None:
-            return
-        try:
-            await self.nc.publish(self.subjects.deaths, encode_internal(DeathMemory(self.who, entries)))
-        except Exception as exc:
-            log(f"{self.who}: could not share the query-of-death memory: {exc!r}")
+        """Publish the entries of ``keys`` on ``<p>._deaths`` (:func:`share_memory`)."""
+        await share_memory(self.nc, self.subjects, self.memory, keys, self.who)

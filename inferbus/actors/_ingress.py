@@ -76,7 +76,7 @@ from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint
                       endpoint_subscription, error_message, log, run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
 from ._crashes import (QUERY_OF_DEATH_DEATHS, QUERY_OF_DEATH_TTL_S, answer_ask, commit_crash, count_crash,  # noqa: F401
-                       death_keys, memory_entries, merge_memory)
+                       death_keys, memory_entries, merge_memory, share_memory)
 from ._config import IngressConfig
 from ._dedupe import dedupe_key
 from ._layout import RequestLayouts
@@ -1587,14 +1587,8 @@ class Ingress:
         """Tell the other ingresses what a crash changed in this one's query-of-death memory (``<p>._deaths``), so
         that a client's retry through another ingress replica, or a colocated process, counts the same deaths
         (before, each ingress counted its own: 3-4 deaths per killer with ``--ingress 2``, a trial). Best effort: a
-        message lost only costs the retry one more death."""
-        entries = self._memory_entries(keys, time.monotonic())
-        if not entries:
-            return
-        try:
-            await self.nc.publish(self.subjects.deaths, encode_internal(DeathMemory(self.config.ingress_id, entries)))
-        except Exception as exc:
-            log(f"ingress {self.config.ingress_id}: could not share the query-of-death memory: {exc!r}")
+        message lost only costs the retry one more death (:func:`~inferbus.actors._crashes.share_memory`)."""
+        await share_memory(self.nc, self.subjects, self._deaths, keys, self.config.ingress_id)
 
     def _merge_deaths(self, m: DeathMemory, now: float) -> int:
         """Take a peer's entries (:meth:`_share_deaths`, or its answer to :meth:`_fetch_deaths`, or the node's):
