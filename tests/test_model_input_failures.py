@@ -283,11 +283,17 @@ async def test_a_request_that_kills_its_worker_running_alone_is_answered_at_once
         assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, raw.headers
         # the node serves on: other inputs of the model, other models (the workers restarted)
         await _div_serves_again(client)
-        out = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5.0)
-        assert out["probabilities"].shape == (1, 10)
+        checks = (await client.health(timeout_s=5.0)).parameters["counts"]["crash_checks"]
+        assert checks >= 3  # the refused SDK call, the raw copy, the innocent div call
+        for v in (0.5, 0.25, 0.75):
+            out = await client.infer("digits", {"pixels": np.full((1, 64), v, np.float32)}, timeout_s=5.0)
+            assert out["probabilities"].shape == (1, 10)
         assert deaths() == 1, poisoned.log.read_text()[-3000:]
         counts = (await client.health(timeout_s=5.0)).parameters["counts"]
         assert counts["query_of_death"] == 3, counts  # answered at the death, refused twice
+        # another model's requests are not looked up in the crash memory (their inputs not digested) while it
+        # remembers div's crash
+        assert counts["crash_checks"] == checks, counts
     finally:
         await client.close()
 

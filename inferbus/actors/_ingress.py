@@ -456,7 +456,7 @@ class Ingress:
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
                        "resent_after_death": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
-                       "deaths_shared_in": 0}
+                       "deaths_shared_in": 0, "crash_checks": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -997,7 +997,11 @@ class Ingress:
             raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests outstanding",
                                     retry_after_ms=10)
         alone = avoid_local = False
-        if self._deaths:
+        # the crash memory is looked up (the request's inputs digested, ~10 µs) only for a model with a crash
+        # remembered: every key of a crash is noted under its model (_note_crashed_model), and the other models'
+        # requests pay one dict lookup while any crash is remembered
+        if self._deaths and self._crashed_until.get(mv.key, 0.0) > t_cache:
+            self.counts["crash_checks"] += 1
             died = self._deaths_of(mv.key, key, msg.data, t_cache, decoded[0] if decoded is not None else None)
             if died:
                 if died[1] is not None:
@@ -1011,7 +1015,7 @@ class Ingress:
             # while a crash of this model is remembered, a colocated ingress sends its requests to another process's
             # worker: a process that dies then takes no request of its own ingress with it, and what its worker held
             # for the others' is answered or sent again by them
-            avoid_local = self.local_worker is not None and (alone or self._crashed_until.get(mv.key, 0.0) > t_cache)
+            avoid_local = self.local_worker is not None
         now = t_cache  # the choice's clock (liveness, breakers, sticky copies): taken just before this call
         w = self._sticky(rid, mv.key, now) if rid is not None else None  # only a request with an id has copies
         suspected = None
