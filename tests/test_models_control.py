@@ -635,6 +635,53 @@ async def test_a_load_whose_budget_ran_out_is_loaded_again_not_nothing_to_do(fai
         await _every_ingress_ready(client)
 
 
+@pytest.mark.timeout(240)
+async def test_two_loads_at_once_through_two_ingresses_never_undo_each_other(fails, refs):
+    """A fresh-user trial (2026-12-05, ``--ingress 2``): ``load digits 3`` and ``load digits 4`` at the same moment.
+    When the two ingress replicas took one each, the loser saw its version loaded nowhere and undid its load with a
+    state of the next revision, which withdrew the winner's version too: 7 of 11 trials had one load answered OK and
+    its version not served, 1 of 11 both answered INTERNAL "no worker could load [...]: {all 'loaded'}". Now a load
+    that another write replaced answers UNAVAILABLE and undoes nothing, so every load answered OK is served."""
+    from inferbus.actors._models import fetch_states
+
+    dep, models = fails
+    vv = models / "vv"
+    for v in ("1", "3", "4"):
+        (vv / v).mkdir(parents=True)
+        shutil.copy(MODELS / "digits" / ("2" if v == "4" else "1") / "model.onnx", vv / v)
+    (vv / "config.json").write_text(json.dumps({"default_version": 1}))
+    inputs, by_version = refs
+    a = await Client.connect(dep.nats_url, "mmf")
+    b = await Client.connect(dep.nats_url, "mmf")
+    outcomes = []
+    try:
+        await model_control(a, "load", "vv", "1", timeout_s=30)
+        for trial in range(8):
+            r3, r4 = await asyncio.gather(model_control(a, "load", "vv", "3", timeout_s=30),
+                                          model_control(b, "load", "vv", "4", timeout_s=30), return_exceptions=True)
+            outcomes.append(tuple(f"UNAVAILABLE ({r.message[:160]})" if isinstance(r, Unavailable) else
+                                  type(r).__name__ for r in (r3, r4)))
+            for r in (r3, r4):  # loaded, or lost to the other: never INTERNAL, never a timeout
+                assert not isinstance(r, BaseException) or isinstance(r, Unavailable), (trial, r)
+            ok = {v for v, r in (("3", r3), ("4", r4)) if not isinstance(r, BaseException)}
+            assert ok, (trial, r3, r4)  # one of them at least applies
+            await asyncio.sleep(0.5)  # both replicas and both workers hold the final state
+            states = [s for s in await fetch_states(a.nc, Subjects("mmf")) if s.model == "vv"]
+            assert states and all(s == states[0] for s in states), states
+            served = set(states[0].versions)
+            assert ok <= served, (trial, outcomes[-1], states[0])  # each load answered OK is served
+            for v in sorted(ok):  # and computes: the version's own answers
+                res = await a.infer_result("vv", inputs[trial], version=v, timeout_s=5.0)
+                want = by_version["2" if v == "4" else "1"][trial]["logits"]
+                np.testing.assert_allclose(res.outputs["logits"], want, rtol=1e-4, atol=1e-5)
+            for v in sorted(served - {"1"}):
+                await model_control(a, "unload", "vv", v, timeout_s=30)
+        print("outcomes (load 3, load 4):", outcomes)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_path, refs):
     """A fresh-user trial (2026-12-02), the default layout (one ingress): ``default digits 2``, then the ingress
     SIGKILLed and restarted by the node: it asked its peers for the states, nobody but itself answered, and it went

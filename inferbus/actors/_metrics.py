@@ -414,10 +414,9 @@ class NodeCollector:
         expected = self.expected()
         nc = self.node.nc
         stats = await gather_stats(nc, expected, self.wait_s) if nc is not None and not nc.is_closed else {}
-        children = []
-        for sup in (self.node.servers, self.node.supervisor):
-            if sup is not None:
-                children.extend(sup.which_children())
+        children = self.node.server_children()
+        if self.node.supervisor is not None:
+            children.extend(self.node.supervisor.which_children())
         return families(stats, expected, children, time.monotonic() - t0)
 
     def collect(self) -> Iterator[Metric]:

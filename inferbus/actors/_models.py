@@ -22,8 +22,8 @@ first and then broadcast on ``<p>._models.state``; every ingress and worker appl
 with the highest ``(revision, writer)`` it has seen. Ingresses re-broadcast their written states
 every :data:`BROADCAST_PERIOD_S`, and an actor starting up (a restarted worker or ingress) asks for
 them on ``<p>._models.get`` before it announces READY, so a restart does not undo a write.
-Workers report per model the revision they have fully applied (``LoadReport.model_revisions``)
-and the versions they failed to load (``LoadReport.load_errors``); the ingress waits on those.
+Workers report per model the revision they have fully applied and its writer (``LoadReport.model_revisions``,
+``model_writers``) and the versions they failed to load (``LoadReport.load_errors``); the ingress waits on those.
 
 Each state pins its versions (``ModelState.digests``: the SHA-256 of each version's files when first loaded,
 :mod:`._pinning`): a worker loads a version only from files with that digest, and a ``load`` of a served version
@@ -99,6 +99,13 @@ _SETTLE_S = 0.3
 
 def _newer(a: ModelState, b: ModelState | None) -> bool:
     return b is None or (a.revision, a.writer) > (b.revision, b.writer)
+
+
+def _applied(r: LoadReport, model: str) -> tuple[int, str]:
+    """``(revision, writer)`` of the state of ``model`` that worker report ``r`` says is applied (``(0, "")``: none;
+    the writer ``"~"``, above every ingress id, for a worker too old to report writers: its revision decides)."""
+    rev = r.model_revisions.get(model, 0)
+    return (rev, r.model_writers.get(model, "~")) if rev else (0, "")
 
 
 def _initial_state(model: Model, pins: dict[str, str] | None = None) -> ModelState:
@@ -596,9 +603,10 @@ class IngressModels:
                     out[mv.key] = {"ready": mv.key in ready, "workers": why}
         return out
 
-    async def _wait_applied(self, workers: list[str], model: str, revision: int, deadline: float
+    async def _wait_applied(self, workers: list[str], model: str, revision: int, deadline: float, writer: str = ""
                             ) -> dict[str, LoadReport | None]:
-        """Wait until each worker reports ``revision`` of ``model`` applied (None: gone or out of time)."""
+        """Wait until each worker reports the state ``(revision, writer)`` of ``model`` applied, or a later one (a
+        state of the same revision by a higher writer id is later: :func:`_applied`); None: gone or out of time."""
         router = self.ing.router
         out: dict[str, LoadReport | None] = {}
         pending = set(workers)
@@ -607,7 +615,7 @@ class IngressModels:
             for wid in list(pending):
                 r = self.reports.get(wid)
                 w = router.workers.get(wid)
-                if r is not None and r.model_revisions.get(model, 0) >= revision:
+                if r is not None and _applied(r, model) >= (revision, writer):
                     out[wid] = r
                     pending.discard(wid)
                 elif w is None or not router.live(w, now):
@@ -660,11 +668,13 @@ class IngressModels:
         required = self._required(model, time.monotonic())
         st = self._next(model, served | set(todo), default, {**pins, **{v: disk[v] for v in todo if v in disk}})
         await self._publish(st)
-        done = await self._wait_applied(required, model, st.revision, deadline)
+        done = await self._wait_applied(required, model, st.revision, deadline, st.writer)
+        self._check_kept(st)  # a rival write of this revision won: UNAVAILABLE, and nothing of it is undone here
         keys = [f"{model}:{v}" for v in todo]
         workers: dict[str, str] = {}
         loaded_somewhere = {k: False for k in keys}
         timed_out = []
+        superseded = []
         for wid, r in done.items():
             if r is None:
                 w = self.ing.router.workers.get(wid)
@@ -675,14 +685,36 @@ class IngressModels:
                     workers[wid] = "gone (not live)"
                 continue
             failed = [f"{k}: {r.load_errors[k]}" for k in keys if k in r.load_errors and k not in r.models]
+            absent = [k for k in keys if k not in r.models and k not in r.load_errors]
             for k in keys:
                 if k in r.models:
                     loaded_somewhere[k] = True
-            workers[wid] = "failed: " + "; ".join(failed) if failed else "loaded"
+            if absent and _applied(r, model) > (st.revision, st.writer):
+                # neither loaded nor failed under a later state than this write's: a concurrent write that won (its
+                # state may not have reached this ingress yet), or a later one
+                superseded.append(wid)
+                rev, who = _applied(r, model)
+                workers[wid] = f"serves revision {rev} by {who} without {', '.join(absent)}"
+            elif failed or absent:
+                workers[wid] = "failed: " + "; ".join(failed + [f"{k}: not loaded" for k in absent])
+            else:
+                workers[wid] = "loaded"
         if timed_out:
             raise DeadlineExceeded(f"load of {keys} not finished within the request's budget on {timed_out}; "
                                    f"they keep loading (see inferbus models)")
         dead = [k for k, ok in loaded_somewhere.items() if not ok and required]
+        latest = self.states.get(model)
+        replaced = latest is not None and (latest.revision, latest.writer) != (st.revision, st.writer)
+        if superseded or (dead and replaced):
+            # another write's state is served now: undoing this one would write over it (a fresh-user trial, two
+            # loads at once through two ingresses: the loser's undo withdrew the winner's version, whose client
+            # had been told it was loaded, or both were undone, each answered "no worker could load")
+            now_st = latest if replaced else None
+            what = (f" (revision {now_st.revision} by {now_st.writer or 'the repository'}: versions "
+                    f"{now_st.versions}, default {now_st.default_version or '-'})" if now_st is not None else "")
+            raise Unavailable(f"a concurrent change of model {model!r}{what} replaced this load (revision "
+                              f"{st.revision}) before the workers finished it ({workers}), so it is not known to "
+                              f"apply; check inferbus models and retry", field="model", retry_after_ms=100)
         if dead:
             # no required worker could load it: undo the write (requests would find no worker, readiness would wait
             # for it, and a retry would be "nothing to do"); the versions of this load that did load are dropped too
@@ -723,7 +755,7 @@ class IngressModels:
         required = self._required(model, time.monotonic())
         st = self._next(model, [v for v in cur.versions if v != version], cur.default_version)
         await self._publish(st)
-        done = await self._wait_applied(required, model, st.revision, deadline)
+        done = await self._wait_applied(required, model, st.revision, deadline, st.writer)
         workers = {wid: ("drained" if r is not None else "gone or still draining") for wid, r in done.items()}
         self._check_kept(st)
         return ModelControlReply(model, "unload", list(st.versions), st.default_version, st.revision,
@@ -752,7 +784,7 @@ class IngressModels:
         await self._publish(st)
         # the workers apply it within a load report or two (100 ms each); meanwhile a concurrent write taken by
         # another ingress, if any, has reached this one too
-        await self._wait_applied(required, model, st.revision, time.monotonic() + _SETTLE_S)
+        await self._wait_applied(required, model, st.revision, time.monotonic() + _SETTLE_S, st.writer)
         self._check_kept(st)
         return ModelControlReply(model, "default", list(st.versions), st.default_version, st.revision,
                                  version=version, workers={wid: "loaded" for wid in required})
@@ -771,8 +803,9 @@ class WorkerModels:
         self.w = worker
         self.subjects = worker.subjects
         self.states: dict[str, ModelState] = {}
-        self.applied: dict[str, int] = {}
-        """Per model: the revision whose loads and drains have all finished (reported to the ingresses)."""
+        self.applied: dict[str, tuple[int, str]] = {}
+        """Per model: ``(revision, writer)`` of the state whose loads and drains have all finished (reported to the
+        ingresses)."""
         self.draining: set[str] = set()
         """``name:version`` keys being drained: new requests for them are refused (NOT_FOUND)."""
         self.parked: dict[str, tuple[object, str]] = {}
@@ -820,7 +853,7 @@ class WorkerModels:
         lock = self._locks.setdefault(model, asyncio.Lock())
         async with lock:
             st = self.states[model]
-            if self.applied.get(model, -1) >= st.revision and st.revision > 0 and self._in_line(st):
+            if self.applied.get(model, (-1, ""))[0] >= st.revision and st.revision > 0 and self._in_line(st):
                 return
             w = self.w
             pins = {f"{model}:{v}": d for v, d in st.digests.items()}
@@ -841,7 +874,7 @@ class WorkerModels:
                                  *[self._drain(k) for k in sorted(have - want)])
             for k in [k for k in w.load_errors if k.rpartition(":")[0] == model and k not in want]:
                 del w.load_errors[k]  # a version no longer served: its failure is no longer news
-            self.applied[model] = st.revision
+            self.applied[model] = (st.revision, st.writer)
 
     def _in_line(self, st: ModelState) -> bool:
         have = {k for k in self.w.sessions if k.rpartition(":")[0] == st.model}

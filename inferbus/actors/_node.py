@@ -158,8 +158,13 @@ class NodeConfig:
     seconds escalate (the node stops)."""
     server_intensity: int = 5
     server_period_s: float = 10.0
-    """Restart intensity of the embedded servers' supervisor (nats-server, Valkey): more than
-    ``server_intensity`` restarts within ``server_period_s`` seconds escalate (the node stops)."""
+    """Restart intensity of each embedded server's supervisor: more than ``server_intensity`` restarts within
+    ``server_period_s`` seconds escalate. The nats-server's escalation stops the node (nothing serves without its
+    bus); Valkey's leaves the node serving without its shared result cache (L2) for ``cache_restart_backoff_s``,
+    after which Valkey is started again on the same port (docs/supervision.md)."""
+    cache_restart_backoff_s: float = 30.0
+    """After the embedded Valkey escalated (restarted more than ``server_intensity`` times in ``server_period_s``),
+    how long the node serves without it before starting it again (s); a failed start waits as long again."""
     health_timeout_s: float = 5.0
     mailbox_size: int = 1024
     max_batch_size: int | None = None
@@ -207,6 +212,8 @@ class NodeConfig:
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ValueError(f"NodeConfig.precision: auto or one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         check_rate_limits("NodeConfig.ingress_options", self.ingress_options)
+        if not self.cache_restart_backoff_s >= 0:
+            raise ValueError(f"NodeConfig: cache_restart_backoff_s >= 0 seconds; got {self.cache_restart_backoff_s}")
         if self.server_intensity < 0 or not self.server_period_s > 0:
             raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
                              f"{self.server_intensity}, {self.server_period_s}")
@@ -265,7 +272,13 @@ class Node:
         self.supervisor: Supervisor | None = None
         """The actors' supervisor."""
         self.servers: Supervisor | None = None
-        """The embedded servers' supervisor (children ``nats``, ``valkey``); None when both are external."""
+        """The embedded nats-server's supervisor (child ``nats``); None when NATS is external."""
+        self.cache_servers: Supervisor | None = None
+        """The embedded Valkey's supervisor (child ``valkey``); None with an external Redis or no cache. Apart from
+        the nats-server's: a cache that keeps crashing must not take the bus down with it (it did, one restart
+        budget for both: a fresh-user trial's Valkey crash loop stopped the node's nats-server and every answer)."""
+        self.cache_escalations = 0
+        """How many times the embedded Valkey escalated and the node served on without it for a while."""
         self.nc = None
         self.model_states: StateKeeper | None = None
         """The node's copy of the model-management writes (:class:`StateKeeper`), so that they outlive its actors."""
@@ -273,6 +286,8 @@ class Node:
         """The node's copy of the query-of-death memory (:class:`~inferbus.actors._crashes.CrashKeeper`), likewise."""
         self._run_task: asyncio.Task | None = None
         self._servers_task: asyncio.Task | None = None
+        self._cache_task: asyncio.Task | None = None
+        self._server_started: set[str] = set()
         self._failed: asyncio.Future | None = None
         self._stopping = False
         self._quiesced = False
@@ -419,6 +434,10 @@ class Node:
     def _server_spec(self, child_id: str, server: EmbeddedNats | EmbeddedValkey) -> ChildSpec:
         return ChildSpec(id=child_id, start=server.start_child, restart=Restart.PERMANENT, shutdown_timeout_s=5.0)
 
+    def server_children(self) -> list:
+        """``ChildInfo`` of the embedded servers (``nats``, ``valkey``; those this node runs)."""
+        return [i for sup in (self.servers, self.cache_servers) if sup is not None for i in sup.which_children()]
+
     def _on_server_start(self, child_id: str, child) -> None:
         server = self.nats if child_id == "nats" else self.valkey
         if child_id in self._server_started:
@@ -427,7 +446,7 @@ class Node:
         self._server_started.add(child_id)
 
     def _on_server_exit(self, child_id: str, exit) -> None:
-        if self._stopping or any(i.id == child_id and i.status != "restarting" for i in self.servers.which_children()):
+        if self._stopping or any(i.id == child_id and i.status != "restarting" for i in self.server_children()):
             return  # stopped by us or by the supervisor (which logs that), not a crash
         server = self.nats if child_id == "nats" else self.valkey
         log.error("node %s: embedded %s on port %d exited: %s; restarting it (%d restarts in %g s at most)",
@@ -441,9 +460,39 @@ class Node:
         except IntensityExceeded as exc:
             log.error("node %s: %s restarted too often, the node stops: %s", self.config.node_id, what, exc)
             if sup is self.servers and self.supervisor is not None:
-                await self.supervisor.stop()  # they cannot serve without their bus
+                # they cannot serve without their bus, nor drain through it: stopped one by one, each waited out its
+                # drain with no bus (3 s per actor: 9-12 s in a fresh-user trial, against ~1 s for a SIGTERM)
+                log.error("node %s: the actors are killed: their bus is gone, nothing can drain", self.config.node_id)
+                await self.supervisor.kill()
             if not self._failed.done():
                 self._failed.set_result(exc)
+
+    async def _supervise_cache(self, sup: Supervisor) -> None:
+        """Run the embedded Valkey's supervisor. On its escalation the node serves on without the cache (the actors'
+        Redis clients fail fast: hits and fills are lost and counted, answers are not) and starts it again after
+        ``cache_restart_backoff_s``, on the same port, as long as the node runs."""
+        c = self.config
+        while True:
+            try:
+                await sup.run()
+                return  # stopped
+            except IntensityExceeded as exc:
+                self.cache_escalations += 1
+                log.error("node %s: the embedded valkey restarted too often (%s); the node serves on without the "
+                          "shared result cache and starts valkey again in %g s", c.node_id, exc,
+                          c.cache_restart_backoff_s)
+            while True:
+                await asyncio.sleep(c.cache_restart_backoff_s)
+                if self._stopping:
+                    return
+                try:
+                    await sup.start()
+                except ChildStartError as exc:
+                    log.error("node %s: the embedded valkey did not start again (%s); next try in %g s", c.node_id,
+                              exc, c.cache_restart_backoff_s)
+                    continue
+                log.warning("node %s: embedded valkey started again on port %d", c.node_id, self.valkey.port)
+                break
 
     async def wait_failed(self) -> IntensityExceeded:
         """Block until a supervisor of this node escalated; return its ``IntensityExceeded``.
@@ -479,18 +528,14 @@ class Node:
             run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
         self._detach_log = _attach_node_log(run_dir / "node.log")
-        servers = []
+        servers = []  # the nats-server's supervisor; Valkey's is another (cache_servers)
         if self.nats_url is None:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
                                      max_payload_bytes=c.nats_max_payload_bytes,
                                      extra_config=_auth_config(c.bus_options), cpus=c.nats_cpus or None)
             servers.append(self._server_spec("nats", self.nats))
-        if self.redis_url is None and not c.no_cache:
-            self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
-            servers.append(self._server_spec("valkey", self.valkey))
         if servers:
             # started on the loop's thread (ProcessChild): PDEATHSIG follows the spawning thread, not the process
-            self._server_started: set[str] = set()
             self.servers = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.server_intensity,
                                                      period_s=c.server_period_s),
                                       servers, name=f"node-{c.node_id}-servers", on_child_exit=self._on_server_exit,
@@ -502,8 +547,23 @@ class Node:
                     raise exc.__cause__ from None
                 raise
             self.nats_url = self.nats_url or self.nats.url
-            if self.valkey is not None:
-                self.redis_url = self.valkey.url
+        if self.redis_url is None and not c.no_cache:
+            self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
+            self.cache_servers = Supervisor(
+                SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.server_intensity,
+                               period_s=c.server_period_s),
+                [self._server_spec("valkey", self.valkey)], name=f"node-{c.node_id}-cache",
+                on_child_exit=self._on_server_exit, on_child_start=self._on_server_start)
+            try:
+                await self.cache_servers.start()
+            except ChildStartError as exc:
+                await _stop_tree(self.servers, None)
+                if isinstance(exc.__cause__, EmbeddedServerError):
+                    raise exc.__cause__ from None
+                raise
+            self.redis_url = self.valkey.url
+            self._cache_task = asyncio.create_task(self._supervise_cache(self.cache_servers))
+        if self.servers is not None:
             self._servers_task = asyncio.create_task(self._supervise(self.servers, "the embedded servers"))
         redis_url = None if c.no_cache else self.redis_url
         bus = BusConfig(servers=split_servers(self.nats_url), prefix=c.prefix, extra=dict(c.bus_extra),
@@ -708,13 +768,15 @@ class Node:
         clients time out or retry elsewhere). Joins a :meth:`stop` in progress and cuts it short (``inferbus
         up``'s second Ctrl-C)."""
         self._stopping = True
-        for sup in (self.supervisor, self.servers):
+        for sup in (self.supervisor, self.cache_servers, self.servers):
             if sup is not None:
                 await sup.kill()
         await self.stop()
 
     async def _stop_servers(self) -> None:
         self._stopping = True
+        await _stop_tree(self.cache_servers, self._cache_task)  # Valkey, then NATS
+        self._cache_task = None
         await _stop_tree(self.servers, self._servers_task)
         self._servers_task = None
         detach, self._detach_log = self._detach_log, None

@@ -1060,6 +1060,7 @@ class Worker:
         reqs_inline, errs_inline = self.window_inline.totals(now)
         reqs, errs = reqs + reqs_inline, errs + errs_inline
         computing_ms = (now - self._batch_t0) * 1000.0 if self._thread_busy else 0.0
+        applied = self.model_ctl.applied
         return LoadReport(
             worker_id=self.config.worker_id, pid=os.getpid(), device_kind=d.kind if d else "cpu",
             device_name=d.name if d else "", backend=self.config.backend, precision=self._precision_summary(),
@@ -1072,7 +1073,8 @@ class Worker:
             window_s=float(self.window.n), window_requests=reqs, window_errors=errs,
             error_rate=(errs / reqs) if reqs else 0.0, computed=s.computed, expired=s.expired, shed=s.shed,
             dedup_hits=s.dedup_hits, dedup_joins=s.dedup_joins, cancelled=s.cancelled, decoded=s.decoded,
-            load_errors=dict(self.load_errors), model_revisions=dict(self.model_ctl.applied),
+            load_errors=dict(self.load_errors),
+            model_revisions={m: rw[0] for m, rw in applied.items()}, model_writers={m: rw[1] for m, rw in applied.items()},
             computing_ms=computing_ms, computing_overdue=computing_ms > 0 and now > self._batch_deadline,
             draining=self._draining, backlog_msgs=self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
             cpu_ratio=cpu_ratio,

@@ -101,6 +101,9 @@ class LoadReport(_Base, tag="inferbus.v1.load"):
     kept one core busy, 0 for one stopped or idle; -1 when not measured (a first report, a scrape, an older
     worker). A report after a gap from a process that was busy through it (a colocated process working off its
     ingress's backlog) is an overload, not a freeze (``Router.on_report``, ``GAP_BUSY_CPU_RATIO``)."""
+    model_writers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Per model: the writer (ingress id) of the state of ``model_revisions``. Two ingresses can write the same
+    revision at once; the revision alone does not say whose state a worker applied (absent: an older worker)."""
 
 
 class DoneItem(msgspec.Struct, array_like=True):
