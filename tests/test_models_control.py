@@ -676,6 +676,10 @@ async def test_two_loads_at_once_through_two_ingresses_never_undo_each_other(fai
                 np.testing.assert_allclose(res.outputs["logits"], want, rtol=1e-4, atol=1e-5)
             for v in sorted(served - {"1"}):
                 await model_control(a, "unload", "vv", v, timeout_s=30)
+        await asyncio.sleep(0.3)
+        for _ in range(6):  # an unloaded version leaves the health's latency block of either replica (it stayed)
+            latency = (await a.health(timeout_s=5.0)).parameters["latency"]
+            assert "vv:3" not in latency and "vv:4" not in latency, latency
         print("outcomes (load 3, load 4):", outcomes)
     finally:
         await a.close()

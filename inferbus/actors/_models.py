@@ -353,8 +353,13 @@ class IngressModels:
             tags[f"{st.model}:{v}"] = f"{v}@{d}" if d else v
 
     def _set_state(self, st: ModelState) -> None:
-        """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost)."""
+        """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost); the
+        latency windows of the model's versions it does not serve are dropped (the health's ``latency`` block listed
+        an unloaded version for good)."""
         self._cache_tags(st)
+        windows = self.ing._latency
+        for k in [k for k in windows if k.rpartition(":")[0] == st.model and k.rpartition(":")[2] not in st.versions]:
+            del windows[k]
         prev = self.states.get(st.model)
         if prev is not None and prev.revision == st.revision and prev.writer != st.writer:
             if len(self._overridden) >= 1000:
