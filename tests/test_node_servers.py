@@ -96,6 +96,20 @@ def _listening(port: int) -> bool:
         return False
 
 
+def _stops_clean(proc: subprocess.Popen, run_dir: Path, log: Path) -> None:
+    """SIGTERM ``inferbus up``: exit 0, and no nats-server or Valkey of it left."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, log.read_text()[-3000:]
+    assert not _pids_of("nats-server", str(run_dir)) and not _children_named(proc.pid, "valkey-server")
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill what is left of ``proc``'s session (a failed test's ``inferbus up``)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _start_up(tmp_path: Path, port: int) -> tuple[subprocess.Popen, Path, Path, Path]:
     # a long TTL: the L2 entries stay until the test looks (digits' own is 100 ms)
     models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 600_000}})
@@ -167,13 +181,9 @@ async def test_up_restarts_its_killed_nats_server_and_valkey_on_the_same_ports(t
             await vk.aclose()
             text = log.read_text()
             assert f"embedded valkey on port {vk_port} exited: killed by signal 9 (SIGKILL)" in text, text[-3000:]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()[-3000:]
-        assert not _pids_of("nats-server", str(run_dir)) and not _children_named(proc.pid, "valkey-server")
+        _stops_clean(proc, run_dir, log)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _reap(proc)
 
 
 _ESCALATE = """
@@ -218,9 +228,7 @@ async def test_a_server_dying_past_the_intensity_stops_the_node_with_exit_1(tmp_
         assert not _pids_of("nats-server", str(run_dir)) and not _children_named(proc.pid, "valkey-server")
         assert not [p for p in _pids_of(Path(sys.executable).name, str(run_dir)) if p != proc.pid]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _reap(proc)
 
 
 _CACHE_ESCALATE = """
@@ -294,10 +302,6 @@ async def test_a_valkey_crash_loop_costs_the_cache_for_a_while_not_the_bus_nor_a
                 await asyncio.sleep(0.1)
             await vk.aclose()
         assert answered == k, (answered, k)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()[-3000:]
-        assert not _pids_of("nats-server", str(run_dir)) and not _children_named(proc.pid, "valkey-server")
+        _stops_clean(proc, run_dir, log)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _reap(proc)
