@@ -686,6 +686,46 @@ async def test_two_loads_at_once_through_two_ingresses_never_undo_each_other(fai
         await b.close()
 
 
+@pytest.mark.timeout(240)
+async def test_the_same_write_sent_twice_at_once_is_answered_twice(fails, refs):
+    """A fresh-user trial (2026-12-05, ``--ingress 2``): the same ``load`` (or ``unload``) sent by two clients at
+    once, taken by both ingress replicas: the worker found the winner's state (the same versions as the loser's,
+    already applied) in line and kept reporting the loser's writer id, so the winner's ingress waited for its own
+    for good: no answer within the budget in 2 of 6 trials (4 of 6 with ``--ingress 3``), and that ingress took no
+    other write meanwhile. Now both are answered at once: OK, or UNAVAILABLE naming the winner."""
+    dep, models = fails
+    uu = models / "uu"
+    for v in ("1", "3"):
+        (uu / v).mkdir(parents=True)
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", uu / v)
+    (uu / "config.json").write_text(json.dumps({"default_version": 1}))
+    inputs, by_version = refs
+    a = await Client.connect(dep.nats_url, "mmf")
+    b = await Client.connect(dep.nats_url, "mmf")
+    try:
+        await model_control(a, "load", "uu", "1", timeout_s=30)
+        for trial in range(8):
+            for op in ("load", "unload"):
+                t0 = time.monotonic()
+                rs = await asyncio.gather(model_control(a, op, "uu", "3", timeout_s=8),
+                                          model_control(b, op, "uu", "3", timeout_s=8), return_exceptions=True)
+                took_s = time.monotonic() - t0
+                for r in rs:  # answered: never the budget waited out (an unload taken after the other: NOT_FOUND)
+                    assert not isinstance(r, BaseException) or isinstance(r, Unavailable) or (
+                        op == "unload" and isinstance(r, NotFound)), (trial, op, r, took_s)
+                assert any(not isinstance(r, BaseException) for r in rs), (trial, op, rs)
+                if op == "load":
+                    res = await a.infer_result("uu", inputs[trial], version="3", timeout_s=5.0)
+                    np.testing.assert_allclose(res.outputs["logits"], by_version["1"][trial]["logits"], rtol=1e-4,
+                                               atol=1e-5)
+                else:
+                    with pytest.raises(NotFound):
+                        await a.infer("uu", inputs[trial], version="3", timeout_s=5.0)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_restarted_only_ingress_keeps_the_writes_its_workers_hold(tmp_path, refs):
     """A fresh-user trial (2026-12-02), the default layout (one ingress): ``default digits 2``, then the ingress
     SIGKILLed and restarted by the node: it asked its peers for the states, nobody but itself answered, and it went

@@ -302,6 +302,10 @@ async def test_a_valkey_crash_loop_costs_the_cache_for_a_while_not_the_bus_nor_a
                 await asyncio.sleep(0.1)
             await vk.aclose()
         assert answered == k, (answered, k)
+        # the aggregator's failed fills: the first of the outage and a line when they resume (not one line per failed
+        # batch, as before: 99 here)
+        text = (run_dir / "aggregator.log").read_text()
+        assert 1 <= text.count("aggregator: cache fill failed") <= 2 and "cache fills resumed" in text, text[-3000:]
         _stops_clean(proc, run_dir, log)
     finally:
         _reap(proc)

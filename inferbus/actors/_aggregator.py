@@ -9,6 +9,7 @@ outage loses cache fills only (counted in ``fill_errors``), never answers.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ..bus import Subjects, close_connection
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
@@ -16,6 +17,8 @@ from ._common import announce_ready, connect_logged, log, run_actor, serving_gc,
 from ._config import AggregatorConfig
 
 _MAX_PIPELINE = 512
+FAIL_LOG_PERIOD_S = 10.0
+"""While cache fills keep failing (Redis down), the aggregator logs one line per this many seconds."""
 
 
 class Aggregator:
@@ -25,6 +28,9 @@ class Aggregator:
         self.queue: asyncio.Queue[CacheFill] = asyncio.Queue(maxsize=100_000)
         self.stats = {"fills": 0, "fill_errors": 0, "dropped": 0}
         self.redis = None
+        self._failing = 0
+        """Fills lost since the first failure of the current outage (0: none failing)."""
+        self._fail_logged_at = float("-inf")
 
     async def _on_fill(self, msg) -> None:
         try:
@@ -56,9 +62,23 @@ class Aggregator:
                         pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=max(int(f.ttl_ms), 1))
                     await pipe.execute()
                 self.stats["fills"] += len(batch)
+                if self._failing:
+                    log(f"aggregator: cache fills resumed ({self._failing} lost to the failure)")
+                    self._failing = 0
             except Exception as exc:
                 self.stats["fill_errors"] += len(batch)
-                log(f"aggregator: cache fill failed: {exc!r}")
+                self._fill_failed(exc, len(batch))
+
+    def _fill_failed(self, exc: Exception, lost: int) -> None:
+        """Log a failed fill: the first of an outage, then one line per :data:`FAIL_LOG_PERIOD_S` with the count
+        (one line per failed batch wrote 1,172 lines in a 30 s Valkey outage at 40 requests/s; a fresh-user trial)."""
+        now = time.monotonic()
+        first = not self._failing
+        self._failing += lost
+        if first or now - self._fail_logged_at >= FAIL_LOG_PERIOD_S:
+            self._fail_logged_at = now
+            log(f"aggregator: cache fill failed: {exc!r} ({self._failing} fill(s) lost since the first failure"
+                f"{'' if first else '; logged once per ' + format(FAIL_LOG_PERIOD_S, 'g') + ' s'})")
 
     async def run(self) -> None:
         set_affinity(self.config.cpu_affinity)

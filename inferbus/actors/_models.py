@@ -858,7 +858,12 @@ class WorkerModels:
         lock = self._locks.setdefault(model, asyncio.Lock())
         async with lock:
             st = self.states[model]
-            if self.applied.get(model, (-1, ""))[0] >= st.revision and st.revision > 0 and self._in_line(st):
+            done = self.applied.get(model, (-1, ""))
+            if done[0] >= st.revision and st.revision > 0 and self._in_line(st):
+                # nothing to load or drain; a state of the same content by another writer is still reported as
+                # applied (two identical writes at once: the winner's ingress waited for its own writer id for good)
+                if (st.revision, st.writer) > done:
+                    self.applied[model] = (st.revision, st.writer)
                 return
             w = self.w
             pins = {f"{model}:{v}": d for v, d in st.digests.items()}
