@@ -273,6 +273,46 @@ async def test_requests_held_by_a_killed_worker_are_sent_again_and_answered(tmp_
         dep.stop()
 
 
+@pytest.mark.timeout(120)
+async def test_a_restarted_ingress_takes_requests_only_once_it_knows_a_live_worker(tmp_path):
+    """A fresh-user trial: a ``kill -9`` of an ingress; its restart took requests the moment it subscribed, before any
+    worker's load report had reached it, and answered them UNAVAILABLE "no live, healthy worker" with both workers
+    live. A raw client sending as fast as it can through the restart: every answer from the restarted ingress is the
+    model's (NATS says "no responders" while no ingress is up; a request the dead one held times out)."""
+    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+    from inferbus.schemas import InferRequest, decode_response, encode_request, input_from_numpy
+
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="rsi", extra=["--no-cache"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        client = Client(nc, dep.prefix)
+        old_pid = (await client.health(timeout_s=5)).parameters["pid"]
+        body = encode_request(InferRequest(inputs=[input_from_numpy("pixels", np.full((1, 64), 0.5, np.float32))]))
+        os.kill(old_pid, signal.SIGKILL)
+        answers, no_responders, deadline = [], 0, time.monotonic() + 60
+        while len(answers) < 30:
+            assert time.monotonic() < deadline, (len(answers), no_responders)
+            try:
+                m = await nc.request(f"{dep.prefix}.infer.digits", body, timeout=0.2)
+            except NoRespondersError:
+                no_responders += 1
+                await asyncio.sleep(0.001)
+                continue
+            except NatsTimeout:
+                continue
+            answers.append(m)
+        errors = [(m.headers or {}).get("Nats-Service-Error", "") for m in answers if (m.headers or {}).get(
+            "Nats-Service-Error-Code")]
+        assert not errors, errors
+        assert all(decode_response(m.data).outputs for m in answers)
+        assert (await client.health(timeout_s=5)).parameters["pid"] != old_pid  # the restarted ingress answered
+        assert no_responders > 0  # the client did ask while no ingress was up (the restart was not missed)
+        await nc.close()
+    finally:
+        dep.stop()
+
+
 def test_the_run_dir_keeps_the_nodes_restart_history_with_timestamps(tmp_path):
     """A second fresh-user trial (2026-12-02): a ``kill -9`` of an actor showed only as a second READY in its own
     log; the cause and the restart went to ``up``'s stderr alone, lost when it runs detached. ``node.log`` in the

@@ -109,6 +109,11 @@ client (``DoneItem.held``); the ingress then hedges at once or answers the clien
 _HELD_RETRY_AFTER_MS = {"RESOURCE_EXHAUSTED": 10, "UNAVAILABLE": 0}
 
 
+START_WORKERS_WAIT_S = 1.0
+"""At start, how long an ingress waits at most for the load reports that show a live worker of each served model's
+default version before it takes requests (s): a worker reports every ``report_interval_ms`` (100 ms), so a restarted
+ingress next to live workers waits about that long; one whose workers are not up takes requests after this, refusing
+them UNAVAILABLE until they are."""
 STOP_DRAIN_S = 2.0
 """Graceful stop, first phase: the ``infer`` subscription takes nothing new (UNSUB) and the requests it had
 received are handled as usual for at most this long (s)."""
@@ -728,6 +733,20 @@ class Ingress:
             if rid is not None and getattr(err, "request_id", None) is None:
                 err.request_id = rid
             raise
+
+    async def _await_workers(self, timeout_s: float = START_WORKERS_WAIT_S) -> None:
+        """Before the infer endpoint is subscribed: wait until the router knows a live worker of each served model's
+        default version (from their load reports), ``timeout_s`` at most. The router learns of workers only from
+        those reports, so an ingress restarted by its node (a kill -9) that took requests at once answered them
+        UNAVAILABLE "no live, healthy worker" for the ~10-100 ms before its first reports, with every worker live
+        (a fresh-user trial: a raw client got 3 such answers in 1 of 3 kills at 200 requests/s)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = time.monotonic()
+            wanted = {m.version(None).key for m in self.repo}
+            if not wanted or wanted <= self.router.ready_models(now) or now >= deadline:
+                return
+            await asyncio.sleep(0.005)
 
     def _client_deadline(self, raw: str, deadline: float, t0: float) -> float:
         """The earlier of ``deadline`` (``Inferbus-Timeout-Ms`` from this handler's start, monotonic s) and the
@@ -2022,6 +2041,7 @@ class Ingress:
         await self.nc.subscribe(s.deaths_get, cb=self._on_deaths)
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
+        await self._await_workers()
         from nats.micro import add_service
 
         svc = await add_service(self.nc, name="inferbus-ingress", version="0.1.0",
