@@ -2,9 +2,9 @@
 
 Sends :class:`inferbus.schemas.ModelControlRequest` to ``<p>.models.<model>.<op>`` (any ingress
 of the local queue group answers) and returns the :class:`inferbus.schemas.ModelControlReply`.
-No retry: a write refused by a standby region (UNAVAILABLE naming the primary) is raised at once, and a write is
-sent once per budget (not again after half of it, as an inference request is: a load still under way at one ingress,
-sent again to another, raced itself).
+No retry of a refusal: a write refused by a standby region (UNAVAILABLE naming the primary) is raised at once. A
+write with no answer after half its budget is sent once more (the SDK's attempt timeout, same request id), so that an
+ingress that died holding it costs half the budget, not all of it.
 Semantics: docs/models.md.
 """
 
@@ -45,7 +45,7 @@ async def model_control(client, op: str, model: str, version: str | None = None,
     from .client import Client, _subject_token
 
     _subject_token(model, "model")  # '../etc' or 'dig.its' would address another subject, not this model
-    strict = Client(client.nc, client.subjects.prefix, retry_unavailable=False, adaptive_attempt_timeout=False)
+    strict = Client(client.nc, client.subjects.prefix, retry_unavailable=False)
     body = encode(ModelControlRequest(version=version))
     try:
         resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s)
