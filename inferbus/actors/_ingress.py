@@ -741,11 +741,8 @@ class Ingress:
         UNAVAILABLE "no live, healthy worker" for the ~10-100 ms before its first reports, with every worker live
         (a fresh-user trial: a raw client got 3 such answers in 1 of 3 kills at 200 requests/s)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            now = time.monotonic()
-            wanted = {m.version(None).key for m in self.repo}
-            if not wanted or wanted <= self.router.ready_models(now) or now >= deadline:
-                return
+        wanted = {m.version(None).key for m in self.repo}
+        while wanted and not wanted <= self.router.ready_models() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
     def _client_deadline(self, raw: str, deadline: float, t0: float) -> float:

@@ -694,11 +694,11 @@ class IngressModels:
             for k in keys:
                 if k in r.models:
                     loaded_somewhere[k] = True
-            if absent and _applied(r, model) > (st.revision, st.writer):
+            rev, who = _applied(r, model)
+            if absent and (rev, who) > (st.revision, st.writer):
                 # neither loaded nor failed under a later state than this write's: a concurrent write that won (its
                 # state may not have reached this ingress yet), or a later one
                 superseded.append(wid)
-                rev, who = _applied(r, model)
                 workers[wid] = f"serves revision {rev} by {who} without {', '.join(absent)}"
             elif failed or absent:
                 workers[wid] = "failed: " + "; ".join(failed + [f"{k}: not loaded" for k in absent])

@@ -277,8 +277,6 @@ class Node:
         """The embedded Valkey's supervisor (child ``valkey``); None with an external Redis or no cache. Apart from
         the nats-server's: a cache that keeps crashing must not take the bus down with it (it did, one restart
         budget for both: a fresh-user trial's Valkey crash loop stopped the node's nats-server and every answer)."""
-        self.cache_escalations = 0
-        """How many times the embedded Valkey escalated and the node served on without it for a while."""
         self.nc = None
         self.model_states: StateKeeper | None = None
         """The node's copy of the model-management writes (:class:`StateKeeper`), so that they outlive its actors."""
@@ -477,7 +475,6 @@ class Node:
                 await sup.run()
                 return  # stopped
             except IntensityExceeded as exc:
-                self.cache_escalations += 1
                 log.error("node %s: the embedded valkey restarted too often (%s); the node serves on without the "
                           "shared result cache and starts valkey again in %g s", c.node_id, exc,
                           c.cache_restart_backoff_s)
