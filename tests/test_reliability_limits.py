@@ -213,7 +213,9 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
     is ready with closed breakers and answers."""
     async with _overload_node(nats_server.url, tmp_path, "typed", "ovl", ingress=1) as client:
         step = await _open_loop_overload(nats_server.url, "ovl", "typed", rate=40000, duration_s=3, budget_s=0.3)
-        p = (await client.health(timeout_s=5)).parameters
+        # (the counts: asked with room for the ingress to work off what is still in its subscription on a loaded box,
+        # where 5 s ran out once; how soon it serves again is _ready_again_within's, below)
+        p = (await client.health(timeout_s=15)).parameters
         c = p["counts"]
         print(f"overload 40k/s, 0.3 s budget: {step['ok']} ok, errors {step['errors']}; ingress "
               f"expired_on_arrival {c.get('expired_on_arrival')}, lost {c['lost']}, lost_while_behind "
