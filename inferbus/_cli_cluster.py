@@ -73,19 +73,46 @@ def up(
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
-    from .cli import _folder_option, _run
+    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _run
     from .cluster import Topology
 
     spec = _spec("up", regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
+    if run_dir is not None:
+        _check_run_dir(run_dir, "cluster up")
+    if actors:  # (without actors no model is read)
+        _check_models_repo("cluster up", _models_dir(models))
 
     async def go() -> int:
         t0 = time.monotonic()
+        # the handlers go in before anything starts: a SIGTERM during the start-up (5-10 s) killed this process
+        # outright and left the nodes and servers it had started running without it (a fresh-user trial, 5 of 5)
+        stop = asyncio.Event()
+        got: list[str] = []
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), stop.set()))
         topo = Topology(spec, run_dir=run_dir)
-        await topo.start()
         ctl = t_stop = None
+
+        async def start() -> str:
+            await topo.start()
+            return await topo.wait_settled(60)
+
+        starting = asyncio.ensure_future(start())
+        interrupted = asyncio.ensure_future(stop.wait())
         try:
-            primary = await topo.wait_settled(60)
+            await asyncio.wait({starting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            interrupted.cancel()
+            if not starting.done():  # a signal during the start-up: what started is stopped (Topology.start's
+                t_stop = time.monotonic()  # cancellation stops the children it had started, then the finally below)
+                typer.echo(f"{got[0]} during start-up: stopping what started", err=True)
+                starting.cancel()
+                await asyncio.wait({starting})
+                if not starting.cancelled() and starting.exception() is not None:
+                    typer.echo(f"(the start-up had failed meanwhile: {starting.exception()!r})", err=True)
+                return 128 + signal.Signals[got[0]].value
+            primary = starting.result()
             ctl = await topo.serve_control()
             typer.echo(f"inferbus cluster up in {time.monotonic() - t0:.1f}s — primary {primary}; run dir {topo.run_dir}")
             for site in spec.sites:
@@ -96,11 +123,6 @@ def up(
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
             typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
             typer.echo("serving; Ctrl-C to stop")
-            stop = asyncio.Event()
-            got: list[str] = []
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), stop.set()))
             await stop.wait()
             t_stop = time.monotonic()
             typer.echo(f"{got[0]}: stopping the cluster (actors, region managers, servers)")
@@ -110,7 +132,8 @@ def up(
                 await ctl.close()
             await topo.stop()
             if t_stop is not None:
-                typer.echo(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s")
+                typer.echo(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s"
+                           + ("" if ctl is not None else " (during start-up; nothing served)"))
 
     raise typer.Exit(_run(go()))
 

@@ -119,14 +119,15 @@ _CONTROL_TIMEOUT_S = 10.0
 
 def _report(head: str, reply, t0: float) -> None:
     """Print a promote/demote reply: ``head:`` and the manager's steps on stdout, then ``done in ...``; or, when it
-    was refused, ``refused: <why>`` on stderr and exit 1. A refusal that took no step (a non-forced promote while
-    another region holds the lease) is that one stderr line: no header with nothing under it on stdout."""
+    failed, ``<head>: failed: <why>`` on stderr after the steps it took, and exit 1. A refusal that took no step (a
+    non-forced promote while another region holds the lease) is one stderr line, ``<head>: refused: <why>``: no
+    header with nothing under it on stdout."""
     if reply.steps or reply.ok:
         typer.echo(f"{head}:")
         for i, st in enumerate(reply.steps, 1):
             typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
     if not reply.ok:
-        typer.echo(f"refused: {reply.error}" if reply.steps else f"{head}: refused: {reply.error}", err=True)
+        typer.echo(f"{head}: {'failed' if reply.steps else 'refused'}: {reply.error}", err=True)
         raise typer.Exit(1)
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
 

@@ -515,15 +515,35 @@ def _folder_option(command: str, option: str, value: Optional[str]) -> Optional[
     return Path(value)
 
 
-def _check_run_dir(path: Path) -> None:
-    """``up --run-dir``: a folder that exists and is writable, or one that can be made (its parents made too),
-    checked before anything starts (one line, exit 2; :func:`inferbus._paths.folder_problem`). It used to end in a
-    FileExistsError / PermissionError traceback from the node once the option checks had passed."""
+def _check_run_dir(path: Path, command: str = "up") -> None:
+    """``up --run-dir`` (``cluster up --run-dir``): a folder that exists and is writable, or one that can be made (its
+    parents made too), checked before anything starts (one line, exit 2; :func:`inferbus._paths.folder_problem`). It
+    used to end in a FileExistsError / PermissionError traceback from the node (from the topology's start) once the
+    option checks had passed."""
     from ._paths import folder_problem
 
     problem = folder_problem(path)
     if problem is not None:
-        _usage(f"up: --run-dir {path}: {problem}")
+        _usage(f"{command}: --run-dir {path}: {problem}")
+
+
+def _check_models_repo(command: str, models_dir: str):
+    """``--models``: a folder whose models can all be read, checked before anything starts; returns its
+    :class:`~inferbus.actors.ModelRepository`.
+
+    Raises:
+        typer.Exit: (2) one line, ``error: COMMAND: the model repository PATH is not a folder (--models)`` or
+            ``... cannot be served: <why>`` (an unreadable artifact): not every actor's crash after the servers
+            started (``cluster up --models /nonexist`` printed 255 lines of nested start errors, exit 1).
+    """
+    if not Path(models_dir).is_dir():
+        _usage(f"{command}: the model repository {models_dir} is not a folder (--models)")
+    from .actors._repository import ModelRepository, RepositoryError
+
+    try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
+        return ModelRepository(Path(models_dir))
+    except RepositoryError as exc:
+        _usage(f"{command}: the model repository cannot be served: {' '.join(str(exc).split())}")
 
 
 _BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),
@@ -861,20 +881,13 @@ def up(
     )
 
     models_dir = _models_dir(models)
-    if not Path(models_dir).is_dir():
-        _usage(f"up: the model repository {models_dir} is not a folder (--models)")
+    repo = _check_models_repo("up", models_dir)
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
         from .bus import shown_url
 
         _usage(f"up: --redis-url must start with redis://, rediss:// or unix://, got {shown_url(redis_url)!r}")
-    from .actors._repository import ModelRepository, RepositoryError
-
-    try:  # read every model's metadata now: an unreadable artifact is one line here, not every actor's crash
-        repo = ModelRepository(Path(models_dir))
-    except RepositoryError as exc:
-        _usage(f"up: the model repository cannot be served: {' '.join(str(exc).split())}")
     unknown = sorted(set(model or ()) - {m.name for m in repo})
     if unknown:
         _usage(f"up: --model {', '.join(unknown)}: not in the model repository {models_dir} (it has "

@@ -376,3 +376,72 @@ def test_region_commands_refuse_a_region_the_cluster_file_does_not_name(tmp_path
            f"its regions: A, B"
     assert " ".join(out.stderr.split()).startswith(want), out.stderr
     assert ("W is the witness site" in out.stderr) == (name == "W"), out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["run_dir_is_a_file", "models_missing", "models_unreadable"])
+def test_cluster_up_refuses_a_bad_run_dir_or_model_repository_before_starting(tmp_path, case):
+    """``cluster up`` checks ``--run-dir`` and ``--models`` as ``up`` does: one line, exit 2, nothing started. A
+    fresh-user trial: ``--run-dir /etc/passwd`` was an 88-line FileExistsError traceback (exit 1), and ``--models
+    /nonexist`` started every server, then printed 255 lines of the workers' start errors (exit 1)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    bad_models = tmp_path / "models"
+    (bad_models / "broken").mkdir(parents=True)
+    (bad_models / "broken" / "config.json").write_text("{not json")
+    argv, want = {
+        "run_dir_is_a_file": (("--run-dir", str(a_file)), f"error: cluster up: --run-dir {a_file}: "),
+        "models_missing": (("--models", str(tmp_path / "nonexist")),
+                           f"error: cluster up: the model repository {tmp_path / 'nonexist'} is not a folder (--models)"),
+        "models_unreadable": (("--models", str(bad_models)), "error: cluster up: the model repository cannot be served: "),
+    }[case]
+    t0 = time.monotonic()
+    out = _inferbus("cluster", "up", "--regions", "2", *argv, timeout_s=30)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.startswith(want) and "Traceback" not in out.stderr, out.stderr
+    assert " ".join(out.stderr.split()).count("error:") == 1 and time.monotonic() - t0 < 15, out.stderr
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of running processes that contain ``text`` (a run dir: every server and node names theirs)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(f"{d.name}: {cmd[:160]}")
+    return found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_cluster_start_up_stops_what_started(tmp_path, sig):
+    """A SIGTERM (or SIGINT) while ``cluster up`` starts (servers up, the first region's node starting): it stops
+    what it had started and exits 128 + the signal, with nothing left running. Before, a SIGTERM killed it outright
+    (no handler until it served): exit -15, no word, 2-9 of its nodes and servers left behind (a fresh-user trial,
+    5 of 5)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--run-dir",
+                             str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            start_new_session=True, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "nodes" / "A" / "node.log").exists():  # every server is up; region A's node is starting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + sig, (proc.returncode, out, err)
+    assert f"{sig.name} during start-up: stopping what started" in err, err
+    assert "inferbus cluster stopped in" in out and "nothing served" in out and "Traceback" not in err, (out, err)
+    deadline = time.monotonic() + 5  # (a process that is exiting may still be listed for a moment)
+    while (left := _processes_naming(str(run))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import time
 import uuid
 
@@ -330,6 +331,42 @@ async def test_demoted_primary_is_standby_before_its_release_is_sent(witness):
         a_end = max(tr.t_mono for tr in a.transitions if tr.event == "standby")
         b_start = max(tr.t_mono for tr in b.transitions if tr.event == "primary")
         assert a_end < b_start
+
+
+@pytest.mark.timeout(60)
+async def test_a_demote_back_within_the_hold_hands_over_at_once(witness):
+    """A to B, then at once B back to A: the second release names A, which is still in its own ``hold_ms`` (3 s)
+    after the first demote. A release *to* a region overrides its hold: A campaigns at once, and the second demote
+    reports it promoted. Before, A waited out its hold: no primary for ~2 s and model-management writes refused
+    (a fresh-user trial, 4 of 4 with ``inferbus region demote`` twice)."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: "B" in a.peers, 5)
+        first = await a.demote("")
+        assert first.ok and any(s.name == "B promoted" for s in first.steps), first
+        await ms.until(lambda: "A" in b.peers and time.monotonic() - b.peers["A"][0] < 0.2, 5)
+        assert a.hold_until > time.monotonic() + 1.0  # A is still holding off after its own demote
+        t = time.monotonic()
+        second = await b.demote("")
+        took_s = time.monotonic() - t
+        assert second.ok and any(s.name == "A promoted" for s in second.steps), second
+        assert a.is_primary() and not b.is_primary() and took_s < 1.5, (took_s, second.steps)
+        assert any(tr.event == "primary" and "released to us" in tr.detail for tr in a.transitions), a.transitions
+
+
+@pytest.mark.timeout(60)
+async def test_a_demote_that_no_region_takes_over_is_not_a_success(witness):
+    """The standby does not campaign (``auto_failover`` off): the demote releases the lease, waits for a new primary
+    and, none announcing itself, answers ``ok=False`` with its steps and why (the CLI exits 1), not ok."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: "B" in a.peers, 5)
+        b.config = dataclasses.replace(b.config, auto_failover=False)  # B hears the release and does not campaign
+        reply = await a.demote("B")
+        names = [s.name for s in reply.steps]
+        assert not reply.ok and names[:3] == ["stepped down", "lease released", "no new primary yet"], reply
+        assert "no new primary announced itself" in reply.error and "region status" in reply.error, reply.error
+        assert ms.primary() is None
 
 
 @pytest.mark.timeout(60)

@@ -491,7 +491,14 @@ class RegionManager:
 
     def _campaign_reason(self, now: float) -> str | None:
         c = self.config
-        if now < self.hold_until or self.seen_rev is None:
+        if self.seen_rev is None:
+            return None
+        # the hold keeps a demoted region from campaigning again at once, except when the lease was released *to*
+        # it by another region's manager: a second demote within hold_ms (A to B, then B back to A) named the
+        # region still in its hold as successor, and there was no primary until that hold ended (~2 s in a
+        # fresh-user trial, model-management writes refused meanwhile)
+        if now < self.hold_until and not (self.seen_holder == "" and self.seen_successor == self.region
+                                          and self.seen_rev and self.seen_manager != self.manager_id):
             return None
         if self.seen_holder == self.region and self.seen_manager == self.manager_id and self.term:
             # not a failover: the same reign continues (a failed renewal stepped down; nobody wrote since)
@@ -706,7 +713,9 @@ class RegionManager:
 
         Returns a refusal (``ok=False``, nothing changed, the lease kept) when this region is not primary,
         or, unless ``force``, when no other region's manager is live (its last heartbeat older than
-        ``suspect_ms``, the liveness ``status`` reports as heartbeat ages) or ``successor`` is not live.
+        ``suspect_ms``, the liveness ``status`` reports as heartbeat ages) or ``successor`` is not live; and
+        ``ok=False`` with the steps taken when, with ``wait``, no new primary announced itself within the wait
+        (this region is standby then, the lease released or, if the release failed, left on its revision).
         """
         steps: list[RegionStep] = []
         t0 = time.monotonic()
@@ -760,8 +769,14 @@ class RegionManager:
                 break
             await asyncio.sleep(0.005)
         else:
-            steps.append(RegionStep("no new primary yet", (time.monotonic() - t) * 1000,
-                                    "the standby takes over once it sees the release"))
+            waited_ms = (time.monotonic() - t) * 1000
+            steps.append(RegionStep("no new primary yet", waited_ms, "the standby takes over once it sees the release"))
+            if wait:  # the hand-over the operator asked for did not happen within the wait: not a success
+                steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
+                return RegionReply(ok=False, region=self.region, steps=steps, error=(
+                    f"no new primary announced itself within {waited_ms:.0f} ms of the release; region "
+                    f"{self.region} is standby and the lease is released (successor {successor or '(any)'}): a "
+                    f"standby takes over once it sees the release, or after lease_ms; check `inferbus region status`"))
         steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
         return RegionReply(ok=True, region=self.region, steps=steps)
 
