@@ -413,7 +413,7 @@ def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOU
         raise
     except Exception as exc:
         _usage(f"cluster {op}: no answer from the cluster ({type(exc).__name__}: {' '.join(str(exc).split())})")
-    typer.echo(f"{op}: {reply.detail} ({reply.ms:.1f} ms)")
+    typer.echo(f"{op}: {reply.detail} ({reply.ms:.1f} ms)", err=not reply.ok)  # a failure on stderr
     raise typer.Exit(0 if reply.ok else 1)
 
 

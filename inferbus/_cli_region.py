@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Optional
 
@@ -184,7 +185,10 @@ def status(
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
     if json_out:
-        doc = {"primary": primaries[0] if len(primaries) == 1 else primaries, "regions": {}}
+        # "primary": the region's name when exactly one is primary, else the list (none, or two for a moment after a
+        # forced takeover); "primaries" is always the list, for a script that wants one type
+        doc = {"primary": primaries[0] if len(primaries) == 1 else primaries, "primaries": sorted(primaries),
+               "regions": {}}
         for region, st in sts.items():
             ws = loads.get(region, {})
             d = {"error": str(st)} if isinstance(st, Exception) else msgspec.to_builtins(st)
@@ -360,21 +364,36 @@ def manager(
 
     'inferbus cluster up' starts one per region itself; use this against real clusters by URL.
     """
+    from nats.errors import NoServersError
+
     from .actors._common import run_actor
     from .actors._region import RegionConfig, RegionManager
-    from .bus import BusConfig, split_servers
-    from .cli import _nats_urls_given
+    from .bus import BusConfig, shown_servers, shown_url, split_servers
+    from .cli import NatsUnreachable, _check_prefix, _exit_unreachable, _nats_urls_given, _usage
 
+    _check_region(region, "REGION")  # it becomes a subject token (<p>._region.hb.<region>)
+    _check_prefix(prefix)
     _nats_urls_given("region manager", nats_url)  # '' was a ValueError traceback from the connection's config
     if lease_nats_url is not None:
         _nats_urls_given("region manager", lease_nats_url, "--lease-nats-url")  # '' was taken as not given
-
-    cfg = RegionConfig(region=region, bus=BusConfig(servers=split_servers(nats_url),
-                                                   prefix=prefix, no_randomize=True, ping_interval_s=0.5),
-                       lease_bus=BusConfig(servers=split_servers(lease_nats_url), prefix=prefix,
-                                           no_randomize=True, ping_interval_s=0.5) if lease_nats_url else None,
-                       valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
-                       heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
-                       initial_primary=initial_primary, initial_wait_ms=initial_wait_ms,
-                       auto_failover=auto_failover)
-    run_actor(RegionManager(cfg).run)
+    if valkey_url is not None and not re.match(r"(redis|rediss|unix)://", valkey_url):
+        _usage(f"region manager: --valkey-url must start with redis://, rediss:// or unix://, "
+               f"got {shown_url(valkey_url)!r}")
+    try:
+        cfg = RegionConfig(region=region, bus=BusConfig(servers=split_servers(nats_url),
+                                                       prefix=prefix, no_randomize=True, ping_interval_s=0.5),
+                           lease_bus=BusConfig(servers=split_servers(lease_nats_url), prefix=prefix,
+                                               no_randomize=True, ping_interval_s=0.5) if lease_nats_url else None,
+                           valkey_url=valkey_url, placement_cluster=lease_cluster, replicas=replicas,
+                           heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
+                           initial_primary=initial_primary, initial_wait_ms=initial_wait_ms,
+                           auto_failover=auto_failover)
+    except ValueError as exc:  # a value the config refuses (e.g. --lease-ms 0): one line, not a traceback
+        _usage(f"region manager: {' '.join(str(exc).split())}")
+    try:
+        run_actor(RegionManager(cfg).run)
+    except NatsUnreachable as exc:  # one line, exit 3 (a 78-line traceback before)
+        raise _exit_unreachable(exc) from None
+    except (NoServersError, OSError) as exc:
+        where = shown_servers(nats_url) + (f" (or the lease's {shown_servers(lease_nats_url)})" if lease_nats_url else "")
+        raise _exit_unreachable(NatsUnreachable(f"cannot reach NATS at {where}: {exc}", nats_url)) from None

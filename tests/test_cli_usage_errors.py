@@ -300,6 +300,27 @@ def test_region_manager_refuses_an_empty_lease_nats_url():
     assert_one_error_line(r, "region manager: --lease-nats-url '' names no server; ")
 
 
+@pytest.mark.parametrize("argv,want", [
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "foo://x"),
+     "region manager: --valkey-url must start with redis://, rediss:// or unix://, got 'foo://x'\n"),
+    (("a b", "--nats-url", "nats://127.0.0.1:{port}"), "region: REGION 'a b' is no region name "),
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--lease-ms", "0"), "region manager: RegionConfig.lease_ms must be "),
+])
+def test_region_manager_refuses_bad_values_in_one_line(argv, want):
+    """A fresh-user trial: ``region manager Z --valkey-url foo://x`` was taken (the manager then failed to reach it
+    over and over); a value the config refuses was a traceback."""
+    port = free_port()
+    assert_one_error_line(cli("region", "manager", *(a.format(port=port) for a in argv)), want)
+
+
+def test_region_manager_that_cannot_reach_nats_is_one_line_exit_3():
+    """It was a 78-line NoServersError traceback, exit 1, where every other command prints one line, exit 3."""
+    port = free_port()
+    r = cli("region", "manager", "Z", "--nats-url", f"nats://127.0.0.1:{port}")
+    assert (r.returncode, r.stdout) == (3, ""), r
+    assert r.stderr.startswith(f"cannot reach NATS at nats://127.0.0.1:{port}: ") and r.stderr.count("\n") == 1, r.stderr
+
+
 def _cluster_file(path, url: str) -> None:
     """A cluster.json as ``cluster up`` writes it (the fields the ``--cluster`` readers take), every URL ``url``."""
     import json

@@ -99,6 +99,13 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
             break
         assert time.monotonic() < deadline, st
     assert set(st["regions"]) == {o} and st["regions"][o]["cache_role"] == "master"
+    # a second kill of the dead region says so (it said "every process of region ... killed" again); a restore of a
+    # running one is refused in words (it was the supervisor's "ChildRunning: ... child 'servers:B' is running")
+    again = _inferbus("cluster", "kill", p, "--cluster", str(run))
+    assert again.returncode == 0 and f"region {p} is down already" in again.stdout, again
+    running = _inferbus("cluster", "restore", o, "--cluster", str(run))
+    assert running.returncode == 1 and f"region {o} is running; nothing to restore" in running.stderr, running
+    assert "ChildRunning" not in running.stderr, running
 
     restored = _inferbus("cluster", "restore", p, "--cluster", str(run), timeout_s=120)
     assert restored.returncode == 0, restored.stderr

@@ -129,7 +129,7 @@ async def test_cli_region_status_json(topo):
     rc, out, err = await _cli("region", "status", "--cluster", str(topo.run_dir), "--json")
     assert rc == 0, err
     doc = json.loads(out)
-    assert doc["primary"] == "A" and set(doc["regions"]) == {"A", "B"}
+    assert doc["primary"] == "A" and doc["primaries"] == ["A"] and set(doc["regions"]) == {"A", "B"}
     assert doc["regions"]["B"]["workers"] == ["b-w0"] and "digits:1" in doc["regions"]["B"]["models"]
 
 

@@ -419,9 +419,16 @@ class Topology:
                 cmd = dec.decode(msg.data)
                 if cmd.op == "info":
                     reply = ClusterReply(True, json.dumps(self.plan.to_dict()))
+                elif cmd.op == "kill" and cmd.region in self.down:  # (it said "every process ... killed" again)
+                    reply = ClusterReply(True, f"region {cmd.region} is down already (killed earlier; nothing to "
+                                               f"kill): `cluster restore {cmd.region}` starts it again")
                 elif cmd.op == "kill":
                     await self.kill_region(cmd.region)
                     reply = ClusterReply(True, f"every process of region {cmd.region} killed")
+                elif cmd.op == "restore" and cmd.region in self.spec.regions and cmd.region not in self.down:
+                    # (it was the supervisor's "ChildRunning: supervisor 'cluster': child 'servers:B' is running")
+                    reply = ClusterReply(False, f"region {cmd.region} is running; nothing to restore (`cluster kill "
+                                                f"{cmd.region}` takes it down)")
                 elif cmd.op == "restore":
                     await self.restore_region(cmd.region)
                     reply = ClusterReply(True, f"region {cmd.region} started again")
