@@ -69,6 +69,21 @@ def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, pol
         time.sleep(poll_s)
 
 
+def processes_naming(text: str) -> list[str]:
+    """``"<pid>: <command line>"`` of each running process whose command line contains ``text`` (a run dir: every
+    server and actor a node or a topology starts names it), for the "nothing left running" checks."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(f"{d.name}: {cmd[:160]}")
+    return found
+
+
 @pytest.fixture
 def nats_server(tmp_path):
     with EmbeddedNats(run_dir=tmp_path / "nats") as srv:

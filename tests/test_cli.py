@@ -19,7 +19,7 @@ import pytest
 
 from inferbus.bus import free_port
 
-from conftest import ROOT, cli_startup_s
+from conftest import ROOT, cli_startup_s, processes_naming
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -936,14 +936,7 @@ def test_up_with_a_backend_without_a_device_is_one_line_exit_2_and_stops_the_ser
     line = _up_refused(tmp_path, "--backends", "tensorrt",
                        env={"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))})
     assert line == "error: up: --backends tensorrt: backend tensorrt: no NVIDIA GPU found", line
-    run = str(tmp_path / "run")
-    left = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and run in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                left.append(proc.name)
-        except OSError:
-            pass
+    left = processes_naming(str(tmp_path / "run"))
     assert not left, f"processes of the refused node still running: {left}"
 
 
@@ -987,14 +980,7 @@ def _digits_repo(tmp_path, versions=("1",), data=True) -> Path:
 
 
 def _left_running(run: Path) -> list[str]:
-    left = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(run) in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                left.append(proc.name)
-        except OSError:
-            pass
-    return left
+    return processes_naming(str(run))
 
 
 @pytest.mark.parametrize("case,said", [

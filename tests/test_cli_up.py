@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from inferbus.bus import free_port
 from inferbus.client import Client
 
-from conftest import ROOT, spawn_logged, wait_serving
+from conftest import ROOT, processes_naming, spawn_logged, wait_serving
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import models_subset, reference
 
@@ -576,11 +575,5 @@ def test_a_nats_port_taken_between_the_check_and_the_bind_is_one_error_line(tmp_
                              capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
     assert (out.returncode, out.stderr.count("\n")) == (2, 1), (out.returncode, out.stdout[-1000:], out.stderr[-3000:])
     assert out.stderr.startswith(f"error: up: port {port} is in use (taken while this node started)"), out.stderr
-    left = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(tmp_path / "run").encode() in (proc / "cmdline").read_bytes():
-                left.append(proc.name)
-        except OSError:
-            pass
+    left = processes_naming(str(tmp_path / "run"))
     assert not left, f"left running: {left}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_serving
+from conftest import processes_naming, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -409,20 +409,6 @@ def test_cluster_up_refuses_a_bad_run_dir_or_model_repository_before_starting(tm
     assert " ".join(out.stderr.split()).count("error:") == 1 and time.monotonic() - t0 < 15, out.stderr
 
 
-def _processes_naming(text: str) -> list[str]:
-    """Command lines of running processes that contain ``text`` (a run dir: every server and node names theirs)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd:
-                found.append(f"{d.name}: {cmd[:160]}")
-    return found
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_cluster_start_up_stops_what_started(tmp_path, sig):
@@ -449,6 +435,6 @@ def test_a_signal_during_cluster_start_up_stops_what_started(tmp_path, sig):
     assert f"{sig.name} during start-up: stopping what started" in err, err
     assert "inferbus cluster stopped in" in out and "nothing served" in out and "Traceback" not in err, (out, err)
     deadline = time.monotonic() + 5  # (a process that is exiting may still be listed for a moment)
-    while (left := _processes_naming(str(run))) and time.monotonic() < deadline:
+    while (left := processes_naming(str(run))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
