@@ -69,19 +69,20 @@ def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, pol
         time.sleep(poll_s)
 
 
-def processes_naming(text: str) -> list[str]:
-    """``"<pid>: <command line>"`` of each running process whose command line contains ``text`` (a run dir: every
-    server and actor a node or a topology starts names it), for the "nothing left running" checks."""
-    found = []
+def command_lines():
+    """``(pid, command line)`` of each running process (its argv joined by spaces), from /proc."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                yield int(d.name), (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if text in cmd:
-                found.append(f"{d.name}: {cmd[:160]}")
-    return found
+
+
+def processes_naming(text: str) -> list[str]:
+    """``"<pid>: <command line>"`` of each running process whose command line contains ``text`` (a run dir: every
+    server and actor a node or a topology starts names it), for the "nothing left running" checks."""
+    return [f"{pid}: {cmd[:160]}" for pid, cmd in command_lines() if text in cmd]
 
 
 @pytest.fixture

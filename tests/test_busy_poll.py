@@ -17,7 +17,7 @@ from inferbus.bus import BusyPoll
 from inferbus.client import Client
 from inferbus.loadgen import EchoPool
 
-from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from conftest import command_lines, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_e2e import digits_rows, reference
 
 pytestmark = [pytest.mark.anyio]
@@ -103,16 +103,8 @@ def _cpu_s(pid: int) -> float:
 
 def _actor_pids(run_dir: Path, kind: str) -> list[int]:
     """Pids of the node's actor processes of ``kind`` (their command line names their config file in ``run_dir``)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "inferbus.actors" in cmd and str(run_dir) in cmd and f" {kind} " in cmd:
-                pids.append(int(d.name))
-    return pids
+    return [pid for pid, cmd in command_lines()
+            if "inferbus.actors" in cmd and str(run_dir) in cmd and f" {kind} " in cmd]
 
 
 async def _busy_then_idle(pids: list[int], send, window_s: float) -> tuple[list[float], list[float]]:
