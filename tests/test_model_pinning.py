@@ -29,7 +29,7 @@ import pytest
 
 from conftest import MODELS, ROOT, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from test_reliability_lib import digits_version_refs
+from test_reliability_lib import digits_version_refs, reference
 from inferbus.actors._pinning import version_files
 from inferbus.client import Client
 from inferbus.schemas import Internal
@@ -409,5 +409,57 @@ async def test_a_version_unloaded_and_loaded_again_from_new_files_is_checked_aga
                 assert err is not None and err.code == ErrorCode.INVALID_ARGUMENT and "INT32" in err.message, err
         finally:
             await nc.close()
+    finally:
+        dep.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("colocate", [False, True], ids=["ingress", "colocated"])
+async def test_an_ingress_restarted_next_to_unreadable_model_folders_serves_what_it_can(tmp_path, colocate):
+    """Folders that cannot be read appear while the node serves: a version that is no ONNX (never loaded), a new model
+    whose config is no JSON, and a served model's config edited into garbage. The ingress (or the colocated process)
+    is then killed: it starts again, serves every model it can read and leaves out the one it cannot, naming it in
+    its log; the node runs on. Before, it read the whole repository strictly, refused to start (exit 2) on every
+    restart, and the node's restart intensity stopped the whole node, NATS included (a fresh-user trial, 6 of 6)."""
+    models = tmp_path / "models"
+    for name in ("digits", "fraud"):
+        shutil.copytree(MODELS / name, models / name)
+    extra = ["--models", str(models), "--no-cache"] + (["--colocate"] if colocate else [])
+    dep = await asyncio.to_thread(start_deployment, tmp_path / "dep", workers=1, prefix="pinbad", extra=extra)
+    try:
+        client = await Client.connect(dep.nats_url, "pinbad")
+        try:
+            x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
+            await client.infer("digits", {"pixels": x})
+            (models / "digits" / "4").mkdir()
+            (models / "digits" / "4" / "model.onnx").write_bytes(b"junk, not ONNX")
+            (models / "zz" / "1").mkdir(parents=True)
+            shutil.copy(models / "fraud" / "1" / "model.onnx", models / "zz" / "1" / "model.onnx")
+            (models / "zz" / "config.json").write_text("{oops")
+            (models / "fraud" / "config.json").write_text('{"max_batch_size": "x"}')
+            old = (await client.health(timeout_s=5.0)).parameters["pid"]
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:  # the same node answers again, from a new ingress process
+                assert dep.proc.poll() is None, dep.log.read_text()[-3000:]
+                with contextlib.suppress(Exception):
+                    h = await client.health(timeout_s=1.0)
+                    if h.parameters["pid"] != old and h.ready:
+                        break
+                assert time.monotonic() < deadline, dep.log.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+            out = await client.infer("digits", {"pixels": x}, timeout_s=5)
+            np.testing.assert_allclose(out["logits"], reference("digits", {"pixels": x})["logits"], rtol=1e-5, atol=1e-5)
+            assert "config cannot be read" not in h.parameters["models_unreadable"]["fraud"]  # (its type is wrong)
+            assert "max_batch_size" in h.parameters["models_unreadable"]["fraud"], h.parameters["models_unreadable"]
+            assert set(h.parameters["models_unreadable"]) == {"fraud", "zz"}, h.parameters["models_unreadable"]
+            assert {m.name for m in (await client.models(timeout_s=5.0)).models} == {"digits"}
+            await asyncio.sleep(2.0)  # (a restart loop would have stopped the node by now)
+            assert dep.proc.poll() is None and (await client.health(timeout_s=5.0)).ready
+        finally:
+            await client.close()
+        runs = "\n".join(p.read_text() for p in dep.run_dir.glob("*.log"))
+        assert "not serving model fraud: its folder cannot be read" in runs, runs[-3000:]
+        assert "restarted too often" not in runs
     finally:
         dep.stop()

@@ -83,6 +83,7 @@ from ._layout import RequestLayouts
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
 from ._models import IngressModels
 from ._ratelimit import RateLimiter
+from ._pinning import pinned_versions
 from ._repository import Model, ModelRepository
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
 from ._worker import INLINE_MAX_JOBS, INLINE_SLICE_US, control_subject
@@ -412,7 +413,14 @@ class Ingress:
     def __init__(self, config: IngressConfig) -> None:
         self.config = config
         self.subjects = Subjects(config.bus.prefix)
-        self.repo = ModelRepository(config.models_dir, list(config.models) or None)
+        # the versions pinned at the node's start must be readable; another model or version whose folder cannot be
+        # read now (a stray or half-edited file added while serving) is left out, as a restarted worker does: a
+        # strict read made a restarted ingress refuse to start (exit 2) in a loop until the node's restart intensity
+        # stopped the whole node (a fresh-user trial: a junk version folder plus one kill -9 of an ingress, 6 of 6)
+        self.repo = ModelRepository(config.models_dir, list(config.models) or None,
+                                    pinned_versions(config.pins) if config.pins else None)
+        for name, why in self.repo.unreadable.items():
+            log(f"ingress {config.ingress_id}: not serving model {name}: its folder cannot be read: {why}")
         self.router = Router(health_timeout_s=config.health_timeout_s, max_error_rate=config.max_error_rate,
                              min_window_requests=config.min_window_requests, breaker_failures=config.breaker_failures,
                              breaker_open_s=config.breaker_open_s, breaker_probes=config.breaker_probes)
@@ -1973,6 +1981,8 @@ class Ingress:
         }
         if problems:  # {"digits:2": {"ready": false, "workers": {"n1-w0": "model 'digits' version 2: digest ..."}}}
             params["model_versions_not_served"] = problems
+        if self.repo.unreadable:  # {"fraud": "ModelConfigError: ..."}: left out when this (restarted) ingress read it
+            params["models_unreadable"] = dict(self.repo.unreadable)
         if self.redis is not None:
             pool = self.redis.connection_pool
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))

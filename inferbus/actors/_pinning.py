@@ -135,3 +135,13 @@ def pin_repository(root: Path, only=()) -> dict[str, str]:
                 except (OSError, ModelPinError):
                     continue
     return out
+
+
+def pinned_versions(pins) -> dict[str, set[str]]:
+    """Model name → the version names of ``pins`` (``"name:version"`` keys, as :func:`pin_repository` returns): the
+    versions a restarted actor's read of the repository must find (``ModelRepository(..., need=...)``)."""
+    need: dict[str, set[str]] = {}
+    for key in pins:
+        name, _, version = key.rpartition(":")
+        need.setdefault(name, set()).add(version)
+    return need
