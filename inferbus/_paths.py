@@ -44,3 +44,13 @@ def folder_problem(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot make the folder: {exc.strerror or exc}"
     return None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (mode 0600, also when the file was there
+    before with another mode): a config that may hold credentials (a NATS token or password, TLS key paths) in a run
+    dir that other local users can read (``--run-dir`` made with the umask's 0755)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)

@@ -828,6 +828,12 @@ def up(
     def given(name: str) -> bool:
         return _given(ctx, name)
 
+    for value, option, env in ((nats_token, "--nats-token", "INFERBUS_NATS_TOKEN"),
+                               (nats_user, "--nats-user", "INFERBUS_NATS_USER"),
+                               (nats_password, "--nats-password", "INFERBUS_NATS_PASSWORD")):
+        if value is not None and not value.strip():  # `--nats-token "$TOKEN"` with TOKEN unset served with no auth
+            _usage(f"up: {option} (or {env}) is empty: give the secret, or leave the option out to run the "
+                   f"embedded nats-server without authentication")
     if (nats_user is None) != (nats_password is None):  # the server refused the one given: "cannot reach NATS"
         _usage(f"up: {'--nats-user' if nats_user is not None else '--nats-password'} needs "
                f"{'--nats-password' if nats_user is not None else '--nats-user'} (or INFERBUS_NATS_PASSWORD / "

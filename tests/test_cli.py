@@ -468,6 +468,9 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     (("--mailbox-size", "99999999999999999999"), "up: --mailbox-size must be 1 to 1000000000 requests"),
     (("--demo", "--demo-duration", "nan"), "up: --demo-duration must be more than 0"),
     (("--prefix", "max_pending bad"), "up: --prefix 'max_pending bad'"),
+    # `--nats-token "$TOKEN"` with TOKEN unset served with no authentication at all (a fresh-user trial)
+    (("--nats-token", ""), "up: --nats-token (or INFERBUS_NATS_TOKEN) is empty: give the secret, or leave"),
+    (("--nats-user", "u", "--nats-password", " "), "up: --nats-password (or INFERBUS_NATS_PASSWORD) is empty"),
     (("--breaker-open-s", "nan"), "up: --breaker-open-s must be a finite number > 0 seconds; got nan"),
     (("--inline-max-compute-us", "nan"), "up: --inline-max-compute-us must be >= 0 µs"),
     (("--peer-query-timeout-ms", "inf"), "up: --peer-query-timeout-ms must be a finite number > 0 ms"),

@@ -73,6 +73,12 @@ async def test_embedded_server_requires_the_token_and_argv_never_shows_it(dep):
         assert configs
         for path in configs:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        # every file of the run dir that holds the token is the owner's only: the embedded nats-server's config
+        # (its authorization block) was 0644, readable by every local user in a --run-dir (a fresh-user trial)
+        holding = [p for p in dep.run_dir.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+        assert any(p.name.startswith("nats-") and p.suffix == ".conf" for p in holding), holding
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holding), \
+            [(str(p), oct(p.stat().st_mode)) for p in holding]
     finally:
         await client.close()
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
+from .._paths import write_private
 from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, split_servers
 from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
@@ -342,9 +343,7 @@ class Node:
         # the config travels in a file only we can read, not on the command line: it may hold credentials
         stem = child_id.replace(":", "-")  # worker:n1-w0 -> worker-n1-w0 (no ':' in file names: scp, Windows shares)
         cfg_path = log_dir / f"{stem}.config.json"
-        fd = os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(cfg_json)
+        write_private(cfg_path, cfg_json)
         argv = [sys.executable, "-m", "inferbus.actors", kind, f"@{cfg_path}"]
         full_env = {**os.environ, **env} if env else None  # device isolation (CUDA_VISIBLE_DEVICES, TPU_*)
 

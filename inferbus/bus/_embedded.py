@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._paths import write_private
 from ..supervisor._pdeathsig import die_with_parent_on
 from ..supervisor._process import ProcessChild
 
@@ -347,7 +348,9 @@ class EmbeddedNats(_Managed):
         if self.jetstream:
             lines.append(f'jetstream {{ store_dir: "{self.run_dir / ("js-" + str(self.port))}" }}')
         lines.append(self.extra_config)
-        conf.write_text("\n".join(lines) + "\n")
+        # owner-only: the authorization block holds the token or the password in clear (it was 0644 in a --run-dir
+        # the umask made 0755: readable by every local user, and left there after the stop; a fresh-user trial)
+        write_private(conf, "\n".join(lines) + "\n")
         return [str(nats_server_binary()), "-c", str(conf)], self.run_dir / f"nats-{self.port}.log", "nats-server"
 
 
