@@ -168,6 +168,14 @@ def _check_timeout(timeout_s) -> None:
                               field="timeout_s")
 
 
+def _check_request_id(request_id) -> None:
+    """``request_id`` is None or a string, else InvalidArgument at once (``field`` ``request_id``): an int failed deep
+    in nats-py's header encoding (``AttributeError: 'int' object has no attribute 'strip'``; a fresh-user trial)."""
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidArgument(f"request_id must be a string (e.g. a UUID's hex) or None, got "
+                              f"{type(request_id).__name__} {request_id!r}", field="request_id")
+
+
 class _LatencyEstimate:
     """Smoothed latency and its mean deviation (RFC 6298 §2: alpha 1/8, beta 1/4), in ms."""
 
@@ -309,7 +317,9 @@ class Client:
                 [Errno 111] ...``);
                 ``__cause__`` is nats-py's error.
             InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
-            ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`).
+            ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`), or a bad client option
+                (``max_in_flight``, ``attempt_timeout_ms``...: see :class:`Client`); the connection made for it is
+                closed before this is raised.
         """
         servers = split_servers(servers)
         if not servers:  # BusConfig's ValueError named its own field, not this argument
@@ -333,10 +343,14 @@ class Client:
         except (NoServersError, OSError, asyncio.TimeoutError) as exc:
             raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: "
                               f"{_connect_causes(failures, exc, cfg.connect_timeout_s)}") from exc
-        client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
-                     retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
-                     attempt_timeout_floor_ms=attempt_timeout_floor_ms,
-                     adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
+        try:
+            client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
+                         retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
+                         attempt_timeout_floor_ms=attempt_timeout_floor_ms,
+                         adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
+        except BaseException:  # a bad client option (max_in_flight=0...): the connection made for it is closed, not
+            await close_connection(nc)  # left open with its tasks (a fresh-user trial: one more per call)
+            raise
         holder.append(client)
         return client
 
@@ -405,8 +419,8 @@ class Client:
         Raises:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
-            ``timeout_s`` that is not a finite number > 0; a ``hedge`` that is not a policy, field
-            ``headers.Inferbus-Hedge``, as the ingress would answer),
+            ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string; a ``hedge`` that
+            is not a policy, field ``headers.Inferbus-Hedge``, as the ingress would answer),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -421,6 +435,7 @@ class Client:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
         _check_timeout(timeout_s)
+        _check_request_id(request_id)
         _subject_token(model, "model")
         if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
             version = str(version)  # version=2 means "2", as on disk and on the subject
@@ -498,6 +513,7 @@ class Client:
                 works only there: a second ``asyncio.run``).
         """
         _check_timeout(timeout_s)
+        _check_request_id(request_id)
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             if self._loop is not None:

@@ -502,3 +502,44 @@ def test_a_password_in_a_url_that_does_not_parse_is_not_shown_either():
     assert shown_url("nats://u:s3cret@PW@127.0.0.1:1") == "nats://u:***@127.0.0.1:1"
     assert shown_url("redis://user:s3cret@127.0.0.1:6379/0") == "redis://user:***@127.0.0.1:6379/0"
     assert shown_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+
+
+@pytest.mark.parametrize("bad", [{"max_in_flight": 0}, {"attempt_timeout_ms": 0}])
+async def test_a_bad_client_option_closes_the_connection_made_for_it(tmp_path, bad):
+    """``Client.connect`` with a client option ``Client`` refuses (ValueError) closes the connection it had opened:
+    it was left open, with its reader and pinger tasks (a fresh-user trial: five such calls, five connections)."""
+    import json
+    import urllib.request
+
+    from inferbus.bus import EmbeddedNats
+
+    with EmbeddedNats(run_dir=tmp_path / "nats", monitor_port=free_port()) as srv:
+        def connections() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.monitor_port}/connz", timeout=5) as r:
+                return json.load(r)["num_connections"]
+
+        for _ in range(3):
+            with pytest.raises(ValueError):
+                await Client.connect(srv.url, **bad)
+        deadline = time.monotonic() + 5
+        while (n := await asyncio.to_thread(connections)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert n == 0, n
+        ok = await Client.connect(srv.url)  # (the count does see a connection)
+        try:
+            assert await asyncio.to_thread(connections) == 1
+        finally:
+            await ok.close()
+
+
+async def test_a_request_id_that_is_no_string_is_invalid_argument_before_sending(nats_server):
+    client = await Client.connect(nats_server.url)
+    try:
+        for rid in (5, b"abc", 1.5):
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer("digits", {"pixels": [[0.0] * 64]}, request_id=rid)
+            assert ei.value.field == "request_id" and "must be a string" in ei.value.message, ei.value
+            with pytest.raises(InvalidArgument):
+                await client.request("x", b"", timeout_s=1.0, request_id=rid)
+    finally:
+        await client.close()
