@@ -219,8 +219,9 @@ class Client:
     And Jitter", AWS Architecture Blog, 2015): ``b/2 + uniform(0, b/2)`` with
     ``b = min(retry_backoff_ms * 2**(n-1), 100 ms)``; a server hint (``retry_after_ms``)
     replaces the first pause, and a later pause is never shorter than its reply's hint. RESOURCE_EXHAUSTED is retried only with
-    ``retry_resource_exhausted=True``, after its ``retry_after_ms`` and only if that
-    fits in the budget (retrying into a rate limit only makes it worse).
+    ``retry_resource_exhausted=True``, after ``max(retry_after_ms, the same backoff counted over its retries)`` and
+    only if that fits in the budget (retrying into a rate limit only makes it worse); when the budget runs out
+    between such retries the call raises the last RESOURCE_EXHAUSTED, with the attempts' tally.
 
     Args:
         nc: a connected nats-py client (the Client does not own it unless made by :meth:`connect`).
@@ -575,6 +576,7 @@ class Client:
         met: Counter[str] = Counter()  # what ended each attempt, by kind, for the message of the error that ends them
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
         buffer_full = False  # the last try found the reconnect buffer full (nothing sent)
+        exhausted = 0  # RESOURCE_EXHAUSTED replies retried (retry_resource_exhausted)
         while True:
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
@@ -582,9 +584,10 @@ class Client:
                     # fit (below), DEADLINE_EXCEEDED naming the buffer (a loaded CI box gave UNAVAILABLE here)
                     raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,
                                      count_one=True)
-                if isinstance(last_err, Unavailable):  # the budget ran out between UNAVAILABLE retries (a pause that
-                    raise _with_tally(last_err, sent, met)  # fitted, overshot by the loop): what kept the
-                    # request from being answered, with the attempts' tally
+                if isinstance(last_err, (Unavailable, ResourceExhausted)):  # the budget ran out between retries (a
+                    raise _with_tally(last_err, sent, met)  # pause that fitted, overshot by the loop): what kept
+                    # the request from being answered, with the attempts' tally (RESOURCE_EXHAUSTED was said as
+                    # DEADLINE_EXCEEDED "92 attempts: 92 RESOURCE_EXHAUSTED" in a fresh-user trial)
                 raise _no_answer(timeout_s, sent, last_err, "the last", met, not self.nc.is_connected)
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
@@ -665,10 +668,15 @@ class Client:
                 if isinstance(err, (ResourceExhausted, Unavailable)):
                     met[err.code.value] += 1
                 if isinstance(err, ResourceExhausted) and self.retry_resource_exhausted:
-                    hint = float(err.retry_after_ms or self.retry_backoff_ms)
-                    if hint >= H.remaining_ms(deadline):  # the wait it asks for would not fit: with the tally
+                    # the server's hint is the floor of the pause; over it the pause backs off as UNAVAILABLE's does:
+                    # clients that all retried at the hint (1-50 ms from a rate limit) made ~90 tries per call
+                    exhausted += 1
+                    b = min(self.retry_backoff_ms * 2 ** (exhausted - 1), _MAX_BACKOFF_MS)
+                    pause_ms = max(float(err.retry_after_ms or 0), b / 2 + self._rng.uniform(0, b / 2))
+                    if pause_ms >= H.remaining_ms(deadline):  # the wait would not fit: with the tally
                         raise _with_tally(err, sent, met)
-                    await asyncio.sleep(hint / 1000.0)
+                    last_err = err  # (if the pause overshoots the budget, this is what the call ends with)
+                    await asyncio.sleep(pause_ms / 1000.0)
                     continue
                 if not isinstance(err, Unavailable):
                     raise err

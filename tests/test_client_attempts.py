@@ -404,6 +404,29 @@ async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hin
 
 
 @pytest.mark.timeout(30)
+async def test_resource_exhausted_retries_back_off_and_end_as_resource_exhausted(nats_server):
+    """A server that refuses every copy RESOURCE_EXHAUSTED with a 1 ms hint (a busy rate limit): the retries back off
+    over the hint (5, 10, 20 ... 100 ms, jittered) instead of coming every hint, and a budget that runs out between
+    them ends the call with the last RESOURCE_EXHAUSTED and the tally. Before: ~90 copies per 2 s call in a
+    fresh-user trial, and the call said DEADLINE_EXCEEDED ("no answer within 2000 ms (92 attempts: 92
+    RESOURCE_EXHAUSTED)")."""
+    server_nc = await __import__("nats").connect(nats_server.url)
+    retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True)
+    try:
+        r = await Responder(server_nc, error=ResourceExhausted("rate limit", retry_after_ms=1)).start()
+        t0 = time.monotonic()
+        with pytest.raises(ResourceExhausted) as ei:
+            await retrying.request(SUBJECT, b"x", timeout_s=1.0, request_id="rid-storm")
+        took_s = time.monotonic() - t0
+        assert 0.5 < took_s < 1.0 + _LOADED_BOX_SLACK_S, took_s
+        assert 5 <= len(r.seen) <= 20, len(r.seen)  # 5+10+20+40+80 ms, then ~75-100 ms each: ~12 in 1 s, not ~200
+        assert f"{len(r.seen)} attempts: {len(r.seen)} RESOURCE_EXHAUSTED" in ei.value.message, ei.value.message
+    finally:
+        await retrying.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
 async def test_a_budget_spent_while_disconnected_says_so(nats_server):
     """A fresh-user trial stopped a node with its embedded nats-server while SDK clients looped: every call then
     said ``no answer within 1500 ms (3 attempts: 3 timed out; ...)``, and nothing said that the client itself was
