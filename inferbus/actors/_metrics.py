@@ -296,7 +296,7 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
             v = _num(lat.get(q))
             f.add("gauge", "inferbus_forward_latency_window_seconds", "Quantiles of the last 512 successful forwards "
                   "of the model version, from forward to completion (worker queue + compute + both hops), nearest "
-                  "rank; not cumulative, absent below 16 samples.", {**labels, "quantile": q},
+                  "rank; not cumulative, absent below 20 samples.", {**labels, "quantile": q},
                   None if v is None else v / 1e6)
         f.add("gauge", "inferbus_forward_latency_window_samples", "Forwards in the latency window (at most 512).",
               labels, _num(lat.get("samples")))
