@@ -160,11 +160,12 @@ async def test_ingress_backlog_is_bounded_and_refused_at_once(nats_server, tmp_p
 
 
 @contextlib.asynccontextmanager
-async def _overload_node(nats_url: str, tmp_path, model: str, prefix: str, *, ingress: int, workers: int = 1):
+async def _overload_node(nats_url: str, tmp_path, model: str, prefix: str, *, ingress: int, workers: int = 1,
+                         ingress_options: dict | None = None):
     """A node of ``workers`` workers and ``ingress`` ingresses serving ``model`` (no L2 cache) on ``prefix``, ready,
-    and an SDK client of it; both stopped after."""
+    and an SDK client of it; both stopped after. ``ingress_options``: IngressConfig fields for every ingress."""
     cfg = NodeConfig(models_dir=str(MODELS), models=(model,), workers=workers, ingress=ingress, nats_url=nats_url,
-                     no_cache=True, prefix=prefix, run_dir=str(tmp_path / "run"))
+                     no_cache=True, prefix=prefix, run_dir=str(tmp_path / "run"), ingress_options=ingress_options or {})
     async with Node(cfg) as node:
         await node.wait_ready(60)
         client = await Client.connect(nats_url, prefix)
@@ -234,7 +235,8 @@ async def test_an_overload_far_past_capacity_blames_no_worker_and_the_node_serve
 async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_serves_again_at_once(nats_server,
                                                                                                     tmp_path):
     """A fresh-user trial (2026-12-04, 2-core box): one plain nats-py client sent 20,000 ``digits`` requests at once
-    (30,000 here, so that a quicker host still falls behind) with ``Inferbus-Timeout-Ms`` only (no ``Inferbus-Deadline-Unix-Ms``, so none is found expired on arrival and
+    (30,000 here, made before the first is sent, with a 300 ms budget and a 50 ms ``pending_grace_s``, so that a
+    quick idle host still falls behind by more than that) with ``Inferbus-Timeout-Ms`` only (no ``Inferbus-Deadline-Unix-Ms``, so none is found expired on arrival and
     nothing marks the ingress behind). The ingress read its connection seconds behind the burst; the workers'
     completion notices, queued behind the requests in that one stream, came after deadline + ``pending_grace_s``;
     the ingress counted them lost, failures of both healthy workers, whose breakers opened: the node refused every
@@ -251,7 +253,11 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
     from inferbus.bus import headers as H
 
     n = 30000
-    async with _overload_node(nats_server.url, tmp_path, "digits", "brst", ingress=1, workers=2) as client:
+    # a grace of 50 ms (1 s by default) after a 300 ms budget: a completion queued behind the burst in the ingress's
+    # stream for more than ~0.35 s is late, which a quick host's ingress also falls behind by (with 1 s + 1 s, a
+    # quick idle host answered the whole burst in time: the case was not exercised)
+    async with _overload_node(nats_server.url, tmp_path, "digits", "brst", ingress=1, workers=2,
+                              ingress_options={"pending_grace_s": 0.05}) as client:
         nc = await nats.connect(nats_server.url, pending_size=256 * 1024 * 1024)
         try:
             answers = 0
@@ -267,10 +273,14 @@ async def test_a_burst_without_client_deadlines_blames_no_worker_and_the_node_se
             inbox = nc.new_inbox()
             await nc.subscribe(inbox + ".*", cb=on_answer, pending_msgs_limit=2 * n)
             rng = np.random.default_rng(0)
-            for i in range(n):
-                body = msgspec.msgpack.encode({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
-                                                           "raw": rng.random((1, 64), dtype=np.float32).tobytes()}]})
-                await nc.publish("brst.infer.digits", body, reply=f"{inbox}.{i}", headers={H.TIMEOUT_MS: "1000"})
+            # every body made before the first is sent, so the burst leaves as fast as nats-py can write it (made in
+            # the sending loop, it was paced by the encoding, and a quick host's ingress kept up: nothing came late)
+            bodies = [msgspec.msgpack.encode({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                                          "raw": rng.random((1, 64), dtype=np.float32).tobytes()}]})
+                      for _ in range(n)]
+            hdrs = {H.TIMEOUT_MS: "300"}
+            for i, body in enumerate(bodies):
+                await nc.publish("brst.infer.digits", body, reply=f"{inbox}.{i}", headers=hdrs)
             await nc.flush(30)
             last, quiet_since = -1, time.monotonic()
             while time.monotonic() - quiet_since < 2.0:  # until the answers stop coming
