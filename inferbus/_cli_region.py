@@ -155,6 +155,11 @@ def status(
         _check_prefix(prefix)
     _check_timeout_s("region status", timeout_s)
     servers, prefix = target_option("region status", nats_url, cluster, prefix)
+    known: tuple[str, ...] = ()
+    if cluster is not None:  # every region the cluster.json names is shown, a dead one as no answer (a killed
+        from ._cli_cluster import read_cluster_file  # region was left out: only those heard in the listen were)
+
+        known = read_cluster_file("region status", cluster, "client_urls").regions
 
     async def go():
         t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
@@ -168,7 +173,7 @@ def status(
                 except Exception as exc:
                     return exc
 
-            regions = sorted(hbs)  # asked at once: a region that does not answer costs the budget once, not each
+            regions = sorted(set(hbs) | set(known))  # asked at once: one that does not answer costs the budget once
             return hbs, loads, dict(zip(regions, await asyncio.gather(*(one(r) for r in regions))))
         finally:
             from .bus import close_connection
@@ -379,6 +384,13 @@ def manager(
     if valkey_url is not None and not re.match(r"(redis|rediss|unix)://", valkey_url):
         _usage(f"region manager: --valkey-url must start with redis://, rediss:// or unix://, "
                f"got {shown_url(valkey_url)!r}")
+    if valkey_url is not None:
+        from urllib.parse import urlparse
+
+        try:  # a port out of range or not a number, a broken IPv6 host: a ValueError traceback from the manager
+            urlparse(valkey_url).port
+        except ValueError as exc:
+            _usage(f"region manager: --valkey-url {shown_url(valkey_url)!r}: {exc}")
     try:
         cfg = RegionConfig(region=region, bus=BusConfig(servers=split_servers(nats_url),
                                                        prefix=prefix, no_randomize=True, ping_interval_s=0.5),

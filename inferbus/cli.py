@@ -20,8 +20,8 @@ import sys
 
 try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile exits 130, no traceback (see main())
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and \
-            next((a for a in sys.argv[1:] if not a.startswith("-")), None) in ("up", "bench"):
-        # `up` and `bench` handle SIGINT even when it came in ignored (a background job of a non-interactive
+            next((a for a in sys.argv[1:] if not a.startswith("-")), None) in ("up", "bench", "cluster"):
+        # `up`, `bench` and `cluster` (its `up`) handle SIGINT even when it came in ignored (a background job of a non-interactive
         # shell): from here, not only once `up`'s loop's handlers are in (~1.5 s later), so that a `kill -INT`
         # during the imports and the option checks stops it (130) as it does one whose SIGINT was not ignored
         # (fresh-user trials: such a signal was lost and the node started and served; a background `bench` ran

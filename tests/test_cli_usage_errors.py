@@ -305,6 +305,11 @@ def test_region_manager_refuses_an_empty_lease_nats_url():
      "region manager: --valkey-url must start with redis://, rediss:// or unix://, got 'foo://x'\n"),
     (("a b", "--nats-url", "nats://127.0.0.1:{port}"), "region: REGION 'a b' is no region name "),
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--lease-ms", "0"), "region manager: RegionConfig.lease_ms must be "),
+    # (a port out of range, a broken IPv6 host: ValueError tracebacks from the manager; a fresh-user trial)
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "redis://127.0.0.1:99999/0"),
+     "region manager: --valkey-url 'redis://127.0.0.1:99999/0': Port out of range"),
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "redis://[::1/0"),
+     "region manager: --valkey-url 'redis://[::1/0': Invalid IPv6 URL"),
 ])
 def test_region_manager_refuses_bad_values_in_one_line(argv, want):
     """A fresh-user trial: ``region manager Z --valkey-url foo://x`` was taken (the manager then failed to reach it

@@ -1962,6 +1962,12 @@ class Ingress:
         # a served version whose files changed or are gone on every live worker that (re)loaded it: not ready either
         problems = self.model_ctl.version_problems(now)
         wanted |= {k for k, p in problems.items() if not p["ready"]}
+        if self.repo.unreadable:
+            # a model this (restarted) ingress could not read but the workers serve: not ready here, and not listed
+            # ready (a fresh-user trial: "ready": true and fraud:1 in models_ready, while it answered NOT_FOUND)
+            left_out = {k for k in ready_models if k.rpartition(":")[0] in self.repo.unreadable}
+            wanted |= left_out
+            ready_models = ready_models - left_out
         latency = {}
         for k, lw in self._latency.items():
             p50, p95 = lw.quantile(0.5, now), lw.quantile(0.95, now)

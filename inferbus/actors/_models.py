@@ -253,6 +253,8 @@ class IngressModels:
         self._overridden: dict[tuple[str, int, str], ModelState] = {}
         """``(model, revision, writer)`` of states replaced by a rival of the same revision (a concurrent write
         taken by another ingress that won), and the state that replaced each: :meth:`_check_kept`."""
+        self._ignored_logged: set[tuple[str, int]] = set()
+        """``(model, revision)`` of states ignored because the model's folder could not be read, already logged."""
         self.nc = None
 
     # ---- start-up -------------------------------------------------------------------------------
@@ -308,7 +310,11 @@ class IngressModels:
                     m = await asyncio.to_thread(self.ing.repo.scan_model, st.model,
                                                 [v for v in st.versions if v not in held or v in repinned])
                 except RepositoryError as exc:
-                    log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
+                    # once per state: the peers send their states again every 2 s (it was a line every 2 s for as
+                    # long as the folder stayed unreadable; a fresh-user trial)
+                    if (st.model, st.revision) not in self._ignored_logged:
+                        self._ignored_logged.add((st.model, st.revision))
+                        log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
                     return False
                 self.disk[st.model] = m
             versions = {v: m.versions[v] if v in m.versions else held[v] for v in st.versions
