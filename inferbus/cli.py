@@ -1133,8 +1133,17 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                 err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(shown_url(cfg.redis_url))} does not answer "
                                   f"({escape(problem)}); serving without L2 until it does")
         from .actors import ModelRepository
+        from .actors._repository import RepositoryError
 
-        repo = ModelRepository(cfg.models_dir, list(cfg.models) or None)
+        try:
+            repo = ModelRepository(cfg.models_dir, list(cfg.models) or None)
+        except RepositoryError as exc:
+            # a folder broken between the check before the start and this line (a file being written, or edited by
+            # hand): the node serves what it loaded; read as a restarted actor reads it (a CI run: `up` died of
+            # this ModelConfigError right after "inferbus up in ...", taking the node down)
+            err_console.print(f"[yellow]note[/]: the model repository changed during the start and cannot be read "
+                              f"whole ({escape(' '.join(str(exc).split()))}); listing what can be read")
+            repo = ModelRepository(cfg.models_dir, list(cfg.models) or None, need={})
         for m in repo:
             console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions, key=int)} → "
                           f"{cfg.prefix}.infer.{m.name}[.<version>]")

@@ -431,6 +431,10 @@ async def test_an_ingress_restarted_next_to_unreadable_model_folders_serves_what
         try:
             x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
             await client.infer("digits", {"pixels": x})
+            deadline = time.monotonic() + 30  # `up` has printed its model lines (read from the folders) and serves
+            while b"serving; Ctrl-C to stop" not in dep.log.read_bytes():
+                assert time.monotonic() < deadline and dep.proc.poll() is None, dep.log.read_text()[-3000:]
+                await asyncio.sleep(0.05)
             (models / "digits" / "4").mkdir()
             (models / "digits" / "4" / "model.onnx").write_bytes(b"junk, not ONNX")
             (models / "zz" / "1").mkdir(parents=True)
