@@ -355,6 +355,11 @@ class Client:
         holder.append(client)
         return client
 
+    def _backoff_ms(self, n: int) -> float:
+        """The pause before retry ``n`` (1, 2, ...), ms: exponential with equal jitter (the class docstring)."""
+        b = min(self.retry_backoff_ms * 2 ** (n - 1), _MAX_BACKOFF_MS)
+        return b / 2 + self._rng.uniform(0, b / 2)
+
     def _connection_lost(self) -> None:
         """Fail every request in flight on the lost connection so :meth:`request` retries it at once
         (:func:`inferbus.bus.fail_pending_requests`)."""
@@ -671,8 +676,7 @@ class Client:
                     # the server's hint is the floor of the pause; over it the pause backs off as UNAVAILABLE's does:
                     # clients that all retried at the hint (1-50 ms from a rate limit) made ~90 tries per call
                     exhausted += 1
-                    b = min(self.retry_backoff_ms * 2 ** (exhausted - 1), _MAX_BACKOFF_MS)
-                    pause_ms = max(float(err.retry_after_ms or 0), b / 2 + self._rng.uniform(0, b / 2))
+                    pause_ms = max(float(err.retry_after_ms or 0), self._backoff_ms(exhausted))
                     if pause_ms >= H.remaining_ms(deadline):  # the wait would not fit: with the tally
                         raise _with_tally(err, sent, met)
                     last_err = err  # (if the pause overshoots the budget, this is what the call ends with)
@@ -686,8 +690,7 @@ class Client:
                 raise last_err  # type: ignore[misc]
             attempt += 1
             hint = getattr(last_err, "retry_after_ms", None)
-            b = min(self.retry_backoff_ms * 2 ** (attempt - 1), _MAX_BACKOFF_MS)
-            pause_ms = b / 2 + self._rng.uniform(0, b / 2)
+            pause_ms = self._backoff_ms(attempt)
             if hint is not None:  # the server's hint: the first pause, and no later pause is shorter
                 pause_ms = float(hint) if attempt == 1 else max(float(hint), pause_ms)
             if H.remaining_ms(deadline) <= pause_ms:  # the budget ends before the next pause would: the last

@@ -733,6 +733,7 @@ class RegionManager:
         if not successor:
             successor = max((t, r) for r, t in live.items())[1] if live else ""
         old_term = self.term
+        error = ""  # set when the wait below ends with no new primary
         async with self._lock:
             if self.role != PRIMARY:
                 return RegionReply(ok=False, region=self.region, error="lost the lease meanwhile")
@@ -772,13 +773,12 @@ class RegionManager:
             waited_ms = (time.monotonic() - t) * 1000
             steps.append(RegionStep("no new primary yet", waited_ms, "the standby takes over once it sees the release"))
             if wait:  # the hand-over the operator asked for did not happen within the wait: not a success
-                steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
-                return RegionReply(ok=False, region=self.region, steps=steps, error=(
-                    f"no new primary announced itself within {waited_ms:.0f} ms of the release; region "
-                    f"{self.region} is standby and the lease is released (successor {successor or '(any)'}): a "
-                    f"standby takes over once it sees the release, or after lease_ms; check `inferbus region status`"))
+                error = (f"no new primary announced itself within {waited_ms:.0f} ms of the release; region "
+                         f"{self.region} is standby and the lease is released (successor {successor or '(any)'}): a "
+                         f"standby takes over once it sees the release, or after lease_ms; check `inferbus region "
+                         f"status`")
         steps.append(RegionStep("total", (time.monotonic() - t0) * 1000))
-        return RegionReply(ok=True, region=self.region, steps=steps)
+        return RegionReply(ok=not error, region=self.region, steps=steps, error=error)
 
     async def _on_ctl(self, msg) -> None:
         try:
