@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import numbers
 import random
 import threading
@@ -176,6 +177,18 @@ def _check_request_id(request_id) -> None:
                               f"{type(request_id).__name__} {request_id!r}", field="request_id")
 
 
+def _check_option(option: str, value, want: str, fits, kind: type = numbers.Real) -> None:
+    """``Client(option=value)``: a ``kind`` (a real number by default) for which ``fits(value)`` is true.
+
+    Raises:
+        ValueError: ``Client.OPTION must be WANT, got VALUE`` otherwise: another type (a string did not compare), a
+            bool (``max_in_flight=True`` was taken as 1 slot, ``True`` as 1 ms), or a value out of range (NaN is:
+            ``fits`` compares it false).
+    """
+    if isinstance(value, bool) or not isinstance(value, kind) or not fits(value):
+        raise ValueError(f"Client.{option} must be {want}, got {value!r}")
+
+
 class _LatencyEstimate:
     """Smoothed latency and its mean deviation (RFC 6298 §2: alpha 1/8, beta 1/4), in ms."""
 
@@ -226,7 +239,7 @@ class Client:
     Args:
         nc: a connected nats-py client (the Client does not own it unless made by :meth:`connect`).
         prefix: subject prefix of the deployment (default ``inferbus``).
-        retry_backoff_ms: base pause between retries, ms (default 5).
+        retry_backoff_ms: base pause between retries, ms (default 5; >= 0).
         retry_unavailable: retry UNAVAILABLE within the budget (default True); False raises it at once.
         retry_resource_exhausted: also retry RESOURCE_EXHAUSTED as described (default False).
         client_id: sent as ``Inferbus-Client-Id`` on every request (per-client rate limits); None sends none.
@@ -241,6 +254,12 @@ class Client:
             concurrent calls otherwise kept one event loop busy long enough for the connection to be
             judged stale (0.5 s without a PONG) and every request to fail. Waiting past the budget
             raises DeadlineExceeded with nothing sent.
+
+    Raises:
+        ValueError: a bad option, ``Client.OPTION must be ..., got VALUE``: ``max_in_flight`` not an int >= 1 or
+            None, ``attempt_timeout_ms`` not a number > 0 or None, ``attempt_timeout_floor_ms`` not a number >= 1,
+            ``retry_backoff_ms`` not a number >= 0 (NaN is none of these; nor is a bool: ``max_in_flight=True`` was
+            taken as 1 slot).
 
     Per-attempt timeout: an attempt with no answer after its timeout is abandoned and the request
     is sent again, **same request id**, with the remaining budget, so a request delivered to a
@@ -264,14 +283,14 @@ class Client:
                  retry_resource_exhausted: bool = False, client_id: str | None = None,
                  attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
                  adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024):
-        if max_in_flight is not None and not (isinstance(max_in_flight, int) and max_in_flight >= 1):
-            raise ValueError(f"Client.max_in_flight must be an int >= 1 or None, got {max_in_flight!r}")
+        if max_in_flight is not None:
+            _check_option("max_in_flight", max_in_flight, "an int >= 1 or None", lambda n: n >= 1, int)
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight is not None else None
-        if attempt_timeout_ms is not None and not attempt_timeout_ms > 0:
-            raise ValueError(f"Client.attempt_timeout_ms must be > 0 ms or None, got {attempt_timeout_ms!r}")
-        if not attempt_timeout_floor_ms >= 1:
-            raise ValueError(f"Client.attempt_timeout_floor_ms must be >= 1 ms, got {attempt_timeout_floor_ms!r}")
+        if attempt_timeout_ms is not None:
+            _check_option("attempt_timeout_ms", attempt_timeout_ms, "> 0 ms or None", lambda ms: ms > 0)
+        _check_option("attempt_timeout_floor_ms", attempt_timeout_floor_ms, ">= 1 ms", lambda ms: ms >= 1)
+        _check_option("retry_backoff_ms", retry_backoff_ms, ">= 0 ms", lambda ms: ms >= 0)
         self.attempt_timeout_ms = attempt_timeout_ms
         self.attempt_timeout_floor_ms = attempt_timeout_floor_ms
         self.adaptive_attempt_timeout = adaptive_attempt_timeout
@@ -293,22 +312,17 @@ class Client:
 
     @classmethod
     async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
-                      *, retry_unavailable: bool = True, client_id: str | None = None,
-                      retry_resource_exhausted: bool = False, attempt_timeout_ms: float | None = None,
-                      attempt_timeout_floor_ms: float = 250.0, adaptive_attempt_timeout: bool = True,
-                      max_in_flight: int | None = 1024, **bus_options) -> "Client":
+                      **options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
 
         ``servers`` are tried in the order given (``no_randomize`` defaults to True): for a server
         list spanning regions, put the local region's servers first (``Topology.client_urls(first=...)``
         builds such a list for the local topology). ``no_randomize=False`` spreads clients over the list.
 
-        ``attempt_timeout_ms``, ``attempt_timeout_floor_ms``, ``adaptive_attempt_timeout``: the
-        per-attempt timeout; ``max_in_flight``: the bound on outstanding requests (see :class:`Client`).
-
-        ``bus_options`` are :class:`~inferbus.bus.BusConfig` fields, among them the
-        credentials: ``user``/``password``, ``token``, ``nkeys_seed`` (file),
-        ``user_credentials`` (``.creds`` file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
+        ``options``: each keyword option of :class:`Client` (its Args: ``retry_backoff_ms``, ``max_in_flight``...;
+        taken from its signature, :meth:`_option_names`, so that connect cannot leave one out again), and
+        :class:`~inferbus.bus.BusConfig` fields, among them the credentials: ``user``/``password``, ``token``,
+        ``nkeys_seed`` (file), ``user_credentials`` (``.creds`` file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
 
         Raises:
             Unavailable: no server of ``servers`` accepted the connection within ``connect_attempts``
@@ -318,10 +332,14 @@ class Client:
                 [Errno 111] ...``);
                 ``__cause__`` is nats-py's error.
             InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
-            ValueError: a bad ``bus_options`` value (see :class:`~inferbus.bus.BusConfig`), or a bad client option
+            ValueError: a bad BusConfig value (see :class:`~inferbus.bus.BusConfig`), or a bad client option
                 (``max_in_flight``, ``attempt_timeout_ms``...: see :class:`Client`); the connection made for it is
                 closed before this is raised.
+            TypeError: an option that is neither the Client's nor a BusConfig field (BusConfig's own error).
         """
+        names = cls._option_names()
+        client_options = {k: v for k, v in options.items() if k in names}
+        bus_options = {k: v for k, v in options.items() if k not in names}
         servers = split_servers(servers)
         if not servers:  # BusConfig's ValueError named its own field, not this argument
             raise InvalidArgument("Client.connect: servers names no NATS URL; give one or more, e.g. "
@@ -345,15 +363,19 @@ class Client:
             raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: "
                               f"{_connect_causes(failures, exc, cfg.connect_timeout_s)}") from exc
         try:
-            client = cls(nc, prefix, retry_unavailable=retry_unavailable, owns_connection=True, client_id=client_id,
-                         retry_resource_exhausted=retry_resource_exhausted, attempt_timeout_ms=attempt_timeout_ms,
-                         attempt_timeout_floor_ms=attempt_timeout_floor_ms,
-                         adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
+            client = cls(nc, prefix, owns_connection=True, **client_options)
         except BaseException:  # a bad client option (max_in_flight=0...): the connection made for it is closed, not
             await close_connection(nc)  # left open with its tasks (a fresh-user trial: one more per call)
             raise
         holder.append(client)
         return client
+
+    @classmethod
+    def _option_names(cls) -> frozenset[str]:
+        """The keyword options of the constructor that :meth:`connect` hands on (all but ``owns_connection``,
+        which connect sets): one list, the signature, for both."""
+        return frozenset(p.name for p in inspect.signature(cls).parameters.values()
+                         if p.kind is p.KEYWORD_ONLY and p.name != "owns_connection")
 
     def _backoff_ms(self, n: int) -> float:
         """The pause before retry ``n`` (1, 2, ...), ms: exponential with equal jitter (the class docstring)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 import pytest
@@ -543,3 +544,51 @@ async def test_a_request_id_that_is_no_string_is_invalid_argument_before_sending
                 await client.request("x", b"", timeout_s=1.0, request_id=rid)
     finally:
         await client.close()
+
+
+_NOT_THE_DEFAULTS = {"retry_backoff_ms": 7.0, "retry_unavailable": False, "retry_resource_exhausted": True,
+                     "client_id": "c-7", "attempt_timeout_ms": 123.0, "attempt_timeout_floor_ms": 50.0,
+                     "adaptive_attempt_timeout": False, "max_in_flight": 3}
+"""A value other than the default for each option of ``Client(...)`` (each kept as the attribute of its name)."""
+
+
+async def test_connect_takes_every_option_the_client_takes(nats_server):
+    """``Client.connect(url, retry_backoff_ms=...)`` raised BusConfig's TypeError (an unexpected keyword): connect
+    listed the client's options a second time and had left that one out. Every keyword option of ``Client`` (a new
+    one too: this test then asks for a value for it) is taken by ``Client.connect`` and ``SyncClient.connect``."""
+    from inferbus.client import SyncClient
+
+    assert Client._option_names() == set(_NOT_THE_DEFAULTS), "give the new Client option a value here"
+    client = await Client.connect(nats_server.url, **_NOT_THE_DEFAULTS)
+    try:
+        assert {k: getattr(client, k) for k in _NOT_THE_DEFAULTS} == _NOT_THE_DEFAULTS
+    finally:
+        await client.close()
+    sync = await asyncio.to_thread(SyncClient.connect, nats_server.url, **_NOT_THE_DEFAULTS)
+    try:
+        assert {k: getattr(sync.client, k) for k in _NOT_THE_DEFAULTS} == _NOT_THE_DEFAULTS
+    finally:
+        await asyncio.to_thread(sync.close)
+
+
+@pytest.mark.parametrize("bad", [{"max_in_flight": True}, {"max_in_flight": False}, {"max_in_flight": 2.0},
+                                 {"attempt_timeout_ms": True}, {"attempt_timeout_ms": "100"},
+                                 {"attempt_timeout_floor_ms": True}, {"retry_backoff_ms": True},
+                                 {"retry_backoff_ms": -1}, {"retry_backoff_ms": float("nan")}],
+                         ids=lambda bad: "=".join(map(repr, *bad.items())))
+async def test_a_bool_or_no_number_for_a_numeric_client_option_is_the_same_value_error(nats_server, bad):
+    """``max_in_flight=True`` was taken as 1 (``isinstance(True, int)``), as ``True`` was taken as 1 ms for the
+    ms options; ``attempt_timeout_ms="100"`` raised a TypeError from a comparison, and ``retry_backoff_ms`` was not
+    checked at all (-1 or NaN met the first retry). Each is the ValueError ``max_in_flight=0`` gets, naming the
+    option, from ``Client(...)`` and ``Client.connect``."""
+    import nats
+
+    (option, value), = bad.items()
+    with pytest.raises(ValueError, match=rf"^Client\.{option} must be .*, got {re.escape(repr(value))}$"):
+        await Client.connect(nats_server.url, **bad)
+    nc = await nats.connect(nats_server.url)
+    try:
+        with pytest.raises(ValueError, match=rf"^Client\.{option} must be "):
+            Client(nc, **bad)
+    finally:
+        await nc.close()
