@@ -65,7 +65,7 @@ def up(
     workers: int = typer.Option(1, help="Worker processes per region."),
     base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
     run_dir: Optional[str] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept).", metavar="<path>"),
-    models: Optional[Path] = typer.Option(None, help="Model repository (default ./models)."),
+    models: Optional[str] = typer.Option(None, help="Model repository (default ./models).", metavar="<path>"),
     prefix: str = typer.Option("inferbus", help="Subject prefix of the cluster's actors (recorded in cluster.json, "
                                "which 'region ... --cluster' and 'cluster kill|...' talk on)."),
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
@@ -73,15 +73,17 @@ def up(
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
-    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _run
+    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run
     from .cluster import Topology
 
-    spec = _spec("up", regions, workers, base_port, prefix, models, proxy, actors, witness_servers)
+    models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
+    spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")
     if actors:  # (without actors no model is read)
-        _check_models_repo("cluster up", _models_dir(models))
+        models_dir = _models_dir(models_path)
+        _note_if_no_models(models_dir, _check_models_repo("cluster up", models_dir))
 
     async def go() -> int:
         t0 = time.monotonic()

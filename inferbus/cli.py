@@ -501,16 +501,18 @@ def _check_output_file(option: str, path: Path) -> None:
 
 
 def _folder_option(command: str, option: str, value: Optional[str]) -> Optional[Path]:
-    """A folder option taken as text (a ``str`` option, not a ``Path`` one): ``""`` is refused, one line, exit 2;
-    else its Path (None for None). ``Path('')`` is ``Path('.')``: an empty ``--out``, ``--data-root`` or ``--run-dir``
-    (an unset variable in a script) wrote into the current folder without a word; ``.`` says that on purpose.
+    """A folder option taken as text (a ``str`` option, not a ``Path`` one): ``""`` or a blank value is refused, one
+    line, exit 2; else its Path (None for None). ``Path('')`` is ``Path('.')``: an empty ``--out``, ``--data-root``,
+    ``--run-dir`` or ``--models`` (an unset variable in a script) was the current folder without a word; ``.`` says
+    that on purpose.
 
     Raises:
-        typer.Exit: (2) ``error: COMMAND: OPTION must name a folder, got '' (give '.' for the current one)``.
+        typer.Exit: (2) ``error: COMMAND: OPTION must name a folder, got '' (give '.' for the current one)`` (the
+            value as given: ``'  '`` for a blank one).
     """
     if value is None:
         return None
-    if not value:
+    if not value.strip():
         _usage(f"{command}: {option} must name a folder, got {value!r} (give '.' for the current one)")
     return Path(value)
 
@@ -544,6 +546,14 @@ def _check_models_repo(command: str, models_dir: str):
         return ModelRepository(Path(models_dir))
     except RepositoryError as exc:
         _usage(f"{command}: the model repository cannot be served: {' '.join(str(exc).split())}")
+
+
+def _note_if_no_models(models_dir: str, repo) -> None:
+    """A note on stderr when the repository ``repo`` (read from ``models_dir``) holds no model: served all the same
+    (nothing to refuse), every request NOT_FOUND. ``up`` and ``cluster up`` print it alike."""
+    if not len(repo):
+        err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
+                          f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
 
 
 _BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),
@@ -722,7 +732,7 @@ _SEC = "Security"
 @app.command()
 def up(
     ctx: typer.Context,
-    models: Optional[Path] = typer.Option(None, help="Model repository folder (default ./models)."),
+    models: Optional[str] = typer.Option(None, help="Model repository folder (default ./models).", metavar="<path>"),
     model: Optional[list[str]] = typer.Option(None, "--model", metavar="NAME", help="Serve only this model of the repository "
                                               "(repeat for several; default: every model in it)."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), 0 to "
@@ -886,7 +896,7 @@ def up(
             if v is not None},
     )
 
-    models_dir = _models_dir(models)
+    models_dir = _models_dir(_folder_option("up", "--models", models))  # '' was the current folder
     repo = _check_models_repo("up", models_dir)
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
@@ -898,9 +908,7 @@ def up(
     if unknown:
         _usage(f"up: --model {', '.join(unknown)}: not in the model repository {models_dir} (it has "
                f"{', '.join(sorted(m.name for m in repo)) or 'no models'})")
-    if not len(repo):
-        err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
-                          f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
+    _note_if_no_models(models_dir, repo)
     if nats_url is not None:
         nats_url = _check_nats_urls(nats_url)
     if spread_servers and (nats_url is None or "," not in nats_url):

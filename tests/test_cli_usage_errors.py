@@ -254,6 +254,20 @@ def test_an_empty_folder_option_is_one_error_line_and_writes_nothing(tmp_path, a
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [("up",), ("cluster", "up")], ids=" ".join)
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_or_blank_models_is_one_error_line_and_reads_no_folder(tmp_path, command, value):
+    """``up --models ''`` (and ``cluster up``'s) served the current folder as the model repository (``Path('')`` is
+    ``.``); a blank one was refused as a folder that does not exist. Both are now the error of an empty ``--run-dir``.
+    The current folder here holds an unreadable model, so that reading it is seen (and refused) at once."""
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    p = cli(*command, "--models", value, cwd=tmp_path)
+    assert_one_error_line(p, f"{' '.join(command)}: --models must name a folder, got {value!r} (give '.' for the "
+                             f"current one)\n")
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["broken"]
+
+
 def _help_text(*argv: str) -> str:
     import re
 

@@ -411,6 +411,35 @@ def test_cluster_up_refuses_a_bad_run_dir_or_model_repository_before_starting(tm
     assert " ".join(out.stderr.split()).count("error:") == 1 and time.monotonic() - t0 < 15, out.stderr
 
 
+@pytest.mark.timeout(60)
+def test_cluster_up_on_a_folder_without_models_says_so_as_up_does(tmp_path):
+    """``cluster up --models /etc`` (a folder with no <model>/config.json) started without a word, where ``up`` says
+    ``note: no models in ...`` first; now the same note, before anything starts (stopped at once here)."""
+    (tmp_path / "empty").mkdir()
+    run, err = tmp_path / "run", tmp_path / "err"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--models",
+                                 str(tmp_path / "empty"), "--run-dir", str(run)], stdout=subprocess.DEVNULL,
+                                stderr=fh, cwd=ROOT, start_new_session=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 30  # the note, else the first node starting (the old code's way: no note)
+        while "note:" not in err.read_text() and not (run / "nodes" / "A" / "node.log").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert err.read_text().startswith(f"note: no models in {tmp_path / 'empty'} (no <model>/config.json): every "
+                                      f"request will be NOT_FOUND"), err.read_text()
+    deadline = time.monotonic() + 5
+    while (left := processes_naming(str(run))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_cluster_start_up_stops_what_started(tmp_path, sig):
