@@ -1,9 +1,17 @@
 """The aggregator actor: fills the L2 result cache (Valkey / any Redis) from completed results.
 
 Fills arrive on ``<p>._cache.fill`` (queue group, so several aggregators share
-them) and are written with ``SET key value PX ttl_ms``, coalesced into one
+them) and are written with ``SET key value PX ttl``, coalesced into one
 pipeline per batch of queued fills so a burst costs one round trip. A Redis
 outage loses cache fills only (counted in ``fill_errors``), never answers.
+
+``ttl`` is what is left of the fill's ``ttl_ms`` when its pipeline is built: the time a fill waited in the
+queue (a backlog, a slow or stalled Redis: each failing batch holds the writer for up to its 1 s socket
+timeout) counts against it, and a fill whose TTL ran out while it waited is not written (``expired``). Before,
+every fill got its whole ``ttl_ms`` from the moment it was written: after a 0.9 s Valkey stall the answers
+queued meanwhile lived in L2 up to 0.9 s past the model's ``cache_ttl_ms``, and after longer backlogs longer.
+A ``ttl_ms`` over :data:`~inferbus.actors._repository.MAX_CACHE_TTL_MS` (a day, the most a model's config can
+give) is written as that.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from ..bus import Subjects, close_connection
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
 from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity, supervise_loops
 from ._config import AggregatorConfig
+from ._repository import MAX_CACHE_TTL_MS
 
 _MAX_PIPELINE = 512
 FAIL_LOG_PERIOD_S = 10.0
@@ -25,8 +34,9 @@ class Aggregator:
     def __init__(self, config: AggregatorConfig) -> None:
         self.config = config
         self.subjects = Subjects(config.bus.prefix)
-        self.queue: asyncio.Queue[CacheFill] = asyncio.Queue(maxsize=100_000)
-        self.stats = {"fills": 0, "fill_errors": 0, "dropped": 0}
+        self.queue: asyncio.Queue[tuple[float, CacheFill]] = asyncio.Queue(maxsize=100_000)
+        """(monotonic time the fill arrived, the fill)."""
+        self.stats = {"fills": 0, "fill_errors": 0, "dropped": 0, "expired": 0}
         self.redis = None
         self._failing = 0
         """Fills lost since the first failure of the current outage (0: none failing)."""
@@ -39,13 +49,14 @@ class Aggregator:
             return
         if isinstance(fill, CacheFill):
             try:
-                self.queue.put_nowait(fill)
+                self.queue.put_nowait((time.monotonic(), fill))
             except asyncio.QueueFull:
                 self.stats["dropped"] += 1
 
     def _stats_data(self, endpoint_stats) -> dict:
         """``data`` of the ``cache-fill`` endpoint in ``$SRV.STATS``: ``fills`` written, ``fill_errors`` (lost to
-        a Redis failure), ``dropped`` (queue full) since start, and ``queued`` fills waiting now."""
+        a Redis failure), ``dropped`` (queue full), ``expired`` (their TTL ran out while they waited in the queue)
+        since start, and ``queued`` fills waiting now."""
         return {**self.stats, "queued": self.queue.qsize()}
 
     async def _writer(self) -> None:
@@ -56,18 +67,27 @@ class Aggregator:
                 batch.append(self.queue.get_nowait())
             if self.redis is None:
                 continue
+            now = time.monotonic()
+            writes = []
+            for t_in, f in batch:
+                px = int(min(f.ttl_ms, MAX_CACHE_TTL_MS) - (now - t_in) * 1000.0)
+                if px >= 1:
+                    writes.append((f, px))
+            self.stats["expired"] += len(batch) - len(writes)
+            if not writes:
+                continue
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for f in batch:
-                        pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=max(int(f.ttl_ms), 1))
+                    for f, px in writes:
+                        pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=px)
                     await pipe.execute()
-                self.stats["fills"] += len(batch)
+                self.stats["fills"] += len(writes)
                 if self._failing:
                     log(f"aggregator: cache fills resumed ({self._failing} lost to the failure)")
                     self._failing = 0
             except Exception as exc:
-                self.stats["fill_errors"] += len(batch)
-                self._fill_failed(exc, len(batch))
+                self.stats["fill_errors"] += len(writes)
+                self._fill_failed(exc, len(writes))
 
     def _fill_failed(self, exc: Exception, lost: int) -> None:
         """Log a failed fill: the first of an outage, then one line per :data:`FAIL_LOG_PERIOD_S` with the count

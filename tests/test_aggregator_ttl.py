@@ -1,0 +1,90 @@
+"""The aggregator's L2 fills keep the model's cache TTL from the moment the fill arrived, not from the moment it
+is written: a fill that waited in the aggregator's queue behind a stalled Valkey is written with what is left of
+its TTL, or not at all once that ran out (a fresh-user trial: the answers queued during a Valkey stall were
+written afterwards with their whole ``cache_ttl_ms`` and served as L2 hits past it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+import pytest
+import redis.asyncio as aioredis
+
+from inferbus.schemas._internal import CacheFill, encode_internal
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+PREFIX = "aggttl"
+PAUSE_MS = 900
+"""Valkey refuses writes this long (``CLIENT PAUSE ... WRITE``): under the aggregator's 1 s socket timeout, so the
+batch it is writing when the pause starts succeeds, late, and the fills behind it wait in the queue."""
+
+
+async def _stats(nc) -> dict:
+    m = await nc.request("$SRV.STATS.inferbus-aggregator", b"", timeout=2)
+    return json.loads(m.data)["endpoints"][0]["data"]
+
+
+async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arrival(nats_server, valkey_server,
+                                                                                      monkeypatch):
+    from inferbus.actors import _aggregator
+    from inferbus.actors._config import AggregatorConfig
+    from inferbus.bus import BusConfig
+
+    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)  # no gc.freeze() in the test process
+    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
+    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a1", redis_url=valkey_server.url,
+                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX)))
+    task = asyncio.create_task(agg.run())
+    nc = await nats.connect(nats_server.url)
+    r = aioredis.from_url(valkey_server.url)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # serving once its micro service answers
+            assert time.monotonic() < deadline and not task.done(), task
+            try:
+                await nc.request("$SRV.PING.inferbus-aggregator", b"", timeout=0.5)
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+
+        async def fill(key: str, ttl_ms: int) -> None:
+            await nc.publish(f"{PREFIX}._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
+            await nc.flush()
+
+        await fill("warm", 60_000)  # the aggregator's connection is open before the stall
+        while await r.get(f"{PREFIX}:warm") is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+
+        await r.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        t_pause = time.monotonic()
+        await fill("first", 60_000)  # taken at once: its SET waits in Valkey for the pause
+        await asyncio.sleep(0.05)
+        await fill("short", 600)  # waits in the queue for ~0.85 s: more than its TTL
+        await fill("long", 60_000)  # waits as long: written with ~59.1 s left
+        t_queued = time.monotonic()
+        while await r.get(f"{PREFIX}:first") is None:  # the pause is over and the first batch was written
+            assert time.monotonic() < t_pause + 10
+            await asyncio.sleep(0.01)
+        for _ in range(200):  # the queued fills' batch written (or dropped as expired)
+            if (await _stats(nc))["queued"] == 0 and await r.get(f"{PREFIX}:long") is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert await r.get(f"{PREFIX}:long") == b"long"
+        pttl = await r.pttl(f"{PREFIX}:long")
+        waited_ms = (time.monotonic() - t_queued) * 1000
+        assert pttl <= 60_000 - waited_ms + 50, (pttl, waited_ms)  # its wait counted against its TTL
+        # 'short' arrived more than its 600 ms before it could be written: never in L2 (before: written late with
+        # its whole 600 ms, alive ~1.5 s after the answer was computed)
+        assert await r.get(f"{PREFIX}:short") is None
+        st = await _stats(nc)
+        assert st["expired"] == 1 and st["fill_errors"] == 0, st
+    finally:
+        await r.aclose()
+        await nc.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
