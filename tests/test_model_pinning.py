@@ -235,6 +235,61 @@ async def test_a_repinned_version_never_answers_from_the_old_files_cached(tmp_pa
         dep.stop()
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("colocate", [False, True], ids=["separate", "colocated"])
+async def test_answers_computed_by_the_old_files_during_a_repin_are_not_cached_under_the_new_pin(tmp_path, colocate):
+    """A fresh-user trial: under load, ``models load`` re-pinning a version left 11-111 answers of the OLD files in the
+    caches under the NEW pin (6 of 6 runs), served as hits for the model's whole ``cache_ttl_ms``: an ingress keys by
+    the new pin as soon as it applies the new state, while the workers answer from the old session until their reload
+    is done, and those answers filled L1 and L2 under the new key. A worker now gives no fill for a version it is
+    re-pinning, nor for a request keyed by another pin than its session's: asked again after the load, every input
+    sent around it is answered by the new files."""
+    import onnxruntime as ort
+
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    cfg = json.loads((models / "digits" / "config.json").read_text())
+    cfg["cache_ttl_ms"] = 60_000
+    (models / "digits" / "config.json").write_text(json.dumps(cfg))
+    extra = ["--models", str(models), "--l2-lookup"] + (["--colocate"] if colocate else ["--ingress", "2"])
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix=PREFIX, extra=extra)
+    new_files = ort.InferenceSession(str(MODELS / "digits" / "1" / "model.onnx"))
+    rng = np.random.default_rng(7)
+    sent: list[tuple[float, np.ndarray]] = []
+    stop = False
+    try:
+        async with await Client.connect(dep.nats_url, PREFIX) as client:
+            async def load() -> None:  # fresh inputs, as fast as answered
+                while not stop:
+                    x = rng.random((1, 64), dtype=np.float32)
+                    await client.infer_result("digits", {"pixels": x}, version="2", timeout_s=5.0)
+                    sent.append((time.monotonic(), x))
+
+            tasks = [asyncio.create_task(load()) for _ in range(8)]
+            await asyncio.sleep(1.0)
+            shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "digits" / "2" / "model.onnx")
+            t_load = time.monotonic()
+            p = await asyncio.to_thread(_cli, "models", "load", "digits", "--version", "2", "--nats-url", dep.nats_url,
+                                        "--prefix", PREFIX, "--json")
+            await asyncio.sleep(0.3)
+            stop = True
+            await asyncio.gather(*tasks)
+            assert p.returncode == 0 and json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
+            await asyncio.sleep(1.0)  # every ingress applied the new state
+            around = [x for t, x in sent if t >= t_load - 0.5]
+            assert len(around) > 50, len(around)
+            stale = []
+            for x in around:
+                r = await client.infer_result("digits", {"pixels": x}, version="2", timeout_s=5.0)
+                want = new_files.run(["logits"], {"pixels": x})[0]
+                if not np.allclose(r.outputs["logits"], want, rtol=1e-4, atol=1e-5):
+                    stale.append((r.parameters.get("cache_hit"), r.parameters.get("cache_level")))
+            assert not stale, f"{len(stale)} of {len(around)} answered by the old files: {stale[:10]}"
+    finally:
+        stop = True
+        dep.stop()
+
+
 def _int32_identity_onnx() -> bytes:
     """An ONNX model ``pixels`` INT32 [-1, 64] → ``logits`` (Identity): the same input name as digits, another
     datatype."""

@@ -138,11 +138,11 @@ Bounded by ``l1_entries`` entries, so the index holds at most ``l1_entries`` × 
 
 
 def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, stages: dict, ct: str | None,
-                hdrs: dict, rid: str | None) -> tuple:
+                hdrs: dict, rid: str | None, pin: str | None = None) -> tuple:
     """The ``fwd`` argument of :func:`_fwd_block`: ``(deadline_unix_ms, (ingress, model, version, term, cache
     key, timings), extra header lines)``; ``stages``: the ingress's µs by stage (decode, validate, cache, route,
     ingress_total); ``extra`` carries the client's Content-Type, the request id (the body's ``rid`` when the
-    client sent no header) and its trace headers."""
+    client sent no header), its trace headers and ``Inferbus-Pin: <pin>`` when ``pin`` is given (:data:`H.PIN`)."""
     fargs = (ingress_id, mv.name, mv.version, str(term) if term else "", key or "",
              f"decode={stages['decode']},validate={stages['validate']},cache={stages['cache']},"
              f"route={stages['route']},ingress_total={stages['ingress_total']}")
@@ -160,6 +160,8 @@ def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, s
             extra += f"tracestate: {v}\r\n"
     elif hdrs.get(H.TRACESTATE):
         extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
+    if pin:
+        extra += f"{H.PIN}: {pin}\r\n"
     return dl_ms, fargs, extra
 
 
@@ -495,6 +497,11 @@ class Ingress:
         self.max_request_bytes = config.max_request_bytes
         self._cache_version: dict[str, str] = {}
         """``name:version`` → the version as the result cache keys it (with its pin: :meth:`IngressModels._cache_tags`)."""
+        self._repinned: dict[str, str] = {}
+        """``name:version`` → its pin (digest), for each version re-pinned since this ingress started
+        (:meth:`IngressModels._cache_tags`): forwards of its requests that want a cache fill carry the pin the entry is
+        keyed with (``Inferbus-Pin``), and the colocated worker reads it here, so that an answer of the old files
+        computed while the workers reload is not cached under the new pin."""
         self.model_ctl = IngressModels(self)
         """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
         self.local_worker = None
@@ -536,6 +543,7 @@ class Ingress:
         ingresses (its own subject, its load reports). Call before :meth:`run`.
         """
         self.local_worker = worker
+        worker.local_pins = self._repinned  # the pins this ingress keys re-pinned versions with (shared, read-only)
         self.router.local_worker_id = worker.config.worker_id
         worker.attach_local_ingress(self.config.ingress_id, self.settle)
         # one busy poller per event loop: the worker runs it, both actors' request handlers poke it, and it
@@ -1114,7 +1122,8 @@ class Ingress:
         hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
         fwd = None
         if not local or hedge_policy is not None:  # the bus form (a hedge copy may go over the bus)
-            fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid)
+            fwd = _fwd_fields(dl_ms, self.config.ingress_id, mv, term, key, stages, ct, hdrs, rid,
+                              self._repinned.get(mv.key) if key is not None and self._repinned else None)
         if not local:
             block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark, alone)
             max_payload = self.nc.max_payload or 0

@@ -352,11 +352,20 @@ class IngressModels:
         → ``version@digest``, or the bare version when it is not pinned): cache keys and raw-index keys carry the
         pin, so a version re-pinned to new files (``models load``) never gets an answer of its old files from the
         L1 cache, the raw index or the shared L2 (a user trial: the old answers came back as hits for the model's
-        whole ``cache_ttl_ms``), nor does a fill computed by the old files that arrives after the re-pin."""
-        tags = self.ing._cache_version
+        whole ``cache_ttl_ms``), nor does a fill computed by the old files that arrives after the re-pin. A version
+        whose pin changed is noted in ``ingress._repinned`` with its new pin: a worker still answering from the old
+        files gives no fill for a request keyed with it (``Inferbus-Pin``; answers of the old files computed during
+        the workers' reload were cached under the new pin, a fresh-user trial)."""
+        tags, repinned = self.ing._cache_version, self.ing._repinned
         for v in st.versions:
             d = st.digests.get(v)
-            tags[f"{st.model}:{v}"] = f"{v}@{d}" if d else v
+            key = f"{st.model}:{v}"
+            tag = f"{v}@{d}" if d else v
+            if d and (key in repinned or tags.get(key, tag) != tag):  # re-pinned while this ingress serves it
+                repinned[key] = d
+            elif not d:
+                repinned.pop(key, None)
+            tags[key] = tag
 
     def _set_state(self, st: ModelState) -> None:
         """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost); the
@@ -856,6 +865,7 @@ class WorkerModels:
             return  # this worker serves a configured subset of the models
         if _newer(st, self.states.get(st.model)):
             self.states[st.model] = st
+            self._note_repins(st.model)  # at once: a version re-pinned away from this session's files fills no cache
             t = asyncio.ensure_future(self._apply(st.model))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -890,7 +900,19 @@ class WorkerModels:
                                  *[self._drain(k) for k in sorted(have - want)])
             for k in [k for k in w.load_errors if k.rpartition(":")[0] == model and k not in want]:
                 del w.load_errors[k]  # a version no longer served: its failure is no longer news
+            self._note_repins(model)
             self.applied[model] = (st.revision, st.writer)
+
+    def _note_repins(self, model: str) -> None:
+        """Keep the worker's ``repinning`` for ``model``: the versions it serves from other files than the newest
+        serving state pins (a re-pin received and loading; answers of their sessions fill no result cache, see
+        :meth:`Worker._fill_current`). Called when a state arrives and when a session is swapped."""
+        w = self.w
+        st = self.states.get(model)
+        w.repinning.difference_update([k for k in w.repinning if k.rpartition(":")[0] == model])
+        if st is not None:
+            w.repinning.update(k for v, d in st.digests.items()
+                               if (k := f"{model}:{v}") in w.sessions and w.digests.get(k) != d)
 
     def _in_line(self, st: ModelState) -> bool:
         have = {k for k in self.w.sessions if k.rpartition(":")[0] == st.model}
@@ -947,6 +969,7 @@ class WorkerModels:
         w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
         w._specs[key] = {t.name: t for t in mv.inputs}
         w.sessions[key] = sess  # last: from here on requests for it are accepted
+        self._note_repins(model)  # in the same loop step: the new session's answers fill the cache again
         if w.device is None:
             w.device = sess.device
         log(f"worker {w.config.worker_id}: loaded {key} at {sess.precision} in {(time.monotonic() - t0) * 1000:.0f} ms")

@@ -181,6 +181,11 @@ class Job(msgspec.Struct):
     """Handed over in-process by a colocated ingress (``parameters.forward`` = ``local``), not from the bus."""
     alone: bool = False
     """Run in a model run of its own (``Inferbus-Alone: 1``: a worker that crashed was running it)."""
+    pin: str | None = None
+    """``Inferbus-Pin`` of a bus forward: the pin (digest) the ingress keyed the request's cache entry with, sent for
+    a version re-pinned since that ingress started; the answer fills the cache only when this worker's session was
+    loaded from those files (:meth:`Worker._fill_current`). None when absent (and for in-process jobs, whose
+    ingress's pins the worker reads itself)."""
     answered: bool = False
     """Its outcome was published, or it was refused UNAVAILABLE because the worker stopped before finishing it
     (:meth:`Worker._refuse_held`): a later outcome (the inference thread's late result) is dropped, so no copy
@@ -287,6 +292,12 @@ class Worker:
         self.load_errors: dict[str, str] = {}
         self.digests: dict[str, str] = {}
         """Model key → digest of the files its session was loaded from (:mod:`._pinning`; read on the loop)."""
+        self.repinning: set[str] = set()
+        """Model keys this worker serves from other files than its serving state pins (a re-pin loading, or failed):
+        their answers fill no cache (:meth:`_fill_current`; kept by :class:`~inferbus.actors._models.WorkerModels`)."""
+        self.local_pins: dict[str, str] = {}
+        """The colocated ingress's pins of re-pinned versions (its ``_repinned``, shared): what it keys their cache
+        entries with (:meth:`_fill_current`); empty without a colocated ingress."""
         files, need = self._check_pins(config)
         self.repo = ModelRepository(config.models_dir, list(config.models) or None, need)
         for name, why in self.repo.unreadable.items():  # (pinned only) a model folder that cannot be read any more
@@ -514,6 +525,8 @@ class Worker:
             job.forward_hop_us = int((time.time() - fwd_unix) * 1e6)
         if H.ALONE in hdrs:
             job.alone = True
+        if H.PIN in hdrs:
+            job.pin = hdrs[H.PIN]
         await self._admit(job)
 
     async def submit_local(self, reply: str, body: bytes, decoded: tuple, model_key: str, seq: int, ingress: str,
@@ -923,7 +936,8 @@ class Worker:
                             item = DoneItem(t.seq, False, False, o.service_us, None, code)
                         else:
                             item = DoneItem(t.seq, o.ok, o.server_error, o.service_us,
-                                            o.response_msgpack if (t.want_body and o.ok) else None, code, o.held)
+                                            o.response_msgpack if (t.want_body and o.ok and t.pin == job.pin) else None,
+                                            code, o.held)
                         if t.ingress == local_id:
                             local_done.append(item)
                         else:
@@ -1519,6 +1533,7 @@ class Worker:
         where they can be (:func:`_run_merged`), else one by one; the flight recorder holds, during each run, the
         requests it holds (:mod:`inferbus.actors._flight`). Returns their outcomes, in order."""
         sess = self.sessions[model_key]
+        digest = self.digests.get(model_key)  # of the files sess was loaded from (a re-pin may swap it meanwhile)
         t0 = time.monotonic()
         cpu0 = time.thread_time()
         results: list[dict[str, np.ndarray]] | None = None
@@ -1563,13 +1578,25 @@ class Worker:
                 outcomes.append(failed)
                 continue
             try:
-                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items)))
+                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items), digest))
             except InferbusError as err:  # an output the wire cannot carry (e.g. a BYTES element over 4 GiB)
                 outcomes.append(self._error_outcome(job, err))
                 continue
             s.completed += 1
         (self.window_inline if items[0][0].inline else self.window).add(time.monotonic(), len(items), errors)
         return outcomes
+
+    def _fill_current(self, job: Job, digest: str | None = None) -> bool:
+        """Whether the answer to ``job`` may fill the result cache: its version is not being re-pinned here
+        (:attr:`repinning`), and the pin its ingress keyed the entry with (``job.pin`` from the bus; the colocated
+        ingress's :attr:`local_pins` for an in-process job; none: nothing to compare) is ``digest``, the files the
+        session that computed it was loaded from (None: the current session's). Answers of the old files computed
+        while a re-pin loads were cached under the new pin (a fresh-user trial); refusing a fill only costs a miss."""
+        key = job.model_key
+        if key in self.repinning:
+            return False
+        pin = self.local_pins.get(key) if job.local else job.pin
+        return pin is None or pin == (digest if digest is not None else self.digests.get(key))
 
     def _account(self, model_key: str, n: int, compute_us: int, cpu_us: float, prices_inline: bool = True) -> None:
         """Count one model run of ``n`` requests that took ``compute_us`` (wall clock) and ``cpu_us`` (this
@@ -1588,7 +1615,16 @@ class Worker:
         s.computed += n
         s.batches += 1
 
-    def _encode(self, job: Job, req, mv, res: dict[str, np.ndarray], t0: float, compute_us: int, batch: int) -> Outcome:
+    def _encode(self, job: Job, req, mv, res: dict[str, np.ndarray], t0: float, compute_us: int, batch: int,
+                digest: str | None = None) -> Outcome:
+        """The answer to ``job`` from the model's outputs ``res`` (name → array), computed at ``t0`` (monotonic s) in
+        ``compute_us`` in a run of ``batch`` requests, with its timings; for a job that wants a cache fill, the
+        answer in msgpack too, unless :meth:`_fill_current` says the session's files (``digest``; None: the
+        current session's) are not those the entry is keyed with.
+
+        Raises:
+            InferbusError: an output the wire cannot carry.
+        """
         ct = job.ct
         json_ct = is_json(ct)
         raw = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
@@ -1620,7 +1656,7 @@ class Worker:
         if rid:
             hdrs[H.REQUEST_ID] = rid
         cached = None
-        if job.want_body:
+        if job.want_body and (not (self.repinning or self.local_pins or job.pin) or self._fill_current(job, digest)):
             cached = body if not json_ct else encode_response(resp, None)
         return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True,
                        block=reply_block(json_ct, rid))

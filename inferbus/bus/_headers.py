@@ -27,6 +27,11 @@ ALONE = "Inferbus-Alone"
 """On a forward (ingress → worker), value ``1``: run this request in a model run of its own, not merged with others.
 Set for a request that a worker which crashed was running (a suspected query of death), so that a second crash
 is known to be its alone, and the requests that shared its first run are not taken for it."""
+PIN = "Inferbus-Pin"
+"""On a forward (ingress → worker) that wants the answer for the result cache: the pin (``sha256:<64 hex>``, the
+digest of the version's files, :mod:`inferbus.actors._pinning`) the ingress keyed the request's cache entry with.
+Sent only for a version re-pinned (``inferbus models load``) since the ingress started; a worker whose session of
+the version was loaded from other files answers the request but gives no cache fill (docs/models.md, "Caches")."""
 ATTEMPT = "Inferbus-Attempt"
 """Attempt number of a client's retry with the same request id (2, 3, ...; absent on the first). An ingress
 that holds no copy of such a request asks its peers which worker does (``Subjects.rid_query``)."""
