@@ -1457,7 +1457,8 @@ def bench(
     ctx: typer.Context,
     model: str = typer.Argument("digits", metavar="MODEL"),
     nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
-    models: Optional[Path] = typer.Option(None, help="Model repository (for inputs and the reference)."),
+    models: Optional[str] = typer.Option(None, help="Model repository (for inputs and the reference).",
+                                         metavar="PATH"),
     version: Optional[str] = typer.Option(None, help="Model version (default: the default version the deployment "
                                                      "serves, from its metadata)."),
     workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
@@ -1490,6 +1491,7 @@ def bench(
     except ValueError as exc:
         _usage(str(exc))
     _check_prefix(prefix)
+    models = _folder_option("bench", "--models", models)  # '' was the current folder, as for up's --models
     if suite:
         args = _suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers, ingress, gens,
                            duration_s, timeout_s)

@@ -254,18 +254,34 @@ def test_an_empty_folder_option_is_one_error_line_and_writes_nothing(tmp_path, a
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", [("up",), ("cluster", "up")], ids=" ".join)
+@pytest.mark.parametrize("command,options", [(("up",), ()), (("cluster", "up"), ()), (("bench",), ("--suite",)),
+                                             (("bench",), ("--nats-url", "nats://127.0.0.1:1"))],
+                         ids=["up", "cluster up", "bench --suite", "bench --nats-url"])
 @pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
-def test_an_empty_or_blank_models_is_one_error_line_and_reads_no_folder(tmp_path, command, value):
-    """``up --models ''`` (and ``cluster up``'s) served the current folder as the model repository (``Path('')`` is
-    ``.``); a blank one was refused as a folder that does not exist. Both are now the error of an empty ``--run-dir``.
-    The current folder here holds an unreadable model, so that reading it is seen (and refused) at once."""
+def test_an_empty_or_blank_models_is_one_error_line_and_reads_no_folder(tmp_path, command, options, value):
+    """``up --models ''`` (and ``cluster up``'s, ``bench``'s) served the current folder as the model repository
+    (``Path('')`` is ``.``); a blank one was refused as a folder that does not exist (``bench``: it connected, exit 3,
+    or handed ``--models-dir .`` to the suite). Both are now the error of an empty ``--run-dir``. The current folder
+    here holds an unreadable model, so that reading it is seen (and refused) at once."""
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
-    p = cli(*command, "--models", value, cwd=tmp_path)
+    p = cli(*command, "--models", value, *options, cwd=tmp_path)
     assert_one_error_line(p, f"{' '.join(command)}: --models must name a folder, got {value!r} (give '.' for the "
                              f"current one)\n")
     assert sorted(f.name for f in tmp_path.iterdir()) == ["broken"]
+
+
+def test_up_on_a_triton_ensemble_is_one_error_line_and_starts_nothing(tmp_path):
+    """A Triton ensemble folder (its version folder empty) stopped ``up`` with only ``no <version>/model.onnx found``;
+    next to a model.onnx it was served as that model. Refused as every malformed config is, naming the model."""
+    cfg = tmp_path / "models" / "pipe" / "config.json"
+    (cfg.parent / "1").mkdir(parents=True)
+    cfg.write_text('{"platform": "ensemble", "ensemble_scheduling": {"step": []}}')
+    p = cli("up", "--no-cache", "--workers", "1", "--models", str(cfg.parent.parent), "--run-dir",
+            str(tmp_path / "run"))
+    assert_one_error_line(p, f"up: the model repository cannot be served: {cfg}: model 'pipe': platform \"ensemble\" "
+                             f"and ensemble_scheduling: Triton ensembles are not supported: ")
+    assert not (tmp_path / "run").exists()
 
 
 def _help_text(*argv: str) -> str:

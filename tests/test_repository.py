@@ -24,6 +24,7 @@ def _repo_with(tmp_path, config, folder: str = "broken", versions=("1",)):
         (root / folder / v).mkdir(parents=True)
         shutil.copy(MODELS / "digits" / "1" / "model.onnx", root / folder / v / "model.onnx")
     text = config if isinstance(config, str) else json.dumps(config)
+    (root / folder).mkdir(parents=True, exist_ok=True)
     (root / folder / "config.json").write_text(text)
     return root
 
@@ -74,6 +75,15 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"hedge_after_ms": "p200"}, "hedge_after_ms: hedge policy 'p200': a quantile is p1..p99.9"),
     ({"hedge_after_ms": -1}, "hedge_after_ms: hedge policy -1: a delay must be a finite number of ms > 0"),
     ({"hedge_after_ms": {"ms": 5}}, "hedge_after_ms must be a number of ms > 0"),
+    # Triton features inferbus does not have, which serving model.onnx alone would silently answer otherwise
+    ({"platform": "ensemble"}, 'platform "ensemble": Triton ensembles are not supported'),
+    ({"ensemble_scheduling": {"step": []}}, "ensemble_scheduling: Triton ensembles are not supported"),
+    ({"sequence_batching": {}}, "sequence_batching is not supported: Triton's sequence batcher serves stateful"),
+    ({"backend": "python"}, 'backend "python" is not supported: a Triton Python-backend model is the code of its '
+                            'model.py'),
+    ({"model_transaction_policy": {"decoupled": True}}, "model_transaction_policy.decoupled is not supported"),
+    ({"default_model_filename": "model.plan"}, "default_model_filename 'model.plan' is not supported: inferbus reads "
+                                               "<version>/model.onnx only"),
 ])
 def test_a_malformed_config_is_refused_naming_the_file_the_model_and_the_field(tmp_path, config, said):
     root = _repo_with(tmp_path, config)
@@ -93,6 +103,47 @@ def test_a_folder_name_that_is_no_subject_token_is_refused(tmp_path):
     with pytest.raises(ModelConfigError, match=r"a\.b/config\.json: model 'a\.b': name must be a non-empty string "
                                                r"without '\.', '\*', '>' or whitespace"):
         ModelRepository(root)
+
+
+# ---- Triton's config keys: those inferbus cannot honour are refused, the others kept unread ----------------------
+
+_ENSEMBLE = {"name": "pipe", "platform": "ensemble", "max_batch_size": 64,
+             "input": [{"name": "pixels", "data_type": "TYPE_FP32", "dims": [64]}],
+             "output": [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}],
+             "ensemble_scheduling": {"step": [{"model_name": "digits", "model_version": -1,
+                                               "input_map": {"pixels": "pixels"}, "output_map": {"logits": "logits"}}]}}
+
+
+@pytest.mark.parametrize("with_onnx", [True, False], ids=["next-to-a-model-onnx", "triton-layout"])
+def test_a_triton_ensemble_is_refused_naming_the_model(tmp_path, with_onnx):
+    """An ensemble's config next to a model.onnx was served as that model (``inferbus models`` listed platform
+    "ensemble"); a Triton ensemble folder (an empty version folder) was refused with only ``no <version>/model.onnx
+    found``. Both are now the ModelConfigError of a malformed config naming the model and saying why; a tolerant
+    reader (a restarted actor) leaves it out as unreadable and serves the ensemble's step."""
+    root = _repo_with(tmp_path, _ENSEMBLE, folder="pipe", versions=("1",) if with_onnx else ())
+    (root / "pipe" / "1").mkdir(exist_ok=True)  # Triton's layout: an ensemble's version folder is empty
+    shutil.copytree(MODELS / "digits", root / "digits")
+    said = (f"{root / 'pipe' / 'config.json'}: model 'pipe': platform \"ensemble\" and ensemble_scheduling: Triton "
+            f"ensembles are not supported: inferbus serves each model's <version>/model.onnx on its own")
+    for read in (lambda: ModelRepository(root), lambda: ModelRepository(root, ["digits"]).scan_model("pipe")):
+        with pytest.raises(ModelConfigError) as ei:
+            read()
+        assert str(ei.value).startswith(said), str(ei.value)
+    tolerant = ModelRepository(root, need={})
+    assert list(tolerant.models) == ["digits"]
+    assert tolerant.unreadable["pipe"].startswith(f"ModelConfigError: {said}"), tolerant.unreadable
+
+
+def test_the_triton_keys_inferbus_does_not_read_are_kept_unread(tmp_path):
+    """Only what cannot be honoured is refused: the same keys with values inferbus serves alike, and the keys that
+    tune Triton's own scheduling and placement, are allowed and kept in ``extra``."""
+    config = {"backend": "onnxruntime", "default_model_filename": "model.onnx", "ensemble_scheduling": None,
+              "sequence_batching": None, "model_transaction_policy": {"decoupled": False},
+              "dynamic_batching": {"max_queue_delay_microseconds": 100}, "version_policy": {"all": {}},
+              "instance_group": [{"count": 2, "kind": "KIND_CPU"}], "response_cache": {"enable": True},
+              "parameters": {"intra_op_thread_count": {"string_value": "1"}}}
+    m = ModelRepository(_repo_with(tmp_path, config)).get("broken")
+    assert m is not None and m.config.extra == config and m.config.platform == "onnxruntime_onnx"
 
 
 # ---- version folders: integers, one name each (a user trial served 1 and 01 as two versions) ----------------

@@ -31,7 +31,7 @@ a malformed one is a :class:`ModelConfigError` naming the file, the model and th
 key                    allowed                                                      absent
 =====================  ===========================================================  ==================
 ``name``               the folder's name (one NATS subject token)                   the folder's name
-``platform``           a non-empty string (reported in the metadata)                ``onnxruntime_onnx``
+``platform``           a non-empty string but ``"ensemble"`` (in the metadata)      ``onnxruntime_onnx``
 ``max_batch_size``     an integer 0 to :data:`MAX_BATCH_SIZE` (0 = no batching)     0
 ``cache_ttl_ms``       an integer 0 to :data:`MAX_CACHE_TTL_MS` (0 = no caching)    100
 ``default_version``    a version on disk, as an integer or a string of digits       the highest version
@@ -39,7 +39,12 @@ key                    allowed                                                  
 ``hedge_after_ms``     null, ``"off"``, a number of ms > 0, ``"pNN"`` or ``"auto"``  no hedging
 =====================  ===========================================================  ==================
 
-Other keys (Triton's ``input``/``output`` lists, ...) are kept in ``ModelConfig.extra`` unread.
+Other keys (Triton's ``input``/``output`` lists, ``dynamic_batching``, ``instance_group``, ...) are kept in
+``ModelConfig.extra`` unread, except those asking for what inferbus cannot honour, which are refused as a malformed
+value is (:func:`_triton_unsupported`): ``platform: "ensemble"`` or ``ensemble_scheduling`` (an ensemble),
+``sequence_batching``, ``backend: "python"``, ``model_transaction_policy.decoupled: true`` and a
+``default_model_filename`` other than ``model.onnx`` (docs/models.md lists which of Triton's keys are read,
+refused and not read).
 """
 
 from __future__ import annotations
@@ -150,7 +155,8 @@ class ModelConfig:
 
     Raises:
         ValueError: a field of the wrong type or out of its range (the message names the field and the
-            allowed form). :meth:`ModelRepository._scan` turns it into a :class:`ModelConfigError` naming
+            allowed form), or a Triton feature inferbus does not have (:func:`_triton_unsupported`).
+            :meth:`ModelRepository._scan` turns it into a :class:`ModelConfigError` naming
             the file and the model.
     """
 
@@ -174,6 +180,9 @@ class ModelConfig:
         if not isinstance(self.name, str) or not _is_token(self.name):
             raise ValueError(f"name must be a non-empty string without '.', '*', '>' or whitespace (one NATS "
                              f"subject token), got {self.name!r}")
+        why = _triton_unsupported(self.platform, self.extra)
+        if why is not None:
+            raise ValueError(why)
         if not isinstance(self.platform, str) or not self.platform:
             raise ValueError(f"platform must be a non-empty string (e.g. \"onnxruntime_onnx\"), got {self.platform!r}")
         if not _is_int(self.max_batch_size) or not 0 <= self.max_batch_size <= MAX_BATCH_SIZE:
@@ -199,6 +208,36 @@ class ModelConfig:
             parse_policy(self.hedge_after_ms)
         except HedgePolicyError as exc:
             raise ValueError(f"hedge_after_ms: {exc}") from None
+
+
+def _triton_unsupported(platform, extra: dict) -> str | None:
+    """Why a ``config.json`` of ``platform`` and other keys ``extra`` asks for a Triton feature inferbus does not
+    have, where serving ``<version>/model.onnx`` alone would answer other than Triton does (an ensemble, a stateful
+    sequence model, a Python-backend model, a decoupled model, another model file); None when it does not."""
+    found = [k for k, given in (("platform \"ensemble\"", platform == "ensemble"),
+                                ("ensemble_scheduling", extra.get("ensemble_scheduling") is not None)) if given]
+    if found:
+        return (f"{' and '.join(found)}: Triton ensembles are not supported: inferbus serves each model's "
+                f"<version>/model.onnx on its own; serve the steps as models of their own and call them in turn, or "
+                f"export the pipeline as one ONNX model")
+    if extra.get("sequence_batching") is not None:
+        return ("sequence_batching is not supported: Triton's sequence batcher serves stateful models (the requests "
+                "of a sequence carry a correlation ID and control inputs, and state is kept between them on one "
+                "instance), while inferbus answers each request on its own, on any worker, and caches answers by their "
+                "inputs; serve a stateless model")
+    if extra.get("backend") == "python":
+        return ("backend \"python\" is not supported: a Triton Python-backend model is the code of its model.py, "
+                "which inferbus does not run (it would serve <version>/model.onnx alone, without that code); export "
+                "the whole model to ONNX")
+    policy = extra.get("model_transaction_policy")
+    if isinstance(policy, dict) and policy.get("decoupled") is True:
+        return ("model_transaction_policy.decoupled is not supported: a Triton decoupled model sends zero or more "
+                "responses a request, while inferbus answers each request once")
+    filename = extra.get("default_model_filename")
+    if filename is not None and filename != "model.onnx":
+        return (f"default_model_filename {filename!r} is not supported: inferbus reads <version>/model.onnx only; "
+                f"name the file model.onnx and leave the key out")
+    return None
 
 
 @dataclass(frozen=True)
@@ -324,7 +363,7 @@ class ModelRepository:
 
     Raises:
         ModelConfigError: a model's ``config.json`` is unreadable, not JSON or malformed (a field's type or
-            value; a ``default_version`` with no folder).
+            value; a ``default_version`` with no folder; a Triton ensemble or another feature inferbus does not have).
         ModelArtifactError: an unreadable artifact; :class:`ModelVersionsError`, a version folder with a
             leading zero (``01``); :class:`ModelDataError`, a ``data/test.npz`` that cannot be reference rows.
         RepositoryError: a model folder has no versions.
