@@ -831,3 +831,69 @@ async def test_writes_survive_every_actor_dying_at_once(tmp_path, refs):
             assert listing["digits"].versions == ["2"], listing["digits"]
     finally:
         d.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(300)
+async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_restarted_before_it_keeps_the_old(
+        tmp_path, refs):
+    """A fresh-user trial: ``cache_ttl_ms`` edited in config.json could not be applied at run time (``models load``
+    answered ``changed: false``, the answers stayed cached), and an ingress restarted after the edit read it from disk
+    while its peer kept the old one: about half the repeats missed, and the model's metadata said 0 or 60000 by
+    whichever ingress answered. Now an actor restarted by its node serves the config the node started with, and
+    ``models load`` reads config.json again and carries a change to every actor (``changed: true``, ``config
+    applied``), restarted ones included."""
+    import os
+    import signal
+
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    cfg_path = models / "digits" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["cache_ttl_ms"] = 60_000
+    cfg_path.write_text(json.dumps(cfg))
+    d = start_deployment(tmp_path / "dep", workers=2, prefix="cfg",
+                         extra=["--models", str(models), "--ingress", "2"])
+    inputs, _ = refs
+
+    async def both_say(client, ttl_ms: int) -> None:
+        """Every ingress's metadata of digits says ``ttl_ms`` (20 asks spread over the queue group)."""
+        seen = {(await client.model("digits", timeout_s=2.0)).parameters["cache_ttl_ms"] for _ in range(20)}
+        assert seen == {ttl_ms}, seen
+
+    async def hits(client, i: int, n: int = 20) -> int:
+        return sum([bool((await client.infer_result("digits", inputs[i], timeout_s=5.0)).parameters.get("cache_hit"))
+                    for _ in range(n)])
+
+    async def kill_one_ingress(client) -> None:
+        old = (await client.health(timeout_s=2.0)).parameters["pid"]
+        os.kill(old, signal.SIGKILL)
+        await _restarted(client, old, lambda ready: "digits:1" in ready, 60)
+        deadline = time.monotonic() + 30
+        while len(set([(await client.health(timeout_s=2.0)).parameters["pid"] for _ in range(10)]) - {old}) < 2:
+            assert time.monotonic() < deadline, "the restarted ingress never answered"
+            await asyncio.sleep(0.2)
+
+    try:
+        async with await Client.connect(d.nats_url, "cfg") as client:
+            await both_say(client, 60_000)
+            cfg_path.write_text(json.dumps({**cfg, "cache_ttl_ms": 0}))
+            await kill_one_ingress(client)  # restarted after the edit: it serves what its peer serves
+            await both_say(client, 60_000)
+            await hits(client, 0, 4)
+            assert await hits(client, 0) == 20
+            p = await asyncio.to_thread(cli, "load", "digits", "--nats-url", d.nats_url, "--prefix", "cfg", "--json")
+            assert p.returncode == 0, p.stderr
+            r = json.loads(p.stdout)
+            assert r["changed"] and set(r["workers"].values()) == {"config applied"}, r
+            await asyncio.sleep(0.5)  # the other ingress applied the broadcast state
+            await both_say(client, 0)
+            assert await hits(client, 1) == 0
+            await kill_one_ingress(client)  # restarted after the load: the state carries the new config
+            await both_say(client, 0)
+            assert await hits(client, 2) == 0
+            # nothing changed since: nothing to do
+            p = await asyncio.to_thread(cli, "load", "digits", "--nats-url", d.nats_url, "--prefix", "cfg", "--json")
+            assert p.returncode == 0 and not json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
+    finally:
+        d.stop()

@@ -88,6 +88,10 @@ class WorkerConfig(_JsonMixin):
     (:mod:`inferbus.actors._pinning`). A version pinned here is served only if its files still have that digest; a
     version on disk not pinned here (added after start) is not loaded at start. Empty = nothing pinned (every version
     on disk is loaded, as read)."""
+    configs: dict[str, dict] = field(default_factory=dict)
+    """Model name → its ``config.json`` keys as the node read them at start (:func:`~inferbus.actors._repository.
+    read_configs`): a model named here takes them, not its ``config.json`` as it is now (an actor restarted after an
+    edit serves what its peers serve; the edit is applied by ``inferbus models load``). Empty = read from disk."""
     backend: str = "onnxruntime"
     device_kind: str = "cpu"
     device_index: int = 0
@@ -181,6 +185,8 @@ class IngressConfig(_JsonMixin):
     pins: dict[str, str] = field(default_factory=dict)
     """``"name:version"`` → ``"sha256:<hex>"``, as :attr:`WorkerConfig.pins`: carried in the serving state this
     ingress starts from (revision 0), so that model-management writes keep them."""
+    configs: dict[str, dict] = field(default_factory=dict)
+    """Model name → its ``config.json`` keys as the node read them at start, as :attr:`WorkerConfig.configs`."""
     redis_url: str | None = None
     """L2 cache (Valkey/Redis URL); None disables L2 lookups."""
     l2_lookup: bool = False

@@ -420,7 +420,7 @@ class Ingress:
         # strict read made a restarted ingress refuse to start (exit 2) in a loop until the node's restart intensity
         # stopped the whole node (a fresh-user trial: a junk version folder plus one kill -9 of an ingress, 6 of 6)
         self.repo = ModelRepository(config.models_dir, list(config.models) or None,
-                                    pinned_versions(config.pins) if config.pins else None)
+                                    pinned_versions(config.pins) if config.pins else None, config.configs)
         for name, why in self.repo.unreadable.items():
             log(f"ingress {config.ingress_id}: not serving model {name}: its folder cannot be read: {why}")
         self.router = Router(health_timeout_s=config.health_timeout_s, max_error_rate=config.max_error_rate,

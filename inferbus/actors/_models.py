@@ -55,7 +55,9 @@ from ..schemas._internal import InternalDecodeError, LoadReport, ModelState, Mod
 from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decode_region
 from ._common import log
 from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
-from ._repository import Model, ModelArtifactError, ModelConfigError, ModelPinError, RepositoryError
+from ._hedge import HedgePolicyError, parse_policy
+from ._repository import (CONFIG_FIELDS, Model, ModelArtifactError, ModelConfigError, ModelPinError, RepositoryError,
+                          config_fields)
 
 BROADCAST_PERIOD_S = 2.0
 """Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
@@ -110,10 +112,28 @@ def _applied(r: LoadReport, model: str) -> tuple[int, str]:
 
 def _initial_state(model: Model, pins: dict[str, str] | None = None) -> ModelState:
     """Revision 0: every version in the repository folder, the configured default, the digests of ``pins``
-    (``"name:version"`` → digest, as the node pinned them at start) for those versions."""
+    (``"name:version"`` → digest, as the node pinned them at start) for those versions, the model's config."""
     pins = pins or {}
     return ModelState(model.name, 0, "", sorted(model.versions, key=_vkey), model.default_version,
-                      {v: pins[mv.key] for v, mv in model.versions.items() if mv.key in pins})
+                      {v: pins[mv.key] for v, mv in model.versions.items() if mv.key in pins}, config_fields(model.config))
+
+
+def _state_config(st: ModelState, base):
+    """``base`` (a :class:`ModelConfig`) with the config keys ``st`` carries (:attr:`ModelState.config`; keys this
+    version does not know are ignored), checked; ``base`` when it carries none.
+
+    Raises:
+        ValueError: a value the config check refuses (a state from a writer with other rules).
+    """
+    if not st.config:
+        return base
+    return dataclasses.replace(base, **{k: v for k, v in st.config.items() if k in CONFIG_FIELDS})
+
+
+def _served_fields(config: dict) -> dict:
+    """The keys of a state's config that a ``load`` compares: all but ``default_version`` (the serving default is the
+    state's own, set by ``models default``; ``config.json``'s is the default at start)."""
+    return {k: v for k, v in config.items() if k != "default_version"}
 
 
 def _disk_digests(m: Model, versions) -> dict[str, str]:
@@ -308,7 +328,8 @@ class IngressModels:
             if m is None or repinned or returning or any(v not in m.versions and v not in held for v in st.versions):
                 try:
                     m = await asyncio.to_thread(self.ing.repo.scan_model, st.model,
-                                                [v for v in st.versions if v not in held or v in repinned])
+                                                [v for v in st.versions if v not in held or v in repinned],
+                                                st.config or None)
                 except RepositoryError as exc:
                     # once per state: the peers send their states again every 2 s (it was a line every 2 s for as
                     # long as the folder stayed unreadable; a fresh-user trial)
@@ -323,12 +344,24 @@ class IngressModels:
                 log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: versions "
                     f"{st.versions} default {st.default_version} vs {sorted(m.versions)} on disk")
                 return False
-            served = Model(dataclasses.replace(m.config, default_version=st.default_version), versions)
+            try:
+                config = _state_config(st, m.config)
+            except (TypeError, ValueError) as exc:
+                log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: its config: {exc}")
+                return False
+            served = Model(dataclasses.replace(config, default_version=st.default_version), versions)
             ing = self.ing
             hedge = None
             old = ing.repo.models.get(st.model)
             if old is not None:
                 hedge = ing._model_hedge.get(old.version(None).key)
+            if st.config:  # the config the state carries: its hedge policy for every version (checked above)
+                try:
+                    hedge = parse_policy(config.hedge_after_ms)
+                except HedgePolicyError:
+                    hedge = None
+                for mv in versions.values():
+                    ing._model_hedge[mv.key] = hedge
             # the request layouts learned so far were validated against the metadata replaced here (a re-pinned
             # version's files can take another datatype or shape): bodies of their lengths are decoded and checked
             # against the new metadata again (a user trial: a stale layout let a FP32 body reach an INT32 model,
@@ -584,18 +617,21 @@ class IngressModels:
                               f"this change applies; check inferbus models and retry", field="model",
                               retry_after_ms=100)
 
-    def _next(self, model: str, versions, default: str, digests: dict[str, str] | None = None) -> ModelState:
+    def _next(self, model: str, versions, default: str, digests: dict[str, str] | None = None,
+              config: dict | None = None) -> ModelState:
         """The next state of ``model``; ``digests`` (version → digest) default to the current state's pins of those
-        versions (a write other than a (re-)load keeps every version's pin)."""
+        versions (a write other than a (re-)load keeps every version's pin), ``config`` to the current state's."""
         cur = self.states.get(model)
         if digests is None:
             digests = dict(cur.digests) if cur else {}
+        if config is None:
+            config = dict(cur.config) if cur else {}
         versions = sorted(versions, key=_vkey)
         # above any revision a worker reports applied, too: a write numbered at or below what the workers hold
         # would be ignored by them and still be answered as done
         held = max((r.model_revisions.get(model, 0) for r in self.reports.values()), default=0)
         return ModelState(model, max(cur.revision if cur else 0, held) + 1, self.writer, versions, default,
-                          {v: digests[v] for v in versions if v in digests})
+                          {v: digests[v] for v in versions if v in digests}, config)
 
     def pin_failures(self, key: str, now: float) -> dict[str, str]:
         """Live workers that do not serve model version ``key`` because its files are not the pinned ones, with each
@@ -681,12 +717,20 @@ class IngressModels:
         # files changed everywhere): it is loaded again, never "nothing to do"
         nowhere = self._loaded_nowhere(model, asked & served, time.monotonic())
         todo = sorted((asked - served) | nowhere | repin, key=_vkey)
-        if not todo:
+        # config.json as it is now: a change (cache_ttl_ms, hedge_after_ms, max_batch_size, ...) is carried to every
+        # actor in the new state, as Triton's load of a loaded model reads its config again; it was never applied
+        # (changed: false), and an actor restarted after the edit served it alone (a fresh-user trial)
+        config = config_fields(m.config)
+        now = self.ing.repo.models.get(model)
+        was = cur.config if cur is not None and cur.config else (config_fields(now.config) if now else config)
+        reconfigured = _served_fields(config) != _served_fields(was)
+        if not todo and not reconfigured:
             return ModelControlReply(model, "load", list(cur.versions), cur.default_version, cur.revision,
                                      version=version, changed=False)
         default = cur.default_version if cur else (m.default_version if m.default_version in todo else todo[-1])
         required = self._required(model, time.monotonic())
-        st = self._next(model, served | set(todo), default, {**pins, **{v: disk[v] for v in todo if v in disk}})
+        st = self._next(model, served | set(todo), default, {**pins, **{v: disk[v] for v in todo if v in disk}},
+                        config)
         await self._publish(st)
         done = await self._wait_applied(required, model, st.revision, deadline, st.writer)
         self._check_kept(st)  # a rival write of this revision won: UNAVAILABLE, and nothing of it is undone here
@@ -718,7 +762,7 @@ class IngressModels:
             elif failed or absent:
                 workers[wid] = "failed: " + "; ".join(failed + [f"{k}: not loaded" for k in absent])
             else:
-                workers[wid] = "loaded"
+                workers[wid] = "loaded" if keys else "config applied"
         if timed_out:
             raise DeadlineExceeded(f"load of {keys} not finished within the request's budget on {timed_out}; "
                                    f"they keep loading (see inferbus models)")
@@ -760,7 +804,7 @@ class IngressModels:
             return self._next(model, [], "")
         if before.default_version not in keep:
             keep.append(before.default_version)
-        return self._next(model, keep, before.default_version, dict(before.digests))
+        return self._next(model, keep, before.default_version, dict(before.digests), dict(before.config))
 
     async def _unload(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
         cur = self._known(model)
@@ -893,6 +937,10 @@ class WorkerModels:
                     if k not in want:
                         self._forget(k)
             have = {k for k in w.sessions if k.rpartition(":")[0] == model}
+            mb = st.config.get("max_batch_size") if w.config.max_batch_size is None else None
+            if isinstance(mb, int) and not isinstance(mb, bool):  # a config change carried by `models load`: merging
+                for k in have & want:  # follows at once (JAX's compiled sizes at the version's next load)
+                    w.max_batch[k] = mb
             # served here from other files than the state pins (re-pinned by `models load`): loaded again
             repin = {k for k in want & have if pins.get(k) and w.digests.get(k) != pins[k]}
             await asyncio.gather(*[self._load(model, k, pins.get(k)) for k in sorted(want - have)],
@@ -948,7 +996,8 @@ class WorkerModels:
         t0 = time.monotonic()
         try:
             files = await asyncio.to_thread(check_pin, model, version, w.repo.root / model / version, pinned)
-            m = await asyncio.to_thread(w.repo.scan_model, model, (version,))
+            st = self.states.get(model)
+            m = await asyncio.to_thread(w.repo.scan_model, model, (version,), st.config if st and st.config else None)
             if version not in m.versions:
                 raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size

@@ -45,6 +45,7 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
                           SupervisorSpec)
 from ._models import StateKeeper
 from ._pinning import pin_repository
+from ._repository import read_configs
 from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
 from ._crashes import CrashKeeper, request_digest
 from ._flight import read_flight_record
@@ -599,6 +600,9 @@ class Node:
         # serves a version only from files with that digest (docs/models.md, "Pinned versions"). Reads every version
         # once, off the loop (about 1 s per GB, docs/models.md)
         pins = await asyncio.to_thread(pin_repository, Path(c.models_dir), c.models) if c.actors else {}
+        # and the configs as they are now: an actor restarted later serves them, not an edit made since (that is
+        # applied by `inferbus models load`, which carries it in the serving state to every actor)
+        configs = await asyncio.to_thread(read_configs, Path(c.models_dir), c.models) if c.actors else {}
         n_colocated = sum(1 for p in plan if p.backend == "onnxruntime" and p.device_kind == "cpu") if c.colocate else 0
         n_ingress = self.n_ingress = n_colocated or c.ingress
         colocated = []
@@ -607,7 +611,7 @@ class Node:
             wid = f"{c.node_id}-w{p.device_index}" if cpu_ort else f"{c.node_id}-{p.backend}-{p.device_kind}{p.device_index}"
             self.worker_ids.append(wid)
             wc = WorkerConfig(worker_id=wid, bus=bus.rotated(i) if c.spread_servers else bus, models_dir=c.models_dir,
-                              models=c.models, pins=pins, backend=p.backend,
+                              models=c.models, pins=pins, configs=configs, backend=p.backend,
                               device_kind=p.device_kind, device_index=p.device_index, precision=c.precision,
                               region=c.region, mailbox_size=c.mailbox_size,
                               max_batch_size=c.max_batch_size, audit=c.audit,
@@ -625,7 +629,7 @@ class Node:
                                             exempt=functools.partial(self._input_crash, f"worker:{wid}")))
         for j in range(n_ingress if c.actors else 0):
             ic = IngressConfig(ingress_id=f"{c.node_id}-i{j}", bus=bus.rotated(j) if c.spread_servers else bus,
-                               models_dir=c.models_dir, models=c.models, pins=pins,
+                               models_dir=c.models_dir, models=c.models, pins=pins, configs=configs,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=(cores[(self.n_workers + j) % len(cores)],) if c.pin_cpus else (),
                                **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})

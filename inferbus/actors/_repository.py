@@ -369,8 +369,14 @@ class ModelRepository:
         RepositoryError: a model folder has no versions.
     """
 
-    def __init__(self, root: Path, only: list[str] | None = None, need: dict[str, set[str]] | None = None) -> None:
+    def __init__(self, root: Path, only: list[str] | None = None, need: dict[str, set[str]] | None = None,
+                 configs: dict[str, dict] | None = None) -> None:
         """Read every model folder under ``root`` (only those named in ``only``, when given).
+
+        With ``configs`` (model name → :func:`config_fields`, what the node read when it started: a restarted
+        actor), a model named there takes that config and its ``config.json`` is not read again: an edit since the
+        start (even into garbage) reaches the actors only through ``inferbus models load`` (docs/models.md), so a
+        restarted actor serves what its peers serve.
 
         With ``need`` (model name → version names: a restarted worker's pinned versions whose files are unchanged),
         the read is tolerant: in each model only the versions in ``need`` must be readable (others that are not are
@@ -385,28 +391,33 @@ class ModelRepository:
         if not self.root.is_dir():
             raise RepositoryError(f"model repository {self.root} is not a folder")
         self._backend = OnnxRuntimeBackend()
+        configs = configs or {}
         for cfg_path in sorted(self.root.glob("*/config.json")):
+            config = configs.get(cfg_path.parent.name)
             if need is None:
-                model = self._scan(cfg_path.parent, only)
+                model = self._scan(cfg_path.parent, only, config=config)
             else:
                 try:
-                    model = self._scan(cfg_path.parent, only, need.get(cfg_path.parent.name, set()), pinned=True)
+                    model = self._scan(cfg_path.parent, only, need.get(cfg_path.parent.name, set()), pinned=True,
+                                       config=config)
                 except RepositoryError as exc:
                     self.unreadable[cfg_path.parent.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                     continue
             if model is not None:
                 self.models[model.name] = model
 
-    def _scan(self, folder: Path, only: list[str] | None = None, need=None, pinned: bool = False) -> Model | None:
+    def _scan(self, folder: Path, only: list[str] | None = None, need=None, pinned: bool = False,
+              config: dict | None = None) -> Model | None:
         """Read one model folder (config, every ``<version>/model.onnx``, the headers of ``data/test.npz``);
-        None when ``only`` excludes it. With ``need`` (version names), a version not in it whose artifact cannot
+        None when ``only`` excludes it. With ``config`` (:func:`config_fields`), that is the model's config and its
+        ``config.json`` is not read. With ``need`` (version names), a version not in it whose artifact cannot
         be read, whose folder has a leading zero or whose inputs the reference rows do not fit is left out of
         the model instead of refusing it (a broken new version does not block loading or rolling back to
         another). With ``pinned`` (a restarted worker), a ``default_version`` not on disk is not an error (the
         serving state names the default)."""
         cfg_path = folder / "config.json"
         try:
-            raw = json.loads(cfg_path.read_text())
+            raw = {**config, "name": folder.name} if config is not None else json.loads(cfg_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config cannot be read as JSON: "
                                    f"{exc}") from exc
@@ -422,10 +433,8 @@ class ModelRepository:
                                    f"{folder.name!r} (or left out), got {name!r}")
         if only and name not in only:
             return None
-        known = set(ModelConfig.__dataclass_fields__) - {"extra"}
         try:
-            cfg = ModelConfig(**{**{k: v for k, v in raw.items() if k in known}, "name": name},
-                              extra={k: v for k, v in raw.items() if k not in known})
+            cfg = _model_config(raw, name)
         except ValueError as exc:
             raise ModelConfigError(f"{cfg_path}: model {name!r}: {exc}") from None
         versions = {}
@@ -481,12 +490,13 @@ class ModelRepository:
                                    f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")
         return Model(cfg, versions)
 
-    def scan_model(self, name: str, need=None) -> Model:
+    def scan_model(self, name: str, need=None, config: dict | None = None) -> Model:
         """Read the folder of model ``name`` again (model-management ``load``: a version added on disk
         since start-up is found). Does not change :attr:`models`; blocking (reads each artifact's
         metadata with ONNX Runtime, a few ms per version): call it off the event loop. With ``need`` (a
         collection of version names, e.g. ``{V}`` for ``load --version V``), only those versions' artifacts must
-        be readable: others that are not are left out of the returned model.
+        be readable: others that are not are left out of the returned model. With ``config`` (:func:`config_fields`:
+        the one a serving state carries), that is the model's config, and its ``config.json`` is not read.
 
         Raises:
             ModelConfigError: its ``config.json`` is malformed (see :class:`ModelRepository`).
@@ -498,7 +508,7 @@ class ModelRepository:
         folder = known.versions[next(iter(known.versions))].path.parent.parent if known else self.root / name
         if "/" in name or name in ("", ".", "..") or not (folder / "config.json").is_file():
             raise RepositoryError(f"no model folder {name!r} with a config.json under {self.root}")
-        model = self._scan(folder, need=None if need is None else {str(v) for v in need})
+        model = self._scan(folder, need=None if need is None else {str(v) for v in need}, config=config)
         assert model is not None
         return model
 
@@ -510,6 +520,48 @@ class ModelRepository:
 
     def __len__(self) -> int:
         return len(self.models)
+
+
+def _model_config(raw: dict, name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a ``config.json`` object ``raw`` of model ``name`` (its unread keys in ``extra``).
+
+    Raises:
+        ValueError: a field of the wrong type or out of its range (:class:`ModelConfig`).
+    """
+    known = set(ModelConfig.__dataclass_fields__) - {"extra"}
+    return ModelConfig(**{**{k: v for k, v in raw.items() if k in known}, "name": name},
+                       extra={k: v for k, v in raw.items() if k not in known})
+
+
+CONFIG_FIELDS = ("platform", "max_batch_size", "cache_ttl_ms", "default_version", "description", "hedge_after_ms")
+"""The keys of ``config.json`` inferbus reads besides ``name``: what a serving state carries (``ModelState.config``)
+and a node hands its actors (``IngressConfig.configs``)."""
+
+
+def config_fields(cfg: ModelConfig) -> dict:
+    """The read keys of ``cfg`` (:data:`CONFIG_FIELDS`), checked values, JSON- and msgpack-encodable."""
+    return {k: getattr(cfg, k) for k in CONFIG_FIELDS}
+
+
+def read_configs(root: Path, only=()) -> dict[str, dict]:
+    """Model name → :func:`config_fields` of each model under ``root`` whose ``config.json`` is readable and valid
+    (only the models in ``only`` when given; the others are left out: the repository check reports them). Blocking;
+    reads the config files only (no artifact). What a node hands its actors at start (``configs``), so that an actor
+    it restarts later serves the config it started with, not an edit made on disk since."""
+    out = {}
+    for cfg_path in sorted(Path(root).glob("*/config.json")):
+        name = cfg_path.parent.name
+        if only and name not in only:
+            continue
+        try:
+            raw = json.loads(cfg_path.read_text())
+            if not isinstance(raw, dict) or raw.get("name", name) != name:
+                continue
+            cfg = _model_config(raw, name)
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        out[name] = config_fields(cfg)
+    return out
 
 
 def default_models_dir() -> Path:

@@ -299,7 +299,7 @@ class Worker:
         """The colocated ingress's pins of re-pinned versions (its ``_repinned``, shared): what it keys their cache
         entries with (:meth:`_fill_current`); empty without a colocated ingress."""
         files, need = self._check_pins(config)
-        self.repo = ModelRepository(config.models_dir, list(config.models) or None, need)
+        self.repo = ModelRepository(config.models_dir, list(config.models) or None, need, config.configs)
         for name, why in self.repo.unreadable.items():  # (pinned only) a model folder that cannot be read any more
             for key in config.pins:
                 if key.rpartition(":")[0] == name:

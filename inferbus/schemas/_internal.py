@@ -206,6 +206,11 @@ class ModelState(msgspec.Struct, omit_defaults=True):
     digests: dict[str, str] = {}
     """Version → ``"sha256:<hex>"`` of its files when it was first loaded (its pin, docs/models.md): a worker serves
     a version only from files with this digest. A version missing here is not pinned (not compared)."""
+    config: dict = {}
+    """The model's ``config.json`` keys that inferbus reads (:data:`inferbus.actors._repository.CONFIG_FIELDS`), as
+    the node read them at start or the ingress that took the last ``load`` read them then: every actor serves these
+    (``cache_ttl_ms``, ``hedge_after_ms``, ``max_batch_size``, ...), not its own disk's. Empty: each actor's own read
+    (a state from an older actor)."""
 
 
 class ModelStates(_Base, tag="inferbus.v1.model_states"):
