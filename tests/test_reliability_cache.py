@@ -192,6 +192,52 @@ async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valk
         await proxy.stop()
 
 
+async def test_an_l2_hit_is_kept_in_l1_only_for_what_is_left_of_its_ttl(valkey_server, tmp_path):
+    """A fresh-user trial (reading the code): an answer found in L2 was put in the ingress's L1 with the model's whole
+    ``cache_ttl_ms`` again, so an entry found near the end of its life was served for up to twice its TTL. The L1
+    copy now lives for what is left of the L2 entry's TTL (``PTTL``, in the lookup's round trip). Here the L2 entry
+    has 0.8 s left of a 60 s TTL when a fresh ingress (L1 empty) finds it: 1 s later the answer is computed again,
+    not an L1 hit."""
+    import os
+    import signal
+
+    import redis.asyncio as aioredis
+
+    models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
+    dep = await anyio.to_thread.run_sync(lambda: start_deployment(
+        tmp_path / "dep", workers=1, prefix="left", extra=[
+            "--models", str(models), "--redis-url", valkey_server.url, "--l2-lookup", "--l2-timeout-ms", "500"]))
+    r = aioredis.from_url(valkey_server.url)
+    try:
+        async with await Client.connect(dep.nats_url, "left") as client:
+            k = 4242
+            assert not (await client.infer_result("typed", _typed(k), timeout_s=5)).parameters.get("cache_hit")
+            key = await _key_of("left", "typed", _typed(k), models_dir=models)
+            await _wait_l2(valkey_server.url, [key])
+            old = (await client.health(timeout_s=2)).parameters["pid"]
+            os.kill(old, signal.SIGKILL)  # the ingress comes back with an empty L1
+            deadline = time.monotonic() + 60
+            while True:
+                await asyncio.sleep(0.1)
+                assert time.monotonic() < deadline, "the ingress was not restarted"
+                try:
+                    h = await client.health(timeout_s=1)
+                except Exception:
+                    continue
+                if h.parameters["pid"] != old and h.ready:
+                    break
+            assert await r.pexpire(key, 800)
+            first = await client.infer_result("typed", _typed(k), timeout_s=5)
+            assert _check(k, first.outputs) and first.parameters.get("cache_level") == "l2", first.parameters
+            await asyncio.sleep(1.0)
+            again = await client.infer_result("typed", _typed(k), timeout_s=5)
+            assert _check(k, again.outputs)
+            assert not again.parameters.get("cache_hit"), again.parameters  # was an L1 hit for another 59 s
+    finally:
+        await r.aclose()
+        await anyio.to_thread.run_sync(dep.stop)
+
+
 def _grid_model(folder) -> None:
     """``grid``: x FP32 [r, c] (any shape) -> y = 2 x [r, c] and rowsum = sum(x, axis 1) [r, 1]; no batching."""
     from onnx import TensorProto, helper
