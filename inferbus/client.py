@@ -311,18 +311,23 @@ class Client:
             self._loop = None
 
     @classmethod
-    async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus",
-                      **options) -> "Client":
+    async def connect(cls, servers: str | list[str] = "nats://127.0.0.1:4222", prefix: str = "inferbus", *,
+                      retry_backoff_ms: float = 5.0, retry_unavailable: bool = True,
+                      retry_resource_exhausted: bool = False, client_id: str | None = None,
+                      attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
+                      adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024,
+                      **bus_options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
 
         ``servers`` are tried in the order given (``no_randomize`` defaults to True): for a server
         list spanning regions, put the local region's servers first (``Topology.client_urls(first=...)``
         builds such a list for the local topology). ``no_randomize=False`` spreads clients over the list.
 
-        ``options``: each keyword option of :class:`Client` (its Args: ``retry_backoff_ms``, ``max_in_flight``...;
-        taken from its signature, :meth:`_option_names`, so that connect cannot leave one out again), and
-        :class:`~inferbus.bus.BusConfig` fields, among them the credentials: ``user``/``password``, ``token``,
-        ``nkeys_seed`` (file), ``user_credentials`` (``.creds`` file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
+        The keyword options from ``retry_backoff_ms`` to ``max_in_flight`` are :class:`Client`'s, with its defaults
+        (``tests/test_client_errors.py`` checks that both list the same options with the same defaults: connect once
+        left ``retry_backoff_ms`` out). ``bus_options`` are :class:`~inferbus.bus.BusConfig` fields, among them the
+        credentials: ``user``/``password``, ``token``, ``nkeys_seed`` (file), ``user_credentials`` (``.creds``
+        file), ``tls_ca_file``/``tls_cert_file``/``tls_key_file``.
 
         Raises:
             Unavailable: no server of ``servers`` accepted the connection within ``connect_attempts``
@@ -337,9 +342,6 @@ class Client:
                 closed before this is raised.
             TypeError: an option that is neither the Client's nor a BusConfig field (BusConfig's own error).
         """
-        names = cls._option_names()
-        client_options = {k: v for k, v in options.items() if k in names}
-        bus_options = {k: v for k, v in options.items() if k not in names}
         servers = split_servers(servers)
         if not servers:  # BusConfig's ValueError named its own field, not this argument
             raise InvalidArgument("Client.connect: servers names no NATS URL; give one or more, e.g. "
@@ -363,7 +365,11 @@ class Client:
             raise Unavailable(f"cannot reach NATS at {shown_servers(servers)}: "
                               f"{_connect_causes(failures, exc, cfg.connect_timeout_s)}") from exc
         try:
-            client = cls(nc, prefix, owns_connection=True, **client_options)
+            client = cls(nc, prefix, owns_connection=True, retry_backoff_ms=retry_backoff_ms,
+                         retry_unavailable=retry_unavailable, retry_resource_exhausted=retry_resource_exhausted,
+                         client_id=client_id, attempt_timeout_ms=attempt_timeout_ms,
+                         attempt_timeout_floor_ms=attempt_timeout_floor_ms,
+                         adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
         except BaseException:  # a bad client option (max_in_flight=0...): the connection made for it is closed, not
             await close_connection(nc)  # left open with its tasks (a fresh-user trial: one more per call)
             raise
@@ -371,11 +377,11 @@ class Client:
         return client
 
     @classmethod
-    def _option_names(cls) -> frozenset[str]:
-        """The keyword options of the constructor that :meth:`connect` hands on (all but ``owns_connection``,
-        which connect sets): one list, the signature, for both."""
-        return frozenset(p.name for p in inspect.signature(cls).parameters.values()
-                         if p.kind is p.KEYWORD_ONLY and p.name != "owns_connection")
+    def _option_names(cls) -> dict[str, object]:
+        """The keyword options of the constructor that :meth:`connect` takes too (all but ``owns_connection``,
+        which connect sets), with their defaults."""
+        return {p.name: p.default for p in inspect.signature(cls).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name != "owns_connection"}
 
     def _backoff_ms(self, n: int) -> float:
         """The pause before retry ``n`` (1, 2, ...), ms: exponential with equal jitter (the class docstring)."""

@@ -558,7 +558,13 @@ async def test_connect_takes_every_option_the_client_takes(nats_server):
     one too: this test then asks for a value for it) is taken by ``Client.connect`` and ``SyncClient.connect``."""
     from inferbus.client import SyncClient
 
-    assert Client._option_names() == set(_NOT_THE_DEFAULTS), "give the new Client option a value here"
+    import inspect
+
+    options = Client._option_names()
+    assert set(options) == set(_NOT_THE_DEFAULTS), "give the new Client option a value here"
+    connects = {p.name: p.default for p in inspect.signature(Client.connect).parameters.values()
+                if p.kind is p.KEYWORD_ONLY}
+    assert connects == options, "Client.connect lists the Client's options with the same defaults"
     client = await Client.connect(nats_server.url, **_NOT_THE_DEFAULTS)
     try:
         assert {k: getattr(client, k) for k in _NOT_THE_DEFAULTS} == _NOT_THE_DEFAULTS
