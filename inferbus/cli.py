@@ -799,6 +799,7 @@ def up(
     hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request, 0 to 1.", rich_help_panel=_REL),
     mailbox_size: int = typer.Option(1024, help=f"Worker mailbox bound; beyond it requests are shed. 1 to {MAX_MAILBOX_SIZE} requests.", rich_help_panel=_REL),
     inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never), >= 0."),
+    chunk_rows: int = typer.Option(1024, help="A request of more rows than this to a model that batches (max_batch_size > 0) runs on the inference thread in chunks of this many rows, small requests answered between them (0 = never split), >= 0."),
     max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding (>= 1).", rich_help_panel=_REL),
     max_backlog_msgs: int = typer.Option(10_000, help=f"Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once, 1 to {MAX_BACKLOG_MSGS}.", rich_help_panel=_REL),
     max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help=f"The same bound in bytes, 1 to {MAX_BACKLOG_BYTES}.", rich_help_panel=_REL),
@@ -881,7 +882,7 @@ def up(
     serving = dict(
         health_timeout_s=health_timeout_s, mailbox_size=mailbox_size, nats_max_payload_bytes=nats_max_payload,
         worker_options=dict(health_window_s=health_window_s, fault_control=fault_injection,
-                            inline_max_compute_us=inline_max_compute_us),
+                            inline_max_compute_us=inline_max_compute_us, chunk_rows=chunk_rows),
         ingress_options=dict(
             max_error_rate=max_error_rate, min_window_requests=min_window_requests, breaker_failures=breaker_failures,
             breaker_open_s=breaker_open_s, rate_limit_per_s=rate_limit, rate_burst=rate_burst,

@@ -457,6 +457,7 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     (("--max-bytes-elements", "-1"), "up: --max-bytes-elements must be >= 0 elements (0 = no limit); got -1"),
     (("--max-backlog-bytes", "0"), "up: --max-backlog-bytes must be 1 to"),
     (("--inline-max-compute-us", "-5"), "up: --inline-max-compute-us must be >= 0 µs"),
+    (("--chunk-rows", "-1"), "up: --chunk-rows must be an integer >= 0 rows (0: never split)"),
     # a max_payload nats-server refuses (over 64 MiB), or one so small the node would never get ready
     (("--nats-max-payload", "5"), "up: --nats-max-payload must be 65536 (64 KiB) to 67108864 (64 MiB"),
     (("--nats-max-payload", str(128 * 1024 * 1024)), "up: --nats-max-payload must be 65536 (64 KiB) to"),

@@ -101,3 +101,47 @@ async def test_a_batch_of_answers_over_max_payload_is_settled_cached_and_blames_
             assert r.outputs["echo"][0, 0] == f["s"][0, 0]
     finally:
         await client.close()
+
+
+@pytest.mark.timeout(180)
+async def test_small_requests_are_answered_between_the_chunks_of_a_large_one(tmp_path):
+    """A fresh-user trial: four 30,000-row ``digits_cnn`` batches on two workers delayed 1-row probes by up to
+    4.3 s: each batch was one model run on the inference thread, and every request queued for that thread meanwhile
+    waited for all of it (requests of a model run inline on the event loop were not held up; GPU, TPU and JAX
+    sessions and slower CPU models always use the thread, here forced with ``--inline-max-compute-us 0``). The
+    thread now runs a request of more than ``chunk_rows`` rows (1024) of a model that batches in chunks of that
+    many, and computes and answers the small requests waiting between two chunks. One worker: probes sent while a
+    6,144-row batch computes (six chunks, 1-3 s on this box) are answered before it, and the batch's answer is the
+    model's, row for row."""
+    import onnxruntime as ort
+
+    from conftest import MODELS
+
+    d = start_deployment(tmp_path / "dep", workers=1, prefix="chunk", extra=["--no-cache", "--inline-max-compute-us", "0"])
+    ref = ort.InferenceSession(str(MODELS / "digits_cnn" / "1" / "model.onnx"))
+    rng = np.random.default_rng(11)
+    big = rng.random((6144, 64), dtype=np.float32)
+    try:
+        async with await Client.connect(d.nats_url, "chunk") as client:
+            await client.infer("digits_cnn", {"pixels": big[:1]}, timeout_s=10)  # warm
+            done_at: dict[str, float] = {}
+
+            async def large() -> dict:
+                out = await client.infer("digits_cnn", {"pixels": big}, timeout_s=60)
+                done_at["large"] = asyncio.get_running_loop().time()
+                return out
+
+            task = asyncio.create_task(large())
+            await asyncio.sleep(0.05)  # the batch is on its way (and computing, on this box, for ~0.5 s)
+            probes = 0
+            while not task.done() and probes < 200:
+                x = rng.random((1, 64), dtype=np.float32)
+                out = await client.infer("digits_cnn", {"pixels": x}, timeout_s=60)
+                np.testing.assert_allclose(out["logits"], ref.run(["logits"], {"pixels": x})[0], rtol=1e-4, atol=1e-5)
+                if not task.done():
+                    probes += 1
+            out = await task
+            np.testing.assert_allclose(out["logits"], ref.run(["logits"], {"pixels": big})[0], rtol=1e-4, atol=1e-4)
+            assert probes >= 2, f"only {probes} probes answered while the large batch computed"
+    finally:
+        d.stop()

@@ -145,12 +145,20 @@ class WorkerConfig(_JsonMixin):
     sessions always use the thread). Decided per batch, so a model that becomes slower goes back to the
     thread. 0 disables inline execution. Default: the models here take 20-110 µs per request on a loaded
     2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
+    chunk_rows: int = 1024
+    """A request of more rows than this (and than the model's ``max_batch_size``) to a model that batches
+    (``max_batch_size`` > 0: its first dimension is the batch, rows are independent) is run on the inference
+    thread in chunks of this many rows, and between two chunks the small requests waiting meanwhile (a body within
+    the model version's inline bound) are computed and answered: a large batch no longer holds every small request
+    behind it for its whole compute. 0: never split."""
     flight_record_path: str = ""
     """A file this worker maps and writes, before each model run, which forwarded requests the run holds
     (:mod:`inferbus.actors._flight`); its node reads it after a crash, so that the ingresses count the crash
     against those requests only. Set by the node; empty = none (every request the worker held is counted)."""
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.chunk_rows, int) and not isinstance(self.chunk_rows, bool) and self.chunk_rows >= 0,
+                 "WorkerConfig.chunk_rows", "an integer >= 0 rows (0: never split)", self.chunk_rows)
         if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:
             raise ValueError(f"WorkerConfig.mailbox_size must be 1 to {MAX_MAILBOX_SIZE} requests; got "
                              f"{self.mailbox_size}")

@@ -83,6 +83,9 @@ _WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "dedup_joins": (*_DEDUP, {"how": "joined"}),
     "stalls": ("inferbus_worker_stalls", "Times the worker process was found frozen longer than its stall fence.",
                {}),
+    "chunked": ("inferbus_worker_chunked", "Large requests run in chunks of chunk_rows rows.", {}),
+    "served_between_chunks": ("inferbus_worker_served_between_chunks", "Small requests computed between two "
+                              "chunks of a large one.", {}),
 }
 
 
