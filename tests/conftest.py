@@ -85,6 +85,21 @@ def processes_naming(text: str) -> list[str]:
     return [f"{pid}: {cmd[:160]}" for pid, cmd in command_lines() if text in cmd]
 
 
+async def wait_micro_service(nc, service: str, task, timeout_s: float = 30.0) -> None:
+    """Wait until the NATS micro service ``service`` (e.g. ``inferbus-aggregator``) answers ``$SRV.PING`` through
+    ``nc``: an actor this test started in its own process as asyncio ``task``, which must not end meanwhile."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while True:  # serving once its micro service answers
+        assert time.monotonic() < deadline and not task.done(), task
+        try:
+            await nc.request(f"$SRV.PING.{service}", b"", timeout=0.5)
+            return
+        except Exception:
+            await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 def nats_server(tmp_path):
     with EmbeddedNats(run_dir=tmp_path / "nats") as srv:

@@ -13,6 +13,7 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 
+from conftest import wait_micro_service
 from inferbus.schemas._internal import CacheFill, encode_internal
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -42,20 +43,14 @@ async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arr
     nc = await nats.connect(nats_server.url)
     r = aioredis.from_url(valkey_server.url)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # serving once its micro service answers
-            assert time.monotonic() < deadline and not task.done(), task
-            try:
-                await nc.request("$SRV.PING.inferbus-aggregator", b"", timeout=0.5)
-                break
-            except Exception:
-                await asyncio.sleep(0.05)
+        await wait_micro_service(nc, "inferbus-aggregator", task)
 
         async def fill(key: str, ttl_ms: int) -> None:
             await nc.publish(f"{PREFIX}._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
             await nc.flush()
 
         await fill("warm", 60_000)  # the aggregator's connection is open before the stall
+        deadline = time.monotonic() + 30
         while await r.get(f"{PREFIX}:warm") is None:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)

@@ -15,6 +15,7 @@ import time
 import nats
 import pytest
 
+from conftest import wait_micro_service
 from inferbus.bus import _connect, close_connection
 
 N = 100
@@ -248,14 +249,7 @@ async def test_an_aggregator_stop_cancelled_again_during_its_drain_leaves_no_fut
                                                       bus=BusConfig(servers=(nats_server.url,), prefix="tcda")))
         task = asyncio.create_task(agg.run())
         probe = await nats.connect(nats_server.url)
-        deadline = time.monotonic() + 30
-        while True:  # serving once its micro service answers
-            assert time.monotonic() < deadline and not task.done(), task
-            try:
-                await probe.request("$SRV.PING.inferbus-aggregator", b"", timeout=0.5)
-                break
-            except Exception:
-                await asyncio.sleep(0.05)
+        await wait_micro_service(probe, "inferbus-aggregator", task)
         await probe.close()
 
         async def slow(msg) -> None:
