@@ -897,3 +897,61 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
             assert p.returncode == 0 and not json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
     finally:
         d.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(300)
+async def test_an_ingress_without_a_served_version_on_its_disk_follows_the_writes_and_says_unavailable(tmp_path):
+    """A fresh-user trial: two nodes on one NATS with their own model folders, a version (digits 3) only in the
+    first's. The second node's ingress ignored every later state of the model (its versions not all on its disk):
+    after ``default digits 2`` was answered done, it kept answering requests naming no version with version 1
+    (30 of 60), and a write it took was built on its stale state and undid writes already answered done (``unload``
+    reset the default to 1 and dropped version 3). Now it applies the state: unversioned requests get the written
+    default from every ingress, version 3 gets UNAVAILABLE from that ingress (so the SDK's retry reaches the other),
+    health says why, and a write it takes keeps what was written."""
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    for s in (s1, s2):
+        shutil.copytree(MODELS / "digits", s / "digits")
+    d1 = start_deployment(tmp_path / "n1", workers=1, prefix="skew", extra=["--models", str(s1), "--no-cache"])
+    d2 = None
+    try:
+        d2 = start_deployment(tmp_path / "n2", workers=1, prefix="skew",
+                              extra=["--models", str(s2), "--no-cache", "--nats-url", d1.nats_url, "--node-id", "n2"])
+        shutil.copytree(MODELS / "digits" / "2", s1 / "digits" / "3")
+        async with await Client.connect(d1.nats_url, "skew") as client:
+            deadline = time.monotonic() + 60
+            while True:  # the ingress of n2 has no version 3 on its disk: NOT_FOUND there, retried until n1 takes it
+                try:
+                    r = await model_control(client, "load", "digits", "3", timeout_s=30)
+                    break
+                except NotFound:
+                    assert time.monotonic() < deadline
+            assert r.versions == ["1", "2", "3"], r
+            r = await model_control(client, "default", "digits", "2", timeout_s=30)
+            assert r.default_version == "2", r
+            await asyncio.sleep(0.5)  # both ingresses applied the state
+            x = {"pixels": np.zeros((1, 64), np.float32)}
+            got = [(await client.infer_result("digits", x, timeout_s=5.0)).model_version for _ in range(40)]
+            assert set(got) == {"2"}, got
+            # version 3: answered (by n1's ingress, after an UNAVAILABLE from n2's if it took the first attempt)
+            for _ in range(10):
+                assert (await client.infer_result("digits", x, version="3", timeout_s=5.0)).model_version == "3"
+            healths = {}
+            for _ in range(60):
+                h = await client.health(timeout_s=2.0)
+                healths[h.parameters["ingress_id"]] = h
+                if len(healths) == 2:
+                    break
+            h2 = healths["n2-i0"]
+            assert "digits:3" in h2.parameters["versions_not_here"] and not h2.ready, h2.parameters
+            assert "digits:3" not in h2.parameters["models_ready"]
+            assert "versions_not_here" not in healths["n1-i0"].parameters
+            # a write whichever ingress takes it builds on the written state: default 2 and version 3 stay
+            for _ in range(4):
+                r = await model_control(client, "unload", "digits", "1", timeout_s=30) if "1" in r.versions else \
+                    await model_control(client, "load", "digits", "1", timeout_s=30)
+                assert r.default_version == "2" and "3" in r.versions, r
+    finally:
+        if d2 is not None:
+            d2.stop()
+        d1.stop()

@@ -502,6 +502,10 @@ class Ingress:
         (:meth:`IngressModels._cache_tags`): forwards of its requests that want a cache fill carry the pin the entry is
         keyed with (``Inferbus-Pin``), and the colocated worker reads it here, so that an answer of the old files
         computed while the workers reload is not cached under the new pin."""
+        self.versions_not_here: dict[str, dict[str, str]] = {}
+        """Model → {version: why}: versions the serving state serves that this ingress cannot read (not in this
+        host's model folder): requests for them get UNAVAILABLE here (another ingress may serve them), health says
+        so; every version of a model whose default it cannot read (:meth:`IngressModels.apply`)."""
         self.model_ctl = IngressModels(self)
         """Model management: serving states, the region write gate, ``<p>.models.<model>.<op>``."""
         self.local_worker = None
@@ -644,12 +648,16 @@ class Ingress:
         model_name, version = self.subjects.parse_infer(msg.subject)
         model = self.repo.get(model_name)
         if model is None:
+            if model_name in self.versions_not_here:
+                raise self._not_here(model_name, version)
             raise NotFound(f"unknown model {model_name!r}", field="model")
         mv = model.version(version)
         if mv is None:
             if version and "." in version:  # no version holds a dot: the subject has tokens past the version
                 raise InvalidArgument(f"subject {msg.subject!r} has tokens after the version: send inference requests "
                                       f"to {self.subjects.prefix}.infer.<model>[.<version>]", field="model_version")
+            if version in self.versions_not_here.get(model_name, ()):
+                raise self._not_here(model_name, version)
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
         body = msg.data
@@ -749,6 +757,15 @@ class Ingress:
             if rid is not None and getattr(err, "request_id", None) is None:
                 err.request_id = rid
             raise
+
+    def _not_here(self, model: str, version: str | None) -> Unavailable:
+        """UNAVAILABLE for a request of a served version of ``model`` this ingress cannot read
+        (:attr:`versions_not_here`): another ingress of the queue group may serve it, so the SDK's retry can."""
+        missing = self.versions_not_here[model]
+        v = version if version in missing else next(iter(missing))
+        what = f"model {model!r} version {version}" if version else f"model {model!r} (its default version)"
+        return Unavailable(f"{what} is served, but ingress {self.config.ingress_id} cannot read it: {missing[v]}; "
+                           f"another ingress may (retry)", field="model_version", retry_after_ms=20)
 
     async def _await_workers(self, timeout_s: float = START_WORKERS_WAIT_S) -> None:
         """Before the infer endpoint is subscribed: wait until the router knows a live worker of each served model's
@@ -1986,6 +2003,10 @@ class Ingress:
         # a served version whose files changed or are gone on every live worker that (re)loaded it: not ready either
         problems = self.model_ctl.version_problems(now)
         wanted |= {k for k, p in problems.items() if not p["ready"]}
+        not_here = {f"{m}:{v}": why for m, vs in self.versions_not_here.items() for v, why in vs.items()}
+        if not_here:  # served versions this ingress cannot read (not in its host's model folder): not ready here
+            wanted |= set(not_here)
+            ready_models = ready_models - set(not_here)
         if self.repo.unreadable:
             # a model this (restarted) ingress could not read but the workers serve: not ready here, and not listed
             # ready (a fresh-user trial: "ready": true and fraud:1 in models_ready, while it answered NOT_FOUND)
@@ -2013,6 +2034,8 @@ class Ingress:
             params["model_versions_not_served"] = problems
         if self.repo.unreadable:  # {"fraud": "ModelConfigError: ..."}: left out when this (restarted) ingress read it
             params["models_unreadable"] = dict(self.repo.unreadable)
+        if not_here:  # {"digits:3": "not in this host's model folder (...)"}
+            params["versions_not_here"] = not_here
         if self.redis is not None:
             pool = self.redis.connection_pool
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))

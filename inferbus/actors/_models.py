@@ -297,18 +297,21 @@ class IngressModels:
     async def apply(self, st: ModelState) -> bool:
         """Serve ``st`` if it is newer than the state known for its model; returns whether it was applied.
 
-        Re-reads the model's folder when the state names a version (or model) not read yet; a state
-        that names versions not on disk here, or a default it does not serve, is ignored (logged). A
-        state with no versions withdraws the model: requests naming it are NOT_FOUND (unknown model),
-        it is not listed, and readiness no longer waits for it.
+        Re-reads the model's folder when the state names a version (or model) not read yet. A state that names
+        versions this ingress cannot read (not on this host's disk: nodes with other model folders on one NATS) is
+        applied all the same, so that the writes this ingress takes build on it: it serves the versions it can read,
+        and requests for the others get UNAVAILABLE from it (:attr:`Ingress.versions_not_here`, in health); if it
+        cannot read the default, it serves the model not at all. Such a state used to be ignored: the ingress kept
+        serving its old default, and a write it took then undid writes already answered done (a fresh-user trial).
+        A state with no versions withdraws the model: requests naming it are NOT_FOUND (unknown model), it is not
+        listed, and readiness no longer waits for it.
         """
         async with self._apply_lock:
             if not _newer(st, self.states.get(st.model)) or not self._serves(st.model):
                 return False
             if not st.versions:  # not served at all (a failed load of a new model, undone)
-                self.ing._layouts.forget(st.model)
-                self.ing.repo.models.pop(st.model, None)
-                self.ing._meta_cache.pop(st.model, None)
+                self._withdraw(st.model)
+                self.ing.versions_not_here.pop(st.model, None)
                 self._set_state(st)
                 log(f"ingress {self.writer}: model {st.model} r{st.revision}: not served")
                 return True
@@ -325,27 +328,36 @@ class IngressModels:
             # that had not taken the load kept the old files' metadata for good, refusing valid requests)
             returning = [v for v in st.versions if prev is not None and v not in prev.versions and v in m.versions] \
                 if m is not None else []
+            scan_error = None
             if m is None or repinned or returning or any(v not in m.versions and v not in held for v in st.versions):
                 try:
                     m = await asyncio.to_thread(self.ing.repo.scan_model, st.model,
                                                 [v for v in st.versions if v not in held or v in repinned],
                                                 st.config or None)
                 except RepositoryError as exc:
-                    # once per state: the peers send their states again every 2 s (it was a line every 2 s for as
-                    # long as the folder stayed unreadable; a fresh-user trial)
-                    if (st.model, st.revision) not in self._ignored_logged:
-                        self._ignored_logged.add((st.model, st.revision))
-                        log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: {exc}")
-                    return False
-                self.disk[st.model] = m
-            versions = {v: m.versions[v] if v in m.versions else held[v] for v in st.versions
-                        if v in m.versions or v in held}
-            if len(versions) != len(st.versions) or st.default_version not in versions:
-                log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: versions "
-                    f"{st.versions} default {st.default_version} vs {sorted(m.versions)} on disk")
-                return False
+                    scan_error, m = exc, None
+                else:
+                    self.disk[st.model] = m
+            on_disk = m.versions if m is not None else {}
+            versions = {v: on_disk[v] if v in on_disk else held[v] for v in st.versions if v in on_disk or v in held}
+            missing = [v for v in st.versions if v not in versions]
+            not_here = self.ing.versions_not_here
+            if missing:
+                why = (f"its folder cannot be read here: {' '.join(str(scan_error).split())}" if scan_error is not None
+                       else f"not in this host's model folder (versions there: {sorted(on_disk, key=_vkey)})")
+                # once per state: the peers send their states again every 2 s (it was a line every 2 s for as long
+                # as the folder stayed unreadable; a fresh-user trial)
+                if (st.model, st.revision) not in self._ignored_logged:
+                    self._ignored_logged.add((st.model, st.revision))
+                    log(f"ingress {self.writer}: model {st.model} r{st.revision}: versions {missing} cannot be served "
+                        f"here: {why}; this ingress answers their requests UNAVAILABLE")
+                if st.default_version not in versions:  # nothing it serves would be the model as the state says
+                    self._withdraw(st.model)
+                    not_here[st.model] = {v: why for v in st.versions}
+                    self._set_state(st)
+                    return True
             try:
-                config = _state_config(st, m.config)
+                config = _state_config(st, (m or self.ing.repo.models[st.model]).config)
             except (TypeError, ValueError) as exc:
                 log(f"ingress {self.writer}: model state {st.model} r{st.revision} ignored: its config: {exc}")
                 return False
@@ -375,10 +387,20 @@ class IngressModels:
             from ._ingress import model_metadata
 
             ing._meta_cache[st.model] = encode(model_metadata(served))
+            if missing:
+                not_here[st.model] = {v: why for v in missing}
+            else:
+                not_here.pop(st.model, None)
             self._set_state(st)
             log(f"ingress {self.writer}: model {st.model} r{st.revision}: versions {st.versions}, "
                 f"default {st.default_version}")
             return True
+
+    def _withdraw(self, model: str) -> None:
+        """Serve ``model`` not at all at this ingress (its layouts, metadata and repository entry go)."""
+        self.ing._layouts.forget(model)
+        self.ing.repo.models.pop(model, None)
+        self.ing._meta_cache.pop(model, None)
 
     def _cache_tags(self, st: ModelState) -> None:
         """Set the result cache's version tag of each version of ``st`` (``ingress._cache_version``, ``name:version``
