@@ -762,13 +762,17 @@ class IngressModels:
         timed_out = []
         superseded = []
         for wid, r in done.items():
-            if r is None:
+            if r is None:  # gone while it loaded, or (the budget spent) still loading
+                now = time.monotonic()
                 w = self.ing.router.workers.get(wid)
-                if w is not None and self.ing.router.live(w, time.monotonic()):
+                live = w is not None and self.ing.router.live(w, now)
+                if live and now >= deadline:
                     timed_out.append(wid)
                     workers[wid] = "still loading"
-                else:
-                    workers[wid] = "gone (not live)"
+                else:  # a worker restarted meanwhile is live again, with the budget left: it was gone, not slow (a
+                    # fresh-user trial: DEADLINE_EXCEEDED after 2.3 s of a 30 s budget, a worker killed mid-load)
+                    workers[wid] = ("restarted during the load (it loads the serving state as it starts)" if live
+                                    else "gone (not live)")
                 continue
             failed = [f"{k}: {r.load_errors[k]}" for k in keys if k in r.load_errors and k not in r.models]
             absent = [k for k in keys if k not in r.models and k not in r.load_errors]
