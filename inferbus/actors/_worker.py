@@ -1490,9 +1490,9 @@ class Worker:
     def _serve_waiting(self) -> tuple[float, float]:
         """On the inference thread, between two chunks of a large request: take every request waiting in the
         mailbox, compute the small ones (a body within the inline bound of its model version,
-        :func:`inline_max_body_bytes`, whatever its backend) now and hand their outcomes to the loop, and hold the others back for the
-        thread's next batch, in order (:attr:`_held_back`). Returns the wall and thread CPU seconds it took (0.0,
-        0.0 with nothing waiting)."""
+        :func:`inline_max_body_bytes`, whatever its backend) now and hand their outcomes to the loop, and hold the
+        others back for the thread's next batch, in order (:attr:`_held_back`). Returns the wall and thread CPU
+        seconds it took (0.0, 0.0 with nothing waiting)."""
         waiting = []
         while True:
             try:
