@@ -133,6 +133,9 @@ from .schemas import (
 )
 
 _MAX_BACKOFF_MS = 100.0
+_RETRY_TOKEN_RATIO = 0.1
+"""Tokens an answered request gives back to the RESOURCE_EXHAUSTED retry bucket (gRFC A6's ``tokenRatio``; its
+examples use 0.1)."""
 _RTO_MIN_SAMPLES = 16
 """Answers seen on a subject before its per-attempt timeout is derived from their latency."""
 _RTO_MIN_RETRY_MS = 20.0
@@ -234,7 +237,12 @@ class Client:
     replaces the first pause, and a later pause is never shorter than its reply's hint. RESOURCE_EXHAUSTED is retried only with
     ``retry_resource_exhausted=True``, after ``max(retry_after_ms, the same backoff counted over its retries)`` and
     only if that fits in the budget (retrying into a rate limit only makes it worse); when the budget runs out
-    between such retries the call raises the last RESOURCE_EXHAUSTED, with the attempts' tally.
+    between such retries the call raises the last RESOURCE_EXHAUSTED, with the attempts' tally. Those retries are
+    throttled per client as gRPC's retry throttling does them (gRFC A6, "Retry Throttling"): a bucket of
+    ``retry_throttle_tokens`` tokens, one taken by each RESOURCE_EXHAUSTED answer, 0.1 given back by each answered
+    request; a RESOURCE_EXHAUSTED is retried only while more than half the bucket is left, so that many callers of
+    one client facing an overloaded deployment send little more than their own requests (a fresh-user trial: 1,000
+    callers against a 50/s rate limit sent ~11,000 requests/s, each retrying on its own backoff).
 
     Args:
         nc: a connected nats-py client (the Client does not own it unless made by :meth:`connect`).
@@ -250,6 +258,8 @@ class Client:
             subject (default True); False (and no ``attempt_timeout_ms``) = one attempt per budget
             unless an UNAVAILABLE or a lost connection ends it.
         max_in_flight: requests this client has outstanding at most (default 1024; None = no bound).
+        retry_throttle_tokens: the size of the RESOURCE_EXHAUSTED retry bucket above (default 10, as gRPC's
+            ``maxTokens`` examples; a number > 0 up to 1000, gRPC's bound; None = retries not throttled).
             Calls beyond it wait, within their own budget, for one to finish: a burst of 10,000
             concurrent calls otherwise kept one event loop busy long enough for the connection to be
             judged stale (0.5 s without a PONG) and every request to fail. Waiting past the budget
@@ -282,7 +292,8 @@ class Client:
                  retry_unavailable: bool = True, owns_connection: bool = False,
                  retry_resource_exhausted: bool = False, client_id: str | None = None,
                  attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
-                 adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024):
+                 adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024,
+                 retry_throttle_tokens: float | None = 10.0):
         if max_in_flight is not None:
             _check_option("max_in_flight", max_in_flight, "an int >= 1 or None", lambda n: n >= 1, int)
         self.max_in_flight = max_in_flight
@@ -291,6 +302,15 @@ class Client:
             _check_option("attempt_timeout_ms", attempt_timeout_ms, "> 0 ms or None", lambda ms: ms > 0)
         _check_option("attempt_timeout_floor_ms", attempt_timeout_floor_ms, ">= 1 ms", lambda ms: ms >= 1)
         _check_option("retry_backoff_ms", retry_backoff_ms, ">= 0 ms", lambda ms: ms >= 0)
+        if retry_throttle_tokens is not None:
+            _check_option("retry_throttle_tokens", retry_throttle_tokens, "a number > 0 and <= 1000, or None",
+                          lambda t: 0 < t <= 1000)
+        self.retry_throttle_tokens = retry_throttle_tokens
+        self._retry_tokens = retry_throttle_tokens or 0.0
+        """The RESOURCE_EXHAUSTED retry bucket's tokens now (gRFC A6)."""
+        self.retries_throttled = 0
+        """RESOURCE_EXHAUSTED answers raised without a retry because the bucket was at half or below, since the
+        client was made."""
         self.attempt_timeout_ms = attempt_timeout_ms
         self.attempt_timeout_floor_ms = attempt_timeout_floor_ms
         self.adaptive_attempt_timeout = adaptive_attempt_timeout
@@ -316,7 +336,7 @@ class Client:
                       retry_resource_exhausted: bool = False, client_id: str | None = None,
                       attempt_timeout_ms: float | None = None, attempt_timeout_floor_ms: float = 250.0,
                       adaptive_attempt_timeout: bool = True, max_in_flight: int | None = 1024,
-                      **bus_options) -> "Client":
+                      retry_throttle_tokens: float | None = 10.0, **bus_options) -> "Client":
         """Connect with failover-friendly settings (see :class:`inferbus.bus.BusConfig`).
 
         ``servers`` are tried in the order given (``no_randomize`` defaults to True): for a server
@@ -369,7 +389,8 @@ class Client:
                          retry_unavailable=retry_unavailable, retry_resource_exhausted=retry_resource_exhausted,
                          client_id=client_id, attempt_timeout_ms=attempt_timeout_ms,
                          attempt_timeout_floor_ms=attempt_timeout_floor_ms,
-                         adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight)
+                         adaptive_attempt_timeout=adaptive_attempt_timeout, max_in_flight=max_in_flight,
+                         retry_throttle_tokens=retry_throttle_tokens)
         except BaseException:  # a bad client option (max_in_flight=0...): the connection made for it is closed, not
             await close_connection(nc)  # left open with its tasks (a fresh-user trial: one more per call)
             raise
@@ -690,6 +711,8 @@ class Client:
             else:
                 err = decode_error(msg.headers, msg.data)
                 if err is None:
+                    if self._retry_tokens < (self.retry_throttle_tokens or 0.0):  # gRFC A6: +0.1 per answer
+                        self._retry_tokens = min(self.retry_throttle_tokens, self._retry_tokens + _RETRY_TOKEN_RATIO)
                     if sent == 1:  # Karn's rule: only unambiguous samples
                         est = self._latency.get(subject)
                         if est is None:
@@ -704,6 +727,13 @@ class Client:
                     # the server's hint is the floor of the pause; over it the pause backs off as UNAVAILABLE's does:
                     # clients that all retried at the hint (1-50 ms from a rate limit) made ~90 tries per call
                     exhausted += 1
+                    if self.retry_throttle_tokens is not None:  # gRFC A6: -1 per failure, retry above half
+                        self._retry_tokens = max(0.0, self._retry_tokens - 1.0)
+                        if self._retry_tokens <= self.retry_throttle_tokens / 2:
+                            self.retries_throttled += 1
+                            raise _with_tally(err, sent, met, "not retried: this client's retries are throttled while "
+                                                              "RESOURCE_EXHAUSTED answers outnumber its answered "
+                                                              "requests")
                     pause_ms = max(float(err.retry_after_ms or 0), self._backoff_ms(exhausted))
                     if pause_ms >= H.remaining_ms(deadline):  # the wait would not fit: with the tally
                         raise _with_tally(err, sent, met)

@@ -409,9 +409,9 @@ async def test_resource_exhausted_retries_back_off_and_end_as_resource_exhausted
     over the hint (5, 10, 20 ... 100 ms, jittered) instead of coming every hint, and a budget that runs out between
     them ends the call with the last RESOURCE_EXHAUSTED and the tally. Before: ~90 copies per 2 s call in a
     fresh-user trial, and the call said DEADLINE_EXCEEDED ("no answer within 2000 ms (92 attempts: 92
-    RESOURCE_EXHAUSTED)")."""
+    RESOURCE_EXHAUSTED)"). (The client's retry throttle is off here: it would end the call after 5 copies.)"""
     server_nc = await __import__("nats").connect(nats_server.url)
-    retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True)
+    retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True, retry_throttle_tokens=None)
     try:
         r = await Responder(server_nc, error=ResourceExhausted("rate limit", retry_after_ms=1)).start()
         t0 = time.monotonic()
@@ -423,6 +423,39 @@ async def test_resource_exhausted_retries_back_off_and_end_as_resource_exhausted
         assert f"{len(r.seen)} attempts: {len(r.seen)} RESOURCE_EXHAUSTED" in ei.value.message, ei.value.message
     finally:
         await retrying.close()
+        await server_nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_resource_exhausted_retries_are_throttled_per_client_and_come_back_with_answers(nats_server):
+    """A fresh-user trial: 1,000 callers of one client with ``retry_resource_exhausted=True`` against a 50/s rate
+    limit sent ~11,000 requests/s, each call retrying on its own backoff (~12 copies of a 1 s call). The client now
+    throttles those retries as gRPC does (gRFC A6): a bucket of 10 tokens, -1 per RESOURCE_EXHAUSTED, +0.1 per
+    answer, a retry only while more than 5 are left. 100 calls at once against a server that refuses everything send
+    little more than 100 copies (the first few retried), each ends RESOURCE_EXHAUSTED saying it was not retried;
+    answered requests refill the bucket, and a lone refusal is retried again."""
+    import nats
+
+    server_nc = await nats.connect(nats_server.url)
+    client = await Client.connect(nats_server.url, retry_resource_exhausted=True)
+    try:
+        r = await Responder(server_nc, error=ResourceExhausted("rate limit", retry_after_ms=1)).start()
+        out = await asyncio.gather(*[client.request(SUBJECT, b"x", timeout_s=1.0, request_id=f"rid-t{k}")
+                                     for k in range(100)], return_exceptions=True)
+        assert all(isinstance(e, ResourceExhausted) for e in out), out[:3]
+        assert len(r.seen) <= 110, len(r.seen)  # without the throttle: ~1,200 (every call ~12 copies)
+        assert client.retries_throttled >= 90, client.retries_throttled
+        assert any("not retried: this client's retries are throttled" in e.message for e in out), out[-1]
+        r.error = None  # the deployment recovers: 80 answers give back 8 tokens (0.1 each, up to 10)
+        for k in range(80):
+            await client.request(SUBJECT, b"x", timeout_s=1.0, request_id=f"rid-ok{k}")
+        r.error = ResourceExhausted("rate limit", retry_after_ms=1)
+        r.seen.clear()
+        with pytest.raises(ResourceExhausted):
+            await client.request(SUBJECT, b"x", timeout_s=1.0, request_id="rid-again")
+        assert len(r.seen) >= 2, len(r.seen)  # retried again (until the bucket is at half once more)
+    finally:
+        await client.close()
         await server_nc.close()
 
 

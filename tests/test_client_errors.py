@@ -548,7 +548,7 @@ async def test_a_request_id_that_is_no_string_is_invalid_argument_before_sending
 
 _NOT_THE_DEFAULTS = {"retry_backoff_ms": 7.0, "retry_unavailable": False, "retry_resource_exhausted": True,
                      "client_id": "c-7", "attempt_timeout_ms": 123.0, "attempt_timeout_floor_ms": 50.0,
-                     "adaptive_attempt_timeout": False, "max_in_flight": 3}
+                     "adaptive_attempt_timeout": False, "max_in_flight": 3, "retry_throttle_tokens": 4.0}
 """A value other than the default for each option of ``Client(...)`` (each kept as the attribute of its name)."""
 
 
@@ -580,7 +580,9 @@ async def test_connect_takes_every_option_the_client_takes(nats_server):
 @pytest.mark.parametrize("bad", [{"max_in_flight": True}, {"max_in_flight": False}, {"max_in_flight": 2.0},
                                  {"attempt_timeout_ms": True}, {"attempt_timeout_ms": "100"},
                                  {"attempt_timeout_floor_ms": True}, {"retry_backoff_ms": True},
-                                 {"retry_backoff_ms": -1}, {"retry_backoff_ms": float("nan")}],
+                                 {"retry_backoff_ms": -1}, {"retry_backoff_ms": float("nan")},
+                                 {"retry_throttle_tokens": 0}, {"retry_throttle_tokens": True},
+                                 {"retry_throttle_tokens": 1001}],
                          ids=lambda bad: "=".join(map(repr, *bad.items())))
 async def test_a_bool_or_no_number_for_a_numeric_client_option_is_the_same_value_error(nats_server, bad):
     """``max_in_flight=True`` was taken as 1 (``isinstance(True, int)``), as ``True`` was taken as 1 ms for the
