@@ -100,6 +100,9 @@ _DONE_ITEM_BYTES = 64
 """Upper bound of a :class:`DoneItem`'s encoding without its response body (msgpack array of 7 fields)."""
 _DONE_NOTICE_BYTES = 256
 """Upper bound of a :class:`DoneNotice`'s encoding without its items (tag, worker id)."""
+_STOP_THREAD_JOIN_S = 0.5
+"""How long a stopping worker waits for its inference thread to end its model run (s): within the node's 5 s
+shutdown timeout, after a drain of ``drain_timeout_s`` (3 s by default)."""
 INLINE_SLICE_US = 1000.0
 """Estimated compute (Σ EWMA µs per request) the loop runs inline before it yields; at least one request. The
 colocated ingress bounds a burst it holds back by the same slice (``Ingress._defer``)."""
@@ -128,6 +131,12 @@ _HEDGE_MARKS = frozenset({"primary", "copy"})
 def control_subject(prefix: str, worker_id: str) -> str:
     """``<p>._ctl.<worker_id>``: cancellations from ingresses, fault injection from drills."""
     return f"{prefix}._ctl.{worker_id}"
+
+
+class _Stopping(Exception):
+    """Raised on the inference thread between two chunks of a large request once the worker stops
+    (:meth:`Worker._infer_chunked`): the batch is dropped (its requests were answered UNAVAILABLE when the drain
+    ended), and the thread ends instead of starting another model run while the process exits."""
 
 
 class Job(msgspec.Struct):
@@ -1194,6 +1203,14 @@ class Worker:
             self._stop.set()
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)  # a cancelled run() stops the loops first
+            self.mailbox.put_nowait(None)  # wakes the thread if it waits for work: it sees the stop at once
+            # the inference thread ends its model run (a chunk at most, for a chunked request) before the process
+            # exits: a run left going while the interpreter tore ONNX Runtime down aborted the process (SIGABRT,
+            # "terminate called without an active exception"; a fresh-user trial, SIGTERM during 30,000-row batches)
+            await asyncio.to_thread(thread.join, _STOP_THREAD_JOIN_S)
+            if thread.is_alive():
+                log(f"worker {self.config.worker_id}: the inference thread is still in a model run after "
+                    f"{_STOP_THREAD_JOIN_S:g} s; exiting with it")
             await loops.stop()
             if quiesce:
                 _ignore_sigusr1(self.loop)
@@ -1345,15 +1362,21 @@ class Worker:
             jobs, self._held_back = self._held_back, []  # taken while a large request ran in chunks: first
             if not jobs:
                 try:
-                    jobs = [mailbox.get(timeout=0.2)]
+                    first = mailbox.get(timeout=0.2)
                 except queue.Empty:
                     continue
+                if first is None:  # the stop's wake-up (run()): the loop's condition ends it
+                    continue
+                jobs = [first]
             # zero-wait: take what is already queued, never wait for more
             while len(jobs) < 256:
                 try:
-                    jobs.append(mailbox.get_nowait())
+                    job = mailbox.get_nowait()
                 except queue.Empty:
                     break
+                if job is None:
+                    break
+                jobs.append(job)
             # what the load report says while this batch computes (read on the loop; two plain stores)
             self._batch_deadline = max(j.deadline for j in jobs)
             self._batch_jobs = jobs
@@ -1366,6 +1389,8 @@ class Worker:
                 outcomes = self._run_jobs(jobs)
                 if outcomes:
                     self.loop.call_soon_threadsafe(self._outbox.put_nowait, outcomes)
+            except _Stopping:
+                return
             finally:
                 self._thread_busy = False
 
@@ -1376,6 +1401,8 @@ class Worker:
         """
         try:
             return self._compute_batch(jobs)
+        except _Stopping:
+            raise
         except Exception as exc:  # a bug: fail these requests, keep the thread / loop alive
             log(f"worker {self.config.worker_id}: batch failed: {exc!r}")
             return [self._error_outcome(j, Internal(f"worker failed: {type(exc).__name__}: {exc}"),
@@ -1462,6 +1489,8 @@ class Worker:
         flight = self.flight
         for start in range(0, n, chunk):
             if parts:
+                if self._stop.is_set():  # the drain ended (its requests answered UNAVAILABLE): no more model runs
+                    raise _Stopping
                 wall_s, cpu_s = self._serve_waiting()
                 paused[0] += wall_s
                 paused[1] += cpu_s
@@ -1496,9 +1525,11 @@ class Worker:
         waiting = []
         while True:
             try:
-                waiting.append(self.mailbox.get_nowait())
+                job = self.mailbox.get_nowait()
             except queue.Empty:
                 break
+            if job is not None:  # (None: the stop's wake-up)
+                waiting.append(job)
         if not waiting:
             return 0.0, 0.0
         t0, cpu0 = time.monotonic(), time.thread_time()
