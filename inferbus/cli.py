@@ -18,8 +18,26 @@ from __future__ import annotations
 import signal
 import sys
 
+
+def _sigint_while_loading(signum, frame) -> None:
+    """SIGINT while this module loads (its imports, then its ~1,700 lines of definitions): exit 130 with no traceback,
+    as a shell reports a SIGINT death; the module's last line puts Python's handler back. A KeyboardInterrupt raised
+    in the definitions after the imports' ``try`` printed a traceback (a CI run: ``cluster up`` SIGINTed at 0.2 s)."""
+    raise SystemExit(128 + signal.SIGINT)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()  # (signal.signal works there only)
+
+
 try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile exits 130, no traceback (see main())
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and \
+    if not _main_thread():
+        pass
+    elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _sigint_while_loading)
+    elif signal.getsignal(signal.SIGINT) is signal.SIG_IGN and \
             next((a for a in sys.argv[1:] if not a.startswith("-")), None) in ("up", "bench", "cluster"):
         # `up`, `bench` and `cluster` (its `up`) handle SIGINT even when it came in ignored (a background job of a non-interactive
         # shell): from here, not only once `up`'s loop's handlers are in (~1.5 s later), so that a `kill -INT`
@@ -27,7 +45,7 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
         # (fresh-user trials: such a signal was lost and the node started and served; a background `bench` ran
         # its whole 20 s). Inside the try: a SIGINT that lands right after the handler is set exits 130 too (a CI
         # run: it came before the try, and the process died of SIGINT, -2)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _sigint_while_loading)
     import asyncio
     import errno
     import json
@@ -1693,6 +1711,9 @@ def _run_app() -> None:
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
 
+
+if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if __name__ == "__main__":
     # `python -m inferbus.cli`: run the app of the imported module, not of __main__, so the subcommand modules
