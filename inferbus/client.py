@@ -266,7 +266,10 @@ class Client:
             raises DeadlineExceeded with nothing sent.
 
     Raises:
-        ValueError: a bad option, ``Client.OPTION must be ..., got VALUE``: ``max_in_flight`` not an int >= 1 or
+        ValueError: a bad option, ``Client.OPTION must be ..., got VALUE``: ``retry_unavailable``,
+            ``retry_resource_exhausted`` or ``adaptive_attempt_timeout`` not a bool (``"false"`` was taken as True);
+            ``client_id`` not a non-empty string a header can carry, or None (``5`` failed every request with
+            nats-py's AttributeError); ``max_in_flight`` not an int >= 1 or
             None, ``attempt_timeout_ms`` not a number > 0 or None, ``attempt_timeout_floor_ms`` not a number >= 1,
             ``retry_backoff_ms`` not a number >= 0 (NaN is none of these; nor is a bool: ``max_in_flight=True`` was
             taken as 1 slot).
@@ -302,6 +305,14 @@ class Client:
             _check_option("attempt_timeout_ms", attempt_timeout_ms, "> 0 ms or None", lambda ms: ms > 0)
         _check_option("attempt_timeout_floor_ms", attempt_timeout_floor_ms, ">= 1 ms", lambda ms: ms >= 1)
         _check_option("retry_backoff_ms", retry_backoff_ms, ">= 0 ms", lambda ms: ms >= 0)
+        for option, value in (("retry_unavailable", retry_unavailable), ("retry_resource_exhausted",
+                              retry_resource_exhausted), ("adaptive_attempt_timeout", adaptive_attempt_timeout)):
+            if not isinstance(value, bool):  # "false" was taken as True, None as False
+                raise ValueError(f"Client.{option} must be True or False, got {value!r}")
+        if client_id is not None and not (isinstance(client_id, str) and client_id.strip()
+                                          and H.header_value(client_id) == client_id):
+            raise ValueError(f"Client.client_id must be a non-empty string a NATS header can carry (no line breaks) "
+                             f"or None, got {client_id!r}")
         if retry_throttle_tokens is not None:
             _check_option("retry_throttle_tokens", retry_throttle_tokens, "a number > 0 and <= 1000, or None",
                           lambda t: 0 < t <= 1000)
@@ -920,6 +931,16 @@ async def _cancel_the_rest() -> None:
     if rest:
         await asyncio.wait(rest, timeout=2.0)
 
+
+
+def _sync_connect_signature() -> inspect.Signature:
+    """:meth:`SyncClient.connect`'s signature as :func:`help` and editors show it: :meth:`Client.connect`'s (it takes
+    the same arguments and hands them on), returning a SyncClient."""
+    sig = inspect.signature(Client.connect.__func__)
+    return sig.replace(return_annotation="SyncClient")
+
+
+SyncClient.connect.__func__.__signature__ = _sync_connect_signature()
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
     """Cancel what still runs on ``loop`` (nats-py's subscription tasks of a connection whose server went away),

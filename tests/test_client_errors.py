@@ -565,6 +565,9 @@ async def test_connect_takes_every_option_the_client_takes(nats_server):
     connects = {p.name: p.default for p in inspect.signature(Client.connect).parameters.values()
                 if p.kind is p.KEYWORD_ONLY}
     assert connects == options, "Client.connect lists the Client's options with the same defaults"
+    sync = {p.name: p.default for p in inspect.signature(SyncClient.connect).parameters.values()
+            if p.kind is p.KEYWORD_ONLY}
+    assert sync == options, "help(SyncClient.connect) shows them too (it showed **options)"
     client = await Client.connect(nats_server.url, **_NOT_THE_DEFAULTS)
     try:
         assert {k: getattr(client, k) for k in _NOT_THE_DEFAULTS} == _NOT_THE_DEFAULTS
@@ -582,7 +585,9 @@ async def test_connect_takes_every_option_the_client_takes(nats_server):
                                  {"attempt_timeout_floor_ms": True}, {"retry_backoff_ms": True},
                                  {"retry_backoff_ms": -1}, {"retry_backoff_ms": float("nan")},
                                  {"retry_throttle_tokens": 0}, {"retry_throttle_tokens": True},
-                                 {"retry_throttle_tokens": 1001}],
+                                 {"retry_throttle_tokens": 1001}, {"retry_unavailable": "no"},
+                                 {"adaptive_attempt_timeout": None}, {"retry_resource_exhausted": 1},
+                                 {"client_id": 5}, {"client_id": ""}, {"client_id": "a\nb"}],
                          ids=lambda bad: "=".join(map(repr, *bad.items())))
 async def test_a_bool_or_no_number_for_a_numeric_client_option_is_the_same_value_error(nats_server, bad):
     """``max_in_flight=True`` was taken as 1 (``isinstance(True, int)``), as ``True`` was taken as 1 ms for the
