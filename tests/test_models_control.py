@@ -27,7 +27,7 @@ from inferbus.actors import Node, NodeConfig
 from inferbus.bus import Subjects
 from inferbus.client import Client
 from inferbus.model_admin import model_control
-from inferbus.schemas import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, decode_error
+from inferbus.schemas import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable, decode_error
 from inferbus.schemas._region import PRIMARY, STANDBY, RegionHeartbeat, encode_region
 
 pytestmark = [pytest.mark.anyio]
@@ -951,6 +951,46 @@ async def test_an_ingress_without_a_served_version_on_its_disk_follows_the_write
                 r = await model_control(client, "unload", "digits", "1", timeout_s=30) if "1" in r.versions else \
                     await model_control(client, "load", "digits", "1", timeout_s=30)
                 assert r.default_version == "2" and "3" in r.versions, r
+    finally:
+        if d2 is not None:
+            d2.stop()
+        d1.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(300)
+async def test_a_version_in_one_nodes_folder_only_from_the_start_is_served_and_a_load_makes_it_consistent(tmp_path):
+    """The same two nodes, the version (digits 3) in the first node's folder from the start, before any write (a
+    fresh-user trial): the second node's ingress answered its requests NOT_FOUND (40-60 %, not retried by the SDK);
+    ``load digits 3`` said "nothing to do" (its workers had never tried it), and ``default digits 3`` said
+    "retry once its load finished" for ever. Now the second ingress answers UNAVAILABLE (retried: every request is
+    answered, by version 3), a load reaches the second node's worker too (which reports why it cannot load it), and
+    ``default 3`` then says that a retry cannot help (INTERNAL, naming the worker and the reason)."""
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    for s in (s1, s2):
+        shutil.copytree(MODELS / "digits", s / "digits")
+    shutil.copytree(MODELS / "digits" / "2", s1 / "digits" / "3")
+    d1 = start_deployment(tmp_path / "n1", workers=1, prefix="skew0", extra=["--models", str(s1), "--no-cache"])
+    d2 = None
+    try:
+        d2 = start_deployment(tmp_path / "n2", workers=1, prefix="skew0",
+                              extra=["--models", str(s2), "--no-cache", "--nats-url", d1.nats_url, "--node-id", "n2"])
+        async with await Client.connect(d1.nats_url, "skew0") as client:
+            x = {"pixels": np.zeros((1, 64), np.float32)}
+            got = [(await client.infer_result("digits", x, version="3", timeout_s=5.0)).model_version
+                   for _ in range(20)]
+            assert set(got) == {"3"}, got
+            deadline = time.monotonic() + 60
+            while True:  # n2's ingress has no version 3 on its disk: NOT_FOUND there, retried until n1 takes it
+                try:
+                    r = await model_control(client, "load", "digits", "3", timeout_s=30)
+                    break
+                except NotFound:
+                    assert time.monotonic() < deadline
+            assert r.changed and r.workers["n1-w0"] == "loaded" and r.workers["n2-w0"].startswith("failed"), r
+            with pytest.raises(Internal) as ei:
+                await model_control(client, "default", "digits", "3", timeout_s=30)
+            assert "n2-w0" in ei.value.message and "a retry cannot help" in ei.value.message, ei.value.message
     finally:
         if d2 is not None:
             d2.stop()

@@ -648,7 +648,7 @@ class Ingress:
         model_name, version = self.subjects.parse_infer(msg.subject)
         model = self.repo.get(model_name)
         if model is None:
-            if model_name in self.versions_not_here:
+            if model_name in self.versions_not_here or self._served_elsewhere(model_name, version):
                 raise self._not_here(model_name, version)
             raise NotFound(f"unknown model {model_name!r}", field="model")
         mv = model.version(version)
@@ -656,7 +656,7 @@ class Ingress:
             if version and "." in version:  # no version holds a dot: the subject has tokens past the version
                 raise InvalidArgument(f"subject {msg.subject!r} has tokens after the version: send inference requests "
                                       f"to {self.subjects.prefix}.infer.<model>[.<version>]", field="model_version")
-            if version in self.versions_not_here.get(model_name, ()):
+            if version in self.versions_not_here.get(model_name, ()) or self._served_elsewhere(model_name, version):
                 raise self._not_here(model_name, version)
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
@@ -758,13 +758,28 @@ class Ingress:
                 err.request_id = rid
             raise
 
+    def _served_elsewhere(self, model: str, version: str | None) -> bool:
+        """A live worker serves ``model`` (version ``version``, or any when None) that this ingress does not know:
+        nodes on one NATS with other model folders, before any write told this one (each node serves its own
+        folder then). Read on the error path only; not once a write set the model's state (the state says then, and a
+        version being unloaded is still on its workers for a moment: NOT_FOUND is the answer)."""
+        st = self.model_ctl.states.get(model)
+        if st is not None and st.revision > 0:
+            return False
+        ready = self.router.ready_models(time.monotonic())
+        if version:
+            return f"{model}:{version}" in ready
+        return any(k.rpartition(":")[0] == model for k in ready)
+
     def _not_here(self, model: str, version: str | None) -> Unavailable:
         """UNAVAILABLE for a request of a served version of ``model`` this ingress cannot read
-        (:attr:`versions_not_here`): another ingress of the queue group may serve it, so the SDK's retry can."""
-        missing = self.versions_not_here[model]
-        v = version if version in missing else next(iter(missing))
+        (:attr:`versions_not_here`, or served by another node's workers): another ingress of the queue group may
+        serve it, so the SDK's retry can (NOT_FOUND is not retried)."""
+        missing = self.versions_not_here.get(model, {})
+        why = missing.get(version) or next(iter(missing.values()), None) or \
+            "workers of another node serve it, and it is not in this ingress's model folder"
         what = f"model {model!r} version {version}" if version else f"model {model!r} (its default version)"
-        return Unavailable(f"{what} is served, but ingress {self.config.ingress_id} cannot read it: {missing[v]}; "
+        return Unavailable(f"{what} is served, but ingress {self.config.ingress_id} cannot read it: {why}; "
                            f"another ingress may (retry)", field="model_version", retry_after_ms=20)
 
     async def _await_workers(self, timeout_s: float = START_WORKERS_WAIT_S) -> None:

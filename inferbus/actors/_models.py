@@ -584,13 +584,21 @@ class IngressModels:
                            field="model")
         return st
 
-    def _loaded_nowhere(self, model: str, versions, now: float) -> set[str]:
-        """Those of ``versions`` that no live worker serving ``model`` reports loaded (empty when no worker is live:
-        then nothing can be told)."""
+    def _loaded_nowhere(self, model: str, versions, now: float) -> tuple[set[str], set[str]]:
+        """``(nowhere, partly)``: those of ``versions`` that no live worker serving ``model`` reports loaded, and
+        those that some do and some do not (both empty when no worker is live: then nothing can be told). A ``load``
+        loads both again: a version on one node's model folder only, served by its workers from the start, was
+        "nothing to do" for ever, while the other node's workers had never tried it (a fresh-user trial)."""
         router = self.ing.router
         required = self._required(model, now)
-        return {v for v in versions
-                if required and not any(f"{model}:{v}" in router.workers[w].models for w in required)}
+        nowhere, partly = set(), set()
+        for v in versions:
+            have = [f"{model}:{v}" in router.workers[w].models for w in required]
+            if have and not any(have):
+                nowhere.add(v)
+            elif have and not all(have):
+                partly.add(v)
+        return nowhere, partly
 
     def _required(self, model: str, now: float) -> list[str]:
         """Live workers serving some version of ``model`` (every live worker when none does)."""
@@ -737,8 +745,8 @@ class IngressModels:
         repin = {v for v in asked & served if v in disk and pins.get(v) != disk[v]}
         # announced but loaded by no live worker (its load failed after the budget ran out, or at start-up, or its
         # files changed everywhere): it is loaded again, never "nothing to do"
-        nowhere = self._loaded_nowhere(model, asked & served, time.monotonic())
-        todo = sorted((asked - served) | nowhere | repin, key=_vkey)
+        nowhere, partly = self._loaded_nowhere(model, asked & served, time.monotonic())
+        todo = sorted((asked - served) | nowhere | partly | repin, key=_vkey)
         # config.json as it is now: a change (cache_ttl_ms, hedge_after_ms, max_batch_size, ...) is carried to every
         # actor in the new state, as Triton's load of a loaded model reads its config again; it was never applied
         # (changed: false), and an actor restarted after the edit served it alone (a fresh-user trial)
@@ -866,6 +874,12 @@ class IngressModels:
         required = self._required(model, now)
         router = self.ing.router
         missing = [wid for wid in required if key not in router.workers[wid].models]
+        failed = {wid: r.load_errors[key] for wid in missing if (r := self.reports.get(wid)) is not None
+                  and key in r.load_errors}
+        if missing and len(failed) == len(missing):  # not "yet": each of them tried and reported why it cannot
+            raise Internal(f"{key} cannot be made the default: it is not loaded on {sorted(failed)}, which could not "
+                           f"load it: {'; '.join(f'{w}: {why}' for w, why in sorted(failed.items()))} (a retry "
+                           f"cannot help: fix those workers' model folders, then load it again)", field="version")
         if not required or missing:
             raise Unavailable(f"{key} is not loaded on every live worker serving {model!r} yet (missing on "
                               f"{missing or 'every worker: none is live'}); retry once its load finished",
