@@ -145,3 +145,34 @@ async def test_small_requests_are_answered_between_the_chunks_of_a_large_one(tmp
             assert probes >= 2, f"only {probes} probes answered while the large batch computed"
     finally:
         d.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_chunked_request_whose_budget_ran_out_is_given_up_between_chunks(tmp_path):
+    """A fresh-user trial: a 30,000-row request with a 0.25 s budget was computed to its end after its client had
+    its DEADLINE_EXCEEDED. Between two chunks the worker now gives up a request whose budget is spent: counted
+    ``expired`` (in ``$SRV.STATS``), not ``chunked`` (a chunked request computed to its end)."""
+    import json
+
+    from inferbus.schemas import DeadlineExceeded
+
+    async def worker_stats(client) -> dict:
+        msg = await client.nc.request("$SRV.STATS.inferbus-worker", b"", timeout=5)
+        return next(e for e in json.loads(msg.data)["endpoints"] if e["name"] == "infer")["data"]
+
+    d = start_deployment(tmp_path / "dep", workers=1, prefix="chunkdl",
+                         extra=["--no-cache", "--inline-max-compute-us", "0"])
+    big = np.random.default_rng(2).random((30_000, 64), dtype=np.float32)  # ~0.45 s of compute on a quiet box
+    try:
+        async with await Client.connect(d.nats_url, "chunkdl", adaptive_attempt_timeout=False) as client:
+            await client.infer("digits_cnn", {"pixels": big[:1]}, timeout_s=10)  # warm
+            before = await worker_stats(client)
+            with pytest.raises(DeadlineExceeded):
+                await client.infer("digits_cnn", {"pixels": big}, timeout_s=0.2)
+            deadline = asyncio.get_running_loop().time() + 30
+            while (after := await worker_stats(client))["expired"] <= before["expired"]:
+                assert asyncio.get_running_loop().time() < deadline, ("the worker never gave the request up", {k: (before[k], after[k]) for k in ("received", "expired", "chunked", "computed", "cancelled")})
+                await asyncio.sleep(0.1)
+            assert after["chunked"] == before["chunked"], (before, after)  # not computed to its end
+    finally:
+        d.stop()

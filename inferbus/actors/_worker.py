@@ -133,6 +133,14 @@ def control_subject(prefix: str, worker_id: str) -> str:
     return f"{prefix}._ctl.{worker_id}"
 
 
+class _Abandoned(Exception):
+    """A chunked request given up between two chunks (:meth:`Worker._infer_chunked`): ``outcome`` answers it."""
+
+    def __init__(self, outcome: "Outcome") -> None:
+        super().__init__(outcome.code)
+        self.outcome = outcome
+
+
 class _Stopping(Exception):
     """Raised on the inference thread between two chunks of a large request once the worker stops
     (:meth:`Worker._infer_chunked`): the batch is dropped (its requests were answered UNAVAILABLE when the drain
@@ -1477,8 +1485,13 @@ class Worker:
         The flight record (``slot``) names the request again before each chunk. Outputs that do not come back
         by row (a leading dimension other than the chunk's rows) are computed again in one run.
 
+        Between two chunks it also gives up a request whose every copy was cancelled (CANCELLED) or whose budget is
+        spent (DEADLINE_EXCEEDED: its client was told so already; it was computed to its end for nobody).
+
         Raises:
             InferenceError: the model failed (a chunk, or the whole).
+            _Abandoned: given up between two chunks (its ``outcome`` answers it).
+            _Stopping: the worker stops (between two chunks).
         """
         feeds = item[2]
         chunk = self._chunk_rows(model_key, feeds)
@@ -1487,10 +1500,20 @@ class Worker:
         n = next(iter(feeds.values())).shape[0]
         parts = []
         flight = self.flight
+        job = item[0]
         for start in range(0, n, chunk):
             if parts:
                 if self._stop.is_set():  # the drain ended (its requests answered UNAVAILABLE): no more model runs
                     raise _Stopping
+                if not job.live():  # every copy cancelled (a hedge won elsewhere): the rest is computed for nobody
+                    self.stats.cancelled += 1
+                    raise _Abandoned(Outcome(job, {}, b"", ok=False, code=CANCELLED, retry=True))
+                if job.deadline <= time.monotonic():  # its client has its DEADLINE_EXCEEDED already
+                    self.stats.expired += 1
+                    o = self._error_outcome(job, DeadlineExceeded(
+                        f"budget spent while the worker computed it in chunks ({start} of {n} rows done)"))
+                    o.retry = True
+                    raise _Abandoned(o)
                 wall_s, cpu_s = self._serve_waiting()
                 paused[0] += wall_s
                 paused[1] += cpu_s
@@ -1683,7 +1706,7 @@ class Worker:
                     try:
                         results.append(self._infer_chunked(model_key, sess, outs, item, slot, paused)
                                        if slot == THREAD_SLOT and len(items) == 1 else sess.infer(item[2], outs))
-                    except InferenceError as exc:
+                    except (InferenceError, _Abandoned) as exc:
                         results.append(exc)
         finally:
             if flight is not None:
@@ -1703,6 +1726,9 @@ class Worker:
             if fault_rate > 0 and not isinstance(res, Exception) and self._rng.random() < fault_rate:
                 res = InferenceError("injected fault (FaultSet.error_rate)")
                 res.injected = True  # a worker failure by definition: not judged by the warm-up input
+            if isinstance(res, _Abandoned):
+                outcomes.append(res.outcome)
+                continue
             if isinstance(res, Exception):
                 failed = self._model_failure(job, req, sess, res)
                 errors += failed.server_error
