@@ -6,6 +6,7 @@ through anyio's pytest plugin. No mocks of NATS or Redis anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -154,6 +155,24 @@ def start_deployment(run_dir: Path, *, workers: int = 2, extra: list[str] | None
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"inferbus up not ready after {timeout_s}s: {log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path, prefix: str, extra1: list[str], extra2: list[str] | None = None, workers: int = 1):
+    """Two ``inferbus up`` nodes on one NATS: the first with its embedded nats-server, the second joining it as
+    ``--node-id n2`` (``extra2``, default ``extra1``), ``workers`` workers each. Yields ``(first, second)``; both are
+    stopped at the end (the second first)."""
+    n1 = start_deployment(tmp_path / "n1", workers=workers, prefix=prefix, extra=extra1)
+    n2 = None
+    try:
+        n2 = start_deployment(tmp_path / "n2", workers=workers, prefix=prefix,
+                              extra=(extra1 if extra2 is None else extra2) + ["--nats-url", n1.nats_url, "--node-id",
+                                                                              "n2"])
+        yield n1, n2
+    finally:
+        if n2 is not None:
+            n2.stop()
+        n1.stop()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import pytest
 
 from chaos.load import Driver
 from chaos.node_drills import DrillOptions, model_swap
-from conftest import MODELS, ROOT, start_deployment
+from conftest import MODELS, ROOT, start_deployment, two_nodes
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import digits_version_refs
 from inferbus.actors import Node, NodeConfig
@@ -912,11 +912,8 @@ async def test_an_ingress_without_a_served_version_on_its_disk_follows_the_write
     s1, s2 = tmp_path / "s1", tmp_path / "s2"
     for s in (s1, s2):
         shutil.copytree(MODELS / "digits", s / "digits")
-    d1 = start_deployment(tmp_path / "n1", workers=1, prefix="skew", extra=["--models", str(s1), "--no-cache"])
-    d2 = None
-    try:
-        d2 = start_deployment(tmp_path / "n2", workers=1, prefix="skew",
-                              extra=["--models", str(s2), "--no-cache", "--nats-url", d1.nats_url, "--node-id", "n2"])
+    with two_nodes(tmp_path, "skew", ["--models", str(s1), "--no-cache"], ["--models", str(s2), "--no-cache"]) \
+            as (d1, _):
         shutil.copytree(MODELS / "digits" / "2", s1 / "digits" / "3")
         async with await Client.connect(d1.nats_url, "skew") as client:
             deadline = time.monotonic() + 60
@@ -951,10 +948,6 @@ async def test_an_ingress_without_a_served_version_on_its_disk_follows_the_write
                 r = await model_control(client, "unload", "digits", "1", timeout_s=30) if "1" in r.versions else \
                     await model_control(client, "load", "digits", "1", timeout_s=30)
                 assert r.default_version == "2" and "3" in r.versions, r
-    finally:
-        if d2 is not None:
-            d2.stop()
-        d1.stop()
 
 
 @pytest.mark.anyio
@@ -970,11 +963,8 @@ async def test_a_version_in_one_nodes_folder_only_from_the_start_is_served_and_a
     for s in (s1, s2):
         shutil.copytree(MODELS / "digits", s / "digits")
     shutil.copytree(MODELS / "digits" / "2", s1 / "digits" / "3")
-    d1 = start_deployment(tmp_path / "n1", workers=1, prefix="skew0", extra=["--models", str(s1), "--no-cache"])
-    d2 = None
-    try:
-        d2 = start_deployment(tmp_path / "n2", workers=1, prefix="skew0",
-                              extra=["--models", str(s2), "--no-cache", "--nats-url", d1.nats_url, "--node-id", "n2"])
+    with two_nodes(tmp_path, "skew0", ["--models", str(s1), "--no-cache"], ["--models", str(s2), "--no-cache"]) \
+            as (d1, _):
         async with await Client.connect(d1.nats_url, "skew0") as client:
             x = {"pixels": np.zeros((1, 64), np.float32)}
             got = [(await client.infer_result("digits", x, version="3", timeout_s=5.0)).model_version
@@ -991,7 +981,3 @@ async def test_a_version_in_one_nodes_folder_only_from_the_start_is_served_and_a
             with pytest.raises(Internal) as ei:
                 await model_control(client, "default", "digits", "3", timeout_s=30)
             assert "n2-w0" in ei.value.message and "a retry cannot help" in ei.value.message, ei.value.message
-    finally:
-        if d2 is not None:
-            d2.stop()
-        d1.stop()

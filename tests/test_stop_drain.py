@@ -19,7 +19,7 @@ from inferbus.client import Client
 from inferbus.schemas import InferbusError
 from inferbus.schemas._internal import FORWARD_TAG
 
-from conftest import start_deployment
+from conftest import start_deployment, two_nodes
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import Reports, models_subset, reference, set_fault
 
@@ -54,11 +54,7 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
     dropped, no late second answer), every SDK call a correct answer, all well before the budget."""
     models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
     common = ["--models", str(models), "--no-cache", "--fault-injection"]
-    n1 = start_deployment(tmp_path / "n1", workers=1, prefix=PREFIX, extra=common)
-    n2 = None
-    try:
-        n2 = start_deployment(tmp_path / "n2", workers=1, prefix=PREFIX,
-                              extra=common + ["--nats-url", n1.nats_url, "--node-id", "n2"])
+    with two_nodes(tmp_path, PREFIX, common) as (n1, n2):
         client = await Client.connect(n1.nats_url, PREFIX, adaptive_attempt_timeout=False)
         nc = client.nc
         x = np.load(models / "digits" / "data" / "test.npz")["X"][:20].astype(np.float32)
@@ -159,10 +155,6 @@ async def test_requests_a_stopping_worker_cannot_finish_are_answered_unavailable
                                            rtol=1e-5, atol=1e-6)
         assert unavailable > 0
         await client.close()
-    finally:
-        if n2 is not None:
-            n2.stop()
-        n1.stop()
 
 
 @pytest.mark.anyio
