@@ -291,7 +291,8 @@ async def test_planned_demotion_and_promotion_round_trip_zero_failed(topo):
         assert not refused.ok and "live lease" in refused.error
         r1 = await ask_region(nc, topo.spec.prefix, "A", "demote")
         assert r1.ok and any(s.name == "B promoted" for s in r1.steps), r1
-        st = await topo.statuses(nc)
+        # B's status can lag its own promotion by a moment (a CI run read A and B both standby, term 67, lease B's)
+        st = await _until(topo, lambda st: st.get("B") is not None and st["B"].role == "primary")
         assert _primary(st) == "B" and st["B"].term > t0
         t1 = st["B"].term
         await asyncio.sleep(1.5)
