@@ -118,7 +118,9 @@ async def test_small_requests_are_answered_between_the_chunks_of_a_large_one(tmp
     from conftest import MODELS
 
     d = start_deployment(tmp_path / "dep", workers=1, prefix="chunk", extra=["--no-cache", "--inline-max-compute-us", "0"])
-    ref = ort.InferenceSession(str(MODELS / "digits_cnn" / "1" / "model.onnx"))
+    one_thread = ort.SessionOptions()  # the reference on one core: the other tests' processes share the box
+    one_thread.intra_op_num_threads = 1
+    ref = ort.InferenceSession(str(MODELS / "digits_cnn" / "1" / "model.onnx"), one_thread)
     rng = np.random.default_rng(11)
     big = rng.random((6144, 64), dtype=np.float32)
     try:

@@ -253,7 +253,9 @@ async def test_answers_computed_by_the_old_files_during_a_repin_are_not_cached_u
     (models / "digits" / "config.json").write_text(json.dumps(cfg))
     extra = ["--models", str(models), "--l2-lookup"] + (["--colocate"] if colocate else ["--ingress", "2"])
     dep = start_deployment(tmp_path / "dep", workers=2, prefix=PREFIX, extra=extra)
-    new_files = ort.InferenceSession(str(MODELS / "digits" / "1" / "model.onnx"))
+    one_thread = ort.SessionOptions()  # the reference on one core: the other tests' processes share the box
+    one_thread.intra_op_num_threads = 1
+    new_files = ort.InferenceSession(str(MODELS / "digits" / "1" / "model.onnx"), one_thread)
     rng = np.random.default_rng(7)
     sent: list[tuple[float, np.ndarray]] = []
     stop = False
