@@ -55,7 +55,7 @@ from ..schemas._internal import InternalDecodeError, LoadReport, ModelState, Mod
 from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decode_region
 from ._common import log
 from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
-from ._hedge import HedgePolicyError, parse_policy
+from ._hedge import parse_policy
 from ._repository import (CONFIG_FIELDS, Model, ModelArtifactError, ModelConfigError, ModelPinError, RepositoryError,
                           config_fields)
 
@@ -367,11 +367,8 @@ class IngressModels:
             old = ing.repo.models.get(st.model)
             if old is not None:
                 hedge = ing._model_hedge.get(old.version(None).key)
-            if st.config:  # the config the state carries: its hedge policy for every version (checked above)
-                try:
-                    hedge = parse_policy(config.hedge_after_ms)
-                except HedgePolicyError:
-                    hedge = None
+            if st.config:  # the config the state carries: its hedge policy for every version (ModelConfig checked it)
+                hedge = parse_policy(config.hedge_after_ms)
                 for mv in versions.values():
                     ing._model_hedge[mv.key] = hedge
             # the request layouts learned so far were validated against the metadata replaced here (a re-pinned
@@ -584,7 +581,7 @@ class IngressModels:
                            field="model")
         return st
 
-    def _loaded_nowhere(self, model: str, versions, now: float) -> tuple[set[str], set[str]]:
+    def _missing_loads(self, model: str, versions, now: float) -> tuple[set[str], set[str]]:
         """``(nowhere, partly)``: those of ``versions`` that no live worker serving ``model`` reports loaded, and
         those that some do and some do not (both empty when no worker is live: then nothing can be told). A ``load``
         loads both again: a version on one node's model folder only, served by its workers from the start, was
@@ -745,7 +742,7 @@ class IngressModels:
         repin = {v for v in asked & served if v in disk and pins.get(v) != disk[v]}
         # announced but loaded by no live worker (its load failed after the budget ran out, or at start-up, or its
         # files changed everywhere): it is loaded again, never "nothing to do"
-        nowhere, partly = self._loaded_nowhere(model, asked & served, time.monotonic())
+        nowhere, partly = self._missing_loads(model, asked & served, time.monotonic())
         todo = sorted((asked - served) | nowhere | partly | repin, key=_vkey)
         # config.json as it is now: a change (cache_ttl_ms, hedge_after_ms, max_batch_size, ...) is carried to every
         # actor in the new state, as Triton's load of a loaded model reads its config again; it was never applied
