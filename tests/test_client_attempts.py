@@ -389,7 +389,8 @@ async def test_resource_exhausted_is_retried_only_when_asked_and_only_if_the_hin
         r.seen.clear()
         body, _ = await retrying.request(SUBJECT, b"x", timeout_s=2.0, request_id="rid-r2")
         assert body == b"ok:rid-r2" and [rid for _, rid, _ in r.seen] == ["rid-r2", "rid-r2"]
-        assert r.seen[1][0] - r.seen[0][0] >= 0.030  # after the hint
+        # after the hint (less 2 ms: uvloop's timers have 1 ms resolution; a CI run saw 29.997 ms between arrivals)
+        assert r.seen[1][0] - r.seen[0][0] >= 0.028
         # a hint longer than the budget left: raised at once rather than retried into the deadline
         r.seen.clear()
         r.script = [ResourceExhausted("rate limit", retry_after_ms=5000), None]
