@@ -75,8 +75,9 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
     # a version some worker does not serve because its files are not those it was pinned to (docs/models.md)
     problems = {m.name: (m.parameters or {}).get("versions_not_served") or {} for m in ml.models}
     described = any((m.parameters or {}).get("description") for m in ml.models)
+    hedged = any((m.parameters or {}).get("hedge_after_ms") is not None for m in ml.models)
     cols = ("name", "versions", "default", "platform", "inputs", "outputs", "max batch", "cache ttl ms") + (
-        ("description",) if described else ()) + (("not served",) if any(problems.values()) else ())
+        ("hedge after",) if hedged else ()) + (("description",) if described else ()) + (("not served",) if any(problems.values()) else ())
     for col in cols:
         t.add_column(col)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
@@ -85,6 +86,8 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         default = str(mp.get("default_version", ""))
         row = [m.name, ",".join(m.versions), default, m.platform, fmt(m.inputs), fmt(m.outputs),
                str(mp.get("max_batch_size", "")), str(mp.get("cache_ttl_ms", ""))]
+        if hedged:
+            row.append(str(mp.get("hedge_after_ms", "")))
         if described:
             row.append(str(mp.get("description", "")))
         if len(cols) > len(row):

@@ -877,7 +877,8 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
     try:
         async with await Client.connect(d.nats_url, "cfg") as client:
             await both_say(client, 60_000)
-            cfg_path.write_text(json.dumps({**cfg, "cache_ttl_ms": 0}))
+            cfg_path.write_text(json.dumps({**cfg, "cache_ttl_ms": 0, "hedge_after_ms": "p95"}))
+            assert "hedge_after_ms" not in (await client.model("digits", timeout_s=2.0)).parameters
             await kill_one_ingress(client)  # restarted after the edit: it serves what its peer serves
             await both_say(client, 60_000)
             await hits(client, 0, 24)  # both ingresses (the queue group picks) hold it in L1 (2**-23 that one does not)
@@ -888,6 +889,9 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
             assert r["changed"] and set(r["workers"].values()) == {"config applied"}, r
             await asyncio.sleep(0.5)  # the other ingress applied the broadcast state
             await both_say(client, 0)
+            assert (await client.model("digits", timeout_s=2.0)).parameters["hedge_after_ms"] == "p95"
+            listing = await asyncio.to_thread(_listing, ["--nats-url", d.nats_url, "--prefix", "cfg"])
+            assert listing["digits"]["hedge after"] == "p95", listing
             assert await hits(client, 1) == 0
             await kill_one_ingress(client)  # restarted after the load: the state carries the new config
             await both_say(client, 0)

@@ -296,11 +296,14 @@ def model_metadata(model: Model) -> ModelMetadata:
     """OIP v2 model metadata of the default version (-1 for variable dimensions). ``parameters``:
     ``default_version`` names the version that serves requests naming none (it can change at run time,
     docs/models.md); ``max_batch_size`` (rows a worker merges into one zero-wait batch, 0 = none) and
-    ``cache_ttl_ms`` (how long an answer is cached, 0 = not cached) are the model's config.json, and
-    ``description`` its text when it has one."""
+    ``cache_ttl_ms`` (how long an answer is cached, 0 = not cached) are the model's config.json, as are
+    ``hedge_after_ms`` (its hedge policy as written: a number of ms, ``"pNN"``, ``"auto"`` or ``"off"``) and
+    ``description`` (its text) when it has them."""
     mv = model.version(None)
     cfg = model.config
     params = {"default_version": mv.version, "max_batch_size": cfg.max_batch_size, "cache_ttl_ms": cfg.cache_ttl_ms}
+    if cfg.hedge_after_ms is not None:
+        params["hedge_after_ms"] = cfg.hedge_after_ms
     if cfg.description:
         params["description"] = cfg.description
     return ModelMetadata(
