@@ -1735,7 +1735,8 @@ class Worker:
                 outcomes.append(failed)
                 continue
             try:
-                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items), digest))
+                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items), digest,
+                                             int(paused[0] * 1e6)))
             except InferbusError as err:  # an output the wire cannot carry (e.g. a BYTES element over 4 GiB)
                 outcomes.append(self._error_outcome(job, err))
                 continue
@@ -1773,11 +1774,13 @@ class Worker:
         s.batches += 1
 
     def _encode(self, job: Job, req, mv, res: dict[str, np.ndarray], t0: float, compute_us: int, batch: int,
-                digest: str | None = None) -> Outcome:
+                digest: str | None = None, between_chunks_us: int = 0) -> Outcome:
         """The answer to ``job`` from the model's outputs ``res`` (name → array), computed at ``t0`` (monotonic s) in
         ``compute_us`` in a run of ``batch`` requests, with its timings; for a job that wants a cache fill, the
         answer in msgpack too, unless :meth:`_fill_current` says the session's files (``digest``; None: the
-        current session's) are not those the entry is keyed with.
+        current session's) are not those the entry is keyed with. ``between_chunks_us``: the time a chunked
+        request's run spent on other requests between its chunks (:meth:`_infer_chunked`), its ``between_chunks``
+        stage when not 0 (``compute`` leaves it out), so that the stages still add up to ``worker_total``.
 
         Raises:
             InferbusError: an output the wire cannot carry.
@@ -1793,6 +1796,8 @@ class Worker:
         timings["queue"] = int((t0 - job.t_recv) * 1e6) - job.decode_us
         timings["worker_decode"] = job.decode_us
         timings["compute"] = compute_us
+        if between_chunks_us:
+            timings["between_chunks"] = between_chunks_us
         if job.forward_hop_us >= 0:
             timings["forward_hop"] = job.forward_hop_us
         params = {
