@@ -23,7 +23,7 @@ from inferbus.client import Client
 from inferbus.schemas import DeadlineExceeded, InvalidArgument, PayloadTooLarge, decode_error
 
 from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
-from test_reliability_lib import health_params, models_subset, reference, wait_health
+from test_reliability_lib import health_params, models_subset, reference, set_fault, wait_health
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 PREFIX = "bad"
@@ -33,9 +33,10 @@ PREFIX = "bad"
 def dep(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     models = models_subset(root / "models", ["typed", "strings", "digits"])
-    # (no bound on BYTES elements: a test here decodes 600k of them to spend a budget in decoding)
+    # (no bound on BYTES elements: a test here decodes 600k of them to spend a budget in decoding; fault injection:
+    # a test holds the worker's thread with a compute delay)
     d = start_deployment(root / "dep", workers=1, prefix=PREFIX, extra=["--models", str(models), "--no-cache",
-                                                                     "--max-bytes-elements", "0"])
+                                                                     "--max-bytes-elements", "0", "--fault-injection"])
     yield d
     d.stop()
 
@@ -481,18 +482,21 @@ async def test_batched_rows_equal_the_single_row_reference(env, sizes):
         sizes = [int(s) for s in rng.integers(1, 20, 12)]
     X = np.load(__import__("conftest").MODELS / "digits" / "data" / "test.npz")["X"].astype(np.float32)
     feeds = [X[rng.integers(0, len(X), s)] + np.float32(rng.random()) for s in sizes]
-    # concurrently, behind 64-row requests that keep the inference thread busy, so the worker batches them
-    # (zero-wait): without them a 1-row request arriving at an idle worker runs inline, on its own (a clean-clone
-    # run: [1, 62, 1] never batched in 3 tries; another, with one such request ahead, in 10 tries: on a busy box the
-    # small requests' bus hops took longer than one 64-row run)
-    blockers = [X[:64] + np.float32(0.5 + k) for k in range(4)]
-    results = []
-    for _ in range(10):
-        results = (await asyncio.gather(*(client.infer_result("digits", {"pixels": f})
-                                          for f in [*blockers, *feeds])))[len(blockers):]
-        if any(r.parameters.get("batch_size", 1) > 1 for r in results):
-            break
-    assert any(r.parameters.get("batch_size", 1) > 1 for r in results), "no request was batched"
+    # concurrently, behind a 64-row request that holds the inference thread for 300 ms (an injected compute delay,
+    # which also keeps every request off the inline path), so the worker batches the rest (zero-wait) as they wait
+    # in its mailbox. It used to take 64-row blockers computed for real, and up to 10 tries: a CI run under load
+    # saw no request batched in 10 (the small requests' bus hops took longer than the blockers' runs).
+    blocker = X[:64] + np.float32(0.5)
+    worker = next(iter((await health_params(client))["workers"]))
+    await set_fault(nc, PREFIX, worker, compute_delay_ms=300)
+    try:
+        first = asyncio.ensure_future(client.infer_result("digits", {"pixels": blocker}, timeout_s=30))
+        await asyncio.sleep(0.1)  # the blocker is in the thread's delay
+        results = await asyncio.gather(*(client.infer_result("digits", {"pixels": f}, timeout_s=30) for f in feeds))
+        await first
+    finally:
+        await set_fault(nc, PREFIX, worker)
+    assert any(r.parameters.get("batch_size", 1) > 1 for r in results), [r.parameters for r in results]
     for f, r in zip(feeds, results):
         rows = np.concatenate([reference("digits", {"pixels": f[i:i + 1]})["logits"] for i in range(len(f))])
         np.testing.assert_allclose(r.outputs["logits"], rows, rtol=1e-6, atol=1e-6)
