@@ -147,8 +147,10 @@ async def test_node_busy_polls_between_requests_and_blocks_when_idle(tmp_path, l
                     assert res.parameters["exec"] == "thread"
 
             busy, idle = await _busy_then_idle(pids, send, 0.4)
-        # a process blocking in epoll between requests 50 ms apart uses a few % of a core (measured ~3 %)
-        assert all(b > 0.3 for b in busy), (kinds, busy)
+        # a process blocking in epoll between requests 50 ms apart uses a few % of a core (measured ~3 %); a spinning
+        # one as much as it gets (0.2, not 0.3: the separate layout's two spinners, the client and the other test
+        # process share two cores in CI, and one run measured a spinner under 0.3)
+        assert all(b > 0.2 for b in busy), (kinds, busy)
         assert all(i < 0.15 for i in idle), (kinds, idle)
     finally:
         dep.stop()
