@@ -126,7 +126,7 @@ from .bus import server_url_problem, shown_servers, split_servers
 from .bus import headers as H
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
-    DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
+    MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
     RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
     output_to_numpy, Health,
@@ -173,11 +173,16 @@ def _check_timeout(timeout_s) -> None:
 
 
 def _check_request_id(request_id) -> None:
-    """``request_id`` is None or a string, else InvalidArgument at once (``field`` ``request_id``): an int failed deep
-    in nats-py's header encoding (``AttributeError: 'int' object has no attribute 'strip'``; a fresh-user trial)."""
+    """``request_id`` is None or a string of at most :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` characters, else
+    InvalidArgument at once (``field`` ``request_id``): an int failed deep in nats-py's header encoding
+    (``AttributeError: 'int' object has no attribute 'strip'``; a fresh-user trial), and the ingress refuses a longer
+    one."""
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidArgument(f"request_id must be a string (e.g. a UUID's hex) or None, got "
                               f"{type(request_id).__name__} {request_id!r}", field="request_id")
+    if request_id is not None and len(request_id) > MAX_REQUEST_ID_CHARS:  # the ingress refuses it
+        raise InvalidArgument(f"request_id is {len(request_id)} characters, over the limit of {MAX_REQUEST_ID_CHARS}",
+                              field="request_id")
 
 
 def _check_option(option: str, value, want: str, fits, kind: type = numbers.Real) -> None:
@@ -485,8 +490,8 @@ class Client:
         Raises:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
-            ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string; a ``hedge`` that
-            is not a policy, field ``headers.Inferbus-Hedge``, as the ingress would answer),
+            ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string or is longer
+            than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; the ingress would refuse both),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -521,7 +526,7 @@ class Client:
             try:
                 parse_policy(str(hedge))
             except HedgePolicyError as exc:
-                raise InvalidArgument(str(exc), field=f"headers.{H.HEDGE}") from None
+                raise InvalidArgument(str(exc), field="hedge") from None
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
@@ -781,10 +786,24 @@ class Client:
         body, ct = await self.request(self.subjects.models, b"", timeout_s=timeout_s)
         return decode(body, ModelList, ct)
 
-    async def model(self, name: str, timeout_s: float = 1.0) -> ModelMetadata:
-        """One model's OIP v2 metadata. Raises NotFound for an unknown model, InvalidArgument (before sending) for
-        a name that cannot be one subject token."""
-        body, ct = await self.request(self.subjects.model(_subject_token(name, "model")), b"", timeout_s=timeout_s)
+    async def model(self, name: str, timeout_s: float = 1.0, *, version: str | int | None = None) -> ModelMetadata:
+        """One model's OIP v2 metadata: of its default version, or of ``version`` (``<p>.models.<name>.<version>``,
+        as KServe's ``GET v2/models/{name}/versions/{version}``; ``parameters.version`` names it).
+
+        Raises:
+            NotFound: an unknown model, or a version it does not serve (``field`` ``model_version``).
+            InvalidArgument (before sending): a name that cannot be one subject token; a version that is not a
+                string of digits or an int >= 0.
+        """
+        subject = self.subjects.model(_subject_token(name, "model"))
+        if version is not None:
+            if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+                version = str(version)
+            if not (isinstance(version, str) and version.isascii() and version.isdigit()):
+                raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
+                                      field="model_version")
+            subject = f"{subject}.{version}"
+        body, ct = await self.request(subject, b"", timeout_s=timeout_s)
         return decode(body, ModelMetadata, ct)
 
     async def health(self, timeout_s: float = 1.0) -> Health:
@@ -892,9 +911,9 @@ class SyncClient:
         """:meth:`Client.models`, blocking."""
         return self._call(self.client.models, timeout_s)
 
-    def model(self, name: str, timeout_s: float = 1.0) -> ModelMetadata:
+    def model(self, name: str, timeout_s: float = 1.0, *, version: str | int | None = None) -> ModelMetadata:
         """:meth:`Client.model`, blocking."""
-        return self._call(self.client.model, name, timeout_s)
+        return self._call(self.client.model, name, timeout_s, version=version)
 
     def health(self, timeout_s: float = 1.0) -> Health:
         """:meth:`Client.health`, blocking."""

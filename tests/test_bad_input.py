@@ -678,3 +678,72 @@ async def test_json_with_a_utf8_byte_order_mark_is_served(env):
     # still malformed after the mark: the error is about what follows it
     err, _ = await raw_request(nc, "typed", b"\xef\xbb\xbf{nope", json_body=True)
     assert isinstance(err, InvalidArgument) and err.field == "body" and "JSON" in err.message, err
+
+
+async def test_a_request_whose_error_would_echo_megabytes_gets_a_short_typed_error_and_kills_nothing(env):
+    """A fresh-user trial: an input name (or datatype, output name, ``Inferbus-Hedge`` value, header request id) of
+    max_payload/2 + 100 KB made an INVALID_ARGUMENT reply holding it twice (header and body), over max_payload;
+    nats-py, which counts the payload but not the headers, sent it, nats-server closed the ingress's connection
+    ("maximum payload exceeded"), nats-py did not reconnect, and the live process answered nothing more: every
+    later request of every client got "no responders", for good. Now an error's message is cut to 2,000
+    characters, a request id is at most 256 characters (a longer one refused, not echoed), and each of these is
+    answered at once; ``env`` checks afterwards that the same ingress and worker processes answer."""
+    nc, client = env
+    n = nc.max_payload // 2 + 100_000
+    x = [0.25] * 64
+
+    def body(**over) -> bytes:
+        t = {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": x}
+        req = {"inputs": [{**t, **over.pop("tensor", {})}], **over}
+        return msgpack.packb(req)
+
+    cases = [("name", body(tensor={"name": "n" * n}), {}, "inputs[0].name"),
+             ("datatype", body(tensor={"datatype": "d" * n}), {}, None),
+             ("output", body(outputs=[{"name": "o" * n}]), {}, None),
+             ("hedge", body(), {"Inferbus-Hedge": "h" * n}, "Inferbus-Hedge"),
+             ("header id", body(), {"Inferbus-Request-Id": "r" * n}, "Inferbus-Request-Id"),
+             ("body id", body(id="b" * 300), {}, "id")]
+    for what, data, headers, field in cases:
+        t0 = time.perf_counter()
+        msg = await nc.request(f"{PREFIX}.infer.digits", data, timeout=5, headers={"Inferbus-Timeout-Ms": "4000",
+                                                                                     **headers})
+        err = decode_error(msg.headers, msg.data)
+        assert err is not None and err.code.value == "INVALID_ARGUMENT", (what, err)
+        assert len(err.message) <= 2100 and len(msg.headers["Nats-Service-Error"]) <= 2100, (what, len(err.message))
+        assert field is None or err.field == field, (what, err.field)
+        assert len(msg.headers.get("Inferbus-Request-Id", "")) <= 256, what  # an id over the limit is not echoed
+        assert len(msg.data) < 10_000, (what, len(msg.data))
+        print(f"{what}: {err.message[:80]!r}... in {(time.perf_counter() - t0) * 1000:.1f} ms")
+    with pytest.raises(InvalidArgument) as ei:  # the SDK refuses a long request id before sending
+        await client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)}, request_id="q" * 257)
+    assert ei.value.field == "request_id", ei.value
+    # the SDK's own call with a megabyte input name: the ingress's refusal, cut, at once
+    with pytest.raises(InvalidArgument) as ei:
+        await client.infer("digits", {"n" * n: np.zeros((1, 64), np.float32)}, timeout_s=5)
+    assert "more characters" in ei.value.message and len(ei.value.message) <= 2100, ei.value.message[:200]
+
+
+async def test_an_answer_near_max_payload_with_a_long_request_id_is_answered_or_refused_never_silent(env):
+    """A fresh-user trial: a worker kept 1 KiB of max_payload for an answer's headers, but the reply echoes the
+    request id, then of any length: an answer that fit the worker's check with a 2,000-character id was not
+    published at all (nats-py's MaxPayloadError, in the worker's log) and its client waited out its budget; the same
+    answer from the cache came back INTERNAL. Now a request id is at most 256 characters and the worker keeps 2 KiB:
+    answers around the edge with the longest id in 4-byte characters (1 KiB of header) are answered, computed or
+    from L1, or refused PAYLOAD_TOO_LARGE, each at once."""
+    nc, client = env
+    mp = nc.max_payload
+    rid = "\U0001F600" * 255  # with the attempt digit: 256 characters, 1,021 bytes of UTF-8
+    outcomes = []
+    for delta in (1100, 1600, 2100, 2600, 4000):
+        n = (mp - delta) // 3  # the answer holds the input once (echo) and twice (doubled): ~3n bytes
+        data = msgpack.packb({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1, 1],
+                                          "data": [b"%d" % delta + b"a" * (n - 8)]}]})
+        for attempt in range(2):  # the second within the model's 100 ms TTL: an L1 hit, or a miss again
+            msg = await nc.request(f"{PREFIX}.infer.strings", data, timeout=8,
+                                   headers={"Inferbus-Timeout-Ms": "6000", "Inferbus-Request-Id": rid + str(attempt)})
+            err = decode_error(msg.headers, msg.data)
+            assert err is None or err.code.value == "PAYLOAD_TOO_LARGE", (delta, attempt, err)
+            assert msg.headers.get("Inferbus-Request-Id") == rid + str(attempt)
+            outcomes.append((delta, attempt, "answered" if err is None else err.code.value))
+    print(outcomes)
+    assert any(o[2] == "answered" for o in outcomes) and any(o[2] == "PAYLOAD_TOO_LARGE" for o in outcomes), outcomes

@@ -110,3 +110,49 @@ async def test_the_first_connect_tries_each_server_connect_attempts_times(attemp
     finally:
         server.close()
         await server.wait_closed()
+
+
+_GUARD_SCRIPT = """
+import asyncio, sys
+from inferbus.actors._common import ConnectionGuard, connect_logged
+from inferbus.bus import BusConfig, close_connection
+
+async def main(url, how):
+    nc = await connect_logged(BusConfig(servers=(url,)), "guard-test")
+    if how == "close":  # our own close: nothing more happens
+        await close_connection(nc)
+    else:  # a payload within max_payload whose headers take it over: nats-py sends it, the server says -ERR
+        await nc.publish("guard.x", b"x" * (nc.max_payload - 100), headers={"H": "y" * 1000})
+        await nc.flush(timeout=2)
+    await asyncio.sleep(3)
+    print("still running", nc.is_closed, flush=True)
+
+ConnectionGuard.exit_on_close = sys.argv[3] == "exit"
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("how,guard", [("server", "exit"), ("server", "stay"), ("close", "exit")])
+def test_a_connection_nats_py_closed_for_good_ends_an_actor_process(nats_server, how, guard):
+    """A fresh-user trial: nats-server closed an ingress's connection ("maximum payload exceeded": a reply whose
+    headers nats-py did not count), nats-py does not reconnect after such a ``-ERR``, and the ingress process lived
+    on without a connection, so its supervisor never restarted it and the node answered "no responders" for good.
+    Now an actor process (``run_actor`` sets ``ConnectionGuard.exit_on_close``) whose connection nats-py closed by
+    itself exits at once with status 75 and a line naming the server's error, for its supervisor to restart; one
+    that closed its connection itself (``close_connection``) goes on, and so does a program that runs actors in its
+    own process (the line only)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, nats_server.url, how, guard], capture_output=True,
+                       text=True, timeout=20)
+    if how == "close":
+        assert p.returncode == 0 and "still running True" in p.stdout, (p.returncode, p.stdout, p.stderr)
+        assert "was closed" not in p.stderr, p.stderr
+    elif guard == "exit":
+        assert p.returncode == 75 and "still running" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+        assert "guard-test: the NATS connection was closed" in p.stderr and "exiting (status 75)" in p.stderr, p.stderr
+        assert "maximum payload" in p.stderr.lower(), p.stderr
+    else:
+        assert p.returncode == 0 and "still running True" in p.stdout, (p.returncode, p.stdout, p.stderr)
+        assert "the NATS connection was closed" in p.stderr and "exiting" not in p.stderr, p.stderr

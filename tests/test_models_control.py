@@ -169,6 +169,39 @@ async def test_nats_control_not_found_after_unload_and_bad_input(dep, refs):
         assert (await client.model("digits")).versions == ["1", "2"]
 
 
+async def test_version_metadata_an_integer_version_and_a_lower_case_content_type_of_a_query(dep):
+    """A fresh-user trial, as a KServe client: ``<p>.models.digits.1`` (OIP's per-version metadata) was "unknown
+    model operation '1'"; ``{"version": 2}`` on a write was INVALID_ARGUMENT though config.json takes 2; and the
+    metadata and health queries answered MessagePack to a JSON client whose header was spelled ``content-type``."""
+    async with await Client.connect(dep.nats_url, PREFIX) as client:
+        s = Subjects(PREFIX)
+        default = (await client.model("digits")).parameters["default_version"]
+        for v in ("1", 2):
+            md = await client.model("digits", version=v)
+            assert md.parameters["version"] == str(v) and md.parameters["default_version"] == default, md.parameters
+            assert md.versions == ["1", "2"] and md.inputs[0].name == "pixels", md
+        with pytest.raises(NotFound) as ei:
+            await client.model("digits", version="9", timeout_s=5)
+        assert ei.value.field == "model_version" and "versions: ['1', '2']" in ei.value.message, ei.value
+        for bad in ("load", "1.2", -1, True):  # never sent: "load" would be a write
+            with pytest.raises(InvalidArgument):
+                await client.model("digits", version=bad)
+        for subject in (s.model("digits") + ".1", s.model("digits"), s.models, s.health):
+            msg = await client.nc.request(subject, b"", timeout=5, headers={"content-type": "application/json"})
+            assert msg.headers.get("Content-Type") == "application/json", (subject, msg.headers)
+            assert isinstance(json.loads(msg.data), dict), subject
+        # a write's version as an integer, as config.json's default_version takes it
+        msg = await client.nc.request(s.model_control("digits", "default"), json.dumps({"version": int(default)}).encode(),
+                                      timeout=10, headers={"Content-Type": "application/json"})
+        assert decode_error(msg.headers, msg.data) is None, msg.data
+        r = json.loads(msg.data)
+        assert r["default_version"] == default and not r["changed"], r
+        msg = await client.nc.request(s.model_control("digits", "default"), b'{"version": -1}', timeout=10,
+                                      headers={"Content-Type": "application/json"})
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, InvalidArgument) and err.field == "version", err
+
+
 @pytest.mark.timeout(120)
 async def test_default_swap_under_light_load_every_answer_matches_its_version(dep, refs):
     inputs, by_version = refs

@@ -709,6 +709,40 @@ def test_errors_carry_attributes_and_pickle():
     assert issubclass(InferbusError, Exception)
 
 
+def test_an_error_reply_cuts_a_long_message_and_field_and_keeps_a_short_one():
+    """An error reply echoes what the request sent; a 4.3 MB input name made a reply over max_payload (a fresh-user
+    trial). The message is cut to 2,000 characters in both the header and the body, the field to 200."""
+    from inferbus.schemas._errors import MAX_ERROR_FIELD_CHARS, MAX_ERROR_MESSAGE_CHARS
+
+    long = InvalidArgument("unknown input '" + "n" * 1_000_000 + "'", field="inputs." + "n" * 1000)
+    for ct in (None, "application/json"):
+        hdrs, body = encode_error(long, ct)
+        back = decode_error(hdrs, body)
+        assert back.message.startswith("unknown input 'nnn") and back.message.endswith("... (998016 more characters)")
+        assert len(back.message) < MAX_ERROR_MESSAGE_CHARS + 40 and hdrs["Nats-Service-Error"] == back.message
+        assert back.field.startswith("inputs.nnn") and len(back.field) < MAX_ERROR_FIELD_CHARS + 40
+        assert len(body) < 2 * MAX_ERROR_MESSAGE_CHARS
+    short = InvalidArgument("x" * MAX_ERROR_MESSAGE_CHARS, field="inputs[0]")
+    back = decode_error(*encode_error(short))
+    assert (back.message, back.field) == (short.message, "inputs[0]")
+
+
+def test_a_lone_surrogate_escape_in_json_data_is_named_not_called_truncated():
+    """A fresh-user trial: ``"data": ["\\ud800"]`` was refused as "Input data was truncated" (msgspec's words for a
+    lone surrogate in an untyped value), which sends a client looking for a cut-off body. A pair still decodes."""
+    def body(d: bytes) -> bytes:
+        return b'{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"data":[' + d + b']}]}'
+
+    with pytest.raises(InvalidArgument) as ei:
+        decode_request(body(b'"x\\ud800"'), "application/json")
+    assert "lone UTF-16 surrogate escape (\\ud800) at byte" in ei.value.message and "truncated" not in ei.value.message
+    assert ei.value.field == "body"
+    with pytest.raises(InvalidArgument) as ei:  # a body really cut short is still called so
+        decode_request(body(b'"x"')[:-5], "application/json")
+    assert "truncated" in ei.value.message
+    assert decode_request(body(b'"\\ud83d\\ude00"'), "application/json").inputs[0].data == ["\U0001F600"]
+
+
 # ---------------------------------------------------------------- package surface
 
 
@@ -717,7 +751,7 @@ def test_exports():
         "ErrorCode", "InferbusError", "InvalidArgument", "NotFound", "DeadlineExceeded",
         "ResourceExhausted", "Unavailable", "PayloadTooLarge", "Internal", "error_class",
         "ErrorDetail", "ErrorReply", "encode_error", "decode_error",
-        "DATATYPES", "Datatype", "ShmRef", "RequestInput", "RequestedOutput", "InferRequest",
+        "DATATYPES", "MAX_REQUEST_ID_CHARS", "Datatype", "ShmRef", "RequestInput", "RequestedOutput", "InferRequest",
         "ResponseOutput", "InferResponse", "TensorMetadata", "ModelMetadata", "ModelList",
         "Health",
         "MODEL_OPS", "ModelControlRequest", "ModelControlReply",

@@ -7,10 +7,10 @@ import gc
 import os
 import sys
 
-from ..bus import connect, connected_server
+from ..bus import closed_on_purpose, connect, connected_server
 from ..bus import headers as H
 from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
-from ..schemas import InferbusError, encode_error
+from ..schemas import MAX_REQUEST_ID_CHARS, InferbusError, encode_error
 
 READY_LINE = "READY"
 
@@ -77,6 +77,7 @@ def run_actor(actor_run) -> None:
     import time
 
     install_loop()
+    ConnectionGuard.exit_on_close = True  # an actor process: a connection nats-py closed for good ends it
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -103,9 +104,11 @@ def run_actor(actor_run) -> None:
 def error_message(err: InferbusError, content_type: str | None = None,
                   request_id: str | None = None) -> tuple[dict[str, str], bytes]:
     """Headers and body of a typed error reply: NATS micro error headers, the body in the request's
-    encoding (``content_type``: JSON when it says so, else msgpack) and ``Inferbus-Request-Id`` when given."""
+    encoding (``content_type``: JSON when it says so, else msgpack) and ``Inferbus-Request-Id`` when given and
+    not over :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` (the refusal of a longer one does not echo it: the reply
+    would be as large as the request, over ``max_payload`` with the error's headers)."""
     hdrs, body = encode_error(err, content_type)
-    if request_id:
+    if request_id and len(request_id) <= MAX_REQUEST_ID_CHARS:
         hdrs[H.REQUEST_ID] = request_id
     return hdrs, body
 
@@ -123,10 +126,29 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+EXIT_CONNECTION_CLOSED = 75
+"""Exit status of an actor process whose NATS connection nats-py closed for good (EX_TEMPFAIL, sysexits.h)."""
+
+
+class ConnectionGuard:
+    """What :func:`connect_logged` does when nats-py closes a connection by itself."""
+
+    exit_on_close = False
+    """True in an actor process (:func:`run_actor` sets it): the process exits. False (actors run in another
+    program's process, e.g. ``bench.pathcost`` or a test): the stderr line only."""
+
+
 async def connect_logged(bus, name: str):
     """:func:`inferbus.bus.connect` for an actor process: one stderr line when the connection is lost and one
     when it is back, naming the server (``host:port``), so a process that failed over to another server of a
-    spread deployment shows it in its log (nats-py does not move back by itself; docs/architecture.md)."""
+    spread deployment shows it in its log (nats-py does not move back by itself; docs/architecture.md).
+
+    A connection that nats-py closes by itself (not through :func:`inferbus.bus.close_connection`:
+    :func:`inferbus.bus.closed_on_purpose`) ends an actor process (:attr:`ConnectionGuard.exit_on_close`) at once,
+    exit status :data:`EXIT_CONNECTION_CLOSED`,
+    after one stderr line naming the server's error, so that its supervisor restarts it with a new connection.
+    nats-py does not reconnect after a server ``-ERR`` such as "maximum payload exceeded": a fresh-user trial's
+    ingress lived on without a connection, never restarted, and the node answered "no responders" for good."""
     holder: list = []
 
     async def disconnected() -> None:
@@ -135,7 +157,17 @@ async def connect_logged(bus, name: str):
     async def reconnected() -> None:
         log(f"{name}: reconnected to NATS {connected_server(holder[0]) if holder else ''}".rstrip())
 
-    nc = await connect(bus, name=name, disconnected_cb=disconnected, reconnected_cb=reconnected)
+    async def closed() -> None:
+        if holder and not closed_on_purpose(holder[0]):
+            if not ConnectionGuard.exit_on_close:
+                log(f"{name}: the NATS connection was closed ({holder[0].last_error!r}) and nats-py does not "
+                    f"reconnect it")
+                return
+            log(f"{name}: the NATS connection was closed ({holder[0].last_error!r}) and nats-py does not reconnect "
+                f"it; exiting (status {EXIT_CONNECTION_CLOSED}) for the supervisor to restart this process")
+            os._exit(EXIT_CONNECTION_CLOSED)
+
+    nc = await connect(bus, name=name, disconnected_cb=disconnected, reconnected_cb=reconnected, closed_cb=closed)
     holder.append(nc)
     return nc
 

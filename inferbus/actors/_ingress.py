@@ -61,7 +61,8 @@ from ..bus import headers as H
 from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..bus._connect import _round_trip as _server_round_trip
 from ..schemas import (
-    DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList, ModelMetadata, NotFound,
+    MAX_REQUEST_ID_CHARS, DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList,
+    ModelMetadata, NotFound,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
     JSON, encode_response, input_to_numpy, is_json,
 )
@@ -292,20 +293,25 @@ class _Deferred(msgspec.Struct):
     probe: bool
 
 
-def model_metadata(model: Model) -> ModelMetadata:
-    """OIP v2 model metadata of the default version (-1 for variable dimensions). ``parameters``:
+def model_metadata(model: Model, version: str | None = None) -> ModelMetadata:
+    """OIP v2 model metadata of ``version`` (None: the default version; -1 for variable dimensions). Raises
+    KeyError for a version the model does not serve. ``parameters``:
     ``default_version`` names the version that serves requests naming none (it can change at run time,
     docs/models.md); ``max_batch_size`` (rows a worker merges into one zero-wait batch, 0 = none) and
     ``cache_ttl_ms`` (how long an answer is cached, 0 = not cached) are the model's config.json, as are
     ``hedge_after_ms`` (its hedge policy as written: a number of ms, ``"pNN"``, ``"auto"`` or ``"off"``) and
     ``description`` (its text) when it has them."""
-    mv = model.version(None)
+    mv = model.version(version)
+    if mv is None:
+        raise KeyError(version)
     cfg = model.config
-    params = {"default_version": mv.version, "max_batch_size": cfg.max_batch_size, "cache_ttl_ms": cfg.cache_ttl_ms}
+    params = {"default_version": model.version(None).version, "max_batch_size": cfg.max_batch_size, "cache_ttl_ms": cfg.cache_ttl_ms}
     if cfg.hedge_after_ms is not None:
         params["hedge_after_ms"] = cfg.hedge_after_ms
     if cfg.description:
         params["description"] = cfg.description
+    if version is not None:
+        params["version"] = mv.version
     return ModelMetadata(
         name=model.name, versions=sorted(model.versions, key=int), platform=cfg.platform,
         inputs=[TensorMetadata(t.name, t.datatype, list(t.shape)) for t in mv.inputs],
@@ -343,6 +349,18 @@ def _shape_mismatch(t, info, i: int):
     """Raise InvalidArgument: input ``t`` (the ``i``-th) has a shape that does not fit the model's ``info``."""
     raise InvalidArgument(f"input {t.name!r} shape {list(t.shape)} does not fit {list(info.shape)}",
                           field=f"inputs[{i}].shape")
+
+
+def _query_ct(headers: dict | None) -> str | None:
+    """The ``Content-Type`` of a metadata or health query, its header name in any case: a query has nothing a
+    miscased header could change but the reply's encoding, so it is read, not refused as an inference request's
+    is (a fresh-user trial: a JSON client's ``content-type`` got MessagePack back)."""
+    if not headers:
+        return None
+    ct = headers.get(H.CONTENT_TYPE)
+    if ct is None:
+        ct = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
+    return ct
 
 
 def _reply_ct(request_ct: str | None) -> dict:
@@ -642,6 +660,10 @@ class Ingress:
                                       f"(ADR-4), so it would be ignored; send {bad[1]!r}", field=bad[1])
             if H.ATTEMPT in hdrs:
                 H.attempt_number(hdrs[H.ATTEMPT])  # a malformed one is refused, not guessed at
+            rid = hdrs.get(H.REQUEST_ID)  # every reply echoes it in a header: bounded (a body's id by its schema)
+            if rid is not None and len(rid) > MAX_REQUEST_ID_CHARS:
+                raise InvalidArgument(f"the request id is {len(rid)} characters, over the limit of "
+                                      f"{MAX_REQUEST_ID_CHARS}", field=H.REQUEST_ID)
         deadline = H.deadline_from_headers(hdrs, t0, self.config.default_timeout_ms, strict=True)
         client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
@@ -896,7 +918,7 @@ class Ingress:
         try:
             policy = parse_policy(value)
         except HedgePolicyError as exc:
-            raise InvalidArgument(str(exc), field=f"headers.{H.HEDGE}") from None
+            raise InvalidArgument(str(exc), field=H.HEDGE) from None
         if len(self._policy_cache) < _MAX_POLICY_CACHE:
             self._policy_cache[value] = policy
         return policy
@@ -1995,22 +2017,32 @@ class Ingress:
 
     async def _on_models(self, msg) -> None:
         subj = msg.subject
-        ct = (msg.headers or {}).get(H.CONTENT_TYPE)
+        ct = _query_ct(msg.headers)
         if subj == self.subjects.models:
             problems = self.model_ctl.version_problems(time.monotonic())
             body = encode(ModelList(models=[_with_problems(model_metadata(m), problems) for m in self.repo]), ct)
         else:
             name = subj[len(self.subjects.models) + 1:]
-            if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback)
+            version = None
+            if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback) ...
                 model_name, _, op = name.partition(".")
-                self.model_ctl.submit(msg, model_name, op)
-                return
+                if not (op.isascii() and op.isdigit()):
+                    self.model_ctl.submit(msg, model_name, op)
+                    return
+                name, version = model_name, op  # ... or <p>.models.<model>.<version>: that version's metadata
             model = self.repo.get(name)
             if model is None:
                 await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None,
                                   endpoint="model")
                 return
-            body = encode(_with_problems(model_metadata(model), self.model_ctl.version_problems(time.monotonic())), ct)
+            try:
+                meta = model_metadata(model, version)
+            except KeyError:
+                await self._error(msg.reply, NotFound(
+                    f"model {name!r} has no version {version!r}; versions: {sorted(model.versions, key=int)}",
+                    field="model_version"), ct, None, endpoint="model")
+                return
+            body = encode(_with_problems(meta, self.model_ctl.version_problems(time.monotonic())), ct)
         await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
 
     def health(self) -> Health:
@@ -2061,7 +2093,7 @@ class Ingress:
         return Health(live=True, ready=wanted <= ready_models, parameters=params)
 
     async def _on_health(self, msg) -> None:
-        ct = (msg.headers or {}).get(H.CONTENT_TYPE)
+        ct = _query_ct(msg.headers)
         await self.nc.publish(msg.reply, encode(self.health(), ct), headers=_reply_ct(ct))
 
     def _stats_data(self, endpoint_stats) -> dict:

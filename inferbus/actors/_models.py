@@ -542,7 +542,9 @@ class IngressModels:
                 raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
             req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
             v = req.version
-            if v is not None and not (v.isascii() and v.isdigit() and len(v) < 20):  # a folder name: ASCII digits
+            if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)
+                v = req.version = str(v)
+            if v is not None and not (type(v) is str and v.isascii() and v.isdigit() and len(v) < 20):  # a folder
                 raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
                                       field="version")
             refused = self.write_refusal()

@@ -94,8 +94,10 @@ last replies and completion notices flushed to the server) gets at most this lon
 DEDUP_HEADER = "Inferbus-Dedup"
 """Set on a reply that was not computed for this copy of the request: ``join`` or ``hit``."""
 CANCELLED = "CANCELLED"
-_HEADER_ALLOWANCE = 1024
-"""Bytes reserved for NATS protocol and headers when checking a reply against max_payload."""
+_HEADER_ALLOWANCE = 2048
+"""Bytes reserved for NATS protocol and headers when checking a reply against max_payload: the reply's headers are
+``Content-Type``, the request id (at most :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` characters, 1 KiB in UTF-8)
+and a few short ones of ours."""
 _DONE_ITEM_BYTES = 64
 """Upper bound of a :class:`DoneItem`'s encoding without its response body (msgpack array of 7 fields)."""
 _DONE_NOTICE_BYTES = 256

@@ -7,6 +7,7 @@ import itertools
 import logging
 import math
 import ssl
+import weakref
 
 from nats.aio.client import Client
 from nats.errors import NoServersError
@@ -72,6 +73,21 @@ def _cancel_requested() -> bool:
     return task is None or task.cancelling() > 0
 
 
+_CLOSED_ON_PURPOSE: weakref.WeakSet = weakref.WeakSet()
+"""Connections :func:`close_connection` was asked to close: :func:`closed_on_purpose` tells them from connections
+nats-py closed by itself."""
+
+
+def closed_on_purpose(nc: Client) -> bool:
+    """Whether ``nc`` was closed (or is being closed) by :func:`close_connection`, not by nats-py itself.
+
+    nats-py closes a connection for good, without reconnecting, when the server answers ``-ERR`` with anything but a
+    stale connection or a permissions error (``Client._process_err``), e.g. after a publish over the server's
+    ``max_payload`` that nats-py let through (it counts the payload, not the headers). A process whose connection
+    went that way serves nothing more; its ``closed_cb`` can tell it from its own close with this."""
+    return nc in _CLOSED_ON_PURPOSE
+
+
 async def close_connection(nc: Client, *, drain: bool = False, drain_timeout_s: float = 2.0,
                            close_timeout_s: float | None = None) -> None:
     """Close ``nc`` (after draining it when ``drain``), never raising for a connection that is already closed,
@@ -109,6 +125,7 @@ async def close_connection(nc: Client, *, drain: bool = False, drain_timeout_s: 
         asyncio.CancelledError: only when the calling task itself was cancelled. A cancellation during the drain
             ends the drain at once; the connection is still closed, then the cancellation is raised.
     """
+    _CLOSED_ON_PURPOSE.add(nc)
     if nc.is_closed:
         return
     cancelled: asyncio.CancelledError | None = None

@@ -36,6 +36,7 @@ from ._errors import (
 )
 from ._oip import (
     DATATYPES,
+    MAX_REQUEST_ID_CHARS,
     Datatype,
     Health,
     InferRequest,
@@ -77,6 +78,7 @@ __all__ = [
     "decode_error",
     # OIP v2 messages
     "DATATYPES",
+    "MAX_REQUEST_ID_CHARS",
     "Datatype",
     "ShmRef",
     "RequestInput",

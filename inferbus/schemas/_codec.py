@@ -127,6 +127,9 @@ def _decode_error(exc: msgspec.DecodeError, what: str, json: bool) -> InvalidArg
 
 
 _JSON_HINT = "; looks like JSON: send Content-Type: application/json"
+_LONE_SURROGATE = re.compile(rb"(?<!\\)\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+"""A ``\\uD800``-``\\uDFFF`` escape in JSON text that is not half of a high-low pair."""
 
 
 _NONFINITE_HINT = ('; JSON has no NaN or Infinity literals: send non-finite floats as the strings "NaN", '
@@ -177,6 +180,13 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
             err = _decode_error(exc, what, json)
             if json and _bare_nonfinite(str(exc), body):
                 err = InvalidArgument(err.message + _NONFINITE_HINT, field=err.field)
+            elif json and str(exc) == "Input data was truncated" and (m := _LONE_SURROGATE.search(bytes(body))):
+                # msgspec says "truncated" of a complete body whose lone surrogate escape is in an untyped value
+                # (a tensor's data); in a typed string it says what it is (a fresh-user trial)
+                err = InvalidArgument(f"malformed JSON {what}: a lone UTF-16 surrogate escape "
+                                      f"({m.group().decode()}) at byte {m.start()}: JSON text cannot carry it "
+                                      f"(RFC 8259 8.2); send BYTES that are not UTF-8 text as MessagePack bin or "
+                                      f"as base64 raw", field="body")
         if not json and looks_like_json(body):
             err = InvalidArgument(err.message + _JSON_HINT, field=err.field)
         raise err from exc

@@ -16,11 +16,12 @@ MODEL_OPS = ("load", "unload", "default")
 class ModelControlRequest(msgspec.Struct, omit_defaults=True):
     """The body of a model-management request.
 
-    ``version``: the model version the operation acts on. ``load`` without one loads every
-    version in the repository folder that is not served yet; ``unload`` and ``default`` need one.
+    ``version``: the model version the operation acts on, a string of digits or an integer (``2`` is ``"2"``, as
+    in config.json). ``load`` without one loads every version in the repository folder that is not served yet;
+    ``unload`` and ``default`` need one.
     """
 
-    version: str | None = None
+    version: str | int | None = None
 
 
 class ModelControlReply(msgspec.Struct, omit_defaults=True):

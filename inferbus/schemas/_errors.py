@@ -255,6 +255,22 @@ class ErrorReply(msgspec.Struct):
 
 _mp_encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
+
+MAX_ERROR_MESSAGE_CHARS = 2000
+"""An error reply's message is cut to this many characters (and its ``field`` to :data:`MAX_ERROR_FIELD_CHARS`),
+the rest replaced by ``... (N more characters)``: a message echoes what the request sent (an input name, a datatype,
+a header's value), and the reply carries it twice (the ``Nats-Service-Error`` header and the body), so an echo of a
+4.3 MB input name made a 9 MB reply. nats-py checks a publish's payload against ``max_payload`` but not its headers,
+and nats-server closed the connection of the process that sent it ("maximum payload exceeded", a fresh-user trial:
+the node's only ingress was gone for good after one request)."""
+MAX_ERROR_FIELD_CHARS = 200
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` when at most ``limit`` characters, else its first ``limit`` and a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 _mp_error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 _json_error_decoder = msgspec.json.Decoder(ErrorReply)
 
@@ -273,7 +289,9 @@ def encode_error(
     Returns:
         ``(headers, body)``: headers ``Nats-Service-Error`` (the message, CR/LF
         replaced by spaces), ``Nats-Service-Error-Code`` (e.g. ``"400"``),
-        ``Inferbus-Error-Code`` (e.g. ``"INVALID_ARGUMENT"``) and ``Content-Type``.
+        ``Inferbus-Error-Code`` (e.g. ``"INVALID_ARGUMENT"``) and ``Content-Type``. The
+        message is cut to :data:`MAX_ERROR_MESSAGE_CHARS` characters and the field to
+        :data:`MAX_ERROR_FIELD_CHARS`, so that a reply stays a few KB whatever the request echoed.
 
     Source: NATS micro service error convention (ADR-32, ``Nats-Service-Error*``).
     """
@@ -281,10 +299,15 @@ def encode_error(
         text = str(err)
         err = Internal(f"{type(err).__name__}: {text}" if text else type(err).__name__)
     code = err.code
+    message, field = err.message, err.field
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = _cut(message, MAX_ERROR_MESSAGE_CHARS)
+    if field is not None and len(field) > MAX_ERROR_FIELD_CHARS:
+        field = _cut(field, MAX_ERROR_FIELD_CHARS)
     detail = ErrorDetail(
         code=code.value,
-        message=err.message,
-        field=err.field,
+        message=message,
+        field=field,
         retry_after_ms=err.retry_after_ms,
     )
     from ._codec import JSON, MSGPACK, is_json  # _codec imports this module
@@ -296,7 +319,7 @@ def encode_error(
         body = _mp_encoder.encode(ErrorReply(detail))
         ctype = MSGPACK
     headers = {
-        H_SERVICE_ERROR: _header_safe(err.message),
+        H_SERVICE_ERROR: _header_safe(message),
         H_SERVICE_ERROR_CODE: str(code.http_status),
         H_ERROR_CODE: code.value,
         H_CONTENT_TYPE: ctype,

@@ -22,6 +22,7 @@ import msgspec
 
 __all__ = [
     "DATATYPES",
+    "MAX_REQUEST_ID_CHARS",
     "Datatype",
     "ShmRef",
     "RequestInput",
@@ -34,6 +35,13 @@ __all__ = [
     "ModelList",
     "Health",
 ]
+
+MAX_REQUEST_ID_CHARS = 256
+"""The longest request id (a body's ``id``, the ``Inferbus-Request-Id`` header), in characters: every reply echoes
+it in a header, and a worker keeps 2 KiB of ``max_payload`` for an answer's headers. A longer one is refused
+(INVALID_ARGUMENT, ``field`` ``id`` or ``Inferbus-Request-Id``): ids of up to 4 MB were taken, and an answer that fit
+the worker's check with a 2,000-character id got no reply at all (its publish failed), a fresh-user trial. OIP v2
+sets no bound; a UUID is 36 characters."""
 
 #: The OIP v2 tensor datatypes, in the spec's order.
 DATATYPES: tuple[str, ...] = (
@@ -111,7 +119,7 @@ class RequestInput(msgspec.Struct, omit_defaults=True):
         name: input name, as in the model metadata.
         datatype: one of :data:`DATATYPES`.
         shape: dimensions, each >= 0; ``[]`` is a scalar, a 0 makes an empty tensor.
-        parameters: OIP per-tensor parameters, passed through.
+        parameters: OIP per-tensor parameters: read by no model served here (accepted, not used).
 
     Convert with :func:`inferbus.schemas.input_to_numpy` / ``input_from_numpy``.
     """
@@ -138,13 +146,14 @@ class InferRequest(msgspec.Struct, omit_defaults=True):
     Attributes:
         inputs: the input tensors, names unique.
         id: caller's request id, echoed in the response; the idempotency key when the
-            ``Inferbus-Request-Id`` header is absent.
-        parameters: OIP request parameters, passed through.
+            ``Inferbus-Request-Id`` header is absent. At most :data:`MAX_REQUEST_ID_CHARS` characters.
+        parameters: OIP request parameters: read by no model served here, not echoed in the response, part of
+            the cache key.
         outputs: outputs to return; None returns every output.
     """
 
     inputs: list[RequestInput]
-    id: str | None = None
+    id: Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID_CHARS)] | None = None
     parameters: dict[str, Any] | None = None
     outputs: list[RequestedOutput] | None = None
 
