@@ -259,6 +259,49 @@ async def test_stalled_leader_resumes_its_term_when_nobody_took_over(witness):
 
 
 @pytest.mark.timeout(60)
+async def test_an_acquire_that_commits_after_its_timeout_is_a_new_reign_with_a_new_term(witness):
+    """A fresh-user trial: with the witness stopped for 3 s, the standby's takeover CAS (``acquire``) timed out and
+    committed when the witness woke; the manager read the lease, found its own write and resumed, under the term
+    left from its previous reign: an old term, in 4 of 7 below the reign before it (7 of 7 handovers), so fencing
+    never advanced. Here B reigned once (term t1), A took over (t2 > t1), and B's acquire is made to commit after
+    ``kv_timeout_ms`` (the real CAS, delayed and shielded from the timeout's cancel). B must reign under a term of
+    its own: the revision of that acquire, above every term before it."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: b.primary_hb_at is not None, 5)
+        assert (await a.demote("")).ok
+        await ms.until(lambda: b.is_primary() and b.model_writes, 5)
+        t1 = b.term
+        assert (await b.demote("")).ok
+        await ms.until(lambda: a.is_primary() and a.model_writes and b.known_term >= a.term, 5)
+        t2 = a.term
+        assert t2 > t1 and b.term == t1  # b keeps the term of its last reign
+        real_cas = b.store.cas
+        late: list[asyncio.Task] = []
+
+        async def late_cas(value, last):
+            if value.op != "acquire":
+                return await real_cas(value, last)
+
+            async def commit_later():
+                await asyncio.sleep(b.config.kv_timeout_ms / 1000 + 0.2)
+                return await real_cas(value, last)
+
+            late.append(asyncio.ensure_future(commit_later()))
+            return await asyncio.shield(late[-1])  # the campaign's timeout cancels the wait, not the write
+
+        b.store.cas = late_cas
+        b.hold_until = 0.0  # (its demotion's hold would keep it from campaigning for hold_ms)
+        ms.tasks["A"].cancel()  # the primary dies: B campaigns, its acquire times out, then commits
+        await ms.until(lambda: b.is_primary(), 15)
+        assert late and late[0].done() and not late[0].cancelled(), late
+        rev = late[0].result()
+        assert b.term == rev and b.term > t2, (b.term, rev, t1, t2)
+        assert any("resume" in tr.detail and f"term {rev}" in tr.detail for tr in b.transitions
+                   if tr.event == "primary"), b.transitions
+
+
+@pytest.mark.timeout(60)
 async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(witness):
     async with Managers(witness) as ms:
         a, b = ms.m["A"], ms.m["B"]

@@ -209,6 +209,10 @@ class RegionManager:
         self.seen_successor = ""
         self.seen_valkey = ""
         self.seen_at = 0.0
+        self.seen_term = 0
+        """The term of the reign the latest lease write seen belongs to (its value's term, or its revision for an
+        ``acquire``); 0 when not known (a peer's heartbeat told us the revision). The resume rule takes this one,
+        never :attr:`term`, which is left from this manager's last reign."""
         self.known_term = 0
         # peers
         self.peers: dict[str, tuple[float, RegionHeartbeat]] = {}
@@ -260,6 +264,7 @@ class RegionManager:
             self.seen_holder = holder
             self.seen_successor = successor
             self.seen_manager = manager
+            self.seen_term = term
             if valkey:
                 self.seen_valkey = valkey
             self.seen_at = time.monotonic()
@@ -267,6 +272,7 @@ class RegionManager:
             # a peer's heartbeat told us the revision first (heartbeats carry no writer id); the KV watch
             # or our own write now says who wrote it: the resume rule needs that
             self.seen_manager = manager
+            self.seen_term = term
         if term > self.known_term:
             self.known_term = term
 
@@ -344,9 +350,9 @@ class RegionManager:
         t0 = time.monotonic()
         # CAS on a revision we wrote ourselves proves nobody acquired in between: the reign is
         # continuous and keeps its term (e.g. after a stall made our validity run out)
-        resume = bool(self.term) and self.seen_manager == self.manager_id and self.seen_holder == self.region
+        resume = self._resumable()
         value = LeaseValue(holder=self.region, manager_id=self.manager_id, valkey=self.cache.addr,
-                           term=self.term if resume else 0, op="renew" if resume else "acquire")
+                           term=self.seen_term if resume else 0, op="renew" if resume else "acquire")
         try:
             if not self._lease_connected():  # fail at once: a buffered CAS would block the loop until its timeout
                 raise LeaseUnavailable("lease connection down")
@@ -364,7 +370,7 @@ class RegionManager:
                 steps.append(RegionStep("lease CAS failed", (time.monotonic() - t0) * 1000, repr(exc)))
             self._next_read = time.monotonic() + self._hb_s
             return False
-        term = self.term if resume else rev
+        term = value.term if resume else rev
         if steps is not None:
             steps.append(RegionStep("lease acquired", (time.monotonic() - t0) * 1000,
                                     f"CAS on revision {last} won; term {term}" + (" (resumed)" if resume else "")))
@@ -383,6 +389,7 @@ class RegionManager:
         self.hold_until = 0.0
         self.seen_rev, self.seen_holder, self.seen_successor = rev, self.region, ""
         self.seen_manager, self.seen_valkey, self.seen_at = self.manager_id, self.cache.addr, time.monotonic()
+        self.seen_term = self.term
         self._note(PRIMARY, reason, self.term, at=t0)  # t0: the CAS was sent (the reign's earliest start)
         t = time.monotonic()
         try:
@@ -489,6 +496,17 @@ class RegionManager:
             return False
         return self._primary_alive(now) or now - self.seen_at < self.config.lease_ms / 1000.0
 
+    def _resumable(self) -> bool:
+        """Whether the latest lease write seen is this manager's own, as holder, with its reign's term known and
+        not below any term heard since: a CAS on it continues that reign under that term (the resume rule).
+
+        The term is the write's (:attr:`seen_term`), not :attr:`term`: an ``acquire`` whose CAS timed out (a
+        stalled witness) and committed later is a reign of its own, whose term is that write's revision; resumed
+        under the term left from this manager's previous reign, it went back to an old term, at times below the
+        reign before it (a fresh-user trial: 7 of 7 handovers after a 3 s witness SIGSTOP), and fencing stalled."""
+        return (self.seen_holder == self.region and self.seen_manager == self.manager_id
+                and self.seen_term > 0 and self.seen_term >= self.known_term)
+
     def _campaign_reason(self, now: float) -> str | None:
         c = self.config
         if self.seen_rev is None:
@@ -500,9 +518,9 @@ class RegionManager:
         if now < self.hold_until and not (self.seen_holder == "" and self.seen_successor == self.region
                                           and self.seen_rev and self.seen_manager != self.manager_id):
             return None
-        if self.seen_holder == self.region and self.seen_manager == self.manager_id and self.term:
+        if self._resumable():
             # not a failover: the same reign continues (a failed renewal stepped down; nobody wrote since)
-            return f"resume: the latest lease write (rev {self.seen_rev}) is our own"
+            return f"resume: the latest lease write (rev {self.seen_rev}) is our own, term {self.seen_term}"
         if not c.auto_failover:
             return None
         lease_s = c.lease_ms / 1000.0
