@@ -9,7 +9,7 @@ from nats.errors import NoServersError
 
 from inferbus.bus import BusConfig, EmbeddedNats, connect, free_port
 from inferbus.client import Client
-from inferbus.schemas import Unavailable
+from inferbus.schemas import DeadlineExceeded, Unavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -156,3 +156,50 @@ def test_a_connection_nats_py_closed_for_good_ends_an_actor_process(nats_server,
     else:
         assert p.returncode == 0 and "still running True" in p.stdout, (p.returncode, p.stdout, p.stderr)
         assert "the NATS connection was closed" in p.stderr and "exiting" not in p.stderr, p.stderr
+
+
+@pytest.mark.timeout(60)
+async def test_a_reconnect_gives_up_a_stopped_server_within_reconnect_timeout_s(tmp_path):
+    """A fresh-user trial froze a whole primary region (SIGSTOP): a stopped server accepts the TCP connection and
+    never sends INFO, and nats-py waited ``connect_timeout`` (2 s) on each such server of the client's list before
+    the next, so SDK clients had no answer for 3.1-4.7 s. Once connected a reconnect now waits
+    ``reconnect_timeout_s`` (0.5 s) per server. Here a client's list is [S1, S2, S3], S1 and S2 are stopped, and the
+    client must be answered through S3 within the stale detection (0.5 s) + one 0.5 s wait + slack, where 2 s per
+    stopped server took more than 2.5 s."""
+    import os
+    import signal
+
+    import numpy as np  # noqa: F401 (the SDK's import)
+
+    servers = [EmbeddedNats(run_dir=tmp_path / f"s{i}", port=free_port()).start() for i in range(3)]
+    stopped = []
+    try:
+        responder = await connect(BusConfig(servers=(servers[2].url,)))
+
+        async def echo(msg):
+            await msg.respond(msg.data)
+
+        await responder.subscribe("echo", cb=echo)
+        async with await Client.connect([s.url for s in servers]) as client:
+            assert client.nc.connected_url.port == servers[0].port
+            for s in servers[:2]:
+                os.kill(s.proc.pid, signal.SIGSTOP)
+                stopped.append(s)
+            t0 = time.monotonic()
+            while True:  # the SDK retries a lost attempt within the budget; S1 and S2 hold no responder
+                try:
+                    body, _ = await client.request("echo", b"x", timeout_s=1.0)
+                    if client.nc.connected_url.port == servers[2].port:
+                        break
+                except (Unavailable, DeadlineExceeded):
+                    pass
+                assert time.monotonic() - t0 < 10, "never reached S3"
+            took_s = time.monotonic() - t0
+        print(f"answered through S3 {took_s:.2f} s after S1 and S2 stopped")
+        assert body == b"x" and took_s < 2.2, took_s
+        await responder.close()
+    finally:
+        for s in stopped:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        for s in servers:
+            s.stop()

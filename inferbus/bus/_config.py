@@ -28,7 +28,13 @@ class BusConfig:
     name: str = "inferbus"
     """Client connection name, visible in the server's ``/connz``."""
     connect_timeout_s: float = 2.0
-    """Per-server TCP connect timeout in seconds (> 0)."""
+    """Per-server timeout of the first connect (TCP connect, then the server's INFO), seconds (> 0)."""
+    reconnect_timeout_s: float = 0.5
+    """Per-server timeout of a reconnect once connected, seconds (> 0): nats-py's ``connect_timeout`` is set to it
+    after the first connect. A server that is stopped (SIGSTOP) or blackholed accepts the TCP connection and never
+    sends INFO, so each such server in the list held a reconnect for ``connect_timeout_s``: a fresh-user trial froze
+    a whole primary region (three servers first in the client's list) and SDK clients had no answer for 3.1-4.7 s;
+    with 0.25 s, 1.35 s. Raise it for servers more than a few round trips away (TLS over a WAN)."""
     reconnect_time_wait_s: float = 0.05
     """Wait between reconnect attempts to the same server, seconds (>= 0)."""
     max_reconnect_attempts: int = -1
@@ -77,6 +83,8 @@ class BusConfig:
                 )
         if self.connect_timeout_s <= 0 or self.ping_interval_s <= 0:
             raise ValueError("BusConfig: connect_timeout_s and ping_interval_s must be > 0 seconds")
+        if not self.reconnect_timeout_s > 0:  # NaN too
+            raise ValueError("BusConfig.reconnect_timeout_s must be > 0 seconds")
         if self.connect_attempts < 1:
             raise ValueError("BusConfig.connect_attempts must be >= 1 (tries per server for the first connect)")
         if self.reconnect_time_wait_s < 0:

@@ -448,6 +448,7 @@ async def connect(config: BusConfig, *, name: str | None = None,
     # nats-py has one attempts setting for the first connect and for reconnects; once connected,
     # switch to the reconnect policy (-1 = for ever) so a lost server is retried without end.
     nc.options["max_reconnect_attempts"] = config.max_reconnect_attempts
+    nc.options["connect_timeout"] = config.reconnect_timeout_s  # a stopped server is given up in that long
     if config.busy_stale_grace_s > 0 and hasattr(nc, "_pings_outstanding") and isinstance(
             getattr(nc, "stats", None), dict) and "in_msgs" in nc.stats:
         # held on the client (a task only the loop references can be collected); ends when the client closes
