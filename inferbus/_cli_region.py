@@ -304,7 +304,7 @@ def demote(
     heartbeat older than the suspect time), or when --to names one that is not, unless --force.
     """
     from .actors._region import ask_region
-    from .cli import _check_prefix, _check_timeout_s, _left_s, _run
+    from .cli import _check_prefix, _check_timeout_s, _left_s, _run, _usage
 
     if prefix is not None:
         _check_prefix(prefix)
@@ -313,6 +313,9 @@ def demote(
         _check_region(region, "REGION")
     if to:
         _check_region(to, "--to")
+    if to and region is not None and to == region:
+        _usage(f"region demote: --to names {to}, the region being demoted: name another region, or leave --to out "
+               f"for the live standby heard last")
     servers, prefix = target_option("region demote", nats_url, cluster, prefix,
                                     (("REGION", region), ("--to", to or None)))
 

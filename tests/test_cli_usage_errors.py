@@ -330,6 +330,13 @@ def test_region_manager_refuses_an_empty_lease_nats_url():
     assert_one_error_line(r, "region manager: --lease-nats-url '' names no server; ")
 
 
+def test_region_demote_to_the_region_it_demotes_is_a_usage_error():
+    """A fresh-user trial: ``region demote B --to B`` answered "region B's manager is not live" (exit 1) of the live
+    primary itself. It is now refused before anything is sent; without REGION the manager says the same."""
+    r = cli("region", "demote", "B", "--to", "B", "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    assert_one_error_line(r, "region demote: --to names B, the region being demoted: name another region")
+
+
 @pytest.mark.parametrize("argv,want", [
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "foo://x"),
      "region manager: --valkey-url must start with redis://, rediss:// or unix://, got 'foo://x'\n"),

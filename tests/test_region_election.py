@@ -202,6 +202,49 @@ async def test_primary_death_standby_takes_over(witness):
 
 
 @pytest.mark.timeout(60)
+async def test_status_calls_a_peer_silent_once_its_heartbeats_stop(witness):
+    """A fresh-user trial: after ``cluster kill B`` of the primary, A's status still had ``peer_roles: {"B":
+    "primary"}`` (B's last heartbeat) 5.8 s later; a script reading it saw two primaries. A peer whose last
+    heartbeat is older than ``suspect_ms`` is now ``silent``."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: "B" in a.peers, 5)
+        assert (await a.status()).peer_roles == {"B": "standby"}
+        ms.tasks["B"].cancel()
+        await asyncio.sleep(a.config.suspect_ms / 1000 + 0.2)
+        st = await a.status()
+        assert st.peer_roles == {"B": "silent"} and st.heartbeat_age_ms["B"] > a.config.suspect_ms, st
+
+
+@pytest.mark.timeout(60)
+async def test_campaigns_without_a_lease_store_are_paced_and_said_once_in_5_s(witness):
+    """A fresh-user trial: during a witness outage a standby's campaign failed every tick (~21 ms), each failure a
+    log line and a kept transition: 230 in 5 s, and the 200 transitions kept (what ``status`` and the drills read
+    reigns from) lost the reigns' own. Now a failed campaign is tried again after half a heartbeat and said once in
+    5 s with a count. Here B's CAS fails as a lease store with no quorum would (LeaseUnavailable) once A dies."""
+    from inferbus.actors._region import LeaseUnavailable
+
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: b.primary_hb_at is not None, 5)
+        tries = []
+
+        async def no_quorum(value, last):
+            tries.append(time.monotonic())
+            raise LeaseUnavailable("no quorum (simulated)")
+
+        b.store.cas = no_quorum
+        ms.tasks["A"].cancel()
+        await ms.until(lambda: bool(tries), 5)
+        await asyncio.sleep(2.0)
+        said = [tr for tr in b.transitions if tr.event == "campaign_failed"]
+        span_s = tries[-1] - tries[0]
+        assert len(said) == 1 and len(tries) >= 10, (len(said), len(tries))
+        assert len(tries) <= span_s / (b._hb_s / 2) + 3, (len(tries), span_s)  # at most one per half heartbeat
+        assert not b.is_primary()
+
+
+@pytest.mark.timeout(60)
 async def test_leader_whose_renewal_fails_steps_down_at_once(witness):
     async with Managers(witness, regions=("A",)) as ms:
         a = ms.m["A"]
@@ -308,6 +351,9 @@ async def test_demote_hands_over_and_promote_is_refused_against_a_live_lease(wit
         await ms.until(lambda: b.primary_hb_at is not None, 5)
         refused = await b.promote(force=False)
         assert not refused.ok and "live lease" in refused.error
+        # the primary named as its own successor: said so (a fresh-user trial got "region A's manager is not live")
+        refused = await a.demote("A")
+        assert not refused.ok and "region A itself" in refused.error and a.is_primary(), refused
         term = a.term
         reply = await a.demote("")
         assert reply.ok, reply

@@ -229,6 +229,10 @@ class RegionManager:
         self._next_read = 0.0
         self._started = time.monotonic()
         self._quiet_until = 0.0
+        self._next_campaign = 0.0
+        """A campaign whose CAS failed (no lease store) is not tried again before this (monotonic s)."""
+        self._campaign_quiet_until = 0.0
+        self._campaign_failures_unsaid = 0
         self._cache_kick = asyncio.Event()
         self._renew_task: asyncio.Task | None = None
 
@@ -365,10 +369,20 @@ class RegionManager:
             await self._refresh()
             return False
         except (LeaseUnavailable, asyncio.TimeoutError) as exc:
-            self._note("campaign_failed", repr(exc))
+            now = time.monotonic()
+            # said once per 5 s (a witness outage failed one every tick: 230 log lines in 5 s, and the transitions
+            # kept, 200 at most, lost the reigns' own); tried again after half a heartbeat, not every tick
+            if now >= self._campaign_quiet_until:
+                more = self._campaign_failures_unsaid
+                self._note("campaign_failed", repr(exc) + (f" ({more} more failed since the last one said)"
+                                                           if more else ""))
+                self._campaign_quiet_until, self._campaign_failures_unsaid = now + 5.0, 0
+            else:
+                self._campaign_failures_unsaid += 1
             if steps is not None:
-                steps.append(RegionStep("lease CAS failed", (time.monotonic() - t0) * 1000, repr(exc)))
-            self._next_read = time.monotonic() + self._hb_s
+                steps.append(RegionStep("lease CAS failed", (now - t0) * 1000, repr(exc)))
+            self._next_read = now + self._hb_s
+            self._next_campaign = now + self._hb_s / 2
             return False
         term = value.term if resume else rev
         if steps is not None:
@@ -562,7 +576,7 @@ class RegionManager:
                 self.suspected_at = now
                 self._note("suspect", f"no heartbeat or lease write from primary {self.primary_region} for "
                                       f"{(now - self.primary_hb_at) * 1000:.0f} ms", self.known_term)
-            reason = self._campaign_reason(now)
+            reason = self._campaign_reason(now) if now >= self._next_campaign else None
             if reason is not None and not self._lock.locked() and self._lease_connected():
                 async with self._lock:
                     if self.role != PRIMARY:
@@ -658,7 +672,8 @@ class RegionManager:
             term=self.term if self.role == PRIMARY else self.known_term, lease_rev=self.seen_rev or 0,
             lease_holder=self.seen_holder, lease_age_ms=round((now - self.seen_at) * 1000, 1) if self.seen_at else -1,
             heartbeat_age_ms={r: round((now - t) * 1000, 1) for r, (t, _) in self.peers.items()},
-            peer_roles={r: hb.role for r, (_, hb) in self.peers.items()}, valkey=self.cache.addr,
+            peer_roles={r: hb.role if now - t < self.config.suspect_ms / 1000.0 else "silent"
+                        for r, (t, hb) in self.peers.items()}, valkey=self.cache.addr,
             cache_role=cache_role, model_writes=self.model_writes, manager_id=self.manager_id, monotonic_now=now,
             suspected_at=self.suspected_at, became_primary_at=self.became_primary_at, valid_until=self.valid_until,
             lost_races=self.lost_races, renewals=self.renewals, transitions=list(self.transitions),
@@ -729,8 +744,8 @@ class RegionManager:
             wait: wait (up to max(2 s, 4 × lease_ms)) for the new primary's heartbeat to report it.
             force: release even when no other region's manager is live (none would take over).
 
-        Returns a refusal (``ok=False``, nothing changed, the lease kept) when this region is not primary,
-        or, unless ``force``, when no other region's manager is live (its last heartbeat older than
+        Returns a refusal (``ok=False``, nothing changed, the lease kept) when this region is not primary, when
+        ``successor`` is this region itself, or, unless ``force``, when no other region's manager is live (its last heartbeat older than
         ``suspect_ms``, the liveness ``status`` reports as heartbeat ages) or ``successor`` is not live; and
         ``ok=False`` with the steps taken when, with ``wait``, no new primary announced itself within the wait
         (this region is standby then, the lease released or, if the release failed, left on its revision).
@@ -739,6 +754,10 @@ class RegionManager:
         t0 = time.monotonic()
         if self.role != PRIMARY:
             return RegionReply(ok=False, region=self.region, error=f"region {self.region} is not primary")
+        if successor == self.region:  # (it was "region X's manager is not live" of the live primary itself)
+            return RegionReply(ok=False, region=self.region, error=(
+                f"the successor named is region {self.region} itself, the primary being demoted: name another "
+                f"region, or none for the live standby heard last"))
         live = {r: t for r, (t, hb) in self.peers.items()
                 if r != self.region and t0 - t < self.config.suspect_ms / 1000.0}
         if not force and (not live or (successor and successor not in live)):

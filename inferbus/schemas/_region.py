@@ -100,6 +100,9 @@ class RegionStatus(msgspec.Struct, omit_defaults=True):
     heartbeat_age_ms: dict[str, float]
     """Per peer region: time since its last heartbeat, ms."""
     peer_roles: dict[str, str]
+    """Per peer region: the role its last heartbeat said (``primary``, ``standby``), or ``silent`` when that
+    heartbeat is older than ``suspect_ms`` (a killed primary's last word was "primary": a script reading this saw
+    two primaries, a fresh-user trial); ``heartbeat_age_ms`` has the age."""
     valkey: str
     cache_role: str
     """``master``, ``replica of host:port (link up|down)``, or ``unknown``."""
