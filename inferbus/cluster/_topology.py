@@ -347,15 +347,26 @@ class Topology:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
+    async def _witness_connect(self):
+        """A nats-py connection to the witness servers whose errors are one stderr line each: with nats-py's default
+        error callback, a witness SIGKILLed under ``cluster up`` printed a full traceback per failed reconnect (a
+        fresh-user trial)."""
+        import sys
+
+        import nats
+
+        async def one_line(exc: Exception) -> None:
+            print(f"cluster: witness connection: {exc!r}", file=sys.stderr, flush=True)
+
+        return await nats.connect(self.urls(self.spec.witness), connect_timeout=2, error_cb=one_line)
+
     async def statuses(self, nc=None, timeout_s: float = 1.0) -> dict:
         """``{region: RegionStatus | None}`` from each live region's manager (None = no answer)."""
         from ..actors._region import ask_region
 
         own = nc is None
         if own:
-            import nats
-
-            nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+            nc = await self._witness_connect()
         try:
             async def one(r):
                 try:
@@ -376,9 +387,7 @@ class Topology:
         Raises:
             TopologyError: not settled within ``timeout_s`` (the last statuses are in the message).
         """
-        import nats
-
-        nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+        nc = await self._witness_connect()
         deadline = time.monotonic() + timeout_s
         last = {}
         try:
@@ -408,9 +417,7 @@ class Topology:
         Returns:
             The NATS connection (close it to stop serving).
         """
-        import nats
-
-        nc = await nats.connect(self.urls(self.spec.witness), connect_timeout=2)
+        nc = await self._witness_connect()
         dec = msgspec.msgpack.Decoder(ClusterCommand)
 
         async def on_cmd(msg):
