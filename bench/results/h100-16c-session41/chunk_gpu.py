@@ -1,6 +1,10 @@
 """Forty-first session, on the device: 1-row probes during a large batch on the JAX GPU worker, chunked or not.
 
-    python3 bench/results/h100-16c-session41/chunk_gpu.py OUT_DIR [ROWS]
+    python3 bench/results/h100-16c-session41/chunk_gpu.py OUT_DIR [ROWS] [CHUNK_ROWS,...]
+
+(The forty-second session added the batch's stage timings to the results: ``compute`` (its own chunks),
+``between_chunks`` (the probes served between them) and how far the worker's stages are from ``worker_total``; and
+the third argument, the ``--chunk-rows`` values to run in turn, default ``1024,0,1024``.)
 
 For ``--chunk-rows 1024`` (the default) and ``--chunk-rows 0`` (never split), in turn: ``inferbus up --backends jax
 --model digits_cnn --no-cache`` (one JAX worker on the GPU; it always computes on its inference thread), one batch of
@@ -51,17 +55,21 @@ async def trial(url: str, big: np.ndarray, ref_logits: np.ndarray) -> dict:
         await client.infer("digits_cnn", {"pixels": big[:2048]}, timeout_s=60)  # warm the larger sizes too
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        task = asyncio.create_task(client.infer("digits_cnn", {"pixels": big}, timeout_s=120))
+        task = asyncio.create_task(client.infer_result("digits_cnn", {"pixels": big}, timeout_s=120))
         lat = []
         while not task.done():
             t = loop.time()
             await client.infer("digits_cnn", {"pixels": rng.random((1, 64), dtype=np.float32)}, timeout_s=120)
             if not task.done():
                 lat.append((loop.time() - t) * 1000)
-        out = await task
+        res = await task
         big_ms = (loop.time() - t0) * 1000
-        logits = out["logits"]
+        logits = res.outputs["logits"]
+        t = res.parameters["timings_us"]
+        stages = sum(t.get(k, 0) for k in ("worker_decode", "queue", "compute", "between_chunks", "encode"))
         return {"batch_rows": len(big), "batch_ms": round(big_ms, 1), "probes_during": len(lat),
+                "compute_us": t["compute"], "between_chunks_us": t.get("between_chunks", 0),
+                "worker_total_us": t["worker_total"], "stages_short_of_worker_total_us": t["worker_total"] - stages,
                 "probe_p50_ms": round(float(np.median(lat)), 2) if lat else None,
                 "probe_max_ms": round(max(lat), 2) if lat else None,
                 "argmax_match": float(np.mean(logits.argmax(1) == ref_logits.argmax(1))),
@@ -77,7 +85,8 @@ def main() -> None:
     ref = ort.InferenceSession(str(ROOT / "models" / "digits_cnn" / "1" / "model.onnx"))
     ref_logits = ref.run(["logits"], {"pixels": big})[0]
     results = {}
-    for i, chunk_rows in enumerate((1024, 0, 1024)):
+    chunks = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1024, 0, 1024]
+    for i, chunk_rows in enumerate(chunks):
         port = 14300 + i
         proc = start(chunk_rows, Path(f"/tmp/chunk-gpu-{i}"), port)
         try:

@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   lscpu | grep "Model name"; nvidia-smi -L; nproc; date -u
   timeout 200 python3 -m pytest -p no:cacheprovider -o addopts="" -q tests/test_accelerators_gpu.py tests/test_accelerators.py 2>&1 | tail -4
   date -u
-  timeout 150 python3 bench/results/h100-16c-session42/chunk_gpu.py "$OUT" 20000 2>&1 | tail -8
+  timeout 150 python3 bench/results/h100-16c-session41/chunk_gpu.py "$OUT" 20000 1024,0 2>&1 | tail -8
   date -u
   timeout 150 python3 -m inferbus.cli up --backends onnxruntime,jax --demo --nats-port 0 2>&1 | tail -6
   echo "up rc=$?"; date -u
