@@ -110,11 +110,6 @@ _NOT_CONNECTED_WITHIN = "not connected within"
 """How :func:`_connect_causes` starts a try's timeout (the CLI words it with its budget instead)."""
 
 
-def _fmt_ms(ms: float) -> str:
-    """A duration in ms for a message: whole ms from 10 ms up, 3 significant digits below (0.5, not 0)."""
-    return f"{ms:.0f}" if ms >= 10 else f"{ms:.3g}"
-
-
 _FAILOVER_DEFAULTS = {"ping_interval_s": 0.25, "max_outstanding_pings": 2, "reconnect_time_wait_s": 0.05,
                       "no_randomize": True}
 """Client.connect's bus settings unless overridden: a blackholed server is given up after ~0.5 s; servers
@@ -124,6 +119,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, close_connection, connect, fail_pending_requests
 from .bus import server_url_problem, shown_servers, split_servers
 from .bus import headers as H
+from .schemas._errors import fmt_ms as _fmt_ms
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
     MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,

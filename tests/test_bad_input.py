@@ -747,3 +747,17 @@ async def test_an_answer_near_max_payload_with_a_long_request_id_is_answered_or_
             outcomes.append((delta, attempt, "answered" if err is None else err.code.value))
     print(outcomes)
     assert any(o[2] == "answered" for o in outcomes) and any(o[2] == "PAYLOAD_TOO_LARGE" for o in outcomes), outcomes
+
+
+async def test_a_budget_spent_in_microseconds_says_how_long_not_0_ms(env):
+    """A fresh-user trial: a 0.001 ms budget was refused "ran out while the ingress decoded and validated it (0 ms)".
+    The time is now given to 3 significant digits under 10 ms."""
+    import re
+
+    nc, client = env
+    data = msgpack.packb({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]})
+    msg = await nc.request(f"{PREFIX}.infer.digits", data, timeout=5, headers={"Inferbus-Timeout-Ms": "0.001"})
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code.value == "DEADLINE_EXCEEDED", err
+    m = re.search(r"\(([0-9.e+-]+) ms\)", err.message)
+    assert m is None or float(m.group(1)) > 0, err.message

@@ -67,6 +67,7 @@ from ..schemas import (
     JSON, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._codec import looks_like_json
+from ..schemas._errors import fmt_ms
 from ..schemas._tensors import datatype_mismatch, preload_datatypes
 from ..schemas._internal import (
     CacheFill, Cancel, DeathMemory, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
@@ -738,7 +739,7 @@ class Ingress:
             t_dec = t_val = time.monotonic()
             if deadline <= t_val:
                 raise _with_body_id(DeadlineExceeded(f"the request's budget ran out before the ingress took it "
-                                                     f"apart ({(t_val - t0) * 1000:.0f} ms)"), req)
+                                                     f"apart ({fmt_ms((t_val - t0) * 1000)} ms)"), req)
         else:
             req = decode_request(body, ct)
             t_dec = time.monotonic()
@@ -747,7 +748,7 @@ class Ingress:
                 t_val = time.monotonic()
                 if deadline <= t_val:  # a large request can spend its whole budget in decoding and validation
                     raise DeadlineExceeded(f"the request's budget ran out while the ingress decoded and validated it "
-                                           f"({(t_val - t0) * 1000:.0f} ms)")
+                                           f"({fmt_ms((t_val - t0) * 1000)} ms)")
             except InferbusError as err:
                 raise _with_body_id(err, req)
             if not json_ct:

@@ -266,6 +266,11 @@ the node's only ingress was gone for good after one request)."""
 MAX_ERROR_FIELD_CHARS = 200
 
 
+def fmt_ms(ms: float) -> str:
+    """A duration in ms for an error message: whole ms from 10 ms up, 3 significant digits below (0.5, not 0)."""
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.3g}"
+
+
 def _cut(text: str, limit: int) -> str:
     """``text`` when at most ``limit`` characters, else its first ``limit`` and a note of how many were left out."""
     if len(text) <= limit:
