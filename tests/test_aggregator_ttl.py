@@ -83,3 +83,57 @@ async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arr
         await nc.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_server, valkey_server, monkeypatch):
+    """A fresh-user trial: a fill carried no time, so fills that waited in the bus while the aggregator was stopped
+    (SIGSTOP) were written with their whole TTL when it woke (answers with a 100 ms TTL were L2 hits 6 s later), and a
+    SET that Valkey ran late (stopped with the pipeline sent) got a PX worked out before. A fill now carries its
+    expiry (``expires_unix_ms``) and is written ``PXAT``: here a fill whose expiry is 300 ms away lives no longer
+    whatever its ``ttl_ms``, one already past is not written, and one whose SET waits out a 900 ms write pause in
+    Valkey past its expiry is gone when the pause ends."""
+    from inferbus.actors import _aggregator
+    from inferbus.actors._config import AggregatorConfig
+    from inferbus.bus import BusConfig
+
+    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)
+    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
+    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a2", redis_url=valkey_server.url,
+                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX + "2")))
+    task = asyncio.create_task(agg.run())
+    nc = await nats.connect(nats_server.url)
+    r = aioredis.from_url(valkey_server.url)
+    p = PREFIX + "2"
+    try:
+        await wait_micro_service(nc, "inferbus-aggregator", task)
+
+        async def fill(key: str, expires_in_ms: float) -> None:
+            at = int(time.time() * 1000 + expires_in_ms)
+            await nc.publish(f"{p}._cache.fill", encode_internal(CacheFill(key, 60_000, key.encode(), at)))
+            await nc.flush()
+
+        async def written(key: str) -> None:
+            deadline = time.monotonic() + 10
+            while await r.get(f"{p}:{key}") is None:
+                assert time.monotonic() < deadline, key
+                await asyncio.sleep(0.01)
+
+        await fill("near", 300)
+        await written("near")
+        assert 0 < await r.pttl(f"{p}:near") <= 300  # not the 60 s of its ttl_ms
+        await fill("past", -5)
+        await fill("mark", 60_000)  # written after 'past' (one queue, in order)
+        await written("mark")
+        assert await r.get(f"{p}:past") is None and (await _stats(nc))["expired"] == 1
+        await r.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        t_pause = time.monotonic()
+        await fill("late", 400)  # its SET is sent at once and run by Valkey after the pause: past its expiry
+        await fill("after", 60_000)
+        await written("after")
+        assert time.monotonic() - t_pause >= 0.4
+        assert await r.get(f"{p}:late") is None
+    finally:
+        await r.aclose()
+        await nc.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

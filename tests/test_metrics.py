@@ -119,6 +119,8 @@ async def test_counters_move_by_what_was_sent(node):
         ("inferbus_worker_computed_total", ()): misses,
         ("inferbus_worker_completed_total", ()): misses,
         ("inferbus_worker_errors_total", ()): 0,
+        ("inferbus_cache_l2_fills_total", ()): misses,  # every computed answer is written to L2 in time
+        ("inferbus_cache_l2_fill_failures_total", (("reason", "expired"),)): 0,
         # counted when the workers' completion notices reach the ingresses, just after the answers
         ("inferbus_forward_latency_window_samples", (("model", "digits"), ("version", "1"))): misses,
     }
@@ -136,6 +138,9 @@ async def test_counters_move_by_what_was_sent(node):
     assert got == expected
     assert total(after, "inferbus_ingress_handler_seconds_sum", endpoint="infer") > \
         total(before, "inferbus_ingress_handler_seconds_sum", endpoint="infer")
+    for reason in ("error", "dropped", "expired"):  # expired fills had no series (a fresh-user trial)
+        assert ("inferbus_cache_l2_fill_failures_total", frozenset({"aggregator": "n1-agg", "reason": reason}.items())) \
+            in after, reason
     assert total(after, "inferbus_cache_l1_entries") >= 1
     assert total(after, "inferbus_worker_batches_total") - total(before, "inferbus_worker_batches_total") >= 1
     assert total(after, "inferbus_worker_queued_requests") == 0  # idle again

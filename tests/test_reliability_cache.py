@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-
 import time
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 
@@ -30,7 +30,7 @@ from inferbus.actors._pinning import version_files
 from inferbus.bus import EmbeddedValkey
 from inferbus.client import Client
 from inferbus.schemas import (
-    InferRequest, InvalidArgument, RequestedOutput, decode_request, decode_response, encode_request,
+    InferRequest, InvalidArgument, RequestedOutput, decode_request, decode_response, encode_request, encode_response,
     input_from_numpy, input_to_numpy,
 )
 
@@ -233,6 +233,38 @@ async def test_an_l2_hit_is_kept_in_l1_only_for_what_is_left_of_its_ttl(valkey_s
             again = await client.infer_result("typed", _typed(k), timeout_s=5)
             assert _check(k, again.outputs)
             assert not again.parameters.get("cache_hit"), again.parameters  # was an L1 hit for another 59 s
+    finally:
+        await r.aclose()
+        await anyio.to_thread.run_sync(dep.stop)
+
+
+async def test_an_unreadable_l2_entry_is_a_miss_never_an_error(valkey_server, tmp_path):
+    """A fresh-user trial: an L2 entry that is no answer (``b"garbage"``, a truncated one) was put in the ingress's L1
+    and answered INVALID_ARGUMENT "invalid response" (the client's fault, never retried by the SDK) to 10-19 of 30
+    asks, and from L1 until its TTL ran out; a Redis whose GET gave an int made it INTERNAL. Failure-semantics:
+    "A Valkey outage costs cache fills and hits, never answers". Such an entry, and an answer of another model
+    version, is now a miss (``l2_bad_values``): the request is computed and answered right."""
+    import redis.asyncio as aioredis
+
+    models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
+    dep = await anyio.to_thread.run_sync(lambda: start_deployment(
+        tmp_path / "dep", workers=1, prefix="bad2", extra=[
+            "--models", str(models), "--redis-url", valkey_server.url, "--l2-lookup", "--l2-timeout-ms", "500"]))
+    r = aioredis.from_url(valkey_server.url)
+    try:
+        async with await Client.connect(dep.nats_url, "bad2") as client:
+            await client.infer_result("typed", _typed(1), timeout_s=5)
+            filled = await _wait_l2(valkey_server.url, [await _key_of("bad2", "typed", _typed(1), models_dir=models)])
+            answer = decode_response(next(iter(filled.values())))
+            other = encode_response(msgspec.structs.replace(answer, model_version="2"))  # of another version
+            values = [b"garbage", other[:-3], b"5", other]
+            for k, value in zip(range(10, 14), values):
+                key = await _key_of("bad2", "typed", _typed(k), models_dir=models)
+                await r.set(key, value, px=60_000)
+                res = await client.infer_result("typed", _typed(k), timeout_s=5)
+                assert _check(k, res.outputs) and not res.parameters.get("cache_hit"), (value[:20], res.parameters)
+            counts = (await client.health(timeout_s=2)).parameters["counts"]
+            assert counts["l2_bad_values"] == len(values) and counts["l2_hits"] == 0, counts
     finally:
         await r.aclose()
         await anyio.to_thread.run_sync(dep.stop)

@@ -5,13 +5,17 @@ them) and are written with ``SET key value PX ttl``, coalesced into one
 pipeline per batch of queued fills so a burst costs one round trip. A Redis
 outage loses cache fills only (counted in ``fill_errors``), never answers.
 
-``ttl`` is what is left of the fill's ``ttl_ms`` when its pipeline is built: the time a fill waited in the
-queue (a backlog, a slow or stalled Redis: each failing batch holds the writer for up to its 1 s socket
-timeout) counts against it, and a fill whose TTL ran out while it waited is not written (``expired``). Before,
-every fill got its whole ``ttl_ms`` from the moment it was written: after a 0.9 s Valkey stall the answers
-queued meanwhile lived in L2 up to 0.9 s past the model's ``cache_ttl_ms``, and after longer backlogs longer.
-A ``ttl_ms`` over :data:`~inferbus.actors._repository.MAX_CACHE_TTL_MS` (a day, the most a model's config can
-give) is written as that.
+A fill is written with an absolute expiry, ``SET key value PXAT expires_unix_ms``: the time its ingress sends with
+it (:class:`~inferbus.schemas._internal.CacheFill`, the answer's arrival plus the model's ``cache_ttl_ms``), so that
+the time a fill spent anywhere on its way counts against it. A fill whose time has passed when its pipeline is
+built is not written (``expired``), and a ``SET`` that Valkey runs late (it was stopped with the pipeline sent)
+expires when it should. Before 2026-12-05 the TTL was counted from the fill's arrival in this process: fills that
+waited in the bus while the aggregator was stopped (SIGSTOP) were written with their whole TTL when it woke, and
+answers with a 100 ms TTL were L2 hits 6 s after they were computed (a fresh-user trial; before that, from when
+the pipeline was built, which a 0.9 s Valkey stall stretched likewise). PXAT reads Valkey's clock: across hosts,
+their clocks' skew moves an entry's expiry by as much. A fill from an older ingress (no expiry) keeps the former
+rule. A ``ttl_ms`` over :data:`~inferbus.actors._repository.MAX_CACHE_TTL_MS` (a day, the most a model's config
+can give) is written as that.
 """
 
 from __future__ import annotations
@@ -68,18 +72,24 @@ class Aggregator:
             if self.redis is None:
                 continue
             now = time.monotonic()
+            now_unix_ms = time.time() * 1000.0
             writes = []
             for t_in, f in batch:
+                if f.expires_unix_ms:  # an absolute expiry: what is left of it now, at most a day
+                    at_ms = int(min(f.expires_unix_ms, now_unix_ms + MAX_CACHE_TTL_MS))
+                    if at_ms - now_unix_ms >= 1:
+                        writes.append((f, None, at_ms))
+                    continue
                 px = int(min(f.ttl_ms, MAX_CACHE_TTL_MS) - (now - t_in) * 1000.0)
                 if px >= 1:
-                    writes.append((f, px))
+                    writes.append((f, px, None))
             self.stats["expired"] += len(batch) - len(writes)
             if not writes:
                 continue
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for f, px in writes:
-                        pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=px)
+                    for f, px, at_ms in writes:
+                        pipe.set(f"{self.subjects.prefix}:{f.key}", f.response, px=px, pxat=at_ms)
                     await pipe.execute()
                 self.stats["fills"] += len(writes)
                 if self._failing:

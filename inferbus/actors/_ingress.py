@@ -352,6 +352,23 @@ def _shape_mismatch(t, info, i: int):
                           field=f"inputs[{i}].shape")
 
 
+def _l2_answer(value, mv) -> InferResponse | None:
+    """The answer an L2 entry holds for model version ``mv``, or None when ``value`` is none: not bytes, not a
+    MessagePack OIP response, or one of another model or version. An unreadable entry was put in L1 and answered as
+    the client's error (INVALID_ARGUMENT "invalid response", or INTERNAL for a non-bytes value) until its TTL ran out
+    (a fresh-user trial: 10-19 of 30 asks); a Valkey that anyone can write to, or a junk ``<p>._cache.fill``, is
+    enough. The caller counts it (``l2_bad_values``) and forwards the request as a miss."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        resp = decode_response(value)
+    except InferbusError:
+        return None
+    if resp.model_name != mv.name or resp.model_version != mv.version:
+        return None
+    return resp
+
+
 def _query_ct(headers: dict | None) -> str | None:
     """The ``Content-Type`` of a metadata or health query, its header name in any case: a query has nothing a
     miscased header could change but the reply's encoding, so it is read, not refused as an inference request's
@@ -484,7 +501,7 @@ class Ingress:
         self.nc = None
         self.redis = None
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
-                       "l2_timeouts": 0, "l2_errors": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
+                       "l2_timeouts": 0, "l2_errors": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "behind_round_trips": 0,
@@ -942,13 +959,16 @@ class Ingress:
                 if not lookup.done():
                     lookup.cancel()
                     lookup.add_done_callback(lambda t: t.cancelled() or t.exception())
-            if cached is not None:
+            resp = _l2_answer(cached, mv) if cached is not None else None
+            if resp is not None:
                 self.counts["l2_hits"] += 1
                 # kept in L1 for what is left of the entry's TTL, not a whole TTL again: an answer found in L2 near
                 # the end of its life was served by the ingresses that found it for up to twice cache_ttl_ms
                 self.l1.put(key, cached, min(ttl_ms, left_ms) if left_ms > 0 else ttl_ms)
-                await self._reply_cached(msg.reply, cached, req_id, ct, hdrs, "l2", t0)
+                await self._reply_cached(msg.reply, resp, req_id, ct, hdrs, "l2", t0)
                 return
+            if cached is not None:  # a value that is no answer of this model version: a miss, never an error
+                self.counts["l2_bad_values"] += 1
             t_cache = time.monotonic()
             if deadline <= t_cache:
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
@@ -1585,7 +1605,7 @@ class Ingress:
         completions of a notice unsettled (they would count as lost and open healthy workers' breakers)."""
         self.l1.put(key, response, ttl_ms, now)
         if self.config.redis_url:
-            fill = encode_internal(CacheFill(key, ttl_ms, response))
+            fill = encode_internal(CacheFill(key, ttl_ms, response, int(time.time() * 1000) + ttl_ms))
             max_payload = self.nc.max_payload or 0
             if max_payload and len(fill) > max_payload:
                 self.counts["l2_fill_too_large"] += 1

@@ -356,10 +356,10 @@ def _aggregator(f: _Families, aid: str, st: dict) -> None:
     data = _endpoint(st, "cache-fill").get("data") or {}
     me = {"aggregator": aid}
     f.add("counter", "inferbus_cache_l2_fills", "Answers written to the L2 cache (Valkey).", me, _num(data.get("fills")))
-    f.add("counter", "inferbus_cache_l2_fill_failures", "Cache fills lost, by reason (error: Redis failed; dropped: "
-          "the aggregator's queue was full).", {**me, "reason": "error"}, _num(data.get("fill_errors")))
-    f.add("counter", "inferbus_cache_l2_fill_failures", "Cache fills lost, by reason (error: Redis failed; dropped: "
-          "the aggregator's queue was full).", {**me, "reason": "dropped"}, _num(data.get("dropped")))
+    why = ("Cache fills not written, by reason (error: Redis failed or did not confirm the write in 1 s; dropped: the "
+           "aggregator's queue was full; expired: their expiry passed before they could be written).")
+    for reason, count in (("error", "fill_errors"), ("dropped", "dropped"), ("expired", "expired")):
+        f.add("counter", "inferbus_cache_l2_fill_failures", why, {**me, "reason": reason}, _num(data.get(count)))
     f.add("gauge", "inferbus_cache_l2_fills_queued", "Cache fills waiting in the aggregator.", me,
           _num(data.get("queued")))
 

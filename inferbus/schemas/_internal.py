@@ -130,11 +130,18 @@ class DoneNotice(_Base, tag="inferbus.v1.done"):
 
 
 class CacheFill(_Base, tag="inferbus.v1.cache_fill"):
-    """A result for the aggregator to write to the L2 cache (``SET key value PX ttl_ms``)."""
+    """A result for the aggregator to write to the L2 cache (``SET key value PXAT expires_unix_ms``).
+
+    ``expires_unix_ms``: when the entry expires, ms since the Unix epoch on the ingress's clock (the moment the answer
+    reached it plus ``ttl_ms``); 0 from a sender older than it (the aggregator then counts ``ttl_ms`` from the fill's
+    arrival). A fill carried no time before 2026-12-05, and one that waited in the bus while the aggregator was
+    stopped was written with its whole TTL when it woke: answers lived in L2 6 s after they were computed with a
+    100 ms TTL (a fresh-user trial)."""
 
     key: str
     ttl_ms: int
     response: bytes
+    expires_unix_ms: int = 0
 
 
 class ProcessEvent(_Base, tag="inferbus.v1.event"):
