@@ -184,3 +184,31 @@ def test_answers_of_other_nodes_and_prefixes_are_ignored():
               "endpoints": [{"name": "infer", "subject": "mt._w.n1-w0"}]}
     assert e.identify(worker) == ("worker", "n1-w0")
     assert e.identify({**worker, "name": "something-else"}) is None
+
+
+def test_a_scrape_with_nats_stopped_still_has_the_nodes_own_series(node):
+    """A fresh-user trial: with the node's nats-server stopped (SIGSTOP), a scrape answered 200 with an empty body
+    after 2 s: the gathering's flush waited for the server's PONG past the scrape's bound, and everything was dropped,
+    the node's own series too (``inferbus_child_running``), so an alert on ``inferbus_actor_up == 0`` never fired.
+    Now such a scrape has every actor at ``actor_up 0`` and the node's series, within about ``wait_s``."""
+    import signal
+
+    from conftest import command_lines
+
+    pids = [pid for pid, cmd in command_lines() if "nats-server" in cmd and str(node.run_dir) in cmd]
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        samples = scrape(node.metrics_url)
+        took_s = time.monotonic() - t0
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    up = {dict(ls)["actor"]: v for (n, ls), v in samples.items() if n == "inferbus_actor_up"}
+    assert up == {"n1-i0": 0, "n1-i1": 0, "n1-w0": 0, "n1-w1": 0, "n1-agg": 0}, up
+    assert total(samples, "inferbus_child_running") >= 5, samples  # the node's children, nats and valkey included
+    assert took_s < 2.0, took_s
+    deadline = time.monotonic() + 15  # and the next scrapes see the actors again
+    while total(scrape(node.metrics_url), "inferbus_actor_up") < 5:
+        assert time.monotonic() < deadline, "the actors never answered a scrape again"
+        time.sleep(0.2)

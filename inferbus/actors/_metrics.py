@@ -166,9 +166,8 @@ async def gather_stats(nc, expected: Expected, wait_s: float = SCRAPE_WAIT_S) ->
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg)
     try:
-        for name in SERVICES:
+        for name in SERVICES:  # (no flush: it waits for the server's PONG, for 10 s when the server is stopped)
             await nc.publish(f"$SRV.STATS.{name}", b"", reply=inbox)
-        await nc.flush()
         if want:
             try:
                 await asyncio.wait_for(complete.wait(), wait_s)
@@ -408,15 +407,18 @@ class NodeCollector:
         return Expected(c.prefix, ingress, workers, aggs, regions)
 
     async def scrape(self) -> list[Metric]:
-        """The node's metrics now, gathered on the node's event loop (waits up to ``wait_s`` for the actors).
-
-        Raises:
-            nats.errors.Error: the node's NATS connection cannot publish.
-        """
+        """The node's metrics now, gathered on the node's event loop (waits up to ``wait_s`` for the actors). Actors
+        that did not answer (NATS stopped or unreachable included) are ``inferbus_actor_up 0``; the node's own series
+        (its children, the scrape's duration) are there in every case."""
         t0 = time.monotonic()
         expected = self.expected()
         nc = self.node.nc
-        stats = await gather_stats(nc, expected, self.wait_s) if nc is not None and not nc.is_closed else {}
+        stats = {}
+        if nc is not None and not nc.is_closed:
+            try:  # the node's own series come whatever NATS does: a stopped nats-server made the scrape empty
+                stats = await asyncio.wait_for(gather_stats(nc, expected, self.wait_s), self.wait_s + 0.25)
+            except Exception as exc:  # a connection that cannot publish, a wait past the bound
+                log.warning("metrics scrape: no actor stats: %r", exc)
         children = self.node.server_children()
         if self.node.supervisor is not None:
             children.extend(self.node.supervisor.which_children())
