@@ -77,6 +77,8 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"hedge_after_ms": {"ms": 5}}, "hedge_after_ms must be a number of ms > 0"),
     # Triton features inferbus does not have, which serving model.onnx alone would silently answer otherwise
     ({"platform": "ensemble"}, 'platform "ensemble": Triton ensembles are not supported'),
+    ({"platform": "ENSEMBLE"}, 'platform "ensemble": Triton ensembles are not supported'),  # (was served, a trial)
+    ({"backend": "Python "}, 'backend "python" is not supported'),
     ({"ensemble_scheduling": {"step": []}}, "ensemble_scheduling: Triton ensembles are not supported"),
     ({"sequence_batching": {}}, "sequence_batching is not supported: Triton's sequence batcher serves stateful"),
     ({"backend": "python"}, 'backend "python" is not supported: a Triton Python-backend model is the code of its '

@@ -214,7 +214,10 @@ def _triton_unsupported(platform, extra: dict) -> str | None:
     """Why a ``config.json`` of ``platform`` and other keys ``extra`` asks for a Triton feature inferbus does not
     have, where serving ``<version>/model.onnx`` alone would answer other than Triton does (an ensemble, a stateful
     sequence model, a Python-backend model, a decoupled model, another model file); None when it does not."""
-    found = [k for k, given in (("platform \"ensemble\"", platform == "ensemble"),
+    def folded(v):  # "ENSEMBLE", " Python": Triton refuses them as unknown; served here they would be read as meant
+        return v.strip().lower() if isinstance(v, str) else v
+
+    found = [k for k, given in (("platform \"ensemble\"", folded(platform) == "ensemble"),
                                 ("ensemble_scheduling", extra.get("ensemble_scheduling") is not None)) if given]
     if found:
         return (f"{' and '.join(found)}: Triton ensembles are not supported: inferbus serves each model's "
@@ -225,7 +228,7 @@ def _triton_unsupported(platform, extra: dict) -> str | None:
                 "of a sequence carry a correlation ID and control inputs, and state is kept between them on one "
                 "instance), while inferbus answers each request on its own, on any worker, and caches answers by their "
                 "inputs; serve a stateless model")
-    if extra.get("backend") == "python":
+    if folded(extra.get("backend")) == "python":
         return ("backend \"python\" is not supported: a Triton Python-backend model is the code of its model.py, "
                 "which inferbus does not run (it would serve <version>/model.onnx alone, without that code); export "
                 "the whole model to ONNX")
