@@ -37,9 +37,18 @@ async def sample_rss(sampler: RssSampler, pids: Callable[[], dict[str, int]], st
             pass
 
 
+QUIET_TAIL_S = 5.0
+"""A soak injects no fault in its last this many seconds (the system is seen to settle)."""
+
+
+def first_fault_s(fault_every_s: float) -> float:
+    """When a soak's first fault comes, seconds after its load starts (half a period)."""
+    return fault_every_s / 2
+
+
 async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[str, int], Awaitable[Fault]],
                       hold_s: Callable[[str], float], *, fault_every_s: float, duration_s: float,
-                      t_start: float, quiet_tail_s: float = 5.0, on_healed=None) -> tuple[list[dict], dict]:
+                      t_start: float, quiet_tail_s: float = QUIET_TAIL_S, on_healed=None) -> tuple[list[dict], dict]:
     """Inject ``cycle[k % len]`` every ``fault_every_s`` (first at half a period) while ``load`` runs.
 
     Returns:
@@ -50,7 +59,7 @@ async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[st
     faults: list[dict] = []
     unavailable: dict[str, str] = {}
     k = 0
-    next_fault = t_start + fault_every_s / 2
+    next_fault = t_start + first_fault_s(fault_every_s)
     while not load.done():
         now = time.monotonic()
         if now < next_fault:

@@ -1,13 +1,17 @@
 """``inferbus chaos``: run failover drills by name (see :mod:`chaos.drills`).
 
-Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice;
-1 it ran but saw wrong answers or duplicates; 2 a usage error (unknown drill or fault name, an option
-the drill does not take, a value out of range), one line on stderr starting ``error: ``; 3 the drill cannot run here (its fault is unavailable on this target,
-or its deployment did not start), with the reason on stderr.
+Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice (and, with
+``--min-availability A``, answered at least that share of its requests right); 1 it ran but saw wrong answers or
+duplicates, or answered less than ``--min-availability``; 2 a usage error (unknown drill or fault name, an option
+the drill does not take, a value out of range), one line on stderr starting ``error: ``; 3 the drill cannot run here
+(its fault is unavailable on this target, or, for a soak, every fault it was given is; or its deployment did not
+start), with the reason on stderr; 128 + the signal when SIGTERM or SIGINT stopped it (its deployment is stopped
+first; nothing is printed for a run cut short).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Optional
 
@@ -47,6 +51,39 @@ def _as_typed(flag: str) -> str:
     return flag
 
 
+class _Stopped(Exception):
+    """A drill stopped by a signal (``args[0]``, the signal)."""
+
+
+async def _until_signal(coro):
+    """Await ``coro`` (a drill); SIGTERM or SIGINT cancels it, so that its deployment is stopped as on any end of the
+    drill, then raises :class:`_Stopped`. SIGTERM's default action killed the drill alone (its actors lived on until
+    their parent-death signal, its temporary folders stayed), and a SIGINT ignored by a shell's background job let it
+    run to its end with exit 0 (a fresh-user trial), where ``bench`` stops on both."""
+    import signal
+
+    task = asyncio.current_task()
+    got: list[signal.Signals] = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not got:
+            got.append(sig)
+            task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if got:
+            raise _Stopped(got[0]) from None
+        raise
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 @app.command("run")
 def run(
     name: str = typer.Argument(..., metavar="NAME", help="Drill name (inferbus chaos list)."),
@@ -80,6 +117,10 @@ def run(
     run_dir: Optional[str] = typer.Option(None, help="Logs of the deployment the drill starts (default: temp).",
                                           metavar="<path>"),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
+    min_availability: Optional[float] = typer.Option(
+        None, "--min-availability", metavar="A",
+        help="Exit 1 when the drill answered less than this share of its requests right (0 to 1; default: failed "
+             "requests are reported, only wrong answers and duplicates fail the drill)."),
 ) -> None:
     """Run one drill: it starts its own deployment on free ports, injects the fault, prints the figures."""
     from chaos.drills import UnknownDrill, get_drill, make_options, option_names
@@ -112,6 +153,8 @@ def run(
     unused = [_FLAGS[k] for k, v in values.items() if v is not None and k not in takes]
     if unused:
         _usage(f"drill {name} does not take {', '.join(unused)}")
+    if min_availability is not None and not 0.0 <= min_availability <= 1.0:  # NaN too
+        _usage(f"drill {name}: bad option: --min-availability must be a share between 0 and 1, got {min_availability}")
     fn, opts_cls = get_drill(name).load()
     try:
         opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
@@ -122,8 +165,27 @@ def run(
         flag = _OPTION_FLAGS.get(field_name)
         flag = _as_typed(flag) if flag else flag
         _usage(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}")
+    if name == "soak":
+        from chaos.faults import get_fault
+        from chaos.soak import QUIET_TAIL_S, first_fault_s
+
+        for fault in values["faults"] or ():  # an unknown name is said first, as the drill would say it
+            try:
+                get_fault(fault)
+            except UnknownFault as exc:
+                _usage(f"drill {name}: {exc.args[0] if exc.args else exc}")
+
+        first = first_fault_s(opts.fault_every_s)
+        if opts.duration_s - QUIET_TAIL_S <= first:  # it ran, injected nothing and passed (a fresh-user trial)
+            _usage(f"drill soak: --duration {opts.duration_s:g} leaves no time for a fault: the first comes "
+                   f"{first:g} s in (half --fault-every) and none in the last {QUIET_TAIL_S:g} s; give a --duration "
+                   f"over {first + QUIET_TAIL_S:g} s or a shorter --fault-every")
     try:
-        fig = _run(fn(opts))
+        fig = _run(_until_signal(fn(opts)))
+    except _Stopped as exc:
+        typer.echo(f"drill {name}: stopped by {exc.args[0].name} (its deployment is stopped; no figures for a run "
+                   f"cut short)", err=True)
+        raise typer.Exit(128 + exc.args[0]) from None
     except UnknownFault as exc:
         _usage(f"drill {name}: {exc.args[0] if exc.args else exc}")
     except FaultUnavailable as exc:
@@ -143,10 +205,26 @@ def run(
             raise typer.Exit(3)
         raise
     d = fig.to_dict()
+    extra = d.get("extra") or {}
+    unavailable = {k: v[len(k) + 2:] if v.startswith(f"{k}: ") else v
+                   for k, v in (extra.get("faults_unavailable") or {}).items()}
+    if unavailable and not extra.get("faults"):  # a soak given only faults this target cannot inject: nothing ran
+        # (it reported a clean pass, availability 1.0 and exit 0, with the reason only in its JSON; a fresh-user trial)
+        typer.echo(f"drill {name}: unavailable: no fault it was given can run here: "
+                   + "; ".join(f"{k}: {v}" for k, v in sorted(unavailable.items())), err=True)
+        raise typer.Exit(3)
+    if unavailable:
+        typer.echo(f"drill {name}: not injected (unavailable here): "
+                   + "; ".join(f"{k}: {v}" for k, v in sorted(unavailable.items())), err=True)
     if json_out:
         print(json.dumps(d, default=str))
     else:
         for k, v in d.items():
             typer.echo(f"{k:22s} {v}")
     bad = d.get("wrong", 0) or (d.get("duplicates") or 0)
-    raise typer.Exit(1 if bad else 0)
+    availability = d.get("availability")
+    short = min_availability is not None and isinstance(availability, (int, float)) and availability < min_availability
+    if short:
+        typer.echo(f"drill {name}: availability {availability} is under --min-availability {min_availability:g}",
+                   err=True)
+    raise typer.Exit(1 if bad or short else 0)

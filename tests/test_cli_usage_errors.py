@@ -50,8 +50,13 @@ def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
     (("soak", "--faults", ","), "drill soak: --faults names no fault; give one or more, comma-separated, of: "),
     (("worker-crash", "--run-dir", "/etc/passwd"), "drill worker-crash: --run-dir /etc/passwd: exists and is not a "
                                                    "folder"),
+    # a soak too short for its first fault ran, injected nothing and passed (a fresh-user trial)
+    (("soak", "--duration", "4", "--fault-every", "1"), "drill soak: --duration 4 leaves no time for a fault: the "
+                                                        "first comes 0.5 s in"),
+    (("worker-crash", "--min-availability", "1.5"), "drill worker-crash: bad option: --min-availability must be a "
+                                                    "share between 0 and 1"),
 ], ids=["unknown-drill", "option-not-taken", "option-out-of-range", "unknown-fault", "parser", "unknown-server",
-        "no-fault", "run-dir-a-file"])
+        "no-fault", "run-dir-a-file", "soak-too-short", "min-availability"])
 def test_chaos_run_usage_errors_are_one_error_line_exit_2(args, said):
     assert_one_error_line(cli("chaos", "run", *args), said)
 

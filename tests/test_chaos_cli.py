@@ -1,0 +1,69 @@
+"""``inferbus chaos run`` as a CI job uses it: its exit status and its signals (a fresh-user trial of 2026-12-05).
+
+Real drills on real processes, kept short: each starts its own ``inferbus up`` node."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, processes_naming
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _chaos(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", "chaos", "run", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_soak_whose_every_fault_is_unavailable_here_says_so_and_exits_3():
+    """``soak --faults kill-nats-node`` on one node (a topology fault) injected nothing and reported a clean pass,
+    availability 1.0, exit 0; the reason was only in its JSON. docs/reliability.md: 3, "cannot run here (its fault is
+    unavailable on that target ...), with the reason on stderr"."""
+    p = _chaos("soak", "--faults", "kill-nats-node", "--duration", "6", "--fault-every", "1", "--rate", "50", "--json")
+    assert p.returncode == 3, (p.returncode, p.stdout[-500:], p.stderr[-1500:])
+    assert "drill soak: unavailable: no fault it was given can run here: kill-nats-node: needs a multi-server " \
+           "topology" in p.stderr, p.stderr
+    assert not p.stdout, p.stdout  # no figures of a soak that soaked nothing
+
+
+def test_min_availability_fails_a_drill_that_failed_requests():
+    """A drill that failed requests (one worker hung: 53 of 300 in the trial) exited 0, so availability could not gate
+    CI while ``bench`` fails on UNAVAILABLE. ``--min-availability A`` makes it exit 1 under A; without it, failed
+    requests are reported and only wrong answers or duplicates fail the drill, as documented."""
+    p = _chaos("worker-hang", "--workers", "1", "--duration", "4", "--rate", "50", "--hang-s", "2", "--json",
+               "--min-availability", "0.99")
+    d = json.loads(p.stdout)
+    assert d["wrong"] == 0 and d["failed"] > 0 and d["availability"] < 0.99, d
+    assert p.returncode == 1 and f"availability {d['availability']} is under --min-availability 0.99" in p.stderr, \
+        (p.returncode, p.stderr[-1000:])
+
+
+def test_sigterm_stops_a_drill_and_its_deployment(tmp_path):
+    """SIGTERM's default action killed ``chaos run`` alone in 0.02-0.11 s (exit 143): its actor processes lived on for
+    1-5 s and its temporary folders stayed. It now stops the drill's deployment first, says so, and exits 143."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "chaos", "run", "worker-crash", "--duration", "20",
+                             "--run-dir", str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_naming(str(run_dir))) < 3:  # the node's servers and actors are up
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err[-1500:])
+    assert "drill worker-crash: stopped by SIGTERM" in err and "Traceback" not in err, err[-1500:]
+    assert not out, out
+    assert processes_naming(str(run_dir)) == []  # nothing of the deployment left running
