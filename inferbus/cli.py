@@ -1551,11 +1551,18 @@ def bench(
     from .loadgen._result import load_label
 
     silent = [r for r in results if r.requests > 0 and r.errors.get("TIMEOUT", 0) >= r.requests]
-    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or r in silent]
+    refused_light = _refused_at_lightest(results)
+    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or r in silent or r in refused_light]
     if silent:
         steps = ", ".join(f"{r.mode} {load_label(r)}" for r in silent)
         print(f"bench: {len(silent)} step(s) got no answer at all ({steps}: every "
               f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing", file=sys.stderr,
+              flush=True)
+    for r in refused_light:
+        n = sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES)
+        print(f"bench: {r.mode} {load_label(r)}, the lightest load of its loop, had {n} of {r.requests} requests "
+              f"refused or late ({', '.join(f'{c} {r.errors[c]}' for c in sorted(_OVERLOAD_CODES) if r.errors.get(c))}):"
+              f" that is not saturation (a rate limit, a shedding or too slow deployment?)", file=sys.stderr,
               flush=True)
     if failed and not json_out:
         console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
@@ -1564,6 +1571,29 @@ def bench(
 
 
 _OVERLOAD_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "TIMEOUT"})
+_LIGHTEST_OVERLOAD_SHARE = 0.01
+"""The share of overload codes (:data:`_OVERLOAD_CODES`) at the lightest step of a loop that fails a bench run."""
+
+
+def _refused_at_lightest(results: list) -> list:
+    """The steps that are the lightest of their loop (per target, model and mode: a closed loop's lowest concurrency,
+    an open loop's lowest rate when the run has more than one rate; a single rate may be chosen past saturation on
+    purpose) and had more than :data:`_LIGHTEST_OVERLOAD_SHARE` of their requests refused or late. Past saturation
+    those codes are the measurement; at the lightest load they are not: a node shedding everything (a rate limit of
+    5/s) passed with exit 0, 5,156 of 5,168 requests RESOURCE_EXHAUSTED at c=1 (a fresh-user trial)."""
+    loops: dict[tuple, list] = {}
+    for r in results:
+        load = r.concurrency if r.mode.startswith("closed") else r.rate_qps
+        if load is not None:
+            loops.setdefault((r.target, r.model, r.mode), []).append((load, r))
+    out = []
+    for (_, _, mode), steps in loops.items():
+        if not mode.startswith("closed") and len(steps) < 2:
+            continue
+        r = min(steps, key=lambda lr: lr[0])[1]
+        if r.requests and sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES) > _LIGHTEST_OVERLOAD_SHARE * r.requests:
+            out.append(r)
+    return out
 
 # bench's options that `bench --suite` hands to `python -m bench.suite`: (parameter, its flag there)
 _SUITE_PASSED = (("model", "--model"), ("version", "--version"), ("models", "--models-dir"), ("workers", "--workers"),

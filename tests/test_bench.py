@@ -49,6 +49,18 @@ def test_recorders_merge_across_processes():
     assert r.mean_batch == 3.0  # the misses' parameters.batch_size
 
 
+def test_timeouts_past_60_s_are_recorded_and_qps_is_never_negative():
+    """A fresh-user trial: the histogram went up to 60 s while ``--timeout-s`` goes to 3,600, so the timeouts of a
+    70 s budget were not recorded: ``requests: 0``, a negative ``qps``, no "no answer at all" line, exit 0. It now
+    goes up to an hour, and a value past that is recorded as the top."""
+    rec = Recorder()
+    rec.record(70e6, err="TIMEOUT")
+    rec.record(2 * 3600e6, err="TIMEOUT")  # past the top: recorded as an hour
+    r = merge_wire([rec.to_wire(1.0, 0.0)], model="m", mode="closed", concurrency=1, rate_qps=None, target="inferbus")
+    assert (r.requests, r.timeouts, r.qps) == (2, 2, 0.0), (r.requests, r.timeouts, r.qps)
+    assert 69e6 <= r.p50_us <= 71e6 and r.max_us >= 3590e6, (r.p50_us, r.max_us)
+
+
 def test_workload_judges_raw_replies():
     from inferbus.schemas import InferResponse, encode_response, output_from_numpy
 
@@ -1109,3 +1121,29 @@ def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_ser
             os.killpg(proc.pid, signal.SIGKILL)
         loop.run_until_complete(nc.close())
         loop.close()
+
+
+@pytest.mark.timeout(120)
+def test_bench_exits_1_when_its_lightest_load_is_refused(tmp_path):
+    """A fresh-user trial: against ``up --rate-limit 5``, ``bench --concurrency 1,8`` had 5,156 of 5,168 requests
+    RESOURCE_EXHAUSTED at c=1, showed p50 0.36 ms (the refusals' own latency) and exited 0: overload codes were
+    taken as saturation whatever the load. At the lightest load of a loop they now fail the run, with one line."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import start_deployment
+
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="rl", extra=["--rate-limit", "5"])
+    try:
+        argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", dep.nats_url, "--prefix", "rl",
+                "--models", str(MODELS), "--concurrency", "1,4", "--duration", "1", "--json"]
+        b = subprocess.run(argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
+    finally:
+        dep.stop()
+    steps = json.loads(b.stdout)
+    c1 = steps[0]
+    assert c1["concurrency"] == 1 and c1["errors"].get("RESOURCE_EXHAUSTED", 0) > c1["requests"] / 2, c1
+    assert b.returncode == 1, (b.returncode, b.stderr[-2000:])
+    assert "bench: closed c=1, the lightest load of its loop, had" in b.stderr and "not saturation" in b.stderr, \
+        b.stderr[-2000:]
