@@ -78,6 +78,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from inferbus._limits import MAX_NODE_PROCESSES as MAX_OTHER_WORKERS
 from inferbus._paths import output_file_problem
 from inferbus.actors._colocated import Colocated
 from inferbus.actors._config import ColocatedConfig, IngressConfig, WorkerConfig
@@ -592,8 +593,12 @@ def problem(a: argparse.Namespace) -> str | None:
       not made, as ``bench.suite`` does not make one: a typo would leave a tree behind);
     * ``--models-dir``: not a folder, or the model's config unreadable;
     * ``--model``: no such model in ``--models-dir`` (found by its folder's ``config.json``, as
-      :class:`ModelRepository` finds models; the reason lists the models there).
+      :class:`ModelRepository` finds models; the reason lists the models there);
+    * ``--other-workers``: more than a node's processes less one.
     """
+    if a.other_workers >= MAX_OTHER_WORKERS:  # (100,000 ran for minutes before the measure began: a trial)
+        return (f"--other-workers {a.other_workers}: at most {MAX_OTHER_WORKERS - 1}, the processes of one node less "
+                f"the measured one")
     if a.json is not None:
         reason = output_file_problem(a.json, "pathcost.json")
         if reason:
@@ -644,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --bytecodes: the K functions that execute the most, per variant (default 25)")
     p.add_argument("--other-workers", type=args.count_or_zero, default=0, metavar="N",
                    help="N more workers of the model the colocated router sees (load reports; they get no "
-                        "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0)")
+                        "requests), as in a deployment of N+1 processes: the throughput profile's 8 is 7 (default 0; "
+                        f"at most {MAX_OTHER_WORKERS - 1}, a node's processes less the measured one)")
     p.add_argument("--verbose", action="store_true",
                    help="print the actors' own lines (READY, connections, shutdown) as they come; else they are "
                         "shown only when the measure raises (not for an invalid count: rerun with --verbose)")

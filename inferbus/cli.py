@@ -1526,6 +1526,9 @@ def bench(
     if not levels and not rates:
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
     _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)
+    if spread and nats_url is None:  # ignored without a word before (a fresh-user trial)
+        _usage("bench: --spread spreads the generators over the servers of --nats-url; without --nats-url there is "
+               "one server (the deployment bench starts)")
     if nats_url is not None:  # they shape the deployment bench starts itself: ignored without a word before
         _nats_urls_given("bench", nats_url)
         own = [o for n, o in (("workers", "--workers"), ("ingress", "--ingress"), ("busy_poll_us", "--busy-poll-us"))

@@ -791,6 +791,11 @@ def test_pathcost_refuses_an_unknown_model_in_one_line_naming_those_there(tmp_pa
                           capture_output=True, text=True, timeout=60)  # a folder with no models
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: --model 'digits' is not in {tmp_path} (it has no models: no <model>/config.json there)"], proc.stderr
+    # more other workers than a node has processes: it ran for minutes before the measure (a fresh-user trial)
+    proc = subprocess.run([sys.executable, "-m", "bench.pathcost", "--other-workers", "100000"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --other-workers 100000: at most 1023, the processes of one node less the measured one"], proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="bench.pathcost --instructions needs valgrind (not installed)")

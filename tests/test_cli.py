@@ -340,6 +340,7 @@ def test_bench_bad_arguments_are_one_line_exit_2(args):
     (("--suite", "--gens", "0"), "bench: --gens must be 1 to "),
     (("--out", "/tmp/inferbus-never-written.json"), "--out applies only with --suite"),
     (("--profile", "tiny", "--nats-url", "nats://127.0.0.1:1"), "--profile applies only with --suite"),
+    (("--spread", "--concurrency", "1"), "--spread spreads the generators over the servers of --nats-url"),
 ])
 def test_bench_options_that_do_not_apply_are_refused_not_ignored(args, said):
     """A fresh-user trial (2026-12-02): ``bench --out F`` without ``--suite`` wrote nothing and exited 0, and
