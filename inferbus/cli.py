@@ -1559,7 +1559,8 @@ def bench(
     if silent:
         steps = ", ".join(f"{r.mode} {load_label(r)}" for r in silent)
         print(f"bench: {len(silent)} step(s) got no answer at all ({steps}: every "
-              f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing", file=sys.stderr,
+              f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing within it",
+              file=sys.stderr,
               flush=True)
     for r in refused_light:
         n = sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES)
@@ -1569,7 +1570,8 @@ def bench(
               flush=True)
     if failed and not json_out:
         console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
-                      f"{'/'.join(sorted(_OVERLOAD_CODES))}, or no answer at all[/red]")
+                      f"{'/'.join(sorted(_OVERLOAD_CODES))}, no answer at all, or refusals at the lightest load "
+                      f"(the lines above say which)[/red]")
     raise typer.Exit(1 if failed else 0)
 
 

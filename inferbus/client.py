@@ -782,9 +782,11 @@ class Client:
         body, ct = await self.request(self.subjects.models, b"", timeout_s=timeout_s)
         return decode(body, ModelList, ct)
 
-    async def model(self, name: str, timeout_s: float = 1.0, *, version: str | int | None = None) -> ModelMetadata:
+    async def model(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> ModelMetadata:
         """One model's OIP v2 metadata: of its default version, or of ``version`` (``<p>.models.<name>.<version>``,
-        as KServe's ``GET v2/models/{name}/versions/{version}``; ``parameters.version`` names it).
+        as KServe's ``GET v2/models/{name}/versions/{version}``; ``parameters.version`` names it). The version is
+        the second argument, as in Triton's ``get_model_metadata(name, version)``; ``timeout_s`` (the budget, s)
+        is keyword-only (it came second before: ``model("digits", 2)`` asked for the default version in 2 s).
 
         Raises:
             NotFound: an unknown model, or a version it does not serve (``field`` ``model_version``).
@@ -907,9 +909,9 @@ class SyncClient:
         """:meth:`Client.models`, blocking."""
         return self._call(self.client.models, timeout_s)
 
-    def model(self, name: str, timeout_s: float = 1.0, *, version: str | int | None = None) -> ModelMetadata:
+    def model(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> ModelMetadata:
         """:meth:`Client.model`, blocking."""
-        return self._call(self.client.model, name, timeout_s, version=version)
+        return self._call(self.client.model, name, version, timeout_s=timeout_s)
 
     def health(self, timeout_s: float = 1.0) -> Health:
         """:meth:`Client.health`, blocking."""

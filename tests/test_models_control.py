@@ -176,8 +176,8 @@ async def test_version_metadata_an_integer_version_and_a_lower_case_content_type
     async with await Client.connect(dep.nats_url, PREFIX) as client:
         s = Subjects(PREFIX)
         default = (await client.model("digits")).parameters["default_version"]
-        for v in ("1", 2):
-            md = await client.model("digits", version=v)
+        for v in ("1", 2):  # the version second, as Triton's get_model_metadata(name, version) takes it
+            md = await client.model("digits", v)
             assert md.parameters["version"] == str(v) and md.parameters["default_version"] == default, md.parameters
             assert md.versions == ["1", "2"] and md.inputs[0].name == "pixels", md
         with pytest.raises(NotFound) as ei:
@@ -200,6 +200,10 @@ async def test_version_metadata_an_integer_version_and_a_lower_case_content_type
                                       headers={"Content-Type": "application/json"})
         err = decode_error(msg.headers, msg.data)
         assert isinstance(err, InvalidArgument) and err.field == "version", err
+        # 25 digits: a number, and no version on disk (it was "version must be a number"), as a read says it
+        msg = await client.nc.request(s.model_control("digits", "default"), mp({"version": "9" * 25}), timeout=10)
+        err = decode_error(msg.headers, msg.data)
+        assert isinstance(err, NotFound) and err.field == "version" and "25 digits" in err.message, err
 
 
 @pytest.mark.timeout(120)

@@ -544,9 +544,11 @@ class IngressModels:
             v = req.version
             if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)
                 v = req.version = str(v)
-            if v is not None and not (type(v) is str and v.isascii() and v.isdigit() and len(v) < 20):  # a folder
+            if v is not None and not (type(v) is str and v.isascii() and v.isdigit()):  # a folder name
                 raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
                                       field="version")
+            if v is not None and len(v) >= 20:  # digits, but no folder a repository holds (as a read answers it)
+                raise NotFound(f"model {model!r} has no version of {len(v)} digits", field="version")
             refused = self.write_refusal()
             if refused is not None:
                 self.writes["refused"] += 1
