@@ -192,6 +192,16 @@ async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valk
         await proxy.stop()
 
 
+async def _typed_l2_node(tmp_path, valkey_server, prefix: str):
+    """``(models folder, deployment)``: one worker serving ``typed`` (cache TTL 60 s) on ``prefix``, L2 on
+    ``valkey_server`` with lookups (``--l2-lookup``, 500 ms: a busy box does not turn a hit into a miss)."""
+    models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
+    dep = await anyio.to_thread.run_sync(lambda: start_deployment(
+        tmp_path / "dep", workers=1, prefix=prefix, extra=[
+            "--models", str(models), "--redis-url", valkey_server.url, "--l2-lookup", "--l2-timeout-ms", "500"]))
+    return models, dep
+
+
 async def test_an_l2_hit_is_kept_in_l1_only_for_what_is_left_of_its_ttl(valkey_server, tmp_path):
     """A fresh-user trial (reading the code): an answer found in L2 was put in the ingress's L1 with the model's whole
     ``cache_ttl_ms`` again, so an entry found near the end of its life was served for up to twice its TTL. The L1
@@ -203,10 +213,7 @@ async def test_an_l2_hit_is_kept_in_l1_only_for_what_is_left_of_its_ttl(valkey_s
 
     import redis.asyncio as aioredis
 
-    models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
-    dep = await anyio.to_thread.run_sync(lambda: start_deployment(
-        tmp_path / "dep", workers=1, prefix="left", extra=[
-            "--models", str(models), "--redis-url", valkey_server.url, "--l2-lookup", "--l2-timeout-ms", "500"]))
+    models, dep = await _typed_l2_node(tmp_path, valkey_server, "left")
     r = aioredis.from_url(valkey_server.url)
     try:
         async with await Client.connect(dep.nats_url, "left") as client:
@@ -246,10 +253,7 @@ async def test_an_unreadable_l2_entry_is_a_miss_never_an_error(valkey_server, tm
     version, is now a miss (``l2_bad_values``): the request is computed and answered right."""
     import redis.asyncio as aioredis
 
-    models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
-    dep = await anyio.to_thread.run_sync(lambda: start_deployment(
-        tmp_path / "dep", workers=1, prefix="bad2", extra=[
-            "--models", str(models), "--redis-url", valkey_server.url, "--l2-lookup", "--l2-timeout-ms", "500"]))
+    models, dep = await _typed_l2_node(tmp_path, valkey_server, "bad2")
     r = aioredis.from_url(valkey_server.url)
     try:
         async with await Client.connect(dep.nats_url, "bad2") as client:
