@@ -77,7 +77,8 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
     described = any((m.parameters or {}).get("description") for m in ml.models)
     hedged = any((m.parameters or {}).get("hedge_after_ms") is not None for m in ml.models)
     cols = ("name", "versions", "default", "platform", "inputs", "outputs", "max batch", "cache ttl ms") + (
-        ("hedge after",) if hedged else ()) + (("description",) if described else ()) + (("not served",) if any(problems.values()) else ())
+        ("hedge after",) if hedged else ()) + (("description",) if described else ()) + (
+        ("not served",) if any(problems.values()) else ())
     for col in cols:
         t.add_column(col)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731

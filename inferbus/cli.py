@@ -1564,10 +1564,10 @@ def bench(
               flush=True)
     for r in refused_light:
         n = sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES)
+        codes = ", ".join(f"{c} {r.errors[c]}" for c in sorted(_OVERLOAD_CODES) if r.errors.get(c))
         print(f"bench: {r.mode} {load_label(r)}, the lightest load of its loop, had {n} of {r.requests} requests "
-              f"refused or late ({', '.join(f'{c} {r.errors[c]}' for c in sorted(_OVERLOAD_CODES) if r.errors.get(c))}):"
-              f" that is not saturation (a rate limit, a shedding or too slow deployment?)", file=sys.stderr,
-              flush=True)
+              f"refused or late ({codes}): that is not saturation (a rate limit, a shedding or too slow deployment?)",
+              file=sys.stderr, flush=True)
     if failed and not json_out:
         console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
                       f"{'/'.join(sorted(_OVERLOAD_CODES))}, no answer at all, or refusals at the lightest load "

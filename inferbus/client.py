@@ -122,7 +122,8 @@ from .bus import headers as H
 from .schemas._errors import fmt_ms as _fmt_ms
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
-    MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata, PayloadTooLarge,
+    MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata,
+    PayloadTooLarge,
     RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
     output_to_numpy, Health,

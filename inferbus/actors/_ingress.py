@@ -306,7 +306,8 @@ def model_metadata(model: Model, version: str | None = None) -> ModelMetadata:
     if mv is None:
         raise KeyError(version)
     cfg = model.config
-    params = {"default_version": model.version(None).version, "max_batch_size": cfg.max_batch_size, "cache_ttl_ms": cfg.cache_ttl_ms}
+    params = {"default_version": model.version(None).version, "max_batch_size": cfg.max_batch_size,
+              "cache_ttl_ms": cfg.cache_ttl_ms}
     if cfg.hedge_after_ms is not None:
         params["hedge_after_ms"] = cfg.hedge_after_ms
     if cfg.description:
@@ -501,7 +502,8 @@ class Ingress:
         self.nc = None
         self.redis = None
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
-                       "l2_timeouts": 0, "l2_errors": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0, "unavailable": 0,
+                       "l2_timeouts": 0, "l2_errors": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0,
+                       "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "behind_round_trips": 0,

@@ -745,7 +745,8 @@ class RegionManager:
             force: release even when no other region's manager is live (none would take over).
 
         Returns a refusal (``ok=False``, nothing changed, the lease kept) when this region is not primary, when
-        ``successor`` is this region itself, or, unless ``force``, when no other region's manager is live (its last heartbeat older than
+        ``successor`` is this region itself, or, unless ``force``, when no other region's manager is live (its last
+        heartbeat older than
         ``suspect_ms``, the liveness ``status`` reports as heartbeat ages) or ``successor`` is not live; and
         ``ok=False`` with the steps taken when, with ``wait``, no new primary announced itself within the wait
         (this region is standby then, the lease released or, if the release failed, left on its revision).
