@@ -13,7 +13,6 @@ Two forms:
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -70,47 +69,25 @@ async def run_load(*, model: str, version: str | None, models_dir: str, nats_url
     Returns:
         the list of :class:`~inferbus.loadgen.BenchResult`, in step order.
     """
-    import signal
-
+    from ._signals import StoppedBySignal, until_signal
     from .loadgen._procs import GeneratorFailed
 
     # SIGTERM and SIGINT (Ctrl-C) stop the run: the generator processes and the node started here are stopped, their
     # run folder removed, and one line says so (SIGTERM's default action killed bench alone and left its generators
     # running for ~15 s; a Ctrl-C stopped it without a word). A second signal cancels the stop itself.
-    terminated: list[signal.Signals] = []
-    main_task = asyncio.current_task()
-
-    def on_signal(sig: signal.Signals) -> None:
-        terminated.append(sig)
-        main_task.cancel()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover - no signal handlers on this loop
-            pass
     try:
-        return await _run_steps(model=model, version=version, models_dir=models_dir, nats_url=nats_url,
-                                workers=workers, ingress=ingress, gens=gens, concurrency=concurrency, rates=rates,
-                                duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread,
-                                busy_poll_us=busy_poll_us)
-    except asyncio.CancelledError:
-        if terminated:
-            print(f"bench: stopped by {terminated[0].name} (its generators and the node it started are stopped; "
-                  f"no results are printed for a run cut short)", file=sys.stderr, flush=True)
-            raise SystemExit(128 + terminated[0]) from None
-        raise
+        return await until_signal(_run_steps(
+            model=model, version=version, models_dir=models_dir, nats_url=nats_url, workers=workers, ingress=ingress,
+            gens=gens, concurrency=concurrency, rates=rates, duration_s=duration_s, hit=hit, timeout_s=timeout_s,
+            prefix=prefix, spread=spread, busy_poll_us=busy_poll_us))
+    except StoppedBySignal as exc:
+        print(f"bench: stopped by {exc.args[0].name} (its generators and the node it started are stopped; "
+              f"no results are printed for a run cut short)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + exc.args[0]) from None
     except GeneratorFailed as exc:  # one line, not a traceback (a generator that died or gave no answer in time; a
         # fresh-user trial once saw one wait 66 s when the node it flooded stopped: _procs.FLUSH_TIMEOUT_S says why)
         print(f"bench: a load generator failed: {' '.join(str(exc).split())[:1200]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover
-                pass
 
 
 async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, gens, concurrency, rates, duration_s,

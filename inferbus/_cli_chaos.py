@@ -11,7 +11,6 @@ first; nothing is printed for a run cut short).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Optional
 
@@ -49,39 +48,6 @@ def _as_typed(flag: str) -> str:
     if flag == "--timeout-s" and any(a.split("=", 1)[0] == "--timeout" for a in sys.argv[1:]):
         return "--timeout"
     return flag
-
-
-class _Stopped(Exception):
-    """A drill stopped by a signal (``args[0]``, the signal)."""
-
-
-async def _until_signal(coro):
-    """Await ``coro`` (a drill); SIGTERM or SIGINT cancels it, so that its deployment is stopped as on any end of the
-    drill, then raises :class:`_Stopped`. SIGTERM's default action killed the drill alone (its actors lived on until
-    their parent-death signal, its temporary folders stayed), and a SIGINT ignored by a shell's background job let it
-    run to its end with exit 0 (a fresh-user trial), where ``bench`` stops on both."""
-    import signal
-
-    task = asyncio.current_task()
-    got: list[signal.Signals] = []
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        if not got:
-            got.append(sig)
-            task.cancel()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        return await coro
-    except asyncio.CancelledError:
-        if got:
-            raise _Stopped(got[0]) from None
-        raise
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 @app.command("run")
@@ -126,6 +92,7 @@ def run(
     from chaos.drills import UnknownDrill, get_drill, make_options, option_names
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
+    from ._signals import StoppedBySignal, until_signal
     from .cli import _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...", exit 2, as every
     # command's usage error
 
@@ -181,8 +148,8 @@ def run(
                    f"{first:g} s in (half --fault-every) and none in the last {QUIET_TAIL_S:g} s; give a --duration "
                    f"over {first + QUIET_TAIL_S:g} s or a shorter --fault-every")
     try:
-        fig = _run(_until_signal(fn(opts)))
-    except _Stopped as exc:
+        fig = _run(until_signal(fn(opts)))
+    except StoppedBySignal as exc:
         typer.echo(f"drill {name}: stopped by {exc.args[0].name} (its deployment is stopped; no figures for a run "
                    f"cut short)", err=True)
         raise typer.Exit(128 + exc.args[0]) from None

@@ -1555,15 +1555,14 @@ def bench(
 
     silent = [r for r in results if r.requests > 0 and r.errors.get("TIMEOUT", 0) >= r.requests]
     refused_light = _refused_at_lightest(results)
-    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or r in silent or r in refused_light]
+    failed = [r for r in results if r.wrong or set(r.errors) - _OVERLOAD_CODES or r in silent
+              or any(r is x for x, _ in refused_light)]
     if silent:
         steps = ", ".join(f"{r.mode} {load_label(r)}" for r in silent)
         print(f"bench: {len(silent)} step(s) got no answer at all ({steps}: every "
               f"request timed out after --timeout-s {timeout_s:g} s): the deployment answered nothing within it",
-              file=sys.stderr,
-              flush=True)
-    for r in refused_light:
-        n = sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES)
+              file=sys.stderr, flush=True)
+    for r, n in refused_light:
         codes = ", ".join(f"{c} {r.errors[c]}" for c in sorted(_OVERLOAD_CODES) if r.errors.get(c))
         print(f"bench: {r.mode} {load_label(r)}, the lightest load of its loop, had {n} of {r.requests} requests "
               f"refused or late ({codes}): that is not saturation (a rate limit, a shedding or too slow deployment?)",
@@ -1580,10 +1579,11 @@ _LIGHTEST_OVERLOAD_SHARE = 0.01
 """The share of overload codes (:data:`_OVERLOAD_CODES`) at the lightest step of a loop that fails a bench run."""
 
 
-def _refused_at_lightest(results: list) -> list:
+def _refused_at_lightest(results: list) -> list[tuple]:
     """The steps that are the lightest of their loop (per target, model and mode: a closed loop's lowest concurrency,
     an open loop's lowest rate when the run has more than one rate; a single rate may be chosen past saturation on
-    purpose) and had more than :data:`_LIGHTEST_OVERLOAD_SHARE` of their requests refused or late. Past saturation
+    purpose) and had more than :data:`_LIGHTEST_OVERLOAD_SHARE` of their requests refused or late, each as ``(step,
+    requests refused or late)``. Past saturation
     those codes are the measurement; at the lightest load they are not: a node shedding everything (a rate limit of
     5/s) passed with exit 0, 5,156 of 5,168 requests RESOURCE_EXHAUSTED at c=1 (a fresh-user trial)."""
     loops: dict[tuple, list] = {}
@@ -1596,8 +1596,9 @@ def _refused_at_lightest(results: list) -> list:
         if not mode.startswith("closed") and len(steps) < 2:
             continue
         r = min(steps, key=lambda lr: lr[0])[1]
-        if r.requests and sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES) > _LIGHTEST_OVERLOAD_SHARE * r.requests:
-            out.append(r)
+        n = sum(r.errors.get(c, 0) for c in _OVERLOAD_CODES)
+        if r.requests and n > _LIGHTEST_OVERLOAD_SHARE * r.requests:
+            out.append((r, n))
     return out
 
 # bench's options that `bench --suite` hands to `python -m bench.suite`: (parameter, its flag there)

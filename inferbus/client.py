@@ -169,6 +169,14 @@ def _check_timeout(timeout_s) -> None:
                               field="timeout_s")
 
 
+def _version_text(version):
+    """``version`` as the subject carries it: an int >= 0 as its digits (``2`` is ``"2"``, as on disk); anything else
+    as given, for the caller's check."""
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+        return str(version)
+    return version
+
+
 def _check_request_id(request_id) -> None:
     """``request_id`` is None or a string of at most :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` characters, else
     InvalidArgument at once (``field`` ``request_id``): an int failed deep in nats-py's header encoding
@@ -505,8 +513,7 @@ class Client:
         _check_timeout(timeout_s)
         _check_request_id(request_id)
         _subject_token(model, "model")
-        if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
-            version = str(version)  # version=2 means "2", as on disk and on the subject
+        version = _version_text(version)
         if version is not None:
             _subject_token(version, "model_version")
         if not isinstance(inputs, Mapping):
@@ -796,8 +803,7 @@ class Client:
         """
         subject = self.subjects.model(_subject_token(name, "model"))
         if version is not None:
-            if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
-                version = str(version)
+            version = _version_text(version)
             if not (isinstance(version, str) and version.isascii() and version.isdigit()):
                 raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
                                       field="model_version")

@@ -1716,6 +1716,7 @@ class Worker:
         outcomes = []
         t1 = time.monotonic()
         compute_us = int((t1 - t0 - paused[0]) * 1e6)
+        between_us = int(paused[0] * 1e6) if paused[0] else 0  # (only a chunked request's run has any)
         mb = self._inline_max_bytes.get(model_key)  # a run with a request over the inline bound does not price it
         self._account(model_key, len(items), compute_us, (time.thread_time() - cpu0 - paused[1]) * 1e6,
                       mb is None or (len(items[0][0].body) <= mb if len(items) == 1
@@ -1737,8 +1738,7 @@ class Worker:
                 outcomes.append(failed)
                 continue
             try:
-                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items), digest,
-                                             int(paused[0] * 1e6)))
+                outcomes.append(self._encode(job, req, mv, res, t0, compute_us, len(items), digest, between_us))
             except InferbusError as err:  # an output the wire cannot carry (e.g. a BYTES element over 4 GiB)
                 outcomes.append(self._error_outcome(job, err))
                 continue
