@@ -149,12 +149,9 @@ err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppa
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from ._version import __version__
 
-        try:
-            typer.echo(f"inferbus {version('inferbus')}")
-        except PackageNotFoundError:  # a checkout on sys.path without an install
-            typer.echo("inferbus (not installed: no package metadata)")
+        typer.echo(f"inferbus {__version__}")
         raise typer.Exit(0)
 
 

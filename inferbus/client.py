@@ -126,7 +126,7 @@ from .schemas import (
     PayloadTooLarge,
     RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
-    output_to_numpy, Health,
+    output_to_numpy, Health, ModelReady, ServerMetadata,
 )
 
 _MAX_BACKOFF_MS = 100.0
@@ -174,6 +174,20 @@ def _version_text(version):
     as given, for the caller's check."""
     if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         return str(version)
+    return version
+
+
+def _version_token(version) -> str | None:
+    """``version`` as the subject carries it (None stays None: the default version), else InvalidArgument at once
+    (``field`` ``model_version``): a version is a string of digits or an int >= 0, as a model repository's version
+    folders are; anything else names no version the ingress could serve (it answered NOT_FOUND after the round
+    trip)."""
+    if version is None:
+        return None
+    version = _version_text(version)
+    if not (isinstance(version, str) and version.isascii() and version.isdigit()):
+        raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
+                              field="model_version")
     return version
 
 
@@ -513,9 +527,7 @@ class Client:
         _check_timeout(timeout_s)
         _check_request_id(request_id)
         _subject_token(model, "model")
-        version = _version_text(version)
-        if version is not None:
-            _subject_token(version, "model_version")
+        version = _version_token(version)
         if not isinstance(inputs, Mapping):
             raise InvalidArgument(f"inputs must map each input name to an array (e.g. {{'pixels': x}}), got "
                                   f"{type(inputs).__name__}", field="inputs")
@@ -802,14 +814,41 @@ class Client:
                 string of digits or an int >= 0.
         """
         subject = self.subjects.model(_subject_token(name, "model"))
+        version = _version_token(version)
         if version is not None:
-            version = _version_text(version)
-            if not (isinstance(version, str) and version.isascii() and version.isdigit()):
-                raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
-                                      field="model_version")
             subject = f"{subject}.{version}"
         body, ct = await self.request(subject, b"", timeout_s=timeout_s)
         return decode(body, ModelMetadata, ct)
+
+    async def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> bool:
+        """Whether one model version is ready to serve (OIP v2 model ready, ``<p>.models.<name>[.<version>].ready``,
+        as Triton's ``is_model_ready(name, version)``): of its default version, or of ``version``.
+
+        Args:
+            timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
+
+        Returns:
+            True when a live worker whose breaker is not open serves it and the answering ingress can route it.
+
+        Raises:
+            NotFound: an unknown model, or a version it does not serve (``field`` ``model_version``).
+            InvalidArgument (before sending): as :meth:`model`.
+            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+        """
+        subject = self.subjects.model_ready(_subject_token(name, "model"), _version_token(version))
+        body, ct = await self.request(subject, b"", timeout_s=timeout_s)
+        return decode(body, ModelReady, ct).ready
+
+    async def server_metadata(self, timeout_s: float = 1.0) -> ServerMetadata:
+        """OIP v2 server metadata (``<p>.server``): ``name`` ``"inferbus"``, the answering ingress's ``version``
+        and its protocol ``extensions``, as Triton's ``get_server_metadata``.
+
+        Raises:
+            InvalidArgument: ``timeout_s`` is not a finite number > 0 (nothing sent).
+            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+        """
+        body, ct = await self.request(self.subjects.server, b"", timeout_s=timeout_s)
+        return decode(body, ServerMetadata, ct)
 
     async def health(self, timeout_s: float = 1.0) -> Health:
         """Liveness/readiness of one ingress replica (``<p>.health``).
@@ -919,6 +958,14 @@ class SyncClient:
     def model(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> ModelMetadata:
         """:meth:`Client.model`, blocking."""
         return self._call(self.client.model, name, version, timeout_s=timeout_s)
+
+    def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> bool:
+        """:meth:`Client.model_ready`, blocking."""
+        return self._call(self.client.model_ready, name, version, timeout_s=timeout_s)
+
+    def server_metadata(self, timeout_s: float = 1.0) -> ServerMetadata:
+        """:meth:`Client.server_metadata`, blocking."""
+        return self._call(self.client.server_metadata, timeout_s)
 
     def health(self, timeout_s: float = 1.0) -> Health:
         """:meth:`Client.health`, blocking."""

@@ -259,8 +259,10 @@ async def test_our_headers_in_another_case_are_refused_naming_the_spelling(env):
     naming both spellings; the reply to a JSON body is JSON whatever Content-Type said."""
     nc, _ = env
     body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    # (Inferbus-Hedge in lower case was served with the policy ignored: a fresh-user trial, 2026-12-05)
     for given, ours in (("inferbus-timeout-ms", "Inferbus-Timeout-Ms"), ("INFERBUS-DEADLINE-UNIX-MS",
-                                                                        "Inferbus-Deadline-Unix-Ms")):
+                                                                        "Inferbus-Deadline-Unix-Ms"),
+                        ("inferbus-hedge", "Inferbus-Hedge")):
         t0 = time.perf_counter()
         err, _ = await raw_request(nc, "typed", body, headers={given: "1000"})
         assert isinstance(err, InvalidArgument) and err.field == ours, (given, err)
@@ -405,6 +407,21 @@ async def test_too_deeply_nested_bodies_are_invalid_argument_not_internal(env, w
     err, _ = await raw_request(nc, "digits", body, json_body=json_body)
     assert isinstance(err, InvalidArgument) and err.field == "body" and "nested too deeply" in err.message, err
     assert (await client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})) is not None
+
+
+async def test_an_integer_past_64_bits_in_json_parameters_is_invalid_argument(env):
+    """JSON can write an integer MessagePack cannot carry; in the request ``parameters`` (part of the cache key,
+    hashed as MessagePack) it was INTERNAL "OverflowError" with an ``internal error`` log line per request (a
+    fresh-user trial, 2026-12-05). Now INVALID_ARGUMENT, ``field`` ``parameters``; the edges of the range serve."""
+    nc, client = env
+    tensor = {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.25] * 64}
+    for bad in (2**64, -2**63 - 1, 10**30, {"nested": [1, 2**70]}):
+        err, _ = await raw_request(nc, "digits", {"inputs": [tensor], "parameters": {"f": bad}}, json_body=True)
+        assert isinstance(err, InvalidArgument) and err.field == "parameters", (bad, err)
+        assert "64-bit range" in err.message, err.message
+    for edge in (2**64 - 1, -2**63):
+        err, resp = await raw_request(nc, "digits", {"inputs": [tensor], "parameters": {"f": edge}}, json_body=True)
+        assert err is None and resp["outputs"][0]["name"] == "logits", (edge, err)
 
 
 async def test_a_json_body_sent_without_content_type_gets_its_error_in_json(env):
@@ -720,7 +737,7 @@ async def test_a_request_whose_error_would_echo_megabytes_gets_a_short_typed_err
     # the SDK's own call with a megabyte input name: the ingress's refusal, cut, at once
     with pytest.raises(InvalidArgument) as ei:
         await client.infer("digits", {"n" * n: np.zeros((1, 64), np.float32)}, timeout_s=5)
-    assert "more characters" in ei.value.message and len(ei.value.message) <= 2100, ei.value.message[:200]
+    assert "more characters" in ei.value.message and len(ei.value.message) <= 2000, ei.value.message[:200]
 
 
 async def test_an_answer_near_max_payload_with_a_long_request_id_is_answered_or_refused_never_silent(env):

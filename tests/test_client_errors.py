@@ -298,10 +298,16 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
             assert ei.value.field == "model" and repr(bad) in ei.value.message, (bad, ei.value.message)
             with pytest.raises(InvalidArgument):
                 await client.model(bad, timeout_s=5.0)
-        for bad in ("", "1.x", "*", "1 "):
-            with pytest.raises(InvalidArgument) as ei:
-                await client.infer("digits", x, version=bad, timeout_s=5.0)
-            assert ei.value.field == "model_version", bad
+            with pytest.raises(InvalidArgument):
+                await client.model_ready(bad, timeout_s=5.0)
+        # a version is a string of digits (or an int >= 0): "x" was sent and answered NOT_FOUND, where client.model
+        # refused it before sending
+        for bad in ("", "1.x", "*", "1 ", "x", "v1", "²"):
+            for call in (client.infer("digits", x, version=bad, timeout_s=5.0), client.model("digits", bad),
+                         client.model_ready("digits", bad)):
+                with pytest.raises(InvalidArgument) as ei:
+                    await call
+                assert ei.value.field == "model_version", bad
         for bad in (-1, 1.5, True):  # neither a string nor an int >= 0: said so, not "without '.', '*', ..."
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", x, version=bad, timeout_s=5.0)

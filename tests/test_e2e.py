@@ -217,7 +217,26 @@ async def test_plain_nats_and_msgpack_client(deployment):
         msg = await nc.request(f"{deployment.prefix}.infer.digits", body, timeout=2,
                                headers={"Content-Type": "application/json"})
         resp = json.loads(msg.data)
-        assert resp["outputs"][0]["shape"] == [1, 10]
+        assert resp["outputs"][0]["shape"] == [1, 10] and "data" in resp["outputs"][0]
+        # a JSON request whose tensors come raw (base64) is answered raw too: its answers were always `data`,
+        # and 24,000 rows that fit max_payload on the way in were PAYLOAD_TOO_LARGE on the way out (a fresh-user
+        # trial, 2026-12-05)
+        import base64
+
+        base = digits_rows(1000)
+        rows = np.tile(base, (-(-24_000 // len(base)), 1))[:24_000]
+        body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": list(rows.shape),
+                                       "raw": base64.b64encode(rows.tobytes()).decode()}]}).encode()
+        assert nc.max_payload * 0.9 < len(body) < nc.max_payload, (len(body), nc.max_payload)
+        msg = await nc.request(f"{deployment.prefix}.infer.digits", body, timeout=20,
+                               headers={"Content-Type": "application/json"})
+        resp = json.loads(msg.data)
+        assert "error" not in resp, resp.get("error")
+        outs = {o["name"]: o for o in resp["outputs"]}
+        assert "data" not in outs["probabilities"] and outs["probabilities"]["shape"] == [24_000, 10]
+        probs = np.frombuffer(base64.b64decode(outs["probabilities"]["raw"]), "<f4").reshape(24_000, 10)
+        ref = reference("digits", "1", {"pixels": base})["probabilities"]
+        np.testing.assert_allclose(probs[:len(base)], ref, rtol=1e-5, atol=1e-6)
         # an error reply by hand: NATS micro headers plus a typed body
         msg = await nc.request(f"{deployment.prefix}.infer.nosuchmodel", body, timeout=2,
                                headers={"Content-Type": "application/json"})
@@ -234,7 +253,7 @@ async def test_plain_nats_and_msgpack_client(deployment):
         assert err["code"] == "INVALID_ARGUMENT" and err["field"] == "model_version", err
         assert "tokens after the version" in err["message"], err
         # metadata and health replies say their encoding, like inference replies
-        for subj in ("models", "models.digits", "health"):
+        for subj in ("models", "models.digits", "health", "server", "models.digits.ready", "models.digits.2.ready"):
             msg = await nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2,
                                    headers={"Content-Type": "application/json"})
             assert msg.headers["Content-Type"] == "application/json" and json.loads(msg.data)
@@ -242,6 +261,19 @@ async def test_plain_nats_and_msgpack_client(deployment):
             assert msg.headers["Content-Type"] == "application/msgpack" and msgpack.unpackb(msg.data)
         assert json.loads((await nc.request(f"{deployment.prefix}.models.digits", b"", timeout=2, headers={
             "Content-Type": "application/json"})).data)["parameters"]["default_version"] == "1"
+        # OIP model ready by subject: the version read is named; past the version, only "ready" is a read
+        ask = lambda subj: nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2,  # noqa: E731
+                                      headers={"Content-Type": "application/json"})
+        assert json.loads((await ask("models.digits.ready")).data) == {"name": "digits", "version": "1", "ready": True}
+        assert json.loads((await ask("models.digits.2.ready")).data) == {"name": "digits", "version": "2",
+                                                                         "ready": True}
+        for subj, code, field in (("models.digits.9.ready", "NOT_FOUND", "model_version"),
+                                  ("models.nope.ready", "NOT_FOUND", "model"),
+                                  ("models.digits.2.ready.x", "NOT_FOUND", "op")):
+            err = json.loads((await ask(subj)).data)["error"]
+            assert (err["code"], err.get("field")) == (code, field), (subj, err)
+        server = json.loads((await ask("server")).data)
+        assert server["name"] == "inferbus" and server["extensions"] == ["model_repository"], server
     finally:
         await nc.close()
 
@@ -260,6 +292,16 @@ async def test_metadata_and_health(client):
         await client.model("nope")
     h = await client.health()
     assert h.live and h.ready
+    # OIP server metadata and model ready (Triton's get_server_metadata, is_model_ready)
+    from inferbus._version import __version__
+
+    sm = await client.server_metadata()
+    assert (sm.name, sm.version, sm.extensions) == ("inferbus", __version__, ["model_repository"]), sm
+    assert await client.model_ready("digits") is True and await client.model_ready("digits", 2) is True
+    for call, field in ((client.model_ready("nope"), "model"), (client.model_ready("digits", 9), "model_version")):
+        with pytest.raises(NotFound) as ei:
+            await call
+        assert ei.value.field == field, ei.value
 
 
 async def _timed_error(coro):
@@ -387,7 +429,8 @@ async def test_micro_service_discovery(deployment):
         p = deployment.prefix
         kinds = {  # service name: (metadata id key, instances, {endpoint: subject})
             "inferbus-ingress": ("ingress_id", 1, {"infer": f"{p}.infer.>", "models": f"{p}.models",
-                                                   "model": f"{p}.models.>", "health": f"{p}.health"}),
+                                                   "model": f"{p}.models.>", "health": f"{p}.health",
+                                                   "server": f"{p}.server"}),
             "inferbus-worker": ("worker_id", 2, {"infer": None}),
             "inferbus-aggregator": ("aggregator_id", 1, {"cache-fill": f"{p}._cache.fill"}),
         }

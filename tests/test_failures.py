@@ -111,6 +111,7 @@ async def test_no_live_worker_is_fast_unavailable(nats_server, tmp_path):
         client = await Client.connect(nats_server.url, "t1", retry_unavailable=False)
         h = await client.health()
         assert h.live and not h.ready
+        assert await client.model_ready("digits") is False and await client.model_ready("digits", "2") is False
         t0 = time.perf_counter()
         with pytest.raises(Unavailable):
             await client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=2)

@@ -130,6 +130,7 @@ async def test_a_restarted_worker_does_not_serve_changed_or_deleted_files_under_
             assert time.monotonic() < deadline, h.parameters
             await asyncio.sleep(0.1)
         assert h.ready, h.parameters  # n1-w1 still serves both from the pinned bytes
+        assert await client.model_ready("digits", 2) and await client.model_ready("digits", "3")
         assert bad["digits:2"]["ready"] and set(bad["digits:2"]["workers"]) == {"n1-w0"}, bad
         assert f"digest mismatch: expected {pinned_2} got {now_2}" in bad["digits:2"]["workers"]["n1-w0"], bad
         assert "files missing" in bad["digits:3"]["workers"]["n1-w0"], bad
@@ -150,6 +151,8 @@ async def test_a_restarted_worker_does_not_serve_changed_or_deleted_files_under_
         assert not h.ready, h.parameters
         bad = h.parameters["model_versions_not_served"]
         assert not bad["digits:2"]["ready"] and set(bad["digits:2"]["workers"]) == {"n1-w0", "n1-w1"}, bad
+        # OIP model ready says the same per version (the default version serves on)
+        assert [await client.model_ready("digits", v) for v in (None, 1, 2, 3)] == [True, True, False, False]
         hp = await asyncio.to_thread(_cli, "health", *url)
         assert json.loads(hp.stdout)["ready"] is False, (hp.stdout, hp.stderr)
         p = await asyncio.to_thread(_cli, "models", *url)

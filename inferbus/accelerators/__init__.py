@@ -17,6 +17,7 @@ GPU host memory comes from fixed-size pinned pools and a stream pool
 from ._abc import (
     DEVICE_KINDS, PRECISIONS, AcceleratorError, Backend, BackendUnavailable, DeviceInfo, InferenceError,
     ModelLoadError, PoolExhausted, PrecisionRefused, Session, TensorInfo, check_precision, default_precision,
+    rows_problem, zero_feeds,
 )
 from ._devices import DevicePlan, discover_devices, plan_workers
 from ._onnxruntime import OnnxRuntimeBackend, OrtSession
@@ -63,5 +64,5 @@ __all__ = [
     "DevicePlan", "InferenceError", "ModelLoadError", "OnnxRuntimeBackend", "OrtSession", "PRECISIONS",
     "PoolExhausted", "PrecisionRefused", "PrecisionReport", "Session", "TOLERANCES", "TensorInfo", "batch_buckets",
     "check_precision", "default_precision", "discover_devices", "get_backend", "load_checked", "load_reference",
-    "normalized_errors", "plan_workers",
+    "normalized_errors", "plan_workers", "rows_problem", "zero_feeds",
 ]

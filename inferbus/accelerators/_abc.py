@@ -136,6 +136,51 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
+def zero_feeds(inputs: tuple[TensorInfo, ...], batch: int) -> dict[str, np.ndarray]:
+    """Zero-filled inputs (``b""`` for BYTES) of ``batch`` rows: a variable first dimension takes ``batch``, any
+    other variable dimension 1; the warm-ups' and :func:`rows_problem`'s feeds."""
+    from ._dtypes import numpy_dtype_for
+
+    feeds = {}
+    for t in inputs:
+        shape = tuple(batch if i == 0 and d < 0 else (d if d >= 0 else 1) for i, d in enumerate(t.shape))
+        feeds[t.name] = (np.full(shape, b"", dtype=object) if t.datatype == "BYTES"
+                         else np.zeros(shape, dtype=numpy_dtype_for(t.datatype)))
+    return feeds
+
+
+def rows_problem(sess: "Session") -> str | None:
+    """Why requests of ``sess``'s model cannot be merged into one run or cut into chunks by rows; None when they
+    can. They can when every input has a variable first dimension and, run at 1 and at 2 rows (zero inputs), every
+    output has that many rows first and the rest of its shape the same at both: what Triton requires of a model
+    with ``max_batch_size`` > 0 (the batch is the first dimension of every input and output). A model that fails
+    this was merged and split by rows anyway: a constant output ``[4]`` of a batch of 4 was cut into one-row
+    pieces, an output ``[N, N]`` handed one client the products of another's rows (a fresh-user trial,
+    2026-12-05). Shapes only: a model that mixes rows while keeping them in place (a softmax across the batch) is
+    not seen; ``max_batch_size`` > 0 says its rows are independent."""
+    if not sess.inputs:
+        return "it has no inputs"
+    for t in sess.inputs:
+        if not t.shape or t.shape[0] != -1:
+            return f"input {t.name!r} has shape {list(t.shape)}: its first dimension is not variable"
+    shapes = {}
+    for b in (1, 2):
+        try:
+            out = sess.infer(zero_feeds(sess.inputs, b))
+        except Exception as exc:  # noqa: BLE001 - the runtime's words, whatever it raised
+            return f"it cannot run {b} rows of zeros: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        for name, arr in out.items():
+            shape = tuple(np.shape(arr))
+            if not shape or shape[0] != b:
+                return f"output {name!r} has shape {list(shape)} for {b} row(s): its first dimension is not the batch"
+            shapes.setdefault(name, []).append(shape[1:])
+    for name, (one, two) in shapes.items():
+        if one != two:
+            return (f"output {name!r} has shape {[1, *one]} for 1 row and {[2, *two]} for 2: the rest of its shape "
+                    f"changes with the batch")
+    return None
+
+
 class Backend(Protocol):
     """Loads artifacts into sessions for one runtime."""
 

@@ -178,7 +178,10 @@ class JaxSession:
         from ._dtypes import numpy_dtype_for
 
         self._in_dtypes = {t.name: numpy_dtype_for(t.datatype) for t in inputs}
-        self._batched = all(len(t.shape) > 0 and t.shape[0] == -1 for t in inputs + outputs)
+        self._batched = all(len(t.shape) > 0 and t.shape[0] == -1 for t in inputs + outputs) and \
+            self._rows_follow_batch()
+        """Requests are padded to a compiled batch size, or cut into chunks of the largest: only when rows are
+        independent by their shapes (:meth:`_rows_follow_batch`); else each request runs at its own size."""
         self._all_outputs = [t.name for t in outputs]
         self._cupy = None
         self._cuda_ordinal = getattr(jdev, "local_hardware_id", None) or 0
@@ -302,6 +305,26 @@ class JaxSession:
         if y.shape != (off,):
             raise ValueError(f"packed output is {y.shape}, expected ({off},)")
         self._packed[batch] = (fn, tuple(layout), off)
+
+    def _rows_follow_batch(self) -> bool:
+        """Whether every output has the batch first and the rest of its shape the same at 1 and at 2 rows, by
+        abstract evaluation (``jax.eval_shape``: nothing compiled or run). A model whose output is ``[N, N]`` or a
+        constant ``[4]`` was padded to a compiled size and cut back by rows: wrong answers even for one request
+        (:func:`inferbus.accelerators.rows_problem` says why for the worker)."""
+        import jax
+
+        seen = []
+        for b in (1, 2):
+            specs = {t.name: jax.ShapeDtypeStruct(self._shape(t, b), self._in_dtypes[t.name]) for t in self.inputs}
+            try:
+                out = jax.eval_shape(self._jit, self._params, specs)
+            except Exception:  # noqa: BLE001 - not traceable at these sizes: run each request at its own size
+                return False
+            shapes = {k: tuple(v.shape) for k, v in out.items()}
+            if any(not s or s[0] != b for s in shapes.values()):
+                return False
+            seen.append({k: s[1:] for k, s in shapes.items()})
+        return seen[0] == seen[1]
 
     def lowered_text(self, batch: int = 1, optimized: bool = True) -> str:
         """The program as XLA sees it: HLO after optimization (fusions) or StableHLO before."""

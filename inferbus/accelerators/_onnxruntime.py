@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._abc import BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, PrecisionRefused, TensorInfo
+from ._abc import (BackendUnavailable, DeviceInfo, InferenceError, ModelLoadError, PrecisionRefused, TensorInfo,
+                   zero_feeds)
 
 # ONNX Runtime type strings → OIP datatypes (https://onnxruntime.ai/docs/api/python/api_summary.html)
 _ORT_TO_OIP = {
@@ -109,16 +110,11 @@ class OrtSession:
         return dict(zip(names, results))
 
     def warmup(self, batch_sizes: tuple[int, ...] = (1,)) -> None:
-        from ._dtypes import numpy_dtype_for
-
         for b in batch_sizes:
-            feeds = {}
-            for t in self.inputs:
-                shape = tuple(b if i == 0 and d < 0 else (d if d >= 0 else 1) for i, d in enumerate(t.shape))
-                dt = numpy_dtype_for(t.datatype)
-                feeds[t.name] = np.zeros(shape, dtype=dt) if t.datatype != "BYTES" else np.full(shape, b"", dtype=object)
-                if self._shrink_opts is not None:
-                    self._shrink_over_bytes = max(self._shrink_over_bytes, SHRINK_OVER_WARMUP * feeds[t.name].nbytes)
+            feeds = zero_feeds(self.inputs, b)
+            if self._shrink_opts is not None:
+                for a in feeds.values():
+                    self._shrink_over_bytes = max(self._shrink_over_bytes, SHRINK_OVER_WARMUP * a.nbytes)
             self.infer(feeds)
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ import time
 
 from ..bus import Subjects, close_connection
 from ..schemas._internal import CacheFill, InternalDecodeError, decode_internal
+from .._version import __version__
 from ._common import announce_ready, connect_logged, log, run_actor, serving_gc, set_affinity, supervise_loops
 from ._config import AggregatorConfig
 from ._repository import MAX_CACHE_TTL_MS
@@ -119,7 +120,7 @@ class Aggregator:
             self.redis = aioredis.from_url(self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
         from nats.micro import add_service
 
-        svc = await add_service(self.nc, name="inferbus-aggregator", version="0.1.0",
+        svc = await add_service(self.nc, name="inferbus-aggregator", version=__version__,
                                 description="inferbus aggregator (L2 cache fill)",
                                 metadata={"aggregator_id": self.config.aggregator_id},
                                 stats_handler=self._stats_data)

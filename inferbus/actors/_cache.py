@@ -16,6 +16,8 @@ from collections import OrderedDict
 import msgspec
 import numpy as np
 
+from ..schemas import InvalidArgument
+
 _enc = msgspec.msgpack.Encoder(order="deterministic")
 
 
@@ -53,10 +55,20 @@ def key_head(name: str, datatype: str, shape: tuple) -> bytes:
 
 
 def key_tail(outputs: list[str] | None, parameters: dict | None) -> bytes:
-    """The bytes a key hashes after the last input: the requested outputs and the request parameters."""
+    """The bytes a key hashes after the last input: the requested outputs and the request parameters.
+
+    Raises:
+        InvalidArgument: ``parameters`` holds an integer MessagePack cannot carry (below -2**63 or above
+            2**64 - 1; only a JSON body can hold one), ``field`` ``parameters`` (it was INTERNAL: a fresh-user
+            trial, 2026-12-05).
+    """
     tail = b"\0out\0" + ",".join(outputs).encode() if outputs else b"\0out\0"
     if parameters:
-        tail += b"\0par\0" + _enc.encode(parameters)
+        try:
+            tail += b"\0par\0" + _enc.encode(parameters)
+        except OverflowError:
+            raise InvalidArgument("parameters: an integer is outside the 64-bit range (-2**63 to 2**64 - 1)",
+                                  field="parameters") from None
     return tail
 
 

@@ -62,9 +62,9 @@ from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..bus._connect import _round_trip as _server_round_trip
 from ..schemas import (
     MAX_REQUEST_ID_CHARS, DeadlineExceeded, Health, InferResponse, InferbusError, Internal, InvalidArgument, ModelList,
-    ModelMetadata, NotFound,
+    ModelMetadata, ModelReady, NotFound, ServerMetadata,
     PayloadTooLarge, ResourceExhausted, TensorMetadata, Unavailable, decode_request, decode_response, encode,
-    JSON, encode_response, input_to_numpy, is_json,
+    JSON, answers_raw, encode_response, input_to_numpy, is_json,
 )
 from ..schemas._codec import looks_like_json
 from ..schemas._errors import fmt_ms
@@ -74,6 +74,7 @@ from ..schemas._internal import (
     encode_internal,
 )
 from ._cache import L1Cache, cache_key
+from .._version import __version__
 from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint, endpoint_error_counter,
                       endpoint_subscription, error_message, log, run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
@@ -86,7 +87,7 @@ from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, 
 from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._pinning import pinned_versions
-from ._repository import Model, ModelRepository
+from ._repository import Model, ModelRepository, ModelVersion
 from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
 from ._worker import INLINE_MAX_JOBS, INLINE_SLICE_US, control_subject
 
@@ -292,6 +293,11 @@ class _Deferred(msgspec.Struct):
     dkey: tuple | None
     stages: dict
     probe: bool
+
+
+SERVER_METADATA = ServerMetadata(name="inferbus", version=__version__, extensions=["model_repository"])
+"""What ``<p>.server`` answers (OIP v2 server metadata): ``model_repository`` is the extension of docs/models.md's
+load, unload and default writes."""
 
 
 def model_metadata(model: Model, version: str | None = None) -> ModelMetadata:
@@ -778,8 +784,7 @@ class Ingress:
                                          else None)
         if ttl_ms > 0:
             if key is None:
-                raw_form = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
-                key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, raw_form, req.parameters)
+                key = cache_key(mv.name, vtag, req.inputs, arrays, out_names, answers_raw(req), req.parameters)
                 if raw_key is not None:
                     self._raw_index.put(raw_key, (key, req.id), ttl_ms, t_val)
                 cached = self.l1.get(key, t_val)
@@ -2046,31 +2051,48 @@ class Ingress:
             body = encode(ModelList(models=[_with_problems(model_metadata(m), problems) for m in self.repo]), ct)
         else:
             name = subj[len(self.subjects.models) + 1:]
-            version = None
-            if "." in name:  # <p>.models.<model>.<op>: a model-management write (off this callback) ...
-                model_name, _, op = name.partition(".")
-                if not (op.isascii() and op.isdigit()):
-                    self.model_ctl.submit(msg, model_name, op)
-                    return
-                name, version = model_name, op  # ... or <p>.models.<model>.<version>: that version's metadata
-            model = self.repo.get(name)
-            if model is None:
-                await self._error(msg.reply, NotFound(f"unknown model {name!r}", field="model"), ct, None,
-                                  endpoint="model")
+            tokens = name.split(".")
+            ready = len(tokens) > 1 and tokens[-1] == "ready"  # <p>.models.<model>[.<version>].ready
+            asked = tokens[:-1] if ready else tokens  # [model] or [model, version] ...
+            if len(asked) > 2 or (len(asked) == 2 and not (asked[1].isascii() and asked[1].isdigit())):
+                self.model_ctl.submit(msg, tokens[0], name.partition(".")[2])  # ... else a model-management write
                 return
+            name, version = asked[0], (asked[1] if len(asked) == 2 else None)
             try:
-                meta = model_metadata(model, version)
-            except KeyError:
-                await self._error(msg.reply, NotFound(
-                    f"model {name!r} has no version {version!r}; versions: {sorted(model.versions, key=int)}",
-                    field="model_version"), ct, None, endpoint="model")
+                if ready:
+                    body = encode(self.model_ready(name, version), ct)
+                else:
+                    body = encode(_with_problems(self._metadata(name, version),
+                                                 self.model_ctl.version_problems(time.monotonic())), ct)
+            except NotFound as e:
+                await self._error(msg.reply, e, ct, None, endpoint="model")
                 return
-            body = encode(_with_problems(meta, self.model_ctl.version_problems(time.monotonic())), ct)
         await self.nc.publish(msg.reply, body, headers=_reply_ct(ct))
 
-    def health(self) -> Health:
-        """Live/ready and the serving state: per-worker health and breaker, limits, hedging, cache."""
-        now = time.monotonic()
+    def _served(self, name: str, version: str | None) -> tuple[Model, ModelVersion]:
+        """``(model, model version)`` of a served model version (None: the default version).
+
+        Raises:
+            NotFound: an unknown model (``field`` ``model``), or a version it does not serve (``model_version``).
+        """
+        model = self.repo.get(name)
+        if model is None:
+            raise NotFound(f"unknown model {name!r}", field="model")
+        mv = model.version(version)
+        if mv is None:
+            raise NotFound(f"model {name!r} has no version {version!r}; versions: {sorted(model.versions, key=int)}",
+                           field="model_version")
+        return model, mv
+
+    def _metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """:func:`model_metadata` of a served model version; NotFound as :meth:`_served` says."""
+        return model_metadata(self._served(name, version)[0], version)
+
+    def _readiness(self, now: float) -> tuple[set[str], set[str], dict[str, dict], dict[str, str]]:
+        """``(ready, wanted, problems, not_here)``: the model version keys (``"digits:2"``) this ingress can serve
+        now, those it must for the node to be ready (every default version, and any version some worker refuses),
+        the versions not served for their files (:meth:`IngressModels.version_problems`) and the served versions
+        this ingress cannot read (``{"digits:3": why}``)."""
         ready_models = self.router.ready_models(now)
         wanted = {m.version(None).key for m in self.repo}
         # a served version whose files changed or are gone on every live worker that (re)loaded it: not ready either
@@ -2086,6 +2108,23 @@ class Ingress:
             left_out = {k for k in ready_models if k.rpartition(":")[0] in self.repo.unreadable}
             wanted |= left_out
             ready_models = ready_models - left_out
+        return ready_models, wanted, problems, not_here
+
+    def model_ready(self, name: str, version: str | None = None) -> ModelReady:
+        """OIP v2 model ready of ``version`` of ``name`` (None: its default version), by :meth:`_readiness`.
+
+        Raises:
+            NotFound: an unknown model (``field`` ``model``), or a version it does not serve (``model_version``).
+        """
+        mv = self._served(name, version)[1]
+        ready, _, problems, _ = self._readiness(time.monotonic())
+        return ModelReady(name=name, version=mv.version,
+                          ready=mv.key in ready and problems.get(mv.key, {}).get("ready", True))
+
+    def health(self) -> Health:
+        """Live/ready and the serving state: per-worker health and breaker, limits, hedging, cache."""
+        now = time.monotonic()
+        ready_models, wanted, problems, not_here = self._readiness(now)
         latency = {}
         for k, lw in self._latency.items():
             p50, p95 = lw.quantile(0.5, now), lw.quantile(0.95, now)
@@ -2114,6 +2153,11 @@ class Ingress:
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))
             params["l2_pool_size"] = self.config.l2_pool_size
         return Health(live=True, ready=wanted <= ready_models, parameters=params)
+
+    async def _on_server(self, msg) -> None:
+        """OIP v2 server metadata (``<p>.server``), in the encoding the request's content type names."""
+        ct = _query_ct(msg.headers)
+        await self.nc.publish(msg.reply, encode(SERVER_METADATA, ct), headers=_reply_ct(ct))
 
     async def _on_health(self, msg) -> None:
         ct = _query_ct(msg.headers)
@@ -2177,7 +2221,7 @@ class Ingress:
         await self._await_workers()
         from nats.micro import add_service
 
-        svc = await add_service(self.nc, name="inferbus-ingress", version="0.1.0",
+        svc = await add_service(self.nc, name="inferbus-ingress", version=__version__,
                                 description="inferbus ingress (request actor + router)",
                                 metadata={"ingress_id": self.config.ingress_id}, stats_handler=self._stats_data)
         q = s.ingress_queue
@@ -2189,6 +2233,7 @@ class Ingress:
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
+        await svc.add_endpoint(name="server", subject=s.server, queue_group=q, handler=lambda r: self._on_server(r._msg))
         self._error_counters = {name: endpoint_error_counter(svc, name) for name in ("infer", "model")}
         named = {"sweeper": self._sweeper}
         if self.busy_poll is not None and self.local_worker is None:

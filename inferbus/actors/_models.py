@@ -45,7 +45,7 @@ import asyncio
 import dataclasses
 import time
 
-from ..accelerators import batch_buckets, load_checked
+from ..accelerators import batch_buckets, load_checked, rows_problem
 from ..bus import headers as H
 from ..schemas import (
     MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
@@ -980,8 +980,8 @@ class WorkerModels:
             have = {k for k in w.sessions if k.rpartition(":")[0] == model}
             mb = st.config.get("max_batch_size") if w.config.max_batch_size is None else None
             if isinstance(mb, int) and not isinstance(mb, bool):  # a config change carried by `models load`: merging
-                for k in have & want:  # follows at once (JAX's compiled sizes at the version's next load)
-                    w.max_batch[k] = mb
+                for k in have & want:  # follows at once (JAX's compiled sizes at the version's next load), unless
+                    w.max_batch[k] = w.batch_limit(k, mb)  # its rows cannot be merged (then never)
             # served here from other files than the state pins (re-pinned by `models load`): loaded again
             repin = {k for k in want & have if pins.get(k) and w.digests.get(k) != pins[k]}
             await asyncio.gather(*[self._load(model, k, pins.get(k)) for k in sorted(want - have)],
@@ -1010,17 +1010,21 @@ class WorkerModels:
         return all(self.w.digests.get(f"{st.model}:{v}") == d for v, d in st.digests.items())
 
     def _forget(self, key: str) -> None:
-        for table in (self.w.versions, self.w.max_batch, self.w._bytes_inputs, self.w._specs, self.w.digests):
+        for table in (self.w.versions, self.w.max_batch, self.w.row_problems, self.w._bytes_inputs, self.w._specs,
+                      self.w.digests):
             table.pop(key, None)
 
     def _open(self, model: Model, version: str, max_batch: int):
-        """Blocking (a thread): session for ``model``/``version``, precision-checked and warmed up."""
+        """Blocking (a thread): ``(model version, session, why its rows cannot be merged or None)`` for
+        ``model``/``version``, precision-checked and warmed up at the batch sizes ``max_batch`` allows
+        (:meth:`Worker.batch_limit`; 1 when its rows cannot be merged)."""
         w = self.w
         mv = model.versions[version]
         sess = load_checked(w.backend, mv.path, precision=w.config.precision, device_kind=w.config.device_kind,
                             device_index=w.config.device_index, reference_path=model.data_path(w.repo.root))
-        sess.warmup(batch_buckets(max_batch) if max_batch > 1 else (1,))
-        return mv, sess
+        problem = rows_problem(sess)
+        sess.warmup(batch_buckets(max_batch) if max_batch > 1 and problem is None else (1,))
+        return mv, sess, problem
 
     async def _load(self, model: str, key: str, pinned: str | None = None, replace: bool = False) -> None:
         """Load version ``key`` off the loop and publish it to the worker's tables; never raises.
@@ -1042,7 +1046,7 @@ class WorkerModels:
             if version not in m.versions:
                 raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size
-            mv, sess = await asyncio.to_thread(self._open, m, version, mb)
+            mv, sess, problem = await asyncio.to_thread(self._open, m, version, mb)
             if not await asyncio.to_thread(files.unchanged):
                 raise ModelPinError(f"model {model!r} version {version}: files changed while being loaded "
                                     f"({w.repo.root / model / version}); not served")
@@ -1055,7 +1059,7 @@ class WorkerModels:
         w.repo.models[model] = m
         w.digests[key] = files.digest
         w.versions[key] = mv
-        w.max_batch[key] = mb
+        w.max_batch[key] = w.batch_limit(key, mb, problem)
         w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
         w._specs[key] = {t.name: t for t in mv.inputs}
         w.sessions[key] = sess  # last: from here on requests for it are accepted

@@ -56,6 +56,7 @@ from ..schemas._region import (
     PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
     RegionStep, Transition, decode_region, encode_region,
 )
+from .._version import __version__
 from ._common import announce_ready, log, run_actor
 from ._config import _JsonMixin
 from ._lease import LEASE_KEY, LeaseStore, LeaseUnavailable, LostRace, RegionError, bucket_name
@@ -871,7 +872,7 @@ class RegionManager:
 
         # a NATS micro service like every actor kind: $SRV.PING/INFO/STATS find it; the operator commands
         # are its one endpoint
-        svc = await add_service(self.nc, name="inferbus-region", version="0.1.0",
+        svc = await add_service(self.nc, name="inferbus-region", version=__version__,
                                 description="inferbus region manager (lease, promotion, fencing term)",
                                 metadata={"region": self.region, "manager_id": self.manager_id},
                                 stats_handler=self._stats_data)

@@ -63,18 +63,20 @@ from pathlib import Path
 import numpy as np
 import msgspec
 
-from ..accelerators import BackendUnavailable, InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked
+from ..accelerators import (BackendUnavailable, InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked,
+                            rows_problem)
 from ..bus import BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block, send_pending
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
-    decode_request, encode_response, input_to_numpy, is_json, output_from_numpy,
+    answers_raw, decode_request, encode_response, input_to_numpy, is_json, output_from_numpy,
 )
 from ..schemas._tensors import datatype_mismatch, numpy_dtype
 from ..schemas._internal import (
     FORWARD_TAG, Cancel, DoneItem, DoneNotice, FaultSet, InternalDecodeError, LoadReport, decode_internal,
     encode_internal,
 )
+from .._version import __version__
 from ._common import (announce_ready, connect_logged, drain_endpoint, endpoint_subscription, error_message, log,
                       run_actor, serving_gc, set_affinity, supervise_loops)
 from ._fencing import Fencing
@@ -331,6 +333,9 @@ class Worker:
         self.sessions = {}
         self.versions = {}
         self.max_batch: dict[str, int] = {}
+        self.row_problems: dict[str, str] = {}
+        """Model key → why its requests are never merged or cut by rows (:func:`~inferbus.accelerators.rows_problem`),
+        whatever its ``max_batch_size`` says: set when its session is loaded."""
         for model in self.repo:
             for mv in model.versions.values():
                 if need is not None and mv.key not in files:
@@ -355,6 +360,7 @@ class Worker:
                 except Exception as exc:  # e.g. reference rows the repository's check cannot see into (a bad CRC)
                     raise ModelStartError(_start_failure(mv, exc)) from exc
                 mb = config.max_batch_size if config.max_batch_size is not None else model.config.max_batch_size
+                mb = self.batch_limit(mv.key, mb, rows_problem(sess))
                 try:
                     sess.warmup(batch_buckets(mb) if mb > 1 else (1,))
                 except Exception as exc:  # e.g. a model that cannot take the batch sizes of its max_batch_size
@@ -1175,7 +1181,7 @@ class Worker:
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service
 
-        svc = await add_service(self.nc, name="inferbus-worker", version="0.1.0",
+        svc = await add_service(self.nc, name="inferbus-worker", version=__version__,
                                 description="inferbus accelerator worker",
                                 metadata={"worker_id": self.config.worker_id, "backend": self.config.backend,
                                           "device": self.device.name if self.device else ""},
@@ -1529,6 +1535,23 @@ class Worker:
         self.stats.chunked += 1
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
+    def batch_limit(self, key: str, max_batch: int, problem: str | None = ...) -> int:
+        """The ``max_batch_size`` this worker serves model version ``key`` with: ``max_batch`` (its config's, or
+        ``--max-batch-size``'s), or 0 when its rows cannot be merged or cut (``problem``, from
+        :func:`~inferbus.accelerators.rows_problem` as its session is loaded; left out: the one found then), said
+        in one log line. Its requests then run one at a time, each whole, as with ``max_batch_size`` 0."""
+        if problem is ...:
+            problem = self.row_problems.get(key)
+        elif problem is None:
+            self.row_problems.pop(key, None)
+        else:
+            self.row_problems[key] = problem
+        if problem is None or max_batch <= 0:
+            return max_batch
+        log(f"worker {self.config.worker_id}: {key}: max_batch_size {max_batch} not applied, its requests are never "
+            f"merged or cut by rows: {problem}")
+        return 0
+
     def _chunk_rows(self, model_key: str, feeds: dict[str, np.ndarray]) -> int:
         """The rows per chunk :meth:`_infer_chunked` runs request ``feeds`` (input name → array) in: ``chunk_rows``
         or the model's ``max_batch_size`` if larger, when the model batches and every input has the same leading
@@ -1789,7 +1812,7 @@ class Worker:
         """
         ct = job.ct
         json_ct = is_json(ct)
-        raw = (not json_ct) and (req.inputs[0].raw is not None if req.inputs else True)
+        raw = answers_raw(req)
         t_enc = time.monotonic()
         outputs = [output_from_numpy(name, arr, raw=raw) for name, arr in res.items()]
         timings = job.timings

@@ -58,7 +58,8 @@ ten ``;``-separated fields (term and cache key may be empty; timings are
 ingress ~16 µs and the worker ~9 µs per request (docs/performance.md).
 :func:`parse_fwd` turns it back into the individual header names (the worker reads the fields straight
 into its job; tests and tools read them by name)."""
-CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, DEADLINE_UNIX_MS, CLIENT_ID, ATTEMPT)}
+CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, DEADLINE_UNIX_MS, CLIENT_ID, ATTEMPT,
+                                          HEDGE)}
 """The headers a client may send to an ingress, by their lower-case spelling."""
 _EXACT = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
 

@@ -1,7 +1,7 @@
 """Subject names (DESIGN §3). One place builds every subject from the prefix.
 
 Public:   ``<p>.infer.<model>[.<version>]`` (queue group ``<p>.ingress``),
-          ``<p>.models``, ``<p>.models.<model>``, ``<p>.health``.
+          ``<p>.models``, ``<p>.models.<model>[.<version>][.ready]``, ``<p>.health``, ``<p>.server``.
 Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingress);
           ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
           ``<p>._done.<ingress>``  completion notices from workers to one ingress;
@@ -73,6 +73,15 @@ class Subjects:
     @property
     def health(self) -> str:
         return f"{self.prefix}.health"
+
+    @property
+    def server(self) -> str:
+        """OIP v2 server metadata (``ServerMetadata``)."""
+        return f"{self.prefix}.server"
+
+    def model_ready(self, name: str, version: str | None = None) -> str:
+        """``<p>.models.<name>[.<version>].ready``: OIP v2 model ready (``ModelReady``)."""
+        return f"{self.prefix}.models.{name}.{version}.ready" if version else f"{self.prefix}.models.{name}.ready"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}._w.{worker_id}"

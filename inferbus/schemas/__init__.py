@@ -43,11 +43,14 @@ from ._oip import (
     InferResponse,
     ModelList,
     ModelMetadata,
+    ModelReady,
     RequestedOutput,
+    ServerMetadata,
     RequestInput,
     ResponseOutput,
     ShmRef,
     TensorMetadata,
+    answers_raw,
 )
 from ._tensors import (
     datatype_of,
@@ -87,7 +90,10 @@ __all__ = [
     "ResponseOutput",
     "InferResponse",
     "TensorMetadata",
+    "answers_raw",
     "ModelMetadata",
+    "ModelReady",
+    "ServerMetadata",
     "ModelList",
     "Health",
     # model management

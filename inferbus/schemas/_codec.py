@@ -174,8 +174,10 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
                 # the body as a whole is no map (a fresh-user trial: garbage bytes got only msgspec's words)
                 fmt = ("a JSON object" if json else "a MessagePack map" if looks_like_json(body) else
                        "a MessagePack map (or a JSON object, sent with Content-Type: application/json)")
-                err = InvalidArgument(f"invalid {what}: body: not a map ({exc}): a {what} is {fmt} of the KServe "
-                                      f"Open Inference Protocol v2 fields", field="body")
+                fields = ("the KServe Open Inference Protocol v2 fields" if what in ("request", "response") else
+                          f"the fields of a {what} (docs/models.md)")
+                err = InvalidArgument(f"invalid {what}: body: not a map ({exc}): a {what} is {fmt} of {fields}",
+                                      field="body")
         else:
             err = _decode_error(exc, what, json)
             if json and _bare_nonfinite(str(exc), body):

@@ -272,10 +272,12 @@ def fmt_ms(ms: float) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    """``text`` when at most ``limit`` characters, else its first ``limit`` and a note of how many were left out."""
+    """``text`` when at most ``limit`` characters, else its start and a note of how many characters were left out,
+    ``limit`` characters in all (the note came on top: 2,026 for a limit of 2,000, a fresh-user trial)."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+    keep = max(limit - len(f"... ({len(text)} more characters)"), 0)  # the note's count has at most this many digits
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
 _mp_error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 _json_error_decoder = msgspec.json.Decoder(ErrorReply)
 

@@ -158,6 +158,14 @@ class InferRequest(msgspec.Struct, omit_defaults=True):
     outputs: list[RequestedOutput] | None = None
 
 
+def answers_raw(req: "InferRequest") -> bool:
+    """The tensor form of the answer to ``req``, in either encoding: ``raw`` (True) when its first input came
+    ``raw`` (base64 in JSON) or it has no input, else ``data`` (False). JSON answers were always ``data``: a JSON
+    request of 24,000 rows of 64 FP32 in ``raw`` fit ``max_payload`` and its answer did not (PAYLOAD_TOO_LARGE; a
+    fresh-user trial, 2026-12-05). Part of the result cache's key (answers of both forms are cached apart)."""
+    return req.inputs[0].raw is not None if req.inputs else True
+
+
 class ResponseOutput(msgspec.Struct, omit_defaults=True):
     """One output tensor of an :class:`InferResponse` (OIP v2 ``$response_output``).
 
@@ -226,6 +234,38 @@ class ModelList(msgspec.Struct):
     """``{models: [ModelMetadata, ...]}``, answered on ``<prefix>.models``."""
 
     models: list[ModelMetadata]
+
+
+class ServerMetadata(msgspec.Struct):
+    """Server metadata (OIP v2 ``$metadata_server_response``), answered on ``<prefix>.server``.
+
+    Attributes:
+        name: ``"inferbus"``.
+        version: the inferbus package version that answered (e.g. ``"0.1.0"``).
+        extensions: the protocol extensions served (``"model_repository"``: the load, unload and default
+            writes of docs/models.md).
+    """
+
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class ModelReady(msgspec.Struct):
+    """Whether one model version is ready (OIP v2 model ready, as KServe's gRPC ``ModelReadyResponse`` with the
+    version it was read for), answered on ``<prefix>.models.<model>.ready`` (the default version) and
+    ``<prefix>.models.<model>.<version>.ready``.
+
+    Attributes:
+        name: the model.
+        version: the version read (the default version when the subject names none).
+        ready: a live worker whose breaker is not open serves it, and this ingress can serve it (the same test
+            as ``<prefix>.health``'s ``ready`` for every default version).
+    """
+
+    name: str
+    version: str
+    ready: bool
 
 
 class Health(msgspec.Struct, omit_defaults=True):
