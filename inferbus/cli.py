@@ -564,8 +564,12 @@ def _check_models_repo(command: str, models_dir: str):
 
 
 def _note_if_no_models(models_dir: str, repo) -> None:
-    """A note on stderr when the repository ``repo`` (read from ``models_dir``) holds no model: served all the same
+    """A note on stderr per folder of ``models_dir`` that looks like a model but is not one (:attr:`ModelRepository.skipped`),
+    and one when the repository ``repo`` (read from ``models_dir``) holds no model: served all the same
     (nothing to refuse), every request NOT_FOUND. ``up`` and ``cluster up`` print it alike."""
+    for name, why in repo.skipped.items():  # a folder that looks like a model but has no config.json: not served
+        err_console.print(f"[yellow]note[/]: {escape(str(Path(models_dir) / name))} {escape(why)}: not served "
+                          f"(docs/models.md: the repository layout)")
     if not len(repo):
         err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
                           f"every request will be NOT_FOUND (docs/models.md: the repository layout)")

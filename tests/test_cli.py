@@ -898,6 +898,35 @@ def test_up_on_an_empty_model_folder_says_so(tmp_path):
         p.wait(30)
 
 
+def test_up_names_a_triton_model_folder_it_does_not_serve(tmp_path):
+    """A Triton repository (``config.pbtxt``, no ``config.json``) started and served no model without a word (a
+    fresh-user trial, 2026-12-05): each such folder now gets a note, and so does one with versions and no config."""
+    import shutil
+
+    from conftest import MODELS
+
+    repo = tmp_path / "repo"
+    for name, cfg in (("triton", "config.pbtxt"), ("bare", None)):
+        shutil.copytree(MODELS / "digits" / "1", repo / name / "1")
+        if cfg:
+            (repo / name / cfg).write_text('name: "triton"\nplatform: "onnxruntime_onnx"\n')
+    (repo / "notes").mkdir()  # a folder that looks like no model: no note
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--nats-port",
+                          "0", "--models", str(repo), "--run-dir", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "COLUMNS": "200"})
+    try:
+        lines = [p.stderr.readline() for _ in range(3)]
+        assert lines[0] == (f"note: {repo / 'bare'} has version folders with a model.onnx and no config.json: not "
+                            f"served (docs/models.md: the repository layout)\n"), lines
+        assert lines[1].startswith(f"note: {repo / 'triton'} has a config.pbtxt (Triton's text format) and no "
+                                   f"config.json: inferbus reads config.json"), lines
+        assert lines[2].startswith("note: no models in"), lines
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
 def _up_refused(tmp_path, *args, argv_head=None, env=None) -> str:
     """``inferbus up ... args`` refused: exit 2, one line on stderr (returned), no traceback, no server started."""
     head = argv_head or [sys.executable, "-m", "inferbus.cli"]

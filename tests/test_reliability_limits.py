@@ -16,7 +16,7 @@ from inferbus.actors import IngressConfig, Node, NodeConfig
 from inferbus.actors._node import _per_replica
 from inferbus.bus import BusConfig
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InferbusError, PayloadTooLarge, ResourceExhausted
+from inferbus.schemas import DeadlineExceeded, InferbusError, PayloadTooLarge, ResourceExhausted, decode_error
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -506,3 +506,70 @@ async def test_a_thawed_worker_working_through_its_backlog_is_not_blamed_for_it(
         assert w["breaker"] == "closed" and w["breaker_trips"] == 0, w
         ok = await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
         assert ok["logits"].shape == (1, 10)
+
+
+async def test_a_raw_clients_request_at_a_frozen_worker_is_sent_to_another(tmp_path):
+    """A fresh-user trial (2026-12-05): a raw NATS client's request (8 s budget) forwarded to a worker just frozen
+    (SIGSTOP) got nothing until the thaw, 3.9 s later, and then the worker's stall-fence UNAVAILABLE, while the
+    other worker idled; with a 1 s budget, no answer at all within it. Now an ingress sends what it holds at a
+    worker silent past the suspicion age (half the health timeout: 2.5 s here) to another worker, and new requests
+    go to the fresh worker first. Every request of a burst of 200 sent at the freeze is answered right, within ~3 s,
+    long before the thaw."""
+    import os
+    import signal
+
+    import msgspec
+    import nats
+
+    from conftest import start_deployment
+    from test_reliability_lib import Reports, reference
+
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="quiet", extra=["--no-cache"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        reports = await Reports.start(nc, dep.prefix)
+        await reports.wait(lambda r: {"n1-w0", "n1-w1"} <= set(r), what="workers reporting")
+        client = Client(nc, dep.prefix)
+        for _ in range(10):  # both workers measured (their service time priced)
+            await client.infer("digits", {"pixels": np.full((1, 64), 0.5, np.float32)}, timeout_s=5)
+        n = 200
+        rows = np.random.default_rng(2).random((n, 64), dtype=np.float32)
+        want = reference("digits", {"pixels": rows})["probabilities"]  # in this process (the answers must not be
+        # the node's own, cached: each request below is a miss)
+        pid = reports.latest["n1-w0"].pid
+        inbox = nc.new_inbox()
+        got: dict[int, tuple[float, object]] = {}
+
+        async def on_answer(msg) -> None:
+            got.setdefault(int(msg.subject.rpartition(".")[2]), (time.monotonic(), msg))
+
+        await nc.subscribe(inbox + ".*", cb=on_answer)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            for k in range(n):  # a burst: the least-loaded choice sends a share to the frozen worker
+                body = msgspec.msgpack.encode({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                                           "raw": rows[k:k + 1].tobytes()}]})
+                await nc.publish(f"{dep.prefix}.infer.digits", body, reply=f"{inbox}.{k}",
+                                 headers={"Inferbus-Timeout-Ms": "8000"})
+            while len(got) < n and time.monotonic() - t0 < 5.5:
+                await asyncio.sleep(0.05)
+            took = {k: round(t - t0, 2) for k, (t, _) in got.items()}
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert len(got) == n, (len(got), "answered before the thaw")
+        for k, (_, msg) in got.items():
+            err = decode_error(msg.headers, msg.data)
+            assert err is None, (k, err)
+            out = msgspec.msgpack.decode(msg.data)["outputs"]
+            probs = next(o for o in out if o["name"] == "probabilities")
+            np.testing.assert_allclose(np.frombuffer(probs["raw"], "<f4").reshape(1, 10), want[k:k + 1], rtol=1e-5,
+                                       atol=1e-6)
+        assert max(took.values()) < 4.5, took
+        counts = (await client.health(timeout_s=5)).parameters["counts"]
+        late = sorted(v for v in took.values() if v > 1)
+        print(f"{len(late)} answered after 1 s, in {late} s; quiet_reroutes {counts['quiet_reroutes']}")
+        assert counts["quiet_reroutes"] >= 1 and len(late) >= 1, (counts, late)  # some did wait at the frozen one
+        await nc.close()
+    finally:
+        dep.stop()

@@ -170,6 +170,52 @@ def test_version_folders_with_a_leading_zero_are_refused_naming_them(tmp_path):
         ModelRepository(root, ["digits"]).scan_model("broken", {"01"})
 
 
+def test_a_tensor_without_an_oip_datatype_is_refused_when_the_repository_is_read(tmp_path):
+    """An FP8 input passed the repository's read and failed at each worker's warm-up, ``KeyError:
+    'tensor(float8e4m3fn)'`` (a fresh-user trial, 2026-12-05); now one line naming the tensor, before any actor."""
+    from onnx import TensorProto, helper
+
+    from inferbus.actors._repository import ModelArtifactError
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "f8",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    (tmp_path / "f8" / "1").mkdir(parents=True)
+    (tmp_path / "f8" / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "f8" / "config.json").write_text("{}")
+    with pytest.raises(ModelArtifactError) as ei:
+        ModelRepository(tmp_path)
+    assert str(ei.value).startswith(f"{tmp_path / 'f8' / '1' / 'model.onnx'}: model 'f8' version 1: input 'x' is "
+                                    f"tensor(float8e4m3fn), which has no KServe Open Inference Protocol v2 "
+                                    f"datatype"), ei.value
+
+
+def test_a_broken_model_link_is_named(tmp_path):
+    """A ``model.onnx`` that is a broken symbolic link was reported as "no <version>/model.onnx found"."""
+    from inferbus.actors._repository import ModelArtifactError
+
+    root = _repo_with(tmp_path, {}, versions=("1",))
+    (root / "broken" / "2").mkdir()
+    (root / "broken" / "2" / "model.onnx").symlink_to(tmp_path / "gone.onnx")
+    with pytest.raises(ModelArtifactError) as ei:
+        ModelRepository(root)
+    assert str(ei.value) == (f"{root / 'broken' / '2' / 'model.onnx'}: model 'broken' version 2: a symbolic link to "
+                             f"{tmp_path / 'gone.onnx'}, which does not exist"), ei.value
+
+
+def test_a_version_folder_past_64_bits_is_refused(tmp_path):
+    """A 30-digit version folder was served, and then no write (``models default``) nor ``default_version`` could
+    name it (a fresh-user trial, 2026-12-05): refused as Triton's int64 versions would be; 2**63 - 1 is served."""
+    from inferbus.actors._repository import MAX_VERSION, ModelVersionsError
+
+    for big in ("123456789012345678901234567890", str(MAX_VERSION + 1)):
+        with pytest.raises(ModelVersionsError, match=f"version folder '{big}' is over {MAX_VERSION}"):
+            ModelRepository(_repo_with(tmp_path / big, {}, versions=("1", big)))
+    top = str(MAX_VERSION)
+    assert ModelRepository(_repo_with(tmp_path / "top", {}, versions=("1", top))).get("broken").default_version == top
+
+
 def test_the_default_version_is_the_highest_number_not_the_highest_string(tmp_path):
     root = _repo_with(tmp_path, {}, versions=("9", "10", "2"))
     assert ModelRepository(root).get("broken").default_version == "10"

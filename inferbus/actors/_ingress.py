@@ -94,11 +94,6 @@ from ._worker import INLINE_MAX_JOBS, INLINE_SLICE_US, control_subject
 _SWEEP_PERIOD_S = 0.05
 _STICKY_REPORT_AGE_S = 0.5
 """A retry sticks to the worker still holding its request id only if that worker reported this recently."""
-_SUSPECT_FRACTION = 0.5
-"""A worker silent for ``max(_STICKY_REPORT_AGE_S, this × health_timeout_s)`` while holding a copy of a
-retried request is *suspected*: the retry goes to another worker and the old copy is cancelled. Kept
-above the workers' stall fence (the node sets ``stall_fence_s = 0.3 × health_timeout_s``) plus one
-report period, so a suspected worker that thaws refuses the old copy instead of running it twice."""
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
@@ -517,7 +512,7 @@ class Ingress:
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
-                       "resent_after_death": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
+                       "resent_after_death": 0, "quiet_reroutes": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
                        "deaths_shared_in": 0, "crash_checks": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
@@ -1105,14 +1100,14 @@ class Ingress:
         if copy is None:
             return None
         seq, p, w = copy
-        age_s = max(_STICKY_REPORT_AGE_S, _SUSPECT_FRACTION * self.config.health_timeout_s)
+        age_s = self.router.suspect_s
         if w is None or not w.last_report or now - w.last_report < age_s:
             return None
         return seq, p
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
                        hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None,
-                       resends: int = 0) -> None:
+                       resends: int = 0, exclude: str | None = None) -> None:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
@@ -1122,7 +1117,8 @@ class Ingress:
         or the router's ``pick``) to one stamp taken once the worker is chosen, which also ends ``ingress_total``
         and starts ``forward_hop`` (the forward's time: its deadline fields, the pending entry, the local hand-over),
         so the ingress's stages tile its time with no gap. The choice itself reads the clock as ``t_cache``.
-        ``resends``: how many times :meth:`_resend` has sent it again after workers died holding it."""
+        ``resends``: how many times :meth:`_resend` has sent it again after workers died holding it; ``exclude``: a
+        worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`)."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1162,7 +1158,7 @@ class Ingress:
         else:
             suspected = self._suspected_copy(rid, mv.key, now) if rid is not None else None
             # a retry whose copy sits at a worker that went silent (hung, frozen, partitioned) goes elsewhere
-            w = self.router.pick(mv.key, now, exclude=suspected[1].worker_id if suspected else None)
+            w = self.router.pick(mv.key, now, exclude=suspected[1].worker_id if suspected else exclude)
             if avoid_local and w is not None and w.worker_id == self.router.local_worker_id:
                 # not in this process while another can take it (above): if it is the killer, this ingress must live
                 # to answer it (INTERNAL) and to tell the others (a cold SDK client's killer at --colocate ended
@@ -1822,7 +1818,8 @@ class Ingress:
             await self._error(p.reply, answer or err, p.content_type, p.request_id)
         return len(victims)
 
-    async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str]) -> bool:
+    async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str],
+                      exclude: str | None = None) -> bool:
         """Send again, to another worker, a request whose worker died holding it (a crash, not a stop), instead of
         answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
         its answer. Only a request forwarded over the bus and not hedged (:attr:`Pending.hdrs`), sent again fewer
@@ -1841,15 +1838,63 @@ class Ingress:
             return True
         try:
             await self._forward(_Resent(p.body, p.reply), p.hdrs, p.content_type, now, now, now, p.deadline, p.mv,
-                                p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1)
+                                p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1,
+                                exclude=exclude)
         except InferbusError as exc:
             await self._error(p.reply, exc, p.content_type, p.request_id)
             return True
         except Exception as exc:  # a bug here must not leave the worker's other requests unanswered
             log(f"ingress {self.config.ingress_id}: sending a request again failed: {exc!r}")
             return False
-        self.counts["resent_after_death"] += 1
+        if exclude is None:  # (one taken from a silent worker is counted as a quiet reroute)
+            self.counts["resent_after_death"] += 1
         return True
+
+    async def _reroute_quiet(self, now: float) -> None:
+        """Send the requests this ingress forwarded to a worker silent past the suspicion age
+        (:attr:`Router.suspect_s`, 2.5 s by default) to another worker of their model (:meth:`_resend`), and tell the
+        silent one to drop them (``Cancel``; its stall fence, shorter than that age, refuses them anyway if it
+        thaws). A raw client's request at a frozen (SIGSTOP) worker got nothing until the thaw and then the
+        fence's UNAVAILABLE, seconds later, while another worker idled (a fresh-user trial, 2026-12-05); an SDK
+        client's retry was already sent elsewhere at that age. Only requests forwarded over the bus and not hedged,
+        with a budget left and another worker to take them; the others wait for the health timeout, as before.
+        Not while this ingress is behind its own connection (the reports may be queued there): a round trip first."""
+        age_s = self.router.suspect_s
+        timeout_s = self.config.health_timeout_s
+        quiet = {w.worker_id for w in self.router.workers.values()
+                 if w.alive and w.last_report and age_s < now - w.last_report <= timeout_s}
+        if not quiet:
+            return
+        held = [s for s, p in self.pending.items() if p.worker_id in quiet and p.hdrs is not None and p.hedge is None
+                and p.resends < _MAX_RESENDS and p.deadline - now > _RESEND_MIN_BUDGET_S]
+        if not held:
+            return
+        if not await self._caught_up(max(self.config.pending_grace_s, _SWEEP_PERIOD_S)):
+            self._behind_at = time.monotonic()
+            self.counts["behind_round_trips"] += 1
+            return
+        now = time.monotonic()
+        ready = self.router.ready_models(now)
+        cancels: dict[str, list[int]] = {}
+        for s in held:
+            p = self.pending.get(s)
+            w = self.router.workers.get(p.worker_id) if p is not None else None
+            if w is None or now - w.last_report <= age_s or self.router.pick(p.model_key, now, p.worker_id) is None:
+                continue  # settled, reported meanwhile, or no other worker: it waits for its worker
+            self._pop(s)
+            self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
+            cancels.setdefault(p.worker_id, []).append(s)
+            self.counts["quiet_reroutes"] += 1
+            err = Unavailable(f"worker {p.worker_id} went silent holding this request; safe to retry",
+                              retry_after_ms=0)
+            if not await self._resend(p, now, err, ready, p.worker_id):
+                await self._error(p.reply, err, p.content_type, p.request_id)
+        for wid, seqs in cancels.items():
+            try:
+                await self.nc.publish(control_subject(self.subjects.prefix, wid),
+                                      encode_internal(Cancel(self.config.ingress_id, seqs)))
+            except Exception:  # noqa: BLE001 - its stall fence refuses them anyway
+                pass
 
     async def _unpark(self, now: float, stopping: bool = False) -> None:
         """Send the parked requests (:meth:`_resend`) whose model has a live worker again; answer those whose budget
@@ -2019,6 +2064,8 @@ class Ingress:
         # own connection has just come back (the reports it missed were not the workers' silence)
         if now - reconnected_at <= self.config.health_timeout_s:
             return
+        await self._reroute_quiet(now)
+        now = time.monotonic()
         timeout_s = self.config.health_timeout_s
         silent = {w.worker_id for w in self.router.workers.values()
                   if w.alive and w.last_report and now - w.last_report > timeout_s}

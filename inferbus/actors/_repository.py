@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,10 @@ class RepositoryError(ValueError):
 class ModelArtifactError(RepositoryError):
     """A model version's ``model.onnx`` is there but cannot be read as a model (the message names the file and
     the runtime's reason); the subclasses, another file or folder of the model that cannot be served."""
+
+
+MAX_VERSION = 2**63 - 1
+"""The largest version folder a model may have (Triton's versions are int64; 19 digits)."""
 
 
 class ModelVersionsError(ModelArtifactError):
@@ -357,6 +362,18 @@ def reference_misfit(arrays: dict[str, tuple[tuple[int, ...], np.dtype]], inputs
     return None
 
 
+def _check_datatypes(inputs, outputs) -> None:
+    """Every tensor of a model has an OIP v2 datatype, else ValueError naming the first that has none (an FP8 or a
+    sequence input failed at the worker's warm-up with ``KeyError: 'tensor(float8e4m3fn)'``: a fresh-user trial)."""
+    from ..schemas import DATATYPES
+
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for t in tensors:
+            if t.datatype not in DATATYPES:
+                raise ValueError(f"{kind} {t.name!r} is {t.datatype}, which has no KServe Open Inference Protocol v2 "
+                                 f"datatype (served: {', '.join(DATATYPES)})")
+
+
 def _json_kind(value) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
@@ -408,6 +425,19 @@ class ModelRepository:
                     continue
             if model is not None:
                 self.models[model.name] = model
+        self.skipped: dict[str, str] = {}
+        """Folder name → why a folder that looks like a model's is not one (no ``config.json``; only without
+        ``need``): what ``inferbus up`` prints a note of (a Triton repository of ``config.pbtxt`` files was served
+        as no models, silently: a fresh-user trial, 2026-12-05)."""
+        if need is None:
+            for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and (only is None or p.name in only)):
+                if (folder / "config.json").exists():
+                    continue
+                if (folder / "config.pbtxt").exists():
+                    self.skipped[folder.name] = ("has a config.pbtxt (Triton's text format) and no config.json: "
+                                                 "inferbus reads config.json (its keys in JSON)")
+                elif any(v.name.isdigit() and (v / "model.onnx").exists() for v in folder.iterdir() if v.is_dir()):
+                    self.skipped[folder.name] = "has version folders with a model.onnx and no config.json"
 
     def _scan(self, folder: Path, only: list[str] | None = None, need=None, pinned: bool = False,
               config: dict | None = None) -> Model | None:
@@ -444,7 +474,19 @@ class ModelRepository:
         left_out = set()
         vdirs = [d for d in sorted(folder.iterdir())
                  if d.is_dir() and d.name.isascii() and d.name.isdigit() and (d / "model.onnx").is_file()]
+        for d in sorted(folder.iterdir()):  # said as such, not "no <version>/model.onnx found" (a fresh-user trial)
+            link = d / "model.onnx"
+            if d.name.isascii() and d.name.isdigit() and link.is_symlink() and not link.exists() and \
+                    (need is None or d.name in need):
+                raise ModelArtifactError(f"{link}: model {name!r} version {d.name}: a symbolic link to "
+                                         f"{os.readlink(link)}, which does not exist")
         for vdir in vdirs:  # "01" is a second name of version 1: refused, as Triton has one name per version
+            if int(vdir.name) > MAX_VERSION:  # served, but no write or default_version could name it (a trial)
+                if need is not None and vdir.name not in need:
+                    left_out.add(vdir.name)
+                    continue
+                raise ModelVersionsError(f"{vdir}: model {name!r}: version folder {vdir.name!r} is over "
+                                         f"{MAX_VERSION} (versions are 64-bit integers, as Triton's are)")
             if vdir.name != str(int(vdir.name)):
                 if need is not None and vdir.name not in need:
                     left_out.add(vdir.name)
@@ -460,6 +502,10 @@ class ModelRepository:
                 continue
             try:
                 sess = self._backend.load(artifact)
+                try:
+                    _check_datatypes(sess.inputs, sess.outputs)
+                finally:
+                    sess.close()
             except Exception as exc:  # an unreadable artifact: the whole folder is refused, named
                 if need is not None and vdir.name not in need:
                     left_out.add(vdir.name)
@@ -467,7 +513,6 @@ class ModelRepository:
                 raise ModelArtifactError(f"{artifact}: model {name!r} version {vdir.name}: "
                                          f"{' '.join(str(exc).replace(str(artifact), 'model.onnx').split())}") from exc
             versions[vdir.name] = ModelVersion(name, vdir.name, artifact, sess.inputs, sess.outputs)
-            sess.close()
         data = folder / "data" / "test.npz"
         if data.exists() and versions:  # the worker's precision check and the load generator read it
             try:

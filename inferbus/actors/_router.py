@@ -351,23 +351,47 @@ class Router:
                 return lw
         return self._pick_scan(model_key, now, exclude)
 
-    def _pick_scan(self, model_key: str, now: float, exclude: str | None) -> WorkerState | None:
+    @property
+    def suspect_s(self) -> float:
+        """The report age past which a live worker is suspected (frozen, partitioned): ``max(0.5 s, 0.5 ×
+        health_timeout_s)``. An ingress then sends a retry of a request it holds there, or the request itself, to
+        another worker and cancels the old copy; such a worker gets a new request only when no fresher one can take
+        it (:meth:`pick`). Kept above the workers' stall fence (the node sets ``stall_fence_s = 0.3 ×
+        health_timeout_s``) plus one report period, so a suspected worker that thaws refuses the old copy instead
+        of running it twice."""
+        return max(0.5, 0.5 * self.health_timeout_s)
+
+    def _pick_scan(self, model_key: str, now: float, exclude: str | None,
+                   among: list[WorkerState] | None = None) -> WorkerState | None:
         """:meth:`pick` by pricing every routable worker (what the local fast path must agree with); counted in
-        :attr:`scans`."""
-        self.scans += 1
-        ws = self._by_model.get(model_key)
+        :attr:`scans`. Workers silent past :attr:`suspect_s` are priced only when no other is live (``among``:
+        then those)."""
+        if among is None:
+            self.scans += 1
+        ws = self._by_model.get(model_key) if among is None else among
         if not ws:
             return None
         # one pass over the model's workers (kept per model on reports, see _reindex): live, then healthy and
         # let through by the breaker; the same filters, in the same order, as separate passes would apply
-        timeout = math.inf if now < self.behind_until else self.health_timeout_s  # (live())
+        behind = now < self.behind_until
+        timeout = math.inf if behind else self.health_timeout_s  # (live())
+        suspect = math.inf if behind or among is not None else self.suspect_s
         min_window = self.min_window_requests
         max_rate = self.max_error_rate
         live = []
         cands = []
+        quiet = None
         half = None
         for w in ws:
-            if not w.alive or w.draining or now - w.last_report > timeout or w.worker_id == exclude:
+            if not w.alive or w.draining or w.worker_id == exclude:
+                continue
+            age = now - w.last_report
+            if age > timeout:
+                continue
+            if age > suspect:
+                # frozen or cut off for half the health timeout (a worker reports every 100 ms): a request sent
+                # there waited for the thaw and was refused by the worker's stall fence (a fresh-user trial)
+                quiet = [w] if quiet is None else quiet + [w]
                 continue
             live.append(w)
             if (w.window_requests < min_window or w.error_rate <= max_rate) and w.breaker.allows(now):
@@ -375,7 +399,7 @@ class Router:
                 if half is None and w.breaker.state is BreakerState.HALF_OPEN:
                     half = w
         if not live:
-            return None
+            return None if quiet is None else self._pick_scan(model_key, now, exclude, quiet)
         if not cands:
             # panic mode: every live worker is over the error rate; use them rather than refuse all
             cands = [w for w in live if w.breaker.allows(now)]
