@@ -535,6 +535,10 @@ class Client:
             if arr is None:
                 raise InvalidArgument(f"input {name!r} is None; give an array (e.g. a numpy array of the model's "
                                       f"datatype)", field=f"inputs.{name}")
+            if isinstance(arr, np.ma.MaskedArray):  # its bytes hold the fill value where masked (1e20 for a float)
+                raise InvalidArgument(f"input {name!r} is a masked array: a tensor has no mask, and its masked "
+                                      f"elements would be sent as the fill value; send arr.filled(value) or arr.data",
+                                      field=f"inputs.{name}")
         if isinstance(outputs, (str, bytes)):
             raise InvalidArgument(f"outputs must be a list of output names (e.g. [{outputs!r}]), not one string",
                                   field="outputs")

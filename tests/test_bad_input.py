@@ -695,6 +695,9 @@ async def test_json_with_a_utf8_byte_order_mark_is_served(env):
     # still malformed after the mark: the error is about what follows it
     err, _ = await raw_request(nc, "typed", b"\xef\xbb\xbf{nope", json_body=True)
     assert isinstance(err, InvalidArgument) and err.field == "body" and "JSON" in err.message, err
+    # one mark is ignored, not two (two were: a fresh-user trial, 2026-12-05)
+    err, _ = await raw_request(nc, "typed", b"\xef\xbb\xbf" * 2 + json.dumps(body).encode(), json_body=True)
+    assert isinstance(err, InvalidArgument) and err.field == "body" and "JSON" in err.message, err
 
 
 async def test_a_request_whose_error_would_echo_megabytes_gets_a_short_typed_error_and_kills_nothing(env):

@@ -319,6 +319,9 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
         with pytest.raises(InvalidArgument) as ei:
             await client.infer("digits", {"pixels": None}, timeout_s=5.0)
         assert ei.value.field == "inputs.pixels" and "is None" in ei.value.message
+        with pytest.raises(InvalidArgument) as ei:  # a masked array was sent with 1e20 where masked (a trial)
+            await client.infer("digits", {"pixels": np.ma.array(x["pixels"], mask=x["pixels"] == 0)}, timeout_s=5.0)
+        assert ei.value.field == "inputs.pixels" and "masked array" in ei.value.message
         with pytest.raises(InvalidArgument) as ei:  # a BYTES element that is neither bytes nor str: the input named
             await client.infer("strings", {"s": np.array([[b"ok", 5]], dtype=object)}, timeout_s=5.0)
         assert ei.value.field == "inputs.s" and "BYTES takes bytes or str" in ei.value.message, ei.value

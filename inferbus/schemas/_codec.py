@@ -160,14 +160,14 @@ def looks_like_json(body: bytes | memoryview) -> bool:
     return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
-def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool) -> Any:
+def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool = True) -> Any:
     if len(body) == 0:
         raise InvalidArgument(f"empty {what} body", field="body")
     try:
         return dec.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        if json and bytes(body[:3]) == _BOM:  # RFC 8259 8.1: a parser may ignore it (msgspec does not); off the
-            return _decode(dec, body[3:], what, json)  # serving path: only a body that failed is looked at
+        if json and bom and bytes(body[:3]) == _BOM:  # RFC 8259 8.1: a parser may ignore one (msgspec does not);
+            return _decode(dec, body[3:], what, json, False)  # off the serving path: only a body that failed
         if isinstance(exc, msgspec.ValidationError):
             err = _validation_error(exc, what)
             if err.field == "body" and str(exc).startswith("Expected `object`"):
