@@ -128,6 +128,10 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
             for r in rates:
                 out.append(await gp.step(target, mode="open", rate=r, duration_s=duration_s, timeout_s=timeout_s,
                                          label=model))
+        from .bus import shown_servers
+
+        for r in out:
+            r.model_version, r.nats_url = mv.version, shown_servers(url)
         return out
     finally:
         if node is not None:

@@ -1568,10 +1568,13 @@ def bench(
         print(f"bench: {r.mode} {load_label(r)}, the lightest load of its loop, had {n} of {r.requests} requests "
               f"refused or late ({codes}): that is not saturation (a rate limit, a shedding or too slow deployment?)",
               file=sys.stderr, flush=True)
-    if failed and not json_out:
-        console.print(f"[red]{len(failed)} step(s) with wrong answers, errors other than "
-                      f"{'/'.join(sorted(_OVERLOAD_CODES))}, no answer at all, or refusals at the lightest load "
-                      f"(the lines above say which)[/red]")
+    if failed:  # on stderr with --json (stdout is the JSON): a failing run said nothing there (a fresh-user trial)
+        said = (f"{len(failed)} step(s) with wrong answers, errors other than {'/'.join(sorted(_OVERLOAD_CODES))}, no "
+                f"answer at all, or refusals at the lightest load")
+        if json_out:
+            print(f"bench: {said} (the JSON's steps say which: wrong, errors)", file=sys.stderr, flush=True)
+        else:
+            console.print(f"[red]{said} (the lines above say which)[/red]")
     raise typer.Exit(1 if failed else 0)
 
 

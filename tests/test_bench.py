@@ -1071,6 +1071,9 @@ async def test_bench_exits_1_when_a_step_gets_no_answer_at_all(nats_server):
     assert b.returncode == 1, (b.returncode, b.stderr[-2000:])
     assert "bench: 1 step(s) got no answer at all (closed c=4: every request timed out after --timeout-s 0.2 s)" \
         in b.stderr, b.stderr[-2000:]
+    # the JSON says what ran against what, and a failing run says so on stderr too (it was silent with --json)
+    assert step["model_version"] == "1" and step["nats_url"] == nats_server.url, step
+    assert "bench: 1 step(s) with wrong answers, errors other than" in b.stderr, b.stderr[-2000:]
 
 
 @pytest.mark.timeout(90)

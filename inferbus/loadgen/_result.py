@@ -94,6 +94,12 @@ class BenchResult:
     ok_qps: float = 0.0
     """Goodput, requests/s: answers that were no error and right (``ok - wrong``) over the step's elapsed time
     (``duration_s``, as ``qps``). ``qps`` alone read as throughput while every answer was an error reply."""
+    model_version: str = ""
+    """The model version the step's requests named (``inferbus bench``: ``--version``, else the deployment's
+    default version then; empty when not told)."""
+    nats_url: str = ""
+    """The NATS server(s) the step ran against, without credentials (``inferbus bench``: ``--nats-url``, or the node
+    it started); empty when not told. A saved JSON said neither (a fresh-user trial)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
