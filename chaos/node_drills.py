@@ -288,7 +288,7 @@ async def soak(opts: DrillOptions) -> DrillFigures:
         try:
             faults, unavailable = await fault_cycle(load, cycle, inject, _soak_hold_s(opts),
                                                     fault_every_s=opts.fault_every_s, duration_s=opts.duration_s,
-                                                    t_start=t_start)
+                                                    t_start=t_start, stop_load=s.driver.stop)
             await load
         finally:
             stop.set()

@@ -48,8 +48,13 @@ def first_fault_s(fault_every_s: float) -> float:
 
 async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[str, int], Awaitable[Fault]],
                       hold_s: Callable[[str], float], *, fault_every_s: float, duration_s: float,
-                      t_start: float, quiet_tail_s: float = QUIET_TAIL_S, on_healed=None) -> tuple[list[dict], dict]:
+                      t_start: float, quiet_tail_s: float = QUIET_TAIL_S, on_healed=None,
+                      stop_load: Callable[[], None] | None = None) -> tuple[list[dict], dict]:
     """Inject ``cycle[k % len]`` every ``fault_every_s`` (first at half a period) while ``load`` runs.
+
+    Once every name of ``cycle`` has proved unavailable on the target, ``stop_load`` (the driver's ``stop``) ends
+    the load at once: such a soak exits 3 (``inferbus chaos run``), and it ran its whole duration first (a fresh-user
+    trial, 2026-12-05).
 
     Returns:
         ``(faults, unavailable)``: one dict per injected fault (``fault``, ``target``, ``t_s`` after
@@ -70,6 +75,8 @@ async def fault_cycle(load: asyncio.Task, cycle: list[str], inject: Callable[[st
             break
         usable = [n for n in cycle if n not in unavailable]
         if not usable:
+            if stop_load is not None:
+                stop_load()
             await load
             break
         name = cycle[k % len(cycle)]

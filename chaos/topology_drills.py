@@ -363,7 +363,8 @@ async def soak_topology(opts, topology=None) -> DrillFigures:
             try:
                 faults, unavailable = await fault_cycle(
                     load, cycle, inject, lambda n: holds.get(n, 0.0),
-                    fault_every_s=opts.fault_every_s, duration_s=opts.duration_s, t_start=t_start)
+                    fault_every_s=opts.fault_every_s, duration_s=opts.duration_s, t_start=t_start,
+                    stop_load=s.driver.stop)
                 await load
             finally:
                 stop.set()
