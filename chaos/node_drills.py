@@ -225,12 +225,41 @@ async def worker_hang(opts: DrillOptions) -> DrillFigures:
 
 
 async def cache_loss(opts: DrillOptions) -> DrillFigures:
-    """SIGKILL Valkey under load: answers must keep flowing (the cache is an optimization); recovery = Valkey back."""
+    """SIGKILL Valkey under load: answers must keep flowing (the cache is an optimization); recovery = Valkey back:
+    the first PING it answers after the kill, polled every 20 ms from the kill on (it was the drill's own hold
+    before the heal, a third of the duration, whatever the restart took: a fresh-user trial)."""
+    back: asyncio.Task | None = None
+
+    async def first_pong(url: str) -> float | None:
+        import redis.asyncio as aioredis
+
+        r = aioredis.from_url(url, socket_connect_timeout=0.2, socket_timeout=0.2)
+        try:
+            await asyncio.sleep(0.02)  # (the kill's SIGKILL takes effect)
+            while True:
+                try:
+                    if await r.ping():
+                        return time.monotonic()
+                except Exception:  # noqa: BLE001 - down: not yet back
+                    pass
+                await asyncio.sleep(0.02)
+        finally:
+            await (r.aclose() if hasattr(r, "aclose") else r.close())  # (aclose: redis-py 5.0.1 on)
+
     async def detect(s, f):
+        nonlocal back
+        url = s.node.redis_url
+        if url:
+            back = asyncio.create_task(first_pong(url))
         return None  # nothing needs to notice: no request depends on L2
 
     async def recover(s, f):
-        return time.monotonic()
+        if back is None:
+            return None
+        try:
+            return await asyncio.wait_for(back, 30)
+        except asyncio.TimeoutError:
+            return None
 
     return await _with_fault(opts, "cache-loss", "kill-valkey", detect, recover, heal_after_s=opts.duration_s / 3)
 
