@@ -240,6 +240,9 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
         return s.driver.figures("gateway-degrade", (t0, t1), extra={
             "gateway_latency_ms": lat, "gateway_jitter_ms": opts.gateway_jitter_ms, "gateway_drop_pct": drop,
             "gateway_rto_ms": opts.gateway_rto_ms, "gateway_links": opts.gateway_links, "fault_s": opts.fault_s,
+            # the load runs at least until a second after the fault's end: longer than --duration when that is
+            # shorter than fault_at_s + fault_s + 1 (it was lengthened without a word: a fresh-user trial)
+            "duration_s": total, "duration_asked_s": opts.duration_s,
             "gateway_chunks_retransmitted": retrans, "term_changes": len(new_terms),
             "step_downs": ev.get("standby", 0),
             "resumes_same_term": sum(1 for tr in trs if tr.event == "primary" and tr.term == s.term0),

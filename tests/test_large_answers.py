@@ -175,9 +175,19 @@ async def test_a_chunked_request_whose_budget_ran_out_is_given_up_between_chunks
     try:
         async with await Client.connect(d.nats_url, "chunkdl", adaptive_attempt_timeout=False) as client:
             await client.infer("digits_cnn", {"pixels": big[:1]}, timeout_s=10)  # warm
-            before = await worker_stats(client)
-            with pytest.raises(DeadlineExceeded):
-                await client.infer("digits_cnn", {"pixels": big}, timeout_s=0.2)
+            for _ in range(5):  # on a loaded box the budget can run out before the worker gets it (the SDK's
+                # encoding, the ingress's decoding: a clean-clone CI run, 2026-12-05): that is not this test's case
+                before = await worker_stats(client)
+                with pytest.raises(DeadlineExceeded):
+                    await client.infer("digits_cnn", {"pixels": big}, timeout_s=0.2)
+                t_end = asyncio.get_running_loop().time() + 3
+                while (got := await worker_stats(client))["received"] == before["received"] and \
+                        asyncio.get_running_loop().time() < t_end:
+                    await asyncio.sleep(0.05)
+                if got["received"] > before["received"]:
+                    break
+            else:
+                pytest.fail("the 30,000-row request never reached the worker within its budget in 5 tries")
             deadline = asyncio.get_running_loop().time() + 30
             while (after := await worker_stats(client))["expired"] <= before["expired"]:
                 assert asyncio.get_running_loop().time() < deadline, ("the worker never gave the request up", {k: (before[k], after[k]) for k in ("received", "expired", "chunked", "computed", "cancelled")})
