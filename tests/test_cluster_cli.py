@@ -495,3 +495,18 @@ def test_a_sigint_at_once_stops_cluster_up_even_when_it_came_in_ignored(tmp_path
     while (left := processes_naming(str(run))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
+
+
+@pytest.mark.timeout(60)
+def test_the_committed_deploy_configs_are_what_cluster_config_renders_now(tmp_path):
+    """deploy/README.md says ``deploy/local`` is rendered by ``inferbus cluster config --regions 2 --base-port 14000
+    --no-proxy --out deploy/local``; the servers' ``no_advertise`` came later and the committed copies lacked it (a
+    fresh-user trial, 2026-12-05). Rendered again here, file by file."""
+    out = _inferbus("cluster", "config", "--regions", "2", "--base-port", "14000", "--no-proxy", "--out",
+                    str(tmp_path / "r"))
+    assert out.returncode == 0, out
+    committed = Path(__file__).resolve().parents[1] / "deploy" / "local"
+    names = sorted(p.name for p in committed.iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "r").iterdir())
+    for name in names:
+        assert (committed / name).read_text() == (tmp_path / "r" / name).read_text(), name
