@@ -177,6 +177,28 @@ def _version_text(version):
     return version
 
 
+def _extra_headers(headers) -> dict[str, str]:
+    """``infer``'s ``headers`` as a new dict, else InvalidArgument at once (``field`` ``headers``): a mapping of
+    strings, none of them one of inferbus's own client headers in any case (``Inferbus-Request-Id``, ``-Timeout-Ms``,
+    ...: ``infer``'s arguments set them, and two spellings of one are refused by the ingress)."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidArgument(f"headers must map header names to values, got {type(headers).__name__}",
+                              field="headers")
+    out = {}
+    for k, v in headers.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k or any(c in k for c in ": \r\n") or \
+                "\r" in v or "\n" in v:
+            raise InvalidArgument(f"headers: {k!r}: {v!r} is not a header (a name without ':' or whitespace and a "
+                                  f"value without line breaks, both strings)", field="headers")
+        if k.lower() in H.CLIENT_HEADERS:
+            raise InvalidArgument(f"headers: {k!r} is inferbus's own header; infer's arguments set it "
+                                  f"(timeout_s, request_id, json, hedge)", field="headers")
+        out[k] = v
+    return out
+
+
 def _version_token(version) -> str | None:
     """``version`` as the subject carries it (None stays None: the default version), else InvalidArgument at once
     (``field`` ``model_version``): a version is a string of digits or an int >= 0, as a model repository's version
@@ -485,7 +507,8 @@ class Client:
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *, version: str | int | None = None,
                     outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
                     raw: bool = True, parameters: dict | None = None, json: bool = False,
-                    hedge: str | float | None = None) -> dict[str, np.ndarray]:
+                    hedge: str | float | None = None, headers: Mapping[str, str] | None = None
+                    ) -> dict[str, np.ndarray]:
         """Run ``model`` on ``inputs`` and return its outputs as numpy arrays.
 
         Args:
@@ -502,6 +525,9 @@ class Client:
                 (e.g. ``20``), ``"p95"``/``"p99"``/``"auto"`` (the model's observed quantile) or
                 ``"off"``; None = the model's configured policy. A hedged request is sent to a
                 second worker after the delay; the first answer wins; the model runs at most twice.
+            headers: more NATS headers to send (``{"traceparent": "00-...-01"}``: W3C trace context, forwarded
+                to the worker when well formed), as Triton's clients take ``headers``; not inferbus's own (the
+                arguments above set those).
 
         Returns:
             ``{output name: np.ndarray}``.
@@ -515,13 +541,15 @@ class Client:
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
         res = await self.infer_result(model, inputs, version=version, outputs=outputs, timeout_s=timeout_s,
-                                      request_id=request_id, raw=raw, parameters=parameters, json=json, hedge=hedge)
+                                      request_id=request_id, raw=raw, parameters=parameters, json=json, hedge=hedge,
+                                      headers=headers)
         return res.outputs
 
     async def infer_result(self, model: str, inputs: dict[str, np.ndarray], *, version: str | int | None = None,
                            outputs: list[str] | None = None, timeout_s: float = 1.0, request_id: str | None = None,
                            raw: bool = True, parameters: dict | None = None, json: bool = False,
-                           hedge: str | float | None = None) -> InferResult:
+                           hedge: str | float | None = None, headers: Mapping[str, str] | None = None
+                           ) -> InferResult:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
         _check_timeout(timeout_s)
@@ -547,6 +575,9 @@ class Client:
                 parse_policy(str(hedge))
             except HedgePolicyError as exc:
                 raise InvalidArgument(str(exc), field="hedge") from None
+        extra = _extra_headers(headers)
+        if hedge is not None:
+            extra[H.HEDGE] = str(hedge)
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
@@ -568,7 +599,7 @@ class Client:
         body = encode_request(req, ct)
         resp, rct = await self.request(self.subjects.infer(model, version), body, timeout_s=timeout_s,
                                        request_id=rid, content_type=ct,
-                                       headers={H.HEDGE: str(hedge)} if hedge is not None else None,
+                                       headers=extra or None,
                                        started_at=started_at)
         r = decode_response(resp, rct)
         outs = {o.name: output_to_numpy(o, field=f"outputs[{i}]") for i, o in enumerate(r.outputs)}

@@ -278,6 +278,41 @@ async def test_plain_nats_and_msgpack_client(deployment):
         await nc.close()
 
 
+async def test_trace_context_is_forwarded_when_well_formed(client, deployment):
+    """W3C trace context reaches the worker (docs/architecture.md, headers) only when ``traceparent`` parses, and
+    ``tracestate`` only beside it: a garbage or 5,000-character ``traceparent`` and a lone ``tracestate`` were
+    forwarded as they came (a fresh-user trial, 2026-12-05). The SDK sends it through ``headers`` (it could not)."""
+    seen = []
+
+    async def on_forward(msg) -> None:
+        seen.append(dict(msg.headers or {}))
+
+    sub = await client.nc.subscribe(f"{deployment.prefix}._w.>", cb=on_forward)
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    cases = [({"traceparent": tp, "tracestate": "v=1"}, {"traceparent": tp, "tracestate": "v=1"}),
+             ({"traceparent": "garbage;;\"<script>", "tracestate": "v=1"}, {}),
+             ({"traceparent": tp + "x" * 5000}, {}),
+             ({"traceparent": tp.upper()}, {}),
+             ({"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}, {}),
+             ({"tracestate": "v=1"}, {}),
+             ({"traceparent": tp, "tracestate": "k=" + "v" * 600}, {"traceparent": tp})]
+    try:
+        for i, (sent, forwarded) in enumerate(cases):
+            seen.clear()
+            x = np.random.default_rng().random((1, 64), dtype=np.float32)  # a miss each: forwarded to a worker
+            await client.infer("digits", {"pixels": x}, headers=sent, timeout_s=5)
+            await client.nc.flush()
+            got = [{k: v for k, v in h.items() if k in ("traceparent", "tracestate")} for h in seen]
+            assert got == [forwarded], (sent, got)
+    finally:
+        await sub.unsubscribe()
+    for bad in ({"Inferbus-Timeout-Ms": "5"}, {"content-type": "application/json"}, {"a b": "x"}, {"x": "1\r\n"},
+                ["traceparent"]):
+        with pytest.raises(InvalidArgument) as ei:
+            await client.infer("digits", {"pixels": digits_rows(1)}, headers=bad)
+        assert ei.value.field == "headers", ei.value
+
+
 async def test_metadata_and_health(client):
     ml = await client.models()
     names = {m.name for m in ml.models}

@@ -150,14 +150,8 @@ def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, s
         extra += f"Inferbus-Request-Id: {v}\r\n"
     elif rid:  # the body's id is the idempotency key when the header is absent
         extra += f"Inferbus-Request-Id: {H.header_value(rid)}\r\n"
-    v = hdrs.get(H.TRACEPARENT)
-    if v:
-        extra += f"traceparent: {v}\r\n"
-        v = hdrs.get(H.TRACESTATE)
-        if v:
-            extra += f"tracestate: {v}\r\n"
-    elif hdrs.get(H.TRACESTATE):
-        extra += f"tracestate: {hdrs[H.TRACESTATE]}\r\n"
+    if H.TRACEPARENT in hdrs:  # W3C: forwarded only when well formed, tracestate only beside it
+        extra += H.trace_lines(hdrs)
     if pin:
         extra += f"{H.PIN}: {pin}\r\n"
     return dl_ms, fargs, extra

@@ -64,6 +64,36 @@ CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, D
 _EXACT = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
 
 
+_HEX = frozenset("0123456789abcdef")
+MAX_TRACESTATE_CHARS = 512
+"""The longest ``tracestate`` forwarded (W3C Trace Context: a platform may cut it at 512 characters)."""
+
+
+def valid_traceparent(value: str) -> bool:
+    """Whether ``value`` is a W3C Trace Context ``traceparent`` an ingress forwards: ``version-trace_id-parent_id-
+    flags``, lower-case hex of 2, 32, 16 and 2 digits, a version other than ``ff``, ids not all zero (a later
+    version may add fields after a dash: kept). W3C: a receiver that cannot parse it drops it, and ``tracestate``
+    with it; a 5,000-character garbage value was forwarded as it came (a fresh-user trial, 2026-12-05)."""
+    if len(value) < 55 or (len(value) > 55 and (value[:2] == "00" or value[55] != "-")):
+        return False
+    version, trace_id, parent_id, flags = value[:2], value[3:35], value[36:52], value[53:55]
+    return (value[2] == value[35] == value[52] == "-" and _HEX.issuperset(version + trace_id + parent_id + flags)
+            and version != "ff" and trace_id != "0" * 32 and parent_id != "0" * 16)
+
+
+def trace_lines(headers: dict) -> str:
+    """The trace-context header lines an ingress forwards to the worker from a request's ``headers``: ``traceparent``
+    when :func:`valid_traceparent`, and ``tracestate`` only beside it and at most :data:`MAX_TRACESTATE_CHARS`
+    characters; ``""`` otherwise."""
+    v = headers.get(TRACEPARENT)
+    if not v or not valid_traceparent(v):
+        return ""
+    state = headers.get(TRACESTATE)
+    if state and len(state) <= MAX_TRACESTATE_CHARS:
+        return f"{TRACEPARENT}: {v}\r\n{TRACESTATE}: {state}\r\n"
+    return f"{TRACEPARENT}: {v}\r\n"
+
+
 def miscased_header(headers: dict) -> tuple[str, str] | None:
     """``(given, ours)`` for the first header in ``headers`` that is one of :data:`CLIENT_HEADERS` in another
     case (``inferbus-timeout-ms``, ``content-type``) while ours is absent; None when there is none.
