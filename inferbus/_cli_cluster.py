@@ -30,7 +30,7 @@ def _regions(n: int) -> tuple[str, ...]:
 
 
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
-          proxy: bool, actors: bool, witness_servers: int):
+          proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -51,7 +51,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
     try:
         spec = ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
-                           witness_servers=witness_servers)
+                           witness_servers=witness_servers, metrics_port=metrics_port)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:
@@ -71,13 +71,21 @@ def up(
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
     actors: bool = typer.Option(True, help="Run the serving actors (off: servers and region managers only)."),
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve each region's Prometheus metrics (its actors and its "
+                                               "region manager's inferbus_region_*): region A on this port, B on the "
+                                               "next, ... (on every interface, as up's --metrics-host default; default: none)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
     from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run
     from .cluster import Topology
 
     models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
-    spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers)
+    if metrics_port is not None and not 1 <= metrics_port <= 65536 - regions:
+        from .cli import _usage
+
+        _usage(f"cluster up: --metrics-port must be a port from 1 with room for its {regions} regions on consecutive "
+               f"ports (to 65535), got {metrics_port}")
+    spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")
@@ -122,6 +130,8 @@ def up(
                 typer.echo(f"  {site:3s} {kind:36s} {','.join(topo.urls(site))}")
                 if site != spec.witness and topo.plan.valkey_url(site):
                     typer.echo(f"      valkey {topo.plan.valkey_url(site)}")
+                if site != spec.witness and topo.metrics_port(site) is not None:
+                    typer.echo(f"      metrics http://127.0.0.1:{topo.metrics_port(site)}/metrics")
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
             typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
             typer.echo("serving; Ctrl-C to stop")

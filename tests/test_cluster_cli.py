@@ -35,11 +35,15 @@ def cluster_up(tmp_path):
     run = tmp_path / "run"
     log = tmp_path / "up.log"
     fh = open(log, "wb")
+    from conftest import free_port
+
+    metrics = free_port()  # A's; B's is the next
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
-                             "--run-dir", str(run), "--prefix", "ibt"], stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
+                             "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics)], stdout=fh,
+                            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         wait_serving(proc, log, timeout_s=90, poll_s=0.1)
+        proc.metrics_port = metrics
         yield run, proc, log
     finally:
         if proc.poll() is None:
@@ -67,6 +71,14 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     assert len(info["servers"]) == 9 and set(info["valkey"]) == {"A", "B"}
     assert "sync_interval: always" in (run / "nats" / "W2" / "W2.conf").read_text()
     assert (run / "nodes" / "A" / "region.log").exists()  # logs under the run dir
+    # each region's metrics, its region manager's included: cluster up had no --metrics-port (a fresh-user trial)
+    import urllib.request
+
+    for k, region in enumerate("AB"):
+        url = f"http://127.0.0.1:{proc.metrics_port + k}/metrics"
+        assert url in log.read_text(), log.read_text()[-2000:]
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert f'inferbus_region_primary{{region="{region}"}}' in text, text[:3000]
 
     st = _status(run)
     # A acquires the lease at start; on a starved box a late renewal can hand it to B before we look (the

@@ -97,9 +97,16 @@ class ClusterSpec:
     """Workers publish executed request ids on ``<p>._audit`` (drills count duplicates)."""
     health_timeout_s: float = 5.0
     l2_lookup: bool = False
+    metrics_port: int | None = None
+    """Prometheus metrics of each region's node (its actors and its region manager: ``inferbus_region_*``), region
+    ``k`` (in :attr:`regions` order) on ``metrics_port + k``; None = none (docs/observability.md)."""
 
     def __post_init__(self) -> None:
         names = list(self.regions) + [self.witness]
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
+                self.metrics_port, int) or not 1 <= self.metrics_port <= 65536 - len(self.regions)):
+            raise ValueError(f"ClusterSpec.metrics_port: a port for the first region, its {len(self.regions)} "
+                             f"regions on consecutive ports to 65535, got {self.metrics_port!r}")
         if len(self.regions) < 2:
             raise ValueError("ClusterSpec.regions: at least two regions")
         if len(set(names)) != len(names):

@@ -130,6 +130,7 @@ class NodeProcessConfig:
     audit: bool = False
     health_timeout_s: float = 5.0
     l2_lookup: bool = False
+    metrics_port: int | None = None
 
 
 class Topology:
@@ -233,6 +234,11 @@ class Topology:
                           initial_primary=region == sp.regions[0])
         return json.loads(rc.to_json())
 
+    def metrics_port(self, region: str) -> int | None:
+        """The port of ``region``'s metrics endpoint (:attr:`ClusterSpec.metrics_port` + its index), or None."""
+        base = self.spec.metrics_port
+        return None if base is None else base + self.spec.regions.index(region)
+
     def _node_child(self, region: str) -> ChildSpec:
         sp = self.spec
         d = self.run_dir / "nodes" / region
@@ -240,7 +246,8 @@ class Topology:
                                 redis_url=self.plan.valkey_url(region), prefix=sp.prefix, models_dir=self.models_dir,
                                 models=list(sp.models), workers=sp.workers, ingress=sp.ingress, actors=sp.actors,
                                 run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
-                                health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup)
+                                health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
+                                metrics_port=self.metrics_port(region))
         argv = [sys.executable, "-m", "inferbus.cluster", "node", json.dumps(asdict(cfg))]
 
         async def start():
