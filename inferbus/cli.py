@@ -776,6 +776,10 @@ def up(
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
     node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
                                 "give each node that joins one NATS (--nats-url) its own."),
+    region: str = typer.Option("", help="This node's region (letters, digits, '-', '_'): every ingress prefers "
+                               "workers of its own region and sends to another region's only when none here can take "
+                               "it, and answers say it (parameters.region). Nodes of several regions on one NATS "
+                               "supercluster each give theirs (docs/regions.md); default: none."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core (round robin over the cores not in "
                                   "--nats-cpus)."),
     nats_cpus: Optional[str] = typer.Option(None, help="Run the embedded nats-server on these cores, e.g. 12-15 "
@@ -937,6 +941,8 @@ def up(
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", node_id):
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
+    if region and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", region):
+        _usage(f"up: --region must be 1-64 letters, digits, '-' or '_', got {region!r}")
     _check_accelerator_env()
     backend_names = tuple(b.strip() for b in backends.split(",") if b.strip())
     if not backend_names:  # it was taken as the default (onnxruntime) without a word
@@ -960,7 +966,7 @@ def up(
     try:
         cfg = NodeConfig(models_dir=models_dir, models=tuple(dict.fromkeys(model or ())), workers=workers,
                          ingress=ingress, colocate=colocate,
-                         node_id=node_id,
+                         node_id=node_id, region=region,
                          nats_url=nats_url, spread_servers=spread_servers,
                          nats_port=nats_port, redis_url=redis_url, no_cache=no_cache, l2_lookup=l2_lookup,
                          prefix=prefix, pin_cpus=pin_cpus, nats_cpus=nats_cores, busy_poll_us=busy_poll_us,
