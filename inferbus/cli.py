@@ -462,34 +462,33 @@ def _check_security_files(nkey_seed: Optional[Path], creds: Optional[Path], tls_
 
 
 def _nats_urls_given(command: str, nats_url: str, option: str = "--nats-url") -> list[str]:
-    """The servers of a ``--nats-url`` given (comma-separated, empty entries dropped), before any connect; one that
-    names none (``''``, ``','``: an unset variable in a script) is one line, exit 2. (``infer``, ``health``,
-    ``models``, ``bench`` sent it to the SDK and printed its INVALID_ARGUMENT reply; ``models load`` and ``region``
-    took the default URL instead; ``region manager`` ended in a traceback.) Each URL's form is checked where it is
-    used: the SDK's INVALID_ARGUMENT for the client commands, :func:`_check_nats_urls` for ``up``.
+    """The servers of a ``--nats-url`` given (comma-separated, empty entries dropped), each URL's form checked
+    (scheme, host, port 1-65535), before any connect; one that names none (``''``, ``','``: an unset variable in a
+    script) or a URL of another form (``http://...``) is one line, exit 2. (``infer``, ``health``, ``models``,
+    ``bench`` sent it to the SDK and printed its ``INVALID_ARGUMENT: Client.connect: ...`` reply, without the
+    ``error: COMMAND:`` every other usage error has: a fresh-user trial; ``models load`` and ``region`` took the
+    default URL instead; ``region manager`` ended in a traceback.)
 
     Raises:
-        typer.Exit: (2) ``error: COMMAND: OPTION '' names no server; give nats://HOST:PORT[,nats://HOST:PORT...]``.
+        typer.Exit: (2) ``error: COMMAND: OPTION '' names no server; give nats://HOST:PORT[,nats://HOST:PORT...]``,
+            or ``error: COMMAND: OPTION 'http://...': expected nats://HOST:PORT ...``.
     """
-    from .bus import split_servers
+    from .bus import server_url_problem, split_servers
 
     urls = list(split_servers(nats_url))
     if not urls:
         _usage(f"{command}: {option} {nats_url!r} names no server; give nats://HOST:PORT[,nats://HOST:PORT...]")
+    for u in urls:
+        problem = server_url_problem(u)
+        if problem is not None:
+            _usage(f"{command}: {option} {problem}")
     return urls
 
 
 def _check_nats_urls(nats_url: str) -> str:
-    """``--nats-url`` with empty entries dropped, each URL checked (scheme, host, port 1-65535): the same
-    string joined by commas, or one line and exit 2 naming the bad URL (nats-py would raise mid-start)."""
-    from .bus import server_url_problem
-
-    urls = _nats_urls_given("up", nats_url)
-    for u in urls:
-        problem = server_url_problem(u)
-        if problem is not None:
-            _usage(f"up: --nats-url {problem}")
-    return ",".join(urls)
+    """``up``'s ``--nats-url`` with empty entries dropped and each URL checked (:func:`_nats_urls_given`): the same
+    string joined by commas (nats-py would raise mid-start)."""
+    return ",".join(_nats_urls_given("up", nats_url))
 
 
 def _check_accelerator_env() -> None:

@@ -327,6 +327,11 @@ def test_an_empty_nats_url_is_one_error_line_exit_2_before_connecting(tmp_path, 
     if argv[0] == "models" and len(argv) > 1:  # the group's option, before the subcommand
         r = cli("models", "--nats-url", "", *argv[1:])
         assert_one_error_line(r, "models: --nats-url '' names no server; ")
+    # a URL of another form: the same one line (it was the SDK's "INVALID_ARGUMENT: Client.connect: ..." for the
+    # client commands, without "error: COMMAND:"; a fresh-user trial, 2026-12-05), the password not shown
+    r = cli(*argv, "--nats-url", "http://u:s3cret@127.0.0.1:4222")
+    name = ' '.join(argv[:2]) if argv[0] in ('models', 'region') and len(argv) > 1 else argv[0]
+    assert_one_error_line(r, f"{name}: --nats-url 'http://u:***@127.0.0.1:4222': expected nats://HOST:PORT")
 
 
 def test_region_manager_refuses_an_empty_lease_nats_url():
