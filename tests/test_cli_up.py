@@ -260,6 +260,26 @@ def _kill_group(proc) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_the_same_signal_twice_at_once_is_one_stop_not_a_kill(tmp_path):
+    """GNU ``timeout`` sends its SIGTERM to the child and then to its process group: ``up`` got two at once and took
+    the second for "stop at once", SIGKILL without a drain (a fresh-user trial, 1 of 6 ``timeout 30 inferbus up``).
+    Two SIGTERMs within microseconds are now one: the node drains and ``up`` exits 0."""
+    log = tmp_path / "up.log"
+    argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"),
+                 "--models", str(models_subset(tmp_path / "models", ["digits"]))]
+    proc = spawn_logged(argv, log, ENV)
+    try:
+        wait_serving(proc, log)
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "second signal" not in text and "inferbus stopped" in text, text[-3000:]
+    finally:
+        _kill_group(proc)
+
+
+@pytest.mark.timeout(60)
 def test_up_into_a_closed_pipe_stops_its_node_as_on_sigterm_and_exits_141(tmp_path):
     """``inferbus up | head -1``: its stdout a pipe whose reader is gone (here before it starts, so that its first
     line finds it so: deterministic). It exited 1 from inside the serving loop (rich's handling of a broken pipe).
