@@ -49,6 +49,7 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
     import asyncio
     import errno
     import json
+    import math
     import os
     import re
     from dataclasses import replace
@@ -1327,6 +1328,9 @@ def infer(
     prefix: str = typer.Option("inferbus"),
     timeout_s: float = typer.Option(1.0, help="Request budget in seconds."),
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as one JSON object (model_name, "
+                                 "model_version, id, outputs: {name: {datatype, shape, data}}, parameters); an "
+                                 "error as the wire's error object."),
 ):
     """Send one request built from .npy files and print the outputs."""
     _check_timeout_s("infer", timeout_s)
@@ -1352,7 +1356,16 @@ def infer(
             return await c.infer_result(model, feeds, version=version, outputs=output or None,
                                         timeout_s=_left_s(t_end), json=json_wire)
 
-    res = _call(go)
+    res = _call(go, as_json=as_json)
+    if as_json:  # one parseable object (the text form is numpy's print and then JSON: a fresh-user trial)
+        from .schemas import datatype_of
+
+        outs = {name: {"datatype": datatype_of(arr.dtype), "shape": list(arr.shape),
+                       "data": [_json_value(x) for x in arr.ravel().tolist()]}
+                for name, arr in res.outputs.items()}
+        print(json.dumps({"model_name": res.model_name, "model_version": res.model_version, "id": res.id,
+                          "outputs": outs, "parameters": res.parameters}, default=_json_default))
+        return
     console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
     for name, arr in res.outputs.items():
         console.print(f"[cyan]{escape(name)}[/] {arr.dtype} {list(arr.shape)}")
@@ -1407,9 +1420,28 @@ def _load_npy(path: str) -> np.ndarray:
         refuse(f"a damaged .npy file ({str(exc)[:200]})")
 
 
+def _json_value(x):
+    """One output element for ``infer --json``, as the wire's JSON writes it (docs/wire.md): a non-finite float as
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``json.dumps`` wrote bare ``NaN``, which is no JSON), BYTES as text
+    (bytes that are not UTF-8 with backslash escapes)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "backslashreplace")
+    return x
+
+
+def _json_default(x):
+    """``json.dumps``'s fallback for ``infer --json``'s parameters: numpy scalars as their Python value, anything
+    else as its text."""
+    return x.item() if hasattr(x, "item") else str(x)
+
+
 @app.command()
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
-           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0).")):
+           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0)."),
+           as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
+                                        "health prints JSON either way.")):
     """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering within
     --timeout-s)."""
     from .schemas import DeadlineExceeded, Unavailable

@@ -263,6 +263,19 @@ def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_pat
     np.save(bad, np.zeros((1, 63), np.float32))
     p, _ = cli("infer", "digits", "-i", f"pixels={bad}", "--nats-url", deployment.nats_url)
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "inputs[0].shape" in p.stderr
+    # --json: the whole answer as one JSON object (the text form is numpy's print then JSON: a fresh-user trial),
+    # non-finite floats as the wire writes them, BYTES as text; an error as the wire's error object
+    p, _ = cli("infer", "digits", "-i", f"pixels={x}", "--nats-url", deployment.nats_url, "--json")
+    assert p.returncode == 0, p.stderr
+    ans = json.loads(p.stdout)
+    assert ans["model_name"] == "digits" and ans["outputs"]["logits"]["shape"] == [1, 10], ans
+    assert ans["outputs"]["logits"]["datatype"] == "FP32" and set(ans["outputs"]["logits"]["data"]) <= {"NaN"}, ans
+    assert "timings_us" in ans["parameters"], ans
+    p, _ = cli("infer", "strings", "-i", f"s={s}", "--nats-url", deployment.nats_url, "--json")
+    out = next(iter(json.loads(p.stdout)["outputs"].values()))
+    assert out["datatype"] == "BYTES" and any("abc" in str(v) for v in out["data"]), out
+    p, _ = cli("infer", "digits", "-i", f"pixels={bad}", "--nats-url", deployment.nats_url, "--json")
+    assert p.returncode == 2 and json.loads(p.stdout)["error"]["field"] == "inputs[0].shape", p
 
 
 def cli_into_a_closed_pipe(*args, stream: str = "stdout", timeout=30) -> subprocess.CompletedProcess:
