@@ -778,7 +778,7 @@ def up(
                                 "give each node that joins one NATS (--nats-url) its own."),
     region: str = typer.Option("", help="This node's region (letters, digits, '-', '_'): every ingress prefers "
                                "workers of its own region and sends to another region's only when none here can take "
-                               "it, and answers say it (parameters.region). Nodes of several regions on one NATS "
+                               "it, and answers name it (their region parameter). Nodes of several regions on one NATS "
                                "supercluster each give theirs (docs/regions.md); default: none."),
     pin_cpus: bool = typer.Option(False, help="Pin each process to one core (round robin over the cores not in "
                                   "--nats-cpus)."),
