@@ -113,11 +113,14 @@ async def _start(url: str, models_dir: str, model: str, run_to_completion: bool,
         WorkerConfig(worker_id=f"pc-w-{name}", bus=bus, models_dir=models_dir, models=(model,), **worker)))
     task = asyncio.create_task(col.run())
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # ready: the ingress has seen its worker's load report
+    while time.monotonic() < deadline:  # ready: the ingress has seen its worker's load report and subscribed
         if task.done():
             task.result()
         ing = col.ingress
-        if ing.nc is not None and ing.router.pick(next(iter(ing.repo.get(model).versions.values())).key) is not None:
+        # (its infer subscription set too: a measure that replaced it before the ingress's run() got there had it
+        # replaced back by the real one, whose pending_msgs nats-py 2.16 does not let be set: a CI run, 2026-12-05)
+        if ing.nc is not None and ing._infer_sub is not None and \
+                ing.router.pick(next(iter(ing.repo.get(model).versions.values())).key) is not None:
             return col, task
         await asyncio.sleep(0.05)
     raise TimeoutError("the colocated actors did not become ready in 60 s")

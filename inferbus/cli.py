@@ -941,7 +941,7 @@ def up(
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", node_id):
         _usage(f"up: --node-id must be 1-64 letters, digits, '-' or '_' (it becomes part of NATS subjects), "
                f"got {node_id!r}")
-    if region and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", region):
+    if (region or given("region")) and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", region):
         _usage(f"up: --region must be 1-64 letters, digits, '-' or '_', got {region!r}")
     _check_accelerator_env()
     backend_names = tuple(b.strip() for b in backends.split(",") if b.strip())

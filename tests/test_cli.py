@@ -1190,3 +1190,10 @@ def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deploym
     row = next(line for line in p.stdout.splitlines() if " digits " in line)
     cells = [c.strip() for c in row.split("│")]
     assert "64" in cells and "100" in cells and any(c.startswith("Handwritten digit") for c in cells), cells
+
+
+@pytest.mark.parametrize("region", ["", " ", "a.b", "x" * 65])
+def test_up_refuses_a_region_that_is_no_name(tmp_path, region):
+    """``--region ''`` started a node with no region where ``' '`` and ``a.b`` were refused (a fresh-user trial)."""
+    line = _up_refused(tmp_path, "--region", region)
+    assert line == f"error: up: --region must be 1-64 letters, digits, '-' or '_', got {region!r}", line

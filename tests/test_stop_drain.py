@@ -260,6 +260,10 @@ async def test_a_worker_stopped_in_the_middle_of_a_chunked_batch_exits_cleanly(t
             bodies = [encode_request(InferRequest(inputs=[input_from_numpy("pixels", b, raw=True)])) for b in bigs]
             calls = [asyncio.ensure_future(nc.request("stopc._w.n1-w0", body, timeout=60, headers=hdrs))
                      for body in bodies]
+            await asyncio.sleep(0)  # (the calls publish)
+            # every request at the server before the stop: on a loaded box the last of the 61 MB were still being
+            # written when the worker unsubscribed, and that request met "no responders" (a clean-clone CI run)
+            await nc.flush(timeout=30)
             deadline = time.monotonic() + 30
             while (await client.health(timeout_s=2.0)).parameters["workers"]["n1-w0"].get("computing_ms", 0) <= 0:
                 assert time.monotonic() < deadline, "the worker never took the batch"

@@ -251,3 +251,42 @@ async def test_a_stop_cut_short_by_a_second_signal_leaves_no_future_unretrieved(
         assert not seen, seen
     finally:
         loop.set_exception_handler(old)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_sdk_calls_end_within_their_budget_when_the_node_stops_under_megabyte_requests(tmp_path):
+    """A fresh-user trial (2026-12-05): 60 concurrent SDK calls of 5 MB each (20,000 rows of ``digits``, 8 s budget),
+    their node SIGTERMed 1.5 s in (its embedded nats-server gone for good): 34-45 calls were still waiting 30 s
+    later, one run over 10 minutes. Each waited in nats-py's forced flush (more than the 64 MiB reconnect buffer
+    waiting to be written), which its lost connection never finished, and nats-py's ``flush_timeout`` has no bound
+    by default. ``BusConfig.flush_timeout_s`` bounds it (1 s): every call ends, by its budget and a little."""
+    from inferbus.client import Client
+
+    d = start_deployment(tmp_path / "dep", workers=2, prefix=PREFIX)
+    done_s: list[float] = []
+    outcomes: list[str] = []
+    try:
+        client = await Client.connect(d.nats_url, PREFIX)
+        async def one(i: int) -> None:
+            t0 = time.monotonic()
+            try:
+                x = np.random.default_rng(i).random((20_000, 64)).astype(np.float32)  # made as the calls go
+                await client.infer("digits", {"pixels": x}, timeout_s=8)
+                outcomes.append("ok")
+            except Exception as exc:  # noqa: BLE001 - any typed error is an outcome; waiting is not
+                outcomes.append(type(exc).__name__)
+            done_s.append(time.monotonic() - t0)
+
+        calls = [asyncio.ensure_future(one(i)) for i in range(60)]
+        await asyncio.sleep(1.5)
+        d.proc.send_signal(signal.SIGTERM)
+        finished, waiting = await asyncio.wait(calls, timeout=8 + 6)
+        for c in waiting:
+            c.cancel()
+        assert not waiting, (f"{len(waiting)} of 60 calls still waiting 14 s after the stop", outcomes)
+        assert max(done_s) < 8 + 2.5, sorted(done_s)[-5:]
+        assert set(outcomes) <= {"ok", "DeadlineExceeded", "Unavailable"}, outcomes
+        await asyncio.wait_for(client.close(), 10)
+    finally:
+        d.stop()

@@ -539,7 +539,8 @@ class IngressModels:
             return
         try:
             if op not in MODEL_OPS:
-                raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
+                raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)} (writes); reads: "
+                               f"<model>, <model>.<version>, and either with .ready", field="op")
             req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
             v = req.version
             if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)

@@ -54,7 +54,13 @@ class BusConfig:
     30,000 requests at once lost 10,000-14,000 of them so). Past this grace the stale check applies as usual (a link
     that delivers but takes nothing more)."""
     pending_size_bytes: int = 64 * 1024 * 1024
-    """Bytes buffered while reconnecting before publishes fail."""
+    """Bytes buffered while reconnecting before publishes fail; also what a publish finds waiting to be written
+    when it makes nats-py flush first (a forced flush: see :attr:`flush_timeout_s`)."""
+    flush_timeout_s: float = 1.0
+    """How long a publish waits for a forced flush (more than :attr:`pending_size_bytes` waiting to be written) before
+    it goes on with its message left buffered, seconds (nats-py's ``flush_timeout``; its default waits without end).
+    A connection lost while such a flush waited never finished it: 60 SDK calls of 5 MB each, their node stopped,
+    waited past their budget, some for over 10 minutes (a fresh-user trial, 2026-12-05)."""
     no_randomize: bool = False
     user: str | None = None
     password: str | None = None
@@ -85,6 +91,8 @@ class BusConfig:
             raise ValueError("BusConfig: connect_timeout_s and ping_interval_s must be > 0 seconds")
         if not self.reconnect_timeout_s > 0:  # NaN too
             raise ValueError("BusConfig.reconnect_timeout_s must be > 0 seconds")
+        if not 0 < self.flush_timeout_s < float("inf"):  # NaN too
+            raise ValueError("BusConfig.flush_timeout_s must be a finite number > 0 seconds")
         if self.connect_attempts < 1:
             raise ValueError("BusConfig.connect_attempts must be >= 1 (tries per server for the first connect)")
         if self.reconnect_time_wait_s < 0:

@@ -367,6 +367,7 @@ async def connect(config: BusConfig, *, name: str | None = None,
         ping_interval=config.ping_interval_s,
         max_outstanding_pings=config.max_outstanding_pings,
         pending_size=config.pending_size_bytes,
+        flush_timeout=config.flush_timeout_s,
         dont_randomize=config.no_randomize,
         allow_reconnect=True,
     )
