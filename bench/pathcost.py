@@ -71,7 +71,6 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -105,8 +104,8 @@ class _Msg:
 async def _start(url: str, models_dir: str, model: str, run_to_completion: bool, name: str,
                  **worker: object) -> tuple[Colocated, asyncio.Task]:
     bus = BusConfig(servers=(url,), prefix=f"pc{name}")
-    # a flight record, as `inferbus up` gives each colocated process (its model runs write what they hold)
-    worker.setdefault("flight_record_path", str(Path(tempfile.gettempdir()) / f"pathcost-{os.getpid()}-{name}.running"))
+    # a flight record, as `inferbus up` gives each colocated process (its model runs write what they hold; the
+    # caller gives a path in its run folder)
     col = Colocated(ColocatedConfig(
         IngressConfig(ingress_id=f"pc-i-{name}", bus=bus, models_dir=models_dir, models=(model,),
                       run_to_completion=run_to_completion),
@@ -287,6 +286,8 @@ async def _serving(model: str, models_dir: str, others: int, starts: dict[str, d
         mv = next(iter(ModelRepository(models_dir, [model]).get(model).versions.values()))
         cols = {}
         for name, (run_to_completion, worker) in starts.items():
+            # the flight record in this run's folder: in the system's temp folder, every run left two files there
+            worker = {"flight_record_path": str(Path(tmp.name) / f"{name}.running"), **worker}
             cols[name], task = await _start(srv.url, models_dir, model, run_to_completion, name, **worker)
             tasks.append(task)
             _announce_others(cols[name], mv.key, others)
