@@ -415,6 +415,13 @@ async def test_resource_exhausted_retries_back_off_and_end_as_resource_exhausted
     retrying = await Client.connect(nats_server.url, retry_resource_exhausted=True, retry_throttle_tokens=None)
     try:
         r = await Responder(server_nc, error=ResourceExhausted("rate limit", retry_after_ms=1)).start()
+        for _ in range(500):  # the subscription seen from the client's connection (as Scripted.start's probe: under
+            try:  # load a request right after the SUB got "no responders", a tally of "1 no responders" in CI)
+                await retrying.nc.request(SUBJECT, b"", timeout=2)
+                break
+            except NoRespondersError:
+                await asyncio.sleep(0.01)
+        r.seen.clear()
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted) as ei:
             await retrying.request(SUBJECT, b"x", timeout_s=1.0, request_id="rid-storm")

@@ -434,6 +434,9 @@ async def test_a_demote_back_within_the_hold_hands_over_at_once(witness):
         first = await a.demote("")
         assert first.ok and any(s.name == "B promoted" for s in first.steps), first
         await ms.until(lambda: "A" in b.peers and time.monotonic() - b.peers["A"][0] < 0.2, 5)
+        # B's own view follows its acquire: A's demote heard B's heartbeat first, and on a loaded box B's demote came
+        # before B knew itself primary ("region B is not primary": a clean-clone CI run, 2026-12-05)
+        await ms.until(lambda: b.is_primary(), 2)
         assert a.hold_until > time.monotonic() + 1.0  # A is still holding off after its own demote
         t = time.monotonic()
         second = await b.demote("")
