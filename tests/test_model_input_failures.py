@@ -568,8 +568,13 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
                 assert time.monotonic() < deadline, await ingress_counts(nc)
                 await anyio.sleep(0.05)
             body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in POISON.items()]))
-            for _ in range(6):
+            sent = 0
+            # at least six, and until both replicas have refused some: the queue group picks at random (all seven to
+            # one replica, 1 in 64, failed a clean-clone CI run)
+            while sent < 6 or not all(c["query_of_death"] > 0 for c in await ingress_counts(nc)):
+                assert sent < 40, await ingress_counts(nc)
                 raw = await nc.request("qod2.infer.div", body, timeout=5.0)
+                sent += 1
                 assert raw.headers.get("Nats-Service-Error-Code") == "500" and b"what kills them" in raw.data, \
                     (raw.headers, raw.data[:300])
             await _div_serves_again(client)
@@ -577,8 +582,7 @@ async def test_the_ingresses_share_what_a_killer_crash_taught_them(tmp_path):
             counts = await ingress_counts(nc)
             assert len(counts) == 2, counts
             assert sum(c["deaths_shared_in"] for c in counts) >= 1, counts
-            assert sum(c["query_of_death"] for c in counts) == 7, counts  # the SDK call's answer, six refusals
-            assert all(c["query_of_death"] > 0 for c in counts), counts  # both replicas refused some
+            assert sum(c["query_of_death"] for c in counts) == 1 + sent, counts  # the SDK call's answer, refusals
         finally:
             await nc.close()
             await client.close()
