@@ -1425,7 +1425,9 @@ def _json_value(x):
     ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``json.dumps`` wrote bare ``NaN``, which is no JSON), BYTES as text
     (bytes that are not UTF-8 with backslash escapes)."""
     if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+        from .schemas._codec import _nonfinite_str
+
+        return _nonfinite_str(x)  # the wire's own spelling
     if isinstance(x, bytes):
         return x.decode("utf-8", "backslashreplace")
     return x
