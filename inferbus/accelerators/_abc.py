@@ -169,14 +169,22 @@ def rows_problem(sess: "Session") -> str | None:
             out = sess.infer(zero_feeds(sess.inputs, b))
         except Exception as exc:  # noqa: BLE001 - the runtime's words, whatever it raised
             return f"it cannot run {b} rows of zeros: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        for name, arr in out.items():
-            shape = tuple(np.shape(arr))
+        shapes[b] = {name: tuple(np.shape(arr)) for name, arr in out.items()}
+    return batch_shapes_problem(shapes)
+
+
+def batch_shapes_problem(shapes: dict[int, dict[str, tuple[int, ...]]]) -> str | None:
+    """The rule of :func:`rows_problem` over the outputs' shapes at 1 and at 2 rows (``{1: {name: shape}, 2:
+    {...}}``, run or evaluated abstractly: the JAX session's ``jax.eval_shape``): why rows cannot be merged or cut,
+    or None when every output has that many rows first and the rest of its shape the same at both."""
+    for b in (1, 2):
+        for name, shape in shapes[b].items():
             if not shape or shape[0] != b:
                 return f"output {name!r} has shape {list(shape)} for {b} row(s): its first dimension is not the batch"
-            shapes.setdefault(name, []).append(shape[1:])
-    for name, (one, two) in shapes.items():
-        if one != two:
-            return (f"output {name!r} has shape {[1, *one]} for 1 row and {[2, *two]} for 2: the rest of its shape "
+    for name, one in shapes[1].items():
+        two = shapes[2].get(name, ())
+        if one[1:] != two[1:]:
+            return (f"output {name!r} has shape {list(one)} for 1 row and {list(two)} for 2: the rest of its shape "
                     f"changes with the batch")
     return None
 

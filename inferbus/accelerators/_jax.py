@@ -313,18 +313,17 @@ class JaxSession:
         (:func:`inferbus.accelerators.rows_problem` says why for the worker)."""
         import jax
 
-        seen = []
+        from ._abc import batch_shapes_problem
+
+        shapes = {}
         for b in (1, 2):
             specs = {t.name: jax.ShapeDtypeStruct(self._shape(t, b), self._in_dtypes[t.name]) for t in self.inputs}
             try:
                 out = jax.eval_shape(self._jit, self._params, specs)
             except Exception:  # noqa: BLE001 - not traceable at these sizes: run each request at its own size
                 return False
-            shapes = {k: tuple(v.shape) for k, v in out.items()}
-            if any(not s or s[0] != b for s in shapes.values()):
-                return False
-            seen.append({k: s[1:] for k, s in shapes.items()})
-        return seen[0] == seen[1]
+            shapes[b] = {k: tuple(v.shape) for k, v in out.items()}
+        return batch_shapes_problem(shapes) is None
 
     def lowered_text(self, batch: int = 1, optimized: bool = True) -> str:
         """The program as XLA sees it: HLO after optimization (fusions) or StableHLO before."""
