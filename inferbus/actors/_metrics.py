@@ -311,7 +311,8 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
         f.add("counter", "inferbus_breaker_trips", "Times the ingress's breaker for the worker opened.", labels,
               _num(w.get("breaker_trips")))
         f.add("gauge", "inferbus_worker_routable", "1 when the ingress routes to the worker (health verdict ok: "
-              "alive, reporting, not draining, error rate and breaker fine), else 0.", labels,
+              "alive, reporting within half the health timeout, not draining, error rate and breaker fine), else "
+              "0 (a quiet worker gets requests only when no fresher one of its model is live).", labels,
               1 if w.get("health") == "ok" else 0)
         f.add("gauge", "inferbus_worker_in_flight_requests_seen", "Requests the ingress has sent the worker and not "
               "seen completed.", labels, _num(w.get("in_flight")))

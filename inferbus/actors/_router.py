@@ -316,14 +316,19 @@ class Router:
         return w.window_requests < self.min_window_requests or w.error_rate <= self.max_error_rate
 
     def health_reason(self, w: WorkerState, now: float) -> str:
-        """``ok`` or why the worker is not routed to: ``down``, ``silent``, ``draining``,
-        ``error_rate``, ``breaker_open``."""
+        """``ok`` or why the worker is not routed to: ``down``, ``silent`` (no report for ``health_timeout_s``),
+        ``draining``, ``quiet`` (no report for :attr:`suspect_s`: routed to only when no fresher worker of the
+        model is live; not while this ingress is behind its own input, :attr:`behind_until`), ``error_rate``,
+        ``breaker_open``."""
         if not w.alive:
             return "down"
-        if now - w.last_report > self.health_timeout_s:
+        age = now - w.last_report
+        if age > self.health_timeout_s:
             return "silent"
         if w.draining:
             return "draining"
+        if age > self.suspect_s and now >= self.behind_until:
+            return "quiet"
         if not self.error_healthy(w):
             return "error_rate"
         b = w.breaker
