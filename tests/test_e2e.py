@@ -281,7 +281,8 @@ async def test_plain_nats_and_msgpack_client(deployment):
 async def test_trace_context_is_forwarded_when_well_formed(client, deployment):
     """W3C trace context reaches the worker (docs/architecture.md, headers) only when ``traceparent`` parses, and
     ``tracestate`` only beside it: a garbage or 5,000-character ``traceparent`` and a lone ``tracestate`` were
-    forwarded as they came (a fresh-user trial, 2026-12-05). The SDK sends it through ``headers`` (it could not)."""
+    forwarded as they came (a fresh-user trial, 2026-12-05). Their names are read in any case (a ``Traceparent``
+    was dropped). The SDK sends it through ``headers`` (it could not)."""
     seen = []
 
     async def on_forward(msg) -> None:
@@ -295,7 +296,10 @@ async def test_trace_context_is_forwarded_when_well_formed(client, deployment):
              ({"traceparent": tp.upper()}, {}),
              ({"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}, {}),
              ({"tracestate": "v=1"}, {}),
-             ({"traceparent": tp, "tracestate": "k=" + "v" * 600}, {"traceparent": tp})]
+             ({"traceparent": tp, "tracestate": "k=" + "v" * 600}, {"traceparent": tp}),
+             # W3C: the names in any case (Go's http.Header writes "Traceparent"); forwarded in lower case
+             ({"Traceparent": tp, "Tracestate": "v=1"}, {"traceparent": tp, "tracestate": "v=1"}),
+             ({"TRACEPARENT": tp}, {"traceparent": tp})]
     try:
         for i, (sent, forwarded) in enumerate(cases):
             seen.clear()

@@ -150,8 +150,8 @@ def _fwd_fields(dl_ms: float, ingress_id: str, mv, term: int, key: str | None, s
         extra += f"Inferbus-Request-Id: {v}\r\n"
     elif rid:  # the body's id is the idempotency key when the header is absent
         extra += f"Inferbus-Request-Id: {H.header_value(rid)}\r\n"
-    if H.TRACEPARENT in hdrs:  # W3C: forwarded only when well formed, tracestate only beside it
-        extra += H.trace_lines(hdrs)
+    if H.TRACEPARENT in hdrs or not hdrs.keys() <= H.EXACT_HEADERS:  # W3C: forwarded only when well formed,
+        extra += H.trace_lines(hdrs)  # tracestate only beside it; their names in any case (trace_lines)
     if pin:
         extra += f"{H.PIN}: {pin}\r\n"
     return dl_ms, fargs, extra

@@ -62,6 +62,9 @@ CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, D
                                           HEDGE)}
 """The headers a client may send to an ingress, by their lower-case spelling."""
 _EXACT = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
+EXACT_HEADERS = _EXACT
+"""The client headers in their exact spelling, trace context included: a request whose header names are all here
+needs no case-insensitive look (:func:`miscased_header`, :func:`trace_lines`)."""
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -84,11 +87,22 @@ def valid_traceparent(value: str) -> bool:
 def trace_lines(headers: dict) -> str:
     """The trace-context header lines an ingress forwards to the worker from a request's ``headers``: ``traceparent``
     when :func:`valid_traceparent`, and ``tracestate`` only beside it and at most :data:`MAX_TRACESTATE_CHARS`
-    characters; ``""`` otherwise."""
+    characters, both spelled in lower case; ``""`` otherwise.
+
+    Their names are read in any case when the lower-case one is absent (``Traceparent``, as Go's ``http.Header``
+    canonicalizes it): W3C Trace Context, section 3.2.1, "vendors MUST expect the header name in any case", where
+    NATS header names are otherwise case-sensitive (ADR-4)."""
     v = headers.get(TRACEPARENT)
+    state = headers.get(TRACESTATE)
+    if v is None:
+        for k, val in headers.items():
+            low = k.lower()
+            if low == TRACEPARENT and v is None:
+                v = val
+            elif low == TRACESTATE and state is None:
+                state = val
     if not v or not valid_traceparent(v):
         return ""
-    state = headers.get(TRACESTATE)
     if state and len(state) <= MAX_TRACESTATE_CHARS:
         return f"{TRACEPARENT}: {v}\r\n{TRACESTATE}: {state}\r\n"
     return f"{TRACEPARENT}: {v}\r\n"
