@@ -397,7 +397,7 @@ def test_suite_with_nats_cpus_measures_the_echo_in_both_layouts(tmp_path):
     out = tmp_path / "both.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
                            "--nats-cpus", str(core), "--closed", "1", "--sweep", "--sweep-max-steps", "2",
-                           "--no-l2", "--log-dir", str(tmp_path / "logs")],
+                           "--no-l2", "--duration", "0.3", "--log-dir", str(tmp_path / "logs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())

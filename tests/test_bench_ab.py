@@ -53,7 +53,7 @@ def test_ab_runs_both_trees_alternated_against_real_processes(tmp_path):
     core = min(os.sched_getaffinity(0))  # the work side's nats-server runs there alone
     proc = subprocess.run([sys.executable, "-m", "bench.ab", "--base-tree", str(tree), "--pairs", "1", "--out",
                            str(out), "--first", "work", "--work-args", f"--nats-cpus {core}", "--", "--profile",
-                           "tiny", "--closed", "1", "--no-sweep", "--open-rates", "200", "--no-l2"], cwd=ROOT,
+                           "tiny", "--closed", "1", "--no-sweep", "--open-rates", "200", "--no-l2", "--duration", "0.3"], cwd=ROOT,
                           capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.index("[work-1]") < proc.stdout.index("[base-1]")  # --first work
