@@ -295,6 +295,41 @@ async def test_answers_computed_by_the_old_files_during_a_repin_are_not_cached_u
         dep.stop()
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("colocate", [False, True], ids=["separate", "colocated"])
+async def test_a_request_id_sent_again_after_a_repin_is_computed_by_the_new_files(tmp_path, refs, colocate):
+    """A fresh-user trial (2026-12-06): a request id sent again with the same body after ``models load`` re-pinned
+    its version to new files was answered from the worker's dedupe store (``Inferbus-Dedup: hit``) with what the OLD
+    files computed, 3 of 3 times (2 of 3 colocated), for the store's 30 s, where a fresh id got the new files'
+    answer. The dedupe key now carries the files the worker serves the version from. No result cache here, so
+    only the dedupe store could answer it."""
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    extra = ["--models", str(models), "--no-cache"] + (["--colocate"] if colocate else [])
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix=PREFIX, extra=extra)
+    inputs, _ = refs
+    try:
+        async with await Client.connect(dep.nats_url, PREFIX) as client:
+            for i, x in enumerate(inputs):
+                res = await client.infer_result("digits", x, version="1", request_id=f"txn-{i}", timeout_s=5.0)
+                assert _outputs_of(res, refs, i) == "1"
+            again = await client.infer_result("digits", inputs[0], version="1", request_id="txn-0", timeout_s=5.0)
+            assert _outputs_of(again, refs, 0) == "1"  # (the store answers a repeat before the re-pin)
+            shutil.copy(MODELS / "digits" / "2" / "model.onnx", models / "digits" / "1" / "model.onnx")
+            p = await asyncio.to_thread(_cli, "models", "load", "digits", "--version", "1", "--nats-url", dep.nats_url,
+                                        "--prefix", PREFIX, "--json")
+            assert p.returncode == 0 and json.loads(p.stdout)["changed"], (p.stdout, p.stderr)
+            await asyncio.sleep(1.0)  # every actor applied the new state
+            stale = []
+            for i, x in enumerate(inputs):  # the same ids and bodies, before any fresh request
+                res = await client.infer_result("digits", x, version="1", request_id=f"txn-{i}", timeout_s=5.0)
+                if _outputs_of(res, refs, i) != "2":
+                    stale.append((i, res.parameters.get("worker_id"), res.parameters.get("cache_hit")))
+            assert not stale, f"{len(stale)} of {len(inputs)} ids answered by the old files: {stale}"
+    finally:
+        dep.stop()
+
+
 def _int32_identity_onnx() -> bytes:
     """An ONNX model ``pixels`` INT32 [-1, 64] → ``logits`` (Identity): the same input name as digits, another
     datatype."""

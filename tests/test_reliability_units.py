@@ -176,6 +176,8 @@ def test_recent_results_bounds_and_keys():
     k1 = dedupe_key("m:1", "id-1", b"body")
     assert k1 != dedupe_key("m:1", "id-1", b"other body")  # an id reused with other inputs is another request
     assert k1 != dedupe_key("m:2", "id-1", b"body")
+    # the same version re-pinned to other files (models load): another request
+    assert dedupe_key("m:1", "id-1", b"body", "sha256:aa") != dedupe_key("m:1", "id-1", b"body", "sha256:bb")
     rr = RecentResults(ttl_s=1.0, max_entries=3, max_bytes=100)
     rr.put(k1, {"h": "1"}, b"x" * 10, now=0.0)
     assert rr.get(k1, 0.5) == ({"h": "1"}, b"x" * 10)

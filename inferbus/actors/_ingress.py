@@ -1193,7 +1193,7 @@ class Ingress:
                   "ingress_total": int((now - t0) * 1e6)}
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
-            dkey = dedupe_key(mv.key, rid, body) if rid else None
+            dkey = dedupe_key(mv.key, rid, body, self.local_worker.digests.get(mv.key)) if rid else None
             if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
                 await self._flush_burst()
             if self.local_worker.can_run_now(mv.key, term or None, dkey, len(body)):

@@ -816,7 +816,7 @@ class Worker:
             return
         rid = job.rid
         if rid:
-            job.dkey = dedupe_key(job.model_key, rid, job.body)
+            job.dkey = dedupe_key(job.model_key, rid, job.body, self.digests.get(job.model_key))
             hit = self.recent.get(job.dkey, job.t_recv)
             if hit is not None:
                 self.stats.dedup_hits += 1
