@@ -210,6 +210,9 @@ def _version_token(version) -> str | None:
     if not (isinstance(version, str) and version.isascii() and version.isdigit()):
         raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
                               field="model_version")
+    if len(version) > 1 and version[0] == "0":  # no version folder has one (models.md): it would be NOT_FOUND
+        raise InvalidArgument(f"version {version!r} has a leading zero: write it {str(int(version))!r} (version "
+                              f"folders are numbers without leading zeros)", field="model_version")
     return version
 
 
