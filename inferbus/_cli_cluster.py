@@ -135,8 +135,16 @@ def up(
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
             typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
             typer.echo("serving; Ctrl-C to stop")
-            await stop.wait()
+            stopped = asyncio.ensure_future(stop.wait())
+            failed = asyncio.ensure_future(topo.wait_failed())
+            await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
             t_stop = time.monotonic()
+            if not stopped.done():  # the supervisor tree gave up by itself: nothing is served, say so and exit 1
+                stopped.cancel()
+                typer.echo(f"error: cluster up: the cluster's supervisor gave up ({failed.result()!r}); stopping what "
+                           f"is left", err=True)
+                return 1
+            failed.cancel()
             typer.echo(f"{got[0]}: stopping the cluster (actors, region managers, servers)")
             return 0
         finally:

@@ -853,3 +853,73 @@ async def test_stop_interrupts_a_hanging_restart() -> None:
             await sup.stop()
     assert sup.state == "stopped"
     assert sup.which_children()[0].status == "stopped"
+
+
+@pytest.mark.anyio
+async def test_a_failure_domain_that_escalates_is_restarted_after_a_back_off_and_its_siblings_run_on() -> None:
+    """``inferbus cluster up`` (a fresh-user trial, 2026-12-06): one region's crash loop escalated to the ``cluster``
+    supervisor, which restarted it until its own intensity ran out and then stopped every region, the healthy one
+    included. Each site is now a failure domain (:func:`failure_domain_spec`): the parent (intensity 1 here) never
+    gives up on it, the healthy sibling keeps its one incarnation, and the failing one starts again after a back-off
+    that doubles (0.2, 0.4, 0.8 s; capped at 0.8)."""
+    from inferbus.supervisor import DomainChild, failure_domain_spec, reset_backoff
+
+    crashes: list[asyncio.Event] = []
+    starts_a: list[float] = []
+
+    async def start_crasher() -> Child:
+        starts_a.append(time.monotonic())
+        crashes.append(asyncio.Event())
+        return await TaskChild.start(_idle, crashes[-1], name="a")
+
+    steady_starts = []
+
+    async def start_steady() -> Child:
+        steady_starts.append(1)
+        return await TaskChild.start(_idle, asyncio.Event(), name="b")
+
+    # domain A gives up on its second restart within 10 s (intensity 1): each crash pair escalates
+    dom_a = Supervisor(SupervisorSpec(Strategy.ONE_FOR_ONE, intensity=1), [ChildSpec("a", start_crasher)], name="A")
+    dom_b = Supervisor(SupervisorSpec(Strategy.ONE_FOR_ONE, intensity=1), [ChildSpec("b", start_steady)], name="B")
+    spec_a = failure_domain_spec(dom_a, "site:A", backoff_s=0.2, max_backoff_s=0.8)
+    top = Supervisor(SupervisorSpec(Strategy.ONE_FOR_ONE, intensity=1, period_s=60),
+                     [spec_a, failure_domain_spec(dom_b, "site:B", backoff_s=0.2)], name="cluster")
+    async with top:
+        escalations_at = []
+        for _ in range(4):  # four escalations of A (8 crashes), each waited out
+            with anyio.fail_after(10):
+                while dom_a.state != "running" or len(crashes) < 1 or crashes[-1].is_set():
+                    await asyncio.sleep(0.01)
+                n = len(starts_a)
+                crashes[-1].set()  # the first crash: restarted inside A
+                while len(starts_a) == n or dom_a.state != "running":
+                    await asyncio.sleep(0.01)
+                crashes[-1].set()  # the second within 10 s: A escalates
+                escalations_at.append(time.monotonic())
+                while len(starts_a) == n + 1:
+                    await asyncio.sleep(0.01)
+        # A's child starts: the first, then per escalation a restart inside A and one after the back-off
+        gaps = [starts_a[i] - t for i, t in zip((2, 4, 6, 8), escalations_at)]
+        # the waits after the escalations: 0.2, 0.4, 0.8 s, then capped at 0.8
+        for gap, want in zip(gaps, (0.2, 0.4, 0.8, 0.8)):
+            assert want - 0.05 <= gap < want + 0.5, (gaps, want)
+        assert top.state == "running" and dom_b.state == "running" and steady_starts == [1]
+        assert {i.id: i.status for i in top.which_children()} == {"site:A": "running", "site:B": "running"}
+        # stopped while A waits out its back-off (0.8 s after a 5th escalation): the stop does not wait for it
+        with anyio.fail_after(10):
+            while dom_a.state != "running" or crashes[-1].is_set():
+                await asyncio.sleep(0.01)
+        n = len(starts_a)
+        crashes[-1].set()
+        while len(starts_a) == n or dom_a.state != "running":
+            await asyncio.sleep(0.01)
+        crashes[-1].set()
+        while dom_a.state == "running":
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        waiting = [c for c in [top._slots[0].child] if isinstance(c, DomainChild)]
+        assert waiting and waiting[0].delay_s == 0.8, waiting
+        reset_backoff(spec_a)  # (an operator's restore: the next start is at once)
+        assert spec_a.start.backoff.delay_s() == 0.0
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 0.5 and dom_a.state != "running" and dom_b.state != "running"

@@ -38,7 +38,8 @@ import msgspec
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
 from ..bus import close_connection, nats_server_binary, valkey_server_binary
-from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec
+from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec, failure_domain_spec, \
+    reset_backoff
 from ._plan import ClusterSpec, Plan
 
 
@@ -160,6 +161,7 @@ class Topology:
         self.proxies: dict[str, TcpProxy] = {}
         self.supervisor: Supervisor | None = None
         self.site_supervisors: dict[str, Supervisor] = {}
+        self._domains: dict[str, ChildSpec] = {}  # each site's child spec in the cluster supervisor (failure domains)
         self._run_task: asyncio.Task | None = None
         self.down: set[str] = set()
         self.models_dir = spec.models_dir or self._default_models()
@@ -298,13 +300,17 @@ class Topology:
                              [self._nats_child(s.name) for s in self.plan.site_servers(site)],
                              name=f"servers-{site}")
             self.site_supervisors[f"servers:{site}"] = sup
-            specs.append(sup.as_child_spec(id=f"servers:{site}", shutdown_timeout_s=math.inf))
+            # each site is a failure domain: a crash loop it gives up on is restarted after a back-off and does not
+            # count against the cluster supervisor's intensity, so it cannot stop the other sites
+            specs.append(failure_domain_spec(sup, f"servers:{site}"))
+            self._domains[f"servers:{site}"] = specs[-1]
         for region in sp.regions:
             kids = ([self._valkey_child(region)] if sp.cache else []) + [self._node_child(region)]
             sup = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=20, period_s=10.0), kids,
                              name=f"region-{region}")
             self.site_supervisors[f"region:{region}"] = sup
-            specs.append(sup.as_child_spec(id=f"region:{region}", shutdown_timeout_s=math.inf))
+            specs.append(failure_domain_spec(sup, f"region:{region}"))
+            self._domains[f"region:{region}"] = specs[-1]
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=10, period_s=10.0),
                                      specs, name="cluster")
         (self.run_dir / "cluster.json").write_text(json.dumps(self.plan.to_dict(), indent=2))
@@ -315,6 +321,14 @@ class Topology:
             raise
         self._run_task = asyncio.create_task(self.supervisor.run())
         return self
+
+    async def wait_failed(self) -> BaseException | None:
+        """Return once the cluster's supervisor tree has ended by itself (it gave up: its intensity exceeded), with
+        why; None when it ended otherwise (stopped). Waits for ever while it runs."""
+        if self._run_task is None:
+            return None
+        await asyncio.wait((self._run_task,))
+        return None if self._run_task.cancelled() else self._run_task.exception()
 
     async def stop(self) -> None:
         """Stop everything (regions in reverse order, then the witness, then the proxies). Idempotent."""
@@ -514,8 +528,9 @@ class Topology:
 
     async def restore_region(self, region: str) -> None:
         """Start a killed (or stopped) region again (servers, Valkey, node); its manager rejoins as standby."""
-        await self.supervisor.restart_child(f"servers:{region}")
-        await self.supervisor.restart_child(f"region:{region}")
+        for cid in (f"servers:{region}", f"region:{region}"):
+            reset_backoff(self._domains[cid])  # a deliberate restore starts at once, whatever failed before
+            await self.supervisor.restart_child(cid)
         self.down.discard(region)
 
     def gateway_proxies(self, site: str) -> list[TcpProxy]:

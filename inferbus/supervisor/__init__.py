@@ -25,6 +25,7 @@ from ._errors import (
 from ._process import ProcessChild
 from ._spec import Child, ChildExit, ChildInfo, ChildSpec, Restart, Strategy, SupervisorSpec
 from ._supervisor import Supervisor, SupervisorChild
+from ._domain import DomainChild, failure_domain_spec, reset_backoff
 from ._task import TaskChild, TaskStatus
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ChildRunning",
     "ChildSpec",
     "ChildStartError",
+    "DomainChild",
     "IntensityExceeded",
     "ProcessChild",
     "Restart",
@@ -47,4 +49,6 @@ __all__ = [
     "SupervisorSpec",
     "TaskChild",
     "TaskStatus",
+    "failure_domain_spec",
+    "reset_backoff",
 ]
