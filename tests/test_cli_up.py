@@ -494,6 +494,22 @@ async def test_region_keeps_each_ingress_on_its_own_regions_workers(nats_server,
             forwarded = {i[0]: d["counts"]["ok_forwarded"] for i, d in ing.items()}
             received = {w[0]: d["received"] for w, d in wk.items()}
             assert sum(forwarded.values()) >= 60 and forwarded == received, (forwarded, received)
+
+            # region A's only worker frozen: after REGION_FRESH_S (0.5 s) of its silence, A's ingress sends to B's
+            # worker, and requests with a 1 s budget are answered (a fresh-user trial, cluster up: every one failed
+            # for 1.5 s; A's ingress kept to the frozen worker until the suspicion age, 2.5 s)
+            pid_a = (await client.health(timeout_s=5)).parameters["workers"]["a-w0"]["pid"]
+            os.kill(pid_a, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(0.8)
+                answers = await asyncio.gather(*[
+                    client.infer_result("digits", {"pixels": rng.random((1, 64), dtype=np.float32)}, timeout_s=1.0)
+                    for _ in range(20)], return_exceptions=True)
+            finally:
+                os.kill(pid_a, signal.SIGCONT)
+            failed = [a for a in answers if isinstance(a, BaseException)]
+            assert not failed, failed[:3]
+            assert {a.parameters["worker_id"] for a in answers} == {"b-w0"}
     finally:
         for p in procs:
             if p.poll() is None:

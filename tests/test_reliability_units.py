@@ -219,7 +219,7 @@ def test_no_pickle_or_eval_in_the_package():
 
 # ---- router: the colocated worker's fast path ---------------------------------------------------------
 _worker_states = st.fixed_dictionaries({
-    "alive": st.booleans(), "draining": st.booleans(), "age_s": st.sampled_from([0.0, 1.0, 6.0]),
+    "alive": st.booleans(), "draining": st.booleans(), "age_s": st.sampled_from([0.0, 0.3, 1.0, 6.0]),
     "ewma": st.sampled_from([0.0, 5.0, 30.0, 60.0, 400.0]), "in_flight": st.integers(0, 12),
     "queue_depth": st.integers(0, 12), "kind": st.sampled_from(["cpu", "gpu"]),
     "server": st.sampled_from(["s1", "s2"]), "region": st.sampled_from(["", "eu", "us"]),
@@ -398,3 +398,28 @@ def test_a_report_after_a_gap_from_a_busy_process_marks_it_behind_not_frozen():
     assert w.gap_at == 16.0 and w.report_interval_s == 1.0 and not w.in_report_gap(29.0) and w.in_report_gap(30.5)
     r.on_down("w1")
     assert not w.in_report_gap(40.0)  # a dead worker is no gap: its requests are failed by the down event
+
+
+def test_router_leaves_its_region_when_every_worker_there_has_gone_silent():
+    """A fresh-user trial (``cluster up``, one worker per region): the primary region's only worker SIGSTOPped, every
+    request with a 1 s budget failed for 1.5 s while the standby region's worker idled, because the router kept to its
+    own region's worker until the suspicion age (2.5 s). Past ``REGION_FRESH_S`` (0.5 s) of silence of every worker
+    of its region, a worker of another region that reports is picked; while one of its region reports, or while the
+    ingress is behind its own input (report ages are its lag then), its region is kept."""
+    from inferbus.actors._router import REGION_FRESH_S
+
+    r = Router(health_timeout_s=5.0, region="A")
+    r.on_report(_report("a0", region="A"), now=10.0)
+    r.on_report(_report("b0", region="B"), now=10.0)
+    assert {r.pick("m:1", 10.2).worker_id for _ in range(10)} == {"a0"}  # its region, while it reports
+    r.on_report(_report("b0", region="B"), now=10.0 + REGION_FRESH_S + 0.1)  # a0 silent since 10.0
+    t = 10.0 + REGION_FRESH_S + 0.15
+    assert r.health_reason(r.workers["a0"], t) == "ok"  # not yet quiet (2.5 s): only the region preference moves
+    assert {r.pick("m:1", t).worker_id for _ in range(10)} == {"b0"}
+    r.behind_until = t + 1.0  # behind its own input: the ages are this ingress's lag, its region is kept
+    assert {r.pick("m:1", t).worker_id for _ in range(10)} == {"a0"}
+    r.behind_until = 0.0
+    r.on_report(_report("a1", region="A"), now=t)  # another worker of its region reports: back to its region
+    assert {r.pick("m:1", t + 0.01).worker_id for _ in range(10)} <= {"a0", "a1"}
+    r.on_report(_report("b0", region="B"), now=t)  # every worker silent: no fresher one elsewhere, its region kept
+    assert r.pick("m:1", t + 0.9).region == "A"

@@ -89,6 +89,12 @@ stopped (a colocated process working off its own ingress's backlog; a second-tri
 ingress took such a gap for a freeze and opened a serving worker's breaker). A stopped (SIGSTOP) or starved process
 uses next to no CPU through its gap."""
 
+REGION_FRESH_S = 0.5
+"""Report age (s) past which this region's workers lose their preference (:meth:`Router.pick`, ``region``): when
+every worker of this ingress's region has been silent longer, a worker of another region that reported within it is
+picked instead. Five report periods (workers report every 100 ms); the age an ingress's retry of a request held at
+a worker stops going to that worker too (``_STICKY_REPORT_AGE_S``)."""
+
 
 _TIE_MARGIN_US = 1e-6
 """How far under ``local_hop_us`` the local fast path of :meth:`Router.pick` keeps ``k × least`` (µs): a tie in
@@ -420,7 +426,14 @@ class Router:
             region = self.region
             local = [w for w in cands if w.region == region]
             if local:
-                cands = local
+                if not behind and all(now - w.last_report > REGION_FRESH_S for w in local):
+                    # every worker of this region has been silent a while (frozen, cut off): one of another region
+                    # that reports takes it, rather than waiting out the suspicion age at a frozen one (a fresh-user
+                    # trial: the primary region's only worker SIGSTOPped, every request with a 1 s budget failed
+                    # for 1.5 s while the standby region's worker idled)
+                    cands = [w for w in cands if now - w.last_report <= REGION_FRESH_S] or local
+                else:
+                    cands = local
         n = len(cands)
         if n == 1:
             return cands[0]
@@ -513,9 +526,10 @@ class Router:
                 and model_key in lw.models):
             return False
         e = lw.ewma_service_us
-        if e <= 0 or (self.region and lw.region != self.region) or (
+        if e <= 0 or (self.region and (lw.region != self.region or (
+                now - lw.last_report > REGION_FRESH_S and now >= self.behind_until))) or (
                 self._multi_server and self.server and lw.server != self.server):
-            return False
+            return False  # (a silent worker of this region: the full choice may prefer another region's)
         entry = self._min_service_us.get(model_key)
         if entry is None:
             entry = self._min_service_us[model_key] = self._least_price(model_key)
