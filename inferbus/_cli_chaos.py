@@ -29,6 +29,9 @@ def list_drills() -> None:
         typer.echo(f"{name:18s} {DRILLS[name].summary}")
 
 
+_FAULT_WITHIN_LOAD = ("region-failover", "region-partition", "nats-node-loss")
+"""Drills whose fault comes ``--fault-at`` seconds into a load of ``--duration`` seconds (gateway-degrade lengthens its
+load to cover its fault instead)."""
 _FLAGS = {
     "fault_every_s": "--fault-every", "topology": "--topology", "workers": "--workers", "hang_s": "--hang-s",
     "gateway_latency_ms": "--latency-ms", "gateway_drop_pct": "--drop-pct", "gateway_links": "--links",
@@ -132,6 +135,11 @@ def run(
         flag = _OPTION_FLAGS.get(field_name)
         flag = _as_typed(flag) if flag else flag
         _usage(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}")
+    if name in _FAULT_WITHIN_LOAD and opts.fault_at_s >= opts.duration_s:
+        # the fault came after the load had ended and the drill passed with nothing to measure (a fresh-user trial:
+        # --fault-at 100 --duration 5 idled 95 s, then killed region A with no load, "availability 1.0", exit 0)
+        _usage(f"drill {name}: --fault-at {opts.fault_at_s:g} is not within the load's --duration "
+               f"{opts.duration_s:g}: the fault would hit no request; give a --fault-at below --duration")
     if name == "soak":
         from chaos.faults import get_fault
         from chaos.soak import QUIET_TAIL_S, first_fault_s

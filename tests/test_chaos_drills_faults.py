@@ -162,6 +162,10 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
     assert r.returncode == 2 and "bad option: --links: 'regions' or 'all'" in r.stderr and "Traceback" not in r.stderr
     r = _cli("list")
     assert r.returncode == 0 and "nats-node-loss" in r.stdout and "gateway-degrade" in r.stdout
+    # a fault after the load's end: the drill idled, then injected it into no load and passed (a fresh-user trial)
+    for drill in ("region-failover", "region-partition", "nats-node-loss"):
+        r = _cli("run", drill, "--fault-at", "100", "--duration", "5")
+        assert r.returncode == 2 and "--fault-at 100 is not within the load's --duration 5" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("drill,args,named", [
