@@ -426,6 +426,10 @@ def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOU
         a, b = ([n.strip() for n in side.split(",") if n.strip()] for side in sides)
         _known(cf, f"cluster {op}", "SIDE_A", a, "sites")
         _known(cf, f"cluster {op}", "SIDE_B", b, "sites")
+        both = sorted(set(a) & set(b))
+        if both or not a or not b:  # `partition A A` was accepted and cut nothing (a fresh-user trial)
+            _usage(f"cluster {op}: " + (f"{', '.join(both)} on both sides: a site cannot be cut from itself" if both
+                                         else "each side must name at least one site"))
         kw.update(side_a=a, side_b=b)
     try:
         reply = _run(_send(list(cf.witness_urls), cf.prefix, op, timeout_s, **kw))

@@ -280,7 +280,8 @@ def _no_manager(exc: BaseException, timeout_s: float) -> str:
     from nats.errors import TimeoutError as NatsTimeout
 
     if isinstance(exc, NoRespondersError):
-        return "no region manager of that region is running (no responders on its control subject)"
+        return ("no region manager of that region answers from here (no responders on its control subject: it is not "
+                "running, or a partition cuts it off from this side)")
     if isinstance(exc, NatsTimeout):
         return f"its region manager did not answer within the command's --timeout-s ({timeout_s:g} s)"
     return f"no answer from its region manager ({type(exc).__name__}: {exc})"

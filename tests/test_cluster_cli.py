@@ -133,6 +133,9 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     # a site or region the cluster does not have: refused from its cluster.json before connecting (a partition
     # with an unknown site was sent and cut nothing on that side, exit 0)
     for argv, said in ((("partition", "A", "Z"), "SIDE_B 'Z': not a site of the cluster in {f}; its sites: A, B, W"),
+                       # a site on both sides was accepted and cut nothing (a fresh-user trial)
+                       (("partition", "A", "A"), "A on both sides: a site cannot be cut from itself"),
+                       (("partition", "A,B", "W,A"), "A on both sides: a site cannot be cut from itself"),
                        (("kill", "Z"), "REGION 'Z': not a region of the cluster in {f}; its regions: A, B")):
         bad = _inferbus("cluster", *argv, "--cluster", str(run))
         assert (bad.returncode, bad.stdout) == (2, ""), bad
