@@ -556,6 +556,9 @@ class Client:
         """Like :meth:`infer` but returns the whole :class:`InferResult` (parameters, timings, version)."""
         started_at = time.monotonic()  # the budget covers encoding the tensors too (1 MB takes milliseconds)
         _check_timeout(timeout_s)
+        if timeout_s > H.MAX_TIMEOUT_MS / 1000.0:  # an ingress grants at most that: the rest would be a silent cut
+            raise InvalidArgument(f"timeout_s must be at most {H.MAX_TIMEOUT_MS / 1000.0:g} s, the longest budget an "
+                                  f"ingress grants, got {timeout_s!r}", field="timeout_s")
         _check_request_id(request_id)
         _subject_token(model, "model")
         version = _version_token(version)

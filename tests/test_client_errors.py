@@ -364,6 +364,12 @@ async def test_a_timeout_that_is_no_budget_is_invalid_argument_before_sending(na
                     await call()
                 assert ei.value.field == "timeout_s", (bad, ei.value)
                 assert ei.value.message == f"timeout_s must be a finite number of seconds > 0, got {bad!r}"
+        for long in (600.5, 1e9):  # past what an ingress grants (600 s): refused, not cut short without a word
+            for call in (lambda: client.infer("digits", x, timeout_s=long),
+                         lambda: client.infer_result("digits", x, timeout_s=long)):
+                with pytest.raises(InvalidArgument) as ei:
+                    await call()
+                assert ei.value.field == "timeout_s" and "at most 600 s" in ei.value.message, ei.value
         await client.nc.flush()
         assert sent == []
         # a budget of numpy's float32 or an int is a budget: sent (no ingress here: no answer within it)
