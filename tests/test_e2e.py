@@ -299,7 +299,8 @@ async def test_trace_context_is_forwarded_when_well_formed(client, deployment):
              ({"traceparent": tp, "tracestate": "k=" + "v" * 600}, {"traceparent": tp}),
              # W3C: the names in any case (Go's http.Header writes "Traceparent"); forwarded in lower case
              ({"Traceparent": tp, "Tracestate": "v=1"}, {"traceparent": tp, "tracestate": "v=1"}),
-             ({"TRACEPARENT": tp}, {"traceparent": tp})]
+             ({"TRACEPARENT": tp}, {"traceparent": tp}),
+             ({"traceparent": tp, "TraceState": "v=1"}, {"traceparent": tp, "tracestate": "v=1"})]
     try:
         for i, (sent, forwarded) in enumerate(cases):
             seen.clear()

@@ -94,7 +94,7 @@ def trace_lines(headers: dict) -> str:
     NATS header names are otherwise case-sensitive (ADR-4)."""
     v = headers.get(TRACEPARENT)
     state = headers.get(TRACESTATE)
-    if v is None:
+    if v is None or (state is None and not headers.keys() <= _EXACT):  # (`traceparent` beside a `TraceState`)
         for k, val in headers.items():
             low = k.lower()
             if low == TRACEPARENT and v is None:
