@@ -862,7 +862,7 @@ async def test_a_failure_domain_that_escalates_is_restarted_after_a_back_off_and
     included. Each site is now a failure domain (:func:`failure_domain_spec`): the parent (intensity 1 here) never
     gives up on it, the healthy sibling keeps its one incarnation, and the failing one starts again after a back-off
     that doubles (0.2, 0.4, 0.8 s; capped at 0.8)."""
-    from inferbus.supervisor import DomainChild, failure_domain_spec, reset_backoff
+    from inferbus.supervisor import DomainChild, backing_off, failure_domain_spec, reset_backoff
 
     crashes: list[asyncio.Event] = []
     starts_a: list[float] = []
@@ -918,8 +918,22 @@ async def test_a_failure_domain_that_escalates_is_restarted_after_a_back_off_and
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         waiting = [c for c in [top._slots[0].child] if isinstance(c, DomainChild)]
-        assert waiting and waiting[0].delay_s == 0.8, waiting
-        reset_backoff(spec_a)  # (an operator's restore: the next start is at once)
-        assert spec_a.start.backoff.delay_s() == 0.0
+        assert waiting and waiting[0].delay_s == 0.8 and waiting[0].waiting, waiting
+        assert backing_off(spec_a) and not backing_off(top._slots[1].spec)
+        # an operator's restore (`cluster restore`): the wait is cut short, the next start is at once
+        n = len(starts_a)
+        t_restore = time.monotonic()
+        await top.terminate_child("site:A")
+        reset_backoff(spec_a)
+        await top.restart_child("site:A")
+        assert len(starts_a) == n + 1 and time.monotonic() - t_restore < 0.5 and not backing_off(spec_a)
+        assert dom_a.state == "running"
+        # stopped while A waits out a back-off again: the stop does not wait for it
+        crashes[-1].set()
+        while len(starts_a) == n + 1 or dom_a.state != "running":
+            await asyncio.sleep(0.01)
+        crashes[-1].set()
+        while not backing_off(spec_a):
+            await asyncio.sleep(0.01)
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 0.5 and dom_a.state != "running" and dom_b.state != "running"

@@ -38,8 +38,8 @@ import msgspec
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
 from ..bus import close_connection, nats_server_binary, valkey_server_binary
-from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec, failure_domain_spec, \
-    reset_backoff
+from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec, backing_off, \
+    failure_domain_spec, reset_backoff
 from ._plan import ClusterSpec, Plan
 
 
@@ -453,7 +453,8 @@ class Topology:
                 elif cmd.op == "kill":
                     await self.kill_region(cmd.region)
                     reply = ClusterReply(True, f"every process of region {cmd.region} killed")
-                elif cmd.op == "restore" and cmd.region in self.spec.regions and cmd.region not in self.down:
+                elif cmd.op == "restore" and cmd.region in self.spec.regions and cmd.region not in self.down \
+                        and not self.backing_off(cmd.region):
                     # (it was the supervisor's "ChildRunning: supervisor 'cluster': child 'servers:B' is running")
                     reply = ClusterReply(False, f"region {cmd.region} is running; nothing to restore (`cluster kill "
                                                 f"{cmd.region}` takes it down)")
@@ -526,10 +527,21 @@ class Topology:
         await self.supervisor.terminate_child(f"servers:{region}")
         return t
 
+    def backing_off(self, region: str) -> bool:
+        """Whether a site supervisor of ``region`` (its servers' or its own) waits out a back-off now, after it gave
+        up on a crash loop (:func:`~inferbus.supervisor.failure_domain_spec`)."""
+        return any(backing_off(self._domains[cid]) for cid in (f"servers:{region}", f"region:{region}"))
+
     async def restore_region(self, region: str) -> None:
-        """Start a killed (or stopped) region again (servers, Valkey, node); its manager rejoins as standby."""
+        """Start a killed (or stopped) region again (servers, Valkey, node), or one waiting out a back-off at once;
+        its manager rejoins as standby."""
         for cid in (f"servers:{region}", f"region:{region}"):
-            reset_backoff(self._domains[cid])  # a deliberate restore starts at once, whatever failed before
+            spec = self._domains[cid]
+            if region not in self.down and not backing_off(spec):
+                continue  # running (a region whose other supervisor is backing off): kept
+            if backing_off(spec):
+                await self.supervisor.terminate_child(cid)  # cancels the wait
+            reset_backoff(spec)  # a deliberate restore starts at once, whatever failed before
             await self.supervisor.restart_child(cid)
         self.down.discard(region)
 

@@ -25,7 +25,7 @@ from ._errors import (
 from ._process import ProcessChild
 from ._spec import Child, ChildExit, ChildInfo, ChildSpec, Restart, Strategy, SupervisorSpec
 from ._supervisor import Supervisor, SupervisorChild
-from ._domain import DomainChild, failure_domain_spec, reset_backoff
+from ._domain import DomainChild, backing_off, failure_domain_spec, reset_backoff
 from ._task import TaskChild, TaskStatus
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "SupervisorSpec",
     "TaskChild",
     "TaskStatus",
+    "backing_off",
     "failure_domain_spec",
     "reset_backoff",
 ]

@@ -23,7 +23,7 @@ import time
 from ._spec import ChildExit, ChildSpec, Restart
 from ._supervisor import Supervisor, SupervisorChild
 
-__all__ = ["DomainChild", "failure_domain_spec", "reset_backoff"]
+__all__ = ["DomainChild", "backing_off", "failure_domain_spec", "reset_backoff"]
 
 
 class _Backoff:
@@ -97,6 +97,11 @@ class DomainChild:
         return await self._inner.wait()
 
     @property
+    def waiting(self) -> bool:
+        """Whether it is still waiting out its back-off (its supervisor not started yet)."""
+        return self._inner is None and not self._task.done()
+
+    @property
     def pid(self) -> None:
         """Always ``None``: the nested supervisor runs in this process."""
         return None
@@ -162,9 +167,16 @@ class _DomainStart:
     def __init__(self, supervisor: Supervisor, backoff: _Backoff) -> None:
         self.supervisor = supervisor
         self.backoff = backoff
+        self.current: DomainChild | None = None  # the last incarnation started
 
     async def __call__(self) -> DomainChild:
-        return await DomainChild.start(self.supervisor, self.backoff)
+        self.current = await DomainChild.start(self.supervisor, self.backoff)
+        return self.current
+
+
+def backing_off(spec: ChildSpec) -> bool:
+    """Whether a :func:`failure_domain_spec`'s domain is waiting out a back-off now (False for another spec)."""
+    return isinstance(spec.start, _DomainStart) and spec.start.current is not None and spec.start.current.waiting
 
 
 def reset_backoff(spec: ChildSpec) -> None:
