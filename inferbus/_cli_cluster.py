@@ -30,7 +30,7 @@ def _regions(n: int) -> tuple[str, ...]:
 
 
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
-          proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None):
+          proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -48,8 +48,11 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
                f"JetStream cluster), got {witness_servers}")
     if workers < 1:
         _usage(f"cluster {command}: --workers must be 1 or more, got {workers}")
+    if not 1 <= ingress <= 64:
+        _usage(f"cluster {command}: --ingress must be 1 to 64, got {ingress}")
     try:
-        spec = ClusterSpec(regions=_regions(regions), workers=workers, base_port=base_port, prefix=prefix,
+        spec = ClusterSpec(regions=_regions(regions), workers=workers, ingress=ingress, base_port=base_port,
+                           prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
                            witness_servers=witness_servers, metrics_port=metrics_port)
         if base_port:
@@ -63,6 +66,8 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
 def up(
     regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
     workers: int = typer.Option(1, help="Worker processes per region."),
+    ingress: int = typer.Option(1, help="Ingress processes per region (1 to 64; 2 keep a region answering while one "
+                                "is frozen: docs/regions.md)."),
     base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
     run_dir: Optional[str] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept).", metavar="<path>"),
     models: Optional[str] = typer.Option(None, help="Model repository (default ./models).", metavar="<path>"),
@@ -85,7 +90,8 @@ def up(
 
         _usage(f"cluster up: --metrics-port must be a port from 1 with room for its {regions} regions on consecutive "
                f"ports (to 65535), got {metrics_port}")
-    spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port)
+    spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
+                 ingress)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")

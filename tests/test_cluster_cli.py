@@ -205,6 +205,7 @@ def test_chaos_run_unknown_drill():
                                            "bucket's quorum; 1 cannot form a JetStream cluster), got 0\n"),
     (("up", "--witness-servers", "4"), "error: cluster up: --witness-servers must be 3 or 5 "),
     (("up", "--workers", "0"), "error: cluster up: --workers must be 1 or more, got 0\n"),
+    (("up", "--ingress", "0"), "error: cluster up: --ingress must be 1 to 64, got 0\n"),
     (("config", "--base-port", "70000"), "error: cluster config: base port 70000: the topology takes 47 consecutive "
                                          "ports from it; give 1 to 65489, or 0 for free ones"),
     (("up", "--prefix", "a b"), "error: cluster up: --prefix 'a b' must be dot-separated tokens"),
