@@ -103,6 +103,8 @@ def test_cli_load_unload_default(dep, refs):
     assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "Traceback" not in p.stderr
     p = cli("load", "nosuchmodel", *url)
     assert p.returncode == 2 and "NOT_FOUND" in p.stderr
+    p = cli("load", "digits", "01", *url)  # as the SDK says of a version with a leading zero (a fresh-user trial)
+    assert p.returncode == 2 and "NOT_FOUND" in p.stderr and "without leading zeros: '1'" in p.stderr, p.stderr
     # with --json a refused write is the wire's error object on stdout (a script parses every outcome)
     p = cli("unload", "digits", "--version", "2", *url, "--json")
     err = json.loads(p.stdout)["error"]

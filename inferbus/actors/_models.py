@@ -734,8 +734,10 @@ class IngressModels:
             raise NotFound(str(exc), field="model") from None
         self.disk[model] = m
         if version is not None and version not in m.versions:
+            hint = (f" (versions are written without leading zeros: {str(int(version))!r})"
+                    if version.isdigit() and len(version) > 1 and version[0] == "0" else "")
             raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
-                           f"{sorted(m.versions, key=_vkey)}", field="version")
+                           f"{sorted(m.versions, key=_vkey)}{hint}", field="version")
         cur = self._served(model)
         served = set(cur.versions) if cur else set()
         asked = {version} if version is not None else set(m.versions)
