@@ -138,8 +138,8 @@ def failure_domain_spec(supervisor: Supervisor, id: str | None = None, *, backof
                         max_backoff_s: float = 30.0, reset_after_s: float = 60.0) -> ChildSpec:
     """A ChildSpec that runs ``supervisor`` as a failure domain of its parent (module docstring): permanent, its
     escalations and failed starts restarted without counting against the parent's intensity (:attr:`ChildSpec.exempt`)
-    after ``backoff_s`` seconds, doubling per failure up to ``max_backoff_s``, back to none once an incarnation ran
-    ``reset_after_s`` seconds. Not in OTP, where a nested supervisor's escalation counts in its parent (use
+    after ``backoff_s`` seconds, doubling per failure up to ``max_backoff_s``, back to ``backoff_s`` once an
+    incarnation ran ``reset_after_s`` seconds. Not in OTP, where a nested supervisor's escalation counts in its parent (use
     :meth:`Supervisor.as_child_spec` for that).
 
     Raises:
