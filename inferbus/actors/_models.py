@@ -47,6 +47,7 @@ import time
 
 from ..accelerators import batch_buckets, load_checked, rows_problem
 from ..bus import headers as H
+from ..bus import leading_zero_fix
 from ..schemas import (
     MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
     NotFound, Unavailable, decode, encode, is_json,
@@ -734,8 +735,8 @@ class IngressModels:
             raise NotFound(str(exc), field="model") from None
         self.disk[model] = m
         if version is not None and version not in m.versions:
-            hint = (f" (versions are written without leading zeros: {str(int(version))!r})"
-                    if version.isdigit() and len(version) > 1 and version[0] == "0" else "")
+            fix = leading_zero_fix(version)
+            hint = f" (versions are written without leading zeros: {fix!r})" if fix is not None else ""
             raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
                            f"{sorted(m.versions, key=_vkey)}{hint}", field="version")
         cur = self._served(model)

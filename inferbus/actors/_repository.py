@@ -60,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
+from ..bus import leading_zero_fix
 from ._hedge import HedgePolicyError, parse_policy
 
 MAX_BATCH_SIZE = 65_536
@@ -487,13 +488,13 @@ class ModelRepository:
                     continue
                 raise ModelVersionsError(f"{vdir}: model {name!r}: version folder {vdir.name!r} is over "
                                          f"{MAX_VERSION} (versions are 64-bit integers, as Triton's are)")
-            if vdir.name != str(int(vdir.name)):
+            if leading_zero_fix(vdir.name) is not None:
                 if need is not None and vdir.name not in need:
                     left_out.add(vdir.name)
                     continue
                 same = [d.name for d in vdirs if d is not vdir and int(d.name) == int(vdir.name)]
                 fix = (f"is version {int(vdir.name)}, as folder {same[0]!r} is; remove one of them" if same else
-                       f"has a leading zero; rename it {str(int(vdir.name))!r}")
+                       f"has a leading zero; rename it {leading_zero_fix(vdir.name)!r}")
                 raise ModelVersionsError(f"{vdir}: model {name!r}: version folder {vdir.name!r} {fix} (versions are "
                                          f"integers, each named by one folder without leading zeros)")
         for vdir in vdirs:

@@ -61,8 +61,7 @@ into its job; tests and tools read them by name)."""
 CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, DEADLINE_UNIX_MS, CLIENT_ID, ATTEMPT,
                                           HEDGE)}
 """The headers a client may send to an ingress, by their lower-case spelling."""
-_EXACT = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
-EXACT_HEADERS = _EXACT
+EXACT_HEADERS = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
 """The client headers in their exact spelling, trace context included: a request whose header names are all here
 needs no case-insensitive look (:func:`miscased_header`, :func:`trace_lines`)."""
 
@@ -94,7 +93,7 @@ def trace_lines(headers: dict) -> str:
     NATS header names are otherwise case-sensitive (ADR-4)."""
     v = headers.get(TRACEPARENT)
     state = headers.get(TRACESTATE)
-    if v is None or (state is None and not headers.keys() <= _EXACT):  # (`traceparent` beside a `TraceState`)
+    if v is None or (state is None and not headers.keys() <= EXACT_HEADERS):  # (`traceparent` beside a `TraceState`)
         for k, val in headers.items():
             low = k.lower()
             if low == TRACEPARENT and v is None:
@@ -115,7 +114,7 @@ def miscased_header(headers: dict) -> tuple[str, str] | None:
     NATS header names are case-sensitive (ADR-4, "NATS Message Headers"), so such a header would be silently
     ignored: a budget typed in lower case would grant the default one, a lower-case ``content-type`` would have a
     JSON body read as MessagePack. The ingress refuses the request instead (INVALID_ARGUMENT)."""
-    if headers.keys() <= _EXACT:  # the SDK's and the load generator's requests: one set comparison, no loop
+    if headers.keys() <= EXACT_HEADERS:  # the SDK's and the load generator's requests: one set comparison, no loop
         return None
     for k in headers:
         ours = CLIENT_HEADERS.get(k.lower())

@@ -21,6 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def leading_zero_fix(version: str) -> str | None:
+    """How ``version`` is written when it is a string of digits with a leading zero (``"01"`` → ``"1"``), else None.
+
+    A version is an integer named by one folder without leading zeros (docs/models.md), so ``01`` names no version
+    a subject can carry: the repository refuses such a folder, the SDK such a version, and a model-management
+    write's NOT_FOUND says how to write it."""
+    if len(version) > 1 and version[0] == "0" and version.isascii() and version.isdigit():
+        return str(int(version))
+    return None
+
+
 @dataclass(frozen=True)
 class Subjects:
     """Builds subjects under one prefix (default ``inferbus``)."""
