@@ -81,7 +81,6 @@ from ._fencing import Fencing
 from ._crashes import (QUERY_OF_DEATH_DEATHS, QUERY_OF_DEATH_TTL_S, answer_ask, commit_crash, count_crash,  # noqa: F401
                        death_keys, memory_entries, merge_memory, share_memory)
 from ._config import IngressConfig
-from ._dedupe import dedupe_key
 from ._layout import RequestLayouts
 from ._hedge import MIN_DELAY_MS, HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
 from ._models import IngressModels
@@ -1193,7 +1192,7 @@ class Ingress:
                   "ingress_total": int((now - t0) * 1e6)}
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
-            dkey = dedupe_key(mv.key, rid, body, self.local_worker.digests.get(mv.key)) if rid else None
+            dkey = self.local_worker.dedupe_key(mv.key, rid, body) if rid else None
             if dkey is not None and dkey in self._burst_dkeys:  # a copy is held back: run it first, then join
                 await self._flush_burst()
             if self.local_worker.can_run_now(mv.key, term or None, dkey, len(body)):
@@ -1285,7 +1284,7 @@ class Ingress:
         Args:
             rid: the request id (the ``Inferbus-Request-Id`` header, else the body's id as the header would carry
                 it; None without one).
-            dkey: its dedupe key (:func:`~inferbus.actors._dedupe.dedupe_key`), None without an id.
+            dkey: its dedupe key (:meth:`Worker.dedupe_key`), None without an id.
 
         Raises:
             InferbusError: the worker refused it before computing (nothing was answered): a client error

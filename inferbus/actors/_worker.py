@@ -601,6 +601,12 @@ class Worker:
         job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
         await self._admit(job)
 
+    def dedupe_key(self, model_key: str, request_id: str, body: bytes) -> tuple:
+        """The dedupe key of a request for ``model_key`` here (:func:`~inferbus.actors._dedupe.dedupe_key`), with the
+        digest of the files this worker serves that version from: an id sent again after a re-pin is another
+        request."""
+        return dedupe_key(model_key, request_id, body, self.digests.get(model_key))
+
     def can_run_now(self, model_key: str, term: int | None, dkey: tuple | None = None, nbytes: int = 0) -> bool:
         """Whether a request for ``model_key`` handed over in-process may run to completion at once
         (:meth:`run_now`): nothing waits here to be batched with it or to go before it (the inline queue and
@@ -816,7 +822,7 @@ class Worker:
             return
         rid = job.rid
         if rid:
-            job.dkey = dedupe_key(job.model_key, rid, job.body, self.digests.get(job.model_key))
+            job.dkey = self.dedupe_key(job.model_key, rid, job.body)
             hit = self.recent.get(job.dkey, job.t_recv)
             if hit is not None:
                 self.stats.dedup_hits += 1

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import signal
 import sys
