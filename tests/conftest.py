@@ -19,8 +19,33 @@ import pytest
 
 from inferbus.bus import EmbeddedNats, EmbeddedValkey, free_port
 
+from _watchdog import GRACE_S, Watchdog
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
+
+
+_watchdog: Watchdog | None = None
+
+
+def pytest_configure(config):
+    global _watchdog
+    capman = config.pluginmanager.getplugin("capturemanager")
+    _watchdog = Watchdog(capman.suspend_global_capture if capman is not None else None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Arm the hard limit (:mod:`_watchdog`) over the test's setup, call and teardown: its pytest-timeout (the
+    ``timeout`` marker, else the ini value) plus ``GRACE_S``."""
+    marker = item.get_closest_marker("timeout")
+    timeout_s = float(marker.args[0]) if marker is not None and marker.args else float(
+        item.config.getini("timeout") or 120)
+    _watchdog.arm(item.nodeid, timeout_s + GRACE_S)
+    try:
+        yield
+    finally:
+        _watchdog.disarm()
 
 
 @pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),

@@ -179,8 +179,8 @@ async def test_requests_that_wait_together_are_batched_not_run_one_by_one(env, d
     """64 requests published at once wait together in the ingress's subscription: the ingress holds each back
     while more wait (a burst) and the worker computes them as batches when the burst ends (some ``batch_size``
     > 1, each answer its own rows), all answered and settled (nothing pending). A copy of a request (same id and
-    body) inside the burst runs the burst first and is answered from the worker's recent results: one model
-    run for the two."""
+    body) inside the burst is answered from the worker's recent results (a hit) or joins the original's run (a
+    join, where the burst was split and the original still running): one model run for the two."""
     nc, client, reports = env
     r0 = await idle_report(reports)
     h0 = (await health_params(client))["counts"]
@@ -207,12 +207,16 @@ async def test_requests_that_wait_together_are_batched_not_run_one_by_one(env, d
             dedup.append((m.headers["Inferbus-Request-Id"], m.headers["Inferbus-Dedup"]))
     await sub.unsubscribe()
     assert max(sizes) > 1, sizes
-    assert dedup == [(rids[5], "hit")], dedup
+    # a hit where request 5's run had ended when its copy came; a join where it was still running (the burst was
+    # split: a loaded host published the 65 slower than the worker ran them, 1 CI run in ~5): one run for both
+    assert len(dedup) == 1 and dedup[0][0] == rids[5] and dedup[0][1] in ("hit", "join"), dedup
     h1 = (await health_params(client))["counts"]
     assert h1["burst_deferred"] > h0["burst_deferred"] and h1["burst_runs"] > h0["burst_runs"], h1
     assert h1["local_forwards"] - h0["local_forwards"] == 65
     r1 = await idle_report(reports)
-    assert r1.computed - r0.computed == 64 and r1.dedup_hits - r0.dedup_hits == 1
+    assert r1.computed - r0.computed == 64
+    assert (r1.dedup_hits - r0.dedup_hits, r1.dedup_joins - r0.dedup_joins) == (
+        (1, 0) if dedup[0][1] == "hit" else (0, 1))
     assert (await health_params(client))["pending"] == 0
 
 

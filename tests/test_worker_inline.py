@@ -214,3 +214,24 @@ async def test_a_request_far_larger_than_its_models_usual_runs_on_the_thread(nc)
         assert resp.parameters["exec"] == expect, (rows, resp.parameters)
         np.testing.assert_allclose(_outputs(resp)["logits"], reference("digits", feeds)["logits"], rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_one_slow_run_does_not_reprice_a_model_but_a_slower_model_crosses_within_a_few_runs():
+    """A CI run sent a ~40 µs model's small requests to the thread: one slow run (1-2 ms of CPU: a new shape, page
+    faults, a busy hyperthread sibling) lifted its EWMA over ``inline_max_compute_us`` (250 µs) for several runs.
+    A sample enters clipped at ``PRICE_CLIP_X`` × the EWMA; a model that really is slower crosses in a few runs."""
+    from inferbus.actors._worker import PRICE_CLIP_X, price_ewma
+
+    limit_us = WorkerConfig(worker_id="w", bus=BusConfig(), models_dir=".").inline_max_compute_us
+    assert price_ewma(None, 2000.0) == 2000.0  # the first run is the price
+    p = price_ewma(40.0, 2000.0)
+    assert p == pytest.approx(0.8 * 40 + 0.2 * PRICE_CLIP_X * 40) and p < limit_us
+    assert price_ewma(p, 40.0) < p
+    for _ in range(2):  # three outliers in a row still stay under the bound
+        p = price_ewma(p, 2000.0)
+    assert p < limit_us, p
+    p, runs = 40.0, 0
+    while p <= limit_us:  # now every run takes 1 ms
+        p, runs = price_ewma(p, 1000.0), runs + 1
+    assert 3 <= runs <= 6, runs
+    assert price_ewma(0.0, 500.0) == pytest.approx(100.0)  # not timed at load: unclipped

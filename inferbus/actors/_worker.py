@@ -122,6 +122,12 @@ the 2-core box, the worker sent no load report meanwhile, its ingress counted it
 elsewhere (a user trial). On the inference thread it blocks nothing."""
 _INLINE_SEED_RUNS = 3
 """Batch-1 runs timed after warm-up to seed a model's compute EWMA (the least of them)."""
+PRICE_CLIP_X = 4.0
+"""One run's CPU time per request enters a model's compute EWMA (the inline price) at most this many times the
+EWMA's value (a clipped, "winsorized" sample), so that one slow run (a first run of a new shape, page faults, a
+hyperthread sibling busy on a loaded host: 1-2 ms for a model priced at 30-60 µs on the 2-core CI box) does not
+send the model's small requests to the thread for the next runs. A model that really became slower still crosses
+:attr:`WorkerConfig.inline_max_compute_us`: the EWMA grows by up to ``1 + α(X - 1)`` = 1.6 × a run (α = 0.2)."""
 
 
 _BLOCK_ENDS = ("NATS/1.0\r\n", "\r\n")
@@ -1790,17 +1796,14 @@ class Worker:
     def _account(self, model_key: str, n: int, compute_us: int, cpu_us: float, prices_inline: bool = True) -> None:
         """Count one model run of ``n`` requests that took ``compute_us`` (wall clock) and ``cpu_us`` (this
         thread's CPU time): the service-time EWMA (per request, the load reports' price), the per-model
-        compute EWMA (CPU per request, what decides inline execution) unless ``prices_inline`` is False (a run
-        with a request over the model's inline body bound, which would send its small requests to the thread
-        for a while), ``computed`` and ``batches``."""
+        compute EWMA (CPU per request, what decides inline execution: :func:`price_ewma`) unless ``prices_inline``
+        is False (a run with a request over the model's inline body bound, which would send its small requests to
+        the thread for a while), ``computed`` and ``batches``."""
         per_us = compute_us / n
         s = self.stats
         s.ewma_service_us = per_us if s.ewma_service_us == 0 else (1 - _EWMA_ALPHA) * s.ewma_service_us + _EWMA_ALPHA * per_us
         if prices_inline:
-            cpu_per_us = cpu_us / n
-            prev = self.compute_ewma_us.get(model_key)
-            self.compute_ewma_us[model_key] = (cpu_per_us if prev is None
-                                               else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * cpu_per_us)
+            self.compute_ewma_us[model_key] = price_ewma(self.compute_ewma_us.get(model_key), cpu_us / n)
         s.computed += n
         s.batches += 1
 
@@ -1853,6 +1856,18 @@ class Worker:
             cached = body if not json_ct else encode_response(resp, None)
         return Outcome(job, hdrs, body, ok=True, service_us=compute_us, response_msgpack=cached, executed=True,
                        block=reply_block(json_ct, rid))
+
+
+def price_ewma(prev_us: float | None, sample_us: float) -> float:
+    """A model's compute EWMA (µs of CPU per request) after one run's ``sample_us``: the sample itself for the first
+    (``prev_us`` None), else ``(1 - α) prev + α min(sample, PRICE_CLIP_X × prev)`` with α = 0.2 (a clipped sample:
+    :data:`PRICE_CLIP_X`); a ``prev_us`` of 0 (a model that could not be timed on zero inputs at load) takes the
+    sample unclipped."""
+    if prev_us is None:
+        return sample_us
+    if prev_us > 0:
+        sample_us = min(sample_us, PRICE_CLIP_X * prev_us)
+    return (1 - _EWMA_ALPHA) * prev_us + _EWMA_ALPHA * sample_us
 
 
 def inline_max_body_bytes(mv) -> int:
