@@ -144,8 +144,10 @@ def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_
         return
     what = f"{op} {name}" + (f" version {r.version}" if r.version else "")
     state = "done" if r.changed else "nothing to do"
-    console.print(f"{what}: {state} in {r.elapsed_ms:.1f} ms; serving versions {','.join(r.versions)}, "
-                  f"default {r.default_version} (revision {r.revision})", markup=False, highlight=False)
+    serving = (f"serving versions {','.join(r.versions)}, default {r.default_version}" if r.versions
+               else f"model {name} not served")  # its last version unloaded
+    console.print(f"{what}: {state} in {r.elapsed_ms:.1f} ms; {serving} (revision {r.revision})", markup=False,
+                  highlight=False)
     for wid, outcome in sorted(r.workers.items()):
         console.print(f"  {wid}: {outcome}", markup=False, highlight=False)
 

@@ -22,7 +22,7 @@ from chaos.load import Driver
 from chaos.node_drills import DrillOptions, model_swap
 from conftest import MODELS, ROOT, start_deployment, two_nodes
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
-from test_reliability_lib import digits_version_refs
+from test_reliability_lib import digits_version_refs, reference
 from inferbus.actors import Node, NodeConfig
 from inferbus.bus import Subjects
 from inferbus.client import Client
@@ -99,16 +99,16 @@ def test_cli_load_unload_default(dep, refs):
     assert p.returncode == 0, p.stderr
     row = next(line for line in p.stdout.splitlines() if " digits " in f" {line} ")
     assert " 2 " in row and "1,2" not in row
-    p = cli("unload", "digits", "--version", "2", *url)  # the default cannot be unloaded
-    assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "Traceback" not in p.stderr
+    p = cli("unload", "digits", "--version", "7", *url)  # not served (unloading the last version, 2, would
+    assert p.returncode == 2 and "NOT_FOUND" in p.stderr and "Traceback" not in p.stderr  # withdraw digits)
     p = cli("load", "nosuchmodel", *url)
     assert p.returncode == 2 and "NOT_FOUND" in p.stderr
     p = cli("load", "digits", "01", *url)  # as the SDK says of a version with a leading zero (a fresh-user trial)
-    assert p.returncode == 2 and "NOT_FOUND" in p.stderr and "without leading zeros: '1'" in p.stderr, p.stderr
+    assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "leading zero: write it '1'" in p.stderr, p.stderr
     # with --json a refused write is the wire's error object on stdout (a script parses every outcome)
-    p = cli("unload", "digits", "--version", "2", *url, "--json")
+    p = cli("unload", "digits", "--version", "02", *url, "--json")
     err = json.loads(p.stdout)["error"]
-    assert p.returncode == 2 and err["code"] == "INVALID_ARGUMENT" and "default" in err["message"], p.stdout
+    assert p.returncode == 2 and err["code"] == "INVALID_ARGUMENT" and "leading zero" in err["message"], p.stdout
     p = cli("load", "nosuchmodel", *url, "--json")
     assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "NOT_FOUND", p.stdout
     p = cli("load", "digits", "--nats-url", "nats://127.0.0.1:1", "--json")  # nothing listens on port 1
@@ -493,6 +493,59 @@ def test_the_listing_shows_each_models_default_version(own):
     p = cli("--nats-url", "nats://127.0.0.1:1", "--json")  # a failure is the wire's error object, exit 3
     assert p.returncode == 3 and json.loads(p.stdout)["error"]["code"] == "UNAVAILABLE", (p.stdout, p.stderr)
 
+
+
+@pytest.mark.timeout(180)
+def test_unloading_a_models_last_version_stops_serving_the_model_and_a_load_serves_it_again(own):
+    """A fresh-user trial: a model loaded at run time by mistake could not be removed (its one version was the
+    default: INVALID_ARGUMENT, with no other version to make the default) until every node restarted. Unloading a
+    model's last version now withdraws the model: NOT_FOUND, not listed; ``load`` serves it again."""
+    dep, models = own
+    url = ["--nats-url", dep.nats_url, "--prefix", "mmc"]
+    shutil.copytree(MODELS / "digits" / "1", models / "solo" / "1")
+    shutil.copytree(MODELS / "digits" / "data", models / "solo" / "data")
+    cfg = json.loads((MODELS / "digits" / "config.json").read_text())
+    (models / "solo" / "config.json").write_text(json.dumps({**cfg, "name": "solo", "default_version": 1}))
+    x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:3].astype(np.float32)
+    want = np.asarray(reference("digits", {"pixels": x})["logits"])
+
+    def infer():
+        """The answer to ``x`` from solo's default version, or the typed error the SDK raised."""
+        async def go():
+            import nats
+            nc = await nats.connect(dep.nats_url)
+            try:
+                return await Client(nc, "mmc", retry_unavailable=False).infer_result("solo", {"pixels": x},
+                                                                                      timeout_s=5)
+            except (NotFound, InvalidArgument) as exc:
+                return exc
+            finally:
+                await nc.close()
+        return asyncio.run(go())
+
+    try:
+        p = cli("load", "solo", *url)
+        assert p.returncode == 0, p.stderr
+        np.testing.assert_allclose(infer().outputs["logits"], want, rtol=1e-5, atol=1e-5)
+        p = cli("unload", "solo", "1", *url)
+        assert p.returncode == 0 and "model solo not served" in p.stdout, (p.stdout, p.stderr)
+        assert "solo" not in _listing(url) and "digits" in _listing(url)
+        assert isinstance(infer(), NotFound)
+        p = cli("unload", "solo", "1", *url)  # nothing left to unload: the model is unknown now
+        assert p.returncode == 2 and "NOT_FOUND" in p.stderr, p.stderr
+        p = cli("load", "solo", *url)
+        assert p.returncode == 0 and "serving versions 1, default 1" in p.stdout, (p.stdout, p.stderr)
+        np.testing.assert_allclose(infer().outputs["logits"], want, rtol=1e-5, atol=1e-5)
+        # with two versions, the default still cannot go first: the message says both ways out
+        shutil.copytree(MODELS / "digits" / "2", models / "solo" / "2")
+        assert cli("load", "solo", "2", *url).returncode == 0
+        p = cli("unload", "solo", "1", *url)
+        assert p.returncode == 2 and "INVALID_ARGUMENT" in p.stderr and "unload the others first" in p.stderr, p.stderr
+    finally:
+        for v in ("2", "1"):
+            cli("unload", "solo", v, *url)
+        shutil.rmtree(models / "solo")
+    assert "solo" not in _listing(url)
 
 @pytest.fixture(scope="module")
 def fails(tmp_path_factory):

@@ -11,12 +11,14 @@ the inline path too, and an injected compute delay sends a model back to the thr
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
 
 import msgspec
 import nats
+import nats.errors
 import numpy as np
 import pytest
 
@@ -80,6 +82,27 @@ async def _ask(nc, worker: str, model: str, feeds: dict, **kw):
     if err is not None:
         raise err
     return decode_response(msg.data), msg.headers or {}
+
+
+async def _prices(nc) -> dict:
+    """Each worker's compute EWMA per model version (µs of CPU per request, what decides inline execution), from
+    ``$SRV.STATS``: for the message of a failed ``exec`` check."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.STATS.inferbus-worker", b"", reply=inbox)
+    out = {}
+    try:
+        while True:
+            m = await sub.next_msg(timeout=0.5)
+            for ep in json.loads(m.data).get("endpoints") or ():
+                d = ep.get("data") or {}
+                if "compute_ewma_us" in d:
+                    out[d.get("worker_id")] = d["compute_ewma_us"]
+    except nats.errors.TimeoutError:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return out
 
 
 def _typed(k: int, n: int = 1) -> dict:
@@ -211,7 +234,7 @@ async def test_a_request_far_larger_than_its_models_usual_runs_on_the_thread(nc)
         feeds = {"pixels": big[:rows]}
         assert (len(_body(feeds)) <= bound) == (expect == "inline"), (rows, len(_body(feeds)))
         resp, _ = await _ask(conn, "w-inline", "digits", feeds)
-        assert resp.parameters["exec"] == expect, (rows, resp.parameters)
+        assert resp.parameters["exec"] == expect, (rows, str(resp.parameters), await _prices(conn))
         np.testing.assert_allclose(_outputs(resp)["logits"], reference("digits", feeds)["logits"], rtol=1e-5,
                                    atol=1e-5)
 
@@ -235,3 +258,4 @@ def test_one_slow_run_does_not_reprice_a_model_but_a_slower_model_crosses_within
         p, runs = price_ewma(p, 1000.0), runs + 1
     assert 3 <= runs <= 6, runs
     assert price_ewma(0.0, 500.0) == pytest.approx(100.0)  # not timed at load: unclipped
+

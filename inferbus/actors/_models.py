@@ -47,7 +47,7 @@ import time
 
 from ..accelerators import batch_buckets, load_checked, rows_problem
 from ..bus import headers as H
-from ..bus import leading_zero_fix
+from ..bus import leading_zero_problem
 from ..schemas import (
     MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
     NotFound, Unavailable, decode, encode, is_json,
@@ -549,6 +549,8 @@ class IngressModels:
             if v is not None and not (type(v) is str and v.isascii() and v.isdigit()):  # a folder name
                 raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
                                       field="version")
+            if v is not None and (problem := leading_zero_problem(v)) is not None:  # as the SDK and the ingress
+                raise InvalidArgument(problem, field="version")
             if v is not None and len(v) >= 20:  # digits, but no folder a repository holds (as a read answers it)
                 raise NotFound(f"model {model!r} has no version of {len(v)} digits", field="version")
             refused = self.write_refusal()
@@ -735,10 +737,8 @@ class IngressModels:
             raise NotFound(str(exc), field="model") from None
         self.disk[model] = m
         if version is not None and version not in m.versions:
-            fix = leading_zero_fix(version)
-            hint = f" (versions are written without leading zeros: {fix!r})" if fix is not None else ""
             raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
-                           f"{sorted(m.versions, key=_vkey)}{hint}", field="version")
+                           f"{sorted(m.versions, key=_vkey)}", field="version")
         cur = self._served(model)
         served = set(cur.versions) if cur else set()
         asked = {version} if version is not None else set(m.versions)
@@ -852,11 +852,15 @@ class IngressModels:
         if version not in cur.versions:
             raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions}",
                            field="version")
-        if version == cur.default_version:
+        rest = [v for v in cur.versions if v != version]
+        if version == cur.default_version and rest:
             raise InvalidArgument(f"version {version} is the default of {model!r}; make another version the "
-                                  f"default first (inferbus models default {model} V)", field="version")
+                                  f"default first (inferbus models default {model} V), or unload the others first "
+                                  f"(unloading a model's last version stops serving the model)", field="version")
         required = self._required(model, time.monotonic())
-        st = self._next(model, [v for v in cur.versions if v != version], cur.default_version)
+        # the last version: the model is withdrawn (a state with no versions, as a failed load of a new model is
+        # undone): NOT_FOUND, unlisted, readiness no longer waits for it; `load` serves it again
+        st = self._next(model, rest, cur.default_version) if rest else self._next(model, [], "")
         await self._publish(st)
         done = await self._wait_applied(required, model, st.revision, deadline, st.writer)
         workers = {wid: ("drained" if r is not None else "gone or still draining") for wid, r in done.items()}

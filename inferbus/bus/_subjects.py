@@ -25,11 +25,21 @@ def leading_zero_fix(version: str) -> str | None:
     """How ``version`` is written when it is a string of digits with a leading zero (``"01"`` → ``"1"``), else None.
 
     A version is an integer named by one folder without leading zeros (docs/models.md), so ``01`` names no version
-    a subject can carry: the repository refuses such a folder, the SDK such a version, and a model-management
-    write's NOT_FOUND says how to write it."""
+    a subject can carry: the repository refuses such a folder, and the SDK, the ingress and a model-management
+    write refuse such a version as INVALID_ARGUMENT (:func:`leading_zero_problem`)."""
     if len(version) > 1 and version[0] == "0" and version.isascii() and version.isdigit():
         return str(int(version))
     return None
+
+
+def leading_zero_problem(version: str | None) -> str | None:
+    """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` with a leading zero (see
+    :func:`leading_zero_fix`), else None; the SDK, an ingress's inference and metadata subjects and ``models load``
+    say the same."""
+    fix = leading_zero_fix(version) if isinstance(version, str) else None
+    if fix is None:
+        return None
+    return f"version {version!r} has a leading zero: write it {fix!r} (version folders are numbers without leading zeros)"
 
 
 @dataclass(frozen=True)
