@@ -416,12 +416,16 @@ class Client:
                 try failed alike, else each server's (``h1:4222: not connected within 0.5 s (TimeoutError); h2:4222:
                 [Errno 111] ...``);
                 ``__cause__`` is nats-py's error.
-            InvalidArgument: ``servers`` names no URL (e.g. ``""``), field ``servers``.
+            InvalidArgument: ``servers`` names no URL (e.g. ``""``) or is not a string or list (``None``), field
+                ``servers``.
             ValueError: a bad BusConfig value (see :class:`~inferbus.bus.BusConfig`), or a bad client option
                 (``max_in_flight``, ``attempt_timeout_ms``...: see :class:`Client`); the connection made for it is
                 closed before this is raised.
             TypeError: an option that is neither the Client's nor a BusConfig field (BusConfig's own error).
         """
+        if not isinstance(servers, (str, list, tuple)):  # split_servers(None) was a bare "not iterable"
+            raise InvalidArgument(f"Client.connect: servers must be a NATS URL, a comma-separated string of them or "
+                                  f"a list, got {type(servers).__name__}", field="servers")
         servers = split_servers(servers)
         if not servers:  # BusConfig's ValueError named its own field, not this argument
             raise InvalidArgument("Client.connect: servers names no NATS URL; give one or more, e.g. "
@@ -524,6 +528,7 @@ class Client:
             request_id: idempotency key (a UUID4 when None), reused across retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
+            parameters: the request's OIP ``parameters`` (name → bool, number or string), sent as they are.
             hedge: hedge policy for this request, sent as ``Inferbus-Hedge``: a delay in ms
                 (e.g. ``20``), ``"p95"``/``"p99"``/``"auto"`` (the model's observed quantile) or
                 ``"off"``; None = the model's configured policy. A hedged request is sent to a
@@ -539,7 +544,9 @@ class Client:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
             ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string or is longer
-            than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; the ingress would refuse both),
+            than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; ``parameters`` that is not a
+            mapping of names or holds a value MessagePack/JSON cannot carry, field ``parameters``; the ingress would
+            refuse both),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -576,6 +583,10 @@ class Client:
         if isinstance(outputs, (str, bytes)):
             raise InvalidArgument(f"outputs must be a list of output names (e.g. [{outputs!r}]), not one string",
                                   field="outputs")
+        if parameters is not None and not (isinstance(parameters, Mapping) and all(isinstance(k, str)
+                                                                                  for k in parameters)):
+            raise InvalidArgument(f"parameters must map names (str) to values (bool, number or string, as OIP v2's "
+                                  f"$parameter), got {type(parameters).__name__}", field="parameters")
         if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
             try:
                 parse_policy(str(hedge))
@@ -602,7 +613,12 @@ class Client:
             outputs=[RequestedOutput(name=n) for n in outputs] if outputs else None,
         )
         ct = "application/json" if json else None
-        body = encode_request(req, ct)
+        try:
+            body = encode_request(req, ct)
+        except InvalidArgument as err:  # the tensors were encodable (above): a parameter value is not
+            if err.field is None and parameters:
+                err.field = "parameters"
+            raise
         resp, rct = await self.request(self.subjects.infer(model, version), body, timeout_s=timeout_s,
                                        request_id=rid, content_type=ct,
                                        headers=extra or None,

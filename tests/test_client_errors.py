@@ -396,12 +396,29 @@ async def test_close_right_after_the_server_stopped_with_unsent_data_does_not_ra
         assert client.nc.is_closed
 
 
-@pytest.mark.parametrize("servers", ["", " , ", []])
+@pytest.mark.parametrize("servers", ["", " , ", [], None, 4222])
 async def test_connect_to_no_url_is_invalid_argument_naming_servers(servers):
-    """``Client.connect("")`` raised BusConfig's ValueError (naming ``BusConfig.servers``, not the argument given)."""
+    """``Client.connect("")`` raised BusConfig's ValueError (naming ``BusConfig.servers``, not the argument given),
+    ``Client.connect(None)`` a bare ``TypeError: 'NoneType' object is not iterable`` (a fresh-user trial)."""
     with pytest.raises(InvalidArgument) as ei:
         await Client.connect(servers)
-    assert ei.value.field == "servers" and "names no NATS URL" in ei.value.message
+    assert ei.value.field == "servers" and ("names no NATS URL" in ei.value.message if servers is not None and
+                                            servers != 4222 else "servers must be" in ei.value.message), ei.value
+
+
+async def test_parameters_that_cannot_be_sent_are_invalid_argument_naming_them_before_sending(nats_server):
+    """A fresh-user trial: ``parameters={"a": object()}`` was ``cannot encode InferRequest: ...`` with no field."""
+    import numpy as np
+
+    async with _client_and_sent(nats_server.url) as (client, sent):
+        x = {"pixels": np.zeros((1, 64), np.float32)}
+        for bad, said in (({"a": object()}, "cannot encode"), ({1: "x"}, "parameters must map names"),
+                          (["a"], "parameters must map names")):
+            for json in (False, True):
+                with pytest.raises(InvalidArgument) as ei:
+                    await client.infer("digits", x, parameters=bad, json=json, timeout_s=5.0)
+                assert ei.value.field == "parameters" and said in ei.value.message, (bad, json, ei.value)
+        assert not sent
 
 
 def test_a_client_used_on_a_second_event_loop_says_so(nats_server):
