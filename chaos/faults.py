@@ -106,6 +106,13 @@ class Fault:
 
 
 def _signal(pid: int, sig: int) -> None:
+    """Send ``sig`` to the process ``pid`` (gone: nothing to do).
+
+    Raises:
+        FaultError: ``pid`` is not a process id (``os.kill`` reads 0 as this process's group and -1 as every process
+            it may signal: a drill would SIGSTOP or SIGKILL itself and the test run that started it)."""
+    if not (isinstance(pid, int) and pid > 0):
+        raise FaultError(f"no process to signal: pid {pid!r}")
     try:
         os.kill(pid, sig)
     except ProcessLookupError:

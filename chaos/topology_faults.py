@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from itertools import combinations
 
-from .faults import Fault, FaultError, FaultUnavailable
+from .faults import Fault, FaultError, FaultUnavailable, _signal
 
 
 @dataclass
@@ -166,13 +166,6 @@ async def _http_json(port: int, path: str, timeout_s: float = 1.0) -> dict:
     raw = await asyncio.wait_for(get(), timeout_s)
     _, _, body = raw.partition(b"\r\n\r\n")
     return json.loads(body)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _need_topology(target, name: str) -> TopologyTarget:
