@@ -61,10 +61,12 @@ class Watchdog:
     """One thread that ends a test (see the module docstring) which outlives ``arm``'s ``limit_s``.
 
     ``suspend_capture``: called before printing (pytest's capture manager's ``suspend_global_capture``), so that
-    the report reaches the terminal or the xdist controller instead of a captured buffer that dies with us."""
+    the report reaches the terminal or the xdist controller instead of a captured buffer that dies with us;
+    ``resume_capture`` after a test that then ended on its own."""
 
-    def __init__(self, suspend_capture=None) -> None:
+    def __init__(self, suspend_capture=None, resume_capture=None) -> None:
         self._suspend_capture = suspend_capture
+        self._resume_capture = resume_capture
         self._cond = threading.Condition()
         self._armed: tuple[str, float, float] | None = None  # (test id, deadline monotonic s, limit s)
         self._thread = threading.Thread(target=self._run, name="test-watchdog", daemon=True)
@@ -113,8 +115,14 @@ class Watchdog:
         with self._cond:
             while self._armed is not None and self._armed[0] == test_id and time.monotonic() < deadline:
                 self._cond.wait(deadline - time.monotonic())
-            if self._armed is None or self._armed[0] != test_id:
-                return
+            ended = self._armed is None or self._armed[0] != test_id
+        if ended:
+            if self._resume_capture is not None:
+                try:
+                    self._resume_capture()
+                except Exception:
+                    pass
+            return
         err.write(f"+++ watchdog: {test_id} did not end; exiting this pytest process (status 3) +++\n")
         err.flush()
         os._exit(3)

@@ -31,7 +31,8 @@ _watchdog: Watchdog | None = None
 def pytest_configure(config):
     global _watchdog
     capman = config.pluginmanager.getplugin("capturemanager")
-    _watchdog = Watchdog(capman.suspend_global_capture if capman is not None else None)
+    _watchdog = Watchdog(capman.suspend_global_capture if capman is not None else None,
+                         capman.resume_global_capture if capman is not None else None)
 
 
 @pytest.hookimpl(hookwrapper=True)
