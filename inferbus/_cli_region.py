@@ -189,11 +189,15 @@ def status(
         typer.echo(f"UNAVAILABLE: {text}", err=True)  # as health and infer print a typed UNAVAILABLE; the JSON's code
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
+    unanswered = sorted(r for r, st in sts.items() if isinstance(st, Exception))
+    # the lease holder the answering regions read: across a partition the primary is often among the silent ones (a
+    # fresh-user trial read "primary: none" as an outage while B held the lease all along)
+    holders = sorted({st.lease_holder for st in sts.values() if not isinstance(st, Exception) and st.lease_holder})
     if json_out:
         # "primary": the region's name when exactly one is primary, else the list (none, or two for a moment after a
         # forced takeover); "primaries" is always the list, for a script that wants one type
         doc = {"primary": primaries[0] if len(primaries) == 1 else primaries, "primaries": sorted(primaries),
-               "regions": {}}
+               "unanswered": unanswered, "lease_holders": holders, "regions": {}}
         for region, st in sts.items():
             ws = loads.get(region, {})
             d = {"error": str(st)} if isinstance(st, Exception) else msgspec.to_builtins(st)
@@ -203,7 +207,12 @@ def status(
             doc["regions"][region] = d
         print(json.dumps(doc, default=str))
         raise typer.Exit(0 if len(primaries) == 1 else 1)
-    t = Table(title=f"regions — primary: {', '.join(primaries) or 'none'}")
+    if primaries or not unanswered:
+        title = ", ".join(primaries) or "none"
+    else:  # no primary among those that answered: say who did not, and whom the lease names
+        title = (f"none among the regions that answered; no answer from {', '.join(unanswered)}"
+                 + (f"; the lease names {', '.join(holders)}" if holders else ""))
+    t = Table(title=f"regions — primary: {title}")
     for col in ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)",
                 "cache", "model writes", "workers", "models"):
         t.add_column(col)

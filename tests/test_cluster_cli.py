@@ -79,6 +79,13 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
         assert url in log.read_text(), log.read_text()[-2000:]
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         assert f'inferbus_region_primary{{region="{region}"}}' in text, text[:3000]
+        # every region series docs/observability.md lists (model_writes, a bool, was never exported: a trial)
+        for name in ("inferbus_region_term", "inferbus_region_lease_renewals_total",
+                     "inferbus_region_lease_renewal_failures_total", "inferbus_region_lease_lost_races_total",
+                     "inferbus_region_lease_disconnects_total"):
+            assert f'{name}{{region="{region}"}}' in text, (name, text[:3000])
+        writes = [line for line in text.splitlines() if line.startswith(f'inferbus_region_model_writes{{region="{region}"}}')]
+        assert len(writes) == 1 and writes[0].split()[-1] in ("0.0", "1.0"), writes
 
     st = _status(run)
     # A acquires the lease at start; on a starved box a late renewal can hand it to B before we look (the

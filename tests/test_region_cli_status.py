@@ -71,8 +71,9 @@ class _FakeManager:
     """A region manager's wire side on a real nats-server under ``prefix``: heartbeats of ``region`` as primary every
     50 ms, and an ``ok`` answer (one step) to every status, promote and demote asked on its control subject."""
 
-    def __init__(self, url: str, prefix: str, region: str = "r1"):
-        self.url, self.prefix, self.region = url, prefix, region
+    def __init__(self, url: str, prefix: str, region: str = "r1", role: str = "primary", holder: str | None = None):
+        self.url, self.prefix, self.region, self.role = url, prefix, region, role
+        self.holder = region if holder is None else holder
         self.asked: list[str] = []
 
     async def __aenter__(self):
@@ -85,9 +86,10 @@ class _FakeManager:
             cmd = decode_region(msg.data)
             assert isinstance(cmd, RegionCommand)
             self.asked.append(cmd.action)
-            st = RegionStatus(region=self.region, role="primary", term=1, lease_rev=1, lease_holder=self.region,
+            st = RegionStatus(region=self.region, role=self.role, term=1, lease_rev=1, lease_holder=self.holder,
                               lease_age_ms=1.0, heartbeat_age_ms={}, peer_roles={}, valkey="", cache_role="master",
-                              model_writes=True, manager_id=f"{self.region}-m", monotonic_now=time.monotonic())
+                              model_writes=self.role == "primary", manager_id=f"{self.region}-m",
+                              monotonic_now=time.monotonic())
             await msg.respond(encode_region(RegionReply(ok=True, region=self.region,
                                                         steps=[RegionStep(name=f"fake {cmd.action}", ms=1.0)],
                                                         status=st)))
@@ -100,7 +102,7 @@ class _FakeManager:
             while not self.stop.is_set():
                 seq += 1
                 await self.nc.publish(s.region_heartbeats, encode_region(RegionHeartbeat(
-                    region=self.region, role="primary", term=1, lease_rev=1, seq=seq, manager_id=f"{self.region}-m")))
+                    region=self.region, role=self.role, term=1, lease_rev=1, seq=seq, manager_id=f"{self.region}-m")))
                 await asyncio.sleep(0.05)
 
         await self.nc.flush()
@@ -162,3 +164,39 @@ async def test_a_cluster_file_that_records_no_prefix_takes_the_prefix_option(nat
     assert (rc, out) == (2, ""), (rc, out, err)
     assert err == (f"error: region status: --cluster {p}: its spec's prefix 'a b' must be dot-separated tokens of "
                    f"letters, digits, '_' or '-'\n"), err
+
+
+async def test_status_with_the_primary_silent_names_it_from_the_lease(nats_server):
+    """A fresh-user trial partitioned A from B: ``region status`` (through A's side) printed ``primary: none``, read
+    as an outage, while B held the lease all along. Now the title says which regions did not answer and whom the
+    lease names; ``--json`` has ``unanswered`` and ``lease_holders``."""
+    s = Subjects("inferbus")
+    nc = await nats.connect(nats_server.url)
+    stop = asyncio.Event()
+
+    async def hung(msg):  # B: heard (its heartbeats), not answering (cut off)
+        pass
+
+    await nc.subscribe(s.region_control("B"), cb=hung)
+
+    async def heartbeats():
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            await nc.publish(s.region_heartbeats, encode_region(RegionHeartbeat(
+                region="B", role="primary", term=1, lease_rev=1, seq=seq, manager_id="B-m")))
+            await asyncio.sleep(0.05)
+
+    beat = asyncio.ensure_future(heartbeats())
+    try:
+        async with _FakeManager(nats_server.url, "inferbus", "A", role="standby", holder="B"):
+            rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3")
+            assert rc == 1 and ("primary: none among the regions that answered; no answer from B; the lease names B"
+                                in out), (rc, out, err)
+            rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3", "--json")
+            doc = json.loads(out)
+            assert rc == 1 and doc["primaries"] == [] and doc["unanswered"] == ["B"] and doc["lease_holders"] == ["B"]
+    finally:
+        stop.set()
+        await beat
+        await nc.close()

@@ -377,10 +377,11 @@ def _region(f: _Families, region: str, st: dict) -> None:
                            ("renewal_failures", "inferbus_region_lease_renewal_failures", "Lease renewals that failed."),
                            ("lost_races", "inferbus_region_lease_lost_races", "Lease writes that lost the race."),
                            ("lease_disconnects", "inferbus_region_lease_disconnects", "Disconnections from the "
-                            "lease's NATS."),
-                           ("model_writes", "inferbus_region_model_writes", "Model-management writes the region "
-                            "allowed.")):
+                            "lease's NATS.")):
         f.add("counter", name, doc, me, _num(data.get(key)))
+    # a state, not a count (it was listed as a counter, and a bool is no number: the series was never exported)
+    f.add("gauge", "inferbus_region_model_writes", "1 when the region's ingresses take model-management writes (it "
+          "is the primary and has announced it), else 0.", me, 1 if data.get("model_writes") is True else 0)
 
 
 class NodeCollector:
