@@ -201,3 +201,60 @@ async def test_size_limits_refuse_at_once_and_name_what_is_too_large(limited):
         assert (await client.infer("typed", feeds(4)))["a_times_2"][0, 0] == 8
     finally:
         await nc.close()
+
+
+def test_a_valkey_that_requires_a_password_through_inferbus_redis_url(tmp_path, monkeypatch):
+    """The embedded Valkey has no password (a fresh-user trial, docs/failure-semantics.md#security); the way out the
+    docs give: a Valkey of one's own with ``requirepass``, named by ``INFERBUS_REDIS_URL`` (not argv: ``ps`` shows
+    argv). The node fills it (so it authenticated), prints the URL with the password masked, and a client without
+    the password is refused by that Valkey."""
+    import redis
+
+    from inferbus.bus import free_port
+    from inferbus.bus._embedded import valkey_server_binary
+
+    secret = "s3cret-" + os.urandom(6).hex()
+    conf = tmp_path / "valkey.conf"
+    conf.write_text(f"requirepass {secret}\n")
+    conf.chmod(0o600)
+    port = free_port()
+    vk = subprocess.Popen([str(valkey_server_binary()), str(conf), "--port", str(port), "--bind", "127.0.0.1",
+                           "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dep = None
+    try:
+        r = redis.Redis(port=port, password=secret)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "valkey-server did not start"
+                time.sleep(0.05)
+        monkeypatch.setenv("INFERBUS_REDIS_URL", f"redis://:{secret}@127.0.0.1:{port}/0")
+        models = models_subset(tmp_path / "models", ["typed"])
+        dep = start_deployment(tmp_path / "dep", workers=1, prefix="vkp", extra=["--models", str(models)])
+        head = dep.log.read_text()
+        assert f"redis://:***@127.0.0.1:{port}/0" in head and secret not in head, head[:600]
+
+        async def ask() -> None:
+            c = await Client.connect(dep.nats_url, "vkp")
+            try:
+                for i in range(3):
+                    out = await c.infer("typed", feeds(100 + i), timeout_s=5)
+                    assert out["a_times_2"][0, 0] == 2 * (100 + i)
+            finally:
+                await c.close()
+
+        asyncio.run(ask())
+        deadline = time.monotonic() + 10
+        while r.dbsize() < 3:  # the aggregator's fills, written with the password
+            assert time.monotonic() < deadline, r.dbsize()
+            time.sleep(0.05)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).dbsize()
+    finally:
+        if dep is not None:
+            dep.stop()
+        vk.kill()
+        vk.wait()
