@@ -565,7 +565,9 @@ def _check_models_repo(command: str, models_dir: str):
 
 def _note_if_no_models(models_dir: str, repo) -> None:
     """A note on stderr per folder of ``models_dir`` that looks like a model but is not one (:attr:`ModelRepository.skipped`),
-    and one when the repository ``repo`` (read from ``models_dir``) holds no model: served all the same
+    per ``config.json`` ``input``/``output`` entry that contradicts its ``model.onnx``
+    (:func:`~inferbus.actors._repository.config_tensor_mismatches`), and one when the repository ``repo`` (read from
+    ``models_dir``) holds no model: served all the same
     (nothing to refuse), every request NOT_FOUND. ``up`` and ``cluster up`` print it alike."""
     for name, why in repo.skipped.items():  # a folder that looks like a model but has no config.json: not served
         err_console.print(f"[yellow]note[/]: {escape(str(Path(models_dir) / name))} {escape(why)}: not served "
@@ -573,6 +575,12 @@ def _note_if_no_models(models_dir: str, repo) -> None:
     if not len(repo):
         err_console.print(f"[yellow]note[/]: no models in {escape(models_dir)} (no <model>/config.json): "
                           f"every request will be NOT_FOUND (docs/models.md: the repository layout)")
+    from .actors._repository import config_tensor_mismatches
+
+    for model in repo:  # config.json's input/output are not read: one that contradicts model.onnx only misleads
+        for line in config_tensor_mismatches(model):
+            err_console.print(f"[yellow]note[/]: model {escape(model.name)}: {escape(line)} (docs/models.md: keys "
+                              f"not read)")
 
 
 _BACKEND_PACKAGES = {"jax": ("jax", "pip install 'inferbus[jax]'"),

@@ -1198,3 +1198,29 @@ def test_up_refuses_a_region_that_is_no_name(tmp_path, region):
     """``--region ''`` started a node with no region where ``' '`` and ``a.b`` were refused (a fresh-user trial)."""
     line = _up_refused(tmp_path, "--region", region)
     assert line == f"error: up: --region must be 1-64 letters, digits, '-' or '_', got {region!r}", line
+
+
+def test_up_notes_a_config_json_whose_inputs_contradict_model_onnx(tmp_path):
+    """A fresh-user trial set ``"dims": [31]`` on fraud's input in config.json (model.onnx takes 30): ``up`` started
+    without a word, ``inferbus models`` showed 30, and a client that followed config.json was refused. Those keys are
+    not read; ``up`` now says where they contradict model.onnx (here before a bad option stops the start)."""
+    from conftest import MODELS
+
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "fraud", repo / "fraud")
+    cfg = json.loads((repo / "fraud" / "config.json").read_text())
+    cfg["input"][0]["dims"] = [31]
+    cfg["output"].append({"name": "nope", "data_type": "TYPE_FP32", "dims": [1]})
+    (repo / "fraud" / "config.json").write_text(json.dumps(cfg))
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--models",
+                        str(repo), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "300"})
+    assert p.returncode == 2 and "up: --mailbox-size must be 1" in p.stderr, p.stderr
+    name = cfg["input"][0]["name"]
+    assert (f"note: model fraud: config.json gives input {name!r} dims [31], model.onnx (version 1) [30] after the "
+            f"batch dimension: requests must fit model.onnx (docs/models.md: keys not read)") in p.stderr, p.stderr
+    assert "config.json names output 'nope', which model.onnx (version 1) does not have" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--models",
+                        str(MODELS), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run2")], capture_output=True,
+                       text=True, timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "300"})
+    assert p.returncode == 2 and "note:" not in p.stderr, p.stderr  # the shipped models agree with their configs

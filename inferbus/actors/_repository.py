@@ -571,6 +571,41 @@ class ModelRepository:
         return len(self.models)
 
 
+def config_tensor_mismatches(model: Model) -> list[str]:
+    """Where ``model``'s ``config.json`` ``input``/``output`` entries (Triton's: ``name`` and ``dims``, without the
+    batch dimension when ``max_batch_size`` > 0) contradict its default version's ``model.onnx``: a name it does not
+    have, or dims that differ (-1 in either matches any size). These keys are not read (names, datatypes and shapes
+    come from ``model.onnx``, docs/models.md), so such a config only misleads whoever reads it: a client that sends
+    what it says is refused (a fresh-user trial set ``dims: [31]`` on a 30-feature model and got no word). One line
+    each, for a note at start-up; entries that are not maps with a ``name`` are passed over."""
+    mv = model.version(None)
+    if mv is None:
+        return []
+    out = []
+    batched = model.config.max_batch_size > 0
+    for key, tensors in (("input", mv.inputs), ("output", mv.outputs)):
+        entries = model.config.extra.get(key)
+        if not isinstance(entries, list):
+            continue
+        by_name = {t.name: t for t in tensors}
+        for e in entries:
+            if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+                continue
+            t = by_name.get(e["name"])
+            if t is None:
+                out.append(f"config.json names {key} {e['name']!r}, which model.onnx (version {mv.version}) does not "
+                           f"have; its {key}s: {sorted(by_name)}")
+                continue
+            dims = e.get("dims")
+            if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
+                continue
+            want = list(t.shape[1:] if batched and t.shape else t.shape)
+            if len(dims) != len(want) or any(a != b and a != -1 and b != -1 for a, b in zip(dims, want)):
+                out.append(f"config.json gives {key} {e['name']!r} dims {dims}, model.onnx (version {mv.version}) "
+                           f"{want}{' after the batch dimension' if batched else ''}: requests must fit model.onnx")
+    return out
+
+
 def _model_config(raw: dict, name: str) -> ModelConfig:
     """The :class:`ModelConfig` of a ``config.json`` object ``raw`` of model ``name`` (its unread keys in ``extra``).
 
