@@ -184,11 +184,12 @@ def load(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", hel
 @app.command()
 def unload(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
            version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
-                                                       help="Version to unload (not the default); or --version."),
+                                                       help="Version to unload (not the default while others are served; the last one withdraws the model); or --version."),
            version: Optional[str] = typer.Option(None, help="Same as VERSION."),
            nats_url: Optional[str] = _SUB_NATS, prefix: Optional[str] = _SUB_PREFIX, timeout_s: float = _TIMEOUT,
            as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON.")):
-    """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers."""
+    """Stop serving a version: refused at once by the ingresses, drained and dropped by the workers; a model's last
+    version withdraws the model (NOT_FOUND, unlisted) until `models load` serves it again."""
     _write(ctx, "unload", name, _version("unload", version_arg, version, True), nats_url, prefix, timeout_s, as_json)
 
 

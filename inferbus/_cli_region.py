@@ -189,15 +189,18 @@ def status(
         typer.echo(f"UNAVAILABLE: {text}", err=True)  # as health and infer print a typed UNAVAILABLE; the JSON's code
         raise typer.Exit(1)
     primaries = [r for r, st in sts.items() if not isinstance(st, Exception) and st.role == "primary"]
-    unanswered = sorted(r for r, st in sts.items() if isinstance(st, Exception))
-    # the lease holder the answering regions read: across a partition the primary is often among the silent ones (a
-    # fresh-user trial read "primary: none" as an outage while B held the lease all along)
-    holders = sorted({st.lease_holder for st in sts.values() if not isinstance(st, Exception) and st.lease_holder})
+    # the regions asked that did not answer, and those an answering region knows of but this CLI did not hear (its
+    # peer_roles; a partition hides their heartbeats too): across a partition the primary is often among them (a
+    # fresh-user trial read "primary: none" as an outage while B held the lease all along). Not the lease holder as
+    # a cut-off region read it: that reading is as old as the cut (a trial: "the lease names A", A standby and stale)
+    answered = [st for st in sts.values() if not isinstance(st, Exception)]
+    unanswered = sorted({r for r, st in sts.items() if isinstance(st, Exception)}
+                        | {peer for st in answered for peer in (st.peer_roles or {}) if peer not in sts})
     if json_out:
         # "primary": the region's name when exactly one is primary, else the list (none, or two for a moment after a
         # forced takeover); "primaries" is always the list, for a script that wants one type
         doc = {"primary": primaries[0] if len(primaries) == 1 else primaries, "primaries": sorted(primaries),
-               "unanswered": unanswered, "lease_holders": holders, "regions": {}}
+               "unanswered": unanswered, "regions": {}}
         for region, st in sts.items():
             ws = loads.get(region, {})
             d = {"error": str(st)} if isinstance(st, Exception) else msgspec.to_builtins(st)
@@ -210,8 +213,8 @@ def status(
     if primaries or not unanswered:
         title = ", ".join(primaries) or "none"
     else:  # no primary among those that answered: say who did not, and whom the lease names
-        title = (f"none among the regions that answered; no answer from {', '.join(unanswered)}"
-                 + (f"; the lease names {', '.join(holders)}" if holders else ""))
+        title = (f"none among the regions that answered; no answer from {', '.join(unanswered)}, which may be "
+                 f"primary beyond a partition")
     t = Table(title=f"regions — primary: {title}")
     for col in ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)",
                 "cache", "model writes", "workers", "models"):

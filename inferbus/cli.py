@@ -932,6 +932,10 @@ def up(
     repo = _check_models_repo("up", models_dir)
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
+    if redis_url is not None and any("@" in part for part in _url_after_host(redis_url)):
+        # `redis://:pa@ss@host/0` went to host "ss"... and the error named a piece of the password (a trial)
+        _usage("up: --redis-url (or INFERBUS_REDIS_URL) has an '@' after its host: a password with reserved "
+               "characters (@ : / % # ?) must be percent-encoded, e.g. urllib.parse.quote(password, safe='')")
     if redis_url is not None and not re.match(r"(redis|rediss|unix)://", redis_url):
         from .bus import shown_url
 
@@ -985,7 +989,8 @@ def up(
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
     if no_cache:  # the cache was off and these ignored without a word
-        l2_options = [o for n, o, on in (("redis_url", "--redis-url", True), ("l2_lookup", "--l2-lookup", l2_lookup),
+        l2_options = [o for n, o, on in (("redis_url", "--redis-url (or INFERBUS_REDIS_URL)", True),
+                                         ("l2_lookup", "--l2-lookup", l2_lookup),
                                          ("l2_pool_size", "--l2-pool-size", True),
                                          ("l2_timeout_ms", "--l2-timeout-ms", True)) if on and given(n)]
         if l2_options:
@@ -1183,7 +1188,12 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                                   f"--ingress, or --colocate) and leave cores for nats-server and the clients")
         if cfg.redis_url and not cfg.no_cache:
             problem = await _redis_problem(cfg.redis_url)
-            if problem:
+            if problem and problem.startswith(("AuthenticationError", "AuthenticationWrongNumberOfArgsError")):
+                # it answered, and a wrong password does not fix itself (it said "does not answer ... until it does")
+                err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(shown_url(cfg.redis_url))} refused "
+                                  f"the credentials ({escape(problem)}); serving without L2: fix the password in "
+                                  f"--redis-url (or INFERBUS_REDIS_URL) and restart")
+            elif problem:
                 err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(shown_url(cfg.redis_url))} does not answer "
                                   f"({escape(problem)}); serving without L2 until it does")
         from .actors import ModelRepository
@@ -1270,6 +1280,14 @@ async def _stop_or_kill(node, kill: asyncio.Event, starting: "asyncio.Future | N
     await node.kill()
     await asyncio.gather(stopping, return_exceptions=True)
     return True
+
+
+def _url_after_host(url: str) -> tuple[str, str, str]:
+    """The path, query and fragment of ``url`` (``urllib.parse.urlsplit``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.path, parts.query, parts.fragment
 
 
 async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:

@@ -528,7 +528,9 @@ class Client:
             request_id: idempotency key (a UUID4 when None), reused across retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
-            parameters: the request's OIP ``parameters`` (name → bool, number or string), sent as they are.
+            parameters: the request's OIP ``parameters``: names (str) → values, sent as they are (OIP v2 defines
+                bool, number or string; any value MessagePack or JSON can carry is sent, and the server ignores
+                parameters it does not read).
             hedge: hedge policy for this request, sent as ``Inferbus-Hedge``: a delay in ms
                 (e.g. ``20``), ``"p95"``/``"p99"``/``"auto"`` (the model's observed quantile) or
                 ``"off"``; None = the model's configured policy. A hedged request is sent to a
@@ -583,10 +585,14 @@ class Client:
         if isinstance(outputs, (str, bytes)):
             raise InvalidArgument(f"outputs must be a list of output names (e.g. [{outputs!r}]), not one string",
                                   field="outputs")
-        if parameters is not None and not (isinstance(parameters, Mapping) and all(isinstance(k, str)
-                                                                                  for k in parameters)):
-            raise InvalidArgument(f"parameters must map names (str) to values (bool, number or string, as OIP v2's "
-                                  f"$parameter), got {type(parameters).__name__}", field="parameters")
+        if parameters is not None:
+            if not isinstance(parameters, Mapping):
+                raise InvalidArgument(f"parameters must map names (str) to values (OIP v2's $parameter: bool, "
+                                      f"number or string), got {type(parameters).__name__}", field="parameters")
+            bad = [k for k in parameters if not isinstance(k, str)]
+            if bad:
+                raise InvalidArgument(f"parameters' names must be strings, got the {type(bad[0]).__name__} "
+                                      f"{bad[0]!r}", field="parameters")
         if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
             try:
                 parse_policy(str(hedge))

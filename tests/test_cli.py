@@ -542,7 +542,11 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     # options that cannot apply together were accepted, one of them ignored without a word
     (("--json", "/tmp/inferbus-no-demo.json"), "up: --json writes the demo's results and needs --demo"),
     (("--colocate", "--ingress", "2"), "up: --ingress 2 does not apply with --colocate"),
-    (("--redis-url", "redis://127.0.0.1:1"), "up: --no-cache turns the L2 cache off, so --redis-url cannot apply"),
+    (("--redis-url", "redis://127.0.0.1:1"), "up: --no-cache turns the L2 cache off, so --redis-url (or "
+                                             "INFERBUS_REDIS_URL) cannot apply"),
+    # a password's '@' not percent-encoded sent redis-py to a host named by a piece of the password (a trial)
+    (("--redis-url", "redis://:s3cr:t@p/w%d@127.0.0.1:6571/0"), "up: --redis-url (or INFERBUS_REDIS_URL) has an '@' "
+                                                                "after its host: a password with reserved"),
     (("--l2-lookup",), "up: --no-cache turns the L2 cache off, so --l2-lookup cannot apply"),
     (("--no-l2-lookup", "--mailbox-size", "0"), "up: --mailbox-size must be 1"),  # agrees with --no-cache: past it
     (("--l2-pool-size", "5", "--l2-timeout-ms", "5"), "up: --no-cache turns the L2 cache off, so --l2-pool-size and "

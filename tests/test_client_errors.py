@@ -412,8 +412,8 @@ async def test_parameters_that_cannot_be_sent_are_invalid_argument_naming_them_b
 
     async with _client_and_sent(nats_server.url) as (client, sent):
         x = {"pixels": np.zeros((1, 64), np.float32)}
-        for bad, said in (({"a": object()}, "cannot encode"), ({1: "x"}, "parameters must map names"),
-                          (["a"], "parameters must map names")):
+        for bad, said in (({"a": object()}, "cannot encode"), ({1: "x"}, "names must be strings, got the int 1"),
+                          ({"a": 1, None: 2}, "got the NoneType None"), (["a"], "parameters must map names")):
             for json in (False, True):
                 with pytest.raises(InvalidArgument) as ei:
                     await client.infer("digits", x, parameters=bad, json=json, timeout_s=5.0)

@@ -71,9 +71,11 @@ class _FakeManager:
     """A region manager's wire side on a real nats-server under ``prefix``: heartbeats of ``region`` as primary every
     50 ms, and an ``ok`` answer (one step) to every status, promote and demote asked on its control subject."""
 
-    def __init__(self, url: str, prefix: str, region: str = "r1", role: str = "primary", holder: str | None = None):
+    def __init__(self, url: str, prefix: str, region: str = "r1", role: str = "primary", holder: str | None = None,
+                 peer_roles: dict | None = None):
         self.url, self.prefix, self.region, self.role = url, prefix, region, role
         self.holder = region if holder is None else holder
+        self.peer_roles = peer_roles or {}
         self.asked: list[str] = []
 
     async def __aenter__(self):
@@ -87,7 +89,8 @@ class _FakeManager:
             assert isinstance(cmd, RegionCommand)
             self.asked.append(cmd.action)
             st = RegionStatus(region=self.region, role=self.role, term=1, lease_rev=1, lease_holder=self.holder,
-                              lease_age_ms=1.0, heartbeat_age_ms={}, peer_roles={}, valkey="", cache_role="master",
+                              lease_age_ms=1.0, heartbeat_age_ms={}, peer_roles=self.peer_roles, valkey="",
+                              cache_role="master",
                               model_writes=self.role == "primary", manager_id=f"{self.region}-m",
                               monotonic_now=time.monotonic())
             await msg.respond(encode_region(RegionReply(ok=True, region=self.region,
@@ -166,15 +169,17 @@ async def test_a_cluster_file_that_records_no_prefix_takes_the_prefix_option(nat
                    f"letters, digits, '_' or '-'\n"), err
 
 
-async def test_status_with_the_primary_silent_names_it_from_the_lease(nats_server):
+async def test_status_with_the_primary_out_of_reach_says_which_regions_did_not_answer(nats_server):
     """A fresh-user trial partitioned A from B: ``region status`` (through A's side) printed ``primary: none``, read
-    as an outage, while B held the lease all along. Now the title says which regions did not answer and whom the
-    lease names; ``--json`` has ``unanswered`` and ``lease_holders``."""
+    as an outage, while B held the lease all along. Now the title names the regions that did not answer, those heard
+    (B's heartbeats, its control hung) and those only an answering region knows of (A's ``peer_roles``: across a
+    partition B's heartbeats do not come through either); ``--json`` has ``unanswered``. Not the lease holder as the
+    cut-off side read it: a second trial saw that reading name A, stale."""
     s = Subjects("inferbus")
     nc = await nats.connect(nats_server.url)
     stop = asyncio.Event()
 
-    async def hung(msg):  # B: heard (its heartbeats), not answering (cut off)
+    async def hung(msg):  # B: heard (its heartbeats), not answering
         pass
 
     await nc.subscribe(s.region_control("B"), cb=hung)
@@ -189,14 +194,21 @@ async def test_status_with_the_primary_silent_names_it_from_the_lease(nats_serve
 
     beat = asyncio.ensure_future(heartbeats())
     try:
-        async with _FakeManager(nats_server.url, "inferbus", "A", role="standby", holder="B"):
+        async with _FakeManager(nats_server.url, "inferbus", "A", role="standby", holder="A"):
             rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3")
-            assert rc == 1 and ("primary: none among the regions that answered; no answer from B; the lease names B"
-                                in out), (rc, out, err)
+            assert rc == 1 and ("primary: none among the regions that answered; no answer from B, which may be "
+                                "primary beyond a partition" in out), (rc, out, err)
             rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3", "--json")
             doc = json.loads(out)
-            assert rc == 1 and doc["primaries"] == [] and doc["unanswered"] == ["B"] and doc["lease_holders"] == ["B"]
+            assert rc == 1 and doc["primaries"] == [] and doc["unanswered"] == ["B"], doc
     finally:
         stop.set()
         await beat
+    try:  # B not heard at all: A's peer_roles still name it
+        async with _FakeManager(nats_server.url, "inferbus", "A", role="standby", peer_roles={"B": "silent"}):
+            rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3", "--json")
+            doc = json.loads(out)
+            assert rc == 1 and doc["primaries"] == [] and doc["unanswered"] == ["B"], doc
+            assert set(doc["regions"]) == {"A"}, doc
+    finally:
         await nc.close()

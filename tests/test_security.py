@@ -253,6 +253,12 @@ def test_a_valkey_that_requires_a_password_through_inferbus_redis_url(tmp_path, 
             time.sleep(0.05)
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).dbsize()
+        # a wrong password is told as refused credentials, not "does not answer ... until it does" (a trial)
+        from inferbus.cli import _redis_problem
+
+        problem = asyncio.run(_redis_problem(f"redis://:wrong@127.0.0.1:{port}/0"))
+        assert problem is not None and problem.startswith("AuthenticationError"), problem
+        assert asyncio.run(_redis_problem(f"redis://:{secret}@127.0.0.1:{port}/0")) is None
     finally:
         if dep is not None:
             dep.stop()
