@@ -778,7 +778,7 @@ def up(
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
                                         "mod n first (others for failover); with gateway-joined servers and --colocate "
                                         "a request stays on its server."),
-    redis_url: Optional[str] = typer.Option(None, envvar="INFERBUS_REDIS_URL", help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey (one with a password: redis://:PASSWORD@host:6379/0; prefer the env var, argv is public)."),
+    redis_url: Optional[str] = typer.Option(None, envvar="INFERBUS_REDIS_URL", help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey; a password goes in the URL, percent-encoded (prefer the env var: argv is public)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Run without the L2 cache (no Valkey)."),
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
