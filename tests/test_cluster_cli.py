@@ -26,6 +26,27 @@ def _inferbus(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProces
                           timeout=timeout_s, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
 
 
+def _free_port_pair() -> int:
+    """A port P such that P and P + 1 were both free a moment ago on every interface (a metrics endpoint binds
+    0.0.0.0): ``cluster up --metrics-port P`` serves A on P and B on P + 1. A free P alone left P + 1 to chance, and
+    a CI run found it taken (``cannot serve metrics on 0.0.0.0:57762: Address already in use``)."""
+    import socket
+
+    from conftest import free_port
+
+    for _ in range(100):
+        p = free_port("0.0.0.0")
+        if p >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two consecutive free ports in 100 tries")
+
+
 @pytest.fixture
 def cluster_up(tmp_path):
     """``inferbus cluster up --regions 2 --no-actors --prefix ibt`` (servers + region managers), stopped with SIGTERM.
@@ -35,9 +56,7 @@ def cluster_up(tmp_path):
     run = tmp_path / "run"
     log = tmp_path / "up.log"
     fh = open(log, "wb")
-    from conftest import free_port
-
-    metrics = free_port()  # A's; B's is the next
+    metrics = _free_port_pair()  # A's; B's is the next
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
                              "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics)], stdout=fh,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
