@@ -249,12 +249,18 @@ async def test_plain_nats_and_msgpack_client(deployment):
         assert err["code"] == "NOT_FOUND" and err["field"] == "model_version", err
         # a version with a leading zero is refused as the SDK and `models load` refuse it (a fresh-user trial: a raw
         # client got NOT_FOUND with no hint), on the inference and the metadata subjects alike
-        for subj in ("infer.digits.01", "models.digits.01", "models.digits.007.ready"):
+        for subj, said in (("infer.digits.01", "has a leading zero: write it '1'"),
+                           ("models.digits.01", "has a leading zero: write it '1'"),
+                           ("models.digits.007.ready", "has a leading zero: write it '7'"),
+                           # other spellings no folder has were NOT_FOUND here, INVALID_ARGUMENT in the SDK
+                           ("infer.digits.+1", "is not a number"), ("infer.digits.v1", "is not a number"),
+                           ("infer.digits.\u0661", "is not a number")):
+            subj = subj.encode().decode("unicode_escape")
             msg = await nc.request(f"{deployment.prefix}.{subj}", body if subj.startswith("infer") else b"",
                                    timeout=2, headers={"Content-Type": "application/json"})
             err = json.loads(msg.data)["error"]
             assert err["code"] == "INVALID_ARGUMENT" and err["field"] == "model_version", (subj, err)
-            assert "has a leading zero: write it '" in err["message"], err
+            assert said in err["message"], err
         msg = await nc.request(f"{deployment.prefix}.infer.digits.1.x", body, timeout=2,
                                headers={"Content-Type": "application/json"})
         err = json.loads(msg.data)["error"]

@@ -55,8 +55,8 @@ from collections import OrderedDict
 
 import msgspec
 
-from ..bus import (BusyPoll, Subjects, close_connection, connected_server, leading_zero_problem, publish_raw,
-                   reply_block, send_pending)
+from ..bus import (BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block, send_pending,
+                   version_problem)
 from ..bus import headers as H
 from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..bus._connect import _round_trip as _server_round_trip
@@ -697,7 +697,7 @@ class Ingress:
                                       f"to {self.subjects.prefix}.infer.<model>[.<version>]", field="model_version")
             if version in self.versions_not_here.get(model_name, ()) or self._served_elsewhere(model_name, version):
                 raise self._not_here(model_name, version)
-            if (problem := leading_zero_problem(version)) is not None:
+            if (problem := version_problem(version)) is not None:
                 raise InvalidArgument(problem, field="model_version")
             raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
                            field="model_version")
@@ -2116,14 +2116,14 @@ class Ingress:
 
         Raises:
             NotFound: an unknown model (``field`` ``model``), or a version it does not serve (``model_version``).
-            InvalidArgument: a version with a leading zero (``01``: no version is written so).
+            InvalidArgument: a version no folder is named (not decimal digits, or a leading zero: ``01``).
         """
         model = self.repo.get(name)
         if model is None:
             raise NotFound(f"unknown model {name!r}", field="model")
         mv = model.version(version)
         if mv is None:
-            if (problem := leading_zero_problem(version)) is not None:
+            if (problem := version_problem(version)) is not None:
                 raise InvalidArgument(problem, field="model_version")
             raise NotFound(f"model {name!r} has no version {version!r}; versions: {sorted(model.versions, key=int)}",
                            field="model_version")

@@ -32,6 +32,19 @@ def leading_zero_fix(version: str) -> str | None:
     return None
 
 
+def version_problem(version: str | None) -> str | None:
+    """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` no version folder can be named: not
+    ASCII decimal digits (``+1``, ``١``, ``v1``), or a leading zero (:func:`leading_zero_problem`); else None. An
+    ingress answered such versions NOT_FOUND ("has no version") where the SDK says INVALID_ARGUMENT (a fresh-user
+    trial)."""
+    if not isinstance(version, str):
+        return None
+    if not (version.isascii() and version.isdigit()):
+        return (f"version {version!r} is not a number: versions are named by their folders' decimal numbers "
+                f"(e.g. '1')")
+    return leading_zero_problem(version)
+
+
 def leading_zero_problem(version: str | None) -> str | None:
     """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` with a leading zero (see
     :func:`leading_zero_fix`), else None; the SDK, an ingress's inference and metadata subjects and ``models load``
