@@ -932,7 +932,9 @@ def up(
     repo = _check_models_repo("up", models_dir)
     if not 0 <= nats_port <= 65535:
         _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
-    if redis_url is not None and any("@" in part for part in _url_after_host(redis_url)):
+    from urllib.parse import urlsplit
+
+    if redis_url is not None and "@" in "".join(urlsplit(redis_url)[2:]):  # path, query, fragment
         # `redis://:pa@ss@host/0` went to host "ss"... and the error named a piece of the password (a trial)
         _usage("up: --redis-url (or INFERBUS_REDIS_URL) has an '@' after its host: a password with reserved "
                "characters (@ : / % # ?) must be percent-encoded, e.g. urllib.parse.quote(password, safe='')")
@@ -1188,7 +1190,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                                   f"--ingress, or --colocate) and leave cores for nats-server and the clients")
         if cfg.redis_url and not cfg.no_cache:
             problem = await _redis_problem(cfg.redis_url)
-            if problem and problem.startswith(("AuthenticationError", "AuthenticationWrongNumberOfArgsError")):
+            if problem and problem.startswith("Authentication"):  # redis-py's AuthenticationError and kin
                 # it answered, and a wrong password does not fix itself (it said "does not answer ... until it does")
                 err_console.print(f"[yellow]warning[/]: the L2 cache at {escape(shown_url(cfg.redis_url))} refused "
                                   f"the credentials ({escape(problem)}); serving without L2: fix the password in "
@@ -1280,14 +1282,6 @@ async def _stop_or_kill(node, kill: asyncio.Event, starting: "asyncio.Future | N
     await node.kill()
     await asyncio.gather(stopping, return_exceptions=True)
     return True
-
-
-def _url_after_host(url: str) -> tuple[str, str, str]:
-    """The path, query and fragment of ``url`` (``urllib.parse.urlsplit``)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return parts.path, parts.query, parts.fragment
 
 
 async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:

@@ -117,7 +117,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, close_connection, connect, fail_pending_requests
-from .bus import leading_zero_problem, server_url_problem, shown_servers, split_servers
+from .bus import server_url_problem, version_problem, shown_servers, split_servers
 from .bus import headers as H
 from .schemas._errors import fmt_ms as _fmt_ms
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
@@ -210,8 +210,8 @@ def _version_token(version) -> str | None:
     if not (isinstance(version, str) and version.isascii() and version.isdigit()):
         raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
                               field="model_version")
-    problem = leading_zero_problem(version)
-    if problem is not None:  # no version folder has one (models.md)
+    problem = version_problem(version)  # the digits are checked: a leading zero, which no version folder has
+    if problem is not None:
         raise InvalidArgument(problem, field="model_version")
     return version
 

@@ -47,7 +47,7 @@ import time
 
 from ..accelerators import batch_buckets, load_checked, rows_problem
 from ..bus import headers as H
-from ..bus import leading_zero_problem
+from ..bus import version_problem
 from ..schemas import (
     MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
     NotFound, Unavailable, decode, encode, is_json,
@@ -546,10 +546,7 @@ class IngressModels:
             v = req.version
             if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)
                 v = req.version = str(v)
-            if v is not None and not (type(v) is str and v.isascii() and v.isdigit()):  # a folder name
-                raise InvalidArgument(f"version must be a number (a folder of the model), got {req.version!r}",
-                                      field="version")
-            if v is not None and (problem := leading_zero_problem(v)) is not None:  # as the SDK and the ingress
+            if (problem := version_problem(v)) is not None:  # a folder's name, as the SDK and the ingress say
                 raise InvalidArgument(problem, field="version")
             if v is not None and len(v) >= 20:  # digits, but no folder a repository holds (as a read answers it)
                 raise NotFound(f"model {model!r} has no version of {len(v)} digits", field="version")

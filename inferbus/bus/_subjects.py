@@ -26,7 +26,7 @@ def leading_zero_fix(version: str) -> str | None:
 
     A version is an integer named by one folder without leading zeros (docs/models.md), so ``01`` names no version
     a subject can carry: the repository refuses such a folder, and the SDK, the ingress and a model-management
-    write refuse such a version as INVALID_ARGUMENT (:func:`leading_zero_problem`)."""
+    write refuse such a version as INVALID_ARGUMENT (:func:`version_problem`)."""
     if len(version) > 1 and version[0] == "0" and version.isascii() and version.isdigit():
         return str(int(version))
     return None
@@ -34,12 +34,13 @@ def leading_zero_fix(version: str) -> str | None:
 
 def version_problem(version: str | None) -> str | None:
     """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` no version folder can be named: not
-    ASCII decimal digits (``+1``, ``١``, ``v1``), or a leading zero (:func:`leading_zero_problem`); else None. An
+    ASCII decimal digits (``+1``, ``١``, ``v1``, or not a string at all), or a leading zero
+    (:func:`leading_zero_problem`); else None (also for None: no version named). An
     ingress answered such versions NOT_FOUND ("has no version") where the SDK says INVALID_ARGUMENT (a fresh-user
     trial)."""
-    if not isinstance(version, str):
+    if version is None:
         return None
-    if not (version.isascii() and version.isdigit()):
+    if not (isinstance(version, str) and version.isascii() and version.isdigit()):
         return (f"version {version!r} is not a number: versions are named by their folders' decimal numbers "
                 f"(e.g. '1')")
     return leading_zero_problem(version)
@@ -47,8 +48,8 @@ def version_problem(version: str | None) -> str | None:
 
 def leading_zero_problem(version: str | None) -> str | None:
     """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` with a leading zero (see
-    :func:`leading_zero_fix`), else None; the SDK, an ingress's inference and metadata subjects and ``models load``
-    say the same."""
+    :func:`leading_zero_fix`), else None: the second half of :func:`version_problem`, which the SDK, an ingress's
+    inference and metadata subjects and the ``models`` writes use."""
     fix = leading_zero_fix(version) if isinstance(version, str) else None
     if fix is None:
         return None
