@@ -1625,9 +1625,13 @@ class Ingress:
         except InternalDecodeError:
             return
         if isinstance(r, LoadReport):
-            self.router.server = connected_server(self.nc)  # current across reconnects (10 reports/s per worker)
-            self.router.on_report(r)
-            self.model_ctl.on_report(r)
+            self._take_report(r)
+
+    def _take_report(self, r: LoadReport) -> None:
+        """A worker's load report, from ``<p>._load`` or (the colocated worker's first, at start) in-process."""
+        self.router.server = connected_server(self.nc)  # current across reconnects (10 reports/s per worker)
+        self.router.on_report(r)
+        self.model_ctl.on_report(r)
 
     async def _on_event(self, msg) -> None:
         try:
@@ -2255,6 +2259,11 @@ class Ingress:
             self.redis = aioredis.Redis(connection_pool=pool)
         s = self.subjects
         self._load_sub = await self.nc.subscribe(s.load, cb=self._on_load)
+        if self.local_worker is not None:
+            # the colocated worker's first report went out before this subscription: take it in-process, so that
+            # a process restarted beside live workers routes to its own worker from its first request, not from
+            # the worker's next report (report_interval_ms; a CI run once saw 200 requests go over the bus first)
+            self._take_report(self.local_worker._report())
         await self.nc.subscribe(s.events, cb=self._on_event)
         self._done_sub = await self.nc.subscribe(s.done(self.config.ingress_id), cb=self._on_done)
         await self.nc.subscribe(s.rid_query, cb=self._on_rid_query)  # peers locating a retried request's copy
