@@ -317,7 +317,7 @@ class Client:
     Raises:
         ValueError: a bad option, ``Client.OPTION must be ..., got VALUE``: ``retry_unavailable``,
             ``retry_resource_exhausted`` or ``adaptive_attempt_timeout`` not a bool (``"false"`` was taken as True);
-            ``client_id`` not a non-empty string a header can carry, or None (``5`` failed every request with
+            ``client_id`` not a non-empty string a header can carry (at most 256 characters), or None (``5`` failed every request with
             nats-py's AttributeError); ``max_in_flight`` not an int >= 1 or
             None, ``attempt_timeout_ms`` not a number > 0 or None, ``attempt_timeout_floor_ms`` not a number >= 1,
             ``retry_backoff_ms`` not a number >= 0 (NaN is none of these; nor is a bool: ``max_in_flight=True`` was
@@ -359,9 +359,11 @@ class Client:
             if not isinstance(value, bool):  # "false" was taken as True, None as False
                 raise ValueError(f"Client.{option} must be True or False, got {value!r}")
         if client_id is not None and not (isinstance(client_id, str) and client_id.strip()
-                                          and H.header_value(client_id) == client_id):
-            raise ValueError(f"Client.client_id must be a non-empty string a NATS header can carry (no line breaks) "
-                             f"or None, got {client_id!r}")
+                                          and H.header_value(client_id) == client_id
+                                          and len(client_id) <= H.MAX_CLIENT_ID_CHARS):
+            shown = client_id[:80] if isinstance(client_id, str) else client_id
+            raise ValueError(f"Client.client_id must be a non-empty string a NATS header can carry (no line breaks, "
+                             f"at most {H.MAX_CLIENT_ID_CHARS} characters) or None, got {shown!r}")
         if retry_throttle_tokens is not None:
             _check_option("retry_throttle_tokens", retry_throttle_tokens, "a number > 0 and <= 1000, or None",
                           lambda t: 0 < t <= 1000)

@@ -109,6 +109,8 @@ def test_cli_load_unload_default(dep, refs):
     p = cli("unload", "digits", "--version", "02", *url, "--json")
     err = json.loads(p.stdout)["error"]
     assert p.returncode == 2 and err["code"] == "INVALID_ARGUMENT" and "leading zero" in err["message"], p.stdout
+    p = cli("unload", "nosuchmodel", "--version", "01", *url)  # the model first: no version of it is right
+    assert p.returncode == 2 and "NOT_FOUND" in p.stderr and "nosuchmodel" in p.stderr, p.stderr
     p = cli("load", "nosuchmodel", *url, "--json")
     assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "NOT_FOUND", p.stdout
     p = cli("load", "digits", "--nats-url", "nats://127.0.0.1:1", "--json")  # nothing listens on port 1

@@ -16,7 +16,7 @@ from inferbus.actors import IngressConfig, Node, NodeConfig
 from inferbus.actors._node import _per_replica
 from inferbus.bus import BusConfig
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InferbusError, PayloadTooLarge, ResourceExhausted, decode_error
+from inferbus.schemas import DeadlineExceeded, InferbusError, InvalidArgument, PayloadTooLarge, ResourceExhausted, decode_error
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -112,6 +112,20 @@ async def test_an_oversized_body_is_refused_as_too_large_before_the_rate_limit(n
                 await client.infer("typed", big, timeout_s=5)
             with pytest.raises(ResourceExhausted):
                 await client.infer("typed", typed_feeds(4), timeout_s=5)
+            # a client id longer than a bucket's key may be (a user trial: no limit, 100,000 buckets kept) is the
+            # client's error, named, not a bucket and not a rate limit (the bucket is empty here)
+            long_id = await Client.connect(nats_server.url, "rl2", client_id="c" * 256)  # the limit itself is taken
+            try:
+                with pytest.raises(ResourceExhausted):
+                    await long_id.infer("typed", typed_feeds(5), timeout_s=5)
+                long_id.client_id = "c" * 257  # (past the constructor's own check of the same limit)
+                with pytest.raises(InvalidArgument) as e:
+                    await long_id.infer("typed", typed_feeds(5), timeout_s=5)
+                assert e.value.field == "Inferbus-Client-Id" and "257 characters" in str(e.value), e.value
+            finally:
+                await long_id.close()
+            with pytest.raises(ValueError, match="at most 256 characters"):
+                Client(client.nc, "rl2", client_id="c" * 257)
         finally:
             await client.close()
 

@@ -707,7 +707,11 @@ class Ingress:
             self.counts["too_large"] += 1
             raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit of {self.max_request_bytes}")
         if self.limiter.enabled:
-            refused = self.limiter.check(hdrs.get(H.CLIENT_ID), t0)
+            cid = hdrs.get(H.CLIENT_ID)
+            if cid is not None and len(cid) > H.MAX_CLIENT_ID_CHARS:  # (kept as a key of a bucket per client)
+                raise InvalidArgument(f"{H.CLIENT_ID} of {len(cid)} characters is over the limit of "
+                                      f"{H.MAX_CLIENT_ID_CHARS}", field=H.CLIENT_ID)
+            refused = self.limiter.check(cid, t0)
             if refused is not None:
                 self.counts["rate_limited"] += 1
                 scope, wait_ms = refused

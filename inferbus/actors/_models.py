@@ -543,6 +543,9 @@ class IngressModels:
                 raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)} (writes); reads: "
                                f"<model>, <model>.<version>, and either with .ready", field="op")
             req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
+            refused = self.write_refusal()
+            if op != "load" and refused is None:  # a model not served is the answer, whatever the version (a
+                self._known(model)  # load may add one; a standby region sends the write to the primary instead)
             v = req.version
             if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)
                 v = req.version = str(v)
@@ -550,7 +553,6 @@ class IngressModels:
                 raise InvalidArgument(problem, field="version")
             if v is not None and len(v) >= 20:  # digits, but no folder a repository holds (as a read answers it)
                 raise NotFound(f"model {model!r} has no version of {len(v)} digits", field="version")
-            refused = self.write_refusal()
             if refused is not None:
                 self.writes["refused"] += 1
                 raise refused

@@ -15,6 +15,9 @@ CONTENT_TYPE = "Content-Type"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 CLIENT_ID = "Inferbus-Client-Id"
+MAX_CLIENT_ID_CHARS = 256
+"""The longest ``Inferbus-Client-Id`` taken (characters): an ingress with per-client rate limits keeps a bucket per id
+(up to 100,000 of them), so one id the size of a message would hold that much memory per client."""
 MSG_TYPE = "Inferbus-Msg"
 """Version tag of a message between our own actors (e.g. ``inferbus.v1.forward``)."""
 SEQ = "Inferbus-Seq"
