@@ -527,7 +527,8 @@ class Client:
                 (float32 → FP32, float16 → FP16, ml_dtypes.bfloat16 → BF16, object of bytes → BYTES).
             outputs: names to compute (None = all).
             timeout_s: whole budget in seconds, retries included, a finite number > 0; sent as ``Inferbus-Timeout-Ms``.
-            request_id: idempotency key (a UUID4 when None), reused across retries.
+            request_id: idempotency key (a UUID4 when None or empty, as an empty id means none), reused across
+                retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
             parameters: the request's OIP ``parameters``: names (str) → values, sent as they are (OIP v2 defines
