@@ -1608,10 +1608,18 @@ def bench(
         if own:
             _usage(f"bench: {' and '.join(own)} shape{'' if len(own) > 1 else 's'} the deployment bench starts "
                    f"itself, not the one at --nats-url; leave {'them' if len(own) > 1 else 'it'} out or drop --nats-url")
-    kw = dict(model=model, version=version, models_dir=_models_dir(models), nats_url=nats_url,
+    models_dir = _models_dir(models)
+    if not Path(models_dir).is_dir():  # (a traceback before, a trial; the model's inputs are read from there)
+        _usage(f"bench: the model repository {models_dir} is not a folder (--models)")
+    kw = dict(model=model, version=version, models_dir=models_dir, nats_url=nats_url,
               workers=workers, ingress=ingress, busy_poll_us=busy_poll_us, gens=gens, concurrency=levels, rates=rates,
               duration_s=duration_s, hit=hit, timeout_s=timeout_s, prefix=prefix, spread=spread)
-    results = _call(lambda: run_load(**kw), as_json=json_out)
+    from .actors._repository import RepositoryError
+
+    try:
+        results = _call(lambda: run_load(**kw), as_json=json_out)
+    except RepositoryError as exc:  # the model's own folder cannot be read (its config, its model.onnx)
+        _usage(f"bench: the model repository cannot be served: {' '.join(str(exc).split())}")
     if json_out:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -276,6 +276,18 @@ def test_an_empty_or_blank_models_is_one_error_line_and_reads_no_folder(tmp_path
     assert sorted(f.name for f in tmp_path.iterdir()) == ["broken"]
 
 
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_bench_on_a_models_that_is_no_folder_is_one_error_line_before_connecting(tmp_path, what):
+    """``bench digits --nats-url ... --models /nonexist`` (or a file) printed a 115-line traceback, exit 1 (a
+    fresh-user trial), where ``up`` says it in one line. Refused as ``up`` refuses it, before connecting (port 1)."""
+    path = tmp_path / "nonexist"
+    if what == "file":
+        path.write_text("not a repository")
+    p = cli("bench", "digits", "--nats-url", "nats://127.0.0.1:1", "--models", str(path), "--duration", "0.5",
+            "--concurrency", "1")
+    assert_one_error_line(p, f"bench: the model repository {path} is not a folder (--models)\n")
+
+
 def test_up_on_a_triton_ensemble_is_one_error_line_and_starts_nothing(tmp_path):
     """A Triton ensemble folder (its version folder empty) stopped ``up`` with only ``no <version>/model.onnx found``;
     next to a model.onnx it was served as that model. Refused as every malformed config is, naming the model."""

@@ -129,6 +129,19 @@ def test_cli_load_unload_default(dep, refs):
     assert p.returncode == 0 and r["changed"] is False and r["workers"] == {} and "elapsed_ms" in r, r
 
 
+def test_bench_on_a_model_whose_local_config_is_broken_is_one_error_line(dep, tmp_path):
+    """``bench`` reads the model's inputs from its own ``--models``: a config there that is not JSON was a traceback,
+    exit 1 (a fresh-user trial), while the deployment served the model; now one line, exit 2, as ``up`` says it."""
+    (tmp_path / "digits" / "1").mkdir(parents=True)
+    (tmp_path / "digits" / "config.json").write_text("{not json")
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", dep.nats_url,
+                        "--prefix", PREFIX, "--models", str(tmp_path), "--duration", "0.5", "--concurrency", "1"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+    assert p.stderr.startswith(f"error: bench: the model repository cannot be served: {tmp_path / 'digits'}"), p.stderr
+    assert len(p.stderr.splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+
+
 @pytest.mark.timeout(120)
 async def test_nats_control_not_found_after_unload_and_bad_input(dep, refs):
     inputs, _ = refs
