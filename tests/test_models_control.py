@@ -207,6 +207,14 @@ async def test_version_metadata_an_integer_version_and_a_lower_case_content_type
             msg = await client.nc.request(subject, b"", timeout=5, headers={"content-type": "application/json"})
             assert msg.headers.get("Content-Type") == "application/json", (subject, msg.headers)
             assert isinstance(json.loads(msg.data), dict), subject
+        # and a model-management request's (a later trial: an unknown operation's error came back as MessagePack;
+        # a write's JSON body was read as MessagePack)
+        for subject, body, code in ((s.model("digits") + ".1.foo", b"", "NOT_FOUND"),
+                                    (s.model_control("digits", "load") + ".x", b"", "NOT_FOUND"),
+                                    (s.model_control("digits", "default"), b'{"version": "01"}', "INVALID_ARGUMENT")):
+            msg = await client.nc.request(subject, body, timeout=5, headers={"CONTENT-TYPE": "application/json"})
+            assert msg.headers.get("Content-Type") == "application/json", (subject, msg.headers)
+            assert json.loads(msg.data)["error"]["code"] == code, (subject, msg.data)
         # a write's version as an integer, as config.json's default_version takes it
         msg = await client.nc.request(s.model_control("digits", "default"), json.dumps({"version": int(default)}).encode(),
                                       timeout=10, headers={"Content-Type": "application/json"})

@@ -364,18 +364,6 @@ def _l2_answer(value, mv) -> InferResponse | None:
     return resp
 
 
-def _query_ct(headers: dict | None) -> str | None:
-    """The ``Content-Type`` of a metadata or health query, its header name in any case: a query has nothing a
-    miscased header could change but the reply's encoding, so it is read, not refused as an inference request's
-    is (a fresh-user trial: a JSON client's ``content-type`` got MessagePack back)."""
-    if not headers:
-        return None
-    ct = headers.get(H.CONTENT_TYPE)
-    if ct is None:
-        ct = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
-    return ct
-
-
 def _reply_ct(request_ct: str | None) -> dict:
     """``Content-Type`` header of a metadata or health reply: the encoding :func:`encode` chose for the request."""
     from ..schemas._codec import JSON, MSGPACK, is_json
@@ -2095,7 +2083,7 @@ class Ingress:
 
     async def _on_models(self, msg) -> None:
         subj = msg.subject
-        ct = _query_ct(msg.headers)
+        ct = H.query_content_type(msg.headers)
         if subj == self.subjects.models:
             problems = self.model_ctl.version_problems(time.monotonic())
             body = encode(ModelList(models=[_with_problems(model_metadata(m), problems) for m in self.repo]), ct)
@@ -2209,11 +2197,11 @@ class Ingress:
 
     async def _on_server(self, msg) -> None:
         """OIP v2 server metadata (``<p>.server``), in the encoding the request's content type names."""
-        ct = _query_ct(msg.headers)
+        ct = H.query_content_type(msg.headers)
         await self.nc.publish(msg.reply, encode(SERVER_METADATA, ct), headers=_reply_ct(ct))
 
     async def _on_health(self, msg) -> None:
-        ct = _query_ct(msg.headers)
+        ct = H.query_content_type(msg.headers)
         await self.nc.publish(msg.reply, encode(self.health(), ct), headers=_reply_ct(ct))
 
     def _stats_data(self, endpoint_stats) -> dict:

@@ -535,7 +535,7 @@ class IngressModels:
         """Answer one model-management request (``<p>.models.<model>.<op>``); never raises."""
         t0 = time.monotonic()
         hdrs = msg.headers or {}
-        ct = hdrs.get(H.CONTENT_TYPE)
+        ct = H.query_content_type(hdrs)
         if not msg.reply:
             return
         try:

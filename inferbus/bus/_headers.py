@@ -188,6 +188,19 @@ def attempt_number(raw: str) -> int:
                           f"most {MAX_ATTEMPT}), got {str(raw)[:40]!r}", field=ATTEMPT)
 
 
+def query_content_type(headers: dict | None) -> str | None:
+    """The ``Content-Type`` of a metadata, health or model-management request, its header name in any case: such a
+    request has nothing a miscased header could change but its body's and its reply's encoding, so it is read, not
+    refused as an inference request's is (fresh-user trials: a JSON client's ``content-type`` got MessagePack back,
+    and an unknown model operation's error did too)."""
+    if not headers:
+        return None
+    ct = headers.get(CONTENT_TYPE)
+    if ct is None:
+        ct = next((v for k, v in headers.items() if k.lower() == "content-type"), None)
+    return ct
+
+
 def header_value(v: str) -> str:
     """A header value as nats-py sends it (stripped; CR/LF turned into spaces)."""
     v = v.strip()
