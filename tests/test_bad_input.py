@@ -298,6 +298,11 @@ async def test_a_client_deadline_already_passed_is_refused_at_once_and_a_malform
     after = (await health_params(client))["counts"]
     assert after["expired_on_arrival"] == before["expired_on_arrival"] + 1
     assert after["ok_forwarded"] == before["ok_forwarded"]  # refused before the worker saw it
+    for spent in ("0", "-5"):  # a relative budget spent on arrival is counted alike (a trial: it was in no reason)
+        err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": spent})
+        assert isinstance(err, DeadlineExceeded) and "spent on arrival" in err.message, err
+    again = (await health_params(client))["counts"]
+    assert again["expired_on_arrival"] == after["expired_on_arrival"] + 2, (again, after)
     for bad in ("soon", "nan", "", "1_700_000_000_000"):
         err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Deadline-Unix-Ms": bad})
         assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Deadline-Unix-Ms", (bad, err)

@@ -670,7 +670,8 @@ class Ingress:
         client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
             deadline = self._client_deadline(client_deadline, deadline, t0)
-        if deadline <= t0:
+        if deadline <= t0:  # (a budget of 0 or less: the client's deadline was checked above)
+            self.counts["expired_on_arrival"] += 1
             raise DeadlineExceeded("the request's budget (Inferbus-Timeout-Ms) was already spent on arrival")
         model_name, version = self.subjects.parse_infer(msg.subject)
         model = self.repo.get(model_name)
