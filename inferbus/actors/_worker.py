@@ -950,6 +950,7 @@ class Worker:
                         continue
                     job.answered = True
                 targets = job.targets() if job.joined else (job,)  # most jobs have no joined duplicate
+                given = None  # the ingresses sent this answer for their caches: a joined copy's is one fill too many
                 dkey = job.dkey
                 if count:
                     # settle the dedupe tables first (no await in between), so a duplicate arriving
@@ -981,9 +982,15 @@ class Worker:
                         if code == CANCELLED:
                             item = DoneItem(t.seq, False, False, o.service_us, None, code)
                         else:
-                            item = DoneItem(t.seq, o.ok, o.server_error, o.service_us,
-                                            o.response_msgpack if (t.want_body and o.ok and t.pin == job.pin) else None,
-                                            code, o.held)
+                            body = o.response_msgpack if (t.want_body and o.ok and t.pin == job.pin) else None
+                            if body is not None and job.joined:  # (a trial: 3 copies, 3 equal L2 writes)
+                                if given is None:
+                                    given = set()
+                                if t.ingress in given:
+                                    body = None
+                                else:
+                                    given.add(t.ingress)
+                            item = DoneItem(t.seq, o.ok, o.server_error, o.service_us, body, code, o.held)
                         if t.ingress == local_id:
                             local_done.append(item)
                         else:
