@@ -430,7 +430,7 @@ async def test_a_colocated_worker_on_new_files_before_its_ingress_answers_a_misf
     nc = await nats.connect(nats_server.url)
     try:
         deadline = time.monotonic() + 60
-        while col.ingress.nc is None or col.ingress.router.pick("m:1") is None:
+        while col.ingress._infer_sub is None or col.ingress.router.pick("m:1") is None:  # (serving, routable)
             assert not task.done() and time.monotonic() < deadline, task
             await asyncio.sleep(0.05)
         rng = np.random.default_rng(3)
