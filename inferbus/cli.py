@@ -1831,12 +1831,17 @@ def _run_app() -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
 if __name__ == "__main__":
     # `python -m inferbus.cli`: run the app of the imported module, not of __main__, so the subcommand modules
-    # (which import inferbus.cli) and this one share one NatsUnreachable class and one _run
-    from inferbus.cli import main as _main
-
+    # (which import inferbus.cli) and this one share one NatsUnreachable class and one _run. This module's SIGINT
+    # handler stays in while it loads again as inferbus.cli (compiled first on a fresh clone, ~0.3 s): with Python's
+    # back, a SIGINT then was a KeyboardInterrupt traceback from the import (a CI run, `cluster up` at 0.2 s)
+    try:
+        from inferbus.cli import main as _main
+    except KeyboardInterrupt:  # (a SIGINT that came before this module's handler was in)
+        raise SystemExit(128 + signal.SIGINT) from None
+    if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _main()
+elif signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
+    signal.signal(signal.SIGINT, signal.default_int_handler)

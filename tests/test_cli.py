@@ -1215,6 +1215,7 @@ def test_up_notes_a_config_json_whose_inputs_contradict_model_onnx(tmp_path):
     cfg = json.loads((repo / "fraud" / "config.json").read_text())
     cfg["input"][0]["dims"] = [31]
     cfg["output"].append({"name": "nope", "data_type": "TYPE_FP32", "dims": [1]})
+    cfg["input"][0]["data_type"] = "TYPE_FP64"  # a Triton user's likeliest slip (a later trial: no note for it)
     (repo / "fraud" / "config.json").write_text(json.dumps(cfg))
     p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--models",
                         str(repo), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run")], capture_output=True,
@@ -1224,6 +1225,8 @@ def test_up_notes_a_config_json_whose_inputs_contradict_model_onnx(tmp_path):
     assert (f"note: model fraud: config.json gives input {name!r} dims [31], model.onnx (version 1) [30] after the "
             f"batch dimension: requests must fit model.onnx (docs/models.md: keys not read)") in p.stderr, p.stderr
     assert "config.json names output 'nope', which model.onnx (version 1) does not have" in p.stderr, p.stderr
+    assert (f"note: model fraud: config.json gives input {name!r} data_type TYPE_FP64, model.onnx (version 1) FP32: "
+            f"requests must fit model.onnx") in p.stderr, p.stderr
     p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--models",
                         str(MODELS), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run2")], capture_output=True,
                        text=True, timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "300"})

@@ -1100,3 +1100,33 @@ async def test_a_version_in_one_nodes_folder_only_from_the_start_is_served_and_a
             with pytest.raises(Internal) as ei:
                 await model_control(client, "default", "digits", "3", timeout_s=30)
             assert "n2-w0" in ei.value.message and "a retry cannot help" in ei.value.message, ei.value.message
+
+
+@pytest.mark.timeout(120)
+async def test_a_version_policy_chooses_what_a_deployment_serves_and_a_load_naming_a_version_adds_it(tmp_path):
+    """A fresh-user trial: config.json's ``{"specific": {"versions": [1]}}`` beside versions 1 and 2 was not read,
+    and an unversioned request got version 2's answer where Triton serves version 1 only. Now the node pins, the
+    ingresses list and the workers load what the policy serves; a load without a version keeps to it, and one that
+    names a version outside it loads that version (the operator's explicit ask)."""
+    models = tmp_path / "models"
+    for v in ("1", "2", "3"):
+        (models / "m" / v).mkdir(parents=True)
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", models / "m" / v / "model.onnx")
+    (models / "m" / "config.json").write_text(json.dumps({"max_batch_size": 8, "version_policy":
+                                                          {"specific": {"versions": [1, 2]}}}))
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="vp", extra=["--models", str(models), "--no-cache"])
+    try:
+        async with await Client.connect(dep.nats_url, "vp") as client:
+            md = await client.model("m")
+            assert md.versions == ["1", "2"] and md.parameters["default_version"] == "2", md
+            x = {"pixels": np.zeros((1, 64), np.float32)}
+            assert (await client.infer_result("m", x)).model_version == "2"
+            with pytest.raises(NotFound):
+                await client.infer("m", x, version="3")
+            r = await model_control(client, "load", "m", timeout_s=30)
+            assert r.versions == ["1", "2"] and not r.changed, r
+            r = await model_control(client, "load", "m", "3", timeout_s=30)
+            assert r.versions == ["1", "2", "3"] and r.changed and set(r.workers.values()) == {"loaded"}, r
+            assert (await client.infer_result("m", x, version="3")).model_version == "3"
+    finally:
+        dep.stop()

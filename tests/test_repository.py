@@ -86,6 +86,22 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"model_transaction_policy": {"decoupled": True}}, "model_transaction_policy.decoupled is not supported"),
     ({"default_model_filename": "model.plan"}, "default_model_filename 'model.plan' is not supported: inferbus reads "
                                                "<version>/model.onnx only"),
+    # (a trial: the string was served silently, as a decoupled model it is not)
+    ({"model_transaction_policy": {"decoupled": "true"}}, "model_transaction_policy.decoupled is not supported"),
+    ({"model_transaction_policy": {"decoupled": 1}}, "model_transaction_policy.decoupled must be false (or left out), "
+                                                     "got 1"),
+    # Triton's version_policy, read since 2026-12-06 (it was not read: every version served, a trial)
+    ({"version_policy": "latest"}, "version_policy must be one of {\"all\": {}}, {\"latest\": {\"num_versions\": N}}"),
+    ({"version_policy": {"latest": {"num_versions": 0}}}, "version_policy.latest must be {\"num_versions\": N} with an "
+                                                          "integer N >= 1, got {'num_versions': 0}"),
+    ({"version_policy": {"latest": {"num_versions": True}}}, "version_policy.latest must be"),
+    ({"version_policy": {"all": {"x": 1}}}, "version_policy.all takes no keys"),
+    ({"version_policy": {"all": {}, "latest": {"num_versions": 1}}}, "version_policy must be one of"),
+    ({"version_policy": {"specific": {"versions": []}}}, "version_policy.specific must be {\"versions\": [...]}, a "
+                                                         "non-empty list of version numbers"),
+    ({"version_policy": {"specific": {"versions": ["v1"]}}}, "version_policy.specific must be"),
+    ({"version_policy": {"specific": {"versions": [2]}}}, 'version_policy {"specific": {"versions": ["2"]}} names '
+                                                          "versions with no folder holding a model.onnx: 2; on disk: 1"),
 ])
 def test_a_malformed_config_is_refused_naming_the_file_the_model_and_the_field(tmp_path, config, said):
     root = _repo_with(tmp_path, config)
@@ -145,7 +161,10 @@ def test_the_triton_keys_inferbus_does_not_read_are_kept_unread(tmp_path):
               "instance_group": [{"count": 2, "kind": "KIND_CPU"}], "response_cache": {"enable": True},
               "parameters": {"intra_op_thread_count": {"string_value": "1"}}}
     m = ModelRepository(_repo_with(tmp_path, config)).get("broken")
-    assert m is not None and m.config.extra == config and m.config.platform == "onnxruntime_onnx"
+    read = {"version_policy": {"all": {}}}  # (read since 2026-12-06)
+    assert m is not None and m.config.platform == "onnxruntime_onnx"
+    assert m.config.extra == {k: v for k, v in config.items() if k not in read}
+    assert m.config.version_policy == read["version_policy"]
 
 
 # ---- version folders: integers, one name each (a user trial served 1 and 01 as two versions) ----------------
@@ -328,3 +347,44 @@ def test_a_test_npz_that_fits_one_version_only_blocks_only_the_other_with_need(t
     with pytest.raises(ModelDataError, match="version 2: .*dimension 1 is 30, not 64"):
         ModelRepository(root)
     assert sorted(ModelRepository(root, ["digits"]).scan_model("fraud", {"1"}).versions) == ["1"]
+
+
+@pytest.mark.parametrize("policy,served,default", [
+    (None, ["1", "2", "3"], "3"),
+    ({"all": {}}, ["1", "2", "3"], "3"),
+    ({"latest": {"num_versions": 1}}, ["3"], "3"),  # Triton's default, when written out
+    ({"latest": {"num_versions": 2}}, ["2", "3"], "3"),
+    ({"latest": {"num_versions": 9}}, ["1", "2", "3"], "3"),
+    ({"specific": {"versions": [1]}}, ["1"], "1"),
+    ({"specific": {"versions": ["3", 1]}}, ["1", "3"], "3"),  # (int64s in Triton's JSON: numbers or strings)
+])
+def test_version_policy_chooses_the_versions_served_as_tritons_does(tmp_path, policy, served, default):
+    """A trial: ``{"specific": {"versions": [1]}}`` beside versions 1 and 2 served both, and an unversioned request
+    got version 2's answer where Triton serves version 1 only. The policy now chooses what a read of the folder
+    serves; versions it leaves out are not even opened (a broken one does not block the rest); a read that needs a
+    version (``models load NAME --version V``, a restarted actor's pinned versions) gets it whatever the policy."""
+    root = _repo_with(tmp_path, {} if policy is None else {"version_policy": policy}, versions=("1", "2", "3"))
+    left_out = sorted({"1", "2", "3"} - set(served))
+    for v in left_out:
+        (root / "broken" / v / "model.onnx").write_bytes(b"not onnx")
+    m = ModelRepository(root).get("broken")
+    assert sorted(m.versions) == served and m.default_version == default
+    assert sorted(ModelRepository(root, ["digits"]).scan_model("broken").versions) == served  # a load, no version
+    if left_out:
+        shutil.copy(MODELS / "digits" / "1" / "model.onnx", root / "broken" / left_out[0] / "model.onnx")
+        asked = ModelRepository(root, ["digits"]).scan_model("broken", {left_out[0]})
+        assert left_out[0] in asked.versions and set(served) <= set(asked.versions), sorted(asked.versions)
+
+
+def test_a_default_version_that_the_version_policy_leaves_out_is_refused(tmp_path):
+    root = _repo_with(tmp_path, {"version_policy": {"latest": {"num_versions": 1}}, "default_version": 1},
+                      versions=("1", "2"))
+    with pytest.raises(ModelConfigError, match="default_version '1' is not among the versions version_policy "
+                                               "{\"latest\": {\"num_versions\": 1}} serves \\(2\\)"):
+        ModelRepository(root)
+
+
+def test_a_config_with_a_byte_order_mark_is_read(tmp_path):
+    """Editors on Windows write one; it was refused ("Unexpected UTF-8 BOM"), where a request body may carry one."""
+    root = _repo_with(tmp_path, "\ufeff" + json.dumps({"max_batch_size": 4}))
+    assert ModelRepository(root).get("broken").config.max_batch_size == 4

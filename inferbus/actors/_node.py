@@ -599,10 +599,10 @@ class Node:
         # version pinning: the digest of each version's files now, before any actor loads it; a worker restarted later
         # serves a version only from files with that digest (docs/models.md, "Pinned versions"). Reads every version
         # once, off the loop (about 1 s per GB, docs/models.md)
-        pins = await asyncio.to_thread(pin_repository, Path(c.models_dir), c.models) if c.actors else {}
         # and the configs as they are now: an actor restarted later serves them, not an edit made since (that is
         # applied by `inferbus models load`, which carries it in the serving state to every actor)
         configs = await asyncio.to_thread(read_configs, Path(c.models_dir), c.models) if c.actors else {}
+        pins = await asyncio.to_thread(pin_repository, Path(c.models_dir), c.models, configs) if c.actors else {}
         n_colocated = sum(1 for p in plan if p.backend == "onnxruntime" and p.device_kind == "cpu") if c.colocate else 0
         n_ingress = self.n_ingress = n_colocated or c.ingress
         colocated = []

@@ -117,19 +117,26 @@ def check_pin(model: str, version: str, folder: Path, pinned: str | None) -> Ver
     return files
 
 
-def pin_repository(root: Path, only=()) -> dict[str, str]:
+def pin_repository(root: Path, only=(), configs: dict[str, dict] | None = None) -> dict[str, str]:
     """Digests of every version on disk under ``root`` (``<name>/<digits>/model.onnx``; only the models in ``only``
-    when given), by ``"name:version"``. Blocking: reads every version's files once. A version that cannot be read is
-    left out (not pinned; the repository check reports it).
+    when given) that its model's ``version_policy`` serves (from ``configs``, model name → config fields as
+    :func:`~inferbus.actors._repository.read_configs` gives them; a model not there: every version), by
+    ``"name:version"``. Blocking: reads every version's files once. A version that cannot be read is left out (not
+    pinned; the repository check reports it).
     """
+    from ._repository import policy_versions
+
     root = Path(root)
     out = {}
     for cfg in sorted(root.glob("*/config.json")):
         folder = cfg.parent
         if only and folder.name not in only:
             continue
-        for vdir in sorted(folder.iterdir()):
-            if vdir.is_dir() and vdir.name.isascii() and vdir.name.isdigit() and (vdir / "model.onnx").is_file():
+        vdirs = [v for v in sorted(folder.iterdir())
+                 if v.is_dir() and v.name.isascii() and v.name.isdigit() and (v / "model.onnx").is_file()]
+        served = policy_versions((configs or {}).get(folder.name, {}).get("version_policy"), [v.name for v in vdirs])
+        for vdir in vdirs:
+            if served is None or vdir.name in served:
                 try:
                     out[f"{folder.name}:{vdir.name}"] = version_files(vdir).digest
                 except (OSError, ModelPinError):

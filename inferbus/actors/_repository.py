@@ -37,7 +37,13 @@ key                    allowed                                                  
 ``default_version``    a version on disk, as an integer or a string of digits       the highest version
 ``description``        a string                                                     ``""``
 ``hedge_after_ms``     null, ``"off"``, a number of ms > 0, ``"pNN"`` or ``"auto"``  no hedging
+``version_policy``     Triton's: ``{"all": {}}``, ``{"latest": {"num_versions": N}}``  every version
+                       or ``{"specific": {"versions": [1, 3]}}``
 =====================  ===========================================================  ==================
+
+``version_policy`` chooses the versions served at start and by a ``load`` that names no version (as Triton's does;
+Triton's default, when the key is absent, is the latest version only: inferbus's is every version on disk). A
+``load`` that names a version loads it whatever the policy.
 
 Other keys (Triton's ``input``/``output`` lists, ``dynamic_batching``, ``instance_group``, ...) are kept in
 ``ModelConfig.extra`` unread, except those asking for what inferbus cannot honour, which are refused as a malformed
@@ -179,6 +185,8 @@ class ModelConfig:
     description: str = ""
     hedge_after_ms: float | str | None = None
     """Hedge policy (:func:`~inferbus.actors._hedge.parse_policy`): None/``"off"``, ms > 0, ``"pNN"``, ``"auto"``."""
+    version_policy: dict | None = None
+    """Triton's ``version_policy``, checked and canonical (:func:`check_version_policy`); None = every version."""
     extra: dict = field(default_factory=dict)
     """The other keys of ``config.json``, unread."""
 
@@ -214,6 +222,58 @@ class ModelConfig:
             parse_policy(self.hedge_after_ms)
         except HedgePolicyError as exc:
             raise ValueError(f"hedge_after_ms: {exc}") from None
+        object.__setattr__(self, "version_policy", check_version_policy(self.version_policy))
+
+
+_POLICY_FORMS = ('{"all": {}}, {"latest": {"num_versions": N}} (N >= 1) or {"specific": {"versions": [1, 3]}} '
+                 "(Triton's version_policy)")
+
+
+def check_version_policy(policy) -> dict | None:
+    """``policy`` (``config.json``'s ``version_policy``, Triton's ``ModelVersionPolicy`` in JSON) in its canonical
+    form: None (absent or null), ``{"all": {}}``, ``{"latest": {"num_versions": N}}`` or ``{"specific": {"versions":
+    ["1", "3"]}}`` (version names; Triton's JSON gives int64s as numbers or strings of digits).
+
+    Raises:
+        ValueError: not one of those forms (naming the part that is not).
+    """
+    if policy is None:
+        return None
+    if not (isinstance(policy, dict) and len(policy) == 1 and next(iter(policy)) in ("all", "latest", "specific")):
+        raise ValueError(f"version_policy must be one of {_POLICY_FORMS}, got {policy!r}")
+    (kind, body), = policy.items()
+    if not isinstance(body, dict):
+        raise ValueError(f"version_policy.{kind} must be an object, got {body!r}")
+    if kind == "all":
+        if body:
+            raise ValueError(f"version_policy.all takes no keys ({{\"all\": {{}}}}), got {body!r}")
+        return {"all": {}}
+    if kind == "latest":
+        n = body.get("num_versions")
+        if set(body) != {"num_versions"} or not (_is_int(n) and n >= 1):
+            raise ValueError(f"version_policy.latest must be {{\"num_versions\": N}} with an integer N >= 1, "
+                             f"got {body!r}")
+        return {"latest": {"num_versions": n}}
+    versions = body.get("versions")
+    names = []
+    for v in versions if set(body) == {"versions"} and isinstance(versions, list) and versions else [None]:
+        if _is_int(v) and v >= 0:
+            v = str(v)
+        if not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 20):
+            raise ValueError(f"version_policy.specific must be {{\"versions\": [...]}}, a non-empty list of version "
+                             f"numbers, got {body!r}")
+        names.append(str(int(v)))
+    return {"specific": {"versions": sorted(set(names), key=int)}}
+
+
+def policy_versions(policy: dict | None, on_disk) -> set[str] | None:
+    """The version names of ``on_disk`` that ``policy`` (canonical, :func:`check_version_policy`) serves; None =
+    all of them. A ``specific`` version with no folder is not served (the caller says so)."""
+    if policy is None or "all" in policy:
+        return None
+    if "latest" in policy:
+        return set(sorted(on_disk, key=int)[-policy["latest"]["num_versions"]:])
+    return set(policy["specific"]["versions"]) & set(on_disk)
 
 
 def _triton_unsupported(platform, extra: dict) -> str | None:
@@ -239,9 +299,12 @@ def _triton_unsupported(platform, extra: dict) -> str | None:
                 "which inferbus does not run (it would serve <version>/model.onnx alone, without that code); export "
                 "the whole model to ONNX")
     policy = extra.get("model_transaction_policy")
-    if isinstance(policy, dict) and policy.get("decoupled") is True:
+    decoupled = folded(policy.get("decoupled")) if isinstance(policy, dict) else None
+    if decoupled is True or decoupled == "true":  # (the string asks for it as plainly)
         return ("model_transaction_policy.decoupled is not supported: a Triton decoupled model sends zero or more "
                 "responses a request, while inferbus answers each request once")
+    if decoupled not in (None, False, "false"):
+        return f"model_transaction_policy.decoupled must be false (or left out), got {policy.get('decoupled')!r}"
     filename = extra.get("default_model_filename")
     if filename is not None and filename != "model.onnx":
         return (f"default_model_filename {filename!r} is not supported: inferbus reads <version>/model.onnx only; "
@@ -451,7 +514,9 @@ class ModelRepository:
         serving state names the default)."""
         cfg_path = folder / "config.json"
         try:
-            raw = {**config, "name": folder.name} if config is not None else json.loads(cfg_path.read_text())
+            # (utf-8-sig: a byte order mark, which editors on Windows write, is read past, as a request body's is)
+            raw = {**config, "name": folder.name} if config is not None else \
+                json.loads(cfg_path.read_text(encoding="utf-8-sig"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelConfigError(f"{cfg_path}: model {folder.name!r}: the config cannot be read as JSON: "
                                    f"{exc}") from exc
@@ -497,6 +562,18 @@ class ModelRepository:
                        f"has a leading zero; rename it {leading_zero_fix(vdir.name)!r}")
                 raise ModelVersionsError(f"{vdir}: model {name!r}: version folder {vdir.name!r} {fix} (versions are "
                                          f"integers, each named by one folder without leading zeros)")
+        # the versions config.json's version_policy serves, and those of ``need`` (a load naming its version, the
+        # versions an actor's node pinned at start or a serving state names) whatever the policy
+        chosen = policy_versions(cfg.version_policy, [d.name for d in vdirs]) if vdirs else None
+        if chosen is not None:
+            missing = [v for v in cfg.version_policy.get("specific", {}).get("versions", []) if v not in chosen]
+            if need is not None:
+                chosen |= {d.name for d in vdirs if d.name in need}
+            elif missing:
+                raise ModelConfigError(f"{cfg_path}: model {name!r}: version_policy {json.dumps(cfg.version_policy)} "
+                                       f"names versions with no folder holding a model.onnx: {', '.join(missing)}; on "
+                                       f"disk: {', '.join(d.name for d in vdirs)}")
+            vdirs = [d for d in vdirs if d.name in chosen]
         for vdir in vdirs:
             artifact = vdir / "model.onnx"
             if vdir.name in left_out:
@@ -535,6 +612,10 @@ class ModelRepository:
         if cfg.default_version is not None and cfg.default_version not in versions \
                 and str(cfg.default_version) not in left_out and not pinned:
             on_disk = ", ".join(sorted(versions, key=_version_key))
+            if chosen is not None:
+                raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not "
+                                       f"among the versions version_policy {json.dumps(cfg.version_policy)} serves "
+                                       f"({on_disk})")
             raise ModelConfigError(f"{cfg_path}: model {name!r}: default_version {cfg.default_version!r} is not a "
                                    f"version on disk; the versions (folders holding a model.onnx) are {on_disk}")
         return Model(cfg, versions)
@@ -572,9 +653,10 @@ class ModelRepository:
 
 
 def config_tensor_mismatches(model: Model) -> list[str]:
-    """Where ``model``'s ``config.json`` ``input``/``output`` entries (Triton's: ``name`` and ``dims``, without the
-    batch dimension when ``max_batch_size`` > 0) contradict its default version's ``model.onnx``: a name it does not
-    have, or dims that differ (-1 in either matches any size). These keys are not read (names, datatypes and shapes
+    """Where ``model``'s ``config.json`` ``input``/``output`` entries (Triton's: ``name``, ``data_type`` and ``dims``,
+    without the batch dimension when ``max_batch_size`` > 0) contradict its default version's ``model.onnx``: a name
+    it does not have, another datatype (``TYPE_STRING`` is BYTES), or dims that differ (-1 in either matches any
+    size). These keys are not read (names, datatypes and shapes
     come from ``model.onnx``, docs/models.md), so such a config only misleads whoever reads it: a client that sends
     what it says is refused (a fresh-user trial set ``dims: [31]`` on a 30-feature model and got no word). One line
     each, for a note at start-up; entries that are not maps with a ``name`` are passed over."""
@@ -596,6 +678,12 @@ def config_tensor_mismatches(model: Model) -> list[str]:
                 out.append(f"config.json names {key} {e['name']!r}, which model.onnx (version {mv.version}) does not "
                            f"have; its {key}s: {sorted(by_name)}")
                 continue
+            dtype = e.get("data_type")
+            if isinstance(dtype, str) and dtype.startswith("TYPE_"):  # Triton's TYPE_FP32, TYPE_STRING (= BYTES)
+                said = "BYTES" if dtype == "TYPE_STRING" else dtype[len("TYPE_"):]
+                if said != t.datatype:
+                    out.append(f"config.json gives {key} {e['name']!r} data_type {dtype}, model.onnx (version "
+                               f"{mv.version}) {t.datatype}: requests must fit model.onnx")
             dims = e.get("dims")
             if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
                 continue
@@ -617,7 +705,8 @@ def _model_config(raw: dict, name: str) -> ModelConfig:
                        extra={k: v for k, v in raw.items() if k not in known})
 
 
-CONFIG_FIELDS = ("platform", "max_batch_size", "cache_ttl_ms", "default_version", "description", "hedge_after_ms")
+CONFIG_FIELDS = ("platform", "max_batch_size", "cache_ttl_ms", "default_version", "description", "hedge_after_ms",
+                 "version_policy")
 """The keys of ``config.json`` inferbus reads besides ``name``: what a serving state carries (``ModelState.config``)
 and a node hands its actors (``IngressConfig.configs``)."""
 
@@ -638,7 +727,7 @@ def read_configs(root: Path, only=()) -> dict[str, dict]:
         if only and name not in only:
             continue
         try:
-            raw = json.loads(cfg_path.read_text())
+            raw = json.loads(cfg_path.read_text(encoding="utf-8-sig"))
             if not isinstance(raw, dict) or raw.get("name", name) != name:
                 continue
             cfg = _model_config(raw, name)
