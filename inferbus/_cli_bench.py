@@ -107,7 +107,7 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
             url = node.nats_url
         if nats_url is not None:
             version = await _served_default(url, prefix, model, version)
-        m = ModelRepository(models_dir, [model]).get(model)
+        m = ModelRepository(models_dir, [model]).get_version(model, version)
         mv = m.version(version) if m is not None else None
         if mv is None:  # the generators need the version's metadata (and its data, when it has some) from disk
             from .schemas import NotFound

@@ -1128,5 +1128,13 @@ async def test_a_version_policy_chooses_what_a_deployment_serves_and_a_load_nami
             r = await model_control(client, "load", "m", "3", timeout_s=30)
             assert r.versions == ["1", "2", "3"] and r.changed and set(r.workers.values()) == {"loaded"}, r
             assert (await client.infer_result("m", x, version="3")).model_version == "3"
+        # `bench` reads that version's inputs from the folder whose policy leaves it out (it said "not in the model
+        # repository")
+        b = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "inferbus.cli", "bench", "m", "--version", "3", "--nats-url", dep.nats_url,
+            "--prefix", "vp", "--models", str(models), "--concurrency", "1", "--duration", "0.3", "--json"],
+            capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+        assert all(r["ok"] > 0 and r["wrong"] == 0 for r in json.loads(b.stdout)), b.stdout
     finally:
         dep.stop()

@@ -642,6 +642,19 @@ class ModelRepository:
         assert model is not None
         return model
 
+    def get_version(self, name: str, version: str | None) -> Model | None:
+        """Model ``name`` as :meth:`get` gives it, read again with ``version`` when its ``version_policy`` left that
+        version out (a deployment may serve it: ``models load NAME --version V``); the load generator reads a
+        version's inputs so. Blocking when it reads.
+
+        Raises:
+            RepositoryError: the folder cannot be read with that version (see :meth:`scan_model`).
+        """
+        m = self.models.get(name)
+        if m is not None and version and version not in m.versions and m.config.version_policy is not None:
+            m = self.models[name] = self.scan_model(name, {version})
+        return m
+
     def get(self, name: str) -> Model | None:
         return self.models.get(name)
 

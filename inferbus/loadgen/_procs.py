@@ -112,8 +112,9 @@ class _Gen:
         w = self.works.get(key)
         if w is None:
             c = self.cfg
-            w = Workload(ModelRepository(c.models_dir, [model]), model, version, pool=c.pool, distinct=distinct,
-                         seed=c.index, offset=c.index * c.pool)
+            repo = ModelRepository(c.models_dir, [model])
+            repo.get_version(model, version)  # (a version its version_policy leaves out, loaded by name)
+            w = Workload(repo, model, version, pool=c.pool, distinct=distinct, seed=c.index, offset=c.index * c.pool)
             w.bodies  # encode now, not during a step
             self.works[key] = w
         return w
