@@ -1231,3 +1231,24 @@ def test_up_notes_a_config_json_whose_inputs_contradict_model_onnx(tmp_path):
                         str(MODELS), "--mailbox-size", "0", "--run-dir", str(tmp_path / "run2")], capture_output=True,
                        text=True, timeout=30, cwd=ROOT, env={**os.environ, "COLUMNS": "300"})
     assert p.returncode == 2 and "note:" not in p.stderr, p.stderr  # the shipped models agree with their configs
+
+
+def test_up_on_a_bf16_model_says_the_onnxruntime_backend_cannot_run_it_and_what_to_do(tmp_path):
+    """A fresh-user trial: ``up`` on a model with BF16 tensors stopped with ONNX Runtime's line alone (``Numpy_type 256
+    can't be converted to MLDataType``), which names no cause. The line now says BF16 is the cause and the ways out."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "bf16_identity",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [None, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [None, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (tmp_path / "models" / "bf" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "bf" / "config.json").write_text("{}")
+    (tmp_path / "models" / "bf" / "1" / "model.onnx").write_bytes(m.SerializeToString())
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1", "--nats-port",
+                        "0", "--models", str(tmp_path / "models"), "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "COLUMNS": "400"})
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert ("(BF16 tensors ['x', 'y']: the onnxruntime backend cannot run them; serve the model with --backend jax, or "
+            "export it with FP32 or FP16 inputs and outputs: docs/accelerators.md, limits)") in p.stderr, p.stderr

@@ -58,7 +58,7 @@ from ._common import log
 from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
 from ._hedge import parse_policy
 from ._repository import (CONFIG_FIELDS, Model, ModelArtifactError, ModelConfigError, ModelPinError, RepositoryError,
-                          config_fields)
+                          bf16_hint, config_fields)
 
 BROADCAST_PERIOD_S = 2.0
 """Each ingress re-publishes the states it knows (revision > 0) this often, seconds."""
@@ -1046,19 +1046,21 @@ class WorkerModels:
         version = key.rpartition(":")[2]
         w.load_errors.pop(key, None)
         t0 = time.monotonic()
+        read = None  # the version's metadata, once read
         try:
             files = await asyncio.to_thread(check_pin, model, version, w.repo.root / model / version, pinned)
             st = self.states.get(model)
             m = await asyncio.to_thread(w.repo.scan_model, model, (version,), st.config if st and st.config else None)
             if version not in m.versions:
                 raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
+            read = m.versions[version]
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size
             mv, sess, problem = await asyncio.to_thread(self._open, m, version, mb)
             if not await asyncio.to_thread(files.unchanged):
                 raise ModelPinError(f"model {model!r} version {version}: files changed while being loaded "
                                     f"({w.repo.root / model / version}); not served")
         except Exception as exc:  # ModelPinError, ModelLoadError, RepositoryError, a runtime error: reported, not fatal
-            w.load_errors[key] = f"{type(exc).__name__}: {exc}"
+            w.load_errors[key] = f"{type(exc).__name__}: {exc}{bf16_hint(read, exc)}"
             log(f"worker {w.config.worker_id}: load {key} failed: {exc}")
             if replace and key in w.sessions:
                 self.parked[key] = (w.sessions.pop(key), w.digests.get(key, ""))

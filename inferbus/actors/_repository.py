@@ -426,6 +426,20 @@ def reference_misfit(arrays: dict[str, tuple[tuple[int, ...], np.dtype]], inputs
     return None
 
 
+def bf16_hint(mv, exc: BaseException) -> str:
+    """What to do, appended to ONNX Runtime's failure to load or warm up model version ``mv`` (a
+    :class:`ModelVersion`, or None) when it has a BF16 tensor: the runtime's Python API takes no bfloat16 arrays
+    (``Numpy_type 256 can't be converted to MLDataType``, which names no cause; a fresh-user trial). ``""`` for any
+    other failure."""
+    if mv is None or "onnxruntime" not in f"{type(exc).__module__} {exc}".lower():
+        return ""
+    bf16 = [t.name for t in (*mv.inputs, *mv.outputs) if t.datatype == "BF16"]
+    if not bf16:
+        return ""
+    return (f" (BF16 tensors {bf16}: the onnxruntime backend cannot run them; serve the model with --backend jax, "
+            f"or export it with FP32 or FP16 inputs and outputs: docs/accelerators.md, limits)")
+
+
 def _check_datatypes(inputs, outputs) -> None:
     """Every tensor of a model has an OIP v2 datatype, else ValueError naming the first that has none (an FP8 or a
     sequence input failed at the worker's warm-up with ``KeyError: 'tensor(float8e4m3fn)'``: a fresh-user trial)."""

@@ -86,7 +86,7 @@ from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._models import WorkerModels
 from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
-from ._repository import ModelPinError, ModelRepository, ModelStartError
+from ._repository import ModelPinError, ModelRepository, ModelStartError, bf16_hint
 
 _EWMA_ALPHA = 0.2
 STOP_CLOSE_DRAIN_S = 1.0
@@ -2041,7 +2041,7 @@ def done_notices(worker_id: str, items: list[DoneItem], max_bytes: int) -> list[
 def _start_failure(mv, exc: BaseException, where: str = "") -> str:
     """One line: the model version a worker could not load at start, and the runtime's reason."""
     return (f"model {mv.name!r} version {mv.version} ({mv.path}) could not be loaded{where}: "
-            f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}{bf16_hint(mv, exc)}")
 
 
 def _input_misfit(spec: dict, t, i: int, seen) -> InferbusError | None:
