@@ -1138,3 +1138,43 @@ async def test_a_version_policy_chooses_what_a_deployment_serves_and_a_load_nami
         assert all(r["ok"] > 0 and r["wrong"] == 0 for r in json.loads(b.stdout)), b.stdout
     finally:
         dep.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_a_restarted_ingress_serves_what_the_node_started_with_not_a_version_staged_on_disk_since(tmp_path):
+    """A fresh-user trial staged a version folder (``4/``) without loading it, then an ingress was SIGKILLed: the
+    node restarted it, and it read the folder again and served 1-4 with 4 as its default, which no worker had loaded
+    (UNAVAILABLE for every unversioned request it took), while its peer served 1-3. A restarted ingress now starts
+    from the versions the node pinned at its start, as a restarted worker does."""
+    import os
+    import signal
+
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "digits", models / "digits")
+    cfg_path = models / "digits" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("default_version", None)  # the highest: what a staged folder would change
+    cfg_path.write_text(json.dumps(cfg))
+    d = start_deployment(tmp_path / "dep", workers=1, prefix="stg", extra=["--models", str(models), "--ingress", "2",
+                                                                          "--no-cache"])
+    try:
+        async with await Client.connect(d.nats_url, "stg") as client:
+            shutil.copytree(models / "digits" / "2", models / "digits" / "3")  # staged, not loaded
+            old = (await client.health(timeout_s=2.0)).parameters["pid"]
+            os.kill(old, signal.SIGKILL)
+            await _restarted(client, old, lambda ready: "digits:2" in ready, 60)
+            deadline = time.monotonic() + 30
+            while len(set([(await client.health(timeout_s=2.0)).parameters["pid"] for _ in range(10)]) - {old}) < 2:
+                assert time.monotonic() < deadline, "the restarted ingress never answered"
+                await asyncio.sleep(0.2)
+            seen = set()
+            for _ in range(20):  # both ingresses, as the queue group spreads the asks
+                md = await client.model("digits", timeout_s=2.0)
+                seen.add((tuple(md.versions), md.parameters["default_version"]))
+            assert seen == {(("1", "2"), "2")}, seen
+            for i in range(20):
+                res = await client.infer_result("digits", {"pixels": np.full((1, 64), i, np.float32)}, timeout_s=5.0)
+                assert res.model_version == "2"
+    finally:
+        d.stop()

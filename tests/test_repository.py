@@ -100,6 +100,8 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"version_policy": {"specific": {"versions": []}}}, "version_policy.specific must be {\"versions\": [...]}, a "
                                                          "non-empty list of version numbers"),
     ({"version_policy": {"specific": {"versions": ["v1"]}}}, "version_policy.specific must be"),
+    ({"version_policy": {"specific": {"versions": ["01"]}}}, "version_policy.specific.versions: '01' has a leading "
+                                                             "zero: write '1'"),
     ({"version_policy": {"specific": {"versions": [2]}}}, 'version_policy {"specific": {"versions": ["2"]}} names '
                                                           "versions with no folder holding a model.onnx: 2; on disk: 1"),
 ])

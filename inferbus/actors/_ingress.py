@@ -445,6 +445,9 @@ class Ingress:
                                     pinned_versions(config.pins) if config.pins else None, config.configs)
         for name, why in self.repo.unreadable.items():
             log(f"ingress {config.ingress_id}: not serving model {name}: its folder cannot be read: {why}")
+        if config.pins:  # the versions its node served at start, not a folder staged on disk since and not loaded (a
+            # fresh-user trial: a restarted ingress served such a version as its default, which no worker had loaded)
+            self.repo.keep_pinned(config.pins)
         self.router = Router(health_timeout_s=config.health_timeout_s, max_error_rate=config.max_error_rate,
                              min_window_requests=config.min_window_requests, breaker_failures=config.breaker_failures,
                              breaker_open_s=config.breaker_open_s, breaker_probes=config.breaker_probes)

@@ -262,7 +262,9 @@ def check_version_policy(policy) -> dict | None:
         if not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 20):
             raise ValueError(f"version_policy.specific must be {{\"versions\": [...]}}, a non-empty list of version "
                              f"numbers, got {body!r}")
-        names.append(str(int(v)))
+        if v != str(int(v)):  # as a folder or a request may not name a version so (a trial: "01" served 1)
+            raise ValueError(f"version_policy.specific.versions: {v!r} has a leading zero: write {str(int(v))!r}")
+        names.append(v)
     return {"specific": {"versions": sorted(set(names), key=int)}}
 
 
@@ -655,6 +657,17 @@ class ModelRepository:
         model = self._scan(folder, need=None if need is None else {str(v) for v in need}, config=config)
         assert model is not None
         return model
+
+    def keep_pinned(self, pins) -> None:
+        """Keep of each model only the versions in ``pins`` (``"name:version"`` keys: the versions a node served at
+        its start, :func:`~inferbus.actors._pinning.pin_repository`); a model left with none is left out. Its default
+        is then the configured one, else the highest kept."""
+        for name, m in list(self.models.items()):
+            kept = {v: mv for v, mv in m.versions.items() if mv.key in pins}
+            if not kept:
+                del self.models[name]
+            elif len(kept) < len(m.versions):
+                self.models[name] = Model(m.config, kept)
 
     def get_version(self, name: str, version: str | None) -> Model | None:
         """Model ``name`` as :meth:`get` gives it, read again with ``version`` when its ``version_policy`` left that
