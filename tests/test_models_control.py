@@ -894,6 +894,21 @@ async def _restarted(client, old_pid: int, ready_ok, timeout_s: float) -> None:
             return
 
 
+async def kill_one_ingress(client, ready_key: str) -> None:
+    """SIGKILL the ingress that answers a health ask; return once its restart is ready (``ready_key`` among its ready
+    model versions) and two ingress pids answer again (its replica's and the restarted one's)."""
+    import os
+    import signal
+
+    old = (await client.health(timeout_s=2.0)).parameters["pid"]
+    os.kill(old, signal.SIGKILL)
+    await _restarted(client, old, lambda ready: ready_key in ready, 60)
+    deadline = time.monotonic() + 30
+    while len(set([(await client.health(timeout_s=2.0)).parameters["pid"] for _ in range(10)]) - {old}) < 2:
+        assert time.monotonic() < deadline, "the restarted ingress never answered"
+        await asyncio.sleep(0.2)
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(180)
 async def test_writes_survive_every_actor_dying_at_once(tmp_path, refs):
@@ -958,9 +973,6 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
     whichever ingress answered. Now an actor restarted by its node serves the config the node started with, and
     ``models load`` reads config.json again and carries a change to every actor (``changed: true``, ``config
     applied``), restarted ones included."""
-    import os
-    import signal
-
     models = tmp_path / "models"
     shutil.copytree(MODELS / "digits", models / "digits")
     cfg_path = models / "digits" / "config.json"
@@ -980,21 +992,12 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
         return sum([bool((await client.infer_result("digits", inputs[i], timeout_s=5.0)).parameters.get("cache_hit"))
                     for _ in range(n)])
 
-    async def kill_one_ingress(client) -> None:
-        old = (await client.health(timeout_s=2.0)).parameters["pid"]
-        os.kill(old, signal.SIGKILL)
-        await _restarted(client, old, lambda ready: "digits:1" in ready, 60)
-        deadline = time.monotonic() + 30
-        while len(set([(await client.health(timeout_s=2.0)).parameters["pid"] for _ in range(10)]) - {old}) < 2:
-            assert time.monotonic() < deadline, "the restarted ingress never answered"
-            await asyncio.sleep(0.2)
-
     try:
         async with await Client.connect(d.nats_url, "cfg") as client:
             await both_say(client, 60_000)
             cfg_path.write_text(json.dumps({**cfg, "cache_ttl_ms": 0, "hedge_after_ms": "p95"}))
             assert "hedge_after_ms" not in (await client.model("digits", timeout_s=2.0)).parameters
-            await kill_one_ingress(client)  # restarted after the edit: it serves what its peer serves
+            await kill_one_ingress(client, "digits:1")  # restarted after the edit: it serves what its peer serves
             await both_say(client, 60_000)
             await hits(client, 0, 24)  # both ingresses (the queue group picks) hold it in L1 (2**-23 that one does not)
             assert await hits(client, 0) == 20
@@ -1008,7 +1011,7 @@ async def test_a_config_change_is_applied_by_load_on_every_actor_and_an_actor_re
             listing = await asyncio.to_thread(_listing, ["--nats-url", d.nats_url, "--prefix", "cfg"])
             assert listing["digits"]["hedge after"] == "p95", listing
             assert await hits(client, 1) == 0
-            await kill_one_ingress(client)  # restarted after the load: the state carries the new config
+            await kill_one_ingress(client, "digits:1")  # restarted after the load: the state carries the new config
             await both_say(client, 0)
             assert await hits(client, 2) == 0
             # nothing changed since: nothing to do
@@ -1147,9 +1150,6 @@ async def test_a_restarted_ingress_serves_what_the_node_started_with_not_a_versi
     node restarted it, and it read the folder again and served 1-4 with 4 as its default, which no worker had loaded
     (UNAVAILABLE for every unversioned request it took), while its peer served 1-3. A restarted ingress now starts
     from the versions the node pinned at its start, as a restarted worker does."""
-    import os
-    import signal
-
     models = tmp_path / "models"
     shutil.copytree(MODELS / "digits", models / "digits")
     cfg_path = models / "digits" / "config.json"
@@ -1161,13 +1161,7 @@ async def test_a_restarted_ingress_serves_what_the_node_started_with_not_a_versi
     try:
         async with await Client.connect(d.nats_url, "stg") as client:
             shutil.copytree(models / "digits" / "2", models / "digits" / "3")  # staged, not loaded
-            old = (await client.health(timeout_s=2.0)).parameters["pid"]
-            os.kill(old, signal.SIGKILL)
-            await _restarted(client, old, lambda ready: "digits:2" in ready, 60)
-            deadline = time.monotonic() + 30
-            while len(set([(await client.health(timeout_s=2.0)).parameters["pid"] for _ in range(10)]) - {old}) < 2:
-                assert time.monotonic() < deadline, "the restarted ingress never answered"
-                await asyncio.sleep(0.2)
+            await kill_one_ingress(client, "digits:2")
             seen = set()
             for _ in range(20):  # both ingresses, as the queue group spreads the asks
                 md = await client.model("digits", timeout_s=2.0)
