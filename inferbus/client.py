@@ -607,11 +607,18 @@ class Client:
         rid = request_id or uuid.uuid4().hex
         # the id travels in the Inferbus-Request-Id header only: the body then depends on the tensors alone, so
         # a repeated input is the same bytes and the ingress's raw index answers it from L1 without decoding
+        arrays = {name: np.asarray(arr) if not isinstance(arr, np.ndarray) else arr for name, arr in inputs.items()}
+        max_payload = getattr(self.nc, "max_payload", 0) or 0
+        if max_payload:  # what the body holds at least (raw bytes; a byte an element as data): refused before the
+            # encoding, which took seconds for 768 MB and ended DEADLINE_EXCEEDED past the budget (a fresh-user trial)
+            least = sum(a.nbytes if raw and a.dtype != object else a.size for a in arrays.values())
+            if least > max_payload:
+                raise PayloadTooLarge(f"request of at least {least} bytes (its tensors) exceeds the server's "
+                                      f"max_payload ({max_payload} bytes)")
         tensors = []
-        for name, arr in inputs.items():
+        for name, arr in arrays.items():
             try:
-                tensors.append(input_from_numpy(name, np.asarray(arr) if not isinstance(arr, np.ndarray) else arr,
-                                                raw=raw))
+                tensors.append(input_from_numpy(name, arr, raw=raw))
             except InvalidArgument as err:  # e.g. a BYTES element that is neither bytes nor str: name the input
                 if err.field is None:
                     err.field = f"inputs.{name}"

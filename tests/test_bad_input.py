@@ -452,6 +452,14 @@ async def test_request_over_max_payload_is_refused_at_once(env, dep):
     with pytest.raises(PayloadTooLarge):  # the SDK refuses before sending (the server would drop the connection)
         await client.infer("strings", {"s": big})
     assert time.perf_counter() - t0 < 0.5
+    # a tensor far over it is refused from its size, before it is encoded: a trial's 768 MB took seconds to encode,
+    # ended DEADLINE_EXCEEDED past its budget, and with a longer budget PAYLOAD_TOO_LARGE seconds later
+    huge = np.broadcast_to(np.float32(1.5), (max_payload // 64 * 20, 64))  # 20 × max_payload, no memory behind it
+    for raw in (True, False):
+        t0 = time.perf_counter()
+        with pytest.raises(PayloadTooLarge, match="at least"):
+            await client.infer("digits", {"pixels": huge}, raw=raw, timeout_s=0.5)
+        assert time.perf_counter() - t0 < 0.2, raw
     with pytest.raises(nats.errors.MaxPayloadError):  # so does nats-py for a hand-made body
         await nc.request(f"{PREFIX}.infer.strings", b"\x00" * (max_payload + 1), timeout=1)
     # a body the server accepts but that no longer fits once the ingress adds its routing headers:
