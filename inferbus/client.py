@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import inspect
 import numbers
 import random
@@ -423,7 +424,7 @@ class Client:
             ValueError: a bad BusConfig value (see :class:`~inferbus.bus.BusConfig`), or a bad client option
                 (``max_in_flight``, ``attempt_timeout_ms``...: see :class:`Client`); the connection made for it is
                 closed before this is raised.
-            TypeError: an option that is neither the Client's nor a BusConfig field (BusConfig's own error).
+            TypeError: an option that is neither the Client's nor a BusConfig field, named.
         """
         if not isinstance(servers, (str, list, tuple)):  # split_servers(None) was a bare "not iterable"
             raise InvalidArgument(f"Client.connect: servers must be a NATS URL, a comma-separated string of them or "
@@ -436,6 +437,10 @@ class Client:
             problem = server_url_problem(url)
             if problem is not None:
                 raise InvalidArgument(f"Client.connect: NATS URL {problem}", field="servers")
+        unknown = sorted(set(bus_options) - {f.name for f in dataclasses.fields(BusConfig)})
+        if unknown:  # (BusConfig's own TypeError named that internal class, a fresh-user trial)
+            raise TypeError(f"Client.connect() got an unexpected keyword argument {unknown[0]!r}: neither a Client "
+                            f"option nor a BusConfig field (inferbus.bus.BusConfig)")
         cfg = BusConfig(servers=servers, prefix=prefix, name="inferbus-client",
                         **{**_FAILOVER_DEFAULTS, **bus_options})
         holder: list[Client] = []

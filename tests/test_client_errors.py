@@ -610,6 +610,9 @@ async def test_connect_takes_every_option_the_client_takes(nats_server):
         assert {k: getattr(sync.client, k) for k in _NOT_THE_DEFAULTS} == _NOT_THE_DEFAULTS
     finally:
         await asyncio.to_thread(sync.close)
+    # an option neither takes is named as Client.connect's, not as the internal BusConfig's (a trial)
+    with pytest.raises(TypeError, match=r"^Client\.connect\(\) got an unexpected keyword argument 'bogus_opt'"):
+        await Client.connect(nats_server.url, bogus_opt=1)
 
 
 @pytest.mark.parametrize("bad", [{"max_in_flight": True}, {"max_in_flight": False}, {"max_in_flight": 2.0},
