@@ -318,8 +318,8 @@ class Client:
     Raises:
         ValueError: a bad option, ``Client.OPTION must be ..., got VALUE``: ``retry_unavailable``,
             ``retry_resource_exhausted`` or ``adaptive_attempt_timeout`` not a bool (``"false"`` was taken as True);
-            ``client_id`` not a non-empty string a header can carry (at most 256 characters), or None (``5`` failed every request with
-            nats-py's AttributeError); ``max_in_flight`` not an int >= 1 or
+            ``client_id`` not a non-empty string a header can carry (at most 256 characters), or None (``5`` failed
+            every request with nats-py's AttributeError); ``max_in_flight`` not an int >= 1 or
             None, ``attempt_timeout_ms`` not a number > 0 or None, ``attempt_timeout_floor_ms`` not a number >= 1,
             ``retry_backoff_ms`` not a number >= 0 (NaN is none of these; nor is a bool: ``max_in_flight=True`` was
             taken as 1 slot).

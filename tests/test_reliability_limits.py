@@ -16,7 +16,8 @@ from inferbus.actors import IngressConfig, Node, NodeConfig
 from inferbus.actors._node import _per_replica
 from inferbus.bus import BusConfig
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InferbusError, InvalidArgument, PayloadTooLarge, ResourceExhausted, decode_error
+from inferbus.schemas import (DeadlineExceeded, InferbusError, InvalidArgument, PayloadTooLarge, ResourceExhausted,
+                              decode_error)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 

@@ -102,8 +102,8 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"version_policy": {"specific": {"versions": ["v1"]}}}, "version_policy.specific must be"),
     ({"version_policy": {"specific": {"versions": ["01"]}}}, "version_policy.specific.versions: '01' has a leading "
                                                              "zero: write '1'"),
-    ({"version_policy": {"specific": {"versions": [2]}}}, 'version_policy {"specific": {"versions": ["2"]}} names '
-                                                          "versions with no folder holding a model.onnx: 2; on disk: 1"),
+    ({"version_policy": {"specific": {"versions": [2]}}},
+     'version_policy {"specific": {"versions": ["2"]}} names versions with no folder holding a model.onnx: 2; on disk: 1'),
 ])
 def test_a_malformed_config_is_refused_naming_the_file_the_model_and_the_field(tmp_path, config, said):
     root = _repo_with(tmp_path, config)
