@@ -59,6 +59,10 @@ _REGION_OPTS = "chaos.region_drills:RegionDrillOptions"
 _GATEWAY_OPTS = "chaos.topology_drills:GatewayDrillOptions"
 _SOAK_ONLY = frozenset({"fault_every_s", "faults", "topology"})
 """Fields of the node drills' options that only the soak reads."""
+_NODE_LOSS_ONLY = frozenset({"node_down_s", "nats_server"})
+"""Fields of the region drills' options that only nats-node-loss reads (``--down-s``, ``--server``); ``partition_s``
+is region-partition's and ``fault_s`` gateway-degrade's (a fresh-user trial: ``region-failover --down-s 1`` ran
+without a word, the option read by nothing)."""
 
 DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
     DrillEntry("worker-crash", "chaos.node_drills:worker_crash", _NODE_OPTS, "SIGKILL one worker under load",
@@ -74,13 +78,16 @@ DRILLS: dict[str, DrillEntry] = {e.name: e for e in [
                "swap a model's default version under load and back; every answer checked for its version",
                _SOAK_ONLY | {"hang_s"}),
     DrillEntry("region-failover", "chaos.region_drills:region_failover", _REGION_OPTS,
-               "SIGKILL every process of the primary region under load; the standby takes over"),
+               "SIGKILL every process of the primary region under load; the standby takes over",
+               _NODE_LOSS_ONLY | {"partition_s", "fault_s"}),
     DrillEntry("region-partition", "chaos.region_drills:region_partition", _REGION_OPTS,
-               "cut the gateways between the regions under load; never two primaries"),
+               "cut the gateways between the regions under load; never two primaries", _NODE_LOSS_ONLY | {"fault_s"}),
     DrillEntry("nats-node-loss", "chaos.topology_drills:nats_node_loss", _REGION_OPTS,
-               "SIGKILL the primary region's nats-server under load; clients and actors reconnect"),
+               "SIGKILL the primary region's nats-server under load; clients and actors reconnect",
+               frozenset({"partition_s", "fault_s"})),
     DrillEntry("gateway-degrade", "chaos.topology_drills:gateway_degrade", _GATEWAY_OPTS,
-               "latency + packet loss on the gateways between the regions under load"),
+               "latency + packet loss on the gateways between the regions under load",
+               _NODE_LOSS_ONLY | {"partition_s"}),
 ]}
 """Every registered drill by name. Other drill modules add their entries here."""
 

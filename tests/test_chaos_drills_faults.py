@@ -155,7 +155,11 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
     # fields of the node drills' shared options class that only some of them read (a fresh-user trial: accepted)
     for drill, flag, value in (("worker-crash", "--fault-every", "5"), ("worker-crash", "--hang-s", "5"),
                                ("cache-loss", "--topology", None), ("model-swap", "--fault-every", "5"),
-                               ("worker-hang", "--fault-every", "5")):
+                               ("worker-hang", "--fault-every", "5"),
+                               # the region drills' shared options too (a later trial: accepted and read by nothing)
+                               ("region-failover", "--down-s", "1"), ("region-failover", "--server", "A2"),
+                               ("region-failover", "--fault-s", "2"), ("region-partition", "--fault-s", "2"),
+                               ("nats-node-loss", "--fault-s", "2"), ("gateway-degrade", "--down-s", "1")):
         r = _cli("run", drill, flag, *([value] if value else []), "--duration", "1")
         assert r.returncode == 2 and f"drill {drill} does not take {flag}" in r.stderr, (drill, flag, r.stderr)
     r = _cli("run", "gateway-degrade", "--links", "moon")

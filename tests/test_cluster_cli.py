@@ -552,3 +552,18 @@ def test_the_committed_deploy_configs_are_what_cluster_config_renders_now(tmp_pa
     assert names == sorted(p.name for p in (tmp_path / "r").iterdir())
     for name in names:
         assert (committed / name).read_text() == (tmp_path / "r" / name).read_text(), name
+
+
+@pytest.mark.timeout(240)
+def test_chaos_run_nats_node_loss_on_a_server_no_connection_uses_says_so_and_fails(tmp_path):
+    """A fresh-user trial: ``chaos run nats-node-loss --server A2`` (the documented form) killed a server nothing was
+    connected to (the load client and the actors were on A1) and passed, every reconnect figure null, with no word.
+    It now says no reconnect was measured, and exits 1. Its plain output shows no Python ``None`` or dict repr."""
+    out = _inferbus("chaos", "run", "nats-node-loss", "--server", "A2", "--duration", "4", "--rate", "20",
+                    "--fault-at", "1", "--down-s", "0.5", "--run-dir", str(tmp_path / "drill"), timeout_s=200)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "no connection was on A2 when it was killed, so no reconnect was measured" in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.split()[:2] == ["detection_ms", "-"] for line in lines), out.stdout
+    extra = next(line for line in lines if line.startswith("extra "))
+    assert json.loads(extra[len("extra "):].strip())["killed_server"] == "A2", extra
