@@ -269,37 +269,34 @@ async def test_killed_colocated_process_is_restarted_and_service_resumes(tmp_pat
 
 
 @pytest.mark.timeout(120)
-async def test_a_colocated_ingress_knows_its_own_worker_from_its_first_request(nats_server, tmp_path):
+async def test_a_colocated_ingress_knows_its_own_worker_from_its_first_request(tmp_path):
     """A CI run: a colocated process restarted beside a live worker took requests before its ingress had heard
     its own worker's load report (the first went out before the ingress subscribed to them), and sent them all
-    over the bus to the other worker. Its ingress now takes that first report in-process: here with reports 30 s
-    apart, the restarted process's own worker is known, alive, and picked the moment its ingress serves."""
+    over the bus to the other worker. Its ingress now takes that first report in-process: here, beside a
+    deployment's worker and with its own worker's reports 30 s apart, the colocated process's own worker is known,
+    alive, and picked the moment its ingress serves. (In-process, as test_model_pinning.py runs one; the first
+    version of this test ran the other worker in-process too, and a CI run hung in its teardown.)"""
     from inferbus.actors import IngressConfig, WorkerConfig
     from inferbus.actors._colocated import Colocated, ColocatedConfig
-    from inferbus.actors._worker import Worker
     from inferbus.bus import BusConfig
 
-    bus = BusConfig(servers=(nats_server.url,), prefix="kn")
-    models = str(MODELS)
-    other = Worker(WorkerConfig(worker_id="kn-remote", bus=bus, models_dir=models, models=("digits",)))
+    dep = start_deployment(tmp_path / "dep", workers=1, extra=["--no-cache", "--models", str(MODELS)], prefix="kn")
+    bus = BusConfig(servers=(dep.nats_url,), prefix="kn")
     col = Colocated(ColocatedConfig(
-        IngressConfig(ingress_id="kn-i", bus=bus, models_dir=models, models=("digits",)),
-        WorkerConfig(worker_id="kn-local", bus=bus, models_dir=models, models=("digits",), report_interval_ms=30_000)))
-    tasks = [asyncio.create_task(other.run())]
+        IngressConfig(ingress_id="kn-i", bus=bus, models_dir=str(MODELS), models=("digits",)),
+        WorkerConfig(worker_id="kn-local", bus=bus, models_dir=str(MODELS), models=("digits",),
+                     report_interval_ms=30_000)))
+    task = asyncio.create_task(col.run())
     try:
         deadline = time.monotonic() + 60
-        while other._infer_sub is None:
-            assert not tasks[0].done() and time.monotonic() < deadline, tasks[0]
-            await asyncio.sleep(0.02)
-        tasks.append(asyncio.create_task(col.run()))
         while col.ingress._infer_sub is None:
-            assert not tasks[1].done() and time.monotonic() < deadline, tasks[1]
+            assert not task.done() and time.monotonic() < deadline, task
             await asyncio.sleep(0.005)
         router = col.ingress.router
         assert "kn-local" in router.workers and router.workers["kn-local"].alive, sorted(router.workers)
         assert router.pick("digits:1").worker_id == "kn-local"
     finally:
-        for t in reversed(tasks):
-            t.cancel()
-            with contextlib.suppress(BaseException):
-                await t
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, 20)
+        dep.stop()
