@@ -362,9 +362,13 @@ class Client:
         if client_id is not None and not (isinstance(client_id, str) and client_id.strip()
                                           and H.header_value(client_id) == client_id
                                           and len(client_id) <= H.MAX_CLIENT_ID_CHARS):
+            why = ""  # the reason, where the value alone does not show it (a fresh-user trial)
+            if isinstance(client_id, str) and client_id.strip():
+                why = (f" (this one has {len(client_id)})" if len(client_id) > H.MAX_CLIENT_ID_CHARS else
+                       " (this one has a line break or leading or trailing whitespace, which a header does not keep)")
             shown = client_id[:80] if isinstance(client_id, str) else client_id
             raise ValueError(f"Client.client_id must be a non-empty string a NATS header can carry (no line breaks, "
-                             f"at most {H.MAX_CLIENT_ID_CHARS} characters) or None, got {shown!r}")
+                             f"at most {H.MAX_CLIENT_ID_CHARS} characters) or None{why}, got {shown!r}")
         if retry_throttle_tokens is not None:
             _check_option("retry_throttle_tokens", retry_throttle_tokens, "a number > 0 and <= 1000, or None",
                           lambda t: 0 < t <= 1000)

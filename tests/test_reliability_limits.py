@@ -125,8 +125,10 @@ async def test_an_oversized_body_is_refused_as_too_large_before_the_rate_limit(n
                 assert e.value.field == "Inferbus-Client-Id" and "257 characters" in str(e.value), e.value
             finally:
                 await long_id.close()
-            with pytest.raises(ValueError, match="at most 256 characters"):
+            with pytest.raises(ValueError, match=r"at most 256 characters\) or None \(this one has 257\), got"):
                 Client(client.nc, "rl2", client_id="c" * 257)
+            with pytest.raises(ValueError, match="leading or trailing whitespace"):
+                Client(client.nc, "rl2", client_id=" lead")
         finally:
             await client.close()
 
