@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
-from ..bus import leading_zero_fix
+from ..bus import leading_zero_fix, version_problem
 from ._hedge import HedgePolicyError, parse_policy
 
 MAX_BATCH_SIZE = 65_536
@@ -259,11 +259,12 @@ def check_version_policy(policy) -> dict | None:
     for v in versions if set(body) == {"versions"} and isinstance(versions, list) and versions else [None]:
         if _is_int(v) and v >= 0:
             v = str(v)
-        if not (isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 20):
+        fix = leading_zero_fix(v) if isinstance(v, str) else None
+        if fix is not None:  # as a folder or a request may not name a version so (a trial: "01" served version 1)
+            raise ValueError(f"version_policy.specific.versions: {v!r} has a leading zero: write {fix!r}")
+        if v is None or version_problem(v) is not None or len(v) >= 20:
             raise ValueError(f"version_policy.specific must be {{\"versions\": [...]}}, a non-empty list of version "
                              f"numbers, got {body!r}")
-        if v != str(int(v)):  # as a folder or a request may not name a version so (a trial: "01" served 1)
-            raise ValueError(f"version_policy.specific.versions: {v!r} has a leading zero: write {str(int(v))!r}")
         names.append(v)
     return {"specific": {"versions": sorted(set(names), key=int)}}
 
