@@ -138,6 +138,12 @@ _RTO_MIN_SAMPLES = 16
 """Answers seen on a subject before its per-attempt timeout is derived from their latency."""
 _RTO_MIN_RETRY_MS = 20.0
 """An attempt timeout is not retried with less than this left of the budget (the answer could not come)."""
+_INGRESS_PROBE_MAX_MS = 50.0
+"""The longest wait for the first ingress to answer ``<p>.ingresses`` before a retry (a quarter of the budget left
+at most); without an answer in time the retry goes through the queue group."""
+_INGRESS_PROBE_OFF_S = 5.0
+"""After ``<p>.ingresses`` met no responders (ingresses older than the probe), retries go through the queue group for
+this long without asking again."""
 
 
 _NOT_IN_A_TOKEN = frozenset(".*>")
@@ -333,7 +339,12 @@ class Client:
     timed-out attempt (RFC 6298 §5.5), and the last attempt gets whatever budget is left. A retry
     that reaches the worker still holding the first copy *joins* it (the worker dedupes ids, and
     an ingress sends a pending id to the same worker); one that lands on another worker runs the
-    model a second time: the price of the answer. Only UNAVAILABLE, a lost connection and an
+    model a second time: the price of the answer. The retry after an attempt timeout goes to the ingress that
+    answers ``<p>.ingresses`` first (a live ingress keeping up; the probe waits 50 ms at most, a quarter of the budget
+    left at most), on its own subject ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``, not through the queue
+    group: the queue group hands a request to any member whose connection is open, a hung one (SIGSTOPped, a stalled
+    VM) included, until the server drops it 4-6 s later, and each retry through it could land there again (without
+    an answer to the probe, the retry goes through the queue group). Only UNAVAILABLE, a lost connection and an
     attempt timeout are retried; INVALID_ARGUMENT, NOT_FOUND, PAYLOAD_TOO_LARGE, INTERNAL and a
     server's DEADLINE_EXCEEDED never are. A request published while the connection is reconnecting
     and its buffer (``BusConfig.pending_size_bytes``, 64 MiB) is full (nats-py's ``OutboundBufferLimitError``, after
@@ -384,6 +395,10 @@ class Client:
         self._latency: dict[str, _LatencyEstimate] = {}
         self.attempt_timeouts = 0
         """Attempts abandoned after their per-attempt timeout (and retried), since the client was made."""
+        self.retries_at_ingress = 0
+        """Retries sent to the ingress that answered ``<p>.ingresses`` first, not through the queue group, since the
+        client was made."""
+        self._probe_off_until = 0.0
         self.nc = nc
         self.retry_unavailable = retry_unavailable
         self.retry_resource_exhausted = retry_resource_exhausted
@@ -745,7 +760,9 @@ class Client:
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
         buffer_full = False  # the last try found the reconnect buffer full (nothing sent)
         exhausted = 0  # RESOURCE_EXHAUSTED replies retried (retry_resource_exhausted)
+        at_ingress = None  # the next attempt's subject when it goes to one ingress (after an attempt timed out)
         while True:
+            target, at_ingress = at_ingress or subject, None
             left_ms = H.remaining_ms(deadline)
             if left_ms <= 0:
                 if buffer_full:  # the pause for a full reconnect buffer overshot the budget: as when it would not
@@ -770,7 +787,7 @@ class Client:
             sent += 1
             buffer_full = False
             try:
-                msg = await self.nc.request(subject, body, timeout=wait_ms / 1000.0, headers=hdrs)
+                msg = await self.nc.request(target, body, timeout=wait_ms / 1000.0, headers=hdrs)
             except (ConnectionClosedError, ConnectionDrainingError) as exc:
                 # closed for good (Client.close, or nats-py gave up reconnecting): no retry can succeed
                 raise Unavailable(f"the NATS connection is {'closed' if self.nc.is_closed else 'draining'}; "
@@ -792,7 +809,8 @@ class Client:
             except NoRespondersError:
                 met["no responders"] += 1
                 no_responders_ms = max(no_responders_ms, (time.monotonic() - t_sent) * 1000.0)
-                last_err = Unavailable(f"no responders on {subject}: no ingress is serving")
+                last_err = Unavailable(f"no responders on {subject}: no ingress is serving" if target == subject else
+                                       f"no responders on {target}: the ingress that answered the probe is gone")
             except _ConnectionLost as exc:
                 met["connection lost"] += 1
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried once reconnected, while the "
@@ -821,6 +839,7 @@ class Client:
                                             + (" (this client was not connected to NATS then)"
                                                if down and self.nc.is_connected else ""))
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
+                at_ingress = await self._retry_subject(subject, deadline)
                 continue
             else:
                 err = decode_error(msg.headers, msg.data)
@@ -870,6 +889,33 @@ class Client:
             if pause_ms > 0:
                 await asyncio.sleep(pause_ms / 1000.0)
 
+
+    async def _retry_subject(self, subject: str, deadline: float) -> str | None:
+        """Where the retry of an inference request on ``subject`` whose attempt timed out goes: the subject of the
+        ingress that answers ``<p>.ingresses`` first (:meth:`Subjects.at_ingress`), asked with at most
+        ``_INGRESS_PROBE_MAX_MS`` and a quarter of the budget left (``deadline``, monotonic s); None (the queue group)
+        for another subject, while not connected, without an answer in time, or when no ingress answers the probe
+        (older ingresses: not asked again for ``_INGRESS_PROBE_OFF_S``)."""
+        if self.subjects.at_ingress(subject, "_") is None or not self.nc.is_connected:
+            return None
+        now = time.monotonic()
+        if now < self._probe_off_until:
+            return None
+        wait_ms = min(_INGRESS_PROBE_MAX_MS, H.remaining_ms(deadline) / 4)
+        if wait_ms < 1.0:
+            return None
+        try:
+            msg = await self.nc.request(self.subjects.ingresses, b"", timeout=wait_ms / 1000.0)
+        except NoRespondersError:
+            self._probe_off_until = now + _INGRESS_PROBE_OFF_S
+            return None
+        except Exception:  # no answer in time, a lost connection: the queue group it is
+            return None
+        ingress_id = msg.data.decode(errors="replace")
+        if not ingress_id or any(c in _NOT_IN_A_TOKEN or c.isspace() for c in ingress_id):
+            return None
+        self.retries_at_ingress += 1
+        return self.subjects.at_ingress(subject, ingress_id)
 
     async def models(self, timeout_s: float = 1.0) -> ModelList:
         """The served models' OIP v2 metadata (``<p>.models``), as one ingress answers it.

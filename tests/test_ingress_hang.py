@@ -9,15 +9,20 @@ within seconds, and it comes back by itself (nats-py reconnects) when the proces
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
+import nats
 import numpy as np
 import pytest
 
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, Unavailable
+from inferbus.schemas import (
+    DeadlineExceeded, InferRequest, InvalidArgument, NotFound, Unavailable, decode_error, decode_response,
+    encode_request, input_from_numpy, output_to_numpy,
+)
 
 from conftest import start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
@@ -80,4 +85,73 @@ async def test_a_hung_ingress_stops_taking_requests_within_seconds_and_serves_ag
         if victim is not None:
             os.kill(victim, signal.SIGCONT)
     assert victim in await ingress_pids(client, 2, timeout_s=20)  # resumed: it reconnected and answers again
+    await client.close()
+
+
+async def all_ingress_ids(nc, prefix: str, wait_s: float = 0.5) -> set[str]:
+    """Every answer to ``<p>.ingresses`` within ``wait_s`` (each serving ingress answers its id)."""
+    inbox = nc.new_inbox()
+    ids: set[str] = set()
+
+    async def got(msg):
+        ids.add(msg.data.decode())
+
+    sub = await nc.subscribe(inbox, cb=got)
+    await nc.publish(f"{prefix}.ingresses", b"", reply=inbox)
+    await asyncio.sleep(wait_s)
+    await sub.unsubscribe()
+    return ids
+
+
+async def test_each_ingress_answers_its_id_and_serves_a_request_sent_to_it_alone(dep):
+    client = await Client.connect(dep.nats_url, "hng")
+    try:
+        await ingress_pids(client)  # both serve (the other test of this module resumed its victim)
+        ids = await all_ingress_ids(client.nc, "hng")
+        assert len(ids) == 2, ids
+        for iid in sorted(ids):
+            for i in range(3):
+                body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in typed(i).items()]))
+                msg = await client.nc.request(f"hng.ingresses.{iid}.infer.typed", body, timeout=2.0)
+                assert decode_error(msg.headers, msg.data) is None
+                out = {t.name: output_to_numpy(t) for t in decode_response(msg.data, None).outputs}
+                assert out["a_times_2"][0, 0] == 2 * i
+            # the same typed errors as on <p>.infer: an unknown model, a version that is not a number
+            msg = await client.nc.request(f"hng.ingresses.{iid}.infer.nosuch", body, timeout=2.0)
+            assert isinstance(decode_error(msg.headers, msg.data), NotFound)
+            msg = await client.nc.request(f"hng.ingresses.{iid}.infer.typed.x", body, timeout=2.0)
+            err = decode_error(msg.headers, msg.data)
+            assert isinstance(err, InvalidArgument) and err.field == "model_version", err
+        with pytest.raises(nats.errors.NoRespondersError):  # no ingress of that id
+            await client.nc.request("hng.ingresses.nosuch.infer.typed", body, timeout=2.0)
+    finally:
+        await client.close()
+
+
+async def test_a_retry_after_an_attempt_timeout_goes_to_an_ingress_that_answers_not_back_to_the_hung_one(dep):
+    """One of 2 ingresses SIGSTOPped; 80 requests at once, each with a 1.5 s budget and 150 ms attempts, before
+    the server drops the hung one (4-6 s): the ones the queue group hands it time out their attempt, and their
+    retries go to the ingress that answered the probe. Through the queue group, a request's 4 attempts all landed
+    on the hung one 1 time in 16 (about 5 of 80 failed)."""
+    client = await Client.connect(dep.nats_url, "hng", attempt_timeout_ms=150)
+    victim = None
+    try:
+        victim = sorted(await ingress_pids(client))[0]
+        await client.infer("typed", typed(0), timeout_s=2.0)
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        outs = await asyncio.gather(*(client.infer("typed", typed(i), timeout_s=1.5) for i in range(80)),
+                                    return_exceptions=True)
+        took_s = time.monotonic() - t0
+        failed = [(i, o) for i, o in enumerate(outs) if isinstance(o, BaseException)]
+        assert not failed, f"{len(failed)} of 80 failed, e.g. {failed[:3]}"
+        assert all(o["a_times_2"][0, 0] == 2 * i for i, o in enumerate(outs))
+        assert took_s < 4.0, took_s  # (all within the window in which the queue group still hands it requests)
+        assert client.attempt_timeouts > 0  # the queue group handed some to the hung ingress
+        assert client.retries_at_ingress == client.attempt_timeouts, (client.retries_at_ingress,
+                                                                      client.attempt_timeouts)
+    finally:
+        if victim is not None:
+            os.kill(victim, signal.SIGCONT)
+    await ingress_pids(client, 2, timeout_s=20)
     await client.close()

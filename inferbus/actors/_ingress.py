@@ -540,6 +540,9 @@ class Ingress:
         """The ``infer`` endpoint's subscription: its buffer of received, unhandled requests is the backlog."""
         self._done_sub = None
         """The subscription to ``<p>._done.<ingress>`` (the workers' completion notices), set in run."""
+        self._at_subs: list = []
+        """The subscriptions to ``<p>.ingresses`` and ``<p>.ingresses.<ingress_id>.infer.>`` (a client's retry sent to
+        this ingress only), set in run; taken off first when the actor stops."""
         self._load_sub = None
         """The subscription to ``<p>._load`` (the workers' load reports), set in run."""
         self._error_counters: dict = {}
@@ -628,6 +631,22 @@ class Ingress:
                               hdrs.get(H.REQUEST_ID))
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
+
+    async def _on_infer_at(self, msg) -> None:
+        """A request on ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]`` (sent to this ingress only: a client's
+        retry after an attempt with no answer, :meth:`inferbus.client.Client.request`): served as the same request on
+        ``<p>.infer.<model>[.<version>]``."""
+        msg.subject = self._infer_head + msg.subject[len(self._at_head):]
+        await self._on_infer(msg)
+
+    async def _on_ingresses(self, msg) -> None:
+        """``<p>.ingresses``: answer this ingress's id (every serving ingress answers; the first answer comes from
+        one that is live and keeping up)."""
+        if msg.reply:
+            try:
+                await self.nc.publish(msg.reply, self.config.ingress_id.encode())
+            except Exception:
+                pass
 
     async def _on_infer_bare(self, msg) -> None:
         """A request on ``<p>.infer`` (no model named): INVALID_ARGUMENT saying where to send it."""
@@ -2278,6 +2297,13 @@ class Ingress:
         await svc.add_endpoint(name="infer", subject=s.infer_all, queue_group=q,
                                handler=lambda req: self._on_infer(req._msg))
         self._infer_sub = endpoint_subscription(svc, "infer")
+        # a client's retry sent to this ingress only (the one that answered <p>.ingresses first), served as on
+        # <p>.infer.<model>[.<version>]: an attempt that went to a hung ingress is not handed to it again by the queue
+        # group (docs/failure-semantics.md, "A hung ingress")
+        self._infer_head = s.infer_bare + "."
+        self._at_head = s.ingress_infer(self.config.ingress_id) + "."
+        self._at_subs = [await self.nc.subscribe(self._at_head + ">", cb=self._on_infer_at),
+                         await self.nc.subscribe(s.ingresses, cb=self._on_ingresses)]
         # `<p>.infer` itself (no model token) matches no endpoint: a hand-written client got NATS's "no responders"
         await self.nc.subscribe(s.infer_bare, queue=q, cb=self._on_infer_bare)
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
@@ -2330,6 +2356,11 @@ class Ingress:
                     f"phases count from the signal")
             t0 = StopSignal.at
         cut = False
+        for sub in self._at_subs:  # no client's retry is sent here any more (what was sent is dropped: retried)
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
         try:
             await self._stop_infer(t0 + STOP_DRAIN_S, t0 + STOP_DRAIN_S + STOP_REFUSE_S)
             if self._parked:  # waiting for a worker this ingress will no longer send them to

@@ -1,7 +1,9 @@
 """Subject names (DESIGN §3). One place builds every subject from the prefix.
 
 Public:   ``<p>.infer.<model>[.<version>]`` (queue group ``<p>.ingress``),
-          ``<p>.models``, ``<p>.models.<model>[.<version>][.ready]``, ``<p>.health``, ``<p>.server``.
+          ``<p>.models``, ``<p>.models.<model>[.<version>][.ready]``, ``<p>.health``, ``<p>.server``;
+          ``<p>.ingresses`` (every ingress answers its id) and ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``
+          (inference at that one ingress): where a client sends a retry (docs/wire.md, "Retries at one ingress").
 Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingress);
           ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
           ``<p>._done.<ingress>``  completion notices from workers to one ingress;
@@ -73,6 +75,25 @@ class Subjects:
 
     def infer(self, model: str, version: str | None = None) -> str:
         return f"{self.prefix}.infer.{model}" + (f".{version}" if version else "")
+
+    @property
+    def ingresses(self) -> str:
+        """``<p>.ingresses``: every ingress that serves answers with its id (UTF-8, no queue group), so the first
+        answer names a live ingress that is keeping up (the SDK sends a retry there after an attempt timed out)."""
+        return f"{self.prefix}.ingresses"
+
+    def ingress_infer(self, ingress_id: str) -> str:
+        """``<p>.ingresses.<ingress_id>.infer``: the prefix of the inference subjects of one ingress; a request on
+        ``<this>.<model>[.<version>]`` is served as on ``<p>.infer.<model>[.<version>]``, by that ingress only."""
+        return f"{self.prefix}.ingresses.{ingress_id}.infer"
+
+    def at_ingress(self, subject: str, ingress_id: str) -> str | None:
+        """The subject of an inference request on ``subject`` (``<p>.infer.<model>[.<version>]``) sent to ingress
+        ``ingress_id`` only; None when ``subject`` is not an inference subject of this prefix."""
+        head = f"{self.prefix}.infer."
+        if not subject.startswith(head):
+            return None
+        return f"{self.ingress_infer(ingress_id)}.{subject[len(head):]}"
 
     def parse_infer(self, subject: str) -> tuple[str, str | None]:
         """``<p>.infer.digits.2`` → ``("digits", "2")``; extra tokens are kept in the version."""
