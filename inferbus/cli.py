@@ -1230,9 +1230,11 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             await asyncio.gather(run, return_exceptions=True)
             err_console.print(f"demo interrupted ({signal.Signals(signals[0]).name})")
             console.print(stopping_line)
+            t_stop = time.monotonic()
             if await _stop_or_kill(node, again):
                 err_console.print("inferbus killed during the stop after the demo")
                 return 128 + signals[1]
+            console.print(f"inferbus stopped in {time.monotonic() - t_stop:.2f}s after the interrupted demo")
             return 128 + signals[0]
         console.print("serving; Ctrl-C to stop")
         t_serving = time.monotonic()

@@ -401,6 +401,7 @@ def test_sigterm_during_the_demo_exits_143(tmp_path):
         rc = proc.wait(20)
         text = log.read_text()
         assert rc == 143 and "demo interrupted (SIGTERM)" in text and "Traceback" not in text, (rc, text[-3000:])
+        assert "inferbus stopped in " in text, text[-3000:]  # the stop is said as after serving
         assert all(_gone(p) for p in below), [(p, _cmdline(p)) for p in below if not _gone(p)]
     finally:
         if proc.poll() is None:
