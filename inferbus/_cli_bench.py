@@ -59,6 +59,24 @@ async def _served_default(url: str, prefix: str, model: str, version: str | None
     return str(v) if v is not None else None
 
 
+async def _check_served(url: str, prefix: str, model: str, version: str) -> None:
+    """Raise the deployment's NOT_FOUND when it does not serve ``version`` of ``model`` (its metadata), before any
+    generator starts: a version not served (not loaded, or left out by the model's version_policy) ran every step and
+    then said NOT_FOUND for each request, exit 1.
+
+    Raises:
+        NatsUnreachable: no server of ``url`` accepted the connection.
+        InferbusError: the deployment answered with an error (NOT_FOUND: ``version`` is not served).
+    """
+    from .cli import _one_shot_client
+
+    client = await _one_shot_client(url, prefix)
+    try:
+        await client.model(model, version, timeout_s=5.0)
+    finally:
+        await client.close()
+
+
 async def run_load(*, model: str, version: str | None, models_dir: str, nats_url: str | None, workers: int,
                    ingress: int, gens: int, concurrency: list[int], rates: list[float], duration_s: float,
                    hit: bool, timeout_s: float, prefix: str, spread: bool = False, busy_poll_us: float = 0.0):
@@ -105,6 +123,7 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
             await node.start()
             await node.wait_ready(120)
             url = node.nats_url
+        asked = version
         if nats_url is not None:
             version = await _served_default(url, prefix, model, version)
         m = ModelRepository(models_dir, [model]).get_version(model, version)
@@ -116,6 +135,8 @@ async def _run_steps(*, model, version, models_dir, nats_url, workers, ingress, 
                            + f" is not in the model repository {models_dir} (--models), which bench reads for the "
                            f"inputs and reference answers" + (" of the deployment it benchmarks" if nats_url else ""),
                            field="model_version" if m is not None else "model")
+        if asked is not None:  # (a served default was read from the deployment)
+            await _check_served(url, prefix, model, mv.version)
         target = {"kind": "inferbus", "name": "inferbus", "model": model, "version": mv.version,
                   "distinct": not hit, "prefix": prefix, "timeout_ms": timeout_s * 1000}
         out = []

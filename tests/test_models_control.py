@@ -92,9 +92,11 @@ def test_cli_load_unload_default(dep, refs):
     assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
     steps = json.loads(b.stdout)
     assert steps and all(r["ok"] > 0 and not r["errors"] and r["wrong"] == 0 for r in steps), steps
-    # an unloaded version: every request NOT_FOUND, and the exit status says so
+    # an unloaded version: refused before any step (it ran every step, each request NOT_FOUND, then exit 1)
     b = subprocess.run(bench + ["--version", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert b.returncode == 1 and "NOT_FOUND" in b.stdout, b.stdout[-2000:] + b.stderr[-2000:]
+    assert b.returncode == 2 and "Traceback" not in b.stderr, b.stdout[-2000:] + b.stderr
+    err = json.loads(b.stdout)["error"]  # (--json: the wire's error object)
+    assert err["code"] == "NOT_FOUND" and "no version '1'" in err["message"], err
     p = cli(*url)  # the listing shows what is served now
     assert p.returncode == 0, p.stderr
     row = next(line for line in p.stdout.splitlines() if " digits " in f" {line} ")
