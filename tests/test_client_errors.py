@@ -329,7 +329,8 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
             await client.infer("digits", x, outputs="logits", timeout_s=5.0)
         assert ei.value.field == "outputs" and "['logits']" in ei.value.message
         # a hedge policy the ingress would refuse (a fresh-user trial: refused only after the round trip)
-        for bad, said in (("bogus", "use 'off', a number of ms > 0"), ("p0", "a quantile is p1..p99.9"),
+        for bad, said in (("bogus", "use 'off', a number of ms > 0"), ("p0", "a quantile is pNN with 0 < NN < 100"),
+                          ("primary", "use 'off', a number of ms > 0"),
                           (-5, "a delay must be a finite number of ms > 0"), (float("nan"), "finite number"),
                           (True, "use 'off'"), ("p100", "a quantile")):
             with pytest.raises(InvalidArgument) as ei:

@@ -72,7 +72,7 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ({"name": 7}, "name must be the folder's name"),
     ({"platform": 3}, "platform must be a non-empty string"),
     ({"description": ["a"]}, "description must be a string"),
-    ({"hedge_after_ms": "p200"}, "hedge_after_ms: hedge policy 'p200': a quantile is p1..p99.9"),
+    ({"hedge_after_ms": "p200"}, "hedge_after_ms: hedge policy 'p200': a quantile is pNN with 0 < NN < 100"),
     ({"hedge_after_ms": -1}, "hedge_after_ms: hedge policy -1: a delay must be a finite number of ms > 0"),
     ({"hedge_after_ms": {"ms": 5}}, "hedge_after_ms must be a number of ms > 0"),
     # Triton features inferbus does not have, which serving model.onnx alone would silently answer otherwise

@@ -540,8 +540,9 @@ class IngressModels:
             return
         try:
             if op not in MODEL_OPS:
-                raise NotFound(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)} (writes); reads: "
-                               f"<model>, <model>.<version>, and either with .ready", field="op")
+                raise NotFound(f"unknown model operation {op!r} (nor is it a version: versions are numbers, e.g. "
+                               f"'1'); operations: {', '.join(MODEL_OPS)} (writes); reads: <model>, "
+                               f"<model>.<version>, and either with .ready", field="op")
             req = decode(msg.data, ModelControlRequest, ct) if msg.data else ModelControlRequest()
             refused = self.write_refusal()
             if op != "load" and refused is None:  # a model not served is the answer, whatever the version (a
@@ -847,7 +848,8 @@ class IngressModels:
     async def _unload(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
         cur = self._known(model)
         if version is None:
-            raise InvalidArgument("unload needs a version (--version V)", field="version")
+            raise InvalidArgument("unload needs a version (the request's \"version\"; --version V in the CLI)",
+                                  field="version")
         if version not in cur.versions:
             raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions}",
                            field="version")

@@ -33,10 +33,12 @@ def parse_policy(value) -> tuple[str, float] | None:
         if text.startswith("p"):
             try:
                 q = float(text[1:]) / 100.0
-            except ValueError:
-                q = -1.0
+            except ValueError:  # not a quantile at all (e.g. 'primary')
+                raise HedgePolicyError(
+                    f"hedge policy {value!r}: use 'off', a number of ms > 0, 'pNN' (e.g. p95) or 'auto'") from None
             if not 0.0 < q < 1.0:
-                raise HedgePolicyError(f"hedge policy {value!r}: a quantile is p1..p99.9 (e.g. p95)")
+                raise HedgePolicyError(f"hedge policy {value!r}: a quantile is pNN with 0 < NN < 100 (e.g. p95, "
+                                       f"p99.9)")
             return ("quantile", q)
         try:
             ms = float(text)
