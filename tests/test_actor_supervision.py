@@ -273,6 +273,52 @@ async def test_requests_held_by_a_killed_worker_are_sent_again_and_answered(tmp_
         dep.stop()
 
 
+@pytest.mark.timeout(150)
+async def test_a_sigterm_of_one_worker_under_load_fails_no_request_of_a_client_that_does_not_retry(tmp_path):
+    """A fresh-user trial: SIGTERM (a graceful stop, exit 0) of one of 2 workers under load failed 5 raw requests
+    UNAVAILABLE "worker stopped holding this request" while the other worker idled, where a ``kill -9`` failed none:
+    the requests forwarded to it in the moment before its draining report reached the ingress, after it stopped
+    taking requests, were answered with the error instead of being sent again. Now what a stopped worker held is sent
+    to another worker, as a crashed one's is. Three SIGTERMs (each waits for the restart), 8 callers that never retry:
+    every request is answered with its own result."""
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="gst", extra=["--no-cache"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        latest, sub = await _latest_reports(nc, dep.prefix)
+        await _until(lambda: len(latest) == 2, 10, "both workers' load reports")
+        client = Client(nc, dep.prefix, retry_unavailable=False, adaptive_attempt_timeout=False)
+        stop = asyncio.Event()
+        answered, failed = [0], []
+
+        async def caller(c: int):
+            k = c * 1_000_000
+            while not stop.is_set():
+                k += 1
+                try:
+                    out = await client.infer("typed", _typed_inputs(k % 1_000_000), timeout_s=5.0)
+                    assert out["a_times_2"][0, 0] == 2 * (k % 1_000_000)
+                    answered[0] += 1
+                except InferbusError as err:
+                    failed.append(err)
+
+        callers = [asyncio.create_task(caller(c)) for c in range(8)]
+        victim = sorted(latest)[0]
+        for _ in range(3):
+            await asyncio.sleep(1.0)
+            old_pid = latest[victim].pid
+            os.kill(old_pid, signal.SIGTERM)
+            await _until(lambda: latest[victim].pid != old_pid, 30, f"{victim} restarted after its SIGTERM")
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*callers)
+        assert not failed, f"{len(failed)} failed of {answered[0] + len(failed)}: {failed[:3]}"
+        assert answered[0] > 100, answered
+        await sub.unsubscribe()
+        await nc.close()
+    finally:
+        dep.stop()
+
+
 @pytest.mark.timeout(120)
 async def test_a_restarted_ingress_takes_requests_only_once_it_knows_a_live_worker(tmp_path):
     """A fresh-user trial: a ``kill -9`` of an ingress; its restart took requests the moment it subscribed, before any

@@ -1661,11 +1661,14 @@ class Ingress:
             if self._deaths_changed:
                 await self._share_deaths(self._deaths_changed)
                 self._deaths_changed = []
-            # what a crashed worker held is sent again to another worker (within its budget); what a stopped one
-            # held it answered itself as it drained, or refused: UNAVAILABLE, as the client may retry
+            # what a worker held when its process ended is sent again to another worker (within its budget): a crash's,
+            # and a stop's too: a stopping worker answers what it received as it drains, so what is still pending here
+            # is what was forwarded to it in the moment before its draining report arrived, after it stopped taking
+            # requests (it never saw them; they were answered UNAVAILABLE, which a raw client does not retry: a
+            # fresh-user trial's SIGTERM of one of 2 workers failed 5 raw requests while the other idled)
             await self._fail_pending(ev.worker_id, Unavailable(
                 f"worker {ev.worker_id} {'stopped' if stopped else 'died'} ({ev.reason}) "
-                f"holding this request; safe to retry", retry_after_ms=0), poison, resend=not stopped)
+                f"holding this request; safe to retry", retry_after_ms=0), poison, resend=True)
 
     def _note_deaths(self, worker_id: str, reason: str, now: float, running: list[tuple[str, int]] | None = None,
                      fault: bool = False, running_local: list[tuple[str, str, bytes]] | None = None
@@ -1811,7 +1814,7 @@ class Ingress:
     async def _fail_pending(self, worker_id: str, err: InferbusError,
                             instead: dict[int, InferbusError] | None = None, resend: bool = False) -> int:
         """Answer every request pending at ``worker_id`` with ``err``, or with ``instead[seq]`` where given (a
-        hedge copy still running elsewhere answers instead). With ``resend`` (the worker's process died), a request
+        hedge copy still running elsewhere answers instead). With ``resend`` (the worker's process ended), a request
         with no ``instead`` answer is first sent again to another worker (:meth:`_resend`), within what is left of
         its budget and at most ``_MAX_RESENDS`` times in all; ``err`` only where that cannot be done. Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
@@ -1834,8 +1837,8 @@ class Ingress:
 
     async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str],
                       exclude: str | None = None) -> bool:
-        """Send again, to another worker, a request whose worker died holding it (a crash, not a stop), instead of
-        answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
+        """Send again, to another worker, a request whose worker's process ended holding it (a crash or a stop),
+        instead of answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
         its answer. Only a request forwarded over the bus and not hedged (:attr:`Pending.hdrs`), sent again fewer
         than ``_MAX_RESENDS`` times, with more than ``_RESEND_MIN_BUDGET_S`` of its budget left. It goes through
         :meth:`_forward` like a new request with the same body, headers, deadline and ids: one the crash made a
