@@ -937,3 +937,16 @@ async def test_a_failure_domain_that_escalates_is_restarted_after_a_back_off_and
             await asyncio.sleep(0.01)
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 0.5 and dom_a.state != "running" and dom_b.state != "running"
+
+
+def test_intensity_exceeded_says_a_failed_starts_supervisor_and_child_once_on_one_line():
+    """A fresh-user trial read ``... last: child 'worker:n1-w1' (supervisor 'node-n1': child 'worker:n1-w1' failed to
+    start: ... last output:\\n  (no output)); ...``: the supervisor and the child twice, the line broken."""
+    reason = "supervisor 'node-n1': child 'worker:n1-w1' failed to start: exited before ready; last output:\n  (no output)"
+    err = IntensityExceeded("node-n1", intensity=10, period_s=10, child_id="worker:n1-w1", reason=reason)
+    assert str(err) == ("supervisor 'node-n1': more than 10 restart(s) within 10 s; last: child 'worker:n1-w1' failed "
+                        "to start: exited before ready; last output: (no output); all children stopped")
+    assert err.reason == reason  # kept whole
+    err = IntensityExceeded("s", intensity=2, period_s=60, child_id="a", reason="killed by signal 9 (SIGKILL)")
+    assert str(err) == ("supervisor 's': more than 2 restart(s) within 60 s; last: child 'a' (killed by signal 9 "
+                        "(SIGKILL)); all children stopped")

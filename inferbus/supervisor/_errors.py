@@ -87,9 +87,14 @@ class IntensityExceeded(SupervisorError):
 
     def __init__(self, supervisor: str, *, intensity: int, period_s: float,
                  child_id: str, reason: str) -> None:
+        # a failed start's reason names the supervisor and the child again, over several lines (its output): said
+        # once, on one line (a fresh-user trial read "supervisor 'node-n1': ... child 'worker:n1-w1' (supervisor
+        # 'node-n1': child 'worker:n1-w1' failed to start: ...")
+        said = f"supervisor {supervisor!r}: child {child_id!r} "
+        last = (f"{reason[len(said):]}" if reason.startswith(said) else f"({reason})")
         super().__init__(
             f"supervisor {supervisor!r}: more than {intensity} restart(s) within "
-            f"{period_s:g} s; last: child {child_id!r} ({reason}); all children stopped")
+            f"{period_s:g} s; last: child {child_id!r} {' '.join(last.split())}; all children stopped")
         self.supervisor = supervisor
         self.intensity = intensity
         self.period_s = period_s

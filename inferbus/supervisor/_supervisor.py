@@ -603,7 +603,15 @@ class Supervisor:
     def _report_exit(self, slot: _Slot, child: Child, exit_: ChildExit, *,
                      by_supervisor: bool) -> None:
         slot.last_reason = exit_.reason
-        level = 20 if exit_.normal or by_supervisor else 40  # INFO / ERROR
+        # ERROR for a crash; WARNING for a normal exit the supervisor did not ask for that it restarts (a permanent
+        # child's SIGTERM from outside: the restart counts against the intensity, so an operator who reads only
+        # stderr sees it spent; a fresh-user trial saw SIGTERMed actors in node.log alone); INFO otherwise
+        if by_supervisor:
+            level = 20
+        elif not exit_.normal:
+            level = 40
+        else:
+            level = 20 if _stays_down(slot.spec, exit_) else 30
         log.log(level, "supervisor %r: child %r (pid %s) %s: %s", self.name, slot.spec.id,
                 getattr(child, "pid", None), "stopped" if by_supervisor else "exited",
                 exit_.reason)
