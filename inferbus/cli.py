@@ -761,7 +761,8 @@ def up(
     ctx: typer.Context,
     models: Optional[str] = typer.Option(None, help="Model repository folder (default ./models).", metavar="<path>"),
     model: Optional[list[str]] = typer.Option(None, "--model", metavar="NAME", help="Serve only this model of the repository "
-                                              "(repeat for several; default: every model in it)."),
+                                              "(repeat for several; default: every model in it). The set is fixed "
+                                              "for the node's life: `models load` of another model is NOT_FOUND."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), 0 to "
                                 f"{MAX_NODE_PROCESSES}."),
     ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
@@ -779,7 +780,9 @@ def up(
                                         "mod n first (others for failover); with gateway-joined servers and --colocate "
                                         "a request stays on its server."),
     redis_url: Optional[str] = typer.Option(None, envvar="INFERBUS_REDIS_URL", help="Use this Redis/Valkey for the L2 cache instead of the embedded Valkey; a password goes in the URL, percent-encoded (prefer the env var: argv is public)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Run without the L2 cache (no Valkey)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Run without the L2 cache (no Valkey). Each ingress's "
+                                  "in-process L1 cache stays on: a model's cache_ttl_ms 0 (config.json) turns "
+                                  "result caching off for that model."),
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
     node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
