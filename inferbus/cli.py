@@ -1494,6 +1494,61 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     raise typer.Exit(0 if h.ready else 1)
 
 
+@app.command()
+def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
+          wait_s: float = typer.Option(0.5, help="How long to collect the nodes' answers, seconds (> 0, at most "
+                                       "600)."),
+          as_json: bool = typer.Option(False, "--json", help="Print the answers as JSON (a list, one per node).")):
+    """Each node's supervision tree: every `inferbus up` on this NATS and prefix answers with its supervisors
+    (strategy, intensity, restarts counted against it) and each child's pid, status, restarts and last exit, as OTP's
+    which_children gives them (exit 0 when a node answered, 1 when none did within --wait-s)."""
+    if not (0 < wait_s <= MAX_TIMEOUT_MS / 1000.0):  # NaN fails the comparison
+        _usage(f"nodes: --wait-s must be a number of seconds > 0 and at most {MAX_TIMEOUT_MS / 1000.0:.0f}, "
+               f"got {wait_s}")
+    _nats_urls_given("nodes", nats_url)
+    from .bus import Subjects
+
+    async def go():
+        async with await _one_shot_client(nats_url, prefix) as c:
+            nc = c.nc
+            got: list[dict] = []
+
+            async def take(msg):
+                try:
+                    got.append(json.loads(msg.data))
+                except ValueError:
+                    pass
+
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox, cb=take)
+            await nc.publish(Subjects(prefix).nodes, b"", reply=inbox)
+            await asyncio.sleep(wait_s)
+            await sub.unsubscribe()
+            return sorted(got, key=lambda t: str(t.get("node_id")))
+
+    trees = _call(go)
+    if as_json:
+        console.print_json(json.dumps(trees))
+    elif not trees:
+        err_console.print(f"no node of prefix {prefix!r} answered within {wait_s:g} s")
+    else:
+        from rich.table import Table
+
+        for t in trees:
+            table = Table(title=f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
+                                + (", stopping" if t.get("stopping") else "") + ")", title_justify="left")
+            for col in ("supervisor", "child", "pid", "status", "restarts", "last exit"):
+                table.add_column(col, justify="right" if col in ("pid", "restarts") else "left")
+            for sup in t.get("supervisors", []):
+                table.add_row(f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
+                              f"{sup['period_s']:g} s)", "", "", "", str(sup["restarts"]), "")
+                for ch in sup.get("children", []):
+                    table.add_row("", ch["id"], str(ch["pid"] or "-"), ch["status"], str(ch["restarts"]),
+                                  ch["last_exit"] or "-")
+            console.print(table)
+    raise typer.Exit(0 if trees else EXIT_FAILED)
+
+
 MAX_BENCH_DURATION_S = 86_400.0
 """Longest ``bench --duration`` (one step), seconds: a day."""
 MAX_BENCH_TIMEOUT_S = 3_600.0

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -396,3 +397,43 @@ def test_the_run_dir_keeps_the_nodes_restart_history_with_timestamps(tmp_path):
         assert sum(bool(re.fullmatch(stamp + "READY", ln)) for ln in lines) == 2, lines
     finally:
         d.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_inferbus_nodes_shows_each_supervisor_and_a_killed_workers_restart_and_exit(tmp_path):
+    """A fresh-user trial (an SRE) found no view of the supervision tree but node.log and the metrics; ``inferbus
+    nodes`` asks every node on the NATS and prefix (``<p>.nodes``) for its supervisors and children, as OTP's
+    which_children gives them."""
+    dep = start_deployment(tmp_path / "dep", workers=2, prefix="nds", extra=["--no-cache"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        latest, sub = await _latest_reports(nc, dep.prefix)
+        await _until(lambda: len(latest) == 2, 10, "both workers' load reports")
+        victim = sorted(latest)[0]
+        old_pid = latest[victim].pid
+        os.kill(old_pid, signal.SIGKILL)
+        await _until(lambda: latest[victim].pid != old_pid, 30, f"{victim} restarted")
+        cli = [sys.executable, "-m", "inferbus.cli", "nodes", "--nats-url", dep.nats_url, "--prefix", dep.prefix]
+        p = await asyncio.to_thread(subprocess.run, cli + ["--json"], capture_output=True, text=True, timeout=60,
+                                    cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+        (tree,) = json.loads(p.stdout)
+        assert tree["node_id"] == "n1" and tree["pid"] == dep.proc.pid and not tree["stopping"], tree
+        sups = {s["name"]: s for s in tree["supervisors"]}
+        assert set(sups) == {"node-n1-servers", "node-n1"}, sups  # (--no-cache: no Valkey)
+        actors = {c["id"]: c for c in sups["node-n1"]["children"]}
+        w = actors[f"worker:{victim}"]
+        assert (w["pid"], w["status"], w["restarts"]) == (latest[victim].pid, "running", 1), w
+        assert "SIGKILL" in w["last_exit"], w
+        assert sups["node-n1"]["restarts"] == 1 and sups["node-n1"]["strategy"] == "one_for_one"
+        assert all(c["restarts"] == 0 and c["last_exit"] == "" for i, c in actors.items() if i != f"worker:{victim}")
+        p = await asyncio.to_thread(subprocess.run, cli, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                                    env={**os.environ, "COLUMNS": "200"})
+        assert p.returncode == 0 and "killed by signal 9 (SIGKILL)" in p.stdout and f"worker:{victim}" in p.stdout
+        p = await asyncio.to_thread(subprocess.run, cli[:-1] + ["nope"], capture_output=True, text=True, timeout=60,
+                                    cwd=ROOT)
+        assert p.returncode == 1 and p.stderr.strip() == "no node of prefix 'nope' answered within 0.5 s", p
+        await sub.unsubscribe()
+        await nc.close()
+    finally:
+        dep.stop()

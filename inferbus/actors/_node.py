@@ -290,6 +290,7 @@ class Node:
         self._server_started: set[str] = set()
         self._failed: asyncio.Future | None = None
         self._stopping = False
+        self._t_start = time.monotonic()
         self._quiesced = False
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
@@ -575,6 +576,7 @@ class Node:
                 # so does the query-of-death memory: an ingress that starts after every peer died learns it here
                 self.crashes = CrashKeeper(Subjects(c.prefix), f"node {c.node_id}")
                 await self.crashes.start(self.nc)
+            await self.nc.subscribe(Subjects(c.prefix).nodes, cb=self._on_nodes)
         except BaseException:
             if self.nc is not None:
                 await close_connection(self.nc)
@@ -761,6 +763,40 @@ class Node:
         if self.nc is not None:
             await close_connection(self.nc)
         await self._stop_servers()
+
+    def tree(self) -> dict:
+        """This node's supervision tree, as ``<p>.nodes`` answers it (JSON-ready): ``node_id``, ``pid`` (the node's
+        own process), ``uptime_s``, ``stopping``, and ``supervisors``: for each of the node's supervisors (the
+        embedded nats-server's, the embedded Valkey's, the actors'), ``name``, ``state``, ``strategy``,
+        ``intensity`` and ``period_s`` (s), ``restarts`` (counted against the intensity over its life) and
+        ``children`` (start order: ``id``, ``pid`` or None, ``status`` running / restarting / stopped, ``restarts``,
+        ``restart`` type, ``last_exit``: why its last incarnation exited, "" if it never did), as OTP's
+        ``supervisor:which_children/1`` and ``count_children/1`` give them."""
+        sups = []
+        for sup in (self.servers, self.cache_servers, self.supervisor):
+            if sup is None:
+                continue
+            sups.append({"name": sup.name, "state": sup.state, "strategy": sup.spec.strategy.value,
+                         "intensity": sup.spec.intensity, "period_s": sup.spec.period_s,
+                         "restarts": sup.count_restarts(),
+                         "children": [{"id": ch.id, "pid": ch.pid, "status": ch.status, "restarts": ch.restarts,
+                                       "restart": ch.restart.value, "last_exit": ch.last_exit}
+                                      for ch in sup.which_children()]})
+        return {"node_id": self.config.node_id, "pid": os.getpid(),
+                "uptime_s": round(time.monotonic() - self._t_start, 3), "stopping": self._stopping,
+                "supervisors": sups}
+
+    async def _on_nodes(self, msg) -> None:
+        """``<p>.nodes``: answer :meth:`tree` as JSON."""
+        if not msg.reply:
+            return
+        import json
+
+        try:
+            await self.nc.publish(msg.reply, json.dumps(self.tree()).encode(),
+                                  headers={"Content-Type": "application/json"})
+        except Exception as exc:  # a closed connection during the stop: nothing to answer
+            log.debug("node %s: answering %s: %r", self.config.node_id, msg.subject, exc)
 
     async def kill(self) -> None:
         """Stop at once, without draining: every actor process and embedded server gets SIGKILL

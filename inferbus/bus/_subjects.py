@@ -3,7 +3,8 @@
 Public:   ``<p>.infer.<model>[.<version>]`` (queue group ``<p>.ingress``),
           ``<p>.models``, ``<p>.models.<model>[.<version>][.ready]``, ``<p>.health``, ``<p>.server``;
           ``<p>.ingresses`` (every ingress answers its id) and ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``
-          (inference at that one ingress): where a client sends a retry (docs/wire.md, "Retries at one ingress").
+          (inference at that one ingress): where a client sends a retry (docs/wire.md, "Retries at one ingress");
+          ``<p>.nodes`` (every node answers its supervision tree: ``inferbus nodes``).
 Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingress);
           ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
           ``<p>._done.<ingress>``  completion notices from workers to one ingress;
@@ -75,6 +76,12 @@ class Subjects:
 
     def infer(self, model: str, version: str | None = None) -> str:
         return f"{self.prefix}.infer.{model}" + (f".{version}" if version else "")
+
+    @property
+    def nodes(self) -> str:
+        """``<p>.nodes``: every node (``inferbus up``) answers its supervision tree as JSON (no queue group;
+        ``inferbus nodes``)."""
+        return f"{self.prefix}.nodes"
 
     @property
     def ingresses(self) -> str:

@@ -244,3 +244,6 @@ class ChildInfo:
     that exited normally, or the supervisor is not running)."""
     restart: Restart = field(default=Restart.PERMANENT)
     """The child's restart type."""
+    last_exit: str = ""
+    """Why its last incarnation exited (``ChildExit.reason``: ``killed by signal 9 (SIGKILL)``, ``exit code 0``...);
+    "" while it never exited."""

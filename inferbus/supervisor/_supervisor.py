@@ -417,7 +417,7 @@ class Supervisor:
                           pid=getattr(s.child, "pid", None) if s.child is not None and s.status == "running"
                           else None,  # an exit reported but not yet handled: no running incarnation
                           restarts=max(0, self._starts[s.spec.id] - 1),
-                          status=s.status, restart=s.spec.restart)
+                          status=s.status, restart=s.spec.restart, last_exit=s.last_reason)
                 for s in self._slots]
 
     def count_restarts(self) -> int:
