@@ -138,7 +138,7 @@ _RTO_MIN_SAMPLES = 16
 """Answers seen on a subject before its per-attempt timeout is derived from their latency."""
 _RTO_MIN_RETRY_MS = 20.0
 """An attempt timeout is not retried with less than this left of the budget (the answer could not come)."""
-_INGRESS_PROBE_MAX_MS = 50.0
+_INGRESS_PROBE_MAX_MS = 100.0
 """The longest wait for the first ingress to answer ``<p>.ingresses`` before a retry (a quarter of the budget left
 at most); without an answer in time the retry goes through the queue group."""
 _INGRESS_PROBE_OFF_S = 5.0
@@ -340,7 +340,7 @@ class Client:
     that reaches the worker still holding the first copy *joins* it (the worker dedupes ids, and
     an ingress sends a pending id to the same worker); one that lands on another worker runs the
     model a second time: the price of the answer. The retry after an attempt timeout goes to the ingress that
-    answers ``<p>.ingresses`` first (a live ingress keeping up; the probe waits 50 ms at most, a quarter of the budget
+    answers ``<p>.ingresses`` first (a live ingress keeping up; the probe waits 100 ms at most, a quarter of the budget
     left at most), on its own subject ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``, not through the queue
     group: the queue group hands a request to any member whose connection is open, a hung one (SIGSTOPped, a stalled
     VM) included, until the server drops it 4-6 s later, and each retry through it could land there again (without

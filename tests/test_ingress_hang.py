@@ -148,8 +148,10 @@ async def test_a_retry_after_an_attempt_timeout_goes_to_an_ingress_that_answers_
         assert all(o["a_times_2"][0, 0] == 2 * i for i, o in enumerate(outs))
         assert took_s < 4.0, took_s  # (all within the window in which the queue group still hands it requests)
         assert client.attempt_timeouts > 0  # the queue group handed some to the hung ingress
-        assert client.retries_at_ingress == client.attempt_timeouts, (client.retries_at_ingress,
-                                                                      client.attempt_timeouts)
+        # (each timed-out attempt asked the probe; on a loaded box an answer may miss its 100 ms, and that retry goes
+        # through the queue group)
+        assert 0 < client.retries_at_ingress <= client.attempt_timeouts, (client.retries_at_ingress,
+                                                                          client.attempt_timeouts)
     finally:
         if victim is not None:
             os.kill(victim, signal.SIGCONT)
