@@ -157,3 +157,50 @@ async def test_a_retry_after_an_attempt_timeout_goes_to_an_ingress_that_answers_
             os.kill(victim, signal.SIGCONT)
     await ingress_pids(client, 2, timeout_s=20)
     await client.close()
+
+
+async def test_an_ingress_stopped_with_requests_waiting_on_its_own_subject_answers_every_one(dep):
+    """A fresh-user trial: 3,000 requests sent to ``<p>.ingresses.<id>.infer.digits`` and a SIGTERM to that ingress
+    0.1-0.3 s later: 2,988 got no reply at all (the stop unsubscribed that subscription and dropped its backlog),
+    where the same flood on ``<p>.infer.digits`` was answered whole (drained, then refused UNAVAILABLE). The stop now
+    drains and refuses both alike: each of 600 requests gets a reply, the result or UNAVAILABLE."""
+    client = await Client.connect(dep.nats_url, "hng")
+    nc = client.nc
+    try:
+        await ingress_pids(client)
+        ids = await all_ingress_ids(nc, "hng")
+        victim_id = sorted(ids)[0]
+        pid = None
+        for _ in range(50):  # the pid of that ingress: health answers name both (the queue group picks one)
+            h = await client.health(timeout_s=1.0)
+            if h.parameters.get("ingress_id") == victim_id:
+                pid = h.parameters["pid"]
+                break
+        assert pid is not None, "health never came from " + victim_id
+        inbox = nc.new_inbox()
+        replies: dict[str, object] = {}
+
+        async def got(msg):
+            replies[msg.subject] = decode_error(msg.headers, msg.data) or "ok"
+
+        sub = await nc.subscribe(inbox + ".*", cb=got)
+        n = 600
+        for i in range(n):
+            body = encode_request(InferRequest(inputs=[input_from_numpy(k, v) for k, v in typed(i).items()]))
+            await nc.publish(f"hng.ingresses.{victim_id}.infer.typed", body, reply=f"{inbox}.{i}",
+                             headers={"Inferbus-Timeout-Ms": "8000"})
+        await nc.flush()
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while len(replies) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await sub.unsubscribe()
+        kinds = {}
+        for r in replies.values():
+            k = r if r == "ok" else type(r).__name__
+            kinds[k] = kinds.get(k, 0) + 1
+        assert len(replies) == n, f"{n - len(replies)} of {n} got no reply; replies: {kinds}"
+        assert set(kinds) <= {"ok", "Unavailable"}, kinds
+    finally:
+        await ingress_pids(client, 2, timeout_s=30)  # (the node restarted it)
+        await client.close()
