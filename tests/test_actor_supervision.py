@@ -275,13 +275,15 @@ async def test_requests_held_by_a_killed_worker_are_sent_again_and_answered(tmp_
 
 
 @pytest.mark.timeout(150)
-async def test_a_sigterm_of_one_worker_under_load_fails_no_request_of_a_client_that_does_not_retry(tmp_path):
+@pytest.mark.parametrize("hedge", [None, "1"])
+async def test_a_sigterm_of_one_worker_under_load_fails_no_request_of_a_client_that_does_not_retry(tmp_path, hedge):
     """A fresh-user trial: SIGTERM (a graceful stop, exit 0) of one of 2 workers under load failed 5 raw requests
     UNAVAILABLE "worker stopped holding this request" while the other worker idled, where a ``kill -9`` failed none:
     the requests forwarded to it in the moment before its draining report reached the ingress, after it stopped
     taking requests, were answered with the error instead of being sent again. Now what a stopped worker held is sent
     to another worker, as a crashed one's is. Three SIGTERMs (each waits for the restart), 8 callers that never retry:
-    every request is answered with its own result."""
+    every request is answered with its own result. The same with every request hedged after 1 ms (a later trial:
+    108 of 59,914 such requests failed UNAVAILABLE, a hedged request's first copy was not sent again)."""
     dep = start_deployment(tmp_path / "dep", workers=2, prefix="gst", extra=["--no-cache"])
     try:
         nc = await nats.connect(dep.nats_url)
@@ -296,7 +298,7 @@ async def test_a_sigterm_of_one_worker_under_load_fails_no_request_of_a_client_t
             while not stop.is_set():
                 k += 1
                 try:
-                    out = await client.infer("typed", _typed_inputs(k % 1_000_000), timeout_s=5.0)
+                    out = await client.infer("typed", _typed_inputs(k % 1_000_000), timeout_s=5.0, hedge=hedge)
                     assert out["a_times_2"][0, 0] == 2 * (k % 1_000_000)
                     answered[0] += 1
                 except InferbusError as err:

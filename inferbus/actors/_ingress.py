@@ -248,8 +248,9 @@ class Pending(msgspec.Struct):
     when it has neither a request id nor a cache key (:meth:`Ingress._note_deaths`)."""
     hdrs: dict | None = None
     """The request's headers as they came (a reference), with ``mv``: what sending it again takes when its worker
-    dies holding it (:meth:`Ingress._resend`); None for a copy that is not sent again (a hedge's, the colocated
-    worker's in-process one)."""
+    dies or stops holding it (:meth:`Ingress._resend`; a hedged request's first copy is sent again unhedged, when no
+    other copy of it is pending); None for a copy that is not sent again (a hedge's, the colocated worker's
+    in-process one)."""
     mv: object = None
     """The model version it was forwarded for (:class:`~inferbus.actors._repository.ModelVersion`)."""
     resends: int = 0
@@ -1238,8 +1239,8 @@ class Ingress:
                 raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
                                       f"max_payload ({max_payload} bytes)")
         p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, rid, mv.key, body=body, resends=resends)
-        if not local and hedge_policy is None:
-            p.hdrs, p.mv = hdrs, mv  # what sending it again takes, should its worker die holding it
+        if not local:  # (a hedged request's first copy too: sent again, unhedged, when no other copy is pending)
+            p.hdrs, p.mv = hdrs, mv  # what sending it again takes, should its worker die or stop holding it
         self.pending[seq] = p
         if rid:
             self._by_rid[rid] = seq
@@ -1839,7 +1840,7 @@ class Ingress:
                       exclude: str | None = None) -> bool:
         """Send again, to another worker, a request whose worker's process ended holding it (a crash or a stop),
         instead of answering it ``err`` (UNAVAILABLE): a client that does not retry (a raw NATS request in any language) gets
-        its answer. Only a request forwarded over the bus and not hedged (:attr:`Pending.hdrs`), sent again fewer
+        its answer. Only a request forwarded over the bus (:attr:`Pending.hdrs`; a hedged one's first copy, unhedged), sent again fewer
         than ``_MAX_RESENDS`` times, with more than ``_RESEND_MIN_BUDGET_S`` of its budget left. It goes through
         :meth:`_forward` like a new request with the same body, headers, deadline and ids: one the crash made a
         suspect runs alone (``Inferbus-Alone``), one it made a query of death is refused (answered here). While no
