@@ -10,6 +10,7 @@ within seconds, and it comes back by itself (nats-py reconnects) when the proces
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -124,6 +125,20 @@ async def test_each_ingress_answers_its_id_and_serves_a_request_sent_to_it_alone
             assert isinstance(err, InvalidArgument) and err.field == "model_version", err
         with pytest.raises(nats.errors.NoRespondersError):  # no ingress of that id
             await client.nc.request("hng.ingresses.nosuch.infer.typed", body, timeout=2.0)
+        # counted in $SRV.STATS on an endpoint of their own (the trial: errors counted on infer, requests nowhere)
+        inbox, stats = client.nc.new_inbox(), []
+
+        async def got(msg):
+            stats.append(json.loads(msg.data))
+
+        sub = await client.nc.subscribe(inbox, cb=got)
+        await client.nc.publish("$SRV.STATS.inferbus-ingress", b"", reply=inbox)
+        await asyncio.sleep(0.5)
+        await sub.unsubscribe()
+        at = {st["metadata"]["ingress_id"]: next(e for e in st["endpoints"] if e["name"] == "infer_at")
+              for st in stats if st.get("metadata", {}).get("ingress_id") in ids}
+        assert set(at) == ids, stats
+        assert all(e["num_requests"] >= 5 and e["num_errors"] >= 2 for e in at.values()), at
     finally:
         await client.close()
 

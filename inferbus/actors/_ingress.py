@@ -588,7 +588,7 @@ class Ingress:
         worker.busy_poll = self.busy_poll = shared
 
     # ---- hot path -----------------------------------------------------------------------------
-    async def _on_infer(self, msg) -> None:
+    async def _on_infer(self, msg, endpoint: str = "infer") -> None:
         if StopSignal.at is not None:
             # asked to stop: give the loop a turn, so that its handler cancels this actor now, not after the
             # subscription's whole buffer (StopSignal)
@@ -614,7 +614,8 @@ class Ingress:
             self.counts["errors"] += 1
             await self._error(reply, ResourceExhausted(
                 f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting (bound "
-                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, hdrs.get(H.REQUEST_ID))
+                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, hdrs.get(H.REQUEST_ID),
+                              endpoint)
             return
         # the request id header is read only for an error reply (the answered path reads it where it needs it)
         try:
@@ -624,12 +625,12 @@ class Ingress:
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(reply, err, _error_content_type(ct, msg.data),
-                              hdrs.get(H.REQUEST_ID) or getattr(err, "request_id", None))
+                              hdrs.get(H.REQUEST_ID) or getattr(err, "request_id", None), endpoint)
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
             await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct,
-                              hdrs.get(H.REQUEST_ID))
+                              hdrs.get(H.REQUEST_ID), endpoint)
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
 
@@ -638,7 +639,7 @@ class Ingress:
         retry after an attempt with no answer, :meth:`inferbus.client.Client.request`): served as the same request on
         ``<p>.infer.<model>[.<version>]``."""
         msg.subject = self._infer_head + msg.subject[len(self._at_head):]
-        await self._on_infer(msg)
+        await self._on_infer(msg, "infer_at")
 
     async def _on_ingresses(self, msg) -> None:
         """``<p>.ingresses``: answer this ingress's id (every serving ingress answers; the first answer comes from
@@ -2306,15 +2307,20 @@ class Ingress:
         # group (docs/failure-semantics.md, "A hung ingress")
         self._infer_head = s.infer_bare + "."
         self._at_head = s.ingress_infer(self.config.ingress_id) + "."
-        self._at_subs = [await self.nc.subscribe(self._at_head + ">", cb=self._on_infer_at),
-                         await self.nc.subscribe(s.ingresses, cb=self._on_ingresses)]
+        # an endpoint of its own (`infer_at` in $SRV.STATS: its requests, handler time and errors; the metrics' error
+        # count adds it to infer's), the subject this ingress's alone
+        await svc.add_endpoint(name="infer_at", subject=self._at_head + ">", queue_group=q,
+                               handler=lambda req: self._on_infer_at(req._msg))
+        at_sub = endpoint_subscription(svc, "infer_at")
+        self._at_subs = [at_sub, await self.nc.subscribe(s.ingresses, cb=self._on_ingresses)] if at_sub is not None \
+            else []
         # `<p>.infer` itself (no model token) matches no endpoint: a hand-written client got NATS's "no responders"
         await self.nc.subscribe(s.infer_bare, queue=q, cb=self._on_infer_bare)
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="model", subject=s.models_all, queue_group=q, handler=lambda r: self._on_models(r._msg))
         await svc.add_endpoint(name="health", subject=s.health, queue_group=q, handler=lambda r: self._on_health(r._msg))
         await svc.add_endpoint(name="server", subject=s.server, queue_group=q, handler=lambda r: self._on_server(r._msg))
-        self._error_counters = {name: endpoint_error_counter(svc, name) for name in ("infer", "model")}
+        self._error_counters = {name: endpoint_error_counter(svc, name) for name in ("infer", "infer_at", "model")}
         named = {"sweeper": self._sweeper}
         if self.busy_poll is not None and self.local_worker is None:
             named["busy-poll"] = self.busy_poll.run

@@ -263,9 +263,13 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
     ep = _endpoint(st, "infer")
     data = ep.get("data") or {}
     me = {"ingress": iid}
+    errors = _num(ep.get("num_errors"))
+    at_errors = _num(_endpoint(st, "infer_at").get("num_errors"))
+    if errors is not None and at_errors is not None:
+        errors += at_errors
     f.add("counter", "inferbus_request_errors", "Inference requests answered with a typed error, by the ingress "
-          "or (counted when its completion comes back) by a worker: the infer endpoint's num_errors.", me,
-          _num(ep.get("num_errors")))
+          "or (counted when its completion comes back) by a worker: the num_errors of the infer endpoint and of "
+          "infer_at (the retries sent to this ingress alone).", me, errors)
     for e in st.get("endpoints") or ():
         if isinstance(e, dict) and _num(e.get("num_requests")) is not None and _num(e.get("processing_time")) is not None:
             f.summary("inferbus_ingress_handler_seconds", "Time in the ingress's NATS micro handler per message, "
