@@ -1642,6 +1642,11 @@ def bench(
     except ValueError as exc:
         _usage(str(exc))
     _check_prefix(prefix)
+    if version is not None:  # as the SDK and the ingress say it ('01', 'v1', '' were "not in the model repository")
+        from .bus._subjects import version_problem
+
+        if (problem := version_problem(version)) is not None:
+            _usage(f"bench: --version {version!r}: {problem}")
     models = _folder_option("bench", "--models", models)  # '' was the current folder, as for up's --models
     if suite:
         args = _suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers, ingress, gens,

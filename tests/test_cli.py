@@ -1252,3 +1252,16 @@ def test_up_on_a_bf16_model_says_the_onnxruntime_backend_cannot_run_it_and_what_
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert ("(BF16 tensors ['x', 'y']: the onnxruntime backend cannot run them; serve the model with --backend jax, or "
             "export it with FP32 or FP16 inputs and outputs: docs/accelerators.md, limits)") in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("version, said", [("01", "has a leading zero: write it '1'"), ("v1", "is not a number"),
+                                           ("", "is not a number")])
+def test_bench_refuses_a_version_no_folder_can_be_named_before_connecting(version, said):
+    """A fresh-user trial: ``bench --version 01`` (or ``v1``) said NOT_FOUND "not in the model repository" where the
+    SDK and the ingress say INVALID_ARGUMENT "write it '1'", and ``--version ''`` ran the default version without a
+    word. One line, exit 2, before any connection (the NATS URL here reaches nothing)."""
+    p, _ = cli("bench", "digits", "--version", version, "--nats-url", f"nats://127.0.0.1:{free_port()}",
+               "--concurrency", "1", "--duration", "0.1")
+    assert p.returncode == 2, p
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and f"bench: --version {version!r}: " in p.stderr, p
+    assert said in p.stderr, p.stderr

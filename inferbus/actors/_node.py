@@ -770,7 +770,8 @@ class Node:
         embedded nats-server's, the embedded Valkey's, the actors'), ``name``, ``state``, ``strategy``,
         ``intensity`` and ``period_s`` (s), ``restarts`` (counted against the intensity over its life) and
         ``children`` (start order: ``id``, ``pid`` or None, ``status`` running / restarting / stopped, ``restarts``,
-        ``restart`` type, ``last_exit``: why its last incarnation exited, "" if it never did), as OTP's
+        ``restart`` type, ``last_exit``: why its last incarnation exited, on one line, "" if it never did; a failed
+        start's holds its last output), as OTP's
         ``supervisor:which_children/1`` and ``count_children/1`` give them."""
         sups = []
         for sup in (self.servers, self.cache_servers, self.supervisor):
@@ -780,7 +781,7 @@ class Node:
                          "intensity": sup.spec.intensity, "period_s": sup.spec.period_s,
                          "restarts": sup.count_restarts(),
                          "children": [{"id": ch.id, "pid": ch.pid, "status": ch.status, "restarts": ch.restarts,
-                                       "restart": ch.restart.value, "last_exit": ch.last_exit}
+                                       "restart": ch.restart.value, "last_exit": " ".join(ch.last_exit.split())}
                                       for ch in sup.which_children()]})
         return {"node_id": self.config.node_id, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self._t_start, 3), "stopping": self._stopping,
