@@ -643,8 +643,11 @@ class Ingress:
 
     async def _on_ingresses(self, msg) -> None:
         """``<p>.ingresses``: answer this ingress's id (every serving ingress answers; the first answer comes from
-        one that is live and keeping up)."""
-        if msg.reply:
+        one that is live and keeping up), unless it is behind its own input (``SILENT_EXPIRY_BACKLOG`` requests or
+        more waiting in its ``infer`` subscription): its probe would be answered between requests while a retry sent
+        here would wait behind the whole backlog."""
+        sub = self._infer_sub
+        if msg.reply and (sub is None or sub.pending_msgs < SILENT_EXPIRY_BACKLOG):
             try:
                 await self.nc.publish(msg.reply, self.config.ingress_id.encode())
             except Exception:
