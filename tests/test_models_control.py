@@ -1174,3 +1174,42 @@ async def test_a_restarted_ingress_serves_what_the_node_started_with_not_a_versi
                 assert res.model_version == "2"
     finally:
         d.stop()
+
+
+@pytest.mark.anyio
+async def test_a_write_sent_long_before_an_ingress_takes_it_is_refused_not_applied(dep):
+    """A fresh-user trial: ``default 2`` sent while one of 2 ingresses was SIGSTOPped; the copies that ingress held
+    were applied when it thawed, 9 s later, over an operator's ``default 1`` already answered done (the state went
+    back to 2). A write whose attempt was sent more than 2 s before an ingress takes it (``Inferbus-Deadline-Unix-Ms``
+    − ``Inferbus-Timeout-Ms``, as the SDK and the CLI send them) is now refused UNAVAILABLE, nothing applied. Here the
+    send time is set 10 s back rather than freezing an ingress."""
+    import nats as nats_mod
+
+    nc = await nats_mod.connect(dep.nats_url)
+    try:
+        s = Subjects(PREFIX)
+        subject = s.model_control("digits", "default")
+
+        async def write(version: str, sent_ago_s: float):
+            now_ms = time.time() * 1000.0
+            hdrs = {"Content-Type": "application/json", "Inferbus-Timeout-Ms": "60000",
+                    "Inferbus-Deadline-Unix-Ms": f"{now_ms - sent_ago_s * 1000.0 + 60000:.0f}"}
+            msg = await nc.request(subject, json.dumps({"version": version}).encode(), timeout=30, headers=hdrs)
+            return decode_error(msg.headers, msg.data), msg
+
+        # (earlier tests of this module unload versions: serve both again)
+        msg = await nc.request(s.model_control("digits", "load"), b"{}", timeout=60,
+                               headers={"Content-Type": "application/json"})
+        assert decode_error(msg.headers, msg.data) is None, msg.data
+        err, _ = await write("1", 0.0)  # sent now: applied (the default is 1 after it)
+        assert err is None, err
+        err, _ = await write("2", 10.0)  # held 10 s somewhere: refused
+        assert isinstance(err, Unavailable) and "was sent 10." in err.message and "not applied" in err.message, err
+        meta = await nc.request(s.model("digits"), b"", timeout=10, headers={"Content-Type": "application/json"})
+        assert json.loads(meta.data)["parameters"]["default_version"] == "1"
+        err, _ = await write("2", 0.0)  # its retry, sent afresh: applied
+        assert err is None, err
+        meta = await nc.request(s.model("digits"), b"", timeout=10, headers={"Content-Type": "application/json"})
+        assert json.loads(meta.data)["parameters"]["default_version"] == "2"
+    finally:
+        await nc.close()

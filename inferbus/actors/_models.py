@@ -244,6 +244,28 @@ class StateKeeper:
         await answer_states(self.nc, msg, self.states, self.who, empty=False)
 
 
+STALE_WRITE_MS = 2000.0
+"""A model-management write sent longer ago than this (ms, plus the clock-skew allowance) when an ingress takes it is
+refused UNAVAILABLE, not applied: it waited in a frozen or overloaded ingress's buffer, and later writes may have
+been answered done meanwhile (a fresh-user trial: a ``default 2`` held by a SIGSTOPped ingress was applied when it
+thawed, 9 s later, over an operator's ``default 1`` already answered done). Its client's retry is taken afresh."""
+
+
+def _waited_ms(hdrs: dict) -> float | None:
+    """How long ago (ms) the client sent this attempt: now minus (``Inferbus-Deadline-Unix-Ms`` −
+    ``Inferbus-Timeout-Ms``), both set per attempt by the SDK and the CLI; None when either is missing or not a
+    number (a raw client that sends neither is not judged)."""
+    d, t = hdrs.get(H.DEADLINE_UNIX_MS), hdrs.get(H.TIMEOUT_MS)
+    if d is None or t is None:
+        return None
+    try:
+        sent_ms = float(d) - float(t)
+    except (TypeError, ValueError):
+        return None
+    waited = time.time() * 1000.0 - sent_ms
+    return waited if waited == waited and abs(waited) != float("inf") else None
+
+
 class IngressModels:
     """The ingress side: serving states, the write gate, and the model-management requests.
 
@@ -264,7 +286,7 @@ class IngressModels:
             self._cache_tags(st)
         self.reports: dict[str, LoadReport] = {}
         self.region_hb: dict[str, tuple[float, RegionHeartbeat]] = {}
-        self.writes = {"accepted": 0, "refused": 0}
+        self.writes = {"accepted": 0, "refused": 0, "stale": 0}
         self._apply_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
         self._report_seen = asyncio.Event()
@@ -557,6 +579,13 @@ class IngressModels:
             if refused is not None:
                 self.writes["refused"] += 1
                 raise refused
+            waited_ms = _waited_ms(hdrs)
+            if waited_ms is not None and waited_ms > STALE_WRITE_MS + H.DEADLINE_SKEW_MS:
+                self.writes["stale"] += 1
+                raise Unavailable(f"this {op} of model {model!r} was sent {waited_ms / 1000:.1f} s before ingress "
+                                  f"{self.writer} took it (a frozen or overloaded ingress held it); it is not applied, "
+                                  f"as later writes may have been made since: check inferbus models and send it "
+                                  f"again", field="model", retry_after_ms=0)
             deadline = H.deadline_from_headers(hdrs, t0, DEFAULT_BUDGET_MS)
             async with self._write_lock:
                 if op == "load":
