@@ -484,7 +484,7 @@ async def test_micro_service_discovery(deployment):
         kinds = {  # service name: (metadata id key, instances, {endpoint: subject})
             "inferbus-ingress": ("ingress_id", 1, {"infer": f"{p}.infer.>", "models": f"{p}.models",
                                                    "model": f"{p}.models.>", "health": f"{p}.health",
-                                                   "server": f"{p}.server"}),
+                                                   "server": f"{p}.server", "infer_at": None}),
             "inferbus-worker": ("worker_id", 2, {"infer": None}),
             "inferbus-aggregator": ("aggregator_id", 1, {"cache-fill": f"{p}._cache.fill"}),
         }
@@ -499,6 +499,10 @@ async def test_micro_service_discovery(deployment):
                 assert set(got) == set(endpoints), (name, got)
                 for ep, subject in endpoints.items():
                     assert got[ep] == subject if subject else got[ep].startswith(f"{p}."), (name, got)
+            if name == "inferbus-ingress":  # the retries sent to it alone, on its own subject (wire.md)
+                for info in infos:
+                    got = {e["name"]: e["subject"] for e in info["endpoints"]}
+                    assert got["infer_at"] == f"{p}.ingresses.{info['metadata']['ingress_id']}.infer.>", got
             if name == "inferbus-worker":  # each worker on its own subject
                 for info in infos:
                     assert info["metadata"]["backend"] == "onnxruntime", info
