@@ -256,7 +256,8 @@ async def test_kill_9_child_is_restarted_with_new_pid() -> None:
         assert after["a"] != before["a"] and after["b"] == before["b"]
         await wait_gone(before["a"])
         assert sup.count_restarts() == 1
-        assert sup.which_children()[0] == ChildInfo("a", after["a"], 1, "running")
+        assert sup.which_children()[0] == ChildInfo("a", after["a"], 1, "running",
+                                                    last_exit="killed by signal 9 (SIGKILL)")
         exit_ = rec.exits()[0]
         assert exit_ == ("a", ChildExit(False, "killed by signal 9 (SIGKILL)", -9))
         # the exit hook ran before the restart started the new incarnation
