@@ -341,7 +341,8 @@ class Client:
     an ingress sends a pending id to the same worker); one that lands on another worker runs the
     model a second time: the price of the answer. The retry after an attempt timeout goes to the ingress that
     answers ``<p>.ingresses`` first (a live ingress keeping up; the probe waits 100 ms at most, a quarter of the budget
-    left at most), on its own subject ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``, not through the queue
+    left at most), on its own subject (``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``; the same for the
+    metadata, readiness, health and server reads and the model-management writes), not through the queue
     group: the queue group hands a request to any member whose connection is open, a hung one (SIGSTOPped, a stalled
     VM) included, until the server drops it 4-6 s later, and each retry through it could land there again (without
     an answer to the probe, the retry goes through the queue group). Only UNAVAILABLE, a lost connection and an
@@ -891,7 +892,8 @@ class Client:
 
 
     async def _retry_subject(self, subject: str, deadline: float) -> str | None:
-        """Where the retry of an inference request on ``subject`` whose attempt timed out goes: the subject of the
+        """Where the retry of a request on ``subject`` (inference, metadata, readiness, health, server, a
+        model-management write) whose attempt timed out goes: the subject of the
         ingress that answers ``<p>.ingresses`` first (:meth:`Subjects.at_ingress`), asked with at most
         ``_INGRESS_PROBE_MAX_MS`` and a quarter of the budget left (``deadline``, monotonic s); None (the queue group)
         for another subject, while not connected, without an answer in time, or when no ingress answers the probe

@@ -219,3 +219,31 @@ async def test_an_ingress_stopped_with_requests_waiting_on_its_own_subject_answe
     finally:
         await ingress_pids(client, 2, timeout_s=30)  # (the node restarted it)
         await client.close()
+
+
+async def test_reads_retried_after_an_attempt_timeout_go_to_an_ingress_that_answers_too(dep):
+    """A fresh-user trial: with one of 2 ingresses SIGSTOPped, inference retries went to the ingress that answered the
+    probe (0 of 120 failed) while the reads still retried through the queue group: ``health()`` 6 of 40,
+    ``model_ready()`` 12 of 40, ``models()`` 9 of 40 failed with 1 s budgets. Now they are sent to one ingress too."""
+    client = await Client.connect(dep.nats_url, "hng", attempt_timeout_ms=150)
+    victim = None
+    try:
+        victim = sorted(await ingress_pids(client))[0]
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        calls = []
+        for _ in range(20):
+            calls += [client.health(timeout_s=1.5), client.model_ready("typed", timeout_s=1.5),
+                      client.models(timeout_s=1.5), client.model("typed", timeout_s=1.5),
+                      client.server_metadata(timeout_s=1.5)]
+        outs = await asyncio.gather(*calls, return_exceptions=True)
+        took_s = time.monotonic() - t0
+        failed = [o for o in outs if isinstance(o, BaseException)]
+        assert not failed, f"{len(failed)} of {len(outs)} failed, e.g. {failed[:3]}"
+        assert took_s < 4.0, took_s
+        assert client.attempt_timeouts > 0 and 0 < client.retries_at_ingress <= client.attempt_timeouts
+    finally:
+        if victim is not None:
+            os.kill(victim, signal.SIGCONT)
+    await ingress_pids(client, 2, timeout_s=20)
+    await client.close()

@@ -542,8 +542,12 @@ class Ingress:
         self._done_sub = None
         """The subscription to ``<p>._done.<ingress>`` (the workers' completion notices), set in run."""
         self._at_subs: list = []
-        """The subscriptions to ``<p>.ingresses`` and ``<p>.ingresses.<ingress_id>.infer.>`` (a client's retry sent to
-        this ingress only), set in run; taken off first when the actor stops."""
+        """The subscriptions to ``<p>.ingresses`` (the probe) and to the reads and writes at this ingress alone
+        (``<p>.ingresses.<ingress_id>.{health,server,models,models.>}``), set in run; taken off first when the actor
+        stops."""
+        self._at_infer_sub = None
+        """The ``infer_at`` endpoint's subscription (``<p>.ingresses.<ingress_id>.infer.>``: a client's retry sent to
+        this ingress alone), set in run; drained and refused as the ``infer`` one when the actor stops."""
         self._load_sub = None
         """The subscription to ``<p>._load`` (the workers' load reports), set in run."""
         self._error_counters: dict = {}
@@ -640,6 +644,19 @@ class Ingress:
         ``<p>.infer.<model>[.<version>]``."""
         msg.subject = self._infer_head + msg.subject[len(self._at_head):]
         await self._on_infer(msg, "infer_at")
+
+    async def _on_read_at(self, msg) -> None:
+        """A read (``health``, ``server``, ``models``, ``models.<model>[.<version>][.ready]``) or a model-management
+        write (``models.<model>.<op>``) on ``<p>.ingresses.<ingress_id>.<...>``, sent to this ingress alone (a
+        client's retry, :meth:`inferbus.client.Client.request`): answered as the same request on ``<p>.<...>``."""
+        rest = msg.subject[len(self._at_root):]
+        msg.subject = f"{self.subjects.prefix}.{rest}"
+        if rest == "health":
+            await self._on_health(msg)
+        elif rest == "server":
+            await self._on_server(msg)
+        else:
+            await self._on_models(msg)
 
     async def _on_ingresses(self, msg) -> None:
         """``<p>.ingresses``: answer this ingress's id (every serving ingress answers; the first answer comes from
@@ -2315,8 +2332,12 @@ class Ingress:
         await svc.add_endpoint(name="infer_at", subject=self._at_head + ">", queue_group=q,
                                handler=lambda req: self._on_infer_at(req._msg))
         at_sub = endpoint_subscription(svc, "infer_at")
-        self._at_subs = [at_sub, await self.nc.subscribe(s.ingresses, cb=self._on_ingresses)] if at_sub is not None \
-            else []
+        # the reads (metadata, readiness, health, server) and model-management writes, at this ingress alone too
+        self._at_root = f"{s.prefix}.ingresses.{self.config.ingress_id}."
+        reads = [await self.nc.subscribe(self._at_root + rest, cb=self._on_read_at)
+                 for rest in ("health", "server", "models", "models.>")]
+        self._at_infer_sub = at_sub
+        self._at_subs = [await self.nc.subscribe(s.ingresses, cb=self._on_ingresses), *reads]
         # `<p>.infer` itself (no model token) matches no endpoint: a hand-written client got NATS's "no responders"
         await self.nc.subscribe(s.infer_bare, queue=q, cb=self._on_infer_bare)
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
@@ -2369,11 +2390,10 @@ class Ingress:
                     f"phases count from the signal")
             t0 = StopSignal.at
         cut = False
-        at_infer = None
-        if self._at_subs:  # no client is sent here by the probe any more; what was sent here is drained as infer's
-            at_infer, probe = self._at_subs
+        at_infer = self._at_infer_sub  # drained as infer's (below)
+        for sub in self._at_subs:  # the probe first: no client is sent here any more; then the reads
             try:
-                await probe.unsubscribe()
+                await sub.unsubscribe()
             except Exception:
                 pass
         try:

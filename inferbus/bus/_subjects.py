@@ -2,8 +2,9 @@
 
 Public:   ``<p>.infer.<model>[.<version>]`` (queue group ``<p>.ingress``),
           ``<p>.models``, ``<p>.models.<model>[.<version>][.ready]``, ``<p>.health``, ``<p>.server``;
-          ``<p>.ingresses`` (every ingress answers its id) and ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]``
-          (inference at that one ingress): where a client sends a retry (docs/wire.md, "Retries at one ingress");
+          ``<p>.ingresses`` (every ingress answers its id) and ``<p>.ingresses.<ingress_id>.<...>`` for ``infer.<...>``,
+          ``health``, ``server``, ``models`` and ``models.<...>`` (the same requests at that one ingress): where a
+          client sends a retry (docs/wire.md, "Retries at one ingress");
           ``<p>.nodes`` (every node answers its supervision tree: ``inferbus nodes``).
 Internal: ``<p>._w.<worker_id>``   worker-direct (requests forwarded by an ingress);
           ``<p>._load``            worker load/health reports (every ``report_interval_ms``);
@@ -95,12 +96,16 @@ class Subjects:
         return f"{self.prefix}.ingresses.{ingress_id}.infer"
 
     def at_ingress(self, subject: str, ingress_id: str) -> str | None:
-        """The subject of an inference request on ``subject`` (``<p>.infer.<model>[.<version>]``) sent to ingress
-        ``ingress_id`` only; None when ``subject`` is not an inference subject of this prefix."""
-        head = f"{self.prefix}.infer."
+        """The subject of a request on ``subject`` sent to ingress ``ingress_id`` only: ``<p>.ingresses.<id>.<rest>``
+        for ``<p>.<rest>`` an inference subject (``infer.<model>[.<version>]``), ``health``, ``server``, ``models`` or
+        ``models.<...>`` (metadata, readiness, model-management writes); None for another subject."""
+        head = f"{self.prefix}."
         if not subject.startswith(head):
             return None
-        return f"{self.ingress_infer(ingress_id)}.{subject[len(head):]}"
+        rest = subject[len(head):]
+        if rest.startswith(("infer.", "models.")) or rest in ("health", "server", "models"):
+            return f"{self.prefix}.ingresses.{ingress_id}.{rest}"
+        return None
 
     def parse_infer(self, subject: str) -> tuple[str, str | None]:
         """``<p>.infer.digits.2`` → ``("digits", "2")``; extra tokens are kept in the version."""
