@@ -269,7 +269,12 @@ async def test_a_worker_stopped_in_the_middle_of_a_chunked_batch_exits_cleanly(t
                 assert time.monotonic() < deadline, "the worker never took the batch"
                 await asyncio.sleep(0.05)
             os.kill(pid, signal.SIGTERM)
-            replies = await asyncio.gather(*calls)
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        # a request may meet "no responders" on a loaded box (a clean-clone CI run, 2026-12-06, after the flush above:
+        # the worker's connection, busy reading the 61 MB, was found stale and reconnecting when it was routed); what
+        # is under test is the refusals of what the worker held and its clean exit
+        replies = [o for o in outcomes if not isinstance(o, nats.errors.NoRespondersError)]
+        assert all(not isinstance(o, BaseException) for o in replies), outcomes
         refused = sum(1 for msg in replies if (msg.headers or {}).get("Nats-Service-Error-Code"))
         assert refused >= 1, "the drain finished everything: the case under test did not happen"
         deadline = time.monotonic() + 20
