@@ -1213,3 +1213,19 @@ async def test_a_write_sent_long_before_an_ingress_takes_it_is_refused_not_appli
         assert json.loads(meta.data)["parameters"]["default_version"] == "2"
     finally:
         await nc.close()
+
+
+@pytest.mark.parametrize("deadline, timeout", [("inf", "60000"), ("1_700_000_000_000", "60000"), ("x", "1"),
+                                               ("١٠٠٠", "1"), (None, "60000"), ("1700000000000", None)])
+def test_a_write_whose_send_time_headers_are_not_numbers_is_not_judged_stale(deadline, timeout):
+    """The send time of a write is read with the same number syntax as every other header
+    (:func:`inferbus.bus._headers.header_number`): a malformed or infinite value, or a missing one, leaves the write
+    unjudged (None) rather than refused; only a well-formed pair gives how long ago it was sent."""
+    from inferbus.actors._models import _waited_ms
+    from inferbus.bus import headers as H
+
+    hdrs = {k: v for k, v in ((H.DEADLINE_UNIX_MS, deadline), (H.TIMEOUT_MS, timeout)) if v is not None}
+    assert _waited_ms(hdrs) is None
+    now_ms = time.time() * 1000.0
+    waited = _waited_ms({H.DEADLINE_UNIX_MS: f"{now_ms + 1000:.0f}", H.TIMEOUT_MS: "4000"})
+    assert 2900 < waited < 3100

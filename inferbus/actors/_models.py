@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 
 from ..accelerators import batch_buckets, load_checked, rows_problem
@@ -254,16 +255,13 @@ thawed, 9 s later, over an operator's ``default 1`` already answered done). Its 
 def _waited_ms(hdrs: dict) -> float | None:
     """How long ago (ms) the client sent this attempt: now minus (``Inferbus-Deadline-Unix-Ms`` −
     ``Inferbus-Timeout-Ms``), both set per attempt by the SDK and the CLI; None when either is missing or not a
-    number (a raw client that sends neither is not judged)."""
+    number as :func:`~inferbus.bus._headers.header_number` reads it, or infinite (a raw client that sends
+    neither is not judged)."""
     d, t = hdrs.get(H.DEADLINE_UNIX_MS), hdrs.get(H.TIMEOUT_MS)
     if d is None or t is None:
         return None
-    try:
-        sent_ms = float(d) - float(t)
-    except (TypeError, ValueError):
-        return None
-    waited = time.time() * 1000.0 - sent_ms
-    return waited if waited == waited and abs(waited) != float("inf") else None
+    waited = time.time() * 1000.0 - (H.header_number(str(d)) - H.header_number(str(t)))
+    return waited if math.isfinite(waited) else None
 
 
 class IngressModels:
