@@ -840,6 +840,8 @@ def up(
     default_timeout_ms: float = typer.Option(1000.0, help=f"Budget of a request without Inferbus-Timeout-Ms (ms), more than 0 and at most {MAX_TIMEOUT_MS:.0f}.", rich_help_panel=_REL),
     l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms, > 0).", rich_help_panel=_REL),
     l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups (>= 1).", rich_help_panel=_REL),
+    l2_breaker_failures: int = typer.Option(20, help="L2 lookups failed or timed out in a row that turn an ingress's lookups off for --l2-breaker-open-s (>= 1).", rich_help_panel=_REL),
+    l2_breaker_open_s: float = typer.Option(1.0, help="Seconds L2 lookups stay off after that; then one lookup probes Valkey (> 0).", rich_help_panel=_REL),
     max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload); with the embedded nats-server "
                                           "at most --nats-max-payload.", rich_help_panel=_REL),
     max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body), >= 0.", rich_help_panel=_REL),
@@ -922,7 +924,8 @@ def up(
             breaker_open_s=breaker_open_s, rate_limit_per_s=rate_limit, rate_burst=rate_burst,
             client_rate_limit_per_s=client_rate_limit, client_rate_burst=client_rate_burst,
             hedge_budget_ratio=hedge_budget, max_pending=max_pending, default_timeout_ms=default_timeout_ms,
-            l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, max_request_bytes=max_request_bytes,
+            l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, l2_breaker_failures=l2_breaker_failures,
+            l2_breaker_open_s=l2_breaker_open_s, max_request_bytes=max_request_bytes,
             max_tensor_bytes=max_tensor_bytes, max_bytes_elements=max_bytes_elements, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
             peer_query_timeout_ms=peer_query_timeout_ms, run_to_completion=run_to_completion),
         bus_options={k: str(v) for k, v in dict(
@@ -997,7 +1000,9 @@ def up(
         l2_options = [o for n, o, on in (("redis_url", "--redis-url (or INFERBUS_REDIS_URL)", True),
                                          ("l2_lookup", "--l2-lookup", l2_lookup),
                                          ("l2_pool_size", "--l2-pool-size", True),
-                                         ("l2_timeout_ms", "--l2-timeout-ms", True)) if on and given(n)]
+                                         ("l2_timeout_ms", "--l2-timeout-ms", True),
+                                         ("l2_breaker_failures", "--l2-breaker-failures", True),
+                                         ("l2_breaker_open_s", "--l2-breaker-open-s", True)) if on and given(n)]
         if l2_options:
             _usage(f"up: --no-cache turns the L2 cache off, so {' and '.join(l2_options)} cannot apply; give one or "
                    f"the other")

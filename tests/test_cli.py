@@ -495,6 +495,8 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     # --l2-timeout-ms had no check at all
     (("--l2-timeout-ms", "-1"), "up: --l2-timeout-ms must be a finite number > 0 ms; got -1.0"),
     (("--l2-timeout-ms", "nan"), "up: --l2-timeout-ms must be a finite number > 0 ms"),
+    (("--l2-breaker-failures", "0"), "up: --l2-breaker-failures must be >= 1; got 0"),
+    (("--l2-breaker-open-s", "inf"), "up: --l2-breaker-open-s must be a finite number > 0 seconds; got inf"),
     # a huge count kept inferbus up busy starting processes
     (("--ingress", "99999999999999999999"), "up: --ingress must be 1 to 1024; got 99999999999999999999"),
     (("--workers", "5000"), "up: --workers must be 0 (one per core) to 1024"),
@@ -677,7 +679,7 @@ def test_up_help_states_the_range_each_check_allows():
         "--max-request-bytes": "at most --nats-max-payload", "--hedge-budget": "0 to 1", "--max-error-rate": "0 to 1",
         "--health-timeout-s": "> 0", "--breaker-open-s": "> 0", "--l2-timeout-ms": "> 0",
         "--min-window-requests": ">= 1", "--breaker-failures": ">= 1", "--max-pending": ">= 1",
-        "--l2-pool-size": ">= 1",
+        "--l2-pool-size": ">= 1", "--l2-breaker-failures": ">= 1", "--l2-breaker-open-s": "> 0",
         "--rate-burst": "or >= 1", "--client-rate-burst": "or >= 1",
     }.items():
         assert said in rows[option], (option, rows[option])

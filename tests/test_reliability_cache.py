@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 
 import anyio
@@ -36,6 +37,7 @@ from inferbus.schemas import (
 
 from conftest import MODELS, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
+from test_metrics import scrape, total
 from test_reliability_lib import models_subset, reference, write_onnx_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -101,7 +103,8 @@ async def test_slow_valkey_never_mixes_answers(valkey_server, tmp_path):
         dep = await anyio.to_thread.run_sync(lambda: start_deployment(
             tmp_path / "dep", workers=1, prefix="l2", extra=[
                 "--models", str(models), "--redis-url", f"redis://127.0.0.1:{proxy.port}/0", "--l2-lookup",
-                "--l2-timeout-ms", "30", "--l2-pool-size", "2", "--ingress", "2"]))
+                "--l2-timeout-ms", "30", "--l2-pool-size", "2", "--ingress", "2",
+                "--l2-breaker-failures", "1000000"]))  # every lookup goes to the slow Valkey: what this test is about
         client = await Client.connect(dep.nats_url, "l2")
         sem = asyncio.Semaphore(50)
         wrong = []
@@ -154,7 +157,8 @@ async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valk
         dep = await anyio.to_thread.run_sync(lambda: start_deployment(
             tmp_path / "dep", workers=1, prefix="pool", extra=[
                 "--models", str(models), "--redis-url", f"redis://127.0.0.1:{proxy.port}/0", "--l2-lookup",
-                "--l2-timeout-ms", "30", "--l2-pool-size", "2", "--ingress", "1"]))
+                "--l2-timeout-ms", "30", "--l2-pool-size", "2", "--ingress", "1",
+                "--l2-breaker-failures", "1000000"]))  # each of the 100 lookups is made (the breaker would stop them)
         client = await Client.connect(dep.nats_url, "pool")
         before = (await client.health()).parameters
         assert before["l2_pool_size"] == 2 and before["l2_pool_in_use"] == 0
@@ -186,6 +190,82 @@ async def test_one_ingress_small_pool_and_100_concurrent_misses_all_succeed(valk
         assert looked_up == 100, (after["counts"], slowest)
         assert after["l2_pool_size"] == 2
         await client.close()
+    finally:
+        if dep is not None:
+            await anyio.to_thread.run_sync(dep.stop)
+        await proxy.stop()
+
+
+async def _metrics_url(dep) -> str:
+    """The ``/metrics`` address ``up --metrics-port 0`` printed."""
+    deadline = time.monotonic() + 10
+    while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
+        assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+        await asyncio.sleep(0.05)
+    return m.group(1).decode()
+
+
+async def test_a_frozen_valkey_turns_the_lookups_off_and_they_resume_when_it_answers(valkey_server, tmp_path):
+    """A Valkey that stops answering (here 300 ms of latency against a 30 ms L2 timeout; a SIGSTOP is the same to
+    the ingress) cost every miss the whole L2 timeout before it went to a worker. The L2 circuit breaker turns the
+    lookups off after ``--l2-breaker-failures`` in a row (5 here) timed out, probes once per ``--l2-breaker-open-s``
+    (1 s), and turns them back on when Valkey answers. Health shows it (``l2_lookups``: closed / open / half_open),
+    the log says it once each way, and every answer is right throughout."""
+    proxy = await TcpProxy(("127.0.0.1", valkey_server.port)).start()
+    dep = None
+    try:
+        models = models_subset(tmp_path / "models", ["typed"], {"typed": {"cache_ttl_ms": 60_000}})
+        dep = await anyio.to_thread.run_sync(lambda: start_deployment(
+            tmp_path / "dep", workers=1, prefix="l2brk", extra=[
+                "--models", str(models), "--redis-url", f"redis://127.0.0.1:{proxy.port}/0", "--l2-lookup",
+                "--l2-timeout-ms", "30", "--ingress", "1", "--l2-breaker-failures", "5",
+                "--l2-breaker-open-s", "1", "--metrics-port", "0", "--metrics-host", "127.0.0.1"]))
+        metrics_url = await _metrics_url(dep)
+        client = await Client.connect(dep.nats_url, "l2brk")
+        counts = lambda p: {c: p["counts"][c] for c in ("l2_timeouts", "l2_errors", "l2_skipped", "l2_hits")}  # noqa: E731
+        wrong = []
+
+        async def misses(first: int, n: int) -> None:
+            for k in range(first, first + n):  # one at a time: the order of the verdicts is the order sent
+                res = await client.infer_result("typed", _typed(k), timeout_s=5)
+                if not _check(k, res.outputs):
+                    wrong.append(k)
+
+        before = (await client.health()).parameters
+        assert before["l2_lookups"] == "closed" and before["l2_lookups_off_times"] == 0, before
+        proxy.latency(300)
+        t0 = time.monotonic()
+        await misses(100, 60)
+        froze_s = time.monotonic() - t0
+        frozen = (await client.health()).parameters
+        d = {c: frozen["counts"][c] - before["counts"][c] for c in counts(frozen)}
+        assert not wrong, wrong
+        assert frozen["l2_lookups"] in ("open", "half_open") and frozen["l2_lookups_off_times"] >= 1, frozen
+        # every miss was looked up or skipped; 5 timed out before the breaker opened, then one probe per second
+        assert d["l2_timeouts"] + d["l2_errors"] + d["l2_skipped"] == 60, d
+        assert 5 <= d["l2_timeouts"] + d["l2_errors"] <= 5 + int(froze_s) + 2, (d, froze_s)
+        samples = await anyio.to_thread.run_sync(scrape, metrics_url)  # the same in the Prometheus metrics
+        assert total(samples, "inferbus_cache_l2_breaker_state", state="closed") == 0, samples
+        assert (total(samples, "inferbus_cache_l2_breaker_state", state="open")
+                + total(samples, "inferbus_cache_l2_breaker_state", state="half_open")) == 1
+        assert total(samples, "inferbus_cache_l2_breaker_trips_total") >= 1
+        proxy.heal()
+        deadline = time.monotonic() + 20
+        k = 1000
+        while (await client.health()).parameters["l2_lookups"] != "closed":  # the next probe (≤ 1 s) finds Valkey
+            assert time.monotonic() < deadline, (await client.health()).parameters
+            await misses(k, 1)
+            k += 1
+            await asyncio.sleep(0.1)
+        healed = (await client.health()).parameters
+        await misses(2000, 20)
+        after = (await client.health()).parameters
+        assert not wrong, wrong
+        assert after["counts"]["l2_skipped"] == healed["counts"]["l2_skipped"], (healed["counts"], after["counts"])
+        assert after["l2_lookups"] == "closed"
+        await client.close()
+        log = (dep.run_dir / "ingress-0.log").read_text()
+        assert log.count("L2 lookups off") == 1 and log.count("L2 lookups resumed") == 1, log[-3000:]
     finally:
         if dep is not None:
             await anyio.to_thread.run_sync(dep.stop)

@@ -205,6 +205,13 @@ class IngressConfig(_JsonMixin):
     """L1 cache capacity in bytes of encoded answers (LRU; an answer larger than this is not kept in L1)."""
     l2_timeout_ms: float = 2.0
     """An L2 lookup slower than this counts as a miss."""
+    l2_breaker_failures: int = 20
+    """L2 lookups failed in a row (timed out or errored) that turn lookups off for ``l2_breaker_open_s`` (a circuit
+    breaker, :class:`inferbus.actors._breaker.CircuitBreaker`): a frozen or unreachable Valkey then costs the misses
+    nothing instead of ``l2_timeout_ms`` each."""
+    l2_breaker_open_s: float = 1.0
+    """Seconds L2 lookups stay off once the breaker opens; then one lookup is let through as its probe (it answers:
+    lookups resume; it fails: off again for this long)."""
     default_timeout_ms: float = 1000.0
     """Budget when a request has no Inferbus-Timeout-Ms header."""
     health_timeout_s: float = 5.0
@@ -301,6 +308,9 @@ class IngressConfig(_JsonMixin):
         if not 0 < self.peer_query_timeout_ms < _INF:
             raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms; got "
                              f"{self.peer_query_timeout_ms}")
+        _require(self.l2_breaker_failures >= 1, "IngressConfig.l2_breaker_failures", ">= 1", self.l2_breaker_failures)
+        _require(0 < self.l2_breaker_open_s < _INF, "IngressConfig.l2_breaker_open_s", "a finite number > 0 seconds",
+                 self.l2_breaker_open_s)
         if not 0 < self.l2_timeout_ms < _INF:
             raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms; got {self.l2_timeout_ms}")
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")

@@ -73,6 +73,7 @@ from ..schemas._internal import (
     CacheFill, Cancel, DeathMemory, DoneNotice, InternalDecodeError, LoadReport, ProcessEvent, decode_internal,
     encode_internal,
 )
+from ._breaker import BreakerState, CircuitBreaker
 from ._cache import L1Cache, cache_key
 from .._version import __version__
 from ._common import (StopSignal, announce_ready, connect_logged, drain_endpoint, endpoint_error_counter,
@@ -487,8 +488,14 @@ class Ingress:
         self._seq = itertools.count(1)
         self.nc = None
         self.redis = None
+        self.l2_breaker = CircuitBreaker(config.l2_breaker_failures, config.l2_breaker_open_s, 1,
+                                         on_state=self._on_l2_breaker)
+        """Turns L2 lookups off while they fail in a row (a frozen, lost or refusing Valkey): each would cost its
+        miss ``l2_timeout_ms`` (2 ms) for nothing; a fresh-user trial's SIGSTOPped Valkey cost every miss that."""
+        self._l2_off_since = 0.0
+        self._l2_skipped_at_open = 0
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
-                       "l2_timeouts": 0, "l2_errors": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0,
+                       "l2_timeouts": 0, "l2_errors": 0, "l2_skipped": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0,
                        "unavailable": 0,
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
@@ -819,14 +826,17 @@ class Ingress:
                     self.counts["l1_hits"] += 1
                     await self._reply_cached(msg.reply, cached, req.id, ct, hdrs, "l1", t0, key)
                     return
-            if self.redis is not None:
+            if self.redis is not None and self.l2_breaker.allows(t_val):
                 if len(self.pending) + self._l2_inflight >= self.config.max_pending:
                     raise ResourceExhausted(f"ingress {self.config.ingress_id} has {len(self.pending)} requests "
                                             f"outstanding and {self._l2_inflight} cache lookups", retry_after_ms=10)
                 self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
-                                                          ttl_ms, req.id, rid, hedge_policy, (req, arrays)))
+                                                          ttl_ms, req.id, rid, hedge_policy, (req, arrays),
+                                                          self.l2_breaker.on_send()))
                 return
+            if self.redis is not None:  # the breaker is open: a miss without the lookup
+                self.counts["l2_skipped"] += 1
         try:
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
                                 time.monotonic(), (req, arrays))
@@ -976,19 +986,33 @@ class Ingress:
         return policy
 
     async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id, rid,
-                               hedge_policy, decoded) -> None:
+                               hedge_policy, decoded, probe: bool = False) -> None:
+        """Look ``key`` up in L2 (at most ``l2_timeout_ms``), then answer the hit or forward the miss; ``probe``: the
+        lookup is the L2 breaker's probe (:meth:`CircuitBreaker.on_send`), whose verdict turns lookups back on or
+        off."""
         try:
             cached, left_ms = None, -1
-            wait_s = min(self.config.l2_timeout_ms / 1000.0, max(deadline - time.monotonic(), 0.0))
+            left_s = max(deadline - time.monotonic(), 0.0)
+            wait_s = min(self.config.l2_timeout_ms / 1000.0, left_s)
             lookup = asyncio.ensure_future(self._l2_get(f"{self.subjects.prefix}:{key}"))
+            verdict = None  # the breaker's: True (Valkey answered), False (it failed), None (says nothing)
             try:  # shielded: wait_for would wait for the cancelled lookup, and redis-py can hold one that is
                 # opening a pool connection past its cancellation (seen: 840 ms with a 30 ms L2 timeout)
                 cached, left_ms = await asyncio.wait_for(asyncio.shield(lookup), wait_s)
+                verdict = True
             except asyncio.TimeoutError:
                 self.counts["l2_timeouts"] += 1
+                verdict = False if wait_s < left_s else None  # a budget shorter than the L2 timeout: not Valkey's
             except Exception:
                 self.counts["l2_errors"] += 1
+                verdict = False
             finally:
+                if verdict:
+                    self.l2_breaker.on_success(probe)
+                elif verdict is False:
+                    self.l2_breaker.on_failure(time.monotonic(), probe)
+                else:  # (cancelled too: the probe's slot is freed, or lookups would stay off for good)
+                    self.l2_breaker.on_neutral(probe)
                 self._l2_inflight -= 1  # from here the request is a pending forward (or answered)
                 if not lookup.done():
                     lookup.cancel()
@@ -1014,6 +1038,21 @@ class Ingress:
         except Exception as exc:
             self.counts["errors"] += 1
             await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, H.header_value(rid) if rid else None)
+
+    def _on_l2_breaker(self, old: BreakerState, new: BreakerState) -> None:
+        """Log an L2 outage once, when the lookups turn off, and once when they resume (the breaker flaps OPEN ↔
+        HALF_OPEN once per ``l2_breaker_open_s`` while the outage lasts: not logged)."""
+        cfg = self.config
+        if new is BreakerState.OPEN and old is BreakerState.CLOSED:
+            self._l2_off_since = time.monotonic()
+            self._l2_skipped_at_open = self.counts["l2_skipped"]
+            log(f"ingress {cfg.ingress_id}: L2 lookups off: {cfg.l2_breaker_failures} in a row failed or took over "
+                f"{fmt_ms(cfg.l2_timeout_ms)} ms ({self.counts['l2_timeouts']} timed out, {self.counts['l2_errors']} "
+                f"failed since start); misses go to the workers without one, and a lookup is tried again every "
+                f"{cfg.l2_breaker_open_s:g} s")
+        elif new is BreakerState.CLOSED:
+            log(f"ingress {cfg.ingress_id}: L2 lookups resumed after {time.monotonic() - self._l2_off_since:.1f} s "
+                f"({self.counts['l2_skipped'] - self._l2_skipped_at_open} misses went without one)")
 
     async def _l2_get(self, name: str) -> tuple[bytes | None, int]:
         """``(value or None, ms left of its TTL)`` of L2 entry ``name``: ``GET`` and ``PTTL`` in one round trip
@@ -2241,6 +2280,8 @@ class Ingress:
             pool = self.redis.connection_pool
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))
             params["l2_pool_size"] = self.config.l2_pool_size
+            params["l2_lookups"] = str(self.l2_breaker.state)  # closed: on; open: off (failing); half_open: probing
+            params["l2_lookups_off_times"] = self.l2_breaker.trips
         return Health(live=True, ready=wanted <= ready_models, parameters=params)
 
     async def _on_server(self, msg) -> None:
@@ -2274,6 +2315,8 @@ class Ingress:
                 "models_ready": sorted(self.router.ready_models(now)), "pending": len(self.pending),
                 "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
                 "l1_entries": len(self.l1), "l1_bytes": self.l1.bytes, "l2_inflight": self._l2_inflight,
+                "l2_lookups": str(self.l2_breaker.state) if self.redis is not None else None,
+                "l2_lookups_off_times": self.l2_breaker.trips if self.redis is not None else None,
                 "latency_us": latency, "layouts": self._layouts.stats()}
 
     async def run(self, *, nc=None, ready=None) -> None:

@@ -292,6 +292,14 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
               ("l2_inflight", "inferbus_cache_l2_lookups_in_flight", "L2 lookups waiting for Valkey."))
     for key, name, doc in gauges:
         f.add("gauge", name, doc, me, _num(data.get(key)))
+    if data.get("l2_lookups") is not None:  # only an ingress that looks L2 up (--l2-lookup)
+        for s in BREAKER_STATES:
+            f.add("gauge", "inferbus_cache_l2_breaker_state", "The ingress's circuit breaker on its L2 lookups: 1 for "
+                  "its current state (closed: lookups on; open: off, as --l2-breaker-failures lookups in a row failed or "
+                  "timed out; half_open: one lookup probing), 0 for the others.", {**me, "state": s},
+                  1 if data["l2_lookups"] == s else 0)
+        f.add("counter", "inferbus_cache_l2_breaker_trips", "Times the ingress turned its L2 lookups off.", me,
+              _num(data.get("l2_lookups_off_times")))
     ready = set(data.get("models_ready") or ())
     for key in data.get("models") or ():
         f.add("gauge", "inferbus_model_ready", "1 when the ingress has a live, healthy worker for the model version "
