@@ -345,19 +345,17 @@ def spec_prefix(info: object, said: str) -> Optional[str]:
         typer.Exit: (2) one line ``error: SAID: its spec's prefix ... must be ...``, naming the file (``said`` says
             the command and the file): the connection's check named ``--prefix``, an option not given.
     """
-    from .bus import BusConfig
+    from .bus._config import prefix_problem
     from .cli import _usage
 
     spec = info.get("spec") if isinstance(info, dict) else None
     prefix = spec.get("prefix") if isinstance(spec, dict) else None
     if prefix is None:
         return None
-    try:
-        if not isinstance(prefix, str):
-            raise ValueError(prefix)
-        BusConfig(prefix=prefix)
-    except ValueError:
-        _usage(f"{said}: its spec's prefix {prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'")
+    problem = prefix_problem(prefix) if isinstance(prefix, str) else (
+        f"{prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'")
+    if problem is not None:
+        _usage(f"{said}: its spec's prefix {problem}")
     return prefix
 
 

@@ -607,23 +607,22 @@ def _check_backends_installed(names: tuple[str, ...]) -> None:
 
 
 def _check_prefix(prefix: str) -> None:
-    """``--prefix`` as the bus takes it (dot-separated tokens of letters, digits, '_' or '-'), else one line and
-    exit 2 (it used to end in a traceback from the connection's config)."""
+    """``--prefix`` as the bus takes it (:func:`inferbus.bus._config.prefix_problem`: dot-separated tokens of
+    letters, digits, '_' or '-', none after the first one inferbus puts after a prefix), else one line and exit 2 (it
+    used to end in a traceback from the connection's config)."""
     from typer.main import get_current_context
 
-    from .bus import BusConfig
+    from .bus._config import prefix_problem
 
-    try:
-        BusConfig(prefix=prefix)
-    except ValueError:
+    problem = prefix_problem(prefix)
+    if problem is not None:
         names = []  # the command as typed below the program (``models``, ``region status``), however it was run
         ctx = get_current_context(silent=True)
         while ctx is not None and ctx.parent is not None:
             names.append(ctx.info_name)
             ctx = ctx.parent
         command = " ".join(reversed(names))
-        _usage((f"{command}: " if command else "") + f"--prefix {prefix!r} must be dot-separated tokens of letters, "
-               f"digits, '_' or '-'")
+        _usage((f"{command}: " if command else "") + f"--prefix {problem}")
 
 
 CLIENT_ENV = {"user": "INFERBUS_NATS_USER", "password": "INFERBUS_NATS_PASSWORD", "token": "INFERBUS_NATS_TOKEN",

@@ -41,6 +41,12 @@ def test_bus_config_validation():
         BusConfig(connect_attempts=0)
     with pytest.raises(ValueError, match="prefix"):
         BusConfig(prefix="a b")
+    # a token inferbus puts after a prefix: a deployment on 'inferbus' would take this one's messages
+    for prefix in ("inferbus.ingresses.n1-i0", "inferbus.models", "desk.infer", "a._w", "a.b.nodes"):
+        with pytest.raises(ValueError, match="which inferbus puts after a prefix"):
+            BusConfig(prefix=prefix)
+    for prefix in ("models", "desk.eu", "infer-x.y", "a.modelsx", "_x.y"):  # first token, or not a whole token
+        assert BusConfig(prefix=prefix).prefix == prefix
     assert BusConfig.from_dict(BusConfig(servers=("nats://x:1",)).to_dict()).servers == ("nats://x:1",)
 
 

@@ -496,6 +496,9 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     (("--l2-timeout-ms", "-1"), "up: --l2-timeout-ms must be a finite number > 0 ms; got -1.0"),
     (("--l2-timeout-ms", "nan"), "up: --l2-timeout-ms must be a finite number > 0 ms"),
     (("--l2-breaker-failures", "0"), "up: --l2-breaker-failures must be >= 1; got 0"),
+    # a deployment on 'inferbus' answered this one's requests (its <p>.ingresses.<id>.infer.> matched them)
+    (("--prefix", "inferbus.ingresses.n1-i0"), "up: --prefix 'inferbus.ingresses.n1-i0' has the token 'ingresses', "
+                                               "which inferbus puts after a prefix: a deployment on prefix 'inferbus'"),
     (("--l2-breaker-open-s", "inf"), "up: --l2-breaker-open-s must be a finite number > 0 seconds; got inf"),
     # a huge count kept inferbus up busy starting processes
     (("--ingress", "99999999999999999999"), "up: --ingress must be 1 to 1024; got 99999999999999999999"),

@@ -11,6 +11,30 @@ from dataclasses import dataclass, field, replace
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 
+SUBJECT_TOKENS = frozenset({"infer", "models", "health", "server", "ingresses", "nodes"})
+"""The public tokens inferbus puts right after a prefix (``<p>.infer.>``, ``<p>.models.>``, ...); every token
+after it that starts with ``_`` is internal (``<p>._w.<id>``, ``<p>._load``, ...)."""
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be a deployment's subject prefix, else None.
+
+    Each dot-separated token is letters, digits, ``_`` or ``-``. No token after the first may be one inferbus puts
+    right after a prefix (:data:`SUBJECT_TOKENS`, or one starting with ``_``): a deployment on ``inferbus`` would take
+    the messages of one on ``inferbus.ingresses.n1-i0`` or ``inferbus.models`` (its ``<p>.ingresses.n1-i0.infer.>``
+    and ``<p>.models.>`` subscriptions match their subjects), and answer another deployment's requests (a
+    fresh-user trial: ``--prefix inferbus.ingresses.n1-i0`` got the retries of the deployment on ``inferbus``)."""
+    tokens = prefix.split(".")
+    if not all(_TOKEN_RE.match(tok) for tok in tokens):
+        return f"{prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'"
+    for tok in tokens[1:]:
+        if tok in SUBJECT_TOKENS or tok.startswith("_"):
+            parent = ".".join(tokens[:tokens.index(tok, 1)])
+            return (f"{prefix!r} has the token {tok!r}, which inferbus puts after a prefix: a deployment on prefix "
+                    f"{parent!r} would take this one's messages; name it otherwise (e.g. "
+                    f"{prefix.replace('.' + tok, '-' + tok.lstrip('_'), 1)!r})")
+    return None
+
 
 @dataclass(frozen=True)
 class BusConfig:
@@ -24,7 +48,8 @@ class BusConfig:
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     """NATS URLs, tried in order (randomized by nats-py unless ``no_randomize``)."""
     prefix: str = "inferbus"
-    """First token(s) of every subject; letters, digits, ``_`` and ``-`` per token."""
+    """First token(s) of every subject; letters, digits, ``_`` and ``-`` per token, and no token after the first
+    that inferbus puts after a prefix (:func:`prefix_problem`)."""
     name: str = "inferbus"
     """Client connection name, visible in the server's ``/connz``."""
     connect_timeout_s: float = 2.0
@@ -82,11 +107,8 @@ class BusConfig:
             problem = server_url_problem(url)
             if problem is not None:
                 raise ValueError(f"BusConfig.servers: {problem}")
-        for tok in self.prefix.split("."):
-            if not _TOKEN_RE.match(tok):
-                raise ValueError(
-                    f"BusConfig.prefix {self.prefix!r}: dot-separated tokens of letters, digits, '_' or '-'"
-                )
+        if (problem := prefix_problem(self.prefix)) is not None:
+            raise ValueError(f"BusConfig.prefix {problem}")
         if self.connect_timeout_s <= 0 or self.ping_interval_s <= 0:
             raise ValueError("BusConfig: connect_timeout_s and ping_interval_s must be > 0 seconds")
         if not self.reconnect_timeout_s > 0:  # NaN too
