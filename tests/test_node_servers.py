@@ -310,3 +310,47 @@ async def test_a_valkey_crash_loop_costs_the_cache_for_a_while_not_the_bus_nor_a
         _stops_clean(proc, run_dir, log)
     finally:
         _reap(proc)
+
+
+async def test_a_node_joined_to_a_nats_that_stops_says_so_once_and_when_it_is_back(nats_server, tmp_path):
+    """A node joined to a NATS it does not run (``--nats-url``: another node's embedded server, or one of the
+    operator's) said nothing in node.log nor on ``up``'s stderr while that server was stopped or restarted; only its
+    actors' own logs did (a fresh-user trial: 2-4 s outages while the node carrying the embedded NATS restarted,
+    118-301 requests failed, the joined node's log silent). Now one WARNING when the node's connection is lost and
+    one when it is back, with how long; none when the node itself stops; and it serves again with no action."""
+    from conftest import start_deployment
+
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="lost", extra=[
+        "--nats-url", nats_server.url, "--no-cache", "--model", "digits"])
+    try:
+        node_log = dep.run_dir / "node.log"
+
+        async def wait_for(text: str, where: Path, timeout_s: float = 20.0) -> None:
+            deadline = time.monotonic() + timeout_s
+            while text not in where.read_text():
+                assert time.monotonic() < deadline, (text, where.read_text()[-3000:])
+                await asyncio.sleep(0.05)
+
+        nats_server.stop()
+        await wait_for("node n1: lost its NATS connection", node_log)
+        await wait_for("node n1: lost its NATS connection", dep.log)  # up's stderr
+        await asyncio.sleep(1.0)
+        nats_server.start()
+        await wait_for("node n1: reconnected to NATS (", node_log)
+        client = await Client.connect(nats_server.url, "lost")
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # the actors reconnect by themselves; the worker's next report makes the model ready
+                try:
+                    res = await client.infer_result("digits", {"pixels": np.zeros((1, 64), np.float32)}, timeout_s=2)
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.2)
+            assert res.outputs
+        finally:
+            await client.close()
+    finally:
+        dep.stop()
+    text = node_log.read_text()
+    assert text.count("lost its NATS connection") == 1 and text.count("node n1: reconnected to NATS (") == 1, text[-3000:]

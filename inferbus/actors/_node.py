@@ -37,7 +37,8 @@ from pathlib import Path
 from .._cpus import cores_text, usable_cores
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
 from .._paths import write_private
-from ..bus import BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, split_servers
+from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
+                   split_servers)
 from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
@@ -291,6 +292,10 @@ class Node:
         self._failed: asyncio.Future | None = None
         self._stopping = False
         self._t_start = time.monotonic()
+        self._bus_lost_at: float | None = None
+        self._bus_server = ""
+        """``host:port`` of the NATS server the node's connection is on (nats-py forgets it when it drops)."""
+        """``time.monotonic()`` when the node's NATS connection was lost (None while connected)."""
         self._quiesced = False
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
@@ -567,7 +572,9 @@ class Node:
         bus = BusConfig(servers=split_servers(self.nats_url), prefix=c.prefix, extra=dict(c.bus_extra),
                         **c.bus_options)
         try:
-            self.nc = await connect(bus, name=f"node-{c.node_id}")
+            self.nc = await connect(bus, name=f"node-{c.node_id}", disconnected_cb=self._on_bus_lost,
+                                    reconnected_cb=self._on_bus_back)
+            self._bus_server = connected_server(self.nc)
             if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?
                 await self._check_node_id_free(bus)
             if c.actors:  # the model writes outlive the actors: every one of them dying at once undoes none
@@ -749,6 +756,25 @@ class Node:
             if info.id == child_id:
                 return info.pid
         return None
+
+    async def _on_bus_lost(self) -> None:
+        """A WARNING (``up``'s stderr and node.log) when the node's own NATS connection drops, unless the node is
+        stopping: its actors lose theirs at the same time and serve nothing until it is back. A node joined to
+        another node's embedded NATS (``--nats-url``) said nothing while that node was stopped or restarted, only
+        its actors' own logs did (a fresh-user trial: 2-4 s outages, 118-301 requests failed, node.log silent)."""
+        if self._stopping or self._bus_lost_at is not None:
+            return
+        self._bus_lost_at = time.monotonic()
+        log.warning("node %s: lost its NATS connection (%s); its actors serve nothing until they reconnect (nats-py "
+                    "retries by itself)", self.config.node_id, self._bus_server or "its server")
+
+    async def _on_bus_back(self) -> None:
+        """The WARNING's pair: how long the node's NATS connection was down."""
+        lost_at, self._bus_lost_at = self._bus_lost_at, None
+        self._bus_server = connected_server(self.nc) or self._bus_server
+        if lost_at is not None and not self._stopping:
+            log.warning("node %s: reconnected to NATS (%s) after %.1f s", self.config.node_id, self._bus_server,
+                        time.monotonic() - lost_at)
 
     async def stop(self) -> None:
         """Stop the metrics endpoint, the actors (reverse start order), then the embedded servers (Valkey, then
