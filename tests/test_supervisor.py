@@ -242,6 +242,36 @@ def test_restart_window_matches_otp_add_restart(intensity: int, period_s: float,
 
 # ---------------------------------------------------------------------------- one_for_one
 @pytest.mark.anyio
+async def test_children_not_started_yet_are_not_started_not_stopped() -> None:
+    """``which_children`` during a supervisor's start: a child after the one being started is ``not_started``
+    (``inferbus nodes`` during a node's start showed such children ``stopped``, as if they had run and ended)."""
+    import dataclasses
+
+    gate = asyncio.Event()
+    slow = proc_spec("a")
+
+    async def start_a():
+        await gate.wait()
+        return await proc_spec("a").start()
+
+    rec = Recorder()
+    sup = make_sup(SupervisorSpec(Strategy.ONE_FOR_ONE), [dataclasses.replace(slow, start=start_a), proc_spec("b")],
+                   rec)
+    assert [i.status for i in sup.which_children()] == ["not_started", "not_started"]
+    starting = asyncio.ensure_future(sup.start())
+    await asyncio.sleep(0.2)
+    assert [(i.status, i.pid) for i in sup.which_children()] == [("not_started", None), ("not_started", None)]
+    gate.set()
+    with anyio.fail_after(10):
+        await starting
+    try:
+        assert [i.status for i in sup.which_children()] == ["running", "running"]
+    finally:
+        await sup.stop()
+    assert [i.status for i in sup.which_children()] == ["stopped", "stopped"]
+
+
+@pytest.mark.anyio
 async def test_kill_9_child_is_restarted_with_new_pid() -> None:
     rec = Recorder()
     sup = make_sup(SupervisorSpec(Strategy.ONE_FOR_ONE), [proc_spec("a"), proc_spec("b")], rec)

@@ -223,7 +223,7 @@ class SupervisorSpec:
         object.__setattr__(self, "period_s", float(self.period_s))
 
 
-ChildStatus = Literal["running", "restarting", "stopped"]
+ChildStatus = Literal["not_started", "running", "restarting", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,8 @@ class ChildInfo:
     life of the Supervisor object (restarts by the strategy, ``restart_child``, and starts
     after the supervisor itself was started again)."""
     status: ChildStatus
-    """``"running"``; ``"restarting"`` (a restart is pending or in progress, including a
+    """``"not_started"`` (never started yet: the supervisor is starting the children before it, in start
+    order); ``"running"``; ``"restarting"`` (a restart is pending or in progress, including a
     failed restart waiting to be tried again); ``"stopped"`` (terminated, a transient child
     that exited normally, or the supervisor is not running)."""
     restart: Restart = field(default=Restart.PERMANENT)

@@ -88,7 +88,9 @@ class _Slot:
     spec: ChildSpec
     child: Child | None = None
     watcher: asyncio.Task[None] | None = None
-    status: ChildStatus = "stopped"
+    status: ChildStatus = "not_started"
+    """``stopped`` once it ran and was stopped (OTP's which_children shows ``undefined`` for both; an operator's
+    ``inferbus nodes`` during a node's start showed the children not started yet as ``stopped``)."""
     last_reason: str = ""
 
 
