@@ -1504,8 +1504,8 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
                                        "600)."),
           as_json: bool = typer.Option(False, "--json", help="Print the answers as JSON (a list, one per node).")):
     """Each node's supervision tree: every `inferbus up` on this NATS and prefix answers with its supervisors
-    (strategy, intensity, restarts counted against it) and each child's pid, status, restarts and last exit, as OTP's
-    which_children gives them (exit 0 when a node answered, 1 when none did within --wait-s)."""
+    (strategy, intensity, restarts counted against it) and each child's actor ids on the bus (as health and metrics
+    name them), pid, status, restarts and last exit, as OTP's which_children gives them (exit 0 when a node answered, 1 when none did within --wait-s)."""
     if not (0 < wait_s <= MAX_TIMEOUT_MS / 1000.0):  # NaN fails the comparison
         _usage(f"nodes: --wait-s must be a number of seconds > 0 and at most {MAX_TIMEOUT_MS / 1000.0:.0f}, "
                f"got {wait_s}")
@@ -1541,14 +1541,14 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
         for t in trees:
             table = Table(title=f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
                                 + (", stopping" if t.get("stopping") else "") + ")", title_justify="left")
-            for col in ("supervisor", "child", "pid", "status", "restarts", "last exit"):
+            for col in ("supervisor", "child", "actors", "pid", "status", "restarts", "last exit"):
                 table.add_column(col, justify="right" if col in ("pid", "restarts") else "left")
             for sup in t.get("supervisors", []):
                 table.add_row(f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
-                              f"{sup['period_s']:g} s)", "", "", "", str(sup["restarts"]), "")
+                              f"{sup['period_s']:g} s)", "", "", "", "", str(sup["restarts"]), "")
                 for ch in sup.get("children", []):
-                    table.add_row("", ch["id"], str(ch["pid"] or "-"), ch["status"], str(ch["restarts"]),
-                                  ch["last_exit"] or "-")
+                    table.add_row("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
+                                  ch["status"], str(ch["restarts"]), ch["last_exit"] or "-")
             console.print(table)
     raise typer.Exit(0 if trees else EXIT_FAILED)
 

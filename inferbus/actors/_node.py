@@ -300,6 +300,9 @@ class Node:
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
         self._flight_paths: dict[str, str] = {}
+        self._actor_ids: dict[str, list[str]] = {}
+        """Child id → the ids its actors have on the bus (``ingress:0`` → ``["n1-i0"]``, ``colocated:n1-w0`` →
+        ``["n1-i0", "n1-w0"]``): what health, metrics and the logs name them by (:meth:`tree`)."""
         """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
         self._crash_running: dict[str, list | None] = {}
         """Child id → what its model runs held at its last abnormal exit (read in :meth:`_on_exit`)."""
@@ -633,6 +636,7 @@ class Node:
                 # what its model runs hold, read here after a crash (its file next to its log)
                 wc = replace(wc, flight_record_path=str(run_dir / f"worker-{wid}.running"))
                 self._flight_paths[f"worker:{wid}"] = wc.flight_record_path
+                self._actor_ids[f"worker:{wid}"] = [wid]
                 children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env,
                                             cpu_affinity=wc.cpu_affinity,
                                             exempt=functools.partial(self._input_crash, f"worker:{wid}")))
@@ -649,10 +653,12 @@ class Node:
                 # dies with the process; the node passes them on to the other ingresses)
                 wc = replace(wc, bus=ic.bus, flight_record_path=str(run_dir / f"worker-{wc.worker_id}.running"))
                 self._flight_paths[cid] = wc.flight_record_path
+                self._actor_ids[cid] = [ic.ingress_id, wc.worker_id]
                 cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), wc)
                 children.append(self._child(cid, "colocated", cc.to_json(), run_dir, cpu_affinity=wc.cpu_affinity,
                                             exempt=functools.partial(self._input_crash, cid)))
             else:
+                self._actor_ids[f"ingress:{j}"] = [ic.ingress_id]
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
                                             cpu_affinity=ic.cpu_affinity))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
@@ -795,8 +801,9 @@ class Node:
         own process), ``uptime_s``, ``stopping``, and ``supervisors``: for each of the node's supervisors (the
         embedded nats-server's, the embedded Valkey's, the actors'), ``name``, ``state``, ``strategy``,
         ``intensity`` and ``period_s`` (s), ``restarts`` (counted against the intensity over its life) and
-        ``children`` (start order: ``id``, ``pid`` or None, ``status`` running / restarting / stopped, ``restarts``,
-        ``restart`` type, ``last_exit``: why its last incarnation exited, on one line, "" if it never did; a failed
+        ``children`` (start order: ``id``, ``pid`` or None, ``status`` not_started / running / restarting / stopped,
+        ``restarts``, ``actors``: the ids its actors have on the bus, as health, metrics and logs name them (``ingress:0``
+        → ``["n1-i0"]``; ``[]`` for the servers and the aggregator), ``restart`` type, ``last_exit``: why its last incarnation exited, on one line, "" if it never did; a failed
         start's holds its last output), as OTP's
         ``supervisor:which_children/1`` and ``count_children/1`` give them."""
         sups = []
@@ -806,7 +813,8 @@ class Node:
             sups.append({"name": sup.name, "state": sup.state, "strategy": sup.spec.strategy.value,
                          "intensity": sup.spec.intensity, "period_s": sup.spec.period_s,
                          "restarts": sup.count_restarts(),
-                         "children": [{"id": ch.id, "pid": ch.pid, "status": ch.status, "restarts": ch.restarts,
+                         "children": [{"id": ch.id, "actors": self._actor_ids.get(ch.id, []), "pid": ch.pid,
+                                       "status": ch.status, "restarts": ch.restarts,
                                        "restart": ch.restart.value, "last_exit": " ".join(ch.last_exit.split())}
                                       for ch in sup.which_children()]})
         return {"node_id": self.config.node_id, "pid": os.getpid(),
