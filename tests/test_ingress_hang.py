@@ -123,6 +123,11 @@ async def test_each_ingress_answers_its_id_and_serves_a_request_sent_to_it_alone
             msg = await client.nc.request(f"hng.ingresses.{iid}.infer.typed.x", body, timeout=2.0)
             err = decode_error(msg.headers, msg.data)
             assert isinstance(err, InvalidArgument) and err.field == "model_version", err
+            # no model named: INVALID_ARGUMENT saying where to send it, as <p>.infer does (was "no responders")
+            msg = await client.nc.request(f"hng.ingresses.{iid}.infer", body, timeout=2.0)
+            err = decode_error(msg.headers, msg.data)
+            assert isinstance(err, InvalidArgument) and err.field == "model", err
+            assert f"hng.ingresses.{iid}.infer.<model>[.<version>]" in err.message, err.message
         with pytest.raises(nats.errors.NoRespondersError):  # no ingress of that id
             await client.nc.request("hng.ingresses.nosuch.infer.typed", body, timeout=2.0)
         # counted in $SRV.STATS on an endpoint of their own (the trial: errors counted on infer, requests nowhere)

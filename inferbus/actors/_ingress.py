@@ -678,12 +678,13 @@ class Ingress:
                 pass
 
     async def _on_infer_bare(self, msg) -> None:
-        """A request on ``<p>.infer`` (no model named): INVALID_ARGUMENT saying where to send it."""
+        """A request on ``<p>.infer`` or ``<p>.ingresses.<ingress_id>.infer`` (no model named): INVALID_ARGUMENT saying
+        where to send it."""
         if msg.reply:
             hdrs = msg.headers or {}
             await self._error(msg.reply, InvalidArgument(
                 f"subject {msg.subject!r} names no model: send inference requests to "
-                f"{self.subjects.prefix}.infer.<model>[.<version>]", field="model"),
+                f"{msg.subject}.<model>[.<version>]", field="model"),
                 _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID))
 
     async def _send(self) -> None:
@@ -2380,7 +2381,8 @@ class Ingress:
         reads = [await self.nc.subscribe(self._at_root + rest, cb=self._on_read_at)
                  for rest in ("health", "server", "models", "models.>")]
         self._at_infer_sub = at_sub
-        self._at_subs = [await self.nc.subscribe(s.ingresses, cb=self._on_ingresses), *reads]
+        self._at_subs = [await self.nc.subscribe(s.ingresses, cb=self._on_ingresses), *reads,
+                         await self.nc.subscribe(self._at_head[:-1], cb=self._on_infer_bare)]
         # `<p>.infer` itself (no model token) matches no endpoint: a hand-written client got NATS's "no responders"
         await self.nc.subscribe(s.infer_bare, queue=q, cb=self._on_infer_bare)
         await svc.add_endpoint(name="models", subject=s.models, queue_group=q, handler=lambda r: self._on_models(r._msg))
