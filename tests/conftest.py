@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,6 +182,17 @@ def start_deployment(run_dir: Path, *, workers: int = 2, extra: list[str] | None
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"inferbus up not ready after {timeout_s}s: {log.read_text()[-3000:]}")
+
+
+def embedded_valkey_url(run_dir: Path) -> str:
+    """The URL of the embedded Valkey of the ``inferbus up`` whose ``--run-dir`` is ``run_dir``: its port from its
+    log's name (``valkey/valkey-<port>.log``), its password from ``valkey/valkey.conf`` (0600; the node makes one
+    at each start and prints the URL with it masked)."""
+    [log] = (run_dir / "valkey").glob("valkey-*.log")
+    port = int(log.stem.split("-")[1])
+    conf = (run_dir / "valkey" / "valkey.conf").read_text()
+    password = re.search(r"^requirepass (\S+)$", conf, re.M).group(1)
+    return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
 @contextlib.contextmanager

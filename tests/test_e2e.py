@@ -19,7 +19,7 @@ from inferbus.schemas import (
     DeadlineExceeded, InvalidArgument, NotFound, PayloadTooLarge, decode_error,
 )
 
-from conftest import MODELS
+from conftest import MODELS, embedded_valkey_url
 from test_reliability_lib import wait_health
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -445,7 +445,10 @@ async def test_cache_hit_and_key_separation(client):
 async def test_l2_cache_filled_in_valkey(client, deployment):
     import redis.asyncio as aioredis
 
-    url = re.search(r"L2 cache\s+(redis://\S+)", deployment.log.read_text().replace("\n", " ")).group(1)
+    # printed with its password masked (the embedded Valkey requires one): the URL from the run dir's 0600 files
+    shown = re.search(r"L2 cache\s+(redis://\S+)", deployment.log.read_text().replace("\n", " ")).group(1)
+    assert shown.startswith("redis://:***@127.0.0.1:"), shown
+    url = embedded_valkey_url(deployment.run_dir)
     x = digits_rows(1) + np.float32(np.random.default_rng().random())
     await client.infer("digits", {"pixels": x})
     r = aioredis.from_url(url)

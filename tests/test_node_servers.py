@@ -23,7 +23,7 @@ import pytest
 from inferbus.bus import free_port
 from inferbus.client import Client
 
-from conftest import ROOT, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from conftest import ROOT, embedded_valkey_url, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset, reference
 
 pytestmark = [pytest.mark.anyio]
@@ -157,7 +157,7 @@ async def test_up_restarts_its_killed_nats_server_and_valkey_on_the_same_ports(t
             [vk_pid] = _children_named(proc.pid, "valkey-server")
             [vk_log] = (run_dir / "valkey").glob("valkey-*.log")
             vk_port = int(vk_log.stem.split("-")[1])
-            vk = aioredis.from_url(f"redis://127.0.0.1:{vk_port}/0")
+            vk = aioredis.from_url(embedded_valkey_url(run_dir))
             deadline = time.monotonic() + 20
             while await vk.dbsize() == 0:  # the answers above are filled into L2 (by the aggregator, async)
                 assert time.monotonic() < deadline, "no L2 fill before the Valkey kill"
@@ -294,7 +294,7 @@ async def test_a_valkey_crash_loop_costs_the_cache_for_a_while_not_the_bus_nor_a
             # started again on the same port; new misses are filled into it again
             await _until(lambda: b"embedded valkey started again" in log.read_bytes(), 20, "valkey started again")
             await _until(lambda: _listening(vk_port), 20, "valkey-server listening on the same port")
-            vk = aioredis.from_url(f"redis://127.0.0.1:{vk_port}/0")
+            vk = aioredis.from_url(embedded_valkey_url(run_dir))
             deadline = time.monotonic() + 20
             while await vk.dbsize() == 0:
                 assert time.monotonic() < deadline, "no L2 fill after valkey started again"

@@ -264,3 +264,54 @@ def test_a_valkey_that_requires_a_password_through_inferbus_redis_url(tmp_path, 
             dep.stop()
         vk.kill()
         vk.wait()
+
+
+def test_the_embedded_valkey_requires_a_password_of_its_own_kept_out_of_ps(tmp_path):
+    """Any local user could read and write the embedded Valkey (no password; a fresh-user trial, 2026-12-06), and an
+    entry written there is served as a hit by an ingress that reads L2. Now each ``inferbus up`` gives it a random
+    password of its own, in 0600 files only (``<run-dir>/valkey/valkey.conf``, the actors' configs), not in any
+    process's argv; the node fills it (so it authenticates), prints its URL with the password masked, and a client
+    without the password is refused."""
+    import redis
+
+    from conftest import embedded_valkey_url
+
+    models = models_subset(tmp_path / "models", ["typed"])
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="evp", extra=["--models", str(models), "--l2-lookup"])
+    try:
+        url = embedded_valkey_url(dep.run_dir)
+        secret = url.split("@")[0].rsplit(":", 1)[1]
+        assert len(secret) >= 24, url
+        conf = dep.run_dir / "valkey" / "valkey.conf"
+        assert (conf.stat().st_mode & 0o777) == 0o600
+        head = dep.log.read_text()
+        assert "L2 cache redis://:***@127.0.0.1:" in head and secret not in head, head[:600]
+        for pid in os.listdir("/proc"):  # no process's command line holds it (ps shows every user argv)
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            assert secret.encode() not in argv, argv
+
+        async def ask() -> None:
+            c = await Client.connect(dep.nats_url, "evp")
+            try:
+                for i in range(3):
+                    out = await c.infer("typed", feeds(200 + i), timeout_s=5)
+                    assert out["a_times_2"][0, 0] == 2 * (200 + i)
+            finally:
+                await c.close()
+
+        asyncio.run(ask())
+        r = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while r.dbsize() < 3:  # the aggregator's fills, written with the password
+            assert time.monotonic() < deadline, r.dbsize()
+            time.sleep(0.05)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).dbsize()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).set("evp:poison", b"x")
+    finally:
+        dep.stop()

