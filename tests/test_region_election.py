@@ -606,9 +606,9 @@ async def test_real_10164_from_concurrent_cas_is_a_lost_race(witness):
 @pytest.mark.timeout(60)
 async def test_fencing_refuses_only_requests_stamped_with_an_older_term(witness):
     """The worker's rule (``Fencing.refusal``), fed by real heartbeats over NATS: a request stamped with
-    a term older than the highest a *primary* announced is refused with UNAVAILABLE; an equal or newer
-    term, no term header, or an unparseable one is served. Standby heartbeats and lower terms never
-    change the term (it never goes down)."""
+    a term older than the highest a *primary* announced (or a standby naming another region as the lease's
+    holder) is refused with UNAVAILABLE; an equal or newer term, no term header, or an unparseable one is served.
+    A standby naming no holder or itself, and lower terms, never change the term (it never goes down)."""
     from inferbus.actors._fencing import Fencing
     from inferbus.bus import Subjects
     from inferbus.schemas import Unavailable
@@ -621,10 +621,10 @@ async def test_fencing_refuses_only_requests_stamped_with_an_older_term(witness)
         await f.start(nc)
         assert f.refusal({"Inferbus-Term": "7"}) is None  # no term known yet: nothing is refused
 
-        async def hb(region: str, role: str, term: int) -> None:
+        async def hb(region: str, role: str, term: int, holder: str = "") -> None:
             await nc.publish(subjects.region_heartbeat(region),
                              encode_region(RegionHeartbeat(region=region, role=role, term=term, lease_rev=term,
-                                                           seq=1, manager_id=f"m-{region}")))
+                                                           seq=1, manager_id=f"m-{region}", lease_holder=holder)))
             await nc.flush()
 
         await hb("A", "primary", 10)
@@ -632,7 +632,8 @@ async def test_fencing_refuses_only_requests_stamped_with_an_older_term(witness)
         while f.term != 10:
             assert time.monotonic() - t0 < 5, "heartbeat not heard"
             await asyncio.sleep(0.005)
-        await hb("B", "standby", 50)  # a standby's term is what it knows, not a reign: ignored
+        await hb("B", "standby", 50)  # a standby naming no lease holder (vacant): no reign, ignored
+        await hb("B", "standby", 51, holder="B")  # nor one naming itself
         await hb("B", "primary", 9)   # lower than known: ignored (the term never goes down)
         await hb("C", "primary", 11)  # in order on one subscription: once this is heard, so were the two above
         t0 = time.monotonic()
@@ -650,5 +651,14 @@ async def test_fencing_refuses_only_requests_stamped_with_an_older_term(witness)
         headers: dict = {}
         f.stamp(headers)
         assert headers == {"Inferbus-Term": "11"}
+        # a standby that knows a newer term and names its holder: that region reigns under it (a region cut off from
+        # the primary's heartbeats, its own manager still reading the lease; it answered under the old term)
+        await hb("A", "standby", 20, holder="D")
+        t0 = time.monotonic()
+        while f.term == 11:
+            assert time.monotonic() - t0 < 5, "heartbeat not heard"
+            await asyncio.sleep(0.005)
+        assert (f.term, f.primary) == (20, "D")
+        assert isinstance(f.refusal({"Inferbus-Term": "11"}), Unavailable)
     finally:
         await nc.close()

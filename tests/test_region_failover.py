@@ -347,6 +347,45 @@ async def test_partition_never_yields_two_primaries(topo):
     await topo.wait_settled(30)
 
 
+@pytest.mark.timeout(150)
+async def test_a_region_cut_from_the_new_primary_answers_under_its_term(topo):
+    """A fresh-user trial: regions A and B cut from each other (both still reach the witness), the standby promoted
+    by force: the old primary's region kept answering with the old term for the whole cut (22 s), though its own
+    region manager had read the new term from the lease and announced it as a standby. Its actors now take the term
+    from their own manager's standby heartbeat, which names the lease's holder; within seconds its answers carry
+    the new primary's term, and no answer is wrong."""
+    import asyncio
+
+    import numpy as np
+
+    st = await _until(topo, _link_up({"A": "B", "B": "A"}[_primary(await topo.statuses())]), 30)
+    old = _primary(st)
+    new = {"A": "B", "B": "A"}[old]
+    faults = topo.partition({old}, {new})
+    try:
+        rc, out, err = await _cli("region", "promote", new, "--force", "--nats-url", ",".join(topo.urls(new)),
+                                  "--prefix", topo.spec.prefix)
+        assert rc == 0, (out, err)
+        st = await _until(topo, lambda s: s.get(new) is not None and s[new].role == "primary"
+                          and s[new].term > st[old].term, 20)
+        term = st[new].term
+        seen = []
+        deadline = time.monotonic() + 15
+        async with await Client.connect(topo.urls(old), no_randomize=True) as c:
+            x = np.random.default_rng(7).random((1, 64), dtype=np.float32)
+            while True:
+                res = await c.infer_result("digits", {"pixels": x}, timeout_s=5)
+                assert res.parameters["region"] == old, res.parameters
+                seen.append(res.parameters["term"])
+                if seen[-1] == term or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+        assert seen[-1] == term, (seen, term)
+    finally:
+        topo.heal(faults)
+    await topo.wait_settled(30)
+
+
 @pytest.mark.timeout(180)
 async def test_kill_every_process_of_the_primary_region(topo):
     fig = await region_failover(RegionDrillOptions(duration_s=6.0, fault_at_s=2.0, models_dir=MODELS),

@@ -1,7 +1,9 @@
 """The fencing term as ingresses and workers know it (DESIGN §8).
 
 Each :class:`Fencing` listens to the region managers' heartbeats
-(``<p>._region.hb.*``) and keeps the highest term announced by a *primary*. The
+(``<p>._region.hb.*``) and keeps the highest term announced by a *primary*, or by a standby that names the lease's
+holder (the term it knows is that holder's: a region cut off from the primary, whose own manager had learnt the
+new term from the lease, answered under the old one until the cut healed, a fresh-user trial). The
 ingress stamps it on every forwarded request (header ``Inferbus-Term``); a
 worker refuses a request stamped with a lower term than the one it knows with
 UNAVAILABLE (the SDK retries with the same request id; by then the ingress has
@@ -19,7 +21,7 @@ from ..schemas._region import PRIMARY, RegionDecodeError, RegionHeartbeat, decod
 
 
 class Fencing:
-    """The current fencing term, learnt from primary heartbeats (monotonic: it never goes down).
+    """The current fencing term, learnt from the region managers' heartbeats (monotonic: it never goes down).
 
     Runs on the actor's event loop; :meth:`stamp` and :meth:`refusal` are cheap enough for the hot path.
     """
@@ -43,10 +45,20 @@ class Fencing:
             hb = decode_region(msg.data)
         except RegionDecodeError:
             return
-        if isinstance(hb, RegionHeartbeat) and hb.role == PRIMARY and hb.term > self.term:
-            self.term = hb.term
-            self.primary = hb.region
-            self._term_str = str(hb.term)
+        if not isinstance(hb, RegionHeartbeat) or hb.term <= self.term:
+            return
+        if hb.role == PRIMARY:
+            primary = hb.region
+        elif hb.lease_holder and hb.lease_holder != hb.region:
+            # a standby's term is the highest it knows (the lease's, or a primary's heartbeat): with a holder named,
+            # another region reigns under it, which this region's actors may not hear (a partition between regions,
+            # while this region still reaches the lease)
+            primary = hb.lease_holder
+        else:  # a vacant lease (released by a demotion) names no reign
+            return
+        self.term = hb.term
+        self.primary = primary
+        self._term_str = str(hb.term)
 
     def stamp(self, headers: dict) -> None:
         """Add ``Inferbus-Term`` to a forwarded request's headers (nothing while no term is known)."""
