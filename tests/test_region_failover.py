@@ -386,6 +386,50 @@ async def test_a_region_cut_from_the_new_primary_answers_under_its_term(topo):
     await topo.wait_settled(30)
 
 
+@pytest.mark.timeout(150)
+async def test_with_the_witness_cut_off_the_caches_keep_a_master(topo):
+    """A fresh-user trial: after a few hand-overs, the witness isolated (no region can hold the lease, both step
+    down to standby): the two Valkeys became replicas of each other, no master, every cache fill refused until the
+    witness was back. The region that stepped down followed the last primary heartbeat it had heard, from the other
+    region's reign long over. A standby now replicates the current lease holder's Valkey only; with no other holder
+    known it leaves its Valkey as it is, so the last primary's stays master."""
+    import asyncio
+
+    import nats as nats_mod
+
+    p = await topo.wait_settled(30)
+    o = {"A": "B", "B": "A"}[p]
+    nc = await nats_mod.connect(topo.client_urls(first=p), dont_randomize=True)
+    try:  # o reigns once, then p again: each has heard the other's primary heartbeats (and its Valkey)
+        r = await ask_region(nc, topo.spec.prefix, p, "demote")
+        assert r.ok, r
+        await _until(topo, lambda st: st.get(o) is not None and st[o].role == "primary", 20)
+        await asyncio.sleep(1.0)
+        r = await ask_region(nc, topo.spec.prefix, p, "promote", force=True)
+        assert r.ok, r
+        st = await _until(topo, lambda st: st.get(p) is not None and st[p].role == "primary"
+                          and _link_up(o)(st), 30)
+        master = st[o].cache_role  # "replica of host:port (link up)": p's Valkey
+        faults = topo.isolate(topo.spec.witness)
+        try:
+            deadline = time.monotonic() + 20
+            while True:  # the lease cannot be renewed: p steps down, no region is primary
+                st = await topo.statuses(nc)
+                if all(st.get(r) is not None and st[r].role == "standby" for r in (p, o)):
+                    break
+                assert time.monotonic() < deadline, st
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2.0)  # the managers' cache loops run every 0.5 s
+            st = await topo.statuses(nc)
+            roles = {r: st[r].cache_role for r in (p, o)}
+            assert roles[p] == "master" and roles[o] == master, roles
+        finally:
+            topo.heal(faults)
+    finally:
+        await nc.close()
+    await topo.wait_settled(30)
+
+
 @pytest.mark.timeout(180)
 async def test_kill_every_process_of_the_primary_region(topo):
     fig = await region_failover(RegionDrillOptions(duration_s=6.0, fault_at_s=2.0, models_dir=MODELS),

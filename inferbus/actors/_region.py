@@ -209,6 +209,8 @@ class RegionManager:
         self.seen_manager = ""
         self.seen_successor = ""
         self.seen_valkey = ""
+        self.seen_valkey_of = ""
+        """The region whose Valkey :attr:`seen_valkey` is (the holder of the lease write that named it)."""
         self.seen_at = 0.0
         self.seen_term = 0
         """The term of the reign the latest lease write seen belongs to (its value's term, or its revision for an
@@ -220,6 +222,8 @@ class RegionManager:
         self.primary_hb_at: float | None = None
         self.primary_region = ""
         self.primary_valkey = ""
+        self.primary_valkey_of = ""
+        """The region whose primary heartbeat named :attr:`primary_valkey`."""
         self.suspected_at: float | None = None
         # bookkeeping
         self.transitions: deque[Transition] = deque(maxlen=200)
@@ -271,7 +275,7 @@ class RegionManager:
             self.seen_manager = manager
             self.seen_term = term
             if valkey:
-                self.seen_valkey = valkey
+                self.seen_valkey, self.seen_valkey_of = valkey, holder
             self.seen_at = time.monotonic()
         elif rev == self.seen_rev and manager and not self.seen_manager:
             # a peer's heartbeat told us the revision first (heartbeats carry no writer id); the KV watch
@@ -332,8 +336,8 @@ class RegionManager:
                           valkey=hb.valkey if hb.role == PRIMARY else "")
         if hb.role == PRIMARY and hb.region != self.region:
             self._primary_life(hb.region, now)
-            if hb.valkey and hb.valkey != self.primary_valkey:
-                self.primary_valkey = hb.valkey
+            if hb.valkey and (hb.valkey, hb.region) != (self.primary_valkey, self.primary_valkey_of):
+                self.primary_valkey, self.primary_valkey_of = hb.valkey, hb.region
                 self._cache_kick.set()
             if hb.term > self.known_term:
                 self.known_term = hb.term
@@ -404,6 +408,7 @@ class RegionManager:
         self.hold_until = 0.0
         self.seen_rev, self.seen_holder, self.seen_successor = rev, self.region, ""
         self.seen_manager, self.seen_valkey, self.seen_at = self.manager_id, self.cache.addr, time.monotonic()
+        self.seen_valkey_of = self.region
         self.seen_term = self.term
         self._note(PRIMARY, reason, self.term, at=t0)  # t0: the CAS was sent (the reign's earliest start)
         t = time.monotonic()
@@ -639,8 +644,24 @@ class RegionManager:
                     except Exception:
                         pass
 
+    def _master_valkey(self) -> str:
+        """``host:port`` of the Valkey a standby replicates: the lease holder's, when the holder is another region
+        and its Valkey is known (from its lease write or its primary heartbeats); else "" (no change).
+
+        Only the current holder's: a region that stepped down with the witness out of reach followed the last
+        primary heartbeat it had heard, from a reign of the other region long over, while that region, a standby
+        too, replicated this one (a fresh-user trial: the two Valkeys replicas of each other, no master, every cache
+        fill refused until the witness was back)."""
+        holder = self.seen_holder
+        if holder in ("", self.region):
+            return ""
+        if self.seen_valkey_of == holder and self.seen_valkey:
+            return self.seen_valkey
+        return self.primary_valkey if self.primary_valkey_of == holder else ""
+
     async def _cache_loop(self) -> None:
-        """Keep the Valkey role in line with ours: master when primary, else replica of the primary's."""
+        """Keep the Valkey role in line with ours: master when primary, else replica of the lease holder's
+        (:meth:`_master_valkey`; unchanged while no other region holds the lease)."""
         if not self.cache.url:
             return
         while True:
@@ -656,7 +677,7 @@ class RegionManager:
                         await self.cache.make_master()
                         self._note("valkey_master", self.cache.addr)
                 else:
-                    want = self.primary_valkey or (self.seen_valkey if self.seen_holder not in ("", self.region) else "")
+                    want = self._master_valkey()
                     if want and want != self.cache.addr and (role != "replica" or master != want):
                         await self.cache.make_replica(want)
                         self._note("valkey_replica", f"{self.cache.addr} replicates {want}")
