@@ -30,7 +30,8 @@ def _regions(n: int) -> tuple[str, ...]:
 
 
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
-          proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1):
+          proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1,
+          audit: bool = False):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -54,7 +55,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
         spec = ClusterSpec(regions=_regions(regions), workers=workers, ingress=ingress, base_port=base_port,
                            prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
-                           witness_servers=witness_servers, metrics_port=metrics_port)
+                           witness_servers=witness_servers, metrics_port=metrics_port, audit=audit)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:
@@ -79,6 +80,8 @@ def up(
     metrics_port: Optional[int] = typer.Option(None, help="Serve each region's Prometheus metrics (its actors and its "
                                                "region manager's inferbus_region_*): region A on this port, B on the "
                                                "next, ... (on every interface, as up's --metrics-host default; default: none)."),
+    audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
+                               "'up --audit' (for counting duplicate executions in your own drills)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
     from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run
@@ -91,7 +94,7 @@ def up(
         _usage(f"cluster up: --metrics-port must be a port from 1 with room for its {regions} regions on consecutive "
                f"ports (to 65535), got {metrics_port}")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
-                 ingress)
+                 ingress, audit)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")

@@ -669,3 +669,41 @@ def test_a_nats_port_taken_between_the_check_and_the_bind_is_one_error_line(tmp_
     assert out.stderr.startswith(f"error: up: port {port} is in use (taken while this node started)"), out.stderr
     left = processes_naming(str(tmp_path / "run"))
     assert not left, f"left running: {left}"
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_up_audit_publishes_each_executed_request_id_once(tmp_path):
+    """``up --audit`` (a fresh-user trial: no way to turn on the execution audit the drills count duplicates with):
+    the workers publish the request ids they ran on ``<p>._audit``, a MessagePack list of strings per batch; each
+    request run once is there once, a cache hit not at all."""
+    import msgspec
+    import nats
+
+    from conftest import start_deployment
+
+    dep = await asyncio.to_thread(start_deployment, tmp_path / "dep", workers=1, prefix="aud",
+                                  extra=["--audit", "--no-cache", "--model", "digits"])
+    try:
+        nc = await nats.connect(dep.nats_url)
+        seen: list[str] = []
+
+        async def on_audit(msg):
+            seen.extend(msgspec.msgpack.decode(msg.data))
+
+        await nc.subscribe("aud._audit", cb=on_audit)
+        await nc.flush()
+        async with await Client.connect(dep.nats_url, "aud") as c:
+            x = np.random.default_rng(3).random((1, 64), dtype=np.float32)
+            for i in range(5):
+                await c.infer("digits", {"pixels": x + np.float32(i)}, request_id=f"aud-{i}")
+            await c.infer("digits", {"pixels": x}, request_id="aud-again")  # an L1 hit: not run
+        deadline = time.monotonic() + 10
+        while len(seen) < 5:
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert sorted(seen) == [f"aud-{i}" for i in range(5)], seen
+        await nc.close()
+    finally:
+        await asyncio.to_thread(dep.stop)

@@ -58,7 +58,7 @@ def cluster_up(tmp_path):
     fh = open(log, "wb")
     metrics = _free_port_pair()  # A's; B's is the next
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
-                             "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics)], stdout=fh,
+                             "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics), "--audit"], stdout=fh,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         wait_serving(proc, log, timeout_s=90, poll_s=0.1)
@@ -86,6 +86,7 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     run, proc, log = cluster_up
     info = json.loads((run / "cluster.json").read_text())
     assert info["spec"]["prefix"] == "ibt"
+    assert info["spec"]["audit"] is True  # --audit reaches the nodes' spec (it had no option: a fresh-user trial)
     assert sorted({s["site"] for s in info["servers"].values()}) == ["A", "B", "W"]
     assert len(info["servers"]) == 9 and set(info["valkey"]) == {"A", "B"}
     assert "sync_interval: always" in (run / "nats" / "W2" / "W2.conf").read_text()
