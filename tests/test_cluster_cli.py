@@ -87,6 +87,24 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     info = json.loads((run / "cluster.json").read_text())
     assert info["spec"]["prefix"] == "ibt"
     assert info["spec"]["audit"] is True  # --audit reaches the nodes' spec (it had no option: a fresh-user trial)
+    # each region's Valkey requires the cluster's password (any local user could write cache entries before), kept
+    # in 0600 files, in no process's argv (the nodes' config went on their command line)
+    import redis
+
+    conf = run / "valkey" / "A" / "valkey.conf"
+    assert (conf.stat().st_mode & 0o777) == 0o600
+    secret = re.search(r"^requirepass (\S+)$", conf.read_text(), re.M).group(1)
+    for region, url in info["valkey"].items():
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).dbsize()
+        assert redis.Redis(port=port, password=secret, socket_timeout=5).ping()
+    for pid in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        assert secret.encode() not in argv, argv
     assert sorted({s["site"] for s in info["servers"].values()}) == ["A", "B", "W"]
     assert len(info["servers"]) == 9 and set(info["valkey"]) == {"A", "B"}
     assert "sync_interval: always" in (run / "nats" / "W2" / "W2.conf").read_text()

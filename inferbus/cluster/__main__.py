@@ -1,4 +1,6 @@
-"""``python -m inferbus.cluster node CONFIG_JSON``: one region's node process of a local topology.
+"""``python -m inferbus.cluster node CONFIG_JSON|@FILE``: one region's node process of a local topology (its config
+as JSON, or ``@`` and the path of a file holding it: the topology passes a 0600 file, as the config holds its Valkey's
+password).
 
 Runs :class:`inferbus.actors.Node` (the region manager first, then aggregator,
 workers and ingress) against the region's nats-servers and Valkey, prints READY
@@ -19,6 +21,9 @@ async def _node(cfg_json: str) -> None:
     from ..actors._region import RegionConfig
     from ._topology import NodeProcessConfig
 
+    if cfg_json.startswith("@"):
+        with open(cfg_json[1:], encoding="utf-8") as fh:
+            cfg_json = fh.read()
     c = NodeProcessConfig(**json.loads(cfg_json))
     rc = RegionConfig.from_json(json.dumps(c.region_manager))
     node = Node(NodeConfig(
@@ -43,7 +48,7 @@ async def _node(cfg_json: str) -> None:
 
 def _main() -> None:
     if len(sys.argv) != 3 or sys.argv[1] != "node":
-        sys.exit("usage: python -m inferbus.cluster node CONFIG_JSON")
+        sys.exit("usage: python -m inferbus.cluster node CONFIG_JSON|@FILE")
     try:
         import uvloop
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import msgspec
 
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
+from .._paths import write_private
 from ..bus import close_connection, nats_server_binary, valkey_server_binary
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec, backing_off, \
     failure_domain_spec, reset_backoff
@@ -164,6 +166,15 @@ class Topology:
         self._run_task: asyncio.Task | None = None
         self.down: set[str] = set()
         self.models_dir = spec.models_dir or self._default_models()
+        self.valkey_password = secrets.token_urlsafe(24)
+        """Every region's Valkey requires it (``requirepass``; ``masterauth`` for the standbys' replication), kept in
+        0600 files of the run dir only (``valkey/<region>/valkey.conf``, the nodes' configs), never in an argv."""
+
+    def valkey_url(self, region: str) -> str | None:
+        """``region``'s Valkey as its node and region manager reach it: with the password (show it with
+        :func:`inferbus.bus.shown_url`); None without a cache."""
+        url = self.plan.valkey_url(region)
+        return url.replace("redis://", f"redis://:{self.valkey_password}@", 1) if url else None
 
     @staticmethod
     def _default_models() -> str:
@@ -198,7 +209,9 @@ class Topology:
 
         async def start():
             d.mkdir(parents=True, exist_ok=True)
-            argv = [str(valkey_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            conf = d / "valkey.conf"
+            write_private(conf, f"requirepass {self.valkey_password}\nmasterauth {self.valkey_password}\n")
+            argv = [str(valkey_server_binary()), str(conf), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                     "--appendonly", "no", "--dir", str(d), "--protected-mode", "no", "--maxmemory", "64mb",
                     "--maxmemory-policy", "allkeys-lru"]
             if region != primary:
@@ -206,7 +219,8 @@ class Topology:
             child = await ProcessChild.start(argv, ready_line=None, log_path=d / "valkey.log",
                                              name=f"valkey-{region}")
             try:
-                await _wait_tcp(port, child, b"+PONG", b"PING\r\n", 20.0, f"valkey {region}")
+                # (it requires the password: a PING without it is answered NOAUTH, which says it serves)
+                await _wait_tcp(port, child, b"-NOAUTH", b"PING\r\n", 20.0, f"valkey {region}")
             except BaseException:
                 await child.stop(None)
                 raise
@@ -229,7 +243,7 @@ class Topology:
                        if k.startswith(f"lease:{region}:")] or self.plan.urls(sp.witness))
         lease_bus = BusConfig(servers=tuple(lease_urls), prefix=sp.prefix, no_randomize=True, ping_interval_s=0.5,
                               max_outstanding_pings=2)
-        rc = RegionConfig(region=region, bus=bus, lease_bus=lease_bus, valkey_url=self.plan.valkey_url(region),
+        rc = RegionConfig(region=region, bus=bus, lease_bus=lease_bus, valkey_url=self.valkey_url(region),
                           placement_cluster=sp.witness, replicas=sp.lease_replicas, heartbeat_ms=sp.heartbeat_ms,
                           lease_ms=sp.lease_ms, suspect_ms=sp.suspect_ms, hold_ms=sp.hold_ms,
                           initial_primary=region == sp.regions[0])
@@ -244,15 +258,18 @@ class Topology:
         sp = self.spec
         d = self.run_dir / "nodes" / region
         cfg = NodeProcessConfig(region=region, nats_urls=self.plan.urls(region),
-                                redis_url=self.plan.valkey_url(region), prefix=sp.prefix, models_dir=self.models_dir,
+                                redis_url=self.valkey_url(region), prefix=sp.prefix, models_dir=self.models_dir,
                                 models=list(sp.models), workers=sp.workers, ingress=sp.ingress, actors=sp.actors,
                                 run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
                                 health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
                                 metrics_port=self.metrics_port(region))
-        argv = [sys.executable, "-m", "inferbus.cluster", "node", json.dumps(asdict(cfg))]
+        # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
+        cfg_path = d / "node.config.json"
+        argv = [sys.executable, "-m", "inferbus.cluster", "node", f"@{cfg_path}"]
 
         async def start():
             d.mkdir(parents=True, exist_ok=True)
+            write_private(cfg_path, json.dumps(asdict(cfg)))
             return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=120.0,
                                             log_path=d / "node.log", log_timestamps=True, name=f"node-{region}")
 
