@@ -138,7 +138,8 @@ def up(
                 kind = "witness (JetStream, lease replicas)" if site == spec.witness else "region"
                 typer.echo(f"  {site:3s} {kind:36s} {','.join(topo.urls(site))}")
                 if site != spec.witness and topo.plan.valkey_url(site):
-                    typer.echo(f"      valkey {topo.plan.valkey_url(site)}")
+                    typer.echo(f"      valkey {topo.plan.valkey_url(site)} (its password: "
+                               f"{topo.run_dir / 'valkey' / site / 'valkey.conf'})")
                 if site != spec.witness and topo.metrics_port(site) is not None:
                     typer.echo(f"      metrics http://127.0.0.1:{topo.metrics_port(site)}/metrics")
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
