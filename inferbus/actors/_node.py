@@ -40,6 +40,7 @@ from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
                    split_servers)
+from ..bus._connect import closed_on_purpose
 from ..bus._busypoll import check_busy_poll_us
 from ..bus._embedded import EmbeddedServerError
 from ..schemas._internal import InternalDecodeError, LoadReport, ProcessEvent, decode_internal, encode_internal
@@ -771,8 +772,8 @@ class Node:
         stopping: its actors lose theirs at the same time and serve nothing until it is back. A node joined to
         another node's embedded NATS (``--nats-url``) said nothing while that node was stopped or restarted, only
         its actors' own logs did (a fresh-user trial: 2-4 s outages, 118-301 requests failed, node.log silent)."""
-        if self._stopping or self._bus_lost_at is not None:
-            return
+        if self._stopping or self._bus_lost_at is not None or closed_on_purpose(self.nc):
+            return  # (a close of ours, e.g. a start that failed: nats-py calls this on close() too)
         self._bus_lost_at = time.monotonic()
         log.warning("node %s: lost its NATS connection (%s); its actors serve nothing until they reconnect (nats-py "
                     "retries by itself)", self.config.node_id, self._bus_server or "its server")
