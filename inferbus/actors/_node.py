@@ -295,17 +295,17 @@ class Node:
         self._stopping = False
         self._t_start = time.monotonic()
         self._bus_lost_at: float | None = None
+        """``time.monotonic()`` when the node's NATS connection was lost (None while connected)."""
         self._bus_server = ""
         """``host:port`` of the NATS server the node's connection is on (nats-py forgets it when it drops)."""
-        """``time.monotonic()`` when the node's NATS connection was lost (None while connected)."""
         self._quiesced = False
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
         self._flight_paths: dict[str, str] = {}
+        """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
         self._actor_ids: dict[str, list[str]] = {}
         """Child id → the ids its actors have on the bus (``ingress:0`` → ``["n1-i0"]``, ``colocated:n1-w0`` →
         ``["n1-i0", "n1-w0"]``): what health, metrics and the logs name them by (:meth:`tree`)."""
-        """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
         self._crash_running: dict[str, list | None] = {}
         """Child id → what its model runs held at its last abnormal exit (read in :meth:`_on_exit`)."""
         self._tmp = None
