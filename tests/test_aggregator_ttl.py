@@ -137,3 +137,66 @@ async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_s
         await nc.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(nats_server, valkey_server, monkeypatch,
+                                                                             capsys):
+    """A fresh-user trial: a 10 s Valkey freeze, 300 fills lost (284 of them expired in the queue behind the failing
+    write, 100 ms TTLs), and the line said ``cache fills resumed (16 lost to the failure)``. Now it counts what
+    expired or was dropped while the writes failed too."""
+    import re
+
+    from inferbus.actors import _aggregator
+    from inferbus.actors._config import AggregatorConfig
+    from inferbus.bus import BusConfig
+
+    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)
+    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
+    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a2", redis_url=valkey_server.url,
+                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX + "2")))
+    task = asyncio.create_task(agg.run())
+    nc = await nats.connect(nats_server.url)
+    r = aioredis.from_url(valkey_server.url)
+    try:
+        await wait_micro_service(nc, "inferbus-aggregator", task)
+
+        async def fill(key: str, ttl_ms: int) -> None:
+            await nc.publish(f"{PREFIX}2._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
+            await nc.flush()
+
+        await fill("warm", 60_000)
+        deadline = time.monotonic() + 30
+        while await r.get(f"{PREFIX}2:warm") is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await r.execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # past the aggregator's 1 s socket timeout
+        await fill("stuck", 60_000)  # its write times out: the outage's first failure
+        deadline = time.monotonic() + 10
+        while agg.stats["fill_errors"] == 0:
+            assert time.monotonic() < deadline, agg.stats
+            await asyncio.sleep(0.02)
+        for i in range(20):  # 100 ms each: they expire waiting behind the next failing write
+            await fill(f"short-{i}", 100)
+        await asyncio.sleep(3.0)  # the pause is over
+        await fill("after", 60_000)
+        deadline = time.monotonic() + 10
+        while await r.get(f"{PREFIX}2:after") is None:
+            assert time.monotonic() < deadline, agg.stats
+            await asyncio.sleep(0.02)
+        err = capsys.readouterr().err
+        m = re.search(r"cache fills resumed \((\d+) lost to the failure: (\d+) refused or timed out, (\d+) expired and "
+                      r"(\d+) dropped while they waited\)", err)
+        assert m, err[-2000:]
+        total, failed, expired, dropped = map(int, m.groups())
+        assert failed == agg.stats["fill_errors"] >= 1 and dropped == 0, (m.group(0), agg.stats)
+        # each short fill expired or failed in a write (one written in time would have been no loss)
+        assert expired + failed >= 20 and total == failed + expired + dropped, (m.group(0), agg.stats)
+        assert expired == agg.stats["expired"], agg.stats
+    finally:
+        await r.aclose()
+        await nc.close()
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass

@@ -209,3 +209,22 @@ async def test_a_reconnect_gives_up_a_stopped_server_within_reconnect_timeout_s(
             os.kill(s.proc.pid, signal.SIGCONT)
         for s in servers:
             s.stop()
+
+
+def test_each_prefix_has_a_lease_bucket_of_its_own():
+    """``desk.eu``, ``desk-eu`` and ``desk_eu`` shared the bucket ``desk_eu_regions`` (both ``.`` and ``-`` became
+    ``_``), so two deployments on one witness would have shared a lease and a fencing term."""
+    import itertools
+    import re
+
+    from inferbus.actors._lease import bucket_name
+    from inferbus.bus._config import prefix_problem
+
+    names = ["desk.eu", "desk-eu", "desk_eu", "desk__eu", "desk_.eu", "a.b_c", "a_b.c", "a_b_c", "a.b.c", "_x.y",
+             "__x.y", "x_.y", "x__.y", "a-.b", "a.-b", "inferbus"]
+    names += ["".join(p) for p in itertools.product("a_.-", repeat=4)]  # every short mix of the separators
+    valid = sorted({n for n in names if prefix_problem(n) is None})
+    buckets = {bucket_name(n) for n in valid}
+    assert len(buckets) == len(valid), [n for n in valid if [bucket_name(m) for m in valid].count(bucket_name(n)) > 1]
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]+", b) for b in buckets)
+    assert bucket_name("desk.eu") == "desk_eu_regions" and bucket_name("inferbus") == "inferbus_regions"

@@ -41,8 +41,15 @@ class LeaseUnavailable(RegionError):
 
 
 def bucket_name(prefix: str) -> str:
-    """KV bucket of the lease for subject prefix ``prefix`` (dots become underscores)."""
-    return prefix.replace(".", "_").replace("-", "_") + "_regions"
+    """KV bucket of the lease for subject prefix ``prefix``: each ``_`` doubled, then each ``.`` an ``_`` (a bucket
+    name is letters, digits, ``_`` and ``-``; ``-`` is kept), and ``_regions`` after it: ``desk.eu`` →
+    ``desk_eu_regions``, ``desk_eu`` → ``desk__eu_regions``, ``desk-eu`` → ``desk-eu_regions``.
+
+    One bucket per prefix: with a prefix's rules (:func:`inferbus.bus._config.prefix_problem`: no empty token, no
+    token after the first starting with ``_``) a run of ``_`` and ``.`` is some ``_`` then at most one ``.``, which
+    this maps to a run of its own length. Until 2026-12-06 both ``.`` and ``-`` became ``_``, so ``desk.eu``,
+    ``desk-eu`` and ``desk_eu`` shared one lease and one fencing term (a fresh-user trial read it in the code)."""
+    return prefix.replace("_", "__").replace(".", "_") + "_regions"
 
 
 class LeaseStore:

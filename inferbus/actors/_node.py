@@ -772,8 +772,10 @@ class Node:
         stopping: its actors lose theirs at the same time and serve nothing until it is back. A node joined to
         another node's embedded NATS (``--nats-url``) said nothing while that node was stopped or restarted, only
         its actors' own logs did (a fresh-user trial: 2-4 s outages, 118-301 requests failed, node.log silent)."""
-        if self._stopping or self._bus_lost_at is not None or closed_on_purpose(self.nc):
-            return  # (a close of ours, e.g. a start that failed: nats-py calls this on close() too)
+        if self._stopping or self._bus_lost_at is not None or self.nc is None or closed_on_purpose(self.nc):
+            # (never connected: nats-py calls this on a first connect that fails too; or a close of ours, e.g. a
+            # start that failed: nats-py calls it on close() as well)
+            return
         self._bus_lost_at = time.monotonic()
         log.warning("node %s: lost its NATS connection (%s); its actors serve nothing until they reconnect (nats-py "
                     "retries by itself)", self.config.node_id, self._bus_server or "its server")

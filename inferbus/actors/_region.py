@@ -90,7 +90,7 @@ class RegionConfig(_JsonMixin):
     valkey_url: str | None = None
     """This region's Valkey (``redis://host:port/0``); None = no cache to promote."""
     bucket: str = ""
-    """Lease bucket; ``""`` = ``<prefix>_regions``."""
+    """Lease bucket; ``""`` = :func:`~inferbus.actors._lease.bucket_name` of the prefix (``<prefix>_regions``)."""
     placement_cluster: str | None = None
     """JetStream cluster that must hold the lease's replicas (the witness); None = the server's choice."""
     replicas: int = 3
