@@ -502,3 +502,16 @@ def test_region_and_cluster_spell_timeout_s_alike():
         text = _help_text(*argv)
         assert lead + covers in text, (argv, text)
         assert f"[default: {default}]" in text.split("--timeout-s", 1)[1], (argv, text)
+
+
+def test_up_on_a_nats_url_where_nothing_listens_says_so_once_without_a_lost_connection_warning(tmp_path):
+    """``up --nats-url`` where nothing listens printed ``node n3: lost its NATS connection (its server) ...`` before
+    ``cannot reach NATS ...``: the node's warning for a connection it loses, for one it never had (nats-py calls the
+    disconnect callback on a first connect that fails). One line, exit 3, as before the warning existed."""
+    from inferbus.bus import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    p = cli("up", "--nats-url", url, "--node-id", "n3", "--workers", "1", "--no-cache", "--run-dir",
+            str(tmp_path / "run"))
+    assert p.returncode == 3 and "cannot reach NATS" in p.stderr, p
+    assert "lost its NATS connection" not in p.stderr, p.stderr
