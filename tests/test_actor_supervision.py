@@ -432,7 +432,7 @@ async def test_inferbus_nodes_shows_each_supervisor_and_a_killed_workers_restart
         assert all(c["restarts"] == 0 and c["last_exit"] == "" for i, c in actors.items() if i != f"worker:{victim}")
         # each child's actors by the ids health, metrics and logs use (a trial: only ``ingress:0`` was shown)
         assert {i: c["actors"] for i, c in actors.items()} == {
-            "aggregator": [], "worker:n1-w0": ["n1-w0"], "worker:n1-w1": ["n1-w1"], "ingress:0": ["n1-i0"]}, actors
+            "aggregator": ["n1-agg"], "worker:n1-w0": ["n1-w0"], "worker:n1-w1": ["n1-w1"], "ingress:0": ["n1-i0"]}, actors
         p = await asyncio.to_thread(subprocess.run, cli, capture_output=True, text=True, timeout=60, cwd=ROOT,
                                     env={**os.environ, "COLUMNS": "200"})
         assert p.returncode == 0 and "killed by signal 9 (SIGKILL)" in p.stdout and f"worker:{victim}" in p.stdout

@@ -494,6 +494,9 @@ class Ingress:
         miss ``l2_timeout_ms`` (2 ms) for nothing; a fresh-user trial's SIGSTOPped Valkey cost every miss that."""
         self._l2_off_since = 0.0
         self._l2_skipped_at_open = 0
+        self.l2_outages = 0
+        """Times the L2 lookups turned off (the breaker CLOSED → OPEN); a failed probe, which opens it again, is not
+        another (the breaker's own ``trips`` counts those too: a trial's one 9.6 s freeze read 5)."""
         self.counts = {"requests": 0, "ok_forwarded": 0, "errors": 0, "l1_hits": 0, "l2_hits": 0,
                        "l2_timeouts": 0, "l2_errors": 0, "l2_skipped": 0, "l2_bad_values": 0, "rate_limited": 0, "too_large": 0,
                        "unavailable": 0,
@@ -1045,6 +1048,7 @@ class Ingress:
         HALF_OPEN once per ``l2_breaker_open_s`` while the outage lasts: not logged)."""
         cfg = self.config
         if new is BreakerState.OPEN and old is BreakerState.CLOSED:
+            self.l2_outages += 1
             self._l2_off_since = time.monotonic()
             self._l2_skipped_at_open = self.counts["l2_skipped"]
             log(f"ingress {cfg.ingress_id}: L2 lookups off: {cfg.l2_breaker_failures} in a row failed or took over "
@@ -1054,6 +1058,15 @@ class Ingress:
         elif new is BreakerState.CLOSED:
             log(f"ingress {cfg.ingress_id}: L2 lookups resumed after {time.monotonic() - self._l2_off_since:.1f} s "
                 f"({self.counts['l2_skipped'] - self._l2_skipped_at_open} misses went without one)")
+
+    def _l2_state(self, now: float) -> str:
+        """The L2 breaker's state as health and metrics show it: ``closed`` (lookups on), ``open`` (off), or
+        ``half_open``: the open period is over and the next miss's lookup is the probe (the breaker turns HALF_OPEN
+        only when a miss asks; an ingress that gets no misses said ``open`` long after Valkey was back)."""
+        b = self.l2_breaker
+        if b.state is BreakerState.OPEN and now - b.opened_at >= b.open_s:
+            return str(BreakerState.HALF_OPEN)
+        return str(b.state)
 
     async def _l2_get(self, name: str) -> tuple[bytes | None, int]:
         """``(value or None, ms left of its TTL)`` of L2 entry ``name``: ``GET`` and ``PTTL`` in one round trip
@@ -2281,8 +2294,8 @@ class Ingress:
             pool = self.redis.connection_pool
             params["l2_pool_in_use"] = len(getattr(pool, "_in_use_connections", ()))
             params["l2_pool_size"] = self.config.l2_pool_size
-            params["l2_lookups"] = str(self.l2_breaker.state)  # closed: on; open: off (failing); half_open: probing
-            params["l2_lookups_off_times"] = self.l2_breaker.trips
+            params["l2_lookups"] = self._l2_state(now)  # closed: on; open: off (failing); half_open: the next probes
+            params["l2_lookups_off_times"] = self.l2_outages
         return Health(live=True, ready=wanted <= ready_models, parameters=params)
 
     async def _on_server(self, msg) -> None:
@@ -2316,8 +2329,8 @@ class Ingress:
                 "models_ready": sorted(self.router.ready_models(now)), "pending": len(self.pending),
                 "backlog": self._infer_sub.pending_msgs if self._infer_sub is not None else 0,
                 "l1_entries": len(self.l1), "l1_bytes": self.l1.bytes, "l2_inflight": self._l2_inflight,
-                "l2_lookups": str(self.l2_breaker.state) if self.redis is not None else None,
-                "l2_lookups_off_times": self.l2_breaker.trips if self.redis is not None else None,
+                "l2_lookups": self._l2_state(now) if self.redis is not None else None,
+                "l2_lookups_off_times": self.l2_outages if self.redis is not None else None,
                 "latency_us": latency, "layouts": self._layouts.stats()}
 
     async def run(self, *, nc=None, ready=None) -> None:

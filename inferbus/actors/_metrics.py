@@ -296,7 +296,7 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
         for s in BREAKER_STATES:
             f.add("gauge", "inferbus_cache_l2_breaker_state", "The ingress's circuit breaker on its L2 lookups: 1 for "
                   "its current state (closed: lookups on; open: off, as --l2-breaker-failures lookups in a row failed or "
-                  "timed out; half_open: one lookup probing), 0 for the others.", {**me, "state": s},
+                  "timed out; half_open: the next miss's lookup probes), 0 for the others.", {**me, "state": s},
                   1 if data["l2_lookups"] == s else 0)
         f.add("counter", "inferbus_cache_l2_breaker_trips", "Times the ingress turned its L2 lookups off.", me,
               _num(data.get("l2_lookups_off_times")))

@@ -305,7 +305,8 @@ class Node:
         """Child id → the flight record file of a worker process (:mod:`inferbus.actors._flight`)."""
         self._actor_ids: dict[str, list[str]] = {}
         """Child id → the ids its actors have on the bus (``ingress:0`` → ``["n1-i0"]``, ``colocated:n1-w0`` →
-        ``["n1-i0", "n1-w0"]``): what health, metrics and the logs name them by (:meth:`tree`)."""
+        ``["n1-i0", "n1-w0"]``, ``aggregator`` → ``["n1-agg"]``): what health, metrics and the logs name them by
+        (:meth:`tree`)."""
         self._crash_running: dict[str, list | None] = {}
         """Child id → what its model runs held at its last abnormal exit (read in :meth:`_on_exit`)."""
         self._tmp = None
@@ -603,6 +604,7 @@ class Node:
             children.append(self._child("region", "region", rc.to_json(), run_dir))
         if c.actors:
             agg = AggregatorConfig(f"{c.node_id}-agg", bus, redis_url, cpu_affinity=cores if c.pin_cpus else ())
+            self._actor_ids["aggregator"] = [agg.aggregator_id]
             children.append(self._child("aggregator", "aggregator", agg.to_json(), run_dir,
                                         cpu_affinity=agg.cpu_affinity))
         self.worker_ids = []
@@ -809,7 +811,7 @@ class Node:
         ``intensity`` and ``period_s`` (s), ``restarts`` (counted against the intensity over its life) and
         ``children`` (start order: ``id``, ``pid`` or None, ``status`` not_started / running / restarting / stopped,
         ``restarts``, ``actors``: the ids its actors have on the bus, as health, metrics and logs name them (``ingress:0``
-        → ``["n1-i0"]``; ``[]`` for the servers and the aggregator), ``restart`` type, ``last_exit``: why its last incarnation exited, on one line, "" if it never did; a failed
+        → ``["n1-i0"]``, ``aggregator`` → ``["n1-agg"]``; ``[]`` for the servers and the region manager), ``restart`` type, ``last_exit``: why its last incarnation exited, on one line, "" if it never did; a failed
         start's holds its last output), as OTP's
         ``supervisor:which_children/1`` and ``count_children/1`` give them."""
         sups = []
