@@ -996,3 +996,15 @@ def test_a_bfloat16_array_read_back_from_npy_gets_a_hint(tmp_path):
     with pytest.raises(InvalidArgument) as ei:
         schemas.datatype_of(np.dtype(np.complex64))
     assert "bfloat16" not in ei.value.message
+
+
+def test_an_empty_body_says_what_a_request_is():
+    """A raw client's empty body got ``empty request body`` alone (a fresh-user trial); it now says what to send, as
+    the error of a body that is no map does."""
+    from inferbus.schemas import InvalidArgument, decode_request
+
+    for ct in (None, "application/json"):
+        with pytest.raises(InvalidArgument) as exc:
+            decode_request(b"", ct)
+        assert exc.value.field == "body" and exc.value.message.startswith("empty request body: a request is a ")
+        assert '{"inputs": [...]}' in exc.value.message, exc.value.message

@@ -161,8 +161,11 @@ def looks_like_json(body: bytes | memoryview) -> bool:
 
 
 def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool = True) -> Any:
-    if len(body) == 0:
-        raise InvalidArgument(f"empty {what} body", field="body")
+    if len(body) == 0:  # what one is, as for a body that is no map (a fresh-user trial: "empty request body" alone)
+        fields = ("the KServe Open Inference Protocol v2 fields, e.g. {\"inputs\": [...]}" if what in ("request", "response")
+                  else f"the fields of a {what} (docs/models.md)")
+        raise InvalidArgument(f"empty {what} body: a {what} is a MessagePack map (or a JSON object, sent with "
+                              f"Content-Type: application/json) of {fields}", field="body")
     try:
         return dec.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
