@@ -29,21 +29,39 @@ async def _stats(nc) -> dict:
     return json.loads(m.data)["endpoints"][0]["data"]
 
 
-async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arrival(nats_server, valkey_server,
-                                                                                      monkeypatch):
+async def _start_aggregator(nats_server, valkey_server, monkeypatch, aggregator_id: str, prefix: str):
+    """``(aggregator, its task, a NATS connection, a Redis client)``: an aggregator actor run on this loop (no GC
+    freeze, no READY line) against the test's servers, once its micro service answers."""
     from inferbus.actors import _aggregator
     from inferbus.actors._config import AggregatorConfig
     from inferbus.bus import BusConfig
 
     monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)  # no gc.freeze() in the test process
     monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
-    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a1", redis_url=valkey_server.url,
-                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX)))
+    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id=aggregator_id, redis_url=valkey_server.url,
+                                                  bus=BusConfig(servers=(nats_server.url,), prefix=prefix)))
     task = asyncio.create_task(agg.run())
     nc = await nats.connect(nats_server.url)
     r = aioredis.from_url(valkey_server.url)
     try:
         await wait_micro_service(nc, "inferbus-aggregator", task)
+    except BaseException:
+        await _stop_aggregator(task, nc, r)
+        raise
+    return agg, task, nc, r
+
+
+async def _stop_aggregator(task, nc, r) -> None:
+    await r.aclose()
+    await nc.close()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arrival(nats_server, valkey_server,
+                                                                                      monkeypatch):
+    agg, task, nc, r = await _start_aggregator(nats_server, valkey_server, monkeypatch, "a1", PREFIX)
+    try:
 
         async def fill(key: str, ttl_ms: int) -> None:
             await nc.publish(f"{PREFIX}._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
@@ -79,10 +97,7 @@ async def test_a_fill_that_waited_behind_a_stalled_valkey_keeps_its_ttl_from_arr
         st = await _stats(nc)
         assert st["expired"] == 1 and st["fill_errors"] == 0, st
     finally:
-        await r.aclose()
-        await nc.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await _stop_aggregator(task, nc, r)
 
 
 async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_server, valkey_server, monkeypatch):
@@ -92,20 +107,9 @@ async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_s
     expiry (``expires_unix_ms``) and is written ``PXAT``: here a fill whose expiry is 300 ms away lives no longer
     whatever its ``ttl_ms``, one already past is not written, and one whose SET waits out a 900 ms write pause in
     Valkey past its expiry is gone when the pause ends."""
-    from inferbus.actors import _aggregator
-    from inferbus.actors._config import AggregatorConfig
-    from inferbus.bus import BusConfig
-
-    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)
-    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
-    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a2", redis_url=valkey_server.url,
-                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX + "2")))
-    task = asyncio.create_task(agg.run())
-    nc = await nats.connect(nats_server.url)
-    r = aioredis.from_url(valkey_server.url)
+    agg, task, nc, r = await _start_aggregator(nats_server, valkey_server, monkeypatch, "a2", PREFIX + "2")
     p = PREFIX + "2"
     try:
-        await wait_micro_service(nc, "inferbus-aggregator", task)
 
         async def fill(key: str, expires_in_ms: float) -> None:
             at = int(time.time() * 1000 + expires_in_ms)
@@ -133,10 +137,7 @@ async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_s
         assert time.monotonic() - t_pause >= 0.4
         assert await r.get(f"{p}:late") is None
     finally:
-        await r.aclose()
-        await nc.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await _stop_aggregator(task, nc, r)
 
 
 async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(nats_server, valkey_server, monkeypatch,
@@ -146,27 +147,16 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
     expired or was dropped while the writes failed too."""
     import re
 
-    from inferbus.actors import _aggregator
-    from inferbus.actors._config import AggregatorConfig
-    from inferbus.bus import BusConfig
-
-    monkeypatch.setattr(_aggregator, "serving_gc", lambda: None)
-    monkeypatch.setattr(_aggregator, "announce_ready", lambda: None)
-    agg = _aggregator.Aggregator(AggregatorConfig(aggregator_id="a2", redis_url=valkey_server.url,
-                                                  bus=BusConfig(servers=(nats_server.url,), prefix=PREFIX + "2")))
-    task = asyncio.create_task(agg.run())
-    nc = await nats.connect(nats_server.url)
-    r = aioredis.from_url(valkey_server.url)
+    agg, task, nc, r = await _start_aggregator(nats_server, valkey_server, monkeypatch, "a3", PREFIX + "3")
     try:
-        await wait_micro_service(nc, "inferbus-aggregator", task)
 
         async def fill(key: str, ttl_ms: int) -> None:
-            await nc.publish(f"{PREFIX}2._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
+            await nc.publish(f"{PREFIX}3._cache.fill", encode_internal(CacheFill(key, ttl_ms, key.encode())))
             await nc.flush()
 
         await fill("warm", 60_000)
         deadline = time.monotonic() + 30
-        while await r.get(f"{PREFIX}2:warm") is None:
+        while await r.get(f"{PREFIX}3:warm") is None:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
         await r.execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # past the aggregator's 1 s socket timeout
@@ -180,7 +170,7 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
         await asyncio.sleep(3.0)  # the pause is over
         await fill("after", 60_000)
         deadline = time.monotonic() + 10
-        while await r.get(f"{PREFIX}2:after") is None:
+        while await r.get(f"{PREFIX}3:after") is None:
             assert time.monotonic() < deadline, agg.stats
             await asyncio.sleep(0.02)
         err = capsys.readouterr().err
@@ -193,10 +183,4 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
         assert expired + failed >= 20 and total == failed + expired + dropped, (m.group(0), agg.stats)
         assert expired == agg.stats["expired"], agg.stats
     finally:
-        await r.aclose()
-        await nc.close()
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, Exception):
-            pass
+        await _stop_aggregator(task, nc, r)
