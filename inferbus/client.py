@@ -215,7 +215,11 @@ def _version_token(version) -> str | None:
         return None
     version = _version_text(version)
     if not (isinstance(version, str) and version.isascii() and version.isdigit()):
-        raise InvalidArgument(f"version must be a string of digits or an int >= 0, got {version!r}",
+        # worded as the ingress words a version it cannot serve (a fresh-user trial read two wordings), plus the
+        # SDK's own forms
+        said = "is not a number" if isinstance(version, str) else "names no version"
+        raise InvalidArgument(f"version {version!r} {said}: versions are named by their folders' decimal numbers "
+                              f"(e.g. '1'); the version must be a string of digits or an int >= 0",
                               field="model_version")
     problem = version_problem(version)  # the digits are checked: a leading zero, which no version folder has
     if problem is not None:

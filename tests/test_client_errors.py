@@ -312,6 +312,10 @@ async def test_model_names_that_are_no_subject_token_are_refused_before_sending(
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", x, version=bad, timeout_s=5.0)
             assert ei.value.field == "model_version" and "must be a string" in ei.value.message, ei.value.message
+        with pytest.raises(InvalidArgument) as ei:  # worded as the ingress words it (a trial read two wordings)
+            await client.infer("digits", x, version="v1", timeout_s=5.0)
+        assert ei.value.message.startswith("version 'v1' is not a number: versions are named by their folders'"), \
+            ei.value.message
         for bad in ([x["pixels"]], x["pixels"], None):  # inputs not given as {name: array}
             with pytest.raises(InvalidArgument) as ei:
                 await client.infer("digits", bad, timeout_s=5.0)
