@@ -840,7 +840,7 @@ def up(
     l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms, > 0).", rich_help_panel=_REL),
     l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups (>= 1).", rich_help_panel=_REL),
     l2_breaker_failures: int = typer.Option(20, help="L2 lookups failed or timed out in a row that turn an ingress's lookups off for --l2-breaker-open-s (>= 1).", rich_help_panel=_REL),
-    l2_breaker_open_s: float = typer.Option(1.0, help="Seconds L2 lookups stay off after that; then one lookup probes Valkey (> 0).", rich_help_panel=_REL),
+    l2_breaker_open_s: float = typer.Option(1.0, help="Seconds L2 lookups stay off after that; then the next miss's lookup probes Valkey (> 0).", rich_help_panel=_REL),
     max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload); with the embedded nats-server "
                                           "at most --nats-max-payload.", rich_help_panel=_REL),
     max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body), >= 0.", rich_help_panel=_REL),
