@@ -33,6 +33,9 @@ def test_breaker_opens_after_consecutive_failures_and_probes():
     assert b.state is BreakerState.CLOSED and b.allows(1.0)
     b.on_failure(1.0)
     assert b.state is BreakerState.OPEN and b.trips == 1
+    # what health shows: the state the next request would see, without the change allows() makes
+    assert b.state_at(30.9) is BreakerState.OPEN and b.state_at(31.0) is BreakerState.HALF_OPEN
+    assert b.state is BreakerState.OPEN
     assert not b.allows(30.9)  # open for 30 s
     assert b.allows(31.0) and b.state is BreakerState.HALF_OPEN
     probe = b.on_send()

@@ -96,6 +96,13 @@ class CircuitBreaker:
             self.probes_in_flight = 0
         return self.probes_in_flight < self.half_open_probes
 
+    def state_at(self, now: float) -> BreakerState:
+        """The state the next request would see at ``now``: HALF_OPEN for an OPEN breaker whose ``open_s`` is over
+        (:meth:`allows` makes that change only when a request asks), else :attr:`state`. For health and stats."""
+        if self.state is BreakerState.OPEN and now - self.opened_at >= self.open_s:
+            return BreakerState.HALF_OPEN
+        return self.state
+
     def on_send(self) -> bool:
         """Record a request sent; returns True when it is a HALF_OPEN probe (pass that to the verdict)."""
         if self.state is BreakerState.HALF_OPEN:

@@ -1063,10 +1063,7 @@ class Ingress:
         """The L2 breaker's state as health and metrics show it: ``closed`` (lookups on), ``open`` (off), or
         ``half_open``: the open period is over and the next miss's lookup is the probe (the breaker turns HALF_OPEN
         only when a miss asks; an ingress that gets no misses said ``open`` long after Valkey was back)."""
-        b = self.l2_breaker
-        if b.state is BreakerState.OPEN and now - b.opened_at >= b.open_s:
-            return str(BreakerState.HALF_OPEN)
-        return str(b.state)
+        return str(self.l2_breaker.state_at(now))
 
     async def _l2_get(self, name: str) -> tuple[bytes | None, int]:
         """``(value or None, ms left of its TTL)`` of L2 entry ``name``: ``GET`` and ``PTTL`` in one round trip

@@ -338,7 +338,7 @@ class Router:
         if not self.error_healthy(w):
             return "error_rate"
         b = w.breaker
-        if b.state is BreakerState.OPEN and now - b.opened_at < b.open_s:
+        if b.state_at(now) is BreakerState.OPEN:
             return "breaker_open"
         return "ok"
 
@@ -612,9 +612,7 @@ class Router:
         out = {}
         for wid, w in sorted(self.workers.items()):
             b = w.breaker
-            state = b.state
-            if state is BreakerState.OPEN and now - b.opened_at >= b.open_s:
-                state = BreakerState.HALF_OPEN  # what the next request would see
+            state = b.state_at(now)  # what the next request would see
             out[wid] = {
                 "health": self.health_reason(w, now), "breaker": state.value, "breaker_trips": b.trips,
                 "consecutive_failures": b.consecutive_failures, "error_rate": round(w.error_rate, 5),
