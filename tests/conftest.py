@@ -184,6 +184,17 @@ def start_deployment(run_dir: Path, *, workers: int = 2, extra: list[str] | None
     raise RuntimeError(f"inferbus up not ready after {timeout_s}s: {log.read_text()[-3000:]}")
 
 
+def assert_in_no_argv(secret: str) -> None:
+    """No process's command line on this host holds ``secret`` (``ps`` shows every user every argv)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read()
+        except OSError:
+            continue
+        assert secret.encode() not in argv, argv
+
+
 def embedded_valkey_url(run_dir: Path) -> str:
     """The URL of the embedded Valkey of the ``inferbus up`` whose ``--run-dir`` is ``run_dir``: its port from its
     log's name (``valkey/valkey-<port>.log``), its password from ``valkey/valkey.conf`` (0600; the node makes one

@@ -29,7 +29,7 @@ from inferbus.bus import BusConfig, EmbeddedNats, connect
 from inferbus.client import Client
 from inferbus.schemas import PayloadTooLarge, Unavailable, decode_error
 
-from conftest import ROOT, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from conftest import ROOT, assert_in_no_argv, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import models_subset
 from test_reliability_security import _make_tls
 
@@ -203,6 +203,25 @@ async def test_size_limits_refuse_at_once_and_name_what_is_too_large(limited):
         await nc.close()
 
 
+def _three_misses_filled(dep, prefix: str, first: int, r) -> None:
+    """Three misses of ``typed`` through the SDK, each answered right, then their three L2 fills in the Valkey ``r``
+    (redis-py, with the password): the aggregator authenticated."""
+    async def ask() -> None:
+        c = await Client.connect(dep.nats_url, prefix)
+        try:
+            for i in range(first, first + 3):
+                out = await c.infer("typed", feeds(i), timeout_s=5)
+                assert out["a_times_2"][0, 0] == 2 * i
+        finally:
+            await c.close()
+
+    asyncio.run(ask())
+    deadline = time.monotonic() + 10
+    while r.dbsize() < 3:  # the aggregator's fills, written with the password
+        assert time.monotonic() < deadline, r.dbsize()
+        time.sleep(0.05)
+
+
 def test_a_valkey_that_requires_a_password_through_inferbus_redis_url(tmp_path, monkeypatch):
     """The embedded Valkey has no password (a fresh-user trial, docs/failure-semantics.md#security); the way out the
     docs give: a Valkey of one's own with ``requirepass``, named by ``INFERBUS_REDIS_URL`` (not argv: ``ps`` shows
@@ -237,20 +256,7 @@ def test_a_valkey_that_requires_a_password_through_inferbus_redis_url(tmp_path, 
         head = dep.log.read_text()
         assert f"redis://:***@127.0.0.1:{port}/0" in head and secret not in head, head[:600]
 
-        async def ask() -> None:
-            c = await Client.connect(dep.nats_url, "vkp")
-            try:
-                for i in range(3):
-                    out = await c.infer("typed", feeds(100 + i), timeout_s=5)
-                    assert out["a_times_2"][0, 0] == 2 * (100 + i)
-            finally:
-                await c.close()
-
-        asyncio.run(ask())
-        deadline = time.monotonic() + 10
-        while r.dbsize() < 3:  # the aggregator's fills, written with the password
-            assert time.monotonic() < deadline, r.dbsize()
-            time.sleep(0.05)
+        _three_misses_filled(dep, "vkp", 100, r)
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).dbsize()
         # a wrong password is told as refused credentials, not "does not answer ... until it does" (a trial)
@@ -286,28 +292,10 @@ def test_the_embedded_valkey_requires_a_password_of_its_own_kept_out_of_ps(tmp_p
         assert (conf.stat().st_mode & 0o777) == 0o600
         head = dep.log.read_text()
         assert "L2 cache redis://:***@127.0.0.1:" in head and secret not in head, head[:600]
-        for pid in os.listdir("/proc"):  # no process's command line holds it (ps shows every user argv)
-            try:
-                argv = open(f"/proc/{pid}/cmdline", "rb").read()
-            except OSError:
-                continue
-            assert secret.encode() not in argv, argv
+        assert_in_no_argv(secret)  # (ps shows every user argv)
 
-        async def ask() -> None:
-            c = await Client.connect(dep.nats_url, "evp")
-            try:
-                for i in range(3):
-                    out = await c.infer("typed", feeds(200 + i), timeout_s=5)
-                    assert out["a_times_2"][0, 0] == 2 * (200 + i)
-            finally:
-                await c.close()
-
-        asyncio.run(ask())
         r = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while r.dbsize() < 3:  # the aggregator's fills, written with the password
-            assert time.monotonic() < deadline, r.dbsize()
-            time.sleep(0.05)
+        _three_misses_filled(dep, "evp", 200, r)
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).dbsize()
