@@ -419,7 +419,8 @@ class Topology:
 
     async def wait_settled(self, timeout_s: float = 30.0) -> str:
         """Wait until exactly one live region is primary and every other live region's manager
-        is standby, hears its heartbeats and knows its term. Returns the primary region.
+        is standby, hears its heartbeats and knows its term, and the primary hears the standby's
+        (a demote needs a live successor). Returns the primary region.
 
         Raises:
             TopologyError: not settled within ``timeout_s`` (the last statuses are in the message).
@@ -435,7 +436,8 @@ class Topology:
                     p = prim[0]
                     term = last[p].term
                     if all(r == p or (st.role == "standby" and st.term == term
-                                      and st.heartbeat_age_ms.get(p, 1e9) < self.spec.suspect_ms)
+                                      and st.heartbeat_age_ms.get(p, 1e9) < self.spec.suspect_ms
+                                      and last[p].heartbeat_age_ms.get(r, 1e9) < self.spec.suspect_ms)
                            for r, st in last.items()):
                         return p
                 await asyncio.sleep(0.05)
