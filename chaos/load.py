@@ -13,7 +13,9 @@ single request is known exactly:
 * ``failed``: a typed error or no answer within the budget;
 * ``duplicates``: request ids the workers *executed* more than once, counted from
   the workers' execution audit on ``<p>._audit`` when the deployment publishes it
-  (``audit_subject``), else ``None`` (unknown, never guessed).
+  (``audit_subject``), else ``None`` (unknown, never guessed). Each audit batch names its worker
+  (``Inferbus-Worker-Id``), so a duplicate shows where it ran: on two workers (the retry trade of
+  docs/failure-semantics.md) or twice on one (a dedupe failure).
 
 Latency is measured from the scheduled send time (no coordinated omission).
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -69,7 +71,10 @@ class DrillFigures:
     extra: dict = field(default_factory=dict)
     """Drill-specific figures, plus from the driver: ``executions_audited``, ``max_ms`` (the slowest
     request), ``timeout_ms`` (the budget) and, when any, ``duplicates_sent_at_s`` / ``failed_sent_at_s``
-    (when the first 20 duplicated / 50 failed requests were scheduled, seconds after the first request)."""
+    (when the first 20 duplicated / 50 failed requests were scheduled, seconds after the first request),
+    ``duplicates_detail`` (the first 20 duplicated requests: sent at, the workers that ran each copy, the worker
+    that answered, the outcome, ms to the answer) and ``duplicates_on_one_worker`` (requests one worker ran more
+    than once: never expected, its recent results answer a copy)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +105,8 @@ class Driver:
         self.references_by_version = references_by_version
         self.records: list[RequestRecord] = []
         self.executions: Counter = Counter()
+        self.executed_by: defaultdict[str, list[str]] = defaultdict(list)
+        """Request id → the worker of each audited execution (``?`` for a batch without ``Inferbus-Worker-Id``)."""
         self.t_start: float | None = None
         """Monotonic time the first request was scheduled (set by :meth:`run`); the ``*_sent_at_s`` figures count
         from it."""
@@ -149,9 +156,11 @@ class Driver:
             dec = msgspec.msgpack.Decoder(list[str])
 
             async def on_audit(msg):
+                worker = (msg.headers or {}).get("Inferbus-Worker-Id", "?")
                 for rid in dec.decode(msg.data):
                     if rid.startswith(self._run_id):
                         self.executions[rid] += 1
+                        self.executed_by[rid].append(worker)
 
             sub = await self.client.nc.subscribe(self.audit_subject, cb=on_audit)
             await self.client.nc.flush()  # the server has the interest before the first request goes out
@@ -213,6 +222,10 @@ class Driver:
         if fault_window and self.audit_subject:
             dups_in_flight = sum(1 for r in recs if self.executions.get(r.request_id, 0) > 1
                                  and fault_window[0] - self.timeout_s <= r.t_sched <= fault_window[0])
+        dup_detail = [{"sent_at_s": round(r.t_sched - t0, 3), "ran_on": self.executed_by.get(r.request_id, []),
+                       "answered_by": r.worker_id, "outcome": r.outcome, "ms": round((r.t_done - r.t_sched) * 1000, 1)}
+                      for r in sorted(recs, key=lambda r: r.t_sched) if self.executions.get(r.request_id, 0) > 1][:20]
+        on_one_worker = sum(1 for ws in self.executed_by.values() if len(set(ws)) < len(ws) and "?" not in ws)
         failed_at = sorted(round(r.t_sched - t0, 2) for r in recs if r.outcome not in ("ok", "wrong"))
         by_version = Counter(r.model_version for r in recs if r.model_version is not None)
         return DrillFigures(
@@ -225,7 +238,8 @@ class Driver:
             detection_ms=detection_ms, recovery_ms=recovery_ms, errors=dict(errors),
             extra={**(extra or {}), "executions_audited": sum(self.executions.values()) if self.audit_subject else None,
                    "max_ms": round(hist.get_max_value() / 1000, 1) if n else None, "timeout_ms": self.timeout_s * 1000,
-                   **({"duplicates_sent_at_s": dup_at[:20]} if dup_at else {}),
+                   **({"duplicates_sent_at_s": dup_at[:20], "duplicates_detail": dup_detail} if dup_at else {}),
+                   **({"duplicates_on_one_worker": on_one_worker} if self.audit_subject else {}),
                    **({"duplicates_in_flight_at_fault": dups_in_flight} if dups_in_flight is not None else {}),
                    **({"failed_sent_at_s": failed_at[:50]} if failed_at else {}),
                    **({"answers_by_version": dict(sorted(by_version.items()))}

@@ -851,7 +851,7 @@ def up(
                                          f"{MAX_MAX_PAYLOAD_BYTES} ({binary_size(MAX_MAX_PAYLOAD_BYTES)}).",
                                          rich_help_panel=_REL),
     fault_injection: bool = typer.Option(False, hidden=True, help="Workers obey FaultSet on <p>._ctl.<worker> (tests, drills)."),
-    audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit (a MessagePack list of strings per batch), for counting duplicate executions in your own drills; turns the run-now fast path off.", rich_help_panel=_REL),
+    audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit (a MessagePack list of strings per batch, header Inferbus-Worker-Id: the worker), for counting duplicate executions in your own drills; turns the run-now fast path off.", rich_help_panel=_REL),
     peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help="How long a retry asks peer ingresses for its first copy's worker (ms)."),
     # security: credentials for every connection (also required by an embedded nats-server: token, user)
     nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", rich_help_panel=_SEC),

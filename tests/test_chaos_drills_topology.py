@@ -50,6 +50,7 @@ def _common(f, near_events_s: float | None = None, in_flight_at_fault: bool = Fa
     d = f.to_dict()
     print(f"\n{f.drill}: {json.dumps(d, default=str)}")
     assert f.requests > 0 and f.wrong == 0, d
+    assert f.extra["duplicates_on_one_worker"] == 0, d  # a worker's recent results answer a copy it ran already
     if in_flight_at_fault:
         assert f.duplicates == f.extra.get("duplicates_in_flight_at_fault", 0) <= 1, d
     elif near_events_s is None:

@@ -676,7 +676,7 @@ def test_a_nats_port_taken_between_the_check_and_the_bind_is_one_error_line(tmp_
 async def test_up_audit_publishes_each_executed_request_id_once(tmp_path):
     """``up --audit`` (a fresh-user trial: no way to turn on the execution audit the drills count duplicates with):
     the workers publish the request ids they ran on ``<p>._audit``, a MessagePack list of strings per batch; each
-    request run once is there once, a cache hit not at all."""
+    request run once is there once, a cache hit not at all; each batch names its worker (``Inferbus-Worker-Id``)."""
     import msgspec
     import nats
 
@@ -687,9 +687,11 @@ async def test_up_audit_publishes_each_executed_request_id_once(tmp_path):
     try:
         nc = await nats.connect(dep.nats_url)
         seen: list[str] = []
+        workers: set = set()
 
         async def on_audit(msg):
             seen.extend(msgspec.msgpack.decode(msg.data))
+            workers.add((msg.headers or {}).get("Inferbus-Worker-Id"))
 
         await nc.subscribe("aud._audit", cb=on_audit)
         await nc.flush()
@@ -704,6 +706,7 @@ async def test_up_audit_publishes_each_executed_request_id_once(tmp_path):
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         assert sorted(seen) == [f"aud-{i}" for i in range(5)], seen
+        assert workers == {"n1-w0"}, workers
         await nc.close()
     finally:
         await asyncio.to_thread(dep.stop)

@@ -65,7 +65,8 @@ import msgspec
 
 from ..accelerators import (BackendUnavailable, InferenceError, ModelLoadError, batch_buckets, get_backend, load_checked,
                             rows_problem)
-from ..bus import BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block, send_pending
+from ..bus import (BusyPoll, Subjects, close_connection, connected_server, header_block, publish_raw, reply_block,
+                   send_pending)
 from ..bus import headers as H
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
@@ -320,6 +321,7 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.subjects = Subjects(config.bus.prefix)
+        self._audit_headers = header_block({H.WORKER_ID: config.worker_id})  # on each <p>._audit batch
         self.load_errors: dict[str, str] = {}
         self.digests: dict[str, str] = {}
         """Model key → digest of the files its session was loaded from (:mod:`._pinning`; read on the loop)."""
@@ -1007,7 +1009,8 @@ class Worker:
             if self.config.audit:
                 ids = [o.job.rid or "" for o in outcomes if o.executed]
                 if ids:
-                    await publish_raw(nc, self.subjects.audit, msgspec.msgpack.encode(ids), flush=False)
+                    await publish_raw(nc, self.subjects.audit, msgspec.msgpack.encode(ids), flush=False,
+                                      headers=self._audit_headers)
         finally:  # even if a bug ended the loop above, what it published leaves now
             try:
                 await send_pending(nc)

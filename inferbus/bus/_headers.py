@@ -43,6 +43,9 @@ TERM = "Inferbus-Term"
 
 A worker that knows a higher term refuses the request with UNAVAILABLE (the SDK
 retries; the ingress stamps the new term by then) and stamps the term on replies."""
+WORKER_ID = "Inferbus-Worker-Id"
+"""The worker that published an execution audit batch on ``<p>._audit`` (``--audit``): a drill tells a request
+run on two workers (the retry trade of docs/failure-semantics.md) from one run twice on the same worker."""
 DEADLINE_UNIX_MS = "Inferbus-Deadline-Unix-Ms"
 """Absolute deadline (wall clock, ms since the Unix epoch) set by the ingress on forwarded requests, and by the
 SDK and the load generator on requests (optional for other clients; the ingress then serves a request by the
