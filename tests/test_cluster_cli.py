@@ -131,7 +131,12 @@ def test_cluster_up_region_commands_and_faults(cluster_up):
     # a refusal that took no step is one stderr line, no lone "promote B:" header on stdout (a fresh-user trial)
     assert refused.stdout == "" and refused.stderr.startswith(f"promote {o}: refused: region {p} holds"), refused
 
-    demoted = _inferbus("region", "demote", "--cluster", str(run))
+    deadline = time.monotonic() + 10
+    while True:  # refused only while the standby's heartbeat is late in the primary's view (starved CI box: 1,174 ms)
+        demoted = _inferbus("region", "demote", "--cluster", str(run))
+        if demoted.returncode == 0 or "manager is live" not in demoted.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert demoted.returncode == 0, demoted.stderr
     assert "lease released" in demoted.stdout and f"{o} promoted" in demoted.stdout and " ms" in demoted.stdout
 
