@@ -123,7 +123,8 @@ from .bus import headers as H
 from .schemas._errors import fmt_ms as _fmt_ms
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
 from .schemas import (
-    MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList, ModelMetadata,
+    MAX_PARAMETERS, MAX_REQUEST_ID_CHARS, DeadlineExceeded, InferRequest, InferResponse, InvalidArgument, ModelList,
+    ModelMetadata,
     PayloadTooLarge,
     RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
@@ -560,9 +561,9 @@ class Client:
                 retries.
             raw: send tensors as little-endian ``raw`` bytes (True) or as ``data`` lists.
             json: encode as JSON instead of MessagePack.
-            parameters: the request's OIP ``parameters``: names (str) → values, sent as they are (OIP v2 defines
-                bool, number or string; any value MessagePack or JSON can carry is sent, and the server ignores
-                parameters it does not read).
+            parameters: the request's OIP ``parameters``: names (str) → values, each a string, a number or a
+                boolean (OIP v2's ``$parameter``), at most :data:`~inferbus.schemas.MAX_PARAMETERS` (128) of them;
+                the server ignores parameters it does not read.
             hedge: hedge policy for this request, sent as ``Inferbus-Hedge``: a delay in ms
                 (e.g. ``20``), ``"p95"``/``"p99"``/``"auto"`` (the model's observed quantile) or
                 ``"off"``; None = the model's configured policy. A hedged request is sent to a
@@ -579,7 +580,8 @@ class Client:
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
             ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string or is longer
             than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; ``parameters`` that is not a
-            mapping of names or holds a value MessagePack/JSON cannot carry, field ``parameters``; the ingress would
+            mapping of names, holds more than 128 entries or a value that is no string, number or boolean, field
+            ``parameters``; the ingress would
             refuse both),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
@@ -625,6 +627,13 @@ class Client:
             if bad:
                 raise InvalidArgument(f"parameters' names must be strings, got the {type(bad[0]).__name__} "
                                       f"{bad[0]!r}", field="parameters")
+            if len(parameters) > MAX_PARAMETERS:
+                raise InvalidArgument(f"parameters holds {len(parameters)} entries; a parameters map holds at most "
+                                      f"{MAX_PARAMETERS}", field="parameters")
+            bad = [k for k, v in parameters.items() if not isinstance(v, (str, int, float, bool, np.number, np.bool_))]
+            if bad:
+                raise InvalidArgument(f"parameter {bad[0]!r} is a {type(parameters[bad[0]]).__name__}: OIP v2's "
+                                      f"$parameter value is a string, a number or a boolean", field="parameters")
         if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
             try:
                 parse_policy(str(hedge))

@@ -412,13 +412,18 @@ async def test_connect_to_no_url_is_invalid_argument_naming_servers(servers):
 
 
 async def test_parameters_that_cannot_be_sent_are_invalid_argument_naming_them_before_sending(nats_server):
-    """A fresh-user trial: ``parameters={"a": object()}`` was ``cannot encode InferRequest: ...`` with no field."""
+    """A fresh-user trial: ``parameters={"a": object()}`` was ``cannot encode InferRequest: ...`` with no field. A value
+    that is no string, number or boolean (OIP v2's ``$parameter``) and more than 128 entries are refused here too, as
+    the ingress would."""
     import numpy as np
 
     async with _client_and_sent(nats_server.url) as (client, sent):
         x = {"pixels": np.zeros((1, 64), np.float32)}
-        for bad, said in (({"a": object()}, "cannot encode"), ({1: "x"}, "names must be strings, got the int 1"),
-                          ({"a": 1, None: 2}, "got the NoneType None"), (["a"], "parameters must map names")):
+        value = "value is a string, a number or a boolean"
+        for bad, said in (({"a": object()}, value), ({1: "x"}, "names must be strings, got the int 1"),
+                          ({"a": 1, None: 2}, "got the NoneType None"), (["a"], "parameters must map names"),
+                          ({"a": [1]}, "parameter 'a' is a list"), ({"a": None}, value),
+                          ({str(i): i for i in range(129)}, "129 entries; a parameters map holds at most 128")):
             for json in (False, True):
                 with pytest.raises(InvalidArgument) as ei:
                     await client.infer("digits", x, parameters=bad, json=json, timeout_s=5.0)

@@ -754,7 +754,7 @@ def test_exports():
         "ErrorCode", "InferbusError", "InvalidArgument", "NotFound", "DeadlineExceeded",
         "ResourceExhausted", "Unavailable", "PayloadTooLarge", "Internal", "error_class",
         "ErrorDetail", "ErrorReply", "encode_error", "decode_error",
-        "DATATYPES", "MAX_REQUEST_ID_CHARS", "Datatype", "ShmRef", "RequestInput", "RequestedOutput", "InferRequest",
+        "DATATYPES", "MAX_PARAMETERS", "MAX_REQUEST_ID_CHARS", "Datatype", "ShmRef", "RequestInput", "RequestedOutput", "InferRequest",
         "ResponseOutput", "InferResponse", "TensorMetadata", "ModelMetadata", "ModelList", "ModelReady",
         "ServerMetadata", "answers_raw",
         "Health",

@@ -36,6 +36,7 @@ from ._errors import (
 )
 from ._oip import (
     DATATYPES,
+    MAX_PARAMETERS,
     MAX_REQUEST_ID_CHARS,
     Datatype,
     Health,
@@ -81,6 +82,7 @@ __all__ = [
     "decode_error",
     # OIP v2 messages
     "DATATYPES",
+    "MAX_PARAMETERS",
     "MAX_REQUEST_ID_CHARS",
     "Datatype",
     "ShmRef",

@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from ._errors import InvalidArgument
-from ._oip import DATATYPES, InferRequest, InferResponse, RequestInput, ResponseOutput
+from ._oip import DATATYPES, MAX_PARAMETERS, InferRequest, InferResponse, RequestInput, ResponseOutput
 from ._tensors import _ITEMSIZE
 
 __all__ = [
@@ -160,6 +160,15 @@ def looks_like_json(body: bytes | memoryview) -> bool:
     return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
+def _parameters_hint(message: str) -> str:
+    """What a ``parameters`` map may hold, for the msgspec ``message`` that refused one (its length, a value)."""
+    if "length <=" in message:
+        return f" entries (a parameters map holds at most {MAX_PARAMETERS})"
+    if "Expected `bool | int | float | str`" in message:
+        return " (OIP v2: a parameter's value is a string, a number or a boolean)"
+    return ""
+
+
 def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool = True) -> Any:
     if len(body) == 0:  # what one is, as for a body that is no map (a fresh-user trial: "empty request body" alone)
         fields = ("the KServe Open Inference Protocol v2 fields, e.g. {\"inputs\": [...]}" if what in ("request", "response")
@@ -173,6 +182,8 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool
             return _decode(dec, body[3:], what, json, False)  # off the serving path: only a body that failed
         if isinstance(exc, msgspec.ValidationError):
             err = _validation_error(exc, what)
+            if err.field is not None and "parameters" in err.field:
+                err = InvalidArgument(err.message + _parameters_hint(str(exc)), field=err.field)
             if err.field == "body" and str(exc).startswith("Expected `object`"):
                 # the body as a whole is no map (a fresh-user trial: garbage bytes got only msgspec's words)
                 fmt = ("a JSON object" if json else "a MessagePack map" if looks_like_json(body) else

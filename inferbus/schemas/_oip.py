@@ -23,6 +23,7 @@ import msgspec
 __all__ = [
     "DATATYPES",
     "MAX_REQUEST_ID_CHARS",
+    "MAX_PARAMETERS",
     "Datatype",
     "ShmRef",
     "RequestInput",
@@ -42,6 +43,19 @@ it in a header, and a worker keeps 2 KiB of ``max_payload`` for an answer's head
 (INVALID_ARGUMENT, ``field`` ``id`` or ``Inferbus-Request-Id``): ids of up to 4 MB were taken, and an answer that fit
 the worker's check with a 2,000-character id got no reply at all (its publish failed), a fresh-user trial. OIP v2
 sets no bound; a UUID is 36 characters."""
+
+MAX_PARAMETERS = 128
+"""The most entries a request's, an input's or a requested output's ``parameters`` map may hold. A longer map is
+refused (INVALID_ARGUMENT, ``field`` ``parameters``, ``inputs[i].parameters`` ...) from its MessagePack/JSON header,
+before its entries are decoded: a map of 600,000 entries (7 MB, under ``max_payload``) took 0.2 s to decode in each
+actor that read it, and ten of them at once froze the workers for 1.5-1.9 s and failed other clients' requests (a
+fresh-user trial, 2026-12-06). OIP v2 sets no bound; Triton's own parameters are a handful."""
+
+ParameterValue = str | int | float | bool
+"""A parameter's value: OIP v2's ``$parameter`` is ``$string : $string | $number | $boolean`` (the KServe Open
+Inference Protocol, REST, "Parameters"), as Triton reads it; a list, a map or null is refused (INVALID_ARGUMENT)."""
+
+_Parameters = Annotated[dict[str, ParameterValue], msgspec.Meta(max_length=MAX_PARAMETERS)]
 
 #: The OIP v2 tensor datatypes, in the spec's order.
 DATATYPES: tuple[str, ...] = (
@@ -130,14 +144,14 @@ class RequestInput(msgspec.Struct, omit_defaults=True):
     data: Any = None
     raw: bytes | None = None
     shm: ShmRef | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: _Parameters | None = None
 
 
 class RequestedOutput(msgspec.Struct, omit_defaults=True):
     """An output the caller wants (OIP v2 ``$request_output``); none listed = all."""
 
     name: str
-    parameters: dict[str, Any] | None = None
+    parameters: _Parameters | None = None
 
 
 class InferRequest(msgspec.Struct, omit_defaults=True):
@@ -154,7 +168,7 @@ class InferRequest(msgspec.Struct, omit_defaults=True):
 
     inputs: list[RequestInput]
     id: Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID_CHARS)] | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: _Parameters | None = None
     outputs: list[RequestedOutput] | None = None
 
 
