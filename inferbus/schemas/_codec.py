@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from ._errors import InvalidArgument
-from ._oip import DATATYPES, MAX_PARAMETERS, InferRequest, InferResponse, RequestInput, ResponseOutput
+from ._oip import DATATYPES, MAX_PARAMETERS, MAX_TENSORS, InferRequest, InferResponse, RequestInput, ResponseOutput
 from ._tensors import _ITEMSIZE
 
 __all__ = [
@@ -160,12 +160,17 @@ def looks_like_json(body: bytes | memoryview) -> bool:
     return head.lstrip(b" \t\r\n")[:1] in (b"{", b"[")
 
 
-def _parameters_hint(message: str) -> str:
-    """What a ``parameters`` map may hold, for the msgspec ``message`` that refused one (its length, a value)."""
-    if "length <=" in message:
-        return f" entries (a parameters map holds at most {MAX_PARAMETERS})"
-    if "Expected `bool | int | float | str`" in message:
-        return " (OIP v2: a parameter's value is a string, a number or a boolean)"
+def _bound_hint(field: str, message: str) -> str:
+    """What the request's bounded fields may hold, for the msgspec ``message`` that refused ``field``: a
+    ``parameters`` map's length or value (:data:`MAX_PARAMETERS`, OIP v2's ``$parameter``), the ``inputs`` or
+    ``outputs`` list's length (:data:`MAX_TENSORS`); empty for any other refusal."""
+    if "parameters" in field:
+        if "length <=" in message:
+            return f" entries (a parameters map holds at most {MAX_PARAMETERS})"
+        if "Expected `bool | int | float | str`" in message:
+            return " (OIP v2: a parameter's value is a string, a number or a boolean)"
+    elif field in ("inputs", "outputs") and "length <=" in message:
+        return f" (a request lists at most {MAX_TENSORS} {field})"
     return ""
 
 
@@ -182,8 +187,8 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool
             return _decode(dec, body[3:], what, json, False)  # off the serving path: only a body that failed
         if isinstance(exc, msgspec.ValidationError):
             err = _validation_error(exc, what)
-            if err.field is not None and "parameters" in err.field:
-                err = InvalidArgument(err.message + _parameters_hint(str(exc)), field=err.field)
+            if err.field is not None and (hint := _bound_hint(err.field, str(exc))):
+                err = InvalidArgument(err.message + hint, field=err.field)
             if err.field == "body" and str(exc).startswith("Expected `object`"):
                 # the body as a whole is no map (a fresh-user trial: garbage bytes got only msgspec's words)
                 fmt = ("a JSON object" if json else "a MessagePack map" if looks_like_json(body) else

@@ -24,6 +24,7 @@ __all__ = [
     "DATATYPES",
     "MAX_REQUEST_ID_CHARS",
     "MAX_PARAMETERS",
+    "MAX_TENSORS",
     "Datatype",
     "ShmRef",
     "RequestInput",
@@ -50,6 +51,12 @@ refused (INVALID_ARGUMENT, ``field`` ``parameters``, ``inputs[i].parameters`` ..
 before its entries are decoded: a map of 600,000 entries (7 MB, under ``max_payload``) took 0.2 s to decode in each
 actor that read it, and ten of them at once froze the workers for 1.5-1.9 s and failed other clients' requests (a
 fresh-user trial, 2026-12-06). OIP v2 sets no bound; Triton's own parameters are a handful."""
+
+MAX_TENSORS = 4096
+"""The most ``inputs`` a request may list, and the most ``outputs`` it may ask for. A longer list is refused
+(INVALID_ARGUMENT, ``field`` ``inputs`` / ``outputs``) from its MessagePack header, before its entries are decoded:
+150,000 one-element inputs (6 MB) took 0.22 s to decode (and another read at the worker). An ONNX model with more
+inputs than this cannot be served over this protocol; OIP v2 sets no bound."""
 
 ParameterValue = str | int | float | bool
 """A parameter's value: OIP v2's ``$parameter`` is ``$string : $string | $number | $boolean`` (the KServe Open
@@ -166,10 +173,10 @@ class InferRequest(msgspec.Struct, omit_defaults=True):
         outputs: outputs to return; None returns every output.
     """
 
-    inputs: list[RequestInput]
+    inputs: Annotated[list[RequestInput], msgspec.Meta(max_length=MAX_TENSORS)]
     id: Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID_CHARS)] | None = None
     parameters: _Parameters | None = None
-    outputs: list[RequestedOutput] | None = None
+    outputs: Annotated[list[RequestedOutput], msgspec.Meta(max_length=MAX_TENSORS)] | None = None
 
 
 def answers_raw(req: "InferRequest") -> bool:
