@@ -791,11 +791,16 @@ class Client:
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
             # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
-            hdrs[H.DEADLINE_UNIX_MS] = f"{time.time() * 1000.0 + left_ms:.0f}"
+            now_ms = time.time() * 1000.0
+            hdrs[H.DEADLINE_UNIX_MS] = f"{now_ms + left_ms:.0f}"
             if sent and request_id:  # a retry: an ingress without the first copy finds it through its peers
                 hdrs[H.ATTEMPT] = str(sent + 1)
             # the last attempt that fits gets the whole remaining budget
             wait_ms = left_ms if attempt_ms is None or attempt_ms + _RTO_MIN_RETRY_MS >= left_ms else attempt_ms
+            if wait_ms < left_ms:  # when this attempt is given up: an ingress that takes it later does not run it
+                hdrs[H.ATTEMPT_DEADLINE_UNIX_MS] = f"{now_ms + wait_ms:.0f}"
+            else:
+                hdrs.pop(H.ATTEMPT_DEADLINE_UNIX_MS, None)
             t_sent = time.monotonic()
             connected = self.nc.is_connected  # an attempt made while reconnecting is buffered, not sent yet
             sent += 1

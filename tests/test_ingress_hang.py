@@ -252,3 +252,67 @@ async def test_reads_retried_after_an_attempt_timeout_go_to_an_ingress_that_answ
             os.kill(victim, signal.SIGCONT)
     await ingress_pids(client, 2, timeout_s=20)
     await client.close()
+
+
+async def test_a_frozen_ingress_does_not_run_the_attempts_its_clients_gave_up_on(tmp_path):
+    """A fresh-user trial (2026-12-06): one of two ingresses SIGSTOPped for 1-2 s under SDK load (100 requests/s, a
+    5 s budget, two workers, the audit on): 19-69 requests ran on both workers. The SDK's attempt timed out (about
+    0.25 s) and its retry went to the other ingress, which ran it; the thawed ingress then read the first copies
+    waiting in its socket and ran them too. The SDK now says when it stops waiting for an attempt
+    (``Inferbus-Attempt-Deadline-Unix-Ms``), and an ingress does not run an attempt past it: its retry is
+    elsewhere. Every answer is right and none is lost; a duplicate is allowed only for a request the ingress held
+    at the instant it froze (at most 2)."""
+    import msgspec
+    from collections import defaultdict
+
+    models = models_subset(tmp_path / "models", ["typed"])
+    dep2 = await asyncio.to_thread(start_deployment, tmp_path / "dep", workers=2, prefix="frz",
+                                   extra=["--models", str(models), "--no-cache", "--ingress", "2", "--audit"])
+    victim = None
+    try:
+        client = await Client.connect(dep2.nats_url, "frz")
+        ran_on: dict[str, list[str]] = defaultdict(list)
+
+        async def on_audit(msg):
+            for rid in msgspec.msgpack.decode(msg.data):
+                ran_on[rid].append((msg.headers or {}).get("Inferbus-Worker-Id", "?"))
+
+        await client.nc.subscribe("frz._audit", cb=on_audit)
+        await client.nc.flush()
+        pids = await ingress_pids(client)
+        for i in range(40):  # the adaptive attempt timeout (RFC 6298) needs 16 answers; before them it is half the budget
+            await client.infer("typed", typed(i), timeout_s=5.0)
+        wrong, failed = [], []
+
+        async def one(i: int) -> None:
+            try:
+                out = await client.infer("typed", typed(i), timeout_s=5.0, request_id=f"frz-{i}")
+                if out["a_times_2"][0, 0] != 2 * i:
+                    wrong.append(i)
+            except Exception as exc:  # noqa: BLE001 - counted, the assertion names them
+                failed.append((i, repr(exc)))
+
+        victim = sorted(pids)[0]
+        tasks = []
+        t0 = time.monotonic()
+        for i in range(400):  # 100 requests/s for 4 s; the freeze from 1.0 s to 2.5 s
+            await asyncio.sleep(max(0.0, t0 + i * 0.01 - time.monotonic()))
+            if i == 100:
+                os.kill(victim, signal.SIGSTOP)
+            if i == 250:
+                os.kill(victim, signal.SIGCONT)
+                victim = None
+            tasks.append(asyncio.create_task(one(1000 + i)))
+        await asyncio.gather(*tasks)
+        await asyncio.sleep(1.0)  # the last audit batches
+        dups = {rid: ws for rid, ws in ran_on.items() if rid.startswith("frz-") and len(ws) > 1}
+        print(f"\nfrozen ingress: {len(tasks)} requests, {len(failed)} failed, {len(wrong)} wrong, "
+              f"{len(dups)} ran twice: {dict(list(dups.items())[:5])}")
+        assert not wrong and not failed, (wrong, failed[:5])
+        assert sum(1 for i in range(400) if f"frz-{1000 + i}" in ran_on) == 400  # every one ran (audited)
+        assert len(dups) <= 2, dups
+        await client.close()
+    finally:
+        if victim is not None:
+            os.kill(victim, signal.SIGCONT)
+        await asyncio.to_thread(dep2.stop)

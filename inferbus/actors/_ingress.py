@@ -209,6 +209,11 @@ class _ExpiredUnanswered(Exception):
     """A request past its client's deadline, found while this ingress is behind: dropped, not answered."""
 
 
+class _AbandonedUnanswered(_ExpiredUnanswered):
+    """An attempt its client gave up on (``Inferbus-Attempt-Deadline-Unix-Ms``), found while this ingress is behind:
+    dropped, not answered (counted in ``attempts_abandoned`` only)."""
+
+
 class _Resent(msgspec.Struct):
     """What :meth:`Ingress._forward` reads of a NATS message (``data``, ``reply``), for a request sent again."""
 
@@ -503,7 +508,7 @@ class Ingress:
                        "pin_refused": 0,
                        "hedges": 0, "hedge_wins": 0, "hedge_cancels": 0, "sticky_retries": 0, "lost": 0,
                        "lost_in_reconnect": 0, "lost_while_behind": 0, "lost_while_busy": 0, "behind_round_trips": 0,
-                       "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0,
+                       "lost_while_worker_behind": 0, "expired_on_arrival": 0, "expired_unanswered": 0, "attempts_abandoned": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
@@ -634,8 +639,9 @@ class Ingress:
         # the request id header is read only for an error reply (the answered path reads it where it needs it)
         try:
             await self._handle(msg, hdrs, ct, t0)
-        except _ExpiredUnanswered:
-            self.counts["expired_unanswered"] += 1
+        except _ExpiredUnanswered as exc:
+            if type(exc) is _ExpiredUnanswered:
+                self.counts["expired_unanswered"] += 1
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(reply, err, _error_content_type(ct, msg.data),
@@ -725,6 +731,9 @@ class Ingress:
         client_deadline = hdrs.get(H.DEADLINE_UNIX_MS)
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
             deadline = self._client_deadline(client_deadline, deadline, t0)
+        attempt_deadline = hdrs.get(H.ATTEMPT_DEADLINE_UNIX_MS)
+        if attempt_deadline is not None:  # the SDK's attempt, given up and sent again elsewhere past it
+            self._check_attempt(attempt_deadline)
         if deadline <= t0:  # (a budget of 0 or less: the client's deadline was checked above)
             self.counts["expired_on_arrival"] += 1
             raise DeadlineExceeded("the request's budget (Inferbus-Timeout-Ms) was already spent on arrival")
@@ -883,6 +892,41 @@ class Ingress:
         wanted = {m.version(None).key for m in self.repo}
         while wanted and not wanted <= self.router.ready_models() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+    def _check_attempt(self, raw: str) -> None:
+        """Refuse an attempt its client gave up on: ``raw`` (``Inferbus-Attempt-Deadline-Unix-Ms``, ms since the Unix
+        epoch, the client's clock) passed by more than the clock-skew allowance (``DEADLINE_SKEW_MS``).
+
+        The SDK sends a request again, same id, when an attempt gets no answer within its attempt timeout; the
+        retry goes to an ingress that answers the probe. An attempt that waited in the socket of this ingress while
+        it was stopped (SIGSTOP, a stalled VM) or starved, and is taken only after that, has been retried
+        elsewhere: run here, it would compute the answer a second time on another worker, for a reply subject the
+        client no longer reads (a fresh-user trial: 19-69 requests ran twice per 1-2 s SIGSTOP of one of two
+        ingresses at 100-150 requests/s).
+
+        Raises:
+            InvalidArgument: ``raw`` is not a number (``field`` = the header's name).
+            Unavailable: the attempt was given up (``retry_after_ms`` 0; the SDK, if it still waits because its
+                clock runs behind this host's, sends the request again, and its last attempt carries no such
+                deadline).
+            _AbandonedUnanswered: the same, while 64 or more requests wait behind it (dropped without a reply).
+        """
+        ms = H.header_number(raw)
+        if ms != ms:
+            raise InvalidArgument(f"{H.ATTEMPT_DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch, got "
+                                  f"{str(raw)[:40]!r}", field=H.ATTEMPT_DEADLINE_UNIX_MS)
+        left_s = H.wall_deadline_left_s(ms)
+        if left_s >= 0:
+            return
+        self.counts["attempts_abandoned"] += 1
+        sub = self._infer_sub
+        if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
+            raise _AbandonedUnanswered
+        raise Unavailable(f"the client gave this attempt up ({H.ATTEMPT_DEADLINE_UNIX_MS}) "
+                          f"{-left_s * 1000 + H.DEADLINE_SKEW_MS:.0f} ms before this ingress took it (it waited in the "
+                          f"bus while the ingress was stopped or behind, or the client's clock and this host's differ "
+                          f"by more than {H.DEADLINE_SKEW_MS:.0f} ms): not run, its retry is answered elsewhere",
+                          retry_after_ms=0)
 
     def _client_deadline(self, raw: str, deadline: float, t0: float) -> float:
         """The earlier of ``deadline`` (``Inferbus-Timeout-Ms`` from this handler's start, monotonic s) and the

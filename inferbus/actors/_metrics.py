@@ -54,7 +54,7 @@ _INGRESS_COUNTS: dict[str, tuple[str, str, dict[str, str]]] = {
     "l1_hits": (*_HITS, {"level": "l1"}),
     "l2_hits": (*_HITS, {"level": "l2"}),
     **{k: (*_REJECTED, {"reason": k}) for k in ("rate_limited", "too_large", "unavailable", "backlog_shed",
-                                                 "expired_on_arrival")},
+                                                 "expired_on_arrival", "attempts_abandoned")},
     "expired_unanswered": ("inferbus_ingress_expired_unanswered", "Requests past their client's deadline on arrival "
                            "dropped without an answer because the ingress was behind (a part of "
                            "rejected{reason=expired_on_arrival}).", {}),

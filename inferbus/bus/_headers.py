@@ -43,6 +43,14 @@ TERM = "Inferbus-Term"
 
 A worker that knows a higher term refuses the request with UNAVAILABLE (the SDK
 retries; the ingress stamps the new term by then) and stamps the term on replies."""
+ATTEMPT_DEADLINE_UNIX_MS = "Inferbus-Attempt-Deadline-Unix-Ms"
+"""When the client stops waiting for *this attempt* (wall clock, ms since the Unix epoch), set by the SDK on every
+attempt but the last (the last waits for the whole budget, ``Inferbus-Deadline-Unix-Ms``). Past it (with the
+``DEADLINE_SKEW_MS`` allowance) the client has sent the request again, to another ingress, or given up, so an
+ingress that takes the attempt only then (it waited in the socket of a stopped or starved ingress) does not run it:
+run, it would only compute the answer a second time, on another worker than the retry's (a fresh-user trial: 19-69
+requests ran twice per 1-2 s SIGSTOP of one of two ingresses). Answered UNAVAILABLE (``retry_after_ms`` 0) with the
+reason, or dropped without a reply while 64 or more requests wait behind it, as a request past its deadline is."""
 WORKER_ID = "Inferbus-Worker-Id"
 """The worker that published an execution audit batch on ``<p>._audit`` (``--audit``): a drill tells a request
 run on two workers (the retry trade of docs/failure-semantics.md) from one run twice on the same worker."""
