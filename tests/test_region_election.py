@@ -266,6 +266,35 @@ async def test_leader_whose_renewal_fails_steps_down_at_once(witness):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("committed", [False, True], ids=["request-lost", "answer-lost"])
+async def test_a_renewal_whose_cas_goes_unanswered_is_sent_again_and_the_reign_goes_on(witness, committed):
+    """A CI run of the nats-node-loss drill: as the killed nats-server rejoined, the primary's renewal CAS got no
+    answer; it waited out its whole validity, stepped down, and the standby took over (a needless failover). The
+    renewal now sends the same CAS again after a heartbeat; when the first had committed after all (its answer lost),
+    the second loses to it and a read finds the manager's own write: the reign goes on, same term, no step-down.
+    The first try's request (or its answer) is dropped here by a wrapper around the real store's CAS."""
+    async with Managers(witness) as ms:
+        a, b = ms.m["A"], ms.m["B"]
+        await ms.until(lambda: a.is_primary() and b.primary_hb_at is not None, 5)
+        term, real_cas, calls = a.term, a.store.cas, []
+
+        async def first_unanswered(value, last):
+            calls.append(last)
+            if len(calls) == 1:
+                if committed:
+                    await real_cas(value, last)
+                await asyncio.sleep(30)  # no answer: the try times out
+            return await real_cas(value, last)
+
+        a.store.cas = first_unanswered
+        await ms.until(lambda: len(calls) >= 3, 3)  # the retried renewal and a later one
+        await asyncio.sleep(1.0)
+        assert a.is_primary() and a.term == term and not b.is_primary(), (a.transitions, b.transitions)
+        assert not any(tr.event == "standby" for tr in a.transitions), a.transitions
+        assert a.renewal_retries >= 1 and a.renewal_failures == 0
+
+
+@pytest.mark.timeout(60)
 async def test_a_takeover_after_a_slow_lease_read_records_the_suspicion(witness):
     """The primary dies just as the standby's tick starts a lease read that takes longer than ``suspect_ms`` (a
     starved loop, a slow witness): the takeover that follows has its suspicion recorded (``suspected_at``, the

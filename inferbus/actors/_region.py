@@ -192,6 +192,11 @@ class RegionManager:
         self.store: LeaseStore | None = None
         self.lease_disconnects = 0
         self.renewal_failures = 0
+        self.renewal_retries = 0
+        self._cas_rtt_s: float | None = None
+        """Smoothed round trip of the lease CAS (answered campaign and first renewal tries), s, None before the first:
+        :meth:`_renew_cas`'s try timeout."""
+        """Renewal CAS tries sent again after one went unanswered for a heartbeat (:meth:`_renew_cas`)."""
         """Renewals that failed with an error or no answer (each one a step-down)."""
         self._lock = asyncio.Lock()
         # own role
@@ -366,6 +371,7 @@ class RegionManager:
             if not self._lease_connected():  # fail at once: a buffered CAS would block the loop until its timeout
                 raise LeaseUnavailable("lease connection down")
             rev = await asyncio.wait_for(self.store.cas(value, last), self.config.kv_timeout_ms / 1000.0)
+            self._note_cas_rtt(time.monotonic() - t0)
         except LostRace as exc:
             self.lost_races += 1
             self._note("lost_race", f"CAS on rev {last}: {exc}")
@@ -476,7 +482,7 @@ class RegionManager:
             self._next_read = 0.0
             return
         try:
-            rev = await asyncio.wait_for(self.store.cas(value, self.rev), left_s)
+            rev = await self._renew_cas(value)
         except LostRace as exc:
             self._step_down(f"renewal lost the lease: {exc}")
             self._next_read = 0.0
@@ -494,6 +500,68 @@ class RegionManager:
         self.next_renew = t0 + self._hb_s
         self._observe(rev, self.region, "", self.manager_id, self.cache.addr, self.term)
         await self._publish_hb()
+
+    def _note_cas_rtt(self, sample_s: float) -> None:
+        """One answered CAS's round trip into :attr:`_cas_rtt_s` (EWMA, α = 1/4; the first sample as it is)."""
+        rtt = self._cas_rtt_s
+        self._cas_rtt_s = sample_s if rtt is None else rtt + 0.25 * (sample_s - rtt)
+
+    async def _renew_cas(self, value: LeaseValue) -> int:
+        """The renewal's CAS on :attr:`rev`, sent again while it goes unanswered and the validity lasts.
+
+        A core-NATS request to JetStream can be lost (a route or a server of the cluster restarting: a CI run of the
+        nats-node-loss drill lost one as the killed server rejoined, and the primary waited out its whole validity,
+        stepped down, and the standby took over). Each try waits three times the renewals' round trip (an EWMA of
+        the answered campaign CAS and first renewal tries, α = 1/4, as TCP's SRTT; before any, the validity left), a
+        heartbeat at least, the validity left at most; then the same CAS is sent again, and it waits the validity
+        left (backed off, RFC 6298 5.5: a slow answer is waited for, only a lost one is sent again). If an earlier try had in fact committed, the later one loses (wrong
+        last sequence, or another write in flight); the key is then read, and a write of this manager's own reign
+        (its manager id and term, at a later revision) is that renewal, taken as done. Validity still counts from
+        ``t0``, the first try's start, so a reign never outlasts the write that renewed it.
+
+        Returns:
+            The revision of the renewal.
+
+        Raises:
+            LostRace: another writer holds the lease (a first try that lost, or a later one with no write of ours
+                since ``rev``).
+            LeaseUnavailable: the store answered with an error, or the lease connection is down.
+            asyncio.TimeoutError: no try answered within the validity.
+        """
+        assert self.store is not None and self.valid_until is not None
+        retried = False
+        while True:
+            left_s = self.valid_until - time.monotonic()
+            if left_s <= 0:
+                raise asyncio.TimeoutError()
+            if retried and not self._lease_connected():
+                raise LeaseUnavailable("lease connection down")
+            # a try waits 3 x the CAS round trip seen lately, a heartbeat at least: over a slow link (150 ms each
+            # way to the witness) each try would otherwise time out before its answer could come back
+            rtt = self._cas_rtt_s
+            try_s = left_s if rtt is None else min(left_s, max(self._hb_s, 3 * rtt))
+            t_try = time.monotonic()
+            try:
+                rev = await asyncio.wait_for(self.store.cas(value, self.rev), try_s)
+                if not retried:
+                    self._note_cas_rtt(time.monotonic() - t_try)
+                return rev
+            except asyncio.TimeoutError:
+                if try_s >= left_s:
+                    raise
+                retried = True
+                self.renewal_retries += 1
+                # backed off (RFC 6298 5.5): the next try waits the validity left (a slow answer, not a lost one)
+                self._cas_rtt_s = max(rtt or 0.0, left_s)
+            except LostRace:
+                if not retried:
+                    raise
+                rev, seen = await asyncio.wait_for(self.store.read(), max(self.valid_until - time.monotonic(),
+                                                                           0.001))
+                if seen is not None and rev > self.rev and seen.manager_id == self.manager_id \
+                        and seen.term == self.term:
+                    return rev  # an earlier try committed; its answer was lost
+                raise
 
     async def _renew_locked(self) -> None:
         try:
@@ -707,7 +775,8 @@ class RegionManager:
         return {"region": self.region, "role": PRIMARY if self.is_primary(now) else STANDBY,
                 "term": self.term if self.role == PRIMARY else self.known_term, "lease_rev": self.seen_rev or 0,
                 "lease_holder": self.seen_holder, "renewals": self.renewals,
-                "renewal_failures": self.renewal_failures, "lost_races": self.lost_races,
+                "renewal_failures": self.renewal_failures, "renewal_retries": self.renewal_retries,
+                "lost_races": self.lost_races,
                 "lease_disconnects": self.lease_disconnects, "model_writes": self.model_writes}
 
     async def promote(self, force: bool) -> RegionReply:
