@@ -193,10 +193,10 @@ class RegionManager:
         self.lease_disconnects = 0
         self.renewal_failures = 0
         self.renewal_retries = 0
+        """Renewal CAS tries sent again after one went unanswered (:meth:`_renew_cas`)."""
         self._cas_rtt_s: float | None = None
         """Smoothed round trip of the lease CAS (answered campaign and first renewal tries), s, None before the first:
         :meth:`_renew_cas`'s try timeout."""
-        """Renewal CAS tries sent again after one went unanswered for a heartbeat (:meth:`_renew_cas`)."""
         """Renewals that failed with an error or no answer (each one a step-down)."""
         self._lock = asyncio.Lock()
         # own role
@@ -514,10 +514,11 @@ class RegionManager:
         stepped down, and the standby took over). Each try waits three times the renewals' round trip (an EWMA of
         the answered campaign CAS and first renewal tries, α = 1/4, as TCP's SRTT; before any, the validity left), a
         heartbeat at least, the validity left at most; then the same CAS is sent again, and it waits the validity
-        left (backed off, RFC 6298 5.5: a slow answer is waited for, only a lost one is sent again). If an earlier try had in fact committed, the later one loses (wrong
-        last sequence, or another write in flight); the key is then read, and a write of this manager's own reign
-        (its manager id and term, at a later revision) is that renewal, taken as done. Validity still counts from
-        ``t0``, the first try's start, so a reign never outlasts the write that renewed it.
+        left (backed off, RFC 6298 5.5: a slow answer is waited for, only a lost one is sent again). If an earlier
+        try had in fact committed, the later one loses (wrong last sequence, or another write in flight); the key
+        is then read, and a write of this manager's own reign (its manager id and term, at a later revision) is
+        that renewal, taken as done. The caller counts validity from the first try's start, so a reign never
+        outlasts the write that renewed it.
 
         Returns:
             The revision of the renewal.
