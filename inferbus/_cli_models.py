@@ -34,7 +34,8 @@ _SUB_NATS = typer.Option(None, help="NATS server(s), comma-separated (default: t
                          "nats://127.0.0.1:4222).")
 _SUB_PREFIX = typer.Option(None, help="Subject prefix (default: the group's --prefix, inferbus).")
 _TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
-                        help="Budget of the write in seconds, a finite number > 0 (a load waits for every worker); "
+                        help="Budget of the write in seconds, a finite number > 0, at most 600 (a load waits for every "
+                        "worker); "
                         "--timeout is the older name of the same option.")
 
 
@@ -42,7 +43,8 @@ _TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
 def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
                                         "{\"models\": [metadata, ...]} (each with parameters.default_version)."),
-           timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0); "
+           timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0, at most "
+                                           "600); "
                                            "a write takes --timeout-s after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
     from .cli import _call, _check_timeout_s, _given, _left_s, _nats_urls_given, _one_shot_client, _usage, console

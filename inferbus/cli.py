@@ -1356,7 +1356,7 @@ def infer(
     output: list[str] = typer.Option([], "--output", "-o", help="Output names to compute (default all)."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
     prefix: str = typer.Option("inferbus"),
-    timeout_s: float = typer.Option(1.0, help="Request budget in seconds."),
+    timeout_s: float = typer.Option(1.0, help="Request budget in seconds, retries included (> 0, at most 600)."),
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as one JSON object (model_name, "
                                  "model_version, id, outputs: {name: {datatype, shape, data}}, parameters); an "
@@ -1471,7 +1471,8 @@ def _json_default(x):
 
 @app.command()
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
-           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0)."),
+           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0, at most "
+                                           "600)."),
            as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
                                         "health prints JSON either way.")):
     """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering within
@@ -1626,7 +1627,7 @@ def bench(
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
     duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
     hit: bool = typer.Option(False, help="Repeat one input (cache hits) instead of distinct inputs."),
-    timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds."),
+    timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds (> 0, at most 3,600)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix of the deployment (`up --prefix`)."),
     json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
     spread: bool = typer.Option(False, help="Generator k connects to server k mod n of --nats-url first (load "
