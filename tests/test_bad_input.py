@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from inferbus.client import Client
-from inferbus.schemas import DeadlineExceeded, InvalidArgument, PayloadTooLarge, decode_error
+from inferbus.schemas import DeadlineExceeded, InvalidArgument, PayloadTooLarge, Unavailable, decode_error
 
 from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 from test_reliability_lib import health_params, models_subset, reference, set_fault, wait_health
@@ -262,7 +262,8 @@ async def test_our_headers_in_another_case_are_refused_naming_the_spelling(env):
     # (Inferbus-Hedge in lower case was served with the policy ignored: a fresh-user trial, 2026-12-05)
     for given, ours in (("inferbus-timeout-ms", "Inferbus-Timeout-Ms"), ("INFERBUS-DEADLINE-UNIX-MS",
                                                                         "Inferbus-Deadline-Unix-Ms"),
-                        ("inferbus-hedge", "Inferbus-Hedge")):
+                        ("inferbus-hedge", "Inferbus-Hedge"),
+                        ("inferbus-attempt-deadline-unix-ms", "Inferbus-Attempt-Deadline-Unix-Ms")):
         t0 = time.perf_counter()
         err, _ = await raw_request(nc, "typed", body, headers={given: "1000"})
         assert isinstance(err, InvalidArgument) and err.field == ours, (given, err)
@@ -283,6 +284,24 @@ async def test_our_headers_in_another_case_are_refused_naming_the_spelling(env):
     err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": "900",
                                                               "inferbus-timeout-ms": "x", "x-trace": "1"})
     assert err is None and out(resp, "a_times_2")["data"] == [42]
+
+
+async def test_an_attempt_deadline_that_is_no_time_near_now_is_invalid_argument(env):
+    """``Inferbus-Attempt-Deadline-Unix-Ms`` in seconds, in microseconds, 0, -1 or infinite was answered UNAVAILABLE
+    ("given up 1,794,783,792,289 ms before", ``retry_after_ms`` 0: a raw client retrying it at once, for ever) and
+    counted as an abandoned attempt (a fresh-user trial). It is INVALID_ARGUMENT naming the header; one a second
+    past is UNAVAILABLE with the reason; one a second ahead is served."""
+    nc, _ = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    now_ms = time.time() * 1000.0
+    for raw in (f"{now_ms / 1000:.0f}", f"{now_ms * 1000:.0f}", "0", "-1", "inf", "-inf", "nan", "abc"):
+        err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Attempt-Deadline-Unix-Ms": raw})
+        assert isinstance(err, InvalidArgument) and err.field == "Inferbus-Attempt-Deadline-Unix-Ms", (raw, err)
+    err, _ = await raw_request(nc, "typed", body, headers={"Inferbus-Attempt-Deadline-Unix-Ms": f"{now_ms - 1000:.0f}"})
+    assert isinstance(err, Unavailable) and "gave this attempt up" in err.message, err
+    err, resp = await raw_request(nc, "typed", body,
+                                  headers={"Inferbus-Attempt-Deadline-Unix-Ms": f"{time.time() * 1000 + 1000:.0f}"})
+    assert err is None and out(resp, "a_times_2")["data"] == [42], err
 
 
 async def test_a_client_deadline_already_passed_is_refused_at_once_and_a_malformed_one_named(env):

@@ -205,6 +205,12 @@ class _Hedge:
 SILENT_EXPIRY_BACKLOG = 64
 
 
+_ATTEMPT_DEADLINE_SPAN_S = 86_400.0
+"""An ``Inferbus-Attempt-Deadline-Unix-Ms`` further than this from the ingress's clock (s) is no attempt's deadline:
+seconds or microseconds written for milliseconds, 0, infinity (INVALID_ARGUMENT; a fresh-user trial's seconds were
+answered UNAVAILABLE, "given up 1,794,783,792,289 ms before", and counted as abandoned attempts)."""
+
+
 def _late_attempt(hdrs: dict) -> bool:
     """True when the client may have given this attempt up already: its ``Inferbus-Attempt-Deadline-Unix-Ms`` is
     within the clock-skew allowance of now (an attempt past it by more is refused, :meth:`Ingress._check_attempt`).
@@ -918,17 +924,19 @@ class Ingress:
         ingresses at 100-150 requests/s).
 
         Raises:
-            InvalidArgument: ``raw`` is not a number (``field`` = the header's name).
+            InvalidArgument: ``raw`` is not a number, or not within a day of this host's clock
+                (:data:`_ATTEMPT_DEADLINE_SPAN_S`: seconds or microseconds for milliseconds, 0, infinity; ``field`` =
+                the header's name).
             Unavailable: the attempt was given up (``retry_after_ms`` 0; the SDK, if it still waits because its
                 clock runs behind this host's, sends the request again, and its last attempt carries no such
                 deadline).
             _AbandonedUnanswered: the same, while 64 or more requests wait behind it (dropped without a reply).
         """
         ms = H.header_number(raw)
-        if ms != ms:
-            raise InvalidArgument(f"{H.ATTEMPT_DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch, got "
-                                  f"{str(raw)[:40]!r}", field=H.ATTEMPT_DEADLINE_UNIX_MS)
         left_s = H.wall_deadline_left_s(ms)
+        if not abs(left_s) < _ATTEMPT_DEADLINE_SPAN_S:  # NaN, inf, seconds or µs for ms, 0: no attempt's deadline
+            raise InvalidArgument(f"{H.ATTEMPT_DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch within a "
+                                  f"day of this host's clock, got {str(raw)[:40]!r}", field=H.ATTEMPT_DEADLINE_UNIX_MS)
         if left_s >= 0:
             return
         self.counts["attempts_abandoned"] += 1

@@ -73,7 +73,7 @@ ingress ~16 µs and the worker ~9 µs per request (docs/performance.md).
 :func:`parse_fwd` turns it back into the individual header names (the worker reads the fields straight
 into its job; tests and tools read them by name)."""
 CLIENT_HEADERS = {n.lower(): n for n in (CONTENT_TYPE, REQUEST_ID, TIMEOUT_MS, DEADLINE_UNIX_MS, CLIENT_ID, ATTEMPT,
-                                          HEDGE)}
+                                          HEDGE, ATTEMPT_DEADLINE_UNIX_MS)}
 """The headers a client may send to an ingress, by their lower-case spelling."""
 EXACT_HEADERS = frozenset(CLIENT_HEADERS.values()) | {TRACEPARENT, TRACESTATE}
 """The client headers in their exact spelling, trace context included: a request whose header names are all here
