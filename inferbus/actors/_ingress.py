@@ -211,18 +211,6 @@ seconds or microseconds written for milliseconds, 0, infinity (INVALID_ARGUMENT;
 answered UNAVAILABLE, "given up 1,794,783,792,289 ms before", and counted as abandoned attempts)."""
 
 
-def _late_attempt(hdrs: dict) -> bool:
-    """True when the client may have given this attempt up already: its ``Inferbus-Attempt-Deadline-Unix-Ms`` is
-    within the clock-skew allowance of now (an attempt past it by more is refused, :meth:`Ingress._check_attempt`).
-    Such an attempt, taken at the edge of its client's patience (the end of an ingress's freeze), is routed as a
-    retry is: to the worker a peer ingress sent the request's retry to, if one did, where it joins that copy."""
-    raw = hdrs.get(H.ATTEMPT_DEADLINE_UNIX_MS)
-    if raw is None:
-        return False
-    ms = H.header_number(raw)
-    return ms == ms and H.wall_deadline_left_s(ms) < 2 * H.DEADLINE_SKEW_MS / 1000.0
-
-
 class _ExpiredUnanswered(Exception):
     """A request past its client's deadline, found while this ingress is behind: dropped, not answered."""
 
@@ -751,8 +739,8 @@ class Ingress:
         if client_deadline is not None:  # the client's own clock: time spent queued in the bus counts
             deadline = self._client_deadline(client_deadline, deadline, t0)
         attempt_deadline = hdrs.get(H.ATTEMPT_DEADLINE_UNIX_MS)
-        if attempt_deadline is not None:  # the SDK's attempt, given up and sent again elsewhere past it
-            self._check_attempt(attempt_deadline)
+        # the SDK's attempt: given up and sent again elsewhere past it; near it, perhaps (asks the peers, as a retry)
+        ask_peers = attempt_deadline is not None and self._check_attempt(attempt_deadline)
         if deadline <= t0:  # (a budget of 0 or less: the client's deadline was checked above)
             self.counts["expired_on_arrival"] += 1
             raise DeadlineExceeded("the request's budget (Inferbus-Timeout-Ms) was already spent on arrival")
@@ -865,13 +853,13 @@ class Ingress:
                 self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy, (req, arrays),
-                                                          self.l2_breaker.on_send()))
+                                                          self.l2_breaker.on_send(), ask_peers))
                 return
             if self.redis is not None:  # the breaker is open: a miss without the lookup
                 self.counts["l2_skipped"] += 1
         try:
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                time.monotonic(), (req, arrays))
+                                time.monotonic(), (req, arrays), ask_peers=ask_peers)
         except InferbusError as err:  # a refusal (a query of death, no worker, ...): it carries the body's id too
             if rid is not None and getattr(err, "request_id", None) is None:
                 err.request_id = rid
@@ -912,7 +900,7 @@ class Ingress:
         while wanted and not wanted <= self.router.ready_models() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
-    def _check_attempt(self, raw: str) -> None:
+    def _check_attempt(self, raw: str) -> bool:
         """Refuse an attempt its client gave up on: ``raw`` (``Inferbus-Attempt-Deadline-Unix-Ms``, ms since the Unix
         epoch, the client's clock) passed by more than the clock-skew allowance (``DEADLINE_SKEW_MS``).
 
@@ -922,6 +910,11 @@ class Ingress:
         elsewhere: run here, it would compute the answer a second time on another worker, for a reply subject the
         client no longer reads (a fresh-user trial: 19-69 requests ran twice per 1-2 s SIGSTOP of one of two
         ingresses at 100-150 requests/s).
+
+        Returns:
+            Whether the attempt is within the clock-skew allowance of its deadline, on either side: its client may
+            have sent it again already, so it is routed as a marked retry is, to the worker a peer ingress sent the
+            retry to, if one did, where it joins that copy (the edge of an ingress's freeze).
 
         Raises:
             InvalidArgument: ``raw`` is not a number, or not within a day of this host's clock
@@ -933,12 +926,12 @@ class Ingress:
             _AbandonedUnanswered: the same, while 64 or more requests wait behind it (dropped without a reply).
         """
         ms = H.header_number(raw)
-        left_s = H.wall_deadline_left_s(ms)
+        left_s = H.wall_deadline_left_s(ms)  # (the allowance included: refused below 0, near it below 2 allowances)
         if not abs(left_s) < _ATTEMPT_DEADLINE_SPAN_S:  # NaN, inf, seconds or µs for ms, 0: no attempt's deadline
             raise InvalidArgument(f"{H.ATTEMPT_DEADLINE_UNIX_MS} must be milliseconds since the Unix epoch within a "
                                   f"day of this host's clock, got {str(raw)[:40]!r}", field=H.ATTEMPT_DEADLINE_UNIX_MS)
         if left_s >= 0:
-            return
+            return left_s < 2 * H.DEADLINE_SKEW_MS / 1000.0
         self.counts["attempts_abandoned"] += 1
         sub = self._infer_sub
         if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
@@ -1055,10 +1048,10 @@ class Ingress:
         return policy
 
     async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id, rid,
-                               hedge_policy, decoded, probe: bool = False) -> None:
+                               hedge_policy, decoded, probe: bool = False, ask_peers: bool = False) -> None:
         """Look ``key`` up in L2 (at most ``l2_timeout_ms``), then answer the hit or forward the miss; ``probe``: the
         lookup is the L2 breaker's probe (:meth:`CircuitBreaker.on_send`), whose verdict turns lookups back on or
-        off."""
+        off; ``ask_peers``: as :meth:`_forward`'s."""
         try:
             cached, left_ms = None, -1
             left_s = max(deadline - time.monotonic(), 0.0)
@@ -1100,7 +1093,7 @@ class Ingress:
             if deadline <= t_cache:
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                t_cache, decoded)
+                                t_cache, decoded, ask_peers=ask_peers)
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None)
@@ -1257,7 +1250,7 @@ class Ingress:
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
                        hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None,
-                       resends: int = 0, exclude: str | None = None) -> None:
+                       resends: int = 0, exclude: str | None = None, ask_peers: bool = False) -> None:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
@@ -1268,7 +1261,9 @@ class Ingress:
         and starts ``forward_hop`` (the forward's time: its deadline fields, the pending entry, the local hand-over),
         so the ingress's stages tile its time with no gap. The choice itself reads the clock as ``t_cache``.
         ``resends``: how many times :meth:`_resend` has sent it again after workers died holding it; ``exclude``: a
-        worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`)."""
+        worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`); ``ask_peers``: an attempt
+        taken near its client's attempt deadline (:meth:`_check_attempt`), located through the peers as a marked
+        retry is."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1301,7 +1296,7 @@ class Ingress:
             self.counts["sticky_retries"] += 1
             hedge_policy = None  # a retry joins the copy already running; it is not hedged again
         elif rid is not None and (H.ATTEMPT in hdrs and H.attempt_number(hdrs[H.ATTEMPT]) > 1
-                                  or _late_attempt(hdrs)) and \
+                                  or ask_peers) and \
                 rid not in self._by_rid and rid not in self._done_rids and \
                 (w := await self._peer_sticky(rid, mv.key, now)) is not None:
             self.counts["peer_sticky_retries"] += 1

@@ -166,7 +166,7 @@ def _bound_hint(field: str, message: str) -> str:
     ``outputs`` list's length (:data:`MAX_TENSORS`); empty for any other refusal."""
     if "parameters" in field:
         if "length <=" in message:
-            return f" entries (a parameters map holds at most {MAX_PARAMETERS})"
+            return f" (a parameters map holds at most {MAX_PARAMETERS} entries)"
         if "Expected `bool | int | float | str`" in message:
             return " (OIP v2: a parameter's value is a string, a number or a boolean)"
     elif field in ("inputs", "outputs") and "length <=" in message:
