@@ -406,16 +406,23 @@ _PIXELS = {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0]
     # parameters: at most 128 entries, each value a string, number or boolean (OIP v2's $parameter); a map of 600,000
     # entries froze the workers for 1.5-1.9 s (a fresh-user trial): refused from its header, nothing decoded
     (msgpack.packb({"inputs": [_PIXELS], "parameters": {str(i): i for i in range(600_000)}}), "parameters"),
-    (msgpack.packb({"inputs": [_PIXELS], "parameters": {"a": [1, 2]}}), "parameters[...]"),
-    (msgpack.packb({"inputs": [{**_PIXELS, "parameters": {"a": None}}]}), "inputs[0].parameters[...]"),
+    # a refused value is named by its key (msgspec's path says "[...]"), a name that is no string by its map
+    (msgpack.packb({"inputs": [_PIXELS], "parameters": {"t": 1, "a": [1, 2]}}), 'parameters["a"]'),
+    (msgpack.packb({"inputs": [{**_PIXELS, "parameters": {"a": None}}]}), 'inputs[0].parameters["a"]'),
     (msgpack.packb({"inputs": [_PIXELS], "outputs": [{"name": "logits", "parameters": {"a": {"b": 1}}}]}),
-     "outputs[0].parameters[...]"),
+     'outputs[0].parameters["a"]'),
+    (json.dumps({"inputs": [_PIXELS], "parameters": {"temperature": {"b": 1}}}).encode(),
+     'parameters["temperature"]'),
+    (json.dumps({"inputs": [{**_PIXELS, "parameters": {"k": [1]}}]}).encode(), 'inputs[0].parameters["k"]'),
+    (msgpack.packb({"inputs": [_PIXELS], "parameters": {1: 2}}), "parameters"),
+    (msgpack.packb({"inputs": [{**_PIXELS, "parameters": {"a": 1, b"k": 2}}]}), "inputs[0].parameters"),
     # and at most 4,096 inputs or outputs (150,000 took 0.22 s to decode)
     (msgpack.packb({"inputs": [{"name": "p", "datatype": "FP32", "shape": [1], "raw": bytes(4)}] * 150_000}), "inputs"),
     (msgpack.packb({"inputs": [_PIXELS], "outputs": [{"name": "logits"}] * 4097}), "outputs"),
 ])
 async def test_undecodable_bodies(client, body, field):
-    err, dt = await _timed_error(client.request(client.subjects.infer("digits"), body, timeout_s=2))
+    ct = "application/json" if body[:1] == b"{" else None
+    err, dt = await _timed_error(client.request(client.subjects.infer("digits"), body, timeout_s=2, content_type=ct))
     assert isinstance(err, InvalidArgument), err
     assert err.field == field, (err.field, err.message)
     assert dt < 0.5

@@ -482,6 +482,48 @@ def test_wrong_field_type_names_the_field():
                  b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"raw":"!!"}]}', JSON)
 
 
+_X = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+
+
+@pytest.mark.parametrize("ct", ENCODINGS)
+@pytest.mark.parametrize("bad", [[1, 2], {"b": 1}, None], ids=["list", "map", "null"])
+def test_a_refused_parameter_value_names_its_key(ct, bad):
+    """msgspec's path for a map's value is ``parameters[...]``; the field names the key, as the SDK's own check
+    does, in the request's, an input's and a requested output's parameters, whichever key came first."""
+    good = {"a": 1, "b": "s", "c": True, "d": 0.5}
+    cases = [
+        ({"inputs": [_X], "parameters": {**good, "temperature": bad, "z": 1}}, 'parameters["temperature"]'),
+        ({"inputs": [_X, {**_X, "name": "y", "parameters": {**good, "k": bad}}]}, 'inputs[1].parameters["k"]'),
+        ({"inputs": [_X], "outputs": [{"name": "o"}, {"name": "p", "parameters": {'q"\\é': bad}}]},
+         'outputs[1].parameters["q\\"\\\\é"]'),  # the key as a JSON string
+    ]
+    for req, field in cases:
+        err = raises_field(field, decode_request, encode(req, ct), ct)
+        assert err.message.startswith(f"invalid request: {field}: Expected `bool | int | float | str`"), err.message
+        assert "a string, a number or a boolean" in err.message, err.message
+    body = b"\xef\xbb\xbf" + encode(cases[0][0], ct)  # a JSON body's byte order mark is skipped on the way
+    if ct == JSON:
+        raises_field('parameters["temperature"]', decode_request, body, ct)
+
+
+def test_a_parameter_name_that_is_no_string_names_the_parameters_map():
+    """Only MessagePack can send one (JSON's names are strings): the field is the map, not ``body``, and the
+    message says the name; a non-string key elsewhere names the map holding it."""
+    cases = [
+        ({"inputs": [_X], "parameters": {"a": 1, 7: 1}}, "parameters", "got 7 (a MessagePack int)"),
+        ({"inputs": [{**_X, "parameters": {(1, 2): 1}}]}, "inputs[0].parameters", "got (1, 2) (a MessagePack array)"),
+        ({"inputs": [_X], "outputs": [{"name": "o", "parameters": {b"k": 1}}]}, "outputs[0].parameters",
+         "got b'k' (a MessagePack bin)"),
+        ({"inputs": [_X], "parameters": {None: 1}}, "parameters", "got None (a MessagePack nil)"),
+    ]
+    for req, field, said in cases:
+        err = raises_field(field, decode_request, msgpack.packb(req))
+        assert "a map key is not a string" in err.message and said in err.message, err.message
+    err = raises_field("inputs[0]", decode_request, msgpack.packb({"inputs": [{**_X, 5: 1}]}))
+    assert "a map key is not a string (Expected `str`, got `int`)" in err.message, err.message
+    raises_field("body", decode_request, msgpack.packb({"inputs": [_X], 5: 1}))
+
+
 def test_malformed_and_empty_bodies():
     raises_field("body", decode_request, b"")
     raises_field("body", decode_request, b"", JSON)

@@ -59,16 +59,18 @@ def key_tail(outputs: list[str] | None, parameters: dict | None) -> bytes:
 
     Raises:
         InvalidArgument: ``parameters`` holds an integer MessagePack cannot carry (below -2**63 or above
-            2**64 - 1; only a JSON body can hold one), ``field`` ``parameters`` (it was INTERNAL: a fresh-user
-            trial, 2026-12-05).
+            2**64 - 1; only a JSON body can hold one), ``field`` ``parameters["<name>"]`` (it was INTERNAL: a
+            fresh-user trial, 2026-12-05).
     """
     tail = b"\0out\0" + ",".join(outputs).encode() if outputs else b"\0out\0"
     if parameters:
         try:
             tail += b"\0par\0" + _enc.encode(parameters)
         except OverflowError:
-            raise InvalidArgument("parameters: an integer is outside the 64-bit range (-2**63 to 2**64 - 1)",
-                                  field="parameters") from None
+            name = next((k for k, v in parameters.items() if type(v) is int and not -2**63 <= v < 2**64), None)
+            field = "parameters" if name is None else f"parameters[{msgspec.json.encode(name).decode()}]"
+            raise InvalidArgument(f"{field}: an integer is outside the 64-bit range (-2**63 to 2**64 - 1)",
+                                  field=field) from None
     return tail
 
 

@@ -30,7 +30,8 @@ import msgspec
 import numpy as np
 
 from ._errors import InvalidArgument
-from ._oip import DATATYPES, MAX_PARAMETERS, MAX_TENSORS, InferRequest, InferResponse, RequestInput, ResponseOutput
+from ._oip import (DATATYPES, MAX_PARAMETERS, MAX_TENSORS, InferRequest, InferResponse, ParameterValue, RequestInput,
+                   ResponseOutput)
 from ._tensors import _ITEMSIZE
 
 __all__ = [
@@ -99,17 +100,22 @@ _json_response = _decoder(InferResponse, True)
 # ---------------------------------------------------------------- error translation
 
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.S)
+_AT_KEY = re.compile(r"^(?P<msg>.*) - at `key` in `\$(?P<path>[^`]*)`$", re.S)
+"""msgspec's words for a map key of the wrong type (a MessagePack key that is not a string): the path is the map's."""
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _DATATYPE_LIST = ", ".join(DATATYPES)
 
 
 def _validation_error(exc: msgspec.ValidationError, what: str) -> InvalidArgument:
-    """msgspec's "<text> - at `$.inputs[0].shape`" -> InvalidArgument(field="inputs[0].shape")."""
+    """msgspec's "<text> - at `$.inputs[0].shape`" -> InvalidArgument(field="inputs[0].shape"); a map key of the
+    wrong type ("<text> - at `key` in `$.inputs[0].parameters`") names the map (``body`` for the request's own)."""
     text = str(exc)
     path = ""
     m = _AT.match(text)
     if m:
         text, path = m["msg"], m["path"]
+    elif m := _AT_KEY.match(text):
+        text, path = f"a map key is not a string ({m['msg']})", m["path"]
     m = _MISSING.match(text)
     if m:
         path = f"{path}.{m['name']}"
@@ -174,6 +180,56 @@ def _bound_hint(field: str, message: str) -> str:
     return ""
 
 
+_STEP = re.compile(r"\.?([^.\[]+)|\[(\d+)\]")
+_VALUE_REFUSED = "[...]"
+"""msgspec's path for a map's value: it does not say which key held it."""
+
+
+_MSGPACK_KINDS = {tuple: "array", bytes: "bin", type(None): "nil", msgspec.msgpack.Ext: "ext"}
+"""The MessagePack type of a map key as msgspec decodes it, where its Python type's name says another."""
+
+
+def _raw_at(body: bytes | memoryview, path: str, json: bool) -> Any:
+    """The encoded value at ``path`` (``inputs[1].parameters``) in ``body``, as a :class:`msgspec.Raw`, the
+    maps and lists on the way decoded one level each (what they hold is skipped, not built)."""
+    mod = msgspec.json if json else msgspec.msgpack
+    raw: Any = body
+    for name, index in _STEP.findall(path):
+        raw = mod.decode(raw, type=dict[str, msgspec.Raw])[name] if name else \
+            mod.decode(raw, type=list[msgspec.Raw])[int(index)]
+    return raw
+
+
+def _name_parameter(err: InvalidArgument, body: bytes | memoryview, json: bool) -> InvalidArgument:
+    """``err`` (a refusal in a ``parameters`` map, msgspec's words) naming the parameter: a refused value's key in
+    ``field`` (``inputs[0].parameters["k"]``, a JSON string in brackets), a name that is not a string in the message.
+
+    Run only once a body was refused: it reads ``body`` again up to the map. ``err`` comes back as it was when the
+    map cannot be read apart from the rest (a value nested beyond the decoder's recursion limit, a duplicate key
+    whose last value is a good one)."""
+    field = err.field or ""
+    value = field.endswith(_VALUE_REFUSED)
+    path = field[:-len(_VALUE_REFUSED)] if value else field
+    mod = msgspec.json if json else msgspec.msgpack
+    try:
+        if value:
+            for key, raw in mod.decode(_raw_at(body, path, json), type=dict[str, msgspec.Raw]).items():
+                try:
+                    mod.decode(raw, type=ParameterValue)
+                except msgspec.ValidationError:
+                    named = f"{path}[{msgspec.json.encode(key).decode()}]"
+                    return InvalidArgument(err.message.replace(field, named, 1), field=named)
+        else:
+            for key in mod.decode(_raw_at(body, path, json), type=dict[Any, msgspec.Raw]):
+                if not isinstance(key, str):
+                    kind = _MSGPACK_KINDS.get(type(key), type(key).__name__)
+                    return InvalidArgument(f"{err.message}: a parameter's name is a string, got {key!r} (a "
+                                           f"MessagePack {kind})", field=field)
+    except (msgspec.ValidationError, msgspec.DecodeError, LookupError, RecursionError):
+        pass
+    return err
+
+
 def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool = True) -> Any:
     if len(body) == 0:  # what one is, as for a body that is no map (a fresh-user trial: "empty request body" alone)
         fields = ("the KServe Open Inference Protocol v2 fields, e.g. {\"inputs\": [...]}" if what in ("request", "response")
@@ -187,6 +243,9 @@ def _decode(dec: Any, body: bytes | memoryview, what: str, json: bool, bom: bool
             return _decode(dec, body[3:], what, json, False)  # off the serving path: only a body that failed
         if isinstance(exc, msgspec.ValidationError):
             err = _validation_error(exc, what)
+            if err.field.endswith("parameters" + _VALUE_REFUSED) or (
+                    err.field.endswith("parameters") and ": a map key is not a string" in err.message):
+                err = _name_parameter(err, body, json)  # msgspec's path names no key: the body is read again
             if err.field is not None and (hint := _bound_hint(err.field, str(exc))):
                 err = InvalidArgument(err.message + hint, field=err.field)
             if err.field == "body" and str(exc).startswith("Expected `object`"):
@@ -428,7 +487,9 @@ def decode_request(body: bytes | memoryview, content_type: str | None = None) ->
             (negative), ``"inputs[0].datatype"`` (unknown), ``"inputs[0].name"``
             (missing or duplicate), ``"inputs[0]"`` (none or several of
             data/raw/shm), ``"inputs[0].raw"`` (wrong length), ``"inputs[0].data"``
-            (wrong outer length), ``"inputs"`` (missing).
+            (wrong outer length), ``"inputs"`` (missing), ``'parameters["k"]'`` (a parameter value that is no
+            string, number or boolean; ``inputs[0].parameters["k"]``, ``outputs[0].parameters["k"]`` likewise; the
+            key as a JSON string), ``"inputs[0].parameters"`` (a MessagePack parameter name that is no string).
     """
     json = is_json(content_type)
     req = _decode(_json_request if json else _mp_request, body, "request", json)
