@@ -818,6 +818,10 @@ def up(
                                             "this file (its folder must exist and be writable)."),
     # reliability (docs/failure-semantics.md)
     health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, > 0).", rich_help_panel=_REL),
+    forget_after_s: Optional[float] = typer.Option(None, help="A worker silent this long is forgotten: dropped from the "
+                                                   "routers and health until it reports again (s, more than "
+                                                   "--health-timeout-s; default max(60, 12 x --health-timeout-s); "
+                                                   "inf: never).", rich_help_panel=_REL),
     max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy, 0 to 1.", rich_help_panel=_REL),
     min_window_requests: int = typer.Option(100, help="Requests in a worker's window before its error rate is judged (>= 1).", rich_help_panel=_REL),
     health_window_s: float = typer.Option(10.0, help=f"Sliding window of the workers' error rate (s), 1 to {MAX_HEALTH_WINDOW_S}.", rich_help_panel=_REL),
@@ -927,7 +931,8 @@ def up(
             l2_timeout_ms=l2_timeout_ms, l2_pool_size=l2_pool_size, l2_breaker_failures=l2_breaker_failures,
             l2_breaker_open_s=l2_breaker_open_s, max_request_bytes=max_request_bytes,
             max_tensor_bytes=max_tensor_bytes, max_bytes_elements=max_bytes_elements, max_backlog_msgs=max_backlog_msgs, max_backlog_bytes=max_backlog_bytes,
-            peer_query_timeout_ms=peer_query_timeout_ms, run_to_completion=run_to_completion),
+            peer_query_timeout_ms=peer_query_timeout_ms, run_to_completion=run_to_completion,
+            **({} if forget_after_s is None else {"forget_after_s": forget_after_s})),
         bus_options={k: str(v) for k, v in dict(
             user=nats_user, password=nats_password, token=nats_token, nkeys_seed=nats_nkey_seed,
             user_credentials=nats_creds, tls_ca_file=tls_ca, tls_cert_file=tls_cert, tls_key_file=tls_key).items()

@@ -29,12 +29,12 @@ from inferbus.actors._ingress import Ingress
 from inferbus.actors._worker import Worker
 from inferbus.bus import BusConfig
 from inferbus.client import Client
-from inferbus.schemas import InferbusError, Unavailable
+from inferbus.schemas import Health, InferbusError, Unavailable, decode, decode_error
 from inferbus.schemas._internal import LoadReport, decode_internal
 from inferbus.supervisor import IntensityExceeded
 
-from conftest import ROOT, start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
-from test_reliability_lib import models_subset, set_fault
+from conftest import ROOT, start_deployment, two_nodes, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from test_reliability_lib import ingress_counts, models_subset, set_fault
 
 pytestmark = [pytest.mark.anyio]
 
@@ -444,3 +444,107 @@ async def test_inferbus_nodes_shows_each_supervisor_and_a_killed_workers_restart
         await nc.close()
     finally:
         dep.stop()
+
+
+# ------------------------------------------------------------------ a node killed whole: its workers forgotten
+
+
+@pytest.mark.timeout(240)
+async def test_the_workers_of_a_node_killed_whole_are_forgotten_counted_and_learned_again(tmp_path):
+    """Two nodes on one NATS; n1's ingress forwards requests to both workers (each slowed by a fault, so they are
+    held), then every process of n2 is SIGKILLed at once (its process group: no ``down`` event reaches n1). n1's
+    ingress answers each held request once (sent again to its own worker, or UNAVAILABLE), lists n2's worker
+    ``silent``, and after ``--forget-after-s`` (4 s here; 60 s by default) no longer lists it: dropped from its
+    router's table, breaker and load with it, and counted in ``counts.workers_forgotten`` (health and
+    ``$SRV.STATS``). Before, it stayed ``silent`` for ever. n1 keeps serving, and n2 started again under the same
+    node id is learned again: listed ``ok`` with a closed breaker, and routed to."""
+    prefix = "forget"
+    models = models_subset(tmp_path / "models", ["digits"], {"digits": {"cache_ttl_ms": 0}})
+    common = ["--models", str(models), "--no-cache", "--fault-injection", "--health-timeout-s", "1",
+              "--forget-after-s", "4"]
+    n2b = None
+    with two_nodes(tmp_path, prefix, common) as (n1, n2):
+        try:
+            nc = await nats.connect(n1.nats_url)
+            x = np.load(models / "digits" / "data" / "test.npz")["X"][:8].astype(np.float32)
+            at_n1 = f"{prefix}.ingresses.n1-i0"
+
+            async def health() -> dict:
+                msg = await nc.request(f"{at_n1}.health", b"", timeout=5)
+                return decode(msg.data, Health).parameters
+
+            async def health_until(pred, what: str, timeout_s: float = 20.0) -> dict:
+                deadline = time.monotonic() + timeout_s
+                while not pred(params := await health()):
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}: "
+                                             f"{ {k: params[k] for k in ('workers', 'counts', 'pending')} }")
+                    await asyncio.sleep(0.05)
+                return params
+
+            def body(row: int) -> bytes:
+                return json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                               "data": x[row].tolist()}]}).encode()
+
+            hdrs = {"Content-Type": "application/json", "Inferbus-Timeout-Ms": "20000"}
+
+            def worker_ok(wid: str):
+                return lambda p: p["workers"].get(wid, {}).get("health") == "ok"
+
+            await health_until(lambda p: worker_ok("n1-w0")(p) and worker_ok("n2-w0")(p), "both workers ok")
+            # requests held at both workers (1.5 s per batch), n2's own until it is killed
+            await set_fault(nc, prefix, "n1-w0", compute_delay_ms=1500.0)
+            await set_fault(nc, prefix, "n2-w0", compute_delay_ms=30000.0)
+            replies: dict[str, list] = {}
+
+            async def on_reply(msg) -> None:
+                replies.setdefault(msg.subject, []).append(msg)
+
+            sub = await nc.subscribe("_FG.>", cb=on_reply)
+            inboxes = [f"_FG.{k}" for k in range(6)]
+            for k, inbox in enumerate(inboxes):
+                await nc.publish(f"{at_n1}.infer.digits", body(k), reply=inbox, headers=hdrs)
+            params = await health_until(lambda p: p["workers"].get("n2-w0", {}).get("in_flight", 0) >= 1,
+                                        "a request held by n2-w0")
+            os.killpg(n2.proc.pid, signal.SIGKILL)  # every process of n2 at once: no down event
+            t_kill = time.monotonic()
+            n2.proc.wait(10)
+            await health_until(lambda p: p["workers"].get("n2-w0", {}).get("health") == "silent", "n2-w0 silent")
+            params = await health_until(lambda p: "n2-w0" not in p["workers"], "n2-w0 forgotten")
+            assert time.monotonic() - t_kill > 3.5, "forgotten before --forget-after-s"  # its last report: pre-kill
+            assert params["counts"]["workers_forgotten"] == 1 and list(params["workers"]) == ["n1-w0"], params
+            # every held request answered once (sent again to n1-w0, or UNAVAILABLE: safe to retry); nothing left
+            # pending at n1's ingress, nor counted in flight at its worker
+            deadline = time.monotonic() + 20
+            while len(replies) < len(inboxes) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert sorted(replies) == sorted(inboxes), sorted(replies)
+            for inbox in inboxes:
+                [msg] = replies[inbox]
+                err = decode_error(msg.headers, msg.data)
+                assert err is None or isinstance(err, Unavailable), err
+            await set_fault(nc, prefix, "n1-w0")
+            params = await health_until(lambda p: p["pending"] == 0 and p["workers"]["n1-w0"]["in_flight"] == 0,
+                                        "nothing pending")
+            assert "digits:1" in params["models_ready"], params["models_ready"]
+            msg = await nc.request(f"{at_n1}.infer.digits", body(7), timeout=10, headers=hdrs)
+            assert decode_error(msg.headers, msg.data) is None and json.loads(msg.data)["outputs"]
+            counts = [c for c in await ingress_counts(nc) if "workers_forgotten" in c]
+            assert [c["workers_forgotten"] for c in counts] == [1], counts
+            await sub.unsubscribe()
+            # n2 again, same node id: its worker reports again and is a worker like any other
+            n2b = start_deployment(tmp_path / "n2b", workers=1, prefix=prefix,
+                                   extra=common + ["--nats-url", n1.nats_url, "--node-id", "n2"])
+            params = await health_until(worker_ok("n2-w0"), "n2-w0 learned again", timeout_s=30)
+            assert params["workers"]["n2-w0"]["breaker"] == "closed", params["workers"]["n2-w0"]
+            assert params["counts"]["workers_forgotten"] == 1, params["counts"]
+            await set_fault(nc, prefix, "n1-w0", compute_delay_ms=1000.0)  # n1-w0 busy: n2-w0 takes its share
+            got = await asyncio.gather(*(nc.request(f"{at_n1}.infer.digits", body(k), timeout=15, headers=hdrs)
+                                         for k in range(4)))
+            assert all(decode_error(m.headers, m.data) is None for m in got)
+            params = await health()
+            assert params["workers"]["n2-w0"]["sent"] >= 1, params["workers"]
+            await nc.close()
+        finally:
+            if n2b is not None:
+                n2b.stop()

@@ -481,6 +481,10 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     # NaN passed every "x <= 0" check (each comparison with NaN is false) and started a node; infinity is no time
     (("--health-timeout-s", "nan"), "up: --health-timeout-s must be a finite number > 0 seconds; got nan"),
     (("--health-timeout-s", "inf"), "up: --health-timeout-s must be a finite number > 0 seconds; got inf"),
+    # a worker is judged silent (its requests failed) before it is forgotten
+    (("--forget-after-s", "5"), "up: --forget-after-s must be a number of seconds more than --health-timeout-s (5), "
+                                "or inf (never); got 5.0"),
+    (("--forget-after-s", "nan"), "up: --forget-after-s must be a number of seconds more than --health-timeout-s"),
     (("--health-window-s", "nan"), "up: --health-window-s must be 1 to 86400 seconds"),
     (("--health-window-s", "1e308"), "up: --health-window-s must be 1 to 86400 seconds"),
     (("--mailbox-size", "99999999999999999999"), "up: --mailbox-size must be 1 to 1000000000 requests"),
@@ -683,7 +687,7 @@ def test_up_help_states_the_range_each_check_allows():
         "--health-timeout-s": "> 0", "--breaker-open-s": "> 0", "--l2-timeout-ms": "> 0",
         "--min-window-requests": ">= 1", "--breaker-failures": ">= 1", "--max-pending": ">= 1",
         "--l2-pool-size": ">= 1", "--l2-breaker-failures": ">= 1", "--l2-breaker-open-s": "> 0",
-        "--rate-burst": "or >= 1", "--client-rate-burst": "or >= 1",
+        "--rate-burst": "or >= 1", "--client-rate-burst": "or >= 1", "--forget-after-s": "more than --health-timeout-s",
     }.items():
         assert said in rows[option], (option, rows[option])
 

@@ -15,7 +15,7 @@ from inferbus.actors._cache import cache_key
 from inferbus.actors._dedupe import RecentResults, dedupe_key
 from inferbus.actors._hedge import HedgeBudget, HedgePolicyError, LatencyWindow, parse_policy
 from inferbus.actors._ratelimit import RateLimiter, TokenBucket
-from inferbus.actors._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
+from inferbus.actors._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router, forget_after_s
 from inferbus.schemas import input_from_numpy, input_to_numpy
 from inferbus.schemas._internal import LoadReport
 
@@ -113,6 +113,50 @@ def test_router_health_breaker_and_client_errors():
     # silent: no report for longer than health_timeout_s
     assert r.health_reason(r.workers["a"], 7.3) == "silent" and r.pick("m:1", 7.3) is None
     r.on_done("a", 1.0, outcome=NEUTRAL)
+
+
+def test_router_forgets_a_worker_silent_past_forget_after_s_and_learns_it_again():
+    """A worker with no report for ``forget_after_s`` leaves the table, its breaker and load with it (health,
+    ``status``, the model index); not the colocated one, one the caller still holds requests of, nor any while the
+    ingress is behind its input. A completion of a request sent to it before finds nothing (or the worker learned
+    again: its in-flight count stays >= 0, its fresh breaker takes the old probe's verdict as nothing), and a report
+    from it makes it a new worker with a closed breaker. Before, a worker of a node SIGKILLed whole (no ``down``
+    event) stayed ``silent`` in every other node's health for ever."""
+    assert forget_after_s(5.0) == 60.0 and forget_after_s(10.0) == 120.0  # max(60 s, 12 x health_timeout_s)
+    r = Router(health_timeout_s=1.0, forget_after_s=10.0, breaker_failures=1, breaker_open_s=100.0)
+    r.local_worker_id = "local"
+    for wid in ("a", "b", "gone", "local", "held"):
+        r.on_report(_report(wid, server=f"s-{wid}"), now=0.0)
+    gone, held = r.workers["gone"], r.workers["held"]
+    for w in (gone, held):
+        probe = r.on_sent(w)  # in flight when it goes silent
+        assert probe is False and w.in_flight == 1
+    r.on_silent("gone", now=2.0)  # (the ingress's silent-worker check) its breaker opens
+    assert r.status(2.0)["gone"]["breaker"] == "open" and "gone" in r._not_closed
+    for t in (1.0, 5.0, 10.0):
+        r.on_report(_report("a", server="s-a"), now=t)
+        r.on_report(_report("b", server="s-b"), now=t)
+    assert r.forget(9.9) == [] and r.status(9.9)["gone"]["health"] == "silent"  # not yet: 9.9 s silent
+    r.behind_until = 11.0
+    assert r.forget(10.5) == []  # this ingress reads its reports behind a backlog: no report age is judged
+    r.behind_until = 0.0
+    assert r.forget(10.5, keep={"held"}) == ["gone"]  # the colocated worker and a held one stay
+    assert set(r.status(10.5)) == {"a", "b", "local", "held"} and "gone" not in r._not_closed
+    assert all(w is not gone for ws in r._by_model.values() for w in ws)
+    assert {r.pick("m:1", 10.5).worker_id for _ in range(20)} <= {"a", "b"}
+    r.on_done("gone", 100.0, outcome=SERVER_ERROR, probe=True, now=10.6)  # its request's late verdict: nothing
+    assert "gone" not in r.workers
+    # it reports again (a node restarted under the same id): a new worker, breaker closed, routed to
+    r.on_report(_report("gone", pid=2, server="s-gone"), now=11.0)
+    back = r.workers["gone"]
+    assert back is not gone and back.breaker.state is BreakerState.CLOSED and back.in_flight == 0
+    assert r.status(11.0)["gone"]["health"] == "ok" and back in r._by_model["m:1"]
+    r.on_done("gone", 100.0, outcome=SERVER_ERROR, probe=True, now=11.1)  # a verdict of a request sent before
+    assert back.in_flight == 0 and back.completed == 1
+    # the held one goes once nothing holds it; the colocated one never
+    assert r.forget(30.0) == ["a", "b", "gone", "held"] and list(r.workers) == ["local"]
+    assert r.pick("m:1", 30.0) is None and r.ready_models(30.0) == set()
+    assert not r._multi_server
 
 
 # ---- rate limits -------------------------------------------------------------------------------------

@@ -216,6 +216,12 @@ class IngressConfig(_JsonMixin):
     """Budget when a request has no Inferbus-Timeout-Ms header."""
     health_timeout_s: float = 5.0
     """A worker with no load report for this long is taken out of routing."""
+    forget_after_s: float | None = None
+    """A worker with no load report for this long (s) is forgotten: dropped from the router's table and the health
+    reply's ``workers``, counted in ``counts.workers_forgotten``, learned again if it reports again. None (default):
+    ``max(60 s, 12 × health_timeout_s)`` (:func:`inferbus.actors._router.forget_after_s`, where the choice is
+    explained); ``inf``: never. Must be more than ``health_timeout_s``: a worker is judged silent (its requests
+    failed) before it is forgotten."""
     max_pending: int = 100_000
     """Bound of requests forwarded and not yet completed; beyond it: RESOURCE_EXHAUSTED."""
     region: str = ""
@@ -288,6 +294,11 @@ class IngressConfig(_JsonMixin):
         if not 0 < self.health_timeout_s < _INF:
             raise ValueError(f"IngressConfig.health_timeout_s must be a finite number > 0 seconds; got "
                              f"{self.health_timeout_s}")
+        if self.forget_after_s is not None:
+            _require(isinstance(self.forget_after_s, (int, float)) and not isinstance(self.forget_after_s, bool)
+                     and self.health_timeout_s < self.forget_after_s,
+                     "IngressConfig.forget_after_s", f"a number of seconds more than health_timeout_s "
+                     f"({self.health_timeout_s:g}), or inf (never)", self.forget_after_s)
         _require(0.0 <= self.max_error_rate <= 1.0, "IngressConfig.max_error_rate", "in [0, 1]", self.max_error_rate)
         _require(self.min_window_requests >= 1, "IngressConfig.min_window_requests", ">= 1 request",
                  self.min_window_requests)

@@ -88,10 +88,12 @@ from ._models import IngressModels
 from ._ratelimit import RateLimiter
 from ._pinning import pinned_versions
 from ._repository import Model, ModelRepository, ModelVersion
-from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router
+from ._router import CLIENT_ERROR, NEUTRAL, OK, SERVER_ERROR, Router, forget_after_s
 from ._worker import INLINE_MAX_JOBS, INLINE_SLICE_US, control_subject
 
 _SWEEP_PERIOD_S = 0.05
+_FORGET_CHECK_PERIOD_S = 1.0
+"""How often the sweep looks for workers to forget (:meth:`Ingress._forget`): their silence is counted in minutes."""
 _STICKY_REPORT_AGE_S = 0.5
 """A retry sticks to the worker still holding its request id only if that worker reported this recently."""
 _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"})
@@ -461,7 +463,9 @@ class Ingress:
         if config.pins:  # the versions its node served at start, not a folder staged on disk since and not loaded (a
             # fresh-user trial: a restarted ingress served such a version as its default, which no worker had loaded)
             self.repo.keep_pinned(config.pins)
-        self.router = Router(health_timeout_s=config.health_timeout_s, max_error_rate=config.max_error_rate,
+        self.router = Router(health_timeout_s=config.health_timeout_s,
+                             forget_after_s=forget_after_s(config.health_timeout_s) if config.forget_after_s is None
+                             else config.forget_after_s, max_error_rate=config.max_error_rate,
                              min_window_requests=config.min_window_requests, breaker_failures=config.breaker_failures,
                              breaker_open_s=config.breaker_open_s, breaker_probes=config.breaker_probes)
         self.limiter = RateLimiter(config.rate_limit_per_s, config.rate_burst, config.client_rate_limit_per_s,
@@ -520,7 +524,7 @@ class Ingress:
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
                        "resent_after_death": 0, "quiet_reroutes": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
-                       "deaths_shared_in": 0, "crash_checks": 0}
+                       "deaths_shared_in": 0, "crash_checks": 0, "workers_forgotten": 0}
         self._meta_cache = {m.name: encode(model_metadata(m)) for m in self.repo}
         self._inputs = {}
         self._outputs = {}
@@ -580,6 +584,8 @@ class Ingress:
         self._reconnected_at = float("-inf")
         """When a sweep last saw this ingress's NATS connection re-established (monotonic s): requests forwarded
         before it whose completion never came are not held against their worker (:meth:`_sweep`)."""
+        self._forget_check_at = 0.0
+        """When the sweep next looks for workers to forget (monotonic s; :meth:`_forget`)."""
         self._l2_inflight = 0
         """L2 lookups running (each holds a request that will be forwarded): counted with ``pending``."""
         self._burst: list[_Deferred] = []
@@ -2217,6 +2223,9 @@ class Ingress:
         # own connection has just come back (the reports it missed were not the workers' silence)
         if now - reconnected_at <= self.config.health_timeout_s:
             return
+        if now >= self._forget_check_at:
+            self._forget_check_at = now + _FORGET_CHECK_PERIOD_S
+            self._forget(now)
         await self._reroute_quiet(now)
         now = time.monotonic()
         timeout_s = self.config.health_timeout_s
@@ -2242,6 +2251,23 @@ class Ingress:
                 if n:
                     w.in_flight = 0
                     self.router.on_silent(w.worker_id, now)
+
+    def _forget(self, now: float) -> None:
+        """Forget the workers silent past the router's ``forget_after_s`` (:meth:`Router.forget`): a node SIGKILLed
+        whole sends no ``down`` event, and its workers stayed in the table and the health reply as ``silent`` for
+        ever. Not one this ingress still holds a forward of (the silent-worker check fails those first, at
+        ``health_timeout_s``; a forget waits for it). Their load reports go too (model management's view); counted
+        in ``counts.workers_forgotten``."""
+        limit = self.router.forget_after_s
+        if not any(now - w.last_report > limit for w in self.router.workers.values()):
+            return  # (the common case: no pass over the pending forwards)
+        gone = self.router.forget(now, {p.worker_id for p in self.pending.values()})
+        if gone:
+            for wid in gone:
+                self.model_ctl.reports.pop(wid, None)
+            self.counts["workers_forgotten"] += len(gone)
+            log(f"ingress {self.config.ingress_id}: forgot worker{'s' if len(gone) > 1 else ''} {', '.join(gone)}: "
+                f"no load report for {self.router.forget_after_s:g} s")
 
     async def _on_models(self, msg) -> None:
         subj = msg.subject

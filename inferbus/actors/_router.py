@@ -49,6 +49,12 @@ than one server: a one-server deployment routes exactly as before.
 
 A worker that is taken out of routing comes back by itself: a fresh report
 (live), a window whose errors slid out (healthy), a successful probe (breaker).
+
+Forgotten: a worker with no report for ``forget_after_s`` (:func:`forget_after_s`, ``max(60 s, 12 ×
+health_timeout_s)`` by default) is dropped from the table (:meth:`Router.forget`), breaker and load with it, so
+that the workers of a node that vanished without a ``down`` event (SIGKILLed whole, its host gone) do not stay
+listed ``silent`` for ever. A report from it later makes it a new worker: learned as at its first report, its
+breaker CLOSED.
 """
 
 from __future__ import annotations
@@ -94,6 +100,24 @@ REGION_FRESH_S = 0.5
 every worker of this ingress's region has been silent longer, a worker of another region that reported within it is
 picked instead. Five report periods (workers report every 100 ms); the age an ingress's retry of a request held at
 a worker stops going to that worker too (``_STICKY_REPORT_AGE_S``)."""
+
+
+FORGET_AFTER_MIN_S = 60.0
+FORGET_AFTER_TIMEOUTS = 12
+"""A worker with no report for ``max(FORGET_AFTER_MIN_S, FORGET_AFTER_TIMEOUTS × health_timeout_s)`` (60 s by default)
+is forgotten (:meth:`Router.forget`). Why: far past the health timeout, so that the silent-worker check failed its
+requests long before, and a worker only frozen, cut off or restarting for a while (a node restarts a worker in
+seconds; the worker-hang drill freezes one for 2 s) is not dropped and learned again in a loop; with the defaults,
+past the health timeout plus a breaker's open period (5 + 30 s), so that forgetting an open breaker does not let a
+failing worker back before its probe would have come; and a minute is the least Consul's
+``deregister_critical_service_after`` takes, under Eureka's 90 s lease eviction: a replica gone that long is gone for
+a service registry too. Scaled with the health timeout (12 of them) for deployments that set a long one."""
+
+
+def forget_after_s(health_timeout_s: float) -> float:
+    """The default report age (s) past which a worker is forgotten, for ``health_timeout_s`` (s): ``max(60 s, 12 ×
+    health_timeout_s)`` (:data:`FORGET_AFTER_MIN_S`, :data:`FORGET_AFTER_TIMEOUTS`)."""
+    return max(FORGET_AFTER_MIN_S, FORGET_AFTER_TIMEOUTS * health_timeout_s)
 
 
 _TIE_MARGIN_US = 1e-6
@@ -172,12 +196,15 @@ class Router:
 
     Args:
         health_timeout_s: a worker silent for longer is not routed to (> 0, default 5 s).
+        forget_after_s: a worker silent for longer is dropped from the table (:meth:`forget`; > ``health_timeout_s``,
+            default 60 s: :func:`forget_after_s`; ``inf``: never).
         max_error_rate: a worker whose reported error rate is above this is unhealthy (0..1, default 0.01).
         min_window_requests: the error rate is judged only over at least this many requests (default 100).
         breaker_failures / breaker_open_s / breaker_probes: see :class:`CircuitBreaker`.
     """
 
     health_timeout_s: float = 5.0
+    forget_after_s: float = FORGET_AFTER_MIN_S
     max_error_rate: float = 0.01
     min_window_requests: int = 100
     breaker_failures: int = 5
@@ -302,6 +329,29 @@ class Router:
             if charge:
                 w.breaker.on_failure(time.monotonic() if now is None else now)
             self._reindex()
+
+    def forget(self, now: float | None = None, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Drop the workers with no report for more than :attr:`forget_after_s` (down or silent): their state, breaker
+        and load go with them, and they are no longer in :meth:`status` (health, metrics). Returns their ids (sorted).
+
+        Kept: the colocated worker (its process is this one), the ids in ``keep`` (the caller's: workers it still
+        holds requests of), and every worker while this ingress is behind its own input (:attr:`behind_until`: the
+        reports' age then says how far behind it reads). A later report of a forgotten worker makes it a new worker
+        (:meth:`on_report`); a completion of a request forwarded to it before (:meth:`on_done`) finds none, or the
+        new one, whose in-flight count does not go below 0 and whose breaker takes it as any other verdict."""
+        now = time.monotonic() if now is None else now
+        if now < self.behind_until:
+            return []
+        limit = self.forget_after_s
+        gone = sorted(wid for wid, w in self.workers.items() if now - w.last_report > limit
+                      and wid != self.local_worker_id and wid not in keep)
+        if gone:
+            for wid in gone:
+                del self.workers[wid]
+                self._not_closed.discard(wid)
+            self._multi_server = len({x.server for x in self.workers.values()}) > 1
+            self._reindex()
+        return gone
 
     def _reindex(self) -> None:
         by: dict[str, list[WorkerState]] = {}
