@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import msgspec
 import nats
 import numpy as np
 from nats.errors import (
@@ -185,6 +186,12 @@ def _version_text(version):
     if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         return str(version)
     return version
+
+
+def _parameter_field(name: str) -> str:
+    """The error ``field`` of a refused value of request parameter ``name``: ``parameters["<name>"]``, the name as a
+    JSON string, as the ingress names it (:func:`inferbus.schemas.decode_request`)."""
+    return f"parameters[{msgspec.json.encode(name).decode()}]"
 
 
 def _extra_headers(headers) -> dict[str, str]:
@@ -643,13 +650,13 @@ class Client:
                    or isinstance(v, (complex, np.complexfloating))]
             if bad:
                 raise InvalidArgument(f"parameter {bad[0]!r} is a {type(parameters[bad[0]]).__name__}: OIP v2's "
-                                      f"$parameter value is a string, a number or a boolean", field="parameters")
+                                      f"$parameter value is a string, a number or a boolean", field=_parameter_field(bad[0]))
             if json:  # JSON has no NaN or infinity: msgspec would write null, which the ingress refuses as no value
                 bad = [k for k, v in parameters.items() if isinstance(v, (float, np.floating)) and not math.isfinite(v)]
                 if bad:
                     raise InvalidArgument(f"parameter {bad[0]!r} is {parameters[bad[0]]}: JSON has no NaN or "
                                           f"infinity; send it as a string or the request as MessagePack",
-                                          field="parameters")
+                                          field=_parameter_field(bad[0]))
         if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
             try:
                 parse_policy(str(hedge))
