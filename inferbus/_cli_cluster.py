@@ -445,8 +445,18 @@ def _control(cluster: Optional[str], op: str, timeout_s: float = _CONTROL_TIMEOU
         raise
     except Exception as exc:
         _usage(f"cluster {op}: no answer from the cluster ({type(exc).__name__}: {' '.join(str(exc).split())})")
-    typer.echo(f"{op}: {reply.detail} ({reply.ms:.1f} ms)", err=not reply.ok)  # a failure on stderr
+    typer.echo(f"{op}: {reply.detail} ({_took(reply)})", err=not reply.ok)  # a failure on stderr
     raise typer.Exit(0 if reply.ok else 1)
+
+
+def _took(reply) -> str:
+    """How long a :class:`~inferbus.cluster.ClusterReply` 's command took: ``107.8 ms``, and for a kill or restore
+    that waited for those sent before it (they run one at a time) ``107.8 ms, after waiting 6.9 s for restore A to
+    finish``: it said only the 107.8 ms where the command had taken 7.6 s."""
+    took = f"{reply.ms:.1f} ms"
+    if reply.waited_for:
+        took += f", after waiting {reply.waited_ms / 1000:.1f} s for {', '.join(reply.waited_for)} to finish"
+    return took
 
 
 def timeout_s_option(default: float, what: str):

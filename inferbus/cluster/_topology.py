@@ -60,9 +60,40 @@ class ClusterCommand(msgspec.Struct, tag="inferbus.v1.cluster_cmd", tag_field="t
 
 
 class ClusterReply(msgspec.Struct, tag="inferbus.v1.cluster_reply", tag_field="type"):
+    """The answer of ``cluster up`` to a :class:`ClusterCommand`."""
+
     ok: bool
     detail: str = ""
     ms: float = 0.0
+    """The command's own work, ms (the kill, the restore...), from when it could start."""
+    waited_ms: float = 0.0
+    """How long a ``kill`` or ``restore`` waited, ms, for those sent before it to finish (they run one at a time, in
+    the order received); 0 for the other commands, which never wait."""
+    waited_for: list[str] = []
+    """The ``kill`` and ``restore`` commands it waited for (e.g. ``["restore A"]``), in the order received."""
+
+
+class ControlServer:
+    """What :meth:`Topology.serve_control` returns: its NATS connection and the commands in progress."""
+
+    def __init__(self, nc) -> None:
+        self.nc = nc
+        """The witness connection the commands come in on."""
+        self._tasks: set[asyncio.Task] = set()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name="cluster control command")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop serving: cancel the commands in progress (a restore stops what it had started; nothing is answered)
+        and close the connection. Never raises for a connection that is closed or reconnecting."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        await close_connection(self.nc)
 
 
 async def _wait_tcp(port: int, child: ProcessChild, greeting: bytes, send: bytes | None, timeout_s: float,
@@ -450,35 +481,54 @@ class Topology:
     def control_subject(self) -> str:
         return f"{self.spec.prefix}._cluster.ctl"
 
-    async def serve_control(self):
+    async def serve_control(self) -> "ControlServer":
         """Answer :class:`ClusterCommand` s on ``<p>._cluster.ctl`` through a witness server.
 
+        Each command is handled in a task of its own, so one never waits behind another in the subscription (nats-py
+        runs a subscription's callbacks one at a time: a ``heal`` or a ``kill`` sent during a 3-7 s ``restore`` was
+        handled only after it, and the kill's reply said 107.8 ms where its command took 7.6 s). ``kill`` and
+        ``restore`` still run one at a time, in the order received (both go through the cluster supervisor, and a
+        kill must not race a restore of the same region); the reply of one that waited says how long and for what
+        (:attr:`ClusterReply.waited_ms`, :attr:`ClusterReply.waited_for`), and its ``ms`` is its own work.
+        ``info``, ``partition``, ``isolate`` and ``heal`` are answered at once.
+
         Returns:
-            The NATS connection (close it to stop serving).
+            The server; :meth:`ControlServer.close` stops serving (commands in progress are cancelled).
         """
         nc = await self._witness_connect()
         dec = msgspec.msgpack.Decoder(ClusterCommand)
+        one_at_a_time = asyncio.Lock()  # FIFO: kill and restore in the order received
+        queued: list[str] = []  # the kill and restore commands received and not answered yet, in that order
 
-        async def on_cmd(msg):
-            t = time.monotonic()
+        async def kill_or_restore(cmd: ClusterCommand) -> ClusterReply:
+            if cmd.op == "kill" and cmd.region in self.down:  # (it said "every process ... killed" again)
+                return ClusterReply(True, f"region {cmd.region} is down already (killed earlier; nothing to "
+                                          f"kill): `cluster restore {cmd.region}` starts it again")
+            if cmd.op == "kill":
+                await self.kill_region(cmd.region)
+                return ClusterReply(True, f"every process of region {cmd.region} killed")
+            if cmd.region in self.spec.regions and cmd.region not in self.down and not self.backing_off(cmd.region):
+                # (it was the supervisor's "ChildRunning: supervisor 'cluster': child 'servers:B' is running")
+                return ClusterReply(False, f"region {cmd.region} is running; nothing to restore (`cluster kill "
+                                           f"{cmd.region}` takes it down)")
+            await self.restore_region(cmd.region)
+            return ClusterReply(True, f"region {cmd.region} started again")
+
+        async def handle(msg, t_in: float) -> None:
+            t = t_in
+            waited: list[str] = []
+            name = None
             try:
                 cmd = dec.decode(msg.data)
-                if cmd.op == "info":
+                if cmd.op in ("kill", "restore"):
+                    name = f"{cmd.op} {cmd.region}"
+                    waited = list(queued)
+                    queued.append(name)
+                    async with one_at_a_time:
+                        t = time.monotonic()
+                        reply = await kill_or_restore(cmd)
+                elif cmd.op == "info":
                     reply = ClusterReply(True, json.dumps(self.plan.to_dict()))
-                elif cmd.op == "kill" and cmd.region in self.down:  # (it said "every process ... killed" again)
-                    reply = ClusterReply(True, f"region {cmd.region} is down already (killed earlier; nothing to "
-                                               f"kill): `cluster restore {cmd.region}` starts it again")
-                elif cmd.op == "kill":
-                    await self.kill_region(cmd.region)
-                    reply = ClusterReply(True, f"every process of region {cmd.region} killed")
-                elif cmd.op == "restore" and cmd.region in self.spec.regions and cmd.region not in self.down \
-                        and not self.backing_off(cmd.region):
-                    # (it was the supervisor's "ChildRunning: supervisor 'cluster': child 'servers:B' is running")
-                    reply = ClusterReply(False, f"region {cmd.region} is running; nothing to restore (`cluster kill "
-                                                f"{cmd.region}` takes it down)")
-                elif cmd.op == "restore":
-                    await self.restore_region(cmd.region)
-                    reply = ClusterReply(True, f"region {cmd.region} started again")
                 elif cmd.op == "partition":
                     n = len(self.partition(set(cmd.side_a), set(cmd.side_b)))
                     reply = ClusterReply(True, f"{cmd.side_a} cut from {cmd.side_b} ({n} proxy faults)")
@@ -495,13 +545,28 @@ class Topology:
                 reply = ClusterReply(False, f"bad command: {exc}")
             except Exception as exc:
                 reply = ClusterReply(False, f"{type(exc).__name__}: {exc}")
-            reply.ms = (time.monotonic() - t) * 1000
+            finally:
+                if name is not None:
+                    queued.remove(name)
+            now = time.monotonic()
+            reply.ms = (now - t) * 1000
+            reply.waited_ms = (t - t_in) * 1000
+            reply.waited_for = waited
             if msg.reply:
-                await nc.publish(msg.reply, msgspec.msgpack.encode(reply))
+                try:
+                    await nc.publish(msg.reply, msgspec.msgpack.encode(reply))
+                except Exception as exc:  # (the connection closed or reconnecting: the asker times out)
+                    print(f"cluster: control: cannot answer {name or 'a command'}: {exc!r}", file=sys.stderr,
+                          flush=True)
+
+        server = ControlServer(nc)
+
+        async def on_cmd(msg) -> None:  # returns at once: the next command is taken while this one runs
+            server._spawn(handle(msg, time.monotonic()))
 
         await nc.subscribe(self.control_subject(), cb=on_cmd)
         await nc.flush()
-        return nc
+        return server
 
     # ---- addresses ------------------------------------------------------------------------------
     def urls(self, site: str) -> list[str]:
