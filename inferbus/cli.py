@@ -532,16 +532,43 @@ def _folder_option(command: str, option: str, value: Optional[str]) -> Optional[
     return Path(value)
 
 
-def _check_run_dir(path: Path, command: str = "up") -> None:
+def _check_run_dir(path: Path, command: str = "up") -> list[Path]:
     """``up --run-dir`` (``cluster up --run-dir``): a folder that exists and is writable, or one that can be made (its
     parents made too), checked before anything starts (one line, exit 2; :func:`inferbus._paths.folder_problem`). It
     used to end in a FileExistsError / PermissionError traceback from the node (from the topology's start) once the
-    option checks had passed."""
+    option checks had passed.
+
+    Returns:
+        The folders this check made, the deepest first (``[]`` when ``path`` existed): what
+        :func:`_remove_made_folders` takes away again when the command ends on a usage error before it starts.
+
+    Raises:
+        typer.Exit: (2) one line ``error: COMMAND: --run-dir PATH: <why>``.
+    """
     from ._paths import folder_problem
 
+    path = Path(path)
+    missing = []
+    for folder in (path, *path.parents):  # the folders folder_problem would make: path and its missing parents
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
     problem = folder_problem(path)
     if problem is not None:
+        _remove_made_folders(missing)  # (parents made before the deepest could not be)
         _usage(f"{command}: --run-dir {path}: {problem}")
+    return missing
+
+
+def _remove_made_folders(made: list[Path]) -> None:
+    """Remove the folders :func:`_check_run_dir` made (``made``, deepest first), each only while it is empty: an ``up``
+    that ended on a usage error after that check (``--nats-port`` taken) left an empty ``--run-dir`` behind. A folder
+    that existed before, or that has anything in it now, is kept; never raises."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone, or not ours to remove): it and its parents stay
+            return
 
 
 def _check_models_repo(command: str, models_dir: str):
@@ -725,6 +752,42 @@ def _port_busy(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+_PROBE_TIMEOUT_S = 0.5
+"""How long :func:`_listener_is_nats` waits for a server's first bytes (s); a NATS server sends its INFO at once."""
+
+
+def _listener_is_nats(port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
+    """Whether what listens on 127.0.0.1:``port`` is a NATS server: one sends ``INFO {...}`` as soon as a client
+    connects (the NATS client protocol); anything else (silence within ``timeout_s``, other bytes, a refused or
+    reset connection) is not. A server with TLS before INFO (``handshake_first``) sends nothing first and reads as
+    not NATS. Never raises."""
+    import socket
+
+    got = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            while len(got) < 6:
+                chunk = s.recv(64)
+                if not chunk:
+                    break
+                got += chunk
+    except OSError:  # refused, reset, or silent past timeout_s
+        pass
+    return got.startswith(b"INFO ") or got.startswith(b"INFO\t")
+
+
+def _port_taken(port: int, since: str = "") -> str:
+    """``up``'s one line for an embedded NATS port that is taken (``since``: e.g. `` (taken while this node
+    started)``), saying what holds it as probed (:func:`_listener_is_nats`): it said "the NATS already listening
+    there" of any program's socket."""
+    if _listener_is_nats(port):
+        return (f"up: port {port} is in use{since} by a NATS server: pass --nats-port 0 (any free port), another "
+                f"--nats-port, or --nats-url nats://127.0.0.1:{port} to use that server")
+    return (f"up: port {port} is in use{since} by another program (not a NATS server): pass --nats-port 0 (any free "
+            f"port) or another --nats-port")
 
 
 def _cannot_listen(host: str, port: int) -> str | None:
@@ -1012,17 +1075,20 @@ def up(
             _usage(f"up: --no-cache turns the L2 cache off, so {' and '.join(l2_options)} cannot apply; give one or "
                    f"the other")
     _check_backends_installed(backend_names)
-    if run_dir is not None:
-        _check_run_dir(run_dir)
-    if nats_url is None and nats_port and _port_busy(nats_port):  # after the option checks: a bad value is named first
-        if not demo or given("nats_port"):  # only the demo's default port moves: a port asked for is kept or refused
-            _usage(f"up: port {nats_port} is in use: pass --nats-port 0 (any free port), another --nats-port, or "
-                   f"--nats-url to use the NATS already listening there")
-        cfg = replace(cfg, nats_port=0)
-    if metrics_port:  # before anything starts: a port taken is one line, nothing left running
-        problem = _cannot_listen(metrics_host, metrics_port)
-        if problem:
-            _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
+    made = _check_run_dir(run_dir) if run_dir is not None else []
+    try:  # a usage error from here on takes away the --run-dir folders the check made, while empty
+        # after the option checks: a bad value is named first
+        if nats_url is None and nats_port and _port_busy(nats_port):
+            if not demo or given("nats_port"):  # only the demo's default port moves: one asked for is kept or refused
+                _usage(_port_taken(nats_port))
+            cfg = replace(cfg, nats_port=0)
+        if metrics_port:  # before anything starts: a port taken is one line, nothing left running
+            problem = _cannot_listen(metrics_host, metrics_port)
+            if problem:
+                _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
+    except typer.Exit:
+        _remove_made_folders(made)
+        raise
     try:
         rc = _run(_up(cfg, demo, demo_duration, json_out))
     except Exception as exc:  # the port check above and nats-server's own bind race (two 'up' at the same moment)
@@ -1030,8 +1096,8 @@ def up(
 
         if not (isinstance(exc, EmbeddedServerError) and "address already in use" in str(exc) and nats_url is None):
             raise
-        _usage(f"up: port {cfg.nats_port} is in use (taken while this node started): pass --nats-port 0 (any free "
-               f"port), another --nats-port, or --nats-url to use the NATS already listening there")
+        _remove_made_folders(made)  # (kept when the node wrote its logs there)
+        _usage(_port_taken(cfg.nats_port, " (taken while this node started)"))
     raise typer.Exit(rc)
 
 

@@ -561,7 +561,9 @@ def test_bad_or_unreachable_nats_urls_get_one_line(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_nats_port_asked_for_and_taken_is_refused_even_with_demo(tmp_path):
     """``--demo`` moves the embedded nats-server off its default port 4222 when that is taken; a port given with
-    ``--nats-port`` is never moved (clients configured for it would reach whatever holds it): exit 2, named."""
+    ``--nats-port`` is never moved (clients configured for it would reach whatever holds it): exit 2, named. The line
+    says what holds it, probed (it said "the NATS already listening there" of any socket), and a ``--run-dir`` that
+    the command made is taken away again (it was left behind, empty)."""
     import socket
 
     models = str(models_subset(tmp_path / "models", ["typed"]))
@@ -570,10 +572,35 @@ def test_a_nats_port_asked_for_and_taken_is_refused_even_with_demo(tmp_path):
         holder.listen()
         port = holder.getsockname()[1]
         out = subprocess.run(UP + ["--nats-port", str(port), "--demo", "--no-cache", "--workers", "1", "--models",
-                                   models], capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
+                                   models, "--run-dir", str(tmp_path / "made" / "run")],
+                             capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
     assert out.returncode == 2, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
     assert f"port {port} is in use" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.startswith(f"error: up: port {port} is in use"), out.stderr[-2000:]  # the documented form
+    assert out.stderr == (f"error: up: port {port} is in use by another program (not a NATS server): pass --nats-port "
+                          f"0 (any free port) or another --nats-port\n"), out.stderr
+    assert not (tmp_path / "made").exists()  # the run dir and the parent it made: gone
+
+
+@pytest.mark.timeout(60)
+def test_a_nats_port_taken_by_a_nats_server_says_so_and_keeps_a_run_dir_that_was_there(tmp_path, nats_server):
+    """A port held by a NATS server: the line says so and how to use that server; a ``--run-dir`` that existed, empty
+    or not, is kept as it was."""
+    models = str(models_subset(tmp_path / "models", ["typed"]))
+    port = int(nats_server.url.rsplit(":", 1)[1])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    for run_dir in ("empty", "full"):
+        out = subprocess.run(UP + ["--nats-port", str(port), "--no-cache", "--workers", "1", "--models", models,
+                                   "--run-dir", str(tmp_path / run_dir)],
+                             capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
+        assert (out.returncode, out.stdout) == (2, ""), out
+        assert out.stderr == (f"error: up: port {port} is in use by a NATS server: pass --nats-port 0 (any free port), "
+                              f"another --nats-port, or --nats-url nats://127.0.0.1:{port} to use that server\n"), \
+            out.stderr
+    assert (tmp_path / "empty").is_dir() and not list((tmp_path / "empty").iterdir())
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
 
 
 @pytest.mark.timeout(60)
@@ -666,7 +693,8 @@ def test_a_nats_port_taken_between_the_check_and_the_bind_is_one_error_line(tmp_
                               "1", "--models", models, "--run-dir", str(tmp_path / "run")],
                              capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
     assert (out.returncode, out.stderr.count("\n")) == (2, 1), (out.returncode, out.stdout[-1000:], out.stderr[-3000:])
-    assert out.stderr.startswith(f"error: up: port {port} is in use (taken while this node started)"), out.stderr
+    assert out.stderr.startswith(f"error: up: port {port} is in use (taken while this node started) by another "
+                                 f"program (not a NATS server)"), out.stderr
     left = processes_naming(str(tmp_path / "run"))
     assert not left, f"left running: {left}"
 
