@@ -17,10 +17,11 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Failover drills: inject a fault under checked load and print the figures.")
+                  help="Failover drills: inject a fault under checked load and print the figures.",
+                  short_help="Run failover drills under checked load.")
 
 
-@app.command("list")
+@app.command("list", short_help="List the registered drills.")
 def list_drills() -> None:
     """List the registered drills."""
     from chaos.drills import DRILLS
@@ -53,7 +54,7 @@ def _as_typed(flag: str) -> str:
     return flag
 
 
-@app.command("run")
+@app.command("run", short_help="Run one drill on a deployment of its own.")
 def run(
     name: str = typer.Argument(..., metavar="NAME", help="Drill name (inferbus chaos list)."),
     duration_s: Optional[float] = typer.Option(None, "--duration", help="Seconds of load (drill default if omitted)."),

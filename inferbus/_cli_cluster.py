@@ -20,7 +20,8 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.")
+                  help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.",
+                  short_help="Run a local multi-region topology and inject faults.")
 
 
 def _regions(n: int) -> tuple[str, ...]:
@@ -63,7 +64,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
     return spec
 
 
-@app.command()
+@app.command(short_help="Start the topology and serve until Ctrl-C or SIGTERM.")
 def up(
     regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
     workers: int = typer.Option(1, help="Worker processes per region."),
@@ -168,7 +169,7 @@ def up(
     raise typer.Exit(_run(go()))
 
 
-@app.command()
+@app.command(short_help="Render the configs and cluster.json of a topology.")
 def config(
     regions: int = typer.Option(2, help="Number of regions."),
     base_port: int = typer.Option(14000, help="First of consecutive ports."),
@@ -472,7 +473,7 @@ _TIMEOUT = timeout_s_option(_CONTROL_TIMEOUT_S, "and the cluster's answer (a res
                                                 "before it answers)")
 
 
-@app.command()
+@app.command(short_help="SIGKILL every process of REGION; it stays down.")
 def kill(region: str = typer.Argument(..., metavar="REGION", help="A region of the cluster (its cluster.json's "
                                       "spec.regions; another name is refused before connecting)."),
          cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
@@ -480,7 +481,7 @@ def kill(region: str = typer.Argument(..., metavar="REGION", help="A region of t
     _control(cluster, "kill", timeout_s, region=region)
 
 
-@app.command()
+@app.command(short_help="Start a killed REGION again, as a standby.")
 def restore(region: str = typer.Argument(..., metavar="REGION", help="A killed region of the cluster (its "
                                          "cluster.json's spec.regions)."),
             cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
@@ -488,7 +489,7 @@ def restore(region: str = typer.Argument(..., metavar="REGION", help="A killed r
     _control(cluster, "restore", timeout_s, region=region)
 
 
-@app.command()
+@app.command(short_help="Cut the gateways between SIDE_A and SIDE_B.")
 def partition(side_a: str = typer.Argument(..., metavar="SIDE_A", help="Sites, comma-separated (regions or the "
                                            "witness, as the cluster.json names them)."),
               side_b: str = typer.Argument(..., metavar="SIDE_B", help="Sites, comma-separated."),
@@ -497,14 +498,14 @@ def partition(side_a: str = typer.Argument(..., metavar="SIDE_A", help="Sites, c
     _control(cluster, "partition", timeout_s, sides=(side_a, side_b))
 
 
-@app.command()
+@app.command(short_help="Cut SITE's gateways to every other site.")
 def isolate(site: str = typer.Argument(..., metavar="SITE", help="A site of the cluster: a region or the witness."),
             cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Cut SITE's gateways to every other site."""
     _control(cluster, "isolate", timeout_s, site=site)
 
 
-@app.command()
+@app.command(short_help="Remove every gateway fault.")
 def heal(cluster: str = _CLUSTER, timeout_s: float = _TIMEOUT) -> None:
     """Remove every gateway fault."""
     _control(cluster, "heal", timeout_s)

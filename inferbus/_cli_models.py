@@ -25,7 +25,8 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, invoke_without_command=True,
-                  help="Served models; load, unload and default model versions at run time.")
+                  help="Served models; load, unload and default model versions at run time.",
+                  short_help="Load, unload and pick default model versions at run time.")
 
 _NATS = typer.Option("nats://127.0.0.1:4222", help="NATS server(s), comma-separated.")
 _PREFIX = typer.Option("inferbus", help="Subject prefix.")
@@ -171,7 +172,7 @@ def _version(op: str, positional: Optional[str], option: Optional[str], required
     return version
 
 
-@app.command()
+@app.command(short_help="Load a model version on every worker.")
 def load(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
          version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                      help="Version to load (default: every version on disk not "
@@ -183,7 +184,7 @@ def load(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", hel
     _write(ctx, "load", name, _version("load", version_arg, version, False), nats_url, prefix, timeout_s, as_json)
 
 
-@app.command()
+@app.command(short_help="Stop serving a model version.")
 def unload(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
            version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                        help="Version to unload (not the default while others are served; the last one withdraws the model); or --version."),
@@ -195,7 +196,7 @@ def unload(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", h
     _write(ctx, "unload", name, _version("unload", version_arg, version, True), nats_url, prefix, timeout_s, as_json)
 
 
-@app.command()
+@app.command(short_help="Make VERSION the default version of NAME.")
 def default(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Model name."),
             version_arg: Optional[str] = typer.Argument(None, metavar="VERSION", show_default=False,
                                                         help="Version that serves requests naming none; or "

@@ -19,7 +19,8 @@ import typer
 from ._cli_cluster import timeout_s_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Regions: which one is primary (lease, fencing term, cache master), promote, demote.")
+                  help="Regions: which one is primary (lease, fencing term, cache master), promote, demote.",
+                  short_help="Show and change which region is primary.")
 
 _LISTEN_S = 0.35
 """How long to listen for heartbeats and load reports (3+ heartbeat periods)."""
@@ -133,7 +134,7 @@ def _report(head: str, reply, t0: float) -> None:
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
 
 
-@app.command()
+@app.command(short_help="Show each region's role, term, lease and heartbeats.")
 def status(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL(s), comma-separated (any region)."),
     cluster: Optional[str] = _CLUSTER,
@@ -242,7 +243,7 @@ def _check_region(name: str, what: str) -> None:
         _usage(f"region: {what} {name!r} is no region name (letters, digits, '_' or '-')")
 
 
-@app.command()
+@app.command(short_help="Make REGION the primary region.")
 def promote(
     region: str = typer.Argument(..., metavar="REGION", help="Region to make primary."),
     force: bool = typer.Option(False, help="Take over even while another region holds a live lease."),
@@ -299,7 +300,7 @@ def _no_manager(exc: BaseException, timeout_s: float) -> str:
     return f"no answer from its region manager ({type(exc).__name__}: {exc})"
 
 
-@app.command()
+@app.command(short_help="Hand the primary role over to another region.")
 def demote(
     region: Optional[str] = typer.Argument(None, metavar="REGION", help="Region to demote (default: the current primary)."),
     to: str = typer.Option("", help="Region to hand over to (default: the live standby heard last)."),
@@ -364,7 +365,7 @@ def demote(
     _report(f"demote {target}{' (forced)' if force else ''}", reply, t0)
 
 
-@app.command("manager")
+@app.command("manager", short_help="Run one region manager in the foreground.")
 def manager(
     region: str = typer.Argument(..., metavar="REGION", help="This region's name (a subject token)."),
     nats_url: str = typer.Option(..., help="This region's NATS servers, comma-separated."),

@@ -818,7 +818,7 @@ MAX_DEMO_DURATION_S = 3600.0
 _SEC = "Security"
 
 
-@app.command()
+@app.command(short_help="Serve models: NATS, Valkey, ingress, workers, aggregator.")
 def up(
     ctx: typer.Context,
     models: Optional[str] = typer.Option(None, help="Model repository folder (default ./models).", metavar="<path>"),
@@ -1419,7 +1419,7 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
     return 1 if wrong or errors else 0
 
 
-@app.command()
+@app.command(short_help="Send one request built from .npy files; print the outputs.")
 def infer(
     model: str = typer.Argument(..., metavar="MODEL", help="Model name."),
     input: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy (repeat per input)."),
@@ -1540,7 +1540,7 @@ def _json_default(x):
     return x.item() if hasattr(x, "item") else str(x)
 
 
-@app.command()
+@app.command(short_help="Ask one ingress whether it is live and ready.")
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
            timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0, at most "
                                            "600)."),
@@ -1571,7 +1571,7 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
     raise typer.Exit(0 if h.ready else 1)
 
 
-@app.command()
+@app.command(short_help="Print each node's supervision tree.")
 def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
           wait_s: float = typer.Option(0.5, help="How long to collect the nodes' answers, seconds (> 0, at most "
                                        "600)."),
@@ -1680,7 +1680,7 @@ def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingre
             _usage(f"bench: {opt} must be {lo} to {hi} ({what}); got {v}")
 
 
-@app.command()
+@app.command(short_help="Measure latency and throughput under generated load.")
 def bench(
     ctx: typer.Context,
     model: str = typer.Argument("digits", metavar="MODEL"),
@@ -1871,7 +1871,7 @@ app.add_typer(_chaos_app, name="chaos")
 app.add_typer(_cluster_app, name="cluster")
 app.add_typer(_region_app, name="region")
 app.add_typer(_models_app, name="models")
-app.command(name="devices")(_devices_cmd)
+app.command(name="devices", short_help="List the accelerators found here and the worker plan.")(_devices_cmd)
 
 
 def _command_words(argv: list[str]) -> str:

@@ -629,6 +629,63 @@ def _help_at_80_columns(*path: str) -> str:
     return p.stdout
 
 
+def _listed_summaries(out: str) -> dict[str, list[str]]:
+    """The Commands section of a group's ``--help`` (typer's rich panel or click's plain list): each command's name →
+    the lines of its summary as printed (more than one where it wraps or where the text had line breaks)."""
+    rows: dict[str, list[str]] = {}
+    lines = out.splitlines()
+    if any(line.startswith("╭─ Commands") for line in lines):  # rich: "│ name   summary   │", continued "│   more │"
+        start = next(i for i, line in enumerate(lines) if line.startswith("╭─ Commands"))
+        for line in lines[start + 1:]:
+            if not line.startswith("│"):  # the panel's bottom edge
+                break
+            text = line[2:-1].rstrip()
+            if text and not text[0].isspace():
+                name, _, summary = text.partition(" ")
+                rows[name] = [summary.strip()]
+            elif text.strip():
+                rows[list(rows)[-1]].append(text.strip())
+        return rows
+    start = lines.index("Commands:")  # click: "  name  summary", continued with a deeper indent
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        if line.startswith("  ") and not line.startswith("   "):
+            name, _, summary = line.strip().partition(" ")
+            rows[name] = [summary.strip()]
+        else:
+            rows[list(rows)[-1]].append(line.strip())
+    return rows
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", [path for path, cmd in _commands() if getattr(cmd, "commands", None)],
+                         ids=lambda p: " ".join(p) or "(root)")
+def test_every_command_summary_in_a_group_help_is_a_whole_phrase(path):
+    """``inferbus --help`` (and each group's: cluster, region, models, chaos) listed summaries cut from the commands'
+    docstrings: typer's rich panel kept the docstring's line breaks (``health  Ask one ingress ... answering
+    within`` / ``--timeout-s).``), click's plain list cut them at ~60 characters (``Serve models: embedded
+    nats-server + Valkey, supervisor,...``). Each command and group now has a one-line summary of its own
+    (``short_help``), printed whole, on one line where there is room, at 100 and 200 columns, rich or plain."""
+    group = dict(_commands())[path]
+    env = {k: v for k, v in os.environ.items() if k not in ("TERMINAL_WIDTH", "TYPER_USE_RICH")}
+    for columns in (100, 200):
+        for rich in (True, False):
+            p = subprocess.run([sys.executable, "-m", "inferbus.cli", *path, "--help"], capture_output=True,
+                               text=True, timeout=30, cwd=ROOT,
+                               env={**env, "COLUMNS": str(columns), **({} if rich else {"TYPER_USE_RICH": "0"})})
+            assert p.returncode == 0, p.stderr[-1500:]
+            listed = _listed_summaries(p.stdout)
+            assert set(listed) == {n for n, c in group.commands.items() if not c.hidden}, (columns, rich, listed)
+            for name, lines in listed.items():
+                summary = " ".join(lines)
+                said = (columns, "rich" if rich else "plain", name, lines)
+                assert summary == group.commands[name].short_help, said  # its own summary, whole
+                assert len(lines) == 1, said  # one line: each fits in 100 columns
+                assert summary.endswith(".") and not summary.endswith("..") and "\n" not in summary, said
+                assert len(summary) <= 60, said  # a short phrase (click's plain list wraps past ~67 at 80 columns)
+
+
 def _declared_options(cmd) -> set[str]:
     return {o for prm in cmd.params if not getattr(prm, "hidden", False) for o in (*prm.opts, *prm.secondary_opts)
             if o.startswith("--")}
