@@ -355,15 +355,16 @@ def _check_timeout_s(command: str, timeout_s: float) -> None:
 
     Raises:
         typer.Exit: (status 2) one line, ``<command>: --timeout-s must be a finite number of seconds > 0, got ...``
-            or ``... at most 600 seconds ...``.
+            or ``... at most 600 seconds ...``, the value as given (Python's shortest exact form, ``600.0001``,
+            ``1e+300``: ``:g`` said ``got 600`` of 600.0001).
     """
     from .bus._headers import MAX_TIMEOUT_MS
 
     if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
-        _usage(f"{command}: --timeout-s must be a finite number of seconds > 0, got {timeout_s}")
+        _usage(f"{command}: --timeout-s must be a finite number of seconds > 0, got {timeout_s!r}")
     if timeout_s > MAX_TIMEOUT_MS / 1000.0:
         _usage(f"{command}: --timeout-s must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
-               f"server honours), got {timeout_s:g}")
+               f"server honours), got {timeout_s!r}")
 
 
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",

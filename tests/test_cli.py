@@ -840,13 +840,15 @@ def test_health_and_models_take_their_budget_from_timeout_s(nats_server):
 
 
 @pytest.mark.parametrize("command", ["health", "models"])
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e300"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e300", "600.0001", "600.000000001"])
 def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(command, value):
     p, _ = cli(command, "--timeout-s", value, "--nats-url", "nats://127.0.0.1:1")  # nothing listens: exit 3 there
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
-    if value == "1e300":  # a fresh-user trial: against a prefix nobody serves it retried for ever
+    if 600 < float(value) < float("inf"):  # 1e300, a fresh-user trial: against a prefix nobody serves it retried for ever
+        # the value as given: 600.0001 was "got 600" (formatted with :g), a refusal that named an allowed value
+        given = "1e+300" if value == "1e300" else value
         assert p.stderr == (f"error: {command}: --timeout-s must be at most 600 seconds (the longest budget a server "
-                            f"honours), got 1e+300\n"), p.stderr
+                            f"honours), got {given}\n"), p.stderr
         return
     assert p.stderr == f"error: {command}: --timeout-s must be a finite number of seconds > 0, got {float(value)}\n", \
         p.stderr
