@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import math
 
+from inferbus.bus._headers import MAX_TIMEOUT_MS
+
 MAX_DURATION_S = 86_400.0
 """The longest drill or soak, seconds (a day)."""
+MAX_TIMEOUT_S = MAX_TIMEOUT_MS / 1000.0
+"""The longest per-request budget, seconds: what the ingress accepts (``Inferbus-Timeout-Ms`` up to
+:data:`inferbus.bus._headers.MAX_TIMEOUT_MS`); a drill given more sent every request with a budget each ingress
+refused (INVALID_ARGUMENT), after starting its deployment."""
 MAX_RATE_QPS = 1_000_000.0
 """The highest offered load, requests/s."""
 MAX_PROCESSES = 256

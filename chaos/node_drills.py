@@ -26,7 +26,7 @@ from inferbus.client import Client
 from inferbus.loadgen import Workload
 from inferbus.schemas._internal import LoadReport, ProcessEvent, InternalDecodeError, decode_internal
 
-from ._options import check_count, check_rate, check_seconds
+from ._options import MAX_TIMEOUT_S, check_count, check_rate, check_seconds
 from .faults import NodeTarget, get_fault
 from .load import DrillFigures, Driver
 from .rss import RssSampler, rss_kib  # noqa: F401  (rss_kib: re-exported, it used to live here)
@@ -62,10 +62,10 @@ class DrillOptions:
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` naming the option: a time that is not a finite number of seconds > 0 (``hang_s``
-        may be 0) or over a day, a rate not in (0, 1e6] requests/s, process counts outside [1, 256]."""
+        may be 0) or over a day (``timeout_s``: over 600 s, what an ingress accepts), a rate not in (0, 1e6] requests/s, process counts outside [1, 256]."""
         check_seconds("duration_s", self.duration_s)
         check_rate("rate_qps", self.rate_qps)
-        check_seconds("timeout_s", self.timeout_s)
+        check_seconds("timeout_s", self.timeout_s, max_s=MAX_TIMEOUT_S)
         check_seconds("health_timeout_s", self.health_timeout_s)
         check_seconds("fault_every_s", self.fault_every_s)
         check_seconds("hang_s", self.hang_s, zero_ok=True)

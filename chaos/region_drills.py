@@ -42,7 +42,7 @@ from inferbus.client import Client
 from inferbus.cluster import ClusterSpec, Topology
 from inferbus.loadgen import Workload
 
-from ._options import check_count, check_number, check_rate, check_seconds
+from ._options import MAX_TIMEOUT_S, check_count, check_number, check_rate, check_seconds
 from .load import DrillFigures, Driver
 
 
@@ -86,11 +86,12 @@ class RegionDrillOptions:
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` naming the option: a time that is not a finite number of seconds (> 0; ``fault_at_s``
-        and ``node_down_s`` may be 0) up to a day, a rate not in (0, 1e6] requests/s, ``workers`` outside [1, 256],
-        gateway latency or jitter not in [0, 60000] ms, loss outside [0, 100] percent."""
+        and ``node_down_s`` may be 0) up to a day (``timeout_s`` up to 600 s, what an ingress accepts), a rate not in
+        (0, 1e6] requests/s, ``workers`` outside [1, 256], gateway latency or jitter not in [0, 60000] ms, loss
+        outside [0, 100] percent."""
         check_seconds("duration_s", self.duration_s)
         check_rate("rate_qps", self.rate_qps)
-        check_seconds("timeout_s", self.timeout_s)
+        check_seconds("timeout_s", self.timeout_s, max_s=MAX_TIMEOUT_S)
         check_seconds("fault_at_s", self.fault_at_s, zero_ok=True)
         check_seconds("partition_s", self.partition_s)
         check_seconds("fault_s", self.fault_s)

@@ -182,6 +182,9 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
     ("worker-crash", ("--workers", "-3"), "--workers"),
     ("worker-crash", ("--duration", "-1"), "--duration"),
     ("soak", ("--timeout", "-1"), "--timeout"),
+    # a fresh-user trial: a budget over the ingress's 600 s ran the whole drill with every request refused
+    ("region-failover", ("--timeout-s", "600.0001"), "--timeout-s"),
+    ("worker-crash", ("--timeout-s", "601"), "--timeout-s"),
     ("soak", ("--fault-every", "inf"), "--fault-every"),
     ("region-failover", ("--fault-at", "nan"), "--fault-at"),
     ("gateway-degrade", ("--latency-ms", "-1"), "--latency-ms"),
