@@ -555,3 +555,18 @@ async def _all_replies(nc, subject: str, expected: int, timeout_s: float = 2.0) 
     finally:
         await sub.unsubscribe()
     return replies
+
+
+async def test_a_body_under_a_content_type_neither_msgpack_nor_json_says_how_it_was_read(client):
+    """Every Content-Type but JSON's is read as MessagePack; a body that then fails to decode says so, naming the
+    type it came with (a demanding user's `text/csv` or `application/octet-stream` got only MessagePack's words),
+    answered at once; a MessagePack type under another name (`application/x-msgpack`) gets no such hint."""
+    for ct, hinted in (("text/csv", True), ("application/octet-stream; q=1", True), ("application/x-msgpack", False),
+                       ("application/msgpack", False), (None, False)):
+        err, dt = await _timed_error(client.request(client.subjects.infer("digits"), b"\xc1 not msgpack", timeout_s=2,
+                                                    content_type=ct))
+        assert isinstance(err, InvalidArgument) and err.field == "body", err
+        said = (f"Content-Type {ct!r} is neither application/msgpack nor application/json: the body was read as "
+                "MessagePack")
+        assert (said in err.message) is hinted, (ct, err.message)
+        assert dt < 0.5

@@ -490,10 +490,32 @@ def decode_request(body: bytes | memoryview, content_type: str | None = None) ->
             (wrong outer length), ``"inputs"`` (missing), ``'parameters["k"]'`` (a parameter value that is no
             string, number or boolean; ``inputs[0].parameters["k"]``, ``outputs[0].parameters["k"]`` likewise; the
             key as a JSON string), ``"inputs[0].parameters"`` (a MessagePack parameter name that is no string).
+            A body that fails to decode under a ``content_type`` that is neither MessagePack nor JSON (``text/csv``:
+            read as MessagePack) says so at the end of the message.
     """
     json = is_json(content_type)
-    req = _decode(_json_request if json else _mp_request, body, "request", json)
+    try:
+        req = _decode(_json_request if json else _mp_request, body, "request", json)
+    except InvalidArgument as err:
+        if not json and content_type and content_type != MSGPACK and (hint := _unread_type_hint(content_type)):
+            raise InvalidArgument(err.message + hint, field=err.field) from err.__cause__
+        raise
     return _check_request(req)
+
+
+_MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+"""Media types read as MessagePack that say so (RFC 9512 registers ``application/msgpack``; the others are older
+names in use)."""
+
+
+def _unread_type_hint(content_type: str) -> str:
+    """The end of a decode error's message for a request sent with ``content_type``, a media type that is neither
+    MessagePack nor JSON (read as MessagePack, as every type but JSON is: "" for a MessagePack one)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in _MSGPACK_TYPES:
+        return ""
+    return (f"; Content-Type {content_type[:60]!r} is neither {MSGPACK} nor {JSON}: the body was read as "
+            f"MessagePack")
 
 
 def encode_request(req: InferRequest, content_type: str | None = None) -> bytes:
