@@ -307,6 +307,9 @@ def test_suite_tiny_run_produces_every_field(tmp_path):
     out = tmp_path / "tiny.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
                            "--log-dir", str(tmp_path / "logs"), "--colocate-ab", "--direct",
+                           # 0.3 s steps, not the profile's 0.6 (21 steps: ~6 s less); what is checked is that each
+                           # step ran and what it recorded, not its statistics
+                           "--duration", "0.3",
                            # the inline bound far above digits' compute: a slow moment of this shared box must not
                            # send c=1 misses to the inference thread (a clean-clone run: 135 of 226 run now at 250 µs)
                            "--inline-max-compute-us", "50000"], cwd=ROOT, capture_output=True, text=True,
@@ -366,7 +369,8 @@ def test_suite_on_a_gateway_mesh_with_spread_processes(tmp_path):
     out = tmp_path / "mesh.json"
     proc = subprocess.run([sys.executable, "-m", "bench.suite", "--profile", "tiny", "--json", str(out),
                            "--nats-servers", "2", "--colocate", "--workers", "2", "--gens", "2", "--closed", "1,8",
-                           "--sweep", "--sweep-max-steps", "2", "--alternate", "--log-dir", str(tmp_path / "logs")],
+                           "--sweep", "--sweep-max-steps", "2", "--alternate", "--duration", "0.3",  # (13 steps)
+                           "--log-dir", str(tmp_path / "logs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gateway mesh, processes spread" in proc.stdout
@@ -1092,7 +1096,7 @@ def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_ser
         nc = await nats.connect(nats_server.url)
 
         async def ignore(msg) -> None:
-            return None
+            got_one.set()
 
         await nc.subscribe("bgint.infer.digits", cb=ignore)
         await nc.subscribe("bgint.infer.digits.>", cb=ignore)
@@ -1100,6 +1104,7 @@ def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_ser
         return nc
 
     loop = asyncio.new_event_loop()
+    got_one = asyncio.Event()
     nc = loop.run_until_complete(hung_deployment())
     argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url, "--prefix",
             "bgint", "--version", "1", "--models", str(MODELS), "--concurrency", "2", "--duration", "60",
@@ -1107,7 +1112,14 @@ def test_kill_int_stops_a_background_bench_whose_sigint_came_in_ignored(nats_ser
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        time.sleep(8)  # imports, the generators' start, into the step (the step alone would take 60 s)
+        # past the imports and the generators' start: the first request came (the 1 s warm-up step), then into the
+        # step (the step alone would take 60 s); it was a fixed 8 s
+        deadline = time.monotonic() + 60
+        while not got_one.is_set():
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no request of bench's generator within 60 s"
+            loop.run_until_complete(asyncio.sleep(0.1))
+        loop.run_until_complete(asyncio.sleep(2.5))
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(children) > 1, children  # bench and its generator(s)
