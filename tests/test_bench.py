@@ -1065,8 +1065,8 @@ async def test_bench_exits_1_when_a_step_gets_no_answer_at_all(nats_server):
         await nc.subscribe("hung.infer.digits.>", cb=ignore)
         await nc.flush()
         argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", nats_server.url, "--prefix",
-                "hung", "--version", "1", "--models", str(MODELS), "--concurrency", "4", "--duration", "1",
-                "--timeout-s", "0.2", "--json"]
+                "hung", "--version", "1", "--models", str(MODELS), "--concurrency", "4", "--duration", "0.5",
+                "--timeout-s", "0.2", "--json"]  # (a 0.5 s warm-up and a 0.5 s step: ~10 timeouts each at c=4)
         b = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
     finally:
         await nc.close()
@@ -1157,7 +1157,7 @@ def test_bench_exits_1_when_its_lightest_load_is_refused(tmp_path):
     dep = start_deployment(tmp_path / "dep", workers=1, prefix="rl", extra=["--rate-limit", "5"])
     try:
         argv = [sys.executable, "-m", "inferbus.cli", "bench", "digits", "--nats-url", dep.nats_url, "--prefix", "rl",
-                "--models", str(MODELS), "--concurrency", "1,4", "--duration", "1", "--json"]
+                "--models", str(MODELS), "--concurrency", "1,4", "--duration", "0.5", "--json"]
         b = subprocess.run(argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
     finally:
         dep.stop()

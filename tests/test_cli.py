@@ -406,7 +406,7 @@ def test_client_credentials_from_the_environment_are_checked_before_connecting(t
 def test_bench_of_a_bytes_model_without_a_dataset_checks_its_answers(deployment):
     """``strings`` (BYTES in, BYTES out) ships no data/test.npz: the generator makes distinct UTF-8 inputs and
     judges the answers against ONNX Runtime fed the same text (it used to send ints and crash)."""
-    p, _ = cli("bench", "strings", "--nats-url", deployment.nats_url, "--concurrency", "2", "--duration", "1",
+    p, _ = cli("bench", "strings", "--nats-url", deployment.nats_url, "--concurrency", "2", "--duration", "0.5",
                "--json", timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     (step,) = json.loads(p.stdout)

@@ -138,7 +138,7 @@ def test_bench_says_how_to_load_a_model_that_fails_on_drawn_inputs(tmp_path):
     models = tmp_path / "models"
     _lookup_model(models / "lookup")
     argv = [sys.executable, "-m", "inferbus.cli", "bench", "lookup", "--models", str(models), "--workers", "1",
-            "--concurrency", "2", "--duration", "1", "--json"]
+            "--concurrency", "2", "--duration", "0.5", "--json"]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT)
     data = models / "lookup" / "data" / "test.npz"
     assert p.returncode == 1 and "fails on the random inputs drawn for a model without a dataset" in p.stderr and \
