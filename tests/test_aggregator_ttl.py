@@ -160,6 +160,7 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
         await r.execute_command("CLIENT", "PAUSE", 2500, "WRITE")  # past the aggregator's 1 s socket timeout
+        paused_at = time.monotonic()  # (the pause began before this instant)
         await fill("stuck", 60_000)  # its write times out: the outage's first failure
         deadline = time.monotonic() + 10
         while agg.stats["fill_errors"] == 0:
@@ -167,7 +168,8 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
             await asyncio.sleep(0.02)
         for i in range(20):  # 100 ms each: they expire waiting behind the next failing write
             await fill(f"short-{i}", 100)
-        await asyncio.sleep(3.0)  # the pause is over
+        # the pause is over (3 s after it began; it was a fixed 3 s from here, after the first failure's 1 s timeout)
+        await asyncio.sleep(max(0.0, paused_at + 3.0 - time.monotonic()))
         await fill("after", 60_000)
         deadline = time.monotonic() + 10
         while await r.get(f"{PREFIX}3:after") is None:
