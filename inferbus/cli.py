@@ -881,7 +881,8 @@ def up(
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON to "
                                             "this file (its folder must exist and be writable)."),
     # reliability (docs/failure-semantics.md)
-    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, > 0).", rich_help_panel=_REL),
+    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, 0.5 to 86400: "
+                                           "workers report every 100 ms).", rich_help_panel=_REL),
     forget_after_s: Optional[float] = typer.Option(None, help="A worker silent this long is forgotten: dropped from the "
                                                    "routers and health until it reports again (s, more than "
                                                    "--health-timeout-s; default max(60, 12 x --health-timeout-s); "

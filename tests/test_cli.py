@@ -479,8 +479,13 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     (("--nats-max-payload", "5"), "up: --nats-max-payload must be 65536 (64 KiB) to 67108864 (64 MiB"),
     (("--nats-max-payload", str(128 * 1024 * 1024)), "up: --nats-max-payload must be 65536 (64 KiB) to"),
     # NaN passed every "x <= 0" check (each comparison with NaN is false) and started a node; infinity is no time
-    (("--health-timeout-s", "nan"), "up: --health-timeout-s must be a finite number > 0 seconds; got nan"),
-    (("--health-timeout-s", "inf"), "up: --health-timeout-s must be a finite number > 0 seconds; got inf"),
+    (("--health-timeout-s", "nan"), "up: --health-timeout-s must be 0.5 to 86400 seconds (at least five of the "
+                                    "workers' 100 ms load-report periods: under it every worker reads as silent); got nan"),
+    (("--health-timeout-s", "inf"), "up: --health-timeout-s must be 0.5 to 86400 seconds"),
+    # a fresh-user trial: 1e-9 (seconds typed as if ms) hung the start 60 s, then said only "not ready"
+    (("--health-timeout-s", "1e-9"), "up: --health-timeout-s must be 0.5 to 86400 seconds"),
+    (("--health-timeout-s", "0.49"), "up: --health-timeout-s must be 0.5 to 86400 seconds"),
+    (("--health-timeout-s", "1e300"), "up: --health-timeout-s must be 0.5 to 86400 seconds"),
     # a worker is judged silent (its requests failed) before it is forgotten
     (("--forget-after-s", "5"), "up: --forget-after-s must be a number of seconds more than --health-timeout-s (5), "
                                 "or inf (never); got 5.0"),
@@ -741,7 +746,7 @@ def test_up_help_states_the_range_each_check_allows():
         "--max-backlog-msgs": f"1 to {MAX_BACKLOG_MSGS}", "--max-backlog-bytes": f"1 to {MAX_BACKLOG_BYTES}",
         "--default-timeout-ms": f"more than 0 and at most {MAX_TIMEOUT_MS:.0f}",
         "--max-request-bytes": "at most --nats-max-payload", "--hedge-budget": "0 to 1", "--max-error-rate": "0 to 1",
-        "--health-timeout-s": "> 0", "--breaker-open-s": "> 0", "--l2-timeout-ms": "> 0",
+        "--health-timeout-s": "0.5 to 86400", "--breaker-open-s": "> 0", "--l2-timeout-ms": "> 0",
         "--min-window-requests": ">= 1", "--breaker-failures": ">= 1", "--max-pending": ">= 1",
         "--l2-pool-size": ">= 1", "--l2-breaker-failures": ">= 1", "--l2-breaker-open-s": "> 0",
         "--rate-burst": "or >= 1", "--client-rate-burst": "or >= 1", "--forget-after-s": "more than --health-timeout-s",

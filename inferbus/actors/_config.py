@@ -16,6 +16,12 @@ from ..bus._busypoll import check_busy_poll_us
 
 
 _INF = float("inf")
+MIN_HEALTH_TIMEOUT_S = 0.5
+"""The shortest ``health_timeout_s``: five of the workers' load-report periods (``WorkerConfig.report_interval_ms``,
+100 ms). Shorter, the workers read as silent between two reports and every request is refused or waits (a
+fresh-user trial: ``up --health-timeout-s 1e-9`` hung 60 s in its start and said only "not ready")."""
+MAX_HEALTH_TIMEOUT_S = 86_400.0
+"""The longest ``health_timeout_s`` (a day): a worker silent longer is gone for any purpose."""
 RATE_FIELDS = (("rate_limit_per_s", "rate_burst"), ("client_rate_limit_per_s", "client_rate_burst"))
 """(rate, burst) option pairs of :class:`IngressConfig`: the global and the per-client token bucket."""
 
@@ -215,7 +221,8 @@ class IngressConfig(_JsonMixin):
     default_timeout_ms: float = 1000.0
     """Budget when a request has no Inferbus-Timeout-Ms header."""
     health_timeout_s: float = 5.0
-    """A worker with no load report for this long is taken out of routing."""
+    """A worker with no load report for this long is taken out of routing (s, :data:`MIN_HEALTH_TIMEOUT_S` to
+    :data:`MAX_HEALTH_TIMEOUT_S`)."""
     forget_after_s: float | None = None
     """A worker with no load report for this long (s) is forgotten: dropped from the router's table and the health
     reply's ``workers``, counted in ``counts.workers_forgotten``, learned again if it reports again. None (default):
@@ -291,9 +298,10 @@ class IngressConfig(_JsonMixin):
         _require(0 < self.recent_rid_ttl_s < _INF, "IngressConfig.recent_rid_ttl_s", "a finite number > 0 seconds",
                  self.recent_rid_ttl_s)
         _require(self.recent_rid_entries >= 0, "IngressConfig.recent_rid_entries", ">= 0", self.recent_rid_entries)
-        if not 0 < self.health_timeout_s < _INF:
-            raise ValueError(f"IngressConfig.health_timeout_s must be a finite number > 0 seconds; got "
-                             f"{self.health_timeout_s}")
+        if not MIN_HEALTH_TIMEOUT_S <= self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:
+            raise ValueError(f"IngressConfig.health_timeout_s must be {MIN_HEALTH_TIMEOUT_S:g} to "
+                             f"{MAX_HEALTH_TIMEOUT_S:g} seconds (at least five of the workers' 100 ms load-report "
+                             f"periods: under it every worker reads as silent); got {self.health_timeout_s!r}")
         if self.forget_after_s is not None:
             _require(isinstance(self.forget_after_s, (int, float)) and not isinstance(self.forget_after_s, bool)
                      and self.health_timeout_s < self.forget_after_s,
