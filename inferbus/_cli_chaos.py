@@ -60,8 +60,9 @@ def run(
     duration_s: Optional[float] = typer.Option(None, "--duration", help="Seconds of load (drill default if omitted)."),
     rate_qps: Optional[float] = typer.Option(None, "--rate", help="Offered load, requests/s."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s", "--timeout",
-                                              help="Per-request budget, seconds (--timeout-s as every command "
-                                                   "names it; --timeout is the older name of the same option)."),
+                                              help="Per-request budget, seconds, at most 600 (what an ingress "
+                                                   "accepts; --timeout-s as every command names it; --timeout is the "
+                                                   "older name of the same option)."),
     fault_every_s: Optional[float] = typer.Option(None, "--fault-every", help="soak: seconds between faults (30)."),
     topology: Optional[bool] = typer.Option(None, "--topology/--node",
                                             help="soak: run on the two-region topology (cluster faults in the "

@@ -26,7 +26,7 @@ import typer
 
 app = typer.Typer(add_completion=False, invoke_without_command=True,
                   help="Served models; load, unload and default model versions at run time.",
-                  short_help="Load, unload and pick default model versions at run time.")
+                  short_help="List the served models; load, unload and pick versions.")
 
 _NATS = typer.Option("nats://127.0.0.1:4222", help="NATS server(s), comma-separated.")
 _PREFIX = typer.Option("inferbus", help="Subject prefix.")
@@ -43,7 +43,7 @@ _TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
 @app.callback()
 def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
-                                        "{\"models\": [metadata, ...]} (each with parameters.default_version)."),
+                                        "{\"models\": <a list of model metadata>} (each with parameters.default_version)."),
            timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0, at most "
                                            "600); "
                                            "a write takes --timeout-s after its subcommand.")):

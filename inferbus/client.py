@@ -593,9 +593,9 @@ class Client:
             '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
             ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string or is longer
             than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; ``parameters`` that is not a
-            mapping of names, holds more than 128 entries or a value that is no string, number or boolean, field
-            ``parameters``; the ingress would
-            refuse both),
+            mapping of names or holds more than 128 entries, field ``parameters``; a value that is no string,
+            number or boolean, or in MessagePack an integer outside [-2**63, 2**64 - 1], or in JSON a NaN or
+            infinity, field ``parameters["<name>"]``; the ingress would refuse both),
             DeadlineExceeded, ResourceExhausted, Unavailable,
             PayloadTooLarge (before sending when the body exceeds the server's max_payload), Internal.
         """
@@ -651,6 +651,13 @@ class Client:
             if bad:
                 raise InvalidArgument(f"parameter {bad[0]!r} is a {type(parameters[bad[0]]).__name__}: OIP v2's "
                                       f"$parameter value is a string, a number or a boolean", field=_parameter_field(bad[0]))
+            if not json:  # MessagePack carries integers in [-2**63, 2**64 - 1]; msgspec's refusal named no key
+                bad = [k for k, v in parameters.items() if isinstance(v, (int, np.integer))
+                       and not isinstance(v, (bool, np.bool_)) and not -2**63 <= int(v) < 2**64]
+                if bad:
+                    raise InvalidArgument(f"parameter {bad[0]!r} is {parameters[bad[0]]}: MessagePack carries "
+                                          f"integers from -2**63 to 2**64 - 1; send it as a string",
+                                          field=_parameter_field(bad[0]))
             if json:  # JSON has no NaN or infinity: msgspec would write null, which the ingress refuses as no value
                 bad = [k for k, v in parameters.items() if isinstance(v, (float, np.floating)) and not math.isfinite(v)]
                 if bad:

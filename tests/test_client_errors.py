@@ -432,6 +432,10 @@ async def test_parameters_that_cannot_be_sent_are_invalid_argument_naming_them_b
         with pytest.raises(InvalidArgument) as ei:  # a complex number is no number of OIP's (numpy's neither)
             await client.infer("digits", x, parameters={"c": np.complex128(1j)}, timeout_s=5.0)
         assert ei.value.field == 'parameters["c"]' and value in ei.value.message, ei.value
+        with pytest.raises(InvalidArgument) as ei:  # MessagePack has no integer past 64 bits (a fresh-user trial: the
+            # encoder's refusal named no key)
+            await client.infer("digits", x, parameters={"k": 2**70}, timeout_s=5.0)
+        assert ei.value.field == 'parameters["k"]' and "from -2**63 to 2**64 - 1" in ei.value.message, ei.value
         with pytest.raises(InvalidArgument) as ei:  # JSON has no NaN: msgspec wrote null, which the ingress refused
             await client.infer("digits", x, parameters={"n": float("nan")}, json=True, timeout_s=5.0)
         assert ei.value.field == 'parameters["n"]' and "JSON has no NaN" in ei.value.message, ei.value
