@@ -129,6 +129,20 @@ def test_a_password_in_nats_url_is_not_printed_back():
     assert p.stderr.startswith(f"cannot reach NATS at nats://u:***@127.0.0.1:{port}: "), p.stderr
 
 
+def test_a_budget_too_short_for_a_connect_says_it_may_be_the_budget_not_the_server(nats_server):
+    """A fresh-user trial: ``health --timeout-s 0.001`` against a live server said only "cannot reach NATS ... not
+    connected within the command's --timeout-s (0.001 s)", read as the server being down; under 0.1 s the line says
+    the budget may be what ran out (still exit 3: nothing was reached). 1 s: the line as it was, no such clause."""
+    p, _ = cli("health", "--nats-url", nats_server.url, "--timeout-s", "0.000001")  # (no connect is that quick)
+    assert (p.returncode, p.stdout) == (3, ""), p
+    assert p.stderr == (f"cannot reach NATS at {nats_server.url}: not connected within the command's --timeout-s "
+                        f"(1e-06 s); a connect takes a few ms or more, so with a --timeout-s under 0.1 s the budget "
+                        f"may be what ran out, not the server\n"), p.stderr
+    with silent_servers(1) as (url,):
+        p, _ = cli("health", "--nats-url", url, "--timeout-s", "0.1")
+    assert p.returncode == 3 and "the budget may be what ran out" not in p.stderr, p
+
+
 def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
     """Two silent servers before a live one (tried in the order given), ``health --timeout-s 4.5``: the connect takes
     2 s per silent server, and the probe (no ingress answers on this NATS) only what is left of the 4.5 s, not 4.5 s
