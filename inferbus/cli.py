@@ -1555,13 +1555,24 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
            timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0, at most "
                                            "600)."),
            as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
-                                        "health prints JSON either way.")):
+                                        "health prints JSON either way."),
+           ingress: Optional[str] = typer.Option(None, "--ingress", metavar="ID",
+                                                 help="Ask this ingress (its parameters.ingress_id, e.g. n1-i0) "
+                                                      "instead of any one: with several nodes on one NATS, how one "
+                                                      "node's view is read.")):
     """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering within
     --timeout-s)."""
-    from .schemas import DeadlineExceeded, Unavailable
+    from .schemas import DeadlineExceeded, InvalidArgument, Unavailable
 
     _check_timeout_s("health", timeout_s)
     _nats_urls_given("health", nats_url)
+    if ingress is not None:
+        from .client import _subject_token
+
+        try:
+            _subject_token(ingress, "--ingress")
+        except InvalidArgument as err:
+            _usage(f"health: {err.message}")
 
     async def go():
         import time
@@ -1569,8 +1580,10 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
         t_end = time.monotonic() + timeout_s  # the connect counts within --timeout-s
         async with await _one_shot_client(nats_url, prefix, timeout_s=timeout_s) as c:
             try:
-                return await c.health(timeout_s=_left_s(t_end))
+                return await c.health(timeout_s=_left_s(t_end), ingress=ingress)
             except (Unavailable, DeadlineExceeded) as err:  # no ingress of that prefix answers: down, for a probe
+                if ingress is not None:
+                    err.message = f"ingress {ingress!r}: {err.message}"
                 return err
 
     h = _call(go)

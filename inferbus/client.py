@@ -1028,17 +1028,26 @@ class Client:
         body, ct = await self.request(self.subjects.server, b"", timeout_s=timeout_s)
         return decode(body, ServerMetadata, ct)
 
-    async def health(self, timeout_s: float = 1.0) -> Health:
-        """Liveness/readiness of one ingress replica (``<p>.health``).
+    async def health(self, timeout_s: float = 1.0, ingress: str | None = None) -> Health:
+        """Liveness/readiness of one ingress replica: any of the queue group's (``<p>.health``), or the one whose id
+        is ``ingress`` (``<p>.ingresses.<ingress>.health``; its id is ``parameters.ingress_id`` of a health reply
+        and ``<node>-i<k>`` for ``inferbus up``'s), which with several nodes on one NATS is how one node's view is
+        read (the queue group's answer comes from any node).
 
         Args:
             timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
+            ingress: the id of the ingress to ask (None: any).
 
         Raises:
-            InvalidArgument: ``timeout_s`` is not a finite number > 0 (nothing sent).
-            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+            InvalidArgument: ``timeout_s`` is not a finite number > 0; ``ingress`` cannot be one subject token
+                (field ``ingress``; nothing sent either way).
+            Unavailable, DeadlineExceeded: no ingress (no ingress of that id) answered within the budget, as
+                :meth:`request` says.
         """
-        body, ct = await self.request(self.subjects.health, b"", timeout_s=timeout_s)
+        subject = self.subjects.health
+        if ingress is not None:
+            subject = self.subjects.at_ingress(subject, _subject_token(ingress, "ingress"))
+        body, ct = await self.request(subject, b"", timeout_s=timeout_s)
         return decode(body, Health, ct)
 
 
@@ -1145,9 +1154,9 @@ class SyncClient:
         """:meth:`Client.server_metadata`, blocking."""
         return self._call(self.client.server_metadata, timeout_s)
 
-    def health(self, timeout_s: float = 1.0) -> Health:
+    def health(self, timeout_s: float = 1.0, ingress: str | None = None) -> Health:
         """:meth:`Client.health`, blocking."""
-        return self._call(self.client.health, timeout_s)
+        return self._call(self.client.health, timeout_s, ingress)
 
     def close(self) -> None:
         """Close the client (as :meth:`Client.close`) and stop the loop thread; idempotent. Calls other threads

@@ -13,6 +13,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import nats
@@ -102,6 +104,36 @@ async def all_ingress_ids(nc, prefix: str, wait_s: float = 0.5) -> set[str]:
     await asyncio.sleep(wait_s)
     await sub.unsubscribe()
     return ids
+
+
+async def test_health_of_one_ingress_by_its_id_from_the_sdk_and_the_cli(dep):
+    """``Client.health(ingress=ID)`` and ``inferbus health --ingress ID`` ask that ingress alone (a fresh-user trial:
+    with two nodes on one NATS, ``inferbus health`` flipped between the nodes' views, and no option picked one); an
+    id no ingress has is UNAVAILABLE within the budget, exit 1, naming it; one that is no subject token is refused
+    before sending."""
+    client = await Client.connect(dep.nats_url, "hng")
+    try:
+        await ingress_pids(client)
+        ids = sorted(await all_ingress_ids(client.nc, "hng"))
+        assert len(ids) == 2, ids
+        for iid in ids:
+            for _ in range(4):  # the queue group would pick either; the subject picks this one each time
+                h = await client.health(timeout_s=2.0, ingress=iid)
+                assert h.parameters["ingress_id"] == iid, (iid, h.parameters["ingress_id"])
+            p = subprocess.run([sys.executable, "-m", "inferbus.cli", "health", "--nats-url", dep.nats_url, "--prefix",
+                                "hng", "--ingress", iid, "--timeout-s", "5"], capture_output=True, text=True,
+                               timeout=60)
+            assert p.returncode == 0 and json.loads(p.stdout)["parameters"]["ingress_id"] == iid, p
+        with pytest.raises(Unavailable):
+            await client.health(timeout_s=0.3, ingress="nosuch")
+        with pytest.raises(InvalidArgument) as ei:
+            await client.health(ingress="a.b")
+        assert ei.value.field == "ingress"
+        p = subprocess.run([sys.executable, "-m", "inferbus.cli", "health", "--nats-url", dep.nats_url, "--prefix", "hng",
+                            "--ingress", "nosuch", "--timeout-s", "0.3"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "ingress 'nosuch': " in p.stderr, p
+    finally:
+        await client.close()
 
 
 async def test_each_ingress_answers_its_id_and_serves_a_request_sent_to_it_alone(dep):
