@@ -49,6 +49,17 @@ def test_min_availability_fails_a_drill_that_failed_requests():
         (p.returncode, p.stderr[-1000:])
 
 
+def test_a_drill_that_answered_no_request_right_fails():
+    """A fresh-user trial: ``--timeout-s 1e-9`` failed 2,000 of 2,000 requests (DEADLINE_EXCEEDED) and the drill
+    exited 0, its fault measured on no answer at all. A drill that answered none right exits 1 with one line, as
+    bench fails a step that answered nothing; the figures are still printed."""
+    p = _chaos("worker-crash", "--workers", "1", "--duration", "2", "--rate", "20", "--timeout-s", "1e-9", "--json")
+    d = json.loads(p.stdout)
+    assert d["requests"] > 0 and d["ok"] == 0 and d["availability"] == 0, d
+    assert p.returncode == 1 and "drill worker-crash: no request was answered right" in p.stderr, \
+        (p.returncode, p.stderr[-1000:])
+
+
 def test_sigterm_stops_a_drill_and_its_deployment(tmp_path):
     """SIGTERM's default action killed ``chaos run`` alone in 0.02-0.11 s (exit 143): its actor processes lived on for
     1-5 s and its temporary folders stayed. It now stops the drill's deployment first, says so, and exits 143."""
