@@ -62,7 +62,8 @@ class DrillOptions:
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` naming the option: a time that is not a finite number of seconds > 0 (``hang_s``
-        may be 0) or over a day (``timeout_s``: over 600 s, what an ingress accepts), a rate not in (0, 1e6] requests/s, process counts outside [1, 256]."""
+        may be 0) or over a day (``timeout_s``: over 600 s, what an ingress accepts), a rate not in (0, 1e6]
+        requests/s, process counts outside [1, 256]."""
         check_seconds("duration_s", self.duration_s)
         check_rate("rate_qps", self.rate_qps)
         check_seconds("timeout_s", self.timeout_s, max_s=MAX_TIMEOUT_S)

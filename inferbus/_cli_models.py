@@ -43,7 +43,8 @@ _TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
 @app.callback()
 def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
-                                        "{\"models\": <a list of model metadata>} (each with parameters.default_version)."),
+                                        "{\"models\": <a list of model metadata>} (each with "
+                                        "parameters.default_version)."),
            timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0, at most "
                                            "600); "
                                            "a write takes --timeout-s after its subcommand.")):

@@ -723,7 +723,7 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
     _check_client_env(from_env)
     try_s = _CONNECT_TIMEOUT_S if timeout_s is None else min(_CONNECT_TIMEOUT_S, timeout_s)
     in_budget = f"not connected within the command's --timeout-s ({timeout_s:g} s)" if timeout_s is not None else ""
-    if timeout_s is not None and timeout_s < _SHORT_CONNECT_BUDGET_S:  # (a fresh-user trial: 0.001 s read as "NATS down")
+    if timeout_s is not None and timeout_s < _SHORT_CONNECT_BUDGET_S:  # (a trial read 0.001 s as "NATS down")
         in_budget += (f"; a connect takes a few ms or more, so with a --timeout-s under "
                       f"{_SHORT_CONNECT_BUDGET_S:g} s the budget may be what ran out, not the server")
     connecting = Client.connect(servers, prefix, connect_attempts=1, connect_timeout_s=try_s, **bus_options)
