@@ -192,12 +192,12 @@ class RegionManager:
         self.store: LeaseStore | None = None
         self.lease_disconnects = 0
         self.renewal_failures = 0
+        """Renewals that failed with an error or no answer (each one a step-down)."""
         self.renewal_retries = 0
         """Renewal CAS tries sent again after one went unanswered (:meth:`_renew_cas`)."""
         self._cas_rtt_s: float | None = None
         """Smoothed round trip of the lease CAS (answered campaign and first renewal tries), s, None before the first:
         :meth:`_renew_cas`'s try timeout."""
-        """Renewals that failed with an error or no answer (each one a step-down)."""
         self._lock = asyncio.Lock()
         # own role
         self.role = STANDBY
@@ -552,7 +552,9 @@ class RegionManager:
                     raise
                 retried = True
                 self.renewal_retries += 1
-                # backed off (RFC 6298 5.5): the next try waits the validity left (a slow answer, not a lost one)
+                # backed off (RFC 6298 5.5): the next try waits the validity left (a slow answer, not a lost one), and
+                # so do the next renewals' first tries until an answered first try brings the smoothed round trip down
+                # again (the link may have become slow: its round trips are not sampled from tries sent again)
                 self._cas_rtt_s = max(rtt or 0.0, left_s)
             except LostRace:
                 if not retried:
