@@ -38,7 +38,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import msgspec
 import nats
 import numpy as np
 from nats.errors import (
@@ -131,6 +130,7 @@ from .schemas import (
     PayloadTooLarge,
     RequestedOutput,
     ResourceExhausted, Unavailable, decode, decode_error, decode_response, encode_request, input_from_numpy,
+    parameter_field,
     output_to_numpy, Health, ModelReady, ServerMetadata,
 )
 
@@ -186,12 +186,6 @@ def _version_text(version):
     if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         return str(version)
     return version
-
-
-def _parameter_field(name: str) -> str:
-    """The error ``field`` of a refused value of request parameter ``name``: ``parameters["<name>"]``, the name as a
-    JSON string, as the ingress names it (:func:`inferbus.schemas.decode_request`)."""
-    return f"parameters[{msgspec.json.encode(name).decode()}]"
 
 
 def _extra_headers(headers) -> dict[str, str]:
@@ -650,20 +644,21 @@ class Client:
                    or isinstance(v, (complex, np.complexfloating))]
             if bad:
                 raise InvalidArgument(f"parameter {bad[0]!r} is a {type(parameters[bad[0]]).__name__}: OIP v2's "
-                                      f"$parameter value is a string, a number or a boolean", field=_parameter_field(bad[0]))
+                                      f"$parameter value is a string, a number or a boolean",
+                                      field=parameter_field(bad[0]))
             if not json:  # MessagePack carries integers in [-2**63, 2**64 - 1]; msgspec's refusal named no key
                 bad = [k for k, v in parameters.items() if isinstance(v, (int, np.integer))
                        and not isinstance(v, (bool, np.bool_)) and not -2**63 <= int(v) < 2**64]
                 if bad:
                     raise InvalidArgument(f"parameter {bad[0]!r} is {parameters[bad[0]]}: MessagePack carries "
                                           f"integers from -2**63 to 2**64 - 1; send it as a string",
-                                          field=_parameter_field(bad[0]))
+                                          field=parameter_field(bad[0]))
             if json:  # JSON has no NaN or infinity: msgspec would write null, which the ingress refuses as no value
                 bad = [k for k, v in parameters.items() if isinstance(v, (float, np.floating)) and not math.isfinite(v)]
                 if bad:
                     raise InvalidArgument(f"parameter {bad[0]!r} is {parameters[bad[0]]}: JSON has no NaN or "
                                           f"infinity; send it as a string or the request as MessagePack",
-                                          field=_parameter_field(bad[0]))
+                                          field=parameter_field(bad[0]))
         if hedge is not None:  # the header's value, as the ingress parses it: refused here, without the round trip
             try:
                 parse_policy(str(hedge))

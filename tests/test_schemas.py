@@ -803,7 +803,7 @@ def test_exports():
         "Health",
         "MODEL_OPS", "ModelControlRequest", "ModelControlReply",
         "MSGPACK", "JSON", "is_json", "decode_request", "encode_request", "decode_response",
-        "encode_response", "encode", "decode",
+        "encode_response", "encode", "decode", "parameter_field",
         "numpy_dtype", "datatype_of", "input_to_numpy", "output_to_numpy", "input_from_numpy",
         "output_from_numpy", "tensor_nbytes", "preload_datatypes",
     }

@@ -16,7 +16,7 @@ from collections import OrderedDict
 import msgspec
 import numpy as np
 
-from ..schemas import InvalidArgument
+from ..schemas import InvalidArgument, parameter_field
 
 _enc = msgspec.msgpack.Encoder(order="deterministic")
 
@@ -68,7 +68,7 @@ def key_tail(outputs: list[str] | None, parameters: dict | None) -> bytes:
             tail += b"\0par\0" + _enc.encode(parameters)
         except OverflowError:
             name = next((k for k, v in parameters.items() if type(v) is int and not -2**63 <= v < 2**64), None)
-            field = "parameters" if name is None else f"parameters[{msgspec.json.encode(name).decode()}]"
+            field = "parameters" if name is None else parameter_field(name)
             raise InvalidArgument(f"{field}: an integer is outside the 64-bit range (-2**63 to 2**64 - 1)",
                                   field=field) from None
     return tail

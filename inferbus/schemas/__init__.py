@@ -16,6 +16,7 @@ from ._codec import (
     encode_request,
     encode_response,
     is_json,
+    parameter_field,
 )
 from ._control import MODEL_OPS, ModelControlReply, ModelControlRequest
 from ._errors import (
@@ -108,6 +109,7 @@ __all__ = [
     "MSGPACK",
     "JSON",
     "is_json",
+    "parameter_field",
     "decode_request",
     "encode_request",
     "decode_response",

@@ -44,6 +44,7 @@ __all__ = [
     "encode_response",
     "encode",
     "decode",
+    "parameter_field",
 ]
 
 #: Content-Type of MessagePack bodies (the default).
@@ -180,6 +181,14 @@ def _bound_hint(field: str, message: str) -> str:
     return ""
 
 
+def parameter_field(name: str, path: str = "parameters") -> str:
+    """The error ``field`` of parameter ``name``'s value in the ``parameters`` map at ``path`` (``parameters``,
+    ``inputs[0].parameters``): ``parameters["temperature"]``, the name as a JSON string in brackets, so that any
+    name (quotes, dots, brackets) reads back unambiguously. The ingress's refusals and the SDK's pre-send checks
+    name a parameter this way."""
+    return f"{path}[{msgspec.json.encode(name).decode()}]"
+
+
 _STEP = re.compile(r"\.?([^.\[]+)|\[(\d+)\]")
 _VALUE_REFUSED = "[...]"
 """msgspec's path for a map's value: it does not say which key held it."""
@@ -217,7 +226,7 @@ def _name_parameter(err: InvalidArgument, body: bytes | memoryview, json: bool) 
                 try:
                     mod.decode(raw, type=ParameterValue)
                 except msgspec.ValidationError:
-                    named = f"{path}[{msgspec.json.encode(key).decode()}]"
+                    named = parameter_field(key, path)
                     return InvalidArgument(err.message.replace(field, named, 1), field=named)
         else:
             for key in mod.decode(_raw_at(body, path, json), type=dict[Any, msgspec.Raw]):
