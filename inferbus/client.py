@@ -31,6 +31,7 @@ import inspect
 import math
 import numbers
 import random
+import sys
 import threading
 import time
 import uuid
@@ -168,6 +169,14 @@ def _subject_token(value: str, field: str) -> str:
         raise InvalidArgument(f"{field} {value!r} must be a non-empty name without '.', '*', '>' or whitespace",
                               field=field)
     return value
+
+
+def _is_masked(arr) -> bool:
+    """True for a ``numpy.ma.MaskedArray``. Looks ``numpy.ma`` up in ``sys.modules`` rather than as ``np.ma``:
+    numpy loads that submodule lazily on first access, which cost a client's first call ~10 ms; a program
+    that never imported it holds no masked array."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(arr, ma.MaskedArray)
 
 
 def _check_timeout(timeout_s) -> None:
@@ -619,7 +628,7 @@ class Client:
             if arr is None:
                 raise InvalidArgument(f"input {name!r} is None; give an array (e.g. a numpy array of the model's "
                                       f"datatype)", field=f"inputs.{name}")
-            if isinstance(arr, np.ma.MaskedArray):  # its bytes hold the fill value where masked (1e20 for a float)
+            if _is_masked(arr):  # its bytes hold the fill value where masked (1e20 for a float)
                 raise InvalidArgument(f"input {name!r} is a masked array: a tensor has no mask, and its masked "
                                       f"elements would be sent as the fill value; send arr.filled(value) or arr.data",
                                       field=f"inputs.{name}")

@@ -664,3 +664,27 @@ async def test_a_bool_or_no_number_for_a_numeric_client_option_is_the_same_value
             Client(nc, **bad)
     finally:
         await nc.close()
+
+
+def test_a_first_call_does_not_load_numpy_ma(nats_server):
+    """The masked-array check looks numpy.ma up in sys.modules: ``np.ma`` loads that submodule on first access,
+    which made a fresh client's first call ~10 ms slower than the next (a fresh-user trial). A call with no
+    ingress to answer it still runs every pre-send check."""
+    import subprocess
+    import sys
+    code = (
+        "import asyncio, sys, numpy as np\n"
+        "from inferbus.client import Client\n"
+        "from inferbus.schemas import InferbusError\n"
+        "async def main():\n"
+        f"    c = await Client.connect({nats_server.url!r})\n"
+        "    try:\n"
+        "        await c.infer('digits', {'pixels': np.zeros((1, 64), np.float32)}, timeout_s=0.3)\n"
+        "    except InferbusError as e:\n"
+        "        print(type(e).__name__)\n"
+        "    await c.close()\n"
+        "asyncio.run(main())\n"
+        "print('numpy.ma' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["Unavailable", "False"], out.stdout + out.stderr
