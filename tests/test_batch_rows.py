@@ -128,3 +128,25 @@ async def test_concurrent_and_chunked_requests_get_their_own_answers(tmp_path):
         assert "rowwise:1: max_batch_size" not in log
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("constants", [True, False])
+def test_jax_serves_more_request_sizes_of_an_unpadded_model_than_it_keeps_compiled(tmp_path, constants):
+    """A model that runs each request at its own size compiled every new size and, past ``max_compiled`` (16),
+    refused every further size with "more than 16 compiled batch sizes; declare fewer" until the worker restarted.
+    Now the least recently used size makes room (with parameters as constants, jit's cache is cleared)."""
+    pytest.importorskip("jax")
+    from inferbus.accelerators._jax import JaxBackend
+
+    refs = _write_models(tmp_path)
+    sess = JaxBackend(params_as_constants=constants).load(tmp_path / "gram" / "1" / "model.onnx", device_kind="cpu")
+    sess._max_compiled = 4  # the default 16, reached in a quarter of the compiles
+    sess.warmup((1,))
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 4, 5, 2, 6, 7, 1, 8, 9):
+        a = rng.random((n, 4), dtype=np.float32)
+        np.testing.assert_allclose(sess.infer({"x": a})["g"], refs["gram"](a)["g"], rtol=1e-5, err_msg=f"n={n}")
+        assert len(sess.compiled_batch_sizes) <= 4 and n in sess.compiled_batch_sizes, sess.compiled_batch_sizes
+    assert sess.evictions > 0
+    if not constants:  # least recently used out: 2 was used again after 3 and 4, so 3 went before it
+        assert sess.compiled_batch_sizes == (1, 7, 8, 9), sess.compiled_batch_sizes

@@ -24,7 +24,13 @@ assumes rows are independent (true of every model here: no op mixes rows);
 a request larger than every compiled size runs in chunks of the largest one
 (so request sizes cannot make the session compile without bound); with no size
 compiled yet, the exact size is compiled on first use (a one-off stall of tens
-of ms, logged) and kept, up to ``max_compiled`` executables.
+of ms, logged) and kept, up to ``max_compiled`` executables. A model whose rows
+do not follow the batch (``[N, N]`` outputs, a constant output) runs each
+request at its own size, so every new size compiles; past ``max_compiled``
+sizes the least recently used one is dropped (with parameters as constants,
+whose executables live in ``jax.jit``'s own cache, that cache is cleared and
+every size compiles again on its next use), logged at warning: memory stays
+bounded and no request size is refused.
 
 Precision: ``fp32`` (matmuls at ``Precision.HIGHEST``: no TF32), ``fp16`` and
 ``bf16`` (fp32 accumulation; see :mod:`._onnx_jax`). ``int8`` is not offered
@@ -174,6 +180,8 @@ class JaxSession:
         """Batch size → a callable ``f(inputs) -> outputs`` ready to run at that size."""
         self._sizes: list[int] = []
         self._max_compiled = max_compiled
+        self.evictions = 0
+        """Times a new request size found ``max_compiled`` sizes compiled and made room (:meth:`_evict`)."""
         self._lock = threading.Lock()
         from ._dtypes import numpy_dtype_for
 
@@ -227,6 +235,9 @@ class JaxSession:
     def _compile(self, batch: int):
         import jax
 
+        if not self._batched and len(self._compiled) >= self._max_compiled:
+            with self._lock:  # before compiling: a cleared jit cache must not take the new size with it
+                self._evict()
         specs = {t.name: jax.ShapeDtypeStruct(self._shape(t, batch), self._in_dtypes[t.name], sharding=self._sharding)
                  for t in self.inputs}
         try:
@@ -255,6 +266,31 @@ class JaxSession:
                         self._bufs.clear()
                         self._packed.clear()
         return compiled
+
+    def _evict(self) -> None:
+        """Make room for one more size of a model that runs each request at its own size (caller holds the lock):
+        drop the least recently used size, or, where the executables live in ``jax.jit``'s caches (parameters as
+        constants, packed outputs), clear those caches and every size with them (no per-entry eviction there)."""
+        self.evictions += 1
+        if self._const_fn is not None:
+            log.warning("jax: more than %d request sizes of a model that runs each at its own size; clearing its "
+                        "compiled sizes %s (each compiles again on its next use)", self._max_compiled,
+                        sorted(self._compiled))
+            self._const_fn.clear_cache()
+            for fn in self._pack_fns.values():
+                fn.clear_cache()
+            self._compiled.clear()
+            self._packed.clear()
+            self._bufs.clear()
+        else:
+            old = next(iter(self._compiled))
+            log.warning("jax: more than %d request sizes of a model that runs each at its own size; dropping size "
+                        "%d, the least recently used", self._max_compiled, old)
+            del self._compiled[old]
+            self._packed.pop(old, None)
+            self._bufs.pop(old, None)
+        self._sizes = sorted(self._compiled)
+        self._out_staging.clear()  # (output, bytes) buffers: one per size here, made again on use
 
     def _pack_fn(self, kind: str):
         """The jitted program with packed outputs: ``kind`` ``memcpy`` (device in, device out) or ``hostmem``
@@ -336,7 +372,11 @@ class JaxSession:
 
     def _pick(self, n: int):
         if not self._batched:
-            return n, (self._compiled.get(n) or self._compile(n))
+            compiled = self._compiled.pop(n, None)
+            if compiled is None:
+                return n, self._compile(n)
+            self._compiled[n] = compiled  # most recently used last: the eviction order of _compile
+            return n, compiled
         for b in self._sizes:
             if b >= n:
                 return b, self._compiled[b]
