@@ -272,6 +272,75 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
     assert re.fullmatch(r"inferbus cluster stopped in \d+\.\ds", tail[-1]), tail
 
 
+@pytest.mark.slow  # a whole topology with actors: 9 nats-servers, 2 Valkeys, a node per region (20-40 s here)
+@pytest.mark.timeout(240)
+def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path):
+    """``cluster up --ingress 2``: each region's node runs two ingress processes (``a-i0``, ``a-i1``, ``b-i0``,
+    ``b-i1``), every one of them answers the ``<p>.ingresses`` probe and its own health, and serves an inference
+    sent to it alone (``<p>.ingresses.<id>.infer.digits``) with the model's answer. The option had a test of its
+    range only: a spec that dropped it (one ingress per region, the default) passed every other test."""
+    import asyncio
+
+    import nats
+    import numpy as np
+
+    from inferbus.client import Client
+    from inferbus.schemas import InferRequest, decode_error, decode_response, encode_request, input_from_numpy, \
+        output_to_numpy
+
+    from test_reliability_lib import models_subset, reference
+
+    models = models_subset(tmp_path / "models", ["digits"])  # the real model from models/, alone (a quicker start)
+    run, log = tmp_path / "run", tmp_path / "up.log"
+    fh = open(log, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--ingress", "2",
+                             "--workers", "1", "--models", str(models), "--run-dir", str(run), "--prefix", "ibi"],
+                            stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    want = {"a-i0", "a-i1", "b-i0", "b-i1"}
+    x = np.random.default_rng(5).random((3, 64), dtype=np.float32)
+    expected = reference("digits", {"pixels": x})["logits"]
+
+    async def check() -> None:
+        urls = json.loads((run / "cluster.json").read_text())["client_urls"]
+        nc = await nats.connect(urls)
+        client = Client(nc, "ibi")
+        try:
+            seen: set[str] = set()
+            deadline = time.monotonic() + 30  # every ingress answers once it serves (the nodes are READY by now)
+            while seen != want:
+                assert time.monotonic() < deadline and seen <= want, (seen, log.read_text()[-3000:])
+                inbox = nc.new_inbox()
+                sub = await nc.subscribe(inbox)
+                await nc.publish(client.subjects.ingresses, b"", reply=inbox)
+                try:
+                    while True:
+                        seen.add((await sub.next_msg(timeout=0.5)).data.decode())
+                except nats.errors.TimeoutError:
+                    pass
+                await sub.unsubscribe()
+            body = encode_request(InferRequest(inputs=[input_from_numpy("pixels", x)]))
+            for ingress in sorted(want):
+                assert (await client.health(timeout_s=10, ingress=ingress)).ready, ingress
+                msg = await nc.request(client.subjects.ingress_infer(ingress) + ".digits", body, timeout=10,
+                                       headers={"Inferbus-Timeout-Ms": "10000"})
+                assert decode_error(msg.headers, msg.data) is None, (ingress, decode_error(msg.headers, msg.data))
+                out = {o.name: output_to_numpy(o) for o in decode_response(msg.data).outputs}
+                np.testing.assert_allclose(out["logits"], expected, rtol=1e-4, atol=1e-5, err_msg=ingress)
+        finally:
+            await nc.close()
+
+    try:
+        wait_serving(proc, log, timeout_s=150, poll_s=0.1)
+        asyncio.run(check())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        fh.close()
+
+
 @pytest.mark.timeout(240)
 def test_chaos_run_region_failover_json(tmp_path):
     out = _inferbus("chaos", "run", "region-failover", "--json", "--duration", "5", "--rate", "50",
