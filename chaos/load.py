@@ -111,6 +111,9 @@ class Driver:
         """Monotonic time the first request was scheduled (set by :meth:`run`); the ``*_sent_at_s`` figures count
         from it."""
         self._stop = asyncio.Event()
+        self.started = asyncio.Event()
+        """Set by :meth:`run` once :attr:`t_start` is set (the first request is being scheduled): a drill that times
+        its fault from the load's start waits for it."""
         self._run_id = uuid.uuid4().hex[:8]
 
     def _correct(self, i: int, outputs: dict, references: list[dict] | None = None) -> bool:
@@ -167,6 +170,7 @@ class Driver:
         tasks: set[asyncio.Task] = set()
         interval = 1.0 / self.rate_qps
         start = self.t_start = time.monotonic()
+        self.started.set()
         i = 0
         while not self._stop.is_set():
             t_sched = start + i * interval

@@ -27,7 +27,12 @@ Figures (:class:`chaos.load.DrillFigures`):
   ``step_downs`` (the primary's validity lapsed or a renewal failed), ``resumes_same_term`` (it
   won the lease back under its own term: nobody else acquired), ``suspicions``, ``lost_races``;
   ``max_primaries_sampled``, ``max_hb_age_ms`` (largest heartbeat age a standby
-  reported: the suspicion threshold is ``suspect_ms``), ``gateway_chunks_retransmitted``.
+  reported: the suspicion threshold is ``suspect_ms``), ``gateway_chunks_retransmitted``. Its times:
+  asked, ``fault_at_s``, ``fault_s``, ``duration_asked_s`` and ``duration_s`` (the load's planned length,
+  at least ``fault_at_s + fault_s + 1``); recorded, in seconds from the load's first request,
+  ``fault_injected_at_s``, ``fault_healed_at_s`` (each stamped once done), ``fault_lasted_s`` (their
+  difference: at least ``fault_s``), ``last_request_sent_at_s`` (the last request's planned time, within
+  ``1 / rate_qps`` of ``duration_s``) and ``requests_during_fault`` (requests due in that window).
 """
 
 from __future__ import annotations
@@ -207,6 +212,13 @@ def _transitions_between(watch: RoleWatch, lo: float, hi: float) -> list:
     return sorted(out, key=lambda tr: tr.t_mono)
 
 
+async def _sleep_until(t: float) -> None:
+    """Return once ``time.monotonic()`` has reached ``t``, never before: a loop's timer may fire a little early
+    (uvloop's clock is read once per iteration, in whole milliseconds)."""
+    while (left := t - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigures:
     """Latency + packet loss on the gateways under load for ``fault_s``; nothing may fail (module doc)."""
     lat = opts.gateway_latency_ms or 50.0
@@ -220,13 +232,20 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
         async with RoleWatch(topo) as watch:
             total = max(opts.duration_s, opts.fault_at_s + opts.fault_s + 1.0)
             load = asyncio.create_task(s.driver.run(total))
-            await asyncio.sleep(opts.fault_at_s)
+            # fault_at_s counts from the load's first request, not from this task's start (the load subscribes to
+            # the audit first: a round trip to the server that the fault's time included)
+            started = asyncio.ensure_future(s.driver.started.wait())
+            await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+            if not started.done():  # the load ended before it began: its error, if any, is raised here
+                started.cancel()
+                await load
+            await _sleep_until(s.driver.t_start + opts.fault_at_s)
             stats0 = sum(p.stats.retransmitted for p in topo.proxies.values())
             fault = await get_fault("gateway-degrade")(
                 TopologyTarget(topo, s.primary), latency_ms=lat, jitter_ms=opts.gateway_jitter_ms, drop_pct=drop,
                 rto_ms=opts.gateway_rto_ms, links=opts.gateway_links)
             t0 = fault.t_inject
-            await asyncio.sleep(opts.fault_s)
+            await _sleep_until(t0 + opts.fault_s)
             t1 = await fault.heal()
             retrans = sum(p.stats.retransmitted for p in topo.proxies.values()) - stats0
             await load
@@ -237,12 +256,20 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
         ev = Counter(tr.event for tr in trs)
         terms = {r.term for r in s.driver.records if r.term is not None}
         new_terms = {tr.term for tr in trs if tr.event == "primary" and tr.term != s.term0}
+        start = s.driver.t_start
+        sent = [r.t_sched for r in s.driver.records]
         return s.driver.figures("gateway-degrade", (t0, t1), extra={
             "gateway_latency_ms": lat, "gateway_jitter_ms": opts.gateway_jitter_ms, "gateway_drop_pct": drop,
             "gateway_rto_ms": opts.gateway_rto_ms, "gateway_links": opts.gateway_links, "fault_s": opts.fault_s,
-            # the load runs at least until a second after the fault's end: longer than --duration when that is
-            # shorter than fault_at_s + fault_s + 1 (it was lengthened without a word: a fresh-user trial)
-            "duration_s": total, "duration_asked_s": opts.duration_s,
+            # the load is planned to run until a second after the fault's planned end: longer than --duration when
+            # that is shorter than fault_at_s + fault_s + 1 (it was lengthened without a word: a fresh-user trial)
+            "duration_s": total, "duration_asked_s": opts.duration_s, "fault_at_s": opts.fault_at_s,
+            # what happened, in seconds from the load's first request: the degrade's own phases (the injection
+            # and the heal stamped when they were done) and when the last request was due (its planned time)
+            "fault_injected_at_s": round(t0 - start, 3), "fault_healed_at_s": round(t1 - start, 3),
+            "fault_lasted_s": round(t1 - t0, 3),
+            "last_request_sent_at_s": round(max(sent) - start, 3) if sent else None,
+            "requests_during_fault": sum(1 for t in sent if t0 <= t <= t1),
             "gateway_chunks_retransmitted": retrans, "term_changes": len(new_terms),
             "step_downs": ev.get("standby", 0),
             "resumes_same_term": sum(1 for tr in trs if tr.event == "primary" and tr.term == s.term0),

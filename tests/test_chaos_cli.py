@@ -82,3 +82,20 @@ def test_sigterm_stops_a_drill_and_its_deployment(tmp_path):
     assert "drill worker-crash: stopped by SIGTERM" in err and "Traceback" not in err, err[-1500:]
     assert not out, out
     assert processes_naming(str(run_dir)) == []  # nothing of the deployment left running
+
+
+@pytest.mark.slow  # its own two-region topology (20-40 s to start here)
+@pytest.mark.timeout(240)
+def test_gateway_degrade_json_reports_the_times_given_on_the_command_line(tmp_path):
+    """``chaos run gateway-degrade --duration 1 --fault-at 0.5 --fault-s 1.5``: the options reach the drill and its
+    ``--json`` says so, the load lengthened to 3 s, the degrade's recorded phases consistent with them
+    (:func:`test_chaos_drills_topology.check_gateway_degrade_times`; the library's run is tested on a shared
+    topology there)."""
+    from test_chaos_drills_topology import check_gateway_degrade_times
+
+    p = _chaos("gateway-degrade", "--duration", "1", "--fault-at", "0.5", "--fault-s", "1.5", "--rate", "20",
+               "--latency-ms", "20", "--drop-pct", "1", "--run-dir", str(tmp_path / "drill"), "--json", timeout_s=200)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    check_gateway_degrade_times(d, duration_s=1.0, fault_at_s=0.5, fault_s=1.5, rate_qps=20)
+    assert d["extra"]["gateway_latency_ms"] == 20 and d["extra"]["gateway_drop_pct"] == 1, d["extra"]

@@ -101,6 +101,46 @@ async def test_gateway_degrade(topo):
     assert x["term_changes"] == 0 and x["max_primaries_sampled"] == 1 and x["overlapping_reigns"] == 0, x
 
 
+def check_gateway_degrade_times(d: dict, *, duration_s: float, fault_at_s: float, fault_s: float,
+                                rate_qps: float, slack_s: float = 5.0) -> None:
+    """The times a gateway-degrade report (``--json``'s object, ``d``) gives against those it was asked for: the
+    asked ones echoed; the load lengthened to a second past the fault's planned end when ``duration_s`` was shorter;
+    every planned request sent (an open loop: ``duration * rate``, the last due within an interval or two of the
+    end); the degrade injected no earlier than ``fault_at_s`` into the load and lasting at least ``fault_s``, and
+    neither more than ``slack_s`` later or longer (a generous bound for a shared box: the drill process also runs
+    the gateway proxies and the load)."""
+    x = d["extra"]
+    total = max(duration_s, fault_at_s + fault_s + 1.0)
+    assert (x["duration_asked_s"], x["fault_at_s"], x["fault_s"], x["rate_qps"]) == (
+        duration_s, fault_at_s, fault_s, rate_qps), x
+    assert x["duration_s"] == pytest.approx(total), x
+    # (± 1: the open loop compares float times with the end)
+    assert abs(d["requests"] - total * rate_qps) <= 1, (d["requests"], total, rate_qps)
+    assert total - 2.0 / rate_qps <= x["last_request_sent_at_s"] <= total, x
+    injected, healed, lasted = x["fault_injected_at_s"], x["fault_healed_at_s"], x["fault_lasted_s"]
+    assert fault_at_s <= injected <= fault_at_s + slack_s, x
+    assert fault_s <= lasted <= fault_s + slack_s, x
+    assert healed == pytest.approx(injected + lasted, abs=0.002), x
+    # the requests due while it lasted: the open loop's rate over the degrade (± the two ends' requests)
+    assert abs(x["requests_during_fault"] - lasted * rate_qps) <= 2 or healed > x["last_request_sent_at_s"], x
+    assert d["p99_ms_during_fault"] is not None, d
+
+
+@pytest.mark.timeout(90)
+async def test_gateway_degrade_reports_the_times_it_was_asked_for(topo):
+    """A CI-sized gateway-degrade (a 1 s load, the degrade 0.5 s into it for 1.5 s: the load lengthened to 3 s):
+    what its JSON says about times is what was asked, the phases it recorded included (no figure of it had a test:
+    a degrade healed at once, injected late or a load not lengthened passed)."""
+    f = await gateway_degrade(GatewayDrillOptions(duration_s=1.0, rate_qps=20, fault_at_s=0.5, fault_s=1.5,
+                                                  gateway_latency_ms=20, gateway_drop_pct=1, models_dir=MODELS),
+                              topology=topo)
+    d = json.loads(json.dumps(f.to_dict(), default=str))  # what `inferbus chaos run gateway-degrade --json` prints
+    print(f"\ngateway-degrade: {json.dumps(d)}")
+    check_gateway_degrade_times(d, duration_s=1.0, fault_at_s=0.5, fault_s=1.5, rate_qps=20)
+    assert d["extra"]["gateway_latency_ms"] == 20 and d["extra"]["gateway_drop_pct"] == 1
+    assert f.wrong == 0 and f.availability >= 0.95, d["errors"]
+
+
 @pytest.mark.timeout(120)
 async def test_region_partition_on_a_degraded_wan(topo):
     f = await region_partition(RegionDrillOptions(duration_s=2.0, fault_at_s=1.0, partition_s=1.5, rate_qps=50,
