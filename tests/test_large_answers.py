@@ -195,3 +195,85 @@ async def test_a_chunked_request_whose_budget_ran_out_is_given_up_between_chunks
             assert after["chunked"] == before["chunked"], (before, after)  # not computed to its end
     finally:
         d.stop()
+
+
+def _write_wide_model(root):
+    """``wide``: ``x`` FP32 [-1, 1] → ``wide`` FP32 [-1, 256] (x times a row of 256 ones: 1 KiB of answer a row for 4
+    bytes of request) and ``narrow`` FP32 [-1, 1] (x itself)."""
+    from onnx import TensorProto, helper
+
+    from test_reliability_lib import write_onnx_model
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "ones"], ["wide"]), helper.make_node("Identity", ["x"], ["narrow"])], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("wide", TensorProto.FLOAT, ["N", 256]),
+         helper.make_tensor_value_info("narrow", TensorProto.FLOAT, ["N", 1])],
+        initializer=[helper.make_tensor("ones", TensorProto.FLOAT, [1, 256], [1.0] * 256)])
+    write_onnx_model(root / "wide", graph, {"max_batch_size": 8, "cache_ttl_ms": 0})
+    return root
+
+
+@pytest.fixture(scope="module", params=["worker", "colocated"])
+def wide_dep(request, tmp_path_factory):
+    """One worker (a separate process, or colocated with its ingress: the two ways a request reaches compute)
+    serving ``wide`` on a 64 KiB ``max_payload``: 60 rows' answer fits, 100 rows' does not."""
+    root = tmp_path_factory.mktemp("wide")
+    models = _write_wide_model(root / "models")
+    d = start_deployment(root / "dep", workers=1, prefix="wide", extra=[
+        "--models", str(models), "--no-cache", "--nats-max-payload", str(1 << 16)]
+        + (["--colocate"] if request.param == "colocated" else []))
+    yield d
+    d.stop()
+
+
+async def _worker_stats(client) -> dict:
+    import json
+
+    msg = await client.nc.request("$SRV.STATS.inferbus-worker", b"", timeout=5)
+    return next(e for e in json.loads(msg.data)["endpoints"] if e["name"] == "infer")["data"]
+
+
+@pytest.mark.timeout(60)
+async def test_an_answer_known_to_be_over_max_payload_is_refused_before_the_model_runs(wide_dep):
+    """A request whose answer's fixed-size outputs alone (rows × 1 KiB) are over ``max_payload`` is refused
+    PAYLOAD_TOO_LARGE, ``field: outputs``, naming the output and the size, without running the model: the worker's
+    ``computed`` and ``batches`` stay, ``too_large_before_compute`` counts it. The model used to run and its answer
+    was refused after (the late check, which still catches what the metadata cannot tell: the ``data`` form's
+    size, below). What fits is answered: the same rows asking for the narrow output only, 60 rows of both."""
+    from inferbus.schemas import PayloadTooLarge
+
+    rng = np.random.default_rng(3)
+    async with await Client.connect(wide_dep.nats_url, "wide") as client:
+        x = rng.random((60, 1), dtype=np.float32)  # 61,680 bytes of tensors (within 64 KiB less 2 KiB for headers)
+        out = await client.infer("wide", {"x": x}, timeout_s=10)
+        np.testing.assert_array_equal(out["wide"], np.repeat(x, 256, axis=1))
+        before = await _worker_stats(client)
+        big = rng.random((100, 1), dtype=np.float32)
+        with pytest.raises(PayloadTooLarge) as ei:
+            await client.infer("wide", {"x": big}, timeout_s=10)
+        err = ei.value
+        assert err.field == "outputs", err
+        assert "'wide' 100 rows x 1024 bytes" in err.message and "at least 102800 bytes" in err.message \
+            and "max_payload (65536 bytes" in err.message and "before the model ran" in err.message, err.message
+        after = await _worker_stats(client)
+        assert after["received"] == before["received"] + 1, (before, after)  # it reached the worker
+        assert (after["computed"], after["batches"]) == (before["computed"], before["batches"]), (before, after)
+        assert after["too_large_before_compute"] == before["too_large_before_compute"] + 1, (before, after)
+
+        # the outputs asked for are what counts: the narrow one alone of those rows is answered
+        out = await client.infer("wide", {"x": big}, outputs=["narrow"], timeout_s=10)
+        np.testing.assert_array_equal(out["narrow"], big)
+        # the data form's size is not known from the metadata (≥ 1 byte an element, 25.7 KB for 100 rows): the model
+        # runs and the late check refuses the answer (100 x 257 floats of 9 bytes in MessagePack)
+        before = await _worker_stats(client)
+        with pytest.raises(PayloadTooLarge) as ei:
+            await client.infer("wide", {"x": big}, raw=False, timeout_s=10)
+        assert "the response is" in ei.value.message and ei.value.field == "outputs", ei.value.message
+        after = await _worker_stats(client)
+        assert after["computed"] == before["computed"] + 1, (before, after)
+        assert after["too_large_before_compute"] == before["too_large_before_compute"], (before, after)
+        # ... until its 1 byte an element alone is over: 300 rows x 257 elements
+        with pytest.raises(PayloadTooLarge, match="before the model ran"):
+            await client.infer("wide", {"x": rng.random((300, 1), dtype=np.float32)}, raw=False, timeout_s=10)
+        assert (await _worker_stats(client))["computed"] == after["computed"]

@@ -79,6 +79,7 @@ _WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "completed": ("inferbus_worker_completed", "Requests answered with a result.", {}),
     "errors": ("inferbus_worker_errors", "Server-side failures (INTERNAL); never client errors.", {}),
     **{k: (*_DROPPED, {"reason": k}) for k in ("expired", "shed", "cancelled", "stall_fenced")},
+    "too_large_before_compute": (*_DROPPED, {"reason": "too_large"}),
     "dedup_hits": (*_DEDUP, {"how": "recent_result"}),
     "dedup_joins": (*_DEDUP, {"how": "joined"}),
     "stalls": ("inferbus_worker_stalls", "Times the worker process was found frozen longer than its stall fence.",

@@ -1049,6 +1049,7 @@ class WorkerModels:
         for table in (self.w.versions, self.w.max_batch, self.w.row_problems, self.w._bytes_inputs, self.w._specs,
                       self.w.digests):
             table.pop(key, None)
+        self.w.forget_answer_rows(key)
 
     def _open(self, model: Model, version: str, max_batch: int):
         """Blocking (a thread): ``(model version, session, why its rows cannot be merged or None)`` for
@@ -1098,6 +1099,7 @@ class WorkerModels:
         w.digests[key] = files.digest
         w.versions[key] = mv
         w.max_batch[key] = w.batch_limit(key, mb, problem)
+        w.note_answer_rows(key, sess)
         w._bytes_inputs[key] = {t.name for t in mv.inputs if t.datatype == "BYTES"}
         w._specs[key] = {t.name: t for t in mv.inputs}
         w.sessions[key] = sess  # last: from here on requests for it are accepted

@@ -54,6 +54,7 @@ import math
 import os
 import queue
 import random
+import sys
 import threading
 import time
 import traceback
@@ -101,6 +102,8 @@ _HEADER_ALLOWANCE = 2048
 """Bytes reserved for NATS protocol and headers when checking a reply against max_payload: the reply's headers are
 ``Content-Type``, the request id (at most :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` characters, 1 KiB in UTF-8)
 and a few short ones of ours."""
+_UNBOUNDED = sys.maxsize
+"""Rows a model version without an :attr:`Worker._answer_max_rows` entry may have: any."""
 _DONE_ITEM_BYTES = 64
 """Upper bound of a :class:`DoneItem`'s encoding without its response body (msgpack array of 7 fields)."""
 _DONE_NOTICE_BYTES = 256
@@ -281,6 +284,9 @@ class _Stats:
     """Large requests run in chunks of ``chunk_rows`` rows (:meth:`Worker._infer_chunked`)."""
     served_between_chunks: int = 0
     """Small requests computed between two chunks of a large one (:meth:`Worker._serve_waiting`)."""
+    too_large_before_compute: int = 0
+    """Requests refused PAYLOAD_TOO_LARGE before their model ran: the fixed-size outputs of their rows alone were
+    over ``max_payload`` (:meth:`Worker._answer_too_large`)."""
 
 
 class _ErrorWindow:
@@ -390,6 +396,18 @@ class Worker:
         tagged with the spec dict it was checked against; a load replaces that dict, and the layout is relearned."""
         self._bytes_inputs = {k: {t.name for t in mv.inputs if t.datatype == "BYTES"} for k, mv in self.versions.items()}
         self._specs = {k: {t.name: t for t in mv.inputs} for k, mv in self.versions.items()}
+        self._answer_row_bytes: dict[str, int] = {}
+        """Model key → :func:`answer_row_bytes` of its session, for a model version whose answers it bounds (> 0)."""
+        self._answer_limit = 0
+        """The bus's ``max_payload`` less the header allowance (bytes) as last read (:meth:`_note_answer_limit`: at
+        the connect and at each load report, since a reconnect can reach a server with another one); 0: none known."""
+        self._answer_max_rows: dict[str, int] = {}
+        """Model key → the most rows whose answer's known outputs fit :attr:`_answer_limit` (``limit //
+        answer_row_bytes``): a request of more rows has :meth:`_answer_too_large` look closer before compute. The one
+        compare per request (its rows against this; a version without an entry is never refused early); rebuilt
+        when a version is loaded or the limit read changes."""
+        for k, sess in self.sessions.items():
+            self.note_answer_rows(k, sess)
         self.compute_ewma_us: dict[str, float] = {}
         """Model key → EWMA of compute µs per request, in thread CPU time (the runtime runs on the calling thread
         with one intra-op thread), so that being preempted on a busy host does not look like a slow model.
@@ -660,6 +678,8 @@ class Worker:
 
         Raises:
             DeadlineExceeded: the budget ran out before compute; nothing was answered.
+            PayloadTooLarge: its answer's fixed-size outputs alone would be over ``max_payload``
+                (:meth:`_answer_too_large`); the model did not run, nothing was answered.
             InferbusError: the request does not fit this worker's view of the model (a safety net, see
                 :meth:`_prepare_local`); nothing was answered.
         """
@@ -672,6 +692,9 @@ class Worker:
             self.stats.expired += 1
             raise DeadlineExceeded("budget spent before the worker received the request")
         req, arrays = self._prepare_local(job)
+        if req.inputs[0].shape[0] > self._answer_max_rows.get(model_key, _UNBOUNDED) and \
+                (err := self._answer_too_large(model_key, req)) is not None:
+            raise err  # refused before compute, as a request that does not fit (the ingress answers it)
         sess = self.sessions[model_key]
         flight = self.flight
         if flight is not None:  # the ingress dies with this process: the request itself, for the node to pass on
@@ -740,6 +763,7 @@ class Worker:
         """
         t_recv = time.monotonic()
         out: list[Outcome | None] = [None] * len(entries)
+        max_rows = self._answer_max_rows
         groups: dict[tuple, list] = {}
         where: dict[int, int] = {}  # id(job) -> index in entries
         errors = []
@@ -761,6 +785,10 @@ class Worker:
             try:
                 req, arrays = self._prepare_local(job)
             except InferbusError as err:
+                errors.append((i, self._error_outcome(job, err)))
+                continue
+            if req.inputs[0].shape[0] > max_rows.get(e.model_key, _UNBOUNDED) and \
+                    (err := self._answer_too_large(e.model_key, req)) is not None:
                 errors.append((i, self._error_outcome(job, err)))
                 continue
             where[id(job)] = i
@@ -1025,6 +1053,67 @@ class Worker:
         for t in requeue:
             await self._requeue(t)
 
+    def note_answer_rows(self, key: str, sess) -> None:
+        """Keep :func:`answer_row_bytes` of model version ``key``'s session ``sess`` for the check before compute
+        (:meth:`_answer_too_large`), once per load: its rows must come first in every output
+        (:func:`~inferbus.accelerators.rows_problem` found no problem, :attr:`row_problems`), else none is kept."""
+        rb = answer_row_bytes(sess.outputs) if key not in self.row_problems else 0
+        if rb > 0:
+            self._answer_row_bytes[key] = rb
+            if self._answer_limit > 0:
+                self._answer_max_rows[key] = self._answer_limit // rb
+        else:
+            self._answer_row_bytes.pop(key, None)
+            self._answer_max_rows.pop(key, None)
+
+    def forget_answer_rows(self, key: str) -> None:
+        """Drop model version ``key`` from the check before compute (it is no longer served here)."""
+        self._answer_row_bytes.pop(key, None)
+        self._answer_max_rows.pop(key, None)
+
+    def _note_answer_limit(self) -> None:
+        """Read the bus's ``max_payload`` into :attr:`_answer_limit`, less the header allowance, and when it changed
+        rebuild :attr:`_answer_max_rows` (a new dict: the inference thread reads the old or the new one whole)."""
+        limit = max((self.nc.max_payload or 0) - _HEADER_ALLOWANCE, 0) if self.nc is not None else 0
+        if limit != self._answer_limit:
+            self._answer_limit = limit
+            self._answer_max_rows = {k: limit // rb for k, rb in self._answer_row_bytes.items()} if limit else {}
+
+    def _answer_too_large(self, model_key: str, req) -> PayloadTooLarge | None:
+        """PAYLOAD_TOO_LARGE for request ``req`` of ``model_key`` when the tensors of its answer alone would be over
+        the bus's ``max_payload`` less the header allowance (the limit :meth:`_too_large` applies to the encoded
+        answer after compute), known before the model runs; None when that is not known (the late check stays).
+        Called only for a request of more rows than :attr:`_answer_max_rows` (the callers' one compare per
+        request), so it may take its time: it reads the connection's ``max_payload`` again and counts
+        the outputs the request asks for (all by default), each fixed-size output with a fixed shape after its first
+        (batch) dimension as ``rows × its row's elements × the datatype's bytes`` in the ``raw`` form, or 1 byte an
+        element in the ``data`` form (at least one in MessagePack or JSON); every input must have ``rows`` rows.
+        That is a lower bound of the encoded answer (the envelope, names, shapes and parameters, is not counted), so
+        nothing refused here would have fitted; an answer within its envelope of the limit is still refused after
+        compute. Counted in ``stats.too_large_before_compute``."""
+        limit = (self.nc.max_payload or 0) - _HEADER_ALLOWANCE
+        rows = req.inputs[0].shape[0]
+        if limit <= 0 or any(not t.shape or t.shape[0] != rows for t in req.inputs):
+            return None  # inputs of unlike rows: what the model answers is not known
+        sess = self.sessions.get(model_key)
+        if sess is None:
+            return None
+        wanted = [o.name for o in req.outputs] if req.outputs else None
+        per_row = {name: n for name, n in output_row_bytes(sess.outputs, raw=answers_raw(req)).items()
+                   if wanted is None or name in wanted}
+        if wanted is not None and not set(wanted) <= {t.name for t in sess.outputs}:
+            return None  # an output the model does not have: its own error comes from the run
+        total = rows * sum(per_row.values())
+        if total <= limit:
+            return None
+        self.stats.too_large_before_compute += 1
+        form = "raw" if answers_raw(req) else "data (1 byte an element at least)"
+        parts = ", ".join(f"{name!r} {rows} rows x {n} bytes" for name, n in per_row.items())
+        return PayloadTooLarge(
+            f"the answer's outputs would be at least {total} bytes ({parts}, in the {form} form), over the bus's "
+            f"max_payload ({self.nc.max_payload} bytes, {_HEADER_ALLOWANCE} kept for headers); refused before the "
+            f"model ran: send fewer rows or ask for fewer outputs", field="outputs")
+
     def _too_large(self, o: Outcome) -> None:
         """Turn ``o``, an answer over the bus's ``max_payload`` (less the header allowance), into PAYLOAD_TOO_LARGE."""
         err = PayloadTooLarge(f"the response is {len(o.body)} bytes, over the bus's max_payload "
@@ -1158,17 +1247,19 @@ class Worker:
         (requests taken, over NATS or from a colocated ingress), ``batches`` (model runs), ``stalls``,
         ``stall_fenced``, ``stop_refused`` (requests answered UNAVAILABLE when a stop's drain ended before their
         answer, :meth:`_refuse_held`), ``input_failures`` (requests the model failed on while it ran its warm-up
-        input: INVALID_ARGUMENT, :meth:`_model_failure`), ``chunked`` (large requests run in chunks) and
+        input: INVALID_ARGUMENT, :meth:`_model_failure`), ``chunked`` (large requests run in chunks),
         ``served_between_chunks`` (small requests computed between two of their chunks, :meth:`_infer_chunked`),
-        ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs) and
-        ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
+        ``too_large_before_compute`` (requests refused PAYLOAD_TOO_LARGE before their model ran,
+        :meth:`_answer_too_large`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs)
+        and ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
         s = self.stats
         return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
                 "stalls": s.stalls, "stall_fenced": s.stall_fenced, "stop_refused": s.stop_refused,
                 "input_failures": s.input_failures, "chunked": s.chunked,
-                "served_between_chunks": s.served_between_chunks, "compute_ewma_us": dict(self.compute_ewma_us),
+                "served_between_chunks": s.served_between_chunks,
+                "too_large_before_compute": s.too_large_before_compute, "compute_ewma_us": dict(self.compute_ewma_us),
                 "layouts": self._layouts.stats()}
 
     async def _reporter(self) -> None:
@@ -1178,6 +1269,7 @@ class Worker:
         while True:
             if not self.fault.silent:
                 await self.nc.publish(self.subjects.load, encode_internal(self._report(cpu_ratio)))
+            self._note_answer_limit()  # (a reconnect may have reached a server of another max_payload)
             await asyncio.sleep(period)
             # the process's CPU over the wall time since the last report: a report late because the loop was busy
             # (ratio near 1) is told from one late because the process was stopped (near 0) by the ingresses
@@ -1199,6 +1291,7 @@ class Worker:
         self._outbox = asyncio.Queue()
         own_nc = nc is None
         self.nc = await connect_logged(self.config.bus, f"worker-{self.config.worker_id}") if own_nc else nc
+        self._note_answer_limit()
         await self.fencing.start(self.nc)
         await self.model_ctl.start(self.nc)
         from nats.micro import add_service
@@ -1449,6 +1542,7 @@ class Worker:
     def _compute_batch(self, jobs: list[Job]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         groups: dict[tuple, list[tuple[Job, object, dict]]] = {}
+        max_rows = self._answer_max_rows
         for job in jobs:
             # checks that cost nothing come before any work on the request (not even decoding)
             if not job.live():
@@ -1485,6 +1579,11 @@ class Worker:
                         outcomes.append(o)
                         continue
             except InferbusError as err:
+                outcomes.append(self._error_outcome(job, err))
+                continue
+            # its answer's fixed-size outputs alone over max_payload: refused now, not after the model ran
+            if req.inputs[0].shape[0] > max_rows.get(job.model_key, _UNBOUNDED) and \
+                    (err := self._answer_too_large(job.model_key, req)) is not None:
                 outcomes.append(self._error_outcome(job, err))
                 continue
             outs = tuple(o.name for o in req.outputs) if req.outputs else ()
@@ -1878,6 +1977,29 @@ def price_ewma(prev_us: float | None, sample_us: float) -> float:
     if prev_us > 0:
         sample_us = min(sample_us, PRICE_CLIP_X * prev_us)
     return (1 - _EWMA_ALPHA) * prev_us + _EWMA_ALPHA * sample_us
+
+
+def output_row_bytes(outputs, raw: bool = True) -> dict[str, int]:
+    """Bytes one row takes in the answer, per output of ``outputs`` (:class:`~inferbus.accelerators.TensorInfo`) whose
+    size per row is known from the metadata alone: a fixed-size datatype (not BYTES) and a shape of a variable first
+    dimension (the batch) and fixed others. ``raw``: the ``raw`` form, the row's elements × the datatype's bytes
+    (base64 in JSON is larger); else the ``data`` form, 1 byte an element (the least a number takes in MessagePack
+    or JSON). Outputs whose size per row is not known are left out."""
+    out = {}
+    for t in outputs:
+        if t.datatype == "BYTES" or not t.shape or t.shape[0] != -1 or any(d < 0 for d in t.shape[1:]):
+            continue
+        n = math.prod(t.shape[1:])
+        out[t.name] = n * numpy_dtype(t.datatype).itemsize if raw else n
+    return out
+
+
+def answer_row_bytes(outputs) -> int:
+    """Σ :func:`output_row_bytes` (``raw`` form) of ``outputs``: the most an answer's known outputs take per row in any
+    form, so that a request of at most ``limit // this`` rows cannot be refused early (one compare per request;
+    :meth:`Worker._answer_too_large` looks closer only past it); 0 when no output's size per row is known. Computed
+    once per model version load (:meth:`Worker.note_answer_rows`)."""
+    return sum(output_row_bytes(outputs).values())
 
 
 def inline_max_body_bytes(mv) -> int:
