@@ -54,7 +54,6 @@ import math
 import os
 import queue
 import random
-import sys
 import threading
 import time
 import traceback
@@ -102,8 +101,6 @@ _HEADER_ALLOWANCE = 2048
 """Bytes reserved for NATS protocol and headers when checking a reply against max_payload: the reply's headers are
 ``Content-Type``, the request id (at most :data:`~inferbus.schemas.MAX_REQUEST_ID_CHARS` characters, 1 KiB in UTF-8)
 and a few short ones of ours."""
-_UNBOUNDED = sys.maxsize
-"""Rows a model version without an :attr:`Worker._answer_max_rows` entry may have: any."""
 _DONE_ITEM_BYTES = 64
 """Upper bound of a :class:`DoneItem`'s encoding without its response body (msgpack array of 7 fields)."""
 _DONE_NOTICE_BYTES = 256
@@ -692,7 +689,7 @@ class Worker:
             self.stats.expired += 1
             raise DeadlineExceeded("budget spent before the worker received the request")
         req, arrays = self._prepare_local(job)
-        if req.inputs[0].shape[0] > self._answer_max_rows.get(model_key, _UNBOUNDED) and \
+        if (m := self._answer_max_rows.get(model_key)) is not None and req.inputs[0].shape[0] > m and \
                 (err := self._answer_too_large(model_key, req)) is not None:
             raise err  # refused before compute, as a request that does not fit (the ingress answers it)
         sess = self.sessions[model_key]
@@ -787,7 +784,7 @@ class Worker:
             except InferbusError as err:
                 errors.append((i, self._error_outcome(job, err)))
                 continue
-            if req.inputs[0].shape[0] > max_rows.get(e.model_key, _UNBOUNDED) and \
+            if (m := max_rows.get(e.model_key)) is not None and req.inputs[0].shape[0] > m and \
                     (err := self._answer_too_large(e.model_key, req)) is not None:
                 errors.append((i, self._error_outcome(job, err)))
                 continue
@@ -1057,7 +1054,10 @@ class Worker:
         """Keep :func:`answer_row_bytes` of model version ``key``'s session ``sess`` for the check before compute
         (:meth:`_answer_too_large`), once per load: its rows must come first in every output
         (:func:`~inferbus.accelerators.rows_problem` found no problem, :attr:`row_problems`), else none is kept."""
-        rb = answer_row_bytes(sess.outputs) if key not in self.row_problems else 0
+        # every input batch-first (rank >= 1): a request's first input then has a first dimension to compare (the
+        # ingress and _prepare_local hold it to the model's rank), also for a model with a scalar input
+        batched = all(len(t.shape) > 0 and t.shape[0] == -1 for t in sess.inputs)
+        rb = answer_row_bytes(sess.outputs) if batched and key not in self.row_problems else 0
         if rb > 0:
             self._answer_row_bytes[key] = rb
             if self._answer_limit > 0:
@@ -1582,7 +1582,7 @@ class Worker:
                 outcomes.append(self._error_outcome(job, err))
                 continue
             # its answer's fixed-size outputs alone over max_payload: refused now, not after the model ran
-            if req.inputs[0].shape[0] > max_rows.get(job.model_key, _UNBOUNDED) and \
+            if (m := max_rows.get(job.model_key)) is not None and req.inputs[0].shape[0] > m and \
                     (err := self._answer_too_large(job.model_key, req)) is not None:
                 outcomes.append(self._error_outcome(job, err))
                 continue
