@@ -23,7 +23,9 @@ from inferbus.client import Client
 from inferbus.schemas import DeadlineExceeded, InvalidArgument, PayloadTooLarge, Unavailable, decode_error
 
 from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
-from test_reliability_lib import health_params, models_subset, reference, set_fault, wait_health
+from test_reliability_lib import (
+    check_worker_error_counts_on_infer_at, health_params, models_subset, reference, set_fault, wait_health,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 PREFIX = "bad"
@@ -708,6 +710,17 @@ async def test_error_replies_count_in_the_infer_endpoints_srv_stats(env):
     eps = {e["name"]: e for e in json.loads(msg.data)["endpoints"]}
     assert eps["model"]["num_errors"] - model_before["num_errors"] == 2, eps["model"]
     assert eps["infer"]["num_errors"] == after["num_errors"], eps["infer"]
+
+
+async def test_an_error_a_worker_answers_for_a_request_sent_to_one_ingress_counts_on_infer_at(env):
+    """A fresh-user trial: an error a worker answered for a request on ``<p>.ingresses.<id>.infer.<model>`` (an SDK
+    retry sent to that ingress alone) was counted in the ``infer`` endpoint's ``$SRV.STATS``, whose ``num_requests``
+    never saw it; it counts on ``infer_at``, the endpoint that took it, as the ingress's own refusals there do. (The
+    worker in its own process: the completion notice's path; test_colocated_fastpath has the in-process one.)"""
+    nc, _ = env
+    # BYTES that are not UTF-8: ONNX Runtime refuses them at the worker, which answers the client itself
+    bad = {"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": [b"\xff\xfe"]}]}
+    await check_worker_error_counts_on_infer_at(nc, PREFIX, "strings", bad, "INVALID_ARGUMENT")
 
 
 async def test_a_request_on_the_infer_subject_with_no_model_is_invalid_argument(env):

@@ -30,7 +30,9 @@ from inferbus.schemas import (
 from inferbus.schemas._region import RegionHeartbeat, encode_region
 
 from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
-from test_reliability_lib import Reports, health_params, models_subset, reference, set_fault
+from test_reliability_lib import (
+    Reports, check_worker_error_counts_on_infer_at, health_params, models_subset, reference, set_fault,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -283,6 +285,18 @@ async def test_a_merged_run_holds_at_most_max_batch_size_rows(env, dep):
     await sub.unsubscribe()
     assert sizes["m20"] == 1, sizes
     assert max(sizes.values()) > 1 and max(v for k, v in sizes.items() if k != "m20") <= 6, sizes
+
+
+async def test_an_error_the_local_worker_answers_for_a_request_sent_to_this_ingress_counts_on_infer_at(env):
+    """As on the bus path (test_bad_input): an error the colocated worker answered within the ingress's call (run to
+    completion) for a request on ``<p>.ingresses.<id>.infer.<model>`` counts on ``infer_at``, not on ``infer``. (The
+    fault: every computed request answered INTERNAL; the fixture clears it.)"""
+    nc, _, _ = env
+    await set_fault(nc, PREFIX, W, error_rate=1.0)
+    feeds = typed_input()
+    body = {"inputs": [{"name": k, "datatype": "INT32" if k == "a" else "FP16", "shape": list(v.shape),
+                        "data": v.ravel().tolist()} for k, v in feeds.items()]}
+    await check_worker_error_counts_on_infer_at(nc, PREFIX, "typed", body, "INTERNAL")
 
 
 async def test_json_bytes_and_body_id_through_the_local_path(env):

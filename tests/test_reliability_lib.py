@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import onnxruntime as ort
 
@@ -136,6 +137,37 @@ async def ingress_counts(nc) -> list[dict]:
     finally:
         await sub.unsubscribe()
     return out
+
+
+async def check_worker_error_counts_on_infer_at(nc, prefix: str, model: str, body: dict, code: str) -> None:
+    """Send ``body`` (a request the worker answers with the error ``code`` itself) to ``model`` on
+    ``<prefix>.ingresses.<id>.infer.<model>``, as an SDK retry at one ingress is sent, and check with real
+    ``$SRV.STATS`` requests that the error counts on that ingress's ``infer_at`` endpoint, which took the request, as
+    an error answered by the worker, and not on ``infer``."""
+    from inferbus.schemas import decode_error
+
+    first = json.loads((await nc.request("$SRV.STATS.inferbus-ingress", b"", timeout=5)).data)
+    iid, svc_id = first["metadata"]["ingress_id"], first["id"]
+
+    async def endpoints() -> dict:  # this one ingress's ($SRV.STATS.<name>.<service id>)
+        msg = await nc.request(f"$SRV.STATS.inferbus-ingress.{svc_id}", b"", timeout=5)
+        return {e["name"]: e for e in json.loads(msg.data)["endpoints"]}
+
+    before = await endpoints()
+    msg = await nc.request(f"{prefix}.ingresses.{iid}.infer.{model}", msgpack.packb(body, use_bin_type=True),
+                           timeout=5)
+    err = decode_error(msg.headers, msg.data)
+    assert err is not None and err.code.value == code, (err, msg.data[:200])
+    after = before
+    for _ in range(250):  # counted when the worker's completion reaches the ingress, after the reply
+        after = await endpoints()
+        if any(after[e]["num_errors"] > before[e]["num_errors"] for e in ("infer", "infer_at")):
+            break
+        await asyncio.sleep(0.02)
+    assert after["infer_at"]["num_requests"] - before["infer_at"]["num_requests"] == 1, after["infer_at"]
+    assert after["infer_at"]["num_errors"] - before["infer_at"]["num_errors"] == 1, (before, after)
+    assert "answered by worker" in after["infer_at"]["last_error"], after["infer_at"]
+    assert after["infer"]["num_errors"] == before["infer"]["num_errors"], (before["infer"], after["infer"])
 
 
 async def health_params(client) -> dict:

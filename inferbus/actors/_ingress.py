@@ -272,6 +272,9 @@ class Pending(msgspec.Struct):
     waited: bool = False
     """The sweep found it missing past its deadline + ``pending_grace_s`` and waited for its worker's next report
     or notice (:meth:`Ingress._verdict_waits`; counted once in ``counts.verdicts_waited``)."""
+    endpoint: str = "infer"
+    """The micro endpoint that took it (``infer``, or ``infer_at`` for a request sent to this ingress alone): an error
+    answered for it, by the ingress or by its worker, counts in that endpoint's ``$SRV.STATS``."""
 
 
 class _Deferred(msgspec.Struct):
@@ -296,6 +299,8 @@ class _Deferred(msgspec.Struct):
     dkey: tuple | None
     stages: dict
     probe: bool
+    endpoint: str = "infer"
+    """As :attr:`Pending.endpoint`."""
 
 
 SERVER_METADATA = ServerMetadata(name="inferbus", version=__version__, extensions=["model_repository"])
@@ -651,7 +656,7 @@ class Ingress:
             return
         # the request id header is read only for an error reply (the answered path reads it where it needs it)
         try:
-            await self._handle(msg, hdrs, ct, t0)
+            await self._handle(msg, hdrs, ct, t0, endpoint)
         except _ExpiredUnanswered as exc:
             if type(exc) is _ExpiredUnanswered:
                 self.counts["expired_unanswered"] += 1
@@ -719,7 +724,8 @@ class Ingress:
     async def _error(self, reply: str, err: InferbusError, ct: str | None, rid: str | None,
                      endpoint: str = "infer") -> None:
         """Reply ``err`` to ``reply``, counted in the ``$SRV.STATS`` (``num_errors``, ``last_error``) of the
-        micro endpoint that took the request: ``infer`` (inference) or ``model`` (``<p>.models.<name>[.<op>]``)."""
+        micro endpoint that took the request: ``infer`` (inference), ``infer_at`` (inference sent to this ingress
+        alone) or ``model`` (``<p>.models.<name>[.<op>]``)."""
         count = self._error_counters.get(endpoint)
         if count is not None:
             count(f"{err.code.value}: {err.message}")
@@ -729,7 +735,7 @@ class Ingress:
         except Exception as exc:  # e.g. a reply subject the server refuses; nothing else to tell
             log(f"ingress {self.config.ingress_id}: error reply failed: {exc!r}")
 
-    async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float) -> None:
+    async def _handle(self, msg, hdrs: dict, ct: str | None, t0: float, endpoint: str = "infer") -> None:
         if hdrs:
             if (bad := H.miscased_header(hdrs)) is not None:
                 raise InvalidArgument(f"header {bad[0]!r} is not {bad[1]!r}: NATS header names are case-sensitive "
@@ -859,13 +865,13 @@ class Ingress:
                 self._l2_inflight += 1
                 asyncio.create_task(self._l2_then_forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key,
                                                           ttl_ms, req.id, rid, hedge_policy, (req, arrays),
-                                                          self.l2_breaker.on_send(), ask_peers))
+                                                          self.l2_breaker.on_send(), ask_peers, endpoint))
                 return
             if self.redis is not None:  # the breaker is open: a miss without the lookup
                 self.counts["l2_skipped"] += 1
         try:
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                time.monotonic(), (req, arrays), ask_peers=ask_peers)
+                                time.monotonic(), (req, arrays), ask_peers=ask_peers, endpoint=endpoint)
         except InferbusError as err:  # a refusal (a query of death, no worker, ...): it carries the body's id too
             if rid is not None and getattr(err, "request_id", None) is None:
                 err.request_id = rid
@@ -1054,10 +1060,11 @@ class Ingress:
         return policy
 
     async def _l2_then_forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, req_id, rid,
-                               hedge_policy, decoded, probe: bool = False, ask_peers: bool = False) -> None:
+                               hedge_policy, decoded, probe: bool = False, ask_peers: bool = False,
+                               endpoint: str = "infer") -> None:
         """Look ``key`` up in L2 (at most ``l2_timeout_ms``), then answer the hit or forward the miss; ``probe``: the
         lookup is the L2 breaker's probe (:meth:`CircuitBreaker.on_send`), whose verdict turns lookups back on or
-        off; ``ask_peers``: as :meth:`_forward`'s."""
+        off; ``ask_peers``, ``endpoint``: as :meth:`_forward`'s."""
         try:
             cached, left_ms = None, -1
             left_s = max(deadline - time.monotonic(), 0.0)
@@ -1099,13 +1106,14 @@ class Ingress:
             if deadline <= t_cache:
                 raise DeadlineExceeded("the request's budget ran out during the L2 cache lookup")
             await self._forward(msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid, hedge_policy,
-                                t_cache, decoded, ask_peers=ask_peers)
+                                t_cache, decoded, ask_peers=ask_peers, endpoint=endpoint)
         except InferbusError as err:
             self.counts["errors"] += 1
-            await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None)
+            await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None, endpoint)
         except Exception as exc:
             self.counts["errors"] += 1
-            await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, H.header_value(rid) if rid else None)
+            await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, H.header_value(rid) if rid else None,
+                              endpoint)
 
     def _on_l2_breaker(self, old: BreakerState, new: BreakerState) -> None:
         """Log an L2 outage once, when the lookups turn off, and once when they resume (the breaker flaps OPEN ↔
@@ -1256,7 +1264,8 @@ class Ingress:
 
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
                        hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None,
-                       resends: int = 0, exclude: str | None = None, ask_peers: bool = False) -> None:
+                       resends: int = 0, exclude: str | None = None, ask_peers: bool = False,
+                       endpoint: str = "infer") -> None:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
@@ -1269,7 +1278,8 @@ class Ingress:
         ``resends``: how many times :meth:`_resend` has sent it again after workers died holding it; ``exclude``: a
         worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`); ``ask_peers``: an attempt
         taken near its client's attempt deadline (:meth:`_check_attempt`), located through the peers as a marked
-        retry is."""
+        retry is; ``endpoint``: the micro endpoint that took it (:attr:`Pending.endpoint`), where an error answered
+        for it is counted."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1359,11 +1369,11 @@ class Ingress:
                 if self._burst or (sub is not None and sub.pending_msgs):
                     # more requests wait (or wait no longer, ending a burst): held back, to be computed with them
                     await self._defer(_Deferred(w, msg.reply, body, decoded, mv.key, deadline, dl_ms, now, term, key,
-                                          ttl_ms, ct, rid, dkey, stages, self.router.on_sent(w)))
+                                          ttl_ms, ct, rid, dkey, stages, self.router.on_sent(w), endpoint))
                     self.counts["ok_forwarded"] += 1
                     return
                 await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
-                                    rid, dkey, stages)
+                                    rid, dkey, stages, endpoint)
                 self.counts["ok_forwarded"] += 1
                 return
         seq = next(self._seq)
@@ -1379,7 +1389,8 @@ class Ingress:
                 self.counts["too_large"] += 1
                 raise PayloadTooLarge(f"request of {len(body)} bytes plus routing headers exceeds the bus's "
                                       f"max_payload ({max_payload} bytes)")
-        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, rid, mv.key, body=body, resends=resends)
+        p = Pending(w.worker_id, msg.reply, deadline, now, key, ttl_ms, ct, rid, mv.key, body=body, resends=resends,
+                    endpoint=endpoint)
         if not local:  # (a hedged request's first copy too: sent again, unhedged, when no other copy is pending)
             p.hdrs, p.mv = hdrs, mv  # what sending it again takes, should its worker die or stop holding it
         self.pending[seq] = p
@@ -1433,7 +1444,7 @@ class Ingress:
 
     async def _run_now(self, w, reply: str, body: bytes, decoded: tuple, mv, deadline: float, dl_ms: float,
                        now: float, term: int, key: str | None, ttl_ms: int, ct: str | None, rid: str | None,
-                       dkey: tuple | None, timings: dict) -> None:
+                       dkey: tuple | None, timings: dict, endpoint: str = "infer") -> None:
         """Serve a request at the colocated worker within this call (:meth:`Worker.run_now`) and settle it here
         as :meth:`settle` settles a completion: the router's in-flight count, breaker and latency, the
         latency window, the request id's worker (retries), the L1 fill. Nothing is left in flight between
@@ -1444,6 +1455,7 @@ class Ingress:
             rid: the request id (the ``Inferbus-Request-Id`` header, else the body's id as the header would carry
                 it; None without one).
             dkey: its dedupe key (:meth:`Worker.dedupe_key`), None without an id.
+            endpoint: the micro endpoint that took it (:attr:`Pending.endpoint`): an error answer counts there.
 
         Raises:
             InferbusError: the worker refused it before computing (nothing was answered): a client error
@@ -1471,7 +1483,7 @@ class Ingress:
         latency_us = (t_done - now) * 1e6
         self.router.on_done(w.worker_id, latency_us, outcome=OK if o.ok else _outcome(o), probe=probe, now=t_done)
         if not o.ok:
-            self._count_worker_error(o.code, w.worker_id)
+            self._count_worker_error(o.code, w.worker_id, endpoint)
             return
         if rid is not None:
             self._remember_done(rid, mv.key, w.worker_id, t_done)
@@ -1483,17 +1495,17 @@ class Ingress:
                 self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
 
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
-                          rid: str | None, key: str | None, ttl_ms: int) -> None:
+                          rid: str | None, key: str | None, ttl_ms: int, endpoint: str = "infer") -> None:
         """Settle a request the colocated worker computed and answered within this call (:meth:`_run_burst`;
         :meth:`_run_now` has the same steps written out), as :meth:`settle` settles a completion without a
         hedge: the router (in-flight count, breaker, latency from ``t_fwd`` to ``t_done``, monotonic s), and
         for a good answer the request id's worker (retries), the latency window and the L1 (and L2) fill under
-        ``key``; an error answer is counted in the ``infer`` endpoint's stats. (:meth:`settle` stays apart: it also settles hedges and
-        requests a worker held.)"""
+        ``key``; an error answer is counted in the stats of ``endpoint`` (the micro endpoint that took it).
+        (:meth:`settle` stays apart: it also settles hedges and requests a worker held.)"""
         latency_us = (t_done - t_fwd) * 1e6
         self.router.on_done(worker_id, latency_us, outcome=_outcome(o), probe=probe, now=t_done)
         if not o.ok:
-            self._count_worker_error(o.code, worker_id)
+            self._count_worker_error(o.code, worker_id, endpoint)
             return
         if rid is not None:
             self._remember_done(rid, model_key, worker_id, t_done)
@@ -1553,7 +1565,7 @@ class Ingress:
                 self.router.on_done(d.w.worker_id, 0.0, outcome=SERVER_ERROR, probe=d.probe)
                 self.counts["errors"] += 1
                 await self._error(d.reply, Internal(f"local worker failed: {type(exc).__name__}: {exc}"), d.ct,
-                                  d.worker_rid)
+                                  d.worker_rid, d.endpoint)
             return
         t_done = time.monotonic()
         for d, o in zip(held, outcomes):
@@ -1562,19 +1574,19 @@ class Ingress:
                     await self._queue_local(d)
                 except InferbusError as err:
                     self.counts["errors"] += 1
-                    await self._error(d.reply, err, d.ct, d.worker_rid)
+                    await self._error(d.reply, err, d.ct, d.worker_rid, d.endpoint)
                 continue
             self.counts["local_forwards"] += 1
             self.counts["run_now"] += 1
             await self._settle_run(o, d.w.worker_id, d.model_key, d.t_fwd, t_done, d.probe, d.worker_rid,
-                                   d.cache_key, d.ttl_ms)
+                                   d.cache_key, d.ttl_ms, d.endpoint)
 
     async def _queue_local(self, d: _Deferred) -> None:
         """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as
         :meth:`_forward` forwards one; it was counted in flight at the router when held back."""
         seq = next(self._seq)
         p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.worker_rid,
-                    d.model_key, body=d.body)
+                    d.model_key, body=d.body, endpoint=d.endpoint)
         p.probe = d.probe
         self.pending[seq] = p
         if d.worker_rid:
@@ -1629,7 +1641,7 @@ class Ingress:
         local = h.local is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         remaining_ms = H.remaining_ms(p.deadline, now)
         p2 = Pending(w.worker_id, p.reply, p.deadline, now, p.cache_key, p.ttl_ms, p.content_type, p.request_id,
-                     p.model_key, hedge=h, body=p.body)
+                     p.model_key, hedge=h, body=p.body, endpoint=p.endpoint)
         self.pending[seq2] = p2
         h.seqs.append(seq2)
         p2.probe = self.router.on_sent(w)
@@ -1672,7 +1684,7 @@ class Ingress:
         else:
             err = Unavailable(f"worker {p.worker_id} refused the request ({item.code}) and no other worker "
                               f"could take it; safe to retry", retry_after_ms=_HELD_RETRY_AFTER_MS["UNAVAILABLE"])
-        await self._error(p.reply, err, p.content_type, p.request_id)
+        await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint)
 
     async def _settle_hedge(self, h: _Hedge, winner_seq: int, now: float) -> None:
         """The first completion of a hedged request arrived: cancel the other copy."""
@@ -1734,7 +1746,7 @@ class Ingress:
                 await self._on_held(p, item, now)
                 continue
             if not item.ok and item.code != "CANCELLED":  # the worker answered the client with an error
-                self._count_worker_error(item.code, p.worker_id)
+                self._count_worker_error(item.code, p.worker_id, p.endpoint)
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
@@ -1746,9 +1758,10 @@ class Ingress:
             if item.ok and item.response is not None and p.cache_key is not None:
                 await self._fill_caches(p.cache_key, p.ttl_ms, item.response, now)
 
-    def _count_worker_error(self, code: str | None, worker_id: str) -> None:
-        """Count an error a worker answered the client with in the ``infer`` endpoint's ``$SRV.STATS``."""
-        count = self._error_counters.get("infer")
+    def _count_worker_error(self, code: str | None, worker_id: str, endpoint: str = "infer") -> None:
+        """Count an error a worker answered the client with in the ``$SRV.STATS`` of ``endpoint``, the micro endpoint
+        that took the request (``infer``, or ``infer_at`` for a request sent to this ingress alone)."""
+        count = self._error_counters.get(endpoint)
         if count is not None:
             count(f"{code or 'error'} (answered by worker {worker_id})")
 
@@ -1974,7 +1987,7 @@ class Ingress:
             answer = instead.get(s) if instead else None
             if answer is None and resend and await self._resend(p, now, err, ready):
                 continue
-            await self._error(p.reply, answer or err, p.content_type, p.request_id)
+            await self._error(p.reply, answer or err, p.content_type, p.request_id, p.endpoint)
         return len(victims)
 
     async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str],
@@ -1998,9 +2011,9 @@ class Ingress:
         try:
             await self._forward(_Resent(p.body, p.reply), p.hdrs, p.content_type, now, now, now, p.deadline, p.mv,
                                 p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1,
-                                exclude=exclude)
+                                exclude=exclude, endpoint=p.endpoint)
         except InferbusError as exc:
-            await self._error(p.reply, exc, p.content_type, p.request_id)
+            await self._error(p.reply, exc, p.content_type, p.request_id, p.endpoint)
             return True
         except Exception as exc:  # a bug here must not leave the worker's other requests unanswered
             log(f"ingress {self.config.ingress_id}: sending a request again failed: {exc!r}")
@@ -2047,7 +2060,7 @@ class Ingress:
             err = Unavailable(f"worker {p.worker_id} went silent holding this request; safe to retry",
                               retry_after_ms=0)
             if not await self._resend(p, now, err, ready, p.worker_id):
-                await self._error(p.reply, err, p.content_type, p.request_id)
+                await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint)
         for wid, seqs in cancels.items():
             try:
                 await self.nc.publish(control_subject(self.subjects.prefix, wid),
@@ -2062,7 +2075,7 @@ class Ingress:
         ready = set() if stopping else self.router.ready_models(now)
         for p, err in parked:
             if stopping or not await self._resend(p, now, err, ready):
-                await self._error(p.reply, err, p.content_type, p.request_id)
+                await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint)
 
     async def _sweeper(self) -> None:
         while True:
@@ -2606,7 +2619,8 @@ class Ingress:
             await asyncio.wait({drained}, timeout=max(drain_until - time.monotonic(), 0.0))
             if not drained.done():
                 waiting = queue.qsize()
-                sub._cb = functools.partial(self._refuse_stopping, until=refuse_until, tally=tally)
+                sub._cb = functools.partial(self._refuse_stopping, until=refuse_until, tally=tally,
+                                            endpoint="infer" if sub is self._infer_sub else "infer_at")
                 await asyncio.wait({drained}, timeout=max(refuse_until - time.monotonic(), 0.0))
                 unsent = "" if drained.done() else " and what the server had yet to deliver"
                 log(f"ingress {self.config.ingress_id}: stop: {STOP_DRAIN_S} s of draining did not finish ({waiting} "
@@ -2618,9 +2632,10 @@ class Ingress:
             # short: the close's bound)
             await end_drain(nc, sub, drained)
 
-    async def _refuse_stopping(self, msg, *, until: float, tally: dict) -> None:
-        """The ``infer`` subscription's callback once the stop's drain is over: answer ``msg`` UNAVAILABLE at once
-        (its encoding, its request id; counted as an error reply) until ``until`` (monotonic s), drop it after."""
+    async def _refuse_stopping(self, msg, *, until: float, tally: dict, endpoint: str = "infer") -> None:
+        """The ``infer`` (or ``infer_at``) subscription's callback once the stop's drain is over: answer ``msg``
+        UNAVAILABLE at once (its encoding, its request id; counted as an error reply of ``endpoint``) until ``until``
+        (monotonic s), drop it after."""
         if not msg.reply:
             return
         if time.monotonic() >= until:
@@ -2631,7 +2646,7 @@ class Ingress:
         tally["refused"] += 1
         await self._error(msg.reply, Unavailable(f"ingress {self.config.ingress_id} is shutting down; retry "
                                                  f"elsewhere", retry_after_ms=0),
-                          _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID))
+                          _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID), endpoint)
 
 
 def main(config_json: str) -> None:
