@@ -98,8 +98,8 @@ def run(
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
     from ._signals import StoppedBySignal, until_signal
-    from .cli import _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...", exit 2, as every
-    # command's usage error
+    from .cli import _check_timeout_s, _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...",
+    # exit 2, as every command's usage error
 
     try:
         get_drill(name)
@@ -127,6 +127,8 @@ def run(
         _usage(f"drill {name} does not take {', '.join(unused)}")
     if min_availability is not None and not 0.0 <= min_availability <= 1.0:  # NaN too
         _usage(f"drill {name}: bad option: --min-availability must be a share between 0 and 1, got {min_availability}")
+    if timeout_s is not None:  # in the words of every other command's --timeout-s (was "in (0, 600] s")
+        _check_timeout_s(f"drill {name}: bad option", timeout_s, _as_typed("--timeout-s"))
     fn, opts_cls = get_drill(name).load()
     try:
         opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,

@@ -347,23 +347,25 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _check_timeout_s(command: str, timeout_s: float) -> None:
+def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") -> None:
     """A client command's ``--timeout-s`` (one request's budget, seconds, retries included), as the SDK checks
     ``timeout_s``: a finite number > 0, before connecting; and at most the servers' own ceiling of a budget
     (``MAX_TIMEOUT_MS``, 600 s): a longer one bounds nothing on the server, and against a prefix nobody serves
-    ``health --timeout-s 1e300`` retried for ever (a fresh-user trial).
+    ``health --timeout-s 1e300`` retried for ever (a fresh-user trial). Every command's budget goes through it
+    (``chaos run``'s per-request one too, with ``command`` ``drill <name>: bad option`` and ``flag`` the option's
+    name as typed, ``--timeout`` being its older one), so each says the range in the same words.
 
     Raises:
-        typer.Exit: (status 2) one line, ``<command>: --timeout-s must be a finite number of seconds > 0, got ...``
+        typer.Exit: (status 2) one line, ``<command>: <flag> must be a finite number of seconds > 0, got ...``
             or ``... at most 600 seconds ...``, the value as given (Python's shortest exact form, ``600.0001``,
             ``1e+300``: ``:g`` said ``got 600`` of 600.0001).
     """
     from .bus._headers import MAX_TIMEOUT_MS
 
     if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
-        _usage(f"{command}: --timeout-s must be a finite number of seconds > 0, got {timeout_s!r}")
+        _usage(f"{command}: {flag} must be a finite number of seconds > 0, got {timeout_s!r}")
     if timeout_s > MAX_TIMEOUT_MS / 1000.0:
-        _usage(f"{command}: --timeout-s must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
+        _usage(f"{command}: {flag} must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
                f"server honours), got {timeout_s!r}")
 
 

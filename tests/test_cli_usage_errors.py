@@ -312,10 +312,19 @@ def _help_text(*argv: str) -> str:
 def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
     """``chaos run`` named the request budget ``--timeout`` where every other command says ``--timeout-s`` (``No such
     option: --timeout-s``): ``--timeout-s`` is its name in the help, ``--timeout`` the older name of the same option
-    (a range error names the one typed)."""
+    (a range error names the one typed), in the words every other command's ``--timeout-s`` refusal uses (a fresh-user
+    trial: chaos said ``in (0, 600] s`` where ``health`` says ``at most 600 seconds``)."""
     for flag in ("--timeout-s", "--timeout"):
-        assert_one_error_line(cli("chaos", "run", "worker-crash", flag, "0"),
-                              f"drill worker-crash: bad option: {flag} must be a finite number in (0, ")
+        p = cli("chaos", "run", "worker-crash", flag, "0")
+        assert_one_error_line(p, f"drill worker-crash: bad option: {flag} must be a finite number of seconds > 0, "
+                                 f"got 0.0")
+        assert p.stderr.endswith("got 0.0\n"), p.stderr
+        p = cli("chaos", "run", "worker-crash", flag, "600.0001")
+        assert p.stderr == (f"error: drill worker-crash: bad option: {flag} must be at most 600 seconds (the longest "
+                            f"budget a server honours), got 600.0001\n"), p.stderr
+        # the same words as health's own refusal of the same value
+        h = cli("health", "--timeout-s", "600.0001", "--nats-url", "nats://127.0.0.1:1")
+        assert h.stderr.split(" --timeout-s ", 1)[1] == p.stderr.split(f" {flag} ", 1)[1], (h.stderr, p.stderr)
     text = _help_text("chaos", "run")
     assert "--timeout-s,--timeout <float> Per-request budget, seconds" in text, text
 
