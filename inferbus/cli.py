@@ -1394,6 +1394,39 @@ async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:
             pass
 
 
+_HOPS = (("ingress", ("decode", "validate", "cache", "route", "ingress_total")), ("forward", ("forward_hop",)),
+         ("worker", ("queue", "worker_decode", "compute", "between_chunks", "encode", "worker_total")),
+         ("reply", ("reply_hop",)), ("client", ("e2e", "bus_other", "inbound", "send_lag")))
+"""The demo's hop-by-hop stages (``parameters.timings_us`` and the client's figures, README), by hop in the order a
+request passes them."""
+
+
+def _hop_by_hop(stages: dict, width: int) -> list[str]:
+    """The demo's hop-by-hop means (µs by stage) as lines of at most ``width`` characters where they fit: a title
+    line, then one line per hop in the request's order (:data:`_HOPS`; a stage of none of them on an ``other`` line),
+    ``name=value`` items separated by spaces. A hop whose items do not fit goes on over more lines, wrapped between
+    items and indented under its first (the one line of items joined by ``, `` that it was wrapped after a comma on a
+    narrow terminal, a fresh-user trial); an item longer than a line is left to the console to fold."""
+    rows, known = [], set()
+    for hop, names in _HOPS:
+        known.update(names)
+        rows.append((hop, [f"{k}={stages[k]:g}" for k in names if k in stages]))
+    rows.append(("other", [f"{k}={v:g}" for k, v in stages.items() if k not in known]))
+    rows = [(hop, items) for hop, items in rows if items]
+    indent = 2 + max(len(hop) for hop, _ in rows) + 1
+    lines = ["hop-by-hop means at c=1 (µs):"]
+    for hop, items in rows:
+        line = f"  {hop}".ljust(indent) + items[0]
+        for item in items[1:]:
+            if len(line) + 1 + len(item) > width:
+                lines.append(line)
+                line = " " * indent + item
+            else:
+                line += " " + item
+        lines.append(line)
+    return lines
+
+
 async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) -> int:
     from .client import Client
     from .loadgen import Workload, closed_loop, open_loop, render_table
@@ -1417,7 +1450,8 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
     console.print(render_table(results, f"inferbus demo — model {model}, {len(node.worker_ids)} worker(s)"))
     stages = results[0].stages_us
     if stages:
-        console.print("hop-by-hop means at c=1 (µs): " + ", ".join(f"{k}={v:g}" for k, v in stages.items()))
+        for line in _hop_by_hop(stages, console.width):
+            console.print(line, markup=False)
     wrong = sum(r.wrong for r in results)
     errors = sum(sum(r.errors.values()) for r in results)
     console.print(f"wrong answers: [bold]{wrong}[/]   errors: [bold]{errors}[/]")

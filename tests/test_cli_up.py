@@ -41,6 +41,54 @@ def test_up_demo_runs_the_checked_load_run_and_exits_0(tmp_path):
         assert s["ok"] == s["requests"] > 0, s
 
 
+@pytest.mark.timeout(90)
+def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_never_after_a_comma(tmp_path):
+    """A fresh-user trial: on a narrow terminal the demo's hop-by-hop line (``k=v`` items joined by ``, ``) wrapped with
+    a comma dangling at the end of each line. Now one line per hop, wrapped between items under the first. Run as a
+    user runs it: stdout a terminal (a pty) of 60 columns, ``COLUMNS=60``."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    models = models_subset(tmp_path / "models", ["digits"])
+    argv = UP + ["--demo", "--demo-duration", "0.3", "--nats-port", str(free_port()), "--workers", "1", "--no-cache",
+                 "--models", str(models), "--run-dir", str(tmp_path / "run")]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=err, cwd=ROOT,
+                                env={**os.environ, "COLUMNS": "60"}, start_new_session=True)
+    os.close(slave)
+    out = bytearray()
+    try:
+        while True:  # until the process (the only holder of the pty's other end) is gone
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(30) == 0, (out.decode(errors="replace")[-3000:], (tmp_path / "stderr").read_text()[-3000:])
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
+    lines = text.splitlines()
+    assert not [line for line in lines if line.rstrip().endswith(",")], text[-3000:]
+    start = next(i for i, line in enumerate(lines) if line.startswith("hop-by-hop means at c=1 (µs):"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("wrong answers: 0"))
+    hops = lines[start + 1:end]
+    assert [line.split()[0] for line in hops if not line.startswith("   ")][:5] == [
+        "ingress", "forward", "worker", "reply", "client"], text[-3000:]
+    assert all(len(line.rstrip()) <= 60 for line in hops), hops
+    items = dict(item.split("=") for line in hops for item in line.split() if "=" in item)
+    assert {"decode", "ingress_total", "forward_hop", "compute", "worker_total", "reply_hop", "e2e"} <= set(items), hops
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server, tmp_path):
