@@ -766,15 +766,20 @@ def _port_busy(port: int) -> bool:
 
 
 _PROBE_TIMEOUT_S = 0.5
-"""How long :func:`_listener_is_nats` waits for a server's first bytes (s); a NATS server sends its INFO at once."""
+"""How long :func:`_listener_kind` waits for a server's first bytes, and then for the answer to a TLS ClientHello (s
+each); a NATS server sends its INFO at once, a TLS server answers a ClientHello at once."""
 
 
-def _listener_is_nats(port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
-    """Whether what listens on 127.0.0.1:``port`` is a NATS server: one sends ``INFO {...}`` as soon as a client
-    connects (the NATS client protocol); anything else (silence within ``timeout_s``, other bytes, a refused or
-    reset connection) is not. A server with TLS before INFO (``handshake_first``) sends nothing first and reads as
-    not NATS. Never raises."""
+def _listener_kind(port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> str:
+    """What listens on 127.0.0.1:``port``, probed: ``"nats"`` when it sends ``INFO {...}`` as soon as a client
+    connects (the NATS client protocol); ``"tls"`` when it sends nothing within ``timeout_s`` (or closes) and then,
+    on a second connection, completes a TLS handshake begun with a ClientHello, or answers it with a TLS alert (no
+    certificate is verified, nothing is sent past the handshake): a NATS server configured TLS first
+    (``handshake_first``) waits for the client's hello and sent nothing, so it read as "another program"; else
+    ``"other"`` (other bytes, a reply that is no TLS, silence to both, a refused or reset connection). Never
+    raises."""
     import socket
+    import ssl
 
     got = b""
     try:
@@ -785,18 +790,41 @@ def _listener_is_nats(port: int, timeout_s: float = _PROBE_TIMEOUT_S) -> bool:
                 if not chunk:
                     break
                 got += chunk
-    except OSError:  # refused, reset, or silent past timeout_s
+    except TimeoutError:  # (socket.timeout) silent past timeout_s: perhaps waiting for a TLS client's hello
         pass
-    return got.startswith(b"INFO ") or got.startswith(b"INFO\t")
+    except OSError:  # refused, reset
+        return "other"
+    if got.startswith(b"INFO ") or got.startswith(b"INFO\t"):
+        return "nats"
+    if got:
+        return "other"
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as raw:
+            raw.settimeout(timeout_s)
+            with ctx.wrap_socket(raw, do_handshake_on_connect=False) as tls:
+                tls.do_handshake()
+        return "tls"
+    except ssl.SSLError as exc:  # an alert is a TLS server's answer (e.g. no protocol version in common)
+        return "tls" if "ALERT" in (exc.reason or "").upper() else "other"
+    except OSError:  # refused, reset, closed, silent past timeout_s
+        return "other"
 
 
 def _port_taken(port: int, since: str = "") -> str:
     """``up``'s one line for an embedded NATS port that is taken (``since``: e.g. `` (taken while this node
-    started)``), saying what holds it as probed (:func:`_listener_is_nats`): it said "the NATS already listening
-    there" of any program's socket."""
-    if _listener_is_nats(port):
+    started)``), saying what holds it as probed (:func:`_listener_kind`): it said "the NATS already listening
+    there" of any program's socket, and "another program" of a NATS server configured TLS first. A TLS server gets
+    the advice of another program's port: ``up`` cannot join a NATS server that wants TLS before its INFO."""
+    kind = _listener_kind(port)
+    if kind == "nats":
         return (f"up: port {port} is in use{since} by a NATS server: pass --nats-port 0 (any free port), another "
                 f"--nats-port, or --nats-url nats://127.0.0.1:{port} to use that server")
+    if kind == "tls":
+        return (f"up: port {port} is in use{since} by a TLS server (perhaps NATS with TLS first): pass --nats-port 0 "
+                f"(any free port) or another --nats-port")
     return (f"up: port {port} is in use{since} by another program (not a NATS server): pass --nats-port 0 (any free "
             f"port) or another --nats-port")
 

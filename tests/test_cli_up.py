@@ -651,6 +651,73 @@ def test_a_nats_port_taken_by_a_nats_server_says_so_and_keeps_a_run_dir_that_was
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
 
 
+def self_signed_cert(folder) -> tuple:
+    """``(cert.pem, key.pem)`` in ``folder``: a self-signed certificate for 127.0.0.1, made with ``cryptography`` if it
+    is installed, else with the ``openssl`` command; the test is skipped when neither is there."""
+    import shutil
+
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    try:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if shutil.which("openssl") is None:
+            pytest.skip("neither the cryptography package nor the openssl command is here to make a certificate")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+                       check=True, capture_output=True, timeout=30)
+        return cert, key
+    import ipaddress
+
+    pk = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    c = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(pk.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+         .sign(pk, hashes.SHA256()))
+    cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(pk.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()))
+    return cert, key
+
+
+@pytest.mark.timeout(60)
+def test_a_nats_port_taken_by_a_nats_server_with_tls_first_is_said_to_be_a_tls_server(tmp_path):
+    """A fresh-user trial: a NATS server configured TLS first (``handshake_first``) sends nothing until the client's
+    TLS hello, so the probe (which reads the INFO a NATS server sends at once) said "another program". A probe that
+    got nothing now tries a TLS handshake, and the line says what answered it (a real nats-server, TLS first)."""
+    from inferbus.bus import nats_server_binary
+
+    cert, key = self_signed_cert(tmp_path)
+    port = free_port()
+    conf, log = tmp_path / "nats.conf", tmp_path / "nats.log"
+    conf.write_text(f'listen: 127.0.0.1:{port}\ntls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n'
+                    f'  handshake_first: true\n}}\n')
+    server = subprocess.Popen([str(nats_server_binary()), "-c", str(conf), "-l", str(log)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (log.exists() and b"Server is ready" in log.read_bytes()):  # (its readiness: no INFO to wait for)
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text() if log.exists() else ""
+            time.sleep(0.02)
+        models = str(models_subset(tmp_path / "models", ["typed"]))
+        out = subprocess.run(UP + ["--nats-port", str(port), "--no-cache", "--workers", "1", "--models", models,
+                                   "--run-dir", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=ENV, timeout=50, cwd=ROOT)
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == (f"error: up: port {port} is in use by a TLS server (perhaps NATS with TLS first): pass "
+                          f"--nats-port 0 (any free port) or another --nats-port\n"), out.stderr
+
+
 @pytest.mark.timeout(60)
 def test_busy_poll_values_the_node_refuses_get_one_line(tmp_path):
     """``--busy-poll-us`` must be 0 to 1,000,000 µs: a negative value, nan, inf and more than 1 s each get one
