@@ -8,7 +8,6 @@ on a running ``up`` through ``<p>._cluster.ctl`` (served via the witness).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import string
@@ -85,6 +84,8 @@ def up(
                                "'up --audit' (for counting duplicate executions in your own drills)."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
+    import asyncio
+
     from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run
     from .cluster import Topology
 

@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 
 def devices(
@@ -25,6 +24,8 @@ def devices(
     Exit status: 0 listed; 1 no plan for ``--backends``; 2 the device probe failed or timed out: one line,
     ``error: devices: device probe failed (...): <its stderr on one line>``, as every command's usage error.
     """
+    from rich.table import Table
+
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
     from .cli import _usage
 

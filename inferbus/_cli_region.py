@@ -8,7 +8,6 @@ each manager answers ``status``, ``promote`` and ``demote`` requests on
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -78,6 +77,8 @@ async def _connect(servers: list[str], prefix: str, timeout_s: float):
 
 async def discover(nc, prefix: str, listen_s: float = _LISTEN_S) -> tuple[dict, dict]:
     """``({region: (age_ms, RegionHeartbeat)}, {region: {worker_id: LoadReport}})`` heard within ``listen_s``."""
+    import asyncio
+
     from .bus import Subjects
     from .schemas._internal import InternalDecodeError, LoadReport, decode_internal
     from .schemas._region import RegionDecodeError, RegionHeartbeat, decode_region
@@ -144,6 +145,8 @@ def status(
                                                           "(a manager that has not answered by then: 'no answer')"),
 ) -> None:
     """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
+    import asyncio
+
     from rich.console import Console
     from rich.table import Table
 

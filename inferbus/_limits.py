@@ -1,13 +1,30 @@
-"""Bounds of the node's options: one place for the configuration checks (:mod:`inferbus.actors`) and the ranges
-``inferbus up --help`` states, so the two cannot drift apart.
+"""Bounds and choices of the node's options: one place for the configuration checks (:mod:`inferbus.actors`) and
+the ranges ``inferbus up --help`` states, so the two cannot drift apart.
 
-A module of its own, outside :mod:`inferbus.actors` (whose package import starts every actor module), so the CLI
-reads these without importing the actors; it imports only nats-py's subscription defaults.
+A module of its own, outside :mod:`inferbus.actors`, :mod:`inferbus.bus` and :mod:`inferbus.accelerators` (whose
+package imports start every module of theirs, nats-py and numpy), so the CLI reads these without importing any of
+them: it imports nothing. The bus and the accelerators re-export what is theirs (``MAX_TIMEOUT_MS``,
+``MAX_WINDOW_US``, ``BACKENDS``).
 """
 
 from __future__ import annotations
 
-from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
+NATS_SUB_PENDING_MSGS_LIMIT = 512 * 1024
+"""nats-py's default pending-messages limit of a subscription (``DEFAULT_SUB_PENDING_MSGS_LIMIT`` of
+``nats.aio.subscription``, the same in every nats-py 2.x), written out so that this module does not import nats-py
+(~60 ms on every ``inferbus`` command); tests/test_cli.py checks it against the installed nats-py."""
+NATS_SUB_PENDING_BYTES_LIMIT = 128 * 1024 * 1024
+"""nats-py's default pending-bytes limit of a subscription (``DEFAULT_SUB_PENDING_BYTES_LIMIT``; same note)."""
+
+BACKENDS = ("onnxruntime", "jax", "tensorrt")
+"""Backend names :func:`inferbus.accelerators.get_backend` knows (re-exported as ``inferbus.accelerators.BACKENDS``),
+the choices of ``inferbus up --backends``."""
+MAX_TIMEOUT_MS = 600_000.0
+"""The longest time budget a request is granted, ms (10 minutes): ``Inferbus-Timeout-Ms`` values are clamped to
+it, and ``--default-timeout-ms`` and the commands' ``--timeout-s`` go no higher (``inferbus.bus.headers``)."""
+MAX_WINDOW_US = 1_000_000.0
+"""Longest busy-polling window accepted (1 s): longer would keep a core busy through pauses no request gap needs
+bridged (``inferbus.bus._busypoll.MAX_WINDOW_US``, ``--busy-poll-us``)."""
 
 MAX_NODE_PROCESSES = 1024
 """The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
@@ -22,10 +39,10 @@ MAX_MAILBOX_SIZE = 1_000_000_000
 """Largest ``WorkerConfig.mailbox_size`` in requests (a 20-digit value crashed every worker on serialization)."""
 MAX_HEALTH_WINDOW_S = 86_400
 """Longest ``WorkerConfig.health_window_s``, seconds (a day; the least is 1 s)."""
-MAX_BACKLOG_MSGS = DEFAULT_SUB_PENDING_MSGS_LIMIT // 2
+MAX_BACKLOG_MSGS = NATS_SUB_PENDING_MSGS_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
 ingress refuses a backlog itself long before nats-py would drop messages silently (slow consumer)."""
-MAX_BACKLOG_BYTES = DEFAULT_SUB_PENDING_BYTES_LIMIT // 2
+MAX_BACKLOG_BYTES = NATS_SUB_PENDING_BYTES_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_bytes`` (half of nats-py's pending-bytes limit, same reason)."""
 
 

@@ -32,7 +32,7 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()  # (signal.signal works there only)
 
 
-try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile exits 130, no traceback (see main())
+try:  # a Ctrl-C from here until the module is loaded exits 130, no traceback (see main())
     if not _main_thread():
         pass
     elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -46,7 +46,24 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
         # its whole 20 s). Inside the try: a SIGINT that lands right after the handler is set exits 130 too (a CI
         # run: it came before the try, and the process died of SIGINT, -2)
         signal.signal(signal.SIGINT, _sigint_while_loading)
-    import asyncio
+except KeyboardInterrupt:
+    raise SystemExit(128 + signal.SIGINT) from None
+
+if __name__ == "__main__":
+    # `python -m inferbus.cli`: run the app of the module imported as inferbus.cli, so the subcommand modules (which
+    # import inferbus.cli) and the command share one NatsUnreachable class and one _run; and nothing below runs here
+    # (it ran twice, as __main__ and then as inferbus.cli: ~30 ms of every command). The SIGINT handler just set stays
+    # in while inferbus.cli loads (compiled first on a fresh clone, ~0.3 s): with Python's back, a SIGINT then was a
+    # KeyboardInterrupt traceback from the import (a CI run, `cluster up` at 0.2 s)
+    try:
+        from inferbus.cli import main as _main
+    except KeyboardInterrupt:  # (a SIGINT that came before this module's handler was in)
+        raise SystemExit(128 + signal.SIGINT) from None
+    if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(_main())  # (main() exits itself)
+
+try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, numpy, the actors) they import
     import errno
     import json
     import math
@@ -54,21 +71,22 @@ try:  # ~0.3 s of imports (asyncio, nats-py, numpy, typer): a Ctrl-C meanwhile e
     import re
     from dataclasses import replace
     from pathlib import Path
-    from typing import NoReturn, Optional
+    from typing import TYPE_CHECKING, NoReturn, Optional
 
-    import numpy as np
     import typer
     from rich.console import Console
     from rich.markup import escape
 
-    from .accelerators import BACKENDS
     from ._cpus import cores_phrase, parse_cpu_list
-    from ._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
-                          MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size)
-    from .bus._busypoll import MAX_WINDOW_US
-    from .bus._headers import MAX_TIMEOUT_MS
+    from ._limits import (BACKENDS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
+                          MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
+                          MIN_MAX_PAYLOAD_BYTES, binary_size)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
+if TYPE_CHECKING:  # (for annotations only: the commands that use them import them)
+    import asyncio
+
+    import numpy as np
 
 
 def _help_option_names_in_full() -> None:
@@ -137,11 +155,52 @@ def _help_at_a_readable_width() -> None:
         rich_utils.MAX_WIDTH = _help_width()
 
 
-try:  # (they import typer's rich help, ~0.1 s) a Ctrl-C meanwhile exits 130 quietly, as during the imports above
+class _OnImport:
+    """A ``sys.meta_path`` finder that calls ``then()`` right after the module ``name`` is first imported (executed,
+    before the import statement that loads it returns), once, and then leaves ``sys.meta_path``. The module itself is
+    found and loaded by the other finders, as without this one.
+
+    For typer's rich help (``typer.rich_utils``), which typer imports only when it prints help, an error box or a
+    traceback: with its imports (``rich.markdown``, ``markdown_it``, ``rich.traceback``, ~35 ms) it was loaded by this
+    module's import to be adjusted (:func:`_adjust_rich_help`), for every command. Now the commands that print none
+    of these never load it, and every one that does finds it adjusted."""
+
+    def __init__(self, name: str, then):
+        self._name, self._then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self._name:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_module_then(module) -> None:
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self._then()
+
+        spec.loader.exec_module = exec_module_then
+        return spec
+
+
+def _adjust_rich_help() -> None:
+    """Option names in full (:func:`_help_option_names_in_full`) at a readable width (:func:`_help_at_a_readable_width`)
+    in typer's rich help: done once it is imported (at once if it is already, else by :class:`_OnImport`)."""
     _help_option_names_in_full()
     _help_at_a_readable_width()
-except KeyboardInterrupt:
-    raise SystemExit(128 + signal.SIGINT) from None
+
+
+if "typer.rich_utils" in sys.modules:
+    _adjust_rich_help()
+else:
+    sys.meta_path.insert(0, _OnImport("typer.rich_utils", _adjust_rich_help))
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
 console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
@@ -303,6 +362,8 @@ def _run(coro, as_json: bool = False):
     typed error (e.g. INVALID_ARGUMENT for a NATS URL that is no URL) one line, exit 2 (UNAVAILABLE and
     DEADLINE_EXCEEDED: exit 1); with ``as_json`` each also
     as the wire's error object on stdout (:func:`_json_error`)."""
+    import asyncio
+
     from nats.errors import NoServersError
 
     from .schemas import DeadlineExceeded, InferbusError, Unavailable
@@ -360,8 +421,6 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
             or ``... at most 600 seconds ...``, the value as given (Python's shortest exact form, ``600.0001``,
             ``1e+300``: ``:g`` said ``got 600`` of 600.0001).
     """
-    from .bus._headers import MAX_TIMEOUT_MS
-
     if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
         _usage(f"{command}: {flag} must be a finite number of seconds > 0, got {timeout_s!r}")
     if timeout_s > MAX_TIMEOUT_MS / 1000.0:
@@ -711,6 +770,8 @@ async def _one_shot_client(nats_url: "str | list[str]", prefix: str, *, timeout_
             command's --timeout-s (1 s)``.
         typer.Exit: (status 2) ``prefix`` is not a valid subject prefix, one line printed.
     """
+    import asyncio
+
     from .client import Client
     from .schemas import Unavailable
 
@@ -1162,6 +1223,8 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     SIGTERM are ignored until the process exits: a signal that comes after the stop finished would otherwise find
     the loop's handlers gone (closing the loop restores the default action) and end the process by the signal,
     not with the exit status the stop chose (a fresh-user trial: a second Ctrl-C 0.1-0.3 s after a start-up stop)."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     try:
         return await _up_body(cfg, demo, demo_duration, json_out)
@@ -1184,6 +1247,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
     """Serve until a signal (with ``demo``: run the load run). Exit statuses of a stop by signal (SIGINT, SIGTERM):
     while serving, a graceful stop is 0; a second signal during any stop kills everything, 128 + that signal
     (130 SIGINT, 143 SIGTERM); a start-up or a demo that a signal interrupted is 128 + the first signal."""
+    import asyncio
     import time
 
     t0 = time.monotonic()
@@ -1384,6 +1448,7 @@ async def _stop_or_kill(node, kill: asyncio.Event, starting: "asyncio.Future | N
     ``starting``, a start in progress, is cancelled: the node stops what it had started); ``kill`` set meanwhile (a
     second SIGINT or SIGTERM) kills its processes at once instead (:meth:`Node.kill`), as a second Ctrl-C does in
     uvicorn or Ray. True when it was killed."""
+    import asyncio
 
     async def graceful() -> None:
         if starting is not None:
@@ -1407,6 +1472,8 @@ async def _stop_or_kill(node, kill: asyncio.Event, starting: "asyncio.Future | N
 
 async def _redis_problem(url: str, timeout_s: float = 1.0) -> str | None:
     """None when the Redis/Valkey at ``url`` answers PING within ``timeout_s``, else why not (one line)."""
+    import asyncio
+
     import redis.asyncio as aioredis
 
     r = aioredis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
@@ -1541,6 +1608,8 @@ def infer(
         print(json.dumps({"model_name": res.model_name, "model_version": res.model_version, "id": res.id,
                           "outputs": outs, "parameters": res.parameters}, default=_json_default))
         return
+    import numpy as np
+
     console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
     for name, arr in res.outputs.items():
         console.print(f"[cyan]{escape(name)}[/] {arr.dtype} {list(arr.shape)}")
@@ -1552,7 +1621,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 """The first bytes of every .npy file (numpy's format, ``numpy.lib.format``)."""
 
 
-def _load_npy(path: str) -> np.ndarray:
+def _load_npy(path: str) -> "np.ndarray":
     """``infer``'s ``--input`` file as an array; any file that is not a numeric or bytes .npy is one line naming the
     file and what is wrong with it, exit 2 (never numpy's own advice to load pickled data, which inferbus refuses)."""
     def refuse(why: str) -> NoReturn:
@@ -1561,6 +1630,8 @@ def _load_npy(path: str) -> np.ndarray:
     import math
     import os
     import stat
+
+    import numpy as np
 
     try:
         st = os.stat(path)
@@ -1626,10 +1697,10 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
                                                       "node's view is read.")):
     """Ask one ingress whether it is live and ready (exit 0 ready, 1 not ready or no ingress answering within
     --timeout-s)."""
-    from .schemas import DeadlineExceeded, InvalidArgument, Unavailable
-
     _check_timeout_s("health", timeout_s)
     _nats_urls_given("health", nats_url)
+    from .schemas import DeadlineExceeded, InvalidArgument, Unavailable
+
     if ingress is not None:
         from .client import _subject_token
 
@@ -1670,6 +1741,8 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
         _usage(f"nodes: --wait-s must be a number of seconds > 0 and at most {MAX_TIMEOUT_MS / 1000.0:.0f}, "
                f"got {wait_s}")
     _nats_urls_given("nodes", nats_url)
+    import asyncio
+
     from .bus import Subjects
 
     async def go():
@@ -2060,17 +2133,5 @@ def _run_app() -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-if __name__ == "__main__":
-    # `python -m inferbus.cli`: run the app of the imported module, not of __main__, so the subcommand modules
-    # (which import inferbus.cli) and this one share one NatsUnreachable class and one _run. This module's SIGINT
-    # handler stays in while it loads again as inferbus.cli (compiled first on a fresh clone, ~0.3 s): with Python's
-    # back, a SIGINT then was a KeyboardInterrupt traceback from the import (a CI run, `cluster up` at 0.2 s)
-    try:
-        from inferbus.cli import main as _main
-    except KeyboardInterrupt:  # (a SIGINT that came before this module's handler was in)
-        raise SystemExit(128 + signal.SIGINT) from None
-    if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    _main()
-elif signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
+if signal.getsignal(signal.SIGINT) is _sigint_while_loading:  # loaded: a Ctrl-C is a KeyboardInterrupt again
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -768,6 +768,48 @@ def test_up_help_states_the_range_each_check_allows():
         assert said in rows[option], (option, rows[option])
 
 
+def test_limits_hold_nats_py_pending_defaults():
+    """``inferbus._limits`` writes nats-py's subscription pending limits out (so the CLI does not import nats-py for
+    its help); ``--max-backlog-msgs/-bytes`` are bounded by half of them: they must be the installed nats-py's."""
+    from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
+
+    from inferbus import _limits
+
+    assert _limits.NATS_SUB_PENDING_MSGS_LIMIT == DEFAULT_SUB_PENDING_MSGS_LIMIT
+    assert _limits.NATS_SUB_PENDING_BYTES_LIMIT == DEFAULT_SUB_PENDING_BYTES_LIMIT
+
+
+_COMMAND_ONLY_MODULES = (
+    "asyncio", "numpy", "nats", "msgspec", "uvloop", "pydantic", "redis", "onnxruntime", "typer.rich_utils",
+    "rich.markdown", "inferbus.accelerators", "inferbus.actors", "inferbus.bus", "inferbus.client",
+    "inferbus.cluster", "inferbus.loadgen", "inferbus.model_admin", "inferbus.schemas", "inferbus.supervisor",
+    "chaos", "bench")
+"""What only some commands use, which ``import inferbus.cli`` (every command, ``--help``) must not load: asyncio,
+nats-py, numpy, typer's rich help and its markdown, the bus, the actors, ... (~0.3 s of the CLI's start-up)."""
+
+
+def test_cli_import_loads_only_what_every_command_needs():
+    """``import inferbus.cli`` loaded numpy, nats-py, asyncio, the bus with the supervisor, the accelerators and
+    typer's rich help for every command (~0.4 s; ~0.1 s without them): each command imports what it needs. And
+    ``python -m inferbus.cli`` runs the module once, as ``inferbus.cli``, not first as ``__main__`` too."""
+    code = f"""
+import atexit, json, runpy, sys
+
+import inferbus.cli
+
+loaded = sorted(m for m in {_COMMAND_ONLY_MODULES!r} if m in sys.modules)
+defined = vars(sys.modules["__main__"])  # what `python -m inferbus.cli` defines in __main__ (runpy's way)
+atexit.register(lambda: print(json.dumps([loaded, sorted(k for k in ("app", "main", "up") if k in defined)])))
+sys.argv = ["inferbus", "--version"]
+runpy._run_module_as_main("inferbus.cli")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    version, said = p.stdout.strip().splitlines()
+    assert version.startswith("inferbus "), p.stdout
+    assert json.loads(said) == [[], []], said
+
+
 def test_up_help_piped_is_at_least_100_columns_whatever_terminal_stdin_is_on():
     """Piped, rich laid the help out at the width of a terminal on stdin (or 80): on a 40-column one the option
     names and types took all of it and no help text was printed at all. Now at least 100 columns unless COLUMNS

@@ -14,6 +14,7 @@ GPU host memory comes from fixed-size pinned pools and a stream pool
 (:mod:`._cuda`); :func:`discover_devices` finds what is here (:mod:`._devices`).
 """
 
+from .._limits import BACKENDS  # (defined there, so the CLI's help reads it without importing the accelerators)
 from ._abc import (
     DEVICE_KINDS, PRECISIONS, AcceleratorError, Backend, BackendUnavailable, DeviceInfo, InferenceError,
     ModelLoadError, PoolExhausted, PrecisionRefused, Session, TensorInfo, check_precision, default_precision,
@@ -22,9 +23,6 @@ from ._abc import (
 from ._devices import DevicePlan, discover_devices, plan_workers
 from ._onnxruntime import OnnxRuntimeBackend, OrtSession
 from ._precision import TOLERANCES, CheckedSession, PrecisionReport, load_checked, load_reference, normalized_errors
-
-BACKENDS = ("onnxruntime", "jax", "tensorrt")
-"""Backend names :func:`get_backend` knows."""
 
 
 def get_backend(name: str) -> Backend:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from .._limits import MAX_WINDOW_US  # (defined there, so the CLI's help reads it without importing the bus)
 
-MAX_WINDOW_US = 1_000_000.0
-"""Longest window accepted (1 s): longer would keep a core busy through pauses no request gap needs bridged."""
 
 PAUSE_S = 0.001
 """While ``pause()`` is true the loop waits this long in its poll between checks instead of spinning (uvloop's

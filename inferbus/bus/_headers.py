@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from .._limits import MAX_TIMEOUT_MS  # (defined there, so the CLI's help reads it without importing the bus)
+
 REQUEST_ID = "Inferbus-Request-Id"
 TIMEOUT_MS = "Inferbus-Timeout-Ms"
 CONTENT_TYPE = "Content-Type"
@@ -221,7 +223,7 @@ def header_value(v: str) -> str:
 STATUS = "Status"  # NATS server status header (503 = no responders)
 
 DEFAULT_TIMEOUT_MS = 1000.0
-MAX_TIMEOUT_MS = 600_000.0
+# MAX_TIMEOUT_MS (600 s), the longest budget: imported from inferbus._limits above
 
 
 def deadline_from_headers(headers: dict | None, now: float | None = None, default_ms: float = DEFAULT_TIMEOUT_MS,
