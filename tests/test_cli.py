@@ -791,15 +791,19 @@ nats-py, numpy, typer's rich help and its markdown, the bus, the actors, ... (~0
 def test_cli_import_loads_only_what_every_command_needs():
     """``import inferbus.cli`` loaded numpy, nats-py, asyncio, the bus with the supervisor, the accelerators and
     typer's rich help for every command (~0.4 s; ~0.1 s without them): each command imports what it needs. And
-    ``python -m inferbus.cli`` runs the module once, as ``inferbus.cli``, not first as ``__main__`` too."""
+    ``python -m inferbus.cli`` runs the module once, as ``inferbus.cli``, not first as ``__main__`` too; a client
+    (the SDK, ``inferbus health``) does not load the embedded servers and the supervisor."""
     code = f"""
 import atexit, json, runpy, sys
 
 import inferbus.cli
 
 loaded = sorted(m for m in {_COMMAND_ONLY_MODULES!r} if m in sys.modules)
+import inferbus.client
+
+client = sorted(m for m in ("inferbus.bus._embedded", "inferbus.supervisor") if m in sys.modules)
 defined = vars(sys.modules["__main__"])  # what `python -m inferbus.cli` defines in __main__ (runpy's way)
-atexit.register(lambda: print(json.dumps([loaded, sorted(k for k in ("app", "main", "up") if k in defined)])))
+atexit.register(lambda: print(json.dumps([loaded, client, sorted(k for k in ("app", "main", "up") if k in defined)])))
 sys.argv = ["inferbus", "--version"]
 runpy._run_module_as_main("inferbus.cli")
 """
@@ -807,7 +811,7 @@ runpy._run_module_as_main("inferbus.cli")
     assert p.returncode == 0, p.stderr[-2000:]
     version, said = p.stdout.strip().splitlines()
     assert version.startswith("inferbus "), p.stdout
-    assert json.loads(said) == [[], []], said
+    assert json.loads(said) == [[], [], []], said
 
 
 def test_up_help_piped_is_at_least_100_columns_whatever_terminal_stdin_is_on():

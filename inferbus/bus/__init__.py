@@ -1,7 +1,15 @@
 """The bus: NATS connection, subjects, headers, deadlines, embedded servers.
 
-Imports only :mod:`inferbus.schemas` of our own code.
+Imports only :mod:`inferbus.schemas` of our own code. The embedded servers (``EmbeddedNats``, ``EmbeddedValkey``,
+``EmbeddedServerError``, ``free_port``, ``gateway_mesh``, ``nats_server_binary``, ``valkey_server_binary``, from
+:mod:`._embedded`, which imports the OS-process supervision of :mod:`inferbus.supervisor`) are imported on first
+use, so a client (``inferbus health``, the SDK) does not load them.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from . import _headers as headers
 from ._busypoll import BusyPoll
@@ -9,17 +17,12 @@ from ._config import BusConfig, rotate_servers, server_url_problem, shown_server
 from ._connect import (ConnectionLost, close_connection, closed_on_purpose, connect, connected_server,
                        fail_pending_requests)
 from ._fastpub import HeaderError, header_block, publish_raw, reply_block, send_pending
-from ._embedded import (
-    EmbeddedNats,
-    EmbeddedServerError,
-    EmbeddedValkey,
-    free_port,
-    gateway_mesh,
-    nats_server_binary,
-    valkey_server_binary,
-)
 from ._headers import deadline_from_headers, format_ms, remaining_ms
 from ._subjects import Subjects, leading_zero_fix, version_problem
+
+_LAZY = {name: "inferbus.bus._embedded" for name in (
+    "EmbeddedNats", "EmbeddedServerError", "EmbeddedValkey", "free_port", "gateway_mesh", "nats_server_binary",
+    "valkey_server_binary")}
 
 __all__ = [
     "BusConfig", "BusyPoll", "ConnectionLost", "EmbeddedNats", "EmbeddedServerError", "EmbeddedValkey", "HeaderError",
@@ -29,3 +32,22 @@ __all__ = [
     "rotate_servers", "server_url_problem", "shown_servers", "shown_url", "split_servers", "valkey_server_binary",
     "version_problem",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import an embedded-server name (``inferbus.bus.EmbeddedNats``, ...) from :mod:`._embedded` on first access.
+
+    Raises:
+        AttributeError: ``name`` is none of this package's names.
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inferbus.bus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """What the module holds, and the embedded-server names not imported yet."""
+    return sorted(set(globals()) | set(_LAZY))
