@@ -29,8 +29,24 @@ MODELS = ROOT / "models"
 _watchdog: Watchdog | None = None
 
 
+def _compile_sources() -> None:
+    """Write the bytecode of inferbus, chaos and bench once, before any test starts a process. With
+    ``PYTHONDONTWRITEBYTECODE`` set (this workplace sets it) no process writes it, and an editable install leaves
+    none, so every process the tests start (several hundred: CLI runs, nodes, workers) compiled each inferbus module
+    it imports again: ~0.15 s of a 0.45 s import of the actors, CLI and client on the 2-core box. Python still reads
+    bytecode that exists, and checks it against its source's modification time. Only the controller (xdist's workers
+    have ``workerinput``) compiles; a tree that cannot be written is left as it is."""
+    import compileall
+
+    for name in ("inferbus", "chaos", "bench"):
+        with contextlib.suppress(OSError):
+            compileall.compile_dir(str(ROOT / name), quiet=2)
+
+
 def pytest_configure(config):
     global _watchdog
+    if not hasattr(config, "workerinput"):
+        _compile_sources()
     capman = config.pluginmanager.getplugin("capturemanager")
     _watchdog = Watchdog(capman.suspend_global_capture if capman is not None else None,
                          capman.resume_global_capture if capman is not None else None)
