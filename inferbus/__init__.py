@@ -10,8 +10,7 @@ the client and its NATS dependency.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import lazy_getattr
 
 _LAZY = {
     "Client": "inferbus.client",
@@ -30,20 +29,10 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    """Import ``inferbus.<name>`` from its module on first access.
-
-    Raises:
-        AttributeError: ``name`` is not one of the exported names.
-    """
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'inferbus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("inferbus", _LAZY, globals())
+"""Imports a name of ``_LAZY`` from its module on first access (:func:`inferbus._lazy.lazy_getattr`)."""
 
 
 def __dir__() -> list[str]:
-    """The public names and the module's dunders (not the helpers this file imports: ``importlib``, ``Any``)."""
+    """The public names and the module's dunders (not the helper this file imports, ``lazy_getattr``)."""
     return sorted({k for k in globals() if k.startswith("__") and k.endswith("__")} | set(_LAZY))

@@ -8,9 +8,7 @@ use, so a client (``inferbus health``, the SDK) does not load them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .. import _lazy
 from . import _headers as headers
 from ._busypoll import BusyPoll
 from ._config import BusConfig, rotate_servers, server_url_problem, shown_servers, shown_url, split_servers
@@ -34,18 +32,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import an embedded-server name (``inferbus.bus.EmbeddedNats``, ...) from :mod:`._embedded` on first access.
-
-    Raises:
-        AttributeError: ``name`` is none of this package's names.
-    """
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'inferbus.bus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy.lazy_getattr("inferbus.bus", _LAZY, globals())
+"""Imports a name of ``_LAZY`` from its module on first access (:func:`inferbus._lazy.lazy_getattr`)."""
 
 
 def __dir__() -> list[str]:
