@@ -322,18 +322,61 @@ def load_label(r: BenchResult) -> str:
 
 
 def render_table(results: list[BenchResult], title: str = "inferbus load run"):
-    """A rich Table of results (latencies in ms): ``qps`` (answers, error replies included) next to ``ok qps``
-    (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code (:func:`error_breakdown`)."""
-    from rich.table import Table
+    """The results as a rich renderable: a Table (latencies in ms) of one row per step, ``qps`` (answers, error replies
+    included) next to ``ok qps`` (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code
+    (:func:`error_breakdown`), where the console is wide enough for it (about 130 columns); on a narrower one, the
+    same figures as ``name=value`` items, one block per step, wrapped between items. rich fitted the table to a
+    narrow console by cutting every cell short: on an 80-column terminal each latency read ``0.…`` (a fresh-user
+    trial of ``up --demo``)."""
+    return _ResultsView(results, title)
 
-    t = Table(title=title)
-    for col in ("target", "mode", "load", "requests", "qps", "ok qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
-                "errors", "wrong", "cache hits"):
-        t.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
-    for r in results:
-        load = load_label(r)
-        name = r.label or (r.model if r.target == "inferbus" else r.target)
-        t.add_row(name, r.mode, load, str(r.requests), f"{r.qps:.0f}", f"{r.ok_qps:.0f}", f"{r.p50_us / 1000:.3f}",
-                  f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}",
-                  error_breakdown(r.errors), str(r.wrong), str(r.cache_hits))
-    return t
+
+_COLUMNS = ("target", "mode", "load", "requests", "qps", "ok qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors",
+            "wrong", "cache hits")
+
+
+def _cells(r: BenchResult) -> tuple[str, ...]:
+    name = r.label or (r.model if r.target == "inferbus" else r.target)
+    return (name, r.mode, load_label(r), str(r.requests), f"{r.qps:.0f}", f"{r.ok_qps:.0f}", f"{r.p50_us / 1000:.3f}",
+            f"{r.p95_us / 1000:.3f}", f"{r.p99_us / 1000:.3f}", f"{r.p99_9_us / 1000:.3f}", error_breakdown(r.errors),
+            str(r.wrong), str(r.cache_hits))
+
+
+class _ResultsView:
+    """:func:`render_table`'s renderable: the table when its natural width fits the console, else one block of
+    ``name=value`` items per step (its target, mode and load first), each wrapped between items to the width."""
+
+    def __init__(self, results: list[BenchResult], title: str):
+        from rich.table import Table
+
+        self.title = title
+        self.rows = [_cells(r) for r in results]
+        self.table = Table(title=title)
+        for col in _COLUMNS:
+            self.table.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
+        for row in self.rows:
+            self.table.add_row(*row)
+
+    def __rich_console__(self, console, options):
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        if Measurement.get(console, options.update_width(100_000), self.table).maximum <= options.max_width:
+            yield self.table
+            return
+        width = options.max_width
+        yield Text(self.title, style="italic")
+        for row in self.rows:
+            cells = dict(zip(_COLUMNS, row))
+            items = [f"{col.replace(' ms', '').replace(' ', '_')}={cells[col]}" for col in _COLUMNS[3:]]
+            items[3:7] = [f"{item}ms" for item in items[3:7]]
+            line, lines = f"{cells['target']} {cells['mode']} {cells['load']}:", []
+            for item in items:
+                if len(line) + 1 + len(item) > width and line.strip():
+                    lines.append(line)
+                    line = "    " + item
+                else:
+                    line += " " + item
+            lines.append(line)
+            for text in lines:
+                yield Text(text)
