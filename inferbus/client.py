@@ -31,6 +31,7 @@ import inspect
 import math
 import numbers
 import random
+import re
 import sys
 import threading
 import time
@@ -1051,8 +1052,41 @@ class Client:
         subject = self.subjects.health
         if ingress is not None:
             subject = self.subjects.at_ingress(subject, _subject_token(ingress, "ingress"))
-        body, ct = await self.request(subject, b"", timeout_s=timeout_s)
+        try:
+            body, ct = await self.request(subject, b"", timeout_s=timeout_s)
+        except Unavailable as err:
+            if ingress is None or not err.message.startswith("no responders on"):
+                raise
+            # "no ingress is serving" read as if none were, of an id that is no ingress's (a fresh-user trial)
+            ids = await self.ingress_ids(wait_s=0.05)
+            tally = re.search(r"\((\d+ attempts?: [^()]*)\)$", err.message)
+            raise Unavailable(f"no ingress with id {ingress!r} answers on this NATS under prefix "
+                              f"{self.subjects.prefix!r} ({tally.group(1) if tally else 'no responders'}); the "
+                              f"ingresses that answer: {', '.join(ids) if ids else 'none'}", field="ingress") from err
         return decode(body, Health, ct)
+
+    async def ingress_ids(self, wait_s: float = 0.1) -> list[str]:
+        """The ids of the ingresses that answer ``<p>.ingresses`` within ``wait_s`` seconds (each answers with its
+        id), sorted; empty when none does or this client is not connected. Never raises for the bus's errors."""
+        if not self.nc.is_connected:
+            return []
+        inbox = self.nc.new_inbox()
+        ids: set[str] = set()
+
+        async def on_reply(msg) -> None:
+            if msg.data:
+                ids.add(msg.data.decode(errors="replace"))
+
+        try:
+            sub = await self.nc.subscribe(inbox, cb=on_reply)
+            try:
+                await self.nc.publish(self.subjects.ingresses, b"", reply=inbox)
+                await asyncio.sleep(wait_s)
+            finally:
+                await sub.unsubscribe()
+        except Exception:  # closed or reconnecting meanwhile: what arrived
+            pass
+        return sorted(ids)
 
 
 class SyncClient:
@@ -1161,6 +1195,10 @@ class SyncClient:
     def health(self, timeout_s: float = 1.0, ingress: str | None = None) -> Health:
         """:meth:`Client.health`, blocking."""
         return self._call(self.client.health, timeout_s, ingress)
+
+    def ingress_ids(self, wait_s: float = 0.1) -> list[str]:
+        """:meth:`Client.ingress_ids`, blocking."""
+        return self._call(self.client.ingress_ids, wait_s)
 
     def close(self) -> None:
         """Close the client (as :meth:`Client.close`) and stop the loop thread; idempotent. Calls other threads

@@ -124,14 +124,18 @@ async def test_health_of_one_ingress_by_its_id_from_the_sdk_and_the_cli(dep):
                                 "hng", "--ingress", iid, "--timeout-s", "5"], capture_output=True, text=True,
                                timeout=60)
             assert p.returncode == 0 and json.loads(p.stdout)["parameters"]["ingress_id"] == iid, p
-        with pytest.raises(Unavailable):
+        assert await client.ingress_ids() == ids
+        with pytest.raises(Unavailable) as ei:  # it said "no ingress is serving" while two were (a fresh-user trial)
             await client.health(timeout_s=0.3, ingress="nosuch")
+        assert ei.value.field == "ingress" and ei.value.message.startswith(
+            "no ingress with id 'nosuch' answers on this NATS under prefix 'hng' (") and ei.value.message.endswith(
+            f"no responders); the ingresses that answer: {', '.join(ids)}"), ei.value.message
         with pytest.raises(InvalidArgument) as ei:
             await client.health(ingress="a.b")
         assert ei.value.field == "ingress"
         p = subprocess.run([sys.executable, "-m", "inferbus.cli", "health", "--nats-url", dep.nats_url, "--prefix", "hng",
                             "--ingress", "nosuch", "--timeout-s", "0.3"], capture_output=True, text=True, timeout=60)
-        assert p.returncode == 1 and "ingress 'nosuch': " in p.stderr, p
+        assert p.returncode == 1 and "no ingress with id 'nosuch'" in p.stderr and ", ".join(ids) in p.stderr, p
     finally:
         await client.close()
 
