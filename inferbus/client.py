@@ -1005,7 +1005,9 @@ class Client:
 
     async def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> bool:
         """Whether one model version is ready to serve (OIP v2 model ready, ``<p>.models.<name>[.<version>].ready``,
-        as Triton's ``is_model_ready(name, version)``): of its default version, or of ``version``.
+        in the place of Triton's ``is_model_ready(name, version)``): of its default version, or of ``version``. Unlike
+        Triton's HTTP client, which returns False for a model the server does not know, an unknown model or version
+        raises NotFound here, as its metadata does: a misspelt name is not read as "not ready yet".
 
         Args:
             timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
