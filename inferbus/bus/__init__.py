@@ -8,7 +8,7 @@ use, so a client (``inferbus health``, the SDK) does not load them.
 
 from __future__ import annotations
 
-from .. import _lazy
+from .. import _lazy_getattr
 from . import _headers as headers
 from ._busypoll import BusyPoll
 from ._config import BusConfig, rotate_servers, server_url_problem, shown_servers, shown_url, split_servers
@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 
-__getattr__ = _lazy.lazy_getattr("inferbus.bus", _LAZY, globals())
-"""Imports a name of ``_LAZY`` from its module on first access (:func:`inferbus._lazy.lazy_getattr`)."""
+__getattr__ = _lazy_getattr("inferbus.bus", _LAZY, globals())
+"""Imports a name of ``_LAZY`` from its module on first access (:func:`inferbus._lazy_getattr`)."""
 
 
 def __dir__() -> list[str]:
