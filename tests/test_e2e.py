@@ -265,7 +265,15 @@ async def test_plain_nats_and_msgpack_client(deployment):
                                headers={"Content-Type": "application/json"})
         err = json.loads(msg.data)["error"]
         assert err["code"] == "INVALID_ARGUMENT" and err["field"] == "model_version", err
-        assert "tokens after the version" in err["message"], err
+        assert err["message"] == (f"subject '{deployment.prefix}.infer.digits.1.x' has tokens after the version: send "
+                                  f"inference requests to {deployment.prefix}.infer.digits[.<version>]"), err
+        # the same sent to one ingress: named as sent (it named the queue group's subject, a fresh-user trial)
+        iid = (await nc.request(f"{deployment.prefix}.ingresses", b"", timeout=2)).data.decode()
+        at = f"{deployment.prefix}.ingresses.{iid}.infer.digits"
+        msg = await nc.request(f"{at}.1.x", body, timeout=2, headers={"Content-Type": "application/json"})
+        err = json.loads(msg.data)["error"]
+        assert err["message"] == (f"subject '{at}.1.x' has tokens after the version: send inference requests to "
+                                  f"{at}[.<version>]"), err
         # metadata and health replies say their encoding, like inference replies
         for subj in ("models", "models.digits", "health", "server", "models.digits.ready", "models.digits.2.ready"):
             msg = await nc.request(f"{deployment.prefix}.{subj}", b"", timeout=2,

@@ -765,8 +765,9 @@ class Ingress:
         mv = model.version(version)
         if mv is None:
             if version and "." in version:  # no version holds a dot: the subject has tokens past the version
-                raise InvalidArgument(f"subject {msg.subject!r} has tokens after the version: send inference requests "
-                                      f"to {self.subjects.prefix}.infer.<model>[.<version>]", field="model_version")
+                sent = self._at_head + msg.subject[len(self._infer_head):] if endpoint == "infer_at" else msg.subject
+                raise InvalidArgument(f"subject {sent!r} has tokens after the version: send inference requests "
+                                      f"to {sent[:-len(version) - 1]}[.<version>]", field="model_version")
             if version in self.versions_not_here.get(model_name, ()) or self._served_elsewhere(model_name, version):
                 raise self._not_here(model_name, version)
             if (problem := version_problem(version)) is not None:
