@@ -922,7 +922,7 @@ class Client:
                                                               "RESOURCE_EXHAUSTED answers outnumber its answered "
                                                               "requests")
                     pause_ms = max(float(err.retry_after_ms or 0), self._backoff_ms(exhausted))
-                    if pause_ms >= H.remaining_ms(deadline):  # the wait would not fit: with the tally
+                    if pause_ms + _RTO_MIN_RETRY_MS >= H.remaining_ms(deadline):  # no time left for an answer: tally
                         raise _with_tally(err, sent, met)
                     last_err = err  # (if the pause overshoots the budget, this is what the call ends with)
                     await asyncio.sleep(pause_ms / 1000.0)
