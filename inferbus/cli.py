@@ -1509,16 +1509,11 @@ def _hop_by_hop(stages: dict, width: int) -> list[str]:
     rows.append(("other", [f"{k}={v:g}" for k, v in stages.items() if k not in known]))
     rows = [(hop, items) for hop, items in rows if items]
     indent = 2 + max(len(hop) for hop, _ in rows) + 1
+    from .loadgen._result import wrap_items
+
     lines = ["hop-by-hop means at c=1 (µs):"]
     for hop, items in rows:
-        line = f"  {hop}".ljust(indent) + items[0]
-        for item in items[1:]:
-            if len(line) + 1 + len(item) > width:
-                lines.append(line)
-                line = " " * indent + item
-            else:
-                line += " " + item
-        lines.append(line)
+        lines += wrap_items(f"  {hop}".ljust(indent) + items[0], items[1:], width, indent)
     return lines
 
 

@@ -321,6 +321,22 @@ def load_label(r: BenchResult) -> str:
     return f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
 
 
+def wrap_items(head: str, items: list[str], width: int, indent: int) -> list[str]:
+    """``head`` and then ``items`` as lines of at most ``width`` characters, wrapped between items (never inside one):
+    each item follows a space (none after a ``head`` that ends with one), and a line that would run past ``width``
+    ends, the next starting with ``indent`` spaces. An item longer than a line is left whole, for the console to
+    fold. Used for the results (:func:`render_table`) and the CLI's hop-by-hop means on a narrow terminal."""
+    line, lines = head, []
+    for item in items:
+        if line.strip() and len(line) + 1 + len(item) > width:
+            lines.append(line)
+            line = " " * indent + item
+        else:
+            line += item if not line or line.endswith(" ") else " " + item
+    lines.append(line)
+    return lines
+
+
 def render_table(results: list[BenchResult], title: str = "inferbus load run"):
     """The results as a rich renderable: a Table (latencies in ms) of one row per step, ``qps`` (answers, error replies
     included) next to ``ok qps`` (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code
@@ -370,13 +386,5 @@ class _ResultsView:
             cells = dict(zip(_COLUMNS, row))
             items = [f"{col.replace(' ms', '').replace(' ', '_')}={cells[col]}" for col in _COLUMNS[3:]]
             items[3:7] = [f"{item}ms" for item in items[3:7]]
-            line, lines = f"{cells['target']} {cells['mode']} {cells['load']}:", []
-            for item in items:
-                if len(line) + 1 + len(item) > width and line.strip():
-                    lines.append(line)
-                    line = "    " + item
-                else:
-                    line += " " + item
-            lines.append(line)
-            for text in lines:
+            for text in wrap_items(f"{cells['target']} {cells['mode']} {cells['load']}:", items, width, 4):
                 yield Text(text)
