@@ -31,7 +31,6 @@ import inspect
 import math
 import numbers
 import random
-import re
 import sys
 import threading
 import time
@@ -863,8 +862,12 @@ class Client:
             except NoRespondersError:
                 met["no responders"] += 1
                 no_responders_ms = max(no_responders_ms, (time.monotonic() - t_sent) * 1000.0)
-                last_err = Unavailable(f"no responders on {subject}: no ingress is serving" if target == subject else
-                                       f"no responders on {target}: the ingress that answered the probe is gone")
+                if target != subject:
+                    last_err = Unavailable(f"no responders on {target}: the ingress that answered the probe is gone")
+                else:  # a subject of one ingress (health --ingress ID, a hand-built one) names the id nobody has
+                    at = self.subjects.ingress_of(subject)
+                    last_err = Unavailable(f"no responders on {subject}: no ingress "
+                                           f"{'is serving' if at is None else f'with id {at!r} is serving'}")
             except _ConnectionLost as exc:
                 met["connection lost"] += 1
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried once reconnected, while the "
@@ -1059,12 +1062,10 @@ class Client:
         except Unavailable as err:
             if ingress is None or not err.message.startswith("no responders on"):
                 raise
-            # "no ingress is serving" read as if none were, of an id that is no ingress's (a fresh-user trial)
+            # which ids do answer (a fresh-user trial read "no ingress is serving" of an id no ingress had)
             ids = await self.ingress_ids(wait_s=0.05)
-            tally = re.search(r"\((\d+ attempts?: [^()]*)\)$", err.message)
-            raise Unavailable(f"no ingress with id {ingress!r} answers on this NATS under prefix "
-                              f"{self.subjects.prefix!r} ({tally.group(1) if tally else 'no responders'}); the "
-                              f"ingresses that answer: {', '.join(ids) if ids else 'none'}", field="ingress") from err
+            raise Unavailable(f"{err.message}; the ingresses that answer under prefix {self.subjects.prefix!r}: "
+                              f"{', '.join(ids) if ids else 'none'}", field="ingress") from err
         return decode(body, Health, ct)
 
     async def ingress_ids(self, wait_s: float = 0.1) -> list[str]:

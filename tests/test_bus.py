@@ -228,3 +228,15 @@ def test_each_prefix_has_a_lease_bucket_of_its_own():
     assert len(buckets) == len(valid), [n for n in valid if [bucket_name(m) for m in valid].count(bucket_name(n)) > 1]
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+", b) for b in buckets)
     assert bucket_name("desk.eu") == "desk_eu_regions" and bucket_name("inferbus") == "inferbus_regions"
+
+
+def test_ingress_of_reads_back_the_id_at_ingress_put_in():
+    from inferbus.bus import Subjects
+
+    s = Subjects("p")
+    for subject in ("p.health", "p.infer.digits.2", "p.models.digits.ready"):
+        at = s.at_ingress(subject, "n1-i0")
+        assert s.ingress_of(at) == "n1-i0", at
+        assert s.ingress_of(subject) is None, subject
+    assert s.ingress_of("p.ingresses") is None and s.ingress_of("p.ingresses..health") is None
+    assert s.ingress_of("q.ingresses.n1-i0.health") is None

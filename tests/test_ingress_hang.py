@@ -128,8 +128,9 @@ async def test_health_of_one_ingress_by_its_id_from_the_sdk_and_the_cli(dep):
         with pytest.raises(Unavailable) as ei:  # it said "no ingress is serving" while two were (a fresh-user trial)
             await client.health(timeout_s=0.3, ingress="nosuch")
         assert ei.value.field == "ingress" and ei.value.message.startswith(
-            "no ingress with id 'nosuch' answers on this NATS under prefix 'hng' (") and ei.value.message.endswith(
-            f"no responders); the ingresses that answer: {', '.join(ids)}"), ei.value.message
+            "no responders on hng.ingresses.nosuch.health: no ingress with id 'nosuch' is serving (") and \
+            ei.value.message.endswith(f"no responders); the ingresses that answer under prefix 'hng': "
+                                      f"{', '.join(ids)}"), ei.value.message
         with pytest.raises(InvalidArgument) as ei:
             await client.health(ingress="a.b")
         assert ei.value.field == "ingress"

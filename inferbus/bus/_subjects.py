@@ -107,6 +107,15 @@ class Subjects:
             return f"{self.prefix}.ingresses.{ingress_id}.{rest}"
         return None
 
+    def ingress_of(self, subject: str) -> str | None:
+        """The ingress id of a subject :meth:`at_ingress` built (``<p>.ingresses.<id>.<rest>`` → ``id``); None for a
+        subject of no one ingress."""
+        head = f"{self.prefix}.ingresses."
+        if not subject.startswith(head):
+            return None
+        ingress_id, dot, _ = subject[len(head):].partition(".")
+        return ingress_id if dot and ingress_id else None
+
     def parse_infer(self, subject: str) -> tuple[str, str | None]:
         """``<p>.infer.digits.2`` → ``("digits", "2")``; extra tokens are kept in the version."""
         rest = subject[len(self.prefix) + 7 :]
