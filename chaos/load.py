@@ -34,6 +34,13 @@ from hdrh.histogram import HdrHistogram
 from inferbus.schemas import InferbusError
 
 
+async def sleep_until(t: float) -> None:
+    """Return once ``time.monotonic()`` has reached ``t``, never before: a loop's timer may fire a little early
+    (uvloop's clock is read once per iteration, in whole milliseconds)."""
+    while (left := t - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 @dataclass
 class RequestRecord:
     """One request's fate. Times in monotonic seconds; ``outcome`` is ``ok``, ``wrong`` or an error code."""
@@ -192,6 +199,42 @@ class Driver:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def wait_into_load(self, load: asyncio.Task, at_s: float) -> None:
+        """Return ``at_s`` seconds after the load's first request (:attr:`t_start` + ``at_s``, never before), ``load``
+        being the task running :meth:`run`: a drill times its fault with it. Timed from the drill task's own start,
+        the fault's time also counted the load's set-up (the audit subscription's round trip to the server), so a
+        short ``fault_at_s`` came before much load had been sent. A load that ends before its first request raises
+        its error here (``RuntimeError`` when it had none)."""
+        started = asyncio.ensure_future(self.started.wait())
+        try:
+            await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not started.done():
+                started.cancel()
+        if self.t_start is None:
+            await load
+            raise RuntimeError("the load ended before its first request")
+        await sleep_until(self.t_start + at_s)
+
+    def fault_phases(self, injected: float, healed: float | None = None) -> dict:
+        """A drill's fault on the load's clock, for its ``extra`` (call it once the load has ended), in seconds from
+        the load's first request (:attr:`t_start`): ``fault_injected_at_s`` and, for a fault healed during the
+        drill (``healed``, monotonic), ``fault_healed_at_s`` and ``fault_lasted_s`` (their difference);
+        ``last_request_sent_at_s`` (the last request's planned time); then counts of requests by planned time:
+        ``requests_before_fault`` (before the injection) and ``requests_during_fault`` (from the injection to the
+        heal, or to the load's end for a fault not healed during the drill)."""
+        start = self.t_start
+        sent = [r.t_sched for r in self.records]
+        end = healed if healed is not None else float("inf")
+        out = {"fault_injected_at_s": round(injected - start, 3)}
+        if healed is not None:
+            out["fault_healed_at_s"] = round(healed - start, 3)
+            out["fault_lasted_s"] = round(healed - injected, 3)
+        out["last_request_sent_at_s"] = round(max(sent) - start, 3) if sent else None
+        out["requests_before_fault"] = sum(1 for t in sent if t < injected)
+        out["requests_during_fault"] = sum(1 for t in sent if injected <= t <= end)
+        return out
 
     def figures(self, drill: str, fault_window: tuple[float, float] | None = None, *,
                 detection_ms: float | None = None, recovery_ms: float | None = None, extra: dict | None = None

@@ -28,6 +28,14 @@ queue groups fail over across the gateways before any promotion).
 The fault goes to the region that is primary just before it, read again then (on a
 starved host a late renewal can hand the lease over in the load's first seconds);
 ``extra.primary_changed_before_fault`` says whether the roles had changed since the setup.
+
+The fault comes ``fault_at_s`` after the load's first request (:meth:`chaos.load.Driver.wait_into_load`;
+at the earliest: the primary is read again then). ``extra`` records it on the load's clock
+(:meth:`chaos.load.Driver.fault_phases`, seconds from the first request): ``fault_at_s`` as asked,
+``fault_injected_at_s`` (region-failover: the kill; region-partition: the regions' cut),
+``fault_healed_at_s`` and ``fault_lasted_s`` (region-partition: the isolation's heal; region-failover
+heals nothing during the load, so neither), ``last_request_sent_at_s``, ``requests_before_fault``
+and ``requests_during_fault`` (to the heal, or to the load's end).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from inferbus.cluster import ClusterSpec, Topology
 from inferbus.loadgen import Workload
 
 from ._options import MAX_TIMEOUT_S, check_count, check_number, check_rate, check_seconds
-from .load import DrillFigures, Driver
+from .load import DrillFigures, Driver, sleep_until
 
 
 @dataclass
@@ -56,7 +64,8 @@ class RegionDrillOptions:
     timeout_s: float = 1.0
     """Per-request budget (the SDK retries within it)."""
     fault_at_s: float = 2.5
-    """When the fault is injected, seconds after the load started."""
+    """When the fault is injected, seconds after the load's first request (at the earliest: region-failover and
+    region-partition then wait for one settled primary, nats-node-loss reads the connections of its server)."""
     partition_s: float = 2.0
     """region-partition: how long each partition phase lasts."""
     model: str = "digits"
@@ -327,7 +336,7 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
     async with _Setup(opts, topology) as s:
         topo = s.topo
         load = asyncio.create_task(s.driver.run(opts.duration_s))
-        await asyncio.sleep(opts.fault_at_s)
+        await s.driver.wait_into_load(load, opts.fault_at_s)
         changed = await s.settle_before_fault()
         t_kill = await topo.kill_region(s.primary)
         st = await _wait_primary(topo, s.standby, s.term0, 10.0)
@@ -354,6 +363,8 @@ async def region_failover(opts: RegionDrillOptions, topology: Topology | None = 
                                    "terms_by_region": {t: sorted(v) for t, v in terms_by_region(rs).items()},
                                    "overlapping_reigns": len(overlaps(rs)), "primary_changed_before_fault": changed,
                                    **s.wan_extra(),
+                                   # the kill from the load's first request (not healed during the load)
+                                   "fault_at_s": opts.fault_at_s, **s.driver.fault_phases(t_kill),
                                })
         fig.failover_ms = _r((min(ok_new) - t_kill) * 1000 if ok_new else None)
         if topology is not None:
@@ -374,12 +385,12 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
         sites = set(topo.spec.sites)
         async with RoleWatch(topo) as watch:
             load = asyncio.create_task(s.driver.run(opts.duration_s + 2 * opts.partition_s))
-            await asyncio.sleep(opts.fault_at_s)
+            await s.driver.wait_into_load(load, opts.fault_at_s)
             changed = await s.settle_before_fault()
             # 1. regions cut from each other; both still reach the witness
             t_cut = time.monotonic()
             faults = topo.partition({s.primary}, sites - {s.primary, topo.spec.witness})
-            await asyncio.sleep(opts.partition_s)
+            await sleep_until(t_cut + opts.partition_s)
             mid = await topo.statuses()
             kept = mid.get(s.primary) is not None and mid[s.primary].role == "primary" \
                 and mid[s.primary].term == s.term0
@@ -389,7 +400,7 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             t_iso = time.monotonic()
             faults = topo.isolate(s.primary)
             st = await _wait_primary(topo, s.standby, s.term0, 10.0)
-            await asyncio.sleep(max(opts.partition_s - (time.monotonic() - t_iso), 0))
+            await sleep_until(t_iso + opts.partition_s)
             topo.heal(faults)
             t_iso_healed = time.monotonic()
             settled = await topo.wait_settled(30)
@@ -412,6 +423,8 @@ async def region_partition(opts: RegionDrillOptions, topology: Topology | None =
             "fault_events_at_s": [round(t - (s.driver.t_start or t_cut), 2)
                                   for t in (t_cut, t_cut_healed, t_iso, t_iso_healed)],
             **s.wan_extra(),
+            # the whole fault, the cut's start to the isolation's heal, from the load's first request
+            "fault_at_s": opts.fault_at_s, **s.driver.fault_phases(t_cut, t_iso_healed),
         })
         return fig
 

@@ -21,7 +21,10 @@ Figures (:class:`chaos.load.DrillFigures`):
   ended; None when none failed), ``term_changed`` (a spurious failover: the term or the primary moved
   after the kill, against ``term_at_fault`` / ``primary_at_fault`` read just before it),
   ``failover_before_fault`` (the lease moved between set-up and the kill: not this fault's doing, reported
-  so that a starved start-up shows), ``overlapping_reigns``.
+  so that a starved start-up shows), ``overlapping_reigns``; its times (:meth:`chaos.load.Driver.fault_phases`):
+  ``fault_at_s`` as asked, ``fault_injected_at_s`` (the kill), ``fault_healed_at_s`` (the restart; absent when
+  the server did not start again), ``fault_lasted_s`` (at least ``node_down_s``), ``last_request_sent_at_s``,
+  ``requests_before_fault``, ``requests_during_fault``.
 * gateway-degrade: no detection or recovery (nothing should notice); ``extra``, from the region
   managers' transition logs during the fault: ``term_changes`` (a new primary term: a failover),
   ``step_downs`` (the primary's validity lapsed or a renewal failed), ``resumes_same_term`` (it
@@ -32,7 +35,12 @@ Figures (:class:`chaos.load.DrillFigures`):
   at least ``fault_at_s + fault_s + 1``); recorded, in seconds from the load's first request,
   ``fault_injected_at_s``, ``fault_healed_at_s`` (each stamped once done), ``fault_lasted_s`` (their
   difference: at least ``fault_s``), ``last_request_sent_at_s`` (the last request's planned time, within
-  ``1 / rate_qps`` of ``duration_s``) and ``requests_during_fault`` (requests due in that window).
+  ``1 / rate_qps`` of ``duration_s``), ``requests_before_fault`` (requests due before the injection) and
+  ``requests_during_fault`` (requests due in that window).
+
+Every drill here and in :mod:`chaos.region_drills` injects its fault ``fault_at_s`` after the load's first
+request (:meth:`chaos.load.Driver.wait_into_load`), not after its own start: the load's set-up (the audit
+subscription's round trip) came first, and a short ``fault_at_s`` hit a load that had hardly begun.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .faults import FaultUnavailable, get_fault
-from .load import DrillFigures
+from .load import DrillFigures, sleep_until
 from .region_drills import RegionDrillOptions, RoleWatch, _r, _Setup, overlaps, reigns, terms_by_region
 from .rss import RssSampler
 from .soak import fault_cycle, p99_ms_in_windows, sample_rss, strip_times, window_figures
@@ -134,7 +142,7 @@ async def nats_node_loss(opts: RegionDrillOptions, topology=None) -> DrillFigure
         topo = s.topo
         t_setup = time.monotonic()
         load = asyncio.create_task(s.driver.run(opts.duration_s))
-        await asyncio.sleep(opts.fault_at_s)
+        await s.driver.wait_into_load(load, opts.fault_at_s)
         server = opts.nats_server or _client_server(s) or topo.plan.site_servers(s.primary)[0].name
         watch = _ReconnectWatch(s, server)
         await watch.prepare()
@@ -171,6 +179,8 @@ async def nats_node_loss(opts: RegionDrillOptions, topology=None) -> DrillFigure
             "term_at_fault": term_at_fault, "primary_at_fault": primary_at_fault,
             "primary_after": next((r for r, st in after.items() if st and st.role == "primary"), None),
             "overlapping_reigns": len(overlaps(rs)), "rate_qps": opts.rate_qps, **s.wan_extra(),
+            # the kill and the restart (the server down; its rejoin is recovery_ms) from the load's first request
+            "fault_at_s": opts.fault_at_s, **s.driver.fault_phases(t0, fault.info.get("restarted_at")),
         }
         pa = extra["primary_after"]
         extra["term_after"] = after[pa].term if pa and after.get(pa) else None
@@ -212,13 +222,6 @@ def _transitions_between(watch: RoleWatch, lo: float, hi: float) -> list:
     return sorted(out, key=lambda tr: tr.t_mono)
 
 
-async def _sleep_until(t: float) -> None:
-    """Return once ``time.monotonic()`` has reached ``t``, never before: a loop's timer may fire a little early
-    (uvloop's clock is read once per iteration, in whole milliseconds)."""
-    while (left := t - time.monotonic()) > 0:
-        await asyncio.sleep(left)
-
-
 async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigures:
     """Latency + packet loss on the gateways under load for ``fault_s``; nothing may fail (module doc)."""
     lat = opts.gateway_latency_ms or 50.0
@@ -232,20 +235,13 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
         async with RoleWatch(topo) as watch:
             total = max(opts.duration_s, opts.fault_at_s + opts.fault_s + 1.0)
             load = asyncio.create_task(s.driver.run(total))
-            # fault_at_s counts from the load's first request, not from this task's start (the load subscribes to
-            # the audit first: a round trip to the server that the fault's time included)
-            started = asyncio.ensure_future(s.driver.started.wait())
-            await asyncio.wait({load, started}, return_when=asyncio.FIRST_COMPLETED)
-            if not started.done():  # the load ended before it began: its error, if any, is raised here
-                started.cancel()
-                await load
-            await _sleep_until(s.driver.t_start + opts.fault_at_s)
+            await s.driver.wait_into_load(load, opts.fault_at_s)
             stats0 = sum(p.stats.retransmitted for p in topo.proxies.values())
             fault = await get_fault("gateway-degrade")(
                 TopologyTarget(topo, s.primary), latency_ms=lat, jitter_ms=opts.gateway_jitter_ms, drop_pct=drop,
                 rto_ms=opts.gateway_rto_ms, links=opts.gateway_links)
             t0 = fault.t_inject
-            await _sleep_until(t0 + opts.fault_s)
+            await sleep_until(t0 + opts.fault_s)
             t1 = await fault.heal()
             retrans = sum(p.stats.retransmitted for p in topo.proxies.values()) - stats0
             await load
@@ -256,8 +252,6 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
         ev = Counter(tr.event for tr in trs)
         terms = {r.term for r in s.driver.records if r.term is not None}
         new_terms = {tr.term for tr in trs if tr.event == "primary" and tr.term != s.term0}
-        start = s.driver.t_start
-        sent = [r.t_sched for r in s.driver.records]
         return s.driver.figures("gateway-degrade", (t0, t1), extra={
             "gateway_latency_ms": lat, "gateway_jitter_ms": opts.gateway_jitter_ms, "gateway_drop_pct": drop,
             "gateway_rto_ms": opts.gateway_rto_ms, "gateway_links": opts.gateway_links, "fault_s": opts.fault_s,
@@ -266,10 +260,7 @@ async def gateway_degrade(opts: RegionDrillOptions, topology=None) -> DrillFigur
             "duration_s": total, "duration_asked_s": opts.duration_s, "fault_at_s": opts.fault_at_s,
             # what happened, in seconds from the load's first request: the degrade's own phases (the injection
             # and the heal stamped when they were done) and when the last request was due (its planned time)
-            "fault_injected_at_s": round(t0 - start, 3), "fault_healed_at_s": round(t1 - start, 3),
-            "fault_lasted_s": round(t1 - t0, 3),
-            "last_request_sent_at_s": round(max(sent) - start, 3) if sent else None,
-            "requests_during_fault": sum(1 for t in sent if t0 <= t <= t1),
+            **s.driver.fault_phases(t0, t1),
             "gateway_chunks_retransmitted": retrans, "term_changes": len(new_terms),
             "step_downs": ev.get("standby", 0),
             "resumes_same_term": sum(1 for tr in trs if tr.event == "primary" and tr.term == s.term0),

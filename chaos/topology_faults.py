@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from .faults import Fault, FaultError, FaultUnavailable, _signal
+from .load import sleep_until
 
 
 @dataclass
@@ -245,7 +246,7 @@ async def kill_nats_node(target, server: str | None = None, index: int = 0, down
     async def heal():
         deadline = f.t_inject + max(down_s, 0) + rejoin_timeout_s
         if down_s > 0:
-            await asyncio.sleep(max(f.t_inject + down_s - time.monotonic(), 0))
+            await sleep_until(f.t_inject + down_s)  # down at least down_s (a timer may fire a little early)
             await sup.restart_child(child.id)
         while time.monotonic() < deadline:
             c = next((c for c in sup.which_children() if c.id == child.id), None)

@@ -283,3 +283,27 @@ async def settled_topology(spec, run_dir):
         yield t
     finally:
         await t.stop()
+
+
+def check_fault_phases(d: dict, *, fault_at_s: float, rate_qps: float, lasts_s: float | None = None,
+                       slack_s: float = 5.0) -> None:
+    """A region or topology drill's fault on the load's clock (``d``: its ``--json`` object; the fields of
+    :meth:`chaos.load.Driver.fault_phases`): ``fault_at_s`` echoed; injected no earlier than ``fault_at_s`` after the
+    load's first request and at most ``slack_s`` later (generous: a shared box, and the region drills read the
+    primary again first); every request the open loop planned before it counted as sent before it
+    (``fault_at_s * rate_qps``, ± 1 for the float schedule), and some sent while it lasted. ``lasts_s``: the fault is
+    healed during the drill, after that long at least (its heal stamped consistently); None: it is not healed
+    during the load (region-failover), every request from it on counts as during it."""
+    x = d["extra"]
+    assert x["fault_at_s"] == fault_at_s, x
+    injected, before, during = x["fault_injected_at_s"], x["requests_before_fault"], x["requests_during_fault"]
+    assert fault_at_s <= injected <= fault_at_s + slack_s, x
+    assert fault_at_s * rate_qps - 1 <= before <= injected * rate_qps + 1 and before >= 1, x
+    assert during >= 1 and injected <= x["last_request_sent_at_s"], x
+    if lasts_s is None:
+        assert "fault_healed_at_s" not in x and "fault_lasted_s" not in x, x
+        assert before + during == d["requests"], (d["requests"], x)
+    else:
+        lasted, healed = x["fault_lasted_s"], x["fault_healed_at_s"]
+        assert lasted >= lasts_s and healed == pytest.approx(injected + lasted, abs=0.002), x
+        assert before + during <= d["requests"], (d["requests"], x)

@@ -1,5 +1,6 @@
 """Chaos library pieces that need no deployment (seconds): the fault and drill registries, partial
-packet loss on the proxy, the soak's fault cycle, the RSS plateau rule, and the CLI's refusals
+packet loss on the proxy, the soak's fault cycle, the drills' fault timed from the load's first request (a bare
+nats-server), the RSS plateau rule, and the CLI's refusals
 (options a drill does not take). The drills themselves run in tests/test_drills_node.py,
 tests/test_region_failover.py, tests/test_chaos_drills_topology.py and (model-swap)
 tests/test_models_control.py.
@@ -15,14 +16,14 @@ import time
 
 import pytest
 
-from conftest import TcpEcho
+from conftest import TcpEcho, check_fault_phases
 
 from chaos.drills import DRILLS, UnknownDrill, get_drill, option_names
 from chaos.faults import FAULTS, Fault, FaultUnavailable, NodeTarget, UnknownFault, get_fault
 from chaos.proxy import TcpProxy
 from chaos.rss import RssSampler
 from chaos.soak import fault_cycle, window_figures
-from chaos.load import RequestRecord
+from chaos.load import Driver, RequestRecord, sleep_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -64,6 +65,71 @@ async def test_topology_faults_refuse_a_single_node_and_model_swap_a_topology():
             await get_fault(name)(target)
     with pytest.raises(FaultUnavailable, match="single node"):
         await get_fault("model-swap")(object())  # not a NodeTarget (e.g. a topology): says why
+
+
+class _AnswersNothing:
+    """What :class:`chaos.load.Driver` needs of a client: a real NATS connection (``nc``, for its audit subscription)
+    and ``infer_result``, which here refuses every request at once (no model is served: only the load's timing is
+    under test)."""
+
+    def __init__(self, nc) -> None:
+        self.nc = nc
+
+    async def infer_result(self, model, feed, *, timeout_s, request_id):
+        from inferbus.schemas import InferbusError
+
+        raise InferbusError(f"{request_id}: no model here")
+
+
+async def test_a_drills_fault_is_timed_from_the_loads_first_request(nats_server):
+    """:meth:`Driver.wait_into_load`, with which every region and topology drill times its fault: the load's set-up
+    (its audit subscription, here 0.4 s of round trip over a proxy adding 200 ms each way) does not count, so a
+    fault asked for 0.3 s into the load comes 0.3 s after its first request, 15 requests planned before it (a drill
+    that slept ``fault_at_s`` from its own start injected it here before the first request). :meth:`fault_phases`
+    records it on the load's clock, a heal or none (region-failover's kill is not healed during the load)."""
+    import nats
+
+    async with TcpProxy(("127.0.0.1", nats_server.port)) as p:
+        nc = await nats.connect(f"nats://127.0.0.1:{p.port}", connect_timeout=2)
+        try:
+            p.latency(200)
+            driver = Driver(_AnswersNothing(nc), "digits", [{}], [{}], rate_qps=50, audit_subject="drill._audit")
+            t_task = time.monotonic()
+            load = asyncio.create_task(driver.run(1.0))
+            await driver.wait_into_load(load, 0.3)
+            injected = time.monotonic()
+            assert driver.t_start >= t_task + 0.4 and injected >= driver.t_start + 0.3, (t_task, driver.t_start)
+            await sleep_until(injected + 0.4)  # (asyncio.sleep may return a millisecond early)
+            healed = time.monotonic()
+            p.heal()
+            await load
+        finally:
+            await nc.close()
+    d = driver.figures("timing", (injected, healed), extra={"fault_at_s": 0.3,
+                                                             **driver.fault_phases(injected, healed)}).to_dict()
+    # (± 1: the open loop compares float times with the end; an upper slack of 1 s for a stall of the shared box)
+    assert abs(d["requests"] - 50) <= 1 and d["failed"] == d["requests"], d
+    check_fault_phases(d, fault_at_s=0.3, rate_qps=50, lasts_s=0.4, slack_s=1.0)
+    x = d["extra"]
+    assert x["requests_before_fault"] >= 15 and 0.98 - 1e-9 <= x["last_request_sent_at_s"] <= 1.0, x
+    # a fault not healed during the load: every request from it on is during it
+    unhealed = {"requests": d["requests"], "extra": {"fault_at_s": 0.3, **driver.fault_phases(injected)}}
+    check_fault_phases(unhealed, fault_at_s=0.3, rate_qps=50, slack_s=1.0)
+    assert unhealed["extra"]["requests_during_fault"] == d["requests"] - x["requests_before_fault"], unhealed
+
+
+async def test_a_load_that_ends_before_its_first_request_raises_from_wait_into_load(nats_server):
+    """The load's own error (here its audit subscription on a closed connection) reaches the drill waiting to
+    inject its fault, instead of a wait for a first request that never comes."""
+    import nats
+
+    nc = await nats.connect(nats_server.url, connect_timeout=2)
+    await nc.close()
+    driver = Driver(_AnswersNothing(nc), "digits", [{}], [{}], rate_qps=50, audit_subject="drill._audit")
+    load = asyncio.create_task(driver.run(1.0))
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await asyncio.wait_for(driver.wait_into_load(load, 0.3), 5)
+    assert driver.t_start is None and driver.records == []
 
 
 async def test_partial_drop_retransmits_late_and_in_order():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_in_no_argv, processes_naming, wait_serving
+from conftest import assert_in_no_argv, check_fault_phases, processes_naming, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -353,6 +353,8 @@ def test_chaos_run_region_failover_json(tmp_path):
     assert d["requests"] >= 200 and d["wrong"] == 0 and d["duplicates"] == 0 and d["failed"] == 0
     assert d["detection_ms"] is not None and d["detection_ms"] <= 1000
     assert d["failover_ms"] is not None
+    # the kill at the default --fault-at (2.5 s) after the load's first request, what its JSON records
+    check_fault_phases(d, fault_at_s=2.5, rate_qps=50)
 
 
 @pytest.mark.timeout(60)

@@ -27,7 +27,7 @@ from inferbus.actors._region import ask_region, bucket_name
 from inferbus.client import Client
 from inferbus.cluster import ClusterSpec
 
-from conftest import settled_topology
+from conftest import check_fault_phases, settled_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -358,6 +358,9 @@ async def test_partition_never_yields_two_primaries(topo):
     assert x["takeover_after_isolation"], x
     assert x["max_primaries_sampled"] == 1 and x["overlapping_reigns"] == 0 and x["terms_shared_by_regions"] == 0, x
     assert fig.wrong == 0 and fig.duplicates == 0
+    # the regions' cut 1 s after the load's first request (at the earliest; 100 requests/s), healed after the
+    # isolation: two phases of 2 s at least
+    check_fault_phases(fig.to_dict(), fault_at_s=1.0, rate_qps=100, lasts_s=4.0)
     await topo.wait_settled(30)
 
 
@@ -458,6 +461,8 @@ async def test_kill_every_process_of_the_primary_region(topo):
     assert d["extra"]["overlapping_reigns"] == 0
     assert all(len(v) == 1 for v in d["extra"]["terms_by_region"].values())
     assert d["extra"]["rejoined_as_standby"], d["extra"]
+    # the kill 2 s after the load's first request (at the earliest; 100 requests/s); not healed during the load
+    check_fault_phases(d, fault_at_s=2.0, rate_qps=100)
     old = d["extra"]["killed_region"]
     st = await _until(topo, _link_up(old))  # the old primary's Valkey replicates from the new master
     assert st[old].role == "standby" and st[old].cache_role.startswith("replica of")
