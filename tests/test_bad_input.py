@@ -235,6 +235,28 @@ async def test_malformed_timeout_header_is_refused_not_defaulted(env):
     assert err is None and out(resp, "a_times_2")["data"] == [42]
 
 
+async def test_a_budget_of_zero_or_less_is_spent_on_arrival_and_one_over_600000_ms_is_clamped(env):
+    """Every kind of ``Inferbus-Timeout-Ms`` value a raw client may send, as docs/wire.md says (malformed ones, and 0
+    and -5 against the health counts, are tested beside this). 0 or less, ``-0`` and ``-inf`` included, is a budget
+    already spent: DEADLINE_EXCEEDED "spent on arrival", a deadline that passed, not INVALID_ARGUMENT, and answered
+    before the model is looked up or the body decoded (an unknown model with a body that is not MessagePack gets it
+    too). Over 600,000 ms (``1e12``, ``inf``) is granted 600,000 ms and served, not refused."""
+    from inferbus.bus import headers as H
+
+    nc, _ = env
+    body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 1], "data": [21]}, b_input(1)]}
+    for spent in ("0", "0.0", "-0", "-0.5", "-1e12", "-inf"):
+        assert H.budget_ms(spent) == 0.0, spent
+        for model, data in (("typed", body), ("no_such_model", b"\xc1")):  # 0xc1: no MessagePack type
+            err, _ = await raw_request(nc, model, data, headers={"Inferbus-Timeout-Ms": spent})
+            assert isinstance(err, DeadlineExceeded) and "spent on arrival" in err.message, (spent, model, err)
+            assert err.field is None, err
+    for long in ("600000", "600000.5", "1e12", "inf", "Infinity"):
+        assert H.budget_ms(long) == H.MAX_TIMEOUT_MS == 600_000.0, long
+        err, resp = await raw_request(nc, "typed", body, headers={"Inferbus-Timeout-Ms": long})
+        assert err is None and out(resp, "a_times_2")["data"] == [42], (long, err)
+
+
 async def test_malformed_attempt_header_is_refused_and_a_good_one_served(env):
     """``Inferbus-Attempt`` (the SDK's retry number) used to be read as "a retry" for any non-empty value, so a
     client's ``abc`` or ``-1`` routed as a retry or not by a guess. Now a malformed one is INVALID_ARGUMENT at
