@@ -97,11 +97,15 @@ def _help_option_names_in_full() -> None:
     (``rich_utils.STYLE_OPTIONS_TABLE_*``) are padding, box and lines, none for the columns. So: one space after
     each column instead of one on each side (the empty short-name columns cost 1 character each instead of 2,
     which leaves the help text wider), and the help tables are made from a subclass in which every column but the
-    last (the help text, which wraps in the width left) keeps its text on one line at its full width. Every
-    command and group of this CLI gets it (the subcommands' apps are all added to ``app`` here).
+    last (the help text, which wraps in the width left) keeps its text on one line at its full width. And an
+    option's short names follow its long ones in their column (``--help,-h``, ``--input,-i``) instead of taking a
+    column of their own: ``-h`` made that column hold something in every command's table, and at 80 columns ``up``'s
+    help text, 3 columns narrower, was cut (``INFERBUS_REDIS_U…``). Every command and group of this CLI gets it
+    (the subcommands' apps are all added to ``app`` here).
     """
     try:
         from rich.table import Table
+        from rich.text import Text
         from typer import rich_utils
     except ImportError:  # pragma: no cover (no rich: typer prints click's plain help, which wraps, not cuts)
         return
@@ -110,6 +114,14 @@ def _help_option_names_in_full() -> None:
 
     class HelpTable(Table):
         def add_row(self, *renderables, **kwargs) -> None:
+            n = len(renderables)  # typer 0.29's options row: [required,] long names, short names, --no- names,
+            # their short names, type, help (the commands table's rows have 2 cells)
+            if n in (6, 7) and isinstance(renderables[n - 6], Text) and isinstance(renderables[n - 5], Text):
+                names, short = renderables[n - 6], renderables[n - 5]
+                if short.plain:
+                    names = names.copy()
+                    names.append_text(Text(",") + short if names.plain else short)
+                renderables = (*renderables[:n - 6], names, *renderables[n - 4:])
             super().add_row(*renderables, **kwargs)
             for column in self.columns[:-1]:
                 column.no_wrap = True
@@ -202,7 +214,10 @@ if "typer.rich_utils" in sys.modules:
 else:
     sys.meta_path.insert(0, _OnImport("typer.rich_utils", _adjust_rich_help))
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.",
+                  # -h as --help: in every group and command too (each context takes its parent's names); no
+                  # command has an option of its own named -h
+                  context_settings={"help_option_names": ["-h", "--help"]})
 console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 

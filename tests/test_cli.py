@@ -1319,6 +1319,29 @@ def test_help_and_a_bare_group_keep_their_exit_statuses():
     assert p.returncode == 0 and "worker-crash" in p.stdout
 
 
+def _help_in_process(*argv: str) -> str:
+    """What ``inferbus ARGV`` prints for help (typer's runner: no CLI start per command); exit 0 asserted."""
+    from typer.testing import CliRunner
+
+    from inferbus.cli import app
+
+    r = CliRunner().invoke(app, list(argv))
+    assert r.exit_code == 0, (argv, r.exit_code, r.output[-1500:])
+    return r.output
+
+
+def test_h_is_help_for_the_root_and_every_group_and_command():
+    """``inferbus infer -h`` said ``No such option: -h`` (a fresh-user trial): ``-h`` is ``--help`` everywhere, the
+    same help (no command has an option of its own named ``-h``)."""
+    paths = [path for path, _ in _commands()]
+    assert ("infer",) in paths and ("chaos", "run") in paths and ("models", "load") in paths, paths
+    for path in paths:
+        assert _help_in_process(*path, "-h") == _help_in_process(*path, "--help"), path
+        assert "Usage: " in _help_in_process(*path, "-h"), path
+    p, _ = cli("infer", "-h")  # as the user ran it
+    assert p.returncode == 0 and "Usage: " in p.stdout and not p.stderr, p
+
+
 def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deployment):
     """A fresh-user trial: ``inferbus models`` did not show a model's ``max_batch_size``, ``cache_ttl_ms`` or
     ``description`` (config.json), nor did its metadata."""
