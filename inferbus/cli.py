@@ -214,6 +214,33 @@ if "typer.rich_utils" in sys.modules:
 else:
     sys.meta_path.insert(0, _OnImport("typer.rich_utils", _adjust_rich_help))
 
+
+def _no_type_for_flags_no_braces_for_arguments() -> None:
+    """Two marks of typer 0.29's help that say what is not so, for every command of this CLI: a flag's ``<bool>``
+    (``--json <bool>``, ``--topology --node <bool>``, ``--help <bool>``: a flag takes no value, and ``--json true`` is
+    refused), and the braces around a required argument on the usage line (``chaos run [OPTIONS] {NAME}``, read as
+    a set to choose from). A flag (a count too) shows no type; a required argument shows its name alone
+    (``chaos run [OPTIONS] NAME``), an optional one in brackets as before (``[VERSION]``), as Click writes them.
+    Nothing changes where typer has no such methods (a typer other than the 0.29 this was written against)."""
+    from typer import core
+
+    option, argument = getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)
+    type_shown = getattr(option, "display_type_rich", None)
+    if type_shown is not None:
+        def display_type_rich(self, ctx):
+            return None if self.is_flag or self.count else type_shown(self, ctx)
+
+        option.display_type_rich = display_type_rich
+    if argument is not None and hasattr(argument, "_usage_display_name") and hasattr(argument, "display_name_raw"):
+        def _usage_display_name(self) -> str:
+            name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+            return name + ("..." if self.nargs != 1 else "")
+
+        argument._usage_display_name = _usage_display_name
+
+
+_no_type_for_flags_no_braces_for_arguments()
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.",
                   # -h as --help: in every group and command too (each context takes its parent's names); no
                   # command has an option of its own named -h

@@ -1342,6 +1342,33 @@ def test_h_is_help_for_the_root_and_every_group_and_command():
     assert p.returncode == 0 and "Usage: " in p.stdout and not p.stderr, p
 
 
+def test_help_shows_no_type_for_a_flag_and_no_braces_around_a_required_argument():
+    """typer 0.29's help gave every flag a ``<bool>`` (``--topology --node <bool>``, ``--json <bool>``, ``--help
+    <bool>``), as if it took a value, and put a required argument in braces (``chaos run [OPTIONS] {NAME}``); a flag
+    now shows no type and a required argument its name alone, an optional one in brackets, rich help or plain."""
+    for path, cmd in _commands():
+        out = _help_in_process(*path, "--help")
+        assert "<bool>" not in out, (path, out)
+        usage = next(line for line in out.splitlines() if "Usage: " in line)
+        assert "{" not in usage and "}" not in usage, (path, usage)
+        flags = [o for prm in cmd.params if getattr(prm, "is_flag", False) and not prm.hidden for o in prm.opts
+                 if o.startswith("--")]
+        for flag in flags:  # its row: the flag's names, then straight to the help text (no type between)
+            row = next(line for line in out.splitlines() if re.search(rf"^│ [ *]*{flag}(?![\w-])", line))
+            assert not re.search(r"<\w+>", row.split(flag, 1)[1][:40]), (path, flag, row)
+    for argv, said in ((("chaos", "run"), "chaos run [OPTIONS] NAME"), (("infer",), "infer [OPTIONS] MODEL"),
+                       (("models", "load"), "models load [OPTIONS] NAME [VERSION]")):
+        usage = next(line for line in _help_in_process(*argv, "--help").splitlines() if "Usage: " in line)
+        assert usage.rstrip().endswith(said), usage
+    env = {k: v for k, v in os.environ.items() if k not in ("TERMINAL_WIDTH", "TYPER_USE_RICH")}
+    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "chaos", "run", "--help"], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT, env={**env, "COLUMNS": "120", "TYPER_USE_RICH": "0"})  # click's plain help
+    assert p.returncode == 0 and "chaos run [OPTIONS] NAME\n" in p.stdout and "<bool>" not in p.stdout, p.stdout
+    # the drill name is still checked (tests/test_cli_usage_errors.py: unknown-drill)
+    p, _ = cli("chaos", "run", "no-such-drill")
+    assert p.returncode == 2 and p.stderr.startswith("error: unknown drill 'no-such-drill'; known drills: "), p.stderr
+
+
 def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deployment):
     """A fresh-user trial: ``inferbus models`` did not show a model's ``max_batch_size``, ``cache_ttl_ms`` or
     ``description`` (config.json), nor did its metadata."""
