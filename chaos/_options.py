@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from inferbus._limits import number_as_typed
 from inferbus.bus._headers import MAX_TIMEOUT_MS
 
 MAX_DURATION_S = 86_400.0
@@ -39,9 +40,10 @@ def check_count(name: str, value: int, *, minimum: int = 1) -> None:
 
 def check_number(name: str, value: float, lo: float, hi: float, lo_ok: bool, unit: str) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number in (``lo``, ``hi``] ([``lo``, ``hi``]
-    with ``lo_ok``), in ``unit``."""
+    with ``lo_ok``), in ``unit``; the message gives ``value`` as :func:`~inferbus._limits.number_as_typed` writes it
+    (``got 0``, as typed, not ``got 0.0``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value >= lo if lo_ok else value > lo) and value <= hi
     if not ok:
         low = f"[{lo:g}" if lo_ok else f"({lo:g}"
-        raise ValueError(f"{name} must be a finite number in {low}, {hi:g}] {unit}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number in {low}, {hi:g}] {unit}, got {number_as_typed(value)}")

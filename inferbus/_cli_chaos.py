@@ -98,6 +98,7 @@ def run(
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
     from ._signals import StoppedBySignal, until_signal
+    from ._limits import number_as_typed
     from .cli import _check_timeout_s, _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...",
     # exit 2, as every command's usage error
 
@@ -126,7 +127,8 @@ def run(
     if unused:
         _usage(f"drill {name} does not take {', '.join(unused)}")
     if min_availability is not None and not 0.0 <= min_availability <= 1.0:  # NaN too
-        _usage(f"drill {name}: bad option: --min-availability must be a share between 0 and 1, got {min_availability}")
+        _usage(f"drill {name}: bad option: --min-availability must be a share between 0 and 1, "
+               f"got {number_as_typed(min_availability)}")
     if timeout_s is not None:  # in the words of every other command's --timeout-s (was "in (0, 600] s")
         _check_timeout_s(f"drill {name}: bad option", timeout_s, _as_typed("--timeout-s"))
     fn, opts_cls = get_drill(name).load()

@@ -52,3 +52,11 @@ def binary_size(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} bytes"
+
+
+def number_as_typed(value) -> str:
+    """``value`` as a refusal of an option echoes it: Python's shortest exact form (``repr``: ``600.0001``, ``1e+300``,
+    ``nan``, ``inf``), a float with no fraction without its ``.0`` (``601``, ``0``, ``-1``: what was typed for an
+    option parsed as a float, which ``repr`` gave as ``601.0``); anything else (an int, a string), its ``repr``."""
+    text = repr(value)
+    return text[:-2] if isinstance(value, float) and text.endswith(".0") else text

@@ -80,7 +80,7 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
     from ._cpus import cores_phrase, parse_cpu_list
     from ._limits import (BACKENDS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
                           MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
-                          MIN_MAX_PAYLOAD_BYTES, binary_size)
+                          MIN_MAX_PAYLOAD_BYTES, binary_size, number_as_typed)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
 if TYPE_CHECKING:  # (for annotations only: the commands that use them import them)
@@ -461,13 +461,14 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
     Raises:
         typer.Exit: (status 2) one line, ``<command>: <flag> must be a finite number of seconds > 0, got ...``
             or ``... at most 600 seconds ...``, the value as given (Python's shortest exact form, ``600.0001``,
-            ``1e+300``: ``:g`` said ``got 600`` of 600.0001).
+            ``1e+300``: ``:g`` said ``got 600`` of 600.0001; and ``601``, ``0``, not ``601.0``, ``0.0``: see
+            :func:`inferbus._limits.number_as_typed`).
     """
     if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
-        _usage(f"{command}: {flag} must be a finite number of seconds > 0, got {timeout_s!r}")
+        _usage(f"{command}: {flag} must be a finite number of seconds > 0, got {number_as_typed(timeout_s)}")
     if timeout_s > MAX_TIMEOUT_MS / 1000.0:
         _usage(f"{command}: {flag} must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
-               f"server honours), got {timeout_s!r}")
+               f"server honours), got {number_as_typed(timeout_s)}")
 
 
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
@@ -496,8 +497,11 @@ def _with_flags(message: str, command) -> str:
         field = m.group(1) or m.group(2)
         return flags.get(_FIELD_PARAMS.get(field, field)) or m.group(0)
 
-    # the values the message quotes or reports (``'a_b'``, ``got ...``) are the user's own text: left as they are
+    # the values the message quotes or reports (``'a_b'``, ``got ...``) are the user's own text: left as they are,
+    # but for the ``.0`` of a float with no fraction (``--hedge-budget 2``: ``got 2``, not ``got 2.0``), as
+    # number_as_typed writes a value
     head, got, tail = message.partition("; got ")
+    tail = re.sub(r"^(-?\d+)\.0(?!\d)", r"\1", tail)
     parts = re.split(r"('[^']*'|\"[^\"]*\")", head)
     head = "".join(p if i % 2 else _FIELD.sub(sub, p) for i, p in enumerate(parts))
     return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)
@@ -1078,7 +1082,7 @@ def up(
 
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
         _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
-               f"{demo_duration}")
+               f"{number_as_typed(demo_duration)}")
     _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
     run_dir = _folder_option("up", "--run-dir", run_dir)
 
@@ -1776,7 +1780,7 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
     name them), pid, status, restarts and last exit, as OTP's which_children gives them (exit 0 when a node answered, 1 when none did within --wait-s)."""
     if not (0 < wait_s <= MAX_TIMEOUT_MS / 1000.0):  # NaN fails the comparison
         _usage(f"nodes: --wait-s must be a number of seconds > 0 and at most {MAX_TIMEOUT_MS / 1000.0:.0f}, "
-               f"got {wait_s}")
+               f"got {number_as_typed(wait_s)}")
     _nats_urls_given("nodes", nats_url)
     import asyncio
 
@@ -1868,7 +1872,8 @@ def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingre
 
     for opt, v, hi in (("--duration", duration_s, MAX_BENCH_DURATION_S), ("--timeout-s", timeout_s, MAX_BENCH_TIMEOUT_S)):
         if not (math.isfinite(v) and 0 < v <= hi):
-            _usage(f"bench: {opt} must be a finite number > 0 and at most {hi:.0f} seconds; got {v}")
+            _usage(f"bench: {opt} must be a finite number > 0 and at most {hi:.0f} seconds; "
+                   f"got {number_as_typed(v)}")
     node = "processes of one node"
     for opt, v, lo, hi, what in (("--gens", gens, 1, max_bench_gens(), "4 per core on this host, at least 8"),
                                  ("--ingress", ingress, 1, MAX_NODE_PROCESSES, node),
