@@ -277,3 +277,82 @@ async def test_an_answer_known_to_be_over_max_payload_is_refused_before_the_mode
         with pytest.raises(PayloadTooLarge, match="before the model ran"):
             await client.infer("wide", {"x": rng.random((300, 1), dtype=np.float32)}, raw=False, timeout_s=10)
         assert (await _worker_stats(client))["computed"] == after["computed"]
+
+
+@pytest.mark.timeout(90)
+async def test_a_burst_refuses_its_too_large_request_before_the_model_runs(tmp_path):
+    """The colocated ingress's burst path (``Ingress._defer``, :meth:`Worker.run_burst`) makes the same check
+    before compute as one request alone: five requests handed to the ingress's subscription callback together
+    (the rest of the group waiting in its subscription, as ``bench.pathcost --batch`` hands them over, with its
+    helpers), the middle one of 100 rows (over a 64 KiB ``max_payload``), are held back as one burst; the large one
+    is refused PAYLOAD_TOO_LARGE, ``field: outputs``, "before the model ran" (``too_large_before_compute`` counts
+    it), and the four others are answered correctly from one model run of their 8 rows. Without the check in
+    ``run_burst`` the large request ran in a model run of its own and its answer was refused after (the late
+    check): ``computed`` and ``batches`` would count it and the message would say "the response is"."""
+    import nats
+
+    from bench.pathcost import _backlogs, _Msg, _per_request_us, _start, _unsliced
+    from inferbus.bus import EmbeddedNats
+    from inferbus.schemas import (InferRequest, decode_error, decode_response, encode_request, input_from_numpy,
+                                  output_to_numpy)
+
+    models = _write_wide_model(tmp_path / "models")
+    srv = EmbeddedNats(run_dir=tmp_path / "nats", server_name="burst", max_payload_bytes=1 << 16)
+    srv.spawn()
+    task = None
+    nc = None
+    try:
+        await asyncio.to_thread(srv.wait_ready)
+        # the model kept on the loop whatever its measured compute (a slow moment of the box would send the burst
+        # to the inference thread), as pathcost keeps it
+        col, task = await _start(srv.url, str(models), "wide", True, "burst", inline_max_compute_us=1e12,
+                                 flight_record_path=str(tmp_path / "burst.running"))
+        nc = await nats.connect(srv.url)
+        sub = await nc.subscribe("_BURST.>")
+        await nc.flush()
+        rng = np.random.default_rng(5)
+        feeds = [rng.random((2, 1), dtype=np.float32) for _ in range(4)]
+        big = rng.random((100, 1), dtype=np.float32)  # 100 x 1028 bytes of answer: over 64 KiB less 2 KiB
+        feeds.insert(2, big)
+        subject = col.ingress.subjects.infer("wide", "1")
+        msgs = [_Msg(subject, f"_BURST.{i}", encode_request(InferRequest(inputs=[input_from_numpy("x", x)])),
+                     {"Inferbus-Timeout-Ms": "10000"}) for i, x in enumerate(feeds)]
+        ws, counts = col.worker.stats, col.ingress.counts
+        before = (ws.received, ws.computed, ws.batches, ws.too_large_before_compute, counts["burst_runs"],
+                  counts["burst_deferred"])
+        # all five handed over back to back, each seeing the rest of the group waiting behind it (pending_msgs);
+        # the inline slice lifted so that a slow moment of the box cannot cut the burst in two
+        async with _unsliced():
+            with _backlogs(col):
+                await _per_request_us(col.ingress._on_infer, [msgs], yields=3, batch=len(msgs),
+                                      backlog=col.ingress._infer_sub)
+        replies = {}
+        while len(replies) < len(msgs):
+            m = await sub.next_msg(timeout=10)
+            replies[int(m.subject.rsplit(".", 1)[1])] = m
+        after = (ws.received, ws.computed, ws.batches, ws.too_large_before_compute, counts["burst_runs"],
+                 counts["burst_deferred"])
+        # one burst of five, all received; four computed in one model run; the large one counted, not computed
+        assert tuple(a - b for a, b in zip(after, before)) == (5, 4, 1, 1, 1, 5), (before, after)
+        err = decode_error(replies[2].headers, replies[2].data)
+        assert err is not None and err.code.value == "PAYLOAD_TOO_LARGE" and err.field == "outputs", err
+        assert "'wide' 100 rows x 1024 bytes" in err.message and "before the model ran" in err.message, err.message
+        for i, x in enumerate(feeds):
+            if i == 2:
+                continue
+            assert decode_error(replies[i].headers, replies[i].data) is None, (i, replies[i].data[:300])
+            resp = decode_response(replies[i].data)
+            out = {o.name: output_to_numpy(o) for o in resp.outputs}
+            np.testing.assert_array_equal(out["wide"], np.repeat(x, 256, axis=1))
+            np.testing.assert_array_equal(out["narrow"], x)
+            assert resp.parameters["exec"] == "inline" and resp.parameters["batch_size"] == 4, resp.parameters
+    finally:
+        if nc is not None:
+            await nc.close()
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except BaseException:
+                pass
+        await asyncio.to_thread(srv.stop)
