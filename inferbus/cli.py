@@ -1440,8 +1440,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                               f"whole ({escape(' '.join(str(exc).split()))}); listing what can be read")
             repo = ModelRepository(cfg.models_dir, list(cfg.models) or None, need={})
         for m in repo:
-            console.print(f"  model [cyan]{m.name}[/] versions {sorted(m.versions, key=int)} → "
-                          f"{cfg.prefix}.infer.{m.name}[.<version>]")
+            for line in _model_line(m.name, sorted(m.versions, key=int), cfg.prefix, console.width):
+                console.print(line)
         own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
         stopping_line = ("stopping: the ingresses stop taking requests and the workers finish theirs"
                          + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
@@ -1540,6 +1540,21 @@ _HOPS = (("ingress", ("decode", "validate", "cache", "route", "ingress_total")),
          ("reply", ("reply_hop",)), ("client", ("e2e", "bus_other", "inbound", "send_lag")))
 """The demo's hop-by-hop stages (``parameters.timings_us`` and the client's figures, README), by hop in the order a
 request passes them."""
+
+
+def _model_line(name: str, versions: list[str], prefix: str, width: int) -> list[str]:
+    """``up``'s line for model ``name`` (its versions, the subject it is served on) as rich markup lines of at most
+    ``width`` characters where they fit: ``  model <name> versions [...] → <prefix>.infer.<name>[.<version>]`` on
+    one line, else wrapped between its items (:func:`~inferbus.loadgen._result.wrap_items`): the versions and then
+    ``→`` with the subject each whole on a line of their own, indented by 4. rich broke the one line where it ran out of
+    room: on 60 columns after the ``→``, left dangling, and mid-subject on fewer or with a longer prefix. An item
+    longer than a line is left to the console to fold."""
+    from .loadgen._result import wrap_items
+
+    head = f"  model {name}"
+    lines = wrap_items(head, [f"versions {versions}", f"→ {prefix}.infer.{name}[.<version>]"], width, 4)
+    # the name in colour: the plain text decided the wrapping; the rest is escaped (a model name or prefix is text)
+    return [f"  model [cyan]{escape(name)}[/]{escape(lines[0][len(head):])}"] + [escape(line) for line in lines[1:]]
 
 
 def _hop_by_hop(stages: dict, width: int) -> list[str]:

@@ -92,6 +92,10 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
     items = dict(item.split("=") for line in hops for item in line.split() if "=" in item)
     assert {"decode", "ingress_total", "forward_hop", "compute", "worker_total", "reply_hop", "e2e"} <= set(items), hops
     assert "…" not in text, text[-3000:]  # no figure, header or name cut short
+    # the model's line (70 columns in one) wraps before its "→": the subject whole, on an indented line of its own
+    at = next(i for i, line in enumerate(lines) if line.startswith("  model digits versions"))
+    assert lines[at].rstrip() == "  model digits versions ['1', '2']", lines[at:at + 2]
+    assert lines[at + 1].rstrip() == "    → inferbus.infer.digits[.<version>]", lines[at:at + 2]
     title = next(i for i, line in enumerate(lines) if line.lstrip().startswith("inferbus demo — model digits"))
     steps = lines[title + 1:start]
     assert all(len(line.rstrip()) <= 60 for line in steps), steps
@@ -105,6 +109,36 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
         assert int(f["requests"]) > 0 and f["wrong"] == "0" and f["errors"] == "0", f
         assert float(f["p50"].removesuffix("ms")) <= float(f["p99.9"].removesuffix("ms")), f
     assert int(figures[3]["cache_hits"]) > 0, figures
+
+
+def test_up_model_lines_wrap_before_the_arrow_on_a_narrow_console():
+    """``up``'s line per model (``  model digits versions ['1', '2'] → inferbus.infer.digits[.<version>]``) was broken
+    by rich where it ran out of room (on 60 columns after the ``→``, left dangling; mid-subject on fewer). Where it does not fit it wraps between its items: the subject whole
+    after ``→`` on a line of its own, indented; where it fits it stays one line, the name in colour."""
+    import io
+
+    from rich.console import Console
+
+    from inferbus.cli import _model_line
+
+    def shown(name, versions, prefix, width, **kw):
+        con = Console(file=io.StringIO(), width=width, **kw)
+        for line in _model_line(name, versions, prefix, width):
+            con.print(line)
+        return con.file.getvalue()
+
+    one = "  model digits versions ['1', '2'] → inferbus.infer.digits[.<version>]"
+    assert shown("digits", ["1", "2"], "inferbus", 80, color_system=None) == one + "\n"
+    assert shown("digits", ["1", "2"], "inferbus", 60, color_system=None).splitlines() == [
+        "  model digits versions ['1', '2']", "    → inferbus.infer.digits[.<version>]"]
+    # the versions go on their own line too where the name and they do not fit together
+    assert shown("digits_cnn", ["1", "2", "3"], "p", 40, color_system=None).splitlines() == [
+        "  model digits_cnn", "    versions ['1', '2', '3']", "    → p.infer.digits_cnn[.<version>]"]
+    # the name in colour, decided on the plain text (the markup does not count against the width); markup-like
+    # text in a prefix is shown as it is
+    coloured = shown("digits", ["1"], "inferbus", 80, color_system="standard", force_terminal=True)
+    assert "\x1b[36mdigits\x1b[0m" in coloured, repr(coloured)
+    assert shown("m", ["1"], "[bold]x", 80, color_system=None) == "  model m versions ['1'] → [bold]x.infer.m[.<version>]\n"
 
 
 @pytest.mark.anyio
