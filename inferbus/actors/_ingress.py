@@ -367,6 +367,22 @@ def _shape_mismatch(t, info, i: int):
                           field=f"inputs[{i}].shape")
 
 
+def _check_rows_agree(req, arrays: list, model_name: str, max_batch_size: int) -> None:
+    """Raise InvalidArgument naming the first input (``inputs[i].shape``) whose rows (first dimension) differ from
+    the first input's, for a model of ``max_batch_size`` > 0, whose inputs all have the batch first (its metadata's
+    leading -1): Triton refuses such a request ("batch size does not match other inputs"). Served, it was answered
+    with outputs of different row counts, and a worker could not merge it with others."""
+    rows = arrays[0].shape[:1]
+    for i, a in enumerate(arrays):
+        if a.shape[:1] != rows:
+            first, t = req.inputs[0], req.inputs[i]
+            raise InvalidArgument(
+                f"input {t.name!r} has {a.shape[0] if a.ndim else 'no'} rows (shape {list(t.shape)}) but input "
+                f"{first.name!r} has {rows[0] if rows else 'no'} (shape {list(first.shape)}): model {model_name} "
+                f"has max_batch_size {max_batch_size}, so the first dimension of every input is the batch and "
+                f"must be the same", field=f"inputs[{i}].shape")
+
+
 def _l2_answer(value, mv) -> InferResponse | None:
     """The answer an L2 entry holds for model version ``mv``, or None when ``value`` is none: not bytes, not a
     MessagePack OIP response, or one of another model or version. An unreadable entry was put in L1 and answered as
@@ -836,7 +852,7 @@ class Ingress:
             req = decode_request(body, ct)
             t_dec = time.monotonic()
             try:
-                arrays, out_names = self._validate(req, mv, model_name)
+                arrays, out_names = self._validate(req, mv, model_name, model.config.max_batch_size)
                 t_val = time.monotonic()
                 if deadline <= t_val:  # a large request can spend its whole budget in decoding and validation
                     raise DeadlineExceeded(f"the request's budget ran out while the ingress decoded and validated it "
@@ -989,13 +1005,15 @@ class Ingress:
                 f"client's clock and this host's differ by more than {H.DEADLINE_SKEW_MS:.0f} ms)")
         return min(deadline, t0 + left_s)
 
-    def _validate(self, req, mv, model_name: str):
+    def _validate(self, req, mv, model_name: str, max_batch_size: int = 0):
         """``req``'s inputs against ``mv``'s metadata: ``([numpy array per input, in request order], requested
-        output names or None)``.
+        output names or None)``. ``max_batch_size``: the model's config (> 0: the first dimension of every input
+        is the batch, so every input must have as many rows, as Triton requires).
 
         Raises:
             InvalidArgument: an unexpected, repeated or missing input, a datatype or shape that does not fit, an
-                unknown output (naming the field).
+                unknown output (naming the field); for a model of ``max_batch_size`` > 0, an input whose first
+                dimension (its rows) differs from the first input's (``inputs[i].shape``).
             PayloadTooLarge: an input over ``max_tensor_bytes``; a BYTES input of more than ``max_bytes_elements``
                 elements (from its shape, before any element is read).
         """
@@ -1036,6 +1054,8 @@ class Ingress:
         if len(seen) != len(spec):
             missing = sorted(set(spec) - seen)
             raise InvalidArgument(f"missing input(s) {missing}", field="inputs")
+        if max_batch_size > 0 and len(arrays) > 1:
+            _check_rows_agree(req, arrays, model_name, max_batch_size)
         out_names = None
         if req.outputs:
             outs = self._outputs[mv.key]
