@@ -1619,9 +1619,11 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
 @app.command(short_help="Send one request built from .npy files; print the outputs.")
 def infer(
     model: str = typer.Argument(..., metavar="MODEL", help="Model name."),
-    input: list[str] = typer.Option(..., "--input", "-i", help="NAME=FILE.npy (repeat per input)."),
+    input: list[str] = typer.Option(..., "--input", "-i", metavar="NAME=FILE.npy",
+                                    help="An input's name and its .npy file (repeat per input)."),
     version: Optional[str] = typer.Option(None, help="Model version (default: the model's default)."),
-    output: list[str] = typer.Option([], "--output", "-o", help="Output names to compute (default all)."),
+    output: list[str] = typer.Option([], "--output", "-o", metavar="NAME",
+                                     help="An output to compute (repeat per output; default all)."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
     prefix: str = typer.Option("inferbus"),
     timeout_s: float = typer.Option(1.0, help="Request budget in seconds, retries included (> 0, at most 600)."),

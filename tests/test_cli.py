@@ -1364,6 +1364,7 @@ def test_help_shows_no_type_for_a_flag_and_no_braces_around_a_required_argument(
     for path, cmd in _commands():
         out = _help_in_process(*path, "--help")
         assert "<bool>" not in out, (path, out)
+        assert "<list[" not in out, (path, out)  # a repeatable option says what one value is (infer's -i, -o)
         usage = next(line for line in out.splitlines() if "Usage: " in line)
         assert "{" not in usage and "}" not in usage, (path, usage)
         flags = [o for prm in cmd.params if getattr(prm, "is_flag", False) and not prm.hidden for o in prm.opts
