@@ -45,5 +45,6 @@ def check_number(name: str, value: float, lo: float, hi: float, lo_ok: bool, uni
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value >= lo if lo_ok else value > lo) and value <= hi
     if not ok:
-        low = f"[{lo:g}" if lo_ok else f"({lo:g}"
-        raise ValueError(f"{name} must be a finite number in {low}, {hi:g}] {unit}, got {number_as_typed(value)}")
+        low = f"[{lo:,.15g}" if lo_ok else f"({lo:,.15g}"  # 1,000,000 as the other limits are written, not 1e+06
+        raise ValueError(f"{name} must be a finite number in {low}, {hi:,.15g}] {unit}, "
+                         f"got {number_as_typed(value)}")

@@ -261,3 +261,10 @@ def test_cli_refuses_out_of_range_values_in_one_line_before_starting_anything(dr
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
     assert r.stderr.startswith(f"error: drill {drill}: bad option: {named} must be"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout
+
+
+def test_a_rate_refusal_writes_its_bounds_as_the_other_limits_are_written():
+    """``--rate 0`` said ``(0, 1e+06] requests/s`` where every other limit reads ``1,000,000`` (a fresh-user trial)."""
+    r = _cli("run", "worker-crash", "--rate", "0")
+    assert r.returncode == 2 and "--rate must be a finite number in (0, 1,000,000] requests/s, got 0" in r.stderr, \
+        r.stderr
