@@ -90,20 +90,28 @@ if TYPE_CHECKING:  # (for annotations only: the commands that use them import th
 
 
 def _help_option_names_in_full() -> None:
-    """Make every ``--help`` print option names in full at 80 columns (they came out as ``--no-run-to-comple…``).
+    """Make every ``--help`` print option names in full and every help text whole, wrapped, at 60 columns and up.
 
     typer's rich help lays a command's options out in a table whose columns (long names, short names, ``--no-``
-    names, type, help) may all wrap, and rich cuts the widest of them to fit the terminal; typer's settings
-    (``rich_utils.STYLE_OPTIONS_TABLE_*``) are padding, box and lines, none for the columns. So: one space after
-    each column instead of one on each side (the empty short-name columns cost 1 character each instead of 2,
-    which leaves the help text wider), and the help tables are made from a subclass in which every column but the
-    last (the help text, which wraps in the width left) keeps its text on one line at its full width. And an
-    option's short names follow its long ones in their column (``--help,-h``, ``--input,-i``) instead of taking a
-    column of their own: ``-h`` made that column hold something in every command's table, and at 80 columns ``up``'s
-    help text, 3 columns narrower, was cut (``INFERBUS_REDIS_U…``). Every command and group of this CLI gets it
-    (the subcommands' apps are all added to ``app`` here).
+    names, their short names, type, help) may all wrap, and rich cuts the widest of them to fit the terminal; typer's
+    settings (``rich_utils.STYLE_OPTIONS_TABLE_*``) are padding, box and lines, none for the columns. So: one space
+    after each column instead of one on each side, and the help tables are made from a subclass in which
+
+    * an option's names share one column: its short names follow its long ones (``--help,-h``, ``--input,-i``) and its
+      secondary (``--no-``) names go on a line of their own below them (``--colocate`` / ``--no-colocate``). In
+      columns of their own, ``-h`` made the short-name column hold something in every command's table, and the
+      ``--no-`` column took 23 columns of ``up``'s: at 80 columns its help text was cut (``INFERBUS_REDIS_U…``), at
+      62 to 78 cut mid-word in hundreds of places, at 60 not shown at all (a fresh-user trial);
+    * every column but the last (the help text) keeps its text on one line at its full width, and the help text wraps
+      in the width left, a word longer than that line folded rather than cut;
+    * where the help text would have fewer than :data:`HELP_TEXT_MIN_WIDTH` columns (``up`` below 76 columns), the
+      type moves into the names' column: after the (last) name where it fits within that column, else on a line of
+      its own below the names.
+
+    Every command and group of this CLI gets it (the subcommands' apps are all added to ``app`` here).
     """
     try:
+        from rich.cells import cell_len
         from rich.table import Table
         from rich.text import Text
         from typer import rich_utils
@@ -112,22 +120,65 @@ def _help_option_names_in_full() -> None:
     if getattr(rich_utils, "Table", None) is not Table:  # pragma: no cover (a typer that builds its tables otherwise)
         return
 
+    def names_of(long: Text, short: Text) -> Text:
+        if not short.plain:
+            return long
+        return long + Text(",") + short if long.plain else short
+
+    def widest(cell) -> int:  # (a required option's mark is a Text, the others' a str)
+        return max(cell_len(line) for line in str(cell).split("\n"))
+
     class HelpTable(Table):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._settings = kwargs
+            self._options: list[tuple] = []  # ([required,] names, type, help) per option row
+
         def add_row(self, *renderables, **kwargs) -> None:
             n = len(renderables)  # typer 0.29's options row: [required,] long names, short names, --no- names,
             # their short names, type, help (the commands table's rows have 2 cells)
-            if n in (6, 7) and isinstance(renderables[n - 6], Text) and isinstance(renderables[n - 5], Text):
-                names, short = renderables[n - 6], renderables[n - 5]
-                if short.plain:
-                    names = names.copy()
-                    names.append_text(Text(",") + short if names.plain else short)
-                renderables = (*renderables[:n - 6], names, *renderables[n - 4:])
+            if n in (6, 7) and all(isinstance(r, Text) for r in renderables[n - 6:n - 1]):
+                long, short, no_long, no_short, kind = renderables[n - 6:n - 1]
+                names, secondary = names_of(long, short), names_of(no_long, no_short)
+                if secondary.plain:
+                    names = names + Text("\n") + secondary
+                renderables = (*renderables[:n - 6], names, kind, renderables[n - 1])
+                self._options.append(renderables)
             super().add_row(*renderables, **kwargs)
             for column in self.columns[:-1]:
                 column.no_wrap = True
+            self.columns[-1].overflow = "fold"
+
+        def __rich_console__(self, console, options):
+            if not self._options or len(self._options) != len(self.rows):  # (not an options table as typer's)
+                yield from super().__rich_console__(console, options)
+                return
+            right = self._padding[1]  # after each column but the last (pad_edge off)
+            fixed = [max(widest(row[i]) for row in self._options) for i in range(len(self._options[0]) - 1)]
+            if options.max_width - sum(w + right for w in fixed) >= HELP_TEXT_MIN_WIDTH or not fixed[-1]:
+                yield from super().__rich_console__(console, options)
+                return
+            width = fixed[-2]  # the names' column
+            table = Table(**self._settings)
+            for row in self._options:
+                *required, names, kind, help_text = row
+                if kind.plain:
+                    last = names.plain.split("\n")[-1]
+                    fits = cell_len(last) + 1 + kind.cell_len <= width
+                    names = names + Text(" " if fits else "\n") + kind
+                table.add_row(*required, names, help_text)
+            for column in table.columns[:-1]:
+                column.no_wrap = True
+            table.columns[-1].overflow = "fold"
+            yield table
 
     rich_utils.STYLE_OPTIONS_TABLE_PADDING = (0, 1, 0, 0)
     rich_utils.Table = HelpTable
+
+
+HELP_TEXT_MIN_WIDTH = 40
+"""Where an options table of ``--help`` would leave its help texts fewer columns than this, an option's type goes
+into the names' column (:func:`_help_option_names_in_full`)."""
 
 
 def _help_width() -> Optional[int]:

@@ -731,6 +731,62 @@ def test_every_help_prints_every_option_name_in_full_at_80_columns(path):
     assert not missing, sorted(missing)
 
 
+_EVERY_HELP = """
+import sys
+import typer
+from inferbus.cli import app
+command = typer.main.get_command(app)
+for path in {paths!r}:
+    print("\\x00" + " ".join(path), flush=True)
+    try:
+        command.main([*path, "--help"], prog_name="inferbus", standalone_mode=False)
+    except SystemExit:
+        pass
+    sys.stdout.flush()
+"""
+
+
+def _every_help_at(columns: int) -> dict[tuple[str, ...], str]:
+    """Every command's and group's ``--help`` laid out at ``columns`` (piped, ``COLUMNS`` set, as
+    :func:`_help_at_80_columns`), from one process: path → its help."""
+    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
+    paths = [path for path, _ in _commands()]
+    p = subprocess.run([sys.executable, "-c", _EVERY_HELP.format(paths=paths)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**env, "COLUMNS": str(columns)})
+    assert p.returncode == 0, p.stderr[-1500:]
+    parts = p.stdout.split("\x00")[1:]
+    helps = {tuple(part.split("\n", 1)[0].split()): part.split("\n", 1)[1] for part in parts}
+    assert list(helps) == paths
+    return helps
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_every_help_shows_every_help_text_wrapped_not_cut_at_60_and_80_columns(columns):
+    """A fresh-user trial: at 60 columns ``up --help`` printed no help text at all in its main panel (the long names,
+    the ``--no-`` names and the types took every column), and from 62 to 78 columns cut them mid-word with ``…``
+    (542 lines at 62, still ``[env var: INFERBUS_REDIS_UR…`` at 78); ``cluster up --help`` cut its too at 60. The
+    ``--no-`` names now go below the option's name, in its column, and where the help texts would still be narrow
+    the type goes there too: every help text is printed, wrapped in the width left, at 60 and 80 columns, for every
+    command and group; no line is wider than the terminal."""
+    from rich.text import Text
+
+    for path, out in _every_help_at(columns).items():
+        name = " ".join(path) or "(root)"
+        assert "…" not in out, (name, [line for line in out.splitlines() if "…" in line])
+        assert max(len(line) for line in out.splitlines()) <= columns, (name, out)
+        cmd = dict(_commands())[path]
+        lines = [" ".join(line.split()) for line in out.splitlines()]
+        for prm in cmd.params:  # each option's help text starts beside its name: its first words on one line
+            if getattr(prm, "hidden", False) or not getattr(prm, "help", None):
+                continue
+            first = " ".join(Text.from_markup(prm.help).plain.split()[:2])
+            assert any(first in line for line in lines), (name, prm.name, first, out)
+        words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())  # the panels' text, one space between words
+        for sub in getattr(cmd, "commands", {}).values():  # a group's command summaries, whole
+            if not sub.hidden:
+                assert " ".join(sub.short_help.split()) in words, (name, sub.name, out)
+
+
 def _up_help_rows() -> dict[str, str]:
     """``up --help`` at 400 columns (one line per option): the first option name of each row → the row."""
     env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
