@@ -24,10 +24,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 @app.command("list", short_help="List the registered drills.")
 def list_drills() -> None:
     """List the registered drills."""
+    import textwrap
+
     from chaos.drills import DRILLS
 
-    for name in sorted(DRILLS):
-        typer.echo(f"{name:18s} {DRILLS[name].summary}")
+    from .cli import console
+
+    for name in sorted(DRILLS):  # each summary wrapped to the terminal (or COLUMNS), under the summaries' column
+        typer.echo("\n".join(textwrap.wrap(f"{name:18s} {DRILLS[name].summary}", max(console.width, 40),
+                                            subsequent_indent=" " * 19, break_on_hyphens=False)))
 
 
 _FAULT_WITHIN_LOAD = ("region-failover", "region-partition", "nats-node-loss")

@@ -7,11 +7,9 @@ so this command never holds a GPU context or GPU memory itself.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 
 def devices(
@@ -27,9 +25,8 @@ def devices(
     from rich.table import Table
 
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
-    from .cli import _usage
-
-    console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
+    from ._wrap import FittedTable
+    from .cli import _usage, console
     try:
         disc = discover_devices()
     except BackendUnavailable as exc:  # its message ends with the probe's stderr (a traceback): one line of it
@@ -46,20 +43,24 @@ def devices(
             {"backend": p.backend, "device_kind": p.device_kind, "device_index": p.device_index, "env": p.env}
             for p in plan], "plan_error": plan_error}, indent=2))
         raise typer.Exit(1 if plan_error else 0)
-    t = Table(title="devices")
-    for col in ("kind", "device", "model", "memory", "served by", "default precision"):
+    t, columns, rows = Table(), ("kind", "device", "model", "memory", "served by", "default precision"), []
+    for col in columns:
         t.add_column(col)
     for g in disc.gpus:
         mem = g.facts.get("memory_bytes")
-        t.add_row("gpu", g.name, str(g.facts.get("model", "")), f"{mem / 2**30:.0f} GiB" if mem else "",
-                  disc.serving("gpu", chosen), default_precision("gpu"))
+        rows.append(("gpu", g.name, str(g.facts.get("model", "")), f"{mem / 2**30:.0f} GiB" if mem else "",
+                     disc.serving("gpu", chosen), default_precision("gpu")))
     for tp in disc.tpus:
-        t.add_row("tpu", tp.name, str(tp.facts.get("model", "")), "", disc.serving("tpu", chosen),
-                  default_precision("tpu"))
+        rows.append(("tpu", tp.name, str(tp.facts.get("model", "")), "", disc.serving("tpu", chosen),
+                     default_precision("tpu")))
     cpus = disc.cpus
-    t.add_row("cpu", f"{len(cpus)} slots ({cpus[0]}..{cpus[-1]})" if cpus else "0 slots", "", "",
-              disc.serving("cpu", chosen), default_precision("cpu"))
-    console.print(t)
+    rows.append(("cpu", f"{len(cpus)} slots ({cpus[0]}..{cpus[-1]})" if cpus else "0 slots", "", "",
+                 disc.serving("cpu", chosen), default_precision("cpu")))
+    for row in rows:
+        t.add_row(*row)
+    console.print(FittedTable(t, "devices", [(f"{row[0]} {row[1]}:", [f"{col.replace(' ', '_')}={cell}" for col, cell
+                                                                    in zip(columns[2:], row[2:]) if cell])
+                                             for row in rows], wrap_cells=True))
     jx = disc.jax
     console.print(f"jax: {jx['version'] + ' on ' + jx['platform'] if jx else disc.notes.get('jax', 'absent')}; "
                   f"tensorrt: {disc.tensorrt or disc.notes.get('tensorrt', 'absent')}; onnxruntime providers: "

@@ -60,6 +60,8 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         return
     from rich.table import Table
 
+    from ._wrap import FittedTable
+
     _check_timeout_s("models", timeout_s)
 
     async def go():
@@ -75,7 +77,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
 
         print(msgspec.json.encode(ml).decode())
         return
-    t = Table(title="models")
+    t = Table()
     # a version some worker does not serve because its files are not those it was pinned to (docs/models.md)
     problems = {m.name: (m.parameters or {}).get("versions_not_served") or {} for m in ml.models}
     described = any((m.parameters or {}).get("description") for m in ml.models)
@@ -86,6 +88,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
     for col in cols:
         t.add_column(col)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
+    blocks = []
     for m in ml.models:  # the default version: what a request naming none is served by (metadata parameters)
         mp = m.parameters or {}
         default = str(mp.get("default_version", ""))
@@ -98,7 +101,9 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         if len(cols) > len(row):
             row.append(",".join(sorted(problems[m.name], key=lambda v: (len(v), v))))
         t.add_row(*row)
-    console.print(t)
+        blocks.append((f"{m.name}:", [f"{col.replace(' ', '_')}={cell}" for col, cell in zip(cols[1:], row[1:]) if cell]))
+    # on a terminal too narrow for the table (most are: its natural width is ~200 columns), name=value blocks
+    console.print(FittedTable(t, "models", blocks, wrap_cells=True))
     for name, probs in problems.items():  # why, one line each, unwrapped (a digest is 71 characters)
         for line in _not_served(name, probs):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -190,11 +190,10 @@ def _help_width() -> Optional[int]:
     stderr that is a terminal, else 80: with stdin on a 40-column terminal ``up --help`` had no room left for
     the help texts at all (the option names and types took it), and at 80 columns 20 for them.
     """
-    if sys.stdout is None or sys.stdout.isatty():  # None: started with stdout closed (`>&-`); nothing is shown
+    if _stdout_is_a_terminal():
         return None
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    if _columns():
+        return _columns()
     width = 0
     for fd in (0, 2):
         try:
@@ -203,6 +202,29 @@ def _help_width() -> Optional[int]:
             pass
     return max(width, HELP_MIN_WIDTH)
 
+
+def _stdout_is_a_terminal() -> bool:
+    """Whether stdout is a terminal; also True where there is no stdout (started with it closed, ``>&-``: nothing
+    is shown, and rich's own choice stands)."""
+    return sys.stdout is None or sys.stdout.isatty()
+
+
+def _columns() -> Optional[int]:
+    """``COLUMNS`` where it is set to a width (a number > 0), else None."""
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+def _output_width() -> Optional[int]:
+    """The width the commands' output (``console``) is laid out in: None (rich's choice: ``COLUMNS``, else the
+    terminal's width) when stdout is a terminal; piped, ``COLUMNS`` where it is set, as ``--help`` takes it
+    (:func:`_help_width`), else :data:`PIPED_WIDTH`. Piped, the commands' output took 160 columns whatever
+    ``COLUMNS`` said (``COLUMNS=80 inferbus models | less``: a table of 160)."""
+    return None if _stdout_is_a_terminal() else _columns() or PIPED_WIDTH
+
+
+PIPED_WIDTH = 160
+"""The width of the commands' output piped with no ``COLUMNS`` (a log, a file): wide, so that lines stay whole."""
 
 HELP_MIN_WIDTH = 100
 """The least width of ``--help`` printed to something other than a terminal (see :func:`_help_width`)."""
@@ -296,7 +318,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML
                   # -h as --help: in every group and command too (each context takes its parent's names); no
                   # command has an option of its own named -h
                   context_settings={"help_option_names": ["-h", "--help"]})
-console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 160)
+console = Console(width=_output_width())
 err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
@@ -1447,14 +1469,18 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         if stop.is_set():  # the signal came as the start finished
             return await stop_start()
         nats_where = f" (nats-server on {cores_phrase(cfg.nats_cpus)})" if cfg.nats_cpus else ""
-        pinned = f"actors pinned to {cores_phrase(node.serving_cores)}, " if cfg.pin_cpus else ""
-        console.print(f"[bold green]inferbus up[/] in {time.monotonic() - t0:.2f}s — NATS "
-                      f"{shown_servers(node.nats_url)}{nats_where}, "
-                      f"L2 cache {shown_url(node.redis_url) if node.redis_url else 'off'}, {len(node.worker_ids)} worker(s), "
-                      f"{node.n_ingress} ingress"
-                      f"{' (colocated with the CPU workers)' if cfg.colocate else ''}, "
-                      f"{f'busy polling {cfg.busy_poll_us:.0f} µs, ' if cfg.busy_poll_us else ''}{pinned}"
-                      f"run dir {node.run_dir}", soft_wrap=True)  # one line: logs are grepped for it
+        parts = [f"NATS {shown_servers(node.nats_url)}{nats_where}",
+                 f"L2 cache {shown_url(node.redis_url) if node.redis_url else 'off'}",
+                 f"{len(node.worker_ids)} worker(s)",
+                 f"{node.n_ingress} ingress{' (colocated with the CPU workers)' if cfg.colocate else ''}",
+                 *([f"busy polling {cfg.busy_poll_us:.0f} µs"] if cfg.busy_poll_us else []),
+                 *([f"actors pinned to {cores_phrase(node.serving_cores)}"] if cfg.pin_cpus else []),
+                 f"run dir {node.run_dir}"]
+        # on a terminal (or piped with COLUMNS) wrapped between its parts; in a log one line: it is grepped for
+        width = _wrap_width()
+        for line in _marked_lines([("inferbus up", "bold green"), (f" in {time.monotonic() - t0:.2f}s —", "")],
+                                  [f"{part}," for part in parts[:-1]] + parts[-1:], width):
+            console.print(line, soft_wrap=width is None)
         if node.metrics is not None:
             console.print(f"  metrics http://{cfg.metrics_host}:{node.metrics.port}/metrics", soft_wrap=True)
         if cfg.busy_poll_us:
@@ -1491,7 +1517,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                               f"whole ({escape(' '.join(str(exc).split()))}); listing what can be read")
             repo = ModelRepository(cfg.models_dir, list(cfg.models) or None, need={})
         for m in repo:
-            for line in _model_line(m.name, sorted(m.versions, key=int), cfg.prefix, console.width):
+            for line in _model_line(m.name, sorted(m.versions, key=int), cfg.prefix, width or console.width):
                 console.print(line)
         own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
         stopping_line = ("stopping: the ingresses stop taking requests and the workers finish theirs"
@@ -1596,16 +1622,32 @@ request passes them."""
 def _model_line(name: str, versions: list[str], prefix: str, width: int) -> list[str]:
     """``up``'s line for model ``name`` (its versions, the subject it is served on) as rich markup lines of at most
     ``width`` characters where they fit: ``  model <name> versions [...] → <prefix>.infer.<name>[.<version>]`` on
-    one line, else wrapped between its items (:func:`~inferbus.loadgen._result.wrap_items`): the versions and then
-    ``→`` with the subject each whole on a line of their own, indented by 4. rich broke the one line where it ran out of
-    room: on 60 columns after the ``→``, left dangling, and mid-subject on fewer or with a longer prefix. An item
-    longer than a line is left to the console to fold."""
-    from .loadgen._result import wrap_items
+    one line, else wrapped between its items (:func:`_marked_lines`): the versions and then ``→`` with the subject
+    each whole on a line of their own, indented by 4. rich broke the one line where it ran out of room: on 60 columns
+    after the ``→``, left dangling, and mid-subject on fewer or with a longer prefix. An item longer than a line is
+    left to the console to fold."""
+    return _marked_lines([("  model ", ""), (name, "cyan")],
+                         [f"versions {versions}", f"→ {prefix}.infer.{name}[.<version>]"], width)
 
-    head = f"  model {name}"
-    lines = wrap_items(head, [f"versions {versions}", f"→ {prefix}.infer.{name}[.<version>]"], width, 4)
-    # the name in colour: the plain text decided the wrapping; the rest is escaped (a model name or prefix is text)
-    return [f"  model [cyan]{escape(name)}[/]{escape(lines[0][len(head):])}"] + [escape(line) for line in lines[1:]]
+
+def _marked_lines(head: list[tuple[str, str]], items: list[str], width: Optional[int]) -> list[str]:
+    """``head`` (its pieces of text, each with a rich style or ``""``) then ``items`` as rich markup lines, wrapped
+    between items to ``width`` characters (:func:`~inferbus._wrap.wrap_items`), each further line indented by 4; one
+    line where ``width`` is None. The wrapping is decided on the plain text (the markup does not count against the
+    width); every text is escaped (a model name, a prefix or a path is shown as it is)."""
+    from ._wrap import wrap_items
+
+    plain = "".join(text for text, _ in head)
+    lines = wrap_items(plain, items, width or sys.maxsize, 4)
+    marked = "".join(f"[{style}]{escape(text)}[/]" if style else escape(text) for text, style in head)
+    return [marked + escape(lines[0][len(plain):])] + [escape(line) for line in lines[1:]]
+
+
+def _wrap_width() -> Optional[int]:
+    """The width ``up``'s lines are wrapped to: the console's on a terminal, or piped where ``COLUMNS`` is set (as
+    ``--help`` follows it); None (one line each) piped without it, into a log, which is grepped for ``inferbus up in``
+    and its run dir."""
+    return console.width if _stdout_is_a_terminal() or _columns() else None
 
 
 def _hop_by_hop(stages: dict, width: int) -> list[str]:
@@ -1621,7 +1663,7 @@ def _hop_by_hop(stages: dict, width: int) -> list[str]:
     rows.append(("other", [f"{k}={v:g}" for k, v in stages.items() if k not in known]))
     rows = [(hop, items) for hop, items in rows if items]
     indent = 2 + max(len(hop) for hop, _ in rows) + 1
-    from .loadgen._result import wrap_items
+    from ._wrap import wrap_items
 
     lines = ["hop-by-hop means at c=1 (µs):"]
     for hop, items in rows:
@@ -1880,18 +1922,30 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
     else:
         from rich.table import Table
 
+        from ._wrap import FittedTable
+
+        columns = ("supervisor", "child", "actors", "pid", "status", "restarts", "last exit")
         for t in trees:
-            table = Table(title=f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
-                                + (", stopping" if t.get("stopping") else "") + ")", title_justify="left")
-            for col in ("supervisor", "child", "actors", "pid", "status", "restarts", "last exit"):
+            table, blocks = Table(), []
+            for col in columns:
                 table.add_column(col, justify="right" if col in ("pid", "restarts") else "left")
             for sup in t.get("supervisors", []):
-                table.add_row(f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
-                              f"{sup['period_s']:g} s)", "", "", "", "", str(sup["restarts"]), "")
+                supervisor = (f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
+                              f"{sup['period_s']:g} s)")
+                table.add_row(supervisor, "", "", "", "", str(sup["restarts"]), "")
+                blocks.append((f"supervisor {sup['name']}:", [
+                    f"state={sup['state']}", f"strategy={sup['strategy']}", f"intensity={sup['intensity']}",
+                    f"period_s={sup['period_s']:g}", f"restarts={sup['restarts']}"]))
                 for ch in sup.get("children", []):
-                    table.add_row("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
-                                  ch["status"], str(ch["restarts"]), ch["last_exit"] or "-")
-            console.print(table)
+                    row = ("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
+                           ch["status"], str(ch["restarts"]), ch["last_exit"] or "-")
+                    table.add_row(*row)
+                    blocks.append((f"  child {ch['id']}:", [f"{col.replace(' ', '_')}={cell}"
+                                                            for col, cell in zip(columns[2:], row[2:])]))
+            title = (f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
+                     + (", stopping" if t.get("stopping") else "") + ")")
+            # where the table does not fit (an 80-column terminal), name=value blocks: a supervisor, its children
+            console.print(FittedTable(table, title, blocks, wrap_cells=True, title_justify="left"))
     raise typer.Exit(0 if trees else EXIT_FAILED)
 
 

@@ -1024,6 +1024,34 @@ async def test_error_replies_count_in_qps_but_not_in_ok_qps_and_the_table_breaks
     assert cells[names.index("errors")] == f"NO_RESPONDERS {r.requests}", cells
 
 
+def test_the_results_table_title_has_no_trailing_spaces_and_a_narrow_console_gets_name_value_blocks():
+    """``up --demo > file`` padded the table's centred title with spaces to the table's width (130 columns): the title
+    is centred by the spaces before it only. On a console too narrow for the table, ``name=value`` blocks."""
+    import io
+
+    from rich.console import Console
+
+    from inferbus.loadgen import render_table
+
+    rec = Recorder()
+    for us in (900, 1000, 1100):
+        rec.record(us)
+    r = merge_wire([rec.to_wire(1.0, 0.0)], model="digits", mode="closed", concurrency=1, rate_qps=None,
+                   target="inferbus")
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(render_table([r], "inferbus demo — model digits"))
+    lines = out.getvalue().splitlines()
+    assert not [line for line in lines if line != line.rstrip()], lines
+    table_width = max(len(line) for line in lines[1:])
+    assert lines[0].strip() == "inferbus demo — model digits" and lines[1].startswith("┏"), lines
+    assert abs(len(lines[0]) - len(lines[0].strip()) - (table_width - len(lines[0].strip())) // 2) <= 1, lines
+    out = io.StringIO()
+    Console(file=out, width=60, color_system=None).print(render_table([r], "t"))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "t" and lines[1].startswith("digits closed c=1: requests=3 ") and "…" not in out.getvalue()
+    assert all(len(line) <= 60 for line in lines) and all(line.startswith("    ") for line in lines[2:]), lines
+
+
 def test_the_error_breakdown_lists_the_most_frequent_code_first():
     from inferbus.loadgen._result import error_breakdown
 

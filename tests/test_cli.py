@@ -1452,6 +1452,105 @@ def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deploym
     assert "64" in cells and "100" in cells and any(c.startswith("Handwritten digit") for c in cells), cells
 
 
+def _in_a_pty(argv: list[str], columns: int, env: dict) -> str:
+    """What ``argv`` prints to a terminal (a pty) of ``columns`` columns, escapes and carriage returns taken out."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    os.close(slave)
+    out = bytearray()
+    try:
+        while True:  # until the process (the only holder of the pty's other end) is gone
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(30) == 0, (out.decode(errors="replace")[-3000:], proc.stderr.read()[-3000:])
+    finally:
+        os.close(master)
+        proc.stderr.close()
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
+
+
+def test_models_and_nodes_on_a_narrow_terminal_print_name_value_blocks_not_cut_cells(deployment):
+    """A fresh-user trial: on an 80-column terminal rich fitted the ``models`` and ``nodes`` tables by cutting every
+    cell (``versi…``, ``onnxr…``, ``node-n1-ser…``), worse at 60; piped they ignored ``COLUMNS`` (a table of 160
+    columns with ``COLUMNS=80``). Where the table does not fit without cutting, each model (each supervisor and
+    child) is a block of ``name=value`` items wrapped between items, as ``bench``'s results; piped, the width is
+    ``COLUMNS`` where it is set, as for ``--help``."""
+    listed = json.loads(cli("models", "--nats-url", deployment.nats_url, "--json")[0].stdout)["models"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    piped = {}
+    for command in ("models", "nodes"):
+        p, _ = cli(command, "--nats-url", deployment.nats_url, env={"COLUMNS": "60"})
+        assert p.returncode == 0, p.stderr
+        piped[command] = p.stdout
+    for said, (models, nodes) in {
+            "piped, COLUMNS=60": (piped["models"], piped["nodes"]),
+            "a pty of 80 columns": (_in_a_pty([sys.executable, "-m", "inferbus.cli", command, "--nats-url",
+                                               deployment.nats_url], 80, env) for command in ("models", "nodes"))
+    }.items():
+        width = 60 if said.startswith("piped") else 80
+        for out in (models, nodes):
+            assert "…" not in out and "┃" not in out, (said, out)
+            assert max(len(line) for line in out.splitlines()) <= width, (said, out)
+        assert models.splitlines()[0] == "models", (said, models)
+        blocks = "\n".join(models.splitlines()[1:]).replace("\n    ", " ").splitlines()  # one line per model
+        assert [b.split(":")[0] for b in blocks] == [m["name"] for m in listed], (said, models)
+        for m, block in zip(listed, blocks):
+            assert f"versions={','.join(m['versions'])} " in block and f" platform={m['platform']} " in block, block
+            assert f" max_batch={m['parameters']['max_batch_size']} " in block, block
+            assert " description=" + " ".join(m["parameters"]["description"].split()) in block, block
+        assert nodes.startswith(f"node n1 (pid {deployment.proc.pid}, up "), (said, nodes)
+        children = [m.group(1) for line in nodes.splitlines() if (m := re.match(r"  child (\S+): actors=", line))]
+        assert {"nats", "valkey", "aggregator", "worker:n1-w0", "worker:n1-w1", "ingress:0"} <= set(children), nodes
+        assert "supervisor node-n1: state=running strategy=one_for_one" in nodes, (said, nodes)
+    # where it fits, still the table: one line per model at 1000 columns, its title with no padding after it
+    p, _ = cli("models", "--nats-url", deployment.nats_url, env={"COLUMNS": "1000"})
+    assert p.stdout.splitlines()[0].strip() == "models" and not p.stdout.splitlines()[0].endswith(" "), p.stdout
+    assert sum(line.startswith("│ ") for line in p.stdout.splitlines()) == len(listed), p.stdout
+
+
+def test_piped_output_takes_columns_where_set_as_help_does(monkeypatch):
+    """Piped, the commands' output was laid out in 160 columns whatever ``COLUMNS`` said, where ``--help`` follows it
+    (``COLUMNS=80 inferbus models | less``: a 160-column table). ``COLUMNS`` where it is set, else 160 (a log keeps
+    its lines whole; ``up``'s first line, grepped for, stays one line there); on a terminal, rich's choice."""
+    import io
+
+    from inferbus import cli as cli_module
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    for columns, width in (("60", 60), ("80", 80), ("", 160), ("0", 160), ("x", 160)):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert cli_module._output_width() == width, columns
+    monkeypatch.delenv("COLUMNS")
+    assert cli_module._output_width() == 160
+
+
+def test_chaos_list_wraps_each_summary_to_columns_under_the_summaries():
+    """``chaos list`` printed each drill on one line whatever the width (up to ~130 characters at ``COLUMNS=60``):
+    each summary now wraps to the width, its further lines under the summaries' column."""
+    from chaos.drills import DRILLS
+
+    p, _ = cli("chaos", "list", env={"COLUMNS": "60"})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 60 and len(lines) > len(DRILLS), p.stdout
+    entries = "\n".join(lines).replace("\n" + " " * 19, " ").splitlines()
+    assert [e.split()[0] for e in entries] == sorted(DRILLS), p.stdout
+    for entry in entries:
+        name = entry.split()[0]
+        assert entry == f"{name:18s} {' '.join(DRILLS[name].summary.split())}", entry
+
+
 @pytest.mark.parametrize("region", ["", " ", "a.b", "x" * 65])
 def test_up_refuses_a_region_that_is_no_name(tmp_path, region):
     """``--region ''`` started a node with no region where ``' '`` and ``a.b`` were refused (a fresh-user trial)."""

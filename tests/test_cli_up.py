@@ -49,14 +49,19 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
 
     The results table above them needs about 130 columns: rich fitted it to 60 (and to 80, 100) by cutting every cell
     short, so not one figure of the run could be read (``d…``, ``4…``, ``0.…``; a later fresh-user trial). On a console
-    too narrow for it the same figures come as ``name=value`` items, one block per step, wrapped between items."""
+    too narrow for it the same figures come as ``name=value`` items, one block per step, wrapped between items.
+
+    ``up``'s first line (``inferbus up in 2.24s — NATS ..., L2 cache ..., 1 worker(s), 1 ingress, run dir ...``, ~150
+    characters) was not wrapped at all (the terminal broke it anywhere); it wraps between its parts now, as the model
+    lines do."""
     import fcntl
     import pty
     import struct
     import termios
 
     models = models_subset(tmp_path / "models", ["digits"])
-    argv = UP + ["--demo", "--demo-duration", "0.3", "--nats-port", str(free_port()), "--workers", "1", "--no-cache",
+    port = free_port()
+    argv = UP + ["--demo", "--demo-duration", "0.3", "--nats-port", str(port), "--workers", "1", "--no-cache",
                  "--models", str(models), "--run-dir", str(tmp_path / "run")]
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
@@ -82,8 +87,9 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
             proc.wait()
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
     lines = text.splitlines()
-    assert not [line for line in lines if line.rstrip().endswith(",")], text[-3000:]
     start = next(i for i, line in enumerate(lines) if line.startswith("hop-by-hop means at c=1 (µs):"))
+    # (the first line's parts are separated by ", " and may end a line with one: it wraps as text does)
+    assert not [line for line in lines[start:] if line.rstrip().endswith(",")], text[-3000:]
     end = next(i for i, line in enumerate(lines) if line.startswith("wrong answers: 0"))
     hops = lines[start + 1:end]
     assert [line.split()[0] for line in hops if not line.startswith("   ")][:5] == [
@@ -92,8 +98,18 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
     items = dict(item.split("=") for line in hops for item in line.split() if "=" in item)
     assert {"decode", "ingress_total", "forward_hop", "compute", "worker_total", "reply_hop", "e2e"} <= set(items), hops
     assert "…" not in text, text[-3000:]  # no figure, header or name cut short
-    # the model's line (70 columns in one) wraps before its "→": the subject whole, on an indented line of its own
+    # the first line wraps between its parts: each whole on one line, the lines after the first indented by 4 (the
+    # run dir, longer than a line here, folded by rich), none wider than the terminal
     at = next(i for i, line in enumerate(lines) if line.startswith("  model digits versions"))
+    first = next(i for i, line in enumerate(lines) if line.startswith("inferbus up in "))
+    head = lines[first:at]
+    assert len(head) > 1 and all(len(line.rstrip()) <= 60 for line in head), head
+    for part in (f"NATS nats://127.0.0.1:{port},", "L2 cache off,", "1 worker(s),", "1 ingress,"):
+        assert sum(part in line for line in head) == 1, (part, head)
+    dir_at = next(i for i, line in enumerate(head) if "run dir" in line)
+    assert all(line.startswith("    ") and not line.startswith("     ") for line in head[1:dir_at + 1]), head
+    assert re.sub(r"\s", "", "".join(head[dir_at:])).endswith(f"rundir{tmp_path / 'run'}"), head
+    # the model's line (70 columns in one) wraps before its "→": the subject whole, on an indented line of its own
     assert lines[at].rstrip() == "  model digits versions ['1', '2']", lines[at:at + 2]
     assert lines[at + 1].rstrip() == "    → inferbus.infer.digits[.<version>]", lines[at:at + 2]
     title = next(i for i, line in enumerate(lines) if line.lstrip().startswith("inferbus demo — model digits"))

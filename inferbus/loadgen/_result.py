@@ -321,22 +321,6 @@ def load_label(r: BenchResult) -> str:
     return f"c={r.concurrency}" if r.concurrency is not None else f"{r.rate_qps:g}/s"
 
 
-def wrap_items(head: str, items: list[str], width: int, indent: int) -> list[str]:
-    """``head`` and then ``items`` as lines of at most ``width`` characters, wrapped between items (never inside one):
-    each item follows a space (none after a ``head`` that ends with one), and a line that would run past ``width``
-    ends, the next starting with ``indent`` spaces. An item longer than a line is left whole, for the console to
-    fold. Used for the results (:func:`render_table`) and the CLI's hop-by-hop means on a narrow terminal."""
-    line, lines = head, []
-    for item in items:
-        if line.strip() and len(line) + 1 + len(item) > width:
-            lines.append(line)
-            line = " " * indent + item
-        else:
-            line += item if not line or line.endswith(" ") else " " + item
-    lines.append(line)
-    return lines
-
-
 def render_table(results: list[BenchResult], title: str = "inferbus load run"):
     """The results as a rich renderable: a Table (latencies in ms) of one row per step, ``qps`` (answers, error replies
     included) next to ``ok qps`` (:attr:`BenchResult.ok_qps`, the goodput), and ``errors`` broken down by code
@@ -344,7 +328,7 @@ def render_table(results: list[BenchResult], title: str = "inferbus load run"):
     same figures as ``name=value`` items, one block per step, wrapped between items. rich fitted the table to a
     narrow console by cutting every cell short: on an 80-column terminal each latency read ``0.…`` (a fresh-user
     trial of ``up --demo``)."""
-    return _ResultsView(results, title)
+    return _results_view(results, title)
 
 
 _COLUMNS = ("target", "mode", "load", "requests", "qps", "ok qps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors",
@@ -358,33 +342,22 @@ def _cells(r: BenchResult) -> tuple[str, ...]:
             str(r.wrong), str(r.cache_hits))
 
 
-class _ResultsView:
-    """:func:`render_table`'s renderable: the table when its natural width fits the console, else one block of
-    ``name=value`` items per step (its target, mode and load first), each wrapped between items to the width."""
+def _results_view(results: list[BenchResult], title: str):
+    """:func:`render_table`'s renderable (:class:`~inferbus._wrap.FittedTable`): the table when its natural width fits
+    the console, else one block of ``name=value`` items per step (its target, mode and load first), each wrapped
+    between items to the width."""
+    from rich.table import Table
 
-    def __init__(self, results: list[BenchResult], title: str):
-        from rich.table import Table
+    from .._wrap import FittedTable
 
-        self.title = title
-        self.rows = [_cells(r) for r in results]
-        self.table = Table(title=title)
-        for col in _COLUMNS:
-            self.table.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
-        for row in self.rows:
-            self.table.add_row(*row)
-
-    def __rich_console__(self, console, options):
-        from rich.measure import Measurement
-        from rich.text import Text
-
-        if Measurement.get(console, options.update_width(100_000), self.table).maximum <= options.max_width:
-            yield self.table
-            return
-        width = options.max_width
-        yield Text(self.title, style="italic")
-        for row in self.rows:
-            cells = dict(zip(_COLUMNS, row))
-            items = [f"{col.replace(' ms', '').replace(' ', '_')}={cells[col]}" for col in _COLUMNS[3:]]
-            items[3:7] = [f"{item}ms" for item in items[3:7]]
-            for text in wrap_items(f"{cells['target']} {cells['mode']} {cells['load']}:", items, width, 4):
-                yield Text(text)
+    table = Table()
+    for col in _COLUMNS:
+        table.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
+    blocks = []
+    for row in map(_cells, results):
+        table.add_row(*row)
+        cells = dict(zip(_COLUMNS, row))
+        items = [f"{col.replace(' ms', '').replace(' ', '_')}={cells[col]}" for col in _COLUMNS[3:]]
+        items[3:7] = [f"{item}ms" for item in items[3:7]]
+        blocks.append((f"{cells['target']} {cells['mode']} {cells['load']}:", items))
+    return FittedTable(table, title, blocks)
