@@ -25,7 +25,7 @@ def devices(
     from rich.table import Table
 
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
-    from ._wrap import FittedTable
+    from ._wrap import FittedTable, name_value_items
     from .cli import _usage, console
     try:
         disc = discover_devices()
@@ -58,9 +58,8 @@ def devices(
                  disc.serving("cpu", chosen), default_precision("cpu")))
     for row in rows:
         t.add_row(*row)
-    console.print(FittedTable(t, "devices", [(f"{row[0]} {row[1]}:", [f"{col.replace(' ', '_')}={cell}" for col, cell
-                                                                    in zip(columns[2:], row[2:]) if cell])
-                                             for row in rows], wrap_cells=True))
+    blocks = [(f"{row[0]} {row[1]}:", name_value_items(columns[2:], row[2:])) for row in rows]
+    console.print(FittedTable(t, "devices", blocks, wrap_cells=True))
     jx = disc.jax
     console.print(f"jax: {jx['version'] + ' on ' + jx['platform'] if jx else disc.notes.get('jax', 'absent')}; "
                   f"tensorrt: {disc.tensorrt or disc.notes.get('tensorrt', 'absent')}; onnxruntime providers: "

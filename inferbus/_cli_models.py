@@ -60,7 +60,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         return
     from rich.table import Table
 
-    from ._wrap import FittedTable
+    from ._wrap import FittedTable, name_value_items
 
     _check_timeout_s("models", timeout_s)
 
@@ -101,7 +101,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         if len(cols) > len(row):
             row.append(",".join(sorted(problems[m.name], key=lambda v: (len(v), v))))
         t.add_row(*row)
-        blocks.append((f"{m.name}:", [f"{col.replace(' ', '_')}={cell}" for col, cell in zip(cols[1:], row[1:]) if cell]))
+        blocks.append((f"{m.name}:", name_value_items(cols[1:], row[1:])))
     # on a terminal too narrow for the table (most are: its natural width is ~200 columns), name=value blocks
     console.print(FittedTable(t, "models", blocks, wrap_cells=True))
     for name, probs in problems.items():  # why, one line each, unwrapped (a digest is 71 characters)

@@ -27,6 +27,12 @@ def wrap_items(head: str, items: list[str], width: int, indent: int) -> list[str
     return lines
 
 
+def name_value_items(columns, cells) -> list[str]:
+    """``name=value`` items of a table row's ``cells`` under ``columns`` (a column's spaces made ``_``: ``max
+    batch`` → ``max_batch=64``), an empty cell left out: a :class:`FittedTable` block's items."""
+    return [f"{col.replace(' ', '_')}={cell}" for col, cell in zip(columns, cells) if cell]
+
+
 def block_lines(head: str, items: list[str], width: int) -> list[str]:
     """One :class:`FittedTable` block: ``head`` then the ``items``, wrapped between items
     (:func:`wrap_items`), each further line indented 4 more than ``head``; an item longer than a line is

@@ -1922,7 +1922,7 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
     else:
         from rich.table import Table
 
-        from ._wrap import FittedTable
+        from ._wrap import FittedTable, name_value_items
 
         columns = ("supervisor", "child", "actors", "pid", "status", "restarts", "last exit")
         for t in trees:
@@ -1940,8 +1940,7 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = t
                     row = ("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
                            ch["status"], str(ch["restarts"]), ch["last_exit"] or "-")
                     table.add_row(*row)
-                    blocks.append((f"  child {ch['id']}:", [f"{col.replace(' ', '_')}={cell}"
-                                                            for col, cell in zip(columns[2:], row[2:])]))
+                    blocks.append((f"  child {ch['id']}:", name_value_items(columns[2:], row[2:])))
             title = (f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
                      + (", stopping" if t.get("stopping") else "") + ")")
             # where the table does not fit (an 80-column terminal), name=value blocks: a supervisor, its children

@@ -103,6 +103,40 @@ def cli_startup_s(*argv: str, env: dict | None = None, cwd: Path | None = None) 
     return took_s
 
 
+def run_in_a_pty(argv: list[str], columns: int, env: dict, stderr_log: Path, timeout_s: float = 30.0) -> str:
+    """Run ``argv`` (in ``ROOT``, a session of its own) with stdout a terminal (a pty) of ``columns`` columns, stderr
+    into ``stderr_log``, until it exits; assert it exited 0 (its process group killed if it did not end) and return
+    what it printed, escape sequences taken out and ``\\r\\n`` made ``\\n``."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    with open(stderr_log, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=err, cwd=ROOT, env=env,
+                                start_new_session=True)
+    os.close(slave)
+    out = bytearray()
+    try:
+        while True:  # until the process (the only holder of the pty's other end) is gone
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout_s) == 0, (out.decode(errors="replace")[-3000:], stderr_log.read_text()[-3000:])
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
+
+
 def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, poll_s: float = 0.05) -> None:
     """Wait until ``inferbus up`` / ``cluster up`` printed "serving; Ctrl-C to stop" (its signal handlers are
     set by then); fails with the log's tail if the process exits first or ``timeout_s`` passes."""

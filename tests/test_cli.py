@@ -19,7 +19,7 @@ import pytest
 
 from inferbus.bus import free_port
 
-from conftest import ROOT, cli_startup_s, processes_naming
+from conftest import ROOT, cli_startup_s, processes_naming, run_in_a_pty
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -1452,35 +1452,7 @@ def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deploym
     assert "64" in cells and "100" in cells and any(c.startswith("Handwritten digit") for c in cells), cells
 
 
-def _in_a_pty(argv: list[str], columns: int, env: dict) -> str:
-    """What ``argv`` prints to a terminal (a pty) of ``columns`` columns, escapes and carriage returns taken out."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, cwd=ROOT, env=env)
-    os.close(slave)
-    out = bytearray()
-    try:
-        while True:  # until the process (the only holder of the pty's other end) is gone
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the other end closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        assert proc.wait(30) == 0, (out.decode(errors="replace")[-3000:], proc.stderr.read()[-3000:])
-    finally:
-        os.close(master)
-        proc.stderr.close()
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
-
-
-def test_models_and_nodes_on_a_narrow_terminal_print_name_value_blocks_not_cut_cells(deployment):
+def test_models_and_nodes_on_a_narrow_terminal_print_name_value_blocks_not_cut_cells(deployment, tmp_path):
     """A fresh-user trial: on an 80-column terminal rich fitted the ``models`` and ``nodes`` tables by cutting every
     cell (``versi…``, ``onnxr…``, ``node-n1-ser…``), worse at 60; piped they ignored ``COLUMNS`` (a table of 160
     columns with ``COLUMNS=80``). Where the table does not fit without cutting, each model (each supervisor and
@@ -1495,8 +1467,9 @@ def test_models_and_nodes_on_a_narrow_terminal_print_name_value_blocks_not_cut_c
         piped[command] = p.stdout
     for said, (models, nodes) in {
             "piped, COLUMNS=60": (piped["models"], piped["nodes"]),
-            "a pty of 80 columns": (_in_a_pty([sys.executable, "-m", "inferbus.cli", command, "--nats-url",
-                                               deployment.nats_url], 80, env) for command in ("models", "nodes"))
+            "a pty of 80 columns": (run_in_a_pty([sys.executable, "-m", "inferbus.cli", command, "--nats-url",
+                                                  deployment.nats_url], 80, env, tmp_path / f"{command}.stderr")
+                                     for command in ("models", "nodes"))
     }.items():
         width = 60 if said.startswith("piped") else 80
         for out in (models, nodes):

@@ -17,7 +17,7 @@ import pytest
 from inferbus.bus import free_port
 from inferbus.client import Client
 
-from conftest import ROOT, processes_naming, spawn_logged, wait_serving
+from conftest import ROOT, processes_naming, run_in_a_pty, spawn_logged, wait_serving
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import models_subset, reference
 
@@ -54,38 +54,11 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
     ``up``'s first line (``inferbus up in 2.24s — NATS ..., L2 cache ..., 1 worker(s), 1 ingress, run dir ...``, ~150
     characters) was not wrapped at all (the terminal broke it anywhere); it wraps between its parts now, as the model
     lines do."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
     models = models_subset(tmp_path / "models", ["digits"])
     port = free_port()
     argv = UP + ["--demo", "--demo-duration", "0.3", "--nats-port", str(port), "--workers", "1", "--no-cache",
                  "--models", str(models), "--run-dir", str(tmp_path / "run")]
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
-    with open(tmp_path / "stderr", "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=err, cwd=ROOT,
-                                env={**os.environ, "COLUMNS": "60"}, start_new_session=True)
-    os.close(slave)
-    out = bytearray()
-    try:
-        while True:  # until the process (the only holder of the pty's other end) is gone
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the other end closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        assert proc.wait(30) == 0, (out.decode(errors="replace")[-3000:], (tmp_path / "stderr").read_text()[-3000:])
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r\n", "\n")
+    text = run_in_a_pty(argv, 60, {**os.environ, "COLUMNS": "60"}, tmp_path / "stderr")
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("hop-by-hop means at c=1 (µs):"))
     # (the first line's parts are separated by ", " and may end a line with one: it wraps as text does)
