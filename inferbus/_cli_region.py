@@ -147,13 +147,13 @@ def status(
     """Regions, primary, term, lease age, heartbeat ages, workers and models per region, cache role."""
     import asyncio
 
-    from rich.console import Console
     from rich.table import Table
 
     import msgspec
 
+    from ._wrap import FittedTable, name_value_items
     from .actors._region import ask_region
-    from .cli import _check_prefix, _check_timeout_s, _json_error, _left_s, _run
+    from .cli import _check_prefix, _check_timeout_s, _json_error, _left_s, _run, console
 
     if prefix is not None:
         _check_prefix(prefix)
@@ -219,20 +219,27 @@ def status(
     else:  # no primary among those that answered: say who did not, and whom the lease names
         title = (f"none among the regions that answered; no answer from {', '.join(unanswered)}, which may be "
                  f"primary beyond a partition")
-    t = Table(title=f"regions — primary: {title}")
-    for col in ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)",
-                "cache", "model writes", "workers", "models"):
+    t = Table()
+    cols = ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)", "cache",
+            "model writes", "workers", "models")
+    for col in cols:
         t.add_column(col)
+    blocks = []
     for region, st in sts.items():
         ws = loads.get(region, {})
         models = sorted({m for w in ws.values() for m in w.models})
         if isinstance(st, Exception):
-            t.add_row(region, f"no answer: {type(st).__name__}", *[""] * 7, str(len(ws)), ", ".join(models))
-            continue
-        peers = ", ".join(f"{r} {age:.0f}" for r, age in sorted(st.heartbeat_age_ms.items()) if r != region)
-        t.add_row(region, st.role, str(st.term), str(st.lease_rev), st.lease_holder or "-", f"{st.lease_age_ms:.0f}",
-                  peers, st.cache_role, "on" if st.model_writes else "off", str(len(ws)), ", ".join(models))
-    Console(width=200).print(t)
+            row = [region, f"no answer: {type(st).__name__}", *[""] * 7, str(len(ws)), ", ".join(models)]
+        else:
+            peers = ", ".join(f"{r} {age:.0f}" for r, age in sorted(st.heartbeat_age_ms.items()) if r != region)
+            row = [region, st.role, str(st.term), str(st.lease_rev), st.lease_holder or "-",
+                   f"{st.lease_age_ms:.0f}", peers, st.cache_role, "on" if st.model_writes else "off", str(len(ws)),
+                   ", ".join(models)]
+        t.add_row(*row)
+        blocks.append((f"{region}:", name_value_items(cols[1:], row[1:])))
+    # the terminal's width (COLUMNS where piped), name=value blocks where the table does not fit (a fresh-user
+    # trial: it was printed 200 columns wide whatever the terminal)
+    console.print(FittedTable(t, f"regions — primary: {title}", blocks, wrap_cells=True, title_justify="left"))
     raise typer.Exit(0 if len(primaries) == 1 else 1)
 
 

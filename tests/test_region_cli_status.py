@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -118,10 +119,11 @@ class _FakeManager:
         await self.nc.close()
 
 
-async def _region_cli(*args: str, timeout_s: float = 30.0) -> tuple[int, str, str, float]:
+async def _region_cli(*args: str, timeout_s: float = 30.0, env: dict | None = None) -> tuple[int, str, str, float]:
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "inferbus.cli", "region", *args, cwd=ROOT,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env={**os.environ, **env} if env else None)
     out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0
 
@@ -197,7 +199,7 @@ async def test_status_with_the_primary_out_of_reach_says_which_regions_did_not_a
         async with _FakeManager(nats_server.url, "inferbus", "A", role="standby", holder="A"):
             rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3")
             assert rc == 1 and ("primary: none among the regions that answered; no answer from B, which may be "
-                                "primary beyond a partition" in out), (rc, out, err)
+                                "primary beyond a partition" in " ".join(out.split())), (rc, out, err)  # (wrapped)
             rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3", "--json")
             doc = json.loads(out)
             assert rc == 1 and doc["primaries"] == [] and doc["unanswered"] == ["B"], doc
@@ -212,3 +214,20 @@ async def test_status_with_the_primary_out_of_reach_says_which_regions_did_not_a
             assert set(doc["regions"]) == {"A"}, doc
     finally:
         await nc.close()
+
+
+async def test_status_fits_the_terminal_it_is_given(nats_server):
+    """``region status`` printed its table 200 columns wide whatever the terminal (a fresh-user trial of the other
+    listings); now it follows ``COLUMNS`` (piped too), and where its table does not fit, each region is a block of
+    ``name=value`` items, nothing cut."""
+    async with _FakeManager(nats_server.url, "inferbus", "r1"):
+        for columns in (60, 80):
+            rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3",
+                                                env={"COLUMNS": str(columns)})
+            assert rc == 0 and "regions — primary: r1" in out, (rc, out, err)
+            assert "…" not in out and max(map(len, out.splitlines())) <= columns, out
+            assert "r1:" in out and "role=primary" in out and "term=" in out, out
+        rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3",
+                                            env={"COLUMNS": "400"})
+        row = next(line for line in out.splitlines() if line.startswith("│ r1 "))  # the table, where it fits
+        assert "primary" in row, out
