@@ -45,6 +45,12 @@ def check_number(name: str, value: float, lo: float, hi: float, lo_ok: bool, uni
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value >= lo if lo_ok else value > lo) and value <= hi
     if not ok:
-        low = f"[{lo:,.15g}" if lo_ok else f"({lo:,.15g}"  # 1,000,000 as the other limits are written, not 1e+06
-        raise ValueError(f"{name} must be a finite number in {low}, {hi:,.15g}] {unit}, "
+        low = f"[{_bound(lo)}" if lo_ok else f"({_bound(lo)}"
+        raise ValueError(f"{name} must be a finite number in {low}, {_bound(hi)}] {unit}, "
                          f"got {number_as_typed(value)}")
+
+
+def _bound(x: float) -> str:
+    """A range's end as the CLI's other refusals write it: ``86400``, ``0.5``; a million and up with thousands
+    separators, ``1,000,000`` (``:g`` wrote ``1e+06``)."""
+    return f"{x:,.15g}" if abs(x) >= 1e6 else f"{x:.15g}"
