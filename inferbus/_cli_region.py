@@ -220,7 +220,7 @@ def status(
         title = (f"none among the regions that answered; no answer from {', '.join(unanswered)}, which may be "
                  f"primary beyond a partition")
     t = Table()
-    cols = ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeats (age ms)", "cache",
+    cols = ("region", "role", "term", "lease rev", "holder", "lease age ms", "heartbeat age ms", "cache",
             "model writes", "workers", "models")
     for col in cols:
         t.add_column(col)
@@ -231,7 +231,8 @@ def status(
         if isinstance(st, Exception):
             row = [region, f"no answer: {type(st).__name__}", *[""] * 7, str(len(ws)), ", ".join(models)]
         else:
-            peers = ", ".join(f"{r} {age:.0f}" for r, age in sorted(st.heartbeat_age_ms.items()) if r != region)
+            # each other region's heartbeat age, ms (B:70): one item in a name=value block (it read "B 70")
+            peers = ",".join(f"{r}:{age:.0f}" for r, age in sorted(st.heartbeat_age_ms.items()) if r != region)
             row = [region, st.role, str(st.term), str(st.lease_rev), st.lease_holder or "-",
                    f"{st.lease_age_ms:.0f}", peers, st.cache_role, "on" if st.model_writes else "off", str(len(ws)),
                    ", ".join(models)]

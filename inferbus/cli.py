@@ -573,8 +573,8 @@ def _with_flags(message: str, command) -> str:
     # the values the message quotes or reports (``'a_b'``, ``got ...``) are the user's own text: left as they are,
     # but for the ``.0`` of a float with no fraction (``--hedge-budget 2``: ``got 2``, not ``got 2.0``), as
     # number_as_typed writes a value
+    message = re.sub(r"([;,] got -?\d+)\.0(?!\d)", r"\1", message)  # (`, got -1.0` too: --busy-poll-us)
     head, got, tail = message.partition("; got ")
-    tail = re.sub(r"^(-?\d+)\.0(?!\d)", r"\1", tail)
     parts = re.split(r"('[^']*'|\"[^\"]*\")", head)
     head = "".join(p if i % 2 else _FIELD.sub(sub, p) for i, p in enumerate(parts))
     return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)

@@ -403,12 +403,14 @@ async def test_inputs_of_a_batching_model_with_different_rows_are_invalid_argume
             err, _ = await raw_request(nc, "typed", bad, json_body=json_body)
             assert isinstance(err, InvalidArgument), (rows_a, rows_b, err)
             assert err.field == "inputs[1].shape", err
-            assert f"{rows_b} rows" in str(err) and f"has {rows_a} (shape [{rows_a}, 1])" in str(err), err
+            plural = lambda n: f"{n} row{'' if n == 1 else 's'}"  # noqa: E731
+            assert f"'b' has {plural(rows_b)} (shape [{rows_b}, 4])" in str(err), err
+            assert f"'a' has {plural(rows_a)} (shape [{rows_a}, 1])" in str(err), err
             assert "max_batch_size 64" in str(err), err
     # the order of the inputs in the request: the one named is the one that differs from the first given
     err, _ = await raw_request(nc, "typed", {"inputs": [b_input(3), {"name": "a", "datatype": "INT32",
                                                                      "shape": [1, 1], "data": [1]}]})
-    assert isinstance(err, InvalidArgument) and err.field == "inputs[1].shape" and "'a' has 1 rows" in str(err), err
+    assert isinstance(err, InvalidArgument) and err.field == "inputs[1].shape" and "'a' has 1 row (" in str(err), err
     with pytest.raises(InvalidArgument) as ei:  # through the SDK
         await client.infer("typed", {"a": np.array([[3], [4]], np.int32), "b": np.ones((1, 4), np.float16)})
     assert ei.value.field == "inputs[1].shape"

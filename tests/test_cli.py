@@ -983,7 +983,9 @@ def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(comm
     (("nodes", "--wait-s", "601"), "nodes: --wait-s must be a number of seconds > 0 and at most 600, got 601"),
     (("up", "--demo", "--demo-duration", "3601"), "up: --demo-duration must be more than 0 and at most 3600 seconds, "
                                                   "got 3601"),
-], ids=["chaos-duration", "min-availability", "nodes-wait-s", "demo-duration"])
+    (("up", "--busy-poll-us", "-1"), "up: --busy-poll-us must be 0 (off) to 1000000 µs (1 s), got -1"),  # (it said
+    (("up", "--busy-poll-us", "2e6"), "up: --busy-poll-us must be 0 (off) to 1000000 µs (1 s), got 2000000"),  # -1.0)
+], ids=["chaos-duration", "min-availability", "nodes-wait-s", "demo-duration", "busy-poll-negative", "busy-poll-2e6"])
 def test_every_refused_number_is_echoed_as_typed_not_as_a_float(argv, said):
     """The other refusals of a number echo it as --timeout-s's do (601, not 601.0); all before anything starts."""
     p, _ = cli(*argv)

@@ -73,8 +73,9 @@ class _FakeManager:
     50 ms, and an ``ok`` answer (one step) to every status, promote and demote asked on its control subject."""
 
     def __init__(self, url: str, prefix: str, region: str = "r1", role: str = "primary", holder: str | None = None,
-                 peer_roles: dict | None = None):
+                 peer_roles: dict | None = None, heartbeat_age_ms: dict | None = None):
         self.url, self.prefix, self.region, self.role = url, prefix, region, role
+        self.heartbeat_age_ms = heartbeat_age_ms or {}
         self.holder = region if holder is None else holder
         self.peer_roles = peer_roles or {}
         self.asked: list[str] = []
@@ -90,7 +91,7 @@ class _FakeManager:
             assert isinstance(cmd, RegionCommand)
             self.asked.append(cmd.action)
             st = RegionStatus(region=self.region, role=self.role, term=1, lease_rev=1, lease_holder=self.holder,
-                              lease_age_ms=1.0, heartbeat_age_ms={}, peer_roles=self.peer_roles, valkey="",
+                              lease_age_ms=1.0, heartbeat_age_ms=self.heartbeat_age_ms, peer_roles=self.peer_roles, valkey="",
                               cache_role="master",
                               model_writes=self.role == "primary", manager_id=f"{self.region}-m",
                               monotonic_now=time.monotonic())
@@ -220,13 +221,14 @@ async def test_status_fits_the_terminal_it_is_given(nats_server):
     """``region status`` printed its table 200 columns wide whatever the terminal (a fresh-user trial of the other
     listings); now it follows ``COLUMNS`` (piped too), and where its table does not fit, each region is a block of
     ``name=value`` items, nothing cut."""
-    async with _FakeManager(nats_server.url, "inferbus", "r1"):
+    async with _FakeManager(nats_server.url, "inferbus", "r1", heartbeat_age_ms={"r2": 70.4, "r3": 12.0}):
         for columns in (60, 80):
             rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3",
                                                 env={"COLUMNS": str(columns)})
             assert rc == 0 and "regions — primary: r1" in out, (rc, out, err)
             assert "…" not in out and max(map(len, out.splitlines())) <= columns, out
             assert "r1:" in out and "role=primary" in out and "term=" in out, out
+            assert "heartbeat_age_ms=r2:70,r3:12" in out, out  # one item (it read "heartbeats_(age_ms)=r2 70, r3 12")
         rc, out, err, _ = await _region_cli("status", "--nats-url", nats_server.url, "--timeout-s", "3",
                                             env={"COLUMNS": "400"})
         row = next(line for line in out.splitlines() if line.startswith("│ r1 "))  # the table, where it fits

@@ -197,7 +197,7 @@ def probe() -> Discovery:
 
         trt = tensorrt.__version__
     except ImportError:
-        notes["tensorrt"] = "not installed (cannot be installed in this workplace)"
+        notes["tensorrt"] = "not installed (pip install tensorrt; it serves NVIDIA GPUs only)"
     except Exception as exc:  # a broken install: libraries missing
         notes["tensorrt"] = f"import failed: {exc}"
     return Discovery(_cpus(), tuple(gpus), tuple(tpus), jax_facts, trt, providers, notes)

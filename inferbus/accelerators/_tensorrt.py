@@ -51,7 +51,7 @@ def _import_trt():
     try:
         import tensorrt as trt
     except ImportError as exc:
-        raise BackendUnavailable("tensorrt is not installed (and cannot be installed in this workplace)") from exc
+        raise BackendUnavailable("tensorrt is not installed (pip install tensorrt; it serves NVIDIA GPUs only)") from exc
     except Exception as exc:  # the wheel is there but its libraries are not
         raise BackendUnavailable(f"tensorrt does not import: {exc}") from exc
     return trt

@@ -367,6 +367,11 @@ def _shape_mismatch(t, info, i: int):
                           field=f"inputs[{i}].shape")
 
 
+def _rows(shape: tuple) -> str:
+    """``3 rows``, ``1 row``, ``no rows`` (a shape with no dimensions) for a shape's first dimension."""
+    return "no rows" if not shape else f"{shape[0]} row{'' if shape[0] == 1 else 's'}"
+
+
 def _check_rows_agree(req, arrays: list, model_name: str, max_batch_size: int) -> None:
     """Raise InvalidArgument naming the first input (``inputs[i].shape``) whose rows (first dimension) differ from
     the first input's, for a model of ``max_batch_size`` > 0, whose inputs all have the batch first (its metadata's
@@ -377,8 +382,8 @@ def _check_rows_agree(req, arrays: list, model_name: str, max_batch_size: int) -
         if a.shape[:1] != rows:
             first, t = req.inputs[0], req.inputs[i]
             raise InvalidArgument(
-                f"input {t.name!r} has {a.shape[0] if a.ndim else 'no'} rows (shape {list(t.shape)}) but input "
-                f"{first.name!r} has {rows[0] if rows else 'no'} (shape {list(first.shape)}): model {model_name} "
+                f"input {t.name!r} has {_rows(a.shape)} (shape {list(t.shape)}) but input {first.name!r} has "
+                f"{_rows(rows)} (shape {list(first.shape)}): model {model_name} "
                 f"has max_batch_size {max_batch_size}, so the first dimension of every input is the batch and "
                 f"must be the same", field=f"inputs[{i}].shape")
 
