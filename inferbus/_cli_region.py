@@ -386,8 +386,12 @@ def manager(
         None, help="The witness cluster's NATS servers, comma-separated: lease reads, writes and the watch go "
                    "there directly, so losing one server of this region cannot blind them (recommended)."),
     replicas: int = typer.Option(3, help="Replicas of the lease stream."),
-    prefix: str = typer.Option("inferbus"),
-    heartbeat_ms: int = typer.Option(100), lease_ms: int = typer.Option(400), suspect_ms: int = typer.Option(400),
+    prefix: str = typer.Option("inferbus", help="Subject prefix."),
+    heartbeat_ms: int = typer.Option(100, help="Heartbeat and lease renewal period, ms."),
+    lease_ms: int = typer.Option(400, help="A standby takes over once the lease has not been renewed for this long, "
+                                           "ms (at least 2 × --heartbeat-ms)."),
+    suspect_ms: int = typer.Option(400, help="No primary heartbeat for this long: the primary is suspected gone, ms "
+                                             "(at most --lease-ms)."),
     initial_primary: bool = typer.Option(False, help="Campaign at once when no lease exists yet."),
     initial_wait_ms: int = typer.Option(5000, help="Without --initial-primary: when no lease exists yet, "
                                                    "campaign only after running this long (ms)."),

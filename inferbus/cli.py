@@ -1141,7 +1141,7 @@ def up(
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit (a MessagePack list of strings per batch, header Inferbus-Worker-Id: the worker), for counting duplicate executions in your own drills; turns the run-now fast path off.", rich_help_panel=_REL),
     peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help="How long a retry asks peer ingresses for its first copy's worker (ms)."),
     # security: credentials for every connection (also required by an embedded nats-server: token, user)
-    nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", rich_help_panel=_SEC),
+    nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", help="User name (with --nats-password).", rich_help_panel=_SEC),
     nats_password: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_PASSWORD", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
     nats_token: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_TOKEN", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
     nats_nkey_seed: Optional[Path] = typer.Option(None, help="NKey seed file.", rich_help_panel=_SEC),
@@ -1718,7 +1718,7 @@ def infer(
     output: list[str] = typer.Option([], "--output", "-o", metavar="NAME",
                                      help="An output to compute (repeat per output; default all)."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
-    prefix: str = typer.Option("inferbus"),
+    prefix: str = typer.Option("inferbus", help="Subject prefix."),
     timeout_s: float = typer.Option(1.0, help="Request budget in seconds, retries included (> 0, at most 600)."),
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as one JSON object (model_name, "
@@ -1837,7 +1837,8 @@ def _json_default(x):
 
 
 @app.command(short_help="Ask one ingress whether it is live and ready.")
-def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
+def health(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
+           prefix: str = typer.Option("inferbus", help="Subject prefix."),
            timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0, at most "
                                            "600)."),
            as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
@@ -1881,7 +1882,8 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = 
 
 
 @app.command(short_help="Print each node's supervision tree.")
-def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222"), prefix: str = typer.Option("inferbus"),
+def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
+          prefix: str = typer.Option("inferbus", help="Subject prefix."),
           wait_s: float = typer.Option(0.5, help="How long to collect the nodes' answers, seconds (> 0, at most "
                                        "600)."),
           as_json: bool = typer.Option(False, "--json", help="Print the answers as JSON (a list, one per node).")):

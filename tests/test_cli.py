@@ -1594,3 +1594,11 @@ def test_bench_refuses_a_version_no_folder_can_be_named_before_connecting(versio
     assert p.returncode == 2, p
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and f"bench: --version {version!r}: " in p.stderr, p
     assert said in p.stderr, p.stderr
+
+
+def test_every_option_says_what_it_is():
+    """A fresh-user trial: ``infer --prefix``, ``health --nats-url``, ``up --nats-user`` and ``region manager``'s
+    ``--prefix``, ``--heartbeat-ms``, ``--lease-ms`` and ``--suspect-ms`` showed a default and nothing else."""
+    bare = [f"{' '.join(path)} {prm.opts[0]}" for path, cmd in _commands() for prm in cmd.params
+            if prm.param_type_name == "option" and not prm.hidden and not (prm.help or "").strip()]
+    assert not bare, bare
