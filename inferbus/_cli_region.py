@@ -128,7 +128,7 @@ def _report(head: str, reply, t0: float) -> None:
     if reply.steps or reply.ok:
         typer.echo(f"{head}:")
         for i, st in enumerate(reply.steps, 1):
-            typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}")
+            typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}".rstrip())  # (no detail: no blanks)
     if not reply.ok:
         typer.echo(f"{head}: {'failed' if reply.steps else 'refused'}: {reply.error}", err=True)
         raise typer.Exit(1)

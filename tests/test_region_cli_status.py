@@ -146,6 +146,7 @@ async def test_cluster_file_prefix_is_the_region_commands_prefix(nats_server, tm
         assert rc == 0 and "fake promote" in out, (rc, out, err)
         rc, out, err, _ = await _region_cli("demote", "--cluster", str(tmp_path))
         assert rc == 0 and "demote r1" in out and "fake demote" in out, (rc, out, err)
+        assert not [line for line in out.splitlines() if line != line.rstrip()], out  # a step with no detail
         assert mgr.asked == ["status", "status", "promote", "demote"]
         for argv in (("status",), ("status", "--json"), ("promote", "r1"), ("demote",)):
             rc, out, err, _ = await _region_cli(*argv, "--cluster", str(tmp_path), "--prefix", "inferbus")
