@@ -25,7 +25,7 @@ def devices(
     from rich.table import Table
 
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
-    from ._wrap import FittedTable, name_value_items
+    from ._wrap import FittedTable
     from .cli import _usage, console
     try:
         disc = discover_devices()
@@ -43,23 +43,21 @@ def devices(
             {"backend": p.backend, "device_kind": p.device_kind, "device_index": p.device_index, "env": p.env}
             for p in plan], "plan_error": plan_error}, indent=2))
         raise typer.Exit(1 if plan_error else 0)
-    t, columns, rows = Table(), ("kind", "device", "model", "memory", "served by", "default precision"), []
-    for col in columns:
+    t = Table()
+    for col in ("kind", "device", "model", "memory", "served by", "default precision"):
         t.add_column(col)
+    fitted = FittedTable(t, "devices", wrap_cells=True)  # a row's block: "gpu gpu0: model=... memory=..."
     for g in disc.gpus:
         mem = g.facts.get("memory_bytes")
-        rows.append(("gpu", g.name, str(g.facts.get("model", "")), f"{mem / 2**30:.0f} GiB" if mem else "",
-                     disc.serving("gpu", chosen), default_precision("gpu")))
+        fitted.add_row("gpu", g.name, str(g.facts.get("model", "")), f"{mem / 2**30:.0f} GiB" if mem else "",
+                       disc.serving("gpu", chosen), default_precision("gpu"), head_cells=2)
     for tp in disc.tpus:
-        rows.append(("tpu", tp.name, str(tp.facts.get("model", "")), "", disc.serving("tpu", chosen),
-                     default_precision("tpu")))
+        fitted.add_row("tpu", tp.name, str(tp.facts.get("model", "")), "", disc.serving("tpu", chosen),
+                       default_precision("tpu"), head_cells=2)
     cpus = disc.cpus
-    rows.append(("cpu", f"{len(cpus)} slots ({cpus[0]}..{cpus[-1]})" if cpus else "0 slots", "", "",
-                 disc.serving("cpu", chosen), default_precision("cpu")))
-    for row in rows:
-        t.add_row(*row)
-    blocks = [(f"{row[0]} {row[1]}:", name_value_items(columns[2:], row[2:])) for row in rows]
-    console.print(FittedTable(t, "devices", blocks, wrap_cells=True))
+    fitted.add_row("cpu", f"{len(cpus)} slots ({cpus[0]}..{cpus[-1]})" if cpus else "0 slots", "", "",
+                   disc.serving("cpu", chosen), default_precision("cpu"), head_cells=2)
+    console.print(fitted)
     jx = disc.jax
     console.print(f"jax: {jx['version'] + ' on ' + jx['platform'] if jx else disc.notes.get('jax', 'absent')}; "
                   f"tensorrt: {disc.tensorrt or disc.notes.get('tensorrt', 'absent')}; onnxruntime providers: "

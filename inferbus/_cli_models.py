@@ -60,7 +60,7 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         return
     from rich.table import Table
 
-    from ._wrap import FittedTable, name_value_items
+    from ._wrap import FittedTable
 
     _check_timeout_s("models", timeout_s)
 
@@ -87,8 +87,9 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
         ("not served",) if any(problems.values()) else ())
     for col in cols:
         t.add_column(col)
+    # on a terminal too narrow for the table (most are: its natural width is ~200 columns), name=value blocks
+    fitted = FittedTable(t, "models", wrap_cells=True)
     fmt = lambda ts: ", ".join(f"{x.name} {x.datatype}{x.shape}" for x in ts)  # noqa: E731
-    blocks = []
     for m in ml.models:  # the default version: what a request naming none is served by (metadata parameters)
         mp = m.parameters or {}
         default = str(mp.get("default_version", ""))
@@ -100,10 +101,8 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
             row.append(str(mp.get("description", "")))
         if len(cols) > len(row):
             row.append(",".join(sorted(problems[m.name], key=lambda v: (len(v), v))))
-        t.add_row(*row)
-        blocks.append((f"{m.name}:", name_value_items(cols[1:], row[1:])))
-    # on a terminal too narrow for the table (most are: its natural width is ~200 columns), name=value blocks
-    console.print(FittedTable(t, "models", blocks, wrap_cells=True))
+        fitted.add_row(*row)
+    console.print(fitted)
     for name, probs in problems.items():  # why, one line each, unwrapped (a digest is 71 characters)
         for line in _not_served(name, probs):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -151,7 +151,7 @@ def status(
 
     import msgspec
 
-    from ._wrap import FittedTable, name_value_items
+    from ._wrap import FittedTable
     from .actors._region import ask_region
     from .cli import _check_prefix, _check_timeout_s, _json_error, _left_s, _run, console
 
@@ -224,7 +224,9 @@ def status(
             "model writes", "workers", "models")
     for col in cols:
         t.add_column(col)
-    blocks = []
+    # the terminal's width (COLUMNS where piped), name=value blocks where the table does not fit (a fresh-user
+    # trial: it was printed 200 columns wide whatever the terminal)
+    fitted = FittedTable(t, f"regions — primary: {title}", wrap_cells=True, title_justify="left")
     for region, st in sts.items():
         ws = loads.get(region, {})
         models = sorted({m for w in ws.values() for m in w.models})
@@ -236,11 +238,8 @@ def status(
             row = [region, st.role, str(st.term), str(st.lease_rev), st.lease_holder or "-",
                    f"{st.lease_age_ms:.0f}", peers, st.cache_role, "on" if st.model_writes else "off", str(len(ws)),
                    ", ".join(models)]
-        t.add_row(*row)
-        blocks.append((f"{region}:", name_value_items(cols[1:], row[1:])))
-    # the terminal's width (COLUMNS where piped), name=value blocks where the table does not fit (a fresh-user
-    # trial: it was printed 200 columns wide whatever the terminal)
-    console.print(FittedTable(t, f"regions — primary: {title}", blocks, wrap_cells=True, title_justify="left"))
+        fitted.add_row(*row)
+    console.print(fitted)
     raise typer.Exit(0 if len(primaries) == 1 else 1)
 
 

@@ -7,7 +7,6 @@ generator."""
 from __future__ import annotations
 
 import textwrap
-from typing import Iterable
 
 
 def wrap_items(head: str, items: list[str], width: int, indent: int) -> list[str]:
@@ -49,21 +48,46 @@ def block_lines(head: str, items: list[str], width: int) -> list[str]:
 
 class FittedTable:
     """A rich renderable: ``table`` where rich lays it out in the console's width without cutting a cell, else
-    ``title`` and then one block of lines per entry of ``blocks`` (``(head, items)``: the head, a row's name, and
-    its ``name=value`` items, :func:`block_lines`). rich fitted a table to a narrow terminal by cutting every cell
-    short (``versi…``, ``onnxr…``, ``node-n1-ser…``; an ``up --demo`` step's every latency ``0.…``), so nothing in
-    it could be read.
+    ``title`` and then one block of lines per row (:attr:`blocks`, ``(head, items)``: the head, a row's name, and its
+    ``name=value`` items, :func:`block_lines`); :meth:`add_row` adds a row and its block. rich fitted a table to a
+    narrow terminal by cutting every cell short (``versi…``, ``onnxr…``, ``node-n1-ser…``; an ``up --demo`` step's
+    every latency ``0.…``), so nothing in it could be read.
 
     ``wrap_cells``: the table is shown where its cells may be wrapped between words to fit (the ``models`` listing's
     descriptions); else only where every cell fits on one line (the load run's figures: a table of numbers).
     The title is printed above the table (``title_justify`` ``"center"`` or ``"left"``) with no spaces after it
     (rich padded a centred title to the table's width: ``up --demo > file`` had lines of 130 characters, most of
-    them trailing spaces); ``table`` is given without a title."""
+    them trailing spaces); ``table`` is given without a title, its columns added and no rows: each row is added
+    with its block by :meth:`add_row`."""
 
-    def __init__(self, table, title: str, blocks: Iterable[tuple[str, list[str]]], *, wrap_cells: bool = False,
-                 title_justify: str = "center"):
-        self.table, self.title, self.blocks = table, title, list(blocks)
+    def __init__(self, table, title: str, *, wrap_cells: bool = False, title_justify: str = "center"):
+        self.table, self.title, self.blocks = table, title, []
         self.wrap_cells, self.title_justify = wrap_cells, title_justify
+
+    def add_row(self, *cells: str, head: str | None = None, items: list[str] | None = None,
+                head_cells: int = 1) -> None:
+        """Add a row to the table and its block, the ``(head, items)`` printed in its place where the table does not
+        fit, to :attr:`blocks`.
+
+        Args:
+            cells: the row's cells, one string per column of the table.
+            head: the block's head; default the first ``head_cells`` cells joined by spaces, then ``:`` (``digits:``,
+                ``gpu gpu0:``).
+            items: the block's ``name=value`` items; default :func:`name_value_items` of the cells after the first
+                ``head_cells`` under their columns' headers (``versions=1,2``, ``max_batch=64``; an empty cell left
+                out). Give ``head`` or ``items`` where the block says the row otherwise (``nodes``' supervisor
+                rows, the load run's results).
+            head_cells: how many leading cells name the row (1: ``digits``; 2: ``gpu gpu0``).
+
+        Returns:
+            None: the table and :attr:`blocks` grow by one row each."""
+        self.table.add_row(*cells)
+        if head is None:
+            head = " ".join(cells[:head_cells]) + ":"
+        if items is None:
+            columns = [str(col.header) for col in self.table.columns]
+            items = name_value_items(columns[head_cells:], cells[head_cells:])
+        self.blocks.append((head, items))
 
     def __rich_console__(self, console, options):
         from rich.cells import cell_len

@@ -1924,29 +1924,29 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s
     else:
         from rich.table import Table
 
-        from ._wrap import FittedTable, name_value_items
+        from ._wrap import FittedTable
 
         columns = ("supervisor", "child", "actors", "pid", "status", "restarts", "last exit")
         for t in trees:
-            table, blocks = Table(), []
+            table = Table()
             for col in columns:
                 table.add_column(col, justify="right" if col in ("pid", "restarts") else "left")
-            for sup in t.get("supervisors", []):
-                supervisor = (f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
-                              f"{sup['period_s']:g} s)")
-                table.add_row(supervisor, "", "", "", "", str(sup["restarts"]), "")
-                blocks.append((f"supervisor {sup['name']}:", [
-                    f"state={sup['state']}", f"strategy={sup['strategy']}", f"intensity={sup['intensity']}",
-                    f"period_s={sup['period_s']:g}", f"restarts={sup['restarts']}"]))
-                for ch in sup.get("children", []):
-                    row = ("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
-                           ch["status"], str(ch["restarts"]), ch["last_exit"] or "-")
-                    table.add_row(*row)
-                    blocks.append((f"  child {ch['id']}:", name_value_items(columns[2:], row[2:])))
             title = (f"node {t.get('node_id')} (pid {t.get('pid')}, up {t.get('uptime_s', 0):.0f} s"
                      + (", stopping" if t.get("stopping") else "") + ")")
             # where the table does not fit (an 80-column terminal), name=value blocks: a supervisor, its children
-            console.print(FittedTable(table, title, blocks, wrap_cells=True, title_justify="left"))
+            fitted = FittedTable(table, title, wrap_cells=True, title_justify="left")
+            for sup in t.get("supervisors", []):
+                supervisor = (f"{sup['name']} ({sup['state']}, {sup['strategy']}, {sup['intensity']} in "
+                              f"{sup['period_s']:g} s)")
+                fitted.add_row(supervisor, "", "", "", "", str(sup["restarts"]), "", head=f"supervisor {sup['name']}:",
+                               items=[f"state={sup['state']}", f"strategy={sup['strategy']}",
+                                      f"intensity={sup['intensity']}", f"period_s={sup['period_s']:g}",
+                                      f"restarts={sup['restarts']}"])
+                for ch in sup.get("children", []):  # its block: "  child nats: actors=- pid=4711 ..."
+                    fitted.add_row("", ch["id"], " ".join(ch.get("actors") or ()) or "-", str(ch["pid"] or "-"),
+                                   ch["status"], str(ch["restarts"]), ch["last_exit"] or "-",
+                                   head=f"  child {ch['id']}:", head_cells=2)
+            console.print(fitted)
     raise typer.Exit(0 if trees else EXIT_FAILED)
 
 

@@ -353,11 +353,9 @@ def _results_view(results: list[BenchResult], title: str):
     table = Table()
     for col in _COLUMNS:
         table.add_column(col, justify="right" if col not in ("target", "mode", "errors") else "left")
-    blocks = []
-    for row in map(_cells, results):
-        table.add_row(*row)
-        cells = dict(zip(_COLUMNS, row))
-        items = [f"{col.replace(' ms', '').replace(' ', '_')}={cells[col]}" for col in _COLUMNS[3:]]
+    fitted = FittedTable(table, title)
+    for row in map(_cells, results):  # its block: "digits closed c=1: requests=705 ... p50=1.267ms ..."
+        items = [f"{col.replace(' ms', '').replace(' ', '_')}={cell}" for col, cell in zip(_COLUMNS[3:], row[3:])]
         items[3:7] = [f"{item}ms" for item in items[3:7]]
-        blocks.append((f"{cells['target']} {cells['mode']} {cells['load']}:", items))
-    return FittedTable(table, title, blocks)
+        fitted.add_row(*row, items=items, head_cells=3)
+    return fitted
