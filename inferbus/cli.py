@@ -1520,8 +1520,12 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             for line in _model_line(m.name, sorted(m.versions, key=int), cfg.prefix, width or console.width):
                 console.print(line)
         own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
-        stopping_line = ("stopping: the ingresses stop taking requests and the workers finish theirs"
+        stopping_line = ("the ingresses stop taking requests and the workers finish theirs"
                          + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
+
+        def say_stopping() -> None:  # wrapped as the first line: between words, further lines indented by 4
+            for line in _marked_lines([("stopping:", "")], stopping_line.split(), width):
+                console.print(line, soft_wrap=width is None)
         if demo:
             run = asyncio.ensure_future(_demo(node, cfg, repo, demo_duration, json_out))
             stopped = asyncio.ensure_future(stop.wait())
@@ -1535,7 +1539,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             run.cancel()  # Ctrl-C during the demo: stop the load run, then the node
             await asyncio.gather(run, return_exceptions=True)
             err_console.print(f"demo interrupted ({signal.Signals(signals[0]).name})")
-            console.print(stopping_line)
+            say_stopping()
             t_stop = time.monotonic()
             if await _stop_or_kill(node, again):
                 err_console.print("inferbus killed during the stop after the demo")
@@ -1551,7 +1555,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
             return 1
         failed.cancel()
-        console.print(stopping_line)
+        say_stopping()
         t_stop = time.monotonic()
         if await _stop_or_kill(node, again):
             err_console.print(f"inferbus killed {time.monotonic() - t_stop:.2f}s after the stop began, after serving "

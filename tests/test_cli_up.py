@@ -130,6 +130,48 @@ def test_up_model_lines_wrap_before_the_arrow_on_a_narrow_console():
     assert shown("m", ["1"], "[bold]x", 80, color_system=None) == "  model m versions ['1'] → [bold]x.infer.m[.<version>]\n"
 
 
+def _wrapped_block(lines: list[str], start: str, width: int) -> list[str]:
+    """The lines of the line that starts with ``start`` as wrapped to ``width`` between words: its first line and
+    the lines after it indented by exactly 4. Asserts each fits ``width`` and ends in no blank."""
+    at = next(i for i, line in enumerate(lines) if line.startswith(start))
+    block = [lines[at]]
+    for line in lines[at + 1:]:
+        if not (line.startswith("    ") and not line.startswith("     ")):
+            break
+        block.append(line)
+    assert all(len(line) <= width and line == line.rstrip() for line in block), block
+    return block
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("columns", [60, 80])
+def test_up_wraps_its_stopping_line_with_a_hanging_indent_and_no_trailing_blanks(tmp_path, columns):
+    """A fresh-user trial: ``stopping: the ingresses stop taking requests ...`` (~120 characters) was left to rich,
+    which wrapped it with no indent (the next lines read as lines of their own) and left a blank at the end of a
+    line (``(Ctrl-C again: ``). It wraps as ``up``'s first line and model lines do: between words, the lines after
+    the first indented by 4, none wider than the terminal, none ending in a blank; piped with ``COLUMNS``, as a
+    terminal of that width gets it."""
+    out, err = tmp_path / "up.out", tmp_path / "up.err"
+    argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"),
+                 "--models", str(models_subset(tmp_path / "models", ["digits"]))]
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "COLUMNS": str(columns)})
+    try:
+        wait_serving(proc, out)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, (out.read_text()[-3000:], err.read_text()[-3000:])
+        lines = out.read_text().splitlines()
+        block = _wrapped_block(lines, "stopping: ", columns)
+        assert len(block) > 1, block
+        assert " ".join(" ".join(block).split()) == (
+            "stopping: the ingresses stop taking requests and the workers finish theirs, then the embedded "
+            "nats-server (Ctrl-C again: stop at once, no drain)"), block
+        assert lines[lines.index(block[-1]) + 1].startswith("inferbus stopped in "), lines
+    finally:
+        _kill_group(proc)
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
 async def test_up_on_an_existing_nats_answers_and_leaves_it_running(nats_server, tmp_path):
