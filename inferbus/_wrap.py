@@ -26,6 +26,19 @@ def wrap_items(head: str, items: list[str], width: int, indent: int) -> list[str
     return lines
 
 
+def wrap_words(line: str, width: "int | None", indent: int = 4) -> list[str]:
+    """``line`` wrapped between its words to ``width`` characters (:func:`wrap_items`): its first word and then the
+    others, each further line indented by ``indent`` more than ``line``; ``[line]`` where it fits or ``width`` is
+    None (piped into a log: one line, grepped). A word longer than a line is left whole, for the console to fold.
+    Blanks at its end are left out, and runs of blanks between words are one."""
+    line = line.rstrip()
+    if width is None or len(line) <= width:
+        return [line]
+    lead = line[:len(line) - len(line.lstrip())]
+    first, *words = line.split()
+    return wrap_items(lead + first, words, width, len(lead) + indent)
+
+
 def name_value_items(columns, cells) -> list[str]:
     """``name=value`` items of a table row's ``cells`` under ``columns`` (a column's spaces made ``_``: ``max
     batch`` → ``max_batch=64``), an empty cell left out: a :class:`FittedTable` block's items."""

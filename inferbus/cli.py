@@ -203,6 +203,17 @@ def _help_width() -> Optional[int]:
     return max(width, HELP_MIN_WIDTH)
 
 
+def _err_wrap_width() -> Optional[int]:
+    """The width ``up``'s reports on stderr (a supervisor's record of a child's crash, the node's own stop) are
+    wrapped to, as :func:`_wrap_width` chooses it for stdout: the console's on a terminal, or where ``COLUMNS`` is
+    set; None (one line each, grepped) when stderr is piped without ``COLUMNS``."""
+    try:
+        terminal = sys.stderr is not None and sys.stderr.isatty()
+    except ValueError:  # (closed)
+        terminal = False
+    return err_console.width if terminal or _columns() else None
+
+
 def _stdout_is_a_terminal() -> bool:
     """Whether stdout is a terminal; also True where there is no stdout (started with it closed, ``>&-``: nothing
     is shown, and rich's own choice stands)."""
@@ -1343,11 +1354,23 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     the loop's handlers gone (closing the loop restores the default action) and end the process by the signal,
     not with the exit status the stop chose (a fresh-user trial: a second Ctrl-C 0.1-0.3 s after a start-up stop)."""
     import asyncio
+    import logging
 
     loop = asyncio.get_running_loop()
+    records, stderr = logging.getLogger("inferbus"), None
+    if not logging.getLogger().handlers and not records.handlers:  # (where no application configured logging)
+        # the node's records on stderr (WARNING and up, the message alone, as the node's own handler writes them:
+        # a supervisor's "child 'worker:n1-w0' (pid 7) exited: killed by signal 9 (SIGKILL)"), wrapped as up's lines
+        # are (the node adds no handler of its own then); they were not wrapped at all (a fresh-user trial)
+        stderr = logging.StreamHandler()
+        stderr.setLevel(logging.WARNING)
+        stderr.setFormatter(_wrapped_records("%(message)s"))
+        records.addHandler(stderr)
     try:
         return await _up_body(cfg, demo, demo_duration, json_out)
     finally:
+        if stderr is not None:
+            records.removeHandler(stderr)
         _ClosedOutput.handler = None  # a closed output from here ends the command (main(): 141)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -1355,6 +1378,22 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
                 signal.signal(sig, signal.SIG_IGN)
             except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: nothing to keep
                 pass
+
+
+def _wrapped_records(fmt: str):
+    """A :class:`logging.Formatter` of ``fmt`` that wraps every line of a record's message between words to
+    :func:`_err_wrap_width` (:func:`~inferbus._wrap.wrap_words`: the lines after the first indented by 4); a
+    traceback is left as it is. (Made here: ``logging`` is imported by ``up`` alone.)"""
+    import logging
+
+    from ._wrap import wrap_words
+
+    class WrappedRecords(logging.Formatter):
+        def formatMessage(self, record) -> str:
+            width = _err_wrap_width()
+            return "\n".join(out for line in super().formatMessage(record).split("\n") for out in wrap_words(line, width))
+
+    return WrappedRecords(fmt)
 
 
 SAME_SIGNAL_S = 0.1
@@ -1552,7 +1591,9 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         if failed.done():  # a supervisor escalated: exit non-zero so systemd/k8s act
-            err_console.print(f"[red]inferbus up stopped[/]: {failed.result()}")
+            for line in _marked_lines([("inferbus up stopped", "red"), (":", "")], str(failed.result()).split(),
+                                      _err_wrap_width()):
+                err_console.print(line)
             return 1
         failed.cancel()
         say_stopping()

@@ -145,12 +145,14 @@ def _wrapped_block(lines: list[str], start: str, width: int) -> list[str]:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("columns", [60, 80])
-def test_up_wraps_its_stopping_line_with_a_hanging_indent_and_no_trailing_blanks(tmp_path, columns):
+def test_up_wraps_its_stopping_line_and_a_crash_record_with_a_hanging_indent_and_no_trailing_blanks(tmp_path,
+                                                                                                  columns):
     """A fresh-user trial: ``stopping: the ingresses stop taking requests ...`` (~120 characters) was left to rich,
     which wrapped it with no indent (the next lines read as lines of their own) and left a blank at the end of a
-    line (``(Ctrl-C again: ``). It wraps as ``up``'s first line and model lines do: between words, the lines after
-    the first indented by 4, none wider than the terminal, none ending in a blank; piped with ``COLUMNS``, as a
-    terminal of that width gets it."""
+    line (``(Ctrl-C again: ``); a supervisor's record of a crashed worker on stderr (``supervisor 'node-n1': child
+    'worker:n1-w0' (pid 7) exited: killed by signal 9 (SIGKILL)``) was not wrapped at all. Both wrap as ``up``'s
+    first line and model lines do: between words, the lines after the first indented by 4, none wider than the
+    terminal, none ending in a blank; piped with ``COLUMNS``, as a terminal of that width gets them."""
     out, err = tmp_path / "up.out", tmp_path / "up.err"
     argv = UP + ["--nats-port", str(free_port()), "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"),
                  "--models", str(models_subset(tmp_path / "models", ["digits"]))]
@@ -159,6 +161,13 @@ def test_up_wraps_its_stopping_line_with_a_hanging_indent_and_no_trailing_blanks
                                 env={**os.environ, "COLUMNS": str(columns)})
     try:
         wait_serving(proc, out)
+        node_log = tmp_path / "run" / "node.log"
+        pid = int(re.search(r"started child 'worker:n1-w0' \(pid (\d+)\)", node_log.read_text()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while node_log.read_text().count("started child 'worker:n1-w0'") < 2:  # restarted: its exit was reported
+            assert proc.poll() is None and time.monotonic() < deadline, node_log.read_text()[-3000:]
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, (out.read_text()[-3000:], err.read_text()[-3000:])
         lines = out.read_text().splitlines()
@@ -168,6 +177,10 @@ def test_up_wraps_its_stopping_line_with_a_hanging_indent_and_no_trailing_blanks
             "stopping: the ingresses stop taking requests and the workers finish theirs, then the embedded "
             "nats-server (Ctrl-C again: stop at once, no drain)"), block
         assert lines[lines.index(block[-1]) + 1].startswith("inferbus stopped in "), lines
+        record = _wrapped_block(err.read_text().splitlines(), "supervisor 'node-n1': child 'worker:n1-w0'", columns)
+        assert len(record) > 1, record
+        assert " ".join(" ".join(record).split()) == (
+            f"supervisor 'node-n1': child 'worker:n1-w0' (pid {pid}) exited: killed by signal 9 (SIGKILL)"), record
     finally:
         _kill_group(proc)
 
