@@ -288,9 +288,32 @@ class _OnImport:
 
 def _adjust_rich_help() -> None:
     """Option names in full (:func:`_help_option_names_in_full`) at a readable width (:func:`_help_at_a_readable_width`)
-    in typer's rich help: done once it is imported (at once if it is already, else by :class:`_OnImport`)."""
+    and no line ending in blanks (:class:`BlankFreeConsole`) in typer's rich help: done once it is imported (at once
+    if it is already, else by :class:`_OnImport`)."""
     _help_option_names_in_full()
     _help_at_a_readable_width()
+    from typer import rich_utils
+
+    if getattr(rich_utils, "Console", None) is Console:  # (typer makes its help's console of this name)
+        rich_utils.Console = BlankFreeConsole
+
+
+_BLANKS_AT_A_LINES_END = re.compile(r"(?:[ \t]|\x1b\[[0-9;]*m)+(?=\n)")
+"""Blanks before a line's end, with the colour codes among them (kept: ``\x1b[1mname   \x1b[0m\n``)."""
+
+
+class BlankFreeConsole(Console):
+    """A rich :class:`~rich.console.Console` whose lines end in no blanks: it takes the blanks out before each line
+    break of what it writes, the colour codes among them kept. rich wrapped a long line after a space and kept it
+    (``devices``' footer: ``tensorrt: not installed (pip install `` at 60 columns), and pads the lines of a help's
+    usage and description to the terminal's width (a fresh-user trial). Every command's ``console`` and
+    ``err_console``, and typer's help (:func:`_adjust_rich_help`), are of this class.
+
+    The blanks are taken out of the text rich renders for the file (``_render_buffer``, in rich 13 to 15); where a
+    rich has no such method, nothing changes."""
+
+    def _render_buffer(self, buffer) -> str:
+        return _BLANKS_AT_A_LINES_END.sub(lambda m: re.sub(r"[ \t]+", "", m.group()), super()._render_buffer(buffer))
 
 
 if "typer.rich_utils" in sys.modules:
@@ -329,8 +352,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML
                   # -h as --help: in every group and command too (each context takes its parent's names); no
                   # command has an option of its own named -h
                   context_settings={"help_option_names": ["-h", "--help"]})
-console = Console(width=_output_width())
-err_console = Console(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
+console = BlankFreeConsole(width=_output_width())
+err_console = BlankFreeConsole(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
 
 
 def _version(value: bool) -> None:

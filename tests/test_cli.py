@@ -774,6 +774,8 @@ def test_every_help_shows_every_help_text_wrapped_not_cut_at_60_and_80_columns(c
         name = " ".join(path) or "(root)"
         assert "…" not in out, (name, [line for line in out.splitlines() if "…" in line])
         assert max(len(line) for line in out.splitlines()) <= columns, (name, out)
+        # (typer padded the usage and description lines to the width with blanks: no line ends in any)
+        assert not [line for line in out.splitlines() if line != line.rstrip()], (name, out)
         cmd = dict(_commands())[path]
         lines = [" ".join(line.split()) for line in out.splitlines()]
         for prm in cmd.params:  # each option's help text starts beside its name: its first words on one line
@@ -1492,6 +1494,50 @@ def test_models_and_nodes_on_a_narrow_terminal_print_name_value_blocks_not_cut_c
     p, _ = cli("models", "--nats-url", deployment.nats_url, env={"COLUMNS": "1000"})
     assert p.stdout.splitlines()[0].strip() == "models" and not p.stdout.splitlines()[0].endswith(" "), p.stdout
     assert sum(line.startswith("│ ") for line in p.stdout.splitlines()) == len(listed), p.stdout
+
+
+def test_devices_ends_no_line_in_blanks_piped_or_on_a_terminal(tmp_path):
+    """A fresh-user trial: ``devices``' footer (``jax: ...; tensorrt: ...; onnxruntime providers: ...``), wrapped by
+    rich, ended its lines with the space it broke at (``tensorrt: not installed (pip install ``). No line of any
+    command's output ends in blanks: the commands' consoles take them out (``BlankFreeConsole``); here ``devices``
+    piped at 40, 60 and 80 columns (the footer wraps at one of them at least, whatever is installed) and on a
+    terminal (a pty) of 60."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    outs = {}
+    for columns in (40, 60, 80):
+        p, _ = cli("devices", env={"COLUMNS": str(columns)})
+        assert p.returncode == 0, p.stderr
+        outs[f"piped, COLUMNS={columns}"] = p.stdout
+    outs["a pty of 60 columns"] = run_in_a_pty([sys.executable, "-m", "inferbus.cli", "devices"], 60, env,
+                                               tmp_path / "stderr")
+    assert any(len(line) > 40 for line in outs["piped, COLUMNS=80"].splitlines() if "providers" in line), outs
+    for said, out in outs.items():
+        assert "providers:" in out, (said, out)
+        assert not [line for line in out.splitlines() if line != line.rstrip()], (said, out)
+
+
+def test_the_commands_consoles_end_no_line_in_blanks_and_keep_their_colours():
+    """:class:`~inferbus.cli.BlankFreeConsole` (every command's ``console`` and ``err_console``, typer's help):
+    the blanks before each line break go, the colour codes among them stay (a line that ends in a coloured word
+    ends in its reset code), and a blank not at a line's end stays."""
+    from rich.console import Console
+
+    from inferbus.cli import BlankFreeConsole
+
+    def shown(cls, **kw) -> str:
+        con = cls(file=io.StringIO(), width=24, force_terminal=True, color_system="standard", **kw)
+        con.print("plain words [bold]bold words[/] " * 4 + "[on red]   [/]")
+        con.print("last ", end="")
+        return con.file.getvalue()
+
+    before, after = shown(Console), shown(BlankFreeConsole)
+    plain = re.compile(r"\x1b\[[0-9;]*m")
+    assert any(line != line.rstrip() for line in plain.sub("", before).splitlines()), before  # (rich's own: blanks)
+    assert not [line for line in plain.sub("", after).splitlines()[:-1] if line != line.rstrip()], after
+    assert plain.findall(after) == plain.findall(before), (before, after)  # every colour code kept
+    assert [line.rstrip() for line in plain.sub("", before).splitlines()] == plain.sub("", after).splitlines()[:-1] + [
+        "last"], after
+    assert after.endswith("last "), after  # (no line break after it: not a line's end)
 
 
 def test_piped_output_takes_columns_where_set_as_help_does(monkeypatch):
