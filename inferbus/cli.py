@@ -97,7 +97,8 @@ def _help_option_names_in_full() -> None:
     settings (``rich_utils.STYLE_OPTIONS_TABLE_*``) are padding, box and lines, none for the columns. So: one space
     after each column instead of one on each side, and the help tables are made from a subclass in which
 
-    * an option's names share one column: its short names follow its long ones (``--help,-h``, ``--input,-i``) and its
+    * an option's names share one column, a comma and a space between them (typer wrote ``--help,-h``,
+      ``--timeout-s,--timeout``): its short names follow its long ones (``--help, -h``, ``--input, -i``) and its
       secondary (``--no-``) names go on a line of their own below them (``--colocate`` / ``--no-colocate``). In
       columns of their own, ``-h`` made the short-name column hold something in every command's table, and the
       ``--no-`` column took 23 columns of ``up``'s: at 80 columns its help text was cut (``INFERBUS_REDIS_U…``), at
@@ -120,10 +121,8 @@ def _help_option_names_in_full() -> None:
     if getattr(rich_utils, "Table", None) is not Table:  # pragma: no cover (a typer that builds its tables otherwise)
         return
 
-    def names_of(long: Text, short: Text) -> Text:
-        if not short.plain:
-            return long
-        return long + Text(",") + short if long.plain else short
+    def names_of(long: Text, short: Text) -> Text:  # typer joins each kind's names with "," alone
+        return Text(", ").join(name for kind in (long, short) if kind.plain for name in kind.split(","))
 
     def widest(cell) -> int:  # (a required option's mark is a Text, the others' a str)
         return max(cell_len(line) for line in str(cell).split("\n"))
@@ -1075,7 +1074,7 @@ _SEC = "Security"
 def up(
     ctx: typer.Context,
     models: Optional[str] = typer.Option(None, help="Model repository folder (default ./models).", metavar="<path>"),
-    model: Optional[list[str]] = typer.Option(None, "--model", metavar="NAME", help="Serve only this model of the repository "
+    model: Optional[list[str]] = typer.Option(None, "--model", metavar="<name>", help="Serve only this model of the repository "
                                               "(repeat for several; default: every model in it). The set is fixed "
                                               "for the node's life: `models load` of another model is NOT_FOUND."),
     workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), 0 to "
@@ -1780,10 +1779,10 @@ async def _demo(node, cfg, repo, duration_s: float, json_out: Optional[Path]) ->
 @app.command(short_help="Send one request built from .npy files; print the outputs.")
 def infer(
     model: str = typer.Argument(..., metavar="MODEL", help="Model name."),
-    input: list[str] = typer.Option(..., "--input", "-i", metavar="NAME=FILE.npy",
+    input: list[str] = typer.Option(..., "--input", "-i", metavar="<name>=<file.npy>",
                                     help="An input's name and its .npy file (repeat per input)."),
     version: Optional[str] = typer.Option(None, help="Model version (default: the model's default)."),
-    output: list[str] = typer.Option([], "--output", "-o", metavar="NAME",
+    output: list[str] = typer.Option([], "--output", "-o", metavar="<name>",
                                      help="An output to compute (repeat per output; default all)."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
@@ -1911,7 +1910,7 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(
                                            "600)."),
            as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
                                         "health prints JSON either way."),
-           ingress: Optional[str] = typer.Option(None, "--ingress", metavar="ID",
+           ingress: Optional[str] = typer.Option(None, "--ingress", metavar="<id>",
                                                  help="Ask this ingress (its parameters.ingress_id, e.g. n1-i0) "
                                                       "instead of any one: with several nodes on one NATS, how one "
                                                       "node's view is read.")):
@@ -2079,7 +2078,7 @@ def bench(
     model: str = typer.Argument("digits", metavar="MODEL"),
     nats_url: Optional[str] = typer.Option(None, help="Bench a running deployment; default: start one here."),
     models: Optional[str] = typer.Option(None, help="Model repository (for inputs and the reference).",
-                                         metavar="PATH"),
+                                         metavar="<path>"),
     version: Optional[str] = typer.Option(None, help="Model version (default: the default version the deployment "
                                                      "serves, from its metadata)."),
     workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),

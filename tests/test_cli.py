@@ -1445,6 +1445,36 @@ def test_help_shows_no_type_for_a_flag_and_no_braces_around_a_required_argument(
     assert p.returncode == 2 and p.stderr.startswith("error: unknown drill 'no-such-drill'; known drills: "), p.stderr
 
 
+def test_help_separates_option_names_with_a_comma_and_a_space_and_writes_every_type_one_way():
+    """A fresh-user trial: the help joined an option's names with a comma alone (``--help,-h``, ``--input,-i``,
+    ``--timeout-s,--timeout``), and wrote the value an option takes two ways: ``<str>``, ``<int>``, ``<path>`` mostly,
+    but ``PATH`` (bench ``--models``), ``NAME`` (up ``--model``, infer ``-o``), ``ID`` (health ``--ingress``) and
+    ``NAME=FILE.npy`` (infer ``-i``). Now ``--help, -h`` everywhere, and every option's value as the most of them
+    were: ``<path>``, ``<name>``, ``<id>``, ``<name>=<file.npy>`` (an argument keeps its name, ``MODEL``, in
+    capitals: that is the usage line's word for it, and its type follows, ``MODEL <str>``)."""
+    import typer
+
+    helps = _every_help_at(200)
+    for path, cmd in _commands():
+        name = " ".join(path) or "(root)"
+        out = helps[path]
+        rows = [line for line in out.splitlines() if re.match(r"│ [ *]*-", line)]
+        assert any(line.startswith(("│ --help, -h ", "│   --help, -h ")) for line in rows), (name, out)
+        assert not [line for line in rows if re.search(r",\S", line.split("  ")[0])], (name, rows)
+        ctx = typer.Context(cmd, info_name=path[-1] if path else "inferbus")
+        for prm in cmd.params:
+            if prm.param_type_name != "option" or prm.hidden or prm.is_flag or prm.count:
+                continue
+            shown = prm.display_type_rich(ctx)
+            assert re.fullmatch(r"<[a-z][a-z0-9_.-]*>(=<[a-z][a-z0-9_.-]*>)?(\.\.\.)?", shown), (name, prm.opts, shown)
+            row = next(line for line in rows if re.match(rf"│ [ *]*(?:[\w-]+, )*{re.escape(prm.opts[0])}(?![\w-])", line))
+            assert f" {shown} " in row, (name, prm.opts, shown, row)
+    for argv, said in ((("infer",), "--input, -i <name>=<file.npy>"), (("infer",), "--output, -o <name>"),
+                       (("bench",), "--models <path>"), (("health",), "--ingress <id>"), (("up",), "--model <name>"),
+                       (("models", "load"), "--timeout-s, --timeout <float>")):
+        assert said in " ".join(helps[argv].split()), (argv, said)
+
+
 def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deployment):
     """A fresh-user trial: ``inferbus models`` did not show a model's ``max_batch_size``, ``cache_ttl_ms`` or
     ``description`` (config.json), nor did its metadata."""

@@ -326,7 +326,7 @@ def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
         h = cli("health", "--timeout-s", "600.0001", "--nats-url", "nats://127.0.0.1:1")
         assert h.stderr.split(" --timeout-s ", 1)[1] == p.stderr.split(f" {flag} ", 1)[1], (h.stderr, p.stderr)
     text = _help_text("chaos", "run")
-    assert "--timeout-s,--timeout <float> Per-request budget, seconds" in text, text
+    assert "--timeout-s, --timeout <float> Per-request budget, seconds" in text, text
 
 
 @pytest.mark.parametrize("argv", [
