@@ -1475,6 +1475,42 @@ def test_help_separates_option_names_with_a_comma_and_a_space_and_writes_every_t
         assert said in " ".join(helps[argv].split()), (argv, said)
 
 
+def test_a_flag_pairs_default_reads_on_or_off():
+    """A fresh-user trial: a ``--x/--no-x`` pair's default was the name of the flag in effect without its dashes,
+    ``[default: no-colocate]``, ``[default: proxy]``, read as a value to give. The rule now, for every such pair
+    of every command, rich help or plain: ``[default: on]`` where the default is on, ``[default: off]`` where it is
+    off (shown both ways: a pair whose default depends on another option, ``--run-to-completion``, shows none, so
+    an absent default is not read as off); a lone flag (``--json``) shows none when off, as before."""
+    import subprocess as sp
+
+    helps = _every_help_at(200)
+    pairs = 0
+    for path, cmd in _commands():
+        name = " ".join(path) or "(root)"
+        lines = helps[path].splitlines()
+        assert "[default: no-" not in helps[path], (name, helps[path])
+        for prm in cmd.params:
+            if not (getattr(prm, "is_bool_flag", False) and prm.secondary_opts and not prm.hidden):
+                continue
+            if not all(o.startswith("--no-") for o in prm.secondary_opts):
+                continue
+            at = next(i for i, line in enumerate(lines) if re.match(rf"│ [ *]*{re.escape(prm.opts[0])}(?![\w-])", line))
+            end = next((i for i in range(at + 1, len(lines)) if re.match(r"│ [ *]*--(?!no-)", lines[i])
+                        or not lines[i].startswith("│")), len(lines))
+            said = re.findall(r"\[default: ([^]]*)\]", " ".join(lines[at:end]))
+            expected = [] if prm.default is None else ["on" if prm.default else "off"]
+            assert said == expected, (name, prm.opts, said, lines[at:end])
+            pairs += 1
+    assert pairs >= 15, pairs  # (up's --colocate ... --fault-injection, bench's, cluster's, region's)
+    env = {k: v for k, v in os.environ.items() if k not in ("TERMINAL_WIDTH", "TYPER_USE_RICH")}
+    plain = sp.run([sys.executable, "-m", "inferbus.cli", "up", "--help"], capture_output=True, text=True, timeout=30,
+                   cwd=ROOT, env={**env, "COLUMNS": "200", "TYPER_USE_RICH": "0"}).stdout
+    block = plain.split("--colocate / --no-colocate", 1)[1].split("\n  -", 1)[0]  # (click wraps at 80)
+    assert " ".join(block.split()).endswith("[default: off]") and "[default: no-" not in plain, block
+    assert "--json" in helps[("models",)] and "[default: off]" not in " ".join(
+        line for line in helps[("models",)].splitlines() if "--json" in line), helps[("models",)]
+
+
 def test_the_models_table_shows_max_batch_size_cache_ttl_and_description(deployment):
     """A fresh-user trial: ``inferbus models`` did not show a model's ``max_batch_size``, ``cache_ttl_ms`` or
     ``description`` (config.json), nor did its metadata."""
