@@ -86,7 +86,8 @@ def up(
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
     import asyncio
 
-    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run
+    from ._wrap import wrap_items, wrap_words
+    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run, _wrap_width
     from .cluster import Topology
 
     models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
@@ -103,6 +104,19 @@ def up(
     if actors:  # (without actors no model is read)
         models_dir = _models_dir(models_path)
         _note_if_no_models(models_dir, _check_models_repo("cluster up", models_dir))
+
+    width = _wrap_width()
+
+    def say(line: str, head: Optional[str] = None, items: Optional[list[str]] = None, indent: int = 4) -> None:
+        """``line`` where it fits the terminal (or piped without COLUMNS: one line, grepped), else ``head`` and
+        then ``items`` wrapped between them (its words where none are given), the lines after the first indented by
+        ``indent``, as ``up``'s lines: the banner's lines ran past a narrow terminal, which broke them anywhere."""
+        if width is None or len(line) <= width or head is None:
+            lines = wrap_words(line, width)
+        else:
+            lines = wrap_items(head, items or [], width, indent)
+        for out in lines:
+            typer.echo(out)
 
     async def go() -> int:
         t0 = time.monotonic()
@@ -135,17 +149,25 @@ def up(
                 return 128 + signal.Signals[got[0]].value
             primary = starting.result()
             ctl = await topo.serve_control()
-            typer.echo(f"inferbus cluster up in {time.monotonic() - t0:.1f}s — primary {primary}; run dir {topo.run_dir}")
+            took = f"inferbus cluster up in {time.monotonic() - t0:.1f}s —"
+            say(f"{took} primary {primary}; run dir {topo.run_dir}", took, [f"primary {primary};",
+                                                                            f"run dir {topo.run_dir}"])
             for site in spec.sites:
                 kind = "witness (JetStream, lease replicas)" if site == spec.witness else "region"
-                typer.echo(f"  {site:3s} {kind:36s} {','.join(topo.urls(site))}")
+                urls = ",".join(topo.urls(site))  # (one item: pasted whole as a --nats-url)
+                say(f"  {site:3s} {kind:36s} {urls}", f"  {site:3s} {kind}", [urls], 6)
                 if site != spec.witness and topo.plan.valkey_url(site):
-                    typer.echo(f"      valkey {topo.plan.valkey_url(site)} (its password: "
-                               f"{topo.run_dir / 'valkey' / site / 'valkey.conf'})")
+                    conf = topo.run_dir / "valkey" / site / "valkey.conf"
+                    say(f"      valkey {topo.plan.valkey_url(site)} (its password: {conf})", "      valkey",
+                        [topo.plan.valkey_url(site), "(its password:", f"{conf})"], 10)
                 if site != spec.witness and topo.metrics_port(site) is not None:
-                    typer.echo(f"      metrics http://127.0.0.1:{topo.metrics_port(site)}/metrics")
+                    metrics = f"http://127.0.0.1:{topo.metrics_port(site)}/metrics"
+                    say(f"      metrics {metrics}", "      metrics", [metrics], 10)
+            # the clients' URLs stay on one line, however narrow the terminal: the list a user copies into
+            # --nats-url (the terminal folds a line too long for it, and a copy of it is still the one line)
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")
-            typer.echo(f"  status:  inferbus region status --cluster {topo.run_dir}")
+            status = f"inferbus region status --cluster {topo.run_dir}"  # (one item: a command to paste whole)
+            say(f"  status:  {status}", "  status:", [status])
             typer.echo("serving; Ctrl-C to stop")
             stopped = asyncio.ensure_future(stop.wait())
             failed = asyncio.ensure_future(topo.wait_failed())
@@ -157,15 +179,15 @@ def up(
                            f"is left", err=True)
                 return 1
             failed.cancel()
-            typer.echo(f"{got[0]}: stopping the cluster (actors, region managers, servers)")
+            say(f"{got[0]}: stopping the cluster (actors, region managers, servers)")
             return 0
         finally:
             if ctl is not None:
                 await ctl.close()
             await topo.stop()
             if t_stop is not None:
-                typer.echo(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s"
-                           + ("" if ctl is not None else " (during start-up; nothing served)"))
+                say(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s"
+                    + ("" if ctl is not None else " (during start-up; nothing served)"))
 
     raise typer.Exit(_run(go()))
 

@@ -606,6 +606,53 @@ def test_cluster_up_refuses_a_bad_run_dir_or_model_repository_before_starting(tm
     assert " ".join(out.stderr.split()).count("error:") == 1 and time.monotonic() - t0 < 15, out.stderr
 
 
+@pytest.mark.timeout(120)
+def test_cluster_up_wraps_its_banner_to_the_terminal_but_keeps_each_url_list_and_command_whole(tmp_path):
+    """A fresh-user trial: ``cluster up``'s banner was not wrapped (a site's line ~110 characters, its valkey line
+    ~90), so a narrow terminal broke its lines anywhere. Each line now fits the width where it can: what does not
+    fit goes on lines of its own, wrapped between items, indented under the line's own indent. What a user copies
+    stays whole on one line: the ``clients:`` URL list (as before: a line that the terminal folds is still copied
+    as one), each site's URL list, the ``status`` command and each path; no line ends in a blank. Piped with
+    ``COLUMNS=60``, as a terminal of 60 columns gets it."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
+                                 "--run-dir", str(run), "--metrics-port", str(_free_port_pair())], stdout=fh,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "COLUMNS": "60"})
+    try:
+        wait_serving(proc, out, timeout_s=90, poll_s=0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    info = json.loads((run / "cluster.json").read_text())
+    lines = out.read_text().splitlines()
+    assert not [line for line in lines if line != line.rstrip()], lines
+    clients = f"  clients: {','.join(info['client_urls'])}"
+    assert clients in lines, lines  # one line, however long
+    # wider than the terminal only where one item is, on a line of its own: a site's URL list, the run dir, a
+    # valkey password's path, the status command (each longer than 60 here: the run dir is pytest's)
+    whole = {f"    run dir {run}", f"    inferbus region status --cluster {run}"} | {
+        f"          {run / 'valkey' / region / 'valkey.conf'})" for region in info["spec"]["regions"]}
+    wide = [line for line in lines if len(line) > 60 and line != clients and line not in whole]
+    assert all(re.fullmatch(r" {6}nats://[^ ]+", line) for line in wide), wide
+    listed = [line.strip().split(",") for line in lines if line.startswith("      nats://")]
+    for site in info["spec"]["regions"] + [info["spec"]["witness"]]:  # each site's list, whole, below its name
+        urls = sorted(srv["url"] for srv in info["servers"].values() if srv["site"] == site)
+        assert urls in [sorted(li) for li in listed], (site, lines)
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"  {site}   "))
+        assert sorted(lines[at + 1].strip().split(",")) == urls, lines[at:at + 2]
+    text = "\n".join(lines)
+    assert f"inferbus region status --cluster {run}" in lines[[i for i, line in enumerate(lines)
+                                                               if line.startswith("  status:")][0] + 1], lines
+    for region in info["spec"]["regions"]:  # the path whole: on the line after the URL, indented under the words
+        assert f"\n          {run / 'valkey' / region / 'valkey.conf'})\n" in text, text
+    assert lines[0].startswith("inferbus cluster up in ") and lines[1] == f"    run dir {run}", lines[:2]
+
+
 @pytest.mark.timeout(60)
 def test_cluster_up_on_a_folder_without_models_says_so_as_up_does(tmp_path):
     """``cluster up --models /etc`` (a folder with no <model>/config.json) started without a word, where ``up`` says
