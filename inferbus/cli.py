@@ -1489,7 +1489,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
 
     from .accelerators import BackendUnavailable
     from .actors import Node
-    from .actors._node import MetricsPortUnavailable, ModelsUnservable, NodeIdInUse
+    from .actors._node import MetricsPortUnavailable, ModelsUnservable, NodeIdInUse, RunDirInUse
     from .bus import shown_servers, shown_url, split_servers
     from .supervisor import ChildStartError
 
@@ -1522,7 +1522,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             return await stop_start()
         try:
             starting.result()
-        except NodeIdInUse as exc:  # (it was "cannot start: ...", without the "error: up: " of every other refusal)
+        except (NodeIdInUse, RunDirInUse) as exc:  # (it was "cannot start: ...", without the "error: up: " of others)
             err_console.print(f"[red]error[/]: up: {escape(str(exc))}")
             return EXIT_USAGE
         except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running

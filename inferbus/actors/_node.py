@@ -310,6 +310,8 @@ class Node:
         self._crash_running: dict[str, list | None] = {}
         """Child id → what its model runs held at its last abnormal exit (read in :meth:`_on_exit`)."""
         self._tmp = None
+        self._run_dir_lock: int | None = None
+        """The descriptor holding the run dir's lock (:func:`_lock_run_dir`) while the node runs, else None."""
         self._detach_log = None
         """Removes the handlers writing ``node.log`` (:func:`_attach_node_log`); None before start and after stop."""
         self.nats_url = config.nats_url
@@ -522,9 +524,17 @@ class Node:
             ChildStartError: an actor process failed to start.
             NodeIdInUse: on a NATS given by URL, workers of this ``node_id`` already report on this prefix.
             MetricsPortUnavailable: ``metrics_host:metrics_port`` cannot be bound; everything started is stopped.
+            RunDirInUse: another live node runs in ``run_dir`` (nothing was started or written there).
             BackendUnavailable: a backend of ``backends`` has no runtime or no device here (the device probe);
                 the embedded servers are stopped again.
         """
+        try:
+            await self._start()
+        except BaseException:  # (the paths that stopped what had started released it already: a no-op then)
+            self._release_run_dir()
+            raise
+
+    async def _start(self) -> None:
         c = self.config
         self._failed = asyncio.get_running_loop().create_future()
         self._stopping = False
@@ -535,6 +545,10 @@ class Node:
         else:
             run_dir = Path(c.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
+        # before anything is written there: a second node on this folder overwrote the first one's actor configs
+        # (which a restarted actor reads again: it then connected to the other node's NATS, in a crash loop), its
+        # workers' flight records and its logs
+        self._run_dir_lock = _lock_run_dir(run_dir)
         self.run_dir = run_dir
         self._detach_log = _attach_node_log(run_dir / "node.log")
         servers = []  # the nats-server's supervisor; Valkey's is another (cache_servers)
@@ -861,9 +875,16 @@ class Node:
         detach, self._detach_log = self._detach_log, None
         if detach is not None:
             detach()
+        self._release_run_dir()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def _release_run_dir(self) -> None:
+        """Give up the run dir's lock (:func:`_lock_run_dir`), if this node holds it. Idempotent."""
+        fd, self._run_dir_lock = self._run_dir_lock, None
+        if fd is not None:
+            os.close(fd)  # (the lock goes with the last descriptor; the file stays, empty of meaning)
 
     async def __aenter__(self) -> "Node":
         await self.start()
@@ -899,6 +920,42 @@ def _unservable(reports) -> dict[str, dict[str, str]]:
             if k not in loaded:
                 out.setdefault(k, {})[r.worker_id] = why
     return out
+
+
+class RunDirInUse(RuntimeError):
+    """Another live node holds the run dir (``NodeConfig.run_dir``, ``up --run-dir``): see :func:`_lock_run_dir`."""
+
+
+RUN_DIR_LOCK = "node.lock"
+"""The file in a node's run dir that it holds locked (``flock``) while it runs, with its pid in it."""
+
+
+def _lock_run_dir(run_dir: Path) -> int:
+    """Lock ``run_dir`` for this node (an exclusive ``flock`` on :data:`RUN_DIR_LOCK`, which holds this process's
+    pid); return the descriptor that holds it. The kernel drops the lock when the process ends, however it ends (a
+    SIGKILLed node leaves no stale lock), and the actor processes do not inherit it (PEP 446).
+
+    Raises:
+        RunDirInUse: another process holds it (a node serving from that folder).
+    """
+    import fcntl
+
+    path = run_dir / RUN_DIR_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: held
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        who = f"pid {holder}" if holder.isdigit() else f"it holds {RUN_DIR_LOCK}"
+        raise RunDirInUse(f"run dir {str(run_dir)!r} is in use by another node ({who}): its actors' configs, flight "
+                          f"records and logs are there; give this node a --run-dir of its own") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class MetricsPortUnavailable(OSError):

@@ -1,0 +1,66 @@
+"""What an operator runs into around a node: a run dir two nodes were given, the metrics endpoint's address.
+
+Real ``inferbus up`` processes, nothing mocked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODELS, ROOT, start_deployment
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _up(*args: str, timeout_s: float = 40) -> subprocess.CompletedProcess:
+    """``inferbus up ARGS`` run to its end (killed with its process group past ``timeout_s``: a node that serves)."""
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--models", str(MODELS), "--nats-port", "0",
+                             "--workers", "1", "--no-cache", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"inferbus up {' '.join(args)} still ran after {timeout_s} s: {out[-1500:]} {err[-1500:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_second_up_on_a_run_dir_in_use_is_refused_and_writes_nothing_there(tmp_path):
+    """A fresh-operator trial: a second ``inferbus up --run-dir D`` while a node served from D started and served,
+    overwriting the first node's actor configs (``worker-n1-w0.config.json``: its NATS URL), flight records and
+    logs; the first node's next restart of that worker read the other node's config and connected to its (by then
+    stopped) NATS, in a crash loop (``NoServersError`` at each start). Now the second one is refused before it starts
+    or writes anything: one line naming the folder and the node that has it, exit 2; the lock goes with the node."""
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="rundir")
+    try:
+        before = {p.name: p.read_bytes() for p in dep.run_dir.iterdir()
+                  if p.is_file() and (p.name.endswith(".config.json") or p.name == "node.log")}
+        assert "worker-n1-w0.config.json" in before, sorted(before)
+        r = _up("--run-dir", str(dep.run_dir), "--prefix", "rundir2")
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert (f"error: up: run dir '{dep.run_dir}' is in use by another node (pid {dep.proc.pid})"
+                in r.stderr), r.stderr
+        assert "inferbus up in" not in r.stdout, r.stdout
+        after = {name: (dep.run_dir / name).read_bytes() for name in before}
+        assert after == before  # configs untouched; node.log has no record of a second start
+    finally:
+        dep.stop()
+    # released when the node stopped: another node starts there (and stops: a SIGINT once it is up)
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--models", str(MODELS), "--nats-port", "0",
+                             "--workers", "1", "--no-cache", "--run-dir", str(dep.run_dir), "--prefix", "rundir3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("inferbus up in"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
