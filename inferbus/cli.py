@@ -1569,7 +1569,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                                   [f"{part}," for part in parts[:-1]] + parts[-1:], width):
             console.print(line, soft_wrap=width is None)
         if node.metrics is not None:
-            console.print(f"  metrics http://{cfg.metrics_host}:{node.metrics.port}/metrics", soft_wrap=True)
+            host = f"[{cfg.metrics_host}]" if ":" in cfg.metrics_host else cfg.metrics_host  # an IPv6 address: RFC 3986
+            console.print(f"  metrics http://{host}:{node.metrics.port}/metrics", soft_wrap=True)
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))

@@ -64,3 +64,40 @@ def test_a_second_up_on_a_run_dir_in_use_is_refused_and_writes_nothing_there(tmp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_the_metrics_line_of_an_ipv6_host_is_a_url(tmp_path):
+    """``up --metrics-host ::1`` served on ::1 but printed ``metrics http://::1:45959/metrics``, which no scraper or
+    browser reads as a host and a port; an IPv6 address goes in brackets (RFC 3986): ``http://[::1]:45959/metrics``."""
+    import re
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--models", str(MODELS), "--nats-port", "0",
+                             "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
+                             "--metrics-host", "::1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert lines[0].startswith("inferbus up in"), lines
+        m = re.fullmatch(r"  metrics (http://\S+/metrics)\n", lines[1])
+        assert m and m.group(1).startswith("http://[::1]:"), lines
+        with urllib.request.urlopen(m.group(1), timeout=10) as resp:
+            assert resp.status == 200 and b"inferbus_actor_up" in resp.read()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
