@@ -1361,7 +1361,7 @@ def up(
             if not demo or given("nats_port"):  # only the demo's default port moves: one asked for is kept or refused
                 _usage(_port_taken(nats_port))
             cfg = replace(cfg, nats_port=0)
-        if metrics_port:  # before anything starts: a port taken is one line, nothing left running
+        if metrics_port is not None:  # before anything starts: a port taken (or, 0 too, a host not here) is one line
             problem = _cannot_listen(metrics_host, metrics_port)
             if problem:
                 _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")

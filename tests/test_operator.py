@@ -101,3 +101,15 @@ def test_the_metrics_line_of_an_ipv6_host_is_a_url(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_metrics_host_that_is_not_here_is_refused_before_anything_starts_with_port_0_too(tmp_path):
+    """``--metrics-port 0 --metrics-host 192.0.2.1`` (an address of no interface here) skipped the check a taken port
+    gets: the node started its nats-server and every actor, then failed to bind, stopped them all and said
+    ``--metrics-port: cannot serve metrics on ...`` ~4 s later. Now it is the same one line as a taken port's, before
+    anything starts (no node.log in the run dir, which is taken away again as the refusal made it)."""
+    run = tmp_path / "run"
+    r = _up("--run-dir", str(run), "--metrics-port", "0", "--metrics-host", "192.0.2.1")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "error: up: --metrics-port 0: cannot listen on 192.0.2.1:0: " in r.stderr, r.stderr
+    assert not (run / "node.log").exists() and not (run / "nats").exists()
