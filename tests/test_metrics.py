@@ -149,6 +149,239 @@ async def test_counters_move_by_what_was_sent(node):
     assert 0 < compute < 0.1, compute  # seconds, not µs
 
 
+def series(samples: dict, name: str, **labels) -> dict[frozenset, float]:
+    """The samples named ``name`` whose labels include ``labels``: ``{frozenset of label items: value}``."""
+    want = set(labels.items())
+    return {ls: v for (n, ls), v in samples.items() if n == name and want <= ls}
+
+
+def check_histograms(samples: dict, name: str) -> int:
+    """Every series of histogram ``name`` is well formed: its buckets are cumulative (non-decreasing in ``le``), its
+    ``+Inf`` bucket is its ``_count``, and it has a ``_sum``. Returns how many series there are."""
+    by_series: dict[frozenset, list[tuple[float, float]]] = {}
+    for ls, v in series(samples, f"{name}_bucket").items():
+        labels = dict(ls)
+        le = labels.pop("le")
+        by_series.setdefault(frozenset(labels.items()), []).append((float(le), v))
+    for ls, buckets in by_series.items():
+        buckets.sort()
+        values = [v for _, v in buckets]
+        assert values == sorted(values), (name, dict(ls), buckets)
+        assert buckets[-1][0] == float("inf"), (name, dict(ls))
+        assert buckets[-1][1] == samples[(f"{name}_count", ls)], (name, dict(ls))
+        assert (f"{name}_sum", ls) in samples, (name, dict(ls))
+    return len(by_series)
+
+
+async def test_per_model_counts_and_histograms(node):
+    """Per model version (Triton's nv_inference_request_success/failure, nv_inference_count, exec_count and
+    durations): the ingresses' success, cache hit and failure counts and forward-latency histogram, and the workers'
+    computed and run counts and batch-size and compute-duration histograms move by exactly what was sent to each of
+    two models; the histograms are cumulative with +Inf = _count."""
+    deadline = time.monotonic() + 10
+    while total(before := scrape(node.metrics_url), "inferbus_breaker_state", state="closed") < 4:
+        assert time.monotonic() < deadline, "an ingress never heard from both workers"
+        time.sleep(0.05)
+    a, b = {"model": "digits", "version": "1"}, {"model": "digits_cnn", "version": "1"}
+    for labels in (a, b):  # every served version has its series from the start (0 until used)
+        for ingress in ("n1-i0", "n1-i1"):
+            assert before[("inferbus_model_request_success_total",
+                           frozenset({"ingress": ingress, **labels}.items()))] >= 0
+    client = await Client.connect(node.nats_url, node.prefix, retry_unavailable=False)
+    sent = {"digits": {"miss": 0, "hit": 0, "bad": 0}, "digits_cnn": {"miss": 0, "hit": 0, "bad": 0}}
+    t0 = time.monotonic()
+    try:
+        seed0 = int(time.time() * 1000) + 10_000_000  # inputs never sent before (the other test's seeds differ)
+        for model, n in (("digits", 12), ("digits_cnn", 7)):
+            for i in range(n):
+                r = await client.infer_result(model, digits_input(seed0 + i))
+                assert r.parameters["cache_hit"] is False
+                sent[model]["miss"] += 1
+            seed0 += 1000
+            same = digits_input(seed0 - 1)  # misses until each ingress holds it, then hits
+            for _ in range(60):
+                r = await client.infer_result(model, same)
+                sent[model]["hit" if r.parameters["cache_hit"] else "miss"] += 1
+                if sent[model]["hit"] >= 2:
+                    break
+            assert sent[model]["hit"] >= 2, "no L1 hits in 60 repeats"
+        for model, n in (("digits", 3), ("digits_cnn", 1)):  # wrong shape: INVALID_ARGUMENT from the ingress
+            for _ in range(n):
+                with pytest.raises(InvalidArgument):
+                    await client.infer(model, {"pixels": np.zeros((1, 63), np.float32)})
+                sent[model]["bad"] += 1
+        with pytest.raises(NotFound):  # no such version: no model version to count it under
+            await client.infer("digits", digits_input(seed0), version=7)
+    finally:
+        await client.close()
+    wall_s = time.monotonic() - t0
+
+    expected = {}
+    for model, labels in (("digits", a), ("digits_cnn", b)):
+        s, ls = sent[model], tuple(labels.items())
+        expected.update({
+            ("inferbus_model_request_success_total", ls): s["miss"] + s["hit"],
+            ("inferbus_model_cache_hits_total", ls + (("level", "l1"),)): s["hit"],
+            ("inferbus_model_cache_hits_total", ls + (("level", "l2"),)): 0,
+            ("inferbus_model_request_failure_total", ls + (("code", "INVALID_ARGUMENT"),)): s["bad"],
+            ("inferbus_model_request_failure_total", ls): s["bad"],  # no other code
+            ("inferbus_forward_latency_seconds_count", ls): s["miss"],
+            ("inferbus_forward_latency_seconds_bucket", ls + (("le", "+Inf"),)): s["miss"],
+            ("inferbus_model_computed_total", ls): s["miss"],
+            ("inferbus_model_batch_size_sum", ls): s["miss"],
+            ("inferbus_model_batch_size_bucket", ls + (("le", "+Inf"),)): None,  # = runs, below
+        })
+    expected[("inferbus_model_request_failure_total", (("model", "digits"), ("version", "2")))] = 0
+    expected[("inferbus_worker_computed_total", ())] = sent["digits"]["miss"] + sent["digits_cnn"]["miss"]
+
+    def deltas(after: dict) -> dict:
+        return {k: total(after, k[0], **dict(k[1])) - total(before, k[0], **dict(k[1])) for k in expected}
+
+    deadline = time.monotonic() + 5
+    while True:
+        after = scrape(node.metrics_url)
+        got = deltas(after)
+        for k in expected:
+            if k[0] == "inferbus_model_batch_size_bucket":  # +Inf: every run, however many
+                ls = dict(k[1])
+                ls.pop("le")
+                expected[k] = total(after, "inferbus_model_runs_total", **ls) - \
+                    total(before, "inferbus_model_runs_total", **ls)
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert got == expected
+    for model, labels in (("digits", a), ("digits_cnn", b)):
+        runs = total(after, "inferbus_model_runs_total", **labels) - total(before, "inferbus_model_runs_total", **labels)
+        assert 1 <= runs <= sent[model]["miss"], runs
+        for name in ("inferbus_model_batch_size_count", "inferbus_model_compute_duration_seconds_count"):
+            assert total(after, name, **labels) - total(before, name, **labels) == runs, name
+        # the latencies' sum: more than nothing, less than the whole test's wall time for each forward
+        fwd_sum = total(after, "inferbus_forward_latency_seconds_sum", **labels) - \
+            total(before, "inferbus_forward_latency_seconds_sum", **labels)
+        assert 0 < fwd_sum < wall_s * sent[model]["miss"], (fwd_sum, wall_s)
+        compute_sum = total(after, "inferbus_model_compute_duration_seconds_sum", **labels) - \
+            total(before, "inferbus_model_compute_duration_seconds_sum", **labels)
+        assert 0 < compute_sum < fwd_sum, (compute_sum, fwd_sum)
+        # the per-model counts add up to the per-process ones of the same ingresses
+    assert total(after, "inferbus_model_request_success_total") == \
+        total(after, "inferbus_cache_hits_total") + total(after, "inferbus_forward_latency_seconds_count")
+    # over all versions, the worker's per-model computed counts are its computed count
+    for wid in ("n1-w0", "n1-w1"):
+        assert total(after, "inferbus_model_batch_size_sum", worker=wid) == \
+            total(after, "inferbus_worker_computed_total", worker=wid)
+        assert total(after, "inferbus_model_runs_total", worker=wid) == \
+            total(after, "inferbus_worker_batches_total", worker=wid)
+    for name in ("inferbus_forward_latency_seconds", "inferbus_model_batch_size",
+                 "inferbus_model_compute_duration_seconds"):
+        assert check_histograms(after, name) >= 4, name  # 2 ingresses or workers x 2 models at least
+    les = {dict(ls)["le"] for ls in series(after, "inferbus_forward_latency_seconds_bucket", ingress="n1-i0", **a)}
+    assert les == {"5e-05", "0.0001", "0.0002", "0.0005", "0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1",
+                   "0.2", "0.5", "1.0", "2.0", "5.0", "+Inf"}, les
+    # the worker's counts that had no metric: one series per worker, by event
+    for wid in ("n1-w0", "n1-w1"):
+        events = {dict(ls)["event"] for ls in series(after, "inferbus_worker_events_total", worker=wid)}
+        assert events == {"decoded", "input_failures", "stop_refused"}, events
+    assert total(after, "inferbus_worker_events_total", event="decoded") - \
+        total(before, "inferbus_worker_events_total", event="decoded") == \
+        sent["digits"]["miss"] + sent["digits_cnn"]["miss"]  # every miss's body decoded once at its worker
+
+
+def test_name_filter_answers_the_named_families_alone(node):
+    """``/metrics?name[]=...`` (prometheus-client's filter, by series name) answered an empty body: the collector
+    declared no names. Now it answers the named series, and nothing else."""
+    def families(query: str) -> dict[str, set[str]]:
+        with urllib.request.urlopen(f"{node.metrics_url}?{query}", timeout=5) as resp:
+            assert resp.status == 200
+            text = resp.read().decode()
+        return {fam.name: {s.name for s in fam.samples} for fam in text_string_to_metric_families(text)}
+
+    got = families("name[]=inferbus_ingress_requests_total")
+    assert got == {"inferbus_ingress_requests": {"inferbus_ingress_requests_total"}}, got
+    got = families("name[]=inferbus_forward_latency_seconds_bucket&name[]=inferbus_forward_latency_seconds_count"
+                   "&name[]=inferbus_actor_up")
+    assert got == {"inferbus_forward_latency_seconds": {"inferbus_forward_latency_seconds_bucket",
+                                                        "inferbus_forward_latency_seconds_count"},
+                   "inferbus_actor_up": {"inferbus_actor_up"}}, got
+    assert families("name[]=no_such_metric") == {}
+
+
+def test_every_family_is_described():
+    """The collector's describe() (what the name[] filter finds it by) declares every family it can yield, with
+    its type: a family missing there would be left out of every filtered scrape. Fed one answer of each kind of actor
+    with every optional part (L2 lookups, a region manager, per-model counts, a worker's events)."""
+    from inferbus.actors._metrics import _DESCRIBED, NodeCollector, families
+
+    e = Expected("mt", ingress_ids=("n1-i0",), worker_ids=("n1-w0",), aggregator_ids=("n1-agg",), regions=("a",))
+    ingress = {"name": "inferbus-ingress", "metadata": {"ingress_id": "n1-i0"}, "endpoints": [
+        {"name": "infer", "subject": "mt.infer.>", "num_requests": 3, "num_errors": 1, "processing_time": 1000,
+         "data": {"counts": {"requests": 3, "l1_hits": 1, "something_new": 2}, "pending": 0, "backlog": 0,
+                  "l1_entries": 1, "l1_bytes": 10, "l2_inflight": 0, "l2_lookups": "closed", "l2_lookups_off_times": 0,
+                  "models": ["digits:1"], "models_ready": ["digits:1"],
+                  "latency_us": {"digits:1": {"0.5": 100, "0.95": 200, "0.99": 300, "samples": 30}},
+                  "workers": {"n1-w0": {"breaker": "closed", "breaker_trips": 0, "health": "ok", "in_flight": 0}},
+                  "per_model": {"digits:1": {"forward": {"le": [0] * 16, "count": 0, "sum_us": 0.0}, "l1_hits": 1,
+                                             "errors": {"INVALID_ARGUMENT": 1}}}}},
+        {"name": "infer_at", "subject": "mt.ingresses.n1-i0.infer.>", "num_requests": 0, "num_errors": 0,
+         "processing_time": 0}]}
+    worker = {"name": "inferbus-worker", "metadata": {"worker_id": "n1-w0"}, "endpoints": [
+        {"name": "infer", "subject": "mt._w.n1-w0", "data": {
+            "backend": "onnxruntime", "received": 1, "computed": 1, "batches": 1, "decoded": 1, "queue_depth": 0,
+            "in_flight": 0, "capacity": 8, "ewma_service_us": 10.0, "error_rate": 0.0, "models": ["digits:1"],
+            "precisions": {"digits:1": "fp32"}, "load_errors": {"x:1": "gone"}, "compute_ewma_us": {"digits:1": 10.0},
+            "runs": {"digits:1": {"runs": 1, "requests": 1, "batch_le": [1] * 11, "compute_le": [1] * 16,
+                                  "compute_sum_us": 10}}}}]}
+    agg = {"name": "inferbus-aggregator", "metadata": {"aggregator_id": "n1-agg"},
+           "endpoints": [{"name": "cache-fill", "subject": "mt._cache.fill", "data": {"fills": 1, "queued": 0}}]}
+    region = {"name": "inferbus-region", "metadata": {"region": "a"}, "endpoints": [
+        {"name": "control", "subject": "mt._region.ctl.a",
+         "data": {"role": "primary", "term": 1, "renewals": 1, "model_writes": True}}]}
+    stats = {}
+    for st in (ingress, worker, agg, region):
+        key = e.identify(st)
+        assert key is not None, st["name"]
+        stats[key] = st
+
+    class Child:
+        id, restarts, status = "nats", 0, "running"
+
+    made = {fam.name: fam.type for fam in families(stats, e, [Child()], 0.01)}
+    assert {"inferbus_model_request_failure", "inferbus_forward_latency_seconds", "inferbus_model_batch_size",
+            "inferbus_worker_events", "inferbus_cache_l2_breaker_state", "inferbus_region_primary"} <= set(made)
+    assert {n: t for n, t in made.items() if _DESCRIBED.get(n) != t} == {}
+    described = {fam.name: fam.type for fam in NodeCollector(None, None).describe()}
+    assert described == _DESCRIBED
+
+
+def test_histogram_folds():
+    """The raw values recorded on the request path fold into cumulative buckets (``le`` inclusive), exactly,
+    runs of several models apart, and runs recorded during a fold wait for the next one."""
+    from inferbus.actors._modelstats import BATCH_BOUNDS, LATENCY_BOUNDS_US, ForwardStats, fold_runs
+
+    fs = ForwardStats()
+    for us in (10.0, 50.0, 50.5, 999.0, 7e6):
+        fs.add(us)
+    fs.fold()
+    h = fs.histogram()
+    assert h["count"] == 5 and h["sum_us"] == 10.0 + 50.0 + 50.5 + 999.0 + 7e6
+    assert h["le"][:6] == [2, 3, 3, 3, 4, 4] and h["le"][-1] == 4  # 7 s only in +Inf
+    assert len(h["le"]) == len(LATENCY_BOUNDS_US) and fs.pending == [] and len(fs.samples) == 5
+    fs.add(60.0)
+    fs.fold()
+    assert fs.histogram()["le"][:2] == [2, 4] and fs.count == 6
+    runs = [("b:1", 3, 40), ("a:1", 1, 100), ("b:1", 64, 2000), ("a:1", 1, 60)]
+    into = {}
+    fold_runs(runs, into)
+    assert runs == [] and sorted(into) == ["a:1", "b:1"]
+    a, b = into["a:1"], into["b:1"]
+    assert (a.runs, a.requests, a.compute_sum_us) == (2, 2, 160) and a.batch_le == [2] * len(BATCH_BOUNDS)
+    assert a.compute_le[:3] == [0, 2, 2]  # 60 and 100 <= 100 (le is inclusive)
+    assert (b.runs, b.requests) == (2, 67) and b.batch_le[:7] == [0, 0, 1, 1, 1, 1, 2]
+    assert b.compute_le[0] == 1 and b.compute_le[5] == 2
+    fold_runs(runs, into)  # nothing new: nothing changes
+    assert into["a:1"].runs == 2
+
+
 def _up(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--models", str(MODELS), "--nats-port", "0",
                            *args], capture_output=True, text=True, timeout=60, cwd=ROOT,

@@ -24,9 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+                                     SummaryMetricFamily)
 
 from ..bus import Subjects
+from ._modelstats import BATCH_BOUNDS, LATENCY_BOUNDS_S
 
 log = logging.getLogger("inferbus.metrics")
 
@@ -88,6 +90,45 @@ _WORKER_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "served_between_chunks": ("inferbus_worker_served_between_chunks", "Small requests computed between two "
                               "chunks of a large one.", {}),
 }
+# worker stats that are numbers but no count since the process started (states, windows, settings, ids): exported
+# as gauges or not at all. Every other number is a count: a metric above, or ``inferbus_worker_events_total{event}``
+# (decoded, input_failures, stop_refused today), so a count added later is never dropped silently
+_WORKER_NOT_COUNTS = frozenset({"pid", "queue_depth", "in_flight", "capacity", "ewma_service_us", "interval_ms",
+                                "window_s", "window_requests", "window_errors", "error_rate", "backlog_msgs",
+                                "device_index", "computing_ms", "cpu_ratio"})
+
+# every metric family a scrape can have, by type: what the collector's describe() declares, so that prometheus-client's
+# ``/metrics?name[]=...`` (its registry maps the names a collector describes to the collector; a collector that
+# describes none is never asked, and the answer was empty) finds them. tests/test_metrics.py checks that every family
+# the collector makes is here.
+_DESCRIBED: dict[str, str] = {
+    **{name: "counter" for name, _, _ in (*_INGRESS_COUNTS.values(), *_WORKER_COUNTERS.values())},
+    **dict.fromkeys(("inferbus_request_errors", "inferbus_ingress_events", "inferbus_cache_l2_breaker_trips",
+                     "inferbus_breaker_trips", "inferbus_model_request_success", "inferbus_model_cache_hits",
+                     "inferbus_model_request_failure", "inferbus_worker_events", "inferbus_model_computed",
+                     "inferbus_model_runs", "inferbus_child_restarts", "inferbus_cache_l2_fills",
+                     "inferbus_cache_l2_fill_failures", "inferbus_region_lease_renewals",
+                     "inferbus_region_lease_renewal_failures", "inferbus_region_lease_lost_races",
+                     "inferbus_region_lease_disconnects"), "counter"),
+    **dict.fromkeys(("inferbus_actor_up", "inferbus_child_running", "inferbus_scrape_duration_seconds",
+                     "inferbus_ingress_pending_requests", "inferbus_ingress_backlog_requests", "inferbus_cache_l1_entries",
+                     "inferbus_cache_l1_bytes", "inferbus_cache_l2_lookups_in_flight", "inferbus_cache_l2_breaker_state",
+                     "inferbus_model_ready", "inferbus_forward_latency_window_seconds",
+                     "inferbus_forward_latency_window_samples", "inferbus_breaker_state", "inferbus_worker_routable",
+                     "inferbus_worker_in_flight_requests_seen", "inferbus_worker_info", "inferbus_worker_queued_requests",
+                     "inferbus_worker_in_flight_requests", "inferbus_worker_mailbox_capacity_requests",
+                     "inferbus_worker_service_time_seconds", "inferbus_worker_error_ratio", "inferbus_model_loaded",
+                     "inferbus_model_load_failed", "inferbus_model_compute_seconds", "inferbus_cache_l2_fills_queued",
+                     "inferbus_region_primary", "inferbus_region_term", "inferbus_region_model_writes"), "gauge"),
+    "inferbus_ingress_handler_seconds": "summary",
+    **dict.fromkeys(("inferbus_forward_latency_seconds", "inferbus_model_batch_size",
+                     "inferbus_model_compute_duration_seconds"), "histogram"),
+}
+_FAMILY_CLASSES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "summary": SummaryMetricFamily,
+                   "histogram": HistogramMetricFamily}
+
+_LE_LATENCY = tuple(repr(float(b)) for b in LATENCY_BOUNDS_S)
+_LE_BATCH = tuple(repr(float(b)) for b in BATCH_BOUNDS)
 
 
 @dataclass(frozen=True)
@@ -205,6 +246,17 @@ class _Families:
         fam, values = self._family(SummaryMetricFamily, name, doc, labels)
         fam.add_metric(values, count, sum_value)
 
+    def histogram(self, name: str, doc: str, labels: dict[str, str], les: tuple[str, ...], cumulative, count,
+                  sum_value) -> None:
+        """Add one histogram (``_bucket{le}`` for each of ``les`` with the ``cumulative`` counts, ``+Inf`` =
+        ``count``, ``_count``, ``_sum``); skipped unless the counts are numbers, one per bound."""
+        counts = [_num(v) for v in cumulative] if isinstance(cumulative, list) else []
+        count, sum_value = _num(count), _num(sum_value)
+        if len(counts) != len(les) or None in counts or count is None or sum_value is None:
+            return
+        fam, values = self._family(HistogramMetricFamily, name, doc, labels)
+        fam.add_metric(values, [*zip(les, counts), ("+Inf", count)], sum_value)
+
     def __iter__(self) -> Iterator[Metric]:
         return (fam for fam, _ in self._families.values())
 
@@ -315,6 +367,9 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
                   None if v is None else v / 1e6)
         f.add("gauge", "inferbus_forward_latency_window_samples", "Forwards in the latency window (at most 512).",
               labels, _num(lat.get("samples")))
+    per_model = data.get("per_model") or {}
+    for key in sorted(set(data.get("models") or ()) | set(per_model)):  # every served version, 0 until used
+        _ingress_model(f, {**me, **_model_labels(key)}, per_model.get(key) or {})
     for wid, w in sorted((data.get("workers") or {}).items()):
         labels = {**me, "worker": wid}
         state = w.get("breaker")
@@ -331,6 +386,29 @@ def _ingress(f: _Families, iid: str, st: dict) -> None:
               "seen completed.", labels, _num(w.get("in_flight")))
 
 
+def _ingress_model(f: _Families, labels: dict[str, str], pm: dict) -> None:
+    """One model version's counts at one ingress (``per_model`` of its ``$SRV.STATS``, Triton's per-model
+    request counts and request-duration histogram)."""
+    fwd = pm.get("forward") or {"le": [0] * len(_LE_LATENCY), "count": 0, "sum_us": 0.0}
+    hits = {"l1": _num(pm.get("l1_hits", 0)), "l2": _num(pm.get("l2_hits", 0))}
+    fwd_ok = _num(fwd.get("count"))
+    if fwd_ok is not None and None not in hits.values():
+        f.add("counter", "inferbus_model_request_success", "Requests for the model version answered with a result: "
+              "computed by a worker (the forward latency histogram's _count) or from a cache (model_cache_hits).",
+              labels, fwd_ok + hits["l1"] + hits["l2"])
+    for level, n in hits.items():
+        f.add("counter", "inferbus_model_cache_hits", "Requests for the model version answered from a cache, by "
+              "level.", {**labels, "level": level}, n)
+    for code, n in sorted((pm.get("errors") or {}).items()):
+        f.add("counter", "inferbus_model_request_failure", "Requests for the model version answered with a typed "
+              "error, by the ingress or (counted when its completion comes back) a worker, by error code.",
+              {**labels, "code": code}, _num(n))
+    sum_us = _num(fwd.get("sum_us"))
+    f.histogram("inferbus_forward_latency_seconds", "Latency of the model version's successful forwards, from the "
+                "forward to the completion (worker queue, compute, both hops), cumulative since the ingress started.",
+                labels, _LE_LATENCY, fwd.get("le"), fwd.get("count"), None if sum_us is None else sum_us / 1e6)
+
+
 def _worker(f: _Families, wid: str, st: dict) -> None:
     data = _endpoint(st, "infer").get("data") or {}
     me = {"worker": wid}
@@ -341,6 +419,12 @@ def _worker(f: _Families, wid: str, st: dict) -> None:
                "region": data.get("region", "")}, 1)
     for key, (name, doc, extra) in _WORKER_COUNTERS.items():
         f.add("counter", name, doc, {**me, **extra}, _num(data.get(key)))
+    for key, value in sorted(data.items()):
+        if key not in _WORKER_COUNTERS and key not in _WORKER_NOT_COUNTS and _num(value) is not None:
+            f.add("counter", "inferbus_worker_events", "The worker's other counts since it started, by their name in "
+                  "its $SRV.STATS (decoded: request bodies decoded for compute; input_failures: requests the model "
+                  "failed on while its warm-up input ran, answered INVALID_ARGUMENT; stop_refused: requests answered "
+                  "UNAVAILABLE because a stop's drain ended first; ...).", {**me, "event": key}, _num(value))
     f.add("gauge", "inferbus_worker_queued_requests", "Requests waiting in the worker's mailbox.", me,
           _num(data.get("queue_depth")))
     f.add("gauge", "inferbus_worker_in_flight_requests", "Requests received and not yet answered (queued + "
@@ -363,6 +447,26 @@ def _worker(f: _Families, wid: str, st: dict) -> None:
         v = _num(us)
         f.add("gauge", "inferbus_model_compute_seconds", "EWMA of the model version's compute per request on the "
               "worker, in thread CPU time (alpha 0.2).", {**me, **_model_labels(key)}, None if v is None else v / 1e6)
+    runs = data.get("runs")
+    if isinstance(runs, dict):  # (a worker of before 2026-12-07 has none)
+        for key in sorted(set(data.get("models") or ()) | set(runs)):  # every loaded version, 0 until it runs
+            _worker_model(f, {**me, **_model_labels(key)}, runs.get(key) or {})
+
+
+def _worker_model(f: _Families, labels: dict[str, str], r: dict) -> None:
+    """One model version's runs at one worker (``runs`` of its ``$SRV.STATS``; Triton's ``nv_inference_count``,
+    ``nv_inference_exec_count`` and compute duration)."""
+    n_runs, requests = _num(r.get("runs", 0)), _num(r.get("requests", 0))
+    f.add("counter", "inferbus_model_computed", "Requests of the model version run through it (a deduplicated "
+          "request once; the batch-size histogram's _sum).", labels, requests)
+    f.add("counter", "inferbus_model_runs", "Runs of the model version (batches; the histograms' _count).", labels,
+          n_runs)
+    f.histogram("inferbus_model_batch_size", "Requests per run of the model version.", labels, _LE_BATCH,
+                r.get("batch_le", [0] * len(_LE_BATCH)), n_runs, requests)
+    sum_us = _num(r.get("compute_sum_us", 0))
+    f.histogram("inferbus_model_compute_duration_seconds", "Wall-clock compute time of each run of the model version "
+                "(a batch's whole run, not per request; parameters.timings_us.compute).", labels, _LE_LATENCY,
+                r.get("compute_le", [0] * len(_LE_LATENCY)), n_runs, None if sum_us is None else sum_us / 1e6)
 
 
 def _aggregator(f: _Families, aid: str, st: dict) -> None:
@@ -438,6 +542,14 @@ class NodeCollector:
         if self.node.supervisor is not None:
             children.extend(self.node.supervisor.which_children())
         return families(stats, expected, children, time.monotonic() - t0)
+
+    def describe(self) -> Iterator[Metric]:
+        """prometheus-client's hook at :meth:`CollectorRegistry.register`: every metric family :meth:`collect` can
+        yield, without samples. The registry keeps their names (with the ``_total``, ``_bucket``, ``_sum``, ``_count``,
+        ``_created`` of their types) to find this collector for a ``/metrics?name[]=<series name>`` request, which
+        then answers the named series alone (the registry filters the collected samples by name); without it such a
+        request answered an empty body."""
+        return iter([_FAMILY_CLASSES[kind](name, "") for name, kind in _DESCRIBED.items()])
 
     def collect(self) -> Iterator[Metric]:
         """prometheus-client's hook, on the HTTP server's thread: :meth:`scrape` run on the node's loop, waited

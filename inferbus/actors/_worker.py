@@ -86,6 +86,7 @@ from ._layout import RequestLayouts
 from ._config import WorkerConfig
 from ._dedupe import RecentResults, dedupe_key
 from ._models import WorkerModels
+from ._modelstats import RunStats, fold_runs
 from ._pinning import PIN_ERROR_PREFIX, check_pin, version_files
 from ._repository import ModelPinError, ModelRepository, ModelStartError, bf16_hint
 
@@ -425,6 +426,12 @@ class Worker:
         """The future the inline pump waits on while ``_inline`` is empty; ``_enqueue`` resolves it (one wake-up
         per batch, not an Event's set and clear per request)."""
         self.stats = _Stats()
+        self._runs: list[tuple[str, int, int]] = []
+        """Model runs not yet folded into :attr:`run_stats`: ``(model key, requests, compute µs)``, appended by
+        :meth:`_account` (loop or inference thread), folded at every ``$SRV.STATS`` answer and load report
+        (:func:`fold_runs`)."""
+        self.run_stats: dict[str, RunStats] = {}
+        """Model version → its runs' batch-size and compute-duration histograms (``--metrics-port``)."""
         self._last_tick = time.monotonic()
         self._stall_end_unix = 0.0
         self._stats_lock = threading.Lock()
@@ -1250,17 +1257,21 @@ class Worker:
         input: INVALID_ARGUMENT, :meth:`_model_failure`), ``chunked`` (large requests run in chunks),
         ``served_between_chunks`` (small requests computed between two of their chunks, :meth:`_infer_chunked`),
         ``too_large_before_compute`` (requests refused PAYLOAD_TOO_LARGE before their model ran,
-        :meth:`_answer_too_large`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs)
-        and ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`)."""
+        :meth:`_answer_too_large`), ``compute_ewma_us`` (model version → EWMA of compute CPU time per request, µs),
+        ``layouts`` (the request layouts of bodies from the bus: :meth:`RequestLayouts.stats`) and ``runs`` (model
+        version → its runs since the process started, :meth:`RunStats.as_dict`: ``runs``, ``requests``, cumulative
+        ``batch_le`` per bound of ``BATCH_BOUNDS``, ``compute_le`` per bound of ``LATENCY_BOUNDS_US`` and
+        ``compute_sum_us``; every run so far folded in first)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}
+        fold_runs(self._runs, self.run_stats)
         s = self.stats
         return {**msgspec.structs.asdict(self._report()), "received": s.received, "batches": s.batches,
                 "stalls": s.stalls, "stall_fenced": s.stall_fenced, "stop_refused": s.stop_refused,
                 "input_failures": s.input_failures, "chunked": s.chunked,
                 "served_between_chunks": s.served_between_chunks,
                 "too_large_before_compute": s.too_large_before_compute, "compute_ewma_us": dict(self.compute_ewma_us),
-                "layouts": self._layouts.stats()}
+                "layouts": self._layouts.stats(), "runs": {k: r.as_dict() for k, r in self.run_stats.items()}}
 
     async def _reporter(self) -> None:
         period = self.config.report_interval_ms / 1000.0
@@ -1270,6 +1281,7 @@ class Worker:
             if not self.fault.silent:
                 await self.nc.publish(self.subjects.load, encode_internal(self._report(cpu_ratio)))
             self._note_answer_limit()  # (a reconnect may have reached a server of another max_payload)
+            fold_runs(self._runs, self.run_stats)  # (bounds what waits in the list to one report's runs)
             await asyncio.sleep(period)
             # the process's CPU over the wall time since the last report: a report late because the loop was busy
             # (ratio near 1) is told from one late because the process was stopped (near 0) by the ingresses
@@ -1907,7 +1919,9 @@ class Worker:
         thread's CPU time): the service-time EWMA (per request, the load reports' price), the per-model
         compute EWMA (CPU per request, what decides inline execution: :func:`price_ewma`) unless ``prices_inline``
         is False (a run with a request over the model's inline body bound, which would send its small requests to
-        the thread for a while), ``computed`` and ``batches``."""
+        the thread for a while), ``computed`` and ``batches``, and records the run for the per-model histograms
+        (:attr:`_runs`: one append of a tuple; the bucketing is done off the request path, :func:`fold_runs`)."""
+        self._runs.append((model_key, n, compute_us))
         per_us = compute_us / n
         s = self.stats
         s.ewma_service_us = per_us if s.ewma_service_us == 0 else (1 - _EWMA_ALPHA) * s.ewma_service_us + _EWMA_ALPHA * per_us
