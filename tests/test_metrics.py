@@ -287,6 +287,48 @@ async def test_per_model_counts_and_histograms(node):
         sent["digits"]["miss"] + sent["digits_cnn"]["miss"]  # every miss's body decoded once at its worker
 
 
+async def test_per_model_counts_of_run_to_completion(tmp_path):
+    """The colocated run-to-completion path (``--colocate``: the ingress's ``_run_now`` and the worker's ``run_now``,
+    which count apart from the forwards over the bus) counts each miss once in the ingress's forward-latency
+    histogram and the worker's batch-size histogram (runs of one)."""
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="mc",
+                           extra=["--colocate", "--metrics-port", "0", "--metrics-host", "127.0.0.1"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
+            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+            time.sleep(0.05)
+        url = m.group(1).decode()
+        before = scrape(url)
+        client = await Client.connect(dep.nats_url, dep.prefix, retry_unavailable=False)
+        n = 15
+        try:
+            seed0 = int(time.time() * 1000)
+            for i in range(n):  # one at a time: nothing waits, each miss runs to completion in the ingress's call
+                r = await client.infer_result("digits", digits_input(seed0 + i))
+                assert r.parameters["cache_hit"] is False and r.parameters["forward"] == "local"
+            with pytest.raises(InvalidArgument):
+                await client.infer("digits", {"pixels": np.zeros((1, 63), np.float32)})
+        finally:
+            await client.close()
+        after = scrape(url)
+    finally:
+        dep.stop()
+    a = {"model": "digits", "version": "1"}
+
+    def delta(name: str, **labels) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert delta("inferbus_ingress_events_total", event="run_now") == n  # the path under test
+    assert delta("inferbus_forward_latency_seconds_count", **a) == n
+    assert delta("inferbus_model_request_success_total", **a) == n
+    assert delta("inferbus_model_request_failure_total", code="INVALID_ARGUMENT", **a) == 1
+    assert delta("inferbus_model_batch_size_sum", **a) == n
+    assert delta("inferbus_model_batch_size_bucket", le="1.0", **a) == n  # every run a batch of one
+    assert delta("inferbus_model_runs_total", **a) == n
+    assert check_histograms(after, "inferbus_forward_latency_seconds") >= 1
+
+
 def test_name_filter_answers_the_named_families_alone(node):
     """``/metrics?name[]=...`` (prometheus-client's filter, by series name) answered an empty body: the collector
     declared no names. Now it answers the named series, and nothing else."""
