@@ -252,7 +252,8 @@ async def test_per_model_counts_and_histograms(node):
         time.sleep(0.1)
     assert got == expected
     for model, labels in (("digits", a), ("digits_cnn", b)):
-        runs = total(after, "inferbus_model_runs_total", **labels) - total(before, "inferbus_model_runs_total", **labels)
+        runs = total(after, "inferbus_model_runs_total", **labels) - \
+            total(before, "inferbus_model_runs_total", **labels)
         assert 1 <= runs <= sent[model]["miss"], runs
         for name in ("inferbus_model_batch_size_count", "inferbus_model_compute_duration_seconds_count"):
             assert total(after, name, **labels) - total(before, name, **labels) == runs, name

@@ -1,12 +1,15 @@
 """Prometheus metrics of one node, read at scrape time (``inferbus up --metrics-port``; docs/observability.md).
 
 One HTTP endpoint per node (``inferbus up``), like Triton's ``:8002/metrics`` per server: the node process
-serves it with prometheus-client's own WSGI server (``start_wsgi_server``, a daemon thread). Nothing is
-counted for it on the request path: a scrape asks every actor process of this node for its ``$SRV.STATS``
-(NATS micro, one request answered by each instance) on the node's own NATS connection and turns the counters
-and state the actors already keep (the ingresses' ``counts``, router view and latency window, the workers'
-load-report fields, the aggregator's fills, the region manager's role) into metric families. A scrape costs
-each actor process one ``$SRV.STATS`` answer, and nothing per request.
+serves it with prometheus-client's own WSGI server (``start_wsgi_server``, a daemon thread). A scrape asks every
+actor process of this node for its ``$SRV.STATS`` (NATS micro, one request answered by each instance) on the
+node's own NATS connection and turns the counters and state the actors keep (the ingresses' ``counts``, router view,
+latency window and per-model counts, the workers' load-report fields and per-model runs, the aggregator's fills, the
+region manager's role) into metric families. A scrape costs each actor process one ``$SRV.STATS`` answer. The
+per-model counts are the only ones kept for metrics alone: on the request path a plain ``list.append`` per forward
+settled at the ingress and per model run at the worker, and an increment per cache hit and per error answer, folded
+into histogram buckets off the request path (:mod:`inferbus.actors._modelstats`); no prometheus-client object is
+touched there.
 
 Collection runs on the HTTP server's thread: :meth:`NodeCollector.collect` hands the gathering to the node's
 event loop (``asyncio.run_coroutine_threadsafe``) and waits at most ``wait_s`` (default 1 s) for every actor
@@ -111,15 +114,16 @@ _DESCRIBED: dict[str, str] = {
                      "inferbus_region_lease_renewal_failures", "inferbus_region_lease_lost_races",
                      "inferbus_region_lease_disconnects"), "counter"),
     **dict.fromkeys(("inferbus_actor_up", "inferbus_child_running", "inferbus_scrape_duration_seconds",
-                     "inferbus_ingress_pending_requests", "inferbus_ingress_backlog_requests", "inferbus_cache_l1_entries",
-                     "inferbus_cache_l1_bytes", "inferbus_cache_l2_lookups_in_flight", "inferbus_cache_l2_breaker_state",
-                     "inferbus_model_ready", "inferbus_forward_latency_window_seconds",
-                     "inferbus_forward_latency_window_samples", "inferbus_breaker_state", "inferbus_worker_routable",
-                     "inferbus_worker_in_flight_requests_seen", "inferbus_worker_info", "inferbus_worker_queued_requests",
-                     "inferbus_worker_in_flight_requests", "inferbus_worker_mailbox_capacity_requests",
-                     "inferbus_worker_service_time_seconds", "inferbus_worker_error_ratio", "inferbus_model_loaded",
-                     "inferbus_model_load_failed", "inferbus_model_compute_seconds", "inferbus_cache_l2_fills_queued",
-                     "inferbus_region_primary", "inferbus_region_term", "inferbus_region_model_writes"), "gauge"),
+                     "inferbus_ingress_pending_requests", "inferbus_ingress_backlog_requests",
+                     "inferbus_cache_l1_entries", "inferbus_cache_l1_bytes", "inferbus_cache_l2_lookups_in_flight",
+                     "inferbus_cache_l2_breaker_state", "inferbus_model_ready",
+                     "inferbus_forward_latency_window_seconds", "inferbus_forward_latency_window_samples",
+                     "inferbus_breaker_state", "inferbus_worker_routable", "inferbus_worker_in_flight_requests_seen",
+                     "inferbus_worker_info", "inferbus_worker_queued_requests", "inferbus_worker_in_flight_requests",
+                     "inferbus_worker_mailbox_capacity_requests", "inferbus_worker_service_time_seconds",
+                     "inferbus_worker_error_ratio", "inferbus_model_loaded", "inferbus_model_load_failed",
+                     "inferbus_model_compute_seconds", "inferbus_cache_l2_fills_queued", "inferbus_region_primary",
+                     "inferbus_region_term", "inferbus_region_model_writes"), "gauge"),
     "inferbus_ingress_handler_seconds": "summary",
     **dict.fromkeys(("inferbus_forward_latency_seconds", "inferbus_model_batch_size",
                      "inferbus_model_compute_duration_seconds"), "histogram"),

@@ -23,11 +23,12 @@ from ._hedge import LatencyWindow
 LATENCY_BOUNDS_US = (50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000,
                      1_000_000, 2_000_000, 5_000_000)
 """Upper bounds (``le``) of the latency and compute-duration buckets in µs, the unit the actors measure in; ``+Inf``
-follows. A 1-2-5 series from 50 µs to 5 s, 16 buckets: 50 µs is below any forward's latency here (a model's
-compute alone can be shorter: those runs land in the first bucket), 5 s is five times the default request budget
-(``--default-timeout-ms``, 1 s; a client's own budget can be longer: such forwards land in ``+Inf``), and three buckets per decade keep a
-quantile estimated from them (``histogram_quantile``) within a bucket's width, a factor of 2 to 2.5, as
-Prometheus's own default buckets (a 1-2.5-5 series) do, at 17 series per model version and process."""
+follows. A 1-2-5 series from 50 µs to 5 s, 16 buckets. 50 µs: a forward takes at least the model's run, the
+answer's encoding and the hand-over back, so only a small model's compute runs fall under it (into the first
+bucket). 5 s: five times the default request budget (``--default-timeout-ms``, 1 s; a client may ask for a longer
+one: such forwards land in ``+Inf``). Three buckets per decade keep a quantile estimated from them
+(``histogram_quantile``) within one bucket's width, a factor of 2 to 2.5, as Prometheus's own default buckets (a
+1-2.5-5 series) do, at 17 series per model version, histogram and process."""
 LATENCY_BOUNDS_S = tuple(b / 1e6 for b in LATENCY_BOUNDS_US)
 """The same bounds in seconds, as exported (``le="5e-05"`` ... ``le="5.0"``)."""
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
