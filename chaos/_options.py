@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from inferbus._limits import number_as_typed
+from inferbus._limits import interval, number_as_typed
 from inferbus.bus._headers import MAX_TIMEOUT_MS
 
 MAX_DURATION_S = 86_400.0
@@ -24,7 +24,7 @@ MAX_PROCESSES = 256
 def check_seconds(name: str, value: float, *, zero_ok: bool = False, max_s: float = MAX_DURATION_S) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number of seconds in (0, ``max_s``]
     ([0, ``max_s``] with ``zero_ok``)."""
-    check_number(name, value, 0.0, max_s, zero_ok, "s")
+    check_number(name, value, 0.0, max_s, zero_ok, "seconds")
 
 
 def check_rate(name: str, value: float) -> None:
@@ -35,22 +35,16 @@ def check_rate(name: str, value: float) -> None:
 def check_count(name: str, value: int, *, minimum: int = 1) -> None:
     """Raise ``ValueError`` unless ``value`` is an integer in [``minimum``, :data:`MAX_PROCESSES`]."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_PROCESSES:
-        raise ValueError(f"{name} must be an integer from {minimum} to {MAX_PROCESSES}, got {value!r}")
+        raise ValueError(f"{name} must be an integer in {interval(minimum, MAX_PROCESSES)}, got {value!r}")
 
 
 def check_number(name: str, value: float, lo: float, hi: float, lo_ok: bool, unit: str) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number in (``lo``, ``hi``] ([``lo``, ``hi``]
-    with ``lo_ok``), in ``unit``; the message gives ``value`` as :func:`~inferbus._limits.number_as_typed` writes it
-    (``got 0``, as typed, not ``got 0.0``)."""
+    with ``lo_ok``), in ``unit``; the message names both ends as every refusal of the CLI does
+    (:func:`~inferbus._limits.interval`: ``in (0, 86400] seconds``) and gives ``value`` as
+    :func:`~inferbus._limits.number_as_typed` writes it (``got 0``, as typed, not ``got 0.0``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value >= lo if lo_ok else value > lo) and value <= hi
     if not ok:
-        low = f"[{_bound(lo)}" if lo_ok else f"({_bound(lo)}"
-        raise ValueError(f"{name} must be a finite number in {low}, {_bound(hi)}] {unit}, "
+        raise ValueError(f"{name} must be in {interval(lo, hi, lo_open=not lo_ok)} {unit}, "
                          f"got {number_as_typed(value)}")
-
-
-def _bound(x: float) -> str:
-    """A range's end as the CLI's other refusals write it: ``86400``, ``0.5``; a million and up with thousands
-    separators, ``1,000,000`` (``:g`` wrote ``1e+06``)."""
-    return f"{x:,.15g}" if abs(x) >= 1e6 else f"{x:.15g}"

@@ -103,7 +103,7 @@ def run(
     from chaos.faults import FaultError, FaultUnavailable, UnknownFault
 
     from ._signals import StoppedBySignal, until_signal
-    from ._limits import number_as_typed
+    from ._limits import interval, number_as_typed
     from .cli import _check_timeout_s, _folder_option, _run, _usage  # _usage: one line on stderr, "error: ...",
     # exit 2, as every command's usage error
 
@@ -132,9 +132,9 @@ def run(
     if unused:
         _usage(f"drill {name} does not take {', '.join(unused)}")
     if min_availability is not None and not 0.0 <= min_availability <= 1.0:  # NaN too
-        _usage(f"drill {name}: bad option: --min-availability must be a share between 0 and 1, "
+        _usage(f"drill {name}: bad option: --min-availability must be in {interval(0, 1)} (a share of the requests), "
                f"got {number_as_typed(min_availability)}")
-    if timeout_s is not None:  # in the words of every other command's --timeout-s (was "in (0, 600] s")
+    if timeout_s is not None:  # in the words of every other command's --timeout-s
         _check_timeout_s(f"drill {name}: bad option", timeout_s, _as_typed("--timeout-s"))
     fn, opts_cls = get_drill(name).load()
     try:

@@ -39,6 +39,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
             traceback before; ``--witness-servers`` and ``--workers`` named as options, not as the spec's fields), or
             a ``--base-port`` whose consecutive ports would pass 65535 (it wrote such ports into the configs).
     """
+    from ._limits import MAX_NODE_PROCESSES, interval
     from .cli import _check_prefix, _usage
     from .cluster import ClusterSpec, Plan
 
@@ -47,10 +48,10 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
     if witness_servers not in (3, 5):
         _usage(f"cluster {command}: --witness-servers must be 3 or 5 (the lease bucket's quorum; 1 cannot form a "
                f"JetStream cluster), got {witness_servers}")
-    if workers < 1:
-        _usage(f"cluster {command}: --workers must be 1 or more, got {workers}")
+    if not 1 <= workers <= MAX_NODE_PROCESSES:  # (a larger count was a traceback: each region's node refused it)
+        _usage(f"cluster {command}: --workers must be in {interval(1, MAX_NODE_PROCESSES)}, got {workers}")
     if not 1 <= ingress <= 64:
-        _usage(f"cluster {command}: --ingress must be 1 to 64, got {ingress}")
+        _usage(f"cluster {command}: --ingress must be in {interval(1, 64)}, got {ingress}")
     try:
         spec = ClusterSpec(regions=_regions(regions), workers=workers, ingress=ingress, base_port=base_port,
                            prefix=prefix,
@@ -58,8 +59,8 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
                            witness_servers=witness_servers, metrics_port=metrics_port, audit=audit)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
-    except ValueError as exc:
-        _usage(f"cluster {command}: {exc}")
+    except ValueError as exc:  # (ClusterSpec.base_port is Plan.make's: the option's name)
+        _usage(f"cluster {command}: {str(exc).replace('ClusterSpec.base_port', '--base-port')}")
     return spec
 
 
@@ -94,8 +95,10 @@ def up(
     if metrics_port is not None and not 1 <= metrics_port <= 65536 - regions:
         from .cli import _usage
 
-        _usage(f"cluster up: --metrics-port must be a port from 1 with room for its {regions} regions on consecutive "
-               f"ports (to 65535), got {metrics_port}")
+        from ._limits import interval
+
+        _usage(f"cluster up: --metrics-port must be in {interval(1, 65536 - regions)} (region A's port, its {regions} "
+               f"regions on consecutive ports), got {metrics_port}")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
                  ingress, audit)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')

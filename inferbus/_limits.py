@@ -60,3 +60,15 @@ def number_as_typed(value) -> str:
     option parsed as a float, which ``repr`` gave as ``601.0``); anything else (an int, a string), its ``repr``."""
     text = repr(value)
     return text[:-2] if isinstance(value, float) and text.endswith(".0") else text
+
+
+def bound_text(x) -> str:
+    """A range's end as every refusal writes it: ``86400``, ``0.5``, ``600`` (not ``600.0``); a million and up with
+    thousands separators, ``1,000,000`` (``:g`` wrote ``1e+06``)."""
+    return f"{x:,.15g}" if abs(x) >= 1e6 else f"{x:.15g}"
+
+
+def interval(lo, hi, *, lo_open: bool = False) -> str:
+    """The range ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``) as every refusal of a value out of a range with two
+    ends names it, both ends given: ``must be in (0, 600] seconds, got 601``."""
+    return f"{'(' if lo_open else '['}{bound_text(lo)}, {bound_text(hi)}]"

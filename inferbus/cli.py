@@ -80,7 +80,7 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
     from ._cpus import cores_phrase, parse_cpu_list
     from ._limits import (BACKENDS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
                           MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
-                          MIN_MAX_PAYLOAD_BYTES, binary_size, number_as_typed)
+                          MIN_MAX_PAYLOAD_BYTES, binary_size, interval, number_as_typed)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
 if TYPE_CHECKING:  # (for annotations only: the commands that use them import them)
@@ -591,16 +591,14 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
     name as typed, ``--timeout`` being its older one), so each says the range in the same words.
 
     Raises:
-        typer.Exit: (status 2) one line, ``<command>: <flag> must be a finite number of seconds > 0, got ...``
-            or ``... at most 600 seconds ...``, the value as given (Python's shortest exact form, ``600.0001``,
-            ``1e+300``: ``:g`` said ``got 600`` of 600.0001; and ``601``, ``0``, not ``601.0``, ``0.0``: see
+        typer.Exit: (status 2) one line, ``<command>: <flag> must be in (0, 600] seconds, got ...`` (both ends,
+            whichever was passed), the value as given (Python's shortest exact form, ``600.0001``, ``1e+300``:
+            ``:g`` said ``got 600`` of 600.0001; and ``601``, ``0``, not ``601.0``, ``0.0``: see
             :func:`inferbus._limits.number_as_typed`).
     """
-    if not (timeout_s > 0 and timeout_s != float("inf")):  # NaN fails the first comparison
-        _usage(f"{command}: {flag} must be a finite number of seconds > 0, got {number_as_typed(timeout_s)}")
-    if timeout_s > MAX_TIMEOUT_MS / 1000.0:
-        _usage(f"{command}: {flag} must be at most {MAX_TIMEOUT_MS / 1000.0:.0f} seconds (the longest budget a "
-               f"server honours), got {number_as_typed(timeout_s)}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_MS / 1000.0:  # NaN fails the comparison
+        _usage(f"{command}: {flag} must be in {interval(0, MAX_TIMEOUT_MS / 1000.0, lo_open=True)} seconds, "
+               f"got {number_as_typed(timeout_s)}")
 
 
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
@@ -632,8 +630,8 @@ def _with_flags(message: str, command) -> str:
     # the values the message quotes or reports (``'a_b'``, ``got ...``) are the user's own text: left as they are,
     # but for the ``.0`` of a float with no fraction (``--hedge-budget 2``: ``got 2``, not ``got 2.0``), as
     # number_as_typed writes a value
-    message = re.sub(r"([;,] got -?\d+)\.0(?!\d)", r"\1", message)  # (`, got -1.0` too: --busy-poll-us)
-    head, got, tail = message.partition("; got ")
+    message = re.sub(r"(, got -?\d+)\.0(?!\d)", r"\1", message)  # (`, got -1.0`: --busy-poll-us, --rate-limit)
+    head, got, tail = message.partition(", got ")
     parts = re.split(r"('[^']*'|\"[^\"]*\")", head)
     head = "".join(p if i % 2 else _FIELD.sub(sub, p) for i, p in enumerate(parts))
     return re.sub(r"^[A-Z]\w*Config: ", "", head + got + tail)
@@ -1213,7 +1211,7 @@ def up(
     from .actors import Node, NodeConfig
 
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
-        _usage(f"up: --demo-duration must be more than 0 and at most {MAX_DEMO_DURATION_S:g} seconds, got "
+        _usage(f"up: --demo-duration must be in {interval(0, MAX_DEMO_DURATION_S, lo_open=True)} seconds, got "
                f"{number_as_typed(demo_duration)}")
     _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
     run_dir = _folder_option("up", "--run-dir", run_dir)
@@ -1255,7 +1253,7 @@ def up(
         _usage("up: --metrics-host is the metrics endpoint's address and needs --metrics-port; add --metrics-port "
                "or leave it out")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        _usage(f"up: --metrics-port must be 0 (any free port) to 65535, got {metrics_port}")
+        _usage(f"up: --metrics-port must be in [0, 65535] (0 = any free port), got {metrics_port}")
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")
@@ -1284,7 +1282,7 @@ def up(
     models_dir = _models_dir(_folder_option("up", "--models", models))  # '' was the current folder
     repo = _check_models_repo("up", models_dir)
     if not 0 <= nats_port <= 65535:
-        _usage(f"up: --nats-port must be 0 (any free port) to 65535, got {nats_port}")
+        _usage(f"up: --nats-port must be in [0, 65535] (0 = any free port), got {nats_port}")
     from urllib.parse import urlsplit
 
     if redis_url is not None and "@" in "".join(urlsplit(redis_url)[2:]):  # path, query, fragment
@@ -1985,7 +1983,7 @@ def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s
     (strategy, intensity, restarts counted against it) and each child's actor ids on the bus (as health and metrics
     name them), pid, status, restarts and last exit, as OTP's which_children gives them (exit 0 when a node answered, 1 when none did within --wait-s)."""
     if not (0 < wait_s <= MAX_TIMEOUT_MS / 1000.0):  # NaN fails the comparison
-        _usage(f"nodes: --wait-s must be a number of seconds > 0 and at most {MAX_TIMEOUT_MS / 1000.0:.0f}, "
+        _usage(f"nodes: --wait-s must be in {interval(0, MAX_TIMEOUT_MS / 1000.0, lo_open=True)} seconds, "
                f"got {number_as_typed(wait_s)}")
     _nats_urls_given("nodes", nats_url)
     import asyncio
@@ -2063,7 +2061,7 @@ MAX_BENCH_RATE = 10_000_000.0
 twice the step's duration with the rest counted NOT_SENT, :meth:`inferbus.loadgen._lean.LeanDriver.open`)."""
 
 
-def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str) -> list:
+def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str, unit: str = "") -> list:
     """``bench``'s comma-separated ``--concurrency`` / ``--rate``: each item a finite ``kind`` in range (``lo``
     exclusive for rates, inclusive for concurrencies); '' = none. One line naming ``opt`` and the item, exit 2."""
     import math
@@ -2074,11 +2072,11 @@ def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str) -> l
         try:
             v = kind(raw.strip())
         except ValueError:
-            _usage(f"bench: {opt} takes {what}, comma-separated; got {raw.strip()!r} in {text!r}")
+            _usage(f"bench: {opt} takes {what}, comma-separated, got {raw.strip()!r} in {text!r}")
         ok = math.isfinite(v) and (lo <= v if kind is int else lo < v) and v <= hi
         if not ok:
-            bound = f">= {lo}" if kind is int else f"> {lo:g}"
-            _usage(f"bench: each {opt} must be {bound} and at most {hi:,.0f}; got {raw.strip()!r}")
+            _usage(f"bench: each {opt} must be in {interval(lo, hi, lo_open=kind is not int)}{unit}, "
+                   f"got {raw.strip()!r}")
         out.append(v)
     return out
 
@@ -2089,14 +2087,13 @@ def _check_bench_ranges(*, duration_s: float, timeout_s: float, gens: int, ingre
 
     for opt, v, hi in (("--duration", duration_s, MAX_BENCH_DURATION_S), ("--timeout-s", timeout_s, MAX_BENCH_TIMEOUT_S)):
         if not (math.isfinite(v) and 0 < v <= hi):
-            _usage(f"bench: {opt} must be a finite number > 0 and at most {hi:.0f} seconds; "
-                   f"got {number_as_typed(v)}")
+            _usage(f"bench: {opt} must be in {interval(0, hi, lo_open=True)} seconds, got {number_as_typed(v)}")
     node = "processes of one node"
     for opt, v, lo, hi, what in (("--gens", gens, 1, max_bench_gens(), "4 per core on this host, at least 8"),
                                  ("--ingress", ingress, 1, MAX_NODE_PROCESSES, node),
                                  ("--workers", workers, 0, MAX_NODE_PROCESSES, node)):
         if not lo <= v <= hi:
-            _usage(f"bench: {opt} must be {lo} to {hi} ({what}); got {v}")
+            _usage(f"bench: {opt} must be in {interval(lo, hi)} ({what}), got {v}")
 
 
 @app.command(short_help="Measure latency and throughput under generated load.")
@@ -2155,7 +2152,7 @@ def bench(
         _usage(f"bench: {' and '.join(only_suite)} appl{'y' if len(only_suite) > 1 else 'ies'} only with --suite "
                f"(a load run prints its results; --json prints them as JSON)")
     levels = _bench_list(concurrency, "--concurrency", int, 1, MAX_BENCH_CONCURRENCY, "integers")
-    rates = _bench_list(rate, "--rate", float, 0, MAX_BENCH_RATE, "numbers of requests/s")
+    rates = _bench_list(rate, "--rate", float, 0, MAX_BENCH_RATE, "numbers of requests/s", " requests/s")
     if not levels and not rates:
         _usage("bench: nothing to run (give --concurrency and/or --rate)")
     _check_bench_ranges(duration_s=duration_s, timeout_s=timeout_s, gens=gens, ingress=ingress, workers=workers)

@@ -266,5 +266,5 @@ def test_cli_refuses_out_of_range_values_in_one_line_before_starting_anything(dr
 def test_a_rate_refusal_writes_its_bounds_as_the_other_limits_are_written():
     """``--rate 0`` said ``(0, 1e+06] requests/s`` where every other limit reads ``1,000,000`` (a fresh-user trial)."""
     r = _cli("run", "worker-crash", "--rate", "0")
-    assert r.returncode == 2 and "--rate must be a finite number in (0, 1,000,000] requests/s, got 0" in r.stderr, \
+    assert r.returncode == 2 and "--rate must be in (0, 1,000,000] requests/s, got 0" in r.stderr, \
         r.stderr

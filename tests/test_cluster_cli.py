@@ -383,10 +383,15 @@ def test_chaos_run_unknown_drill():
     (("config", "--witness-servers", "0"), "error: cluster config: --witness-servers must be 3 or 5 (the lease "
                                            "bucket's quorum; 1 cannot form a JetStream cluster), got 0\n"),
     (("up", "--witness-servers", "4"), "error: cluster up: --witness-servers must be 3 or 5 "),
-    (("up", "--workers", "0"), "error: cluster up: --workers must be 1 or more, got 0\n"),
-    (("up", "--ingress", "0"), "error: cluster up: --ingress must be 1 to 64, got 0\n"),
-    (("config", "--base-port", "70000"), "error: cluster config: base port 70000: the topology takes 47 consecutive "
-                                         "ports from it; give 1 to 65489, or 0 for free ones"),
+    (("up", "--workers", "0"), "error: cluster up: --workers must be in [1, 1024], got 0\n"),
+    # a count over a node's most was a traceback: each region's node refused it after the servers had started
+    (("up", "--workers", "99999999999999999999"), "error: cluster up: --workers must be in [1, 1024], got "
+                                                 "99999999999999999999\n"),
+    (("up", "--ingress", "0"), "error: cluster up: --ingress must be in [1, 64], got 0\n"),
+    (("config", "--base-port", "70000"), "error: cluster config: --base-port must be 0 (free ports) or in [1, 65489] "
+                                         "(the topology takes 47 consecutive ports from it), got 70000\n"),
+    (("up", "--metrics-port", "0"), "error: cluster up: --metrics-port must be in [1, 65534] (region A's port, its 2 "
+                                    "regions on consecutive ports), got 0\n"),
     (("up", "--prefix", "a b"), "error: cluster up: --prefix 'a b' must be dot-separated tokens"),
     (("config", "--prefix", "a b"), "error: cluster config: --prefix 'a b' must be dot-separated tokens"),
 ])

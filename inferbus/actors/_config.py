@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from .._limits import MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE
+from .._limits import MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE, interval
 from ..bus import BusConfig
 from ..bus import headers as H
 from ..bus._busypoll import check_busy_poll_us
@@ -27,10 +27,11 @@ RATE_FIELDS = (("rate_limit_per_s", "rate_burst"), ("client_rate_limit_per_s", "
 
 
 def _require(ok: bool, field: str, rule: str, value) -> None:
-    """Raise ``ValueError("<field> must be <rule>; got <value>")`` unless ``ok`` (one field per message, the
-    value as given: ``inferbus up`` shows it with the field's option name)."""
+    """Raise ``ValueError("<field> must be <rule>, got <value>")`` unless ``ok`` (one field per message, the
+    value as given: ``inferbus up`` shows it with the field's option name; a range with two ends names both, as
+    :func:`inferbus._limits.interval` writes it)."""
     if not ok:
-        raise ValueError(f"{field} must be {rule}; got {value}")
+        raise ValueError(f"{field} must be {rule}, got {value}")
 
 
 def check_rate_limits(owner: str, options: dict) -> None:
@@ -47,10 +48,10 @@ def check_rate_limits(owner: str, options: dict) -> None:
         for name in (rate_name, burst_name):
             v = options.get(name, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
-                raise ValueError(f"{owner}.{name} must be a finite number >= 0 (0 = off / default); got {v!r}")
+                raise ValueError(f"{owner}.{name} must be a finite number >= 0 (0 = off / default), got {v!r}")
         rate, burst = options.get(rate_name, 0.0), options.get(burst_name, 0.0)
         if 0.0 < burst < 1.0:
-            raise ValueError(f"{owner}.{burst_name} must be >= 1 request (or 0 = one second of the rate); got {burst}")
+            raise ValueError(f"{owner}.{burst_name} must be >= 1 request (or 0 = one second of the rate), got {burst}")
         if burst and not rate:
             raise ValueError(f"{owner}.{burst_name} is set but {rate_name} is 0 (no limit): set the rate too")
 
@@ -166,14 +167,14 @@ class WorkerConfig(_JsonMixin):
         _require(isinstance(self.chunk_rows, int) and not isinstance(self.chunk_rows, bool) and self.chunk_rows >= 0,
                  "WorkerConfig.chunk_rows", "an integer >= 0 rows (0: never split)", self.chunk_rows)
         if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:
-            raise ValueError(f"WorkerConfig.mailbox_size must be 1 to {MAX_MAILBOX_SIZE} requests; got "
+            raise ValueError(f"WorkerConfig.mailbox_size must be in {interval(1, MAX_MAILBOX_SIZE)} requests, got "
                              f"{self.mailbox_size}")
         _require(self.report_interval_ms >= 10, "WorkerConfig.report_interval_ms", ">= 10 ms", self.report_interval_ms)
         # each check is written so that NaN fails it (every comparison with NaN is false), and infinity where a
         # finite time is meant
         if not 1 <= self.health_window_s <= MAX_HEALTH_WINDOW_S:
-            raise ValueError(f"WorkerConfig.health_window_s must be 1 to {MAX_HEALTH_WINDOW_S} seconds; got "
-                             f"{self.health_window_s}")
+            raise ValueError(f"WorkerConfig.health_window_s must be in {interval(1, MAX_HEALTH_WINDOW_S)} seconds, "
+                             f"got {self.health_window_s}")
         _require(0 < self.dedupe_ttl_s < _INF, "WorkerConfig.dedupe_ttl_s", "a finite number > 0 seconds",
                  self.dedupe_ttl_s)
         _require(self.dedupe_max_entries >= 0, "WorkerConfig.dedupe_max_entries", ">= 0", self.dedupe_max_entries)
@@ -183,7 +184,7 @@ class WorkerConfig(_JsonMixin):
         _require(0 <= self.compute_delay_ms < _INF, "WorkerConfig.compute_delay_ms", "a finite number >= 0 ms",
                  self.compute_delay_ms)
         if not self.inline_max_compute_us >= 0:
-            raise ValueError(f"WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline); got "
+            raise ValueError(f"WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline), got "
                              f"{self.inline_max_compute_us}")
         check_busy_poll_us(self.busy_poll_us, "WorkerConfig.busy_poll_us")
 
@@ -299,9 +300,10 @@ class IngressConfig(_JsonMixin):
                  self.recent_rid_ttl_s)
         _require(self.recent_rid_entries >= 0, "IngressConfig.recent_rid_entries", ">= 0", self.recent_rid_entries)
         if not MIN_HEALTH_TIMEOUT_S <= self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:
-            raise ValueError(f"IngressConfig.health_timeout_s must be {MIN_HEALTH_TIMEOUT_S:g} to "
-                             f"{MAX_HEALTH_TIMEOUT_S:g} seconds (at least five of the workers' 100 ms load-report "
-                             f"periods: under it every worker reads as silent); got {self.health_timeout_s!r}")
+            raise ValueError(f"IngressConfig.health_timeout_s must be in "
+                             f"{interval(MIN_HEALTH_TIMEOUT_S, MAX_HEALTH_TIMEOUT_S)} seconds (at least five of the "
+                             f"workers' 100 ms load-report periods: under it every worker reads as silent), got "
+                             f"{self.health_timeout_s!r}")
         if self.forget_after_s is not None:
             _require(isinstance(self.forget_after_s, (int, float)) and not isinstance(self.forget_after_s, bool)
                      and self.health_timeout_s < self.forget_after_s,
@@ -325,27 +327,28 @@ class IngressConfig(_JsonMixin):
         _require(self.max_bytes_elements >= 0, "IngressConfig.max_bytes_elements", ">= 0 elements (0 = no limit)",
                  self.max_bytes_elements)
         if not 0 < self.peer_query_timeout_ms < _INF:
-            raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms; got "
+            raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms, got "
                              f"{self.peer_query_timeout_ms}")
         _require(self.l2_breaker_failures >= 1, "IngressConfig.l2_breaker_failures", ">= 1", self.l2_breaker_failures)
         _require(0 < self.l2_breaker_open_s < _INF, "IngressConfig.l2_breaker_open_s", "a finite number > 0 seconds",
                  self.l2_breaker_open_s)
         if not 0 < self.l2_timeout_ms < _INF:
-            raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms; got {self.l2_timeout_ms}")
+            raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms, got {self.l2_timeout_ms}")
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
         if not 0 <= self.pending_grace_s < _INF:
-            raise ValueError(f"IngressConfig.pending_grace_s must be a finite number >= 0 seconds; got "
+            raise ValueError(f"IngressConfig.pending_grace_s must be a finite number >= 0 seconds, got "
                              f"{self.pending_grace_s}")
         if not 0 < self.default_timeout_ms <= H.MAX_TIMEOUT_MS:
-            raise ValueError(f"IngressConfig.default_timeout_ms must be in (0, {H.MAX_TIMEOUT_MS:.0f}] ms (the "
-                             f"header's own bound); got {self.default_timeout_ms}")
+            raise ValueError(f"IngressConfig.default_timeout_ms must be in "
+                             f"{interval(0, H.MAX_TIMEOUT_MS, lo_open=True)} ms (the header's own bound), got "
+                             f"{self.default_timeout_ms}")
         _require(self.max_pending >= 1, "IngressConfig.max_pending", ">= 1 request", self.max_pending)
         _require(self.l1_max_bytes >= 0, "IngressConfig.l1_max_bytes", ">= 0 bytes (0: no byte bound)",
                  self.l1_max_bytes)
         _require(1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS, "IngressConfig.max_backlog_msgs",
-                 f"1 to {MAX_BACKLOG_MSGS} requests (below nats-py's own pending limit)", self.max_backlog_msgs)
+                 f"in {interval(1, MAX_BACKLOG_MSGS)} requests (below nats-py's own pending limit)", self.max_backlog_msgs)
         _require(1 <= self.max_backlog_bytes <= MAX_BACKLOG_BYTES, "IngressConfig.max_backlog_bytes",
-                 f"1 to {MAX_BACKLOG_BYTES} bytes (below nats-py's own pending limit)", self.max_backlog_bytes)
+                 f"in {interval(1, MAX_BACKLOG_BYTES)} bytes (below nats-py's own pending limit)", self.max_backlog_bytes)
 
 
 @dataclass(frozen=True)

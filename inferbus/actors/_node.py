@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
-from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size
+from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size, interval
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
                    split_servers)
@@ -206,60 +206,66 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.workers <= MAX_NODE_PROCESSES:
-            raise ValueError(f"NodeConfig.workers must be 0 (one per core) to {MAX_NODE_PROCESSES}; got {self.workers}")
+            raise ValueError(f"NodeConfig.workers must be in {interval(0, MAX_NODE_PROCESSES)} (0 = one per core), "
+                             f"got {self.workers}")
         if not 1 <= self.ingress <= MAX_NODE_PROCESSES:
-            raise ValueError(f"NodeConfig.ingress must be 1 to {MAX_NODE_PROCESSES}; got {self.ingress}")
+            raise ValueError(f"NodeConfig.ingress must be in {interval(1, MAX_NODE_PROCESSES)}, got {self.ingress}")
         check_busy_poll_us(self.busy_poll_us, "NodeConfig.busy_poll_us")
         from ..accelerators import BACKENDS, PRECISIONS
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):
-            raise ValueError(f"NodeConfig.backends: each one of {', '.join(BACKENDS)}; got {self.backends}")
+            raise ValueError(f"NodeConfig.backends must each be one of {', '.join(BACKENDS)}, got "
+                             f"{', '.join(map(str, self.backends or (self.backend,)))}")
         if self.precision != "auto" and self.precision not in PRECISIONS:
-            raise ValueError(f"NodeConfig.precision: auto or one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+            raise ValueError(f"NodeConfig.precision must be auto or one of {', '.join(PRECISIONS)}, got "
+                             f"{self.precision!r}")
         check_rate_limits("NodeConfig.ingress_options", self.ingress_options)
         if not self.cache_restart_backoff_s >= 0:
-            raise ValueError(f"NodeConfig: cache_restart_backoff_s >= 0 seconds; got {self.cache_restart_backoff_s}")
+            raise ValueError(f"NodeConfig.cache_restart_backoff_s must be >= 0 seconds, got "
+                             f"{self.cache_restart_backoff_s}")
         if self.server_intensity < 0 or not self.server_period_s > 0:
-            raise ValueError(f"NodeConfig: server_intensity >= 0 and server_period_s > 0 seconds; got "
+            raise ValueError(f"NodeConfig: server_intensity must be >= 0 and server_period_s > 0 seconds, got "
                              f"{self.server_intensity}, {self.server_period_s}")
         if not MIN_MAX_PAYLOAD_BYTES <= self.nats_max_payload_bytes <= MAX_MAX_PAYLOAD_BYTES:
-            raise ValueError(f"NodeConfig.nats_max_payload_bytes must be {MIN_MAX_PAYLOAD_BYTES} "
-                             f"({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to {MAX_MAX_PAYLOAD_BYTES} "
-                             f"({binary_size(MAX_MAX_PAYLOAD_BYTES)}, nats-server's ceiling) bytes; got "
-                             f"{self.nats_max_payload_bytes}")
+            raise ValueError(f"NodeConfig.nats_max_payload_bytes must be in "
+                             f"{interval(MIN_MAX_PAYLOAD_BYTES, MAX_MAX_PAYLOAD_BYTES)} bytes "
+                             f"({binary_size(MIN_MAX_PAYLOAD_BYTES)} to {binary_size(MAX_MAX_PAYLOAD_BYTES)}, "
+                             f"nats-server's ceiling), got {self.nats_max_payload_bytes}")
         if self.nats_cpus:
             usable = usable_cores()
             if any(isinstance(c, bool) or not isinstance(c, int) or c not in usable for c in self.nats_cpus):
-                raise ValueError(f"NodeConfig.nats_cpus: cores this process may run on ({cores_text(usable)}); got "
-                                 f"{list(self.nats_cpus)}")
+                raise ValueError(f"NodeConfig.nats_cpus must be cores this process may run on ({cores_text(usable)}), "
+                                 f"got {list(self.nats_cpus)}")
             if self.nats_url is not None:
                 raise ValueError("NodeConfig.nats_cpus places the embedded nats-server, and nats_url replaces it; "
                                  "place that server where it runs (taskset -c), or leave nats_url out")
             if self.pin_cpus and set(usable) <= set(self.nats_cpus):
-                raise ValueError(f"NodeConfig.nats_cpus leaves no core for the pinned actors (pin_cpus); got "
+                raise ValueError(f"NodeConfig.nats_cpus leaves no core for the pinned actors (pin_cpus): it is "
                                  f"{cores_text(self.nats_cpus)} of the cores this process may run on, "
                                  f"{cores_text(usable)}")
         if not 0 <= self.nats_port <= 65535:
-            raise ValueError(f"NodeConfig.nats_port: 0 (any free port) to 65535; got {self.nats_port}")
+            raise ValueError(f"NodeConfig.nats_port must be in [0, 65535] (0 = any free port), got {self.nats_port}")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
                                               or not 0 <= self.metrics_port <= 65535):
-            raise ValueError(f"NodeConfig.metrics_port: None (off), 0 (any free port) or a port to 65535; got "
+            raise ValueError(f"NodeConfig.metrics_port must be None (off) or in [0, 65535] (0 = any free port), got "
                              f"{self.metrics_port!r}")
-        # the actors' own checks of the options passed through, now: a bad value fails here, before any
-        # server or process starts, instead of in the middle of the start
+        # with the embedded nats-server, a larger request limit than its max_payload is one that can never apply
+        # (the server refuses the message first): a mistake in one of the two values, refused rather than kept
+        # silently; checked before the ingress's own check (>= 0), so that a refusal names both ends. Another
+        # NATS's max_payload (nats_url) is not known until connected.
+        request_bytes = self.ingress_options.get("max_request_bytes", 0)
+        if self.nats_url is None and isinstance(request_bytes, int) and \
+                not 0 <= request_bytes <= self.nats_max_payload_bytes:
+            raise ValueError(f"NodeConfig.ingress_options.max_request_bytes must be in "
+                             f"{interval(0, self.nats_max_payload_bytes)} bytes (at most nats_max_payload_bytes, the "
+                             f"embedded nats-server's largest message; 0 = that size), got {request_bytes}")
         from ..bus import BusConfig
 
+        # the actors' own checks of the options passed through, now: a bad value fails here, before any
+        # server or process starts, instead of in the middle of the start
         IngressConfig(ingress_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                       health_timeout_s=self.health_timeout_s, **{"busy_poll_us": self.busy_poll_us,
                                                                   **self.ingress_options})
-        # with the embedded nats-server, a larger request limit than its max_payload is one that can never apply
-        # (the server refuses the message first): a mistake in one of the two values, refused rather than kept
-        # silently. Another NATS's max_payload (nats_url) is not known until connected.
-        request_bytes = self.ingress_options.get("max_request_bytes", 0)
-        if self.nats_url is None and request_bytes > self.nats_max_payload_bytes:
-            raise ValueError(f"NodeConfig.ingress_options.max_request_bytes must be at most nats_max_payload_bytes "
-                             f"(the embedded nats-server's largest message; 0 = that size); got {request_bytes} > "
-                             f"{self.nats_max_payload_bytes}")
         WorkerConfig(worker_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                      mailbox_size=self.mailbox_size, **{"busy_poll_us": self.busy_poll_us, **self.worker_options})
 

@@ -22,6 +22,7 @@ import asyncio
 import time
 
 from .._limits import MAX_WINDOW_US  # (defined there, so the CLI's help reads it without importing the bus)
+from .._limits import interval, number_as_typed
 
 
 PAUSE_S = 0.001
@@ -36,7 +37,8 @@ def check_busy_poll_us(value_us: float, what: str) -> float:
         ValueError: anything else (negative, above 1 s, nan, inf), naming ``what`` and the value.
     """
     if not 0 <= value_us <= MAX_WINDOW_US:  # also refuses nan
-        raise ValueError(f"{what} must be 0 (off) to {MAX_WINDOW_US:.0f} µs (1 s), got {value_us}")
+        raise ValueError(f"{what} must be in {interval(0, MAX_WINDOW_US)} µs (0 = off), got "
+                         f"{number_as_typed(value_us)}")
     return value_us
 
 

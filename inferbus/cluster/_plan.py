@@ -22,6 +22,8 @@ from pathlib import Path
 import random
 import socket
 
+from .._limits import interval
+
 _EPHEMERAL_FLOOR = 32768
 """Linux hands out outbound (ephemeral) ports from 32768 up by default; ports planned long before
 use are taken below it, so an outbound connection made meanwhile cannot grab one."""
@@ -105,8 +107,9 @@ class ClusterSpec:
         names = list(self.regions) + [self.witness]
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
                 self.metrics_port, int) or not 1 <= self.metrics_port <= 65536 - len(self.regions)):
-            raise ValueError(f"ClusterSpec.metrics_port: a port for the first region, its {len(self.regions)} "
-                             f"regions on consecutive ports to 65535, got {self.metrics_port!r}")
+            raise ValueError(f"ClusterSpec.metrics_port must be None (none) or in "
+                             f"{interval(1, 65536 - len(self.regions))} (the first region's port, its "
+                             f"{len(self.regions)} regions on consecutive ports), got {self.metrics_port!r}")
         if len(self.regions) < 2:
             raise ValueError("ClusterSpec.regions: at least two regions")
         if len(set(names)) != len(names):
@@ -168,8 +171,8 @@ class Plan:
         n_servers = len(spec.regions) * spec.servers_per_region + spec.witness_servers
         need = 5 * n_servers + len(spec.regions)
         if spec.base_port and not 1 <= spec.base_port <= 65536 - need:
-            raise ValueError(f"base port {spec.base_port}: the topology takes {need} consecutive ports from it; give "
-                             f"1 to {65536 - need}, or 0 for free ones")
+            raise ValueError(f"ClusterSpec.base_port must be 0 (free ports) or in {interval(1, 65536 - need)} (the "
+                             f"topology takes {need} consecutive ports from it), got {spec.base_port}")
         nxt = iter(range(spec.base_port, spec.base_port + need) if spec.base_port else pick_ports(need))
 
         def port() -> int:
