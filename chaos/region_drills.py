@@ -110,13 +110,13 @@ class RegionDrillOptions:
         check_number("gateway_jitter_ms", self.gateway_jitter_ms, 0.0, 60_000.0, True, "ms")
         check_number("gateway_drop_pct", self.gateway_drop_pct, 0.0, 100.0, True, "percent")
         if self.gateway_links not in ("regions", "all"):
-            raise ValueError(f"gateway_links: 'regions' or 'all', got {self.gateway_links!r}")
+            raise ValueError(f"gateway_links must be 'regions' or 'all', got {self.gateway_links!r}")
         if self.nats_server is not None:  # the drills' topology is ClusterSpec's default: its servers are known now,
             spec = ClusterSpec()  # before anything starts (a wrong name was a KeyError after a 17 s cluster start)
             names = [f"{site}{i}" for site in spec.sites
                      for i in range(1, (spec.witness_servers if site == spec.witness else spec.servers_per_region) + 1)]
             if self.nats_server not in names:
-                raise ValueError(f"nats_server: one of the topology's servers ({', '.join(names)}), "
+                raise ValueError(f"nats_server must be one of the topology's servers ({', '.join(names)}), "
                                  f"got {self.nats_server!r}")
 
     @property

@@ -3,7 +3,8 @@
 Exit status of ``chaos run``: 0 the drill ran and answered nothing wrong and executed nothing twice (and, with
 ``--min-availability A``, answered at least that share of its requests right); 1 it ran but saw wrong answers or
 duplicates, or answered less than ``--min-availability``; 2 a usage error (unknown drill or fault name, an option
-the drill does not take, a value out of range), one line on stderr starting ``error: ``; 3 the drill cannot run here
+the drill does not take, a value out of range), one line on stderr starting ``error: chaos run: ``, as every
+command's (``error: chaos run: --rate must be in (0, 1,000,000] requests/s, got 0``); 3 the drill cannot run here
 (its fault is unavailable on this target, or, for a soak, every fault it was given is; or its deployment did not
 start), with the reason on stderr; 128 + the signal when SIGTERM or SIGINT stopped it (its deployment is stopped
 first; nothing is printed for a run cut short).
@@ -111,7 +112,7 @@ def run(
         get_drill(name)
         takes = option_names(name)
     except UnknownDrill as exc:
-        _usage(str(exc))
+        _usage(f"chaos run: {exc}")
     values = dict(fault_every_s=fault_every_s, topology=topology, workers=workers, ingress=ingress, hang_s=hang_s,
                   gateway_latency_ms=latency_ms, gateway_drop_pct=drop_pct, gateway_links=links, fault_s=fault_s,
                   node_down_s=down_s, nats_server=server, fault_at_s=fault_at_s,
@@ -119,37 +120,38 @@ def run(
     if values["faults"] == ():  # "," or " ": a soak with no fault at all ran, and passed
         from chaos.faults import FAULTS
 
-        _usage(f"drill {name}: --faults names no fault; give one or more, comma-separated, of: "
+        _usage(f"chaos run: --faults names no fault; give one or more, comma-separated, of: "
                f"{', '.join(sorted(FAULTS))}")
-    run_dir = _folder_option(f"drill {name}", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
+    run_dir = _folder_option("chaos run", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         from ._paths import folder_problem
 
         problem = folder_problem(run_dir)  # a file, or a folder that cannot be made: was a traceback, exit 1
         if problem:
-            _usage(f"drill {name}: --run-dir {run_dir}: {problem}")
+            _usage(f"chaos run: --run-dir {run_dir}: {problem}")
     unused = [_FLAGS[k] for k, v in values.items() if v is not None and k not in takes]
     if unused:
-        _usage(f"drill {name} does not take {', '.join(unused)}")
+        _usage(f"chaos run: drill {name} does not take {', '.join(unused)}")
     if min_availability is not None and not 0.0 <= min_availability <= 1.0:  # NaN too
-        _usage(f"drill {name}: bad option: --min-availability must be in {interval(0, 1)} (a share of the requests), "
+        _usage(f"chaos run: --min-availability must be in {interval(0, 1)} (a share of the requests), "
                f"got {number_as_typed(min_availability)}")
     if timeout_s is not None:  # in the words of every other command's --timeout-s
-        _check_timeout_s(f"drill {name}: bad option", timeout_s, _as_typed("--timeout-s"))
+        _check_timeout_s("chaos run", timeout_s, _as_typed("--timeout-s"))
     fn, opts_cls = get_drill(name).load()
     try:
         opts = make_options(opts_cls, duration_s=duration_s, rate_qps=rate_qps, timeout_s=timeout_s,
                             run_dir=str(run_dir) if run_dir else None, **values)
-    except ValueError as exc:  # the options' range checks name their field: say the option as typed
+    except ValueError as exc:  # the options' checks name their field: say the option as typed, in the words of every
+        # other command's refusal ("chaos run: --rate must be ..., got ..."; it was "drill NAME: bad option: ...")
         msg = str(exc)
         field_name = msg.split(" ", 1)[0].rstrip(":")
         flag = _OPTION_FLAGS.get(field_name)
         flag = _as_typed(flag) if flag else flag
-        _usage(f"drill {name}: bad option: {flag + msg[len(field_name):] if flag else msg}")
+        _usage(f"chaos run: {flag + msg[len(field_name):] if flag else msg}")
     if name in _FAULT_WITHIN_LOAD and opts.fault_at_s >= opts.duration_s:
         # the fault came after the load had ended and the drill passed with nothing to measure (a fresh-user trial:
         # --fault-at 100 --duration 5 idled 95 s, then killed region A with no load, "availability 1.0", exit 0)
-        _usage(f"drill {name}: --fault-at {opts.fault_at_s:g} is not within the load's --duration "
+        _usage(f"chaos run: drill {name}: --fault-at {opts.fault_at_s:g} is not within the load's --duration "
                f"{opts.duration_s:g}: the fault would hit no request; give a --fault-at below --duration")
     if name == "soak":
         from chaos.faults import get_fault
@@ -159,12 +161,12 @@ def run(
             try:
                 get_fault(fault)
             except UnknownFault as exc:
-                _usage(f"drill {name}: {exc.args[0] if exc.args else exc}")
+                _usage(f"chaos run: --faults: {exc.args[0] if exc.args else exc}")
 
         first = first_fault_s(opts.fault_every_s)
         if opts.duration_s - QUIET_TAIL_S <= first:  # it ran, injected nothing and passed (a fresh-user trial)
-            _usage(f"drill soak: --duration {opts.duration_s:g} leaves no time for a fault: the first comes "
-                   f"{first:g} s in (half --fault-every) and none in the last {QUIET_TAIL_S:g} s; give a --duration "
+            _usage(f"chaos run: drill soak: --duration {opts.duration_s:g} leaves no time for a fault: the first "
+                   f"comes {first:g} s in (half --fault-every) and none in the last {QUIET_TAIL_S:g} s; give a --duration "
                    f"over {first + QUIET_TAIL_S:g} s or a shorter --fault-every")
     try:
         fig = _run(until_signal(fn(opts)))
@@ -173,7 +175,7 @@ def run(
                    f"cut short)", err=True)
         raise typer.Exit(128 + exc.args[0]) from None
     except UnknownFault as exc:
-        _usage(f"drill {name}: {exc.args[0] if exc.args else exc}")
+        _usage(f"chaos run: --faults: {exc.args[0] if exc.args else exc}")
     except FaultUnavailable as exc:
         msg = str(exc)
         msg = msg[len(name) + 2:] if msg.startswith(f"{name}: ") else msg

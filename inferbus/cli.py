@@ -587,7 +587,7 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
     ``timeout_s``: a finite number > 0, before connecting; and at most the servers' own ceiling of a budget
     (``MAX_TIMEOUT_MS``, 600 s): a longer one bounds nothing on the server, and against a prefix nobody serves
     ``health --timeout-s 1e300`` retried for ever (a fresh-user trial). Every command's budget goes through it
-    (``chaos run``'s per-request one too, with ``command`` ``drill <name>: bad option`` and ``flag`` the option's
+    (``chaos run``'s per-request one too, with ``command`` ``chaos run`` and ``flag`` the option's
     name as typed, ``--timeout`` being its older one), so each says the range in the same words.
 
     Raises:

@@ -228,9 +228,10 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
                                ("region-failover", "--fault-s", "2"), ("region-partition", "--fault-s", "2"),
                                ("nats-node-loss", "--fault-s", "2"), ("gateway-degrade", "--down-s", "1")):
         r = _cli("run", drill, flag, *([value] if value else []), "--duration", "1")
-        assert r.returncode == 2 and f"drill {drill} does not take {flag}" in r.stderr, (drill, flag, r.stderr)
+        assert r.returncode == 2 and f"chaos run: drill {drill} does not take {flag}" in r.stderr, (drill, flag, r.stderr)
     r = _cli("run", "gateway-degrade", "--links", "moon")
-    assert r.returncode == 2 and "bad option: --links: 'regions' or 'all'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "chaos run: --links must be 'regions' or 'all', got 'moon'" in r.stderr \
+        and "Traceback" not in r.stderr
     r = _cli("list")
     assert r.returncode == 0 and "nats-node-loss" in r.stdout and "gateway-degrade" in r.stdout
     # a fault after the load's end: the drill idled, then injected it into no load and passed (a fresh-user trial)
@@ -259,7 +260,9 @@ def test_cli_refuses_options_a_drill_does_not_take_and_bad_values():
 def test_cli_refuses_out_of_range_values_in_one_line_before_starting_anything(drill, args, named):
     r = _cli("run", drill, *args)
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    assert r.stderr.startswith(f"error: drill {drill}: bad option: {named} must be"), r.stderr
+    assert r.stderr.startswith(f"error: chaos run: {named} must be "), r.stderr
+    assert " in [" in r.stderr or " in (" in r.stderr, r.stderr  # both ends of the range
+    assert f", got {args[1]}\n" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not r.stdout
 
 

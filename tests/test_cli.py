@@ -981,9 +981,9 @@ def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(comm
 
 
 @pytest.mark.parametrize("argv,said", [
-    (("chaos", "run", "worker-crash", "--duration", "0"), "drill worker-crash: bad option: --duration must be in "
-                                                          "(0, 86400] seconds, got 0"),
-    (("chaos", "run", "worker-crash", "--min-availability", "2"), "drill worker-crash: bad option: --min-availability "
+    (("chaos", "run", "worker-crash", "--duration", "0"), "chaos run: --duration must be in (0, 86400] seconds, "
+                                                          "got 0"),
+    (("chaos", "run", "worker-crash", "--min-availability", "2"), "chaos run: --min-availability "
                                                                   "must be in [0, 1] (a share of the requests), got 2"),
     (("nodes", "--wait-s", "601"), "nodes: --wait-s must be in (0, 600] seconds, got 601"),
     (("up", "--demo", "--demo-duration", "3601"), "up: --demo-duration must be in (0, 3600] seconds, "
@@ -1445,7 +1445,7 @@ def test_help_shows_no_type_for_a_flag_and_no_braces_around_a_required_argument(
     assert p.returncode == 0 and "chaos run [OPTIONS] NAME\n" in p.stdout and "<bool>" not in p.stdout, p.stdout
     # the drill name is still checked (tests/test_cli_usage_errors.py: unknown-drill)
     p, _ = cli("chaos", "run", "no-such-drill")
-    assert p.returncode == 2 and p.stderr.startswith("error: unknown drill 'no-such-drill'; known drills: "), p.stderr
+    assert p.returncode == 2 and p.stderr.startswith("error: chaos run: unknown drill 'no-such-drill'; known drills: "), p.stderr
 
 
 def test_help_separates_option_names_with_a_comma_and_a_space_and_writes_every_type_one_way():

@@ -37,26 +37,31 @@ def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
 
 @pytest.mark.parametrize("args,said", [
     # each exit-2 path of `chaos run` (they printed the message alone, with no "error: ")
-    (("no-such-drill",), "unknown drill 'no-such-drill'; known drills: "),
-    (("worker-crash", "--latency-ms", "50"), "drill worker-crash does not take --latency-ms"),
-    (("worker-crash", "--rate", "-5"), "drill worker-crash: bad option: --rate must be"),
-    (("soak", "--faults", "bogus", "--duration", "1"), "drill soak: unknown fault 'bogus'; known: "),
+    # (and each starts "chaos run: " as every command's refusal starts with its command; the range checks said
+    # "drill NAME: bad option: ...", where every other command says "COMMAND: --option must be ..., got ...")
+    (("no-such-drill",), "chaos run: unknown drill 'no-such-drill'; known drills: "),
+    (("worker-crash", "--latency-ms", "50"), "chaos run: drill worker-crash does not take --latency-ms"),
+    (("worker-crash", "--rate", "-5"), "chaos run: --rate must be in (0, 1,000,000] requests/s, got -5\n"),
+    (("soak", "--faults", "bogus", "--duration", "1"), "chaos run: --faults: unknown fault 'bogus'; known: "),
     # the argument parser's (already "error: ")
     (("worker-crash", "--rate", "x"), "chaos run: Invalid value for '--rate'"),
     # found by a fresh-user trial: a KeyError traceback after a 17 s cluster start; a soak with no fault, exit 0;
     # a FileExistsError traceback
-    (("nats-node-loss", "--server", "Z9"), "drill nats-node-loss: bad option: --server: one of the topology's "
-                                           "servers (A1, A2, A3, B1, B2, B3, W1, W2, W3), got 'Z9'"),
-    (("soak", "--faults", ","), "drill soak: --faults names no fault; give one or more, comma-separated, of: "),
-    (("worker-crash", "--run-dir", "/etc/passwd"), "drill worker-crash: --run-dir /etc/passwd: exists and is not a "
-                                                   "folder"),
+    (("nats-node-loss", "--server", "Z9"), "chaos run: --server must be one of the topology's servers (A1, A2, A3, "
+                                           "B1, B2, B3, W1, W2, W3), got 'Z9'\n"),
+    (("soak", "--faults", ","), "chaos run: --faults names no fault; give one or more, comma-separated, of: "),
+    (("worker-crash", "--run-dir", "/etc/passwd"), "chaos run: --run-dir /etc/passwd: exists and is not a folder"),
     # a soak too short for its first fault ran, injected nothing and passed (a fresh-user trial)
-    (("soak", "--duration", "4", "--fault-every", "1"), "drill soak: --duration 4 leaves no time for a fault: the "
-                                                        "first comes 0.5 s in"),
-    (("worker-crash", "--min-availability", "1.5"), "drill worker-crash: bad option: --min-availability must be in "
-                                                    "[0, 1] (a share of the requests), got 1.5"),
+    (("soak", "--duration", "4", "--fault-every", "1"), "chaos run: drill soak: --duration 4 leaves no time for a "
+                                                        "fault: the first comes 0.5 s in"),
+    (("worker-crash", "--min-availability", "1.5"), "chaos run: --min-availability must be in [0, 1] (a share of "
+                                                    "the requests), got 1.5\n"),
+    (("gateway-degrade", "--links", "moon"), "chaos run: --links must be 'regions' or 'all', got 'moon'\n"),
+    (("gateway-degrade", "--fault-at", "-1"), "chaos run: --fault-at must be in [0, 86400] seconds, got -1\n"),
+    (("region-failover", "--fault-at", "100", "--duration", "5"), "chaos run: drill region-failover: --fault-at 100 "
+                                                                  "is not within the load's --duration 5"),
 ], ids=["unknown-drill", "option-not-taken", "option-out-of-range", "unknown-fault", "parser", "unknown-server",
-        "no-fault", "run-dir-a-file", "soak-too-short", "min-availability"])
+        "no-fault", "run-dir-a-file", "soak-too-short", "min-availability", "links", "fault-at", "fault-at-late"])
 def test_chaos_run_usage_errors_are_one_error_line_exit_2(args, said):
     assert_one_error_line(cli("chaos", "run", *args), said)
 
@@ -247,7 +252,7 @@ def test_a_device_probe_killed_by_a_signal_says_which(tmp_path):
     (("cluster", "config", "--out", ""), "cluster config: --out"),
     (("cluster", "up", "--run-dir", ""), "cluster up: --run-dir"),
     (("up", "--run-dir", ""), "up: --run-dir"),
-    (("chaos", "run", "worker-crash", "--run-dir", ""), "drill worker-crash: --run-dir"),
+    (("chaos", "run", "worker-crash", "--run-dir", ""), "chaos run: --run-dir"),
 ], ids=["config-data-root", "config-out", "cluster-up-run-dir", "up-run-dir", "chaos-run-dir"])
 def test_an_empty_folder_option_is_one_error_line_and_writes_nothing(tmp_path, argv, said):
     """``Path('')`` is ``Path('.')``: an empty folder (an unset variable in a script) was the current folder without a
@@ -316,11 +321,10 @@ def test_chaos_run_takes_timeout_s_as_every_command_and_timeout_still():
     trial: chaos said ``in (0, 600] s`` where ``health`` said ``at most 600 seconds``)."""
     for flag in ("--timeout-s", "--timeout"):
         p = cli("chaos", "run", "worker-crash", flag, "0")
-        assert_one_error_line(p, f"drill worker-crash: bad option: {flag} must be in (0, 600] seconds, got 0")
+        assert_one_error_line(p, f"chaos run: {flag} must be in (0, 600] seconds, got 0")
         assert p.stderr.endswith("got 0\n"), p.stderr  # as typed (it was "got 0.0")
         p = cli("chaos", "run", "worker-crash", flag, "600.0001")
-        assert p.stderr == (f"error: drill worker-crash: bad option: {flag} must be in (0, 600] seconds, "
-                            f"got 600.0001\n"), p.stderr
+        assert p.stderr == f"error: chaos run: {flag} must be in (0, 600] seconds, got 600.0001\n", p.stderr
         # the same words as health's own refusal of the same value
         h = cli("health", "--timeout-s", "600.0001", "--nats-url", "nats://127.0.0.1:1")
         assert h.stderr.split(" --timeout-s ", 1)[1] == p.stderr.split(f" {flag} ", 1)[1], (h.stderr, p.stderr)
