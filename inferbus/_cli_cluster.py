@@ -23,9 +23,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   short_help="Run a local multi-region topology and inject faults.")
 
 
-def _regions(n: int) -> tuple[str, ...]:
+def _regions(command: str, n: int) -> tuple[str, ...]:
+    """The names of ``--regions`` regions (A, B, ...); out of [2, 8] one line, ``error: cluster COMMAND: --regions
+    must be in [2, 8], got N``, exit 2 (it went through Click's ``Invalid value: ...``, without the value)."""
     if not 2 <= n <= 8:
-        raise typer.BadParameter("--regions must be between 2 and 8")
+        from ._limits import interval
+        from .cli import _usage
+
+        _usage(f"cluster {command}: --regions must be in {interval(2, 8)}, got {n}")
     return tuple(string.ascii_uppercase[:n])
 
 
@@ -53,7 +58,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
     if not 1 <= ingress <= 64:
         _usage(f"cluster {command}: --ingress must be in {interval(1, 64)}, got {ingress}")
     try:
-        spec = ClusterSpec(regions=_regions(regions), workers=workers, ingress=ingress, base_port=base_port,
+        spec = ClusterSpec(regions=_regions(command, regions), workers=workers, ingress=ingress, base_port=base_port,
                            prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
                            witness_servers=witness_servers, metrics_port=metrics_port, audit=audit)
@@ -92,6 +97,7 @@ def up(
     from .cluster import Topology
 
     models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
+    _regions("up", regions)  # (before --metrics-port, whose range it sets)
     if metrics_port is not None and not 1 <= metrics_port <= 65536 - regions:
         from .cli import _usage
 

@@ -2374,8 +2374,10 @@ def _run_app() -> None:
             else:  # the option parser's own errors carry no context ("Option '--workers' requires an argument.")
                 sub = _command_words(sys.argv[1:])
                 path = f"inferbus {sub}".strip()
-            print(f"error: {sub or 'inferbus'}: {' '.join(exc.format_message().split())} "
-                  f"(see {path} --help)", file=sys.stderr)
+            message = " ".join(exc.format_message().split())
+            if message.startswith("Invalid value: --"):  # a check of ours that names its option (infer's --input):
+                message = message[len("Invalid value: "):]  # in the words of every other refusal, no Click prefix
+            print(f"error: {sub or 'inferbus'}: {message} (see {path} --help)", file=sys.stderr)
         else:
             from typer import rich_utils
 

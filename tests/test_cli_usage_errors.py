@@ -86,7 +86,7 @@ def test_every_infer_usage_error_is_one_error_line_exit_2(tmp_path):
         (("-i", f"pixels={truncated}"), f"cannot read {truncated}: a damaged .npy file"),
         (("-i", f"pixels={good}", "-i", f"pixels={good}"), "infer: input 'pixels' given twice"),
         (("-i", f"pixels={good}", "--timeout-s", "0"), "infer: --timeout-s must be in (0, 600] seconds, got 0"),
-        (("-i", "pixels"), "infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels'"),
+        (("-i", "pixels"), "infer: --input takes NAME=FILE.npy, got 'pixels'"),
     ]:
         assert_one_error_line(cli("infer", "digits", *args, "--nats-url", url), said)
 
@@ -94,10 +94,10 @@ def test_every_infer_usage_error_is_one_error_line_exit_2(tmp_path):
 @pytest.mark.parametrize("spec,said", [
     # an empty NAME was sent and refused by the server (INVALID_ARGUMENT: unexpected input ''), an empty FILE was
     # "cannot read : No such file or directory"; both now fail as a spec with no '=' does, naming the --input value
-    ("={good}", "infer: Invalid value: --input takes NAME=FILE.npy, got '={good}' (no NAME before '=')"),
-    ("=", "infer: Invalid value: --input takes NAME=FILE.npy, got '=' (no NAME before '=')"),
-    ("pixels=", "infer: Invalid value: --input takes NAME=FILE.npy, got 'pixels=' (no FILE after '=')"),
-    ("{good}", "infer: Invalid value: --input takes NAME=FILE.npy, got '{good}' (see "),
+    ("={good}", "infer: --input takes NAME=FILE.npy, got '={good}' (no NAME before '=')"),
+    ("=", "infer: --input takes NAME=FILE.npy, got '=' (no NAME before '=')"),
+    ("pixels=", "infer: --input takes NAME=FILE.npy, got 'pixels=' (no FILE after '=')"),
+    ("{good}", "infer: --input takes NAME=FILE.npy, got '{good}' (see "),
 ], ids=["empty-name", "empty-both", "empty-file", "no-equals"])
 def test_a_malformed_input_spec_is_refused_before_connecting_naming_it(tmp_path, spec, said):
     good = tmp_path / "good.npy"

@@ -388,6 +388,11 @@ def test_chaos_run_unknown_drill():
     (("up", "--workers", "99999999999999999999"), "error: cluster up: --workers must be in [1, 1024], got "
                                                  "99999999999999999999\n"),
     (("up", "--ingress", "0"), "error: cluster up: --ingress must be in [1, 64], got 0\n"),
+    # they went through Click's "Invalid value: --regions must be between 2 and 8", without the value
+    (("up", "--regions", "0"), "error: cluster up: --regions must be in [2, 8], got 0\n"),
+    (("config", "--regions", "9"), "error: cluster config: --regions must be in [2, 8], got 9\n"),
+    (("up", "--regions", "100", "--metrics-port", "70000"), "error: cluster up: --regions must be in [2, 8], "
+                                                            "got 100\n"),
     (("config", "--base-port", "70000"), "error: cluster config: --base-port must be 0 (free ports) or in [1, 65489] "
                                          "(the topology takes 47 consecutive ports from it), got 70000\n"),
     (("up", "--metrics-port", "0"), "error: cluster up: --metrics-port must be in [1, 65534] (region A's port, its 2 "
