@@ -1,9 +1,13 @@
 """argparse value types for the bench commands: each rejects a bad value with a message that says what is
-expected (argparse otherwise names the converter, e.g. ``invalid _positive_int value``)."""
+expected (argparse otherwise names the converter, e.g. ``invalid _positive_int value``), in the words of the
+``inferbus`` command's refusals: ``must be a finite number > 0, got -5``, a number echoed as
+:func:`inferbus._limits.number_as_typed` writes it (``got -5``, not ``got '-5'``), text that is no number quoted."""
 
 from __future__ import annotations
 
 import argparse
+
+from inferbus._limits import number_as_typed
 
 
 def _number(text: str, kind: type, what: str):
@@ -17,7 +21,7 @@ def count(text: str) -> int:
     """An integer >= 1 (a number of processes, steps, pairs...)."""
     n = _number(text, int, "an integer")
     if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {n}")
     return n
 
 
@@ -25,7 +29,7 @@ def count_or_zero(text: str) -> int:
     """An integer >= 0 (0 meaning the option's default)."""
     n = _number(text, int, "an integer")
     if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {n}")
     return n
 
 
@@ -33,7 +37,7 @@ def positive(text: str) -> float:
     """A number > 0 (seconds, rates, µs)."""
     x = _number(text, float, "a number")
     if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {number_as_typed(x)}")
     return x
 
 
@@ -41,7 +45,7 @@ def non_negative(text: str) -> float:
     """A finite number >= 0."""
     x = _number(text, float, "a number")
     if not 0 <= x < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of 0 or more, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {number_as_typed(x)}")
     return x
 
 
@@ -49,7 +53,7 @@ def above_one(text: str) -> float:
     """A number > 1 (a growth factor)."""
     x = _number(text, float, "a number")
     if not 1 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a finite number > 1, got {number_as_typed(x)}")
     return x
 
 

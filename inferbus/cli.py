@@ -2063,7 +2063,9 @@ twice the step's duration with the rest counted NOT_SENT, :meth:`inferbus.loadge
 
 def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str, unit: str = "") -> list:
     """``bench``'s comma-separated ``--concurrency`` / ``--rate``: each item a finite ``kind`` in range (``lo``
-    exclusive for rates, inclusive for concurrencies); '' = none. One line naming ``opt`` and the item, exit 2."""
+    exclusive for rates, inclusive for concurrencies); '' = none. One line naming ``opt`` and the item, exit 2: a
+    number out of range as every refusal echoes one (:func:`inferbus._limits.number_as_typed`: ``got 20000000``,
+    not ``got '2e7'``), an item that is no number as typed, quoted."""
     import math
 
     items = text.split(",") if text.strip() else []
@@ -2072,11 +2074,15 @@ def _bench_list(text: str, opt: str, kind, lo: float, hi: float, what: str, unit
         try:
             v = kind(raw.strip())
         except ValueError:
-            _usage(f"bench: {opt} takes {what}, comma-separated, got {raw.strip()!r} in {text!r}")
+            try:  # a number that is no integer (--concurrency 2e7, 1.5): as typed, unquoted, as a number is echoed
+                shown = raw.strip() if raw.strip() and float(raw) is not None else repr(raw.strip())
+            except ValueError:
+                shown = repr(raw.strip())
+            _usage(f"bench: {opt} takes {what}, comma-separated, got {shown} in {text!r}")
         ok = math.isfinite(v) and (lo <= v if kind is int else lo < v) and v <= hi
         if not ok:
             _usage(f"bench: each {opt} must be in {interval(lo, hi, lo_open=kind is not int)}{unit}, "
-                   f"got {raw.strip()!r}")
+                   f"got {number_as_typed(v)}")
         out.append(v)
     return out
 

@@ -460,11 +460,13 @@ def test_a_sweep_climbs_to_saturation_then_bisects_the_p99_crossing():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got 0"),
     (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
-    (["--open-rates", "-5"], "argument --open-rates: must be a finite number above 0, got '-5'"),
-    (["--sweep-factor", "1"], "argument --sweep-factor: must be a finite number above 1, got '1'"),
-    (["--echo", "-1"], "argument --echo: must be 0 or more, got -1"),
+    # a number echoed as the inferbus command's refusals echo one (it was got '-5', got '1')
+    (["--open-rates", "-5"], "argument --open-rates: must be a finite number > 0, got -5"),
+    (["--open-rates", "2e7,-1e300"], "argument --open-rates: must be a finite number > 0, got -1e+300"),
+    (["--sweep-factor", "1"], "argument --sweep-factor: must be a finite number > 1, got 1"),
+    (["--echo", "-1"], "argument --echo: must be an integer >= 0, got -1"),
     (["--direct-batch", "two"], "argument --direct-batch: an integer expected, got 'two'"),
 ])
 def test_suite_refuses_bad_values_with_a_message(argv, message, capsys):
@@ -742,7 +744,7 @@ def test_pathcost_measures_the_path_against_the_floor(tmp_path):
     # without a turn after each request the pump would answer queued requests outside their measured window
     bad = subprocess.run([sys.executable, "-m", "bench.pathcost", "--yields", "0"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
-    assert bad.returncode == 2 and "--yields: must be at least 1" in bad.stderr
+    assert bad.returncode == 2 and "--yields: must be an integer >= 1, got 0" in bad.stderr
     # options of one measure given to another are usage errors, not silently ignored
     for argv, msg in ((["--bytecodes", "5", "--reps", "2"], "--reps applies to the CPU-time measure only"),
                       (["--instructions", "5", "--batch", "2"], "--batch applies to the CPU-time measure only"),

@@ -91,7 +91,7 @@ def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
 
 
 @pytest.mark.parametrize("suite_args,said", [
-    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got 0"),
     (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
     (["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),

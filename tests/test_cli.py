@@ -1354,10 +1354,18 @@ def test_model_commands_with_no_ingress_answering_exit_1_like_health(nats_server
     (("--timeout-s", "0"), "bench: --timeout-s must be in (0, 3600] seconds, got 0"),
     (("--gens", "0"), "bench: --gens must be in [1, "),
     (("--gens", "100000"), "bench: --gens must be in [1, "),
-    (("--rate", "inf"), "bench: each --rate must be in (0, 10,000,000] requests/s, got 'inf'"),
-    (("--rate", "1e9"), "bench: each --rate must be in (0, 10,000,000] requests/s, got '1e9'"),
+    (("--rate", "inf"), "bench: each --rate must be in (0, 10,000,000] requests/s, got inf"),
+    (("--rate", "1e9"), "bench: each --rate must be in (0, 10,000,000] requests/s, got 1000000000"),
+    # a number is echoed as every refusal echoes one (Python's shortest form, no quotes): it said got '2e7'
+    (("--rate", "2e7"), "bench: each --rate must be in (0, 10,000,000] requests/s, got 20000000"),
+    (("--rate", "100,-1"), "bench: each --rate must be in (0, 10,000,000] requests/s, got -1"),
+    (("--rate", "1e300"), "bench: each --rate must be in (0, 10,000,000] requests/s, got 1e+300"),
+    (("--rate", "0.5,0"), "bench: each --rate must be in (0, 10,000,000] requests/s, got 0"),
+    (("--concurrency", "8,2000000"), "bench: each --concurrency must be in [1, 1,000,000], got 2000000"),
+    (("--concurrency", "2e7"), "bench: --concurrency takes integers, comma-separated, got 2e7 in '2e7'"),
+    (("--concurrency", "1,x"), "bench: --concurrency takes integers, comma-separated, got 'x' in '1,x'"),
     (("--rate", "100,,200"), "bench: --rate takes numbers of requests/s, comma-separated, got '' in '100,,200'"),
-    (("--concurrency", "0"), "bench: each --concurrency must be in [1, 1,000,000], got '0'"),
+    (("--concurrency", "0"), "bench: each --concurrency must be in [1, 1,000,000], got 0"),
     (("--concurrency", "1,,8"), "bench: --concurrency takes integers, comma-separated, got '' in '1,,8'"),
 ])
 def test_bench_range_errors_name_the_option(args, said):
