@@ -2148,6 +2148,12 @@ def bench(
             _usage(f"bench: --version {version!r}: {problem}")
     models = _folder_option("bench", "--models", models)  # '' was the current folder, as for up's --models
     if suite:
+        try:  # the suite's own profiles (its argparse said "--profile: invalid choice: 'huge' (choose from ...)")
+            from bench.suite import PROFILES
+        except ImportError:  # no checkout here: run_suite says so
+            PROFILES = None
+        if PROFILES is not None and profile not in PROFILES:
+            _usage(f"bench: --profile must be one of {', '.join(sorted(PROFILES))}, got {profile!r}")
         args = _suite_args(ctx, profile, out, busy_poll_us, model, version, models, workers, ingress, gens,
                            duration_s, timeout_s)
         # the ranges of a load run (--duration 1e9 was handed to the suite and run)
@@ -2296,6 +2302,36 @@ app.add_typer(_models_app, name="models")
 app.command(name="devices", short_help="List the accelerators found here and the worker plan.")(_devices_cmd)
 
 
+def _type_refusal(exc: BaseException) -> Optional[str]:
+    """A value of the wrong type for a number option (``--workers x``, ``--workers 1.5``, ``--timeout-s 0x10``) in the
+    words of every refusal: ``--workers must be an integer, got 1.5``, the option as typed (``--timeout`` or
+    ``--timeout-s``), a number as typed, unquoted, anything else quoted (``got 'x'``). Typer 0.29 parses option
+    values with pydantic and said its words, ``Invalid value for '--workers': Input should be a valid integer,
+    unable to parse string as an integer``. None for any other error (Click's own words are kept)."""
+    cause = exc.__cause__
+    param = getattr(exc, "param", None)
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors) or type(cause).__name__ != "ValidationError":
+        return None
+    try:
+        first = errors()[0]
+    except (IndexError, TypeError):
+        return None
+    kind = str(first.get("type", ""))
+    want = "an integer" if kind.startswith("int_") else "a number" if kind.startswith("float_") else None
+    if want is None:
+        return None
+    names = [n for n in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())) if n.startswith("-")]
+    typed = [a.split("=", 1)[0] for a in sys.argv[1:] if a.split("=", 1)[0] in names]
+    name = typed[-1] if typed else names[0] if names else str(param.human_readable_name)
+    raw = first.get("input")
+    try:
+        shown = raw if isinstance(raw, str) and raw == raw.strip() and float(raw) is not None else repr(raw)
+    except ValueError:
+        shown = repr(raw)
+    return f"{name} must be {want}, got {shown}"
+
+
 def _command_words(argv: list[str]) -> str:
     """The (sub)command ``argv`` names, e.g. ``"chaos run"`` for ``chaos run worker-crash --rate``: the leading
     words that are command names of the app's groups."""
@@ -2380,7 +2416,7 @@ def _run_app() -> None:
             else:  # the option parser's own errors carry no context ("Option '--workers' requires an argument.")
                 sub = _command_words(sys.argv[1:])
                 path = f"inferbus {sub}".strip()
-            message = " ".join(exc.format_message().split())
+            message = _type_refusal(exc) or " ".join(exc.format_message().split())
             if message.startswith("Invalid value: --"):  # a check of ours that names its option (infer's --input):
                 message = message[len("Invalid value: "):]  # in the words of every other refusal, no Click prefix
             print(f"error: {sub or 'inferbus'}: {message} (see {path} --help)", file=sys.stderr)

@@ -371,6 +371,8 @@ def test_bench_bad_arguments_are_one_line_exit_2(args):
     (("--out", "/tmp/inferbus-never-written.json"), "--out applies only with --suite"),
     (("--profile", "tiny", "--nats-url", "nats://127.0.0.1:1"), "--profile applies only with --suite"),
     (("--spread", "--concurrency", "1"), "--spread spreads the generators over the servers of --nats-url"),
+    # the suite's argparse said it: "--profile: invalid choice: 'huge' (choose from 'full', 'quick', ...)"
+    (("--suite", "--profile", "huge"), "bench: --profile must be one of full, quick, throughput, tiny, got 'huge'"),
 ])
 def test_bench_options_that_do_not_apply_are_refused_not_ignored(args, said):
     """A fresh-user trial (2026-12-02): ``bench --out F`` without ``--suite`` wrote nothing and exited 0, and
@@ -1382,7 +1384,7 @@ def test_bench_range_errors_name_the_option(args, said):
 
 @pytest.mark.parametrize("args,said", [
     # what the argument parser refuses (Typer's default was a framed box of several lines; a fresh-user trial)
-    (("up", "--workers", "abc"), "error: up: Invalid value for '--workers': "),
+    (("up", "--workers", "abc"), "error: up: --workers must be an integer, got 'abc' (see "),
     (("models", "unload", "digits"), "error: models unload: Invalid value for VERSION: unload needs a version"),
     (("infer", "digits", "-i", "pixels"), "error: infer: --input takes NAME=FILE.npy, got 'pixels' (see "),
     (("up", "--no-such-option"), "error: up: No such option: --no-such-option"),
