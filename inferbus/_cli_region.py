@@ -243,14 +243,14 @@ def status(
     raise typer.Exit(0 if len(primaries) == 1 else 1)
 
 
-def _check_region(name: str, what: str) -> None:
+def _check_region(command: str, name: str, what: str) -> None:
     """A region name is one subject token (letters, digits, '_' or '-'), else one line and exit 2 before anything
     is sent (``a b`` used to reach nats-py and come back as ``BadSubjectError``, exit 1)."""
     from .bus._config import _TOKEN_RE
     from .cli import _usage
 
     if not _TOKEN_RE.match(name):
-        _usage(f"region: {what} {name!r} is no region name (letters, digits, '_' or '-')")
+        _usage(f"region {command}: {what} must be a region name (letters, digits, '_' or '-'), got {name!r}")
 
 
 @app.command(short_help="Make REGION the primary region.")
@@ -273,7 +273,7 @@ def promote(
     if prefix is not None:
         _check_prefix(prefix)
     _check_timeout_s("region promote", timeout_s)
-    _check_region(region, "REGION")
+    _check_region("promote", region, "REGION")
     servers, prefix = target_option("region promote", nats_url, cluster, prefix, (("REGION", region),))
 
     async def go():
@@ -334,9 +334,9 @@ def demote(
         _check_prefix(prefix)
     _check_timeout_s("region demote", timeout_s)
     if region is not None:
-        _check_region(region, "REGION")
+        _check_region("demote", region, "REGION")
     if to:
-        _check_region(to, "--to")
+        _check_region("demote", to, "--to")
     if to and region is not None and to == region:
         _usage(f"region demote: --to names {to}, the region being demoted: name another region, or leave --to out "
                f"for the live standby heard last")
@@ -405,9 +405,9 @@ def manager(
     from .actors._common import run_actor
     from .actors._region import RegionConfig, RegionManager
     from .bus import BusConfig, shown_servers, shown_url, split_servers
-    from .cli import NatsUnreachable, _check_prefix, _exit_unreachable, _nats_urls_given, _usage
+    from .cli import NatsUnreachable, _check_prefix, _exit_unreachable, _nats_urls_given, _usage, _with_flags
 
-    _check_region(region, "REGION")  # it becomes a subject token (<p>._region.hb.<region>)
+    _check_region("manager", region, "REGION")  # it becomes a subject token (<p>._region.hb.<region>)
     _check_prefix(prefix)
     _nats_urls_given("region manager", nats_url)  # '' was a ValueError traceback from the connection's config
     if lease_nats_url is not None:
@@ -431,8 +431,9 @@ def manager(
                            heartbeat_ms=heartbeat_ms, lease_ms=lease_ms, suspect_ms=suspect_ms,
                            initial_primary=initial_primary, initial_wait_ms=initial_wait_ms,
                            auto_failover=auto_failover)
-    except ValueError as exc:  # a value the config refuses (e.g. --lease-ms 0): one line, not a traceback
-        _usage(f"region manager: {' '.join(str(exc).split())}")
+    except ValueError as exc:  # a value the config refuses (e.g. --lease-ms 0): one line, not a traceback, naming
+        # the options (it named the config's fields: "RegionConfig.replicas must be in 1..5", without the value)
+        _usage(f"region manager: {_with_flags(' '.join(str(exc).split()), manager)}")
     try:
         run_actor(RegionManager(cfg).run)
     except NatsUnreachable as exc:  # one line, exit 3 (a 78-line traceback before)

@@ -374,8 +374,18 @@ def test_region_demote_to_the_region_it_demotes_is_a_usage_error():
 @pytest.mark.parametrize("argv,want", [
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "foo://x"),
      "region manager: --valkey-url must start with redis://, rediss:// or unix://, got 'foo://x'\n"),
-    (("a b", "--nats-url", "nats://127.0.0.1:{port}"), "region: REGION 'a b' is no region name "),
-    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--lease-ms", "0"), "region manager: RegionConfig.lease_ms must be "),
+    (("a b", "--nats-url", "nats://127.0.0.1:{port}"), "region manager: REGION must be a region name (letters, "
+                                                       "digits, '_' or '-'), got 'a b'\n"),
+    # they named RegionConfig's fields, not the options, and not the value: "RegionConfig.replicas must be in 1..5"
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--lease-ms", "0"), "region manager: --lease-ms must be >= 2 × "
+                                                                       "--heartbeat-ms (200 ms: the leader renews "
+                                                                       "every heartbeat), got 0\n"),
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--replicas", "9"), "region manager: --replicas must be in [1, 5], "
+                                                                       "got 9\n"),
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--heartbeat-ms", "5"), "region manager: --heartbeat-ms must be "
+                                                                           ">= 10 ms, got 5\n"),
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--suspect-ms", "500"), "region manager: --suspect-ms must be in "
+                                                                           "(0, 400] ms (at most --lease-ms), got 500\n"),
     # (a port out of range, a broken IPv6 host: ValueError tracebacks from the manager; a fresh-user trial)
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--valkey-url", "redis://127.0.0.1:99999/0"),
      "region manager: --valkey-url 'redis://127.0.0.1:99999/0': Port out of range"),

@@ -56,6 +56,7 @@ from ..schemas._region import (
     PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
     RegionStep, Transition, decode_region, encode_region,
 )
+from .._limits import interval
 from .._version import __version__
 from ._common import announce_ready, log, run_actor
 from ._config import _JsonMixin
@@ -119,15 +120,18 @@ class RegionConfig(_JsonMixin):
 
     def __post_init__(self) -> None:
         if not self.region or any(c in self.region for c in ". *>"):
-            raise ValueError(f"RegionConfig.region {self.region!r}: a non-empty subject token (no '.', '*', '>', space)")
+            raise ValueError(f"RegionConfig.region must be a non-empty subject token (no '.', '*', '>', space), got "
+                             f"{self.region!r}")
         if self.heartbeat_ms < 10:
-            raise ValueError("RegionConfig.heartbeat_ms must be >= 10 ms")
+            raise ValueError(f"RegionConfig.heartbeat_ms must be >= 10 ms, got {self.heartbeat_ms}")
         if self.lease_ms < 2 * self.heartbeat_ms:
-            raise ValueError("RegionConfig.lease_ms must be >= 2 * heartbeat_ms (the leader renews every heartbeat)")
+            raise ValueError(f"RegionConfig.lease_ms must be >= 2 × heartbeat_ms ({2 * self.heartbeat_ms} ms: the "
+                             f"leader renews every heartbeat), got {self.lease_ms}")
         if not 0 < self.suspect_ms <= self.lease_ms:
-            raise ValueError("RegionConfig.suspect_ms must be in (0, lease_ms]")
+            raise ValueError(f"RegionConfig.suspect_ms must be in {interval(0, self.lease_ms, lo_open=True)} ms (at "
+                             f"most lease_ms), got {self.suspect_ms}")
         if not 1 <= self.replicas <= 5:
-            raise ValueError("RegionConfig.replicas must be in 1..5")
+            raise ValueError(f"RegionConfig.replicas must be in {interval(1, 5)}, got {self.replicas}")
 
 
 class CacheRole:
