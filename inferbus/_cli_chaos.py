@@ -53,11 +53,9 @@ _OPTION_FLAGS = {**_FLAGS, "duration_s": "--duration", "rate_qps": "--rate", "ti
 def _as_typed(flag: str) -> str:
     """``flag``, or ``--timeout`` when the command line gave the budget by its older name (Click does not say which
     name of an option was used): a range error names the option as typed."""
-    import sys
+    from .cli import _timeout_s_as_typed
 
-    if flag == "--timeout-s" and any(a.split("=", 1)[0] == "--timeout" for a in sys.argv[1:]):
-        return "--timeout"
-    return flag
+    return _timeout_s_as_typed() if flag == "--timeout-s" else flag
 
 
 @app.command("run", short_help="Run one drill on a deployment of its own.")

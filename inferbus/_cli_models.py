@@ -126,10 +126,10 @@ def _not_served(name: str, problems: dict) -> list[str]:
 
 def _write(ctx: typer.Context, op: str, name: str, version: Optional[str], nats_url: Optional[str],
            prefix: Optional[str], timeout_s: float, as_json: bool) -> None:
-    from .cli import _call, _check_timeout_s, _left_s, _nats_urls_given, _one_shot_client, console
+    from .cli import _call, _check_timeout_s, _left_s, _nats_urls_given, _one_shot_client, _timeout_s_as_typed, console
     from .model_admin import model_control
 
-    _check_timeout_s(f"models {op}", timeout_s)
+    _check_timeout_s(f"models {op}", timeout_s, _timeout_s_as_typed())  # (--timeout 0 said "--timeout-s must be")
     group = ctx.obj or {}
     if nats_url is not None:  # '' was the group's URL (the default one): refused, as the group refuses it
         _nats_urls_given(f"models {op}", nats_url)

@@ -601,6 +601,13 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
                f"got {number_as_typed(timeout_s)}")
 
 
+def _timeout_s_as_typed() -> str:
+    """``--timeout`` when the command line gave the budget by that older name (``chaos run``'s and the ``models``
+    writes' ``--timeout-s`` keep it), else ``--timeout-s``: Click does not say which name of an option was used, and a
+    refusal names the option as typed."""
+    return "--timeout" if any(a.split("=", 1)[0] == "--timeout" for a in sys.argv[1:]) else "--timeout-s"
+
+
 _FIELD_PARAMS = {"nats_max_payload_bytes": "nats_max_payload", "fault_control": "fault_injection",
                  "rate_limit_per_s": "rate_limit", "client_rate_limit_per_s": "client_rate_limit",
                  "hedge_budget_ratio": "hedge_budget", "models_dir": "models"}

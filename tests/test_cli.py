@@ -1011,10 +1011,11 @@ def test_the_models_listings_timeout_s_before_a_write_is_refused_not_ignored():
 def test_a_model_writes_budget_is_timeout_s_and_checked_before_connecting(option, value):
     """The writes named their budget ``--timeout`` where every other client command says ``--timeout-s``, and a
     budget of 0 or NaN reached the NATS connection; now ``--timeout-s`` (``--timeout`` kept as its older name) is
-    checked first: one line, exit 2, nothing listening needed."""
+    checked first: one line, exit 2, nothing listening needed; the refusal names the option as typed (``--timeout 0``
+    said ``--timeout-s must be ...``)."""
     p, _ = cli("models", "unload", "digits", "1", option, value, "--nats-url", "nats://127.0.0.1:1")
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
-    assert p.stderr == f"error: models unload: --timeout-s must be in (0, 600] seconds, got {value}\n", \
+    assert p.stderr == f"error: models unload: {option} must be in (0, 600] seconds, got {value}\n", \
         p.stderr
 
 
