@@ -209,7 +209,7 @@ async def _model_swap(target, model: str = "digits", to_version: str | None = No
     old = state.default_version
     new = to_version or next((v for v in sorted(served, key=lambda v: (len(v), v), reverse=True) if v != old), None)
     if new is None or new == old:
-        raise FaultUnavailable(f"model-swap: model {model!r} serves one version only ({served})")
+        raise FaultUnavailable(f"model-swap: model {model!r} serves one version only ({', '.join(served)})")
     t0 = time.monotonic()
     r = await model_control(client, "default", model, new, timeout_s=timeout_s)
     f = Fault("model-swap", f"{model}:{old}->{new}", None, t0,

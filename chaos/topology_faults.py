@@ -186,7 +186,7 @@ def link_pairs(target: TopologyTarget, links="regions") -> list[tuple[str, str]]
     pairs = [tuple(p) for p in links]
     for p in pairs:
         if len(p) != 2 or not set(p) <= set(spec.sites) or p[0] == p[1]:
-            raise ValueError(f"links: pairs of distinct sites of {list(spec.sites)}, got {p!r}")
+            raise ValueError(f"links must be pairs of distinct sites of {', '.join(spec.sites)}, got {p!r}")
     return pairs
 
 
@@ -233,7 +233,7 @@ async def kill_nats_node(target, server: str | None = None, index: int = 0, down
     names = t.server_names()
     name = server or names[index % len(names)]
     if name not in t.topo.plan.servers:
-        raise FaultUnavailable(f"kill-nats-node: no server {name!r}; servers: {sorted(t.topo.plan.servers)}")
+        raise FaultUnavailable(f"kill-nats-node: no server {name!r}; servers: {', '.join(sorted(t.topo.plan.servers))}")
     sup, child = t._server_slot(name)
     if not child.pid:
         raise FaultUnavailable(f"kill-nats-node: nats-server {name} is not running")

@@ -1720,13 +1720,13 @@ request passes them."""
 
 def _model_line(name: str, versions: list[str], prefix: str, width: int) -> list[str]:
     """``up``'s line for model ``name`` (its versions, the subject it is served on) as rich markup lines of at most
-    ``width`` characters where they fit: ``  model <name> versions [...] → <prefix>.infer.<name>[.<version>]`` on
+    ``width`` characters where they fit: ``  model <name> versions 1, 2 → <prefix>.infer.<name>[.<version>]`` on
     one line, else wrapped between its items (:func:`_marked_lines`): the versions and then ``→`` with the subject
     each whole on a line of their own, indented by 4. rich broke the one line where it ran out of room: on 60 columns
     after the ``→``, left dangling, and mid-subject on fewer or with a longer prefix. An item longer than a line is
     left to the console to fold."""
     return _marked_lines([("  model ", ""), (name, "cyan")],
-                         [f"versions {versions}", f"→ {prefix}.infer.{name}[.<version>]"], width)
+                         [f"versions {', '.join(versions)}", f"→ {prefix}.infer.{name}[.<version>]"], width)
 
 
 def _marked_lines(head: list[tuple[str, str]], items: list[str], width: Optional[int]) -> list[str]:

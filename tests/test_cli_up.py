@@ -83,7 +83,7 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
     assert all(line.startswith("    ") and not line.startswith("     ") for line in head[1:dir_at + 1]), head
     assert re.sub(r"\s", "", "".join(head[dir_at:])).endswith(f"rundir{tmp_path / 'run'}"), head
     # the model's line (70 columns in one) wraps before its "→": the subject whole, on an indented line of its own
-    assert lines[at].rstrip() == "  model digits versions ['1', '2']", lines[at:at + 2]
+    assert lines[at].rstrip() == "  model digits versions 1, 2", lines[at:at + 2]
     assert lines[at + 1].rstrip() == "    → inferbus.infer.digits[.<version>]", lines[at:at + 2]
     title = next(i for i, line in enumerate(lines) if line.lstrip().startswith("inferbus demo — model digits"))
     steps = lines[title + 1:start]
@@ -101,7 +101,7 @@ def test_up_demo_on_a_narrow_terminal_wraps_the_hop_by_hop_means_between_items_n
 
 
 def test_up_model_lines_wrap_before_the_arrow_on_a_narrow_console():
-    """``up``'s line per model (``  model digits versions ['1', '2'] → inferbus.infer.digits[.<version>]``) was broken
+    """``up``'s line per model (``  model digits versions 1, 2 → inferbus.infer.digits[.<version>]``) was broken
     by rich where it ran out of room (on 60 columns after the ``→``, left dangling; mid-subject on fewer). Where it does not fit it wraps between its items: the subject whole
     after ``→`` on a line of its own, indented; where it fits it stays one line, the name in colour."""
     import io
@@ -116,18 +116,19 @@ def test_up_model_lines_wrap_before_the_arrow_on_a_narrow_console():
             con.print(line)
         return con.file.getvalue()
 
-    one = "  model digits versions ['1', '2'] → inferbus.infer.digits[.<version>]"
+    # the versions as every list of the CLI is written, "1, 2" (it was Python's repr of the list, ['1', '2'])
+    one = "  model digits versions 1, 2 → inferbus.infer.digits[.<version>]"
     assert shown("digits", ["1", "2"], "inferbus", 80, color_system=None) == one + "\n"
     assert shown("digits", ["1", "2"], "inferbus", 60, color_system=None).splitlines() == [
-        "  model digits versions ['1', '2']", "    → inferbus.infer.digits[.<version>]"]
+        "  model digits versions 1, 2", "    → inferbus.infer.digits[.<version>]"]
     # the versions go on their own line too where the name and they do not fit together
-    assert shown("digits_cnn", ["1", "2", "3"], "p", 40, color_system=None).splitlines() == [
-        "  model digits_cnn", "    versions ['1', '2', '3']", "    → p.infer.digits_cnn[.<version>]"]
+    assert shown("digits_cnn", list("1234567"), "p", 40, color_system=None).splitlines() == [
+        "  model digits_cnn", "    versions 1, 2, 3, 4, 5, 6, 7", "    → p.infer.digits_cnn[.<version>]"]
     # the name in colour, decided on the plain text (the markup does not count against the width); markup-like
     # text in a prefix is shown as it is
     coloured = shown("digits", ["1"], "inferbus", 80, color_system="standard", force_terminal=True)
     assert "\x1b[36mdigits\x1b[0m" in coloured, repr(coloured)
-    assert shown("m", ["1"], "[bold]x", 80, color_system=None) == "  model m versions ['1'] → [bold]x.infer.m[.<version>]\n"
+    assert shown("m", ["1"], "[bold]x", 80, color_system=None) == "  model m versions 1 → [bold]x.infer.m[.<version>]\n"
 
 
 def _wrapped_block(lines: list[str], start: str, width: int) -> list[str]:

@@ -380,17 +380,20 @@ async def test_error_replies_are_typed_and_fast(client):
     err, dt = await _timed_error(client.infer("nosuch", {"pixels": x}, timeout_s=2))
     assert isinstance(err, NotFound) and dt < 0.1
     err, _ = await _timed_error(client.infer("digits", {"pixels": x}, version="9"))
-    assert isinstance(err, NotFound)
+    # the versions, input and output names listed as the CLI lists them, "1, 2" (they were Python reprs, ['1', '2'])
+    assert isinstance(err, NotFound) and err.message == "model 'digits' has no version '9'; versions: 1, 2", err
     err, _ = await _timed_error(client.infer("digits", {"pixels": x.astype(np.float64)}))
     assert isinstance(err, InvalidArgument) and err.field == "inputs[0].datatype"
     err, _ = await _timed_error(client.infer("digits", {"pixels": np.zeros((1, 63), np.float32)}))
     assert isinstance(err, InvalidArgument) and err.field == "inputs[0].shape"
     err, _ = await _timed_error(client.infer("digits", {"pixels": x, "extra": x}))
     assert isinstance(err, InvalidArgument) and err.field == "inputs[1].name"
+    assert err.message == "unexpected input 'extra'; model digits takes pixels", err
     err, _ = await _timed_error(client.infer("typed", {"a": np.zeros((1, 1), np.int32)}))
     assert isinstance(err, InvalidArgument) and "b" in err.message
     err, _ = await _timed_error(client.infer("digits", {"pixels": x}, outputs=["nope"]))
     assert isinstance(err, InvalidArgument) and err.field == "outputs[0].name"
+    assert err.message == "unknown output 'nope'; model has logits, probabilities", err
     # a spent budget
     msg = await client.nc.request(client.subjects.infer("digits"), b"\x80", timeout=1,
                                   headers={"Inferbus-Timeout-Ms": "0"})

@@ -65,7 +65,7 @@ async def test_workers_0_is_one_per_core_left_by_nats_cpus(tmp_path):
 
 @pytest.mark.parametrize("kw,said", [
     (dict(nats_cpus=(NCPU,)),
-     f"NodeConfig.nats_cpus must be cores this process may run on ({cores_text(USABLE)}), got [{NCPU}]"),
+     f"NodeConfig.nats_cpus must be cores this process may run on ({cores_text(USABLE)}), got {NCPU}"),  # (was [{NCPU}], a list repr)
     (dict(nats_cpus=(USABLE[0],), nats_url="nats://127.0.0.1:4222"), "nats_cpus places the embedded nats-server, and "
                                                               "nats_url replaces it"),
     (dict(nats_cpus=tuple(USABLE), pin_cpus=True), "nats_cpus leaves no core for the pinned actors"),

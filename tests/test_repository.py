@@ -93,7 +93,7 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     # Triton's version_policy, read since 2026-12-06 (it was not read: every version served, a trial)
     ({"version_policy": "latest"}, "version_policy must be one of {\"all\": {}}, {\"latest\": {\"num_versions\": N}}"),
     ({"version_policy": {"latest": {"num_versions": 0}}}, "version_policy.latest must be {\"num_versions\": N} with an "
-                                                          "integer N >= 1, got {'num_versions': 0}"),
+                                                          "integer N >= 1, got {\"num_versions\": 0}"),  # (JSON, not Python's repr)
     ({"version_policy": {"latest": {"num_versions": True}}}, "version_policy.latest must be"),
     ({"version_policy": {"all": {"x": 1}}}, "version_policy.all takes no keys"),
     ({"version_policy": {"all": {}, "latest": {"num_versions": 1}}}, "version_policy must be one of"),

@@ -64,7 +64,8 @@ def _from_dict(cls, d: dict):
     names = {f.name for f in fields(cls)}
     unknown = set(d) - names
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}; allowed: {sorted(names)}")
+        raise ValueError(f"{cls.__name__}: unknown fields {', '.join(sorted(unknown))}; allowed: "
+                         f"{', '.join(sorted(names))}")
     for f in fields(cls):
         if f.name in d and isinstance(d[f.name], list) and f.type.startswith("tuple"):
             d[f.name] = tuple(d[f.name])
@@ -385,5 +386,5 @@ class ColocatedConfig:
         d = json.loads(text)
         unknown = set(d) - {"ingress", "worker"}
         if unknown:
-            raise ValueError(f"ColocatedConfig: unknown fields {sorted(unknown)}; allowed: ['ingress', 'worker']")
+            raise ValueError(f"ColocatedConfig: unknown fields {', '.join(sorted(unknown))}; allowed: ingress, worker")
         return cls(ingress=_from_dict(IngressConfig, d["ingress"]), worker=_from_dict(WorkerConfig, d["worker"]))

@@ -806,8 +806,8 @@ class Ingress:
                 raise self._not_here(model_name, version)
             if (problem := version_problem(version)) is not None:
                 raise InvalidArgument(problem, field="model_version")
-            raise NotFound(f"model {model_name!r} has no version {version!r}; versions: {sorted(model.versions)}",
-                           field="model_version")
+            raise NotFound(f"model {model_name!r} has no version {version!r}; versions: "
+                           f"{', '.join(sorted(model.versions, key=lambda v: (len(v), v)))}", field="model_version")
         body = msg.data
         if len(body) > self.max_request_bytes:  # before the rate limits: a request that can never be served
             # takes no token, and its client is not told to retry after a wait
@@ -1057,7 +1057,8 @@ class Ingress:
         for i, t in enumerate(req.inputs):
             info = spec.get(t.name)
             if info is None:
-                raise InvalidArgument(f"unexpected input {t.name!r}; model {model_name} takes {sorted(spec)}",
+                raise InvalidArgument(f"unexpected input {t.name!r}; model {model_name} takes "
+                                      f"{', '.join(sorted(spec))}",
                                       field=f"inputs[{i}].name")
             if t.name in seen:
                 raise InvalidArgument(f"input {t.name!r} given twice", field=f"inputs[{i}].name")
@@ -1095,7 +1096,7 @@ class Ingress:
             out_names = []
             for j, o in enumerate(req.outputs):
                 if o.name not in outs:
-                    raise InvalidArgument(f"unknown output {o.name!r}; model has {sorted(outs)}",
+                    raise InvalidArgument(f"unknown output {o.name!r}; model has {', '.join(sorted(outs))}",
                                           field=f"outputs[{j}].name")
                 out_names.append(o.name)
         return arrays, out_names
@@ -2389,8 +2390,8 @@ class Ingress:
         if mv is None:
             if (problem := version_problem(version)) is not None:
                 raise InvalidArgument(problem, field="model_version")
-            raise NotFound(f"model {name!r} has no version {version!r}; versions: {sorted(model.versions, key=int)}",
-                           field="model_version")
+            raise NotFound(f"model {name!r} has no version {version!r}; versions: "
+                           f"{', '.join(sorted(model.versions, key=int))}", field="model_version")
         return model, mv
 
     def _metadata(self, name: str, version: str | None) -> ModelMetadata:

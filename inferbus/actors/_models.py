@@ -89,6 +89,12 @@ def _vkey(v: str) -> tuple[int, str]:
     return (len(v), v)  # numeric version folders: shorter is smaller
 
 
+def _by_worker(outcomes: dict[str, str]) -> str:
+    """Each worker's outcome of a write for a message: ``n1-w0: loaded; n1-w1: failed: ...`` (a Python dict's repr,
+    ``{'n1-w0': 'loaded', ...}``, showed through in the errors' text)."""
+    return "; ".join(f"{wid}: {what}" for wid, what in sorted(outcomes.items()))
+
+
 def _states_in(msg) -> list[ModelState]:
     """The serving states a ``ModelStates`` message carries; [] for anything else (never raises)."""
     try:
@@ -365,7 +371,8 @@ class IngressModels:
             not_here = self.ing.versions_not_here
             if missing:
                 why = (f"its folder cannot be read here: {' '.join(str(scan_error).split())}" if scan_error is not None
-                       else f"not in this host's model folder (versions there: {sorted(on_disk, key=_vkey)})")
+                       else f"not in this host's model folder (versions there: "
+                            f"{', '.join(sorted(on_disk, key=_vkey)) or 'none'})")
                 # once per state: the peers send their states again every 2 s (it was a line every 2 s for as long
                 # as the folder stayed unreadable; a fresh-user trial)
                 if (st.model, st.revision) not in self._ignored_logged:
@@ -612,8 +619,8 @@ class IngressModels:
     def _known(self, model: str) -> ModelState:
         st = self._served(model)
         if st is None:
-            raise NotFound(f"unknown model {model!r}; models: {sorted(m for m in self.states if self._served(m))}",
-                           field="model")
+            raise NotFound(f"unknown model {model!r}; models: "
+                           f"{', '.join(sorted(m for m in self.states if self._served(m))) or 'none'}", field="model")
         return st
 
     def _missing_loads(self, model: str, versions, now: float) -> tuple[set[str], set[str]]:
@@ -674,7 +681,8 @@ class IngressModels:
         if won is not None:
             cur = won
             raise Unavailable(f"a concurrent change of model {st.model!r} (revision {cur.revision} by "
-                              f"{cur.writer or 'the repository'}: versions {cur.versions}, default "
+                              f"{cur.writer or 'the repository'}: versions {', '.join(cur.versions) or 'none'}, "
+                              f"default "
                               f"{cur.default_version or '-'}) won over this one (revision {st.revision}), so none of "
                               f"this change applies; check inferbus models and retry", field="model",
                               retry_after_ms=100)
@@ -753,7 +761,7 @@ class IngressModels:
     async def _load(self, model: str, version: str | None, deadline: float) -> ModelControlReply:
         if not self._serves(model):
             raise NotFound(f"model {model!r} is not among the models this deployment serves "
-                           f"({sorted(self.ing.config.models)})", field="model")
+                           f"({', '.join(sorted(self.ing.config.models))})", field="model")
         try:
             m = await asyncio.to_thread(self.ing.repo.scan_model, model,
                                        None if version is None else (version,))
@@ -765,7 +773,7 @@ class IngressModels:
         self.disk[model] = m
         if version is not None and version not in m.versions:
             raise NotFound(f"model {model!r} has no version {version!r} in the repository; on disk: "
-                           f"{sorted(m.versions, key=_vkey)}", field="version")
+                           f"{', '.join(sorted(m.versions, key=_vkey)) or 'none'}", field="version")
         cur = self._served(model)
         served = set(cur.versions) if cur else set()
         asked = {version} if version is not None else set(m.versions)
@@ -830,7 +838,8 @@ class IngressModels:
             else:
                 workers[wid] = "loaded" if keys else "config applied"
         if timed_out:
-            raise DeadlineExceeded(f"load of {keys} not finished within the request's budget on {timed_out}; "
+            raise DeadlineExceeded(f"load of {', '.join(keys)} not finished within the request's budget on "
+                                   f"{', '.join(timed_out)}; "
                                    f"they keep loading (see inferbus models)")
         dead = [k for k, ok in loaded_somewhere.items() if not ok and required]
         latest = self.states.get(model)
@@ -841,9 +850,11 @@ class IngressModels:
             # had been told it was loaded, or both were undone, each answered "no worker could load")
             now_st = latest if replaced else None
             what = (f" (revision {now_st.revision} by {now_st.writer or 'the repository'}: versions "
-                    f"{now_st.versions}, default {now_st.default_version or '-'})" if now_st is not None else "")
+                    f"{', '.join(now_st.versions) or 'none'}, default {now_st.default_version or '-'})"
+                    if now_st is not None else "")
             raise Unavailable(f"a concurrent change of model {model!r}{what} replaced this load (revision "
-                              f"{st.revision}) before the workers finished it ({workers}), so it is not known to "
+                              f"{st.revision}) before the workers finished it ({_by_worker(workers)}), so it is not "
+                              f"known to "
                               f"apply; check inferbus models and retry", field="model", retry_after_ms=100)
         if dead:
             # no required worker could load it: undo the write (requests would find no worker, readiness would wait
@@ -853,7 +864,8 @@ class IngressModels:
             await self._publish(back, check=False)
             after = (f"serving versions {', '.join(back.versions)}, default {back.default_version}" if back.versions
                      else f"model {model!r} not served")
-            raise Internal(f"no worker could load {dead}: {workers}; the load was undone: {after} "
+            raise Internal(f"no worker could load {', '.join(dead)}: {_by_worker(workers)}; the load was undone: "
+                           f"{after} "
                            f"(revision {back.revision})", field="version")
         self._check_kept(st)
         return ModelControlReply(model, "load", list(st.versions), st.default_version, st.revision,
@@ -878,7 +890,7 @@ class IngressModels:
             raise InvalidArgument("unload needs a version (the request's \"version\"; --version V in the CLI)",
                                   field="version")
         if version not in cur.versions:
-            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions}",
+            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {', '.join(cur.versions)}",
                            field="version")
         rest = [v for v in cur.versions if v != version]
         if version == cur.default_version and rest:
@@ -901,7 +913,7 @@ class IngressModels:
         if version is None:
             raise InvalidArgument("default needs a version", field="version")
         if version not in cur.versions:
-            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {cur.versions} "
+            raise NotFound(f"model {model!r} does not serve version {version!r}; served: {', '.join(cur.versions)} "
                            f"(load it first)", field="version")
         if version == cur.default_version:
             return ModelControlReply(model, "default", list(cur.versions), cur.default_version, cur.revision,
@@ -914,7 +926,8 @@ class IngressModels:
         failed = {wid: r.load_errors[key] for wid in missing if (r := self.reports.get(wid)) is not None
                   and key in r.load_errors}
         if missing and len(failed) == len(missing):  # not "yet": each of them tried and reported why it cannot
-            raise Internal(f"{key} cannot be made the default: it is not loaded on {sorted(failed)}, which could not "
+            raise Internal(f"{key} cannot be made the default: it is not loaded on {', '.join(sorted(failed))}, "
+                           f"which could not "
                            f"load it: {'; '.join(f'{w}: {why}' for w, why in sorted(failed.items()))} (a retry "
                            f"cannot help: fix those workers' model folders, then load it again)", field="version")
         if not required or missing:
@@ -1082,7 +1095,8 @@ class WorkerModels:
             st = self.states.get(model)
             m = await asyncio.to_thread(w.repo.scan_model, model, (version,), st.config if st and st.config else None)
             if version not in m.versions:
-                raise RepositoryError(f"no version {version} of {model} on disk here ({sorted(m.versions)})")
+                raise RepositoryError(f"no version {version} of {model} on disk here (versions there: "
+                                      f"{', '.join(sorted(m.versions, key=_vkey)) or 'none'})")
             read = m.versions[version]
             mb = w.config.max_batch_size if w.config.max_batch_size is not None else m.config.max_batch_size
             mv, sess, problem = await asyncio.to_thread(self._open, m, version, mb)

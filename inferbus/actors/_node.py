@@ -235,7 +235,7 @@ class NodeConfig:
             usable = usable_cores()
             if any(isinstance(c, bool) or not isinstance(c, int) or c not in usable for c in self.nats_cpus):
                 raise ValueError(f"NodeConfig.nats_cpus must be cores this process may run on ({cores_text(usable)}), "
-                                 f"got {list(self.nats_cpus)}")
+                                 f"got {', '.join(map(str, self.nats_cpus))}")
             if self.nats_url is not None:
                 raise ValueError("NodeConfig.nats_cpus places the embedded nats-server, and nats_url replaces it; "
                                  "place that server where it runs (taskset -c), or leave nats_url out")

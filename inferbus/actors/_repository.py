@@ -229,6 +229,15 @@ _POLICY_FORMS = ('{"all": {}}, {"latest": {"num_versions": N}} (N >= 1) or {"spe
                  "(Triton's version_policy)")
 
 
+def _as_json(value) -> str:
+    """A value of ``config.json`` as its JSON (``{"num_versions": -1}``), as a refusal quotes it: Python's repr of
+    it (``{'num_versions': -1}``) is no JSON."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # (not from a JSON file: a config made in Python)
+        return repr(value)
+
+
 def check_version_policy(policy) -> dict | None:
     """``policy`` (``config.json``'s ``version_policy``, Triton's ``ModelVersionPolicy`` in JSON) in its canonical
     form: None (absent or null), ``{"all": {}}``, ``{"latest": {"num_versions": N}}`` or ``{"specific": {"versions":
@@ -240,19 +249,19 @@ def check_version_policy(policy) -> dict | None:
     if policy is None:
         return None
     if not (isinstance(policy, dict) and len(policy) == 1 and next(iter(policy)) in ("all", "latest", "specific")):
-        raise ValueError(f"version_policy must be one of {_POLICY_FORMS}, got {policy!r}")
+        raise ValueError(f"version_policy must be one of {_POLICY_FORMS}, got {_as_json(policy)}")
     (kind, body), = policy.items()
     if not isinstance(body, dict):
-        raise ValueError(f"version_policy.{kind} must be an object, got {body!r}")
+        raise ValueError(f"version_policy.{kind} must be an object, got {_as_json(body)}")
     if kind == "all":
         if body:
-            raise ValueError(f"version_policy.all takes no keys ({{\"all\": {{}}}}), got {body!r}")
+            raise ValueError(f"version_policy.all takes no keys ({{\"all\": {{}}}}), got {_as_json(body)}")
         return {"all": {}}
     if kind == "latest":
         n = body.get("num_versions")
         if set(body) != {"num_versions"} or not (_is_int(n) and n >= 1):
             raise ValueError(f"version_policy.latest must be {{\"num_versions\": N}} with an integer N >= 1, "
-                             f"got {body!r}")
+                             f"got {_as_json(body)}")
         return {"latest": {"num_versions": n}}
     versions = body.get("versions")
     names = []
@@ -264,7 +273,7 @@ def check_version_policy(policy) -> dict | None:
             raise ValueError(f"version_policy.specific.versions: {v!r} has a leading zero: write {fix!r}")
         if v is None or version_problem(v) is not None or len(v) >= 20:
             raise ValueError(f"version_policy.specific must be {{\"versions\": [...]}}, a non-empty list of version "
-                             f"numbers, got {body!r}")
+                             f"numbers, got {_as_json(body)}")
         names.append(v)
     return {"specific": {"versions": sorted(set(names), key=int)}}
 
@@ -717,7 +726,7 @@ def config_tensor_mismatches(model: Model) -> list[str]:
             t = by_name.get(e["name"])
             if t is None:
                 out.append(f"config.json names {key} {e['name']!r}, which model.onnx (version {mv.version}) does not "
-                           f"have; its {key}s: {sorted(by_name)}")
+                           f"have; its {key}s: {', '.join(sorted(by_name))}")
                 continue
             dtype = e.get("data_type")
             if isinstance(dtype, str) and dtype.startswith("TYPE_"):  # Triton's TYPE_FP32, TYPE_STRING (= BYTES)

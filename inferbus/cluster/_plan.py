@@ -113,7 +113,7 @@ class ClusterSpec:
         if len(self.regions) < 2:
             raise ValueError("ClusterSpec.regions: at least two regions")
         if len(set(names)) != len(names):
-            raise ValueError(f"ClusterSpec: region and witness names must be distinct, got {names}")
+            raise ValueError(f"ClusterSpec: region and witness names must be distinct, got {', '.join(names)}")
         for n in names:
             if not n or not n.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"ClusterSpec: site name {n!r} must be letters, digits, '_' or '-'")

@@ -596,7 +596,7 @@ class Topology:
             ``time.monotonic()`` just before the first kill.
         """
         if region not in self.spec.regions:
-            raise TopologyError(f"unknown region {region!r}; regions: {list(self.spec.regions)}")
+            raise TopologyError(f"unknown region {region!r}; regions: {', '.join(self.spec.regions)}")
         pids = self.pids(region)
         t = time.monotonic()
         for pid in pids:
