@@ -122,15 +122,16 @@ _CONTROL_TIMEOUT_S = 10.0
 
 def _report(head: str, reply, t0: float) -> None:
     """Print a promote/demote reply: ``head:`` and the manager's steps on stdout, then ``done in ...``; or, when it
-    failed, ``<head>: failed: <why>`` on stderr after the steps it took, and exit 1. A refusal that took no step (a
-    non-forced promote while another region holds the lease) is one stderr line, ``<head>: refused: <why>``: no
-    header with nothing under it on stdout."""
+    failed, ``error: region <head>: failed: <why>`` on stderr after the steps it took, and exit 1. A refusal that took
+    no step (a non-forced promote while another region holds the lease) is one stderr line, ``error: region <head>:
+    refused: <why>``: no header with nothing under it on stdout. (The stderr line started ``<head>: ``, with no
+    ``error: `` as every other error line of the CLI has.)"""
     if reply.steps or reply.ok:
         typer.echo(f"{head}:")
         for i, st in enumerate(reply.steps, 1):
             typer.echo(f"  {i:2d}. {st.name:34s} {st.ms:9.1f} ms  {st.detail}".rstrip())  # (no detail: no blanks)
     if not reply.ok:
-        typer.echo(f"{head}: {'failed' if reply.steps else 'refused'}: {reply.error}", err=True)
+        typer.echo(f"error: region {head}: {'failed' if reply.steps else 'refused'}: {reply.error}", err=True)
         raise typer.Exit(1)
     typer.echo(f"done in {(time.monotonic() - t0) * 1000:.1f} ms (round trip)")
 
@@ -292,7 +293,7 @@ def promote(
     except typer.Exit:
         raise
     except Exception as exc:  # no responders / timeout: the operation ran and found no manager to do it
-        typer.echo(f"promote {region}: {_no_manager(exc, timeout_s)}", err=True)
+        typer.echo(f"error: region promote {region}: {_no_manager(exc, timeout_s)}", err=True)
         raise typer.Exit(1)
     _report(f"promote {region}{' (forced)' if force else ''}", reply, t0)
 
@@ -352,7 +353,8 @@ def demote(
                 hbs, _ = await discover(nc, prefix, listen_s=min(_LISTEN_S, _left_s(t_end)))
                 prim = [r for r, (_, hb) in hbs.items() if hb.role == "primary"]
                 if len(prim) != 1:
-                    return None, f"cannot tell the primary from the heartbeats (primaries heard: {prim})"
+                    return None, (f"cannot tell the primary from the heartbeats (primaries heard: "
+                                  f"{', '.join(sorted(prim)) or 'none'})")
                 target = prim[0]
             return target, await ask_region(nc, prefix, target, "demote", successor=to, force=force,
                                             timeout_s=_left_s(t_end))
@@ -367,10 +369,10 @@ def demote(
     except typer.Exit:
         raise
     except Exception as exc:
-        typer.echo(f"demote: {_no_manager(exc, timeout_s)}", err=True)
+        typer.echo(f"error: region demote: {_no_manager(exc, timeout_s)}", err=True)
         raise typer.Exit(1)
     if target is None:
-        typer.echo(f"demote: {reply}", err=True)
+        typer.echo(f"error: region demote: {reply}", err=True)
         raise typer.Exit(1)
     _report(f"demote {target}{' (forced)' if force else ''}", reply, t0)
 

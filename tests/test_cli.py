@@ -339,11 +339,12 @@ def test_region_promote_of_a_region_without_a_manager_is_one_line_exit_1(nats_se
     p, took_s = cli("region", "promote", "Z", "--nats-url", nats_server.url)
     assert p.returncode == 1, p
     assert "Traceback" not in p.stderr + p.stdout
-    assert p.stderr.strip() == "promote Z: no region manager of that region answers from here (no responders on " \
-                               "its control subject: it is not running, or a partition cuts it off from this side)", \
-        p.stderr
+    # starting "error: " as every error line of the CLI does (it had none)
+    assert p.stderr.strip() == "error: region promote Z: no region manager of that region answers from here (no " \
+                               "responders on its control subject: it is not running, or a partition cuts it off " \
+                               "from this side)", p.stderr
     p, _ = cli("region", "demote", "Z", "--nats-url", nats_server.url)
-    assert p.returncode == 1 and p.stderr.strip().startswith("demote: no region manager"), p
+    assert p.returncode == 1 and p.stderr.strip().startswith("error: region demote: no region manager"), p
 
 
 @pytest.mark.parametrize("args", [("--concurrency", "0,-1"), ("--concurrency", "x"), ("--concurrency", "", "--rate", "0"),

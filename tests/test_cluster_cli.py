@@ -177,7 +177,9 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
     refused = _inferbus("region", "promote", o, "--cluster", str(run))
     assert refused.returncode == 1 and "live lease" in refused.stderr
     # a refusal that took no step is one stderr line, no lone "promote B:" header on stdout (a fresh-user trial)
-    assert refused.stdout == "" and refused.stderr.startswith(f"promote {o}: refused: region {p} holds"), refused
+    # (starting "error: " as every error line of the CLI does: it had none)
+    assert refused.stdout == "" and refused.stderr.startswith(f"error: region promote {o}: refused: region {p} holds"), \
+        refused
 
     deadline = time.monotonic() + 10
     while True:  # refused only while the standby's heartbeat is late in the primary's view (starved CI box: 1,174 ms)
@@ -260,7 +262,7 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
         assert time.monotonic() < deadline, st
     lonely = _inferbus("region", "demote", "--cluster", str(run))
     assert lonely.returncode == 1 and "no other region's manager is live" in lonely.stderr, lonely
-    assert lonely.stdout == "" and lonely.stderr.startswith(f"demote {o}: refused: "), lonely
+    assert lonely.stdout == "" and lonely.stderr.startswith(f"error: region demote {o}: refused: "), lonely
     st = _status(run)
     assert st["primary"] == o and st["regions"][o]["model_writes"] is True, st
 
