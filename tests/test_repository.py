@@ -53,13 +53,15 @@ def test_an_empty_config_is_the_folder_name_with_the_defaults(tmp_path):
     ('"digits"', "the config must be a JSON object"),
     ("{not json", "Expecting property name"),
     ("[" * 100_000 + "]" * 100_000, "the config is nested too deeply to read"),  # was a RecursionError traceback
-    ({"name": "broken", "max_batch_size": "x"}, f"max_batch_size must be an integer 0 (no batching) to "
-                                                f"{MAX_BATCH_SIZE}, got 'x'"),
+    ({"name": "broken", "max_batch_size": "x"}, f"max_batch_size must be an integer in [0, {MAX_BATCH_SIZE}] (0 = "
+                                                f"no batching), got 'x'"),
     ({"max_batch_size": -1}, "max_batch_size must be an integer"),
     ({"max_batch_size": True}, "max_batch_size must be an integer"),
     ({"max_batch_size": 64_000_000_000}, "max_batch_size must be an integer"),
-    ({"name": "broken", "cache_ttl_ms": "abc"}, "cache_ttl_ms must be an integer 0 (no caching) to 86400000 ms, "
-                                                "got 'abc'"),
+    ({"name": "broken", "cache_ttl_ms": "abc"}, "cache_ttl_ms must be an integer in [0, 86,400,000] ms (0 = no "
+                                                "caching), got 'abc'"),
+    ({"name": "broken", "cache_ttl_ms": -5}, "cache_ttl_ms must be an integer in [0, 86,400,000] ms (0 = no "
+                                             "caching), got -5"),
     ({"cache_ttl_ms": -5}, "cache_ttl_ms must be an integer"),
     ({"cache_ttl_ms": 10 ** 30}, "cache_ttl_ms must be an integer"),
     ({"cache_ttl_ms": 0.5}, "cache_ttl_ms must be an integer"),

@@ -65,6 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import interval
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
 from ..bus import leading_zero_fix, version_problem
 from ._hedge import HedgePolicyError, parse_policy
@@ -200,11 +201,11 @@ class ModelConfig:
         if not isinstance(self.platform, str) or not self.platform:
             raise ValueError(f"platform must be a non-empty string (e.g. \"onnxruntime_onnx\"), got {self.platform!r}")
         if not _is_int(self.max_batch_size) or not 0 <= self.max_batch_size <= MAX_BATCH_SIZE:
-            raise ValueError(f"max_batch_size must be an integer 0 (no batching) to {MAX_BATCH_SIZE}, got "
-                             f"{self.max_batch_size!r}")
+            raise ValueError(f"max_batch_size must be an integer in {interval(0, MAX_BATCH_SIZE)} (0 = no batching), "
+                             f"got {self.max_batch_size!r}")
         if not _is_int(self.cache_ttl_ms) or not 0 <= self.cache_ttl_ms <= MAX_CACHE_TTL_MS:
-            raise ValueError(f"cache_ttl_ms must be an integer 0 (no caching) to {MAX_CACHE_TTL_MS} ms, got "
-                             f"{self.cache_ttl_ms!r}")
+            raise ValueError(f"cache_ttl_ms must be an integer in {interval(0, MAX_CACHE_TTL_MS)} ms (0 = no caching), "
+                             f"got {self.cache_ttl_ms!r}")
         v = self.default_version
         if _is_int(v) and v >= 0:
             object.__setattr__(self, "default_version", str(v))
