@@ -390,7 +390,7 @@ def spec_prefix(info: object, said: str) -> Optional[str]:
     if prefix is None:
         return None
     problem = prefix_problem(prefix) if isinstance(prefix, str) else (
-        f"{prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'")
+        f"must be dot-separated tokens of letters, digits, '_' or '-', got {prefix!r}")
     if problem is not None:
         _usage(f"{said}: its spec's prefix {problem}")
     return prefix

@@ -19,14 +19,20 @@ def devices(
 ):
     """List GPUs, TPU chips and CPU slots found here, the backend that serves each and the worker plan.
 
-    Exit status: 0 listed; 1 no plan for ``--backends``; 2 the device probe failed or timed out: one line,
-    ``error: devices: device probe failed (...): <its stderr on one line>``, as every command's usage error.
+    Exit status: 0 listed; 1 no plan for ``--backends``; 2 a ``--backends`` that names an unknown backend (one
+    line, ``error: devices: --backends must each be one of onnxruntime, jax, tensorrt, got 'foo'``, as ``up``
+    refuses it, before the probe), or the device probe failed or timed out: one line, ``error: devices: device probe
+    failed (...): <its stderr on one line>``, as every command's usage error.
     """
     from rich.table import Table
 
+    from ._limits import BACKENDS
     from .accelerators import BackendUnavailable, default_precision, discover_devices, plan_workers
     from ._wrap import FittedTable
     from .cli import _usage, console
+    if backends and any(b.strip() not in BACKENDS for b in backends.split(",") if b.strip()):  # (it was a red
+        # "plan for --backends foo: unknown backend 'foo'; ..." line on stdout after the probe, exit 1)
+        _usage(f"devices: --backends must each be one of {', '.join(BACKENDS)}, got {backends!r}")
     try:
         disc = discover_devices()
     except BackendUnavailable as exc:  # its message ends with the probe's stderr (a traceback): one line of it

@@ -23,16 +23,16 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     for part in str(text).split(","):
         m = _PART.fullmatch(part)
         if m is None:
-            raise ValueError(f"a CPU list expected (e.g. 11-15 or 0,2,8-11), got {text!r}")
+            raise ValueError(f"must be a CPU list (e.g. 11-15 or 0,2,8-11), got {text!r}")
         a = int(m.group(1))
         b = int(m.group(2)) if m.group(2) is not None else a
         if b < a:
-            raise ValueError(f"a CPU range runs from a core to a later one, got {part!r}")
+            raise ValueError(f"must be a CPU list whose ranges run from a core to a later one, got {part!r}")
         if b > usable[-1] or a < usable[0]:  # before the range is made: 0-99999999999 is refused at once
-            raise ValueError(f"this process may run on cores {cores_text(usable)} only, got {text!r}")
+            raise ValueError(f"must be cores this process may run on ({cores_text(usable)}), got {text!r}")
         cores.update(range(a, b + 1))
     if not cores <= set(usable):
-        raise ValueError(f"this process may run on cores {cores_text(usable)} only, got {text!r}")
+        raise ValueError(f"must be cores this process may run on ({cores_text(usable)}), got {text!r}")
     return tuple(sorted(cores))
 
 

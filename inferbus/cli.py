@@ -1331,7 +1331,7 @@ def up(
         try:
             nats_cores = parse_cpu_list(nats_cpus)
         except ValueError as exc:
-            _usage(f"up: --nats-cpus: {exc}")
+            _usage(f"up: --nats-cpus {exc}")
         if not pin_cpus and nats_url is None:
             err_console.print(f"[yellow]note[/]: --nats-cpus keeps nats-server on {cores_phrase(nats_cores)}, but "
                               "the actors are not pinned and may run there too; add --pin-cpus to keep them off")

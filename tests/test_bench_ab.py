@@ -95,9 +95,10 @@ def test_ab_refuses_an_unknown_revision_and_suite_output_flags(tmp_path):
     (["--closed", "1,x"], "argument --closed: an integer expected, got 'x'"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option"),
     (["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
-    (["--nats-cpus", "1-0"], "argument --nats-cpus: a CPU range runs from a core to a later one, got '1-0'"),
-    (["--nats-cpus", "0-x"], "argument --nats-cpus: a CPU list expected (e.g. 11-15 or 0,2,8-11), got '0-x'"),
-    (["--nats-cpus", "100000"], "argument --nats-cpus: this process may run on cores "),
+    (["--nats-cpus", "1-0"], "argument --nats-cpus: must be a CPU list whose ranges run from a core to a later one, "
+                             "got '1-0'"),
+    (["--nats-cpus", "0-x"], "argument --nats-cpus: must be a CPU list (e.g. 11-15 or 0,2,8-11), got '0-x'"),
+    (["--nats-cpus", "100000"], "argument --nats-cpus: must be cores this process may run on "),
 ])
 def test_ab_refuses_bad_suite_arguments_up_front_exit_2(tmp_path, suite_args, said):
     """Bad suite arguments after ``--`` are bench.ab's usage error (status 2) naming the argument, before the base

@@ -515,7 +515,8 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
     (("--health-window-s", "1e308"), "up: --health-window-s must be in [1, 86400] seconds"),
     (("--mailbox-size", "99999999999999999999"), "up: --mailbox-size must be in [1, 1,000,000,000] requests"),
     (("--demo", "--demo-duration", "nan"), "up: --demo-duration must be in (0, 3600] seconds, got nan"),
-    (("--prefix", "max_pending bad"), "up: --prefix 'max_pending bad'"),
+    (("--prefix", "max_pending bad"), "up: --prefix must be dot-separated tokens of letters, digits, '_' or '-', "
+                                      "got 'max_pending bad'"),
     # `--nats-token "$TOKEN"` with TOKEN unset served with no authentication at all (a fresh-user trial)
     (("--nats-token", ""), "up: --nats-token (or INFERBUS_NATS_TOKEN) is empty: give the secret, or leave"),
     (("--nats-user", "u", "--nats-password", " "), "up: --nats-password (or INFERBUS_NATS_PASSWORD) is empty"),
@@ -591,9 +592,11 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
                                                                   "nats-server, which --nats-url replaces"),
     (("--nats-url", "nats://127.0.0.1:1", "--nats-max-payload", "65536", "--nats-port", "0"),
      "up: --nats-port and --nats-max-payload configure the embedded nats-server"),
-    (("--nats-cpus", "999999"), "up: --nats-cpus: this process may run on cores "),
-    (("--nats-cpus", "3-1"), "up: --nats-cpus: a CPU range runs from a core to a later one, got '3-1'"),
-    (("--nats-cpus", "a"), "up: --nats-cpus: a CPU list expected (e.g. 11-15 or 0,2,8-11), got 'a'"),
+    # in the form of every refusal, "--option must be ..., got ..." (they were "--nats-cpus: a CPU list expected")
+    (("--nats-cpus", "999999"), "up: --nats-cpus must be cores this process may run on ("),
+    (("--nats-cpus", "3-1"), "up: --nats-cpus must be a CPU list whose ranges run from a core to a later one, got '3-1'"),
+    (("--nats-cpus", "a"), "up: --nats-cpus must be a CPU list (e.g. 11-15 or 0,2,8-11), got 'a'"),
+    (("--backends", "foo"), "up: --backends must each be one of onnxruntime, jax, tensorrt, got 'foo'"),
     (("--nats-url", "nats://127.0.0.1:1", "--nats-cpus", str(min(os.sched_getaffinity(0)))),
      "up: --nats-cpus places the embedded nats-server, and --nats-url replaces it"),
     (("--pin-cpus", "--nats-cpus", ",".join(map(str, sorted(os.sched_getaffinity(0))))),

@@ -457,7 +457,7 @@ def test_both_cluster_file_readers_refuse_a_bad_cluster_file_in_the_same_words(t
             "not-ours": (b'{"x": 1}', _NOT_OURS),
             "bad-prefix": (f'{{"spec": {{"regions": ["A"], "witness": "W", "prefix": "a b"}}, "servers": {{"W1": '
                            f'{{"site": "W", "url": "{url}"}}}}, "client_urls": ["{url}"]}}'.encode(),
-                           "its spec's prefix 'a b' must be dot-separated tokens of letters, digits, '_' or '-'\n"),
+                           "its spec's prefix must be dot-separated tokens of letters, digits, '_' or '-', got 'a b'\n"),
         }[case]
         p.write_bytes(content)
         said = f"--cluster {p}: " + ("" if case == "bad-prefix" else f"{p} ") + said
@@ -599,3 +599,11 @@ def test_a_number_option_given_no_number_is_refused_in_the_projects_words(path, 
         assert exit_.value.code == 2, err
         assert err.startswith(f"error: {' '.join(path)}: {option} must be {want}, got {shown} (see "), err
         assert err.count("\n") == 1 and "Input should" not in err and "Invalid value" not in err, err
+
+
+def test_devices_refuses_an_unknown_backend_in_one_line_before_the_probe():
+    """``devices --backends foo`` probed the devices, printed the table and then a red ``plan for --backends foo:
+    unknown backend 'foo'; known: ...`` on stdout, exit 1; ``up --backends foo`` refuses it (exit 2). Now the same
+    refusal, in the form of every other one."""
+    p = cli("devices", "--backends", "foo,jax")
+    assert_one_error_line(p, "devices: --backends must each be one of onnxruntime, jax, tensorrt, got 'foo,jax'\n")

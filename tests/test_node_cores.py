@@ -83,11 +83,11 @@ def test_a_cpu_list_names_its_cores(text, cores):
 
 
 @pytest.mark.parametrize("text,said", [
-    ("", "a CPU list expected"), ("1,", "a CPU list expected"), (" 0", "a CPU list expected"),
-    ("+0", "a CPU list expected"), ("0 - 0", "a CPU list expected"), ("\u0661", "a CPU list expected"),
-    ("-1", "a CPU list expected"), ("1-0", "a CPU range runs from a core to a later one, got '1-0'"),
-    (str(NCPU), "this process may run on cores"),
-    ("0-99999999999", "this process may run on cores"),  # refused before the range is made (it ate the memory)
+    ("", "must be a CPU list (e.g."), ("1,", "must be a CPU list (e.g."), (" 0", "must be a CPU list (e.g."),
+    ("+0", "must be a CPU list (e.g."), ("0 - 0", "must be a CPU list (e.g."), ("\u0661", "must be a CPU list (e.g."),
+    ("-1", "must be a CPU list (e.g."), ("1-0", "must be a CPU list whose ranges run from a core to a later one, got '1-0'"),
+    (str(NCPU), "must be cores this process may run on"),
+    ("0-99999999999", "must be cores this process may run on"),  # refused before the range is made (it ate the memory)
 ])
 def test_a_bad_cpu_list_is_refused_with_the_reason(text, said):
     t0 = time.monotonic()

@@ -169,8 +169,8 @@ async def test_a_cluster_file_that_records_no_prefix_takes_the_prefix_option(nat
     p.write_text(json.dumps({"spec": {"prefix": "a b"}, "client_urls": [nats_server.url]}))
     rc, out, err, _ = await _region_cli("status", "--cluster", str(p))
     assert (rc, out) == (2, ""), (rc, out, err)
-    assert err == (f"error: region status: --cluster {p}: its spec's prefix 'a b' must be dot-separated tokens of "
-                   f"letters, digits, '_' or '-'\n"), err
+    assert err == (f"error: region status: --cluster {p}: its spec's prefix must be dot-separated tokens of "
+                   f"letters, digits, '_' or '-', got 'a b'\n"), err
 
 
 async def test_status_with_the_primary_out_of_reach_says_which_regions_did_not_answer(nats_server):

@@ -215,7 +215,7 @@ class NodeConfig:
 
         if any(b not in BACKENDS for b in self.backends or (self.backend,)):
             raise ValueError(f"NodeConfig.backends must each be one of {', '.join(BACKENDS)}, got "
-                             f"{', '.join(map(str, self.backends or (self.backend,)))}")
+                             f"{','.join(map(str, self.backends or (self.backend,)))!r}")
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ValueError(f"NodeConfig.precision must be auto or one of {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")

@@ -26,7 +26,7 @@ def prefix_problem(prefix: str) -> str | None:
     fresh-user trial: ``--prefix inferbus.ingresses.n1-i0`` got the retries of the deployment on ``inferbus``)."""
     tokens = prefix.split(".")
     if not all(_TOKEN_RE.match(tok) for tok in tokens):
-        return f"{prefix!r} must be dot-separated tokens of letters, digits, '_' or '-'"
+        return f"must be dot-separated tokens of letters, digits, '_' or '-', got {prefix!r}"
     for tok in tokens[1:]:
         if tok in SUBJECT_TOKENS or tok.startswith("_"):
             parent = ".".join(tokens[:tokens.index(tok, 1)])
