@@ -746,7 +746,7 @@ def _check_accelerator_env() -> None:
     for name, allowed in (("INFERBUS_JAX_TRANSFER", ("auto",) + TRANSFERS), ("INFERBUS_CUDA_SCHEDULE", tuple(SCHEDULES))):
         value = os.environ.get(name)
         if value is not None and value not in allowed:
-            _usage(f"up: environment variable {name}={value!r}: one of {', '.join(allowed)} (or unset)")
+            _usage(f"up: environment variable {name} must be one of {', '.join(allowed)} (or unset), got {value!r}")
 
 
 def _check_output_file(option: str, path: Path) -> None:

@@ -1407,6 +1407,16 @@ def test_a_usage_error_the_parser_finds_is_one_line_exit_2(args, said):
     assert not p.stdout
 
 
+@pytest.mark.parametrize("name,allowed", [("INFERBUS_JAX_TRANSFER", "auto, "), ("INFERBUS_CUDA_SCHEDULE", "")])
+def test_a_bad_accelerator_environment_variable_is_refused_in_the_form_of_every_refusal(name, allowed):
+    """It said ``environment variable INFERBUS_JAX_TRANSFER='x': one of ...``; now ``... must be one of ..., got
+    'x'``, as every refusal of a value; before anything starts."""
+    p, _ = cli("up", "--nats-port", "0", env={name: "x"})
+    assert p.returncode == 2 and not p.stdout, p
+    assert p.stderr.startswith(f"error: up: environment variable {name} must be one of {allowed}"), p.stderr
+    assert p.stderr.endswith(" (or unset), got 'x'\n") and p.stderr.count("\n") == 1, p.stderr
+
+
 def test_help_and_a_bare_group_keep_their_exit_statuses():
     p, _ = cli("--help")
     assert p.returncode == 0 and "Usage: " in p.stdout and " COMMAND " in p.stdout
