@@ -127,6 +127,8 @@ def up(
         for out in lines:
             typer.echo(out)
 
+    from .actors._node import RunDirInUse
+
     async def go() -> int:
         t0 = time.monotonic()
         # the handlers go in before anything starts: a SIGTERM during the start-up (5-10 s) killed this process
@@ -156,7 +158,15 @@ def up(
                 if not starting.cancelled() and starting.exception() is not None:
                     typer.echo(f"(the start-up had failed meanwhile: {starting.exception()!r})", err=True)
                 return 128 + signal.Signals[got[0]].value
-            primary = starting.result()
+            try:
+                primary = starting.result()
+            except RunDirInUse as exc:  # a live cluster (or node) there: nothing started or written (it was a
+                # traceback, exit 1, after this cluster had rewritten the other's cluster.json and configs)
+                from .cli import EXIT_USAGE, err_console
+                from rich.markup import escape
+
+                err_console.print(f"[red]error[/]: cluster up: {escape(str(exc))}")
+                return EXIT_USAGE
             ctl = await topo.serve_control()
             took = f"inferbus cluster up in {time.monotonic() - t0:.1f}s —"
             say(f"{took} primary {primary}; run dir {topo.run_dir}", took, [f"primary {primary};",

@@ -75,6 +75,29 @@ def cluster_up(tmp_path):
         fh.close()
 
 
+def test_cluster_up_refuses_the_run_dir_of_a_live_cluster_and_writes_nothing_there(cluster_up):
+    """A second ``cluster up --run-dir`` on a live cluster's run dir is one line, exit 2, before anything starts or is
+    written there, as ``up``'s node.lock does for nodes (a ``up --run-dir`` there too). It was a traceback, exit 1,
+    after the second cluster had rewritten the first one's cluster.json (``region status --cluster`` then read the
+    other's ports: exit 3, cannot reach NATS), its nats-server configs and its Valkey configs (the banner's
+    "its password:" file no longer held the live Valkey's password)."""
+    run, proc, _log = cluster_up
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*.conf")) + [run / "cluster.json"]}
+    assert len(before) > 9, sorted(before)  # 9 nats-servers' configs, 2 Valkeys', cluster.json
+    second = _inferbus("cluster", "up", "--regions", "2", "--no-actors", "--run-dir", str(run), "--prefix", "ibt2",
+                       timeout_s=90)
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    assert second.stderr.startswith(f"error: cluster up: run dir '{run}' is in use by another cluster or node "
+                                    f"(pid {proc.pid})"), second.stderr
+    assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "cluster up in" not in second.stdout, second.stdout
+    node = _inferbus("up", "--nats-port", "0", "--no-cache", "--workers", "1", "--run-dir", str(run), timeout_s=90)
+    assert node.returncode == 2, (node.stdout, node.stderr)
+    assert f"error: up: run dir '{run}' is in use by another node (pid {proc.pid})" in node.stderr, node.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    assert _status(run)["primary"] == "A"
+
+
 def _status(run: Path) -> dict:
     out = _inferbus("region", "status", "--cluster", str(run), "--json")
     assert out.returncode in (0, 1), out.stderr

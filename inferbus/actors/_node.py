@@ -936,13 +936,15 @@ RUN_DIR_LOCK = "node.lock"
 """The file in a node's run dir that it holds locked (``flock``) while it runs, with its pid in it."""
 
 
-def _lock_run_dir(run_dir: Path) -> int:
+def _lock_run_dir(run_dir: Path, owner: str = "node") -> int:
     """Lock ``run_dir`` for this node (an exclusive ``flock`` on :data:`RUN_DIR_LOCK`, which holds this process's
     pid); return the descriptor that holds it. The kernel drops the lock when the process ends, however it ends (a
-    SIGKILLed node leaves no stale lock), and the actor processes do not inherit it (PEP 446).
+    SIGKILLed node leaves no stale lock), and the actor processes do not inherit it (PEP 446). ``cluster up`` locks
+    its run dir the same way (``owner="cluster"``, :meth:`inferbus.cluster.Topology.start`), so a node and a
+    cluster also keep out of each other's folder.
 
     Raises:
-        RunDirInUse: another process holds it (a node serving from that folder).
+        RunDirInUse: another process holds it (a node or a cluster serving from that folder).
     """
     import fcntl
 
@@ -957,8 +959,11 @@ def _lock_run_dir(run_dir: Path) -> int:
             holder = ""
         os.close(fd)
         who = f"pid {holder}" if holder.isdigit() else f"it holds {RUN_DIR_LOCK}"
-        raise RunDirInUse(f"run dir {str(run_dir)!r} is in use by another node ({who}): its actors' configs, flight "
-                          f"records and logs are there; give this node a --run-dir of its own") from None
+        if owner == "node":
+            raise RunDirInUse(f"run dir {str(run_dir)!r} is in use by another node ({who}): its actors' configs, "
+                              f"flight records and logs are there; give this node a --run-dir of its own") from None
+        raise RunDirInUse(f"run dir {str(run_dir)!r} is in use by another cluster or node ({who}): its configs, "
+                          f"cluster.json and logs are there; give this {owner} a --run-dir of its own") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

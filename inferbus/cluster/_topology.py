@@ -196,6 +196,8 @@ class Topology:
         self.site_supervisors: dict[str, Supervisor] = {}
         self._domains: dict[str, ChildSpec] = {}  # each site's child spec in the cluster supervisor (failure domains)
         self._run_task: asyncio.Task | None = None
+        self._run_dir_lock: int | None = None
+        """The descriptor holding the run dir's lock (``node.lock``, as a node's) from :meth:`start` to :meth:`stop`."""
         self.down: set[str] = set()
         self.models_dir = spec.models_dir or self._default_models()
         self.valkey_password = secrets.token_urlsafe(24)
@@ -314,6 +316,11 @@ class Topology:
             TopologyError / ChildStartError: something did not start (what started is stopped again).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self._run_dir_lock is None:  # before anything is written there: a second cluster up on a live one's run
+            # dir rewrote its cluster.json, server and Valkey configs (region status then read the other's ports)
+            from ..actors._node import _lock_run_dir
+
+            self._run_dir_lock = _lock_run_dir(self.run_dir, "cluster")
         if self._tmp is not None:
             print(f"inferbus cluster: run dir {self.run_dir} (a temp dir; logs are kept after stop)"
                   if self.keep_logs else f"inferbus cluster: run dir {self.run_dir} (removed on stop)",
@@ -365,6 +372,9 @@ class Topology:
             await self.supervisor.start()
         except BaseException:
             await self._stop_proxies()
+            fd, self._run_dir_lock = self._run_dir_lock, None
+            if fd is not None:
+                os.close(fd)
             raise
         self._run_task = asyncio.create_task(self.supervisor.run())
         return self
@@ -392,6 +402,9 @@ class Topology:
                 pass
             self._run_task = None
         await self._stop_proxies()
+        fd, self._run_dir_lock = self._run_dir_lock, None
+        if fd is not None:
+            os.close(fd)
         if self._tmp is not None:
             import shutil
 
