@@ -1863,7 +1863,10 @@ def infer(
     console.print(f"model {res.model_name} version {res.model_version} id {res.id}")
     for name, arr in res.outputs.items():
         console.print(f"[cyan]{escape(name)}[/] {arr.dtype} {list(arr.shape)}")
-        console.print(np.array2string(arr, precision=5, threshold=2000), markup=False, highlight=False)
+        # numpy lays the rows out at 75 columns; on a narrower terminal (or COLUMNS) it lays them out at its width,
+        # else the console broke each 75-column line again, a row's values strewn over ragged lines
+        console.print(np.array2string(arr, precision=5, threshold=2000, max_line_width=min(75, console.width)),
+                      markup=False, highlight=False)
     console.print_json(json.dumps(res.parameters, default=str))
 
 

@@ -292,6 +292,32 @@ def test_infer_prints_nan_and_bytes_outputs_and_typed_errors(deployment, tmp_pat
     assert p.returncode == 2 and json.loads(p.stdout)["error"]["field"] == "inputs[0].shape", p
 
 
+def test_infer_lays_out_the_arrays_at_the_terminal_width(deployment, tmp_path):
+    """numpy printed each output at its own 75 columns and the console broke those lines again at a narrower width:
+    at COLUMNS=60 a row of ``logits`` came as three ragged lines, the middle one starting at column 0 with no
+    bracket. Now numpy lays the rows out at the width: every line fits and each one after the first of an array
+    starts indented, as numpy continues a row."""
+    x = tmp_path / "x.npy"
+    np.save(x, np.linspace(0, 1, 64, dtype=np.float32).reshape(1, 64))
+    for columns in (60, 40):
+        p = subprocess.run([sys.executable, "-m", "inferbus.cli", "infer", "digits", "-i", f"pixels={x}",
+                            "--nats-url", deployment.nats_url], capture_output=True, text=True, timeout=30, cwd=ROOT,
+                           env={**os.environ, "COLUMNS": str(columns)})
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        i = lines.index(next(line for line in lines if line.startswith("logits ")))
+        rows = []
+        for line in lines[i + 1:]:
+            rows.append(line)
+            if line.endswith("]]"):
+                break
+        assert rows[0].startswith("[[") and len(rows) > 1, (columns, rows)
+        assert all(len(line) <= columns for line in rows), (columns, rows)
+        assert all(line.startswith("  ") for line in rows[1:]), (columns, rows)
+        values = " ".join(rows).replace("[", " ").replace("]", " ").split()
+        assert len(values) == 10, (columns, rows)
+
+
 def cli_into_a_closed_pipe(*args, stream: str = "stdout", timeout=30) -> subprocess.CompletedProcess:
     """The command with ``stream`` (stdout or stderr) a pipe whose reader is already gone (``| head -c1`` that has
     exited: deterministic, where a live ``head`` may read everything before it goes); the other stream captured."""
