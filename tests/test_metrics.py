@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 
+import anyio
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,14 +22,22 @@ from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-hea
 from inferbus.actors._metrics import Expected
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument, NotFound
+from test_model_input_failures import _lookup_model
+from test_reliability_lib import models_subset
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    dep = start_deployment(tmp_path_factory.mktemp("metrics"), workers=2, prefix="mt",
-                           extra=["--ingress", "2", "--metrics-port", "0", "--metrics-host", "127.0.0.1"])
+    root = tmp_path_factory.mktemp("metrics")
+    # every model of models/, and ``lookup``, which fails at run time on an index out of its table (an error the
+    # worker answers, not the ingress: test_a_worker_answered_error_is_counted_by_model_version)
+    models = models_subset(root / "models", sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file()))
+    _lookup_model(models / "lookup")
+    dep = start_deployment(root / "dep", workers=2, prefix="mt",
+                           extra=["--models", str(models), "--ingress", "2", "--metrics-port", "0",
+                                  "--metrics-host", "127.0.0.1"])
     try:
         deadline = time.monotonic() + 10
         while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
@@ -59,6 +68,22 @@ def total(samples: dict, name: str, **labels) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels`` (over ingresses, workers...)."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+async def settled_deltas(url: str, before: dict, expected: dict, timeout_s: float = 5.0, update=None):
+    """Scrape ``url`` until the increase since ``before`` of each ``(sample name, labels)`` of ``expected`` (summed
+    over the samples whose labels include those, :func:`total`) is the expected one, or ``timeout_s`` passed: the
+    counts a completion notice moves land just after the answers. ``update(after)``, when given, may set expected
+    values that depend on the scrape first. Returns ``(increases, the last scrape)``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = scrape(url)
+        if update is not None:
+            update(after)
+        got = {k: total(after, k[0], **dict(k[1])) - total(before, k[0], **dict(k[1])) for k in expected}
+        if got == expected or time.monotonic() > deadline:
+            return got, after
+        await anyio.sleep(0.1)
 
 
 def digits_input(seed: int) -> dict[str, np.ndarray]:
@@ -286,6 +311,43 @@ async def test_per_model_counts_and_histograms(node):
     assert total(after, "inferbus_worker_events_total", event="decoded") - \
         total(before, "inferbus_worker_events_total", event="decoded") == \
         sent["digits"]["miss"] + sent["digits_cnn"]["miss"]  # every miss's body decoded once at its worker
+
+
+async def test_a_worker_answered_error_is_counted_by_model_version(node):
+    """An error answered by a worker, not the ingress (``lookup`` given an index out of its table passes the
+    ingress's validation and fails the model's run: the worker answers INVALID_ARGUMENT), is counted by the ingress
+    when the completion comes back, under the request's model version and code
+    (``_count_worker_error(..., model_key)``)."""
+    deadline = time.monotonic() + 10
+    while total(before := scrape(node.metrics_url), "inferbus_breaker_state", state="closed") < 4:
+        assert time.monotonic() < deadline, "an ingress never heard from both workers"
+        time.sleep(0.05)
+    lookup = {"model": "lookup", "version": "1"}
+    for ingress in ("n1-i0", "n1-i1"):  # served: its series are there from the start
+        assert before[("inferbus_model_request_success_total", frozenset({"ingress": ingress, **lookup}.items()))] >= 0
+    bad = 3
+    client = await Client.connect(node.nats_url, node.prefix, retry_unavailable=False)
+    try:
+        for i in range(bad):
+            with pytest.raises(InvalidArgument) as ei:
+                await client.infer("lookup", {"idx": np.array([[7 + i]], np.int64)}, timeout_s=5.0)
+            assert "failed on this input" in ei.value.message, ei.value.message  # the worker's words
+        out = await client.infer("lookup", {"idx": np.array([[2]], np.int64)}, timeout_s=5.0)
+        assert out["v"].tolist() == [[30.0]]
+    finally:
+        await client.close()
+    ls = tuple(lookup.items())
+    expected = {
+        ("inferbus_model_request_failure_total", ls + (("code", "INVALID_ARGUMENT"),)): bad,
+        ("inferbus_model_request_failure_total", ls): bad,  # no other code
+        ("inferbus_model_request_success_total", ls): 1,
+        ("inferbus_request_errors_total", ()): bad,
+        ("inferbus_ingress_errors_total", ()): 0,  # none answered by the ingress itself
+        ("inferbus_worker_events_total", (("event", "input_failures"),)): bad,  # each was the worker's
+        ("inferbus_worker_errors_total", ()): 0,  # the client's error, not a server failure
+    }
+    got, _ = await settled_deltas(node.metrics_url, before, expected)
+    assert got == expected
 
 
 async def test_per_model_counts_of_run_to_completion(tmp_path):
