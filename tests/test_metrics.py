@@ -169,6 +169,8 @@ async def test_counters_move_by_what_was_sent(node):
     assert total(after, "inferbus_cache_l1_entries") >= 1
     assert total(after, "inferbus_worker_batches_total") - total(before, "inferbus_worker_batches_total") >= 1
     assert total(after, "inferbus_worker_queued_requests") == 0  # idle again
+    for wid in ("n1-w0", "n1-w1"):  # the worker's subscription backlog (its load report's backlog_msgs)
+        assert after[("inferbus_worker_backlog_requests", frozenset({"worker": wid}.items()))] >= 0
     assert total(after, "inferbus_worker_mailbox_capacity_requests") == 2 * 1024
     compute = total(after, "inferbus_model_compute_seconds", model="digits", version="1")
     assert 0 < compute < 0.1, compute  # seconds, not µs
@@ -432,6 +434,7 @@ def test_every_family_is_described():
     worker = {"name": "inferbus-worker", "metadata": {"worker_id": "n1-w0"}, "endpoints": [
         {"name": "infer", "subject": "mt._w.n1-w0", "data": {
             "backend": "onnxruntime", "received": 1, "computed": 1, "batches": 1, "decoded": 1, "queue_depth": 0,
+            "backlog_msgs": 0,
             "in_flight": 0, "capacity": 8, "ewma_service_us": 10.0, "error_rate": 0.0, "models": ["digits:1"],
             "precisions": {"digits:1": "fp32"}, "load_errors": {"x:1": "gone"}, "compute_ewma_us": {"digits:1": 10.0},
             "runs": {"digits:1": {"runs": 1, "requests": 1, "batch_le": [1] * 11, "compute_le": [1] * 16,
@@ -452,7 +455,8 @@ def test_every_family_is_described():
 
     made = {fam.name: fam.type for fam in families(stats, e, [Child()], 0.01)}
     assert {"inferbus_model_request_failure", "inferbus_forward_latency_seconds", "inferbus_model_batch_size",
-            "inferbus_worker_events", "inferbus_cache_l2_breaker_state", "inferbus_region_primary"} <= set(made)
+            "inferbus_worker_events", "inferbus_cache_l2_breaker_state", "inferbus_region_primary",
+            "inferbus_worker_backlog_requests"} <= set(made)
     assert {n: t for n, t in made.items() if _DESCRIBED.get(n) != t} == {}
     described = {fam.name: fam.type for fam in NodeCollector(None, None).describe()}
     assert described == _DESCRIBED

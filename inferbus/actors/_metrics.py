@@ -120,6 +120,7 @@ _DESCRIBED: dict[str, str] = {
                      "inferbus_forward_latency_window_seconds", "inferbus_forward_latency_window_samples",
                      "inferbus_breaker_state", "inferbus_worker_routable", "inferbus_worker_in_flight_requests_seen",
                      "inferbus_worker_info", "inferbus_worker_queued_requests", "inferbus_worker_in_flight_requests",
+                     "inferbus_worker_backlog_requests",
                      "inferbus_worker_mailbox_capacity_requests", "inferbus_worker_service_time_seconds",
                      "inferbus_worker_error_ratio", "inferbus_model_loaded", "inferbus_model_load_failed",
                      "inferbus_model_compute_seconds", "inferbus_cache_l2_fills_queued", "inferbus_region_primary",
@@ -433,6 +434,8 @@ def _worker(f: _Families, wid: str, st: dict) -> None:
           _num(data.get("queue_depth")))
     f.add("gauge", "inferbus_worker_in_flight_requests", "Requests received and not yet answered (queued + "
           "computing).", me, _num(data.get("in_flight")))
+    f.add("gauge", "inferbus_worker_backlog_requests", "Requests received from the bus and not yet taken by the "
+          "worker's handler (the infer subscription's buffer, before the mailbox).", me, _num(data.get("backlog_msgs")))
     f.add("gauge", "inferbus_worker_mailbox_capacity_requests", "The worker's mailbox bound.", me,
           _num(data.get("capacity")))
     ewma = _num(data.get("ewma_service_us"))
