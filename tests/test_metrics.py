@@ -74,7 +74,8 @@ async def settled_deltas(url: str, before: dict, expected: dict, timeout_s: floa
     """Scrape ``url`` until the increase since ``before`` of each ``(sample name, labels)`` of ``expected`` (summed
     over the samples whose labels include those, :func:`total`) is the expected one, or ``timeout_s`` passed: the
     counts a completion notice moves land just after the answers. ``update(after)``, when given, may set expected
-    values that depend on the scrape first. Returns ``(increases, the last scrape)``."""
+    values that depend on the scrape first. Returns ``(increases, the last scrape)``; the caller asserts
+    ``increases == expected``."""
     deadline = time.monotonic() + timeout_s
     while True:
         after = scrape(url)
@@ -150,16 +151,7 @@ async def test_counters_move_by_what_was_sent(node):
         ("inferbus_forward_latency_window_samples", (("model", "digits"), ("version", "1"))): misses,
     }
 
-    def deltas(after: dict) -> dict:
-        return {k: total(after, k[0], **dict(k[1])) - total(before, k[0], **dict(k[1])) for k in expected}
-
-    deadline = time.monotonic() + 5
-    while True:
-        after = scrape(node.metrics_url)
-        got = deltas(after)
-        if got == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    got, after = await settled_deltas(node.metrics_url, before, expected)
     assert got == expected
     assert total(after, "inferbus_ingress_handler_seconds_sum", endpoint="infer") > \
         total(before, "inferbus_ingress_handler_seconds_sum", endpoint="infer")
@@ -261,22 +253,15 @@ async def test_per_model_counts_and_histograms(node):
     expected[("inferbus_model_request_failure_total", (("model", "digits"), ("version", "2")))] = 0
     expected[("inferbus_worker_computed_total", ())] = sent["digits"]["miss"] + sent["digits_cnn"]["miss"]
 
-    def deltas(after: dict) -> dict:
-        return {k: total(after, k[0], **dict(k[1])) - total(before, k[0], **dict(k[1])) for k in expected}
-
-    deadline = time.monotonic() + 5
-    while True:
-        after = scrape(node.metrics_url)
-        got = deltas(after)
+    def runs_per_bucket(after: dict) -> None:
         for k in expected:
             if k[0] == "inferbus_model_batch_size_bucket":  # +Inf: every run, however many
                 ls = dict(k[1])
                 ls.pop("le")
                 expected[k] = total(after, "inferbus_model_runs_total", **ls) - \
                     total(before, "inferbus_model_runs_total", **ls)
-        if got == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+
+    got, after = await settled_deltas(node.metrics_url, before, expected, update=runs_per_bucket)
     assert got == expected
     for model, labels in (("digits", a), ("digits_cnn", b)):
         runs = total(after, "inferbus_model_runs_total", **labels) - \
