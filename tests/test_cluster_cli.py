@@ -29,22 +29,29 @@ def _inferbus(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProces
 def _free_port_pair() -> int:
     """A port P such that P and P + 1 were both free a moment ago on every interface (a metrics endpoint binds
     0.0.0.0): ``cluster up --metrics-port P`` serves A on P and B on P + 1. A free P alone left P + 1 to chance, and
-    a CI run found it taken (``cannot serve metrics on 0.0.0.0:57762: Address already in use``)."""
+    a CI run found it taken (``cannot serve metrics on 0.0.0.0:57762: Address already in use``). P is drawn below
+    the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768-60999 by default): a port the kernel hands
+    out (another test's ``free_port``, the local end of any outgoing connection, a NATS client's) was found taken
+    in the seconds between this check and the region's start (a later CI run: ``0.0.0.0:42248``)."""
+    import random
     import socket
 
-    from conftest import free_port
-
-    for _ in range(100):
-        p = free_port("0.0.0.0")
-        if p >= 65535:
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low - 2, 10_002)
+    for _ in range(200):
+        p = random.randrange(10_000, top)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s1, \
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s2:
+                s1.bind(("0.0.0.0", p))
+                s2.bind(("0.0.0.0", p + 1))
+        except OSError:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("0.0.0.0", p + 1))
-            except OSError:
-                continue
         return p
-    raise RuntimeError("no two consecutive free ports in 100 tries")
+    raise RuntimeError("no two consecutive free ports below the ephemeral range in 200 tries")
 
 
 @pytest.fixture
