@@ -4,6 +4,7 @@ Real ``inferbus up`` processes, nothing mocked."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,18 @@ from conftest import MODELS, ROOT, start_deployment
 
 pytestmark = pytest.mark.timeout(120)
 
+
+
+@contextlib.contextmanager
+def _group_killed_after(proc: subprocess.Popen):
+    """Around a test's use of ``proc`` (started with ``start_new_session``): its process group killed (SIGKILL) when
+    the block leaves it running, a failed assertion included, so that no node outlives its test."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 def _up(*args: str, timeout_s: float = 40) -> subprocess.CompletedProcess:
     """``inferbus up ARGS`` run to its end (killed with its process group past ``timeout_s``: a node that serves)."""
@@ -55,15 +68,11 @@ def test_a_second_up_on_a_run_dir_in_use_is_refused_and_writes_nothing_there(tmp
                              "--workers", "1", "--no-cache", "--run-dir", str(dep.run_dir), "--prefix", "rundir3"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True)
-    try:
+    with _group_killed_after(proc):
         line = proc.stdout.readline()
         assert line.startswith("inferbus up in"), (line, proc.stderr.read() if proc.poll() is not None else "")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _ipv6_loopback() -> bool:
@@ -88,7 +97,7 @@ def test_the_metrics_line_of_an_ipv6_host_is_a_url(tmp_path):
                              "--workers", "1", "--no-cache", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
                              "--metrics-host", "::1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, start_new_session=True, env={**os.environ, "COLUMNS": "200"})
-    try:
+    with _group_killed_after(proc):
         lines = [proc.stdout.readline(), proc.stdout.readline()]
         assert lines[0].startswith("inferbus up in"), lines
         m = re.fullmatch(r"  metrics (http://\S+/metrics)\n", lines[1])
@@ -97,10 +106,6 @@ def test_the_metrics_line_of_an_ipv6_host_is_a_url(tmp_path):
             assert resp.status == 200 and b"inferbus_actor_up" in resp.read()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def test_a_metrics_host_that_is_not_here_is_refused_before_anything_starts_with_port_0_too(tmp_path):
