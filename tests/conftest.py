@@ -325,14 +325,16 @@ def check_fault_phases(d: dict, *, fault_at_s: float, rate_qps: float, lasts_s: 
     :meth:`chaos.load.Driver.fault_phases`): ``fault_at_s`` echoed; injected no earlier than ``fault_at_s`` after the
     load's first request and at most ``slack_s`` later (generous: a shared box, and the region drills read the
     primary again first); every request the open loop planned before it counted as sent before it
-    (``fault_at_s * rate_qps``, ± 1 for the float schedule), and some sent while it lasted. ``lasts_s``: the fault is
+    (``fault_at_s * rate_qps``, ± 1 for the float schedule, plus half a ms of requests above for the stamp's rounding
+    to the ms), and some sent while it lasted. ``lasts_s``: the fault is
     healed during the drill, after that long at least (its heal stamped consistently); None: it is not healed
     during the load (region-failover), every request from it on counts as during it."""
     x = d["extra"]
     assert x["fault_at_s"] == fault_at_s, x
     injected, before, during = x["fault_injected_at_s"], x["requests_before_fault"], x["requests_during_fault"]
     assert fault_at_s <= injected <= fault_at_s + slack_s, x
-    assert fault_at_s * rate_qps - 1 <= before <= injected * rate_qps + 1 and before >= 1, x
+    # ``injected`` is rounded to the ms: the count by planned time may be that half-ms's worth of requests above it
+    assert fault_at_s * rate_qps - 1 <= before <= (injected + 0.0005) * rate_qps + 1 and before >= 1, x
     assert during >= 1 and injected <= x["last_request_sent_at_s"], x
     if lasts_s is None:
         assert "fault_healed_at_s" not in x and "fault_lasted_s" not in x, x
