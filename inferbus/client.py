@@ -1006,7 +1006,8 @@ class Client:
         body, ct = await self.request(subject, b"", timeout_s=timeout_s)
         return decode(body, ModelMetadata, ct)
 
-    async def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> bool:
+    async def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0,
+                          ingress: str | None = None) -> bool:
         """Whether one model version is ready to serve (OIP v2 model ready, ``<p>.models.<name>[.<version>].ready``,
         in the place of Triton's ``is_model_ready(name, version)``): of its default version, or of ``version``. Unlike
         Triton's HTTP client, which returns False for a model the server does not know, an unknown model or version
@@ -1014,16 +1015,22 @@ class Client:
 
         Args:
             timeout_s: whole budget in seconds, retries included, a finite number > 0 (default 1.0).
+            ingress: the id of the ingress to ask (``<p>.ingresses.<ingress>.models.<name>[.<version>].ready``, as
+                :meth:`health` does: one node's view), None: any of the queue group's.
 
         Returns:
             True when a live worker whose breaker is not open serves it and the answering ingress can route it.
 
         Raises:
             NotFound: an unknown model, or a version it does not serve (``field`` ``model_version``).
-            InvalidArgument (before sending): as :meth:`model`.
-            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says.
+            InvalidArgument (before sending): as :meth:`model`; ``ingress`` cannot be one subject token (field
+                ``ingress``).
+            Unavailable, DeadlineExceeded: no ingress (no ingress of that id) answered within the budget, as
+                :meth:`request` says.
         """
         subject = self.subjects.model_ready(_subject_token(name, "model"), _version_token(version))
+        if ingress is not None:
+            subject = self.subjects.at_ingress(subject, _subject_token(ingress, "ingress"))
         body, ct = await self.request(subject, b"", timeout_s=timeout_s)
         return decode(body, ModelReady, ct).ready
 
@@ -1187,9 +1194,10 @@ class SyncClient:
         """:meth:`Client.model`, blocking."""
         return self._call(self.client.model, name, version, timeout_s=timeout_s)
 
-    def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0) -> bool:
+    def model_ready(self, name: str, version: str | int | None = None, *, timeout_s: float = 1.0,
+                    ingress: str | None = None) -> bool:
         """:meth:`Client.model_ready`, blocking."""
-        return self._call(self.client.model_ready, name, version, timeout_s=timeout_s)
+        return self._call(self.client.model_ready, name, version, timeout_s=timeout_s, ingress=ingress)
 
     def server_metadata(self, timeout_s: float = 1.0) -> ServerMetadata:
         """:meth:`Client.server_metadata`, blocking."""

@@ -16,6 +16,15 @@ event loop (``asyncio.run_coroutine_threadsafe``) and waits at most ``wait_s`` (
 this node started to answer; one that does not is ``inferbus_actor_up 0`` and its metrics are missing from
 that scrape (Prometheus's own ``up`` says whether the node process answered at all). Replies from processes
 of other nodes or prefixes on a shared NATS are ignored (matched by process id and subject prefix).
+
+Each scrape also has ``process_cpu_seconds_total``, ``process_resident_memory_bytes`` (and the rest of
+prometheus-client's :class:`~prometheus_client.ProcessCollector` series) of every process of the node, labelled
+``child`` as ``inferbus_child_running`` is: read by the node process from ``/proc/<pid>`` of each child its
+supervisors know (after the bus gathering, on the HTTP server's thread), so they cost the actors nothing. Linux only:
+without ``/proc`` there are no ``process_*`` series.
+
+The same HTTP server answers the KServe Open Inference Protocol v2 health paths (``/v2/health/live``,
+``/v2/health/ready``, ``/v2/models/<name>[/versions/<version>]/ready``) and ``HEAD``: :mod:`inferbus.actors._probes`.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
                                      SummaryMetricFamily)
 
@@ -126,6 +137,10 @@ _DESCRIBED: dict[str, str] = {
                      "inferbus_model_compute_seconds", "inferbus_cache_l2_fills_queued", "inferbus_region_primary",
                      "inferbus_region_term", "inferbus_region_model_writes"), "gauge"),
     "inferbus_ingress_handler_seconds": "summary",
+    # per process of the node (child), from /proc: prometheus-client's ProcessCollector's names
+    "process_cpu_seconds": "counter",
+    **dict.fromkeys(("process_resident_memory_bytes", "process_virtual_memory_bytes", "process_start_time_seconds",
+                     "process_open_fds", "process_max_fds"), "gauge"),
     **dict.fromkeys(("inferbus_forward_latency_seconds", "inferbus_model_batch_size",
                      "inferbus_model_compute_duration_seconds"), "histogram"),
 }
@@ -508,6 +523,38 @@ def _region(f: _Families, region: str, st: dict) -> None:
           "is the primary and has announced it), else 0.", me, 1 if data.get("model_writes") is True else 0)
 
 
+class ProcessFigures:
+    """CPU, memory and file descriptors of several processes of this host, read from ``/proc/<pid>`` with
+    prometheus-client's :class:`~prometheus_client.ProcessCollector` (its metric names, help and units:
+    ``process_cpu_seconds_total``, user + system CPU seconds; ``process_resident_memory_bytes``;
+    ``process_virtual_memory_bytes``; ``process_start_time_seconds``, Unix seconds; ``process_open_fds``;
+    ``process_max_fds``), one series per process labelled ``child``.
+
+    Not thread-safe: one reader at a time (a lock around the pid the collector reads). Linux only: where ``/proc``
+    cannot be read (macOS, Windows) :meth:`families` returns ``[]``; a process that exited between the pid list and
+    the read is left out.
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        import threading
+
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._collector = ProcessCollector(pid=lambda: self._pid, proc=proc, registry=None)
+
+    def families(self, pids: dict[str, int]) -> list[Metric]:
+        """The ``process_*`` families of ``pids`` (``{child id: pid}``), labelled ``child``."""
+        f = _Families()
+        with self._lock:
+            for child, pid in sorted(pids.items()):
+                self._pid = pid
+                for fam in self._collector.collect():
+                    for sample in fam.samples:
+                        f.add(fam.type, fam.name, f"{fam.documentation} Per process of the node, by its child id "
+                              "(node: the node process itself).", {"child": child}, sample.value)
+        return list(f)
+
+
 class NodeCollector:
     """A prometheus-client collector that reads a running :class:`~inferbus.actors.Node` at scrape time.
 
@@ -520,6 +567,7 @@ class NodeCollector:
         self.node = node
         self.loop = loop
         self.wait_s = wait_s
+        self.processes = ProcessFigures()
 
     def expected(self) -> Expected:
         """The actors of the node as started (none before :meth:`Node.start` made them)."""
@@ -535,7 +583,13 @@ class NodeCollector:
     async def scrape(self) -> list[Metric]:
         """The node's metrics now, gathered on the node's event loop (waits up to ``wait_s`` for the actors). Actors
         that did not answer (NATS stopped or unreachable included) are ``inferbus_actor_up 0``; the node's own series
-        (its children, the scrape's duration) are there in every case."""
+        (its children, the scrape's duration, every process's ``process_*``) are there in every case."""
+        got, pids = await self._gather()
+        return got + self.processes.families(pids)
+
+    async def _gather(self) -> tuple[list[Metric], dict[str, int]]:
+        """What :meth:`scrape` reads on the node's loop: the families of the actors' answers and the node's
+        children, and ``{child id: pid}`` of its processes (:meth:`Node.process_ids`) to read ``/proc`` of."""
         t0 = time.monotonic()
         expected = self.expected()
         nc = self.node.nc
@@ -548,7 +602,7 @@ class NodeCollector:
         children = self.node.server_children()
         if self.node.supervisor is not None:
             children.extend(self.node.supervisor.which_children())
-        return families(stats, expected, children, time.monotonic() - t0)
+        return families(stats, expected, children, time.monotonic() - t0), self.node.process_ids()
 
     def describe(self) -> Iterator[Metric]:
         """prometheus-client's hook at :meth:`CollectorRegistry.register`: every metric family :meth:`collect` can
@@ -559,26 +613,31 @@ class NodeCollector:
         return iter([_FAMILY_CLASSES[kind](name, "") for name, kind in _DESCRIBED.items()])
 
     def collect(self) -> Iterator[Metric]:
-        """prometheus-client's hook, on the HTTP server's thread: :meth:`scrape` run on the node's loop, waited
-        for ``wait_s`` + 1 s at most. Never raises: a scrape that fails (NATS down, the node stopping) is logged
-        and yields nothing, so the HTTP answer is empty rather than an error page."""
+        """prometheus-client's hook, on the HTTP server's thread: the bus gathering run on the node's loop, waited
+        for ``wait_s`` + 1 s at most, then the processes' ``/proc`` figures read here (off the loop). Never raises:
+        a scrape that fails (NATS down, the node stopping) is logged and yields nothing, so the HTTP answer is empty
+        rather than an error page."""
         fut = None
         try:
-            fut = asyncio.run_coroutine_threadsafe(self.scrape(), self.loop)
-            got = fut.result(self.wait_s + 1.0)
+            fut = asyncio.run_coroutine_threadsafe(self._gather(), self.loop)
+            got, pids = fut.result(self.wait_s + 1.0)
         except Exception as exc:  # closed loop or connection, timeout
             if fut is not None:
                 fut.cancel()
             log.warning("metrics scrape failed: %r", exc)
             return
         yield from got
+        try:
+            yield from self.processes.families(pids)
+        except Exception as exc:  # (ProcessCollector skips what it cannot read; anything else must not fail a scrape)
+            log.warning("metrics scrape: no process figures: %r", exc)
 
 
 class MetricsServer:
-    """prometheus-client's HTTP server for one node's :class:`NodeCollector`, on a daemon thread.
-
-    Serves the Prometheus text format (OpenMetrics when the scraper asks for it) on every path, ``/metrics``
-    included. Use :meth:`start`, then :meth:`stop`.
+    """The node's HTTP server, on a daemon thread (one more per request): prometheus-client's WSGI app for one
+    node's :class:`NodeCollector` (the Prometheus text format, OpenMetrics when the scraper asks for it, on every
+    path, ``/metrics`` included) behind :func:`~inferbus.actors._probes.node_app`, which answers the OIP v2 health
+    paths under ``/v2/`` and ``HEAD``. Use :meth:`start`, then :meth:`stop`.
     """
 
     def __init__(self, httpd, thread) -> None:
@@ -591,18 +650,44 @@ class MetricsServer:
         return self._httpd.server_port
 
     @classmethod
-    def start(cls, collector: NodeCollector, host: str, port: int) -> "MetricsServer":
-        """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics.
+    def start(cls, collector: NodeCollector, host: str, port: int, probes=None) -> "MetricsServer":
+        """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics, and with ``probes`` (a
+        :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2 health paths.
+
+        prometheus-client's own server (``start_http_server``) built with our app in it: its
+        :class:`~prometheus_client.exposition.ThreadingWSGIServer` (a thread per request) and
+        :func:`~prometheus_client.make_wsgi_app`, the address family chosen from ``host`` (IPv6 too) as it does.
 
         Raises:
             OSError: the address cannot be bound (port in use, no such address).
         """
-        from prometheus_client import start_http_server
+        import socket
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
         from prometheus_client.registry import CollectorRegistry
+
+        from ._probes import node_app
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
+
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        class QuietHandler(WSGIRequestHandler):
+            def log_message(self, format, *args) -> None:  # (no line per request on stderr, as prometheus-client's)
+                pass
+
+        app = make_wsgi_app(registry)
+        httpd = make_server(sockaddr[0], port, node_app(app, probes) if probes is not None else app, Server,
+                            handler_class=QuietHandler)
+        thread = threading.Thread(target=httpd.serve_forever, name="inferbus-metrics-http", daemon=True)
+        thread.start()
         return cls(httpd, thread)
 
     def stop(self) -> None:

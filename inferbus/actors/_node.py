@@ -192,7 +192,9 @@ class NodeConfig:
     request before the ingress saw it."""
     metrics_port: int | None = None
     """Serve Prometheus metrics over HTTP on this port (0 = a free one; None = off): one endpoint for the node,
-    read from the actors' ``$SRV.STATS`` at scrape time, nothing counted per request (docs/observability.md)."""
+    read from the actors' ``$SRV.STATS`` at scrape time, nothing counted per request, with every process's CPU and
+    memory, and the OIP v2 health paths (``/v2/health/live``, ``/v2/health/ready``,
+    ``/v2/models/<name>[/versions/<v>]/ready``: :mod:`inferbus.actors._probes`) (docs/observability.md)."""
     metrics_host: str = "0.0.0.0"
     """Address the metrics endpoint listens on (``0.0.0.0``: every interface, as Triton's; ``127.0.0.1``: this
     host only)."""
@@ -699,10 +701,12 @@ class Node:
         self._run_task = asyncio.create_task(self._supervise(self.supervisor, "the actor processes"))
         if c.metrics_port is not None:
             from ._metrics import MetricsServer, NodeCollector
+            from ._probes import NodeProbes
 
+            loop = asyncio.get_running_loop()
             try:
-                self.metrics = MetricsServer.start(NodeCollector(self, asyncio.get_running_loop()), c.metrics_host,
-                                                   c.metrics_port)
+                self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
+                                                   probes=NodeProbes(self, loop))
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
@@ -782,6 +786,32 @@ class Node:
             raise NodeIdInUse(f"node id {self.config.node_id!r} is in use on {shown_servers(self.nats_url)} with prefix "
                               f"{bus.prefix!r} (live workers {', '.join(sorted(taken))}): give this node another "
                               f"--node-id, or another --prefix for a separate deployment")
+
+    @property
+    def stopping(self) -> bool:
+        """True from the start of :meth:`stop` (or :meth:`kill`) on."""
+        return self._stopping
+
+    def running_ingress_ids(self) -> list[str]:
+        """The ids of this node's ingresses whose process is running now (``ingress:<j>`` and ``colocated:<w>``
+        children of status ``running``; ``[]`` before :meth:`start`), as health, metrics and logs name them."""
+        if self.supervisor is None:
+            return []
+        ids = []
+        for info in self.supervisor.which_children():
+            kind = info.id.partition(":")[0]
+            if info.status == "running" and kind in ("ingress", "colocated"):
+                ids.extend(a for a in self._actor_ids.get(info.id, ()) if a not in self.worker_ids)
+        return ids
+
+    def process_ids(self) -> dict[str, int]:
+        """``{child id: pid}`` of every process of this node now running: the actor processes (``worker:n1-w0``,
+        ``ingress:0``, ``colocated:n1-w0``, ``aggregator``, ``region``), the embedded servers (``nats``,
+        ``valkey``) and the node process itself (``node``); a child that is restarting or stopped is left out."""
+        infos = self.server_children() + (self.supervisor.which_children() if self.supervisor is not None else [])
+        pids = {i.id: i.pid for i in infos if i.status == "running" and i.pid}
+        pids["node"] = os.getpid()
+        return pids
 
     def pid_of(self, child_id: str) -> int | None:
         for info in self.supervisor.which_children():

@@ -1,0 +1,304 @@
+"""The node's health over HTTP, beside ``/metrics`` (``inferbus up --metrics-port``; docs/observability.md).
+
+The KServe Open Inference Protocol v2 HTTP/REST health API, as Triton's HTTP port serves it (source: the protocol,
+https://kserve.github.io/website/docs/concepts/architecture/data-plane/v2-protocol, "Health"):
+
+==============================================  ==================================================================
+``GET /v2/health/live``                         200 while the node process runs, serves HTTP and its event loop
+                                                (the supervisor's) answers within the bound
+``GET /v2/health/ready``                        200 when one of this node's ingresses says it is ready
+``GET /v2/models/<name>/ready``                 200 when one of them says the model's default version is ready
+``GET /v2/models/<name>/versions/<v>/ready``    the same for version ``<v>``
+==============================================  ==================================================================
+
+The answer is the status code, as the protocol says (the body of a 200 is empty). Not true is **503** for "not
+ready" or "cannot tell within the bound" (the protocol says "4xx", Triton answers 400: every prober reads both as
+a failure, and 503 keeps "not ready" apart from a malformed request), **404** for a model or version this node does
+not serve, **400** for a name or version that cannot be one (``a.b``, ``v1``, ``01``); those carry the OIP v2 error
+body ``{"error": "<why>"}``. ``HEAD`` answers what ``GET`` does without a body; ``HEAD`` on ``/metrics`` (any path
+outside ``/v2/``) runs the scrape and answers its status and headers, where prometheus-client's app answered 405.
+
+Readiness is asked, not inferred: the node sends each of its running ingress processes (its supervisor's view:
+:meth:`Node.running_ingress_ids`) the same NATS request ``inferbus health --ingress <id>`` and
+:meth:`Client.model_ready` send (``<p>.ingresses.<id>.health``, ``<p>.ingresses.<id>.models.<name>[.<version>]
+.ready``), on the node's own connection, all at once; the first "ready" answers 200. So ready means what the
+ingress's OIP v2 health says over NATS: a live worker (a load report within ``--health-timeout-s``, not draining,
+breaker not open) for the default version of every served model, which the ingress can read. A worker of another node
+on the same NATS counts: requests through this node's ingresses are answered by it.
+
+Time bound: each ingress gets :data:`PROBE_WAIT_S` (0.5 s) to answer, and the HTTP thread waits
+:data:`PROBE_BOUND_S` (1 s) at most for the node's event loop, so a probe answers within about 1 s whatever the
+bus does (NATS stopped or partitioned, an ingress frozen): 503 then, naming what did not answer. A probe costs each
+running ingress of the node one health (or model-ready) answer, built on its event loop from what it keeps anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Awaitable, Callable
+
+PROBE_WAIT_S = 0.5
+"""How long a readiness probe waits for the node's ingresses to answer, seconds."""
+
+PROBE_BOUND_S = 1.0
+"""The longest a probe's HTTP answer waits for the node's event loop, seconds; past it the probe answers 503."""
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """One probe's verdict.
+
+    Attributes:
+        status: the HTTP status code: 200 (true), 400, 404 or 503 (module docstring).
+        reason: why it is not 200, for the body's ``error`` ("" for 200).
+    """
+
+    status: int
+    reason: str = ""
+
+
+OK = ProbeAnswer(200)
+
+
+class NodeProbes:
+    """OIP v2 live/ready of one running :class:`~inferbus.actors.Node`, asked from the HTTP server's threads.
+
+    Each method blocks its calling thread (never the node's loop) for at most ``bound_s`` seconds and never raises:
+    whatever goes wrong is a 503 with the reason.
+
+    Args:
+        node: the node (its ``nc``, ``config.prefix``, :meth:`running_ingress_ids`, ``stopping``).
+        loop: the node's event loop (where its NATS connection works).
+        wait_s: how long the ingresses get to answer, seconds (default :data:`PROBE_WAIT_S`, 0.5).
+        bound_s: the longest a call waits for the loop, seconds (default :data:`PROBE_BOUND_S`, 1.0; more than
+            ``wait_s``).
+    """
+
+    def __init__(self, node, loop: asyncio.AbstractEventLoop, wait_s: float = PROBE_WAIT_S,
+                 bound_s: float = PROBE_BOUND_S) -> None:
+        if not 0 < wait_s < bound_s:
+            raise ValueError(f"NodeProbes needs 0 < wait_s < bound_s, got wait_s={wait_s!r}, bound_s={bound_s!r}")
+        self.node = node
+        self.loop = loop
+        self.wait_s = wait_s
+        self.bound_s = bound_s
+        self._client = None
+
+    def live(self) -> ProbeAnswer:
+        """200 when the node's event loop runs a no-op within ``bound_s`` (the bus is not asked), else 503."""
+        return self._run(self._live)
+
+    def ready(self) -> ProbeAnswer:
+        """200 when one of the node's running ingresses answers its health with ``ready: true`` within ``wait_s``;
+        else 503 (the node stopping, no ingress process running, no NATS connection, each ingress's answer or
+        silence)."""
+        return self._run(self._ready)
+
+    def model_ready(self, name: str, version: str | None = None) -> ProbeAnswer:
+        """200 when one of the node's running ingresses says ``version`` of model ``name`` (None: its default
+        version) is ready; 404 when they answered that they serve no such model or version; 400 when ``name``
+        cannot be a model name (one NATS subject token) or ``version`` is not a version's decimal number (checked
+        before anything is sent); else 503, as :meth:`ready`."""
+        from ..client import _subject_token, _version_token
+        from ..schemas import InvalidArgument
+
+        try:
+            _subject_token(name, "model")
+            _version_token(version)
+        except InvalidArgument as err:
+            return ProbeAnswer(400, err.message)
+        return self._run(functools.partial(self._model_ready, name, version))
+
+    def _run(self, make: Callable[[], Awaitable[ProbeAnswer]]) -> ProbeAnswer:
+        coro = make()
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError as exc:  # the loop is closed: the node has stopped
+            coro.close()
+            return ProbeAnswer(503, f"the node is not running ({exc})")
+        try:
+            return fut.result(self.bound_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            return ProbeAnswer(503, f"the node's event loop did not answer within {self.bound_s:g} s")
+        except Exception as exc:  # (the coroutines catch what they expect; this is a bug's last line)
+            return ProbeAnswer(503, f"the probe failed: {exc!r}")
+
+    async def _live(self) -> ProbeAnswer:
+        return OK
+
+    def _cannot_ask(self) -> tuple[list[str], ProbeAnswer | None]:
+        """``(ingress ids to ask, None)``, or ``([], the answer)`` when there is no one to ask."""
+        node = self.node
+        if node.stopping:
+            return [], ProbeAnswer(503, f"node {node.config.node_id} is stopping")
+        ids = node.running_ingress_ids()
+        if not ids:
+            return [], ProbeAnswer(503, f"no ingress process of node {node.config.node_id} is running")
+        nc = node.nc
+        if nc is None or not nc.is_connected:
+            return [], ProbeAnswer(503, f"node {node.config.node_id} is not connected to NATS (its ingresses cannot "
+                                        "be asked)")
+        return ids, None
+
+    def _client_for(self, nc):
+        from ..client import Client
+
+        if self._client is None or self._client.nc is not nc:  # (made on the loop: it keeps the loop it runs on)
+            self._client = Client(nc, self.node.config.prefix, retry_unavailable=False)
+        return self._client
+
+    async def _ask_each(self, ids: list[str], ask, is_yes: Callable[[object], bool]) -> tuple[str | None, dict]:
+        """Ask every ingress of ``ids`` at once (``ask(client, id)``, a coroutine); return as soon as one answer
+        ``is_yes``, or when all have answered or failed. Returns ``(the id that said yes or None, {id: answer or
+        exception})`` (an id that has not answered when one said yes is missing)."""
+        client = self._client_for(self.node.nc)
+        tasks = {asyncio.ensure_future(ask(client, i)): i for i in ids}
+        results: dict[str, object] = {}
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=self.wait_s + 0.1,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # (each request has wait_s: a backstop)
+                    break
+                for t in done:
+                    i = tasks[t]
+                    results[i] = t.exception() or t.result()
+                    if is_yes(results[i]):
+                        return i, results
+        finally:
+            for t in pending:
+                t.cancel()
+        for t in pending:
+            results.setdefault(tasks[t], TimeoutError(f"no answer within {self.wait_s:g} s"))
+        return None, results
+
+    @staticmethod
+    def _said(answer: object) -> str:
+        """An ingress's answer or failure, in a few words."""
+        if isinstance(answer, BaseException):
+            code = getattr(getattr(answer, "code", None), "value", None)
+            return f"{code or type(answer).__name__}: {getattr(answer, 'message', None) or answer}"
+        return str(answer)
+
+    async def _ready(self) -> ProbeAnswer:
+        ids, no = self._cannot_ask()
+        if no is not None:
+            return no
+        winner, results = await self._ask_each(
+            ids, lambda c, i: c.health(timeout_s=self.wait_s, ingress=i), lambda h: getattr(h, "ready", False) is True)
+        if winner is not None:
+            return OK
+        why = []
+        for i in ids:
+            h = results.get(i)
+            if hasattr(h, "ready"):
+                p = h.parameters
+                why.append(f"{i}: not ready (model versions with a live worker: "
+                           f"{', '.join(p.get('models_ready') or ()) or 'none'}; live workers: "
+                           f"{p.get('workers_live', '?')})")
+            else:
+                why.append(f"{i}: {self._said(h)}")
+        return ProbeAnswer(503, f"no ingress of node {self.node.config.node_id} is ready: {'; '.join(why)}")
+
+    async def _model_ready(self, name: str, version: str | None) -> ProbeAnswer:
+        from ..schemas import InvalidArgument, NotFound
+
+        ids, no = self._cannot_ask()
+        if no is not None:
+            return no
+        winner, results = await self._ask_each(
+            ids, lambda c, i: c.model_ready(name, version, timeout_s=self.wait_s, ingress=i), lambda r: r is True)
+        if winner is not None:
+            return OK
+        what = f"model {name!r} " + (f"version {version}" if version is not None else "(its default version)")
+        not_ready = [i for i, r in results.items() if r is False]
+        if not_ready:
+            return ProbeAnswer(503, f"{what} is not ready at {', '.join(not_ready)}: no live worker whose breaker is "
+                                    "not open serves it")
+        for kind, status in ((NotFound, 404), (InvalidArgument, 400)):
+            err = next((r for r in results.values() if isinstance(r, kind)), None)
+            if err is not None:
+                return ProbeAnswer(status, err.message)
+        return ProbeAnswer(503, f"{what}: no ingress of node {self.node.config.node_id} answered: "
+                                f"{'; '.join(f'{i}: {self._said(r)}' for i, r in results.items())}")
+
+
+def _route(path: str, probes: NodeProbes) -> Callable[[], ProbeAnswer] | None:
+    """The probe of an OIP v2 health path, None for another path under ``/v2``."""
+    parts = path.split("/")[2:]  # "/v2/health/live" -> ["health", "live"]
+    if parts == ["health", "live"]:
+        return probes.live
+    if parts == ["health", "ready"]:
+        return probes.ready
+    if len(parts) == 3 and parts[0] == "models" and parts[2] == "ready":
+        return functools.partial(probes.model_ready, parts[1], None)
+    if len(parts) == 5 and parts[0] == "models" and parts[2] == "versions" and parts[4] == "ready":
+        return functools.partial(probes.model_ready, parts[1], parts[3])
+    return None
+
+
+_PROBE_PATHS = ("/v2/health/live, /v2/health/ready, /v2/models/<name>/ready, "
+                "/v2/models/<name>/versions/<version>/ready")
+
+
+def _answer(start_response, method: str, answer: ProbeAnswer, extra_headers: tuple = ()) -> list[bytes]:
+    body = b"" if answer.status == 200 else json.dumps({"error": answer.reason}).encode()
+    headers = [("Content-Type", "application/json")] if body else []
+    headers += [*extra_headers, ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+    start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
+    return [] if method == "HEAD" else [body]
+
+
+def node_app(metrics_app, probes: NodeProbes):
+    """The node's WSGI app (PEP 3333): the OIP v2 health paths of ``probes`` under ``/v2/``, and ``metrics_app``
+    (prometheus-client's) on every other path for ``GET``, as before.
+
+    ``HEAD`` answers what ``GET`` does, without a body (``/metrics``'s with the length its body has); ``OPTIONS``
+    outside ``/v2/`` answers 200 with ``Allow``; any other method 405 with ``Allow: GET, HEAD[, OPTIONS]``. An
+    unknown path under ``/v2/`` is 404 naming the paths there are. Paths are read as UTF-8 after percent-decoding.
+    """
+
+    def app(environ, start_response):
+        method = environ.get("REQUEST_METHOD", "GET")
+        raw = environ.get("PATH_INFO", "") or "/"
+        path = raw.encode("latin-1", "replace").decode("utf-8", "replace")  # PEP 3333: the bytes as latin-1
+        if path == "/v2" or path.startswith("/v2/"):
+            probe = _route(path, probes)
+            if probe is None:
+                return _answer(start_response, method, ProbeAnswer(404, f"no such path: {path} (the health paths: "
+                                                                        f"{_PROBE_PATHS}; metrics: /metrics)"))
+            if method not in ("GET", "HEAD"):
+                return _answer(start_response, method, ProbeAnswer(405, f"{path} answers GET and HEAD, not {method}"),
+                               (("Allow", "GET, HEAD"),))
+            return _answer(start_response, method, probe())
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", "OPTIONS, GET, HEAD"), ("Content-Length", "0")])
+            return []
+        if method == "HEAD":
+            got: list = []
+
+            def capture(status, headers, exc_info=None):
+                got[:] = [status, headers]
+                return lambda data: None
+
+            body = b"".join(metrics_app({**environ, "REQUEST_METHOD": "GET"}, capture))
+            status, headers = got
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            start_response(status, [*headers, ("Content-Length", str(len(body)))])
+            return []
+        if method != "GET":
+            body = f"# HTTP 405 Method Not Allowed: {method}; use GET, HEAD or OPTIONS\n".encode()
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS, GET, HEAD"),
+                                                      ("Content-Type", "text/plain; charset=utf-8"),
+                                                      ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics_app(environ, start_response)
+
+    return app
