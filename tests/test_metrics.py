@@ -402,7 +402,7 @@ def test_every_family_is_described():
     """The collector's describe() (what the name[] filter finds it by) declares every family it can yield, with
     its type: a family missing there would be left out of every filtered scrape. Fed one answer of each kind of actor
     with every optional part (L2 lookups, a region manager, per-model counts, a worker's events)."""
-    from inferbus.actors._metrics import _DESCRIBED, NodeCollector, families
+    from inferbus.actors._metrics import _DESCRIBED, NodeCollector, ProcessFigures, families
 
     e = Expected("mt", ingress_ids=("n1-i0",), worker_ids=("n1-w0",), aggregator_ids=("n1-agg",), regions=("a",))
     ingress = {"name": "inferbus-ingress", "metadata": {"ingress_id": "n1-i0"}, "endpoints": [
@@ -443,6 +443,10 @@ def test_every_family_is_described():
             "inferbus_worker_events", "inferbus_cache_l2_breaker_state", "inferbus_region_primary",
             "inferbus_worker_backlog_requests"} <= set(made)
     assert {n: t for n, t in made.items() if _DESCRIBED.get(n) != t} == {}
+    # and the process figures, read from /proc of this test's own process
+    processes = {fam.name: fam.type for fam in ProcessFigures().families({"node": os.getpid()})}
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds"} <= set(processes), processes
+    assert {n: t for n, t in processes.items() if _DESCRIBED.get(n) != t} == {}
     described = {fam.name: fam.type for fam in NodeCollector(None, None).describe()}
     assert described == _DESCRIBED
 
