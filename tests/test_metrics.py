@@ -362,8 +362,15 @@ async def test_per_model_counts_of_run_to_completion(tmp_path):
         finally:
             await client.close()
         after = scrape(url)
+        # the OIP v2 readiness of a colocated node is its colocated processes' ingresses' (tests/test_http_probes.py)
+        base = url.rsplit("/metrics", 1)[0]
+        for path in ("/v2/health/ready", "/v2/models/digits/ready"):
+            with urllib.request.urlopen(base + path, timeout=5) as resp:
+                assert (resp.status, resp.read()) == (200, b""), path
     finally:
         dep.stop()
+    # one process per colocated pair: its figures under its child id, as inferbus_child_running's
+    assert after[("process_resident_memory_bytes", frozenset({"child": "colocated:n1-w0"}.items()))] > 1e6
     a = {"model": "digits", "version": "1"}
 
     def delta(name: str, **labels) -> float:
