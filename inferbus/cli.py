@@ -1154,7 +1154,9 @@ def up(
                                           metavar="<path>"),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node on this port, "
                                                "path /metrics, address --metrics-host (0 = any free port; default "
-                                               "off), 0 to 65535."),
+                                               "off), 0 to 65535; also the OIP v2 health paths: /v2/health/live, "
+                                               "/v2/health/ready, /v2/models/<name>/ready and the same per version "
+                                               "(docs/observability.md)."),
     metrics_host: str = typer.Option("0.0.0.0", help="Address of the metrics endpoint (0.0.0.0: every interface; "
                                      "127.0.0.1: this host only); needs --metrics-port."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
