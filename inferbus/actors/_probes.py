@@ -150,7 +150,9 @@ class NodeProbes:
         from ..client import Client
 
         if self._client is None or self._client.nc is not nc:  # (made on the loop: it keeps the loop it runs on)
-            self._client = Client(nc, self.node.config.prefix, retry_unavailable=False)
+            # one attempt per ingress and probe, given the whole wait: a slow ingress gets no second request to queue
+            self._client = Client(nc, self.node.config.prefix, retry_unavailable=False,
+                                  adaptive_attempt_timeout=False)
         return self._client
 
     async def _ask_each(self, ids: list[str], ask, is_yes: Callable[[object], bool]) -> tuple[str | None, dict]:
