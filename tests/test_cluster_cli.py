@@ -197,6 +197,16 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
             assert f'{name}{{region="{region}"}}' in text, (name, text[:3000])
         writes = [line for line in text.splitlines() if line.startswith(f'inferbus_region_model_writes{{region="{region}"}}')]
         assert len(writes) == 1 and writes[0].split()[-1] in ("0.0", "1.0"), writes
+        # the region manager's process has its process_* series, as every child of the node; the node is live, and,
+        # running a region manager alone (no actors here), never ready: no ingress of its own to answer
+        assert 'process_resident_memory_bytes{child="region"}' in text, text[-3000:]
+        base = url.rsplit("/metrics", 1)[0]
+        with urllib.request.urlopen(f"{base}/v2/health/live", timeout=10) as resp:
+            assert (resp.status, resp.read()) == (200, b""), region
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10)
+        assert (err.value.code, err.value.read()) == (
+            503, b'{"error": "no ingress process of node %s is running"}' % region.lower().encode()), region
 
     st = _status(run)
     # A acquires the lease at start; on a starved box a late renewal can hand it to B before we look (the
