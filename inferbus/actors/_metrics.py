@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -530,7 +529,8 @@ class ProcessFigures:
     ``process_virtual_memory_bytes``; ``process_start_time_seconds``, Unix seconds; ``process_open_fds``;
     ``process_max_fds``), one series per process labelled ``child``.
 
-    Not thread-safe: one reader at a time (a lock around the pid the collector reads). Linux only: where ``/proc``
+    Concurrent scrapes (the HTTP server's threads) take turns: one collector reads one pid at a time, under a lock.
+    Linux only: where ``/proc``
     cannot be read (macOS, Windows) :meth:`families` returns ``[]``; a process that exited between the pid list and
     the read is left out.
     """
