@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 import pytest
 
-from conftest import start_deployment
+from conftest import start_deployment, uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument
 from test_reliability_lib import ingress_counts, models_subset, write_onnx_model

@@ -15,7 +15,7 @@ import pytest
 from inferbus.bus import Subjects
 from inferbus.schemas._region import RegionHeartbeat, encode_region
 
-from conftest import ROOT, cli_startup_s
+from conftest import ROOT, cli_startup_s, uvloop_backend as anyio_backend  # noqa: F401 (CLI processes under test: one loop)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
