@@ -763,7 +763,9 @@ async def test_task_children() -> None:
         with anyio.fail_after(10):
             await sup.wait_started("w", after_restarts=1)
         assert rec.exits() == [("w", ChildExit(False, "raised ValueError('x')"))]
-    assert rec.exits()[-1] == ("w", ChildExit(False, "cancelled"))
+    # stopped by its supervisor (leaving ``async with``): an orderly end, OTP's ``shutdown``, not a crash (an actor's
+    # loop supervisor logs abnormal exits, and each orderly stop of a worker logged four "exited: cancelled" lines)
+    assert rec.exits()[-1] == ("w", ChildExit(True, "stopped"))
 
 
 @pytest.mark.anyio
@@ -785,6 +787,17 @@ async def test_task_child_start_errors() -> None:
 
     child = await TaskChild.start(finishes)
     assert await child.wait() == ChildExit(True, "returned")
+
+    async def waits(*, task_status) -> None:  # type: ignore[no-untyped-def]
+        task_status.started()
+        await asyncio.Event().wait()
+
+    # cancelled by something other than its stop(): abnormal, as before (a loop that dies that way is logged)
+    child = await TaskChild.start(waits, name="waits")
+    child._task.cancel()
+    assert await child.wait() == ChildExit(False, "cancelled")
+    child = await TaskChild.start(waits, name="waits")
+    assert await child.stop(1.0) == ChildExit(True, "stopped")
 
 
 @pytest.mark.anyio

@@ -43,7 +43,9 @@ class TaskChild:
 
     Satisfies the ``Child`` protocol (``pid`` is always ``None``). Exits: the function
     returned → ``ChildExit(True, "returned")``; raised → ``ChildExit(False,
-    "raised ValueError('x')")``; cancelled → ``ChildExit(False, "cancelled")``.
+    "raised ValueError('x')")``; cancelled by :meth:`stop` (its supervisor stopping it: OTP's
+    ``shutdown``, an orderly end) → ``ChildExit(True, "stopped")``; cancelled by anything else →
+    ``ChildExit(False, "cancelled")``.
     """
 
     def __init__(self, task: asyncio.Task[Any], name: str,
@@ -51,6 +53,8 @@ class TaskChild:
         """Private: use :meth:`TaskChild.start`."""
         self._task = task
         self._started = started
+        self._stopped = False
+        """:meth:`stop` cancelled the task (its exit is then normal, ``"stopped"``)."""
         self.name = name
         """Task name, used in logs."""
         self.value: Any = None
@@ -131,6 +135,7 @@ class TaskChild:
         """
         timeout_s = check_shutdown_timeout(timeout_s, "timeout_s")
         if not self._task.done():
+            self._stopped = True
             self._task.cancel()
             wait_s = None if timeout_s is None or math.isinf(timeout_s) else timeout_s
             done, _ = await asyncio.wait((self._task,), timeout=wait_s)
@@ -142,7 +147,7 @@ class TaskChild:
 
     def _exit(self) -> ChildExit:
         if self._task.cancelled():
-            return ChildExit(False, "cancelled")
+            return ChildExit(True, "stopped") if self._stopped else ChildExit(False, "cancelled")
         exc = self._task.exception()
         if exc is not None:
             return ChildExit(False, f"raised {exc!r}")
