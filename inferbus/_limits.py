@@ -72,3 +72,9 @@ def interval(lo, hi, *, lo_open: bool = False) -> str:
     """The range ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``) as every refusal of a value out of a range with two
     ends names it, both ends given: ``must be in (0, 600] seconds, got 601``."""
     return f"{'(' if lo_open else '['}{bound_text(lo)}, {bound_text(hi)}]"
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The choices of ``inferbus up --log-level`` (and ``cluster up``'s), least severe first: the least severity of the
+records the node and its actor processes write (:mod:`inferbus._logs`)."""
+LOG_FORMATS = ("text", "json")
+"""The choices of ``--log-format``: ``text`` (lines for people) or ``json`` (one JSON object per line)."""

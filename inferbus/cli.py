@@ -78,8 +78,8 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
     from rich.markup import escape
 
     from ._cpus import cores_phrase, parse_cpu_list
-    from ._limits import (BACKENDS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE,
-                          MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
+    from ._limits import (BACKENDS, LOG_FORMATS, LOG_LEVELS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S,
+                          MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
                           MIN_MAX_PAYLOAD_BYTES, binary_size, interval, number_as_typed)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
@@ -1152,6 +1152,12 @@ def up(
                                   "checked per model against FP32, falling back to fp32."),
     run_dir: Optional[str] = typer.Option(None, help="Logs and server data (default: a temp folder).",
                                           metavar="<path>"),
+    log_level: str = typer.Option("info", metavar="<level>", help=f"{', '.join(LOG_LEVELS)}: the least severity "
+                                  "of the records the node (node.log) and each actor process (<actor>.log in the "
+                                  "run dir) write; up's stderr shows warning and above (or this, if higher)."),
+    log_format: str = typer.Option("text", metavar="<format>", help="text, or json: one JSON object per line (ts, "
+                                   "level, logger, actor, msg, exc) in node.log, the actors' logs and the node's "
+                                   "records on stderr."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node on this port, "
                                                "path /metrics, address --metrics-host (0 = any free port; default "
                                                "off), 0 to 65535; also the OIP v2 health paths: /v2/health/live, "
@@ -1223,6 +1229,7 @@ def up(
         _usage(f"up: --demo-duration must be in {interval(0, MAX_DEMO_DURATION_S, lo_open=True)} seconds, got "
                f"{number_as_typed(demo_duration)}")
     _check_security_files(nats_nkey_seed, nats_creds, tls_ca, tls_cert, tls_key)
+    _check_log_options("up", log_level, log_format)
     run_dir = _folder_option("up", "--run-dir", run_dir)
 
     def given(name: str) -> bool:
@@ -1347,7 +1354,7 @@ def up(
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host, audit=audit,
-                         **serving)
+                         log_level=log_level, log_format=log_format, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
     if no_cache:  # the cache was off and these ignored without a word
@@ -1387,6 +1394,15 @@ def up(
     raise typer.Exit(rc)
 
 
+def _check_log_options(command: str, log_level: str, log_format: str) -> None:
+    """``--log-level`` and ``--log-format`` of ``command`` (``up``, ``cluster up``): one of their choices
+    (:data:`~inferbus._limits.LOG_LEVELS`, :data:`~inferbus._limits.LOG_FORMATS`), as typed (lower case), or the
+    usage error ``<command>: --log-level must be one of debug, info, warning, error, got 'verbose'``."""
+    for option, value, choices in (("--log-level", log_level, LOG_LEVELS), ("--log-format", log_format, LOG_FORMATS)):
+        if value not in choices:
+            _usage(f"{command}: {option} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def _child_start_failure(exc) -> tuple[str, int]:
     """One line and the exit status for an actor process that did not start (``ChildStartError``): a model the
     worker could not load (its one ``UNSERVABLE_PREFIX`` line) is ``up: the model repository cannot be served:
@@ -1411,15 +1427,19 @@ async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path]) -
     import asyncio
     import logging
 
+    from ._logs import LEVELS, JsonFormatter
+
     loop = asyncio.get_running_loop()
     records, stderr = logging.getLogger("inferbus"), None
     if not logging.getLogger().handlers and not records.handlers:  # (where no application configured logging)
-        # the node's records on stderr (WARNING and up, the message alone, as the node's own handler writes them:
-        # a supervisor's "child 'worker:n1-w0' (pid 7) exited: killed by signal 9 (SIGKILL)"), wrapped as up's lines
-        # are (the node adds no handler of its own then); they were not wrapped at all (a fresh-user trial)
+        # the node's records on stderr (WARNING and up, or --log-level if higher; the message alone, as the node's
+        # own handler writes them: a supervisor's "child 'worker:n1-w0' (pid 7) exited: killed by signal 9
+        # (SIGKILL)"), wrapped as up's lines are (the node adds no handler of its own then); they were not wrapped
+        # at all (a fresh-user trial). With --log-format json: one JSON object per record, never wrapped
         stderr = logging.StreamHandler()
-        stderr.setLevel(logging.WARNING)
-        stderr.setFormatter(_wrapped_records("%(message)s"))
+        stderr.setLevel(max(LEVELS[cfg.log_level], logging.WARNING))
+        stderr.setFormatter(JsonFormatter(f"node-{cfg.node_id}") if cfg.log_format == "json"
+                            else _wrapped_records("%(message)s"))
         records.addHandler(stderr)
     try:
         return await _up_body(cfg, demo, demo_duration, json_out)

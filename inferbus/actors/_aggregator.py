@@ -21,6 +21,7 @@ can give) is written as that.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from ..bus import Subjects, close_connection
@@ -33,6 +34,9 @@ from ._repository import MAX_CACHE_TTL_MS
 _MAX_PIPELINE = 512
 FAIL_LOG_PERIOD_S = 10.0
 """While cache fills keep failing (Redis down), the aggregator logs one line per this many seconds."""
+STOP_WRITE_S = 1.0
+"""At a stop, how long the aggregator keeps writing the cache fills already queued (s); what is left is dropped (a
+cache fill is an optimisation: the next miss of that request fills it again)."""
 
 
 class Aggregator:
@@ -102,7 +106,7 @@ class Aggregator:
                     dropped = self.stats["dropped"] - self._outage_base[1]
                     log(f"aggregator: cache fills resumed ({self._failing + expired + dropped} lost to the failure: "
                         f"{self._failing} refused or timed out, {expired} expired and {dropped} dropped while they "
-                        f"waited)")
+                        f"waited)", logging.INFO)
                     self._failing = 0
             except Exception as exc:
                 self.stats["fill_errors"] += len(writes)
@@ -141,16 +145,36 @@ class Aggregator:
         await self.nc.flush()
         serving_gc()
         announce_ready()
+        serving = asyncio.ensure_future(loops.run())
         try:
-            await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
+            # returns only by escalation (IntensityExceeded): the process then exits abnormally. Waited for, not
+            # awaited: a SIGTERM cancels this task alone, and the writer keeps writing what is queued below (a
+            # cancelled run() stops the loops at once)
+            await asyncio.wait({serving})
+            serving.result()
         finally:
+            t0 = time.monotonic()
+            log(f"aggregator {self.config.aggregator_id}: draining: {self.queue.qsize()} cache fills to write (at "
+                f"most {STOP_WRITE_S:g} s)", logging.INFO)
+            # the node stops the aggregator last, after the ingresses and workers that send it fills: what is
+            # queued is written before the writer stops, within the bound
+            try:
+                while not self.queue.empty() and time.monotonic() - t0 < STOP_WRITE_S:
+                    await asyncio.sleep(0.005)
+            except asyncio.CancelledError:  # a second SIGTERM: the rest is dropped, the close follows
+                pass
+            left = self.queue.qsize()
             await loops.stop()
+            serving.cancel()  # (done already unless a bound cut the loops' stop short)
+            await asyncio.gather(serving, return_exceptions=True)
             try:
                 await svc.stop()
             except Exception:
                 pass
             # 1 s to drain, then closed; a second SIGTERM cuts the drain short, the close still follows
             await close_connection(self.nc, drain=True, drain_timeout_s=1.0)
+            log(f"aggregator {self.config.aggregator_id}: stopped {time.monotonic() - t0:.2f} s after its drain "
+                f"began; {left} cache fills dropped unwritten", logging.INFO)
 
 
 def main(config_json: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import sys
 
@@ -122,8 +123,14 @@ async def reply_error(nc, reply: str | None, err: InferbusError, content_type: s
     await nc.publish(reply, body, headers=hdrs)
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def log(msg: str, level: int = logging.WARNING, *, exc_info=None) -> None:
+    """Write ``msg`` as a log record of the calling module's logger (``inferbus.actors._worker``...) at ``level``:
+    WARNING by default (most lines of an actor say that something went wrong), ``logging.INFO`` for the ones that
+    say what happened (a model loaded, a drain began); ``exc_info`` as :meth:`logging.Logger.log` takes it (the
+    traceback then goes to the JSON format's ``exc`` field). In an actor process the records go to stderr in the
+    ``--log-format`` given, at ``--log-level`` and above (:func:`inferbus._logs.configure_actor_process`); run in
+    another program, to its logging (Python's last-resort handler writes WARNING and above to stderr)."""
+    logging.getLogger(sys._getframe(1).f_globals.get("__name__", __name__)).log(level, msg, exc_info=exc_info)
 
 
 EXIT_CONNECTION_CLOSED = 75
@@ -152,10 +159,12 @@ async def connect_logged(bus, name: str):
     holder: list = []
 
     async def disconnected() -> None:
+        if holder and closed_on_purpose(holder[0]):  # our own close at a stop: no news
+            return
         log(f"{name}: disconnected from NATS {connected_server(holder[0]) if holder else ''}".rstrip())
 
     async def reconnected() -> None:
-        log(f"{name}: reconnected to NATS {connected_server(holder[0]) if holder else ''}".rstrip())
+        log(f"{name}: reconnected to NATS {connected_server(holder[0]) if holder else ''}".rstrip(), logging.INFO)
 
     async def closed() -> None:
         if holder and not closed_on_purpose(holder[0]):

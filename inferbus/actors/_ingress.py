@@ -46,6 +46,7 @@ failure) so counts return to zero even when a worker loses requests.
 from __future__ import annotations
 
 import asyncio
+import logging
 import functools
 import itertools
 import math
@@ -1188,7 +1189,7 @@ class Ingress:
             # been back well before; a fresh-user trial read "after 23.7 s" of a Valkey back after about 10)
             log(f"ingress {cfg.ingress_id}: L2 lookups resumed: a miss's lookup answered "
                 f"{time.monotonic() - self._l2_off_since:.1f} s after they were turned off "
-                f"({self.counts['l2_skipped'] - self._l2_skipped_at_open} misses went without one)")
+                f"({self.counts['l2_skipped'] - self._l2_skipped_at_open} misses went without one)", logging.INFO)
 
     def _l2_state(self, now: float) -> str:
         """The L2 breaker's state as health and metrics show it: ``closed`` (lookups on), ``open`` (off), or
@@ -2592,10 +2593,17 @@ class Ingress:
             announce_ready()
         else:
             ready()
+        serving = asyncio.ensure_future(loops.run())
         try:
-            await loops.run()  # returns only by escalation (IntensityExceeded): the process then exits abnormally
+            # returns only by escalation (IntensityExceeded): the process then exits abnormally. Waited for, not
+            # awaited: a SIGTERM cancels this task alone, and the loops (the sweeper) keep running through the
+            # stop's drain until its close phase stops them (a cancelled run() stopped them at once)
+            await asyncio.wait({serving})
+            serving.result()
         finally:
             await self._stop(loops, svc, own_nc)
+            serving.cancel()  # (done already unless a bound cut the loops' stop short)
+            await asyncio.gather(serving, return_exceptions=True)
 
     # ---- graceful stop ------------------------------------------------------------------------
     async def _stop(self, loops, svc, own_nc: bool) -> None:
@@ -2620,7 +2628,11 @@ class Ingress:
         once (the requests still waiting are dropped) and goes on with the close; it is not raised from here.
         Never raises otherwise: errors (a connection already closed) are logged.
         """
-        t0 = time.monotonic()
+        t0 = t_began = time.monotonic()
+        backlog = getattr(self._infer_sub, "pending_msgs", None)
+        log(f"ingress {self.config.ingress_id}: draining: {len(self.pending)} requests in flight"
+            f"{'' if backlog is None else f', {backlog} waiting in its subscription'} (at most "
+            f"{STOP_DRAIN_S + STOP_REFUSE_S:g} s)", logging.INFO)
         if StopSignal.at is not None and StopSignal.at < t0:
             if t0 - StopSignal.at > 0.05:
                 log(f"ingress {self.config.ingress_id}: stop began {t0 - StopSignal.at:.2f} s after the signal; its "
@@ -2660,6 +2672,8 @@ class Ingress:
             except asyncio.CancelledError:
                 pass
             await _close_quietly(self.nc)
+        log(f"ingress {self.config.ingress_id}: stopped {time.monotonic() - t_began:.2f} s after its drain began"
+            f"{' (cut short)' if cut else ''}; {len(self.pending)} requests left unanswered", logging.INFO)
 
     async def _stop_infer(self, drain_until: float, refuse_until: float, sub=None) -> None:
         """Phases 1 and 2 of :meth:`_stop` on the ``infer`` subscription (monotonic deadlines, s), or on ``sub``

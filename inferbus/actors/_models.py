@@ -42,6 +42,7 @@ which state wins everywhere (the other write is lost, and its reply says a revis
 from __future__ import annotations
 
 import asyncio
+import logging
 import dataclasses
 import math
 import time
@@ -418,7 +419,7 @@ class IngressModels:
                 not_here.pop(st.model, None)
             self._set_state(st)
             log(f"ingress {self.writer}: model {st.model} r{st.revision}: versions {st.versions}, "
-                f"default {st.default_version}")
+                f"default {st.default_version}", logging.INFO)
             return True
 
     def _withdraw(self, model: str) -> None:
@@ -1120,7 +1121,7 @@ class WorkerModels:
         self._note_repins(model)  # in the same loop step: the new session's answers fill the cache again
         if w.device is None:
             w.device = sess.device
-        log(f"worker {w.config.worker_id}: loaded {key} at {sess.precision} in {(time.monotonic() - t0) * 1000:.0f} ms")
+        log(f"worker {w.config.worker_id}: loaded {key} at {sess.precision} in {(time.monotonic() - t0) * 1000:.0f} ms", logging.INFO)
 
     def _busy(self, key: str) -> bool:
         """Some request for ``key`` is queued, joined or running (read on the loop)."""
@@ -1148,4 +1149,4 @@ class WorkerModels:
                 sess.close()
             except Exception:
                 pass
-        log(f"worker {w.config.worker_id}: unloaded {key} (drained in {(time.monotonic() - t0) * 1000:.0f} ms)")
+        log(f"worker {w.config.worker_id}: unloaded {key} (drained in {(time.monotonic() - t0) * 1000:.0f} ms)", logging.INFO)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
 from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size, interval
+from .._logs import LEVELS, check_log_options, formatter
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
                    split_servers)
@@ -65,27 +66,31 @@ def _fault_exit(exit) -> bool:
     return exit.signal in _FAULT_SIGNALS
 
 
-def _attach_node_log(path: Path):
-    """Write the node's own log records (supervisors: starts, exits with their cause, restarts; INFO and up) to
-    ``path`` with UTC timestamps, so a node run detached keeps its restart history in its run dir (a second
+def _attach_node_log(path: Path, level: str = "info", log_format: str = "text", actor: str = "node"):
+    """Write the node's own log records (supervisors: starts, exits with their cause, restarts; ``level`` and up,
+    INFO by default) to ``path`` with UTC timestamps (``log_format`` text), or as JSON Lines (``json``: ``actor``
+    names the node), so a node run detached keeps its restart history in its run dir (a second
     fresh-user trial, 2026-12-02: a ``kill -9`` showed only as a second ``READY`` in the actor's own log). What
-    reached stderr before (WARNING and up, the message alone, Python's last-resort handler) still does, unless
-    the application configured logging itself. Returns the function that detaches both handlers again."""
+    reached stderr before (WARNING and up, or ``level`` if higher; the message alone, Python's last-resort
+    handler's form, or JSON) still does, unless the application configured logging itself. Returns the function
+    that detaches both handlers again."""
     lg = logging.getLogger("inferbus")
+    lvl = LEVELS[level]
     fh = logging.FileHandler(path, encoding="utf-8")
-    fh.setLevel(logging.INFO)
-    fmt = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+    fh.setLevel(lvl)
+    fmt = formatter(log_format, actor, "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s")
     fmt.converter = time.gmtime
+    fmt.datefmt = "%Y-%m-%dT%H:%M:%S"
     fh.setFormatter(fmt)
     added = [fh]
     if not logging.getLogger().handlers and not lg.handlers:
         sh = logging.StreamHandler()
-        sh.setLevel(logging.WARNING)
-        sh.setFormatter(logging.Formatter("%(message)s"))
+        sh.setLevel(max(lvl, logging.WARNING))
+        sh.setFormatter(formatter(log_format, actor, "%(message)s"))
         added.append(sh)
     old_level = lg.level
-    if lg.getEffectiveLevel() > logging.INFO:
-        lg.setLevel(logging.INFO)
+    if lg.getEffectiveLevel() > lvl:
+        lg.setLevel(lvl)
     for h in added:
         lg.addHandler(h)
 
@@ -205,8 +210,19 @@ class NodeConfig:
     ``rate_burst``, ``client_rate_limit_per_s``, ``client_rate_burst``) are for the node: each of the
     ``ingress`` replicas enforces an even share (a share of a burst is at least 1 request). They are not
     cluster-wide: N nodes on one NATS admit N times these limits. Validated here (ValueError)."""
+    log_level: str = "info"
+    """Least severity of the log records the node (``node.log``) and every actor process (``<actor>.log``) write:
+    debug, info, warning or error (:data:`inferbus._limits.LOG_LEVELS`). The stderr of ``inferbus up`` shows
+    warning and above (or this, if higher)."""
+    log_format: str = "text"
+    """``text`` or ``json`` (one JSON object per line: ``ts``, ``level``, ``logger``, ``actor``, ``msg``, ``exc``;
+    :mod:`inferbus._logs`), for ``node.log``, the actors' logs and the stderr lines of the node's records."""
 
     def __post_init__(self) -> None:
+        try:
+            check_log_options(self.log_level, self.log_format)
+        except ValueError as exc:
+            raise ValueError(f"NodeConfig.{exc}") from None
         if not 0 <= self.workers <= MAX_NODE_PROCESSES:
             raise ValueError(f"NodeConfig.workers must be in {interval(0, MAX_NODE_PROCESSES)} (0 = one per core), "
                              f"got {self.workers}")
@@ -357,22 +373,27 @@ class Node:
         self.discovery = await asyncio.to_thread(discover_devices)
         return plan_workers(tuple(backends), self.discovery, self.n_workers)
 
-    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, env: dict | None = None, exempt=None,
-               cpu_affinity: tuple[int, ...] = ()) -> ChildSpec:
-        """The child spec of one actor process. ``cpu_affinity``: the cores it runs on from its exec on (set in
-        the child before exec, so the interpreter's and the libraries' threads are born there; every restart
-        gets it too); empty = any core. The actor pins itself to its config's ``cpu_affinity`` as well, which
-        matters only when it is started without a node."""
+    def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, actor: str, env: dict | None = None,
+               exempt=None, cpu_affinity: tuple[int, ...] = ()) -> ChildSpec:
+        """The child spec of one actor process. ``actor``: its name in its log records (the JSON format's
+        ``actor``), as its NATS connection is named (``worker-n1-w0``). ``cpu_affinity``: the cores it runs on from
+        its exec on (set in the child before exec, so the interpreter's and the libraries' threads are born there;
+        every restart gets it too); empty = any core. The actor pins itself to its config's ``cpu_affinity`` as
+        well, which matters only when it is started without a node."""
         # the config travels in a file only we can read, not on the command line: it may hold credentials
         stem = child_id.replace(":", "-")  # worker:n1-w0 -> worker-n1-w0 (no ':' in file names: scp, Windows shares)
         cfg_path = log_dir / f"{stem}.config.json"
         write_private(cfg_path, cfg_json)
-        argv = [sys.executable, "-m", "inferbus.actors", kind, f"@{cfg_path}"]
+        c = self.config
+        argv = [sys.executable, "-m", "inferbus.actors", kind, f"@{cfg_path}", "--log-level", c.log_level,
+                "--log-format", c.log_format, "--log-actor", actor]
+        as_json = c.log_format == "json"  # JSON Lines: the actor's records as they are, its other lines wrapped
         full_env = {**os.environ, **env} if env else None  # device isolation (CUDA_VISIBLE_DEVICES, TPU_*)
 
         async def start():
             return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=log_dir / f"{stem}.log", log_timestamps=True, name=child_id,
+                                            log_path=log_dir / f"{stem}.log", log_timestamps=not as_json,
+                                            log_json_actor=actor if as_json else None, name=child_id,
                                             cpu_affinity=cpu_affinity or None)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0, exempt=exempt)
@@ -558,7 +579,7 @@ class Node:
         # workers' flight records and its logs
         self._run_dir_lock = _lock_run_dir(run_dir)
         self.run_dir = run_dir
-        self._detach_log = _attach_node_log(run_dir / "node.log")
+        self._detach_log = _attach_node_log(run_dir / "node.log", c.log_level, c.log_format, f"node-{c.node_id}")
         servers = []  # the nats-server's supervisor; Valkey's is another (cache_servers)
         if self.nats_url is None:
             self.nats = EmbeddedNats(port=c.nats_port, run_dir=run_dir / "nats", server_name=f"inferbus-{c.node_id}",
@@ -623,12 +644,12 @@ class Node:
         children = []
         if c.region_manager is not None:  # first: workers and ingress learn the fencing term from it
             rc = replace(c.region_manager, bus=replace(bus, no_randomize=True, ping_interval_s=0.5))
-            children.append(self._child("region", "region", rc.to_json(), run_dir))
+            children.append(self._child("region", "region", rc.to_json(), run_dir, f"region-{rc.region}"))
         if c.actors:
             agg = AggregatorConfig(f"{c.node_id}-agg", bus, redis_url, cpu_affinity=cores if c.pin_cpus else ())
             self._actor_ids["aggregator"] = [agg.aggregator_id]
             children.append(self._child("aggregator", "aggregator", agg.to_json(), run_dir,
-                                        cpu_affinity=agg.cpu_affinity))
+                                        f"aggregator-{agg.aggregator_id}", cpu_affinity=agg.cpu_affinity))
         self.worker_ids = []
         try:
             plan = await self._plan_workers() if c.actors else []
@@ -665,7 +686,8 @@ class Node:
                 wc = replace(wc, flight_record_path=str(run_dir / f"worker-{wid}.running"))
                 self._flight_paths[f"worker:{wid}"] = wc.flight_record_path
                 self._actor_ids[f"worker:{wid}"] = [wid]
-                children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, env=p.env,
+                children.append(self._child(f"worker:{wid}", "worker", wc.to_json(), run_dir, f"worker-{wid}",
+                                            env=p.env,
                                             cpu_affinity=wc.cpu_affinity,
                                             exempt=functools.partial(self._input_crash, f"worker:{wid}")))
         for j in range(n_ingress if c.actors else 0):
@@ -683,12 +705,13 @@ class Node:
                 self._flight_paths[cid] = wc.flight_record_path
                 self._actor_ids[cid] = [ic.ingress_id, wc.worker_id]
                 cc = ColocatedConfig(replace(ic, cpu_affinity=wc.cpu_affinity), wc)
-                children.append(self._child(cid, "colocated", cc.to_json(), run_dir, cpu_affinity=wc.cpu_affinity,
+                children.append(self._child(cid, "colocated", cc.to_json(), run_dir, f"colocated-{ic.ingress_id}",
+                                            cpu_affinity=wc.cpu_affinity,
                                             exempt=functools.partial(self._input_crash, cid)))
             else:
                 self._actor_ids[f"ingress:{j}"] = [ic.ingress_id]
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
-                                            cpu_affinity=ic.cpu_affinity))
+                                            f"ingress-{ic.ingress_id}", cpu_affinity=ic.cpu_affinity))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
                                                     period_s=c.period_s),
                                      children, name=f"node-{c.node_id}", on_child_exit=self._on_exit,

@@ -44,6 +44,7 @@ joined the heartbeat subjects and made one attempt to read the lease.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import time
@@ -272,7 +273,7 @@ class RegionManager:
         """Record an event; ``at`` (monotonic) when it took effect earlier than now."""
         self.transitions.append(Transition(time.monotonic() if at is None else at, event,
                                            self.term if term is None else term, detail))
-        log(f"region {self.region}: {event} term={self.term if term is None else term} {detail}")
+        log(f"region {self.region}: {event} term={self.term if term is None else term} {detail}", logging.INFO)
 
     # ---- lease knowledge -------------------------------------------------------------------------
     def _observe(self, rev: int, holder: str, successor: str = "", manager: str = "", valkey: str = "",
@@ -986,6 +987,9 @@ class RegionManager:
         try:
             await asyncio.gather(*tasks)
         finally:
+            t0 = time.monotonic()
+            log(f"region {self.region}: stopping (role {self.role}, term {self.term}): its loops stop, its "
+                f"connections are drained", logging.INFO)
             for t in tasks + ([self._renew_task] if self._renew_task is not None else []):
                 t.cancel()
             # every step bounded: a lease path that is cut (blackholed, not reset) must not hang the stop
@@ -1005,6 +1009,7 @@ class RegionManager:
                     await close_connection(nc, drain=not hurry, drain_timeout_s=2.0, close_timeout_s=1.0)
                 except BaseException:  # a second cancellation: the run's own cancellation propagates all the same
                     hurry = True
+            log(f"region {self.region}: stopped in {time.monotonic() - t0:.2f} s", logging.INFO)
 
 
 async def ask_region(nc, prefix: str, region: str, action: str, *, force: bool = False, successor: str = "",

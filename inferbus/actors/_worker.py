@@ -49,6 +49,7 @@ otherwise they run one by one, so rows can never cross between requests.
 from __future__ import annotations
 
 import asyncio
+import logging
 import collections
 import math
 import os
@@ -56,7 +57,6 @@ import queue
 import random
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -480,6 +480,8 @@ class Worker:
         """The bus ``infer`` endpoint's subscription, once subscribed: its backlog (``pending_msgs``) goes in the
         load reports (``LoadReport.backlog_msgs``)."""
         self._drain_task: asyncio.Future | None = None
+        self._drain_began = 0.0
+        """``time.monotonic()`` when the graceful stop's drain began (:meth:`_start_drain`)."""
         self.busy_poll = (BusyPoll(config.busy_poll_us, pause=self.thread_has_work) if config.busy_poll_us > 0
                           else None)
         """Keeps the loop polling after each request (``busy_poll_us``), except while the inference thread has
@@ -929,7 +931,7 @@ class Worker:
             self.cancel(m.ingress, m.seqs)
         elif isinstance(m, FaultSet) and self.config.fault_control:
             self.fault = msgspec.structs.replace(m, loop_busy_ms=0.0)
-            log(f"worker {self.config.worker_id}: fault set to {m}")
+            log(f"worker {self.config.worker_id}: fault set to {m}", logging.INFO)
             if msg.reply:
                 await self.nc.publish(msg.reply, b"ok")
                 await self.nc.flush()
@@ -1364,6 +1366,9 @@ class Worker:
                 pass
             if own_nc:  # flushes the last replies; a second SIGTERM cuts the drain short, the close still follows
                 await close_connection(self.nc, drain=True, drain_timeout_s=STOP_CLOSE_DRAIN_S)
+            if self._drain_task is not None:
+                log(f"worker {self.config.worker_id}: stopped {time.monotonic() - self._drain_began:.2f} s after its "
+                    f"drain began; {self.stats.stop_refused} requests refused UNAVAILABLE", logging.INFO)
 
     def _start_drain(self, svc) -> asyncio.Future:
         """Begin the graceful stop's drain (:meth:`_drain_requests`) unless it began already; returns its task.
@@ -1375,6 +1380,9 @@ class Worker:
         """
         if self._drain_task is None:
             self._draining = True  # the next load report says so: routers stop sending requests here
+            self._drain_began = time.monotonic()
+            log(f"worker {self.config.worker_id}: draining: {self.stats.in_flight} requests in flight (at most "
+                f"{self.config.drain_timeout_s:g} s)", logging.INFO)
             self._drain_task = asyncio.ensure_future(self._drain_requests(svc))
         return self._drain_task
 
@@ -1495,7 +1503,7 @@ class Worker:
         try:
             self._compute_loop()
         except BaseException as exc:  # noqa: BLE001 - reported to run(), which raises it on the loop
-            log(f"worker {self.config.worker_id}: inference thread died:\n{traceback.format_exc()}")
+            log(f"worker {self.config.worker_id}: inference thread died", logging.ERROR, exc_info=True)
             err = RuntimeError(f"worker {self.config.worker_id}: inference thread died: {exc!r}")
             self.loop.call_soon_threadsafe(lambda: died.done() or died.set_exception(err))
 

@@ -10,7 +10,8 @@ Output: stdout and stderr are pipes that the loop keeps reading for the whole li
 the process (a ``SubprocessProtocol`` gets every chunk as it arrives), so the child never
 blocks on a full pipe. Before READY, stdout lines are compared with ``ready_line``. Every
 line is copied to ``log_path`` (raw bytes, appended; with ``log_timestamps`` each line after the UTC time it
-arrived) or, when ``log_path`` is None, to our
+arrived; with ``log_json_actor`` as JSON Lines, a line that is not a JSON object wrapped in one) or, when
+``log_path`` is None, to our
 ``sys.stderr`` prefixed with ``[name] ``. The last lines are kept for error messages.
 
 Everything here runs on the loop that called :meth:`ProcessChild.start`.
@@ -19,6 +20,7 @@ Everything here runs on the loop that called :meth:`ProcessChild.start`.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import signal
@@ -111,7 +113,8 @@ class ProcessChild:
     """
 
     def __init__(self, *, name: str, argv: list[str], ready_line: str | None,
-                 log_file: IO[bytes] | None, log_timestamps: bool = False) -> None:
+                 log_file: IO[bytes] | None, log_timestamps: bool = False,
+                 log_json_actor: str | None = None) -> None:
         """Private: use :meth:`ProcessChild.start`."""
         loop = asyncio.get_running_loop()
         self.name = name
@@ -121,6 +124,7 @@ class ProcessChild:
         self._ready_line = ready_line
         self._log_file = log_file
         self._log_timestamps = log_timestamps
+        self._log_json_actor = log_json_actor
         self._stamp_s = -1
         self._stamp = b""
         self._ready: asyncio.Future[None] = loop.create_future()
@@ -145,6 +149,7 @@ class ProcessChild:
                     start_timeout_s: float = 30.0,
                     log_path: str | os.PathLike[str] | None = None,
                     log_timestamps: bool = False,
+                    log_json_actor: str | None = None,
                     name: str | None = None,
                     cpu_affinity: Sequence[int] | None = None) -> ProcessChild:
         """Start an OS process and return once it is ready.
@@ -170,6 +175,12 @@ class ProcessChild:
             log_timestamps: with ``log_path``, each line is written after the UTC time this
                 process read it, ``2026-12-02T11:40:05.123Z `` (the actors' own lines carry none;
                 the read time is within the pipe's latency of the write, milliseconds at most).
+            log_json_actor: with ``log_path``, write JSON Lines instead (``log_timestamps`` is then
+                ignored): a line that is a JSON object (the child's own JSON log records) as it is;
+                any other line (a ready line, a library's or the interpreter's own output) wrapped
+                as ``{"ts", "level", "logger", "actor", "msg"}``: ``ts`` the UTC time it was read
+                (RFC 3339), ``level`` ``info`` (stdout) or ``warning`` (stderr), ``logger``
+                ``stdout`` or ``stderr``, ``actor`` this string, ``msg`` the line.
             name: label for logs and errors; default ``Path(argv[0]).name``.
             cpu_affinity: the cores the process runs on, set in the child before exec (every thread it makes
                 inherits it); None or empty: this process's own.
@@ -205,7 +216,7 @@ class ProcessChild:
             log_file = open(path, "ab")  # noqa: SIM115 - closed when the process ends
         loop = asyncio.get_running_loop()
         self = cls(name=name, argv=args, ready_line=ready_line, log_file=log_file,
-                   log_timestamps=log_timestamps)
+                   log_timestamps=log_timestamps, log_json_actor=log_json_actor)
         try:
             await loop.subprocess_exec(
                 lambda: _Protocol(self), *args, stdin=subprocess.DEVNULL,
@@ -334,6 +345,9 @@ class ProcessChild:
             self._ready.set_result(None)
         try:
             if self._log_file is not None:
+                if self._log_json_actor is not None:
+                    self._log_file.write(self._json_line(fd, text))
+                    return
                 if self._log_timestamps:
                     self._log_file.write(self._timestamp())
                 self._log_file.write(raw if raw.endswith(b"\n") else raw + b"\n")
@@ -344,6 +358,20 @@ class ProcessChild:
                 self._log_failed = True
                 log.warning("%s: cannot copy output (%s); further output is dropped",
                             self.name, exc)
+
+    def _json_line(self, fd: int, text: str) -> bytes:
+        """``text`` as one JSON Lines line: as it is when it is a JSON object, else wrapped in one
+        (``log_json_actor`` of :meth:`start`)."""
+        if text.startswith("{") and text.endswith("}"):
+            try:
+                if isinstance(json.loads(text), dict):
+                    return text.encode() + b"\n"
+            except ValueError:
+                pass
+        stamp = self._timestamp().decode().rstrip()
+        return json.dumps({"ts": stamp, "level": "info" if fd == 1 else "warning",
+                           "logger": "stdout" if fd == 1 else "stderr", "actor": self._log_json_actor,
+                           "msg": text}, ensure_ascii=False).encode() + b"\n"
 
     def _timestamp(self) -> bytes:
         """``2026-12-02T11:40:05.123Z `` for now (UTC); the seconds part is formatted once per second."""
