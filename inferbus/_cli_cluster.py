@@ -88,6 +88,10 @@ def up(
                                                "next, ... (on every interface, as up's --metrics-host default; default: none)."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
+    log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
+                                  "region's node (nodes/<R>/node.log) and its actors' logs."),
+    log_format: str = typer.Option("text", metavar="<format>", help="text or json: as up's, for each region's node "
+                                   "and its actors' logs."),
 ) -> None:
     """Start the topology, print where everything is, serve until Ctrl-C / SIGTERM."""
     import asyncio
@@ -96,6 +100,9 @@ def up(
     from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run, _wrap_width
     from .cluster import Topology
 
+    from .cli import _check_log_options
+
+    _check_log_options("cluster up", log_level, log_format)
     models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
     _regions("up", regions)  # (before --metrics-port, whose range it sets)
     if metrics_port is not None and not 1 <= metrics_port <= 65536 - regions:
@@ -138,7 +145,7 @@ def up(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), stop.set()))
-        topo = Topology(spec, run_dir=run_dir)
+        topo = Topology(spec, run_dir=run_dir, log_level=log_level, log_format=log_format)
         ctl = t_stop = None
 
         async def start() -> str:

@@ -165,6 +165,11 @@ class NodeProcessConfig:
     health_timeout_s: float = 5.0
     l2_lookup: bool = False
     metrics_port: int | None = None
+    log_level: str = "info"
+    """``NodeConfig.log_level``: the node's and its actors' (``cluster up --log-level``)."""
+    log_format: str = "text"
+    """``NodeConfig.log_format`` (``cluster up --log-format``); with ``json`` the node process's own output is
+    copied into its ``node.log`` as JSON Lines too."""
 
 
 class Topology:
@@ -183,7 +188,12 @@ class Topology:
     """
 
     def __init__(self, spec: ClusterSpec, run_dir: str | os.PathLike | None = None, *,
-                 keep_logs: bool = True) -> None:
+                 keep_logs: bool = True, log_level: str = "info", log_format: str = "text") -> None:
+        from .._logs import check_log_options
+
+        check_log_options(log_level, log_format)  # ValueError
+        self.log_level, self.log_format = log_level, log_format
+        """Each region's node's ``NodeConfig.log_level`` / ``log_format`` (``--log-level`` / ``--log-format``)."""
         self.spec = spec
         self._tmp: str | None = None
         self.keep_logs = keep_logs
@@ -295,7 +305,8 @@ class Topology:
                                 models=list(sp.models), workers=sp.workers, ingress=sp.ingress, actors=sp.actors,
                                 run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
                                 health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
-                                metrics_port=self.metrics_port(region))
+                                metrics_port=self.metrics_port(region), log_level=self.log_level,
+                                log_format=self.log_format)
         # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
         cfg_path = d / "node.config.json"
         argv = [sys.executable, "-m", "inferbus.cluster", "node", f"@{cfg_path}"]
@@ -303,8 +314,11 @@ class Topology:
         async def start():
             d.mkdir(parents=True, exist_ok=True)
             write_private(cfg_path, json.dumps(asdict(cfg)))
+            as_json = self.log_format == "json"
             return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=120.0,
-                                            log_path=d / "node.log", log_timestamps=True, name=f"node-{region}")
+                                            log_path=d / "node.log", log_timestamps=not as_json,
+                                            log_json_actor=f"node-{region.lower()}" if as_json else None,
+                                            name=f"node-{region}")
 
         return ChildSpec(id=f"node:{region}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=15.0)
 
