@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import nats
@@ -141,12 +142,13 @@ async def test_a_fill_expires_when_its_ingress_said_whatever_its_way_took(nats_s
 
 
 async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(nats_server, valkey_server, monkeypatch,
-                                                                             capsys):
+                                                                             caplog):
     """A fresh-user trial: a 10 s Valkey freeze, 300 fills lost (284 of them expired in the queue behind the failing
     write, 100 ms TTLs), and the line said ``cache fills resumed (16 lost to the failure)``. Now it counts what
     expired or was dropped while the writes failed too."""
     import re
 
+    caplog.set_level(logging.INFO, logger="inferbus.actors._aggregator")
     agg, task, nc, r = await _start_aggregator(nats_server, valkey_server, monkeypatch, "a3", PREFIX + "3")
     try:
 
@@ -175,7 +177,7 @@ async def test_the_resumed_line_counts_the_fills_that_expired_behind_the_outage(
         while await r.get(f"{PREFIX}3:after") is None:
             assert time.monotonic() < deadline, agg.stats
             await asyncio.sleep(0.02)
-        err = capsys.readouterr().err
+        err = caplog.text  # (an INFO record of the aggregator's logger since 2026-12-07, a print before)
         m = re.search(r"cache fills resumed \((\d+) lost to the failure: (\d+) refused or timed out, (\d+) expired and "
                       r"(\d+) dropped while they waited\)", err)
         assert m, err[-2000:]
