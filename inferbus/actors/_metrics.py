@@ -633,6 +633,12 @@ class NodeCollector:
             log.warning("metrics scrape: no process figures: %r", exc)
 
 
+HTTP_SOCKET_TIMEOUT_S = 30.0
+"""How long the node's HTTP server waits on a connection's socket (a request's line, headers and body; the answer's
+sending), seconds: past it the connection is closed. The time an inference request waits for its answer does not
+count (no socket operation is pending then)."""
+
+
 class MetricsServer:
     """The node's HTTP server, on a daemon thread (one more per request): prometheus-client's WSGI app for one
     node's :class:`NodeCollector` (the Prometheus text format, OpenMetrics when the scraper asks for it, on every
@@ -650,9 +656,10 @@ class MetricsServer:
         return self._httpd.server_port
 
     @classmethod
-    def start(cls, collector: NodeCollector, host: str, port: int, probes=None) -> "MetricsServer":
+    def start(cls, collector: NodeCollector, host: str, port: int, probes=None, gateway=None) -> "MetricsServer":
         """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics, and with ``probes`` (a
-        :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2 health paths.
+        :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2 health paths, with ``gateway`` too (a
+        :class:`~inferbus.actors._gateway.NodeGateway`) its metadata and inference paths.
 
         prometheus-client's own server (``start_http_server``) built with our app in it: its
         :class:`~prometheus_client.exposition.ThreadingWSGIServer` (a thread per request) and
@@ -680,11 +687,13 @@ class MetricsServer:
             address_family = family
 
         class QuietHandler(WSGIRequestHandler):
+            timeout = HTTP_SOCKET_TIMEOUT_S  # a client that stops sending (or reading) frees its thread
+
             def log_message(self, format, *args) -> None:  # (no line per request on stderr, as prometheus-client's)
                 pass
 
         app = make_wsgi_app(registry)
-        httpd = make_server(sockaddr[0], port, node_app(app, probes) if probes is not None else app, Server,
+        httpd = make_server(sockaddr[0], port, node_app(app, probes, gateway) if probes is not None else app, Server,
                             handler_class=QuietHandler)
         thread = threading.Thread(target=httpd.serve_forever, name="inferbus-metrics-http", daemon=True)
         thread.start()

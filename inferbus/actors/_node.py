@@ -724,12 +724,13 @@ class Node:
         self._run_task = asyncio.create_task(self._supervise(self.supervisor, "the actor processes"))
         if c.metrics_port is not None:
             from ._metrics import MetricsServer, NodeCollector
+            from ._gateway import NodeGateway
             from ._probes import NodeProbes
 
             loop = asyncio.get_running_loop()
             try:
                 self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
-                                                   probes=NodeProbes(self, loop))
+                                                   probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop))
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "

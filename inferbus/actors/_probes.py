@@ -232,54 +232,127 @@ class NodeProbes:
                                 f"{'; '.join(f'{i}: {self._said(r)}' for i, r in results.items())}")
 
 
-def _route(path: str, probes: NodeProbes) -> Callable[[], ProbeAnswer] | None:
-    """The probe of an OIP v2 health path, None for another path under ``/v2``."""
+def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Callable] | None:
+    """``(the methods the path answers, its handler)`` for a path under ``/v2``, None for an unknown one. A handler
+    takes ``(environ, started_at)`` and returns a :class:`ProbeAnswer` or an
+    :class:`~inferbus.actors._gateway.HttpAnswer`. Without ``gateway`` only the health paths are known."""
     parts = path.split("/")[2:]  # "/v2/health/live" -> ["health", "live"]
     if parts == ["health", "live"]:
-        return probes.live
+        return ("GET", "HEAD"), lambda env, t0: probes.live()
     if parts == ["health", "ready"]:
-        return probes.ready
-    if len(parts) == 3 and parts[0] == "models" and parts[2] == "ready":
-        return functools.partial(probes.model_ready, parts[1], None)
-    if len(parts) == 5 and parts[0] == "models" and parts[2] == "versions" and parts[4] == "ready":
-        return functools.partial(probes.model_ready, parts[1], parts[3])
+        return ("GET", "HEAD"), lambda env, t0: probes.ready()
+    name = version = None
+    if len(parts) >= 2 and parts[0] == "models":
+        name, rest = parts[1], parts[2:]
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+        if rest == ["ready"]:
+            return ("GET", "HEAD"), lambda env, t0: probes.model_ready(name, version)
+    else:
+        rest = None
+    if gateway is None:
+        return None
+    if parts in ([], [""]):
+        return ("GET", "HEAD"), lambda env, t0: gateway.server_metadata()
+    if rest == []:
+        return ("GET", "HEAD"), lambda env, t0: gateway.model_metadata(name, version)
+    if rest == ["infer"]:
+        return ("POST",), lambda env, t0: _infer(gateway, name, version, env, t0)
     return None
+
+
+_DRAIN_BYTES = 64 * 1024 * 1024
+"""An oversized body up to this many bytes is read and dropped before the 413, so that the client, still sending,
+reads the answer instead of a reset connection."""
+
+
+def _infer(gateway, name: str, version: str | None, environ, started_at: float):
+    """Read a ``POST .../infer`` body (``Content-Length`` bytes, at most the gateway's limit) and infer."""
+    from ._gateway import error_answer
+
+    length = environ.get("CONTENT_LENGTH") or ""
+    if not length.strip():
+        return error_answer(411, "an inference request needs a Content-Length (a chunked body is not read)")
+    try:
+        n = int(length)
+    except ValueError:
+        n = -1
+    if n < 0:
+        return error_answer(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
+    stream = environ["wsgi.input"]
+    limit = gateway.max_body_bytes()
+    if limit and n > limit:
+        if n <= limit + _DRAIN_BYTES:
+            left = n
+            while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
+                left -= len(chunk)
+        return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
+                                 f"--max-request-bytes, else the NATS server's max_payload)",
+                            (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"), ("Connection", "close")))
+    body = stream.read(n) if n else b""
+    if len(body) < n:
+        return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
+    headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+    if environ.get("CONTENT_TYPE"):
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    return gateway.infer(name, version, body, headers, started_at=started_at)
 
 
 _PROBE_PATHS = ("/v2/health/live, /v2/health/ready, /v2/models/<name>/ready, "
                 "/v2/models/<name>/versions/<version>/ready")
+_GATEWAY_PATHS = ("/v2, /v2/models/<name>[/versions/<version>], POST /v2/models/<name>[/versions/<version>]/infer, "
+                  + _PROBE_PATHS.replace("/v2/models/<name>/ready, /v2/models/<name>/versions/<version>/ready",
+                                         "/v2/models/<name>[/versions/<version>]/ready"))
 
 
-def _answer(start_response, method: str, answer: ProbeAnswer, extra_headers: tuple = ()) -> list[bytes]:
-    body = b"" if answer.status == 200 else json.dumps({"error": answer.reason}).encode()
-    headers = [("Content-Type", "application/json")] if body else []
+def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> list[bytes]:
+    """Write a :class:`ProbeAnswer` (its body empty for 200, ``{"error": reason}`` otherwise) or an
+    :class:`~inferbus.actors._gateway.HttpAnswer` (its body and headers as they are)."""
+    from ._gateway import status_line
+
+    if isinstance(answer, ProbeAnswer):
+        body = b"" if answer.status == 200 else json.dumps({"error": answer.reason}).encode()
+        headers = [("Content-Type", "application/json")] if body else []
+    else:
+        body, headers = answer.body, list(answer.headers)
     headers += [*extra_headers, ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
-    start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
+    start_response(status_line(answer.status), headers)
     return [] if method == "HEAD" else [body]
 
 
-def node_app(metrics_app, probes: NodeProbes):
-    """The node's WSGI app (PEP 3333): the OIP v2 health paths of ``probes`` under ``/v2/``, and ``metrics_app``
-    (prometheus-client's) on every other path for ``GET``, as before.
+def node_app(metrics_app, probes: NodeProbes, gateway=None):
+    """The node's WSGI app (PEP 3333): the OIP v2 health paths of ``probes`` under ``/v2/``, with ``gateway`` (a
+    :class:`~inferbus.actors._gateway.NodeGateway`) the OIP v2 REST metadata and inference paths too, and
+    ``metrics_app`` (prometheus-client's) on every other path for ``GET``, as before.
 
     ``HEAD`` answers what ``GET`` does, without a body (``/metrics``'s with the length its body has); ``OPTIONS``
-    outside ``/v2/`` answers 200 with ``Allow``; any other method 405 with ``Allow: GET, HEAD[, OPTIONS]``. An
-    unknown path under ``/v2/`` is 404 naming the paths there are. Paths are read as UTF-8 after percent-decoding.
+    answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers); any other method a path does not
+    answer is 405 with ``Allow`` (``GET, HEAD`` for the health and metadata paths, ``POST`` for ``infer``,
+    ``OPTIONS, GET, HEAD`` outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are.
+    Paths are read as UTF-8 after percent-decoding.
     """
+    import time
 
     def app(environ, start_response):
+        started_at = time.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
         raw = environ.get("PATH_INFO", "") or "/"
         path = raw.encode("latin-1", "replace").decode("utf-8", "replace")  # PEP 3333: the bytes as latin-1
         if path == "/v2" or path.startswith("/v2/"):
-            probe = _route(path, probes)
-            if probe is None:
-                return _answer(start_response, method, ProbeAnswer(404, f"no such path: {path} (the health paths: "
-                                                                        f"{_PROBE_PATHS}; metrics: /metrics)"))
-            if method not in ("GET", "HEAD"):
-                return _answer(start_response, method, ProbeAnswer(405, f"{path} answers GET and HEAD, not {method}"),
-                               (("Allow", "GET, HEAD"),))
-            return _answer(start_response, method, probe())
+            route = _route(path, probes, gateway)
+            if route is None:
+                paths = _GATEWAY_PATHS if gateway is not None else _PROBE_PATHS
+                return _answer(start_response, method, ProbeAnswer(404, f"no such path: {path} (the paths under "
+                                                                        f"/v2: {paths}; metrics: /metrics)"))
+            methods, handler = route
+            allow = ", ".join(methods)
+            if method == "OPTIONS":
+                start_response("200 OK", [("Allow", f"OPTIONS, {allow}"), ("Content-Length", "0")])
+                return []
+            if method not in methods:
+                return _answer(start_response, method, ProbeAnswer(405, f"{path} answers {' and '.join(methods)}, "
+                                                                        f"not {method}"), (("Allow", allow),))
+            return _answer(start_response, method, handler(environ, started_at))
         if method == "OPTIONS":
             start_response("200 OK", [("Allow", "OPTIONS, GET, HEAD"), ("Content-Length", "0")])
             return []
