@@ -1158,13 +1158,16 @@ def up(
     log_format: str = typer.Option("text", metavar="<format>", help="text, or json: one JSON object per line (ts, "
                                    "level, logger, actor, msg, exc) in node.log, the actors' logs and the node's "
                                    "records on stderr."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics of this node on this port, "
-                                               "path /metrics, address --metrics-host (0 = any free port; default "
-                                               "off), 0 to 65535; also the OIP v2 health paths: /v2/health/live, "
-                                               "/v2/health/ready, /v2/models/<name>/ready and the same per version "
-                                               "(docs/observability.md)."),
-    metrics_host: str = typer.Option("0.0.0.0", help="Address of the metrics endpoint (0.0.0.0: every interface; "
-                                     "127.0.0.1: this host only); needs --metrics-port."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", "--http-port",
+                                               help="Serve this node's HTTP on this port: Prometheus metrics (path "
+                                               "/metrics) and the OIP v2 REST API (KServe/Triton): health "
+                                               "/v2/health/live, /v2/health/ready, /v2/models/<name>/ready; metadata "
+                                               "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; the model paths "
+                                               "per version too; address --metrics-host (0 = any free port; default "
+                                               "off), 0 to 65535 (docs/http.md)."),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
+                                     help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
+                                     "host only); needs --metrics-port."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, more than 0 and at most "
                                         f"{MAX_DEMO_DURATION_S:g}."),
@@ -1598,6 +1601,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         if node.metrics is not None:
             host = f"[{cfg.metrics_host}]" if ":" in cfg.metrics_host else cfg.metrics_host  # an IPv6 address: RFC 3986
             console.print(f"  metrics http://{host}:{node.metrics.port}/metrics", soft_wrap=True)
+            console.print(f"  OIP v2 REST http://{host}:{node.metrics.port}/v2 (health, metadata, infer)",
+                          soft_wrap=True)
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))

@@ -221,11 +221,15 @@ class NodeGateway:
             resp, rct = await client.request(client.subjects.infer(subject_name, version), body, timeout_s=budget_s,
                                              request_id=request_id, content_type=content_type,
                                              headers=extra or None, started_at=t0)
-            if binary is not None:
-                return binary.answer(resp, rct)
             return HttpAnswer(200, resp, (("Content-Type", rct or "application/msgpack"),))
 
-        return self._run(ask, budget_s - (time.monotonic() - t0))
+        answer = self._run(ask, budget_s - (time.monotonic() - t0))
+        if binary is None or answer.status != 200:
+            return answer
+        try:  # (on this thread, not the node's loop)
+            return binary.answer(answer.body, dict(answer.headers)["Content-Type"])
+        except InferbusError as err:
+            return error_answer(502, f"the ingress's answer could not be read: {err.message}")
 
     # ------------------------------------------------------------------ on the node's loop
 

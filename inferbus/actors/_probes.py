@@ -288,7 +288,7 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
                 left -= len(chunk)
         return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
                                  f"--max-request-bytes, else the NATS server's max_payload)",
-                            (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"), ("Connection", "close")))
+                            (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"),))  # (wsgiref closes the connection)
     body = stream.read(n) if n else b""
     if len(body) < n:
         return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")

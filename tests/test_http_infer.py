@@ -1,0 +1,278 @@
+"""``inferbus up --http-port`` (alias of ``--metrics-port``): the KServe OIP v2 REST metadata and inference paths, as
+a Triton/KServe HTTP client uses them (``GET /v2``, ``GET /v2/models/<m>[/versions/<v>]``, ``POST
+/v2/models/<m>[/versions/<v>]/infer``, the binary tensor extension), against a real node (1 ingress, 1 worker,
+embedded NATS and Valkey, ``--max-request-bytes 1 MiB``), each answer compared with what the same request gets over
+NATS from :class:`inferbus.SyncClient`. HTTP with http.client; an optional test with ``tritonclient[http]``."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from inferbus._version import __version__
+from conftest import MODELS, start_deployment
+from inferbus import SyncClient
+from inferbus.schemas import InvalidArgument
+
+pytestmark = pytest.mark.timeout(120)
+
+LIMIT_BYTES = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http_infer")
+    dep = start_deployment(root / "dep", workers=1, prefix="hi",
+                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+                                  "--max-request-bytes", str(LIMIT_BYTES)])
+    try:
+        deadline = time.monotonic() + 10
+        while not (m := re.search(rb"OIP v2 REST http://(127\.0\.0\.1:\d+)/v2", dep.log.read_bytes())):
+            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+            time.sleep(0.05)
+        dep.http_address = m.group(1).decode()
+        with SyncClient.connect(dep.nats_url, dep.prefix) as client:
+            dep.client = client
+            yield dep
+    finally:
+        dep.stop()
+
+
+@pytest.fixture(scope="module")
+def pixels() -> np.ndarray:
+    return np.load(MODELS / "digits" / "data" / "test.npz")["X"][:5].astype(np.float32)
+
+
+def ask(node, path: str, method: str = "GET", body: bytes | None = None,
+        headers: dict | None = None) -> tuple[int, dict[str, str], bytes]:
+    """``(status, headers (lower-case names), body)`` of one HTTP request to the node's HTTP port."""
+    host, port = node.http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def post_json(node, path: str, doc, headers: dict | None = None):
+    return ask(node, path, "POST", json.dumps(doc).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+
+def digits_request(x: np.ndarray, datatype: str = "FP32", **more) -> dict:
+    return {"inputs": [{"name": "pixels", "datatype": datatype, "shape": list(x.shape), "data": x.ravel().tolist()}],
+            **more}
+
+
+def outputs_of(doc: dict) -> dict[str, np.ndarray]:
+    """A JSON OIP v2 response's outputs (``data`` form) as numpy arrays of their datatype."""
+    dtypes = {"FP32": np.float32, "INT32": np.int32}
+    return {o["name"]: np.array(o["data"], dtype=dtypes[o["datatype"]]).reshape(o["shape"]) for o in doc["outputs"]}
+
+
+def test_server_metadata_names_inferbus_its_version_and_the_extensions_served_over_http(node):
+    status, headers, body = ask(node, "/v2")
+    assert status == 200 and headers["content-type"] == "application/json", (status, body)
+    assert json.loads(body) == {"name": "inferbus", "version": __version__,
+                                "extensions": ["binary_tensor_data"]}
+    assert node.client.server_metadata().name == "inferbus"
+    status, headers, body = ask(node, "/v2", "HEAD")
+    assert (status, body) == (200, b"") and int(headers["content-length"]) > 0
+
+
+def test_model_metadata_is_the_ingress_answer_404_for_unknown_400_for_malformed(node):
+    status, headers, body = ask(node, "/v2/models/digits")
+    assert status == 200 and headers["content-type"] == "application/json", (status, body)
+    meta = json.loads(body)
+    over_nats = node.client.model("digits")
+    assert meta["name"] == "digits" and meta["versions"] == over_nats.versions == ["1", "2"]
+    assert meta["platform"] == over_nats.platform == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}]
+    assert [o["name"] for o in meta["outputs"]] == ["logits", "probabilities"]
+    assert all(o["shape"] == [-1, 10] and o["datatype"] == "FP32" for o in meta["outputs"])
+    status, _, body = ask(node, "/v2/models/digits/versions/2")
+    assert status == 200 and json.loads(body)["parameters"]["version"] == "2", body
+    for path, want, text in (("/v2/models/no_such_model", 404, "unknown model 'no_such_model'"),
+                             ("/v2/models/digits/versions/9", 404, "has no version '9'"),
+                             ("/v2/models/digits/versions/v1", 400, "version 'v1' is not a number"),
+                             ("/v2/models/a.b", 400, "")):
+        status, headers, body = ask(node, path)
+        assert status == want and headers["content-type"] == "application/json", (path, status, body)
+        assert text in json.loads(body)["error"], (path, body)
+
+
+@pytest.mark.parametrize("version", [None, "2"])
+def test_infer_answers_what_the_same_request_gets_over_nats(node, pixels, version):
+    path = "/v2/models/digits" + (f"/versions/{version}" if version else "") + "/infer"
+    status, headers, body = post_json(node, path, digits_request(pixels, id="http-7"))
+    assert status == 200 and headers["content-type"] == "application/json", (status, body)
+    doc = json.loads(body)
+    assert doc["model_name"] == "digits" and doc["id"] == "http-7"
+    assert doc["model_version"] == (version or "1")
+    got = outputs_of(doc)
+    want = node.client.infer("digits", {"pixels": pixels}, version=version)
+    assert set(got) == set(want) == {"logits", "probabilities"}
+    for name in want:
+        assert got[name].shape == (5, 10)
+        np.testing.assert_array_equal(got[name], want[name])
+    assert got["logits"].argmax(1).tolist() == want["logits"].argmax(1).tolist()
+
+
+def test_the_json_body_goes_through_unparsed_and_the_reply_comes_back_as_the_body(node, pixels):
+    """The HTTP body is the bytes a NATS JSON client sends: the reply is the bytes it gets (an unknown top-level field
+    included, ignored by the ingress as on NATS)."""
+    raw = json.dumps({**digits_request(pixels[:1], id="same"), "x_extra": 1}).encode()
+    status, _, http_body = ask(node, "/v2/models/digits/infer", "POST", raw, {"Content-Type": "application/json"})
+    nats_body, ct = node.client.request("hi.infer.digits", raw, timeout_s=2.0, content_type="application/json")
+    assert status == 200 and ct == "application/json"
+    a, b = json.loads(http_body), json.loads(nats_body)
+    assert a["outputs"] == b["outputs"] and a["id"] == b["id"] == "same"
+
+
+def test_malformed_body_is_400_with_the_ingress_message(node):
+    bad = b'{"inputs": [{"name": "pixels", "datatype": "FP32", "shape": "1x64", "data": []}]}'
+    status, headers, body = ask(node, "/v2/models/digits/infer", "POST", bad, {"Content-Type": "application/json"})
+    with pytest.raises(InvalidArgument) as over_nats:
+        node.client.request("hi.infer.digits", bad, timeout_s=2.0, content_type="application/json")
+    assert status == 400 and headers["content-type"] == "application/json", (status, body)
+    assert json.loads(body) == {"error": over_nats.value.message}
+    assert headers["inferbus-error-code"] == "INVALID_ARGUMENT"
+    assert headers["inferbus-error-field"] == over_nats.value.field == "inputs[0].shape"
+    status, _, body = ask(node, "/v2/models/digits/infer", "POST", b"not json", {"Content-Type": "application/json"})
+    assert status == 400 and "malformed JSON" in json.loads(body)["error"], body
+
+
+def test_wrong_datatype_is_400_unknown_model_404(node, pixels):
+    status, headers, body = post_json(node, "/v2/models/digits/infer",
+                                      digits_request((pixels[:1] * 16).astype(np.int32), "INT32"))
+    assert status == 400, (status, body)
+    assert json.loads(body) == {"error": "input 'pixels' must be FP32, got INT32"}
+    assert headers["inferbus-error-field"] == "inputs[0].datatype"
+    status, headers, body = post_json(node, "/v2/models/no_such_model/infer", digits_request(pixels[:1]))
+    assert status == 404 and json.loads(body) == {"error": "unknown model 'no_such_model'"}, body
+    assert headers["inferbus-error-code"] == "NOT_FOUND"
+    status, _, body = post_json(node, "/v2/models/digits/versions/9/infer", digits_request(pixels[:1]))
+    assert status == 404 and "has no version '9'" in json.loads(body)["error"], body
+
+
+def test_oversized_body_is_413_before_it_is_sent_and_one_at_the_limit_is_served(node, pixels):
+    doc = digits_request(pixels[:1])
+    small = json.dumps(doc).encode()
+    at_limit = small[:-1] + b" " * (LIMIT_BYTES - len(small)) + b"}"  # (JSON white space: the same request)
+    assert len(at_limit) == LIMIT_BYTES
+    status, _, body = ask(node, "/v2/models/digits/infer", "POST", at_limit, {"Content-Type": "application/json"})
+    assert status == 200, body
+    status, headers, body = ask(node, "/v2/models/digits/infer", "POST", at_limit + b" ",
+                                {"Content-Type": "application/json"})
+    assert status == 413 and headers["inferbus-error-code"] == "PAYLOAD_TOO_LARGE", (status, body)
+    assert json.loads(body)["error"].startswith(f"request body of {LIMIT_BYTES + 1} bytes is over the limit of "
+                                                f"{LIMIT_BYTES}")
+
+
+def test_timeout_header_budget_0_is_504_not_a_number_400(node, pixels):
+    for value, want, text in (("0", 504, "already spent on arrival"),
+                              ("abc", 400, "Inferbus-Timeout-Ms must be a number of milliseconds, got 'abc'"),
+                              ("5000", 200, "")):
+        status, headers, body = post_json(node, "/v2/models/digits/infer", digits_request(pixels[:1]),
+                                          {"Inferbus-Timeout-Ms": value})
+        assert status == want, (value, status, body)
+        if text:
+            assert text in json.loads(body)["error"], body
+
+
+def test_methods_head_options_405_and_unknown_paths(node):
+    status, headers, _ = ask(node, "/v2/models/digits/infer")
+    assert status == 405 and headers["allow"] == "POST"
+    status, headers, _ = ask(node, "/v2/models/digits/infer", "OPTIONS")
+    assert status == 200 and headers["allow"] == "OPTIONS, POST"
+    status, headers, _ = ask(node, "/v2", "POST", b"{}")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    status, headers, _ = ask(node, "/v2/models/digits", "OPTIONS")
+    assert status == 200 and headers["allow"] == "OPTIONS, GET, HEAD"
+    status, headers, body = ask(node, "/v2/models/digits", "HEAD")
+    assert (status, body) == (200, b"") and int(headers["content-length"]) > 100
+    status, _, body = ask(node, "/v2/models/digits/explain", "POST", b"{}")
+    assert status == 404 and "POST /v2/models/<name>[/versions/<version>]/infer" in json.loads(body)["error"]
+    status, _, _ = ask(node, "/v2/health/ready")  # the probes are still there
+    assert status == 200
+    host, port = node.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # no Content-Length (a chunked body)
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 411 ")
+
+
+def test_binary_tensor_extension_in_and_out(node, pixels):
+    """Triton's binary tensor extension: the JSON header, then the input's bytes (``binary_data_size``); outputs
+    asked in binary come back after the answer's JSON header, ``Inference-Header-Content-Length`` saying where."""
+    header = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [5, 64],
+                                     "parameters": {"binary_data_size": pixels.nbytes}}],
+                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}},
+                                     {"name": "probabilities", "parameters": {"binary_data": False}}]}).encode()
+    status, headers, body = ask(node, "/v2/models/digits/infer", "POST", header + pixels.astype("<f4").tobytes(),
+                                {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200, body
+    n = int(headers["inference-header-content-length"])
+    doc = json.loads(body[:n])
+    want = node.client.infer("digits", {"pixels": pixels})
+    logits, probabilities = doc["outputs"]
+    assert logits["parameters"] == {"binary_data_size": 200} and "data" not in logits
+    np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4").reshape(5, 10), want["logits"])
+    np.testing.assert_array_equal(np.array(probabilities["data"], np.float32).reshape(5, 10), want["probabilities"])
+    # a JSON body asking for every output in binary
+    status, headers, body = post_json(node, "/v2/models/digits/infer",
+                                      digits_request(pixels, parameters={"binary_data_output": True}))
+    n = int(headers["inference-header-content-length"])
+    sizes = [o["parameters"]["binary_data_size"] for o in json.loads(body[:n])["outputs"]]
+    assert status == 200 and sizes == [200, 200] and len(body) == n + 400
+    np.testing.assert_array_equal(np.frombuffer(body[n + 200:], "<f4").reshape(5, 10), want["probabilities"])
+    # BYTES: the 4-byte little-endian length before each element, as in raw
+    elems = [b"abc", "dé".encode()]
+    blob = b"".join(struct.pack("<I", len(e)) + e for e in elems)
+    header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2, 1],
+                                     "parameters": {"binary_data_size": len(blob)}}],
+                         "outputs": [{"name": "doubled", "parameters": {"binary_data": True}}]}).encode()
+    status, headers, body = ask(node, "/v2/models/strings/infer", "POST", header + blob,
+                                {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200, body
+    n = int(headers["inference-header-content-length"])
+    assert body[n:] == b"".join(struct.pack("<I", 2 * len(e)) + e + e for e in elems)
+    # sizes that do not add up, a header length past the body: 400 naming them
+    for length, tail, text in ((len(header), blob + b"x", "1 bytes of the body follow"),
+                               (len(header), blob[:-1], "goes past the body's end"),
+                               (len(header) + len(blob) + 1, blob, "must be the byte length of the JSON header")):
+        status, _, body = ask(node, "/v2/models/strings/infer", "POST", header + tail,
+                              {"Inference-Header-Content-Length": str(length)})
+        assert status == 400 and text in json.loads(body)["error"], (length, body)
+
+
+def test_tritonclient_http_against_the_node(node, pixels):
+    """Triton's own HTTP client (``pip install tritonclient[http]``), defaults (binary tensors) and JSON alike."""
+    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check)")
+    from tritonclient.utils import InferenceServerException
+
+    client = th.InferenceServerClient(node.http_address, connection_timeout=10, network_timeout=10)
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
+        assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+        assert client.get_model_metadata("digits", "2")["inputs"][0]["shape"] == [-1, 64]
+        want = node.client.infer("digits", {"pixels": pixels}, version=2)
+        for binary in (True, False):
+            tensor = th.InferInput("pixels", list(pixels.shape), "FP32")
+            tensor.set_data_from_numpy(pixels, binary_data=binary)
+            result = client.infer("digits", [tensor], model_version="2", request_id="t-1")
+            assert result.get_response()["id"] == "t-1"
+            for name in want:
+                np.testing.assert_array_equal(result.as_numpy(name), want[name])
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("no_such_model", [tensor])
+        assert err.value.status() == "404" and "unknown model" in err.value.message()
+    finally:
+        client.close()
