@@ -199,7 +199,9 @@ class NodeConfig:
     """Serve Prometheus metrics over HTTP on this port (0 = a free one; None = off): one endpoint for the node,
     read from the actors' ``$SRV.STATS`` at scrape time, nothing counted per request, with every process's CPU and
     memory, and the OIP v2 health paths (``/v2/health/live``, ``/v2/health/ready``,
-    ``/v2/models/<name>[/versions/<v>]/ready``: :mod:`inferbus.actors._probes`) (docs/observability.md)."""
+    ``/v2/models/<name>[/versions/<v>]/ready``: :mod:`inferbus.actors._probes`) (docs/observability.md), and the
+    OIP v2 REST metadata and inference (``/v2``, ``/v2/models/<name>[/versions/<v>][/infer]``:
+    :mod:`inferbus.actors._gateway`, docs/http.md). ``inferbus up --http-port`` is ``--metrics-port``."""
     metrics_host: str = "0.0.0.0"
     """Address the metrics endpoint listens on (``0.0.0.0``: every interface, as Triton's; ``127.0.0.1``: this
     host only)."""

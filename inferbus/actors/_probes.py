@@ -1,4 +1,6 @@
-"""The node's health over HTTP, beside ``/metrics`` (``inferbus up --metrics-port``; docs/observability.md).
+"""The node's health over HTTP, beside ``/metrics`` (``inferbus up --metrics-port``; docs/observability.md), and the
+node's WSGI app, which routes ``/v2`` paths to these probes and to the OIP v2 REST metadata and inference of
+:mod:`inferbus.actors._gateway` (docs/http.md).
 
 The KServe Open Inference Protocol v2 HTTP/REST health API, as Triton's HTTP port serves it (source: the protocol,
 https://kserve.github.io/website/docs/concepts/architecture/data-plane/v2-protocol, "Health"):
