@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import signal
 import socket
 import struct
 import time
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from inferbus._version import __version__
-from conftest import MODELS, start_deployment
+from conftest import MODELS, command_lines, start_deployment
 from inferbus import SyncClient
 from inferbus.schemas import InvalidArgument
 
@@ -186,6 +188,23 @@ def test_timeout_header_budget_0_is_504_not_a_number_400(node, pixels):
         assert status == want, (value, status, body)
         if text:
             assert text in json.loads(body)["error"], body
+
+
+def test_a_frozen_worker_is_504_after_the_budget_not_a_hung_request(node, pixels):
+    """The worker frozen (SIGSTOP; still routed to within --health-timeout-s): the request's budget runs out and
+    the HTTP answer is 504 DEADLINE_EXCEEDED, the ingress's typed error, well before the HTTP client's 30 s."""
+    [pid] = [pid for pid, cmd in command_lines() if "inferbus.actors worker" in cmd and str(node.run_dir) in cmd]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        fresh = pixels[:1] + 0.5  # (not an answer the cache holds)
+        status, headers, body = post_json(node, "/v2/models/digits/infer", digits_request(fresh),
+                                          {"Inferbus-Timeout-Ms": "300"})
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status == 504 and headers["inferbus-error-code"] == "DEADLINE_EXCEEDED", (status, body)
+    assert json.loads(body)["error"], body
+    status, _, body = post_json(node, "/v2/models/digits/infer", digits_request(fresh))  # thawed: served again
+    assert status == 200, body
 
 
 def test_methods_head_options_405_and_unknown_paths(node):
