@@ -28,6 +28,15 @@ pytestmark = pytest.mark.timeout(120)
 LIMIT_BYTES = 1 << 20
 
 
+def http_address(dep) -> str:
+    """``host:port`` of the OIP v2 REST line ``up`` prints after its ``inferbus up`` line."""
+    deadline = time.monotonic() + 10
+    while not (m := re.search(rb"OIP v2 REST http://(127\.0\.0\.1:\d+)/v2", dep.log.read_bytes())):
+        assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+        time.sleep(0.05)
+    return m.group(1).decode()
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("http_infer")
@@ -35,11 +44,7 @@ def node(tmp_path_factory):
                            extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
                                   "--max-request-bytes", str(LIMIT_BYTES)])
     try:
-        deadline = time.monotonic() + 10
-        while not (m := re.search(rb"OIP v2 REST http://(127\.0\.0\.1:\d+)/v2", dep.log.read_bytes())):
-            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
-            time.sleep(0.05)
-        dep.http_address = m.group(1).decode()
+        dep.http_address = http_address(dep)
         with SyncClient.connect(dep.nats_url, dep.prefix) as client:
             dep.client = client
             yield dep
@@ -295,3 +300,21 @@ def test_tritonclient_http_against_the_node(node, pixels):
         assert err.value.status() == "404" and "unknown model" in err.value.message()
     finally:
         client.close()
+
+
+def test_rate_limited_is_429_with_retry_after_and_the_client_id_header_is_passed_on(tmp_path, pixels):
+    """A node of its own, 1 request per 100 s per ``Inferbus-Client-Id`` (burst 1): a client's second request is
+    429 RESOURCE_EXHAUSTED with ``Retry-After`` (the ingress's hint, in whole seconds), another client's is served."""
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="hr",
+                           extra=["--http-port", "0", "--http-host", "127.0.0.1", "--client-rate-limit", "0.01",
+                                  "--client-rate-burst", "1"])
+    try:
+        dep.http_address = http_address(dep)
+        doc = digits_request(pixels[:1])
+        assert post_json(dep, "/v2/models/digits/infer", doc, {"Inferbus-Client-Id": "a"})[0] == 200
+        status, headers, body = post_json(dep, "/v2/models/digits/infer", doc, {"Inferbus-Client-Id": "a"})
+        assert status == 429 and headers["inferbus-error-code"] == "RESOURCE_EXHAUSTED", (status, body)
+        assert "rate limit" in json.loads(body)["error"] and 90 <= int(headers["retry-after"]) <= 100, headers
+        assert post_json(dep, "/v2/models/digits/infer", doc, {"Inferbus-Client-Id": "b"})[0] == 200
+    finally:
+        dep.stop()

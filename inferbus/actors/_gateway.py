@@ -39,7 +39,7 @@ import math
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Mapping
+from typing import Mapping
 
 HTTP_EXTENSIONS = ("binary_tensor_data",)
 """The OIP v2 extensions served over HTTP, as ``GET /v2`` lists them (the ingress's ``model_repository`` is its NATS
@@ -189,7 +189,7 @@ class NodeGateway:
         """
         from ..bus import _headers as H
         from ..client import _subject_token, _version_token
-        from ..schemas import DeadlineExceeded, InferbusError, InvalidArgument
+        from ..schemas import DeadlineExceeded, InferbusError
 
         t0 = time.monotonic() if started_at is None else started_at
         lower = {k.lower(): v for k, v in headers.items()}

@@ -41,7 +41,6 @@ import concurrent.futures
 import functools
 import json
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Awaitable, Callable
 
 PROBE_WAIT_S = 0.5
