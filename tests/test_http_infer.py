@@ -279,7 +279,8 @@ def test_binary_tensor_extension_in_and_out(node, pixels):
 
 def test_tritonclient_http_against_the_node(node, pixels):
     """Triton's own HTTP client (``pip install tritonclient[http]``), defaults (binary tensors) and JSON alike."""
-    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check)")
+    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check: "
+                                                         "pip install -e '.[triton]')")
     from tritonclient.utils import InferenceServerException
 
     client = th.InferenceServerClient(node.http_address, connection_timeout=10, network_timeout=10)
