@@ -1165,6 +1165,10 @@ def up(
                                                "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; the model paths "
                                                "per version too; address --metrics-host (0 = any free port; default "
                                                "off), 0 to 65535 (docs/http.md)."),
+    http_infer: bool = typer.Option(False, "--http-infer/--no-http-infer",
+                                    help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
+                                    "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
+                                    "runs the models without NATS credentials (docs/http.md)."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
@@ -1271,6 +1275,9 @@ def up(
     if given("metrics_host") and metrics_port is None:  # it was ignored without a word
         _usage("up: --metrics-host is the metrics endpoint's address and needs --metrics-port; add --metrics-port "
                "or leave it out")
+    if http_infer and metrics_port is None:
+        _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
+               "add it or leave --http-infer out")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         _usage(f"up: --metrics-port must be in [0, 65535] (0 = any free port), got {metrics_port}")
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
@@ -1356,7 +1363,7 @@ def up(
                          prefix=prefix, pin_cpus=pin_cpus, nats_cpus=nats_cores, busy_poll_us=busy_poll_us,
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
-                         metrics_port=metrics_port, metrics_host=metrics_host, audit=audit,
+                         metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer, audit=audit,
                          log_level=log_level, log_format=log_format, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
@@ -1601,7 +1608,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         if node.metrics is not None:
             host = f"[{cfg.metrics_host}]" if ":" in cfg.metrics_host else cfg.metrics_host  # an IPv6 address: RFC 3986
             console.print(f"  metrics http://{host}:{node.metrics.port}/metrics", soft_wrap=True)
-            console.print(f"  OIP v2 REST http://{host}:{node.metrics.port}/v2 (health, metadata, infer)",
+            console.print(f"  OIP v2 REST http://{host}:{node.metrics.port}/v2 (health, metadata, "
+                          f"{'infer' if cfg.http_infer else 'infer off: --http-infer'})",
                           soft_wrap=True)
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()

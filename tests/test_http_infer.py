@@ -41,7 +41,7 @@ def http_address(dep) -> str:
 def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("http_infer")
     dep = start_deployment(root / "dep", workers=1, prefix="hi",
-                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1", "--http-infer",
                                   "--max-request-bytes", str(LIMIT_BYTES)])
     try:
         dep.http_address = http_address(dep)
@@ -307,7 +307,7 @@ def test_rate_limited_is_429_with_retry_after_and_the_client_id_header_is_passed
     """A node of its own, 1 request per 100 s per ``Inferbus-Client-Id`` (burst 1): a client's second request is
     429 RESOURCE_EXHAUSTED with ``Retry-After`` (the ingress's hint, in whole seconds), another client's is served."""
     dep = start_deployment(tmp_path / "dep", workers=1, prefix="hr",
-                           extra=["--http-port", "0", "--http-host", "127.0.0.1", "--client-rate-limit", "0.01",
+                           extra=["--http-port", "0", "--http-host", "127.0.0.1", "--http-infer", "--client-rate-limit", "0.01",
                                   "--client-rate-burst", "1"])
     try:
         dep.http_address = http_address(dep)

@@ -196,3 +196,24 @@ def test_probes_answer_within_their_bound_with_nats_frozen(node):
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_status(node, "/v2/health/ready", 200)
+
+
+def test_inference_over_http_is_off_without_http_infer_and_says_how_to_turn_it_on(node):
+    """The HTTP port has no authentication: a node started without ``--http-infer`` answers an infer 403
+    PERMISSION_DENIED naming the flag (the body read and dropped), while metadata is served; the ``up`` line says
+    infer is off. (Without the gate anyone reaching the port ran the models without NATS credentials.)"""
+    doc = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]}
+    host, port = node.http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", "/v2/models/digits/infer", body=json.dumps(doc).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        status, headers, body = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+    assert status == 403 and headers["inferbus-error-code"] == "PERMISSION_DENIED", (status, body)
+    assert "--http-infer" in json.loads(body)["error"]
+    status, _, body = ask(node, "/v2/models/digits")
+    assert status == 200 and json.loads(body)["name"] == "digits"
+    assert b"infer off: --http-infer" in node.log.read_bytes()

@@ -506,6 +506,8 @@ def test_metrics_options_refused_before_anything_starts():
     assert r.returncode == 2 and "--metrics-host" in r.stderr and "needs --metrics-port" in r.stderr, r.stderr
     r = _up("--metrics-port", "70000")
     assert r.returncode == 2 and "--metrics-port must be in [0, 65535] (0 = any free port), got " in r.stderr, r.stderr
+    r = _up("--http-infer")
+    assert r.returncode == 2 and "--http-infer" in r.stderr and "needs --metrics-port" in r.stderr, r.stderr
 
 
 def test_answers_of_other_nodes_and_prefixes_are_ignored():

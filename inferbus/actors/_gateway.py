@@ -118,6 +118,8 @@ class NodeGateway:
         options = node.config.ingress_options
         self.default_timeout_ms = float(options.get("default_timeout_ms", IngressConfig.default_timeout_ms))
         self.max_request_bytes = int(options.get("max_request_bytes", 0) or 0)
+        self.infer_enabled = bool(getattr(node.config, "http_infer", False))
+        """Whether ``POST .../infer`` is served (``NodeConfig.http_infer``, ``up --http-infer``); off: 403."""
         self._client = None
 
     def max_body_bytes(self) -> int:

@@ -205,6 +205,10 @@ class NodeConfig:
     metrics_host: str = "0.0.0.0"
     """Address the metrics endpoint listens on (``0.0.0.0``: every interface, as Triton's; ``127.0.0.1``: this
     host only)."""
+    http_infer: bool = False
+    """Answer ``POST /v2/models/<name>[/versions/<v>]/infer`` on the ``metrics_port`` (off: 403 naming
+    ``--http-infer``). Off by default: the HTTP port has no authentication, so whoever reaches it could run the
+    models without the NATS credentials a bus client needs; health, metadata and metrics are served either way."""
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)

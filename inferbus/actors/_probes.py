@@ -290,6 +290,13 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
         return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
                                  f"--max-request-bytes, else the NATS server's max_payload)",
                             (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"),))  # (wsgiref closes the connection)
+    if not gateway.infer_enabled:  # (the body read and dropped first, as for a 413: the client reads the answer)
+        left = min(n, (limit or 0) + _DRAIN_BYTES)
+        while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
+            left -= len(chunk)
+        return error_answer(403, "inference over HTTP is off on this node: start it with --http-infer (the HTTP "
+                                 "port has no authentication; docs/http.md), or send the request over NATS",
+                            (("Inferbus-Error-Code", "PERMISSION_DENIED"),))
     body = stream.read(n) if n else b""
     if len(body) < n:
         return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
