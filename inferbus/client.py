@@ -737,6 +737,9 @@ class Client:
             connection, an UNAVAILABLE reply: the next pause would not fit): the last one, its message followed
             by the same tally (``... no ingress is serving (17 attempts: 17 no responders)``), its
             ``retry_after_ms`` kept;
+            Unavailable at once, not retried, when NATS answers "no responders" on a subject of one ingress
+            (``<p>.ingresses.<id>.<...>``, :meth:`Subjects.at_ingress`): no ingress of that id is subscribed, a
+            known answer (a queue group's "no responders" is retried, as its members restart);
             PayloadTooLarge before sending when ``body`` plus headers exceed the server's
             max_payload (the server would close the connection instead of answering);
             Unavailable at once, not retried, when the connection is closed or draining
@@ -868,6 +871,11 @@ class Client:
                     at = self.subjects.ingress_of(subject)
                     last_err = Unavailable(f"no responders on {subject}: no ingress "
                                            f"{'is serving' if at is None else f'with id {at!r} is serving'}")
+                    if at is not None:
+                        # the bus's own answer that nothing subscribes to that one ingress's subject: known, not
+                        # retried (``health --ingress nope`` made 17 attempts over its whole budget first). A queue
+                        # group's "no responders" is retried: its ingresses restart and come back under other ids
+                        raise _with_tally(last_err, sent, met)
             except _ConnectionLost as exc:
                 met["connection lost"] += 1
                 last_err = Unavailable(f"{exc} while waiting for the answer (retried once reconnected, while the "
@@ -1058,8 +1066,10 @@ class Client:
         Raises:
             InvalidArgument: ``timeout_s`` is not a finite number > 0; ``ingress`` cannot be one subject token
                 (field ``ingress``; nothing sent either way).
-            Unavailable, DeadlineExceeded: no ingress (no ingress of that id) answered within the budget, as
-                :meth:`request` says.
+            Unavailable, DeadlineExceeded: no ingress answered within the budget, as :meth:`request` says;
+                Unavailable at once (field ``ingress``) when NATS answers "no responders" for the ingress of that
+                id (none is subscribed), its message naming the subject and the ids that do answer
+                ``<p>.ingresses``.
         """
         subject = self.subjects.health
         if ingress is not None:
