@@ -373,7 +373,9 @@ def _flag_pair_defaults_on_or_off() -> None:
 
 _flag_pair_defaults_on_or_off()
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="inferbus: ML inference over NATS.",
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="inferbus: ML inference over NATS. A command's help: inferbus COMMAND --help (or inferbus help "
+                       "COMMAND, inferbus -h COMMAND).",
                   # -h as --help: in every group and command too (each context takes its parent's names); no
                   # command has an option of its own named -h
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -392,7 +394,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main_options(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                                     help="Print the installed version and exit.")) -> None:
-    """inferbus: ML inference over NATS."""
+    """inferbus: ML inference over NATS. A command's help: inferbus COMMAND --help (or inferbus help COMMAND,
+    inferbus -h COMMAND)."""
 
 
 EXIT_FAILED = 1
@@ -2391,6 +2394,24 @@ def _command_words(argv: list[str]) -> str:
     return " ".join(words)
 
 
+_HELP_WORDS = ("-h", "--help", "help")
+"""What asks for help before a command's name: ``inferbus -h up``, ``inferbus --help up``, ``inferbus help up``."""
+
+
+def _help_of_a_command(argv: list[str]) -> list[str]:
+    """``argv`` with a request for help that comes before the command's words moved after them: ``-h up`` (or
+    ``--help up``, ``help up``, ``help models load``) becomes ``up --help``, so that it prints ``up``'s help. Click
+    handles the root group's ``-h`` as soon as it meets it, before it looks at the command that follows, and printed
+    the root help. ``help`` alone is ``--help`` (the root help); ``help`` before a word that is no command is
+    ``<word> --help``, refused as any unknown command is (``No such command``). Anything else is ``argv`` as given."""
+    if not argv or argv[0] not in _HELP_WORDS:
+        return argv
+    rest = argv[1:]
+    if argv[0] == "help":
+        return [*rest, "--help"]
+    return [*rest, "--help"] if _command_words(rest) else argv
+
+
 def main() -> None:
     """The ``inferbus`` command (:func:`_run_app`). Its stdout or stderr found a closed pipe (``inferbus infer ... |
     head -c1``): the command ends quietly, no traceback, exit 141 (128 + SIGPIPE, as a shell reports ``yes | head
@@ -2448,6 +2469,7 @@ def _run_app() -> None:
     its own handler, or while modules load: this module's imports turn it into exit 130 too) exits 130 with no
     traceback, as a shell reports a SIGINT death. Everything else (help, exit statuses, tracebacks of bugs) is
     Typer's."""
+    sys.argv[1:] = _help_of_a_command(sys.argv[1:])
     try:
         rv = app(standalone_mode=False)
     except KeyboardInterrupt:  # Typer 0.29 makes it Exit(130) itself; this is for one that escaped it

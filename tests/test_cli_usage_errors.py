@@ -607,3 +607,23 @@ def test_devices_refuses_an_unknown_backend_in_one_line_before_the_probe():
     refusal, in the form of every other one."""
     p = cli("devices", "--backends", "foo,jax")
     assert_one_error_line(p, "devices: --backends must each be one of onnxruntime, jax, tensorrt, got 'foo,jax'\n")
+
+
+@pytest.mark.parametrize("asked,same_as", [
+    (("-h", "up"), ("up", "--help")), (("--help", "up"), ("up", "--help")), (("help", "up"), ("up", "--help")),
+    (("-h", "models", "load"), ("models", "load", "--help")), (("help", "region", "manager"),
+                                                               ("region", "manager", "--help")),
+    (("help",), ("--help",))], ids=["-h up", "--help up", "help up", "-h models load", "help region manager", "help"])
+def test_help_asked_before_the_command_prints_the_commands_help(asked, same_as):
+    """``inferbus -h up`` printed the root help: Click's group takes its ``-h`` as soon as it meets it. The request
+    for help before a command's words now prints that command's help, as ``inferbus up --help`` does; ``inferbus
+    help up`` too."""
+    want = cli(*same_as)
+    assert want.returncode == 0 and "Usage:" in want.stdout, want
+    got = cli(*asked)
+    assert (got.returncode, got.stdout, got.stderr) == (0, want.stdout, ""), (got.stdout[:300], want.stdout[:300])
+
+
+def test_help_before_a_word_that_is_no_command_is_refused_as_an_unknown_command():
+    p = cli("help", "nosuch")
+    assert_one_error_line(p, "inferbus: No such command 'nosuch'.")
