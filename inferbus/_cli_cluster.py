@@ -18,6 +18,8 @@ from typing import Optional
 
 import typer
 
+from ._limits import MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, interval
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.",
                   short_help="Run a local multi-region topology and inject faults.")
@@ -69,13 +71,20 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
     return spec
 
 
+_BASE_PORT_HELP = ("First of the topology's consecutive ports, in [1, 65536 - the ports it takes] (47 for the default "
+                   "2 regions and 3 witness servers, 5 more per server)")
+"""The rule of ``--base-port`` (of ``cluster up`` and ``cluster config``): its top depends on the topology's size
+(:meth:`inferbus.cluster.Plan.make`), so the help names it in words; the refusal names the interval of the topology
+asked for."""
+
+
 @app.command(short_help="Start the topology and serve until Ctrl-C or SIGTERM.")
 def up(
-    regions: int = typer.Option(2, help="Number of regions (A, B, ...); A starts as primary."),
-    workers: int = typer.Option(1, help="Worker processes per region."),
-    ingress: int = typer.Option(1, help="Ingress processes per region (1 to 64; 2 keep a region answering while one "
-                                "is frozen: docs/regions.md)."),
-    base_port: int = typer.Option(0, help="First of consecutive ports (0 = free ports below the ephemeral range)."),
+    regions: int = typer.Option(2, help=f"Number of regions (A, B, ...), in {interval(2, 8)}; A starts as primary."),
+    workers: int = typer.Option(1, help=f"Worker processes per region, in {interval(1, MAX_NODE_PROCESSES)}."),
+    ingress: int = typer.Option(1, help=f"Ingress processes per region, in {interval(1, 64)} (2 keep a region "
+                                "answering while one is frozen: docs/regions.md)."),
+    base_port: int = typer.Option(0, help=_BASE_PORT_HELP + " (0 = free ports below the ephemeral range)."),
     run_dir: Optional[str] = typer.Option(None, help="Logs, configs, JetStream data, cluster.json (default: a temp dir; its logs are kept).", metavar="<path>"),
     models: Optional[str] = typer.Option(None, help="Model repository (default ./models).", metavar="<path>"),
     prefix: str = typer.Option("inferbus", help="Subject prefix of the cluster's actors (recorded in cluster.json, "
@@ -85,7 +94,8 @@ def up(
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve each region's Prometheus metrics (its actors and its "
                                                "region manager's inferbus_region_*): region A on this port, B on the "
-                                               "next, ... (on every interface, as up's --metrics-host default; default: none)."),
+                                               "next, ... (on every interface, as up's --metrics-host default; default: "
+                                               "none), in [1, 65536 - --regions]: all the regions' ports below 65536."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
     log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
@@ -220,8 +230,8 @@ def up(
 
 @app.command(short_help="Render the configs and cluster.json of a topology.")
 def config(
-    regions: int = typer.Option(2, help="Number of regions."),
-    base_port: int = typer.Option(14000, help="First of consecutive ports."),
+    regions: int = typer.Option(2, help=f"Number of regions, in {interval(2, 8)}."),
+    base_port: int = typer.Option(14000, help=_BASE_PORT_HELP + "."),
     out: str = typer.Option("deploy/local", help="Folder for <server>.conf, valkey-<region>.conf, cluster.json.",
                             metavar="<path>"),
     data_root: str = typer.Option("/tmp/inferbus-local", help="Where the servers keep their data (a relative "
@@ -512,7 +522,8 @@ def _took(reply) -> str:
 def timeout_s_option(default: float, what: str):
     """The ``--timeout-s`` option of the ``region`` and ``cluster`` commands: the command's whole budget in seconds
     (checked by :func:`inferbus.cli._check_timeout_s`); ``what`` says what it covers after the connect."""
-    return typer.Option(default, "--timeout-s", help=f"Budget of the command in seconds (> 0, at most 600): "
+    return typer.Option(default, "--timeout-s", help=f"Budget of the command in seconds, in "
+                                                     f"{interval(0, MAX_TIMEOUT_MS / 1000, lo_open=True)}: "
                                                      f"connecting to NATS, {what}.")
 
 

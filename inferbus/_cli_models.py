@@ -24,6 +24,8 @@ from typing import Optional
 
 import typer
 
+from ._limits import MAX_TIMEOUT_MS, interval
+
 app = typer.Typer(add_completion=False, invoke_without_command=True,
                   help="Served models; load, unload and default model versions at run time.",
                   short_help="List the served models; load, unload and pick versions.")
@@ -35,8 +37,8 @@ _SUB_NATS = typer.Option(None, help="NATS server(s), comma-separated (default: t
                          "nats://127.0.0.1:4222).")
 _SUB_PREFIX = typer.Option(None, help="Subject prefix (default: the group's --prefix, inferbus).")
 _TIMEOUT = typer.Option(60.0, "--timeout-s", "--timeout",
-                        help="Budget of the write in seconds, a finite number > 0, at most 600 (a load waits for every "
-                        "worker); "
+                        help=f"Budget of the write in seconds, in {interval(0, MAX_TIMEOUT_MS / 1000, lo_open=True)} (a "
+                        "load waits for every worker); "
                         "--timeout is the older name of the same option.")
 
 
@@ -45,8 +47,8 @@ def models(ctx: typer.Context, nats_url: str = _NATS, prefix: str = _PREFIX,
            as_json: bool = typer.Option(False, "--json", help="Print the listing as JSON: the OIP v2 model list, "
                                         "{\"models\": <a list of model metadata>} (each with "
                                         "parameters.default_version)."),
-           timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included (> 0, at most "
-                                           "600); "
+           timeout_s: float = typer.Option(1.0, help="Budget of the listing in seconds, retries included, in "
+                                           f"{interval(0, MAX_TIMEOUT_MS / 1000, lo_open=True)}; "
                                            "a write takes --timeout-s after its subcommand.")):
     """List the served models with their inputs and outputs (OIP v2 metadata)."""
     from .cli import _call, _check_timeout_s, _given, _left_s, _nats_urls_given, _one_shot_client, _usage, console

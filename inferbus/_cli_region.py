@@ -15,6 +15,8 @@ from typing import Optional
 
 import typer
 
+from ._limits import MAX_REGION_HEARTBEAT_MS, MAX_REGION_MS, MAX_TIMEOUT_MS, interval
+
 from ._cli_cluster import timeout_s_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -386,16 +388,16 @@ def manager(
     lease_nats_url: Optional[str] = typer.Option(
         None, help="The witness cluster's NATS servers, comma-separated: lease reads, writes and the watch go "
                    "there directly, so losing one server of this region cannot blind them (recommended)."),
-    replicas: int = typer.Option(3, help="Replicas of the lease stream."),
+    replicas: int = typer.Option(3, help=f"Replicas of the lease stream, in {interval(1, 5)}."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
-    heartbeat_ms: int = typer.Option(100, help="Heartbeat and lease renewal period, ms."),
+    heartbeat_ms: int = typer.Option(100, help=f"Heartbeat and lease renewal period, ms, in {interval(10, MAX_REGION_HEARTBEAT_MS)}."),
     lease_ms: int = typer.Option(400, help="A standby takes over once the lease has not been renewed for this long, "
-                                           "ms (at least 2 × --heartbeat-ms)."),
+                                           f"ms, in {interval(20, MAX_REGION_MS)} and at least 2 × --heartbeat-ms."),
     suspect_ms: int = typer.Option(400, help="No primary heartbeat for this long: the primary is suspected gone, ms "
-                                             "(at most --lease-ms)."),
+                                             "in (0, --lease-ms]."),
     initial_primary: bool = typer.Option(False, help="Campaign at once when no lease exists yet."),
     initial_wait_ms: int = typer.Option(5000, help="Without --initial-primary: when no lease exists yet, "
-                                                   "campaign only after running this long (ms)."),
+                                                   f"campaign only after running this long (ms), in {interval(0, MAX_REGION_MS)}."),
     auto_failover: bool = typer.Option(True, help="Take over automatically when the primary is gone."),
 ) -> None:
     """Run one region manager in the foreground (for regions whose actors run with 'inferbus up').

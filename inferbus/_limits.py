@@ -26,19 +26,50 @@ MAX_WINDOW_US = 1_000_000.0
 """Longest busy-polling window accepted (1 s): longer would keep a core busy through pauses no request gap needs
 bridged (``inferbus.bus._busypoll.MAX_WINDOW_US``, ``--busy-poll-us``)."""
 
+MAX_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""nats-server's ceiling for ``max_payload``: its configuration reference (docs.nats.io, ``max_payload``) allows
+up to 64MB, and no more than ``max_pending`` (64MB by default, which the embedded server keeps)."""
 MAX_NODE_PROCESSES = 1024
 """The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
 and ``--ingress 99999999999999999999`` kept ``inferbus up`` busy starting processes)."""
 MIN_MAX_PAYLOAD_BYTES = 64 * 1024
 """The least ``NodeConfig.nats_max_payload_bytes``: room for the actors' own messages (a ``$SRV.INFO`` answer with
 every endpoint, a model list, a load report) with a margin. Chosen here, not taken from NATS."""
-MAX_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
-"""nats-server's ceiling for ``max_payload``: its configuration reference (docs.nats.io, ``max_payload``) allows
-up to 64MB, and no more than ``max_pending`` (64MB by default, which the embedded server keeps)."""
-MAX_MAILBOX_SIZE = 1_000_000_000
+MAX_COUNT = 1_000_000_000
+"""The largest count of requests or failures an option takes where nothing tighter bounds it (a billion):
+``--mailbox-size``, ``--max-pending``, ``--min-window-requests``, ``--breaker-failures``, ``--l2-breaker-failures``,
+and the rate limits and bursts (requests/s, requests). More is a typo, not a setting: a 20-digit
+``--mailbox-size`` crashed every worker on serialization (MessagePack ints stop at 64 bits), and
+``--rate-limit 1e300`` was a limit that limits nothing (0 is the way to say "off")."""
+MAX_MAILBOX_SIZE = MAX_COUNT
 """Largest ``WorkerConfig.mailbox_size`` in requests (a 20-digit value crashed every worker on serialization)."""
-MAX_HEALTH_WINDOW_S = 86_400
+MAX_PERIOD_S = 86_400
+"""The longest time an option of seconds takes where nothing tighter bounds it (a day): ``--health-window-s``,
+``--breaker-open-s``, ``--l2-breaker-open-s``, ``--forget-after-s`` (which also takes ``inf``, never). Longer
+is no timer at all (``--breaker-open-s 1e300``: a breaker that never closes again), for which the options have
+their own words where there are any (``--forget-after-s inf``)."""
+MAX_HEALTH_WINDOW_S = MAX_PERIOD_S
 """Longest ``WorkerConfig.health_window_s``, seconds (a day; the least is 1 s)."""
+MAX_INLINE_COMPUTE_US = 1_000_000.0
+"""Largest ``WorkerConfig.inline_max_compute_us`` (1 s): a model that computes longer inline holds the worker's
+event loop (its load reports, its other requests) for that long."""
+MAX_CHUNK_ROWS = 2**31 - 1
+"""Largest ``WorkerConfig.chunk_rows``: Triton's ``max_batch_size`` is an int32 (model_config.proto), so no
+model's batch has more rows."""
+MAX_L2_POOL_SIZE = 10_000
+"""Most Redis connections one ingress opens for L2 lookups: Valkey's and Redis's default ``maxclients``."""
+MAX_TENSOR_BYTES = 8 * MAX_MAX_PAYLOAD_BYTES
+"""Largest ``IngressConfig.max_tensor_bytes`` (512 MiB): the most values one request can carry, a 64 MiB body (NATS's
+ceiling) of one-byte MessagePack integers read as 8-byte elements (``data`` of an INT64 or FP64 input); shared
+memory inputs are not supported, so no tensor is larger."""
+MAX_BYTES_ELEMENTS = MAX_MAX_PAYLOAD_BYTES
+"""Largest ``IngressConfig.max_bytes_elements``: each element of a BYTES input takes at least a byte of a body of at
+most 64 MiB (NATS's ceiling)."""
+MAX_REGION_HEARTBEAT_MS = 60_000
+"""Longest ``region manager --heartbeat-ms`` (a minute): heartbeats exist for fast detection (~100 ms)."""
+MAX_REGION_MS = 3_600_000
+"""Longest ``region manager --lease-ms`` and ``--initial-wait-ms`` (an hour): a lease or a first wait longer is a
+region without a primary for that long."""
 MAX_BACKLOG_MSGS = NATS_SUB_PENDING_MSGS_LIMIT // 2
 """Largest ``IngressConfig.max_backlog_msgs``: half of nats-py's per-subscription pending limit, so the
 ingress refuses a backlog itself long before nats-py would drop messages silently (slow consumer)."""

@@ -78,9 +78,10 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
     from rich.markup import escape
 
     from ._cpus import cores_phrase, parse_cpu_list
-    from ._limits import (BACKENDS, LOG_FORMATS, LOG_LEVELS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S,
-                          MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, MAX_WINDOW_US,
-                          MIN_MAX_PAYLOAD_BYTES, binary_size, interval, number_as_typed)
+    from ._limits import (BACKENDS, LOG_FORMATS, LOG_LEVELS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_BYTES_ELEMENTS,
+                          MAX_CHUNK_ROWS, MAX_COUNT, MAX_HEALTH_WINDOW_S, MAX_INLINE_COMPUTE_US, MAX_L2_POOL_SIZE,
+                          MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_PERIOD_S, MAX_TENSOR_BYTES,
+                          MAX_TIMEOUT_MS, MAX_WINDOW_US, MIN_MAX_PAYLOAD_BYTES, binary_size, interval, number_as_typed)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
 if TYPE_CHECKING:  # (for annotations only: the commands that use them import them)
@@ -600,8 +601,13 @@ def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") 
             :func:`inferbus._limits.number_as_typed`).
     """
     if not 0 < timeout_s <= MAX_TIMEOUT_MS / 1000.0:  # NaN fails the comparison
-        _usage(f"{command}: {flag} must be in {interval(0, MAX_TIMEOUT_MS / 1000.0, lo_open=True)} seconds, "
+        _usage(f"{command}: {flag} must be in {_TIMEOUT_S_RANGE} seconds, "
                f"got {number_as_typed(timeout_s)}")
+
+
+_TIMEOUT_S_RANGE = interval(0, MAX_TIMEOUT_MS / 1000.0, lo_open=True)
+"""The range of every client command's ``--timeout-s``, as its help and its refusal (:func:`_check_timeout_s`) name
+it: ``(0, 600]`` (seconds)."""
 
 
 def _timeout_s_as_typed() -> str:
@@ -1111,9 +1117,9 @@ def up(
     model: Optional[list[str]] = typer.Option(None, "--model", metavar="<name>", help="Serve only this model of the repository "
                                               "(repeat for several; default: every model in it). The set is fixed "
                                               "for the node's life: `models load` of another model is NOT_FOUND."),
-    workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), 0 to "
-                                f"{MAX_NODE_PROCESSES}."),
-    ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), 1 to {MAX_NODE_PROCESSES}."),
+    workers: int = typer.Option(0, help=f"CPU worker processes (0 = one per core, not counting --nats-cpus), in "
+                                f"{interval(0, MAX_NODE_PROCESSES)}."),
+    ingress: int = typer.Option(1, help=f"Ingress replicas (one queue group), in {interval(1, MAX_NODE_PROCESSES)}."),
     colocate: bool = typer.Option(False, help="Run each CPU worker slot in one process with an ingress replica, "
                                   "which hands it requests in-process (no forward hop); --ingress is then refused "
                                   "(the CPU slots are the ingress replicas)."),
@@ -1122,7 +1128,7 @@ def up(
         help="Needs --colocate, where it is on by default: a miss with nothing to batch with is computed and "
         "answered in the call that received it (no queue, no task switch), and misses that arrive together are "
         "held back until the last and computed as batches in one call; off: always through the worker's queue."),
-    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0 = any free port), 0 to 65535."),
+    nats_port: int = typer.Option(4222, help=f"Port of the embedded nats-server (0 = any free port), in {interval(0, 65535)}."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS (comma-separated URLs) instead of the embedded one."),
     spread_servers: bool = typer.Option(False, help="With several --nats-url servers: process k connects to server k "
                                         "mod n first (others for failover); with gateway-joined servers and --colocate "
@@ -1148,7 +1154,7 @@ def up(
     busy_poll_us: float = typer.Option(0.0, help="Busy polling: each worker/ingress process keeps polling "
                                        "this many µs after each request instead of sleeping (lower latency, a full "
                                        "core per busy process; give each process a core, e.g. --colocate "
-                                       f"--pin-cpus). 0 = off, at most {MAX_WINDOW_US:.0f}."),
+                                       f"--pin-cpus). 0 = off; in {interval(0, MAX_WINDOW_US)} µs."),
     backends: str = typer.Option("onnxruntime", help=f"Comma-separated backends, at least one of {', '.join(BACKENDS)}: "
                                  "one worker per device each serves; see `inferbus devices`."),
     precision: str = typer.Option("auto", help="auto (fp16 on GPU/TPU, fp32 on CPU), fp32, fp16, bf16 or int8; "
@@ -1167,7 +1173,7 @@ def up(
                                                "/v2/health/live, /v2/health/ready, /v2/models/<name>/ready; metadata "
                                                "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; the model paths "
                                                "per version too; address --metrics-host (0 = any free port; default "
-                                               "off), 0 to 65535 (docs/http.md)."),
+                                               f"off), in {interval(0, 65535)} (docs/http.md)."),
     http_infer: bool = typer.Option(False, "--http-infer/--no-http-infer",
                                     help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
@@ -1176,52 +1182,53 @@ def up(
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
-    demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, more than 0 and at most "
-                                        f"{MAX_DEMO_DURATION_S:g}."),
+    demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, in "
+                                        f"{interval(0, MAX_DEMO_DURATION_S, lo_open=True)}."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --demo: also write the results as JSON to "
                                             "this file (its folder must exist and be writable)."),
     # reliability (docs/failure-semantics.md)
-    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, 0.5 to 86400: "
-                                           "workers report every 100 ms).", rich_help_panel=_REL),
+    health_timeout_s: float = typer.Option(5.0, help="A worker silent this long is taken out of routing (s, in "
+                                           f"{interval(0.5, 86400)}: workers report every 100 ms).", rich_help_panel=_REL),
     forget_after_s: Optional[float] = typer.Option(None, help="A worker silent this long is forgotten: dropped from the "
-                                                   "routers and health until it reports again (s, more than "
-                                                   "--health-timeout-s; default max(60, 12 x --health-timeout-s); "
-                                                   "inf: never).", rich_help_panel=_REL),
-    max_error_rate: float = typer.Option(0.01, help="A worker over this error rate (its own failures) is unhealthy, 0 to 1.", rich_help_panel=_REL),
-    min_window_requests: int = typer.Option(100, help="Requests in a worker's window before its error rate is judged (>= 1).", rich_help_panel=_REL),
-    health_window_s: float = typer.Option(10.0, help=f"Sliding window of the workers' error rate (s), 1 to {MAX_HEALTH_WINDOW_S}.", rich_help_panel=_REL),
-    breaker_failures: int = typer.Option(5, help="Consecutive failures that open a worker's circuit breaker (>= 1).", rich_help_panel=_REL),
-    breaker_open_s: float = typer.Option(30.0, help="Seconds a breaker stays open before one probe (half-open), > 0.", rich_help_panel=_REL),
-    rate_limit: float = typer.Option(0.0, help="Requests/s this node admits (token bucket; 0 = off), >= 0.", rich_help_panel=_REL),
+                                                   "routers and health until it reports again (s, in "
+                                                   f"(--health-timeout-s, {MAX_PERIOD_S}], or inf: never; default "
+                                                   "max(60, 12 x --health-timeout-s)).", rich_help_panel=_REL),
+    max_error_rate: float = typer.Option(0.01, help=f"A worker over this error rate (its own failures) is unhealthy, in {interval(0, 1)}.", rich_help_panel=_REL),
+    min_window_requests: int = typer.Option(100, help=f"Requests in a worker's window before its error rate is judged, in {interval(1, MAX_COUNT)}.", rich_help_panel=_REL),
+    health_window_s: float = typer.Option(10.0, help=f"Sliding window of the workers' error rate (s), in {interval(1, MAX_HEALTH_WINDOW_S)}.", rich_help_panel=_REL),
+    breaker_failures: int = typer.Option(5, help=f"Consecutive failures that open a worker's circuit breaker, in {interval(1, MAX_COUNT)}.", rich_help_panel=_REL),
+    breaker_open_s: float = typer.Option(30.0, help=f"Seconds a breaker stays open before one probe (half-open), in {interval(0, MAX_PERIOD_S, lo_open=True)}.", rich_help_panel=_REL),
+    rate_limit: float = typer.Option(0.0, help=f"Requests/s this node admits (token bucket; 0 = off), in {interval(0, MAX_COUNT)}.", rich_help_panel=_REL),
     rate_burst: float = typer.Option(0.0, help="Bucket capacity (requests) above the rate: R req/s for T s needs (R - rate) * T; "
-                                     "0 (one second of the rate) or >= 1, with --rate-limit set.", rich_help_panel=_REL),
-    client_rate_limit: float = typer.Option(0.0, help="Requests/s per Inferbus-Client-Id (0 = off), >= 0.", rich_help_panel=_REL),
-    client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests): 0 (one second of the rate) or >= 1, "
-                                            "with --client-rate-limit set.", rich_help_panel=_REL),
-    hedge_budget: float = typer.Option(0.1, help="Hedged copies allowed per request, 0 to 1.", rich_help_panel=_REL),
-    mailbox_size: int = typer.Option(1024, help=f"Worker mailbox bound; beyond it requests are shed. 1 to {MAX_MAILBOX_SIZE} requests.", rich_help_panel=_REL),
-    inline_max_compute_us: float = typer.Option(250.0, help="CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never), >= 0."),
-    chunk_rows: int = typer.Option(1024, help="A request of more rows than this to a model that batches (max_batch_size > 0) runs on the inference thread in chunks of this many rows, small requests answered between them (0 = never split), >= 0."),
-    max_pending: int = typer.Option(100_000, help="Requests an ingress may have outstanding (>= 1).", rich_help_panel=_REL),
-    max_backlog_msgs: int = typer.Option(10_000, help=f"Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once, 1 to {MAX_BACKLOG_MSGS}.", rich_help_panel=_REL),
-    max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help=f"The same bound in bytes, 1 to {MAX_BACKLOG_BYTES}.", rich_help_panel=_REL),
-    default_timeout_ms: float = typer.Option(1000.0, help=f"Budget of a request without Inferbus-Timeout-Ms (ms), more than 0 and at most {MAX_TIMEOUT_MS:.0f}.", rich_help_panel=_REL),
-    l2_timeout_ms: float = typer.Option(2.0, help="An L2 lookup slower than this is a miss (ms, > 0).", rich_help_panel=_REL),
-    l2_pool_size: int = typer.Option(64, help="Redis connections per ingress for L2 lookups (>= 1).", rich_help_panel=_REL),
-    l2_breaker_failures: int = typer.Option(20, help="L2 lookups failed or timed out in a row that turn an ingress's lookups off for --l2-breaker-open-s (>= 1).", rich_help_panel=_REL),
-    l2_breaker_open_s: float = typer.Option(1.0, help="Seconds L2 lookups stay off after that; then the next miss's lookup probes Valkey (> 0).", rich_help_panel=_REL),
-    max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload); with the embedded nats-server "
-                                          "at most --nats-max-payload.", rich_help_panel=_REL),
-    max_tensor_bytes: int = typer.Option(0, help="Largest input tensor in bytes (0 = no limit beyond the body), >= 0.", rich_help_panel=_REL),
-    max_bytes_elements: int = typer.Option(65_536, help="Most elements of one BYTES input (0 = no limit), >= 0: each is a "
+                                     f"0 (one second of the rate) or in {interval(1, MAX_COUNT)}, with --rate-limit set.", rich_help_panel=_REL),
+    client_rate_limit: float = typer.Option(0.0, help=f"Requests/s per Inferbus-Client-Id (0 = off), in {interval(0, MAX_COUNT)}.", rich_help_panel=_REL),
+    client_rate_burst: float = typer.Option(0.0, help="Per-client bucket capacity (requests): 0 (one second of the rate) or in "
+                                            f"{interval(1, MAX_COUNT)}, with --client-rate-limit set.", rich_help_panel=_REL),
+    hedge_budget: float = typer.Option(0.1, help=f"Hedged copies allowed per request, in {interval(0, 1)}.", rich_help_panel=_REL),
+    mailbox_size: int = typer.Option(1024, help=f"Worker mailbox bound; beyond it requests are shed. In {interval(1, MAX_MAILBOX_SIZE)} requests.", rich_help_panel=_REL),
+    inline_max_compute_us: float = typer.Option(250.0, help=f"CPU ONNX Runtime models whose EWMA compute per request is at most this (µs) run on the worker's event loop instead of its inference thread (0 = never), in {interval(0, MAX_INLINE_COMPUTE_US)}."),
+    chunk_rows: int = typer.Option(1024, help=f"A request of more rows than this to a model that batches (max_batch_size > 0) runs on the inference thread in chunks of this many rows, small requests answered between them (0 = never split), in {interval(0, MAX_CHUNK_ROWS)}."),
+    max_pending: int = typer.Option(100_000, help=f"Requests an ingress may have outstanding, in {interval(1, MAX_COUNT)}.", rich_help_panel=_REL),
+    max_backlog_msgs: int = typer.Option(10_000, help=f"Requests waiting in an ingress's subscription beyond which new ones get RESOURCE_EXHAUSTED at once, in {interval(1, MAX_BACKLOG_MSGS)}.", rich_help_panel=_REL),
+    max_backlog_bytes: int = typer.Option(64 * 1024 * 1024, help=f"The same bound in bytes, in {interval(1, MAX_BACKLOG_BYTES)}.", rich_help_panel=_REL),
+    default_timeout_ms: float = typer.Option(1000.0, help=f"Budget of a request without Inferbus-Timeout-Ms (ms), in {interval(0, MAX_TIMEOUT_MS, lo_open=True)}.", rich_help_panel=_REL),
+    l2_timeout_ms: float = typer.Option(2.0, help=f"An L2 lookup slower than this is a miss (ms), in {interval(0, MAX_TIMEOUT_MS, lo_open=True)}.", rich_help_panel=_REL),
+    l2_pool_size: int = typer.Option(64, help=f"Redis connections per ingress for L2 lookups, in {interval(1, MAX_L2_POOL_SIZE)} (Valkey's default maxclients).", rich_help_panel=_REL),
+    l2_breaker_failures: int = typer.Option(20, help=f"L2 lookups failed or timed out in a row that turn an ingress's lookups off for --l2-breaker-open-s, in {interval(1, MAX_COUNT)}.", rich_help_panel=_REL),
+    l2_breaker_open_s: float = typer.Option(1.0, help=f"Seconds L2 lookups stay off after that; then the next miss's lookup probes Valkey, in {interval(0, MAX_PERIOD_S, lo_open=True)}.", rich_help_panel=_REL),
+    max_request_bytes: int = typer.Option(0, help="Largest request body in bytes (0 = NATS max_payload), in "
+                                          f"{interval(0, MAX_MAX_PAYLOAD_BYTES)} (nats-server's ceiling); with the "
+                                          "embedded nats-server at most --nats-max-payload.", rich_help_panel=_REL),
+    max_tensor_bytes: int = typer.Option(0, help=f"Largest input tensor in bytes (0 = no limit beyond the body), in {interval(0, MAX_TENSOR_BYTES)} ({binary_size(MAX_TENSOR_BYTES)}: the most values a body of 64 MiB carries).", rich_help_panel=_REL),
+    max_bytes_elements: int = typer.Option(65_536, help=f"Most elements of one BYTES input (0 = no limit), in {interval(0, MAX_BYTES_ELEMENTS)}: each is a "
                                            "Python object the ingress makes on its event loop.", rich_help_panel=_REL),
-    nats_max_payload: int = typer.Option(8 * 1024 * 1024, help=f"max_payload of the embedded nats-server (bytes), "
-                                         f"{MIN_MAX_PAYLOAD_BYTES} ({binary_size(MIN_MAX_PAYLOAD_BYTES)}) to "
-                                         f"{MAX_MAX_PAYLOAD_BYTES} ({binary_size(MAX_MAX_PAYLOAD_BYTES)}).",
+    nats_max_payload: int = typer.Option(8 * 1024 * 1024, help=f"max_payload of the embedded nats-server (bytes), in "
+                                         f"{interval(MIN_MAX_PAYLOAD_BYTES, MAX_MAX_PAYLOAD_BYTES)} "
+                                         f"({binary_size(MIN_MAX_PAYLOAD_BYTES)} to {binary_size(MAX_MAX_PAYLOAD_BYTES)}).",
                                          rich_help_panel=_REL),
     fault_injection: bool = typer.Option(False, hidden=True, help="Workers obey FaultSet on <p>._ctl.<worker> (tests, drills)."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit (a MessagePack list of strings per batch, header Inferbus-Worker-Id: the worker), for counting duplicate executions in your own drills; turns the run-now fast path off.", rich_help_panel=_REL),
-    peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help="How long a retry asks peer ingresses for its first copy's worker (ms)."),
+    peer_query_timeout_ms: float = typer.Option(5.0, hidden=True, help=f"How long a retry asks peer ingresses for its first copy's worker (ms), in {interval(0, MAX_TIMEOUT_MS, lo_open=True)}."),
     # security: credentials for every connection (also required by an embedded nats-server: token, user)
     nats_user: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_USER", help="User name (with --nats-password).", rich_help_panel=_SEC),
     nats_password: Optional[str] = typer.Option(None, envvar="INFERBUS_NATS_PASSWORD", help="Prefer the env var: argv is public.", rich_help_panel=_SEC),
@@ -1856,7 +1863,7 @@ def infer(
                                      help="An output to compute (repeat per output; default all)."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
     prefix: str = typer.Option("inferbus", help="Subject prefix."),
-    timeout_s: float = typer.Option(1.0, help="Request budget in seconds, retries included (> 0, at most 600)."),
+    timeout_s: float = typer.Option(1.0, help=f"Request budget in seconds, retries included, in {_TIMEOUT_S_RANGE}."),
     json_wire: bool = typer.Option(False, "--json-wire", help="Send JSON instead of MessagePack."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as one JSON object (model_name, "
                                  "model_version, id, outputs: {name: {datatype, shape, data}}, parameters); an "
@@ -1979,8 +1986,8 @@ def _json_default(x):
 @app.command(short_help="Ask one ingress whether it is live and ready.")
 def health(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
            prefix: str = typer.Option("inferbus", help="Subject prefix."),
-           timeout_s: float = typer.Option(1.0, help="Budget of the probe in seconds, retries included (> 0, at most "
-                                           "600)."),
+           timeout_s: float = typer.Option(1.0, help=f"Budget of the probe in seconds, retries included, in "
+                                           f"{_TIMEOUT_S_RANGE}."),
            as_json: bool = typer.Option(False, "--json", help="Accepted for scripts that pass it to every command: "
                                         "health prints JSON either way."),
            ingress: Optional[str] = typer.Option(None, "--ingress", metavar="<id>",
@@ -2024,8 +2031,8 @@ def health(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(
 @app.command(short_help="Print each node's supervision tree.")
 def nodes(nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS URL(s)."),
           prefix: str = typer.Option("inferbus", help="Subject prefix."),
-          wait_s: float = typer.Option(0.5, help="How long to collect the nodes' answers, seconds (> 0, at most "
-                                       "600)."),
+          wait_s: float = typer.Option(0.5, help=f"How long to collect the nodes' answers, seconds, in "
+                                       f"{_TIMEOUT_S_RANGE}."),
           as_json: bool = typer.Option(False, "--json", help="Print the answers as JSON (a list, one per node).")):
     """Each node's supervision tree: every `inferbus up` on this NATS and prefix answers with its supervisors
     (strategy, intensity, restarts counted against it) and each child's actor ids on the bus (as health and metrics
@@ -2159,16 +2166,17 @@ def bench(
                                          metavar="<path>"),
     version: Optional[str] = typer.Option(None, help="Model version (default: the default version the deployment "
                                                      "serves, from its metadata)."),
-    workers: int = typer.Option(0, help="Workers of the deployment started here (0 = one per core)."),
-    ingress: int = typer.Option(1, help="Ingress replicas of the deployment started here."),
-    busy_poll_us: float = typer.Option(0.0, help="Busy polling of the deployment started here (µs, 0 = off, "
-                                       f"at most {MAX_WINDOW_US:.0f}; see `up`)."),
-    gens: int = typer.Option(1, help="Load-generator processes: 1 to 4 per core of this host (at least 8)."),
+    workers: int = typer.Option(0, help=f"Workers of the deployment started here (0 = one per core), in {interval(0, MAX_NODE_PROCESSES)}."),
+    ingress: int = typer.Option(1, help=f"Ingress replicas of the deployment started here, in {interval(1, MAX_NODE_PROCESSES)}."),
+    busy_poll_us: float = typer.Option(0.0, help="Busy polling of the deployment started here (µs, 0 = off; in "
+                                       f"{interval(0, MAX_WINDOW_US)}; see `up`)."),
+    gens: int = typer.Option(1, help=f"Load-generator processes, in {interval(1, max_bench_gens())} (4 per core of this host, at least 8)."),
     concurrency: str = typer.Option("1,8,64", help="Closed-loop concurrencies, comma-separated ('' = none)."),
     rate: str = typer.Option("", help="Open-loop rates in requests/s, comma-separated."),
-    duration_s: float = typer.Option(5.0, "--duration", help="Seconds per step."),
+    duration_s: float = typer.Option(5.0, "--duration", help=f"Seconds per step, in "
+                                     f"{interval(0, MAX_BENCH_DURATION_S, lo_open=True)}."),
     hit: bool = typer.Option(False, help="Repeat one input (cache hits) instead of distinct inputs."),
-    timeout_s: float = typer.Option(1.0, help="Per-request budget in seconds (> 0, at most 3,600)."),
+    timeout_s: float = typer.Option(1.0, help=f"Per-request budget in seconds, in {interval(0, MAX_BENCH_TIMEOUT_S, lo_open=True)}."),
     prefix: str = typer.Option("inferbus", help="Subject prefix of the deployment (`up --prefix`)."),
     json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
     spread: bool = typer.Option(False, help="Generator k connects to server k mod n of --nats-url first (load "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
@@ -383,7 +384,10 @@ def test_region_demote_to_the_region_it_demotes_is_a_usage_error():
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--replicas", "9"), "region manager: --replicas must be in [1, 5], "
                                                                        "got 9\n"),
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--heartbeat-ms", "5"), "region manager: --heartbeat-ms must be "
-                                                                           ">= 10 ms, got 5\n"),
+                                                                           "in [10, 60000] ms, got 5\n"),
+    # --initial-wait-ms had no check: -1 was taken (and 10**20 too)
+    (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--initial-wait-ms", "-1"), "region manager: --initial-wait-ms must "
+                                                                               "be in [0, 3,600,000] ms, got -1\n"),
     (("Z", "--nats-url", "nats://127.0.0.1:{port}", "--suspect-ms", "500"), "region manager: --suspect-ms must be in "
                                                                            "(0, 400] ms (at most --lease-ms), got 500\n"),
     # (a port out of range, a broken IPv6 host: ValueError tracebacks from the manager; a fresh-user trial)
@@ -514,7 +518,7 @@ def test_region_and_cluster_spell_timeout_s_alike():
     """``region`` built its ``--timeout-s`` with one helper and ``cluster`` with a constant of other words ("Budget
     in seconds for the connect and the cluster's answer together"): one spelling now, each command's default and
     what it covers kept."""
-    lead = "--timeout-s <float> Budget of the command in seconds (> 0, at most 600): connecting to NATS, "
+    lead = "--timeout-s <float> Budget of the command in seconds, in (0, 600]: connecting to NATS, "
     for argv, covers, default in (
             (("region", "status"), "listening 0.35 s for heartbeats", "2.5"),
             (("region", "promote"), "and the region manager's answer", "10.0"),
@@ -627,3 +631,101 @@ def test_help_asked_before_the_command_prints_the_commands_help(asked, same_as):
 def test_help_before_a_word_that_is_no_command_is_refused_as_an_unknown_command():
     p = cli("help", "nosuch")
     assert_one_error_line(p, "inferbus: No such command 'nosuch'.")
+
+
+_NEEDS = {  # what an option needs to be checked at all, in the place of its command's _COMMAND_ARGS
+    ("up", "--nats-port"): ("--no-cache",), ("up", "--nats-max-payload"): ("--no-cache",),  # the embedded server's
+    ("up", "--demo-duration"): ("--demo", "--nats-url", "nats://127.0.0.1:1", "--no-cache"),
+    ("up", "--rate-burst"): ("--rate-limit", "1", "--nats-url", "nats://127.0.0.1:1", "--no-cache"),
+    ("up", "--client-rate-burst"): ("--client-rate-limit", "1", "--nats-url", "nats://127.0.0.1:1", "--no-cache"),
+    **{("up", f"--l2-{o}"): ("--nats-url", "nats://127.0.0.1:1", "--redis-url", "redis://127.0.0.1:1")
+       for o in ("timeout-ms", "pool-size", "breaker-failures", "breaker-open-s")},
+    ("chaos run", "--fault-every"): ("soak",), ("chaos run", "--hang-s"): ("worker-hang",),
+    ("chaos run", "--latency-ms"): ("gateway-degrade",), ("chaos run", "--drop-pct"): ("gateway-degrade",),
+    ("chaos run", "--fault-at"): ("region-failover",), ("chaos run", "--fault-s"): ("gateway-degrade",),
+    ("chaos run", "--down-s"): ("nats-node-loss",),
+}
+_COMMAND_ARGS = {  # each command's required arguments, and a NATS nothing listens at (port 1) where it connects
+    "up": ("--nats-url", "nats://127.0.0.1:1", "--no-cache"), "infer": ("digits", "-i", "a=b.npy"),
+    "bench": ("digits", "--nats-url", "nats://127.0.0.1:1", "--concurrency", "1"), "chaos run": ("worker-crash",),
+    "region manager": ("Z",), "region promote": ("A",), "models load": ("digits", "1"),
+    "models unload": ("digits", "1"), "models default": ("digits", "1"),
+    **{f"cluster {c}": (*sites, "--cluster", "{tmp}") for c, sites in (("kill", ("A",)), ("restore", ("A",)),
+                                                                        ("isolate", ("A",)), ("heal", ()),
+                                                                        ("partition", ("A", "B")))},
+}
+_NO_RANGE = {  # number options whose rule is no range with two ends, each said in its help
+    ("cluster up", "--witness-servers"): "3 or 5", ("cluster config", "--witness-servers"): "3 or 5",
+    ("up", "--forget-after-s"): "in (--health-timeout-s, 86400], or inf: never",
+    ("region manager", "--suspect-ms"): "in (0, --lease-ms]",
+    ("cluster up", "--base-port"): "in [1, 65536 - the ports it takes]",
+    ("cluster config", "--base-port"): "in [1, 65536 - the ports it takes]",
+    ("cluster up", "--metrics-port"): "in [1, 65536 - --regions]",
+}
+_INTERVAL = re.compile(r"([\[(])(-?[\d,.]+), (-?[\d,.]+)\]")
+
+
+def _refusal_of(path, option, value, tmp_path) -> subprocess.CompletedProcess:
+    """``inferbus <path> ... <option> <value>``, in a session of its own, killed whole if it runs past 60 s (an
+    option that is not checked may start a deployment)."""
+    import signal as _signal
+
+    command = " ".join(path)
+    _cluster_file(tmp_path / "cluster.json", "nats://127.0.0.1:1")
+    args = [a.format(tmp=tmp_path) for a in _NEEDS.get((command, option), _COMMAND_ARGS.get(command, ()))]
+    if path[0] in ("infer", "health", "nodes", "models", "region") and "--nats-url" not in args:
+        args += ["--nats-url", "nats://127.0.0.1:1"]
+    if path[0] in ("up", "chaos") or command == "cluster up":
+        args += ["--run-dir", str(tmp_path / "run")]
+    if command == "cluster config":
+        args += ["--out", str(tmp_path / "cfg")]
+    p = subprocess.Popen([sys.executable, "-m", "inferbus.cli", *path, *args, option, value], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, _signal.SIGKILL)
+        out, err = p.communicate()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _help_of(path, option) -> str:
+    import typer
+
+    from inferbus.cli import app
+
+    cmd = typer.main.get_command(app)
+    for word in path:
+        cmd = cmd.commands[word]
+    return next(p.help for p in cmd.params if option in p.opts)
+
+
+@pytest.mark.parametrize("path,option,kind,required", NUMBER_OPTIONS,
+                         ids=[f"{' '.join(p)} {o}" for p, o, _, _ in NUMBER_OPTIONS])
+def test_every_number_option_has_a_range_its_help_and_its_refusal_name_alike(path, option, kind, required, tmp_path):
+    """Every integer or number option of every command has an upper bound (``up --rate-limit 1e300``,
+    ``--max-pending 99999999999999999999``, ``--chunk-rows``, ``region manager --initial-wait-ms -1`` were taken),
+    and its help names its range as its refusal does, in interval notation (help said ``0 to 1024`` where the
+    refusal said ``[0, 1024]``): a value past the upper end is refused, one line, exit 2, with the same interval."""
+    command = " ".join(path)
+    help_text = " ".join(_help_of(path, option).split())
+    huge = "99999999999999999999" if kind is int else "1e300"
+    p = _refusal_of(path, option, huge, tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith(f"error: {command}: {option} must be "), (p.returncode,
+                                                                                              p.stderr[-800:])
+    assert p.stderr.count("\n") == 1 and not p.stdout, (p.stdout[-500:], p.stderr[-800:])
+    if (command, option) in _NO_RANGE:
+        assert _NO_RANGE[command, option] in help_text, help_text
+        return
+    m = _INTERVAL.search(help_text)
+    assert m, f"{command} {option}: its help names no range in interval notation: {help_text}"
+    assert m.group(0) in p.stderr, (m.group(0), p.stderr)
+    hi = float(m.group(3).replace(",", ""))
+    above = str(int(hi) + 1) if kind is int else f"{hi * 1.5 + 1:g}"
+    p = _refusal_of(path, option, above, tmp_path)
+    assert p.returncode == 2 and m.group(0) in p.stderr, (above, m.group(0), p.returncode, p.stderr[-800:])
+    lo = float(m.group(2).replace(",", ""))
+    below = str(int(lo) - 1) if kind is int else (f"{lo:g}" if m.group(1) == "(" else f"{lo - 0.5:g}")
+    p = _refusal_of(path, option, below, tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith(f"error: {command}: {option} must be "), (below, p.stderr[-800:])

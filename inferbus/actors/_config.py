@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from .._limits import MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_HEALTH_WINDOW_S, MAX_MAILBOX_SIZE, interval
+from .._limits import (MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_BYTES_ELEMENTS, MAX_CHUNK_ROWS, MAX_COUNT,
+                       MAX_HEALTH_WINDOW_S, MAX_INLINE_COMPUTE_US, MAX_L2_POOL_SIZE, MAX_MAILBOX_SIZE,
+                       MAX_MAX_PAYLOAD_BYTES, MAX_PERIOD_S, MAX_TENSOR_BYTES, interval)
 from ..bus import BusConfig
 from ..bus import headers as H
 from ..bus._busypoll import check_busy_poll_us
@@ -41,17 +43,18 @@ def check_rate_limits(owner: str, options: dict) -> None:
     second of the rate (burst).
 
     Raises:
-        ValueError: a value that is not a finite number >= 0, a burst in (0, 1) (a bucket must hold one
-            request), or a burst given without its rate. The message names ``owner`` and the field.
+        ValueError: a rate not in [0, :data:`~inferbus._limits.MAX_COUNT`] requests/s, a burst neither 0 nor in
+            [1, ``MAX_COUNT``] requests (a bucket must hold one request), or a burst given without its rate. The
+            message names ``owner`` and the field.
     """
     for rate_name, burst_name in RATE_FIELDS:
-        for name in (rate_name, burst_name):
+        for name, rule in ((rate_name, f"in {interval(0, MAX_COUNT)} requests/s (0 = off)"),
+                           (burst_name, f"0 (one second of the rate) or in {interval(1, MAX_COUNT)} requests")):
             v = options.get(name, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
-                raise ValueError(f"{owner}.{name} must be a finite number >= 0 (0 = off / default), got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= MAX_COUNT \
+                    or (name == burst_name and 0.0 < v < 1.0):  # (NaN fails the comparison)
+                raise ValueError(f"{owner}.{name} must be {rule}, got {v!r}")
         rate, burst = options.get(rate_name, 0.0), options.get(burst_name, 0.0)
-        if 0.0 < burst < 1.0:
-            raise ValueError(f"{owner}.{burst_name} must be >= 1 request (or 0 = one second of the rate), got {burst}")
         if burst and not rate:
             raise ValueError(f"{owner}.{burst_name} is set but {rate_name} is 0 (no limit): set the rate too")
 
@@ -165,8 +168,9 @@ class WorkerConfig(_JsonMixin):
     against those requests only. Set by the node; empty = none (every request the worker held is counted)."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.chunk_rows, int) and not isinstance(self.chunk_rows, bool) and self.chunk_rows >= 0,
-                 "WorkerConfig.chunk_rows", "an integer >= 0 rows (0: never split)", self.chunk_rows)
+        _require(isinstance(self.chunk_rows, int) and not isinstance(self.chunk_rows, bool)
+                 and 0 <= self.chunk_rows <= MAX_CHUNK_ROWS, "WorkerConfig.chunk_rows",
+                 f"an integer in {interval(0, MAX_CHUNK_ROWS)} rows (0: never split)", self.chunk_rows)
         if not 1 <= self.mailbox_size <= MAX_MAILBOX_SIZE:
             raise ValueError(f"WorkerConfig.mailbox_size must be in {interval(1, MAX_MAILBOX_SIZE)} requests, got "
                              f"{self.mailbox_size}")
@@ -184,9 +188,8 @@ class WorkerConfig(_JsonMixin):
                  self.inject_error_rate)
         _require(0 <= self.compute_delay_ms < _INF, "WorkerConfig.compute_delay_ms", "a finite number >= 0 ms",
                  self.compute_delay_ms)
-        if not self.inline_max_compute_us >= 0:
-            raise ValueError(f"WorkerConfig.inline_max_compute_us must be >= 0 µs (0 = never inline), got "
-                             f"{self.inline_max_compute_us}")
+        _require(0 <= self.inline_max_compute_us <= MAX_INLINE_COMPUTE_US, "WorkerConfig.inline_max_compute_us",
+                 f"in {interval(0, MAX_INLINE_COMPUTE_US)} µs (0 = never inline)", self.inline_max_compute_us)
         check_busy_poll_us(self.busy_poll_us, "WorkerConfig.busy_poll_us")
 
 
@@ -307,34 +310,39 @@ class IngressConfig(_JsonMixin):
                              f"{self.health_timeout_s!r}")
         if self.forget_after_s is not None:
             _require(isinstance(self.forget_after_s, (int, float)) and not isinstance(self.forget_after_s, bool)
-                     and self.health_timeout_s < self.forget_after_s,
-                     "IngressConfig.forget_after_s", f"a number of seconds more than health_timeout_s "
-                     f"({self.health_timeout_s:g}), or inf (never)", self.forget_after_s)
+                     and (self.health_timeout_s < self.forget_after_s <= MAX_PERIOD_S
+                          or self.forget_after_s == _INF),
+                     "IngressConfig.forget_after_s", f"in {interval(self.health_timeout_s, MAX_PERIOD_S, lo_open=True)} "
+                     f"seconds (more than health_timeout_s), or inf (never)", self.forget_after_s)
         _require(0.0 <= self.max_error_rate <= 1.0, "IngressConfig.max_error_rate", "in [0, 1]", self.max_error_rate)
-        _require(self.min_window_requests >= 1, "IngressConfig.min_window_requests", ">= 1 request",
-                 self.min_window_requests)
-        _require(self.breaker_failures >= 1, "IngressConfig.breaker_failures", ">= 1", self.breaker_failures)
-        _require(0 < self.breaker_open_s < _INF, "IngressConfig.breaker_open_s", "a finite number > 0 seconds",
-                 self.breaker_open_s)
+        _require(1 <= self.min_window_requests <= MAX_COUNT, "IngressConfig.min_window_requests",
+                 f"in {interval(1, MAX_COUNT)} requests", self.min_window_requests)
+        _require(1 <= self.breaker_failures <= MAX_COUNT, "IngressConfig.breaker_failures",
+                 f"in {interval(1, MAX_COUNT)} failures", self.breaker_failures)
+        _require(0 < self.breaker_open_s <= MAX_PERIOD_S, "IngressConfig.breaker_open_s",
+                 f"in {interval(0, MAX_PERIOD_S, lo_open=True)} seconds", self.breaker_open_s)
         _require(self.breaker_probes >= 1, "IngressConfig.breaker_probes", ">= 1", self.breaker_probes)
         check_rate_limits("IngressConfig", {n: getattr(self, n) for pair in RATE_FIELDS for n in pair})
         _require(0.0 <= self.hedge_budget_ratio <= 1.0, "IngressConfig.hedge_budget_ratio", "in [0, 1]",
                  self.hedge_budget_ratio)
-        _require(self.l2_pool_size >= 1, "IngressConfig.l2_pool_size", ">= 1 connection", self.l2_pool_size)
-        _require(self.max_request_bytes >= 0, "IngressConfig.max_request_bytes", ">= 0 bytes (0 = the bus's max_payload)",
+        _require(1 <= self.l2_pool_size <= MAX_L2_POOL_SIZE, "IngressConfig.l2_pool_size",
+                 f"in {interval(1, MAX_L2_POOL_SIZE)} connections (Valkey's default maxclients)", self.l2_pool_size)
+        _require(0 <= self.max_request_bytes <= MAX_MAX_PAYLOAD_BYTES, "IngressConfig.max_request_bytes",
+                 f"in {interval(0, MAX_MAX_PAYLOAD_BYTES)} bytes (0 = the bus's max_payload; nats-server's ceiling)",
                  self.max_request_bytes)
-        _require(self.max_tensor_bytes >= 0, "IngressConfig.max_tensor_bytes", ">= 0 bytes (0 = no limit)",
+        _require(0 <= self.max_tensor_bytes <= MAX_TENSOR_BYTES, "IngressConfig.max_tensor_bytes",
+                 f"in {interval(0, MAX_TENSOR_BYTES)} bytes (0 = no limit; the most values a request carries)",
                  self.max_tensor_bytes)
-        _require(self.max_bytes_elements >= 0, "IngressConfig.max_bytes_elements", ">= 0 elements (0 = no limit)",
-                 self.max_bytes_elements)
-        if not 0 < self.peer_query_timeout_ms < _INF:
-            raise ValueError(f"IngressConfig.peer_query_timeout_ms must be a finite number > 0 ms, got "
-                             f"{self.peer_query_timeout_ms}")
-        _require(self.l2_breaker_failures >= 1, "IngressConfig.l2_breaker_failures", ">= 1", self.l2_breaker_failures)
-        _require(0 < self.l2_breaker_open_s < _INF, "IngressConfig.l2_breaker_open_s", "a finite number > 0 seconds",
-                 self.l2_breaker_open_s)
-        if not 0 < self.l2_timeout_ms < _INF:
-            raise ValueError(f"IngressConfig.l2_timeout_ms must be a finite number > 0 ms, got {self.l2_timeout_ms}")
+        _require(0 <= self.max_bytes_elements <= MAX_BYTES_ELEMENTS, "IngressConfig.max_bytes_elements",
+                 f"in {interval(0, MAX_BYTES_ELEMENTS)} elements (0 = no limit)", self.max_bytes_elements)
+        _require(0 < self.peer_query_timeout_ms <= H.MAX_TIMEOUT_MS, "IngressConfig.peer_query_timeout_ms",
+                 f"in {interval(0, H.MAX_TIMEOUT_MS, lo_open=True)} ms", self.peer_query_timeout_ms)
+        _require(1 <= self.l2_breaker_failures <= MAX_COUNT, "IngressConfig.l2_breaker_failures",
+                 f"in {interval(1, MAX_COUNT)} failures", self.l2_breaker_failures)
+        _require(0 < self.l2_breaker_open_s <= MAX_PERIOD_S, "IngressConfig.l2_breaker_open_s",
+                 f"in {interval(0, MAX_PERIOD_S, lo_open=True)} seconds", self.l2_breaker_open_s)
+        _require(0 < self.l2_timeout_ms <= H.MAX_TIMEOUT_MS, "IngressConfig.l2_timeout_ms",
+                 f"in {interval(0, H.MAX_TIMEOUT_MS, lo_open=True)} ms (a request's longest budget)", self.l2_timeout_ms)
         check_busy_poll_us(self.busy_poll_us, "IngressConfig.busy_poll_us")
         if not 0 <= self.pending_grace_s < _INF:
             raise ValueError(f"IngressConfig.pending_grace_s must be a finite number >= 0 seconds, got "
@@ -343,7 +351,8 @@ class IngressConfig(_JsonMixin):
             raise ValueError(f"IngressConfig.default_timeout_ms must be in "
                              f"{interval(0, H.MAX_TIMEOUT_MS, lo_open=True)} ms (the header's own bound), got "
                              f"{self.default_timeout_ms}")
-        _require(self.max_pending >= 1, "IngressConfig.max_pending", ">= 1 request", self.max_pending)
+        _require(1 <= self.max_pending <= MAX_COUNT, "IngressConfig.max_pending", f"in {interval(1, MAX_COUNT)} requests",
+                 self.max_pending)
         _require(self.l1_max_bytes >= 0, "IngressConfig.l1_max_bytes", ">= 0 bytes (0: no byte bound)",
                  self.l1_max_bytes)
         _require(1 <= self.max_backlog_msgs <= MAX_BACKLOG_MSGS, "IngressConfig.max_backlog_msgs",

@@ -57,7 +57,7 @@ from ..schemas._region import (
     PRIMARY, STANDBY, LeaseValue, RegionCommand, RegionDecodeError, RegionHeartbeat, RegionReply, RegionStatus,
     RegionStep, Transition, decode_region, encode_region,
 )
-from .._limits import interval
+from .._limits import MAX_REGION_HEARTBEAT_MS, MAX_REGION_MS, interval
 from .._version import __version__
 from ._common import announce_ready, log, run_actor
 from ._config import _JsonMixin
@@ -98,10 +98,11 @@ class RegionConfig(_JsonMixin):
     replicas: int = 3
     """Replicas of the lease stream (1..5)."""
     heartbeat_ms: int = 100
-    """Heartbeat and renewal period, ms."""
+    """Heartbeat and renewal period, ms, in [10, 60,000] (:data:`~inferbus._limits.MAX_REGION_HEARTBEAT_MS`)."""
     lease_ms: int = 400
     """A standby takes over once the lease revision it saw has not changed for this long, ms.
-    The leader's own validity is 0.75 × this after the start of its last successful renewal."""
+    The leader's own validity is 0.75 × this after the start of its last successful renewal. In [20, 3,600,000]
+    (:data:`~inferbus._limits.MAX_REGION_MS`) and at least 2 × ``heartbeat_ms``."""
     suspect_ms: int = 400
     """No primary heartbeat for this long = the primary is suspected dead (the detection event), ms."""
     hold_ms: int = 3000
@@ -113,7 +114,8 @@ class RegionConfig(_JsonMixin):
     initial_wait_ms: int = 5000
     """When no lease exists yet, a region that is not ``initial_primary`` campaigns only after running this
     long (at least ``lease_ms``), ms: on a loaded machine the initial primary's first write can take longer
-    than one lease period, and a cluster that starts with the standby in charge is a surprise."""
+    than one lease period, and a cluster that starts with the standby in charge is a surprise. In [0, 3,600,000]
+    (:data:`~inferbus._limits.MAX_REGION_MS`; ``region manager --initial-wait-ms -1`` was taken)."""
     auto_failover: bool = True
     """Take over automatically when the primary is gone; False = only ``promote`` does."""
     manager_id: str = ""
@@ -123,14 +125,21 @@ class RegionConfig(_JsonMixin):
         if not self.region or any(c in self.region for c in ". *>"):
             raise ValueError(f"RegionConfig.region must be a non-empty subject token (no '.', '*', '>', space), got "
                              f"{self.region!r}")
-        if self.heartbeat_ms < 10:
-            raise ValueError(f"RegionConfig.heartbeat_ms must be >= 10 ms, got {self.heartbeat_ms}")
+        if not 10 <= self.heartbeat_ms <= MAX_REGION_HEARTBEAT_MS:
+            raise ValueError(f"RegionConfig.heartbeat_ms must be in {interval(10, MAX_REGION_HEARTBEAT_MS)} ms, got "
+                             f"{self.heartbeat_ms}")
         if self.lease_ms < 2 * self.heartbeat_ms:
             raise ValueError(f"RegionConfig.lease_ms must be >= 2 × heartbeat_ms ({2 * self.heartbeat_ms} ms: the "
                              f"leader renews every heartbeat), got {self.lease_ms}")
+        if not 20 <= self.lease_ms <= MAX_REGION_MS:
+            raise ValueError(f"RegionConfig.lease_ms must be in {interval(20, MAX_REGION_MS)} ms (and at least 2 × "
+                             f"heartbeat_ms), got {self.lease_ms}")
         if not 0 < self.suspect_ms <= self.lease_ms:
             raise ValueError(f"RegionConfig.suspect_ms must be in {interval(0, self.lease_ms, lo_open=True)} ms (at "
                              f"most lease_ms), got {self.suspect_ms}")
+        if not 0 <= self.initial_wait_ms <= MAX_REGION_MS:
+            raise ValueError(f"RegionConfig.initial_wait_ms must be in {interval(0, MAX_REGION_MS)} ms, got "
+                             f"{self.initial_wait_ms}")
         if not 1 <= self.replicas <= 5:
             raise ValueError(f"RegionConfig.replicas must be in {interval(1, 5)}, got {self.replicas}")
 
