@@ -654,3 +654,18 @@ def test_onnxruntime_gives_back_the_arena_a_large_request_grew():
     assert sess.arena_shrinks == 2
     # without the shrinkage this run left ~730 MB more than before it (measured: 57 MB -> 790 MB)
     assert rss_mb() - before < 200, (before, rss_mb())
+
+
+def test_accelerator_option_errors_say_name_must_be_rule_got_value():
+    """``precision``, ``StreamPool.size`` and the CUDA schedule are refused as ``<name> must be <rule>, got <value>``
+    (they said ``...; got <value>``, ``CUDA schedule: one of ...``, or gave no value); before any device is
+    touched."""
+    from inferbus.accelerators._abc import check_precision
+    from inferbus.accelerators._cuda import SCHEDULES, set_device_schedule
+
+    with pytest.raises(ValueError) as info:
+        check_precision("fp8", "cpu")
+    assert str(info.value) == "precision must be auto or one of fp32, fp16, bf16, int8, got 'fp8'"
+    with pytest.raises(ValueError) as info:
+        set_device_schedule("busy")
+    assert str(info.value) == f"CUDA schedule must be one of {', '.join(SCHEDULES)}, got 'busy'"

@@ -222,6 +222,29 @@ def test_spec_validation() -> None:
         SupervisorSpec(period_s=math.nan)
 
 
+@pytest.mark.parametrize("make,said", [
+    (lambda: ChildSpec("", _never), "ChildSpec.id must be a non-empty str, got ''"),
+    (lambda: ChildSpec("a", _never, shutdown_timeout_s=-1),
+     "ChildSpec 'a': shutdown_timeout_s must be None (brutal_kill), a number of seconds >= 0, or math.inf (wait "
+     "forever), got -1"),
+    (lambda: ChildSpec("a", _never, restart="sometimes"), "ChildSpec 'a': restart must be one of Restart.PERMANENT "
+                                                          "('permanent'), Restart.TRANSIENT ('transient'), "
+                                                          "Restart.TEMPORARY ('temporary'), got 'sometimes'"),
+    (lambda: SupervisorSpec(intensity=-1), "SupervisorSpec.intensity must be an int >= 0 (max restarts within "
+                                           "period_s), got -1"),
+    (lambda: SupervisorSpec(period_s=0), "SupervisorSpec.period_s must be a finite number of seconds > 0, got 0"),
+    (lambda: Supervisor(SupervisorSpec(), [], name=""), "name must be a non-empty str, got ''"),
+    (lambda: Supervisor(SupervisorSpec(), [1]), "children must be a list of ChildSpec, got an item 1"),
+    (lambda: Supervisor(SupervisorSpec(), [], on_child_exit=3), "on_child_exit must be None or a callable, got 3"),
+], ids=["id", "shutdown", "restart", "intensity", "period", "name", "children", "hook"])
+def test_spec_errors_say_name_must_be_rule_got_value(make, said) -> None:
+    """The supervisor's refusals in the project's one form, ``<name> must be <rule>, got <value>`` (they said
+    ``...; got <value>``), the value as Python writes it (a number unquoted)."""
+    with pytest.raises(SpecError) as info:
+        make()
+    assert str(info.value) == said
+
+
 @given(st.integers(0, 4), st.floats(0.5, 10),
        st.lists(st.floats(0, 5, allow_nan=False), min_size=1, max_size=30))
 def test_restart_window_matches_otp_add_restart(intensity: int, period_s: float,

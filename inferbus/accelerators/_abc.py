@@ -70,7 +70,7 @@ def check_precision(precision: str, device_kind: str) -> str:
     if precision == "auto":
         return default_precision(device_kind)
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be auto or one of {', '.join(PRECISIONS)}; got {precision!r}")
+        raise ValueError(f"precision must be auto or one of {', '.join(PRECISIONS)}, got {precision!r}")
     return precision
 
 

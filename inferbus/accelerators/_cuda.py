@@ -84,7 +84,7 @@ def set_device_schedule(schedule: str) -> str:
     """
     global _schedule_set
     if schedule not in SCHEDULES:
-        raise ValueError(f"CUDA schedule: one of {', '.join(SCHEDULES)}; got {schedule!r}")
+        raise ValueError(f"CUDA schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if schedule == "auto":
         return "auto"
     if _schedule_set == schedule:
@@ -300,7 +300,7 @@ class StreamPool:
 
     def __init__(self, size: int = 4) -> None:
         if size < 1:
-            raise ValueError("StreamPool: size must be >= 1")
+            raise ValueError(f"StreamPool.size must be >= 1, got {size!r}")
         self._rt = rt = cudart()
         self._lock = threading.Lock()
         self.streams = [check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")

@@ -213,7 +213,7 @@ class JaxSession:
             log.warning("jax: transfer='dlpack' is for GPUs (CuPy device memory); using pjrt on %s", device.kind)
             transfer = "pjrt"
         if transfer not in TRANSFERS:
-            raise ValueError(f"transfer: auto, {', '.join(TRANSFERS)}; got {transfer!r}")
+            raise ValueError(f"transfer must be auto or one of {', '.join(TRANSFERS)}, got {transfer!r}")
         self.transfer = transfer
         """The host transfer path in use: ``pjrt``, ``dlpack``, ``memcpy`` or ``hostmem`` (module docstring)."""
         self._packed: dict[int, tuple[object, tuple, int]] = {}
@@ -554,14 +554,14 @@ class JaxBackend:
         from ._cuda import SCHEDULES
 
         if cuda_schedule not in SCHEDULES:
-            raise ValueError(f"JaxBackend.cuda_schedule: one of {', '.join(SCHEDULES)}; got {cuda_schedule!r}")
+            raise ValueError(f"JaxBackend.cuda_schedule must be one of {', '.join(SCHEDULES)}, got {cuda_schedule!r}")
         self.cuda_schedule = cuda_schedule
         """How the process waits for its GPU (``_cuda.set_device_schedule``), set before JAX makes its CUDA context
         on the first GPU load: by default ``INFERBUS_CUDA_SCHEDULE``, else ``DEFAULT_CUDA_SCHEDULE``."""
         if transfer is None:
             transfer = os.environ.get("INFERBUS_JAX_TRANSFER", "auto")
         if transfer != "auto" and transfer not in TRANSFERS:
-            raise ValueError(f"JaxBackend.transfer: auto, {', '.join(TRANSFERS)}; got {transfer!r}")
+            raise ValueError(f"JaxBackend.transfer must be auto or one of {', '.join(TRANSFERS)}, got {transfer!r}")
         self.transfer = transfer
         """Host transfer path of its sessions: ``auto`` (``AUTO_TRANSFER_GPU`` on a GPU, else ``pjrt``),
         ``pjrt``, ``dlpack``, ``memcpy`` or ``hostmem`` (module docstring); by default the environment variable

@@ -199,15 +199,15 @@ class ProcessChild:
         """
         if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
             raise SpecError(f"argv must be a non-empty sequence of str (program, *args), "
-                            f"not a shell string; got {argv!r}")
+                            f"not a shell string, got {argv!r}")
         args = [os.fspath(a) for a in argv]
         if ready_line is not None and (not isinstance(ready_line, str) or "\n" in ready_line):
-            raise SpecError(f"ready_line must be None or a str without newlines; "
+            raise SpecError(f"ready_line must be None or a str without newlines, "
                             f"got {ready_line!r}")
         if isinstance(start_timeout_s, bool) or not isinstance(start_timeout_s, (int, float)) \
                 or math.isnan(start_timeout_s) or start_timeout_s <= 0:
             raise SpecError(f"start_timeout_s must be a number of seconds > 0 (math.inf: "
-                            f"no limit); got {start_timeout_s!r}")
+                            f"no limit), got {start_timeout_s!r}")
         name = name or Path(args[0]).name
         log_file: IO[bytes] | None = None
         if log_path is not None:

@@ -126,7 +126,7 @@ def check_shutdown_timeout(value: object, what: str = "shutdown_timeout_s") -> f
             or value < 0:
         raise SpecError(
             f"{what} must be None (brutal_kill), a number of seconds >= 0, or math.inf "
-            f"(wait forever); got {value!r}")
+            f"(wait forever), got {value!r}")
     return float(value)
 
 
@@ -137,7 +137,7 @@ def _coerce_enum(enum_cls: type[Enum], value: object, what: str) -> Enum:
         return enum_cls(value)
     except ValueError:
         allowed = ", ".join(f"{enum_cls.__name__}.{m.name} ({m.value!r})" for m in enum_cls)
-        raise SpecError(f"{what} must be one of {allowed}; got {value!r}") from None
+        raise SpecError(f"{what} must be one of {allowed}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -174,18 +174,18 @@ class ChildSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
-            raise SpecError(f"ChildSpec.id must be a non-empty str; got {self.id!r}")
+            raise SpecError(f"ChildSpec.id must be a non-empty str, got {self.id!r}")
         if not callable(self.start):
             raise SpecError(
                 f"ChildSpec {self.id!r}: start must be a zero-argument callable returning an "
-                f"awaitable of a Child (e.g. functools.partial(ProcessChild.start, argv)); "
+                f"awaitable of a Child (e.g. functools.partial(ProcessChild.start, argv)), "
                 f"got {self.start!r}")
         object.__setattr__(self, "restart",
                            _coerce_enum(Restart, self.restart, f"ChildSpec {self.id!r}: restart"))
         object.__setattr__(self, "shutdown_timeout_s", check_shutdown_timeout(
             self.shutdown_timeout_s, f"ChildSpec {self.id!r}: shutdown_timeout_s"))
         if self.exempt is not None and not callable(self.exempt):
-            raise SpecError(f"ChildSpec {self.id!r}: exempt must be a callable of the ChildExit or None; "
+            raise SpecError(f"ChildSpec {self.id!r}: exempt must be a callable of the ChildExit or None, "
                             f"got {self.exempt!r}")
 
 
@@ -213,12 +213,12 @@ class SupervisorSpec:
         if isinstance(self.intensity, bool) or not isinstance(self.intensity, int) \
                 or self.intensity < 0:
             raise SpecError(
-                f"SupervisorSpec.intensity must be an int >= 0 (max restarts within period_s); "
+                f"SupervisorSpec.intensity must be an int >= 0 (max restarts within period_s), "
                 f"got {self.intensity!r}")
         if isinstance(self.period_s, bool) or not isinstance(self.period_s, (int, float)) \
                 or not math.isfinite(self.period_s) or self.period_s <= 0:
             raise SpecError(
-                f"SupervisorSpec.period_s must be a finite number of seconds > 0; "
+                f"SupervisorSpec.period_s must be a finite number of seconds > 0, "
                 f"got {self.period_s!r}")
         object.__setattr__(self, "period_s", float(self.period_s))
 

@@ -184,22 +184,22 @@ class Supervisor:
                  on_child_exit: Callable[[str, ChildExit], None] | None = None,
                  on_child_start: Callable[[str, Child], None] | None = None) -> None:
         if not isinstance(spec, SupervisorSpec):
-            raise SpecError(f"spec must be a SupervisorSpec; got {spec!r}")
+            raise SpecError(f"spec must be a SupervisorSpec, got {spec!r}")
         if isinstance(children, (str, bytes)) or not isinstance(children, Sequence):
-            raise SpecError(f"children must be a list of ChildSpec; got {children!r}")
+            raise SpecError(f"children must be a list of ChildSpec, got {children!r}")
         ids: set[str] = set()
         for child in children:
             if not isinstance(child, ChildSpec):
-                raise SpecError(f"children must be a list of ChildSpec; got item {child!r}")
+                raise SpecError(f"children must be a list of ChildSpec, got an item {child!r}")
             if child.id in ids:
                 raise SpecError(f"duplicate child id {child.id!r}: ids must be unique "
                                 f"within one supervisor")
             ids.add(child.id)
         if not isinstance(name, str) or not name:
-            raise SpecError(f"name must be a non-empty str; got {name!r}")
+            raise SpecError(f"name must be a non-empty str, got {name!r}")
         for what, hook in (("on_child_exit", on_child_exit), ("on_child_start", on_child_start)):
             if hook is not None and not callable(hook):
-                raise SpecError(f"{what} must be None or a callable; got {hook!r}")
+                raise SpecError(f"{what} must be None or a callable, got {hook!r}")
         self.name = name
         """Label used in logs and errors."""
         self.spec = spec
@@ -445,7 +445,7 @@ class Supervisor:
             raise ChildNotFound(f"supervisor {self.name!r} has no child {child_id!r}")
         if isinstance(after_restarts, bool) or not isinstance(after_restarts, int) \
                 or after_restarts < 0:
-            raise SpecError(f"after_restarts must be an int >= 0; got {after_restarts!r}")
+            raise SpecError(f"after_restarts must be an int >= 0, got {after_restarts!r}")
         while self._starts[child_id] < after_restarts + 1:
             if self._state in (_State.STOPPED, _State.FAILED):
                 raise SupervisorNotRunning(
