@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import math
 
-from inferbus._limits import interval, number_as_typed
+from inferbus._limits import (MAX_DRILL_PROCESSES, MAX_DRILL_RATE_QPS, MAX_GATEWAY_LATENCY_MS, MAX_PERIOD_S, interval,
+                              number_as_typed)
 from inferbus.bus._headers import MAX_TIMEOUT_MS
 
-MAX_DURATION_S = 86_400.0
+MAX_DURATION_S = float(MAX_PERIOD_S)
 """The longest drill or soak, seconds (a day)."""
 MAX_TIMEOUT_S = MAX_TIMEOUT_MS / 1000.0
 """The longest per-request budget, seconds: what the ingress accepts (``Inferbus-Timeout-Ms`` up to
 :data:`inferbus.bus._headers.MAX_TIMEOUT_MS`); a drill given more sent every request with a budget each ingress
 refused (INVALID_ARGUMENT), after starting its deployment."""
-MAX_RATE_QPS = 1_000_000.0
+MAX_RATE_QPS = MAX_DRILL_RATE_QPS
 """The highest offered load, requests/s."""
-MAX_PROCESSES = 256
+MAX_PROCESSES = MAX_DRILL_PROCESSES
 """The most worker or ingress processes a drill starts."""
+MAX_LATENCY_MS = MAX_GATEWAY_LATENCY_MS
+"""The most gateway latency or jitter a region drill injects, ms each way."""
 
 
 def check_seconds(name: str, value: float, *, zero_ok: bool = False, max_s: float = MAX_DURATION_S) -> None:

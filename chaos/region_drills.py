@@ -50,7 +50,7 @@ from inferbus.client import Client
 from inferbus.cluster import ClusterSpec, Topology
 from inferbus.loadgen import Workload
 
-from ._options import MAX_TIMEOUT_S, check_count, check_number, check_rate, check_seconds
+from ._options import MAX_LATENCY_MS, MAX_TIMEOUT_S, check_count, check_number, check_rate, check_seconds
 from .load import DrillFigures, Driver, sleep_until
 
 
@@ -106,8 +106,8 @@ class RegionDrillOptions:
         check_seconds("fault_s", self.fault_s)
         check_seconds("node_down_s", self.node_down_s, zero_ok=True)
         check_count("workers", self.workers)
-        check_number("gateway_latency_ms", self.gateway_latency_ms, 0.0, 60_000.0, True, "ms")
-        check_number("gateway_jitter_ms", self.gateway_jitter_ms, 0.0, 60_000.0, True, "ms")
+        check_number("gateway_latency_ms", self.gateway_latency_ms, 0.0, MAX_LATENCY_MS, True, "ms")
+        check_number("gateway_jitter_ms", self.gateway_jitter_ms, 0.0, MAX_LATENCY_MS, True, "ms")
         check_number("gateway_drop_pct", self.gateway_drop_pct, 0.0, 100.0, True, "percent")
         if self.gateway_links not in ("regions", "all"):
             raise ValueError(f"gateway_links must be 'regions' or 'all', got {self.gateway_links!r}")

@@ -17,11 +17,15 @@ from typing import Optional
 
 import typer
 
-from ._limits import MAX_PERIOD_S, MAX_TIMEOUT_MS, interval
+from ._limits import (MAX_DRILL_PROCESSES, MAX_DRILL_RATE_QPS, MAX_GATEWAY_LATENCY_MS, MAX_PERIOD_S, MAX_TIMEOUT_MS,
+                      interval)
 
-_S = interval(0, MAX_PERIOD_S, lo_open=True)  # the drills' times (chaos._options, checked there: a day at most)
-_S0 = interval(0, MAX_PERIOD_S)  # the same, 0 allowed
-_COUNT = interval(1, 256)  # chaos._options.MAX_PROCESSES
+_S = interval(0, MAX_PERIOD_S, lo_open=True)
+"""The range of a drill's times in seconds, as chaos._options checks them (a day at most)."""
+_S0 = interval(0, MAX_PERIOD_S)
+"""The same, 0 allowed (``--hang-s``, ``--fault-at``, ``--down-s``)."""
+_COUNT = interval(1, MAX_DRILL_PROCESSES)
+"""The range of ``--workers`` and ``--ingress``."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Failover drills: inject a fault under checked load and print the figures.",
@@ -67,25 +71,30 @@ def _as_typed(flag: str) -> str:
 @app.command("run", short_help="Run one drill on a deployment of its own.")
 def run(
     name: str = typer.Argument(..., metavar="NAME", help="Drill name (inferbus chaos list)."),
-    duration_s: Optional[float] = typer.Option(None, "--duration", help=f"Seconds of load, in {_S} (drill default if omitted)."),
-    rate_qps: Optional[float] = typer.Option(None, "--rate", help=f"Offered load, requests/s, in {interval(0, 1_000_000, lo_open=True)}."),
+    duration_s: Optional[float] = typer.Option(None, "--duration",
+                                               help=f"Seconds of load, in {_S} (drill default if omitted)."),
+    rate_qps: Optional[float] = typer.Option(None, "--rate", help=f"Offered load, requests/s, in "
+                                                                  f"{interval(0, MAX_DRILL_RATE_QPS, lo_open=True)}."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s", "--timeout",
                                               help=f"Per-request budget, seconds, in "
                                                    f"{interval(0, MAX_TIMEOUT_MS / 1000, lo_open=True)} (what an "
-                                                   "ingress accepts; --timeout-s as every command names it; --timeout is the "
-                                                   "older name of the same option)."),
-    fault_every_s: Optional[float] = typer.Option(None, "--fault-every", help=f"soak: seconds between faults, in {_S} (30)."),
+                                                   "ingress accepts; --timeout-s as every command names it; --timeout "
+                                                   "is the older name of the same option)."),
+    fault_every_s: Optional[float] = typer.Option(None, "--fault-every",
+                                                  help=f"soak: seconds between faults, in {_S} (30)."),
     topology: Optional[bool] = typer.Option(None, "--topology/--node",
                                             help="soak: run on the two-region topology (cluster faults in the "
                                                  "cycle) or on one node (default)."),
     faults: Optional[str] = typer.Option(None, "--faults",
                                          help="soak: comma-separated fault names to cycle through (default: all)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help=f"Worker processes (per region on a topology), in {_COUNT}."),
+    workers: Optional[int] = typer.Option(None, "--workers",
+                                          help=f"Worker processes (per region on a topology), in {_COUNT}."),
     ingress: Optional[int] = typer.Option(None, "--ingress", help=f"Node drills: ingress replicas, in {_COUNT} (2)."),
-    hang_s: Optional[float] = typer.Option(None, "--hang-s", help=f"How long hang/slow faults last, seconds, in {_S0}."),
+    hang_s: Optional[float] = typer.Option(None, "--hang-s",
+                                           help=f"How long hang/slow faults last, seconds, in {_S0}."),
     latency_ms: Optional[float] = typer.Option(None, "--latency-ms",
                                                help="Region drills: gateway latency, ms each way, in "
-                                                    f"{interval(0, 60_000)} (gateway-degrade: 50; others: whole "
+                                                    f"{interval(0, MAX_GATEWAY_LATENCY_MS)} (gateway-degrade: 50; others: whole "
                                                     "drill, 0)."),
     drop_pct: Optional[float] = typer.Option(None, "--drop-pct",
                                              help=f"Region drills: gateway packet loss, percent, in {interval(0, 100)} "
@@ -93,7 +102,8 @@ def run(
     links: Optional[str] = typer.Option(None, "--links", help="Gateway faults act on 'regions' (A<->B) or 'all'."),
     fault_at_s: Optional[float] = typer.Option(None, "--fault-at",
                                                help=f"Region drills: seconds of load before the fault, in {_S0}."),
-    fault_s: Optional[float] = typer.Option(None, "--fault-s", help=f"gateway-degrade: how long the fault lasts, seconds, in {_S}."),
+    fault_s: Optional[float] = typer.Option(None, "--fault-s",
+                                            help=f"gateway-degrade: how long the fault lasts, seconds, in {_S}."),
     down_s: Optional[float] = typer.Option(None, "--down-s",
                                            help="nats-node-loss: seconds the server stays down before its restart, "
                                                 f"in {_S0}."),
@@ -103,8 +113,8 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
     min_availability: Optional[float] = typer.Option(
         None, "--min-availability", metavar="<float>",
-        help=f"Exit 1 when the drill answered less than this share of its requests right (in {interval(0, 1)}; default: failed "
-             "requests are reported, only wrong answers and duplicates fail the drill)."),
+        help=f"Exit 1 when the drill answered less than this share of its requests right (in {interval(0, 1)}; "
+             "default: failed requests are reported, only wrong answers and duplicates fail the drill)."),
 ) -> None:
     """Run one drill: it starts its own deployment on free ports, injects the fault, prints the figures."""
     from chaos.drills import UnknownDrill, get_drill, make_options, option_names

@@ -72,7 +72,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
 
 
 _BASE_PORT_HELP = ("First of the topology's consecutive ports, in [1, 65536 - the ports it takes] (47 for the default "
-                   "2 regions and 3 witness servers, 5 more per server)")
+                   "2 regions and 3 witness servers)")
 """The rule of ``--base-port`` (of ``cluster up`` and ``cluster config``): its top depends on the topology's size
 (:meth:`inferbus.cluster.Plan.make`), so the help names it in words; the refusal names the interval of the topology
 asked for."""

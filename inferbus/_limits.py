@@ -65,6 +65,13 @@ memory inputs are not supported, so no tensor is larger."""
 MAX_BYTES_ELEMENTS = MAX_MAX_PAYLOAD_BYTES
 """Largest ``IngressConfig.max_bytes_elements``: each element of a BYTES input takes at least a byte of a body of at
 most 64 MiB (NATS's ceiling)."""
+MAX_DRILL_RATE_QPS = 1_000_000.0
+"""The highest offered load of ``inferbus chaos run --rate``, requests/s (``chaos._options.MAX_RATE_QPS``)."""
+MAX_DRILL_PROCESSES = 256
+"""The most worker or ingress processes a drill starts (``chaos run --workers``, ``--ingress``;
+``chaos._options.MAX_PROCESSES``)."""
+MAX_GATEWAY_LATENCY_MS = 60_000.0
+"""The most gateway latency or jitter a region drill injects, ms each way (``chaos run --latency-ms``)."""
 MAX_REGION_HEARTBEAT_MS = 60_000
 """Longest ``region manager --heartbeat-ms`` (a minute): heartbeats exist for fast detection (~100 ms)."""
 MAX_REGION_MS = 3_600_000
