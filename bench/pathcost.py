@@ -77,7 +77,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from inferbus._limits import MAX_NODE_PROCESSES as MAX_OTHER_WORKERS
+from inferbus._limits import MAX_INLINE_COMPUTE_US, MAX_NODE_PROCESSES as MAX_OTHER_WORKERS
 from inferbus._paths import output_file_problem
 from inferbus.actors._colocated import Colocated
 from inferbus.actors._config import ColocatedConfig, IngressConfig, WorkerConfig
@@ -324,7 +324,7 @@ async def run(model: str, models_dir: str, n: int, reps: int, yields: int, other
     # estimate over inline_max_compute_us (default 250 µs), and a request computed in the inference thread is
     # answered after its pass and its compute is not in this thread's CPU time (seen in a clean-clone CI run on a
     # 2-core box: 20 of 80 late)
-    inline = {"inline_max_compute_us": 1e12}
+    inline = {"inline_max_compute_us": MAX_INLINE_COMPUTE_US}
     async with _harness(model, models_dir, others, {"now": (True, inline), "queued": (False, inline)}) as \
             (mv, cols, direct):
         now_col, queued_col = cols["now"], cols["queued"]
@@ -424,7 +424,7 @@ async def count_bytecodes(model: str, models_dir: str, n: int, yields: int, othe
     per call. Returns per variant the bytecodes per request and the ``top``
     functions (``path:function`` → bytecodes per request), and the actors' counts.
     """
-    worker = {"inline_max_compute_us": 1e12}  # tracing makes the model look ~50 x slower: keep it inline
+    worker = {"inline_max_compute_us": MAX_INLINE_COMPUTE_US}  # tracing makes the model look ~50 x slower: keep it inline
     async with _harness(model, models_dir, others, {"now": (True, worker), "queued": (False, worker)}) as \
             (mv, cols, direct), _backlogs_async(cols["now"], cols["queued"]), _unsliced():
         variants = {"direct": (direct, cols["now"]), "inferbus": (cols["now"].ingress._on_infer, cols["now"]),
@@ -507,7 +507,8 @@ async def _count_child(model: str, models_dir: str, n: int, variant: str, others
     each handled inside one call of ``itertools.starmap`` (the C function ``starmap_next`` toggles
     callgrind's collection, so only the handlers' own instructions count). Returns the counts."""
     # under callgrind the model's batch-1 time looks ~50 x longer: keep it inline, as it runs natively
-    async with _harness(model, models_dir, others, {"count": (True, {"inline_max_compute_us": 1e12})}) as \
+    inline = {"inline_max_compute_us": MAX_INLINE_COMPUTE_US}  # (the most it takes: a second)
+    async with _harness(model, models_dir, others, {"count": (True, inline)}) as \
             (mv, cols, direct):
         col = cols["count"]
         handle = direct if variant == "direct" else col.ingress._on_infer

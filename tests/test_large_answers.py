@@ -14,6 +14,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from inferbus._limits import MAX_INLINE_COMPUTE_US
 from inferbus.actors._cache import L1Cache
 from inferbus.actors._worker import done_notices
 from inferbus.client import Client
@@ -305,7 +306,8 @@ async def test_a_burst_refuses_its_too_large_request_before_the_model_runs(tmp_p
         await asyncio.to_thread(srv.wait_ready)
         # the model kept on the loop whatever its measured compute (a slow moment of the box would send the burst
         # to the inference thread), as pathcost keeps it
-        col, task = await _start(srv.url, str(models), "wide", True, "burst", inline_max_compute_us=1e12,
+        col, task = await _start(srv.url, str(models), "wide", True, "burst",
+                                 inline_max_compute_us=MAX_INLINE_COMPUTE_US,
                                  flight_record_path=str(tmp_path / "burst.running"))
         nc = await nats.connect(srv.url)
         sub = await nc.subscribe("_BURST.>")

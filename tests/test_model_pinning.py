@@ -30,6 +30,7 @@ import pytest
 from conftest import MODELS, ROOT, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401 (process-heavy tests: one loop)
 from test_reliability_lib import digits_version_refs, reference
+from inferbus._limits import MAX_INLINE_COMPUTE_US
 from inferbus.actors._pinning import version_files
 from inferbus.client import Client
 from inferbus.schemas import Internal
@@ -430,7 +431,7 @@ async def test_a_colocated_worker_on_new_files_before_its_ingress_answers_a_misf
         IngressConfig(ingress_id="mis-i", bus=bus, models_dir=str(models), models=("m",),
                       run_to_completion=run_to_completion),
         WorkerConfig(worker_id="mis-w", bus=bus, models_dir=str(models), models=("m",),
-                     inline_max_compute_us=1e12)))
+                     inline_max_compute_us=MAX_INLINE_COMPUTE_US)))
     task = asyncio.create_task(col.run())
     nc = await nats.connect(nats_server.url)
     try:

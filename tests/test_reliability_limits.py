@@ -33,13 +33,15 @@ def test_rate_limits_split_per_replica_and_nonsense_refused():
     assert _per_replica({}, 4) == {}
     bus = BusConfig(servers=("nats://127.0.0.1:1",))
     for bad in ({"rate_limit_per_s": -1}, {"rate_limit_per_s": float("nan")}, {"client_rate_burst": float("inf")},
-                {"rate_limit_per_s": 10, "rate_burst": 0.5}, {"client_rate_burst": 5}, {"rate_burst": "10"}):
+                {"rate_limit_per_s": 10, "rate_burst": 0.5}, {"client_rate_burst": 5}, {"rate_burst": "10"},
+                {"rate_limit_per_s": 1e300}, {"client_rate_limit_per_s": 10, "client_rate_burst": 1e10}):
         with pytest.raises(ValueError, match="rate"):
             NodeConfig(models_dir=str(MODELS), ingress_options=bad)
         if not isinstance(bad.get("rate_burst"), str):
             with pytest.raises(ValueError, match="rate"):
                 IngressConfig(ingress_id="i", bus=bus, models_dir=str(MODELS), **bad)
-    for bad in ({"max_backlog_msgs": 0}, {"max_backlog_msgs": 10**7}, {"max_backlog_bytes": 0}, {"max_pending": 0}):
+    for bad in ({"max_backlog_msgs": 0}, {"max_backlog_msgs": 10**7}, {"max_backlog_bytes": 0}, {"max_pending": 0},
+                {"max_pending": 10**20}, {"l2_pool_size": 10**6}, {"breaker_open_s": float("inf")}):
         with pytest.raises(ValueError):
             IngressConfig(ingress_id="i", bus=bus, models_dir=str(MODELS), **bad)
 
