@@ -155,13 +155,14 @@ class WorkerConfig(_JsonMixin):
     this many µs (CPU ONNX Runtime sessions only; GPU/TPU/JAX
     sessions always use the thread). Decided per batch, so a model that becomes slower goes back to the
     thread. 0 disables inline execution. Default: the models here take 20-110 µs per request on a loaded
-    2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models")."""
+    2-core box, the thread hand-off ~30-55 µs (docs/performance.md, "Inline execution of small models"). At most
+    1,000,000 µs (:data:`~inferbus._limits.MAX_INLINE_COMPUTE_US`): a model that slow holds the loop for a second."""
     chunk_rows: int = 1024
     """A request of more rows than this (and than the model's ``max_batch_size``) to a model that batches
     (``max_batch_size`` > 0: its first dimension is the batch, rows are independent) is run on the inference
     thread in chunks of this many rows, and between two chunks the small requests waiting meanwhile (a body within
     the model version's inline bound) are computed and answered: a large batch no longer holds every small request
-    behind it for its whole compute. 0: never split."""
+    behind it for its whole compute. 0: never split; at most 2**31 - 1 (:data:`~inferbus._limits.MAX_CHUNK_ROWS`)."""
     flight_record_path: str = ""
     """A file this worker maps and writes, before each model run, which forwarded requests the run holds
     (:mod:`inferbus.actors._flight`); its node reads it after a crash, so that the ingresses count the crash
@@ -235,7 +236,8 @@ class IngressConfig(_JsonMixin):
     explained); ``inf``: never. Must be more than ``health_timeout_s``: a worker is judged silent (its requests
     failed) before it is forgotten."""
     max_pending: int = 100_000
-    """Bound of requests forwarded and not yet completed; beyond it: RESOURCE_EXHAUSTED."""
+    """Bound of requests forwarded and not yet completed; beyond it: RESOURCE_EXHAUSTED (1..10**9,
+    :data:`~inferbus._limits.MAX_COUNT`)."""
     region: str = ""
     cpu_affinity: tuple[int, ...] = ()
     busy_poll_us: float = 0.0
@@ -253,11 +255,12 @@ class IngressConfig(_JsonMixin):
     breaker_failures: int = 5
     """Consecutive failures that open a worker's circuit breaker."""
     breaker_open_s: float = 30.0
-    """Seconds an open breaker refuses work before letting a probe through (half-open)."""
+    """Seconds an open breaker refuses work before letting a probe through (half-open); (0, 86400]."""
     breaker_probes: int = 1
     """Requests let through at once while half-open."""
     rate_limit_per_s: float = 0.0
-    """Sustained requests/s this ingress admits (token bucket; 0 = no global limit)."""
+    """Sustained requests/s this ingress admits (token bucket; 0 = no global limit); at most 10**9 (as every rate and
+    burst here: :data:`~inferbus._limits.MAX_COUNT`)."""
     rate_burst: float = 0.0
     """Global bucket capacity in requests (0 = one second of ``rate_limit_per_s``)."""
     client_rate_limit_per_s: float = 0.0
@@ -269,11 +272,14 @@ class IngressConfig(_JsonMixin):
     hedge_budget_ratio: float = 0.1
     """Hedges allowed per forwarded request (0..1; 0.1 = at most ~10 % extra work from hedging)."""
     l2_pool_size: int = 64
-    """Redis connections for L2 lookups; a lookup waits for a free one within ``l2_timeout_ms``."""
+    """Redis connections for L2 lookups; a lookup waits for a free one within ``l2_timeout_ms``. 1..10,000 (Valkey's
+    default ``maxclients``)."""
     max_request_bytes: int = 0
-    """Largest request body accepted, bytes (0 = the NATS server's max_payload); beyond: PAYLOAD_TOO_LARGE."""
+    """Largest request body accepted, bytes (0 = the NATS server's max_payload); beyond: PAYLOAD_TOO_LARGE. At most
+    64 MiB (nats-server's ceiling of max_payload)."""
     max_tensor_bytes: int = 0
-    """Largest input tensor accepted, bytes of its values (0 = no limit beyond the body); beyond: PAYLOAD_TOO_LARGE."""
+    """Largest input tensor accepted, bytes of its values (0 = no limit beyond the body); beyond: PAYLOAD_TOO_LARGE.
+    At most 512 MiB (:data:`~inferbus._limits.MAX_TENSOR_BYTES`)."""
     max_bytes_elements: int = 65_536
     """Most elements of one BYTES input (0 = no limit); beyond: PAYLOAD_TOO_LARGE, checked from the shape before the
     elements of the ``raw`` form are read (a ``data`` list, JSON or MessagePack, is parsed with the body, before any
