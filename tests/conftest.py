@@ -319,6 +319,34 @@ async def settled_topology(spec, run_dir):
         await t.stop()
 
 
+def cli_in_process(argv: list[str], cwd: Path = ROOT, columns: int = 200) -> subprocess.CompletedProcess:
+    """``inferbus <argv>`` run in this process, as the ``inferbus`` command runs it (``inferbus.cli._run_app``), with
+    ``sys.argv``, the working folder, ``COLUMNS`` and both streams swapped for the call; its exit status from the
+    ``SystemExit``. For refusals, which are parsing alone: a process costs ~0.5 s of imports each. A command that
+    gets past its checks really runs here, so a test of a refusal that does not come fails by its assertion or by
+    its timeout (point NATS at a port nothing listens at)."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from inferbus.cli import _run_app
+
+    args = ["inferbus", *argv]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    here = os.getcwd()
+    try:
+        os.chdir(cwd)
+        with mock.patch.object(sys, "argv", list(args)), mock.patch.dict(os.environ, {"COLUMNS": str(columns)}), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                _run_app()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def check_fault_phases(d: dict, *, fault_at_s: float, rate_qps: float, lasts_s: float | None = None,
                        slack_s: float = 5.0) -> None:
     """A region or topology drill's fault on the load's clock (``d``: its ``--json`` object; the fields of

@@ -19,7 +19,7 @@ import pytest
 
 from inferbus.bus import free_port
 
-from conftest import ROOT, cli_startup_s, processes_naming, run_in_a_pty
+from conftest import ROOT, cli_in_process, cli_startup_s, processes_naming, run_in_a_pty
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -644,9 +644,7 @@ def test_up_notes_that_nats_cpus_without_pin_cpus_keeps_nothing_off_its_cores(tm
 def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_path, args, said):
     """Each of these printed a long traceback and exited 1 (found by a fresh-user trial); the actors' own checks
     now run on the options before any server or process starts: one line, exit 2, nothing left running."""
-    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1",
-                        "--run-dir", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=30,
-                       cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    p = cli_in_process(["up", "--no-cache", "--workers", "1", "--run-dir", str(tmp_path / "run"), *args])
     assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
     assert "Traceback" not in p.stderr + p.stdout
     lines = p.stderr.strip().splitlines()
@@ -665,9 +663,7 @@ def test_up_refuses_bad_options_in_one_line_exit_2_before_starting_anything(tmp_
     (("--no-run-to-completion", "--nats-port", "99999"), "--nats-port must be in [0, 65535]"),  # off: what runs anyway
 ])
 def test_up_run_to_completion_needs_colocate(tmp_path, args, said):
-    p = subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--no-cache", "--workers", "1",
-                        "--run-dir", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=30,
-                       cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    p = cli_in_process(["up", "--no-cache", "--workers", "1", "--run-dir", str(tmp_path / "run"), *args])
     assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], p.stderr

@@ -19,7 +19,7 @@ import pytest
 from inferbus.bus import Subjects, free_port
 from inferbus.schemas._internal import LoadReport, encode_internal
 
-from conftest import ROOT, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
+from conftest import ROOT, cli_in_process, uvloop_backend as anyio_backend  # noqa: F401 (anyio_backend: uvloop only)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -671,12 +671,6 @@ def _refusal_of(path, option, value, tmp_path) -> subprocess.CompletedProcess:
     refusal is parsing alone, and the ~240 refusals of the walk below cost 0.5 s each as processes (two minutes of
     the suite). An option that is not checked fails its test: the command then goes on to connect to a NATS
     nothing listens at (port 1), or the module's timeout stops it."""
-    import contextlib
-    import io
-    from unittest import mock
-
-    from inferbus.cli import _run_app
-
     command = " ".join(path)
     _cluster_file(tmp_path / "cluster.json", "nats://127.0.0.1:1")
     args = [a.format(tmp=tmp_path) for a in _NEEDS.get((command, option), _COMMAND_ARGS.get(command, ()))]
@@ -686,20 +680,7 @@ def _refusal_of(path, option, value, tmp_path) -> subprocess.CompletedProcess:
         args += ["--run-dir", str(tmp_path / "run")]
     if command == "cluster config":
         args += ["--out", str(tmp_path / "cfg")]
-    argv = ["inferbus", *path, *args, option, value]
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    here = os.getcwd()
-    try:
-        os.chdir(tmp_path)
-        with mock.patch.object(sys, "argv", list(argv)), mock.patch.dict(os.environ, {"COLUMNS": "200"}), \
-                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                _run_app()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        os.chdir(here)
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    return cli_in_process([*path, *args, option, value], cwd=tmp_path)
 
 
 def _help_of(path, option) -> str:
