@@ -586,6 +586,41 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+"""What ``inferbus up --trace-otlp-endpoint`` needs installed (the ``otel`` extra: opentelemetry-sdk and
+opentelemetry-exporter-otlp-proto-http)."""
+
+
+def _check_tracing(endpoint: Optional[str], ratio: float, ratio_given: bool) -> None:
+    """``up``'s tracing options, before anything starts: ``--trace-ratio`` in [0, 1] and only with
+    ``--trace-otlp-endpoint``, an endpoint that is an http(s) URL, and the ``otel`` extra installed (looked up, not
+    imported: ``up`` itself never imports OpenTelemetry). Exits 2 with one line (:func:`_usage`) otherwise."""
+    if not 0.0 <= ratio <= 1.0:  # (NaN too)
+        _usage(f"up: --trace-ratio must be in [0, 1], got {number_as_typed(ratio)}")
+    if endpoint is None:
+        if ratio_given:  # it would be ignored without a word
+            _usage("up: --trace-ratio is the sampling of --trace-otlp-endpoint's spans and needs "
+                   "--trace-otlp-endpoint; add it or leave --trace-ratio out")
+        return
+    from .actors._config import check_trace
+
+    try:
+        check_trace(endpoint, ratio, "up")
+    except ValueError:
+        _usage(f"up: --trace-otlp-endpoint must be an http:// or https:// URL (OTLP/HTTP, e.g. "
+               f"http://127.0.0.1:4318/v1/traces), got {endpoint}")
+    import importlib.util
+
+    for name in OTEL_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing
+            found = False
+        if not found:
+            _usage(f"up: --trace-otlp-endpoint needs OpenTelemetry ({name} is not installed): "
+                   f"pip install -e '.[otel]' (or pip install 'inferbus[otel]')")
+
+
 def _check_timeout_s(command: str, timeout_s: float, flag: str = "--timeout-s") -> None:
     """A client command's ``--timeout-s`` (one request's budget, seconds, retries included), as the SDK checks
     ``timeout_s``: a finite number > 0, before connecting; and at most the servers' own ceiling of a budget
@@ -1181,6 +1216,13 @@ def up(
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
+    trace_otlp_endpoint: Optional[str] = typer.Option(None, help="OpenTelemetry tracing: export spans of sampled "
+                                                      "requests over OTLP/HTTP to this URL, e.g. "
+                                                      "http://127.0.0.1:4318/v1/traces (default off; needs "
+                                                      "pip install -e '.[otel]').", metavar="URL"),
+    trace_ratio: float = typer.Option(1.0, help="With --trace-otlp-endpoint: the probability, 0 to 1, that a request "
+                                      "without a traceparent is traced; one with a traceparent follows its "
+                                      "sampled flag."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, in "
                                         f"{interval(0, MAX_DEMO_DURATION_S, lo_open=True)}."),
@@ -1290,6 +1332,7 @@ def up(
                "add it or leave --http-infer out")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         _usage(f"up: --metrics-port must be in [0, 65535] (0 = any free port), got {metrics_port}")
+    _check_tracing(trace_otlp_endpoint, trace_ratio, given("trace_ratio"))
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
                "run a request to completion); add --colocate or leave it out")
@@ -1374,7 +1417,8 @@ def up(
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer, audit=audit,
-                         log_level=log_level, log_format=log_format, **serving)
+                         log_level=log_level, log_format=log_format,
+                         trace_otlp_endpoint=trace_otlp_endpoint, trace_ratio=trace_ratio, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
         _usage(f"up: {_with_flags(str(exc), up)}")
     if no_cache:  # the cache was off and these ignored without a word

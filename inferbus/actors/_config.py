@@ -36,6 +36,27 @@ def _require(ok: bool, field: str, rule: str, value) -> None:
         raise ValueError(f"{field} must be {rule}, got {value}")
 
 
+def check_trace(endpoint: str | None, ratio: float, owner: str) -> None:
+    """Validate the tracing fields of ``owner`` (``trace_otlp_endpoint``, ``trace_ratio``).
+
+    Raises:
+        ValueError: an endpoint that is not an ``http://`` or ``https://`` URL with a host (OTLP/HTTP, the
+            OpenTelemetry protocol specification's "OTLP/HTTP"), or a ratio that is not a number in [0, 1].
+    """
+    if endpoint is not None:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(endpoint)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:
+            ok = False
+        _require(ok, f"{owner}.trace_otlp_endpoint", "an http:// or https:// URL (OTLP/HTTP, e.g. "
+                 "http://127.0.0.1:4318/v1/traces)", endpoint)
+    _require(not isinstance(ratio, bool) and isinstance(ratio, (int, float)) and 0.0 <= ratio <= 1.0,
+             f"{owner}.trace_ratio", "in [0, 1]", ratio)
+
+
 def check_rate_limits(owner: str, options: dict) -> None:
     """Validate the rate-limit options in ``options`` (any subset of :data:`RATE_FIELDS`' names).
 
@@ -163,12 +184,20 @@ class WorkerConfig(_JsonMixin):
     thread in chunks of this many rows, and between two chunks the small requests waiting meanwhile (a body within
     the model version's inline bound) are computed and answered: a large batch no longer holds every small request
     behind it for its whole compute. 0: never split; at most 2**31 - 1 (:data:`~inferbus._limits.MAX_CHUNK_ROWS`)."""
+    trace_otlp_endpoint: str | None = None
+    """OpenTelemetry: export spans of sampled requests to this OTLP/HTTP traces URL
+    (``http://127.0.0.1:4318/v1/traces``; needs the ``otel`` extra); None (default): no span is made and nothing of
+    OpenTelemetry is imported (:mod:`inferbus.actors._tracing`, docs/observability.md, "Tracing")."""
+    trace_ratio: float = 1.0
+    """With ``trace_otlp_endpoint``: the probability, in [0, 1], that a request without a ``traceparent`` is traced
+    (head sampling); a request with one follows its ``sampled`` flag (W3C Trace Context, section 3.2.2.5)."""
     flight_record_path: str = ""
     """A file this worker maps and writes, before each model run, which forwarded requests the run holds
     (:mod:`inferbus.actors._flight`); its node reads it after a crash, so that the ingresses count the crash
     against those requests only. Set by the node; empty = none (every request the worker held is counted)."""
 
     def __post_init__(self) -> None:
+        check_trace(self.trace_otlp_endpoint, self.trace_ratio, "WorkerConfig")
         _require(isinstance(self.chunk_rows, int) and not isinstance(self.chunk_rows, bool)
                  and 0 <= self.chunk_rows <= MAX_CHUNK_ROWS, "WorkerConfig.chunk_rows",
                  f"an integer in {interval(0, MAX_CHUNK_ROWS)} rows (0: never split)", self.chunk_rows)
@@ -304,8 +333,16 @@ class IngressConfig(_JsonMixin):
     peer ingress (``<p>._rid``), goes to that worker, whose recent results answer it without running the model."""
     recent_rid_entries: int = 65_536
     """Request ids remembered that way at most (LRU, >= 0; 0 turns it off)."""
+    trace_otlp_endpoint: str | None = None
+    """OpenTelemetry: export spans of sampled requests to this OTLP/HTTP traces URL
+    (``http://127.0.0.1:4318/v1/traces``; needs the ``otel`` extra); None (default): no span is made and nothing of
+    OpenTelemetry is imported (:mod:`inferbus.actors._tracing`, docs/observability.md, "Tracing")."""
+    trace_ratio: float = 1.0
+    """With ``trace_otlp_endpoint``: the probability, in [0, 1], that a request without a ``traceparent`` is traced
+    (head sampling); a request with one follows its ``sampled`` flag (W3C Trace Context, section 3.2.2.5)."""
 
     def __post_init__(self) -> None:
+        check_trace(self.trace_otlp_endpoint, self.trace_ratio, "IngressConfig")
         _require(0 < self.recent_rid_ttl_s < _INF, "IngressConfig.recent_rid_ttl_s", "a finite number > 0 seconds",
                  self.recent_rid_ttl_s)
         _require(self.recent_rid_entries >= 0, "IngressConfig.recent_rid_entries", ">= 0", self.recent_rid_entries)

@@ -277,6 +277,11 @@ class Pending(msgspec.Struct):
     endpoint: str = "infer"
     """The micro endpoint that took it (``infer``, or ``infer_at`` for a request sent to this ingress alone): an error
     answered for it, by the ingress or by its worker, counts in that endpoint's ``$SRV.STATS``."""
+    span: object = None
+    """Its ingress span (tracing on, the request sampled; only on its first copy), ended when this copy settles;
+    None otherwise."""
+    stages: dict | None = None
+    """The ingress's stages (µs) of a traced request, for its span; None otherwise."""
 
 
 class _Deferred(msgspec.Struct):
@@ -303,6 +308,8 @@ class _Deferred(msgspec.Struct):
     probe: bool
     endpoint: str = "infer"
     """As :attr:`Pending.endpoint`."""
+    span: object = None
+    """As :attr:`Pending.span`."""
 
 
 SERVER_METADATA = ServerMetadata(name="inferbus", version=__version__, extensions=["model_repository"])
@@ -635,6 +642,13 @@ class Ingress:
 
         self.busy_poll = BusyPoll(config.busy_poll_us) if config.busy_poll_us > 0 else None
         """Keeps the loop polling after each request (``busy_poll_us``); run by the local worker when colocated."""
+        self._tracing = None
+        """The process's :class:`~inferbus.actors._tracing.Tracing` with ``trace_otlp_endpoint``, else None (and
+        OpenTelemetry is not imported): the request path tests it once per request."""
+        if config.trace_otlp_endpoint:
+            from ._tracing import tracing_for
+
+            self._tracing = tracing_for(config.trace_otlp_endpoint, config.trace_ratio, config.ingress_id)
 
     def attach_local_worker(self, worker) -> None:
         """Host ``worker`` (a :class:`~inferbus.actors._worker.Worker` on this event loop) as the local worker.
@@ -696,11 +710,15 @@ class Ingress:
             await self._error(reply, err, _error_content_type(ct, msg.data),
                               hdrs.get(H.REQUEST_ID) or getattr(err, "request_id", None), endpoint,
                               self._served_key(msg.subject))
+            if self._tracing is not None:
+                self._tracing.error(hdrs, t0, self._served_key(msg.subject), self.config.ingress_id, err)
         except Exception as exc:  # never let a request kill the actor
             self.counts["errors"] += 1
             log(f"ingress {self.config.ingress_id}: internal error: {exc!r}")
-            await self._error(reply, Internal(f"ingress failed: {type(exc).__name__}: {exc}"), ct,
-                              hdrs.get(H.REQUEST_ID), endpoint, self._served_key(msg.subject))
+            err = Internal(f"ingress failed: {type(exc).__name__}: {exc}")
+            await self._error(reply, err, ct, hdrs.get(H.REQUEST_ID), endpoint, self._served_key(msg.subject))
+            if self._tracing is not None:
+                self._tracing.error(hdrs, t0, self._served_key(msg.subject), self.config.ingress_id, err)
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
 
@@ -1167,10 +1185,14 @@ class Ingress:
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None, endpoint, mv.key)
+            if self._tracing is not None:
+                self._tracing.error(hdrs, t0, mv.key, self.config.ingress_id, err)
         except Exception as exc:
             self.counts["errors"] += 1
-            await self._error(msg.reply, Internal(f"ingress failed: {exc!r}"), ct, H.header_value(rid) if rid else None,
-                              endpoint, mv.key)
+            err = Internal(f"ingress failed: {exc!r}")
+            await self._error(msg.reply, err, ct, H.header_value(rid) if rid else None, endpoint, mv.key)
+            if self._tracing is not None:
+                self._tracing.error(hdrs, t0, mv.key, self.config.ingress_id, err)
 
     def _on_l2_breaker(self, old: BreakerState, new: BreakerState) -> None:
         """Log an L2 outage once, when the lookups turn off, and once when they resume (the breaker flaps OPEN ↔
@@ -1232,6 +1254,8 @@ class Ingress:
         await publish_raw(self.nc, reply, encode_response(msgspec.structs.replace(resp, id=req_id, parameters=params),
                                                           ct), headers=reply_block(is_json(ct), rid), flush=False)
         await self._send()
+        if self._tracing is not None:
+            self._tracing.cached(hdrs, t0, f"{resp.model_name}:{resp.model_version}", level, self.config.ingress_id)
 
     def _pending_copy(self, rid: str | None, model_key: str):
         """``(seq, pending, worker state or None)`` of request ``rid``'s pending copy for ``model_key``, or None."""
@@ -1322,7 +1346,7 @@ class Ingress:
     async def _forward(self, msg, hdrs, ct, t0, t_dec, t_val, deadline, mv, key, ttl_ms, rid=None,
                        hedge_policy=None, t_cache: float | None = None, decoded: tuple | None = None,
                        resends: int = 0, exclude: str | None = None, ask_peers: bool = False,
-                       endpoint: str = "infer") -> None:
+                       endpoint: str = "infer", span=None) -> None:
         """Pick a worker and forward the request to it: published with one header block, or handed to the
         colocated worker in-process (:meth:`_forward_local`) with ``decoded`` (``(InferRequest, [array per
         input])`` as :meth:`_handle` validated it), building no headers. ``t_cache``: when the cache lookup
@@ -1336,7 +1360,9 @@ class Ingress:
         worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`); ``ask_peers``: an attempt
         taken near its client's attempt deadline (:meth:`_check_attempt`), located through the peers as a marked
         retry is; ``endpoint``: the micro endpoint that took it (:attr:`Pending.endpoint`), where an error answered
-        for it is counted."""
+        for it is counted. ``span`` is not an argument (left None): with tracing on, the request's ingress span
+        (:meth:`Tracing.start <inferbus.actors._tracing.Tracing.start>`, None when it is not sampled), started once
+        the worker is chosen; a parameter so that tracing off costs this call one attribute test."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1416,6 +1442,8 @@ class Ingress:
         stages = {"decode": int((t_dec - t0) * 1e6), "validate": int((t_val - t_dec) * 1e6),
                   "cache": int((t_cache - t_val) * 1e6), "route": int((now - t_cache) * 1e6),
                   "ingress_total": int((now - t0) * 1e6)}
+        if self._tracing is not None:
+            span = self._tracing.start(hdrs, t0, mv.name)
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
             dkey = self.local_worker.dedupe_key(mv.key, rid, body) if rid else None
@@ -1426,12 +1454,14 @@ class Ingress:
                 if self._burst or (sub is not None and sub.pending_msgs):
                     # more requests wait (or wait no longer, ending a burst): held back, to be computed with them
                     await self._defer(_Deferred(w, msg.reply, body, decoded, mv.key, deadline, dl_ms, now, term, key,
-                                          ttl_ms, ct, rid, dkey, stages, self.router.on_sent(w), endpoint))
+                                          ttl_ms, ct, rid, dkey, stages, self.router.on_sent(w), endpoint, span))
                     self.counts["ok_forwarded"] += 1
                     return
-                await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
-                                    rid, dkey, stages, endpoint)
+                o = await self._run_now(w, msg.reply, body, decoded, mv, deadline, dl_ms, now, term, key, ttl_ms, ct,
+                                        rid, dkey, stages, endpoint)
                 self.counts["ok_forwarded"] += 1
+                if span is not None:
+                    self._trace_local(span, o, w.worker_id, stages)
                 return
         seq = next(self._seq)
         hedge_mark = HEDGE_PRIMARY if hedge_policy is not None else ""
@@ -1458,7 +1488,13 @@ class Ingress:
         lf = None
         if local or (hedge_policy is not None and decoded is not None and self.local_worker is not None):
             # what the colocated worker takes in-process (the request as decoded, the forward's fields)
-            lf = (decoded, mv.key, dl_ms, term or None, key, ct, rid, stages)
+            lf = (decoded, mv.key, dl_ms, term or None, key, ct, rid, stages, span)
+        if span is not None:  # the forward names the ingress span as the worker's parent
+            p.span, p.stages = span, stages
+            if fwd is not None:
+                fwd = (fwd[0], fwd[1], self._tracing.forward_lines(span, fwd[2]))
+                if not local:
+                    block = _fwd_block(seq, H.remaining_ms(deadline, now), fwd, hedge_mark, alone)
         if hedge_policy is not None:
             self._arm_hedge(p, seq, hedge_policy, body, fwd, deadline, now, lf)
         if local:
@@ -1477,8 +1513,8 @@ class Ingress:
 
         Args:
             lf: ``(decoded, model key, wall-clock deadline ms, term or None, cache key or None, Content-Type,
-                request id as forwarded, the ingress's stages (µs by name; copied, the worker fills its copy))``
-                (see :meth:`_forward`).
+                request id as forwarded, the ingress's stages (µs by name; copied, the worker fills its copy), the
+                ingress span or None)`` (see :meth:`_forward`).
             deadline, now: the request's monotonic deadline and the forward's time.
             hedge: the hedge mark (``primary``, ``copy`` or "").
 
@@ -1488,10 +1524,10 @@ class Ingress:
         """
         worker = self.local_worker
         self.counts["local_forwards"] += 1
-        decoded, model_key, dl_ms, term, key, ct, rid, st = lf
+        decoded, model_key, dl_ms, term, key, ct, rid, st, span = lf
         try:
             await worker.submit_local(reply, body, decoded, model_key, seq, self.config.ingress_id, deadline, dl_ms,
-                                      now, term, key, ct, rid, hedge or None, dict(st))
+                                      now, term, key, ct, rid, hedge or None, dict(st), span)
         except Exception as exc:
             p = self._pop(seq)
             if p is not None:
@@ -1513,6 +1549,9 @@ class Ingress:
                 it; None without one).
             dkey: its dedupe key (:meth:`Worker.dedupe_key`), None without an id.
             endpoint: the micro endpoint that took it (:attr:`Pending.endpoint`): an error answer counts there.
+
+        Returns:
+            The worker's :class:`~inferbus.actors._worker.Outcome` (answered).
 
         Raises:
             InferbusError: the worker refused it before computing (nothing was answered): a client error
@@ -1541,7 +1580,7 @@ class Ingress:
         self.router.on_done(w.worker_id, latency_us, outcome=OK if o.ok else _outcome(o), probe=probe, now=t_done)
         if not o.ok:
             self._count_worker_error(o.code, w.worker_id, endpoint, mv.key)
-            return
+            return o
         if rid is not None:
             self._remember_done(rid, mv.key, w.worker_id, t_done)
         self._observe(mv.key, latency_us)
@@ -1550,6 +1589,20 @@ class Ingress:
                 await self._fill_caches(key, ttl_ms, o.response_msgpack, t_done)
             else:  # what _fill_caches does without L2, without its call
                 self.l1.put(key, o.response_msgpack, ttl_ms, t_done)
+        return o
+
+    def _trace_local(self, span, o, worker_id: str, stages: dict) -> None:
+        """End the ingress span ``span`` of a request the colocated worker computed and answered within this call
+        (:meth:`_run_now`, :meth:`_run_burst`), after making its worker span from the job's stamps (receipt, stages;
+        ended now, after the reply's write)."""
+        tr = self._tracing
+        now = time.monotonic()
+        try:
+            tr.worker_span(span, o.job, o, worker_id, now)
+            tr.end(span, now, o.job.model_key, "miss", self.config.ingress_id, worker_id=worker_id, stages=stages,
+                   code=None if o.ok else o.code, request_id=o.job.rid)
+        except Exception as exc:  # the answer is out: a span that cannot be made is not
+            log(f"ingress {self.config.ingress_id}: span not made: {exc!r}")
 
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
                           rid: str | None, key: str | None, ttl_ms: int, endpoint: str = "infer") -> None:
@@ -1637,6 +1690,8 @@ class Ingress:
             self.counts["run_now"] += 1
             await self._settle_run(o, d.w.worker_id, d.model_key, d.t_fwd, t_done, d.probe, d.worker_rid,
                                    d.cache_key, d.ttl_ms, d.endpoint)
+            if d.span is not None:
+                self._trace_local(d.span, o, d.w.worker_id, d.stages)
 
     async def _queue_local(self, d: _Deferred) -> None:
         """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as
@@ -1645,11 +1700,13 @@ class Ingress:
         p = Pending(d.w.worker_id, d.reply, d.deadline, d.t_fwd, d.cache_key, d.ttl_ms, d.ct, d.worker_rid,
                     d.model_key, body=d.body, endpoint=d.endpoint)
         p.probe = d.probe
+        if d.span is not None:
+            p.span, p.stages = d.span, d.stages
         self.pending[seq] = p
         if d.worker_rid:
             self._by_rid[d.worker_rid] = seq
         await self._forward_local(seq, d.reply, d.body, (d.decoded, d.model_key, d.dl_ms, d.term or None,
-                                                         d.cache_key, d.ct, d.worker_rid, d.stages),
+                                                         d.cache_key, d.ct, d.worker_rid, d.stages, d.span),
                                   d.deadline, d.t_fwd, "")
 
     # ---- hedging ------------------------------------------------------------------------------
@@ -1795,6 +1852,10 @@ class Ingress:
             p = self._pop(item.seq)
             if p is None:
                 continue
+            if p.span is not None:  # (tracing on, the request sampled: its first copy's first completion)
+                self._tracing.end(p.span, now, p.model_key, "miss", self.config.ingress_id, worker_id=p.worker_id,
+                                  stages=p.stages, request_id=p.request_id, code=None if item.ok or item.held
+                                  or item.code == "CANCELLED" else item.code)
             if item.ok and p.request_id is not None:
                 self._remember_done(p.request_id, p.model_key, p.worker_id, now)
             latency_us = (now - p.t_fwd) * 1e6
@@ -2054,6 +2115,11 @@ class Ingress:
             if answer is None and resend and await self._resend(p, now, err, ready):
                 continue
             await self._error(p.reply, answer or err, p.content_type, p.request_id, p.endpoint, p.model_key)
+            if p.span is not None:
+                e = answer or err
+                self._tracing.end(p.span, time.monotonic(), p.model_key, "miss", self.config.ingress_id,
+                                  worker_id=p.worker_id, stages=p.stages, code=e.code.value, message=e.message,
+                                  request_id=p.request_id)
         return len(victims)
 
     async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str],

@@ -50,7 +50,7 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
 from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._repository import read_configs
-from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits
+from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits, check_trace
 from ._crashes import CrashKeeper, request_digest
 from ._flight import read_flight_record
 from ._region import RegionConfig
@@ -209,6 +209,12 @@ class NodeConfig:
     """Answer ``POST /v2/models/<name>[/versions/<v>]/infer`` on the ``metrics_port`` (off: 403 naming
     ``--http-infer``). Off by default: the HTTP port has no authentication, so whoever reaches it could run the
     models without the NATS credentials a bus client needs; health, metadata and metrics are served either way."""
+    trace_otlp_endpoint: str | None = None
+    """OpenTelemetry tracing: every ingress and worker exports spans of sampled requests to this OTLP/HTTP traces URL
+    (:attr:`IngressConfig.trace_otlp_endpoint`; needs the ``otel`` extra); None (default): off."""
+    trace_ratio: float = 1.0
+    """With ``trace_otlp_endpoint``: the head-sampling probability of a request without a ``traceparent``, in [0, 1]
+    (:attr:`IngressConfig.trace_ratio`)."""
     worker_options: dict = field(default_factory=dict)
     """Further :class:`WorkerConfig` fields for every worker (e.g. ``health_window_s``, ``fault_control``)."""
     ingress_options: dict = field(default_factory=dict)
@@ -287,6 +293,7 @@ class NodeConfig:
 
         # the actors' own checks of the options passed through, now: a bad value fails here, before any
         # server or process starts, instead of in the middle of the start
+        check_trace(self.trace_otlp_endpoint, self.trace_ratio, "NodeConfig")
         IngressConfig(ingress_id="check", bus=BusConfig(prefix=self.prefix), models_dir=self.models_dir,
                       health_timeout_s=self.health_timeout_s, **{"busy_poll_us": self.busy_poll_us,
                                                                   **self.ingress_options})
@@ -684,6 +691,7 @@ class Node:
                               max_batch_size=c.max_batch_size, audit=c.audit,
                               stall_fence_s=0.3 * c.health_timeout_s,  # < the ingresses' suspicion age
                               cpu_affinity=(cores[i % len(cores)],) if c.pin_cpus else (),
+                              trace_otlp_endpoint=c.trace_otlp_endpoint, trace_ratio=c.trace_ratio,
                               **{"busy_poll_us": c.busy_poll_us, **c.worker_options})
             if cpu_ort and c.colocate:
                 colocated.append(wc)  # started after the separate workers, in the ingress's place
@@ -701,6 +709,7 @@ class Node:
                                models_dir=c.models_dir, models=c.models, pins=pins, configs=configs,
                                redis_url=redis_url, l2_lookup=c.l2_lookup, region=c.region, health_timeout_s=c.health_timeout_s,
                                cpu_affinity=(cores[(self.n_workers + j) % len(cores)],) if c.pin_cpus else (),
+                               trace_otlp_endpoint=c.trace_otlp_endpoint, trace_ratio=c.trace_ratio,
                                **{"busy_poll_us": c.busy_poll_us, **_per_replica(c.ingress_options, n_ingress)})
             if colocated:  # one core slot each: the worker's core
                 wc = colocated[j]

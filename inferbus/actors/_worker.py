@@ -215,6 +215,9 @@ class Job(msgspec.Struct):
     a version re-pinned since that ingress started; the answer fills the cache only when this worker's session was
     loaded from those files (:meth:`Worker._fill_current`). None when absent (and for in-process jobs, whose
     ingress's pins the worker reads itself)."""
+    trace: object = None
+    """Tracing on and the forward sampled: the parent of its worker span (an OpenTelemetry ``Context`` read from the
+    forward's ``traceparent``, or the colocated ingress's span), made when its outcome is published; else None."""
     answered: bool = False
     """Its outcome was published, or it was refused UNAVAILABLE because the worker stopped before finishing it
     (:meth:`Worker._refuse_held`): a later outcome (the inference thread's late result) is dropped, so no copy
@@ -324,6 +327,13 @@ class Worker:
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        self._tracing = None
+        """The process's :class:`~inferbus.actors._tracing.Tracing` with ``trace_otlp_endpoint``, else None (and
+        OpenTelemetry is not imported)."""
+        if config.trace_otlp_endpoint:
+            from ._tracing import tracing_for
+
+            self._tracing = tracing_for(config.trace_otlp_endpoint, config.trace_ratio, config.worker_id)
         self.subjects = Subjects(config.bus.prefix)
         self._audit_headers = header_block({H.WORKER_ID: config.worker_id})  # on each <p>._audit batch
         self.load_errors: dict[str, str] = {}
@@ -593,12 +603,14 @@ class Worker:
             job.alone = True
         if H.PIN in hdrs:
             job.pin = hdrs[H.PIN]
+        if self._tracing is not None:
+            job.trace = self._tracing.worker_parent(hdrs)
         await self._admit(job)
 
     async def submit_local(self, reply: str, body: bytes, decoded: tuple, model_key: str, seq: int, ingress: str,
                            deadline: float, wall_deadline_ms: float, t_fwd: float, term: int | None,
                            cache_key: str | None, ct: str | None, rid: str | None, hedge: str | None,
-                           timings: dict) -> None:
+                           timings: dict, trace=None) -> None:
         """Take a request forwarded in-process by the colocated ingress, as the ingress already holds it.
 
         Nothing is encoded or parsed back: ``decoded`` is ``(InferRequest, [numpy array per input, in the
@@ -621,6 +633,8 @@ class Worker:
             ct, rid, hedge: the client's Content-Type, the request id as forwarded, the hedge mark (or None).
             timings: the ingress's stages in µs (``decode``, ``validate``, ``cache``, ``route``,
                 ``ingress_total``); the job owns the dict: the answer's ``timings_us`` is built in it.
+            trace: the ingress's span when tracing is on and the request sampled (the parent of this job's worker
+                span), else None.
 
         Returns once the request is queued or answered (it does not wait for compute).
         """
@@ -631,6 +645,8 @@ class Worker:
         job.local = True
         job.fwd_unix = wall_deadline_ms / 1000.0 - (deadline - t_fwd)
         job.forward_hop_us = int((t_recv - t_fwd) * 1e6)
+        if trace is not None:
+            job.trace = trace
         await self._admit(job)
 
     def dedupe_key(self, model_key: str, request_id: str, body: bytes) -> tuple:
@@ -1050,6 +1066,8 @@ class Worker:
                 await send_pending(nc)
             except Exception as exc:  # the client's timeout covers a reply that could not be sent
                 log(f"worker {self.config.worker_id}: reply write failed: {exc!r}")
+        if self._tracing is not None:
+            self._trace_outcomes(outcomes)
         if local_done:  # colocated ingress: settled in-process, no notice, no NATS message
             self.local_done_notices += 1
             try:
@@ -1058,6 +1076,17 @@ class Worker:
                 log(f"worker {self.config.worker_id}: settling at the local ingress failed: {exc!r}")
         for t in requeue:
             await self._requeue(t)
+
+    def _trace_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Make the worker span of each traced job among ``outcomes`` (:attr:`Job.trace`), ended now: their replies
+        were written. A failure to make one is logged, never raised (the answers are out)."""
+        now = time.monotonic()
+        for o in outcomes:
+            if o.job.trace is not None:
+                try:
+                    self._tracing.worker_span(o.job.trace, o.job, o, self.config.worker_id, now)
+                except Exception as exc:
+                    log(f"worker {self.config.worker_id}: span not made: {exc!r}")
 
     def note_answer_rows(self, key: str, sess) -> None:
         """Keep :func:`answer_row_bytes` of model version ``key``'s session ``sess`` for the check before compute
@@ -1957,7 +1986,7 @@ class Worker:
         outputs = [output_from_numpy(name, arr, raw=raw) for name, arr in res.items()]
         timings = job.timings
         if type(timings) is not dict:
-            timings = _parse_timings(timings)
+            timings = job.timings = _parse_timings(timings)  # (kept: the worker span reads the stages)
         timings["queue"] = int((t0 - job.t_recv) * 1e6) - job.decode_us
         timings["worker_decode"] = job.decode_us
         timings["compute"] = compute_us

@@ -107,6 +107,18 @@ def trace_lines(headers: dict) -> str:
     Their names are read in any case when the lower-case one is absent (``Traceparent``, as Go's ``http.Header``
     canonicalizes it): W3C Trace Context, section 3.2.1, "vendors MUST expect the header name in any case", where
     NATS header names are otherwise case-sensitive (ADR-4)."""
+    v, state = trace_context(headers)
+    if v is None:
+        return ""
+    if state:
+        return f"{TRACEPARENT}: {v}\r\n{TRACESTATE}: {state}\r\n"
+    return f"{TRACEPARENT}: {v}\r\n"
+
+
+def trace_context(headers: dict) -> tuple[str | None, str | None]:
+    """``(traceparent, tracestate)`` of a request's ``headers`` as an ingress takes them (:func:`trace_lines`): the
+    ``traceparent`` when :func:`valid_traceparent` else None, and the ``tracestate`` only beside it and at most
+    :data:`MAX_TRACESTATE_CHARS` characters, else None; names read in any case (W3C Trace Context, section 3.2.1)."""
     v = headers.get(TRACEPARENT)
     state = headers.get(TRACESTATE)
     if v is None or (state is None and not headers.keys() <= EXACT_HEADERS):  # (`traceparent` beside a `TraceState`)
@@ -117,10 +129,8 @@ def trace_lines(headers: dict) -> str:
             elif low == TRACESTATE and state is None:
                 state = val
     if not v or not valid_traceparent(v):
-        return ""
-    if state and len(state) <= MAX_TRACESTATE_CHARS:
-        return f"{TRACEPARENT}: {v}\r\n{TRACESTATE}: {state}\r\n"
-    return f"{TRACEPARENT}: {v}\r\n"
+        return None, None
+    return v, state if state and len(state) <= MAX_TRACESTATE_CHARS else None
 
 
 def miscased_header(headers: dict) -> tuple[str, str] | None:

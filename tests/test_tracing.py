@@ -1,0 +1,338 @@
+"""``inferbus up --trace-otlp-endpoint``: OpenTelemetry spans of real nodes (embedded NATS, real workers), exported
+over OTLP/HTTP to a small collector run here (``http.server`` on a free port, bodies decoded with opentelemetry-proto's
+``ExportTraceServiceRequest``), and the options' refusals; docs/observability.md, "Tracing"."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                        ExportTraceServiceResponse)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from conftest import MODELS, ROOT, start_deployment
+from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-heavy: one loop is enough)
+from inferbus.client import Client
+from inferbus.schemas import InvalidArgument
+from test_model_input_failures import _lookup_model
+from test_reliability_lib import models_subset
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+INGRESS_STAGES = ("decode", "validate", "cache", "route")
+WORKER_STAGES = ("queue", "worker_decode", "compute", "encode", "publish")
+
+
+class Collector:
+    """An OTLP/HTTP trace receiver (``POST /v1/traces``, protobuf): every span received, with its resource's
+    attributes, kept in :attr:`spans` (a list of ``(span, resource attributes)``, the span a ``Span`` message)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[Span, dict]] = []
+        self.posts = 0
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                ok = self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
+                if ok:
+                    req = ExportTraceServiceRequest()
+                    req.ParseFromString(body)
+                    with collector.lock:
+                        collector.posts += 1
+                        for rs in req.resource_spans:
+                            res = {a.key: _value(a.value) for a in rs.resource.attributes}
+                            for ss in rs.scope_spans:
+                                collector.spans.extend((s, res) for s in ss.spans)
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def trace(self, trace_id: bytes) -> list[tuple[Span, dict]]:
+        with self.lock:
+            return [(s, r) for s, r in self.spans if s.trace_id == trace_id]
+
+    def wait_trace(self, trace_id: bytes, n: int, timeout_s: float = 15.0) -> list[tuple[Span, dict]]:
+        """The spans of ``trace_id`` once ``n`` of them arrived (the exporter sends every second)."""
+        deadline = time.monotonic() + timeout_s
+        while len(got := self.trace(trace_id)) < n:
+            assert time.monotonic() < deadline, f"{len(got)} of {n} spans of trace {trace_id.hex()} arrived"
+            time.sleep(0.05)
+        return got
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _value(v):
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def attrs(span: Span) -> dict:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+def traceparent(flags: str = "01") -> tuple[str, bytes, bytes]:
+    """A new client ``traceparent`` with ``flags``, and its trace id and span id as bytes."""
+    trace_id, span_id = secrets.token_bytes(16), secrets.token_bytes(8)
+    return f"00-{trace_id.hex()}-{span_id.hex()}-{flags}", trace_id, span_id
+
+
+def digits_input(seed: int) -> dict[str, np.ndarray]:
+    return {"pixels": np.random.default_rng(seed).random((1, 64), dtype=np.float32)}
+
+
+def by_kind(spans) -> tuple[Span, Span]:
+    """The ingress (SERVER) span and the worker (CONSUMER) span of one request's trace."""
+    [ingress] = [s for s, _ in spans if s.kind == Span.SPAN_KIND_SERVER]
+    [worker] = [s for s, _ in spans if s.kind == Span.SPAN_KIND_CONSUMER]
+    return ingress, worker
+
+
+def check_miss(spans, worker_id_prefix: str, forward: str) -> tuple[Span, Span]:
+    """The two spans of a computed request: names, nesting in time, attributes, stages within the durations."""
+    ingress, worker = by_kind(spans)
+    assert ingress.name == "inferbus.infer digits" and worker.name == "inferbus.worker digits"
+    assert worker.parent_span_id == ingress.span_id  # the ingress forwarded its own span id
+    a, w = attrs(ingress), attrs(worker)
+    assert a["inferbus.model.name"] == w["inferbus.model.name"] == "digits"
+    assert a["inferbus.model.version"] == w["inferbus.model.version"] == "1"
+    assert a["inferbus.cache.result"] == "miss"
+    assert a["inferbus.worker.id"] == w["inferbus.worker.id"] and w["inferbus.worker.id"].startswith(worker_id_prefix)
+    assert w["inferbus.forward"] == forward
+    assert ingress.status.code != Status.STATUS_CODE_ERROR and worker.status.code != Status.STATUS_CODE_ERROR
+    ingress_ns = ingress.end_time_unix_nano - ingress.start_time_unix_nano
+    worker_ns = worker.end_time_unix_nano - worker.start_time_unix_nano
+    assert 0 < ingress_ns < 5e9 and 0 < worker_ns < 5e9
+    # the ingress's stages tile its time up to the forward; the worker's (with its publish) its own span
+    assert all(a[f"inferbus.timings_us.{k}"] >= 0 for k in INGRESS_STAGES)
+    assert sum(a[f"inferbus.timings_us.{k}"] for k in INGRESS_STAGES) * 1000 <= ingress_ns
+    assert all(w[f"inferbus.timings_us.{k}"] >= 0 for k in WORKER_STAGES)
+    assert w["inferbus.timings_us.compute"] > 0
+    worker_sum_ns = sum(w[f"inferbus.timings_us.{k}"] for k in WORKER_STAGES) * 1000
+    assert worker_sum_ns <= worker_ns < worker_sum_ns + 50_000  # (each stage truncated to whole µs)
+    # one host, one clock: the worker's span lies within the ingress's (its receipt after the ingress's start, its
+    # reply written before the ingress heard of the completion; 1 ms of slack for the clocks' conversions)
+    assert worker.start_time_unix_nano >= ingress.start_time_unix_nano
+    assert worker.end_time_unix_nano <= ingress.end_time_unix_nano + 1_000_000
+    return ingress, worker
+
+
+@pytest.fixture(scope="module")
+def collector():
+    c = Collector()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def forwarded(collector, tmp_path_factory):
+    """A node of 1 ingress and 1 worker process (forwards over NATS), every request traced (ratio 1)."""
+    root = tmp_path_factory.mktemp("traced")
+    models = models_subset(root / "models", ["digits"])
+    _lookup_model(models / "lookup")
+    dep = start_deployment(root / "dep", workers=1, prefix="trf",
+                           extra=["--models", str(models), "--trace-otlp-endpoint", collector.url,
+                                  "--trace-ratio", "1"])
+    yield dep
+    dep.stop()
+
+
+@pytest.fixture(scope="module")
+def colocated(collector, tmp_path_factory):
+    """A ``--colocate`` node (run to completion), head sampling off (ratio 0): only sampled traceparents traced."""
+    root = tmp_path_factory.mktemp("traced_colocated")
+    dep = start_deployment(root / "dep", workers=1, prefix="trc",
+                           extra=["--models", str(models_subset(root / "models", ["digits"])), "--colocate",
+                                  "--trace-otlp-endpoint", collector.url, "--trace-ratio", "0"])
+    yield dep
+    dep.stop()
+
+
+async def test_a_traced_request_is_a_child_of_the_clients_span_and_the_parent_of_the_workers(forwarded, collector):
+    client = await Client.connect(forwarded.nats_url, forwarded.prefix, retry_unavailable=False)
+    try:
+        tp, trace_id, client_span = traceparent("01")
+        r = await client.infer_result("digits", digits_input(int(time.time() * 1000)),
+                                      headers={"traceparent": tp, "tracestate": "vendor=abc"})
+        assert r.parameters["cache_hit"] is False
+    finally:
+        await client.close()
+    spans = collector.wait_trace(trace_id, 2)
+    ingress, worker = check_miss(spans, "n1-w", "bus")
+    assert ingress.parent_span_id == client_span
+    assert worker.trace_state == "vendor=abc"  # the client's tracestate went on with the forward
+    resources = {r["service.instance.id"] for _, r in spans}
+    assert resources == {"n1-i0", "n1-w0"}
+    assert all(r["service.name"] == "inferbus" for _, r in spans)
+    # the answer's own stages are those of the spans
+    a, w = attrs(ingress), attrs(worker)
+    for k in INGRESS_STAGES:
+        assert a[f"inferbus.timings_us.{k}"] == r.parameters["timings_us"][k]
+    for k in ("queue", "compute", "encode"):
+        assert w[f"inferbus.timings_us.{k}"] == r.parameters["timings_us"][k]
+
+
+async def test_a_request_without_traceparent_starts_a_trace_at_ratio_1(forwarded, collector):
+    with collector.lock:
+        before = {s.trace_id for s, _ in collector.spans}
+    client = await Client.connect(forwarded.nats_url, forwarded.prefix, retry_unavailable=False)
+    try:
+        seed = int(time.time() * 1000) + 7
+        await client.infer_result("digits", digits_input(seed))
+        # the same input again within its cache TTL (100 ms): an L1 hit, traced as the ingress's span alone
+        hit = await client.infer_result("digits", digits_input(seed))
+    finally:
+        await client.close()
+    assert hit.parameters["cache_hit"] is True
+    deadline = time.monotonic() + 15
+    while True:
+        with collector.lock:
+            new = [(s, r) for s, r in collector.spans if s.trace_id not in before]
+        traces = {s.trace_id for s, _ in new}
+        if len(new) >= 3:
+            break
+        assert time.monotonic() < deadline, new
+        time.sleep(0.05)
+    assert len(traces) == 2  # two requests, two new traces
+    [miss_trace] = [t for t in traces if sum(1 for s, _ in new if s.trace_id == t) == 2]
+    ingress, _ = check_miss([x for x in new if x[0].trace_id == miss_trace], "n1-w", "bus")
+    assert ingress.parent_span_id == b""  # a root
+    [(hit_span, _)] = [x for x in new if x[0].trace_id != miss_trace]
+    assert hit_span.kind == Span.SPAN_KIND_SERVER and hit_span.parent_span_id == b""
+    assert attrs(hit_span)["inferbus.cache.result"] == "l1"
+    assert attrs(hit_span)["inferbus.model.name"] == "digits"
+
+
+async def test_error_spans_have_status_error_and_the_code(forwarded, collector):
+    client = await Client.connect(forwarded.nats_url, forwarded.prefix, retry_unavailable=False)
+    try:
+        tp, refused_trace, client_span = traceparent("01")
+        with pytest.raises(InvalidArgument):  # wrong shape: refused by the ingress, no worker involved
+            await client.infer("digits", {"pixels": np.zeros((1, 63), np.float32)}, headers={"traceparent": tp})
+        tp2, failed_trace, _ = traceparent("01")
+        with pytest.raises(InvalidArgument):  # an index out of the table: the worker's model run fails
+            await client.infer("lookup", {"idx": np.array([[9]], np.int64)}, headers={"traceparent": tp2})
+    finally:
+        await client.close()
+    [(refused, _)] = collector.wait_trace(refused_trace, 1)
+    assert refused.kind == Span.SPAN_KIND_SERVER and refused.parent_span_id == client_span
+    assert refused.status.code == Status.STATUS_CODE_ERROR
+    assert attrs(refused)["error.type"] == "INVALID_ARGUMENT"
+    assert "shape" in refused.status.message
+    ingress, worker = by_kind(collector.wait_trace(failed_trace, 2))
+    assert worker.parent_span_id == ingress.span_id
+    for s in (ingress, worker):
+        assert s.status.code == Status.STATUS_CODE_ERROR
+        assert attrs(s)["error.type"] == "INVALID_ARGUMENT"
+        assert attrs(s)["inferbus.model.name"] == "lookup"
+
+
+async def test_ratio_0_traces_only_sampled_traceparents_on_the_run_to_completion_path(colocated, collector):
+    client = await Client.connect(colocated.nats_url, colocated.prefix, retry_unavailable=False)
+    unsampled = []
+    try:
+        seed = int(time.time() * 1000) + 100
+        for i in range(5):
+            tp, trace_id, _ = traceparent("00")
+            unsampled.append(trace_id)
+            await client.infer_result("digits", digits_input(seed + i), headers={"traceparent": tp})
+            await client.infer_result("digits", digits_input(seed + 50 + i))  # no traceparent, ratio 0
+        with collector.lock:
+            instances_before = {r["service.instance.id"] for _, r in collector.spans}
+        tp, sampled, client_span = traceparent("01")
+        r = await client.infer_result("digits", digits_input(seed + 99), headers={"traceparent": tp})
+    finally:
+        await client.close()
+    assert r.parameters["exec"] == "inline" and r.parameters["forward"] == "local"
+    spans = collector.wait_trace(sampled, 2)
+    ingress, worker = check_miss(spans, "n1-w", "local")
+    assert ingress.parent_span_id == client_span
+    time.sleep(1.5)  # a further export period: spans of the earlier requests would have been sent before these
+    with collector.lock:
+        assert not [s for s, _ in collector.spans if s.trace_id in unsampled]
+        # nothing else from this node but the sampled request's two spans (no new trace started at ratio 0)
+        from_node = [s for s, r in collector.spans if r["service.instance.id"] not in instances_before
+                     or s.trace_id == sampled]
+    assert len(from_node) == 2, [(s.name, s.trace_id.hex()) for s in from_node]
+
+
+def _up(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferbus.cli", "up", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace-otlp-endpoint", "http://127.0.0.1:4318/v1/traces", "--trace-ratio", "1.5"],
+     "error: up: --trace-ratio must be in [0, 1], got 1.5"),
+    (["--trace-ratio", "0.5"], "error: up: --trace-ratio is the sampling of --trace-otlp-endpoint's spans and needs "
+                               "--trace-otlp-endpoint"),
+    (["--trace-otlp-endpoint", "127.0.0.1:4318"],
+     "error: up: --trace-otlp-endpoint must be an http:// or https:// URL (OTLP/HTTP, e.g. "
+     "http://127.0.0.1:4318/v1/traces), got 127.0.0.1:4318"),
+])
+def test_bad_tracing_options_are_refused_before_anything_starts(args, message, tmp_path):
+    out = _up("--models", str(MODELS), "--run-dir", str(tmp_path / "run"), *args)
+    assert out.returncode == 2, out
+    assert message in " ".join(out.stderr.split()), out.stderr
+    assert not (tmp_path / "run").exists()  # nothing started, no folder left
+
+
+def test_the_endpoint_without_the_otel_extra_is_refused_naming_it(tmp_path):
+    # an `opentelemetry` package without the SDK first on the path: as on a host without the extra
+    fake = tmp_path / "site" / "opentelemetry"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    out = _up("--models", str(MODELS), "--trace-otlp-endpoint", "http://127.0.0.1:4318/v1/traces",
+              env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode == 2, out
+    assert "error: up: --trace-otlp-endpoint needs OpenTelemetry" in out.stderr
+    assert "pip install -e '.[otel]'" in " ".join(out.stderr.split())
+
+
+def test_without_an_endpoint_the_actors_import_nothing_of_opentelemetry():
+    code = textwrap.dedent(f"""
+        import sys
+        from inferbus.actors._colocated import Colocated
+        from inferbus.actors._config import ColocatedConfig, IngressConfig, WorkerConfig
+        from inferbus.bus import BusConfig
+        from inferbus import cli
+        bus = BusConfig(prefix="x")
+        ing = IngressConfig(ingress_id="i", bus=bus, models_dir={str(MODELS)!r}, models=("digits",))
+        wc = WorkerConfig(worker_id="w", bus=bus, models_dir={str(MODELS)!r}, models=("digits",))
+        col = Colocated(ColocatedConfig(ing, wc))
+        assert col.ingress._tracing is None and col.worker._tracing is None
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry"))
+        from dataclasses import replace
+        url = "http://127.0.0.1:9/v1/traces"
+        col = Colocated(ColocatedConfig(replace(ing, trace_otlp_endpoint=url), replace(wc, trace_otlp_endpoint=url)))
+        assert col.ingress._tracing is col.worker._tracing is not None  # one provider per process
+        print("opentelemetry.sdk.trace" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout
