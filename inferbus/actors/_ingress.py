@@ -278,8 +278,8 @@ class Pending(msgspec.Struct):
     """The micro endpoint that took it (``infer``, or ``infer_at`` for a request sent to this ingress alone): an error
     answered for it, by the ingress or by its worker, counts in that endpoint's ``$SRV.STATS``."""
     span: object = None
-    """Its ingress span (tracing on, the request sampled; only on its first copy), ended when this copy settles;
-    None otherwise."""
+    """Its ingress span to be (:class:`~inferbus.actors._tracing.Traced`: tracing on, the request sampled; only on
+    its first copy), made when this copy settles; None otherwise."""
     stages: dict | None = None
     """The ingress's stages (µs) of a traced request, for its span; None otherwise."""
 
@@ -1360,9 +1360,10 @@ class Ingress:
         worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`); ``ask_peers``: an attempt
         taken near its client's attempt deadline (:meth:`_check_attempt`), located through the peers as a marked
         retry is; ``endpoint``: the micro endpoint that took it (:attr:`Pending.endpoint`), where an error answered
-        for it is counted. ``span`` is not an argument (left None): with tracing on, the request's ingress span
-        (:meth:`Tracing.start <inferbus.actors._tracing.Tracing.start>`, None when it is not sampled), started once
-        the worker is chosen; a parameter so that tracing off costs this call one attribute test."""
+        for it is counted. ``span`` is not an argument (left None): with tracing on, the request's ingress span to be
+        (:meth:`Tracing.begin <inferbus.actors._tracing.Tracing.begin>`: its ids; None when it is not sampled),
+        decided once the worker is chosen and made when the request settles; a parameter so that tracing off costs
+        this call one attribute test."""
         if t_cache is None:
             t_cache = t_val
         if len(self.pending) >= self.config.max_pending:
@@ -1443,7 +1444,7 @@ class Ingress:
                   "cache": int((t_cache - t_val) * 1e6), "route": int((now - t_cache) * 1e6),
                   "ingress_total": int((now - t0) * 1e6)}
         if self._tracing is not None:
-            span = self._tracing.start(hdrs, t0, mv.name)
+            span = self._tracing.begin(hdrs, t0)
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
             dkey = self.local_worker.dedupe_key(mv.key, rid, body) if rid else None
@@ -1592,9 +1593,9 @@ class Ingress:
         return o
 
     def _trace_local(self, span, o, worker_id: str, stages: dict) -> None:
-        """End the ingress span ``span`` of a request the colocated worker computed and answered within this call
-        (:meth:`_run_now`, :meth:`_run_burst`), after making its worker span from the job's stamps (receipt, stages;
-        ended now, after the reply's write)."""
+        """Make the worker span and the ingress span (``span``, a :class:`~inferbus.actors._tracing.Traced`) of a
+        request the colocated worker computed and answered within this call (:meth:`_run_now`, :meth:`_run_burst`),
+        from the job's stamps (receipt, stages), both ended now, after the reply's write."""
         tr = self._tracing
         now = time.monotonic()
         try:

@@ -15,9 +15,12 @@ What is made (docs/observability.md has the attributes):
   the worker's receipt to its reply's write (the colocated run-to-completion path builds it at the ingress, from
   the same stamps).
 
-Spans are built after the fact: started with the ``start_time`` of a stamp the actor took anyway (monotonic, turned
-into Unix ns), given the stages it measured anyway (``parameters.timings_us``) as attributes, and ended with an
-``end_time``. The SDK's :class:`~opentelemetry.sdk.trace.export.BatchSpanProcessor` queues ended spans (at most
+Spans are built after the fact, once the request's answer is written: the SDK span is made then, with the
+``start_time`` of a stamp the actor took anyway (monotonic, turned into Unix ns), the stages it measured anyway
+(``parameters.timings_us``) as attributes, and an ``end_time``. Before the answer, a sampled request costs only its
+sampling decision and its ingress span's ids (random numbers, chosen before the span exists: the forward carries the
+span id, and the provider's id generator, :class:`_ChosenIds`, hands the same ids to the SDK when the span is made).
+The SDK's :class:`~opentelemetry.sdk.trace.export.BatchSpanProcessor` queues ended spans (at most
 2,048; more are dropped, never waited for) and exports them from its own thread every
 :data:`EXPORT_DELAY_MS` ms.
 
@@ -29,6 +32,7 @@ request costs one header read and its ``traceparent`` is forwarded as it came, a
 
 from __future__ import annotations
 
+import random
 import time
 
 from opentelemetry.context import Context
@@ -36,9 +40,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import (NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState,
+                                 set_span_in_context)
 
 from .._version import __version__
 from ..bus import headers as H
@@ -58,6 +63,7 @@ WORKER_STAGES = ("queue", "worker_decode", "compute", "between_chunks", "encode"
 """The worker's stages set on its span (those present); with ``publish`` (the reply's encode and write, measured for
 the span) they tile the span."""
 _TRACE_NAMES = frozenset((H.TRACEPARENT, H.TRACESTATE))
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _EMPTY = Context()
 
 
@@ -67,22 +73,79 @@ def _unix_ns(t_monotonic: float) -> int:
     return time.time_ns() - time.monotonic_ns() + int(t_monotonic * 1e9)
 
 
-def _sampled(traceparent: str) -> bool:
-    """The ``sampled`` bit of a valid ``traceparent``'s flags (W3C Trace Context, section 3.2.2.5)."""
-    return bool(int(traceparent[53:55], 16) & 1)
+class _ChosenIds(IdGenerator):
+    """The provider's id generator: the ids set in :attr:`trace_id` / :attr:`span_id` just before a span is made
+    (each used once), random ones otherwise (:class:`RandomIdGenerator`, the SDK's default). The event loop makes
+    every span of the process, so nothing comes between the setting and the SDK's call."""
+
+    def __init__(self) -> None:
+        self.trace_id = 0
+        self.span_id = 0
+        self._random = RandomIdGenerator()
+
+    def generate_trace_id(self) -> int:
+        v, self.trace_id = self.trace_id, 0
+        return v or self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        v, self.span_id = self.span_id, 0
+        return v or self._random.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return True  # (chosen ones are random too: _new_ids)
+
+
+def _new_id(bits: int) -> int:
+    v = random.getrandbits(bits)
+    while not v:
+        v = random.getrandbits(bits)
+    return v
+
+
+class Traced:
+    """A sampled request at its ingress before its span is made: the span's ids, its parent and its start.
+
+    ``trace_id`` and ``span_id`` (ints, W3C Trace Context's 16 and 8 bytes) are those the span will have;
+    ``parent`` is the client's span (a remote ``SpanContext``) or None for a new trace; ``tracestate`` the client's
+    (forwarded as it came); ``t0`` the handler's start (monotonic s)."""
+
+    __slots__ = ("trace_id", "span_id", "parent", "tracestate", "t0")
+
+    def __init__(self, trace_id: int, span_id: int, parent, tracestate: str | None, t0: float) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent = parent
+        self.tracestate = tracestate
+        self.t0 = t0
+
+    def traceparent(self) -> str:
+        """The ``traceparent`` naming this span as the parent (version 00, sampled)."""
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+
+    def context(self) -> Context:
+        """A context whose span is this one (the parent of its worker span)."""
+        return set_span_in_context(NonRecordingSpan(SpanContext(
+            self.trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED,
+            trace_state=TraceState.from_header([self.tracestate]) if self.tracestate else None)))
+
+
+def _remote(traceparent: str, tracestate: str | None) -> SpanContext:
+    """The client's span as a remote ``SpanContext`` from a valid, sampled ``traceparent`` (and its ``tracestate``)."""
+    return SpanContext(int(traceparent[3:35], 16), int(traceparent[36:52], 16), is_remote=True, trace_flags=_SAMPLED,
+                       trace_state=TraceState.from_header([tracestate]) if tracestate else None)
 
 
 class Tracing:
     """One process's tracer: an SDK :class:`TracerProvider` (sampler ``ParentBased(TraceIdRatioBased(ratio))``,
-    resource ``service.name`` ``inferbus``, ``service.instance.id`` the actor id) exporting to ``endpoint`` through
-    a BatchSpanProcessor. Every method is called on the actor's event loop and never raises for a request's sake
-    (a span that cannot be made is not made); none blocks (export is the processor's thread's).
+    resource ``service.name`` ``inferbus``, ``service.version``, ``service.instance.id`` the actor id) exporting to
+    ``endpoint`` through a BatchSpanProcessor. Every method is called on the actor's event loop; none blocks (export
+    is the processor's thread's).
 
     Args:
         endpoint: the OTLP/HTTP traces URL (``http://127.0.0.1:4318/v1/traces``), used as given.
         ratio: the head-sampling probability of a request without a ``traceparent``, in [0, 1].
         instance_id: the process's actor id (``service.instance.id``).
-        exporter: another SpanExporter instead of OTLP/HTTP (tests of this module); None: OTLP/HTTP.
+        exporter: another SpanExporter instead of OTLP/HTTP (tests, benchmarks); None: OTLP/HTTP.
 
     Raises:
         ValueError: ``ratio`` outside [0, 1].
@@ -92,61 +155,72 @@ class Tracing:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"trace ratio must be in [0, 1], got {ratio}")
         self.ratio = ratio
+        root = TraceIdRatioBased(ratio)
+        self._bound = root.bound  # the root sampler's rule, decided here before the span (the SDK decides the same)
+        self._ids = _ChosenIds()
         self.provider = TracerProvider(
             resource=Resource.create({"service.name": "inferbus", "service.version": __version__,
                                       "service.instance.id": instance_id}),
-            sampler=ParentBased(TraceIdRatioBased(ratio)))
+            sampler=ParentBased(root), id_generator=self._ids)
         self.processor = BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=endpoint),
                                             schedule_delay_millis=EXPORT_DELAY_MS)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("inferbus", __version__)
-        self._prop = TraceContextTextMapPropagator()
-
-    # ---- reading a request's trace context -----------------------------------------------------
-    def _parent(self, headers: dict | None) -> Context | None:
-        """The parent context of a request from its ``traceparent``/``tracestate`` (names in any case, as
-        :func:`inferbus.bus.headers.trace_lines` reads them): an empty context (a new trace) when it has no valid
-        ``traceparent``, None when its ``traceparent`` is not sampled (nothing is traced)."""
-        tp, ts = H.trace_context(headers) if headers else (None, None)
-        if tp is None:
-            return _EMPTY
-        if not _sampled(tp):
-            return None
-        return self._prop.extract({H.TRACEPARENT: tp, H.TRACESTATE: ts} if ts else {H.TRACEPARENT: tp})
 
     # ---- ingress ------------------------------------------------------------------------------
-    def start(self, headers: dict | None, t0: float, model: str | None):
-        """The ingress span of a request taken at ``t0`` (monotonic s) for ``model`` (None: no served model), started
-        at ``t0`` when the request is sampled; None when it is not (nothing else to do for it)."""
-        parent = self._parent(headers)
-        if parent is None or (parent is _EMPTY and self.ratio <= 0.0):
-            return None
-        span = self.tracer.start_span(f"{INGRESS_SPAN} {model}" if model else INGRESS_SPAN, parent, SpanKind.SERVER,
-                                      start_time=_unix_ns(t0))
-        return span if span.is_recording() else None
+    def begin(self, headers: dict | None, t0: float) -> Traced | None:
+        """The sampling decision of a request taken at ``t0`` (monotonic s): its :class:`Traced` (the ids of its
+        ingress span-to-be) when sampled, else None (nothing else is done for it).
 
-    def forward_lines(self, span, extra: str) -> str:
+        A valid ``traceparent`` (names in any case, :func:`inferbus.bus.headers.trace_context`) decides by its
+        ``sampled`` flag (W3C Trace Context, section 3.2.2.5); without one, a new trace id decides by the ratio
+        (``TraceIdRatioBased``: its low 64 bits below ``ratio`` × 2^64)."""
+        tp, ts = H.trace_context(headers) if headers else (None, None)
+        if tp is None:
+            trace_id = _new_id(128)
+            if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= self._bound:
+                return None
+            return Traced(trace_id, _new_id(64), None, None, t0)
+        if not int(tp[53:55], 16) & 1:
+            return None
+        return Traced(int(tp[3:35], 16), _new_id(64), tp, ts, t0)
+
+    @staticmethod
+    def forward_lines(t: Traced, extra: str) -> str:
         """The forward's extra header lines ``extra`` (:func:`inferbus.actors._ingress._fwd_fields`) with their trace
-        context replaced by ``span``'s: ``traceparent`` naming the ingress span as the parent, the client's
-        ``tracestate`` kept (W3C Trace Context, section 3.5: a participant forwards ``tracestate``)."""
-        carrier: dict[str, str] = {}
-        self._prop.inject(carrier, set_span_in_context(span))
+        context replaced by ``t``'s: ``traceparent`` naming the ingress span as the parent, the client's
+        ``tracestate`` kept (W3C Trace Context, section 3.3: a participant passes ``tracestate`` on)."""
         kept = "".join(line for line in extra.splitlines(keepends=True)
                        if line.split(":", 1)[0] not in _TRACE_NAMES)
-        return kept + "".join(f"{k}: {v}\r\n" for k, v in carrier.items())
+        kept += f"{H.TRACEPARENT}: {t.traceparent()}\r\n"
+        return kept + f"{H.TRACESTATE}: {t.tracestate}\r\n" if t.tracestate else kept
 
-    def end(self, span, t_end: float, model_key: str | None, cache: str, ingress_id: str, *,
+    def _start(self, name: str, parent: Context, kind: SpanKind, t0: float, trace_id: int, span_id: int):
+        ids = self._ids
+        ids.trace_id, ids.span_id = trace_id, span_id
+        try:
+            return self.tracer.start_span(name, parent, kind, start_time=_unix_ns(t0))
+        finally:
+            ids.trace_id = ids.span_id = 0
+
+    def end(self, t: Traced, t_end: float, model_key: str | None, cache: str, ingress_id: str, *,
             worker_id: str | None = None, stages: dict | None = None, code: str | None = None,
             message: str | None = None, request_id: str | None = None) -> None:
-        """End the ingress span ``span`` at ``t_end`` (monotonic s) with its attributes: the model version
-        (``model_key`` ``name:version``), the cache result ``cache`` (``l1``, ``l2``, ``miss``), the worker that
-        answered, the ingress's stages (µs, :data:`INGRESS_STAGES`), and for an error answer its code (status
-        ERROR, ``error.type``, the message as the status's description)."""
+        """Make and end the ingress span of ``t``, from its ``t0`` to ``t_end`` (monotonic s), with its attributes:
+        the model version (``model_key`` ``name:version``; None: no served model), the cache result ``cache``
+        (``l1``, ``l2``, ``miss``), the worker that answered, the ingress's stages (µs, :data:`INGRESS_STAGES`), the
+        request id, and for an error answer its code (status ERROR, ``error.type``, the message as the status's
+        description)."""
+        name = model_key.partition(":")[0] if model_key else None
+        parent = set_span_in_context(NonRecordingSpan(_remote(t.parent, t.tracestate))) if t.parent else _EMPTY
+        span = self._start(f"{INGRESS_SPAN} {name}" if name else INGRESS_SPAN, parent, SpanKind.SERVER, t.t0,
+                           t.trace_id, t.span_id)
+        if not span.is_recording():
+            return
         attrs = {"inferbus.ingress.id": ingress_id, "inferbus.cache.result": cache}
         if model_key:
-            name, _, version = model_key.partition(":")
             attrs["inferbus.model.name"] = name
-            attrs["inferbus.model.version"] = version
+            attrs["inferbus.model.version"] = model_key.partition(":")[2]
         if worker_id:
             attrs["inferbus.worker.id"] = worker_id
         if request_id:
@@ -165,41 +239,42 @@ class Tracing:
     def error(self, headers: dict | None, t0: float, model_key: str | None, ingress_id: str, err) -> None:
         """The span of a request the ingress answered with the error ``err`` (an InferbusError) itself, from ``t0``
         to now, if the request is sampled."""
-        span = self.start(headers, t0, model_key.partition(":")[0] if model_key else None)
-        if span is not None:
-            self.end(span, time.monotonic(), model_key, "miss", ingress_id, code=err.code.value, message=err.message)
+        t = self.begin(headers, t0)
+        if t is not None:
+            self.end(t, time.monotonic(), model_key, "miss", ingress_id, code=err.code.value, message=err.message)
 
     def cached(self, headers: dict | None, t0: float, model_key: str, level: str, ingress_id: str) -> None:
         """The span of a request the ingress answered from its cache (``level`` ``l1``/``l2``), from ``t0`` to now,
         if the request is sampled."""
-        span = self.start(headers, t0, model_key.partition(":")[0])
-        if span is not None:
-            self.end(span, time.monotonic(), model_key, level, ingress_id)
+        t = self.begin(headers, t0)
+        if t is not None:
+            self.end(t, time.monotonic(), model_key, level, ingress_id)
 
     # ---- worker -------------------------------------------------------------------------------
-    def worker_parent(self, headers: dict | None) -> Context | None:
-        """The parent of a forwarded request's worker span (its ``traceparent``, the ingress span's id), None when the
-        forward carries no sampled ``traceparent`` (nothing is traced: workers start no traces)."""
-        parent = self._parent(headers)
-        return None if parent is _EMPTY else parent
-
     @staticmethod
-    def local_parent(span) -> Context:
-        """The parent context of the worker span of a request its colocated ingress (span ``span``) handed over."""
-        return set_span_in_context(span)
+    def worker_parent(headers: dict | None) -> tuple[str, str | None] | None:
+        """The parent of a forwarded request's worker span: ``(traceparent, tracestate)`` of the forward (the
+        ingress span's id) when it is valid and sampled, else None (nothing is traced: workers start no traces).
+        Only read here; the SDK sees it when the span is made, after the answer."""
+        tp, ts = H.trace_context(headers) if headers else (None, None)
+        if tp is None or not int(tp[53:55], 16) & 1:
+            return None
+        return tp, ts
 
     def worker_span(self, parent, job, outcome, worker_id: str, t_end: float) -> None:
         """Make the worker span of ``job`` (:class:`~inferbus.actors._worker.Job`) answered with ``outcome``, child of
-        ``parent`` (a ``Context``, or the colocated ingress's span), from its receipt (``job.t_recv``) to ``t_end`` (monotonic s, after the reply's write): the
-        worker's stages (:data:`WORKER_STAGES`, µs), ``publish`` (the rest of the span after ``worker_total``: the
-        reply's encode and write), ``forward_hop``, the execution (``inline``/``thread``) and forward kind
-        (``local``/``bus``), and for an error answer its code (status ERROR; a copy cancelled before compute, a
-        hedge's loser, has ``error.type`` CANCELLED and no error status)."""
-        if not isinstance(parent, Context):  # the colocated ingress's span
-            parent = set_span_in_context(parent)
+        ``parent`` (:meth:`worker_parent`'s pair, or the colocated ingress's :class:`Traced`), from its receipt
+        (``job.t_recv``) to ``t_end`` (monotonic s, after the reply's write): the worker's stages
+        (:data:`WORKER_STAGES`, µs), ``publish`` (the rest of the span after ``worker_total``: the reply's encode and
+        write), ``forward_hop``, the execution (``inline``/``thread``) and forward kind (``local``/``bus``), and for
+        an error answer its code (status ERROR; a copy cancelled before compute, a hedge's loser, has ``error.type``
+        CANCELLED and no error status)."""
+        if type(parent) is Traced:
+            ctx = parent.context()
+        else:
+            ctx = set_span_in_context(NonRecordingSpan(_remote(*parent)))
         name, _, version = job.model_key.partition(":")
-        span = self.tracer.start_span(f"{WORKER_SPAN} {name}", parent, SpanKind.CONSUMER,
-                                      start_time=_unix_ns(job.t_recv))
+        span = self._start(f"{WORKER_SPAN} {name}", ctx, SpanKind.CONSUMER, job.t_recv, 0, 0)
         if not span.is_recording():
             return
         attrs = {"inferbus.worker.id": worker_id, "inferbus.model.name": name, "inferbus.model.version": version,
