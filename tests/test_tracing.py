@@ -336,3 +336,29 @@ def test_without_an_endpoint_the_actors_import_nothing_of_opentelemetry():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout
+
+
+def test_the_ingress_decides_as_the_sdks_sampler_at_a_ratio_between_0_and_1():
+    # the ingress decides before the span exists (its ids are forwarded); the SDK decides again when the span is made:
+    # a disagreement would forward a sampled traceparent for a span never exported, or drop one the SDK would keep
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    from inferbus.actors._tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    tr = Tracing("http://127.0.0.1:9/v1/traces", 0.25, "t", exporter=exporter)
+    chosen = []
+    for _ in range(4000):
+        t = tr.begin({}, time.monotonic())
+        if t is not None:
+            chosen.append(t)
+            tr.end(t, time.monotonic(), "digits:1", "miss", "i0")
+    tr.provider.force_flush()
+    spans = exporter.get_finished_spans()
+    assert [(s.context.trace_id, s.context.span_id) for s in spans] == [(t.trace_id, t.span_id) for t in chosen]
+    assert 800 < len(chosen) < 1200  # 1,000 expected (binomial sd ~27)
+    sdk = TraceIdRatioBased(0.25)
+    assert all(sdk.should_sample(None, t.trace_id, "x").decision.is_sampled() for t in chosen)
+    assert all(s.parent is None and s.kind.name == "SERVER" for s in spans)
+    tr.shutdown()

@@ -1360,9 +1360,10 @@ class Ingress:
         worker not to send it to (the silent one it is taken from, :meth:`_reroute_quiet`); ``ask_peers``: an attempt
         taken near its client's attempt deadline (:meth:`_check_attempt`), located through the peers as a marked
         retry is; ``endpoint``: the micro endpoint that took it (:attr:`Pending.endpoint`), where an error answered
-        for it is counted. ``span`` is not an argument (left None): with tracing on, the request's ingress span to be
-        (:meth:`Tracing.begin <inferbus.actors._tracing.Tracing.begin>`: its ids; None when it is not sampled),
-        decided once the worker is chosen and made when the request settles; a parameter so that tracing off costs
+        for it is counted. ``span``: with tracing on, the request's ingress span to be
+        (:class:`~inferbus.actors._tracing.Traced`, its ids), made when the request settles: given by :meth:`_resend`
+        (the first copy's), else decided here once the worker is chosen (:meth:`Tracing.begin
+        <inferbus.actors._tracing.Tracing.begin>`; None when it is not sampled); a parameter so that tracing off costs
         this call one attribute test."""
         if t_cache is None:
             t_cache = t_val
@@ -1443,7 +1444,7 @@ class Ingress:
         stages = {"decode": int((t_dec - t0) * 1e6), "validate": int((t_val - t_dec) * 1e6),
                   "cache": int((t_cache - t_val) * 1e6), "route": int((now - t_cache) * 1e6),
                   "ingress_total": int((now - t0) * 1e6)}
-        if self._tracing is not None:
+        if self._tracing is not None and span is None:
             span = self._tracing.begin(hdrs, t0)
         local = decoded is not None and self.local_worker is not None and w.worker_id == self.router.local_worker_id
         if local and hedge_policy is None and self.config.run_to_completion:
@@ -2144,7 +2145,7 @@ class Ingress:
         try:
             await self._forward(_Resent(p.body, p.reply), p.hdrs, p.content_type, now, now, now, p.deadline, p.mv,
                                 p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1,
-                                exclude=exclude, endpoint=p.endpoint)
+                                exclude=exclude, endpoint=p.endpoint, span=p.span)
         except InferbusError as exc:
             await self._error(p.reply, exc, p.content_type, p.request_id, p.endpoint, p.model_key)
             return True
