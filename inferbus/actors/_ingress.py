@@ -1599,12 +1599,9 @@ class Ingress:
         from the job's stamps (receipt, stages), both ended now, after the reply's write."""
         tr = self._tracing
         now = time.monotonic()
-        try:
-            tr.worker_span(span, o.job, o, worker_id, now)
-            tr.end(span, now, o.job.model_key, "miss", self.config.ingress_id, worker_id=worker_id, stages=stages,
-                   code=None if o.ok else o.code, request_id=o.job.rid)
-        except Exception as exc:  # the answer is out: a span that cannot be made is not
-            log(f"ingress {self.config.ingress_id}: span not made: {exc!r}")
+        tr.worker_span(span, o.job, o, worker_id, now)  # (neither raises: a span that cannot be made is logged)
+        tr.end(span, now, o.job.model_key, "miss", self.config.ingress_id, worker_id=worker_id, stages=stages,
+               code=None if o.ok else o.code, request_id=o.job.rid)
 
     async def _settle_run(self, o, worker_id: str, model_key: str, t_fwd: float, t_done: float, probe,
                           rid: str | None, key: str | None, ttl_ms: int, endpoint: str = "infer") -> None:

@@ -47,6 +47,7 @@ from opentelemetry.trace import (NonRecordingSpan, SpanContext, SpanKind, Status
 
 from .._version import __version__
 from ..bus import headers as H
+from ._common import log
 
 INGRESS_SPAN = "inferbus.infer"
 """The ingress span's name, followed by a space and the model's name (``inferbus.infer digits``); alone for a
@@ -210,7 +211,16 @@ class Tracing:
         the model version (``model_key`` ``name:version``; None: no served model), the cache result ``cache``
         (``l1``, ``l2``, ``miss``), the worker that answered, the ingress's stages (µs, :data:`INGRESS_STAGES`), the
         request id, and for an error answer its code (status ERROR, ``error.type``, the message as the status's
-        description)."""
+        description). Never raises: a span that cannot be made is logged and not made (the caller is settling the
+        request)."""
+        try:
+            self._end(t, t_end, model_key, cache, ingress_id, worker_id, stages, code, message, request_id)
+        except Exception as exc:
+            log(f"tracing: the span of {model_key or 'a request'} not made: {exc!r}")
+
+    def _end(self, t: Traced, t_end: float, model_key: str | None, cache: str, ingress_id: str,
+             worker_id: str | None, stages: dict | None, code: str | None, message: str | None,
+             request_id: str | None) -> None:
         name = model_key.partition(":")[0] if model_key else None
         parent = set_span_in_context(NonRecordingSpan(_remote(t.parent, t.tracestate))) if t.parent else _EMPTY
         span = self._start(f"{INGRESS_SPAN} {name}" if name else INGRESS_SPAN, parent, SpanKind.SERVER, t.t0,
@@ -268,7 +278,13 @@ class Tracing:
         (:data:`WORKER_STAGES`, µs), ``publish`` (the rest of the span after ``worker_total``: the reply's encode and
         write), ``forward_hop``, the execution (``inline``/``thread``) and forward kind (``local``/``bus``), and for
         an error answer its code (status ERROR; a copy cancelled before compute, a hedge's loser, has ``error.type``
-        CANCELLED and no error status)."""
+        CANCELLED and no error status). Never raises: a span that cannot be made is logged and not made."""
+        try:
+            self._worker_span(parent, job, outcome, worker_id, t_end)
+        except Exception as exc:
+            log(f"tracing: the worker span of {job.model_key} not made: {exc!r}")
+
+    def _worker_span(self, parent, job, outcome, worker_id: str, t_end: float) -> None:
         if type(parent) is Traced:
             ctx = parent.context()
         else:

@@ -1079,14 +1079,12 @@ class Worker:
 
     def _trace_outcomes(self, outcomes: list[Outcome]) -> None:
         """Make the worker span of each traced job among ``outcomes`` (:attr:`Job.trace`), ended now: their replies
-        were written. A failure to make one is logged, never raised (the answers are out)."""
+        were written (a span that cannot be made is logged, never raised: :meth:`Tracing.worker_span
+        <inferbus.actors._tracing.Tracing.worker_span>`)."""
         now = time.monotonic()
         for o in outcomes:
             if o.job.trace is not None:
-                try:
-                    self._tracing.worker_span(o.job.trace, o.job, o, self.config.worker_id, now)
-                except Exception as exc:
-                    log(f"worker {self.config.worker_id}: span not made: {exc!r}")
+                self._tracing.worker_span(o.job.trace, o.job, o, self.config.worker_id, now)
 
     def note_answer_rows(self, key: str, sess) -> None:
         """Keep :func:`answer_row_bytes` of model version ``key``'s session ``sess`` for the check before compute
