@@ -361,4 +361,4 @@ def test_the_ingress_decides_as_the_sdks_sampler_at_a_ratio_between_0_and_1():
     sdk = TraceIdRatioBased(0.25)
     assert all(sdk.should_sample(None, t.trace_id, "x").decision.is_sampled() for t in chosen)
     assert all(s.parent is None and s.kind.name == "SERVER" for s in spans)
-    tr.shutdown()
+    tr.close(5.0)

@@ -32,7 +32,9 @@ request costs one header read and its ``traceparent`` is forwarded as it came, a
 
 from __future__ import annotations
 
+import atexit
 import random
+import threading
 import time
 
 from opentelemetry.context import Context
@@ -57,6 +59,10 @@ WORKER_SPAN = "inferbus.worker"
 EXPORT_DELAY_MS = 1000
 """The BatchSpanProcessor's export period (ms; the SDK's default is 5,000): a span reaches the collector within
 about this long after its request ended, or earlier once 512 wait."""
+EXIT_FLUSH_S = 0.5
+"""At the process's exit, the spans still queued are exported for at most this long (s), then dropped: a collector
+that is down or slow would otherwise hold the exit for the exporter's retries (the SDK's own exit hook waits up to
+30 s; a node's stop kills an actor 5 s after SIGTERM)."""
 INGRESS_STAGES = ("decode", "validate", "cache", "route")
 """The ingress's stages (``parameters.timings_us``) set on its span; they tile its time up to the forward
 (``ingress_total``), so their sum is at most the span's duration."""
@@ -162,11 +168,12 @@ class Tracing:
         self.provider = TracerProvider(
             resource=Resource.create({"service.name": "inferbus", "service.version": __version__,
                                       "service.instance.id": instance_id}),
-            sampler=ParentBased(root), id_generator=self._ids)
+            sampler=ParentBased(root), id_generator=self._ids, shutdown_on_exit=False)
         self.processor = BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=endpoint),
                                             schedule_delay_millis=EXPORT_DELAY_MS)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("inferbus", __version__)
+        atexit.register(self.close, EXIT_FLUSH_S)
 
     # ---- ingress ------------------------------------------------------------------------------
     def begin(self, headers: dict | None, t0: float) -> Traced | None:
@@ -316,9 +323,13 @@ class Tracing:
         span.set_attributes(attrs)
         span.end(end_time=_unix_ns(t_end))
 
-    def shutdown(self) -> None:
-        """Export what waits and stop the processor's thread (blocks up to its export timeout)."""
-        self.provider.shutdown()
+    def close(self, timeout_s: float) -> None:
+        """Export what waits and stop the processor's thread, waiting at most ``timeout_s`` seconds (what is not
+        exported by then is dropped: the export thread is a daemon). Called at the process's exit; once is enough
+        (a second call returns at once)."""
+        t = threading.Thread(target=self.provider.shutdown, name="inferbus-tracing-close", daemon=True)
+        t.start()
+        t.join(timeout_s)
 
 
 _SHARED: dict[tuple[str, float], Tracing] = {}
