@@ -99,7 +99,7 @@ class _ChosenIds(IdGenerator):
         return v or self._random.generate_span_id()
 
     def is_trace_id_random(self) -> bool:
-        return True  # (chosen ones are random too: _new_ids)
+        return True  # (chosen ones are random too: _new_id)
 
 
 def _new_id(bits: int) -> int:
