@@ -135,10 +135,11 @@ def check_miss(spans, worker_id_prefix: str, forward: str) -> tuple[Span, Span]:
     assert w["inferbus.timings_us.compute"] > 0
     worker_sum_ns = sum(w[f"inferbus.timings_us.{k}"] for k in WORKER_STAGES) * 1000
     assert worker_sum_ns <= worker_ns < worker_sum_ns + 50_000  # (each stage truncated to whole µs)
-    # one host, one clock: the worker's span lies within the ingress's (its receipt after the ingress's start, its
-    # reply written before the ingress heard of the completion; 1 ms of slack for the clocks' conversions)
-    assert worker.start_time_unix_nano >= ingress.start_time_unix_nano
-    assert worker.end_time_unix_nano <= ingress.end_time_unix_nano + 1_000_000
+    # one host, one clock: the worker received the forward after the ingress took the request (1 ms of slack for
+    # each process's conversion of its monotonic stamps into Unix time). Its span's end is not bound by the
+    # ingress's: the worker reads the clock once its write returned, and the ingress may settle the completion
+    # notice of that same write first (seen: 2 ms later on the 2-core box, the worker descheduled)
+    assert worker.start_time_unix_nano >= ingress.start_time_unix_nano - 1_000_000
     return ingress, worker
 
 

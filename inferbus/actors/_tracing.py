@@ -74,10 +74,38 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _EMPTY = Context()
 
 
-def _unix_ns(t_monotonic: float) -> int:
-    """``time.monotonic()`` seconds as Unix-epoch nanoseconds (the OTLP timestamps), by the offset between the two
-    clocks now."""
-    return time.time_ns() - time.monotonic_ns() + int(t_monotonic * 1e9)
+OFFSET_REFRESH_S = 10.0
+"""How often (s) the offset between the wall clock and the monotonic one is measured again (a wall clock stepped or
+slewed by NTP is followed within this long)."""
+_offset = [0, float("-inf")]  # [Unix ns − monotonic ns, when measured (monotonic s)]
+
+
+def _measure_offset() -> int:
+    """Unix ns − monotonic ns, read between two monotonic reads, the best of 5 (the closest pair): one read pair
+    preempted between its two clocks would shift every span of the next :data:`OFFSET_REFRESH_S` by the delay (a
+    worker span started before its ingress span's start on a busy 2-core box)."""
+    best = None
+    for _ in range(5):
+        m1 = time.monotonic_ns()
+        w = time.time_ns()
+        m2 = time.monotonic_ns()
+        if best is None or m2 - m1 < best[0]:
+            best = (m2 - m1, w - (m1 + m2) // 2)
+    return best[1]
+
+
+def _clock_offset_ns() -> int:
+    """Unix-epoch ns − ``time.monotonic()`` ns, measured at most :data:`OFFSET_REFRESH_S` ago: a span's monotonic
+    stamps plus this are its OTLP timestamps. One value serves both ends of a span, so that its duration is the
+    monotonic clock's, whatever the wall clock did meanwhile."""
+    now = time.monotonic()
+    if now - _offset[1] > OFFSET_REFRESH_S:
+        _offset[0], _offset[1] = _measure_offset(), now
+    return _offset[0]
+
+
+def _ns(t_monotonic: float) -> int:
+    return int(t_monotonic * 1e9)
 
 
 class _ChosenIds(IdGenerator):
@@ -203,11 +231,11 @@ class Tracing:
         kept += f"{H.TRACEPARENT}: {t.traceparent()}\r\n"
         return kept + f"{H.TRACESTATE}: {t.tracestate}\r\n" if t.tracestate else kept
 
-    def _start(self, name: str, parent: Context, kind: SpanKind, t0: float, trace_id: int, span_id: int):
+    def _start(self, name: str, parent: Context, kind: SpanKind, start_ns: int, trace_id: int, span_id: int):
         ids = self._ids
         ids.trace_id, ids.span_id = trace_id, span_id
         try:
-            return self.tracer.start_span(name, parent, kind, start_time=_unix_ns(t0))
+            return self.tracer.start_span(name, parent, kind, start_time=start_ns)
         finally:
             ids.trace_id = ids.span_id = 0
 
@@ -230,8 +258,9 @@ class Tracing:
              request_id: str | None) -> None:
         name = model_key.partition(":")[0] if model_key else None
         parent = set_span_in_context(NonRecordingSpan(_remote(t.parent, t.tracestate))) if t.parent else _EMPTY
-        span = self._start(f"{INGRESS_SPAN} {name}" if name else INGRESS_SPAN, parent, SpanKind.SERVER, t.t0,
-                           t.trace_id, t.span_id)
+        off = _clock_offset_ns()
+        span = self._start(f"{INGRESS_SPAN} {name}" if name else INGRESS_SPAN, parent, SpanKind.SERVER,
+                           off + _ns(t.t0), t.trace_id, t.span_id)
         if not span.is_recording():
             return
         attrs = {"inferbus.ingress.id": ingress_id, "inferbus.cache.result": cache}
@@ -251,7 +280,7 @@ class Tracing:
             attrs["error.type"] = code
             span.set_status(Status(StatusCode.ERROR, message or code))
         span.set_attributes(attrs)
-        span.end(end_time=_unix_ns(t_end))
+        span.end(end_time=off + _ns(t_end))
 
     def error(self, headers: dict | None, t0: float, model_key: str | None, ingress_id: str, err) -> None:
         """The span of a request the ingress answered with the error ``err`` (an InferbusError) itself, from ``t0``
@@ -297,7 +326,8 @@ class Tracing:
         else:
             ctx = set_span_in_context(NonRecordingSpan(_remote(*parent)))
         name, _, version = job.model_key.partition(":")
-        span = self._start(f"{WORKER_SPAN} {name}", ctx, SpanKind.CONSUMER, job.t_recv, 0, 0)
+        off = _clock_offset_ns()
+        span = self._start(f"{WORKER_SPAN} {name}", ctx, SpanKind.CONSUMER, off + _ns(job.t_recv), 0, 0)
         if not span.is_recording():
             return
         attrs = {"inferbus.worker.id": worker_id, "inferbus.model.name": name, "inferbus.model.version": version,
@@ -321,7 +351,7 @@ class Tracing:
             if outcome.code != "CANCELLED":
                 span.set_status(Status(StatusCode.ERROR, outcome.code or "error"))
         span.set_attributes(attrs)
-        span.end(end_time=_unix_ns(t_end))
+        span.end(end_time=off + _ns(t_end))
 
     def close(self, timeout_s: float) -> None:
         """Export what waits and stop the processor's thread, waiting at most ``timeout_s`` seconds (what is not
