@@ -216,8 +216,9 @@ class Job(msgspec.Struct):
     loaded from those files (:meth:`Worker._fill_current`). None when absent (and for in-process jobs, whose
     ingress's pins the worker reads itself)."""
     trace: object = None
-    """Tracing on and the forward sampled: the parent of its worker span (an OpenTelemetry ``Context`` read from the
-    forward's ``traceparent``, or the colocated ingress's span), made when its outcome is published; else None."""
+    """Tracing on and the forward sampled: the parent of its worker span, made when its outcome is published (the
+    forward's ``(traceparent, tracestate)`` strings, parsed only then, or the colocated ingress's
+    :class:`~inferbus.actors._tracing.Traced`); else None."""
     answered: bool = False
     """Its outcome was published, or it was refused UNAVAILABLE because the worker stopped before finishing it
     (:meth:`Worker._refuse_held`): a later outcome (the inference thread's late result) is dropped, so no copy
@@ -633,8 +634,8 @@ class Worker:
             ct, rid, hedge: the client's Content-Type, the request id as forwarded, the hedge mark (or None).
             timings: the ingress's stages in µs (``decode``, ``validate``, ``cache``, ``route``,
                 ``ingress_total``); the job owns the dict: the answer's ``timings_us`` is built in it.
-            trace: the ingress's span when tracing is on and the request sampled (the parent of this job's worker
-                span), else None.
+            trace: the ingress's span to be (:class:`~inferbus.actors._tracing.Traced`) when tracing is on and the
+                request sampled: the parent of this job's worker span; else None.
 
         Returns once the request is queued or answered (it does not wait for compute).
         """
