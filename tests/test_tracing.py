@@ -363,3 +363,14 @@ def test_the_ingress_decides_as_the_sdks_sampler_at_a_ratio_between_0_and_1():
     assert all(sdk.should_sample(None, t.trace_id, "x").decision.is_sampled() for t in chosen)
     assert all(s.parent is None and s.kind.name == "SERVER" for s in spans)
     tr.close(5.0)
+
+
+def test_bench_tracecost_measures_every_case(capsys):
+    from bench.tracecost import main
+
+    assert main(["--requests", "50"]) == 0
+    rows = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    assert set(rows) == {"sampled_traceparent_before_answer_us", "sampled_traceparent_after_answer_us",
+                         "no_traceparent_before_answer_us", "no_traceparent_after_answer_us",
+                         "unsampled_traceparent_us", "ratio_0_no_traceparent_us"}
+    assert all(float(v) >= 0 for v in rows.values())
