@@ -1217,8 +1217,8 @@ def up(
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
     trace_otlp_endpoint: Optional[str] = typer.Option(None, help="OpenTelemetry tracing: export spans of sampled "
-                                                      "requests over OTLP/HTTP to this URL, e.g. "
-                                                      "http://127.0.0.1:4318/v1/traces (default off; needs the otel extra: "
+                                                      "requests over OTLP/HTTP to this URL (a collector's, its path "
+                                                      "usually /v1/traces; default off; needs the otel extra: "
                                                       "pip install -e '.\\[otel]').", metavar="<url>"),
     trace_ratio: float = typer.Option(1.0, help="With --trace-otlp-endpoint: the probability, 0 to 1, that a request "
                                       "without a traceparent is traced; one with a traceparent follows its "

@@ -24,6 +24,7 @@ from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-hea
 from inferbus.client import Client
 from inferbus.schemas import InvalidArgument
 from test_model_input_failures import _lookup_model
+from test_http_infer import http_address
 from test_reliability_lib import models_subset
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -158,9 +159,12 @@ def forwarded(collector, tmp_path_factory):
     _lookup_model(models / "lookup")
     dep = start_deployment(root / "dep", workers=1, prefix="trf",
                            extra=["--models", str(models), "--trace-otlp-endpoint", collector.url,
-                                  "--trace-ratio", "1"])
-    yield dep
-    dep.stop()
+                                  "--trace-ratio", "1", "--http-port", "0", "--http-host", "127.0.0.1"])
+    try:
+        dep.http_address = http_address(dep)
+        yield dep
+    finally:
+        dep.stop()
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +200,23 @@ async def test_a_traced_request_is_a_child_of_the_clients_span_and_the_parent_of
         assert a[f"inferbus.timings_us.{k}"] == r.parameters["timings_us"][k]
     for k in ("queue", "compute", "encode"):
         assert w[f"inferbus.timings_us.{k}"] == r.parameters["timings_us"][k]
+
+
+def test_an_http_request_is_traced_as_a_child_of_its_http_clients_traceparent(forwarded, collector):
+    # the node's OIP v2 REST gateway passes the HTTP request's trace context on to the ingress (names in any case)
+    import json
+    import urllib.request
+
+    tp, trace_id, client_span = traceparent("01")
+    x = np.random.default_rng(int(time.time() * 1000) + 3).random((1, 64), dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                   "data": x.ravel().tolist()}]}).encode()
+    req = urllib.request.Request(f"http://{forwarded.http_address}/v2/models/digits/infer", body, method="POST",
+                                 headers={"Content-Type": "application/json", "Traceparent": tp})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    ingress, worker = check_miss(collector.wait_trace(trace_id, 2), "n1-w", "bus")
+    assert ingress.parent_span_id == client_span and worker.parent_span_id == ingress.span_id
 
 
 async def test_a_request_without_traceparent_starts_a_trace_at_ratio_1(forwarded, collector):
