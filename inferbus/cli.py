@@ -1220,9 +1220,9 @@ def up(
                                                       "requests over OTLP/HTTP to this URL (a collector's, its path "
                                                       "usually /v1/traces; default off; needs the otel extra: "
                                                       "pip install -e '.\\[otel]').", metavar="<url>"),
-    trace_ratio: float = typer.Option(1.0, help="With --trace-otlp-endpoint: the probability, 0 to 1, that a request "
-                                      "without a traceparent is traced; one with a traceparent follows its "
-                                      "sampled flag."),
+    trace_ratio: float = typer.Option(1.0, help=f"With --trace-otlp-endpoint: the probability, in {interval(0, 1)}, "
+                                      "that a request without a traceparent is traced; one with a traceparent "
+                                      "follows its sampled flag."),
     demo: bool = typer.Option(False, help="Run a short checked load run, print the table and exit."),
     demo_duration: float = typer.Option(3.0, help=f"Seconds per demo load step, in "
                                         f"{interval(0, MAX_DEMO_DURATION_S, lo_open=True)}."),
