@@ -159,7 +159,7 @@ def forwarded(collector, tmp_path_factory):
     _lookup_model(models / "lookup")
     dep = start_deployment(root / "dep", workers=1, prefix="trf",
                            extra=["--models", str(models), "--trace-otlp-endpoint", collector.url,
-                                  "--trace-ratio", "1", "--http-port", "0", "--http-host", "127.0.0.1"])
+                                  "--trace-ratio", "1", "--http-port", "0", "--http-host", "127.0.0.1", "--http-infer"])
     try:
         dep.http_address = http_address(dep)
         yield dep
