@@ -33,7 +33,6 @@ what the same NATS request costs it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import math
 import time
@@ -238,20 +237,14 @@ class NodeGateway:
     def _run(self, ask, wait_s: float) -> HttpAnswer:
         """Run ``ask(client)`` (a coroutine function) on the node's loop; wait ``wait_s`` + :data:`BOUND_SLACK_S`
         at most."""
-        coro = self._ask(ask)
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError as exc:  # the loop is closed: the node has stopped
-            coro.close()
-            return error_answer(503, f"the node is not running ({exc})")
-        try:
-            return fut.result(max(wait_s, 0.0) + BOUND_SLACK_S)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            return error_answer(504, f"the node's event loop did not answer within {wait_s + BOUND_SLACK_S:.3g} s",
-                                (("Inferbus-Error-Code", "DEADLINE_EXCEEDED"),))
-        except Exception as exc:  # (_ask catches what it expects; this is a bug's last line)
-            return error_answer(500, f"the HTTP gateway failed: {exc!r}")
+        from ._probes import on_node_loop
+
+        def failed(why: str, text: str) -> HttpAnswer:
+            if why == "timeout":
+                return error_answer(504, text, (("Inferbus-Error-Code", "DEADLINE_EXCEEDED"),))
+            return error_answer(503, text) if why == "stopped" else error_answer(500, f"the HTTP gateway {text}")
+
+        return on_node_loop(self.loop, self._ask(ask), max(wait_s, 0.0) + BOUND_SLACK_S, failed)
 
     async def _ask(self, ask) -> HttpAnswer:
         from ..client import Client

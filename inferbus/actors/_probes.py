@@ -50,6 +50,25 @@ PROBE_BOUND_S = 1.0
 """The longest a probe's HTTP answer waits for the node's event loop, seconds; past it the probe answers 503."""
 
 
+def on_node_loop(loop: asyncio.AbstractEventLoop, coro, wait_s: float, failed: Callable[[str, str], object]):
+    """What ``coro`` returns, run on the node's ``loop`` from an HTTP server thread and waited for ``wait_s`` seconds
+    at most; else ``failed(why, text)``: ``why`` is ``stopped`` (the loop is closed: the node has stopped; ``coro``
+    closed unrun), ``timeout`` (no answer in time; the run cancelled) or ``bug`` (it raised: the coroutines catch
+    what they expect), ``text`` says so in words. Never raises."""
+    try:
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError as exc:
+        coro.close()
+        return failed("stopped", f"the node is not running ({exc})")
+    try:
+        return fut.result(wait_s)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        return failed("timeout", f"the node's event loop did not answer within {wait_s:.3g} s")
+    except Exception as exc:
+        return failed("bug", f"failed: {exc!r}")
+
+
 @dataclass(frozen=True)
 class ProbeAnswer:
     """One probe's verdict.
@@ -116,19 +135,8 @@ class NodeProbes:
         return self._run(functools.partial(self._model_ready, name, version))
 
     def _run(self, make: Callable[[], Awaitable[ProbeAnswer]]) -> ProbeAnswer:
-        coro = make()
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError as exc:  # the loop is closed: the node has stopped
-            coro.close()
-            return ProbeAnswer(503, f"the node is not running ({exc})")
-        try:
-            return fut.result(self.bound_s)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            return ProbeAnswer(503, f"the node's event loop did not answer within {self.bound_s:g} s")
-        except Exception as exc:  # (the coroutines catch what they expect; this is a bug's last line)
-            return ProbeAnswer(503, f"the probe failed: {exc!r}")
+        return on_node_loop(self.loop, make(), self.bound_s, lambda why, text: ProbeAnswer(503, text if why != "bug"
+                                                                                          else f"the probe {text}"))
 
     async def _live(self) -> ProbeAnswer:
         return OK
