@@ -639,6 +639,23 @@ sending), seconds: past it the connection is closed. The time an inference reque
 count (no socket operation is pending then)."""
 
 
+class _LogStream:
+    """What wsgiref writes as an application's error (its traceback, then a flush), as one ``inferbus.metrics``
+    record at error level, so that it reaches ``node.log`` and ``up``'s stderr in the node's log format."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        text, self._parts = "".join(self._parts).rstrip(), []
+        if text:
+            log.error("HTTP request failed: %s", text)
+
+
 class MetricsServer:
     """The node's HTTP server, on a daemon thread (one more per request): prometheus-client's WSGI app for one
     node's :class:`NodeCollector` (the Prometheus text format, OpenMetrics when the scraper asks for it, on every
@@ -669,6 +686,7 @@ class MetricsServer:
             OSError: the address cannot be bound (port in use, no such address).
         """
         import socket
+        import sys
         import threading
         from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -685,12 +703,29 @@ class MetricsServer:
 
         class Server(ThreadingWSGIServer):
             address_family = family
+            # listen()'s backlog: socketserver's default is 5, and the accept thread, which needs the GIL the node's
+            # event loop holds, takes connections more slowly than a burst of clients makes them: the kernel then
+            # dropped the rest (a 1 s SYN resend, or a reset). The kernel caps it at net.core.somaxconn.
+            request_queue_size = socket.SOMAXCONN
+
+            def handle_error(self, request, client_address) -> None:
+                # socketserver's prints "Exception occurred during processing of request" and the traceback on
+                # stderr: ~25 lines of text, also with --log-format json, for each client that sent half its
+                # headers and went quiet (a timeout after HTTP_SOCKET_TIMEOUT_S) or dropped the connection
+                exc = sys.exc_info()[1]
+                if isinstance(exc, OSError):
+                    log.debug("HTTP connection from %s:%s closed: %r", *client_address[:2], exc)
+                else:
+                    log.error("HTTP request from %s:%s failed", *client_address[:2], exc_info=True)
 
         class QuietHandler(WSGIRequestHandler):
             timeout = HTTP_SOCKET_TIMEOUT_S  # a client that stops sending (or reading) frees its thread
 
             def log_message(self, format, *args) -> None:  # (no line per request on stderr, as prometheus-client's)
                 pass
+
+            def get_stderr(self):  # wsgiref's traceback of an app that raised: one log record, not raw stderr
+                return _LogStream()
 
         app = make_wsgi_app(registry)
         httpd = make_server(sockaddr[0], port, node_app(app, probes, gateway) if probes is not None else app, Server,

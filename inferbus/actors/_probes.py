@@ -292,26 +292,36 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
     limit = gateway.max_body_bytes()
     if limit and n > limit:
         if n <= limit + _DRAIN_BYTES:
-            left = n
-            while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
-                left -= len(chunk)
+            _drain(stream, n)
         return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
                                  f"--max-request-bytes, else the NATS server's max_payload)",
                             (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"),))  # (wsgiref closes the connection)
     if not gateway.infer_enabled:  # (the body read and dropped first, as for a 413: the client reads the answer)
-        left = min(n, (limit or 0) + _DRAIN_BYTES)
-        while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
-            left -= len(chunk)
+        _drain(stream, min(n, (limit or 0) + _DRAIN_BYTES))
         return error_answer(403, "inference over HTTP is off on this node: start it with --http-infer (the HTTP "
                                  "port has no authentication; docs/http.md), or send the request over NATS",
                             (("Inferbus-Error-Code", "PERMISSION_DENIED"),))
-    body = stream.read(n) if n else b""
+    try:
+        body = stream.read(n) if n else b""
+    except TimeoutError:  # (the handler's socket timeout: a client that sent part of its body and went quiet)
+        from ._metrics import HTTP_SOCKET_TIMEOUT_S
+        return error_answer(408, f"the body did not arrive: no byte came for {HTTP_SOCKET_TIMEOUT_S:g} s")
     if len(body) < n:
         return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
     headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
     if environ.get("CONTENT_TYPE"):
         headers["content-type"] = environ["CONTENT_TYPE"]
     return gateway.infer(name, version, body, headers, started_at=started_at)
+
+
+def _drain(stream, left: int) -> None:
+    """Read and drop up to ``left`` bytes of a body that will not be served; a client that stops sending ends it
+    (the handler's socket timeout), and the answer is written all the same."""
+    try:
+        while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
+            left -= len(chunk)
+    except TimeoutError:
+        pass
 
 
 _PROBE_PATHS = ("/v2/health/live, /v2/health/ready, /v2/models/<name>/ready, "
