@@ -287,6 +287,21 @@ def test_a_client_that_goes_quiet_is_closed_without_a_traceback_and_a_half_body_
     assert status == 200
 
 
+@pytest.mark.parametrize("length", ["1_0", "+10", "10, 10", "0x0a"])
+def test_a_content_length_that_is_not_digits_is_400(node, length):
+    """``Content-Length`` is 1*DIGIT (RFC 9110 8.6): until 2026-12-07 the gateway read it with ``int()``, which took
+    ``1_0`` and ``+10`` as 10, where a proxy in front may read it otherwise."""
+    host, port = node.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + length.encode() + b"\r\n\r\n{\"inputs\":")
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
+    assert got.startswith(b"HTTP/1.0 400 "), got[:300]
+    assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"].startswith("Content-Length must be a number of bytes")
+
+
 def test_binary_tensor_extension_in_and_out(node, pixels):
     """Triton's binary tensor extension: the JSON header, then the input's bytes (``binary_data_size``); outputs
     asked in binary come back after the answer's JSON header, ``Inference-Header-Content-Length`` saying where."""

@@ -282,10 +282,8 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
     length = environ.get("CONTENT_LENGTH") or ""
     if not length.strip():
         return error_answer(411, "an inference request needs a Content-Length (a chunked body is not read)")
-    try:
-        n = int(length)
-    except ValueError:
-        n = -1
+    digits = length.strip()  # 1*DIGIT (RFC 9110): int() also took "1_0", "+10" and non-ASCII digits
+    n = int(digits) if digits.isascii() and digits.isdigit() else -1
     if n < 0:
         return error_answer(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
     stream = environ["wsgi.input"]
