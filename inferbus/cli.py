@@ -1213,6 +1213,9 @@ def up(
                                     help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
                                     "runs the models without NATS credentials (docs/http.md)."),
+    http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port waits on a connection that sends "
+                                              "nothing before it closes it (a half-sent body is answered 408), in "
+                                              f"{interval(0, 3600, lo_open=True)}; needs --metrics-port."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
@@ -1327,6 +1330,12 @@ def up(
     if given("metrics_host") and metrics_port is None:  # it was ignored without a word
         _usage("up: --metrics-host is the metrics endpoint's address and needs --metrics-port; add --metrics-port "
                "or leave it out")
+    if given("http_idle_timeout_s") and metrics_port is None:
+        _usage("up: --http-idle-timeout-s is the HTTP port's and needs --metrics-port (alias --http-port); add it "
+               "or leave --http-idle-timeout-s out")
+    if not 0 < http_idle_timeout_s <= 3600:
+        _usage(f"up: --http-idle-timeout-s must be in {interval(0, 3600, lo_open=True)}, got "
+               f"{number_as_typed(http_idle_timeout_s)}")
     if http_infer and metrics_port is None:
         _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
                "add it or leave --http-infer out")
@@ -1416,7 +1425,8 @@ def up(
                          prefix=prefix, pin_cpus=pin_cpus, nats_cpus=nats_cores, busy_poll_us=busy_poll_us,
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
-                         metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer, audit=audit,
+                         metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer,
+                         http_idle_timeout_s=http_idle_timeout_s, audit=audit,
                          log_level=log_level, log_format=log_format,
                          trace_otlp_endpoint=trace_otlp_endpoint, trace_ratio=trace_ratio, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option

@@ -118,6 +118,8 @@ class NodeGateway:
         self.default_timeout_ms = float(options.get("default_timeout_ms", IngressConfig.default_timeout_ms))
         self.max_request_bytes = int(options.get("max_request_bytes", 0) or 0)
         self.infer_enabled = bool(getattr(node.config, "http_infer", False))
+        self.idle_timeout_s = float(getattr(node.config, "http_idle_timeout_s", 30.0))
+        """The HTTP server's socket timeout (``NodeConfig.http_idle_timeout_s``), s: said in a 408."""
         """Whether ``POST .../infer`` is served (``NodeConfig.http_infer``, ``up --http-infer``); off: 403."""
         self._client = None
 

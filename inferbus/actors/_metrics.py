@@ -673,10 +673,12 @@ class MetricsServer:
         return self._httpd.server_port
 
     @classmethod
-    def start(cls, collector: NodeCollector, host: str, port: int, probes=None, gateway=None) -> "MetricsServer":
+    def start(cls, collector: NodeCollector, host: str, port: int, probes=None, gateway=None,
+              socket_timeout_s: float = HTTP_SOCKET_TIMEOUT_S) -> "MetricsServer":
         """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics, and with ``probes`` (a
         :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2 health paths, with ``gateway`` too (a
-        :class:`~inferbus.actors._gateway.NodeGateway`) its metadata and inference paths.
+        :class:`~inferbus.actors._gateway.NodeGateway`) its metadata and inference paths. ``socket_timeout_s``:
+        how long a connection's socket may wait (:data:`HTTP_SOCKET_TIMEOUT_S` by default), seconds.
 
         prometheus-client's own server (``start_http_server``) built with our app in it: its
         :class:`~prometheus_client.exposition.ThreadingWSGIServer` (a thread per request) and
@@ -719,7 +721,7 @@ class MetricsServer:
                     log.error("HTTP request from %s:%s failed", *client_address[:2], exc_info=True)
 
         class QuietHandler(WSGIRequestHandler):
-            timeout = HTTP_SOCKET_TIMEOUT_S  # a client that stops sending (or reading) frees its thread
+            timeout = socket_timeout_s  # a client that stops sending (or reading) frees its thread
 
             def log_message(self, format, *args) -> None:  # (no line per request on stderr, as prometheus-client's)
                 pass

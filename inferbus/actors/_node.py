@@ -209,6 +209,10 @@ class NodeConfig:
     """Answer ``POST /v2/models/<name>[/versions/<v>]/infer`` on the ``metrics_port`` (off: 403 naming
     ``--http-infer``). Off by default: the HTTP port has no authentication, so whoever reaches it could run the
     models without the NATS credentials a bus client needs; health, metadata and metrics are served either way."""
+    http_idle_timeout_s: float = 30.0
+    """How long the HTTP server on ``metrics_port`` waits on a connection's socket (a request's line, headers and
+    body; the answer's sending) before it closes it, seconds, in (0, 3600]: a client that stops sending frees its
+    thread, and one that sent part of a body is answered 408. The wait for an inference's answer does not count."""
     trace_otlp_endpoint: str | None = None
     """OpenTelemetry tracing: every ingress and worker exports spans of sampled requests to this OTLP/HTTP traces URL
     (:attr:`IngressConfig.trace_otlp_endpoint`; needs the ``otel`` extra); None (default): off."""
@@ -275,6 +279,10 @@ class NodeConfig:
                                  f"{cores_text(usable)}")
         if not 0 <= self.nats_port <= 65535:
             raise ValueError(f"NodeConfig.nats_port must be in [0, 65535] (0 = any free port), got {self.nats_port}")
+        if not (isinstance(self.http_idle_timeout_s, (int, float)) and not isinstance(self.http_idle_timeout_s, bool)
+                and 0 < self.http_idle_timeout_s <= 3600):
+            raise ValueError(f"NodeConfig.http_idle_timeout_s must be in {interval(0, 3600, lo_open=True)} s, got "
+                             f"{self.http_idle_timeout_s!r}")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
                                               or not 0 <= self.metrics_port <= 65535):
             raise ValueError(f"NodeConfig.metrics_port must be None (off) or in [0, 65535] (0 = any free port), got "
@@ -745,7 +753,8 @@ class Node:
             loop = asyncio.get_running_loop()
             try:
                 self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
-                                                   probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop))
+                                                   probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop),
+                                                   socket_timeout_s=c.http_idle_timeout_s)
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "

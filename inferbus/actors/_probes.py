@@ -302,8 +302,7 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
     try:
         body = stream.read(n) if n else b""
     except TimeoutError:  # (the handler's socket timeout: a client that sent part of its body and went quiet)
-        from ._metrics import HTTP_SOCKET_TIMEOUT_S
-        return error_answer(408, f"the body did not arrive: no byte came for {HTTP_SOCKET_TIMEOUT_S:g} s")
+        return error_answer(408, f"the body did not arrive: no byte came for {gateway.idle_timeout_s:g} s")
     if len(body) < n:
         return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
     headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
