@@ -1327,8 +1327,13 @@ def up(
                    f"nats-server, which --nats-url replaces; leave {'them' if many else 'it'} out or drop --nats-url")
     if json_out is not None:
         _check_output_file("--json", json_out)
+    # each of the two options has two names: a refusal names the one typed (--http-port 70000 was refused as
+    # "--metrics-port must be ...")
+    port_flag, host_flag = (_typed_name(f"--http-{o}", f"--metrics-{o}") for o in ("port", "host"))
+    if metrics_port is None and host_flag == "--http-host":  # the port not given: named as the host was
+        port_flag = "--http-port"
     if given("metrics_host") and metrics_port is None:  # it was ignored without a word
-        _usage("up: --metrics-host is the metrics endpoint's address and needs --metrics-port; add --metrics-port "
+        _usage(f"up: {host_flag} is the HTTP endpoint's address and needs {port_flag}; add {port_flag} "
                "or leave it out")
     if given("http_idle_timeout_s") and metrics_port is None:
         _usage("up: --http-idle-timeout-s is the HTTP port's and needs --metrics-port (alias --http-port); add it "
@@ -1340,7 +1345,7 @@ def up(
         _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
                "add it or leave --http-infer out")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        _usage(f"up: --metrics-port must be in [0, 65535] (0 = any free port), got {metrics_port}")
+        _usage(f"up: {port_flag} must be in [0, 65535] (0 = any free port), got {metrics_port}")
     _check_tracing(trace_otlp_endpoint, trace_ratio, given("trace_ratio"))
     if run_to_completion and not colocate:  # it was silently ignored: only a colocated ingress has its worker at hand
         _usage("up: --run-to-completion needs --colocate (only an ingress with its worker in the same process can "
@@ -1452,7 +1457,7 @@ def up(
         if metrics_port is not None:  # before anything starts: a port taken (or, 0 too, a host not here) is one line
             problem = _cannot_listen(metrics_host, metrics_port)
             if problem:
-                _usage(f"up: --metrics-port {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
+                _usage(f"up: {port_flag} {metrics_port}: cannot listen on {metrics_host}:{metrics_port}: {problem}")
     except typer.Exit:
         _remove_made_folders(made)
         raise
@@ -1627,7 +1632,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             err_console.print(f"[red]error[/]: up: {escape(str(exc))}")
             return EXIT_USAGE
         except MetricsPortUnavailable as exc:  # taken between the check and the start: nothing is left running
-            err_console.print(f"[red]error[/]: up: --metrics-port: {escape(str(exc))}")
+            err_console.print(f"[red]error[/]: up: {_typed_name('--http-port', '--metrics-port')}: {escape(str(exc))}")
             return EXIT_USAGE
         except BackendUnavailable as exc:  # installed but unusable here (no GPU, a broken import): the device probe
             err_console.print(f"[red]error[/]: up: --backends {escape(','.join(cfg.backends))}: "
@@ -1675,6 +1680,10 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             console.print(f"  OIP v2 REST http://{host}:{node.metrics.port}/v2 (health, metadata, "
                           f"{'infer' if cfg.http_infer else 'infer off: --http-infer'})",
                           soft_wrap=True)
+            if cfg.http_infer and not _is_loopback(cfg.metrics_host):
+                err_console.print(f"[yellow]note[/]: inference over HTTP is open to whoever reaches "
+                                  f"{host}:{node.metrics.port}, without authentication (--http-infer); "
+                                  f"--http-host 127.0.0.1 keeps it on this host (docs/http.md)")
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))
@@ -2521,6 +2530,24 @@ def main() -> None:
     if "stderr" in _OutputFailed.seen and code in (0, None):  # done, but what it said on stderr is lost
         code = EXIT_FAILED
     sys.exit(code)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this host only: ``127.0.0.0/8``, ``::1``, ``localhost``."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _typed_name(alias: str, name: str) -> str:
+    """``alias`` when the command line has it (``--http-port 8000``, ``--http-port=8000``), else ``name``: the one of
+    an option's two names that a refusal of it repeats."""
+    return alias if any(a == alias or a.startswith(alias + "=") for a in sys.argv[1:]) else name
 
 
 def _run_app() -> None:

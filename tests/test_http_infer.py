@@ -31,10 +31,10 @@ LIMIT_BYTES = 1 << 20
 def http_address(dep) -> str:
     """``host:port`` of the OIP v2 REST line ``up`` prints after its ``inferbus up`` line."""
     deadline = time.monotonic() + 10
-    while not (m := re.search(rb"OIP v2 REST http://(127\.0\.0\.1:\d+)/v2", dep.log.read_bytes())):
+    while not (m := re.search(rb"OIP v2 REST http://(127\.0\.0\.1|0\.0\.0\.0):(\d+)/v2", dep.log.read_bytes())):
         assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
         time.sleep(0.05)
-    return m.group(1).decode()
+    return f"127.0.0.1:{m.group(2).decode()}"  # (a node on every interface is reached on this host's)
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +234,10 @@ def test_methods_head_options_405_and_unknown_paths(node):
         assert s.recv(100).startswith(b"HTTP/1.0 411 ")
 
 
+def test_a_node_on_this_host_only_gives_no_open_inference_note(node):
+    assert b"note: inference over HTTP is open" not in node.log.read_bytes()
+
+
 def test_a_burst_of_connections_is_queued_not_dropped(node, pixels):
     """50 clients that connect at once are all answered at once. The listening socket's backlog was socketserver's
     default, 5: on the 2-core box 50 parallel curls got 5 % ``Connection reset by peer`` and others a 1 s stall (the
@@ -378,7 +382,7 @@ def test_rate_limited_is_429_with_retry_after_and_the_client_id_header_is_passed
     """A node of its own, 1 request per 100 s per ``Inferbus-Client-Id`` (burst 1): a client's second request is
     429 RESOURCE_EXHAUSTED with ``Retry-After`` (the ingress's hint, in whole seconds), another client's is served."""
     dep = start_deployment(tmp_path / "dep", workers=1, prefix="hr",
-                           extra=["--http-port", "0", "--http-host", "127.0.0.1", "--http-infer", "--client-rate-limit", "0.01",
+                           extra=["--http-port", "0", "--http-host", "0.0.0.0", "--http-infer", "--client-rate-limit", "0.01",
                                   "--client-rate-burst", "1"])
     try:
         dep.http_address = http_address(dep)
@@ -388,5 +392,8 @@ def test_rate_limited_is_429_with_retry_after_and_the_client_id_header_is_passed
         assert status == 429 and headers["inferbus-error-code"] == "RESOURCE_EXHAUSTED", (status, body)
         assert "rate limit" in json.loads(body)["error"] and 90 <= int(headers["retry-after"]) <= 100, headers
         assert post_json(dep, "/v2/models/digits/infer", doc, {"Inferbus-Client-Id": "b"})[0] == 200
+        # this node listens on every interface with --http-infer: up says inference is open there (the module's node,
+        # on 127.0.0.1, does not)
+        assert b"note: inference over HTTP is open to whoever reaches 0.0.0.0:" in dep.log.read_bytes()
     finally:
         dep.stop()

@@ -506,6 +506,10 @@ def test_metrics_options_refused_before_anything_starts():
     assert r.returncode == 2 and "--metrics-host" in r.stderr and "needs --metrics-port" in r.stderr, r.stderr
     r = _up("--metrics-port", "70000")
     assert r.returncode == 2 and "--metrics-port must be in [0, 65535] (0 = any free port), got " in r.stderr, r.stderr
+    r = _up("--http-port", "70000")  # the option as typed, not its other name (--metrics-port was said)
+    assert r.returncode == 2 and "--http-port must be in [0, 65535] (0 = any free port), got 70000" in r.stderr, r.stderr
+    r = _up("--http-host", "127.0.0.1")
+    assert r.returncode == 2 and "--http-host is the HTTP endpoint's address and needs --http-port" in r.stderr, r.stderr
     r = _up("--http-infer")
     assert r.returncode == 2 and "--http-infer" in r.stderr and "needs --metrics-port" in r.stderr, r.stderr
 
