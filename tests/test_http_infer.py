@@ -397,3 +397,30 @@ def test_rate_limited_is_429_with_retry_after_and_the_client_id_header_is_passed
         assert b"note: inference over HTTP is open to whoever reaches 0.0.0.0:" in dep.log.read_bytes()
     finally:
         dep.stop()
+
+
+def test_an_infer_sent_while_the_node_reconnects_to_its_restarted_nats_is_answered_within_its_budget(tmp_path, pixels):
+    """The node's embedded nats-server SIGKILLed and restarted by its supervisor: an HTTP infer sent meanwhile, with a
+    10 s budget, is answered once the node is back (nats-py keeps it in its reconnect buffer, as the SDK's requests).
+    Until 2026-12-07 the gateway answered 503 "not connected to NATS" at once (a fresh-user trial: back 1.8 s later)."""
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="hn",
+                           extra=["--http-port", "0", "--http-host", "127.0.0.1", "--http-infer"])
+    try:
+        dep.http_address = http_address(dep)
+        doc = digits_request(pixels[:1])
+        status, _, body = post_json(dep, "/v2/models/digits/infer", doc)
+        assert status == 200, body
+        expected = outputs_of(json.loads(body))
+        nats_dir = str(dep.run_dir / "nats") + "/"
+        [pid] = [p for p, cmd in command_lines() if "nats-server" in cmd and nats_dir in cmd]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5  # until the node has seen it gone (its connection is reconnecting)
+        while b"exited: killed by signal 9" not in dep.log.read_bytes():
+            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+            time.sleep(0.02)
+        status, headers, body = post_json(dep, "/v2/models/digits/infer", doc, {"Inferbus-Timeout-Ms": "10000"})
+        assert status == 200, (status, headers, body)
+        for name, value in outputs_of(json.loads(body)).items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-5)
+    finally:
+        dep.stop()

@@ -257,9 +257,12 @@ class NodeGateway:
             return error_answer(503, f"node {node.config.node_id} is stopping", (("Inferbus-Error-Code",
                                                                                   "UNAVAILABLE"),))
         nc = node.nc
-        if nc is None or not nc.is_connected:
+        # while nats-py reconnects (the embedded nats-server restarted, a blip) the request is kept in its buffer
+        # and answered within its budget, as an SDK client's is (a fresh-user trial: 503 at once, the node back 1.8 s
+        # later); only a connection that is gone for good or was never made is refused at once
+        if nc is None or nc.is_closed:
             return error_answer(503, f"node {node.config.node_id} is not connected to NATS",
-                                (("Inferbus-Error-Code", "UNAVAILABLE"),))
+                                (("Inferbus-Error-Code", "UNAVAILABLE"), ("Retry-After", "1")))
         if self._client is None or self._client.nc is not nc:  # (made on the loop: it keeps the loop it runs on)
             self._client = Client(nc, node.config.prefix)
         try:
