@@ -395,3 +395,34 @@ def test_bench_tracecost_measures_every_case(capsys):
                          "no_traceparent_before_answer_us", "no_traceparent_after_answer_us",
                          "unsampled_traceparent_us", "ratio_0_no_traceparent_us"}
     assert all(float(v) >= 0 for v in rows.values())
+
+
+async def test_with_the_collector_down_each_actor_logs_one_export_failure_not_one_per_retry(tmp_path):
+    """A collector nothing listens at: the SDK's exporter retries each batch with backoff (1, 2, 4 s...) and logged a
+    warning at every retry, a line a second or so in every actor's log of a node left running (a fresh-user trial).
+    Now each of its loggers writes one record per 30 s; within one such period one record per actor."""
+    import json
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens at (bound, closed)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="trd",
+                           extra=["--models", str(models_subset(tmp_path / "models", ["digits"])),
+                                  "--trace-otlp-endpoint", f"http://127.0.0.1:{port}/v1/traces", "--trace-ratio", "1",
+                                  "--log-format", "json"])
+    try:
+        x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
+        async with await Client.connect(dep.nats_url, dep.prefix) as c:
+            for i in range(10):
+                await c.infer("digits", {"pixels": x + np.float32(i)}, timeout_s=5)
+        # the batch processor exports after EXPORT_DELAY_MS; the exporter's retries follow at about 1 s, 2 s, 4 s
+        time.sleep(9)
+        counts = {}
+        for log in (dep.run_dir / "ingress-0.log", dep.run_dir / "worker-n1-w0.log"):
+            records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            counts[log.name] = [r["msg"] for r in records if r["logger"].startswith("opentelemetry")]
+        assert counts["ingress-0.log"], counts  # the failure is said (not silenced)
+        assert all(len(msgs) <= 1 for msgs in counts.values()), counts
+    finally:
+        dep.stop()

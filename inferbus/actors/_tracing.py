@@ -33,6 +33,7 @@ request costs one header read and its ``traceparent`` is forwarded as it came, a
 from __future__ import annotations
 
 import atexit
+import logging
 import random
 import threading
 import time
@@ -170,6 +171,49 @@ def _remote(traceparent: str, tracestate: str | None) -> SpanContext:
                        trace_state=TraceState.from_header([tracestate]) if tracestate else None)
 
 
+EXPORT_LOG_PERIOD_S = 30.0
+"""While exports keep failing (the collector down), the OpenTelemetry SDK's loggers write one record per this many
+seconds per logger; the next one says how many were left out."""
+_EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk.trace.export",
+                   "opentelemetry.exporter.otlp.common.http",
+                   "opentelemetry.exporter.otlp.proto.http._common", "opentelemetry.sdk._shared_internal")
+"""The SDK's and the OTLP/HTTP exporter's loggers: an export that fails logs a warning at every retry (about once a
+second per actor with the collector down, a line per second in every actor's log of a node left running)."""
+
+
+class _OncePerPeriod(logging.Filter):
+    """Let one record of a logger through per ``period_s`` (monotonic s); the next one let through tells how many were
+    left out since (a suffix to its message). Thread-safe enough for the SDK's export thread: a lost count under a
+    race says one fewer."""
+
+    def __init__(self, period_s: float) -> None:
+        super().__init__()
+        self.period_s = period_s
+        self._next_at = 0.0
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now < self._next_at:
+            self._left_out += 1
+            return False
+        self._next_at = now + self.period_s
+        if self._left_out:
+            record.msg = f"{record.getMessage()} ({self._left_out} more such records of this logger left out in the " \
+                         f"last {self.period_s:g} s)"
+            record.args = ()
+            self._left_out = 0
+        return True
+
+
+def _quiet_export_logs(period_s: float = EXPORT_LOG_PERIOD_S) -> None:
+    """Put :class:`_OncePerPeriod` on each of :data:`_EXPORT_LOGGERS` (once per process)."""
+    for name in _EXPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OncePerPeriod) for f in logger.filters):
+            logger.addFilter(_OncePerPeriod(period_s))
+
+
 class Tracing:
     """One process's tracer: an SDK :class:`TracerProvider` (sampler ``ParentBased(TraceIdRatioBased(ratio))``,
     resource ``service.name`` ``inferbus``, ``service.version``, ``service.instance.id`` the actor id) exporting to
@@ -189,6 +233,7 @@ class Tracing:
     def __init__(self, endpoint: str, ratio: float, instance_id: str, exporter: SpanExporter | None = None) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"trace ratio must be in [0, 1], got {ratio}")
+        _quiet_export_logs()
         self.ratio = ratio
         root = TraceIdRatioBased(ratio)
         self._bound = root.bound  # the root sampler's rule, decided here before the span (the SDK decides the same)
