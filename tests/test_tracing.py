@@ -135,7 +135,9 @@ def check_miss(spans, worker_id_prefix: str, forward: str) -> tuple[Span, Span]:
     assert all(w[f"inferbus.timings_us.{k}"] >= 0 for k in WORKER_STAGES)
     assert w["inferbus.timings_us.compute"] > 0
     worker_sum_ns = sum(w[f"inferbus.timings_us.{k}"] for k in WORKER_STAGES) * 1000
-    assert worker_sum_ns <= worker_ns < worker_sum_ns + 50_000  # (each stage truncated to whole µs)
+    # (each stage truncated to whole µs; the code between the stamps is untimed: a clean-clone CI run, the box's
+    # other test process busy, saw 65 µs of it, so the upper bound is loose: it catches stages of another span)
+    assert worker_sum_ns <= worker_ns < worker_sum_ns + 5_000_000
     # one host, one clock: the worker received the forward after the ingress took the request (1 ms of slack for
     # each process's conversion of its monotonic stamps into Unix time). Its span's end is not bound by the
     # ingress's: the worker reads the clock once its write returned, and the ingress may settle the completion
