@@ -428,3 +428,134 @@ async def test_with_the_collector_down_each_actor_logs_one_export_failure_not_on
         assert all(len(msgs) <= 1 for msgs in counts.values()), counts
     finally:
         dep.stop()
+
+
+@pytest.fixture(scope="module")
+def shedding(collector, tmp_path_factory):
+    """A node of 1 ingress and 1 worker process, every request traced, its ingress's backlog bound at 200 requests
+    (``--max-backlog-msgs``): for the requests it sheds or gives up on (the sweeper's ``lost``), a node of its own,
+    since a lost request counts against its worker's breaker."""
+    root = tmp_path_factory.mktemp("traced_shedding")
+    dep = start_deployment(root / "dep", workers=1, prefix="trs",
+                           extra=["--models", str(models_subset(root / "models", ["digits"])),
+                                  "--trace-otlp-endpoint", collector.url, "--trace-ratio", "1",
+                                  "--max-backlog-msgs", "200"])
+    yield dep
+    dep.stop()
+
+
+async def _wait_traces(collector, trace_ids, timeout_s: float = 15.0) -> dict[bytes, list[Span]]:
+    """``{trace id: its spans}`` once every one of ``trace_ids`` has a span (and one more export period passed, for
+    a second span of any of them to show); the event loop runs meanwhile (a client's answers come in)."""
+    import anyio
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with collector.lock:
+            got = {t: [s for s, _ in collector.spans if s.trace_id == t] for t in trace_ids}
+        missing = [t for t, spans in got.items() if not spans]
+        if not missing:
+            break
+        assert time.monotonic() < deadline, f"{len(missing)} of {len(trace_ids)} sampled requests have no span"
+        await anyio.sleep(0.1)
+    await anyio.sleep(1.2)
+    with collector.lock:
+        return {t: [s for s, _ in collector.spans if s.trace_id == t] for t in trace_ids}
+
+
+async def test_every_request_the_ingress_sheds_or_drops_unanswered_has_an_error_span(shedding, collector):
+    """1,000 requests past their client's deadline (``Inferbus-Deadline-Unix-Ms`` 5 s ago), each with a sampled
+    ``traceparent``, published at once: the ingress refuses those behind more than 200 (RESOURCE_EXHAUSTED, its
+    backlog bound), drops unanswered those behind 64 or more (expired_unanswered), answers the rest
+    DEADLINE_EXCEEDED. Each has one ingress span with status ERROR and the code; before, the first two kinds had none."""
+    import nats
+
+    nc = await nats.connect(shedding.nats_url)
+    answers: dict[str, str] = {}
+
+    async def on_answer(msg) -> None:
+        answers[msg.subject.rsplit(".", 1)[1]] = (msg.headers or {}).get("Inferbus-Error-Code", "")
+
+    try:
+        inbox = f"_INBOX.shed{secrets.token_hex(4)}"
+        await nc.subscribe(f"{inbox}.*", cb=on_answer)
+        traces = {}
+        past_ms = str(int(time.time() * 1000) - 5000)
+        for i in range(1000):
+            tp, trace_id, _ = traceparent("01")
+            traces[trace_id] = str(i)
+            await nc.publish(f"{shedding.prefix}.infer.digits", b"{}", reply=f"{inbox}.{i}",
+                             headers={"traceparent": tp, "Content-Type": "application/json",
+                                      "Inferbus-Deadline-Unix-Ms": past_ms})
+        await nc.flush()
+        spans = await _wait_traces(collector, list(traces))
+    finally:
+        await nc.close()
+    seen: dict[tuple, int] = {}
+    for trace_id, got in spans.items():
+        assert len(got) == 1, got  # one span per request, the ingress's
+        [s] = got
+        a = attrs(s)
+        assert s.kind == Span.SPAN_KIND_SERVER and s.status.code == Status.STATUS_CODE_ERROR, s
+        answered = answers.get(traces[trace_id])
+        outcome = a.get("inferbus.outcome")
+        if outcome == "backlog_shed":
+            assert a["error.type"] == answered == "RESOURCE_EXHAUSTED", (a, answered)
+        elif outcome == "expired_unanswered":
+            assert a["error.type"] == "DEADLINE_EXCEEDED" and answered is None, (a, answered)
+        else:
+            assert outcome is None and a["error.type"] == answered == "DEADLINE_EXCEEDED", (a, answered)
+        assert a["inferbus.model.name"] == "digits"
+        seen[outcome] = seen.get(outcome, 0) + 1
+    # the burst outran the ingress (it reads the socket in large chunks): the new spans were made
+    assert seen.get("backlog_shed", 0) + seen.get("expired_unanswered", 0) > 0, seen
+
+
+async def test_a_forward_the_sweeper_gives_up_on_has_an_error_span(shedding, collector):
+    """Forwards taken off the worker's subject by another member of its queue group (a raw subscriber that never
+    answers): the worker keeps reporting, no completion comes, and the ingress's sweeper gives each up at its deadline
+    plus ``pending_grace_s`` (``lost``, or a neutral ``lost_*``). Each such request has its ingress span, status ERROR,
+    ``error.type`` DEADLINE_EXCEEDED and ``inferbus.outcome`` the cause; before, none."""
+    import json
+
+    import nats
+
+    nc = await nats.connect(shedding.nats_url)
+    stolen: list = []
+
+    async def steal(msg) -> None:
+        stolen.append(msg)
+
+    try:
+        # (the worker's infer endpoint's queue group: a member of it takes a share of the forwards)
+        await nc.subscribe(f"{shedding.prefix}._w.n1-w0", queue=f"{shedding.prefix}.w.n1-w0", cb=steal)
+        await nc.flush()
+        lost = []
+        for i in range(60):
+            if len(lost) >= 2:
+                break
+            x = np.random.default_rng(1000 + i).random(64).astype(np.float32)  # (no cache hit)
+            body = json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64],
+                                           "data": x.tolist()}]}).encode()
+            tp, trace_id, _ = traceparent("01")
+            before = len(stolen)
+            try:
+                await nc.request(f"{shedding.prefix}.infer.digits", body, timeout=0.6,
+                                 headers={"traceparent": tp, "Content-Type": "application/json",
+                                          "Inferbus-Timeout-Ms": "300"})
+                assert len(stolen) == before
+            except nats.errors.TimeoutError:
+                assert len(stolen) == before + 1  # the only way to get no answer here
+                lost.append(trace_id)
+        assert len(lost) >= 2, (len(stolen), lost)
+        spans = await _wait_traces(collector, lost)
+    finally:
+        await nc.close()
+    for trace_id, got in spans.items():
+        [s] = got  # the ingress's alone: no worker saw it
+        a = attrs(s)
+        assert s.kind == Span.SPAN_KIND_SERVER and s.status.code == Status.STATUS_CODE_ERROR, s
+        assert a["error.type"] == "DEADLINE_EXCEEDED" and a["inferbus.outcome"].startswith("lost"), a
+        assert a["inferbus.worker.id"] == "n1-w0" and "no completion from worker n1-w0" in s.status.message
+        # given up at the deadline (300 ms) plus the grace (1 s), not at once
+        assert s.end_time_unix_nano - s.start_time_unix_nano >= 1.2e9, s

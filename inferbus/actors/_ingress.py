@@ -694,10 +694,12 @@ class Ingress:
             # instead of letting the backlog grow until nats-py drops requests silently (slow consumer)
             self.counts["backlog_shed"] += 1
             self.counts["errors"] += 1
-            await self._error(reply, ResourceExhausted(
-                f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting (bound "
-                f"{self.config.max_backlog_msgs}); retry later", retry_after_ms=10), ct, hdrs.get(H.REQUEST_ID),
-                              endpoint)
+            err = ResourceExhausted(f"ingress {self.config.ingress_id} has {sub.pending_msgs} requests waiting "
+                                    f"(bound {self.config.max_backlog_msgs}); retry later", retry_after_ms=10)
+            await self._error(reply, err, ct, hdrs.get(H.REQUEST_ID), endpoint)
+            if self._tracing is not None:
+                self._tracing.error(hdrs, t0, self._served_key(msg.subject), self.config.ingress_id, err,
+                                    "backlog_shed")
             return
         # the request id header is read only for an error reply (the answered path reads it where it needs it)
         try:
@@ -705,6 +707,8 @@ class Ingress:
         except _ExpiredUnanswered as exc:
             if type(exc) is _ExpiredUnanswered:
                 self.counts["expired_unanswered"] += 1
+            if self._tracing is not None:
+                self._trace_unanswered(msg, hdrs, t0, type(exc) is _ExpiredUnanswered)
         except InferbusError as err:
             self.counts["errors"] += 1
             await self._error(reply, err, _error_content_type(ct, msg.data),
@@ -721,6 +725,17 @@ class Ingress:
                 self._tracing.error(hdrs, t0, self._served_key(msg.subject), self.config.ingress_id, err)
         if self._burst and (sub is None or not sub.pending_msgs):  # the burst ended: run what it held back
             await self._flush_burst()
+
+    def _trace_unanswered(self, msg, hdrs: dict, t0: float, expired: bool) -> None:
+        """The span of a request dropped without an answer behind a backlog (:class:`_ExpiredUnanswered`, or
+        :class:`_AbandonedUnanswered` when not ``expired``), with the error its client sees by its own timeout."""
+        if expired:
+            err, outcome = DeadlineExceeded("past the client's deadline on arrival; dropped without an answer "
+                                            "behind a backlog"), "expired_unanswered"
+        else:
+            err, outcome = Unavailable("an attempt its client gave up; dropped without an answer behind a "
+                                       "backlog"), "attempt_abandoned"
+        self._tracing.error(hdrs, t0, self._served_key(msg.subject), self.config.ingress_id, err, outcome)
 
     async def _on_infer_at(self, msg) -> None:
         """A request on ``<p>.ingresses.<ingress_id>.infer.<model>[.<version>]`` (sent to this ingress only: a client's
@@ -1673,8 +1688,7 @@ class Ingress:
             for d in held:
                 self.router.on_done(d.w.worker_id, 0.0, outcome=SERVER_ERROR, probe=d.probe)
                 self.counts["errors"] += 1
-                await self._error(d.reply, Internal(f"local worker failed: {type(exc).__name__}: {exc}"), d.ct,
-                                  d.worker_rid, d.endpoint, d.model_key)
+                await self._error_deferred(d, Internal(f"local worker failed: {type(exc).__name__}: {exc}"))
             return
         t_done = time.monotonic()
         for d, o in zip(held, outcomes):
@@ -1683,7 +1697,7 @@ class Ingress:
                     await self._queue_local(d)
                 except InferbusError as err:
                     self.counts["errors"] += 1
-                    await self._error(d.reply, err, d.ct, d.worker_rid, d.endpoint, d.model_key)
+                    await self._error_deferred(d, err)
                 continue
             self.counts["local_forwards"] += 1
             self.counts["run_now"] += 1
@@ -1691,6 +1705,13 @@ class Ingress:
                                    d.cache_key, d.ttl_ms, d.endpoint)
             if d.span is not None:
                 self._trace_local(d.span, o, d.w.worker_id, d.stages)
+
+    async def _error_deferred(self, d: _Deferred, err: InferbusError) -> None:
+        """Answer the held-back request ``d`` with ``err`` here, and end its ingress span (if any) with it."""
+        await self._error(d.reply, err, d.ct, d.worker_rid, d.endpoint, d.model_key)
+        if d.span is not None:
+            self._tracing.failed(d.span, err, d.model_key, self.config.ingress_id, worker_id=d.w.worker_id,
+                                 stages=d.stages, request_id=d.worker_rid)
 
     async def _queue_local(self, d: _Deferred) -> None:
         """Forward a held-back request through the colocated worker's queue (:meth:`_forward_local`), as
@@ -1782,11 +1803,15 @@ class Ingress:
         h = p.hedge
         if h is not None:
             if h.done or any(s in self.pending for s in h.seqs):
+                if p.span is not None:
+                    self._end_ok_span(p, now, None)
                 return  # another copy answered already or is still running: it answers
             if h.timer is not None:
                 h.timer.cancel()
             if await self._send_hedge(p):
                 self.counts["hedges_on_refusal"] += 1
+                if p.span is not None:  # (its first copy's completion: the hedge sent carries no span)
+                    self._end_ok_span(p, now, None)
                 return
             h.done = True
             h.release()
@@ -1797,7 +1822,27 @@ class Ingress:
         else:
             err = Unavailable(f"worker {p.worker_id} refused the request ({item.code}) and no other worker "
                               f"could take it; safe to retry", retry_after_ms=_HELD_RETRY_AFTER_MS["UNAVAILABLE"])
+        await self._error_pending(p, err)
+
+    async def _error_pending(self, p: Pending, err: InferbusError) -> None:
+        """Answer the forwarded request ``p`` with ``err`` here (its worker will not), and end its ingress span with
+        it (:meth:`_end_span`)."""
         await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint, p.model_key)
+        if p.span is not None:
+            self._end_span(p, err)
+
+    def _end_ok_span(self, p: Pending, now: float, code: str | None) -> None:
+        """End the ingress span of ``p`` at ``now`` (monotonic s) on a completion its worker answered (``code``: the
+        worker's error code, None for an answer)."""
+        self._tracing.end(p.span, now, p.model_key, "miss", self.config.ingress_id, worker_id=p.worker_id,
+                          stages=p.stages, request_id=p.request_id, code=code)
+
+    def _end_span(self, p: Pending, err: InferbusError, outcome: str | None = None) -> None:
+        """End the ingress span of the forwarded request ``p`` (tracing on, sampled) now, with ``err``: the error it
+        was answered here, or (``outcome``, :data:`~inferbus.actors._tracing.OUTCOMES`) the one its client sees."""
+        self._tracing.failed(p.span, err, p.model_key, self.config.ingress_id, worker_id=p.worker_id,
+                             stages=p.stages, request_id=p.request_id, outcome=outcome)
+        p.span = None
 
     async def _settle_hedge(self, h: _Hedge, winner_seq: int, now: float) -> None:
         """The first completion of a hedged request arrived: cancel the other copy."""
@@ -1851,10 +1896,9 @@ class Ingress:
             p = self._pop(item.seq)
             if p is None:
                 continue
-            if p.span is not None:  # (tracing on, the request sampled: its first copy's first completion)
-                self._tracing.end(p.span, now, p.model_key, "miss", self.config.ingress_id, worker_id=p.worker_id,
-                                  stages=p.stages, request_id=p.request_id, code=None if item.ok or item.held
-                                  or item.code == "CANCELLED" else item.code)
+            if p.span is not None and not item.held:  # (tracing on, the request sampled: its first copy's first
+                # completion; a held one's span is ended by _on_held, with the error it answers if it does)
+                self._end_ok_span(p, now, None if item.ok or item.code == "CANCELLED" else item.code)
             if item.ok and p.request_id is not None:
                 self._remember_done(p.request_id, p.model_key, p.worker_id, now)
             latency_us = (now - p.t_fwd) * 1e6
@@ -2113,12 +2157,7 @@ class Ingress:
             answer = instead.get(s) if instead else None
             if answer is None and resend and await self._resend(p, now, err, ready):
                 continue
-            await self._error(p.reply, answer or err, p.content_type, p.request_id, p.endpoint, p.model_key)
-            if p.span is not None:
-                e = answer or err
-                self._tracing.end(p.span, time.monotonic(), p.model_key, "miss", self.config.ingress_id,
-                                  worker_id=p.worker_id, stages=p.stages, code=e.code.value, message=e.message,
-                                  request_id=p.request_id)
+            await self._error_pending(p, answer or err)
         return len(victims)
 
     async def _resend(self, p: Pending, now: float, err: InferbusError, ready: set[str],
@@ -2144,7 +2183,7 @@ class Ingress:
                                 p.cache_key, p.ttl_ms, p.request_id, None, now, None, resends=p.resends + 1,
                                 exclude=exclude, endpoint=p.endpoint, span=p.span)
         except InferbusError as exc:
-            await self._error(p.reply, exc, p.content_type, p.request_id, p.endpoint, p.model_key)
+            await self._error_pending(p, exc)
             return True
         except Exception as exc:  # a bug here must not leave the worker's other requests unanswered
             log(f"ingress {self.config.ingress_id}: sending a request again failed: {exc!r}")
@@ -2191,7 +2230,7 @@ class Ingress:
             err = Unavailable(f"worker {p.worker_id} went silent holding this request; safe to retry",
                               retry_after_ms=0)
             if not await self._resend(p, now, err, ready, p.worker_id):
-                await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint, p.model_key)
+                await self._error_pending(p, err)
         for wid, seqs in cancels.items():
             try:
                 await self.nc.publish(control_subject(self.subjects.prefix, wid),
@@ -2206,7 +2245,7 @@ class Ingress:
         ready = set() if stopping else self.router.ready_models(now)
         for p, err in parked:
             if stopping or not await self._resend(p, now, err, ready):
-                await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint, p.model_key)
+                await self._error_pending(p, err)
 
     async def _sweeper(self) -> None:
         while True:
@@ -2359,6 +2398,10 @@ class Ingress:
         for s in stale:
             p = self._pop(s)
             cause = self._neutral_cause(p, now, reconnected_at, behind_at)
+            if p.span is not None:
+                self._end_span(p, DeadlineExceeded(f"no completion from worker {p.worker_id} "
+                                                   f"{fmt_ms((now - p.deadline) * 1000)} ms after the deadline: "
+                                                   f"given up ({cause or 'lost'})"), cause or "lost")
             if cause is not None:
                 self.counts[cause] += 1
                 self.router.on_done(p.worker_id, (now - p.t_fwd) * 1e6, outcome=NEUTRAL, probe=p.probe, now=now)
@@ -2802,9 +2845,14 @@ class Ingress:
         hdrs = msg.headers or {}
         self.counts["errors"] += 1
         tally["refused"] += 1
-        await self._error(msg.reply, Unavailable(f"ingress {self.config.ingress_id} is shutting down; retry "
-                                                 f"elsewhere", retry_after_ms=0),
-                          _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data), hdrs.get(H.REQUEST_ID), endpoint)
+        t0 = time.monotonic()
+        err = Unavailable(f"ingress {self.config.ingress_id} is shutting down; retry elsewhere", retry_after_ms=0)
+        await self._error(msg.reply, err, _error_content_type(hdrs.get(H.CONTENT_TYPE), msg.data),
+                          hdrs.get(H.REQUEST_ID), endpoint)
+        if self._tracing is not None:
+            key = self._served_key(msg.subject if endpoint == "infer" else
+                                   self._infer_head + msg.subject[len(self._at_head):])
+            self._tracing.error(hdrs, t0, key, self.config.ingress_id, err, "stopping")
 
 
 def main(config_json: str) -> None:

@@ -70,6 +70,13 @@ INGRESS_STAGES = ("decode", "validate", "cache", "route")
 WORKER_STAGES = ("queue", "worker_decode", "compute", "between_chunks", "encode")
 """The worker's stages set on its span (those present); with ``publish`` (the reply's encode and write, measured for
 the span) they tile the span."""
+OUTCOMES = ("backlog_shed", "expired_unanswered", "attempt_abandoned", "stopping", "lost", "lost_in_reconnect",
+            "lost_while_behind", "lost_while_busy", "lost_while_worker_behind")
+"""The values of an ingress span's ``inferbus.outcome``, set only on a request the ingress shed before handling it
+(``backlog_shed``: its backlog over ``--max-backlog-msgs``; ``stopping``: refused during the ingress's stop), dropped
+without an answer (``expired_unanswered``: past its client's deadline, ``attempt_abandoned``: an SDK attempt given up,
+both behind a backlog of 64 or more), or whose forward's completion never came and the sweeper gave it up (``lost``,
+or the neutral causes of ``lost_*``, the ingress's counters of the same names). Every other span has none."""
 _TRACE_NAMES = frozenset((H.TRACEPARENT, H.TRACESTATE))
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _EMPTY = Context()
@@ -286,21 +293,22 @@ class Tracing:
 
     def end(self, t: Traced, t_end: float, model_key: str | None, cache: str, ingress_id: str, *,
             worker_id: str | None = None, stages: dict | None = None, code: str | None = None,
-            message: str | None = None, request_id: str | None = None) -> None:
+            message: str | None = None, request_id: str | None = None, outcome: str | None = None) -> None:
         """Make and end the ingress span of ``t``, from its ``t0`` to ``t_end`` (monotonic s), with its attributes:
         the model version (``model_key`` ``name:version``; None: no served model), the cache result ``cache``
         (``l1``, ``l2``, ``miss``), the worker that answered, the ingress's stages (µs, :data:`INGRESS_STAGES`), the
-        request id, and for an error answer its code (status ERROR, ``error.type``, the message as the status's
-        description). Never raises: a span that cannot be made is logged and not made (the caller is settling the
-        request)."""
+        request id, for an error answer its code (status ERROR, ``error.type``, the message as the status's
+        description), and ``outcome`` (``inferbus.outcome``: why a request was shed or given up without a worker's
+        answer, :data:`OUTCOMES`). Never raises: a span that cannot be made is logged and not made (the caller is
+        settling the request)."""
         try:
-            self._end(t, t_end, model_key, cache, ingress_id, worker_id, stages, code, message, request_id)
+            self._end(t, t_end, model_key, cache, ingress_id, worker_id, stages, code, message, request_id, outcome)
         except Exception as exc:
             log(f"tracing: the span of {model_key or 'a request'} not made: {exc!r}")
 
     def _end(self, t: Traced, t_end: float, model_key: str | None, cache: str, ingress_id: str,
              worker_id: str | None, stages: dict | None, code: str | None, message: str | None,
-             request_id: str | None) -> None:
+             request_id: str | None, outcome: str | None) -> None:
         name = model_key.partition(":")[0] if model_key else None
         parent = set_span_in_context(NonRecordingSpan(_remote(t.parent, t.tracestate))) if t.parent else _EMPTY
         off = _clock_offset_ns()
@@ -321,18 +329,30 @@ class Tracing:
                 v = stages.get(k)
                 if v is not None:
                     attrs[f"inferbus.timings_us.{k}"] = v
+        if outcome:
+            attrs["inferbus.outcome"] = outcome
         if code:
             attrs["error.type"] = code
             span.set_status(Status(StatusCode.ERROR, message or code))
         span.set_attributes(attrs)
         span.end(end_time=off + _ns(t_end))
 
-    def error(self, headers: dict | None, t0: float, model_key: str | None, ingress_id: str, err) -> None:
-        """The span of a request the ingress answered with the error ``err`` (an InferbusError) itself, from ``t0``
-        to now, if the request is sampled."""
+    def error(self, headers: dict | None, t0: float, model_key: str | None, ingress_id: str, err,
+              outcome: str | None = None) -> None:
+        """The span of a request the ingress answered with the error ``err`` (an InferbusError) itself, or shed
+        without an answer (``outcome`` says which, :data:`OUTCOMES`; ``err`` the error it would have had), from
+        ``t0`` to now, if the request is sampled."""
         t = self.begin(headers, t0)
         if t is not None:
-            self.end(t, time.monotonic(), model_key, "miss", ingress_id, code=err.code.value, message=err.message)
+            self.end(t, time.monotonic(), model_key, "miss", ingress_id, code=err.code.value, message=err.message,
+                     outcome=outcome)
+
+    def failed(self, t: Traced, err, model_key: str, ingress_id: str, *, worker_id: str | None = None,
+               stages: dict | None = None, request_id: str | None = None, outcome: str | None = None) -> None:
+        """End the ingress span ``t`` of a forwarded request now, with the error ``err`` (an InferbusError) it was
+        answered (or, with ``outcome`` ``lost``..., given up: the error its client sees by its own timeout)."""
+        self.end(t, time.monotonic(), model_key, "miss", ingress_id, worker_id=worker_id, stages=stages,
+                 code=err.code.value, message=err.message, request_id=request_id, outcome=outcome)
 
     def cached(self, headers: dict | None, t0: float, model_key: str, level: str, ingress_id: str) -> None:
         """The span of a request the ingress answered from its cache (``level`` ``l1``/``l2``), from ``t0`` to now,
