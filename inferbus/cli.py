@@ -211,6 +211,8 @@ def _err_wrap_width() -> Optional[int]:
         terminal = sys.stderr is not None and sys.stderr.isatty()
     except ValueError:  # (closed)
         terminal = False
+    if isinstance(err_console, JsonLinesConsole):
+        return None
     return err_console.width if terminal or _columns() else None
 
 
@@ -382,6 +384,51 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
 console = BlankFreeConsole(width=_output_width())
 err_console = BlankFreeConsole(stderr=True, soft_wrap=True)  # one line per error: greppable when piped
+
+
+class JsonLinesConsole:
+    """What ``up --log-format json`` prints with instead of :data:`console` and :data:`err_console`: each call of
+    :meth:`print` one JSON object on one line (JSON Lines; the fields of :class:`inferbus._logs.JsonFormatter`'s
+    records: ``ts``, ``level``, ``logger`` ``inferbus.up``, ``actor``, ``msg``), so that every line of ``up``'s
+    stdout and stderr parses as the node's log records do. ``msg`` is the text as the console would show it, markup
+    taken out (``error: up: ...``, ``note: ...``, ``inferbus up in 1.52s — NATS ...``), never wrapped.
+
+    ``level``: of every line of stdout, ``info`` (``up``'s report of what it started, where, and its stop: written
+    whatever ``--log-level``, as its text lines are); of stderr, ``error`` for a line that starts ``error:``, else
+    ``warning`` (a ``note:`` or ``warning:`` about the configuration, a stop that was killed)."""
+
+    width = 1_000_000  # (no wrapping: one record per line printed)
+
+    def __init__(self, stderr: bool, actor: str) -> None:
+        self.stderr, self.actor = stderr, actor
+
+    def print(self, *objects, **_) -> None:
+        import json
+        import time
+
+        from rich.text import Text
+
+        from ._logs import rfc3339_utc
+
+        text = Text.from_markup(" ".join(str(o) for o in objects)).plain.strip()  # (a text line's indent too)
+        level = ("error" if text.startswith("error:") else "warning") if self.stderr else "info"
+        stream = sys.stderr if self.stderr else sys.stdout
+        stream.write(json.dumps({"ts": rfc3339_utc(time.time()), "level": level, "logger": "inferbus.up",
+                                 "actor": self.actor, "msg": text}, ensure_ascii=False) + "\n")
+        stream.flush()
+
+
+def _print_json_lines(ctx: typer.Context, actor: str) -> None:
+    """From here to the end of ``ctx``'s command, :data:`console` and :data:`err_console` write JSON Lines
+    (:class:`JsonLinesConsole`, ``actor`` its records' ``actor``)."""
+    global console, err_console
+    kept = console, err_console
+    console, err_console = JsonLinesConsole(False, actor), JsonLinesConsole(True, actor)
+
+    def restore() -> None:
+        global console, err_console
+        console, err_console = kept
+    ctx.call_on_close(restore)
 
 
 def _version(value: bool) -> None:
@@ -1287,6 +1334,8 @@ def up(
     """Serve models: embedded nats-server + Valkey, supervisor, ingress, workers, aggregator."""
     from .actors import Node, NodeConfig
 
+    if log_format == "json":  # every line up prints from here on is a JSON object, its refusals included
+        _print_json_lines(ctx, f"node-{node_id}")
     if demo and not 0 < demo_duration <= MAX_DEMO_DURATION_S:
         _usage(f"up: --demo-duration must be in {interval(0, MAX_DEMO_DURATION_S, lo_open=True)} seconds, got "
                f"{number_as_typed(demo_duration)}")
@@ -1854,6 +1903,8 @@ def _wrap_width() -> Optional[int]:
     """The width ``up``'s lines are wrapped to: the console's on a terminal, or piped where ``COLUMNS`` is set (as
     ``--help`` follows it); None (one line each) piped without it, into a log, which is grepped for ``inferbus up in``
     and its run dir."""
+    if isinstance(console, JsonLinesConsole):
+        return None
     return console.width if _stdout_is_a_terminal() or _columns() else None
 
 

@@ -409,12 +409,16 @@ class Node:
         argv = [sys.executable, "-m", "inferbus.actors", kind, f"@{cfg_path}", "--log-level", c.log_level,
                 "--log-format", c.log_format, "--log-actor", actor]
         as_json = c.log_format == "json"  # JSON Lines: the actor's records as they are, its other lines wrapped
+        # its READY line (the start handshake, an info line: one per incarnation) is written only where the log
+        # level takes info; at warning and error the log holds no line below it (docs/observability.md, Logs)
+        log_ready = LEVELS[c.log_level] <= logging.INFO
         full_env = {**os.environ, **env} if env else None  # device isolation (CUDA_VISIBLE_DEVICES, TPU_*)
 
         async def start():
             return await ProcessChild.start(argv, env=full_env, ready_line="READY", start_timeout_s=120.0,
                                             log_path=log_dir / f"{stem}.log", log_timestamps=not as_json,
-                                            log_json_actor=actor if as_json else None, name=child_id,
+                                            log_json_actor=actor if as_json else None, log_ready=log_ready,
+                                            name=child_id,
                                             cpu_affinity=cpu_affinity or None)
 
         return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0, exempt=exempt)

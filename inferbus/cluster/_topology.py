@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import signal
@@ -37,6 +38,7 @@ import msgspec
 
 from chaos.proxy import Fault, TcpProxy, nats_gateway_peer
 
+from .._logs import LEVELS
 from .._paths import write_private
 from ..bus import close_connection, nats_server_binary, valkey_server_binary
 from ..bus._embedded import write_valkey_auth
@@ -318,6 +320,7 @@ class Topology:
             return await ProcessChild.start(argv, ready_line="READY", start_timeout_s=120.0,
                                             log_path=d / "node.log", log_timestamps=not as_json,
                                             log_json_actor=f"node-{region.lower()}" if as_json else None,
+                                            log_ready=LEVELS[self.log_level] <= logging.INFO,
                                             name=f"node-{region}")
 
         return ChildSpec(id=f"node:{region}", start=start, restart=Restart.PERMANENT, shutdown_timeout_s=15.0)

@@ -114,7 +114,7 @@ class ProcessChild:
 
     def __init__(self, *, name: str, argv: list[str], ready_line: str | None,
                  log_file: IO[bytes] | None, log_timestamps: bool = False,
-                 log_json_actor: str | None = None) -> None:
+                 log_json_actor: str | None = None, log_ready: bool = True) -> None:
         """Private: use :meth:`ProcessChild.start`."""
         loop = asyncio.get_running_loop()
         self.name = name
@@ -125,6 +125,7 @@ class ProcessChild:
         self._log_file = log_file
         self._log_timestamps = log_timestamps
         self._log_json_actor = log_json_actor
+        self._log_ready = log_ready
         self._stamp_s = -1
         self._stamp = b""
         self._ready: asyncio.Future[None] = loop.create_future()
@@ -150,6 +151,7 @@ class ProcessChild:
                     log_path: str | os.PathLike[str] | None = None,
                     log_timestamps: bool = False,
                     log_json_actor: str | None = None,
+                    log_ready: bool = True,
                     name: str | None = None,
                     cpu_affinity: Sequence[int] | None = None) -> ProcessChild:
         """Start an OS process and return once it is ready.
@@ -181,6 +183,9 @@ class ProcessChild:
                 as ``{"ts", "level", "logger", "actor", "msg"}``: ``ts`` the UTC time it was read
                 (RFC 3339), ``level`` ``info`` (stdout) or ``warning`` (stderr), ``logger``
                 ``stdout`` or ``stderr``, ``actor`` this string, ``msg`` the line.
+            log_ready: with ``log_path``, whether the ready line itself is copied into the log (as any stdout
+                line: at level ``info`` in JSON). False: it is the handshake alone, read and not written (a
+                parent whose log level leaves ``info`` out passes False, so that the log holds no line below it).
             name: label for logs and errors; default ``Path(argv[0]).name``.
             cpu_affinity: the cores the process runs on, set in the child before exec (every thread it makes
                 inherits it); None or empty: this process's own.
@@ -216,7 +221,7 @@ class ProcessChild:
             log_file = open(path, "ab")  # noqa: SIM115 - closed when the process ends
         loop = asyncio.get_running_loop()
         self = cls(name=name, argv=args, ready_line=ready_line, log_file=log_file,
-                   log_timestamps=log_timestamps, log_json_actor=log_json_actor)
+                   log_timestamps=log_timestamps, log_json_actor=log_json_actor, log_ready=log_ready)
         try:
             await loop.subprocess_exec(
                 lambda: _Protocol(self), *args, stdin=subprocess.DEVNULL,
@@ -343,6 +348,8 @@ class ProcessChild:
         if fd == 1 and self._ready_line is not None and not self._ready.done() \
                 and text == self._ready_line:
             self._ready.set_result(None)
+            if not self._log_ready and self._log_file is not None:
+                return  # the handshake alone: not a line of the log (log_ready)
         try:
             if self._log_file is not None:
                 if self._log_json_actor is not None:
