@@ -530,7 +530,7 @@ async def test_a_forward_the_sweeper_gives_up_on_has_an_error_span(shedding, col
         # (the worker's infer endpoint's queue group: a member of it takes a share of the forwards)
         await nc.subscribe(f"{shedding.prefix}._w.n1-w0", queue=f"{shedding.prefix}.w.n1-w0", cb=steal)
         await nc.flush()
-        lost = []
+        lost, answered = [], []
         for i in range(60):
             if len(lost) >= 2:
                 break
@@ -544,15 +544,17 @@ async def test_a_forward_the_sweeper_gives_up_on_has_an_error_span(shedding, col
                                  headers={"traceparent": tp, "Content-Type": "application/json",
                                           "Inferbus-Timeout-Ms": "300"})
                 assert len(stolen) == before
+                answered.append(trace_id)
             except nats.errors.TimeoutError:
                 assert len(stolen) == before + 1  # the only way to get no answer here
                 lost.append(trace_id)
         assert len(lost) >= 2, (len(stolen), lost)
-        spans = await _wait_traces(collector, lost)
+        spans = await _wait_traces(collector, lost + answered)  # (the answered ones' too: none left to come later,
+        # into another test's window)
     finally:
         await nc.close()
-    for trace_id, got in spans.items():
-        [s] = got  # the ingress's alone: no worker saw it
+    for trace_id in lost:
+        [s] = spans[trace_id]  # the ingress's alone: no worker saw it
         a = attrs(s)
         assert s.kind == Span.SPAN_KIND_SERVER and s.status.code == Status.STATUS_CODE_ERROR, s
         assert a["error.type"] == "DEADLINE_EXCEEDED" and a["inferbus.outcome"].startswith("lost"), a

@@ -2150,6 +2150,10 @@ class Ingress:
             h = p.hedge
             if h is not None and not h.done and any(
                     q in self.pending and self.pending[q].worker_id != worker_id for q in h.seqs):
+                if p.span is not None:  # the other copy's completion ends the ingress span (a hedge copy has none)
+                    other = next(self.pending[q] for q in h.seqs
+                                 if q in self.pending and self.pending[q].worker_id != worker_id)
+                    other.span, other.stages, p.span = p.span, p.stages, None
                 continue  # the other copy may still answer; the client's budget covers the rest
             if h is not None and h.timer is not None and not h.done:
                 h.done = True
