@@ -8,8 +8,9 @@ What is made (docs/observability.md has the attributes):
 
 * the ingress: one SERVER span ``inferbus.infer <model>`` per sampled request, from its handler's start to the
   first completion of its forward (its worker's completion notice, or the colocated worker's return), a cache hit's
-  reply or the error it answered. Its parent is the client's ``traceparent`` (W3C Trace Context), else it starts a
-  trace. The forward to the worker carries this span's id in its ``traceparent`` (the client's ``tracestate``
+  reply or the error it answered; also for a request it shed (a full backlog, its stop), dropped unanswered or whose
+  forward its sweeper gave up on, with ``inferbus.outcome`` (:data:`OUTCOMES`). Its parent is the client's
+  ``traceparent`` (W3C Trace Context), else it starts a trace. The forward to the worker carries this span's id in its ``traceparent`` (the client's ``tracestate``
   kept);
 * the worker: one CONSUMER span ``inferbus.worker <model>`` per sampled forward, child of that ingress span, from
   the worker's receipt to its reply's write (the colocated run-to-completion path builds it at the ingress, from
