@@ -402,7 +402,7 @@ class JsonLinesConsole:
     def __init__(self, stderr: bool, actor: str) -> None:
         self.stderr, self.actor = stderr, actor
 
-    def print(self, *objects, **_) -> None:
+    def print(self, *objects, markup: bool = True, **_) -> None:
         import json
         import time
 
@@ -410,7 +410,16 @@ class JsonLinesConsole:
 
         from ._logs import rfc3339_utc
 
-        text = Text.from_markup(" ".join(str(o) for o in objects)).plain.strip()  # (a text line's indent too)
+        parts = []
+        for o in objects:
+            if isinstance(o, str):
+                parts.append(Text.from_markup(o).plain if markup else o)
+            else:  # a renderable (the demo's table): as a console of no colours would show it, in one record
+                plain = Console(width=200, no_color=True, highlight=False)
+                with plain.capture() as captured:
+                    plain.print(o)
+                parts.append(captured.get().rstrip())
+        text = " ".join(parts).strip()  # (a text line's indent too)
         level = ("error" if text.startswith("error:") else "warning") if self.stderr else "info"
         stream = sys.stderr if self.stderr else sys.stdout
         stream.write(json.dumps({"ts": rfc3339_utc(time.time()), "level": level, "logger": "inferbus.up",
