@@ -29,6 +29,10 @@ bridged (``inferbus.bus._busypoll.MAX_WINDOW_US``, ``--busy-poll-us``)."""
 MAX_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 """nats-server's ceiling for ``max_payload``: its configuration reference (docs.nats.io, ``max_payload``) allows
 up to 64MB, and no more than ``max_pending`` (64MB by default, which the embedded server keeps)."""
+MAX_HTTP_CONNECTIONS = 1000
+"""The most open connections (and so request threads) of a node's HTTP port (``--http-max-connections``): each
+accepted connection may hold a thread while its request runs, and more threads than this in one process is a typo
+rather than a plan (put a proxy that pools connections in front)."""
 MAX_NODE_PROCESSES = 1024
 """The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
 and ``--ingress 99999999999999999999`` kept ``inferbus up`` busy starting processes)."""

@@ -79,9 +79,10 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
 
     from ._cpus import cores_phrase, parse_cpu_list
     from ._limits import (BACKENDS, LOG_FORMATS, LOG_LEVELS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_BYTES_ELEMENTS,
-                          MAX_CHUNK_ROWS, MAX_COUNT, MAX_HEALTH_WINDOW_S, MAX_INLINE_COMPUTE_US, MAX_L2_POOL_SIZE,
-                          MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_PERIOD_S, MAX_TENSOR_BYTES,
-                          MAX_TIMEOUT_MS, MAX_WINDOW_US, MIN_MAX_PAYLOAD_BYTES, binary_size, interval, number_as_typed)
+                          MAX_CHUNK_ROWS, MAX_COUNT, MAX_HEALTH_WINDOW_S, MAX_HTTP_CONNECTIONS, MAX_INLINE_COMPUTE_US,
+                          MAX_L2_POOL_SIZE, MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_PERIOD_S,
+                          MAX_TENSOR_BYTES, MAX_TIMEOUT_MS, MAX_WINDOW_US, MIN_MAX_PAYLOAD_BYTES, binary_size, interval,
+                          number_as_typed)
 except KeyboardInterrupt:
     raise SystemExit(128 + signal.SIGINT) from None
 if TYPE_CHECKING:  # (for annotations only: the commands that use them import them)
@@ -1272,6 +1273,11 @@ def up(
     http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port waits on a connection that sends "
                                               "nothing before it closes it (a half-sent body is answered 408), in "
                                               f"{interval(0, 3600, lo_open=True)}; needs --metrics-port."),
+    http_max_connections: int = typer.Option(100, help="Open connections at most on the HTTP port, and threads "
+                                             "running their requests, in "
+                                             f"{interval(1, MAX_HTTP_CONNECTIONS)}: past it the next connections wait "
+                                             "in the kernel's listen backlog until one closes (keep-alive connections "
+                                             "stay open until --http-idle-timeout-s); needs --metrics-port."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
@@ -1399,6 +1405,12 @@ def up(
     if not 0 < http_idle_timeout_s <= 3600:
         _usage(f"up: --http-idle-timeout-s must be in {interval(0, 3600, lo_open=True)}, got "
                f"{number_as_typed(http_idle_timeout_s)}")
+    if given("http_max_connections") and metrics_port is None:
+        _usage("up: --http-max-connections is the HTTP port's and needs --metrics-port (alias --http-port); add it "
+               "or leave --http-max-connections out")
+    if not 1 <= http_max_connections <= MAX_HTTP_CONNECTIONS:
+        _usage(f"up: --http-max-connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
+               f"{http_max_connections}")
     if http_infer and metrics_port is None:
         _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
                "add it or leave --http-infer out")
@@ -1489,7 +1501,8 @@ def up(
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer,
-                         http_idle_timeout_s=http_idle_timeout_s, audit=audit,
+                         http_idle_timeout_s=http_idle_timeout_s, http_max_connections=http_max_connections,
+                         audit=audit,
                          log_level=log_level, log_format=log_format,
                          trace_otlp_endpoint=trace_otlp_endpoint, trace_ratio=trace_ratio, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option

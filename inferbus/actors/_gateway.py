@@ -73,8 +73,30 @@ class HttpAnswer:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+_CODE_OF_STATUS = {403: "PERMISSION_DENIED", 408: "DEADLINE_EXCEEDED", 414: "PAYLOAD_TOO_LARGE",
+                   431: "PAYLOAD_TOO_LARGE", 502: "INTERNAL"}
+"""The HTTP layer's own statuses that are no :class:`~inferbus.schemas.ErrorCode`'s (docs/http.md, "Errors")."""
+
+
+def error_code_of(status: int) -> str:
+    """The ``Inferbus-Error-Code`` of an HTTP error ``status`` (400-599): the :class:`~inferbus.schemas.ErrorCode`
+    whose HTTP status it is (400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 PAYLOAD_TOO_LARGE, 429 RESOURCE_EXHAUSTED, 500
+    INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED), else the HTTP layer's: 403 PERMISSION_DENIED, 408
+    DEADLINE_EXCEEDED, 414 and 431 PAYLOAD_TOO_LARGE, 502 INTERNAL; any other 4xx (405, 411, 415, ...)
+    INVALID_ARGUMENT, any other 5xx INTERNAL."""
+    from ..schemas import ErrorCode
+
+    for code in ErrorCode:
+        if code.http_status == status:
+            return code.value
+    return _CODE_OF_STATUS.get(status) or ("INVALID_ARGUMENT" if status < 500 else "INTERNAL")
+
+
 def error_answer(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> HttpAnswer:
-    """An OIP v2 error answer: ``status`` and the body ``{"error": message}`` (JSON)."""
+    """An OIP v2 error answer: ``status`` and the body ``{"error": message}`` (JSON), with ``Inferbus-Error-Code``
+    (:func:`error_code_of` ``status``, unless ``headers`` has one) and ``headers``."""
+    if not any(k == "Inferbus-Error-Code" for k, _ in headers):
+        headers = (("Inferbus-Error-Code", error_code_of(status)), *headers)
     return HttpAnswer(status, json.dumps({"error": message}).encode(),
                       (("Content-Type", "application/json"), *headers))
 
@@ -118,8 +140,6 @@ class NodeGateway:
         self.default_timeout_ms = float(options.get("default_timeout_ms", IngressConfig.default_timeout_ms))
         self.max_request_bytes = int(options.get("max_request_bytes", 0) or 0)
         self.infer_enabled = bool(getattr(node.config, "http_infer", False))
-        self.idle_timeout_s = float(getattr(node.config, "http_idle_timeout_s", 30.0))
-        """The HTTP server's socket timeout (``NodeConfig.http_idle_timeout_s``), s: said in a 408."""
         """Whether ``POST .../infer`` is served (``NodeConfig.http_infer``, ``up --http-infer``); off: 403."""
         self._client = None
 
@@ -243,7 +263,7 @@ class NodeGateway:
 
         def failed(why: str, text: str) -> HttpAnswer:
             if why == "timeout":
-                return error_answer(504, text, (("Inferbus-Error-Code", "DEADLINE_EXCEEDED"),))
+                return error_answer(504, text)
             return error_answer(503, text) if why == "stopped" else error_answer(500, f"the HTTP gateway {text}")
 
         return on_node_loop(self.loop, self._ask(ask), max(wait_s, 0.0) + BOUND_SLACK_S, failed)
@@ -254,15 +274,14 @@ class NodeGateway:
 
         node = self.node
         if node.stopping:
-            return error_answer(503, f"node {node.config.node_id} is stopping", (("Inferbus-Error-Code",
-                                                                                  "UNAVAILABLE"),))
+            return error_answer(503, f"node {node.config.node_id} is stopping")
         nc = node.nc
         # while nats-py reconnects (the embedded nats-server restarted, a blip) the request is kept in its buffer
         # and answered within its budget, as an SDK client's is (a fresh-user trial: 503 at once, the node back 1.8 s
         # later); only a connection that is gone for good or was never made is refused at once
         if nc is None or nc.is_closed:
             return error_answer(503, f"node {node.config.node_id} is not connected to NATS",
-                                (("Inferbus-Error-Code", "UNAVAILABLE"), ("Retry-After", "1")))
+                                (("Retry-After", "1"),))
         if self._client is None or self._client.nc is not nc:  # (made on the loop: it keeps the loop it runs on)
             self._client = Client(nc, node.config.prefix)
         try:

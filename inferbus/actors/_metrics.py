@@ -1,7 +1,7 @@
 """Prometheus metrics of one node, read at scrape time (``inferbus up --metrics-port``; docs/observability.md).
 
 One HTTP endpoint per node (``inferbus up``), like Triton's ``:8002/metrics`` per server: the node process
-serves it with prometheus-client's own WSGI server (``start_wsgi_server``, a daemon thread). A scrape asks every
+serves it with prometheus-client's WSGI app on the node's HTTP server (:mod:`inferbus.actors._http`, waitress). A scrape asks every
 actor process of this node for its ``$SRV.STATS`` (NATS micro, one request answered by each instance) on the
 node's own NATS connection and turns the counters and state the actors keep (the ingresses' ``counts``, router view,
 latency window and per-model counts, the workers' load-report fields and per-model runs, the aggregator's fills, the
@@ -633,114 +633,52 @@ class NodeCollector:
             log.warning("metrics scrape: no process figures: %r", exc)
 
 
-HTTP_SOCKET_TIMEOUT_S = 30.0
-"""How long the node's HTTP server waits on a connection's socket (a request's line, headers and body; the answer's
-sending), seconds: past it the connection is closed. The time an inference request waits for its answer does not
-count (no socket operation is pending then)."""
-
-
-class _LogStream:
-    """What wsgiref writes as an application's error (its traceback, then a flush), as one ``inferbus.metrics``
-    record at error level, so that it reaches ``node.log`` and ``up``'s stderr in the node's log format."""
-
-    def __init__(self) -> None:
-        self._parts: list[str] = []
-
-    def write(self, text: str) -> int:
-        self._parts.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        text, self._parts = "".join(self._parts).rstrip(), []
-        if text:
-            log.error("HTTP request failed: %s", text)
-
-
 class MetricsServer:
-    """The node's HTTP server, on a daemon thread (one more per request): prometheus-client's WSGI app for one
-    node's :class:`NodeCollector` (the Prometheus text format, OpenMetrics when the scraper asks for it, on every
-    path, ``/metrics`` included) behind :func:`~inferbus.actors._probes.node_app`, which answers the OIP v2 health
-    paths under ``/v2/`` and ``HEAD``. Use :meth:`start`, then :meth:`stop`.
+    """The node's HTTP server (:class:`~inferbus.actors._http.HttpServer`: waitress, HTTP/1.1 with keep-alive, a
+    bounded number of connections and threads): prometheus-client's WSGI app for one node's :class:`NodeCollector`
+    (the Prometheus text format, OpenMetrics when the scraper asks for it, on every path, ``/metrics`` included)
+    behind :func:`~inferbus.actors._probes.node_app`, which answers the OIP v2 paths under ``/v2/`` and ``HEAD``.
+    Use :meth:`start`, then :meth:`stop`.
     """
 
-    def __init__(self, httpd, thread) -> None:
-        self._httpd = httpd
-        self._thread = thread
+    def __init__(self, http) -> None:
+        self._http = http
 
     @property
     def port(self) -> int:
         """The TCP port it listens on (the one chosen when 0 was asked)."""
-        return self._httpd.server_port
+        return self._http.port
 
     @classmethod
     def start(cls, collector: NodeCollector, host: str, port: int, probes=None, gateway=None,
-              socket_timeout_s: float = HTTP_SOCKET_TIMEOUT_S) -> "MetricsServer":
-        """Listen on ``host:port`` (port 0 = a free one) and serve ``collector``'s metrics, and with ``probes`` (a
-        :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2 health paths, with ``gateway`` too (a
-        :class:`~inferbus.actors._gateway.NodeGateway`) its metadata and inference paths. ``socket_timeout_s``:
-        how long a connection's socket may wait (:data:`HTTP_SOCKET_TIMEOUT_S` by default), seconds.
+              socket_timeout_s: float | None = None, max_connections: int | None = None) -> "MetricsServer":
+        """Listen on ``host:port`` (port 0 = a free one; ``host`` an address or a name, IPv6 too) and serve
+        ``collector``'s metrics, and with ``probes`` (a :class:`~inferbus.actors._probes.NodeProbes`) the OIP v2
+        health paths, with ``gateway`` too (a :class:`~inferbus.actors._gateway.NodeGateway`) its metadata and
+        inference paths.
 
-        prometheus-client's own server (``start_http_server``) built with our app in it: its
-        :class:`~prometheus_client.exposition.ThreadingWSGIServer` (a thread per request) and
-        :func:`~prometheus_client.make_wsgi_app`, the address family chosen from ``host`` (IPv6 too) as it does.
+        Args:
+            socket_timeout_s: how long a connection may stay idle, seconds (None:
+                :data:`~inferbus.actors._http.DEFAULT_IDLE_TIMEOUT_S`, 30).
+            max_connections: open connections at most, and threads running requests (None:
+                :data:`~inferbus.actors._http.DEFAULT_MAX_CONNECTIONS`, 100).
 
         Raises:
             OSError: the address cannot be bound (port in use, no such address).
         """
-        import socket
-        import sys
-        import threading
-        from wsgiref.simple_server import WSGIRequestHandler, make_server
-
         from prometheus_client import make_wsgi_app
-        from prometheus_client.exposition import ThreadingWSGIServer
         from prometheus_client.registry import CollectorRegistry
 
+        from ._http import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, HttpServer
         from ._probes import node_app
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
-
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-
-        class Server(ThreadingWSGIServer):
-            address_family = family
-            # listen()'s backlog: socketserver's default is 5, and the accept thread, which needs the GIL the node's
-            # event loop holds, takes connections more slowly than a burst of clients makes them: the kernel then
-            # dropped the rest (a 1 s SYN resend, or a reset). The kernel caps it at net.core.somaxconn.
-            request_queue_size = socket.SOMAXCONN
-
-            def handle_error(self, request, client_address) -> None:
-                # socketserver's prints "Exception occurred during processing of request" and the traceback on
-                # stderr: ~25 lines of text, also with --log-format json, for each client that sent half its
-                # headers and went quiet (a timeout after HTTP_SOCKET_TIMEOUT_S) or dropped the connection
-                exc = sys.exc_info()[1]
-                if isinstance(exc, OSError):
-                    log.debug("HTTP connection from %s:%s closed: %r", *client_address[:2], exc)
-                else:
-                    log.error("HTTP request from %s:%s failed", *client_address[:2], exc_info=True)
-
-        class QuietHandler(WSGIRequestHandler):
-            timeout = socket_timeout_s  # a client that stops sending (or reading) frees its thread
-
-            def log_message(self, format, *args) -> None:  # (no line per request on stderr, as prometheus-client's)
-                pass
-
-            def get_stderr(self):  # wsgiref's traceback of an app that raised: one log record, not raw stderr
-                return _LogStream()
-
         app = make_wsgi_app(registry)
-        httpd = make_server(sockaddr[0], port, node_app(app, probes, gateway) if probes is not None else app, Server,
-                            handler_class=QuietHandler)
-        thread = threading.Thread(target=httpd.serve_forever, name="inferbus-metrics-http", daemon=True)
-        thread.start()
-        return cls(httpd, thread)
+        return cls(HttpServer.start(node_app(app, probes, gateway) if probes is not None else app, host, port,
+                                    idle_timeout_s=socket_timeout_s or DEFAULT_IDLE_TIMEOUT_S,
+                                    max_connections=max_connections or DEFAULT_MAX_CONNECTIONS))
 
     def stop(self) -> None:
-        """Stop listening and join the server thread (at most 5 s). Idempotent."""
-        if self._httpd is None:
-            return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(5.0)
-        self._httpd = None
+        """Stop listening, close every connection and join the server's thread (at most 5 s). Idempotent."""
+        self._http.stop()

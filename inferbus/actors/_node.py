@@ -36,7 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
-from .._limits import MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES, binary_size, interval
+from .._limits import (MAX_HTTP_CONNECTIONS, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES,
+                       binary_size, interval)
 from .._logs import LEVELS, check_log_options, formatter
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
@@ -213,6 +214,10 @@ class NodeConfig:
     """How long the HTTP server on ``metrics_port`` waits on a connection's socket (a request's line, headers and
     body; the answer's sending) before it closes it, seconds, in (0, 3600]: a client that stops sending frees its
     thread, and one that sent part of a body is answered 408. The wait for an inference's answer does not count."""
+    http_max_connections: int = 100
+    """Open connections at most on ``metrics_port``, and so threads running their requests, in
+    [1, :data:`~inferbus._limits.MAX_HTTP_CONNECTIONS`] (1,000): past it the server stops accepting and the next
+    connections wait in the kernel's listen backlog until one closes (docs/http.md)."""
     trace_otlp_endpoint: str | None = None
     """OpenTelemetry tracing: every ingress and worker exports spans of sampled requests to this OTLP/HTTP traces URL
     (:attr:`IngressConfig.trace_otlp_endpoint`; needs the ``otel`` extra); None (default): off."""
@@ -283,6 +288,10 @@ class NodeConfig:
                 and 0 < self.http_idle_timeout_s <= 3600):
             raise ValueError(f"NodeConfig.http_idle_timeout_s must be in {interval(0, 3600, lo_open=True)} s, got "
                              f"{self.http_idle_timeout_s!r}")
+        if isinstance(self.http_max_connections, bool) or not isinstance(self.http_max_connections, int) or \
+                not 1 <= self.http_max_connections <= MAX_HTTP_CONNECTIONS:
+            raise ValueError(f"NodeConfig.http_max_connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
+                             f"{self.http_max_connections!r}")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
                                               or not 0 <= self.metrics_port <= 65535):
             raise ValueError(f"NodeConfig.metrics_port must be None (off) or in [0, 65535] (0 = any free port), got "
@@ -758,7 +767,8 @@ class Node:
             try:
                 self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
                                                    probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop),
-                                                   socket_timeout_s=c.http_idle_timeout_s)
+                                                   socket_timeout_s=c.http_idle_timeout_s,
+                                                   max_connections=c.http_max_connections)
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "

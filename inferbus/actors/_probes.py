@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -270,55 +269,32 @@ def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Cal
     return None
 
 
-_DRAIN_BYTES = 64 * 1024 * 1024
-"""An oversized body up to this many bytes is read and dropped before the 413, so that the client, still sending,
-reads the answer instead of a reset connection."""
-
-
 def _infer(gateway, name: str, version: str | None, environ, started_at: float):
-    """Read a ``POST .../infer`` body (``Content-Length`` bytes, at most the gateway's limit) and infer."""
+    """Serve a ``POST .../infer``: its body (``Content-Length`` bytes, at most the gateway's limit; the HTTP server
+    has read it whole already, a chunked one too) to the gateway."""
     from ._gateway import error_answer
 
     length = environ.get("CONTENT_LENGTH") or ""
     if not length.strip():
-        return error_answer(411, "an inference request needs a Content-Length (a chunked body is not read)")
+        return error_answer(411, "an inference request needs a Content-Length or a chunked body")
     digits = length.strip()  # 1*DIGIT (RFC 9110): int() also took "1_0", "+10" and non-ASCII digits
     n = int(digits) if digits.isascii() and digits.isdigit() else -1
     if n < 0:
         return error_answer(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
-    stream = environ["wsgi.input"]
     limit = gateway.max_body_bytes()
     if limit and n > limit:
-        if n <= limit + _DRAIN_BYTES:
-            _drain(stream, n)
         return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
-                                 f"--max-request-bytes, else the NATS server's max_payload)",
-                            (("Inferbus-Error-Code", "PAYLOAD_TOO_LARGE"),))  # (wsgiref closes the connection)
-    if not gateway.infer_enabled:  # (the body read and dropped first, as for a 413: the client reads the answer)
-        _drain(stream, min(n, (limit or 0) + _DRAIN_BYTES))
+                                 f"--max-request-bytes, else the NATS server's max_payload)")
+    if not gateway.infer_enabled:
         return error_answer(403, "inference over HTTP is off on this node: start it with --http-infer (the HTTP "
-                                 "port has no authentication; docs/http.md), or send the request over NATS",
-                            (("Inferbus-Error-Code", "PERMISSION_DENIED"),))
-    try:
-        body = stream.read(n) if n else b""
-    except TimeoutError:  # (the handler's socket timeout: a client that sent part of its body and went quiet)
-        return error_answer(408, f"the body did not arrive: no byte came for {gateway.idle_timeout_s:g} s")
+                                 "port has no authentication; docs/http.md), or send the request over NATS")
+    body = environ["wsgi.input"].read(n) if n else b""
     if len(body) < n:
         return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
     headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
     if environ.get("CONTENT_TYPE"):
         headers["content-type"] = environ["CONTENT_TYPE"]
     return gateway.infer(name, version, body, headers, started_at=started_at)
-
-
-def _drain(stream, left: int) -> None:
-    """Read and drop up to ``left`` bytes of a body that will not be served; a client that stops sending ends it
-    (the handler's socket timeout), and the answer is written all the same."""
-    try:
-        while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
-            left -= len(chunk)
-    except TimeoutError:
-        pass
 
 
 _PROBE_PATHS = ("/v2/health/live, /v2/health/ready, /v2/models/<name>/ready, "
@@ -331,13 +307,11 @@ _GATEWAY_PATHS = ("/v2, /v2/models/<name>[/versions/<version>], POST /v2/models/
 def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> list[bytes]:
     """Write a :class:`ProbeAnswer` (its body empty for 200, ``{"error": reason}`` otherwise) or an
     :class:`~inferbus.actors._gateway.HttpAnswer` (its body and headers as they are)."""
-    from ._gateway import status_line
+    from ._gateway import HttpAnswer, error_answer, status_line
 
-    if isinstance(answer, ProbeAnswer):
-        body = b"" if answer.status == 200 else json.dumps({"error": answer.reason}).encode()
-        headers = [("Content-Type", "application/json")] if body else []
-    else:
-        body, headers = answer.body, list(answer.headers)
+    if isinstance(answer, ProbeAnswer):  # (an error's with Inferbus-Error-Code, as the gateway's)
+        answer = HttpAnswer(200) if answer.status == 200 else error_answer(answer.status, answer.reason)
+    body, headers = answer.body, list(answer.headers)
     headers += [*extra_headers, ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
     start_response(status_line(answer.status), headers)
     return [] if method == "HEAD" else [body]
@@ -394,6 +368,7 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
         if method != "GET":
             body = f"# HTTP 405 Method Not Allowed: {method}; use GET, HEAD or OPTIONS\n".encode()
             start_response("405 Method Not Allowed", [("Allow", "OPTIONS, GET, HEAD"),
+                                                      ("Inferbus-Error-Code", "INVALID_ARGUMENT"),
                                                       ("Content-Type", "text/plain; charset=utf-8"),
                                                       ("Content-Length", str(len(body)))])
             return [body]

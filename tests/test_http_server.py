@@ -1,0 +1,161 @@
+"""The node's HTTP server itself (``inferbus/actors/_http.py``, waitress), against a real node (``inferbus up
+--http-port 0 --http-infer --http-max-connections 2 --http-idle-timeout-s 2``, 1 ingress, 1 worker): HTTP/1.1
+keep-alive (several infers and health calls on one TCP connection), pipelined requests answered in order, the
+connection bound (a third connection waits until one of the two closes), a request line or headers too long
+answered as JSON with ``Inferbus-Error-Code``, and the code on every error answer of the ready and metadata paths.
+Each failed on the node's server before 2026-12-07 (wsgiref: HTTP/1.0, a connection per request, no bound,
+http.server's HTML error pages, no code on the probes' 4xx)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MODELS, start_deployment
+from test_http_infer import digits_request, http_address
+
+pytestmark = pytest.mark.timeout(60)
+
+IDLE_S = 2
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    dep = start_deployment(tmp_path_factory.mktemp("http_server") / "dep", workers=1, prefix="hs",
+                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1", "--http-infer",
+                                  "--http-max-connections", "2", "--http-idle-timeout-s", str(IDLE_S)])
+    try:
+        host, port = http_address(dep).rsplit(":", 1)
+        dep.http = (host, int(port))
+        yield dep
+    finally:
+        dep.stop()
+
+
+@pytest.fixture(scope="module")
+def body() -> bytes:
+    x = np.load(MODELS / "digits" / "data" / "test.npz")["X"][:1].astype(np.float32)
+    return json.dumps(digits_request(x)).encode()
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """Everything the server writes until it closes the connection (what came before a reset, if one comes)."""
+    got = b""
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+    except ConnectionResetError:  # (it closes with part of our long request unread: the kernel then resets)
+        pass
+    return got
+
+
+def test_one_connection_serves_several_infers_and_health_calls(node, body):
+    """http.client keeps one socket while the server keeps the connection (it reconnects silently otherwise: the
+    socket object and its local port would change); 12 requests, one TCP connect, then closed by the server after
+    ``--http-idle-timeout-s`` without a request."""
+    conn = http.client.HTTPConnection(*node.http, timeout=10)
+    try:
+        conn.connect()
+        sock, local = conn.sock, conn.sock.getsockname()
+        for i in range(4):
+            for method, path, data in (("POST", "/v2/models/digits/infer", body), ("GET", "/v2/health/ready", None),
+                                       ("GET", "/v2/models/digits", None)):
+                conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                got = resp.read()
+                assert (resp.status, resp.version) == (200, 11), (path, resp.status, got[:300])
+                assert not resp.will_close, resp.getheaders()
+                assert conn.sock is sock and sock.getsockname() == local, (i, path)
+        t0 = time.monotonic()
+        sock.settimeout(IDLE_S + 5)
+        assert sock.recv(1) == b""  # the server closed the idle connection
+        assert IDLE_S - 0.1 <= time.monotonic() - t0 <= IDLE_S + 3
+    finally:
+        conn.close()
+
+
+def test_pipelined_requests_are_answered_in_order(node, body):
+    host, port = node.http
+    requests = (b"GET /v2/models/digits/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body) +
+                b"GET /v2/models/nosuch/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(requests)
+        got = read_answer(s)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)  # (a status line follows the previous answer's body)
+    assert statuses == [b"200", b"200", b"404", b"200"], got[:2000]
+    assert b'"model_name": "digits"' in got or b'"model_name":"digits"' in got, got[:2000]
+
+
+def test_past_the_connection_bound_a_connection_waits_until_one_closes(node):
+    """``--http-max-connections 2``: two open keep-alive connections (each served once), a third connects (the
+    kernel's backlog takes it) but its request is not read until one of the two closes, then it is answered."""
+    host, port = node.http
+    held = [http.client.HTTPConnection(host, port, timeout=10) for _ in range(2)]
+    try:
+        for conn in held:
+            conn.request("GET", "/v2/health/live")
+            resp = conn.getresponse()
+            resp.read()  # (the connection is idle now, kept open)
+            assert resp.status == 200
+        with socket.create_connection((host, port), timeout=10) as third:
+            third.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            third.settimeout(1.0)
+            with pytest.raises(TimeoutError):
+                third.recv(100)
+            held[0].close()
+            t0 = time.monotonic()
+            third.settimeout(5.0)
+            got = read_answer(third)
+            assert got.startswith(b"HTTP/1.1 200 "), got[:300]
+            assert time.monotonic() - t0 < 2.5
+    finally:
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize("what, status", [("line", 414), ("headers", 431)])
+def test_a_request_line_or_headers_too_long_is_json_with_the_code(node, what, status):
+    """Past 64 KiB: 414 for the request line alone, 431 for the line and headers; until 2026-12-07 http.server's HTML
+    page, no ``Inferbus-Error-Code``."""
+    host, port = node.http
+    request = (b"GET /v2/models/" + b"a" * 70_000 + b"/ready HTTP/1.1\r\nHost: x\r\n\r\n" if what == "line" else
+               b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+               + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"b" * 8000) for i in range(10)) + b"\r\n")
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(request)
+        got = read_answer(s)
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == str(status).encode(), got[:500]
+    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert headers[b"Inferbus-Error-Code"] == b"PAYLOAD_TOO_LARGE" and headers[b"Content-Type"] == b"application/json"
+    assert "65536 bytes" in json.loads(payload)["error"], payload
+
+
+@pytest.mark.parametrize("method, path, status, code", [
+    ("GET", "/v2/models/nosuch/ready", 404, "NOT_FOUND"),
+    ("GET", "/v2/models/a.b/ready", 400, "INVALID_ARGUMENT"),
+    ("GET", "/v2/models/digits/versions/01/ready", 400, "INVALID_ARGUMENT"),
+    ("POST", "/v2/health/ready", 405, "INVALID_ARGUMENT"),
+    ("GET", "/v2/nosuch", 404, "NOT_FOUND"),
+    ("GET", "/v2/models/nosuch", 404, "NOT_FOUND"),
+    ("HEAD", "/v2/models/nosuch/ready", 404, "NOT_FOUND"),
+    ("DELETE", "/metrics", 405, "INVALID_ARGUMENT"),
+])
+def test_every_error_of_the_ready_and_metadata_paths_has_the_code(node, method, path, status, code):
+    conn = http.client.HTTPConnection(*node.http, timeout=10)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        resp.read()
+        assert (resp.status, resp.getheader("Inferbus-Error-Code")) == (status, code), resp.getheaders()
+    finally:
+        conn.close()
