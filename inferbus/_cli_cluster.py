@@ -38,7 +38,7 @@ def _regions(command: str, n: int) -> tuple[str, ...]:
 
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
           proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1,
-          audit: bool = False):
+          audit: bool = False, metrics_host: str = "0.0.0.0", http_infer: bool = False):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -63,7 +63,8 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
         spec = ClusterSpec(regions=_regions(command, regions), workers=workers, ingress=ingress, base_port=base_port,
                            prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
-                           witness_servers=witness_servers, metrics_port=metrics_port, audit=audit)
+                           witness_servers=witness_servers, metrics_port=metrics_port, audit=audit,
+                           metrics_host=metrics_host, http_infer=http_infer)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:  # (ClusterSpec.base_port is Plan.make's: the option's name)
@@ -92,10 +93,20 @@ def up(
     proxy: bool = typer.Option(True, help="Route gateways through fault-injection proxies (partitions)."),
     actors: bool = typer.Option(True, help="Run the serving actors (off: servers and region managers only)."),
     witness_servers: int = typer.Option(3, help="Servers of the witness site: 3 or 5 (3 hold the lease's 3 replicas)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve each region's Prometheus metrics (its actors and its "
-                                               "region manager's inferbus_region_*): region A on this port, B on the "
-                                               "next, ... (on every interface, as up's --metrics-host default; default: "
-                                               "none), in [1, 65536 - --regions]: all the regions' ports below 65536."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", "--http-port",
+                                               help="Serve each region's node's HTTP port, as up's: its Prometheus "
+                                               "metrics (its actors and its region manager's inferbus_region_*) and "
+                                               "the OIP v2 REST API (health, metadata; inference with --http-infer): "
+                                               "region A on this port, B on the next, ... (address --metrics-host; "
+                                               "default: none), in [1, 65536 - --regions]: all the regions' ports "
+                                               "below 65536 (docs/http.md)."),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
+                                     help="Address of each region's HTTP port (0.0.0.0: every interface, as up's; "
+                                     "127.0.0.1: this host only); needs --metrics-port."),
+    http_infer: bool = typer.Option(False, "--http-infer/--no-http-infer",
+                                    help="Answer POST /v2/models/<name>/infer on each region's HTTP port, as up's "
+                                    "--http-infer (needs --metrics-port; off: 403). The port has no authentication: "
+                                    "whoever reaches it runs the models without NATS credentials (docs/http.md)."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
     log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
@@ -107,7 +118,8 @@ def up(
     import asyncio
 
     from ._wrap import wrap_items, wrap_words
-    from .cli import _check_models_repo, _check_run_dir, _folder_option, _models_dir, _note_if_no_models, _run, _wrap_width
+    from .cli import (_check_models_repo, _check_run_dir, _folder_option, _http_address, _is_loopback, _models_dir,
+                      _note_if_no_models, _oip_line, _open_inference_note, _run, _wrap_width)
     from .cluster import Topology
 
     from .cli import _check_log_options
@@ -122,8 +134,16 @@ def up(
 
         _usage(f"cluster up: --metrics-port must be in {interval(1, 65536 - regions)} (region A's port, its {regions} "
                f"regions on consecutive ports), got {metrics_port}")
+    if metrics_port is None and (http_infer or metrics_host != "0.0.0.0"):  # (ignored without a word otherwise)
+        from .cli import _typed_name, _usage
+
+        port_flag, host_flag = (_typed_name(f"--http-{o}", f"--metrics-{o}") for o in ("port", "host"))
+        option = "--http-infer" if http_infer else host_flag
+        what = "serves inference on" if http_infer else "is the address of"
+        _usage(f"cluster up: {option} {what} the regions' HTTP ports and needs {port_flag}; add it or leave "
+               f"{option} out")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
-                 ingress, audit)
+                 ingress, audit, metrics_host, http_infer)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")
@@ -197,8 +217,16 @@ def up(
                     say(f"      valkey {topo.plan.valkey_url(site)} (its password: {conf})", "      valkey",
                         [topo.plan.valkey_url(site), "(its password:", f"{conf})"], 10)
                 if site != spec.witness and topo.metrics_port(site) is not None:
-                    metrics = f"http://127.0.0.1:{topo.metrics_port(site)}/metrics"
+                    # (a node on every interface is reached on this host's loopback)
+                    address = _http_address("127.0.0.1" if spec.metrics_host in ("0.0.0.0", "::") else
+                                            spec.metrics_host, topo.metrics_port(site))
+                    metrics = f"http://{address}/metrics"
                     say(f"      metrics {metrics}", "      metrics", [metrics], 10)
+                    oip = _oip_line(address, spec.http_infer)
+                    say(f"      {oip}", "      OIP v2 REST", oip.split()[3:], 10)
+                    if spec.http_infer and not _is_loopback(spec.metrics_host):
+                        where = _http_address(spec.metrics_host, topo.metrics_port(site))
+                        typer.echo(f"note: {_open_inference_note(where)}", err=True)
             # the clients' URLs stay on one line, however narrow the terminal: the list a user copies into
             # --nats-url (the terminal folds a line too long for it, and a copy of it is still the one line)
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")

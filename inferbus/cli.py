@@ -1746,15 +1746,11 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                                   [f"{part}," for part in parts[:-1]] + parts[-1:], width):
             console.print(line, soft_wrap=width is None)
         if node.metrics is not None:
-            host = f"[{cfg.metrics_host}]" if ":" in cfg.metrics_host else cfg.metrics_host  # an IPv6 address: RFC 3986
-            console.print(f"  metrics http://{host}:{node.metrics.port}/metrics", soft_wrap=True)
-            console.print(f"  OIP v2 REST http://{host}:{node.metrics.port}/v2 (health, metadata, "
-                          f"{'infer' if cfg.http_infer else 'infer off: --http-infer'})",
-                          soft_wrap=True)
+            address = _http_address(cfg.metrics_host, node.metrics.port)
+            console.print(f"  metrics http://{address}/metrics", soft_wrap=True)
+            console.print(f"  {_oip_line(address, cfg.http_infer)}", soft_wrap=True)
             if cfg.http_infer and not _is_loopback(cfg.metrics_host):
-                err_console.print(f"[yellow]note[/]: inference over HTTP is open to whoever reaches "
-                                  f"{host}:{node.metrics.port}, without authentication (--http-infer); "
-                                  f"--http-host 127.0.0.1 keeps it on this host (docs/http.md)")
+                err_console.print(f"[yellow]note[/]: {_open_inference_note(address)}")
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))
@@ -2603,6 +2599,23 @@ def main() -> None:
     if "stderr" in _OutputFailed.seen and code in (0, None):  # done, but what it said on stderr is lost
         code = EXIT_FAILED
     sys.exit(code)
+
+
+def _http_address(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (an IPv6 address in brackets: RFC 3986)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _oip_line(address: str, http_infer: bool) -> str:
+    """The banner's line of a node's OIP v2 REST API at ``address`` (``host:port``), as ``up`` and ``cluster up``
+    print it (tests and scripts grep it)."""
+    return f"OIP v2 REST http://{address}/v2 (health, metadata, {'infer' if http_infer else 'infer off: --http-infer'})"
+
+
+def _open_inference_note(address: str) -> str:
+    """The note of ``--http-infer`` on an address other than loopback (``host:port`` ``address``)."""
+    return (f"inference over HTTP is open to whoever reaches {address}, without authentication (--http-infer); "
+            "--http-host 127.0.0.1 keeps it on this host (docs/http.md)")
 
 
 def _is_loopback(host: str) -> bool:

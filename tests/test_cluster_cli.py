@@ -65,7 +65,8 @@ def cluster_up(tmp_path):
     fh = open(log, "wb")
     metrics = _free_port_pair()  # A's; B's is the next
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
-                             "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics), "--audit"], stdout=fh,
+                             "--run-dir", str(run), "--prefix", "ibt", "--metrics-port", str(metrics), "--audit",
+                             "--http-infer"], stdout=fh,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         wait_serving(proc, log, timeout_s=90, poll_s=0.1)
@@ -207,6 +208,17 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
             urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10)
         assert (err.value.code, err.value.read()) == (
             503, b'{"error": "no ingress process of node %s is running"}' % region.lower().encode()), region
+        # --http-infer reaches the node: an infer is served (no actors here: no ingress answers it, 503/504 within
+        # its budget), not refused 403 (cluster up had no --http-infer before 2026-12-07)
+        banner = log.read_text()
+        assert f"OIP v2 REST http://127.0.0.1:{proc.metrics_port + k}/v2 (health, metadata, infer)" in banner, banner
+        request = urllib.request.Request(f"{base}/v2/models/digits/infer", data=b'{"inputs": []}', method="POST",
+                                         headers={"Content-Type": "application/json", "Inferbus-Timeout-Ms": "300"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=10)
+        assert err.value.code in (503, 504), (err.value.code, err.value.read())
+        assert err.value.headers["Inferbus-Error-Code"] in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err.value.headers
+    assert "note: inference over HTTP is open to whoever reaches 0.0.0.0:" in log.read_text()  # (every interface)
 
     st = _status(run)
     # A acquires the lease at start; on a starved box a late renewal can hand it to B before we look (the
@@ -324,7 +336,13 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
 
     With ``--log-format json`` (here, not in a cluster run of its own: a start costs 20-40 s): once stopped, every
     line of each region's ``node.log`` and its actors' logs is a JSON object (``ts``, ``level``, ``logger``,
-    ``actor``, ``msg``), and each worker's says it drained."""
+    ``actor``, ``msg``), and each worker's says it drained.
+
+    With ``--http-port P --http-host 127.0.0.1 --http-infer`` (same reason): each region's node serves OIP v2
+    inference over HTTP on its port (A on P, B on P + 1), the model's answer, and the banner says so; ``cluster
+    up`` had no ``--http-infer`` before 2026-12-07 (the HTTP infer was 403)."""
+    import http.client
+
     import asyncio
 
     import nats
@@ -338,10 +356,12 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
 
     models = models_subset(tmp_path / "models", ["digits"])  # the real model from models/, alone (a quicker start)
     run, log = tmp_path / "run", tmp_path / "up.log"
+    http_port = _free_port_pair()
     fh = open(log, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--ingress", "2",
                              "--workers", "1", "--models", str(models), "--run-dir", str(run), "--prefix", "ibi",
-                             "--log-format", "json"],
+                             "--log-format", "json", "--http-port", str(http_port), "--http-host", "127.0.0.1",
+                             "--http-infer"],
                             stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     want = {"a-i0", "a-i1", "b-i0", "b-i1"}
     x = np.random.default_rng(5).random((3, 64), dtype=np.float32)
@@ -379,6 +399,24 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
     try:
         wait_serving(proc, log, timeout_s=150, poll_s=0.1)
         asyncio.run(check())
+        banner = log.read_text()
+        for k in range(2):  # each region's node, over HTTP (one keep-alive connection, two requests)
+            assert f"OIP v2 REST http://127.0.0.1:{http_port + k}/v2 (health, metadata, infer)" in banner, banner
+            conn = http.client.HTTPConnection("127.0.0.1", http_port + k, timeout=10)
+            try:
+                for _ in range(2):
+                    conn.request("POST", "/v2/models/digits/infer", json.dumps(
+                        {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": list(x.shape),
+                                     "data": x.ravel().tolist()}]}), {"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    doc = json.loads(resp.read())
+                    assert resp.status == 200, (k, doc)
+                    out = {o["name"]: o for o in doc["outputs"]}["logits"]
+                    np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(out["shape"]), expected,
+                                               rtol=1e-4, atol=1e-5)
+            finally:
+                conn.close()
+        assert "note: inference over HTTP is open" not in banner  # (127.0.0.1: no note)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-2000:]
         logs = sorted((run / "nodes").glob("*/*.log"))
@@ -460,6 +498,11 @@ def test_chaos_run_unknown_drill():
     (("up", "--log-level", "loud"), "error: cluster up: --log-level must be one of debug, info, warning, error, got "
                                     "'loud'\n"),
     (("up", "--log-format", "yaml"), "error: cluster up: --log-format must be one of text, json, got 'yaml'\n"),
+    # (each was ignored without a word: no HTTP port to serve it on)
+    (("up", "--http-infer"), "error: cluster up: --http-infer serves inference on the regions' HTTP ports and needs "
+                             "--metrics-port; add it or leave --http-infer out\n"),
+    (("up", "--http-host", "127.0.0.1"), "error: cluster up: --http-host is the address of the regions' HTTP ports "
+                                         "and needs --metrics-port; add it or leave --http-host out\n"),
 ])
 def test_cluster_config_and_up_refuse_bad_values_in_one_line(tmp_path, args, said):
     """A fresh-user trial (2026-12-03): these ended in tracebacks, exit 1 (``--base-port 70000`` wrote configs

@@ -102,6 +102,12 @@ class ClusterSpec:
     metrics_port: int | None = None
     """Prometheus metrics of each region's node (its actors and its region manager: ``inferbus_region_*``), region
     ``k`` (in :attr:`regions` order) on ``metrics_port + k``; None = none (docs/observability.md)."""
+    metrics_host: str = "0.0.0.0"
+    """The address each region's node's HTTP port listens on (``NodeConfig.metrics_host``; ``0.0.0.0``: every
+    interface, ``127.0.0.1``: this host only)."""
+    http_infer: bool = False
+    """Serve OIP v2 inference on each region's node's HTTP port (``NodeConfig.http_infer``; docs/http.md); needs
+    :attr:`metrics_port` (ValueError)."""
 
     def __post_init__(self) -> None:
         names = list(self.regions) + [self.witness]
@@ -110,6 +116,8 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.metrics_port must be None (none) or in "
                              f"{interval(1, 65536 - len(self.regions))} (the first region's port, its "
                              f"{len(self.regions)} regions on consecutive ports), got {self.metrics_port!r}")
+        if self.http_infer and self.metrics_port is None:
+            raise ValueError("ClusterSpec.http_infer serves inference on the nodes' HTTP ports and needs metrics_port")
         if len(self.regions) < 2:
             raise ValueError("ClusterSpec.regions: at least two regions")
         if len(set(names)) != len(names):

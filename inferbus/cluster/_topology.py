@@ -167,6 +167,10 @@ class NodeProcessConfig:
     health_timeout_s: float = 5.0
     l2_lookup: bool = False
     metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    """``NodeConfig.metrics_host`` (``cluster up --http-host``)."""
+    http_infer: bool = False
+    """``NodeConfig.http_infer`` (``cluster up --http-infer``)."""
     log_level: str = "info"
     """``NodeConfig.log_level``: the node's and its actors' (``cluster up --log-level``)."""
     log_format: str = "text"
@@ -307,7 +311,8 @@ class Topology:
                                 models=list(sp.models), workers=sp.workers, ingress=sp.ingress, actors=sp.actors,
                                 run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
                                 health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
-                                metrics_port=self.metrics_port(region), log_level=self.log_level,
+                                metrics_port=self.metrics_port(region), metrics_host=sp.metrics_host,
+                                http_infer=sp.http_infer, log_level=self.log_level,
                                 log_format=self.log_format)
         # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
         cfg_path = d / "node.config.json"
