@@ -1270,8 +1270,9 @@ def up(
                                     help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
                                     "runs the models without NATS credentials (docs/http.md)."),
-    http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port waits on a connection that sends "
-                                              "nothing before it closes it (a half-sent body is answered 408), in "
+    http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port keeps a connection without a "
+                                              "byte in or out before it closes it (a kept-alive one between requests; "
+                                              "a half-sent body is answered 408), in "
                                               f"{interval(0, 3600, lo_open=True)}; needs --metrics-port."),
     http_max_connections: int = typer.Option(100, help="Open connections at most on the HTTP port, and threads "
                                              "running their requests, in "

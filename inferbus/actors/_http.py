@@ -167,8 +167,11 @@ class HttpServer:
         Raises:
             OSError: the address cannot be bound (port in use, no such address or name).
         """
+        # its first address, as prometheus-client's server chose (waitress would listen on each, and say a name it
+        # cannot resolve with a ValueError)
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][4][0]
         socket_map: dict = {}
-        adj = Adjustments(host=host, port=port, threads=max_connections,
+        adj = Adjustments(host=address, port=port, threads=max_connections,
                           # waitress counts its listening socket and its wake-up pipe among the connections
                           connection_limit=max_connections + 2,
                           channel_timeout=idle_timeout_s, cleanup_interval=CLEANUP_INTERVAL_S,

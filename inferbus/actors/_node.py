@@ -211,9 +211,10 @@ class NodeConfig:
     ``--http-infer``). Off by default: the HTTP port has no authentication, so whoever reaches it could run the
     models without the NATS credentials a bus client needs; health, metadata and metrics are served either way."""
     http_idle_timeout_s: float = 30.0
-    """How long the HTTP server on ``metrics_port`` waits on a connection's socket (a request's line, headers and
-    body; the answer's sending) before it closes it, seconds, in (0, 3600]: a client that stops sending frees its
-    thread, and one that sent part of a body is answered 408. The wait for an inference's answer does not count."""
+    """How long the HTTP server on ``metrics_port`` keeps a connection without a byte in or out and no request being
+    served (a kept-alive one between requests, or a request's line, headers or body not coming) before it closes it,
+    seconds, in (0, 3600]; one that sent part of a body is answered 408 first. The wait for an inference's answer does
+    not count (:mod:`inferbus.actors._http`)."""
     http_max_connections: int = 100
     """Open connections at most on ``metrics_port``, and so threads running their requests, in
     [1, :data:`~inferbus._limits.MAX_HTTP_CONNECTIONS`] (1,000): past it the server stops accepting and the next
