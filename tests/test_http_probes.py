@@ -164,10 +164,11 @@ def test_ready_turns_503_while_the_workers_are_frozen_and_200_again_after(node):
     try:
         _, headers, body = wait_status(node, "/v2/health/ready", 503)
         assert headers["content-type"] == "application/json"
+        assert headers["inferbus-error-code"] == "UNAVAILABLE"  # (as the infer paths' 503; none before 2026-12-07)
         assert json.loads(body)["error"] == ("no ingress of node n1 is ready: n1-i0: not ready (model versions with a "
                                              "live worker: none; live workers: 0)"), body
-        status, _, body = ask(node, "/v2/models/digits/ready")
-        assert status == 503, body
+        status, headers, body = ask(node, "/v2/models/digits/ready")
+        assert (status, headers["inferbus-error-code"]) == (503, "UNAVAILABLE"), body
         assert "model 'digits' (its default version) is not ready at n1-i0" in json.loads(body)["error"]
         assert ask(node, "/v2/models/no_such_model/ready")[0] == 404  # unknown is still unknown, not "not ready"
         assert ask(node, "/v2/health/live")[:3:2] == (200, b"")
