@@ -1,8 +1,9 @@
 """The node's HTTP server itself (``inferbus/actors/_http.py``, waitress), against a real node (``inferbus up
 --http-port 0 --http-infer --http-max-connections 2 --http-idle-timeout-s 2``, 1 ingress, 1 worker): HTTP/1.1
 keep-alive (several infers and health calls on one TCP connection), pipelined requests answered in order, the
-connection bound (a third connection waits until one of the two closes), a request line or headers too long
-answered as JSON with ``Inferbus-Error-Code``, and the code on every error answer of the ready and metadata paths.
+connection bound (a third connection waits until one of the two closes), ``Expect: 100-continue`` answered, a
+request line or headers too long answered as JSON with ``Inferbus-Error-Code``, and the code on every error answer of
+the ready and metadata paths.
 Each failed on the node's server before 2026-12-07 (wsgiref: HTTP/1.0, a connection per request, no bound,
 http.server's HTML error pages, no code on the probes' 4xx)."""
 
@@ -159,3 +160,18 @@ def test_every_error_of_the_ready_and_metadata_paths_has_the_code(node, method, 
         assert (resp.status, resp.getheader("Inferbus-Error-Code")) == (status, code), resp.getheaders()
     finally:
         conn.close()
+
+
+def test_expect_100_continue_is_answered_before_the_body(node, body):
+    """curl sends ``Expect: 100-continue`` before a body over 1 KiB and waits a second for ``100 Continue``; until
+    2026-12-07 the server never sent it (docs/http.md told curl users to add ``-H 'Expect:'``)."""
+    host, port = node.http
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.settimeout(0.9)
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.settimeout(10)
+        s.sendall(body)
+        got = read_answer(s)
+    assert got.startswith(b"HTTP/1.1 200 "), got[:300]

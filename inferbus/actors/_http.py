@@ -1,6 +1,7 @@
 """The node's HTTP server (``inferbus up --http-port``, alias ``--metrics-port``; docs/http.md): waitress, a
 pure-Python WSGI server, serving the node's WSGI app (:func:`inferbus.actors._probes.node_app`: the OIP v2 REST API
-and ``/metrics``) on a thread of its own.
+and ``/metrics``) on threads of its own: one reads and writes every connection (waitress's loop), a fixed pool runs
+the requests.
 
 What it gives a Triton or KServe client, and a load balancer, that the standard library's ``wsgiref`` (HTTP/1.0, a
 connection per request, a thread per connection, no bound) did not:
@@ -26,7 +27,8 @@ Source: waitress (https://docs.pylonsproject.org/projects/waitress/), its docume
 ``connection_limit``, ``channel_timeout``, ``cleanup_interval``, ``max_request_header_size``,
 ``max_request_body_size``, ``backlog``, ``asyncore_use_poll``) and three class hooks of its server and channel
 (``channel_class``, ``parser_class``, ``error_task_class``) and its ``maintenance`` step, pinned to ``waitress>=3,<4``
-in pyproject.toml; tests/test_http_server.py checks each behaviour above against a real node.
+in pyproject.toml. tests/test_http_server.py and tests/test_http_infer.py check these against a real node, all but
+the 128 MiB body bound.
 """
 
 from __future__ import annotations
