@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 RUNS=${RUNS:-1 2} OUT=$OUT bash bench/results/h200-16c-session44/device_call.sh
-if [ -n "${GPU:-1}" ]; then
+if [ -n "${GPU-1}" ]; then
   if [ -n "${DEMO:-}" ]; then OUT=$OUT bash bench/results/session47/gpu_call.sh
   else NO_DEMO=1 OUT=$OUT bash bench/results/session47/gpu_call.sh; fi
 fi
