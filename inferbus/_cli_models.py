@@ -12,7 +12,8 @@ Each takes the version either way, as the second argument or as ``--version V`` 
 its budget as ``--timeout-s S`` after the subcommand (default 60 s; ``--timeout`` is the older name).
 
 ``--nats-url`` and ``--prefix`` may come before the subcommand (``inferbus models --nats-url URL default
-digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` (docs/models.md);
+digits 2``) or after it; given after, they win. Writes go to ``<p>.models.<model>.<op>`` at the ingress that answers
+``<p>.ingresses`` first, so a hung one costs nothing (:func:`inferbus.model_admin.model_control`; docs/models.md);
 a refused write prints its typed error on one line and exits 2 (1 for UNAVAILABLE or DEADLINE_EXCEEDED: the
 deployment could not do it, e.g. no ingress answering or a rival write won); unreachable NATS prints one line naming
 the URL and exits 3.

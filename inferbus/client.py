@@ -60,17 +60,18 @@ def _tally(sent: int, met: Mapping[str, int] | None, count_one: bool = False) ->
 
 def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
                met: Mapping[str, int] | None = None, disconnected: bool = False,
-               count_one: bool = False) -> DeadlineExceeded:
+               count_one: bool = False, at: str | None = None) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
     <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`); when nothing
     was sent, ``nothing was sent within the budget of <budget> ms (...)``. ``disconnected``: the client's connection was down when the budget ran
     out (said, so that a user does not look for a slow server). ``count_one``: tally a single attempt too
-    (``last_err`` is not that attempt's)."""
+    (``last_err`` is not that attempt's). ``at``: the id of the one ingress the client sent the last attempt to (``no
+    answer from ingress <at> within ...``), None when it went through the queue group or to the caller's subject."""
     tally = _tally(sent, met, count_one)
     detail = ([tally] if tally else []) + ([f"{which}: {last_err}"] if last_err else [])
     # with nothing sent there was no answer to wait for (a fresh-user trial read "no answer within 1e-06 ms; nothing
     # was sent" as a contradiction)
-    head = (f"no answer within {_fmt_ms(timeout_s * 1000)} ms" if sent
+    head = (f"no answer{f' from ingress {at}' if at else ''} within {_fmt_ms(timeout_s * 1000)} ms" if sent
             else f"nothing was sent within the budget of {_fmt_ms(timeout_s * 1000)} ms")
     return DeadlineExceeded(head + (f" ({'; '.join(detail)})" if detail else "")
                             + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
@@ -87,6 +88,12 @@ def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note
         return last_err
     return type(last_err)(f"{last_err.message} ({detail})", field=last_err.field,
                           retry_after_ms=last_err.retry_after_ms)
+
+
+def _ingress_token(ingress_id: str | None) -> bool:
+    """Whether ``ingress_id`` (an answer to ``<p>.ingresses``) can be one subject token: not empty, no ``.``, ``*``,
+    ``>`` or whitespace (an answer that cannot name an ingress's own subject is not used)."""
+    return bool(ingress_id) and not any(c in _NOT_IN_A_TOKEN or c.isspace() for c in ingress_id)
 
 
 def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseException, try_s: float) -> str:
@@ -717,11 +724,16 @@ class Client:
 
     async def request(self, subject: str, body: bytes, *, timeout_s: float, request_id: str | None = None,
                       content_type: str | None = None, headers: dict | None = None,
-                      started_at: float | None = None) -> tuple[bytes, str | None]:
+                      started_at: float | None = None, at_ingress: str | None = None) -> tuple[bytes, str | None]:
         """Send one encoded request with budget, idempotency id and UNAVAILABLE retries.
 
         ``timeout_s`` counts from ``started_at`` (``time.monotonic()`` seconds; None = now), so a caller
         can charge its own encoding to the budget; the ingress gets what is left as ``Inferbus-Timeout-Ms``.
+        ``at_ingress``: the id of a live ingress (one that answered ``<p>.ingresses``) that the first attempt goes to,
+        on its own subject (:meth:`Subjects.at_ingress`; ignored for a subject that has none), instead of the queue
+        group, which may hand it to a hung member (a model-management write asks first:
+        :func:`inferbus.model_admin.model_control`); later attempts follow the rule of the class docstring. A "no
+        responders" there (that ingress is gone) sends the next attempt through the queue group at once.
 
         Returns:
             ``(response body, response content type)``.
@@ -789,7 +801,8 @@ class Client:
             else:
                 await slots.acquire()
         try:
-            return await self._attempts(subject, body, hdrs, deadline, timeout_s, request_id)
+            first_at = self.subjects.at_ingress(subject, at_ingress) if _ingress_token(at_ingress) else None
+            return await self._attempts(subject, body, hdrs, deadline, timeout_s, request_id, first_at)
         except DeadlineExceeded as err:
             if waited_ms >= 1.0:  # say where the budget went: queued in this client, not only at the server
                 raise DeadlineExceeded(f"{err.message} ({_fmt_ms(waited_ms)} ms of it waiting for one of this "
@@ -800,8 +813,9 @@ class Client:
                 slots.release()
 
     async def _attempts(self, subject: str, body: bytes, hdrs: dict, deadline: float, timeout_s: float,
-                        request_id: str | None) -> tuple[bytes, str | None]:
-        """The attempt loop of :meth:`request` (retries, attempt timeouts), holding one request slot."""
+                        request_id: str | None, first_at: str | None = None) -> tuple[bytes, str | None]:
+        """The attempt loop of :meth:`request` (retries, attempt timeouts), holding one request slot; the first
+        attempt goes to ``first_at`` (a subject of one ingress) when given."""
         last_err: Exception | None = None
         attempt = 0
         sent = 0
@@ -811,7 +825,7 @@ class Client:
         no_responders_ms = 0.0  # the slowest "no responders" reply seen (ms)
         buffer_full = False  # the last try found the reconnect buffer full (nothing sent)
         exhausted = 0  # RESOURCE_EXHAUSTED replies retried (retry_resource_exhausted)
-        at_ingress = None  # the next attempt's subject when it goes to one ingress (after an attempt timed out)
+        at_ingress = first_at  # the next attempt's subject when it goes to one ingress (after an attempt timed out)
         while True:
             target, at_ingress = at_ingress or subject, None
             left_ms = H.remaining_ms(deadline)
@@ -867,6 +881,7 @@ class Client:
                 no_responders_ms = max(no_responders_ms, (time.monotonic() - t_sent) * 1000.0)
                 if target != subject:
                     last_err = Unavailable(f"no responders on {target}: the ingress that answered the probe is gone")
+                    continue  # not a refusal: the next attempt goes through the queue group, at once
                 else:  # a subject of one ingress (health --ingress ID, a hand-built one) names the id nobody has
                     at = self.subjects.ingress_of(subject)
                     last_err = Unavailable(f"no responders on {subject}: no ingress "
@@ -894,13 +909,15 @@ class Client:
                         # said DEADLINE_EXCEEDED instead of UNAVAILABLE)
                         raise _with_tally(last_err, sent, met, f"the last, with {wait_ms:.0f} ms of the "
                                                                        f"budget left, had no reply in time") from None
-                    raise _no_answer(timeout_s, sent, last_err, "before the last", met,
-                                     not self.nc.is_connected) from None
+                    raise _no_answer(timeout_s, sent, last_err, "before the last", met, not self.nc.is_connected,
+                                     at=self.subjects.ingress_of(target) if target != subject else None) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
                 self.attempt_timeouts += 1
                 met["while disconnected" if down else "timed out"] += 1
-                last_err = DeadlineExceeded(f"attempt {sent} had no answer within {wait_ms:.0f} ms"
+                at = self.subjects.ingress_of(target) if target != subject else None  # (the caller's own: known)
+                last_err = DeadlineExceeded(f"attempt {sent}{f' (at ingress {at})' if at else ''} had no answer "
+                                            f"within {wait_ms:.0f} ms"
                                             + (" (this client was not connected to NATS then)"
                                                if down and self.nc.is_connected else ""))
                 attempt_ms = attempt_ms * 2 if attempt_ms is not None else None
@@ -978,7 +995,7 @@ class Client:
         except Exception:  # no answer in time, a lost connection: the queue group it is
             return None
         ingress_id = msg.data.decode(errors="replace")
-        if not ingress_id or any(c in _NOT_IN_A_TOKEN or c.isspace() for c in ingress_id):
+        if not _ingress_token(ingress_id):
             return None
         self.retries_at_ingress += 1
         return self.subjects.at_ingress(subject, ingress_id)

@@ -10,6 +10,7 @@ within seconds, and it comes back by itself (nats-py reconnects) when the proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -361,3 +362,106 @@ async def test_a_frozen_ingress_does_not_run_the_attempts_its_clients_gave_up_on
         if victim is not None:
             os.kill(victim, signal.SIGCONT)
         await asyncio.to_thread(dep2.stop)
+
+
+# ------------------------------------------------------------------ model-management writes at a hung ingress
+
+
+@contextlib.asynccontextmanager
+async def frozen(client: Client, n: int):
+    """The first ``n`` of the 2 ingresses (by pid) SIGSTOPped for the block, which gets their pids; then resumed,
+    and the block's exit waits until both answer again (the next test needs them)."""
+    victims = sorted(await ingress_pids(client))[:n]
+    for pid in victims:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield victims
+    finally:
+        for pid in victims:
+            os.kill(pid, signal.SIGCONT)
+    await ingress_pids(client, 2, timeout_s=20)
+
+
+async def test_a_model_write_with_one_of_two_ingresses_hung_is_answered_at_once_by_the_live_one(dep):
+    """A fresh-user trial: ``inferbus models default`` with one of 2 ingresses SIGSTOPped took half its budget (3.5 s
+    of a 6 s one) whenever the queue group handed the write to the hung one: its first attempt's timeout, then the
+    retry at the ingress that answered the probe. A write now asks ``<p>.ingresses`` first and goes to the ingress
+    that answers: 8 writes (6 s budgets) within the window in which the queue group still hands the hung one requests
+    (4-6 s) are each answered within 1 s, and so is the CLI's (its start-up aside). Through the queue group all 8
+    avoided the hung one 1 time in 256."""
+    from inferbus.model_admin import model_control
+
+    client = await Client.connect(dep.nats_url, "hng")
+    async with frozen(client, 1):
+        took = []
+        for _ in range(8):
+            t0 = time.monotonic()
+            reply = await model_control(client, "default", "typed", "1", timeout_s=6.0)
+            took.append(time.monotonic() - t0)
+            assert reply.default_version == "1"
+        assert max(took) < 1.0, took
+        t0 = time.monotonic()
+        cli = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "inferbus.cli", "models", "default", "typed", "1", "--timeout-s",
+                             "6", "--nats-url", dep.nats_url, "--prefix", "hng"],
+            capture_output=True, text=True, timeout=30)
+        cli_s = time.monotonic() - t0
+        assert cli.returncode == 0 and "default typed version 1" in cli.stdout, cli
+        assert cli_s < 3.0, (cli_s, cli.stdout)  # (half the budget is 3 s; a start-up of the CLI is ~0.5-1 s)
+    await client.close()
+
+
+async def test_a_model_write_with_every_ingress_hung_names_each_one(dep):
+    """Both ingresses SIGSTOPped: nothing can answer, so the write takes its budget (1.5 s), and its error names
+    each ingress that its node lists but that did not answer the roll call, with its pid (it said only "no answer
+    within 1500 ms (2 attempts: 2 timed out ...)")."""
+    from inferbus.model_admin import model_control
+
+    client = await Client.connect(dep.nats_url, "hng")
+    async with frozen(client, 2) as victims:
+        t0 = time.monotonic()
+        with pytest.raises((DeadlineExceeded, Unavailable)) as ei:  # (Unavailable: the server dropped both first)
+            await model_control(client, "default", "typed", "1", timeout_s=1.5)
+        took_s = time.monotonic() - t0
+        msg = ei.value.message
+        assert all(f"(pid {pid}, node " in msg for pid in victims), msg
+        assert "did not answer hng.ingresses: hung" in msg, msg
+        assert 1.4 < took_s < 2.5 or isinstance(ei.value, Unavailable), (took_s, msg)
+    await client.close()
+
+
+async def test_a_write_sent_to_an_ingress_that_is_gone_or_silent_fails_over_to_a_live_one(dep):
+    """The failover a write keeps, with the ingress it was sent to (``at_ingress``, the roll call's first answer)
+    played by the test on the real server: one nobody subscribes any more ("no responders": gone between the roll
+    call and the write) is replaced by the queue group at once, even by the model-management client that retries no
+    UNAVAILABLE; one that takes the write and never answers (a process that died holding it) costs the first
+    attempt's timeout, half the budget, then the retry goes to the ingress that answers ``<p>.ingresses``. And with
+    no ingress at all on a prefix the write is UNAVAILABLE at once."""
+    from inferbus.bus import Subjects
+    from inferbus.model_admin import model_control
+    from inferbus.schemas import ModelControlReply, ModelControlRequest, decode, encode
+
+    client = await Client.connect(dep.nats_url, "hng")
+    try:
+        await ingress_pids(client)
+        strict = Client(client.nc, "hng", retry_unavailable=False)
+        subject = Subjects("hng").model_control("typed", "default")
+        body = encode(ModelControlRequest(version="1"))
+        t0 = time.monotonic()
+        resp, ct = await strict.request(subject, body, timeout_s=4.0, at_ingress="ghost")
+        assert decode(resp, ModelControlReply, ct).default_version == "1"
+        assert time.monotonic() - t0 < 1.0
+        held = await client.nc.subscribe(Subjects("hng").at_ingress(subject, "zombie"))  # takes it, answers never
+        t0 = time.monotonic()
+        resp, ct = await strict.request(subject, body, timeout_s=2.0, at_ingress="zombie")
+        took_s = time.monotonic() - t0
+        assert decode(resp, ModelControlReply, ct).default_version == "1"
+        assert 0.9 < took_s < 1.6, took_s  # the attempt timeout (1 s), then a live ingress at once
+        assert (await held.next_msg(timeout=1)).subject.startswith("hng.ingresses.zombie.")
+        await held.unsubscribe()
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="no ingress is serving"):
+            await model_control(Client(client.nc, "nobody"), "default", "typed", "1", timeout_s=6.0)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        await client.close()
