@@ -12,7 +12,8 @@ alive. What is known is said at once: with no ingress subscribed, the roll call'
 through the queue group at once, whose own "no responders" is UNAVAILABLE at once ("no ingress is serving"); an
 ingress that answered the roll call but is gone when the write reaches it ("no responders" there) gives its place to
 the queue group at once. Without any answer to the roll call within ``ROLL_CALL_WAIT_S`` (every ingress
-hung, or too loaded to answer) the write goes through the queue group, as before. The failover stays: a write with no
+hung, or too loaded to answer), or with a budget under ``ROLL_CALL_MIN_BUDGET_S``, the write goes through the queue
+group, as before. The failover stays: a write with no
 answer after half its budget is sent once more (the SDK's attempt timeout, same request id) to the ingress that
 answers the roll call then, so that an ingress that died holding it costs half the budget, not all of it. A write
 whose budget runs out names the ingress it was last sent to and each ingress that its node lists but that never
@@ -32,6 +33,10 @@ from .schemas import (MODEL_OPS, DeadlineExceeded, InvalidArgument, ModelControl
 ROLL_CALL_WAIT_S = 0.25
 """How long a write waits for the first ingress to answer ``<p>.ingresses`` (a quarter of its budget at most) before
 it goes through the queue group instead; a live ingress answers in about a bus round trip."""
+
+ROLL_CALL_MIN_BUDGET_S = 0.05
+"""A write with a smaller budget skips the roll call and goes through the queue group at once: a quarter of it would
+not fit a round trip on a busy host, and what was left could be spent before the write is sent (nothing sent)."""
 
 
 async def model_control(client, op: str, model: str, version: str | None = None, *,
@@ -60,9 +65,9 @@ async def model_control(client, op: str, model: str, version: str | None = None,
         DeadlineExceeded: no answer within ``timeout_s``; the message says that the operation may still have
             been applied (a slow load keeps going on the workers), the ingress the last attempt went to, and each
             ingress a node lists that never answered the roll call (hung).
+        Internal: no worker could load the version (its reason in the message).
 
     Cancellation: the roll call's subscriptions are ended; a write already sent may still be applied.
-        Internal: no worker could load the version (its reason in the message).
     """
     if op not in MODEL_OPS:
         raise InvalidArgument(f"unknown model operation {op!r}; operations: {', '.join(MODEL_OPS)}", field="op")
@@ -73,7 +78,7 @@ async def model_control(client, op: str, model: str, version: str | None = None,
     strict = Client(client.nc, client.subjects.prefix, retry_unavailable=False)
     body = encode(ModelControlRequest(version=version))
     t0 = time.monotonic()
-    roll = await _RollCall.start(client.nc, strict.subjects)
+    roll = await _RollCall.start(client.nc, strict.subjects if timeout_s >= ROLL_CALL_MIN_BUDGET_S else None)
     try:
         first = await roll.first_ingress(min(ROLL_CALL_WAIT_S, timeout_s / 4))
         resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s,
@@ -87,7 +92,7 @@ async def model_control(client, op: str, model: str, version: str | None = None,
         if not roll.no_ingress:  # a refusal (a standby region), or an ingress that answered then went: as it is
             raise
         # no ingress subscribed ("no responders" to both): one its node lists is hung, dropped by the server (the
-        # embedded one drops a silent connection after ~2 s), or restarting; the nodes answer within a round trip
+        # embedded one drops a silent connection after 4-6 s), or restarting; the nodes answer within a round trip
         await roll.trees_heard(min(ROLL_CALL_WAIT_S, max(t0 + timeout_s - time.monotonic(), 0.0)))
         hung = roll.silent_ingresses()
         if not hung:
@@ -115,8 +120,12 @@ class _RollCall:
 
     @classmethod
     async def start(cls, nc, subjects) -> "_RollCall":
-        """Subscribe two inboxes and publish both questions (nothing waits for an answer here)."""
-        self = cls(nc, subjects.ingresses)
+        """Subscribe two inboxes and publish both questions (nothing waits for an answer here); ``subjects`` None:
+        ask nothing (a roll call that hears no one: :meth:`first_ingress` None at once, nobody named)."""
+        self = cls(nc, subjects.ingresses if subjects is not None else "")
+        if subjects is None:
+            self._heard.set()
+            return self
 
         async def on_ingress(msg) -> None:
             if (msg.headers or {}).get("Status") == "503":
