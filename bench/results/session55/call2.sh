@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-L="--concurrency 1,8,32,64 --seconds 4"
+L="--concurrency 1,8,32,64 --seconds 3"
 { date -u; nproc
   RUN=/tmp/hl-a LOADARGS="$L" JSON=$OUT/http-default.json timeout 150 bash bench/results/session55/http_load.sh
   date -u
