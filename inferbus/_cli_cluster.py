@@ -38,7 +38,8 @@ def _regions(command: str, n: int) -> tuple[str, ...]:
 
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
           proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1,
-          audit: bool = False, metrics_host: str = "0.0.0.0", http_infer: bool = False):
+          audit: bool = False, metrics_host: str = "0.0.0.0", http_infer: bool = False,
+          http_model_control: bool = False):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -64,7 +65,8 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
                            prefix=prefix,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
                            witness_servers=witness_servers, metrics_port=metrics_port, audit=audit,
-                           metrics_host=metrics_host, http_infer=http_infer)
+                           metrics_host=metrics_host, http_infer=http_infer,
+                           http_model_control=http_model_control)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:  # (ClusterSpec.base_port is Plan.make's: the option's name)
@@ -107,6 +109,11 @@ def up(
                                     help="Answer POST /v2/models/<name>/infer on each region's HTTP port, as up's "
                                     "--http-infer (needs --metrics-port; off: 403). The port has no authentication: "
                                     "whoever reaches it runs the models without NATS credentials (docs/http.md)."),
+    http_model_control: bool = typer.Option(False, "--http-model-control/--no-http-model-control",
+                                            help="Answer POST /v2/repository/models/<name>/load and .../unload on "
+                                            "each region's HTTP port, as up's --http-model-control (needs "
+                                            "--metrics-port; off: 403; a standby region's answer 503 naming the "
+                                            "primary). The port has no authentication (docs/http.md)."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
     log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
@@ -134,16 +141,17 @@ def up(
 
         _usage(f"cluster up: --metrics-port must be in {interval(1, 65536 - regions)} (region A's port, its {regions} "
                f"regions on consecutive ports), got {metrics_port}")
-    if metrics_port is None and (http_infer or metrics_host != "0.0.0.0"):  # (ignored without a word otherwise)
+    if metrics_port is None and (http_infer or http_model_control or metrics_host != "0.0.0.0"):  # (else ignored)
         from .cli import _typed_name, _usage
 
         port_flag, host_flag = (_typed_name(f"--http-{o}", f"--metrics-{o}") for o in ("port", "host"))
-        option = "--http-infer" if http_infer else host_flag
-        what = "serves inference on" if http_infer else "is the address of"
+        option = "--http-infer" if http_infer else "--http-model-control" if http_model_control else host_flag
+        what = ("serves inference on" if http_infer else "serves model load and unload on" if http_model_control
+                else "is the address of")
         _usage(f"cluster up: {option} {what} the regions' HTTP ports and needs {port_flag}; add it or leave "
                f"{option} out")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
-                 ingress, audit, metrics_host, http_infer)
+                 ingress, audit, metrics_host, http_infer, http_model_control)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")
@@ -222,11 +230,12 @@ def up(
                                             spec.metrics_host, topo.metrics_port(site))
                     metrics = f"http://{address}/metrics"
                     say(f"      metrics {metrics}", "      metrics", [metrics], 10)
-                    oip = _oip_line(address, spec.http_infer)
+                    oip = _oip_line(address, spec.http_infer, spec.http_model_control)
                     say(f"      {oip}", "      OIP v2 REST", oip.split()[3:], 10)
-                    if spec.http_infer and not _is_loopback(spec.metrics_host):
+                    if (spec.http_infer or spec.http_model_control) and not _is_loopback(spec.metrics_host):
                         where = _http_address(spec.metrics_host, topo.metrics_port(site))
-                        typer.echo(f"note: {_open_inference_note(where)}", err=True)
+                        typer.echo(f"note: {_open_inference_note(where, spec.http_infer, spec.http_model_control)}",
+                                   err=True)
             # the clients' URLs stay on one line, however narrow the terminal: the list a user copies into
             # --nats-url (the terminal folds a line too long for it, and a copy of it is still the one line)
             typer.echo(f"  clients: {','.join(topo.client_urls(spec.regions[0]))}")

@@ -1263,13 +1263,21 @@ def up(
                                                help="Serve this node's HTTP on this port: Prometheus metrics (path "
                                                "/metrics) and the OIP v2 REST API (KServe/Triton): health "
                                                "/v2/health/live, /v2/health/ready, /v2/models/<name>/ready; metadata "
-                                               "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; the model paths "
+                                               "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; statistics "
+                                               "/v2/models[/<name>]/stats; POST /v2/repository/index, "
+                                               "/v2/repository/models/<name>/load|unload; the model paths "
                                                "per version too; address --metrics-host (0 = any free port; default "
                                                f"off), in {interval(0, 65535)} (docs/http.md)."),
     http_infer: bool = typer.Option(False, "--http-infer/--no-http-infer",
                                     help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
                                     "runs the models without NATS credentials (docs/http.md)."),
+    http_model_control: bool = typer.Option(False, "--http-model-control/--no-http-model-control",
+                                            help="Answer POST /v2/repository/models/<name>/load and .../unload on "
+                                            "the HTTP port (Triton's model repository extension, as its "
+                                            "--model-control-mode=explicit; needs --metrics-port; off: 403). They "
+                                            "change what every node on the NATS serves, and the port has no "
+                                            "authentication (docs/http.md)."),
     http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port keeps a connection without a "
                                               "byte in or out before it closes it (a kept-alive one between requests; "
                                               "a half-sent body is answered 408), in "
@@ -1415,6 +1423,9 @@ def up(
     if http_infer and metrics_port is None:
         _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
                "add it or leave --http-infer out")
+    if http_model_control and metrics_port is None:
+        _usage("up: --http-model-control serves model load and unload on the HTTP port and needs --metrics-port "
+               "(alias --http-port); add it or leave --http-model-control out")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         _usage(f"up: {port_flag} must be in [0, 65535] (0 = any free port), got {metrics_port}")
     _check_tracing(trace_otlp_endpoint, trace_ratio, given("trace_ratio"))
@@ -1502,7 +1513,7 @@ def up(
                          run_dir=str(run_dir) if run_dir else None,
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer,
-                         http_idle_timeout_s=http_idle_timeout_s, http_max_connections=http_max_connections,
+                         http_model_control=http_model_control, http_idle_timeout_s=http_idle_timeout_s, http_max_connections=http_max_connections,
                          audit=audit,
                          log_level=log_level, log_format=log_format,
                          trace_otlp_endpoint=trace_otlp_endpoint, trace_ratio=trace_ratio, **serving)
@@ -1749,9 +1760,9 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
         if node.metrics is not None:
             address = _http_address(cfg.metrics_host, node.metrics.port)
             console.print(f"  metrics http://{address}/metrics", soft_wrap=True)
-            console.print(f"  {_oip_line(address, cfg.http_infer)}", soft_wrap=True)
-            if cfg.http_infer and not _is_loopback(cfg.metrics_host):
-                err_console.print(f"[yellow]note[/]: {_open_inference_note(address)}")
+            console.print(f"  {_oip_line(address, cfg.http_infer, cfg.http_model_control)}", soft_wrap=True)
+            if (cfg.http_infer or cfg.http_model_control) and not _is_loopback(cfg.metrics_host):
+                err_console.print(f"[yellow]note[/]: {_open_inference_note(address, cfg.http_infer, cfg.http_model_control)}")
         if cfg.busy_poll_us:
             polling = sum(1 for c in node.supervisor.which_children()
                           if c.id.split(":")[0] in ("worker", "ingress", "colocated"))
@@ -2607,15 +2618,22 @@ def _http_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _oip_line(address: str, http_infer: bool) -> str:
+def _oip_line(address: str, http_infer: bool, http_model_control: bool = False) -> str:
     """The banner's line of a node's OIP v2 REST API at ``address`` (``host:port``), as ``up`` and ``cluster up``
     print it (tests and scripts grep it)."""
-    return f"OIP v2 REST http://{address}/v2 (health, metadata, {'infer' if http_infer else 'infer off: --http-infer'})"
+    infer = "infer" if http_infer else "infer off: --http-infer"
+    control = "model control" if http_model_control else "model control off: --http-model-control"
+    return f"OIP v2 REST http://{address}/v2 (health, metadata, statistics, {infer}, {control})"
 
 
-def _open_inference_note(address: str) -> str:
-    """The note of ``--http-infer`` on an address other than loopback (``host:port`` ``address``)."""
-    return (f"inference over HTTP is open to whoever reaches {address}, without authentication (--http-infer); "
+def _open_inference_note(address: str, http_infer: bool = True, http_model_control: bool = False) -> str:
+    """The note of ``--http-infer`` or ``--http-model-control`` on an address other than loopback (``host:port``
+    ``address``)."""
+    what = " and ".join([*(["inference"] if http_infer else []), *(["model load/unload"] if http_model_control
+                                                                   else [])])
+    flags = ", ".join([*(["--http-infer"] if http_infer else []), *(["--http-model-control"] if http_model_control
+                                                                    else [])])
+    return (f"{what} over HTTP is open to whoever reaches {address}, without authentication ({flags}); "
             "--http-host 127.0.0.1 keeps it on this host (docs/http.md)")
 
 

@@ -218,3 +218,35 @@ def test_inference_over_http_is_off_without_http_infer_and_says_how_to_turn_it_o
     status, _, body = ask(node, "/v2/models/digits")
     assert status == 200 and json.loads(body)["name"] == "digits"
     assert b"infer off: --http-infer" in node.log.read_bytes()
+
+
+def test_model_load_and_unload_over_http_are_off_without_http_model_control(node):
+    """Triton's model repository writes change what every node on the NATS serves, and the port has no
+    authentication: without ``--http-model-control`` a load or unload is 403 PERMISSION_DENIED naming the flag, and
+    nothing changes; the index and the statistics (reads) are served; the ``up`` line says model control is off.
+    (Before 2026-12-07 these paths were 404: the extensions were not served over HTTP.)"""
+    host, port = node.http_address.rsplit(":", 1)
+    for op in ("load", "unload"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("POST", f"/v2/repository/models/digits/{op}", body=b"{}",
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            status, headers, body = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+        assert status == 403 and headers["inferbus-error-code"] == "PERMISSION_DENIED", (op, status, body)
+        assert "--http-model-control" in json.loads(body)["error"], body
+    status, _, body = ask(node, "/v2/models/digits")
+    assert status == 200 and json.loads(body)["versions"] == ["1", "2"], body
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", "/v2/repository/index", body=b"")
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 200 and {"name": "digits", "version": "2", "state": "READY", "reason": ""} in json.loads(body)
+    status, _, body = ask(node, "/v2/models/digits/stats")
+    assert status == 200 and [s["version"] for s in json.loads(body)["model_stats"]] == ["1", "2"], body
+    assert b"model control off: --http-model-control" in node.log.read_bytes()

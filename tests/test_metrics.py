@@ -512,6 +512,9 @@ def test_metrics_options_refused_before_anything_starts():
     assert r.returncode == 2 and "--http-host is the HTTP endpoint's address and needs --http-port" in r.stderr, r.stderr
     r = _up("--http-infer")
     assert r.returncode == 2 and "--http-infer" in r.stderr and "needs --metrics-port" in r.stderr, r.stderr
+    r = _up("--http-model-control")
+    assert r.returncode == 2 and "--http-model-control serves model load and unload on the HTTP port and needs " \
+        "--metrics-port" in r.stderr, r.stderr
 
 
 def test_answers_of_other_nodes_and_prefixes_are_ignored():

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Mapping
 
-HTTP_EXTENSIONS = ("binary_tensor_data",)
-"""The OIP v2 extensions served over HTTP, as ``GET /v2`` lists them (the ingress's ``model_repository`` is its NATS
-model-management writes, not served over HTTP)."""
+HTTP_EXTENSIONS = ("binary_tensor_data", "statistics", "model_repository")
+"""The OIP v2 extensions served over HTTP, as ``GET /v2`` lists them (:mod:`inferbus.actors._httpext`: statistics,
+and the model repository's index, load and unload, the latter two only with ``--http-model-control``)."""
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 """The binary tensor extension's header: the byte length of the JSON part at the start of the body."""
@@ -141,6 +141,9 @@ class NodeGateway:
         self.max_request_bytes = int(options.get("max_request_bytes", 0) or 0)
         self.infer_enabled = bool(getattr(node.config, "http_infer", False))
         """Whether ``POST .../infer`` is served (``NodeConfig.http_infer``, ``up --http-infer``); off: 403."""
+        self.model_control_enabled = bool(getattr(node.config, "http_model_control", False))
+        """Whether ``POST /v2/repository/models/<m>/load|unload`` are served (``NodeConfig.http_model_control``,
+        ``up --http-model-control``); off: 403."""
         self._client = None
 
     def max_body_bytes(self) -> int:
@@ -255,6 +258,21 @@ class NodeGateway:
             return error_answer(502, f"the ingress's answer could not be read: {err.message}")
 
     # ------------------------------------------------------------------ on the node's loop
+
+    def run_then(self, ask, wait_s: float, then) -> HttpAnswer:
+        """``then(result)`` on this thread, ``result`` being what ``ask(client)`` (a coroutine function run on the
+        node's loop, as :meth:`_run` runs it) returned; or :meth:`_run`'s error answer (the node stopping, no NATS
+        connection, a typed error ``ask`` raised, no answer within ``wait_s`` + :data:`BOUND_SLACK_S`). For the
+        answers the HTTP extensions (:mod:`inferbus.actors._httpext`) build off the node's loop."""
+        box: list = []
+        done = HttpAnswer(200)
+
+        async def keep(client):
+            box.append(await ask(client))
+            return done
+
+        got = self._run(keep, wait_s)
+        return then(box[0]) if got is done else got
 
     def _run(self, ask, wait_s: float) -> HttpAnswer:
         """Run ``ask(client)`` (a coroutine function) on the node's loop; wait ``wait_s`` + :data:`BOUND_SLACK_S`

@@ -2597,7 +2597,7 @@ class Ingress:
         (``latency_us``: ``{key: {"0.5": µs, "0.95": µs, "0.99": µs, "samples": n}}``, None with too few samples),
         the request layouts (``layouts``: :meth:`RequestLayouts.stats`) and, per model version, the counts since the
         process started (``per_model``: ``{key: {"forward": {"le": [cumulative count per bound of
-        LATENCY_BOUNDS_US], "count": n, "sum_us": µs}, "l1_hits": n, "l2_hits": n, "errors": {code: n}}}``,
+        LATENCY_BOUNDS_US], "count": n, "sum_us": µs, "last_ms": ms since the epoch}, "l1_hits": n, "l2_hits": n, "errors": {code: n}}}``,
         every latency observed so far folded in first)."""
         if getattr(endpoint_stats, "name", "") != "infer":
             return {}

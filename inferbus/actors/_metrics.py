@@ -197,6 +197,19 @@ class Expected:
         return key if ok and key in self.all() else None
 
 
+def node_actors(node) -> Expected:
+    """The actor processes of a running :class:`~inferbus.actors.Node` that a ``$SRV.STATS`` gathering waits for
+    (none before :meth:`Node.start` made them): its ingresses, workers, aggregator and region manager."""
+    c = node.config
+    if not c.actors or node.supervisor is None:
+        ingress, workers, aggs = (), (), ()
+    else:
+        ingress = tuple(f"{c.node_id}-i{j}" for j in range(node.n_ingress))
+        workers, aggs = tuple(node.worker_ids), (f"{c.node_id}-agg",)
+    regions = (c.region_manager.region,) if c.region_manager is not None and node.supervisor is not None else ()
+    return Expected(c.prefix, ingress, workers, aggs, regions)
+
+
 async def gather_stats(nc, expected: Expected, wait_s: float = SCRAPE_WAIT_S) -> dict[tuple[str, str], dict]:
     """Ask every inferbus micro service on ``nc``'s NATS for ``$SRV.STATS``; keep the answers of ``expected``.
 
@@ -570,15 +583,8 @@ class NodeCollector:
         self.processes = ProcessFigures()
 
     def expected(self) -> Expected:
-        """The actors of the node as started (none before :meth:`Node.start` made them)."""
-        node, c = self.node, self.node.config
-        if not c.actors or node.supervisor is None:
-            ingress, workers, aggs = (), (), ()
-        else:
-            ingress = tuple(f"{c.node_id}-i{j}" for j in range(node.n_ingress))
-            workers, aggs = tuple(node.worker_ids), (f"{c.node_id}-agg",)
-        regions = (c.region_manager.region,) if c.region_manager is not None and node.supervisor is not None else ()
-        return Expected(c.prefix, ingress, workers, aggs, regions)
+        """The actors of the node as started (none before :meth:`Node.start` made them): :func:`node_actors`."""
+        return node_actors(self.node)
 
     async def scrape(self) -> list[Metric]:
         """The node's metrics now, gathered on the node's event loop (waits up to ``wait_s`` for the actors). Actors

@@ -15,6 +15,7 @@ Buckets are fixed, so that the series of every process and every version can be 
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from operator import itemgetter
 
@@ -52,11 +53,11 @@ class ForwardStats(LatencyWindow):
     completion, µs), with the version's cache hits and error answers.
 
     ``Ingress._observe`` appends each latency to ``samples`` (the window) and to ``pending`` (not yet folded into
-    the histogram); :meth:`fold` moves ``pending`` into ``le_counts``/``count``/``sum_us``. The ingress runs on one
-    event loop: nothing here is shared with another thread.
+    the histogram); :meth:`fold` moves ``pending`` into ``le_counts``/``count``/``sum_us`` and stamps ``last_ms``.
+    The ingress runs on one event loop: nothing here is shared with another thread.
     """
 
-    __slots__ = ("pending", "le_counts", "count", "sum_us")
+    __slots__ = ("pending", "le_counts", "count", "sum_us", "last_ms")
 
     def __init__(self, size: int = 512) -> None:
         super().__init__(size)
@@ -66,6 +67,10 @@ class ForwardStats(LatencyWindow):
         self.count = 0
         """Forwards folded (the ``+Inf`` bucket and ``_count``)."""
         self.sum_us = 0.0
+        self.last_ms = 0
+        """When the last fold that took a latency ran, ms since the Unix epoch (0: none yet): within one fold interval
+        (the ingress's 50 ms sweep, or a ``$SRV.STATS`` answer) after the latest successful forward completed, read
+        off the request path (the HTTP statistics extension's ``last_inference``, docs/http.md)."""
 
     def add(self, latency_us: float) -> None:
         self.samples.append(latency_us)
@@ -81,10 +86,12 @@ class ForwardStats(LatencyWindow):
         _add(self.le_counts, _cumulative(LATENCY_BOUNDS_US, buf))
         self.count += len(buf)
         self.sum_us += sum(buf)
+        self.last_ms = int(time.time() * 1000)
 
     def histogram(self) -> dict:
-        """``{"le": [cumulative count per bound], "count": n, "sum_us": µs}`` (call :meth:`fold` first)."""
-        return {"le": list(self.le_counts), "count": self.count, "sum_us": self.sum_us}
+        """``{"le": [cumulative count per bound], "count": n, "sum_us": µs, "last_ms": ms since the epoch}`` (call
+        :meth:`fold` first)."""
+        return {"le": list(self.le_counts), "count": self.count, "sum_us": self.sum_us, "last_ms": self.last_ms}
 
 
 class RunStats:

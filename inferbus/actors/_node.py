@@ -210,6 +210,11 @@ class NodeConfig:
     """Answer ``POST /v2/models/<name>[/versions/<v>]/infer`` on the ``metrics_port`` (off: 403 naming
     ``--http-infer``). Off by default: the HTTP port has no authentication, so whoever reaches it could run the
     models without the NATS credentials a bus client needs; health, metadata and metrics are served either way."""
+    http_model_control: bool = False
+    """Answer ``POST /v2/repository/models/<name>/load`` and ``.../unload`` on the ``metrics_port`` (Triton's model
+    repository extension, as its ``--model-control-mode=explicit``; off: 403 naming ``--http-model-control``). Off by
+    default: the HTTP port has no authentication, and these change what every node on the NATS serves. The index
+    (``POST /v2/repository/index``) and the statistics are served either way (docs/http.md)."""
     http_idle_timeout_s: float = 30.0
     """How long the HTTP server on ``metrics_port`` keeps a connection without a byte in or out and no request being
     served (a kept-alive one between requests, or a request's line, headers or body not coming) before it closes it,

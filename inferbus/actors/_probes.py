@@ -260,37 +260,90 @@ def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Cal
         rest = None
     if gateway is None:
         return None
+    from . import _httpext as ext
+
     if parts in ([], [""]):
         return ("GET", "HEAD"), lambda env, t0: gateway.server_metadata()
+    if parts == ["models", "stats"]:  # (before the metadata of a model named "stats", as Triton's)
+        return ("GET", "HEAD"), lambda env, t0: ext.statistics(gateway, None, None)
     if rest == []:
         return ("GET", "HEAD"), lambda env, t0: gateway.model_metadata(name, version)
     if rest == ["infer"]:
         return ("POST",), lambda env, t0: _infer(gateway, name, version, env, t0)
+    if rest == ["stats"]:
+        return ("GET", "HEAD"), lambda env, t0: ext.statistics(gateway, name, version)
+    if parts == ["repository", "index"]:
+        return ("POST",), lambda env, t0: _repository(gateway, None, None, env)
+    if len(parts) == 4 and parts[:2] == ["repository", "models"] and parts[3] in ("load", "unload"):
+        return ("POST",), lambda env, t0: _repository(gateway, parts[3], parts[2], env)
     return None
+
+
+def _content_length(environ, limit: int, what: str, required: bool):
+    """The request's ``Content-Length`` (0 when absent and not ``required``), or the error answer: 411 (absent and
+    ``required``), 400 (not digits), 413 (over ``limit`` bytes, 0: no limit)."""
+    from ._gateway import error_answer
+
+    length = environ.get("CONTENT_LENGTH") or ""
+    if not length.strip():
+        return error_answer(411, f"{what} needs a Content-Length or a chunked body") if required else 0
+    digits = length.strip()  # 1*DIGIT (RFC 9110): int() also took "1_0", "+10" and non-ASCII digits
+    n = int(digits) if digits.isascii() and digits.isdigit() else -1
+    if n < 0:
+        return error_answer(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
+    if limit and n > limit:
+        return error_answer(413, f"request body of {n} bytes is over the limit of {limit}" + (
+            " (the ingresses' --max-request-bytes, else the NATS server's max_payload)" if required else ""))
+    return n
+
+
+def _read_body(environ, n: int):
+    """``n`` bytes of the body (the HTTP server has read it whole already, a chunked one too), or a 400 answer when
+    it is shorter."""
+    from ._gateway import error_answer
+
+    body = environ["wsgi.input"].read(n) if n else b""
+    if len(body) < n:
+        return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
+    return body
+
+
+def _repository(gateway, op: str | None, name: str | None, environ):
+    """Serve ``POST /v2/repository/index`` (``op`` None) or ``.../models/<name>/load|unload`` (``op``): the body
+    (optional, at most :data:`~inferbus.actors._httpext.MAX_BODY_BYTES`) to :mod:`~inferbus.actors._httpext`; a
+    write is 403 unless the node runs with ``--http-model-control``."""
+    from . import _httpext as ext
+    from ._gateway import HttpAnswer, error_answer
+
+    n = _content_length(environ, ext.MAX_BODY_BYTES, "a repository request", False)
+    if isinstance(n, HttpAnswer):
+        return n
+    if op is not None and not gateway.model_control_enabled:
+        return error_answer(403, f"model {op} over HTTP is off on this node: start it with --http-model-control (the "
+                                 "HTTP port has no authentication; docs/http.md), or use `inferbus models "
+                                 f"{op}` over NATS")
+    body = _read_body(environ, n)
+    if isinstance(body, HttpAnswer):
+        return body
+    if op is None:
+        return ext.repository_index(gateway, body)
+    return ext.repository_write(gateway, op, name, body, environ.get("HTTP_INFERBUS_TIMEOUT_MS"))
 
 
 def _infer(gateway, name: str, version: str | None, environ, started_at: float):
     """Serve a ``POST .../infer``: its body (``Content-Length`` bytes, at most the gateway's limit; the HTTP server
     has read it whole already, a chunked one too) to the gateway."""
-    from ._gateway import error_answer
+    from ._gateway import HttpAnswer, error_answer
 
-    length = environ.get("CONTENT_LENGTH") or ""
-    if not length.strip():
-        return error_answer(411, "an inference request needs a Content-Length or a chunked body")
-    digits = length.strip()  # 1*DIGIT (RFC 9110): int() also took "1_0", "+10" and non-ASCII digits
-    n = int(digits) if digits.isascii() and digits.isdigit() else -1
-    if n < 0:
-        return error_answer(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
-    limit = gateway.max_body_bytes()
-    if limit and n > limit:
-        return error_answer(413, f"request body of {n} bytes is over the limit of {limit} (the ingresses' "
-                                 f"--max-request-bytes, else the NATS server's max_payload)")
+    n = _content_length(environ, gateway.max_body_bytes(), "an inference request", True)
+    if isinstance(n, HttpAnswer):
+        return n
     if not gateway.infer_enabled:
         return error_answer(403, "inference over HTTP is off on this node: start it with --http-infer (the HTTP "
                                  "port has no authentication; docs/http.md), or send the request over NATS")
-    body = environ["wsgi.input"].read(n) if n else b""
-    if len(body) < n:
-        return error_answer(400, f"the body ended after {len(body)} of its Content-Length's {n} bytes")
+    body = _read_body(environ, n)
+    if isinstance(body, HttpAnswer):
+        return body
     headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
     if environ.get("CONTENT_TYPE"):
         headers["content-type"] = environ["CONTENT_TYPE"]
@@ -300,6 +353,8 @@ def _infer(gateway, name: str, version: str | None, environ, started_at: float):
 _PROBE_PATHS = ("/v2/health/live, /v2/health/ready, /v2/models/<name>/ready, "
                 "/v2/models/<name>/versions/<version>/ready")
 _GATEWAY_PATHS = ("/v2, /v2/models/<name>[/versions/<version>], POST /v2/models/<name>[/versions/<version>]/infer, "
+                  "/v2/models[/<name>[/versions/<version>]]/stats, POST /v2/repository/index, "
+                  "POST /v2/repository/models/<name>/load|unload, "
                   + _PROBE_PATHS.replace("/v2/models/<name>/ready, /v2/models/<name>/versions/<version>/ready",
                                          "/v2/models/<name>[/versions/<version>]/ready"))
 

@@ -108,6 +108,9 @@ class ClusterSpec:
     http_infer: bool = False
     """Serve OIP v2 inference on each region's node's HTTP port (``NodeConfig.http_infer``; docs/http.md); needs
     :attr:`metrics_port` (ValueError)."""
+    http_model_control: bool = False
+    """Serve Triton's model load and unload on each region's node's HTTP port (``NodeConfig.http_model_control``;
+    docs/http.md); needs :attr:`metrics_port` (ValueError)."""
 
     def __post_init__(self) -> None:
         names = list(self.regions) + [self.witness]
@@ -118,6 +121,9 @@ class ClusterSpec:
                              f"{len(self.regions)} regions on consecutive ports), got {self.metrics_port!r}")
         if self.http_infer and self.metrics_port is None:
             raise ValueError("ClusterSpec.http_infer serves inference on the nodes' HTTP ports and needs metrics_port")
+        if self.http_model_control and self.metrics_port is None:
+            raise ValueError("ClusterSpec.http_model_control serves model load and unload on the nodes' HTTP ports "
+                             "and needs metrics_port")
         if len(self.regions) < 2:
             raise ValueError("ClusterSpec.regions: at least two regions")
         if len(set(names)) != len(names):

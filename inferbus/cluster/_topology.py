@@ -171,6 +171,8 @@ class NodeProcessConfig:
     """``NodeConfig.metrics_host`` (``cluster up --http-host``)."""
     http_infer: bool = False
     """``NodeConfig.http_infer`` (``cluster up --http-infer``)."""
+    http_model_control: bool = False
+    """``NodeConfig.http_model_control`` (``cluster up --http-model-control``)."""
     log_level: str = "info"
     """``NodeConfig.log_level``: the node's and its actors' (``cluster up --log-level``)."""
     log_format: str = "text"
@@ -312,7 +314,8 @@ class Topology:
                                 run_dir=str(d), region_manager=self.region_manager_config(region), audit=sp.audit,
                                 health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
                                 metrics_port=self.metrics_port(region), metrics_host=sp.metrics_host,
-                                http_infer=sp.http_infer, log_level=self.log_level,
+                                http_infer=sp.http_infer,
+                                http_model_control=sp.http_model_control, log_level=self.log_level,
                                 log_format=self.log_format)
         # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
         cfg_path = d / "node.config.json"

@@ -1,0 +1,263 @@
+"""Triton's statistics and model repository extensions on the node's HTTP port (``inferbus up --http-port 0
+--http-model-control``; docs/http.md): ``GET /v2/models[/<m>[/versions/<v>]]/stats``, ``POST /v2/repository/index``,
+``POST /v2/repository/models/<m>/load|unload``, against a real node (1 ingress, 1 worker, embedded NATS and Valkey),
+each answer checked against what the node says over NATS and on ``/metrics``. The last test makes the node's region
+gate refuse writes (for 60 s): keep it last. The gate without ``--http-model-control``: tests/test_http_probes.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import MODELS, start_deployment
+from inferbus import SyncClient
+from inferbus.schemas import NotFound
+from test_http_infer import ask, http_address, post_json
+
+pytestmark = pytest.mark.timeout(120)
+
+STAT_KEYS = {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http_ext")
+    dep = start_deployment(root / "dep", workers=1, prefix="hx",
+                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+                                  "--http-model-control"])
+    try:
+        dep.http_address = http_address(dep)
+        with SyncClient.connect(dep.nats_url, dep.prefix) as client:
+            dep.client = client
+            yield dep
+    finally:
+        dep.stop()
+
+
+def stats_of(node, path: str) -> list[dict]:
+    status, headers, body = ask(node, path)
+    assert status == 200 and headers["content-type"] == "application/json", (path, status, body)
+    assert "inferbus-stats-missing" not in headers, headers
+    return json.loads(body)["model_stats"]
+
+
+def scraped(node, family: str, model: str, version: str) -> float:
+    """The sum over the node's processes of a ``/metrics`` family's samples for one model version."""
+    status, _, body = ask(node, "/metrics")
+    assert status == 200
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(family + "{") and f'model="{model}"' in line and f'version="{version}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_stats_count_what_the_node_served_as_its_metrics_do(node):
+    """N distinct requests to digits v2 over NATS move ``inference_count``, ``execution_count``, ``success`` and
+    ``compute_infer`` by N (one request per run: no batching here) and ``last_inference`` into the time they were
+    sent; a refused request moves ``fail``; the figures equal the ``/metrics`` counters of the same moment; the
+    fields Triton's clients read are all there (0 where inferbus does not measure them, docs/http.md)."""
+    rng = np.random.default_rng(7)
+    before = stats_of(node, "/v2/models/digits/versions/2/stats")
+    assert [(s["name"], s["version"]) for s in before] == [("digits", "2")]
+    t0_ms = time.time() * 1000
+    n = 4
+    for _ in range(n):
+        node.client.infer("digits", {"pixels": rng.random((1, 64), dtype=np.float32)}, version="2")
+    with pytest.raises(Exception):
+        node.client.infer("digits", {"pixels": np.zeros((1, 63), np.float32)}, version="2")
+    t1_ms = time.time() * 1000
+    [b], [a] = before, stats_of(node, "/v2/models/digits/versions/2/stats")
+    assert set(a) >= {"name", "version", "last_inference", "inference_count", "execution_count", "inference_stats",
+                      "batch_stats"}
+    assert set(a["inference_stats"]) == STAT_KEYS
+    assert a["inference_count"] - b["inference_count"] == n
+    assert a["inference_stats"]["success"]["count"] - b["inference_stats"]["success"]["count"] == n
+    assert a["inference_stats"]["success"]["ns"] > b["inference_stats"]["success"]["ns"]
+    assert a["execution_count"] - b["execution_count"] == n
+    assert a["inference_stats"]["compute_infer"]["count"] - b["inference_stats"]["compute_infer"]["count"] == n
+    assert a["inference_stats"]["compute_infer"]["ns"] > b["inference_stats"]["compute_infer"]["ns"]
+    assert a["inference_stats"]["fail"]["count"] - b["inference_stats"]["fail"]["count"] == 1
+    assert t0_ms <= a["last_inference"] <= t1_ms + 1000, (t0_ms, a["last_inference"], t1_ms)
+    for never in ("queue", "compute_input", "compute_output", "cache_miss"):
+        assert a["inference_stats"][never] == {"count": 0, "ns": 0}, never
+    assert a["batch_stats"][0]["batch_size"] == 1 and a["batch_stats"][0]["compute_infer"]["count"] >= n
+    # the same counters as a scrape of /metrics (nothing served in between)
+    assert a["inference_count"] == scraped(node, "inferbus_model_request_success_total", "digits", "2")
+    assert a["execution_count"] == scraped(node, "inferbus_model_runs_total", "digits", "2")
+    assert a["inference_stats"]["compute_infer"]["count"] == scraped(node, "inferbus_model_computed_total",
+                                                                     "digits", "2")
+    assert a["inference_stats"]["fail"]["count"] == scraped(node, "inferbus_model_request_failure_total", "digits",
+                                                            "2")
+
+
+def test_stats_of_every_model_of_one_model_and_404_for_unknown(node):
+    every = stats_of(node, "/v2/models/stats")
+    served = {(m.name, v) for m in node.client.models().models for v in m.versions}
+    assert {(s["name"], s["version"]) for s in every} >= served and ("digits", "1") in served
+    assert [s["version"] for s in stats_of(node, "/v2/models/digits/stats")] == ["1", "2"]
+    for path, want, text in (("/v2/models/no_such_model/stats", 404, "unknown model 'no_such_model'"),
+                             ("/v2/models/digits/versions/9/stats", 404, "has no version '9'"),
+                             ("/v2/models/digits/versions/v1/stats", 400, "not a number")):
+        status, headers, body = ask(node, path)
+        assert status == want and text in json.loads(body)["error"], (path, status, body)
+        assert headers["inferbus-error-code"] == ("NOT_FOUND" if want == 404 else "INVALID_ARGUMENT")
+    status, headers, _ = ask(node, "/v2/models/stats", "POST")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    status, _, body = ask(node, "/v2")
+    assert json.loads(body)["extensions"] == ["binary_tensor_data", "statistics", "model_repository"]
+
+
+def index(node, doc=None) -> list[dict]:
+    status, _, body = post_json(node, "/v2/repository/index", doc if doc is not None else {})
+    assert status == 200, body
+    return json.loads(body)
+
+
+def test_repository_index_lists_every_version_on_disk_with_its_state(node):
+    rows = index(node)
+    on_disk = {(p.parent.parent.name, p.parent.name) for p in MODELS.glob("*/*/model.onnx")}
+    assert {(r["name"], r["version"]) for r in rows} == on_disk
+    assert all(r == {"name": r["name"], "version": r["version"], "state": "READY", "reason": ""} for r in rows), rows
+    assert index(node, {"ready": True}) == rows
+    status, _, body = ask(node, "/v2/repository/index", "POST", b"")  # tritonclient's: no body at all
+    assert status == 200 and json.loads(body) == rows
+    for doc, text in (({"ready": "yes"}, "ready must be true or false"), ({"readdy": True}, "unknown field 'readdy'"),
+                      ([], "must be a JSON object")):
+        status, headers, body = post_json(node, "/v2/repository/index", doc)
+        assert status == 400 and text in json.loads(body)["error"], body
+        assert headers["inferbus-error-code"] == "INVALID_ARGUMENT"
+    status, headers, _ = ask(node, "/v2/repository/index")
+    assert status == 405 and headers["allow"] == "POST"
+
+
+def write(node, op: str, model: str, doc=None):
+    status, headers, body = post_json(node, f"/v2/repository/models/{model}/{op}", doc if doc is not None else {})
+    return status, headers, json.loads(body)
+
+
+def test_unload_withdraws_the_whole_model_default_last_and_load_serves_it_again(node, tmp_path):
+    """Triton's model-level unload: every version but the default (digits: 2), then the default (1): the model is
+    withdrawn (NOT_FOUND over NATS, UNAVAILABLE "unloaded" in the index); again: nothing to do, 200; load: every
+    version on disk again, default as config.json says."""
+    status, _, doc = write(node, "unload", "digits")
+    assert status == 200, doc
+    assert [(w["op"], w["version"], w["changed"]) for w in doc["writes"]] == [("unload", "2", True),
+                                                                              ("unload", "1", True)]
+    assert doc["versions"] == []
+    with pytest.raises(NotFound):
+        node.client.model("digits")
+    assert [r for r in index(node) if r["name"] == "digits"] == [
+        {"name": "digits", "version": v, "state": "UNAVAILABLE", "reason": "unloaded"} for v in ("1", "2")]
+    assert all(r["name"] != "digits" for r in index(node, {"ready": True}))
+    status, _, doc = write(node, "unload", "digits")
+    assert status == 200 and doc["writes"] == [], doc
+    status, _, doc = write(node, "load", "digits")
+    assert status == 200 and doc["versions"] == ["1", "2"] and doc["default_version"] == "1", doc
+    meta = node.client.model("digits")
+    assert meta.versions == ["1", "2"] and meta.parameters["default_version"] == "1"
+    node.client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})
+
+
+def test_parameters_version_and_refusals(node):
+    """``parameters.version`` writes that version alone (inferbus's rule: the default is refused while others are
+    served); Triton's ``config`` and ``file:`` parameters and unknown ones are 400 naming them; a model neither
+    served nor on disk is 404."""
+    status, headers, doc = write(node, "unload", "digits", {"parameters": {"version": 1}})  # the default
+    assert status == 400 and headers["inferbus-error-code"] == "INVALID_ARGUMENT", doc
+    assert "default" in doc["error"], doc
+    status, _, doc = write(node, "unload", "digits", {"parameters": {"version": "2", "unload_dependents": False}})
+    assert status == 200 and doc["versions"] == ["1"], doc
+    assert [(w["op"], w["version"]) for w in doc["writes"]] == [("unload", "2")]
+    status, _, doc = write(node, "load", "digits", {"parameters": {"version": 2}})
+    assert status == 200 and doc["versions"] == ["1", "2"], doc
+    for op, params, text in (("load", {"config": "{}"}, "parameter 'config' is not supported"),
+                             ("load", {"file:1/model.onnx": "AAAA"}, "parameter 'file:1/model.onnx' is not supported"),
+                             ("load", {"unload_dependents": True}, "unknown parameter 'unload_dependents'"),
+                             ("unload", {"force": True}, "unknown parameter 'force'"),
+                             ("unload", {"unload_dependents": "yes"}, "unload_dependents must be true or false"),
+                             ("load", {"version": "v2"}, "not a number")):
+        status, headers, doc = write(node, op, "digits", {"parameters": params})
+        assert status == 400 and text in doc["error"], (op, params, doc)
+        assert headers["inferbus-error-code"] == "INVALID_ARGUMENT"
+    status, headers, doc = write(node, "unload", "no_such_model")
+    assert status == 404 and headers["inferbus-error-code"] == "NOT_FOUND", doc
+    status, _, doc = write(node, "load", "no_such_model")
+    assert status == 404, doc
+    assert node.client.model("digits").versions == ["1", "2"]
+
+
+def test_tritonclient_statistics_index_load_and_unload(node):
+    """Triton's own HTTP client (``pip install tritonclient[http]``) against these paths."""
+    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check: "
+                                                         "pip install -e '.[triton]')")
+    client = th.InferenceServerClient(node.http_address, connection_timeout=10, network_timeout=30)
+    try:
+        st = client.get_inference_statistics("digits", "2")
+        assert [(s["name"], s["version"]) for s in st["model_stats"]] == [("digits", "2")]
+        assert len(client.get_inference_statistics()["model_stats"]) >= 3
+        assert {"name": "fraud", "version": "1", "state": "READY", "reason": ""} in client.get_model_repository_index()
+        client.unload_model("fraud")
+        assert not client.is_model_ready("fraud")
+        assert {"name": "fraud", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in \
+            client.get_model_repository_index()
+        client.load_model("fraud")
+        assert client.is_model_ready("fraud")
+    finally:
+        client.close()
+
+
+def test_a_write_where_writes_are_refused_is_the_nats_answer_unavailable_naming_the_primary(node):
+    """A region manager of region A announces itself primary (the test publishes its heartbeats, as
+    tests/test_models_control.py does): this node's ingress (in no region) refuses writes, UNAVAILABLE naming the
+    primary, which the HTTP answer is: 503, ``Inferbus-Error-Code: UNAVAILABLE``, ``Retry-After``, nothing changed.
+    The ingress keeps refusing for 60 s after the last heartbeat: this test runs last."""
+    import asyncio
+
+    from inferbus.bus import Subjects
+    from inferbus.schemas._region import PRIMARY, RegionHeartbeat, encode_region
+
+    stop = threading.Event()
+
+    def heartbeats():
+        async def go():
+            import nats
+
+            nc = await nats.connect(node.nats_url)
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                hb = RegionHeartbeat(region="A", role=PRIMARY, term=0, lease_rev=7, seq=seq, manager_id="A-test",
+                                     lease_holder="A", model_writes=True)
+                await nc.publish(Subjects(node.prefix).region_heartbeat("A"), encode_region(hb))
+                await asyncio.sleep(0.05)
+            await nc.close()
+
+        asyncio.run(go())
+
+    t = threading.Thread(target=heartbeats, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            # (a load of a served version: nothing to do where writes are accepted, the gate's answer where not)
+            status, headers, doc = write(node, "load", "digits", {"parameters": {"version": "1"}})
+            if status != 200:
+                break
+            assert time.monotonic() < deadline, "writes still accepted"
+            time.sleep(0.05)
+        assert status == 503 and headers["inferbus-error-code"] == "UNAVAILABLE", doc
+        assert "primary region (A)" in doc["error"] and re.fullmatch(r"\d+", headers["retry-after"]), (doc, headers)
+        for params in ({}, {"version": "2"}):  # the whole model (the first write refused) and one version
+            status, headers, doc = write(node, "unload", "digits", {"parameters": params})
+            assert status == 503 and headers["inferbus-error-code"] == "UNAVAILABLE", doc
+            assert "primary region (A)" in doc["error"], doc
+        assert node.client.model("digits").versions == ["1", "2"]
+    finally:
+        stop.set()
+        t.join(5)
