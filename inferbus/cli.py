@@ -1264,18 +1264,19 @@ def up(
                                                "/metrics) and the OIP v2 REST API (KServe/Triton): health "
                                                "/v2/health/live, /v2/health/ready, /v2/models/<name>/ready; metadata "
                                                "/v2, /v2/models/<name>; POST /v2/models/<name>/infer; statistics "
-                                               "/v2/models[/<name>]/stats; POST /v2/repository/index, "
-                                               "/v2/repository/models/<name>/load|unload; the model paths "
-                                               "per version too; address --metrics-host (0 = any free port; default "
+                                               "/v2/models/stats, /v2/models/<name>/stats; POST /v2/repository/index, "
+                                               "POST .../models/<name>/load and .../unload under "
+                                               "/v2/repository/; the model paths per version too; address "
+                                               "--metrics-host (0 = any free port; default "
                                                f"off), in {interval(0, 65535)} (docs/http.md)."),
     http_infer: bool = typer.Option(False, "--http-infer/--no-http-infer",
                                     help="Answer POST /v2/models/<name>/infer on the HTTP port (needs "
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
                                     "runs the models without NATS credentials (docs/http.md)."),
     http_model_control: bool = typer.Option(False, "--http-model-control/--no-http-model-control",
-                                            help="Answer POST /v2/repository/models/<name>/load and .../unload on "
-                                            "the HTTP port (Triton's model repository extension, as its "
-                                            "--model-control-mode=explicit; needs --metrics-port; off: 403). They "
+                                            help="Answer POST .../models/<name>/load and .../unload under "
+                                            "/v2/repository/ on the HTTP port (Triton's model repository extension, "
+                                            "as its explicit model control mode; needs --metrics-port; off: 403). They "
                                             "change what every node on the NATS serves, and the port has no "
                                             "authentication (docs/http.md)."),
     http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port keeps a connection without a "

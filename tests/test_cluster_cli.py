@@ -211,7 +211,9 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
         # --http-infer reaches the node: an infer is served (no actors here: no ingress answers it, 503/504 within
         # its budget), not refused 403 (cluster up had no --http-infer before 2026-12-07)
         banner = log.read_text()
-        assert f"OIP v2 REST http://127.0.0.1:{proc.metrics_port + k}/v2 (health, metadata, statistics, infer, model control off: --http-model-control)" in banner, banner
+        # (the line is wrapped at the terminal's width: compared with its words rejoined)
+        assert f"OIP v2 REST http://127.0.0.1:{proc.metrics_port + k}/v2 (health, metadata, statistics, infer, " \
+            "model control off: --http-model-control)" in " ".join(banner.split()), banner
         request = urllib.request.Request(f"{base}/v2/models/digits/infer", data=b'{"inputs": []}', method="POST",
                                          headers={"Content-Type": "application/json", "Inferbus-Timeout-Ms": "300"})
         with pytest.raises(urllib.error.HTTPError) as err:
@@ -401,7 +403,9 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
         asyncio.run(check())
         banner = log.read_text()
         for k in range(2):  # each region's node, over HTTP (one keep-alive connection, two requests)
-            assert f"OIP v2 REST http://127.0.0.1:{http_port + k}/v2 (health, metadata, statistics, infer, model control off: --http-model-control)" in banner, banner
+            # (the line is wrapped at the terminal's width: compared with its words rejoined)
+            assert f"OIP v2 REST http://127.0.0.1:{http_port + k}/v2 (health, metadata, statistics, infer, " \
+                "model control off: --http-model-control)" in " ".join(banner.split()), banner
             conn = http.client.HTTPConnection("127.0.0.1", http_port + k, timeout=10)
             try:
                 for _ in range(2):

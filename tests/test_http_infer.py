@@ -90,7 +90,7 @@ def test_server_metadata_names_inferbus_its_version_and_the_extensions_served_ov
     status, headers, body = ask(node, "/v2")
     assert status == 200 and headers["content-type"] == "application/json", (status, body)
     assert json.loads(body) == {"name": "inferbus", "version": __version__,
-                                "extensions": ["binary_tensor_data"]}
+                                "extensions": ["binary_tensor_data", "statistics", "model_repository"]}
     assert node.client.server_metadata().name == "inferbus"
     status, headers, body = ask(node, "/v2", "HEAD")
     assert (status, body) == (200, b"") and int(headers["content-length"]) > 0
@@ -378,7 +378,8 @@ def test_tritonclient_http_against_the_node(node, pixels):
     client = th.InferenceServerClient(node.http_address, connection_timeout=10, network_timeout=10)
     try:
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
-        assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+        assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "statistics",
+                                                              "model_repository"]
         assert client.get_model_metadata("digits", "2")["inputs"][0]["shape"] == [-1, 64]
         want = node.client.infer("digits", {"pixels": pixels}, version=2)
         for binary in (True, False):
