@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import MODELS, start_deployment
-from inferbus import SyncClient
 from inferbus.schemas import NotFound
-from test_http_infer import ask, http_address, post_json
+from test_http_infer import ask, post_json, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,16 +26,9 @@ STAT_KEYS = {"success", "fail", "queue", "compute_input", "compute_infer", "comp
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     root = tmp_path_factory.mktemp("http_ext")
-    dep = start_deployment(root / "dep", workers=1, prefix="hx",
-                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
-                                  "--http-model-control"])
-    try:
-        dep.http_address = http_address(dep)
-        with SyncClient.connect(dep.nats_url, dep.prefix) as client:
-            dep.client = client
-            yield dep
-    finally:
-        dep.stop()
+    yield from serving(start_deployment(root / "dep", workers=1, prefix="hx",
+                                        extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+                                               "--http-model-control"]))
 
 
 def stats_of(node, path: str) -> list[dict]:

@@ -37,13 +37,9 @@ def http_address(dep) -> str:
     return f"127.0.0.1:{m.group(2).decode()}"  # (a node on every interface is reached on this host's)
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    root = tmp_path_factory.mktemp("http_infer")
-    dep = start_deployment(root / "dep", workers=1, prefix="hi",
-                           extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1", "--http-infer",
-                                  "--http-idle-timeout-s", "3",
-                                  "--max-request-bytes", str(LIMIT_BYTES)])
+def serving(dep):
+    """Yield the started deployment ``dep`` with its ``http_address`` and a connected :class:`SyncClient` as
+    ``client``; stop it after (a module fixture's body)."""
     try:
         dep.http_address = http_address(dep)
         with SyncClient.connect(dep.nats_url, dep.prefix) as client:
@@ -51,6 +47,15 @@ def node(tmp_path_factory):
             yield dep
     finally:
         dep.stop()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http_infer")
+    yield from serving(start_deployment(root / "dep", workers=1, prefix="hi",
+                                        extra=["--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+                                               "--http-infer", "--http-idle-timeout-s", "3",
+                                               "--max-request-bytes", str(LIMIT_BYTES)]))
 
 
 @pytest.fixture(scope="module")
