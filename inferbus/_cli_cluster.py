@@ -110,9 +110,10 @@ def up(
                                     "--http-infer (needs --metrics-port; off: 403). The port has no authentication: "
                                     "whoever reaches it runs the models without NATS credentials (docs/http.md)."),
     http_model_control: bool = typer.Option(False, "--http-model-control/--no-http-model-control",
-                                            help="Answer POST .../models/<name>/load and .../unload under "
-                                            "/v2/repository/ on each region's HTTP port, as up's --http-model-control (needs "
-                                            "--metrics-port; off: 403; a standby region's answer 503 naming the "
+                                            help="Serve model load and unload on each region's HTTP port: "
+                                            "POST .../models/<name>/load and .../unload under /v2/repository/, as "
+                                            "up's --http-model-control (needs --metrics-port; off: 403; a standby "
+                                            "region's answer 503 naming the "
                                             "primary). The port has no authentication (docs/http.md)."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),

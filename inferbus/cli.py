@@ -1274,9 +1274,10 @@ def up(
                                     "--metrics-port; off: 403). The port has no authentication: whoever reaches it "
                                     "runs the models without NATS credentials (docs/http.md)."),
     http_model_control: bool = typer.Option(False, "--http-model-control/--no-http-model-control",
-                                            help="Answer POST .../models/<name>/load and .../unload under "
-                                            "/v2/repository/ on the HTTP port (Triton's model repository extension, "
-                                            "as its explicit model control mode; needs --metrics-port; off: 403). They "
+                                            help="Serve model load and unload on the HTTP port: Triton's model "
+                                            "repository extension, POST .../models/<name>/load and .../unload under "
+                                            "/v2/repository/, as its explicit model control mode (needs "
+                                            "--metrics-port; off: 403). They "
                                             "change what every node on the NATS serves, and the port has no "
                                             "authentication (docs/http.md)."),
     http_idle_timeout_s: float = typer.Option(30.0, help="Seconds the HTTP port keeps a connection without a "

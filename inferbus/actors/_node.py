@@ -202,7 +202,9 @@ class NodeConfig:
     memory, and the OIP v2 health paths (``/v2/health/live``, ``/v2/health/ready``,
     ``/v2/models/<name>[/versions/<v>]/ready``: :mod:`inferbus.actors._probes`) (docs/observability.md), and the
     OIP v2 REST metadata and inference (``/v2``, ``/v2/models/<name>[/versions/<v>][/infer]``:
-    :mod:`inferbus.actors._gateway`, docs/http.md). ``inferbus up --http-port`` is ``--metrics-port``."""
+    :mod:`inferbus.actors._gateway`, docs/http.md), and Triton's statistics and model repository extensions
+    (``/v2/models[/<name>[/versions/<v>]]/stats``, ``/v2/repository/...``: :mod:`inferbus.actors._httpext`).
+    ``inferbus up --http-port`` is ``--metrics-port``."""
     metrics_host: str = "0.0.0.0"
     """Address the metrics endpoint listens on (``0.0.0.0``: every interface, as Triton's; ``127.0.0.1``: this
     host only)."""

@@ -374,12 +374,14 @@ def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> l
 
 def node_app(metrics_app, probes: NodeProbes, gateway=None):
     """The node's WSGI app (PEP 3333): the OIP v2 health paths of ``probes`` under ``/v2/``, with ``gateway`` (a
-    :class:`~inferbus.actors._gateway.NodeGateway`) the OIP v2 REST metadata and inference paths too, and
+    :class:`~inferbus.actors._gateway.NodeGateway`) the OIP v2 REST metadata and inference paths too, and Triton's
+    statistics and model repository extensions (:mod:`inferbus.actors._httpext`), and
     ``metrics_app`` (prometheus-client's) on every other path for ``GET``, as before.
 
     ``HEAD`` answers what ``GET`` does, without a body (``/metrics``'s with the length its body has); ``OPTIONS``
     answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers); any other method a path does not
-    answer is 405 with ``Allow`` (``GET, HEAD`` for the health and metadata paths, ``POST`` for ``infer``,
+    answer is 405 with ``Allow`` (``GET, HEAD`` for the health, metadata and statistics paths, ``POST`` for
+    ``infer`` and the ``/v2/repository/`` paths,
     ``OPTIONS, GET, HEAD`` outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are.
     Paths are read as UTF-8 after percent-decoding.
     """
