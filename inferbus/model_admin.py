@@ -2,7 +2,8 @@
 
 Sends :class:`inferbus.schemas.ModelControlRequest` to ``<p>.models.<model>.<op>`` (any ingress
 of the local queue group answers) and returns the :class:`inferbus.schemas.ModelControlReply`.
-No retry of a refusal: a write refused by a standby region (UNAVAILABLE naming the primary) is raised at once.
+No retry of a refusal: a write refused by a standby region (UNAVAILABLE naming the primary) is raised, once the queue
+group refused it too (below).
 
 Which ingress: the queue group hands a request to any member whose connection is open, a hung one (SIGSTOPped, a
 stalled VM) included, and a write that landed there waited half its budget (its first attempt's timeout) before the
@@ -15,7 +16,10 @@ the queue group at once. Without any answer to the roll call within ``ROLL_CALL_
 hung, or too loaded to answer), or with a budget under ``ROLL_CALL_MIN_BUDGET_S``, the write goes through the queue
 group, as before. The failover stays: a write with no
 answer after half its budget is sent once more (the SDK's attempt timeout, same request id) to the ingress that
-answers the roll call then, so that an ingress that died holding it costs half the budget, not all of it. A write
+answers the roll call then, so that an ingress that died holding it costs half the budget, not all of it. The roll
+call reaches every region's ingresses across the gateways: a write refused by the one that answered first because its
+region is not the primary (UNAVAILABLE, ``field`` ``region``) goes once more through the queue group, which serves it in
+the client's own region first, as before the roll call; refused there too, the refusal is raised. A write
 whose budget runs out names the ingress it was last sent to and each ingress that its node lists but that never
 answered the roll call (``<p>.nodes``: ``ingress n1-i0 (pid 4711, node n1)``), hung.
 Semantics: docs/models.md.
@@ -81,8 +85,17 @@ async def model_control(client, op: str, model: str, version: str | None = None,
     roll = await _RollCall.start(client.nc, strict.subjects if timeout_s >= ROLL_CALL_MIN_BUDGET_S else None)
     try:
         first = await roll.first_ingress(min(ROLL_CALL_WAIT_S, timeout_s / 4))
-        resp, ct = await strict.request(strict.subjects.model_control(model, op), body, timeout_s=timeout_s,
-                                        started_at=t0, at_ingress=first)
+        subject = strict.subjects.model_control(model, op)
+        try:
+            resp, ct = await strict.request(subject, body, timeout_s=timeout_s, started_at=t0, at_ingress=first)
+        except Unavailable as exc:
+            if first is None or exc.field != "region":
+                raise
+            # the first to answer the roll call was an ingress of another region, a standby (the probe reaches every
+            # region's ingresses across the gateways; the other region's answered first in 7 of 40 probes in a
+            # trial, docs/regions.md): refused, not applied. Through the queue group, which a server hands to the
+            # members of its own cluster (region) first, as every write went before the roll call
+            resp, ct = await strict.request(subject, body, timeout_s=timeout_s, started_at=t0)
     except DeadlineExceeded as exc:  # the write went; whether it was applied is not known here
         hung = roll.silent_ingresses()
         raise DeadlineExceeded(f"{exc.message}; " + (f"{hung}; " if hung else "")

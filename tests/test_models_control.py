@@ -375,6 +375,49 @@ async def test_writes_refused_on_a_standby_region(nats_server, tmp_path, refs):
             await client.close()
 
 
+async def test_a_write_refused_by_another_regions_ingress_that_answered_the_roll_call_first_goes_through_the_queue_group(
+        nats_server, tmp_path):
+    """A model write first asks ``<p>.ingresses`` and goes to the ingress that answers first, on its own subject; across
+    gateways the first can be a standby region's ingress (7 of 40 probes in a trial, docs/regions.md), which refuses
+    the write (UNAVAILABLE, field ``region``). Before the roll call a write went through the queue group, which a
+    server hands to its own cluster's members first; a refusal from the roll call's pick must send it there again,
+    not fail. Here the other region's ingress is the test's own subscriber, on the client's loop, so it answers the roll
+    call before the node's ingress (another process) does; it refuses as a standby ingress does, and is no member of
+    the queue group. A real node (no region: writes accepted) and a real nats-server."""
+    from inferbus.actors._common import error_message
+
+    cfg = NodeConfig(models_dir=str(MODELS), models=("digits",), workers=1, ingress=1, nats_url=nats_server.url,
+                     no_cache=True, prefix="xreg", run_dir=str(tmp_path / "run"))
+    async with Node(cfg) as node:
+        await node.wait_ready(60)
+        client = await Client.connect(nats_server.url, "xreg")
+        other = await Client.connect(nats_server.url, "xreg")
+        refused = []
+        try:
+            async def roll_call(msg):
+                await other.nc.publish(msg.reply, b"b-i0")
+
+            async def write(msg):
+                refused.append(msg.subject)
+                eh, eb = error_message(Unavailable(
+                    "model-management writes are accepted only in the primary region (A); this ingress is in region "
+                    "B (region B is standby); send the request to the primary region", field="region",
+                    retry_after_ms=1000))
+                await other.nc.publish(msg.reply, eb, headers=eh)
+
+            await other.nc.subscribe("xreg.ingresses", cb=roll_call)
+            await other.nc.subscribe("xreg.ingresses.b-i0.models.>", cb=write)
+            await other.nc.flush()
+            for _ in range(5):
+                r = await model_control(client, "load", "digits", "1", timeout_s=10)
+                assert r.versions == ["1", "2"] and not r.changed, r
+            # the roll call's pick was the refusing ingress at least once (else this test would not test the change)
+            assert refused and set(refused) == {"xreg.ingresses.b-i0.models.digits.load"}, refused
+        finally:
+            await other.close()
+            await client.close()
+
+
 def test_a_node_in_no_region_forgets_a_region_manager_gone_for_a_minute(tmp_path):
     """A fresh-user trial ran `inferbus region manager A` beside a plain `inferbus up` for 25 s: ten minutes later
     the node still refused every model write (UNAVAILABLE, primary "none known now") until restarted. An
