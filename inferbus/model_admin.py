@@ -102,10 +102,12 @@ async def model_control(client, op: str, model: str, version: str | None = None,
                                + f"the {op} may still have been applied (or may still be under way): "
                                f"check with `inferbus models`") from exc
     except Unavailable as exc:
-        if not roll.no_ingress:  # a refusal (a standby region), or an ingress that answered then went: as it is
-            raise
-        # no ingress subscribed ("no responders" to both): one its node lists is hung, dropped by the server (the
-        # embedded one drops a silent connection after 4-6 s), or restarting; the nodes answer within a round trip
+        if exc.field == "region" or roll.live:  # a refusal (a standby region), or an ingress that answered the roll
+            raise  # call then went: as it is
+        # no ingress answered the roll call ("no responders" to it, or silence: hung then, and dropped by the server
+        # before the write's retry, the embedded one dropping a silent connection after 4-6 s; a fresh-user trial:
+        # "no ingress is serving" after 31 s, naming no one), or one its node lists is restarting; the nodes answer
+        # within a round trip
         await roll.trees_heard(min(ROLL_CALL_WAIT_S, max(t0 + timeout_s - time.monotonic(), 0.0)))
         hung = roll.silent_ingresses()
         if not hung:
