@@ -184,6 +184,49 @@ def test_parameters_version_and_refusals(node):
     assert node.client.model("digits").versions == ["1", "2"]
 
 
+COUNTERS = ("inferbus_model_request_success_total", "inferbus_forward_latency_seconds_count",
+            "inferbus_forward_latency_seconds_sum", "inferbus_model_runs_total", "inferbus_model_computed_total")
+
+
+def version_counts(node, version: str) -> dict[str, float]:
+    """digits ``version``'s counters on ``/metrics`` and its figures in the statistics extension, one dict."""
+    [st] = stats_of(node, f"/v2/models/digits/versions/{version}/stats")
+    got = {family: scraped(node, family, "digits", version) for family in COUNTERS}
+    got.update(inference_count=st["inference_count"], execution_count=st["execution_count"],
+               success_ns=st["inference_stats"]["success"]["ns"], last_inference=st["last_inference"],
+               compute_infer=st["inference_stats"]["compute_infer"]["count"])
+    return got
+
+
+def test_a_versions_counts_survive_its_unload_and_grow_from_there_once_loaded_again(node):
+    """Counters are monotonic for the life of the process (Prometheus's semantics: ``rate()`` reads a drop as a
+    restart): N requests to digits v2, then v2 unloaded (``parameters.version``): every counter of v2 on ``/metrics``
+    and every figure of its statistics is what it was, none less (a fresh-user trial: ``request_success_total`` 7 →
+    2, ``forward_latency_seconds_count`` 5 → 0, ``last_inference`` → 0); loaded again, M more requests: up by M."""
+    rng = np.random.default_rng(11)
+    n, m = 3, 2
+    for _ in range(n):
+        node.client.infer("digits", {"pixels": rng.random((1, 64), dtype=np.float32)}, version="2")
+    served = version_counts(node, "2")
+    assert served["inferbus_forward_latency_seconds_count"] >= n and served["last_inference"] > 0, served
+    assert served["inferbus_model_runs_total"] >= n, served
+    status, _, doc = write(node, "unload", "digits", {"parameters": {"version": "2"}})
+    assert status == 200 and doc["versions"] == ["1"], doc
+    unloaded = version_counts(node, "2")
+    assert unloaded == served, {k: (served[k], unloaded[k]) for k in served if unloaded[k] != served[k]}
+    status, _, doc = write(node, "load", "digits", {"parameters": {"version": "2"}})
+    assert status == 200 and doc["versions"] == ["1", "2"], doc
+    assert version_counts(node, "2") == served
+    for _ in range(m):
+        node.client.infer("digits", {"pixels": rng.random((1, 64), dtype=np.float32)}, version="2")
+    again = version_counts(node, "2")
+    for key in ("inferbus_model_request_success_total", "inferbus_forward_latency_seconds_count", "inference_count",
+                "inferbus_model_runs_total", "inferbus_model_computed_total", "execution_count", "compute_infer"):
+        assert again[key] == served[key] + m, (key, served[key], again[key])
+    for key in ("inferbus_forward_latency_seconds_sum", "success_ns", "last_inference"):
+        assert again[key] > served[key], (key, served[key], again[key])
+
+
 def test_tritonclient_statistics_index_load_and_unload(node):
     """Triton's own HTTP client (``pip install tritonclient[http]``) against these paths."""
     th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check: "

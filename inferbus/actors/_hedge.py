@@ -55,6 +55,11 @@ class LatencyWindow:
     def add(self, latency_us: float) -> None:
         self.samples.append(latency_us)
 
+    def clear(self) -> None:
+        """Forget every latency (the version was unloaded: a quantile policy waits for ``MIN_SAMPLES`` again)."""
+        self.samples.clear()
+        self._cache.clear()
+
     def quantile(self, q: float, now: float | None = None) -> float | None:
         """The ``q`` quantile in µs (nearest rank), or None with fewer than ``MIN_SAMPLES``."""
         n = len(self.samples)

@@ -582,7 +582,13 @@ class Ingress:
                 self._model_hedge[mv.key] = policy
         self._policy_cache: dict[str, tuple | None] = {}
         self._latency: dict[str, ForwardStats] = {}
-        """Model version → its latency window (hedging) and forward-latency histogram (metrics), :meth:`_observe`."""
+        """Model version → its latency window (hedging) and forward-latency histogram (metrics), :meth:`_observe`:
+        the versions served (or with a forward completed since their unload)."""
+        self._retired: dict[str, ForwardStats] = {}
+        """Model version unloaded → its forward-latency counts (window emptied), kept for the life of the process so
+        that its counters never go backwards (:meth:`_retire_forward_stats`); taken back into :attr:`_latency` when a
+        forward of it completes again (:meth:`_forward_stats`). Bounded by the versions this process ever served
+        (one small object each: the histogram's 16 counts, no latencies)."""
         self._l1_hits: defaultdict[str, int] = defaultdict(int)
         """Model version → requests answered from L1 (``counts.l1_hits`` by model; for ``--metrics-port``)."""
         self._l2_hits: defaultdict[str, int] = defaultdict(int)
@@ -1955,9 +1961,32 @@ class Ingress:
         bytecodes than the call did for one (docs/performance.md, fifty-third session)."""
         lw = self._latency.get(model_key)
         if lw is None:
-            lw = self._latency[model_key] = ForwardStats()
+            lw = self._forward_stats(model_key)
         lw.samples.append(latency_us)
         lw.pending.append(latency_us)
+
+    def _forward_stats(self, model_key: str) -> ForwardStats:
+        """The first forward of ``model_key`` to complete since it was (re-)served (off the hot path: once per
+        version and load): its counts of before an unload, if any (:attr:`_retired`), with an empty latency
+        window, else new ones, now in :attr:`_latency`."""
+        lw = self._retired.pop(model_key, None)
+        if lw is None:
+            lw = ForwardStats()
+        self._latency[model_key] = lw
+        return lw
+
+    def _retire_forward_stats(self, model_key: str) -> None:
+        """``model_key`` is no longer served (:meth:`IngressModels._set_state`): its latency window is emptied and it
+        leaves :attr:`_latency` (the health's ``latency`` block, hedging: a re-load, maybe of other files, starts a
+        new window), its pending latencies are folded and its counts kept in :attr:`_retired` (``per_model`` in
+        :meth:`_stats_data` still gives them): a version's counters are monotonic for the life of the process,
+        across unload and re-load."""
+        lw = self._latency.pop(model_key, None)
+        if lw is None:
+            return
+        lw.fold()
+        lw.clear()
+        self._retired[model_key] = lw
 
     async def _on_load(self, msg) -> None:
         try:
@@ -2596,7 +2625,7 @@ class Ingress:
         view of the router (``workers``) and the latency window's quantiles per model version in µs
         (``latency_us``: ``{key: {"0.5": µs, "0.95": µs, "0.99": µs, "samples": n}}``, None with too few samples),
         the request layouts (``layouts``: :meth:`RequestLayouts.stats`) and, per model version, the counts since the
-        process started (``per_model``: ``{key: {"forward": {"le": [cumulative count per bound of
+        process started, versions unloaded since included (``per_model``: ``{key: {"forward": {"le": [cumulative count per bound of
         LATENCY_BOUNDS_US], "count": n, "sum_us": µs, "last_ms": ms since the epoch}, "l1_hits": n, "l2_hits": n, "errors": {code: n}}}``,
         every latency observed so far folded in first)."""
         if getattr(endpoint_stats, "name", "") != "infer":
@@ -2609,6 +2638,8 @@ class Ingress:
             q = {str(p): lw.quantile(p, now) for p in (0.5, 0.95, 0.99)}
             latency[k] = {**q, "samples": len(lw.samples)}
             lw.fold()
+            per_model[k] = {"forward": lw.histogram()}
+        for k, lw in self._retired.items():  # unloaded versions: their counts (folded when retired)
             per_model[k] = {"forward": lw.histogram()}
         for name, hits in (("l1_hits", self._l1_hits), ("l2_hits", self._l2_hits)):
             for k, n in hits.items():

@@ -450,12 +450,14 @@ class IngressModels:
 
     def _set_state(self, st: ModelState) -> None:
         """Make ``st`` the model's state, noting a state of the same revision it replaces (a rival write lost); the
-        latency windows of the model's versions it does not serve are dropped (the health's ``latency`` block listed
-        an unloaded version for good)."""
+        model's versions it does not serve are retired (``Ingress._retire_forward_stats``): their latency windows
+        leave the health's ``latency`` block (it listed an unloaded version for good) and hedging, their counts stay
+        (Prometheus counters must not go backwards without a restart; a fresh-user trial saw an unload take a
+        version's ``inferbus_model_request_success_total`` from 7 to 2)."""
         self._cache_tags(st)
         windows = self.ing._latency
         for k in [k for k in windows if k.rpartition(":")[0] == st.model and k.rpartition(":")[2] not in st.versions]:
-            del windows[k]
+            self.ing._retire_forward_stats(k)
         prev = self.states.get(st.model)
         if prev is not None and prev.revision == st.revision and prev.writer != st.writer:
             if len(self._overridden) >= 1000:

@@ -54,7 +54,9 @@ class ForwardStats(LatencyWindow):
 
     ``Ingress._observe`` appends each latency to ``samples`` (the window) and to ``pending`` (not yet folded into
     the histogram); :meth:`fold` moves ``pending`` into ``le_counts``/``count``/``sum_us`` and stamps ``last_ms``.
-    The ingress runs on one event loop: nothing here is shared with another thread.
+    The ingress runs on one event loop: nothing here is shared with another thread. When the version is unloaded the
+    ingress keeps the object for the life of the process with its window emptied (``Ingress._retire_forward_stats``):
+    the counts are monotonic across unload and re-load, as Prometheus counters must be.
     """
 
     __slots__ = ("pending", "le_counts", "count", "sum_us", "last_ms")
