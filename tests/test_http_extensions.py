@@ -247,6 +247,47 @@ def test_tritonclient_statistics_index_load_and_unload(node):
         client.close()
 
 
+def concurrently(node, writes) -> list[tuple[str, int, dict]]:
+    """``(op, status, doc)`` of ``writes`` (``(op, model)`` pairs), each sent at once on its own thread and
+    connection."""
+    results: list = [None] * len(writes)
+    go = threading.Barrier(len(writes))
+
+    def one(i, op, model):
+        go.wait(5)
+        status, _, doc = write(node, op, model)
+        results[i] = (op, status, doc)
+
+    threads = [threading.Thread(target=one, args=(i, op, model)) for i, (op, model) in enumerate(writes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r is not None for r in results), results
+    return results
+
+
+def test_whole_model_unloads_racing_each_other_or_loads_are_idempotent(node):
+    """Six whole-model unloads of digits at once: every one 200 (a version another unload took meanwhile counts as
+    done; the old code answered 404 to five of them) and the model withdrawn; six unloads racing six loads: never a
+    400 about a version the caller did not name nor a 404, each unload 200 or a retryable 503 (the default's unload
+    refused because loads served other versions meanwhile, round after round); then a load serves digits again."""
+    for op, status, doc in concurrently(node, [("unload", "digits")] * 6):
+        assert status == 200, doc
+    with pytest.raises(NotFound):
+        node.client.model("digits")
+    for op, status, doc in concurrently(node, [("unload", "digits"), ("load", "digits")] * 6):
+        if op == "load":
+            assert status == 200, doc
+        else:
+            assert status in (200, 503), doc
+            assert status == 200 or "retry" in doc["error"], doc
+    status, _, doc = write(node, "load", "digits")
+    assert status == 200 and doc["versions"] == ["1", "2"], doc
+    assert node.client.model("digits").versions == ["1", "2"]
+    node.client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})
+
+
 def test_a_write_where_writes_are_refused_is_the_nats_answer_unavailable_naming_the_primary(node):
     """A region manager of region A announces itself primary (the test publishes its heartbeats, as
     tests/test_models_control.py does): this node's ingress (in no region) refuses writes, UNAVAILABLE naming the

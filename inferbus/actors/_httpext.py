@@ -45,7 +45,27 @@ UNLOAD_PARAMETERS = ("version", "unload_dependents")
 """The ``parameters`` an unload accepts: ``version`` (an inferbus addition: unload that version alone) and Triton's
 ``unload_dependents`` (a boolean; no inferbus model loads others with it, so it changes nothing)."""
 
+UNLOAD_ROUNDS = 5
+"""How many times a whole-model unload reads the served versions again when its default's unload was refused
+because loads served other versions meanwhile; past them (or the budget): UNAVAILABLE, 503 with ``Retry-After``."""
+
 _JSON = (("Content-Type", "application/json"),)
+
+
+def _done(replies) -> str:
+    """``"versions 2, 1 were unloaded; "`` of a whole-model unload's writes so far (``""`` for none)."""
+    return (f"versions {', '.join(r.version or '' for r in replies)} were unloaded; " if replies else "")
+
+
+def _after(err, version: str, replies):
+    """``err`` of a whole-model unload's write of ``version``, its message naming the writes done before it."""
+    if not replies:
+        return err
+    new = type(err)(f"{err.message} (unloading version {version}, after {_done(replies)[:-2]})",
+                    field=err.field, retry_after_ms=err.retry_after_ms)
+    new.__cause__ = err
+    return new
+
 
 
 def _zero() -> dict:
@@ -330,7 +350,10 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
     200 (Triton reloads it: inferbus never reloads a served version; unload it, then load). unload without
     ``parameters.version``: the whole model, as Triton's: every served version but the default, one write each,
     then the default (its last version: the model is withdrawn, NOT_FOUND to requests, until a load); a model not
-    served but on disk: nothing to do, 200 (Triton's unload of an unloaded model succeeds). unload with
+    served but on disk: nothing to do, 200 (Triton's unload of an unloaded model succeeds); idempotent under
+    concurrency: a version another unload took meanwhile (NOT_FOUND) counts as done, and the default's unload refused
+    because a load served other versions since they were read reads the served versions again (at most
+    :data:`UNLOAD_ROUNDS` rounds, within the budget). unload with
     ``parameters.version``: that version alone (the default refused while others are served, as over NATS).
 
     Args:
@@ -341,8 +364,10 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
         200 with ``{"name", "versions" (served after it), "default_version", "revision", "writes": [{"op",
         "version", "changed", "elapsed_ms"}]}``; the write's typed error as HTTP otherwise (:func:`from_error`):
         400 (a malformed body, an unknown or unsupported parameter, the default version named while others are
-        served), 404 (a model neither served nor on disk, a version not on disk or not served), 500 (no worker
-        could load it), 503 (writes refused in a standby region, naming the primary; no ingress answered), 504
+        served), 404 (a model neither served nor on disk, a version not on disk or, naming it, not served), 500 (no
+        worker could load it), 503 (writes refused in a standby region, naming the primary; no ingress answered; a
+        whole-model unload whose default's unload was refused :data:`UNLOAD_ROUNDS` times as loads served other
+        versions meanwhile, with ``Retry-After``), 504
         (the budget ran out; it may still be applied: the message says so). A failure after some writes of an
         unload names the versions already unloaded. Never raises.
     """
@@ -351,7 +376,7 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
     from ..bus import _headers as H
     from ..client import _subject_token
     from ..model_admin import model_control
-    from ..schemas import DeadlineExceeded, InferbusError, NotFound
+    from ..schemas import DeadlineExceeded, InferbusError, InvalidArgument, NotFound, Unavailable
 
     t0 = time.monotonic()
     try:
@@ -373,25 +398,43 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
     async def ask(client):
         if op == "load" or version is not None:
             return [await model_control(client, op, name, version, timeout_s=left())]
-        try:
-            meta = await client.model(name, timeout_s=min(left(), 5.0))
-        except NotFound:
-            if on_disk:
-                return []
-            raise
-        default = str((meta.parameters or {}).get("default_version", ""))
-        order = [v for v in meta.versions if v != default] + [v for v in meta.versions if v == default]
         replies = []
-        for v in order:
+        refused = None
+        for _ in range(UNLOAD_ROUNDS):
             try:
-                replies.append(await model_control(client, "unload", name, v, timeout_s=left()))
-            except InferbusError as err:
-                if replies:
-                    raise type(err)(f"{err.message} (unloading {name!r} version {v}, after versions "
-                                    f"{', '.join(r.version or '' for r in replies)} were unloaded)",
-                                    field=err.field, retry_after_ms=err.retry_after_ms) from err
+                meta = await client.model(name, timeout_s=min(left(), 5.0))
+            except NotFound:
+                if on_disk or replies or refused is not None:  # not served (any more): nothing (more) to do
+                    return replies
                 raise
-        return replies
+            default = str((meta.parameters or {}).get("default_version", ""))
+            order = [v for v in meta.versions if v != default] + [v for v in meta.versions if v == default]
+            refused = None
+            for v in order:
+                try:
+                    replies.append(await model_control(client, "unload", name, v, timeout_s=left()))
+                except NotFound as err:
+                    # another unload took that version (field version) or the whole model (field model) meanwhile:
+                    # what this request asks for is done for it
+                    if err.field in ("version", "model"):
+                        continue
+                    raise _after(err, v, replies)
+                except InvalidArgument as err:
+                    # the default refused while others are served: a load served them since the versions were
+                    # read; read them again (another round) rather than answer a 400 about a version not named
+                    if v == default and err.field == "version":
+                        refused = err
+                        break
+                    raise _after(err, v, replies)
+                except InferbusError as err:
+                    raise _after(err, v, replies)
+            if refused is None:
+                return replies
+            if budget_s - (time.monotonic() - t0) < 0.05:
+                break
+        raise Unavailable(f"unloading {name!r}: versions were loaded again while it was being unloaded, "
+                          f"{UNLOAD_ROUNDS} rounds (the last refusal: {refused.message}); "
+                          f"{_done(replies)}retry the unload", retry_after_ms=1000)
 
     def answer(replies):
         last = replies[-1] if replies else None
@@ -404,5 +447,5 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
     return gateway.run_then(ask, budget_s - (time.monotonic() - t0), answer)
 
 
-__all__ = ["LOAD_PARAMETERS", "MAX_BODY_BYTES", "STATS_WAIT_S", "UNLOAD_PARAMETERS", "WRITE_TIMEOUT_S", "model_stats",
-           "repository_index", "repository_on_disk", "repository_write", "statistics"]
+__all__ = ["LOAD_PARAMETERS", "MAX_BODY_BYTES", "STATS_WAIT_S", "UNLOAD_PARAMETERS", "UNLOAD_ROUNDS", "WRITE_TIMEOUT_S",
+           "model_stats", "repository_index", "repository_on_disk", "repository_write", "statistics"]
