@@ -10,6 +10,8 @@ Two formats (:data:`inferbus._limits.LOG_FORMATS`):
   (the Python logger's name), ``actor`` (the process: ``node-n1``, ``worker-n1-w0``, ``ingress-n1-i0``,
   ``aggregator-n1-agg``...), ``msg``, and ``exc`` (the traceback, one string) when the record carries one.
 
+The node's HTTP server's records (the ``waitress`` logger's) are the node's: :func:`route_logger`.
+
 Imports nothing but the standard library (``inferbus up`` imports it before the node's heavy modules).
 """
 
@@ -54,6 +56,94 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+class OncePerPeriod(logging.Filter):
+    """Let one record of a logger through per ``period_s`` (monotonic s); the next one let through tells how many were
+    left out since (a suffix to its message). Thread-safe enough for the SDK's export thread: a lost count under a
+    race says one fewer."""
+
+    def __init__(self, period_s: float) -> None:
+        super().__init__()
+        self.period_s = period_s
+        self._next_at = 0.0
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now < self._next_at:
+            self._left_out += 1
+            return False
+        self._next_at = now + self.period_s
+        if self._left_out:
+            record.msg = f"{record.getMessage()} ({self._left_out} more such records of this logger left out in the " \
+                         f"last {self.period_s:g} s)"
+            record.args = ()
+            self._left_out = 0
+        return True
+
+
+WAITRESS_LOG_PERIOD_S = 30.0
+"""The node's HTTP server (waitress) writes one record per this many seconds of each repetitive message of its
+(``Task queue depth is N`` under load, the connection bound reached and left); the next says how many were left
+out. Errors, and records with a traceback, are never left out."""
+
+
+class _OncePerPeriodPerMessage(logging.Filter):
+    """:class:`OncePerPeriod` for each message template (``record.msg``, at most 64 kept; a new one past them is let
+    through) of records below ERROR without a traceback; the others pass."""
+
+    def __init__(self, period_s: float) -> None:
+        super().__init__()
+        self.period_s = period_s
+        self._each: dict[str, OncePerPeriod] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or record.exc_info or record.exc_text:
+            return True
+        key = str(record.msg)
+        once = self._each.get(key)
+        if once is None:
+            if len(self._each) >= 64:
+                return True
+            once = self._each[key] = OncePerPeriod(self.period_s)
+        return once.filter(record)
+
+
+class _ToLogger(logging.Handler):
+    """Hand each record (its logger's name kept) to ``target``'s handlers and those above it, as if logged there, when
+    it is at ``target``'s effective level or above."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= self.target.getEffectiveLevel():
+            self.target.handle(record)
+
+
+def route_logger(name: str, target: logging.Logger, level: int, period_s: float | None = None):
+    """Make logger ``name``'s records (a library's: ``waitress``) ``target``'s (``inferbus``): written by its handlers
+    (node.log, up's stderr) in their format, at ``level`` and above (``--log-level``), no longer propagated to the
+    root logger on their own (Python's last-resort handler wrote them on stderr as plain text: a fresh-user trial);
+    ``period_s``: each repetitive message once per that many seconds (:class:`OncePerPeriod` per message; errors
+    and tracebacks always). Returns the function that undoes it."""
+    lg = logging.getLogger(name)
+    handler = _ToLogger(target)
+    if period_s is not None:
+        handler.addFilter(_OncePerPeriodPerMessage(period_s))
+    old = (lg.level, lg.propagate)
+    lg.setLevel(level)
+    lg.propagate = False
+    lg.addHandler(handler)
+
+    def undo() -> None:
+        lg.removeHandler(handler)
+        lg.setLevel(old[0])
+        lg.propagate = old[1]
+
+    return undo
 
 
 def check_log_options(level: str, fmt: str) -> None:

@@ -247,3 +247,68 @@ async def test_an_actor_loop_that_dies_is_still_logged_and_one_stopped_is_not(ca
     assert len(incarnations) == 2  # restarted once, then stopped with the other loop
     said = [r.getMessage() for r in caplog.records if r.name == "inferbus.actors._common"]
     assert said == ["worker-t0: loop dies exited: raised RuntimeError('loop bug')"], said
+
+
+def test_waitress_records_are_the_nodes_records_in_its_format_on_stderr_and_in_node_log(tmp_path):
+    """A fresh-user trial: waitress's own records (``--http-max-connections 1`` and 2 connections: ``total open
+    connections reached the connection limit, ...``) were plain text on up's stderr even with ``--log-format json``
+    and never in node.log (the ``waitress`` logger had no handler: Python's last resort wrote them). Now they are the
+    node's records: JSON on stderr, in node.log, logger ``waitress``, actor the node."""
+    import socket
+
+    proc = _start(tmp_path, "--workers", "1", "--log-format", "json", "--http-port", "0", "--http-host", "127.0.0.1",
+                  "--http-max-connections", "1")
+    run, conns = tmp_path / "run", []
+    try:
+        port = None
+        while port is None:
+            line = proc.stdout.readline()
+            assert line, "up's stdout ended before its OIP v2 REST line"
+            port = (m := re.search(r"OIP v2 REST http://127\.0\.0\.1:(\d+)/v2", line)) and int(m.group(1))
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while "reached the connection limit" not in (run / "node.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (run / "node.log").read_text()[-3000:]
+            time.sleep(0.05)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        for c in conns:
+            c.close()
+    rc, err = _stop(proc)
+    assert rc == 0, err
+    for name, text in (("stderr", err), ("node.log", (run / "node.log").read_text())):
+        records = [json.loads(line) for line in text.splitlines()]  # every line, or this fails naming it
+        limit = [r for r in records if "reached the connection limit" in r["msg"]]
+        assert len(limit) == 1, (name, text[-3000:])
+        assert limit[0]["logger"] == "waitress" and limit[0]["level"] == "warning", limit
+        assert limit[0]["actor"] == "node-n1" and FIELDS <= set(limit[0]), limit
+
+
+def test_a_routed_loggers_repetitive_records_come_once_per_period_errors_always():
+    """:func:`inferbus._logs.route_logger` (the node's ``waitress`` records): under load waitress logs ``Task queue
+    depth is N`` for each task that waits; one record per message per period goes on (the next names how many were
+    left out), errors every time, records below the level none; undone, the logger is as it was."""
+    from inferbus._logs import route_logger
+
+    target, records = logging.getLogger("inferbus.test_route"), []
+    handler = logging.Handler()
+    handler.emit = records.append
+    target.addHandler(handler)
+    target.propagate = False
+    undo = route_logger("waitress_test", target, logging.WARNING, 30.0)
+    try:
+        queue = logging.getLogger("waitress_test.queue")
+        for depth in range(1, 6):
+            queue.warning("Task queue depth is %d", depth)
+        logging.getLogger("waitress_test").info("below the level")
+        for _ in range(2):
+            logging.getLogger("waitress_test").error("an error of the gateway")
+    finally:
+        undo()
+        target.removeHandler(handler)
+    assert [(r.name, r.getMessage()) for r in records] == [
+        ("waitress_test.queue", "Task queue depth is 1"), ("waitress_test", "an error of the gateway"),
+        ("waitress_test", "an error of the gateway")]
+    assert logging.getLogger("waitress_test").propagate and not logging.getLogger("waitress_test").handlers

@@ -38,7 +38,7 @@ from pathlib import Path
 from .._cpus import cores_text, usable_cores
 from .._limits import (MAX_HTTP_CONNECTIONS, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES,
                        binary_size, interval)
-from .._logs import LEVELS, check_log_options, formatter
+from .._logs import LEVELS, WAITRESS_LOG_PERIOD_S, check_log_options, formatter, route_logger
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
                    split_servers)
@@ -73,7 +73,8 @@ def _attach_node_log(path: Path, level: str = "info", log_format: str = "text", 
     names the node), so a node run detached keeps its restart history in its run dir (a second
     fresh-user trial, 2026-12-02: a ``kill -9`` showed only as a second ``READY`` in the actor's own log). What
     reached stderr before (WARNING and up, or ``level`` if higher; the message alone, Python's last-resort
-    handler's form, or JSON) still does, unless the application configured logging itself. Returns the function
+    handler's form, or JSON) still does, unless the application configured logging itself. The ``waitress`` logger's
+    records (the HTTP server's) go to the same handlers (:func:`~inferbus._logs.route_logger`). Returns the function
     that detaches both handlers again."""
     lg = logging.getLogger("inferbus")
     lvl = LEVELS[level]
@@ -94,8 +95,13 @@ def _attach_node_log(path: Path, level: str = "info", log_format: str = "text", 
         lg.setLevel(lvl)
     for h in added:
         lg.addHandler(h)
+    # the HTTP server's (waitress's) records are the node's too: these handlers and up's stderr, this format and
+    # level, each repetitive one ("Task queue depth is N") once per WAITRESS_LOG_PERIOD_S; they were plain text on
+    # stderr, never in node.log (a fresh-user trial)
+    unroute = route_logger("waitress", lg, lvl, WAITRESS_LOG_PERIOD_S)
 
     def detach() -> None:
+        unroute()
         for h in added:
             lg.removeHandler(h)
             h.close()

@@ -49,6 +49,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState,
                                  set_span_in_context)
 
+from .._logs import OncePerPeriod
 from .._version import __version__
 from ..bus import headers as H
 from ._common import log
@@ -189,29 +190,7 @@ _EXPORT_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "ope
 second per actor with the collector down, a line per second in every actor's log of a node left running)."""
 
 
-class _OncePerPeriod(logging.Filter):
-    """Let one record of a logger through per ``period_s`` (monotonic s); the next one let through tells how many were
-    left out since (a suffix to its message). Thread-safe enough for the SDK's export thread: a lost count under a
-    race says one fewer."""
-
-    def __init__(self, period_s: float) -> None:
-        super().__init__()
-        self.period_s = period_s
-        self._next_at = 0.0
-        self._left_out = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if now < self._next_at:
-            self._left_out += 1
-            return False
-        self._next_at = now + self.period_s
-        if self._left_out:
-            record.msg = f"{record.getMessage()} ({self._left_out} more such records of this logger left out in the " \
-                         f"last {self.period_s:g} s)"
-            record.args = ()
-            self._left_out = 0
-        return True
+_OncePerPeriod = OncePerPeriod  # (moved to inferbus._logs: the node's waitress records use it too)
 
 
 def _quiet_export_logs(period_s: float = EXPORT_LOG_PERIOD_S) -> None:
