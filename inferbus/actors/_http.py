@@ -11,13 +11,18 @@ connection per request, a thread per connection, no bound) did not:
   answered (curl no longer waits a second before a large body); a chunked request body is read.
 - **A bound**: at most ``max_connections`` open connections (:data:`DEFAULT_MAX_CONNECTIONS`); past it the server
   stops accepting and the kernel's listen backlog holds the next ones until a connection closes (they wait; none is
-  refused while the backlog, ``net.core.somaxconn``, has room). The same number of threads runs the requests, so a
-  request on an accepted connection never waits for a thread: an inference holds its thread while it waits for the
-  ingress's answer, an idle keep-alive connection holds none.
+  refused while the backlog, ``net.core.somaxconn``, has room). The same number of threads runs the requests, and a
+  connection has one request running at a time, so a request on an accepted connection never waits for another
+  request to finish: it waits in waitress's task queue only until an idle thread wakes up to take it (waitress
+  logs ``Task queue depth is N`` when a burst of requests is queued before the threads woke; a wake-up, not a
+  shortage; such records come once per 30 s, :data:`inferbus._logs.WAITRESS_LOG_PERIOD_S`). An inference holds its
+  thread while it waits for the ingress's answer, an idle keep-alive connection holds none, but it **holds a slot
+  of the bound** until the idle timeout: with the defaults, 100 idle pooled client connections make a new connection
+  (a liveness probe) wait up to 30 s. Size the bound above the clients' pool sizes, or lower the idle timeout.
 - **The idle timeout** (``--http-idle-timeout-s``): a connection with no byte in or out for that long, and no request
   being served, is closed; one that sent its headers and part of its body is answered 408 first. The wait for an
-  inference's answer does not count. Checked every :data:`CLEANUP_INTERVAL_S`, so a connection is closed between
-  the timeout and about 2 s after it.
+  inference's answer does not count. Only silence is timed: a client that sends one byte a second is not cut.
+  Checked every :data:`CLEANUP_INTERVAL_S`, so a connection is closed between the timeout and about 2 s after it.
 - **Every error answer of the server itself is JSON**, as the API's: ``{"error": "<message>"}`` with
   ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_code_of`): a request line over
   :data:`MAX_HEADER_BYTES` is 414, a request line and headers over it together 431 (both PAYLOAD_TOO_LARGE), a
