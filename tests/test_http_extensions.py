@@ -100,7 +100,7 @@ def test_stats_of_every_model_of_one_model_and_404_for_unknown(node):
         assert status == want and text in json.loads(body)["error"], (path, status, body)
         assert headers["inferbus-error-code"] == ("NOT_FOUND" if want == 404 else "INVALID_ARGUMENT")
     status, headers, _ = ask(node, "/v2/models/stats", "POST")
-    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert status == 405 and headers["allow"] == "OPTIONS, GET, HEAD"
     status, _, body = ask(node, "/v2")
     assert json.loads(body)["extensions"] == ["binary_tensor_data", "statistics", "model_repository"]
 
@@ -125,7 +125,7 @@ def test_repository_index_lists_every_version_on_disk_with_its_state(node):
         assert status == 400 and text in json.loads(body)["error"], body
         assert headers["inferbus-error-code"] == "INVALID_ARGUMENT"
     status, headers, _ = ask(node, "/v2/repository/index")
-    assert status == 405 and headers["allow"] == "POST"
+    assert status == 405 and headers["allow"] == "OPTIONS, POST"
 
 
 def write(node, op: str, model: str, doc=None):

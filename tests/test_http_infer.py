@@ -220,11 +220,11 @@ def test_a_frozen_worker_is_504_after_the_budget_not_a_hung_request(node, pixels
 
 def test_methods_head_options_405_and_unknown_paths(node):
     status, headers, _ = ask(node, "/v2/models/digits/infer")
-    assert status == 405 and headers["allow"] == "POST"
+    assert status == 405 and headers["allow"] == "OPTIONS, POST"
     status, headers, _ = ask(node, "/v2/models/digits/infer", "OPTIONS")
     assert status == 200 and headers["allow"] == "OPTIONS, POST"
     status, headers, _ = ask(node, "/v2", "POST", b"{}")
-    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert status == 405 and headers["allow"] == "OPTIONS, GET, HEAD"
     status, headers, _ = ask(node, "/v2/models/digits", "OPTIONS")
     assert status == 200 and headers["allow"] == "OPTIONS, GET, HEAD"
     status, headers, body = ask(node, "/v2/models/digits", "HEAD")

@@ -380,9 +380,9 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
 
     ``HEAD`` answers what ``GET`` does, without a body (``/metrics``'s with the length its body has); ``OPTIONS``
     answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers); any other method a path does not
-    answer is 405 with ``Allow`` (``GET, HEAD`` for the health, metadata and statistics paths, ``POST`` for
-    ``infer`` and the ``/v2/repository/`` paths,
-    ``OPTIONS, GET, HEAD`` outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are.
+    answer is 405 with ``Allow`` as ``OPTIONS`` gives it (``OPTIONS, GET, HEAD`` for the health, metadata and
+    statistics paths, ``OPTIONS, POST`` for ``infer`` and the ``/v2/repository/`` paths, ``OPTIONS, GET, HEAD``
+    outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are.
     Paths are read as UTF-8 after percent-decoding.
     """
     import time
@@ -405,7 +405,7 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
                 return []
             if method not in methods:
                 return _answer(start_response, method, ProbeAnswer(405, f"{path} answers {' and '.join(methods)}, "
-                                                                        f"not {method}"), (("Allow", allow),))
+                                                                        f"not {method}"), (("Allow", f"OPTIONS, {allow}"),))
             return _answer(start_response, method, handler(environ, started_at))
         if method == "OPTIONS":
             start_response("200 OK", [("Allow", "OPTIONS, GET, HEAD"), ("Content-Length", "0")])
