@@ -93,12 +93,14 @@ def test_stats_of_every_model_of_one_model_and_404_for_unknown(node):
     served = {(m.name, v) for m in node.client.models().models for v in m.versions}
     assert {(s["name"], s["version"]) for s in every} >= served and ("digits", "1") in served
     assert [s["version"] for s in stats_of(node, "/v2/models/digits/stats")] == ["1", "2"]
-    for path, want, text in (("/v2/models/no_such_model/stats", 404, "unknown model 'no_such_model'"),
-                             ("/v2/models/digits/versions/9/stats", 404, "has no version '9'"),
-                             ("/v2/models/digits/versions/v1/stats", 400, "not a number")):
+    for path, want, text, field in (("/v2/models/no_such_model/stats", 404, "unknown model 'no_such_model'", "model"),
+                                    ("/v2/models/digits/versions/9/stats", 404, "has no version '9'", "model_version"),
+                                    ("/v2/models/digits/versions/v1/stats", 400, "not a number", None)):
         status, headers, body = ask(node, path)
         assert status == want and text in json.loads(body)["error"], (path, status, body)
         assert headers["inferbus-error-code"] == ("NOT_FOUND" if want == 404 else "INVALID_ARGUMENT")
+        if field is not None:  # (as an infer's 404 names it)
+            assert headers.get("inferbus-error-field") == field, (path, headers)
     status, headers, _ = ask(node, "/v2/models/stats", "POST")
     assert status == 405 and headers["allow"] == "OPTIONS, GET, HEAD"
     status, _, body = ask(node, "/v2")

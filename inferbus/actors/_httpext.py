@@ -195,11 +195,12 @@ def statistics(gateway, name: str | None, version: str | None) -> HttpAnswer:
         if name is not None:
             per_key = {k: v for k, v in per_key.items() if v["name"] == name}
             if not per_key:
-                return error_answer(404, f"unknown model {name!r}")
+                return error_answer(404, f"unknown model {name!r}", (("Inferbus-Error-Field", "model"),))
             if version is not None:
                 per_key = {k: v for k, v in per_key.items() if v["version"] == version}
                 if not per_key:
-                    return error_answer(404, f"model {name!r} has no version {version!r}")
+                    return error_answer(404, f"model {name!r} has no version {version!r}",
+                                        (("Inferbus-Error-Field", "model_version"),))
         headers = _JSON
         missing = sorted(a for k, a in counted - got.keys())
         if missing:
