@@ -428,6 +428,51 @@ async def test_a_write_refused_by_another_regions_ingress_that_answered_the_roll
             await client.close()
 
 
+async def test_a_write_whose_only_ingress_hung_and_was_dropped_meanwhile_names_it(nats_server):
+    """The ingress is hung when the write starts (subscribed, silent: the roll call hears nothing, the write's first
+    attempt through the queue group waits half the budget) and is dropped by the server before the retry (no
+    responders): the UNAVAILABLE names it, with its pid, from its node's tree (a fresh-user trial: "no ingress is
+    serving" after 31 s, naming no one). The hung ingress and its node's tree are played by the test on a real
+    nats-server; its drop is the test ending its subscriptions once the first attempt has reached it."""
+    client = await Client.connect(nats_server.url, "hungdrop")
+    peer = await Client.connect(nats_server.url, "hungdrop")
+    try:
+        tree = {"node_id": "z1", "supervisors": [{"children": [
+            {"id": "ingress:0", "actors": ["z1-i0"], "pid": 4242, "status": "running"}]}]}
+
+        async def node_tree(msg):
+            await peer.nc.publish(msg.reply, json.dumps(tree).encode())
+
+        got = asyncio.Event()
+
+        async def write(msg):  # taken, never answered
+            got.set()
+
+        await peer.nc.subscribe("hungdrop.nodes", cb=node_tree)
+        async def silent(msg):  # hung: hears the roll call, says nothing
+            pass
+
+        hung = [await peer.nc.subscribe("hungdrop.ingresses", cb=silent),
+                await peer.nc.subscribe("hungdrop.models.>", queue="ingress", cb=write)]
+        await peer.nc.flush()
+
+        async def drop():
+            await got.wait()
+            for sub in hung:
+                await sub.unsubscribe()
+            await peer.nc.flush()
+
+        dropper = asyncio.create_task(drop())
+        with pytest.raises(Unavailable) as ei:
+            await model_control(client, "load", "digits", "1", timeout_s=2)
+        await dropper
+        msg = ei.value.message
+        assert "no ingress is serving" in msg and "ingress z1-i0 (pid 4242, node z1)" in msg, msg
+    finally:
+        await peer.close()
+        await client.close()
+
+
 def test_a_node_in_no_region_forgets_a_region_manager_gone_for_a_minute(tmp_path):
     """A fresh-user trial ran `inferbus region manager A` beside a plain `inferbus up` for 25 s: ten minutes later
     the node still refused every model write (UNAVAILABLE, primary "none known now") until restarted. An
