@@ -258,10 +258,16 @@ async def test_sigkill_of_up_ends_its_stopped_children_and_leaves_no_member_in_t
             os.kill(pid, signal.SIGSTOP)
         await asyncio.to_thread(_kill_and_check_gone, dep, children)
         for subject in (f"{prefix}._w.n1-w0", f"{prefix}.infer.fraud"):
-            t0 = time.monotonic()
-            with pytest.raises(nats.errors.NoRespondersError):
-                await nc.request(subject, b"{}", timeout=5)
-            assert time.monotonic() - t0 < 1.0, subject
+            # the server notices the dead connections within moments (a clean-clone CI run once saw one request time
+            # out right after the kill); a stopped member left behind would keep every request timing out for good
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await nc.request(subject, b"{}", timeout=1)
+                except nats.errors.NoRespondersError:
+                    break
+                except nats.errors.TimeoutError:
+                    assert time.monotonic() < deadline, f"{subject}: a member still holds it 10 s after the kill"
     finally:
         await nc.close()
         _no_leftovers(children, dep)
