@@ -2657,6 +2657,27 @@ def _typed_name(alias: str, name: str) -> str:
     return alias if any(a == alias or a.startswith(alias + "=") for a in sys.argv[1:]) else name
 
 
+def _option_value(argv: list[str], name: str) -> Optional[str]:
+    """The last value ``argv`` gives option ``name`` (``--name value`` or ``--name=value``), None where none."""
+    value = None
+    for i, tok in enumerate(argv):
+        if tok == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif tok.startswith(name + "="):
+            value = tok[len(name) + 1:]
+    return value
+
+
+def _json_lines_actor(command: str, argv: list[str]) -> Optional[str]:
+    """The ``actor`` of ``up``'s JSON Lines (``node-<--node-id>``, default ``node-n1``) where ``argv`` asks ``up``
+    for ``--log-format json``; None for any other command or format. A refusal of the option parser (an unknown
+    option, a value of the wrong type) comes before ``up`` reads its options, and was a text line in json mode (a
+    fresh-user trial); :func:`_run_app` writes it as a record with this."""
+    if command != "up" or _option_value(argv, "--log-format") != "json":
+        return None
+    return f"node-{_option_value(argv, '--node-id') or 'n1'}"
+
+
 def _run_app() -> None:
     """The ``inferbus`` command's app (:func:`main` runs it). A usage error that the argument parser finds (an
     option value of the wrong type, a missing argument, an unknown option or command) is one line on stderr,
@@ -2682,7 +2703,12 @@ def _run_app() -> None:
             message = _type_refusal(exc) or " ".join(exc.format_message().split())
             if message.startswith("Invalid value: --"):  # a check of ours that names its option (infer's --input):
                 message = message[len("Invalid value: "):]  # in the words of every other refusal, no Click prefix
-            print(f"error: {sub or 'inferbus'}: {message} (see {path} --help)", file=sys.stderr)
+            line = f"error: {sub or 'inferbus'}: {message} (see {path} --help)"
+            actor = _json_lines_actor(sub, sys.argv[1:])
+            if actor is not None:  # up --log-format json: its parser's refusals are records too
+                JsonLinesConsole(True, actor).print(line, markup=False)
+            else:
+                print(line, file=sys.stderr)
         else:
             from typer import rich_utils
 

@@ -724,3 +724,25 @@ def test_every_number_option_has_a_range_its_help_and_its_refusal_name_alike(pat
     below = str(int(lo) - 1) if kind is int else (f"{lo:g}" if m.group(1) == "(" else f"{lo - 0.5:g}")
     p = _refusal_of(path, option, below, tmp_path)
     assert p.returncode == 2 and p.stderr.startswith(f"error: {command}: {option} must be "), (below, p.stderr[-800:])
+
+
+@pytest.mark.parametrize("argv,actor,said", [
+    (["--log-format", "json", "--bogus"], "node-n1", "error: up: No such option: --bogus"),
+    (["--log-format=json", "--node-id", "x9", "--workers", "abc"], "node-x9", "error: up: --workers must be an integer"),
+    (["--node-id=z", "--nats-port", "", "--log-format", "json"], "node-z", "error: up: --nats-port"),
+])
+def test_up_in_json_mode_writes_the_option_parsers_refusals_as_records(argv, actor, said):
+    """``up --log-format json``: a refusal of the option parser (an unknown option, a value of the wrong type: found
+    before ``up`` reads its options) is one JSON record on stderr as ``up``'s own refusals are, exit 2; it was a text
+    line. Without json it stays the text line."""
+    import json
+
+    p = cli("up", *argv)
+    assert p.returncode == 2 and not p.stdout, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    record = json.loads(lines[0])
+    assert (record["level"], record["logger"], record["actor"]) == ("error", "inferbus.up", actor), record
+    assert record["msg"].startswith(said) and record["msg"].endswith("up --help)"), record
+    text = cli("up", *[a for a in argv if "json" not in a and a != "--log-format"])
+    assert_one_error_line(text, said[len("error: "):])
