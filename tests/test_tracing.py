@@ -4,6 +4,7 @@ over OTLP/HTTP to a small collector run here (``http.server`` on a free port, bo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -561,3 +562,77 @@ async def test_a_forward_the_sweeper_gives_up_on_has_an_error_span(shedding, col
         assert a["inferbus.worker.id"] == "n1-w0" and "no completion from worker n1-w0" in s.status.message
         # given up at the deadline (300 ms) plus the grace (1 s), not at once
         assert s.end_time_unix_nano - s.start_time_unix_nano >= 1.2e9, s
+
+
+@pytest.fixture(scope="module")
+def hedging(collector, tmp_path_factory):
+    """A node of 1 ingress and 2 worker processes obeying injected faults (``--fault-injection``: a compute delay holds
+    both copies of a hedged request at their workers), every request traced."""
+    root = tmp_path_factory.mktemp("traced_hedging")
+    dep = start_deployment(root / "dep", workers=2, prefix="trh",
+                           extra=["--models", str(models_subset(root / "models", ["digits"])), "--fault-injection",
+                                  "--hedge-budget", "1", "--trace-otlp-endpoint", collector.url, "--trace-ratio", "1"])
+    yield dep
+    dep.stop()
+
+
+async def test_a_hedged_requests_span_moves_to_its_hedge_when_its_first_copys_worker_dies(hedging, collector):
+    """Both workers compute with a 2 s delay; a sampled request hedged after 100 ms has its first copy (``primary``)
+    at one worker and its hedge (``copy``) at the other, both seen on the workers' subjects. The first copy's worker
+    is SIGKILLed: the ingress fails its pending copy but leaves the request to the hedge still running, and moves the
+    ingress span to it. The hedge's answer ends the span: the trace has the ingress span, OK, naming the surviving
+    worker, ended after the kill, and that worker's span as its child. Before 8e8d558 the span stayed with the failed
+    copy and was never made (the trace held the worker's span alone)."""
+    import asyncio
+    import signal
+
+    import nats
+
+    from inferbus.bus import headers as H
+    from test_reliability_lib import Reports, set_fault
+
+    prefix, workers = hedging.prefix, ("n1-w0", "n1-w1")
+    nc = await nats.connect(hedging.nats_url)
+    reports = await Reports.start(nc, prefix)
+    forwards: list[tuple[str, str | None]] = []
+    both = asyncio.Event()
+
+    async def on_forward(msg) -> None:  # (a plain subscriber: a copy of each forward, the workers get theirs)
+        forwards.append((msg.subject.rsplit(".", 1)[1], (msg.headers or {}).get(H.HEDGE)))
+        if len(forwards) == 2:
+            both.set()
+
+    try:
+        await reports.wait(lambda r: set(workers) <= set(r), what="both workers reporting")
+        for w in workers:
+            await set_fault(nc, prefix, w, compute_delay_ms=2000)
+        await nc.subscribe(f"{prefix}._w.*", cb=on_forward)
+        await nc.flush()
+        client = Client(nc, prefix, retry_unavailable=False, adaptive_attempt_timeout=False)  # one attempt
+        tp, trace_id, client_span = traceparent("01")
+        answer = asyncio.ensure_future(client.infer_result("digits", digits_input(int(time.time() * 1000) + 7),
+                                                           hedge=100, timeout_s=10, headers={"traceparent": tp}))
+        await asyncio.wait_for(both.wait(), 5)
+        [(first, mark1), (second, mark2)] = forwards
+        assert (mark1, mark2) == ("primary", "copy") and {first, second} == set(workers), forwards
+        killed_ns = time.time_ns()
+        os.kill(reports.latest[first].pid, signal.SIGKILL)
+        r = await answer
+        assert r.parameters["worker_id"] == second
+        assert len(forwards) == 2, forwards  # (the first copy was not sent again: its hedge still ran)
+    finally:
+        for w in workers:  # (the killed one is restarted without the fault)
+            with contextlib.suppress(Exception):
+                await set_fault(nc, prefix, w)
+        await reports.stop()
+        await nc.close()
+    got = collector.wait_trace(trace_id, 2)  # the ingress's and the surviving worker's (the killed one's never ends)
+    assert sorted(s.kind for s, _ in got) == [Span.SPAN_KIND_SERVER, Span.SPAN_KIND_CONSUMER], \
+        [(s.name, s.kind, r["service.instance.id"]) for s, r in got]
+    ingress, worker = by_kind(got)
+    assert {r["service.instance.id"] for _, r in got} == {"n1-i0", second}
+    a, w = attrs(ingress), attrs(worker)
+    assert a["inferbus.worker.id"] == w["inferbus.worker.id"] == second, (a, w)
+    assert ingress.status.code != Status.STATUS_CODE_ERROR and "error.type" not in a, (ingress.status, a)
+    assert ingress.parent_span_id == client_span and worker.parent_span_id == ingress.span_id
+    assert ingress.end_time_unix_nano > killed_ns  # ended by the hedge's completion, after the first copy's worker died
