@@ -107,6 +107,35 @@ def test_stats_of_every_model_of_one_model_and_404_for_unknown(node):
     assert json.loads(body)["extensions"] == ["binary_tensor_data", "statistics", "model_repository"]
 
 
+
+def test_stats_name_a_process_that_did_not_answer_and_give_the_others_figures(node):
+    """The node's worker frozen (SIGSTOP): it cannot answer ``$SRV.STATS`` within the 1 s wait, so the answer is still
+    200, its figures those of the ingress alone (the worker's runs left out: ``execution_count`` 0 after a request
+    it computed), and ``Inferbus-Stats-Missing`` names the worker. Thawed, the header is gone and its runs count."""
+    import os
+    import signal
+
+    from conftest import command_lines
+
+    x = np.random.default_rng(int(time.time() * 1000)).random((1, 64), dtype=np.float32)  # (no cache hit)
+    node.client.infer("digits", {"pixels": x})
+    [pid] = [pid for pid, cmd in command_lines() if "inferbus.actors worker" in cmd and str(node.run_dir) in cmd]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status, headers, body = ask(node, "/v2/models/digits/stats")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status == 200 and headers["content-type"] == "application/json", (status, body)
+    assert headers.get("inferbus-stats-missing") == "n1-w0", headers
+    frozen = json.loads(body)["model_stats"]
+    assert [s["version"] for s in frozen] == ["1", "2"], frozen  # (the ingress knows both)
+    assert sum(s["inference_count"] for s in frozen) >= 1  # the ingress's counts are there
+    assert sum(s["execution_count"] for s in frozen) == 0  # the worker's are not
+    deadline = time.monotonic() + 10
+    while "inferbus-stats-missing" in (thawed := ask(node, "/v2/models/digits/stats"))[1]:
+        assert time.monotonic() < deadline, thawed[1]  # (its reply to a request it read after the wait: left out)
+    assert sum(s["execution_count"] for s in json.loads(thawed[2])["model_stats"]) >= 1
+
 def index(node, doc=None) -> list[dict]:
     status, _, body = post_json(node, "/v2/repository/index", doc if doc is not None else {})
     assert status == 200, body
