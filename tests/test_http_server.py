@@ -175,3 +175,65 @@ def test_expect_100_continue_is_answered_before_the_body(node, body):
         s.sendall(body)
         got = read_answer(s)
     assert got.startswith(b"HTTP/1.1 200 "), got[:300]
+
+
+def _served(node, body: bytes) -> None:
+    """An infer on a new connection is answered 200 (the server serves on after a refusal)."""
+    conn = http.client.HTTPConnection(*node.http, timeout=10)
+    try:
+        conn.request("POST", "/v2/models/digits/infer", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()[:300]
+        assert json.loads(resp.read())["model_name"] == "digits"
+    finally:
+        conn.close()
+
+
+def _refused_over_the_bound(got: bytes) -> None:
+    """``got`` (all the server wrote) is one 413 of the server itself: JSON naming the bound, PAYLOAD_TOO_LARGE."""
+    from inferbus.actors._http import MAX_BODY_BYTES
+
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), got[:500]
+    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert headers[b"Inferbus-Error-Code"] == b"PAYLOAD_TOO_LARGE" and headers[b"Content-Type"] == b"application/json"
+    assert headers[b"Connection"] == b"close", headers
+    assert str(MAX_BODY_BYTES) in json.loads(payload)["error"], payload
+
+
+def test_a_content_length_over_128_mib_is_413_unread_and_the_server_serves_on(node, body):
+    """docs/http.md, "Size": a ``Content-Length`` over 128 MiB is 413 at once, the body unread (none is sent here:
+    the answer comes without it), as JSON with the code; the connection is closed after it, and the next request is
+    served."""
+    from inferbus.actors._http import MAX_BODY_BYTES
+
+    assert MAX_BODY_BYTES == 128 * 1024 * 1024
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1))
+        got = read_answer(s)  # (to the server's close: a kept connection would time out here)
+    _refused_over_the_bound(got)
+    _served(node, body)
+
+
+def test_a_chunked_body_past_128_mib_is_413_once_it_gets_there_and_the_server_serves_on(node, body):
+    """A chunked body has no length to refuse up front: the server reads it until 128 MiB, then answers 413 (JSON,
+    the code) and closes. Streamed from one 1 MiB buffer (the server spools what it read to a temporary file)."""
+    from inferbus.actors._http import MAX_BODY_BYTES
+
+    chunk = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+    sent = 0
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        try:
+            while sent <= MAX_BODY_BYTES:  # (one more chunk than the bound, unless refused before)
+                s.sendall(chunk)
+                sent += 1 << 20
+        except (BrokenPipeError, ConnectionResetError):  # refused, closed while chunks were still coming
+            pass
+        got = read_answer(s)
+    _refused_over_the_bound(got)
+    assert sent >= MAX_BODY_BYTES - (8 << 20), sent  # (refused at the bound, not before: a few chunks in flight)
+    _served(node, body)
+

@@ -32,8 +32,8 @@ Source: waitress (https://docs.pylonsproject.org/projects/waitress/), its docume
 ``connection_limit``, ``channel_timeout``, ``cleanup_interval``, ``max_request_header_size``,
 ``max_request_body_size``, ``backlog``, ``asyncore_use_poll``) and three class hooks of its server and channel
 (``channel_class``, ``parser_class``, ``error_task_class``) and its ``maintenance`` step, pinned to ``waitress>=3,<4``
-in pyproject.toml. tests/test_http_server.py and tests/test_http_infer.py check these against a real node, all but
-the 128 MiB body bound.
+in pyproject.toml. tests/test_http_server.py and tests/test_http_infer.py check these against a real node, the 128 MiB
+body bound included (a ``Content-Length`` over it, a chunked body streamed past it).
 """
 
 from __future__ import annotations
