@@ -198,7 +198,7 @@ def _refused_over_the_bound(got: bytes) -> None:
     headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
     assert headers[b"Inferbus-Error-Code"] == b"PAYLOAD_TOO_LARGE" and headers[b"Content-Type"] == b"application/json"
     assert headers[b"Connection"] == b"close", headers
-    assert str(MAX_BODY_BYTES) in json.loads(payload)["error"], payload
+    assert json.loads(payload)["error"] == f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB)", payload
 
 
 def test_a_content_length_over_128_mib_is_413_unread_and_the_server_serves_on(node, body):
@@ -237,3 +237,28 @@ def test_a_chunked_body_past_128_mib_is_413_once_it_gets_there_and_the_server_se
     assert sent >= MAX_BODY_BYTES - (8 << 20), sent  # (refused at the bound, not before: a few chunks in flight)
     _served(node, body)
 
+
+def test_a_body_of_exactly_128_mib_is_read_then_refused_by_the_ingress_limit_on_a_kept_connection(node, body):
+    """The bound is "over 128 MiB" (docs/http.md, "Size": a body up to 128 MiB is read and then refused, the client
+    reading the 413 rather than a reset): one of exactly 128 MiB is read whole and answered 413 by the gateway (over
+    the ingresses' limit, 8 MiB here), on a connection kept open, which then serves an infer. Streamed from one 1 MiB
+    buffer."""
+    from inferbus.actors._http import MAX_BODY_BYTES
+
+    block = b" " * (1 << 20)
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % MAX_BODY_BYTES)
+        for _ in range(MAX_BODY_BYTES // len(block)):
+            s.sendall(block)
+        resp = http.client.HTTPResponse(s)  # (read off this socket: the next request goes on it)
+        resp.begin()
+        doc = json.loads(resp.read())
+        assert resp.status == 413 and resp.getheader("Inferbus-Error-Code") == "PAYLOAD_TOO_LARGE", doc
+        assert doc["error"].startswith(f"request body of {MAX_BODY_BYTES} bytes is over the limit of "), doc
+        assert not resp.will_close, resp.getheaders()
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        resp = http.client.HTTPResponse(s)
+        resp.begin()
+        assert resp.status == 200 and json.loads(resp.read())["model_name"] == "digits"

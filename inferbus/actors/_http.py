@@ -48,7 +48,7 @@ from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
-from waitress.utilities import Error, RequestHeaderFieldsTooLarge
+from waitress.utilities import Error, RequestEntityTooLarge, RequestHeaderFieldsTooLarge
 
 from .._limits import MAX_MAX_PAYLOAD_BYTES
 
@@ -66,10 +66,12 @@ had before): past it 431, or 414 when the request line alone does not end within
 
 MAX_BODY_BYTES = 2 * MAX_MAX_PAYLOAD_BYTES
 """A request body over this many bytes is refused with 413 by the server before it is read (its
-``Content-Length``; a chunked body once it gets there). Smaller bodies are read whole (spooled to a temporary file
-past 512 KiB, waitress's ``inbuf_overflow``) before the application sees them, which answers 413 for a body over the
-ingresses' limit (``--max-request-bytes``, at most nats-server's ceiling, 64 MiB): the bytes above it let a client
-that sends a body a little over the limit read that answer rather than a reset."""
+``Content-Length``; a chunked body once it gets there, its chunks' framing counted). Smaller bodies are read whole
+(spooled to a temporary file past 512 KiB, waitress's ``inbuf_overflow``) before the application sees them, which
+answers 413 for a body over the ingresses' limit (``--max-request-bytes``, at most nats-server's ceiling, 64 MiB): the
+bytes above it let a client that sends a body a little over the limit read that answer rather than a reset (one of
+exactly this many bytes too: until 2026-12-07 waitress's own bound, which refuses a body of its size or more, cut
+it)."""
 
 CLEANUP_INTERVAL_S = 1.0
 """How often the server looks for idle connections to close, seconds (waitress's ``cleanup_interval``)."""
@@ -84,12 +86,15 @@ class _NodeError(Error):
 
 
 class _Parser(HTTPRequestParser):
-    """waitress's request parser, telling a request line too long (414) from headers too long (431)."""
+    """waitress's request parser, telling a request line too long (414) from headers too long (431), and saying a
+    body over :data:`MAX_BODY_BYTES` (413) with that bound (waitress's message names its own setting, one more)."""
 
     def received(self, data: bytes) -> int:
         before, had = self.header_plus, self.error
         n = super().received(data)
-        if self.error is not had and isinstance(self.error, RequestHeaderFieldsTooLarge):
+        if self.error is not had and isinstance(self.error, RequestEntityTooLarge):
+            self.error = _NodeError(413, f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB)")
+        elif self.error is not had and isinstance(self.error, RequestHeaderFieldsTooLarge):
             limit = self.adj.max_request_header_size
             end = (before + data).find(b"\n")
             if end < 0 or end >= limit:
@@ -182,7 +187,9 @@ class HttpServer:
                           # waitress counts its listening socket and its wake-up pipe among the connections
                           connection_limit=max_connections + 2,
                           channel_timeout=idle_timeout_s, cleanup_interval=CLEANUP_INTERVAL_S,
-                          max_request_header_size=MAX_HEADER_BYTES, max_request_body_size=MAX_BODY_BYTES,
+                          max_request_header_size=MAX_HEADER_BYTES,
+                          # (waitress refuses a body of max_request_body_size bytes or more; the bound is "over")
+                          max_request_body_size=MAX_BODY_BYTES + 1,
                           # the kernel caps it at net.core.somaxconn: a burst of clients waits there, not refused
                           backlog=socket.SOMAXCONN,
                           asyncore_use_poll=True,  # (select() cannot watch a descriptor above 1023)
