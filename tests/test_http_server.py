@@ -162,6 +162,25 @@ def test_every_error_of_the_ready_and_metadata_paths_has_the_code(node, method, 
         conn.close()
 
 
+@pytest.mark.parametrize("method", ["DELETE", "POST", "PUT"])
+def test_a_405_of_metrics_is_json_as_every_other_error(node, method):
+    """A method other than GET, HEAD or OPTIONS on ``/metrics`` (any path outside ``/v2/``): 405 with ``Allow`` and
+    the API's JSON error body, as a ``/v2`` path's 405; until 2026-12-07 its body was text (``# HTTP 405 ...``)."""
+    conn = http.client.HTTPConnection(*node.http, timeout=10)
+    try:
+        conn.request(method, "/metrics", body=b"x" if method != "DELETE" else None)
+        resp = conn.getresponse()
+        payload = resp.read()
+        assert resp.status == 405, (resp.status, payload[:300])
+        assert resp.getheader("Allow") == "OPTIONS, GET, HEAD"
+        assert resp.getheader("Inferbus-Error-Code") == "INVALID_ARGUMENT"
+        assert resp.getheader("Content-Type") == "application/json", resp.getheaders()
+        assert json.loads(payload) == {"error": f"/metrics (the Prometheus scrape) answers GET and HEAD, not {method}"}
+        assert not resp.will_close  # (an answer of the app: the connection is kept, as after a /v2 path's 405)
+    finally:
+        conn.close()
+
+
 def test_expect_100_continue_is_answered_before_the_body(node, body):
     """curl sends ``Expect: 100-continue`` before a body over 1 KiB and waits a second for ``100 Continue``; until
     2026-12-07 the server never sent it (docs/http.md told curl users to add ``-H 'Expect:'``)."""

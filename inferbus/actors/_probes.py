@@ -382,7 +382,9 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
     answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers); any other method a path does not
     answer is 405 with ``Allow`` as ``OPTIONS`` gives it (``OPTIONS, GET, HEAD`` for the health, metadata and
     statistics paths, ``OPTIONS, POST`` for ``infer`` and the ``/v2/repository/`` paths, ``OPTIONS, GET, HEAD``
-    outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are.
+    outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are. Every error answer, the
+    405 of a path outside ``/v2/`` included (text until 2026-12-07), is the API's JSON ``{"error": "<why>"}`` with
+    ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_answer`).
     Paths are read as UTF-8 after percent-decoding.
     """
     import time
@@ -422,13 +424,10 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             start_response(status, [*headers, ("Content-Length", str(len(body)))])
             return []
-        if method != "GET":
-            body = f"# HTTP 405 Method Not Allowed: {method}; use GET, HEAD or OPTIONS\n".encode()
-            start_response("405 Method Not Allowed", [("Allow", "OPTIONS, GET, HEAD"),
-                                                      ("Inferbus-Error-Code", "INVALID_ARGUMENT"),
-                                                      ("Content-Type", "text/plain; charset=utf-8"),
-                                                      ("Content-Length", str(len(body)))])
-            return [body]
+        if method != "GET":  # (JSON with the code, as every other error answer of the port)
+            return _answer(start_response, method, ProbeAnswer(405, f"{path} (the Prometheus scrape) answers GET "
+                                                                    f"and HEAD, not {method}"),
+                           (("Allow", "OPTIONS, GET, HEAD"),))
         return metrics_app(environ, start_response)
 
     return app
