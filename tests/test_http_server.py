@@ -124,21 +124,36 @@ def test_past_the_connection_bound_a_connection_waits_until_one_closes(node):
 
 
 @pytest.mark.parametrize("what, status", [("line", 414), ("headers", 431)])
-def test_a_request_line_or_headers_too_long_is_json_with_the_code(node, what, status):
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_a_request_line_or_headers_too_long_is_json_with_the_code(node, what, status, version):
     """Past 64 KiB: 414 for the request line alone, 431 for the line and headers; until 2026-12-07 http.server's HTML
-    page, no ``Inferbus-Error-Code``."""
+    page, no ``Inferbus-Error-Code``. The status line says the request's version (HTTP/1.1 where the request line
+    was too long to read it); until 2026-12-07 waitress's ``HTTP/1.0`` whatever the request's."""
     host, port = node.http
-    request = (b"GET /v2/models/" + b"a" * 70_000 + b"/ready HTTP/1.1\r\nHost: x\r\n\r\n" if what == "line" else
-               b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+    v = version.encode()
+    request = (b"GET /v2/models/" + b"a" * 70_000 + b"/ready HTTP/%s\r\nHost: x\r\n\r\n" % v if what == "line" else
+               b"GET /v2/health/live HTTP/%s\r\nHost: x\r\n" % v
                + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"b" * 8000) for i in range(10)) + b"\r\n")
     with socket.create_connection((host, port), timeout=10) as s:
         s.sendall(request)
         got = read_answer(s)
     head, _, payload = got.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == str(status).encode(), got[:500]
+    assert head.split(b" ")[0] == (b"HTTP/1.1" if what == "line" else b"HTTP/" + v), got[:500]
     headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
     assert headers[b"Inferbus-Error-Code"] == b"PAYLOAD_TOO_LARGE" and headers[b"Content-Type"] == b"application/json"
     assert "65536 bytes" in json.loads(payload)["error"], payload
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_a_malformed_header_is_answered_in_the_requests_version(node, version):
+    """A header line that is not ``name: value``: 400 (JSON, ``Inferbus-Error-Code``), the status line in the
+    request's version; until 2026-12-07 ``HTTP/1.0`` to an HTTP/1.1 request (waitress stops before the version)."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/%s\r\nHost: x\r\nno colon here\r\n\r\n" % version.encode())
+        got = read_answer(s)
+    assert got.startswith(b"HTTP/%s 400 " % version.encode()), got[:500]
+    assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in got and b"Connection: close" in got, got[:500]
 
 
 @pytest.mark.parametrize("method, path, status, code", [

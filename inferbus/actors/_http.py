@@ -26,7 +26,9 @@ connection per request, a thread per connection, no bound) did not:
 - **Every error answer of the server itself is JSON**, as the API's: ``{"error": "<message>"}`` with
   ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_code_of`): a request line over
   :data:`MAX_HEADER_BYTES` is 414, a request line and headers over it together 431 (both PAYLOAD_TOO_LARGE), a
-  malformed request 400 (INVALID_ARGUMENT), a body over :data:`MAX_BODY_BYTES` 413, an application error 500.
+  malformed request 400 (INVALID_ARGUMENT), a body over :data:`MAX_BODY_BYTES` 413, an application error 500. Its
+  status line says the request's HTTP version, or HTTP/1.1 when the request line could not be read that far (a
+  request line over the limit): waitress's said HTTP/1.0 to an HTTP/1.1 request whose head it could not take.
 
 Source: waitress (https://docs.pylonsproject.org/projects/waitress/), its documented ``Adjustments`` (``threads``,
 ``connection_limit``, ``channel_timeout``, ``cleanup_interval``, ``max_request_header_size``,
@@ -38,6 +40,7 @@ body bound included (a ``Content-Length`` over it, a chunked body streamed past 
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -85,13 +88,32 @@ class _NodeError(Error):
         self.code = code
 
 
+_VERSION = re.compile(rb"[ \t]HTTP/(1\.[01])\r?$")
+"""The version at the end of a request line (RFC 9112 3: ``method SP request-target SP HTTP-version``)."""
+
+
+def _request_version(head: bytes) -> str:
+    """The HTTP version (``"1.0"`` or ``"1.1"``) of the request whose first bytes are ``head``: its request line's,
+    when that line ended within them and names 1.0 or 1.1; else ``"1.1"``, this server's (RFC 9110 6.2: a server
+    answers with the highest version it conforms to within the request's major version, and every request this
+    server takes is HTTP/1.x)."""
+    line, nl, _ = head.lstrip().partition(b"\n")
+    m = _VERSION.search(line) if nl else None
+    return m.group(1).decode() if m else "1.1"
+
+
 class _Parser(HTTPRequestParser):
-    """waitress's request parser, telling a request line too long (414) from headers too long (431), and saying a
-    body over :data:`MAX_BODY_BYTES` (413) with that bound (waitress's message names its own setting, one more)."""
+    """waitress's request parser, telling a request line too long (414) from headers too long (431), saying a body
+    over :data:`MAX_BODY_BYTES` (413) with that bound (waitress's message names its own setting, one more), and
+    answering a request whose head it could not take (414, 431, a malformed line or header: 400) in the request's
+    HTTP version: waitress parses ``GET / HTTP/1.0`` in its stead, or stops before the version, so such answers said
+    ``HTTP/1.0`` to an HTTP/1.1 client (until 2026-12-07)."""
 
     def received(self, data: bytes) -> int:
-        before, had = self.header_plus, self.error
+        before, had, in_head = self.header_plus, self.error, self.body_rcv is None
         n = super().received(data)
+        if self.error is not had and in_head:
+            self.version = _request_version(before + data)
         if self.error is not had and isinstance(self.error, RequestEntityTooLarge):
             self.error = _NodeError(413, f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB)")
         elif self.error is not had and isinstance(self.error, RequestHeaderFieldsTooLarge):
