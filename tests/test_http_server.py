@@ -156,6 +156,35 @@ def test_a_malformed_header_is_answered_in_the_requests_version(node, version):
     assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in got and b"Connection: close" in got, got[:500]
 
 
+def test_content_length_with_chunked_is_400_and_the_connection_closed(node, body):
+    """RFC 9112 6.3: a request with both ``Transfer-Encoding: chunked`` and ``Content-Length`` (a request smuggling
+    vector: a proxy in front may frame it by the length) is refused, 400 as JSON with the code, and the connection
+    closed after the answer: the request pipelined after it is never answered. Until 2026-12-07 waitress read the
+    chunks, served the infer (200) and kept the connection (the next request answered too)."""
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%s" % (len(chunked), chunked)
+                  + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = read_answer(s)
+    assert got.startswith(b"HTTP/1.1 400 "), got[:500]
+    assert re.findall(rb"HTTP/1\.[01] \d{3} ", got) == [b"HTTP/1.1 400 "], got[:2000]  # the second: never answered
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in head and b"Connection: close" in head, head
+    assert "both Transfer-Encoding: chunked and Content-Length" in json.loads(payload)["error"], payload
+
+
+def test_an_http_1_0_request_with_transfer_encoding_is_400(node, body):
+    """RFC 9112 6.1: HTTP/1.0 has no ``Transfer-Encoding``; a request with one has faulty framing, even with a
+    ``Content-Length``: 400 and closed. Until 2026-12-07 waitress framed it by the ``Content-Length`` and served it."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = read_answer(s)
+    assert got.startswith(b"HTTP/1.0 400 ") and b"Inferbus-Error-Code: INVALID_ARGUMENT" in got, got[:500]
+    assert "HTTP/1.0 request has no Transfer-Encoding" in json.loads(got.partition(b"\r\n\r\n")[2])["error"]
+
+
 @pytest.mark.parametrize("method, path, status, code", [
     ("GET", "/v2/models/nosuch/ready", 404, "NOT_FOUND"),
     ("GET", "/v2/models/a.b/ready", 400, "INVALID_ARGUMENT"),

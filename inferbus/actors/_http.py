@@ -8,7 +8,9 @@ connection per request, a thread per connection, no bound) did not:
 
 - **HTTP/1.1 with keep-alive**: a client sends request after request on one TCP connection (``tritonclient.http``
   and every load balancer keep connections); pipelined requests are answered in order. ``Expect: 100-continue`` is
-  answered (curl no longer waits a second before a large body); a chunked request body is read.
+  answered (curl no longer waits a second before a large body); a chunked request body is read. A body framed
+  two ways (``Content-Length`` with ``Transfer-Encoding: chunked``, or ``Transfer-Encoding`` in HTTP/1.0) is 400
+  and the connection closed (RFC 9112 6.1, 6.3; waitress took the chunks, or the length).
 - **A bound**: at most ``max_connections`` open connections (:data:`DEFAULT_MAX_CONNECTIONS`); past it the server
   stops accepting and the kernel's listen backlog holds the next ones until a connection closes (they wait; none is
   refused while the backlog, ``net.core.somaxconn``, has room). The same number of threads runs the requests, and a
@@ -48,7 +50,7 @@ import time
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
-from waitress.parser import HTTPRequestParser
+from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import Error, RequestEntityTooLarge, RequestHeaderFieldsTooLarge
@@ -109,9 +111,35 @@ class _Parser(HTTPRequestParser):
     HTTP version: waitress parses ``GET / HTTP/1.0`` in its stead, or stops before the version, so such answers said
     ``HTTP/1.0`` to an HTTP/1.1 client (until 2026-12-07)."""
 
+    framing: str | None = None
+    """Why the request's body framing is refused (:meth:`parse_header`), None when it is not."""
+
+    def parse_header(self, header_plus: bytes) -> None:
+        """waitress's, then a refusal of a body framed two ways (RFC 9112 6.1, 6.3): ``Transfer-Encoding: chunked``
+        and ``Content-Length`` together (a request smuggling vector: a proxy in front may read the length where
+        this server reads the chunks; waitress took the chunks), or an HTTP/1.0 request with ``Transfer-Encoding``
+        (which HTTP/1.0 does not have: waitress framed it by ``Content-Length``). Either is 400 and the connection
+        closed after it, as the RFC asks (the rest of what the client sent is never read as a request).
+
+        Raises:
+            ParsingError: the framing is refused (:attr:`framing` says why; :meth:`received` answers it).
+        """
+        super().parse_header(header_plus)
+        if self.chunked and "CONTENT_LENGTH" in self.headers:  # (waitress popped Transfer-Encoding: set chunked)
+            self.framing = ("the request has both Transfer-Encoding: chunked and Content-Length; send one (RFC 9112 "
+                            "6.3: such a message may be a request smuggling attempt)")
+        elif self.version == "1.0" and "TRANSFER_ENCODING" in self.headers:
+            self.framing = ("an HTTP/1.0 request has no Transfer-Encoding (RFC 9112 6.1); send Content-Length, or "
+                            "the request as HTTP/1.1")
+        if self.framing is not None:
+            self.expect_continue = False  # (no 100 Continue before the refusal)
+            raise ParsingError(self.framing)
+
     def received(self, data: bytes) -> int:
         before, had, in_head = self.header_plus, self.error, self.body_rcv is None
         n = super().received(data)
+        if self.error is not had and self.framing is not None:
+            self.error = _NodeError(400, self.framing)
         if self.error is not had and in_head:
             self.version = _request_version(before + data)
         if self.error is not had and isinstance(self.error, RequestEntityTooLarge):
