@@ -215,6 +215,31 @@ def test_parameters_version_and_refusals(node):
     assert node.client.model("digits").versions == ["1", "2"]
 
 
+def test_a_version_specific_unload_is_idempotent_and_404_only_for_a_model_not_known(node):
+    """``parameters.version`` twice: the second is 200 with nothing written (the version is not served), as a
+    whole-model unload repeated is; until 2026-12-07 it was 404. The model withdrawn, a version of it (on this
+    node's disk) is 200 too; a model neither served nor on disk stays 404."""
+    status, _, doc = write(node, "unload", "digits", {"parameters": {"version": "2"}})
+    assert status == 200 and doc["versions"] == ["1"], doc
+    assert [(w["op"], w["version"], w["changed"]) for w in doc["writes"]] == [("unload", "2", True)]
+    status, headers, doc = write(node, "unload", "digits", {"parameters": {"version": "2"}})
+    assert status == 200, (headers, doc)
+    assert doc == {"name": "digits", "versions": ["1"], "default_version": "1", "revision": None, "writes": []}
+    assert node.client.model("digits").versions == ["1"]
+    status, _, doc = write(node, "unload", "digits")  # the whole model: withdrawn
+    assert status == 200 and doc["versions"] == [], doc
+    for version in ("1", "2"):
+        status, _, doc = write(node, "unload", "digits", {"parameters": {"version": version}})
+        assert status == 200, doc
+        assert doc == {"name": "digits", "versions": [], "default_version": "", "revision": None, "writes": []}
+    status, headers, doc = write(node, "unload", "no_such_model", {"parameters": {"version": "1"}})
+    assert status == 404 and headers["inferbus-error-code"] == "NOT_FOUND", doc
+    assert headers.get("inferbus-error-field") == "model" and "unknown model 'no_such_model'" in doc["error"], doc
+    status, _, doc = write(node, "load", "digits")
+    assert status == 200 and doc["versions"] == ["1", "2"], doc
+    assert node.client.model("digits").versions == ["1", "2"]
+
+
 COUNTERS = ("inferbus_model_request_success_total", "inferbus_forward_latency_seconds_count",
             "inferbus_forward_latency_seconds_sum", "inferbus_model_runs_total", "inferbus_model_computed_total")
 

@@ -355,7 +355,11 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
     concurrency: a version another unload took meanwhile (NOT_FOUND) counts as done, and the default's unload refused
     because a load served other versions since they were read reads the served versions again (at most
     :data:`UNLOAD_ROUNDS` rounds, within the budget). unload with
-    ``parameters.version``: that version alone (the default refused while others are served, as over NATS).
+    ``parameters.version``: that version alone (the default refused while others are served, as over NATS);
+    idempotent as the whole-model unload: a version not served (unloaded already, by this request's earlier try or
+    another) of a model that is served, or of a model not served but on this node's disk, is nothing to do, 200 with
+    ``writes`` empty (whether that version ever existed is not told: the ingresses forget an unloaded version, and
+    another node's folder may have held it).
 
     Args:
         timeout_ms: the ``Inferbus-Timeout-Ms`` header (the whole budget, ms; every write of an unload within it),
@@ -365,7 +369,7 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
         200 with ``{"name", "versions" (served after it), "default_version", "revision", "writes": [{"op",
         "version", "changed", "elapsed_ms"}]}``; the write's typed error as HTTP otherwise (:func:`from_error`):
         400 (a malformed body, an unknown or unsupported parameter, the default version named while others are
-        served), 404 (a model neither served nor on disk, a version not on disk or, naming it, not served), 500 (no
+        served), 404 (a model neither served nor on disk; a load's version not on disk), 500 (no
         worker could load it), 503 (writes refused in a standby region, naming the primary; no ingress answered; a
         whole-model unload whose default's unload was refused :data:`UNLOAD_ROUNDS` times as loads served other
         versions meanwhile, with ``Retry-After``), 504
@@ -397,8 +401,21 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
         return max(budget_s - (time.monotonic() - t0), 0.001)
 
     async def ask(client):
-        if op == "load" or version is not None:
+        if op == "load":
             return [await model_control(client, op, name, version, timeout_s=left())]
+        if version is not None:
+            try:
+                return [await model_control(client, op, name, version, timeout_s=left())]
+            except NotFound as err:
+                # idempotent, as the whole-model unload: the version is not served (field version: the model is;
+                # field model: the model is not, and it is known here when it is on disk), so what this request
+                # asks for holds; 404 only for a model neither served nor on this node's disk
+                if err.field == "version" or (err.field == "model" and on_disk):
+                    try:
+                        return await client.model(name, timeout_s=min(left(), 5.0)) if err.field == "version" else []
+                    except NotFound:  # (withdrawn meanwhile: nothing served)
+                        return []
+                raise
         replies = []
         refused = None
         for _ in range(UNLOAD_ROUNDS):
@@ -438,6 +455,12 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
                           f"{_done(replies)}retry the unload", retry_after_ms=1000)
 
     def answer(replies):
+        if not isinstance(replies, list):  # a version-specific unload with nothing to do: the model's metadata
+            meta = replies
+            doc = {"name": name, "versions": list(meta.versions),
+                   "default_version": str((meta.parameters or {}).get("default_version", "")), "revision": None,
+                   "writes": []}
+            return HttpAnswer(200, json.dumps(doc).encode(), _JSON)
         last = replies[-1] if replies else None
         doc = {"name": name, "versions": list(last.versions) if last else [],
                "default_version": last.default_version if last else "", "revision": last.revision if last else None,
