@@ -136,6 +136,44 @@ def test_stats_name_a_process_that_did_not_answer_and_give_the_others_figures(no
         assert time.monotonic() < deadline, thawed[1]  # (its reply to a request it read after the wait: left out)
     assert sum(s["execution_count"] for s in json.loads(thawed[2])["model_stats"]) >= 1
 
+@pytest.mark.parametrize("path, status, allow", [
+    ("/v2/models/nope/stats", 404, None),
+    ("/v2/models/digits/versions/9/stats", 404, None),
+    ("/v2/models/a.b/stats", 400, None),
+    ("/v2/models/digits/versions/01/stats", 400, None),
+    ("/v2/models/nope", 404, None),
+    ("/v2/models/nope/ready", 404, None),
+    ("/v2/models/nope/infer", 404, None),
+    ("/v2/models/digits/versions/9/infer", 404, None),
+    ("/v2/repository/models/nope/unload", 404, None),
+    ("/v2/repository/models/a.b/load", 400, None),
+    ("/v2/models/stats/extra", 404, None),  # (no such path: 404 before too)
+    ("/v2/models/digits/stats", 200, "OPTIONS, GET, HEAD"),
+    ("/v2/models/digits/versions/2/stats", 200, "OPTIONS, GET, HEAD"),
+    ("/v2/models/stats", 200, "OPTIONS, GET, HEAD"),
+    ("/v2/models/digits", 200, "OPTIONS, GET, HEAD"),
+    ("/v2/models/digits/ready", 200, "OPTIONS, GET, HEAD"),
+    ("/v2/models/digits/infer", 200, "OPTIONS, POST"),
+    ("/v2/repository/models/digits/unload", 200, "OPTIONS, POST"),
+    ("/v2/repository/index", 200, "OPTIONS, POST"),
+    ("/v2/health/live", 200, "OPTIONS, GET, HEAD"),
+])
+def test_options_answers_like_get_for_a_model_or_version_that_does_not_exist(node, path, status, allow):
+    """``OPTIONS`` on a path naming a model or version that does not exist is GET's 404 (a name that cannot be one:
+    400), with the JSON error and its code; on one that exists, 200 with ``Allow``. Until 2026-12-07 it answered
+    200 from the path's shape alone (``/v2/models/nope/stats``: 200 to OPTIONS, 404 to GET)."""
+    got, headers, body = ask(node, path, "OPTIONS")
+    assert got == status, (path, got, headers, body)
+    if allow is None:
+        assert "allow" not in headers and headers["inferbus-error-code"] == (
+            "NOT_FOUND" if status == 404 else "INVALID_ARGUMENT"), headers
+        assert json.loads(body)["error"], body
+        if "/repository/" not in path and not path.endswith("/infer"):
+            assert ask(node, path)[0] == status  # as GET answers it
+    else:
+        assert headers["allow"] == allow and body == b"", (headers, body)
+
+
 def index(node, doc=None) -> list[dict]:
     status, _, body = post_json(node, "/v2/repository/index", doc if doc is not None else {})
     assert status == 200, body

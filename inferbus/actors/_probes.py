@@ -240,22 +240,27 @@ class NodeProbes:
                                 f"{'; '.join(f'{i}: {self._said(r)}' for i, r in results.items())}")
 
 
-def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Callable] | None:
-    """``(the methods the path answers, its handler)`` for a path under ``/v2``, None for an unknown one. A handler
-    takes ``(environ, started_at)`` and returns a :class:`ProbeAnswer` or an
-    :class:`~inferbus.actors._gateway.HttpAnswer`. Without ``gateway`` only the health paths are known."""
+def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Callable, Callable | None] | None:
+    """``(the methods the path answers, its handler, its target's check)`` for a path under ``/v2``, None for an
+    unknown one. A handler takes ``(environ, started_at)`` and returns a :class:`ProbeAnswer` or an
+    :class:`~inferbus.actors._gateway.HttpAnswer`; so does the check, whose 400 or 404 says that the path's model or
+    version cannot be one or does not exist (what ``OPTIONS`` answers then, as ``GET`` would), None for a path that
+    always exists (``/v2``, the health paths, ``/v2/models/stats``, the repository index). A ``GET`` path's check is
+    its handler; ``infer``'s the model metadata; ``load``'s and ``unload``'s the write's own 404 rule (a model on this
+    node's disk or served). Without ``gateway`` only the health paths are known."""
     parts = path.split("/")[2:]  # "/v2/health/live" -> ["health", "live"]
     if parts == ["health", "live"]:
-        return ("GET", "HEAD"), lambda env, t0: probes.live()
+        return ("GET", "HEAD"), lambda env, t0: probes.live(), None
     if parts == ["health", "ready"]:
-        return ("GET", "HEAD"), lambda env, t0: probes.ready()
+        return ("GET", "HEAD"), lambda env, t0: probes.ready(), None
     name = version = None
     if len(parts) >= 2 and parts[0] == "models":
         name, rest = parts[1], parts[2:]
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
         if rest == ["ready"]:
-            return ("GET", "HEAD"), lambda env, t0: probes.model_ready(name, version)
+            ready = lambda env, t0: probes.model_ready(name, version)  # noqa: E731
+            return ("GET", "HEAD"), ready, ready
     else:
         rest = None
     if gateway is None:
@@ -263,20 +268,37 @@ def _route(path: str, probes: NodeProbes, gateway) -> tuple[tuple[str, ...], Cal
     from . import _httpext as ext
 
     if parts in ([], [""]):
-        return ("GET", "HEAD"), lambda env, t0: gateway.server_metadata()
+        return ("GET", "HEAD"), lambda env, t0: gateway.server_metadata(), None
     if parts == ["models", "stats"]:  # (before the metadata of a model named "stats", as Triton's)
-        return ("GET", "HEAD"), lambda env, t0: ext.statistics(gateway, None, None)
+        return ("GET", "HEAD"), lambda env, t0: ext.statistics(gateway, None, None), None
     if rest == []:
-        return ("GET", "HEAD"), lambda env, t0: gateway.model_metadata(name, version)
+        metadata = lambda env, t0: gateway.model_metadata(name, version)  # noqa: E731
+        return ("GET", "HEAD"), metadata, metadata
     if rest == ["infer"]:
-        return ("POST",), lambda env, t0: _infer(gateway, name, version, env, t0)
+        return (("POST",), lambda env, t0: _infer(gateway, name, version, env, t0),
+                lambda env, t0: gateway.model_metadata(name, version))
     if rest == ["stats"]:
-        return ("GET", "HEAD"), lambda env, t0: ext.statistics(gateway, name, version)
+        stats = lambda env, t0: ext.statistics(gateway, name, version)  # noqa: E731
+        return ("GET", "HEAD"), stats, stats
     if parts == ["repository", "index"]:
-        return ("POST",), lambda env, t0: _repository(gateway, None, None, env)
+        return ("POST",), lambda env, t0: _repository(gateway, None, None, env), None
     if len(parts) == 4 and parts[:2] == ["repository", "models"] and parts[3] in ("load", "unload"):
-        return ("POST",), lambda env, t0: _repository(gateway, parts[3], parts[2], env)
+        return (("POST",), lambda env, t0: _repository(gateway, parts[3], parts[2], env),
+                lambda env, t0: _repository_model(gateway, parts[2]))
     return None
+
+
+def _repository_model(gateway, name: str):
+    """The check of ``/v2/repository/models/<name>/load|unload`` (:func:`_route`): 400 for a name that cannot be
+    one, 200 for a model in this node's repository folder, else the model metadata's answer (404 for a model no
+    ingress serves): the writes' own rule for a model that does not exist (neither on disk nor served)."""
+    from . import _httpext as ext
+    from ._gateway import HttpAnswer
+
+    config = gateway.node.config
+    if name in ext.repository_on_disk(config.models_dir, tuple(config.models)):  # (this thread: not the node's loop)
+        return HttpAnswer(200)
+    return gateway.model_metadata(name, None)
 
 
 def _content_length(environ, limit: int, what: str, required: bool):
@@ -379,7 +401,10 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
     ``metrics_app`` (prometheus-client's) on every other path for ``GET``, as before.
 
     ``HEAD`` answers what ``GET`` does, without a body (``/metrics``'s with the length its body has); ``OPTIONS``
-    answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers); any other method a path does not
+    answers 200 with ``Allow`` (on a ``/v2`` path, the methods that path answers), unless the path names a model or
+    version that cannot be one (400) or does not exist (404): then what ``GET`` answers (a ``POST`` path: the model
+    metadata's, or a repository write's; :func:`_route`), so ``OPTIONS`` asks the ingress or the node's actors as
+    ``HEAD`` does (until 2026-12-07 it answered 200 from the path's shape alone); any other method a path does not
     answer is 405 with ``Allow`` as ``OPTIONS`` gives it (``OPTIONS, GET, HEAD`` for the health, metadata and
     statistics paths, ``OPTIONS, POST`` for ``infer`` and the ``/v2/repository/`` paths, ``OPTIONS, GET, HEAD``
     outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are. Every error answer, the
@@ -400,9 +425,13 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
                 paths = _GATEWAY_PATHS if gateway is not None else _PROBE_PATHS
                 return _answer(start_response, method, ProbeAnswer(404, f"no such path: {path} (the paths under "
                                                                         f"/v2: {paths}; metrics: /metrics)"))
-            methods, handler = route
+            methods, handler, check = route
             allow = ", ".join(methods)
             if method == "OPTIONS":
+                if check is not None:  # a model or version that cannot be one or does not exist: as GET answers it
+                    answer = check(environ, started_at)
+                    if answer.status in (400, 404):
+                        return _answer(start_response, method, answer)
                 start_response("200 OK", [("Allow", f"OPTIONS, {allow}"), ("Content-Length", "0")])
                 return []
             if method not in methods:
