@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from ._limits import MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, interval
+from ._limits import MAX_HTTP_CONNECTIONS, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, interval
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.",
@@ -39,7 +39,7 @@ def _regions(command: str, n: int) -> tuple[str, ...]:
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
           proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1,
           audit: bool = False, metrics_host: str = "0.0.0.0", http_infer: bool = False,
-          http_model_control: bool = False):
+          http_model_control: bool = False, http_idle_timeout_s: float = 30.0, http_max_connections: int = 100):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -66,7 +66,8 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
                            models_dir=str(models.resolve()) if models else None, proxy_gateways=proxy, actors=actors,
                            witness_servers=witness_servers, metrics_port=metrics_port, audit=audit,
                            metrics_host=metrics_host, http_infer=http_infer,
-                           http_model_control=http_model_control)
+                           http_model_control=http_model_control, http_idle_timeout_s=http_idle_timeout_s,
+                           http_max_connections=http_max_connections)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:  # (ClusterSpec.base_port is Plan.make's: the option's name)
@@ -83,6 +84,7 @@ asked for."""
 
 @app.command(short_help="Start the topology and serve until Ctrl-C or SIGTERM.")
 def up(
+    ctx: typer.Context,
     regions: int = typer.Option(2, help=f"Number of regions (A, B, ...), in {interval(2, 8)}; A starts as primary."),
     workers: int = typer.Option(1, help=f"Worker processes per region, in {interval(1, MAX_NODE_PROCESSES)}."),
     ingress: int = typer.Option(1, help=f"Ingress processes per region, in {interval(1, 64)} (2 keep a region "
@@ -101,7 +103,7 @@ def up(
                                                "the OIP v2 REST API (health, metadata; inference with --http-infer): "
                                                "region A on this port, B on the next, ... (address --metrics-host; "
                                                "default: none), in [1, 65536 - --regions]: all the regions' ports "
-                                               "below 65536 (docs/http.md)."),
+                                               "below 65536; 0 = a free port for each region, printed (docs/http.md)."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of each region's HTTP port (0.0.0.0: every interface, as up's; "
                                      "127.0.0.1: this host only); needs --metrics-port."),
@@ -115,6 +117,12 @@ def up(
                                             "up's --http-model-control (needs --metrics-port; off: 403; a standby "
                                             "region's answer 503 naming the "
                                             "primary). The port has no authentication (docs/http.md)."),
+    http_idle_timeout_s: float = typer.Option(30.0, help="Seconds each region's HTTP port keeps a connection "
+                                              "without a byte in or out before it closes it, as up's, in "
+                                              f"{interval(0, 3600, lo_open=True)}; needs --metrics-port."),
+    http_max_connections: int = typer.Option(100, help="Open connections at most on each region's HTTP port, and "
+                                             "threads running their requests, as up's, in "
+                                             f"{interval(1, MAX_HTTP_CONNECTIONS)}; needs --metrics-port."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
     log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
@@ -135,24 +143,32 @@ def up(
     _check_log_options("cluster up", log_level, log_format)
     models_path = _folder_option("cluster up", "--models", models)  # '' was the current folder, as for --run-dir
     _regions("up", regions)  # (before --metrics-port, whose range it sets)
-    if metrics_port is not None and not 1 <= metrics_port <= 65536 - regions:
-        from .cli import _usage
+    from .cli import _given, _typed_name, _usage
 
-        from ._limits import interval
-
-        _usage(f"cluster up: --metrics-port must be in {interval(1, 65536 - regions)} (region A's port, its {regions} "
-               f"regions on consecutive ports), got {metrics_port}")
-    if metrics_port is None and (http_infer or http_model_control or metrics_host != "0.0.0.0"):  # (else ignored)
-        from .cli import _typed_name, _usage
-
-        port_flag, host_flag = (_typed_name(f"--http-{o}", f"--metrics-{o}") for o in ("port", "host"))
-        option = "--http-infer" if http_infer else "--http-model-control" if http_model_control else host_flag
+    port_flag, host_flag = (_typed_name(f"--http-{o}", f"--metrics-{o}") for o in ("port", "host"))
+    if metrics_port is not None and not 0 <= metrics_port <= 65536 - regions:
+        _usage(f"cluster up: {port_flag} must be 0 (a free port for each region) or in {interval(1, 65536 - regions)} "
+               f"(region A's port, its {regions} regions on consecutive ports), got {metrics_port}")
+    idle_given, max_given = _given(ctx, "http_idle_timeout_s"), _given(ctx, "http_max_connections")
+    if metrics_port is None and (http_infer or http_model_control or metrics_host != "0.0.0.0" or idle_given
+                                 or max_given):  # (else ignored without a word)
+        option = ("--http-infer" if http_infer else "--http-model-control" if http_model_control else
+                  "--http-idle-timeout-s" if idle_given else "--http-max-connections" if max_given else host_flag)
         what = ("serves inference on" if http_infer else "serves model load and unload on" if http_model_control
-                else "is the address of")
+                else "is a setting of" if idle_given or max_given else "is the address of")
         _usage(f"cluster up: {option} {what} the regions' HTTP ports and needs {port_flag}; add it or leave "
                f"{option} out")
+    if not 0 < http_idle_timeout_s <= 3600:  # (as up's; NaN too)
+        from ._limits import number_as_typed
+
+        _usage(f"cluster up: --http-idle-timeout-s must be in {interval(0, 3600, lo_open=True)}, got "
+               f"{number_as_typed(http_idle_timeout_s)}")
+    if not 1 <= http_max_connections <= MAX_HTTP_CONNECTIONS:
+        _usage(f"cluster up: --http-max-connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
+               f"{http_max_connections}")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
-                 ingress, audit, metrics_host, http_infer, http_model_control)
+                 ingress, audit, metrics_host, http_infer, http_model_control, http_idle_timeout_s,
+                 http_max_connections)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")

@@ -328,6 +328,62 @@ def test_cluster_up_region_commands_and_faults(cluster_up, tmp_path):
     assert re.fullmatch(r"inferbus cluster stopped in \d+\.\ds", tail[-1]), tail
 
 
+@pytest.mark.timeout(240)
+def test_cluster_up_http_port_0_picks_a_free_port_per_region_and_takes_up_s_http_options(tmp_path):
+    """``cluster up --http-port 0``, as ``up --http-port 0``: each region's node serves on a free port, which the
+    banner prints (its ``metrics`` and ``OIP v2 REST`` lines) and cluster.json records (``metrics_ports``); and
+    ``--http-max-connections`` and ``--http-idle-timeout-s``, as up's, reach each region's node: with 1 and 1 s, a
+    second connection is not answered while a first is open, and is once the idle first is closed. Until 2026-12-07
+    cluster up refused ``--metrics-port 0`` and had neither option."""
+    import http.client
+    import socket
+
+    run = tmp_path / "run"
+    log = tmp_path / "up.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--no-actors",
+                                 "--run-dir", str(run), "--prefix", "ibh", "--http-port", "0", "--http-host",
+                                 "127.0.0.1", "--http-max-connections", "1", "--http-idle-timeout-s", "1"],
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "COLUMNS": "200"})
+    try:
+        wait_serving(proc, log, timeout_s=120, poll_s=0.1)
+        banner = log.read_text()
+        ports = [int(p) for p in re.findall(r"metrics http://127\.0\.0\.1:(\d+)/metrics", banner)]
+        assert len(ports) == 2 and len(set(ports)) == 2 and 0 not in ports, banner
+        assert json.loads((run / "cluster.json").read_text())["metrics_ports"] == dict(zip("AB", ports))
+        for port in ports:
+            assert f"OIP v2 REST http://127.0.0.1:{port}/v2 (health, metadata, statistics, infer off: --http-infer, " \
+                "model control off: --http-model-control)" in banner, banner
+            first = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                first.request("GET", "/v2/health/live")
+                resp = first.getresponse()
+                assert (resp.status, resp.read()) == (200, b"")
+                assert not resp.will_close  # kept: it holds the one connection of --http-max-connections 1
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as second:
+                    second.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    second.settimeout(0.5)  # (less than the 1 s idle timeout: the first is still open)
+                    with pytest.raises(TimeoutError):
+                        second.recv(100)
+                    t0 = time.monotonic()
+                    first.sock.settimeout(6)
+                    assert first.sock.recv(1) == b""  # closed by the idle timeout (1 s, checked every second)
+                    second.settimeout(6)
+                    assert second.recv(100).startswith(b"HTTP/1.1 200 "), port
+                    assert time.monotonic() - t0 < 5
+            finally:
+                first.close()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 @pytest.mark.slow  # a whole topology with actors: 9 nats-servers, 2 Valkeys, a node per region (20-40 s here)
 @pytest.mark.timeout(240)
 def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path):
@@ -494,8 +550,21 @@ def test_chaos_run_unknown_drill():
                                                             "got 100\n"),
     (("config", "--base-port", "70000"), "error: cluster config: --base-port must be 0 (free ports) or in [1, 65489] "
                                          "(the topology takes 47 consecutive ports from it), got 70000\n"),
-    (("up", "--metrics-port", "0"), "error: cluster up: --metrics-port must be in [1, 65534] (region A's port, its 2 "
-                                    "regions on consecutive ports), got 0\n"),
+    (("up", "--metrics-port", "-1"), "error: cluster up: --metrics-port must be 0 (a free port for each region) or in "
+                                     "[1, 65534] (region A's port, its 2 regions on consecutive ports), got -1\n"),
+    (("up", "--http-port", "65535"), "error: cluster up: --http-port must be 0 (a free port for each region) or in "
+                                     "[1, 65534] (region A's port, its 2 regions on consecutive ports), got 65535\n"),
+    # (up's options of the HTTP port, which cluster up lacked until 2026-12-07)
+    (("up", "--http-max-connections", "5"), "error: cluster up: --http-max-connections is a setting of the regions' "
+                                            "HTTP ports and needs --metrics-port; add it or leave "
+                                            "--http-max-connections out\n"),
+    (("up", "--http-idle-timeout-s", "5"), "error: cluster up: --http-idle-timeout-s is a setting of the regions' "
+                                           "HTTP ports and needs --metrics-port; add it or leave "
+                                           "--http-idle-timeout-s out\n"),
+    (("up", "--http-port", "0", "--http-max-connections", "0"), "error: cluster up: --http-max-connections must be "
+                                                                "in [1, 1000], got 0\n"),
+    (("up", "--http-port", "0", "--http-idle-timeout-s", "0"), "error: cluster up: --http-idle-timeout-s must be in "
+                                                               "(0, 3600], got 0\n"),
     (("up", "--prefix", "a b"), "error: cluster up: --prefix must be dot-separated tokens of letters, digits, '_' or "
                                 "'-', got 'a b'\n"),
     (("config", "--prefix", "a b"), "error: cluster config: --prefix must be dot-separated tokens"),

@@ -31,7 +31,9 @@ async def _node(cfg_json: str) -> None:
         nats_url=",".join(c.nats_urls), redis_url=c.redis_url, no_cache=c.redis_url is None, prefix=c.prefix,
         node_id=c.region.lower(), region=c.region, run_dir=c.run_dir, region_manager=rc, actors=c.actors,
         audit=c.audit, health_timeout_s=c.health_timeout_s, l2_lookup=c.l2_lookup, metrics_port=c.metrics_port,
-        metrics_host=c.metrics_host, http_infer=c.http_infer, http_model_control=c.http_model_control, log_level=c.log_level, log_format=c.log_format, bus_extra={"dont_randomize": True}))
+        metrics_host=c.metrics_host, http_infer=c.http_infer, http_model_control=c.http_model_control,
+        http_idle_timeout_s=c.http_idle_timeout_s, http_max_connections=c.http_max_connections, log_level=c.log_level,
+        log_format=c.log_format, bus_extra={"dont_randomize": True}))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

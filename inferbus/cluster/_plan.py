@@ -22,7 +22,7 @@ from pathlib import Path
 import random
 import socket
 
-from .._limits import interval
+from .._limits import MAX_HTTP_CONNECTIONS, interval
 
 _EPHEMERAL_FLOOR = 32768
 """Linux hands out outbound (ephemeral) ports from 32768 up by default; ports planned long before
@@ -100,8 +100,10 @@ class ClusterSpec:
     health_timeout_s: float = 5.0
     l2_lookup: bool = False
     metrics_port: int | None = None
-    """Prometheus metrics of each region's node (its actors and its region manager: ``inferbus_region_*``), region
-    ``k`` (in :attr:`regions` order) on ``metrics_port + k``; None = none (docs/observability.md)."""
+    """Each region's node's HTTP port (Prometheus metrics of its actors and its region manager, ``inferbus_region_*``,
+    and the OIP v2 REST API): region ``k`` (in :attr:`regions` order) on ``metrics_port + k``; 0 = a free port for
+    each region (:meth:`Plan.make` picks them, below the ephemeral range, as for ``base_port`` 0: not consecutive;
+    :attr:`Plan.metrics_ports` says which); None = none (docs/observability.md, docs/http.md)."""
     metrics_host: str = "0.0.0.0"
     """The address each region's node's HTTP port listens on (``NodeConfig.metrics_host``; ``0.0.0.0``: every
     interface, ``127.0.0.1``: this host only)."""
@@ -111,14 +113,29 @@ class ClusterSpec:
     http_model_control: bool = False
     """Serve Triton's model load and unload on each region's node's HTTP port (``NodeConfig.http_model_control``;
     docs/http.md); needs :attr:`metrics_port` (ValueError)."""
+    http_idle_timeout_s: float = 30.0
+    """Seconds each region's node's HTTP port keeps a connection without a byte in or out
+    (``NodeConfig.http_idle_timeout_s``, ``cluster up --http-idle-timeout-s``), in (0, 3600]; default as the node's."""
+    http_max_connections: int = 100
+    """Open connections at most on each region's node's HTTP port, and threads running their requests
+    (``NodeConfig.http_max_connections``, ``cluster up --http-max-connections``), in [1, 1000]; default as the
+    node's."""
 
     def __post_init__(self) -> None:
         names = list(self.regions) + [self.witness]
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
-                self.metrics_port, int) or not 1 <= self.metrics_port <= 65536 - len(self.regions)):
-            raise ValueError(f"ClusterSpec.metrics_port must be None (none) or in "
+                self.metrics_port, int) or not 0 <= self.metrics_port <= 65536 - len(self.regions)):
+            raise ValueError(f"ClusterSpec.metrics_port must be None (none), 0 (a free port for each region) or in "
                              f"{interval(1, 65536 - len(self.regions))} (the first region's port, its "
                              f"{len(self.regions)} regions on consecutive ports), got {self.metrics_port!r}")
+        if not (isinstance(self.http_idle_timeout_s, (int, float)) and not isinstance(self.http_idle_timeout_s, bool)
+                and 0 < self.http_idle_timeout_s <= 3600):
+            raise ValueError(f"ClusterSpec.http_idle_timeout_s must be in {interval(0, 3600, lo_open=True)} s, got "
+                             f"{self.http_idle_timeout_s!r}")
+        if isinstance(self.http_max_connections, bool) or not isinstance(self.http_max_connections, int) or \
+                not 1 <= self.http_max_connections <= MAX_HTTP_CONNECTIONS:
+            raise ValueError(f"ClusterSpec.http_max_connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
+                             f"{self.http_max_connections!r}")
         if self.http_infer and self.metrics_port is None:
             raise ValueError("ClusterSpec.http_infer serves inference on the nodes' HTTP ports and needs metrics_port")
         if self.http_model_control and self.metrics_port is None:
@@ -174,13 +191,19 @@ class Plan:
     spec: ClusterSpec
     servers: dict[str, ServerPlan] = field(default_factory=dict)
     valkey_ports: dict[str, int] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    """Each region's node's HTTP port (:attr:`ClusterSpec.metrics_port`: consecutive from it, or picked when it is 0);
+    empty without one."""
 
     @classmethod
     def make(cls, spec: ClusterSpec) -> "Plan":
-        """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0.
+        """Assign ports: consecutive from ``spec.base_port``, or free ones when it is 0; the regions' HTTP ports
+        consecutive from ``spec.metrics_port``, or free ones (none of the others) when it is 0. A port picked free
+        may be taken by another process before its server binds it (the start then fails, naming it).
 
         Raises:
             ValueError: ``spec.base_port`` is outside 1..65535 or its consecutive ports would pass 65535.
+            RuntimeError: no free ports to pick (:func:`pick_ports`).
         """
         n_servers = len(spec.regions) * spec.servers_per_region + spec.witness_servers
         need = 5 * n_servers + len(spec.regions)
@@ -203,6 +226,14 @@ class Plan:
         if spec.cache:
             for r in spec.regions:
                 plan.valkey_ports[r] = port()
+        if spec.metrics_port:
+            plan.metrics_ports = {r: spec.metrics_port + k for k, r in enumerate(spec.regions)}
+        elif spec.metrics_port == 0:
+            taken = {p for s in plan.servers.values() for p in (s.port, s.route_port, s.gateway_port,
+                                                                s.monitor_port, s.proxy_port)}
+            taken |= set(plan.valkey_ports.values())
+            free = [p for p in pick_ports(len(spec.regions) + len(taken)) if p not in taken]
+            plan.metrics_ports = dict(zip(spec.regions, free))
         return plan
 
     def site_servers(self, site: str) -> list[ServerPlan]:
@@ -276,6 +307,8 @@ class Plan:
             "servers": {n: asdict(s) | {"url": s.url} for n, s in self.servers.items()},
             "valkey": {r: self.valkey_url(r) for r in self.valkey_ports},
             "client_urls": self.client_urls(self.spec.regions[0]),
+            # (only with HTTP ports: cluster config's file, and the deploy/ copy of it, stay as they were)
+            **({"metrics_ports": dict(self.metrics_ports)} if self.metrics_ports else {}),
         }
 
     def valkey_conf(self, region: str, data_dir: Path | str) -> str:

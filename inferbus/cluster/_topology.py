@@ -173,6 +173,10 @@ class NodeProcessConfig:
     """``NodeConfig.http_infer`` (``cluster up --http-infer``)."""
     http_model_control: bool = False
     """``NodeConfig.http_model_control`` (``cluster up --http-model-control``)."""
+    http_idle_timeout_s: float = 30.0
+    """``NodeConfig.http_idle_timeout_s`` (``cluster up --http-idle-timeout-s``), seconds."""
+    http_max_connections: int = 100
+    """``NodeConfig.http_max_connections`` (``cluster up --http-max-connections``)."""
     log_level: str = "info"
     """``NodeConfig.log_level``: the node's and its actors' (``cluster up --log-level``)."""
     log_format: str = "text"
@@ -301,9 +305,10 @@ class Topology:
         return json.loads(rc.to_json())
 
     def metrics_port(self, region: str) -> int | None:
-        """The port of ``region``'s metrics endpoint (:attr:`ClusterSpec.metrics_port` + its index), or None."""
-        base = self.spec.metrics_port
-        return None if base is None else base + self.spec.regions.index(region)
+        """The port of ``region``'s node's HTTP port (metrics and the OIP v2 REST API): :attr:`ClusterSpec.metrics_port`
+        + its index, or the one picked for it when that is 0 (:attr:`Plan.metrics_ports`; the same after a
+        ``restore``); None without one."""
+        return self.plan.metrics_ports.get(region)
 
     def _node_child(self, region: str) -> ChildSpec:
         sp = self.spec
@@ -315,7 +320,9 @@ class Topology:
                                 health_timeout_s=sp.health_timeout_s, l2_lookup=sp.l2_lookup,
                                 metrics_port=self.metrics_port(region), metrics_host=sp.metrics_host,
                                 http_infer=sp.http_infer,
-                                http_model_control=sp.http_model_control, log_level=self.log_level,
+                                http_model_control=sp.http_model_control,
+                                http_idle_timeout_s=sp.http_idle_timeout_s,
+                                http_max_connections=sp.http_max_connections, log_level=self.log_level,
                                 log_format=self.log_format)
         # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
         cfg_path = d / "node.config.json"
