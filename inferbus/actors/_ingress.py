@@ -278,8 +278,10 @@ class Pending(msgspec.Struct):
     """The micro endpoint that took it (``infer``, or ``infer_at`` for a request sent to this ingress alone): an error
     answered for it, by the ingress or by its worker, counts in that endpoint's ``$SRV.STATS``."""
     span: object = None
-    """Its ingress span to be (:class:`~inferbus.actors._tracing.Traced`: tracing on, the request sampled; only on
-    its first copy), made when this copy settles; None otherwise."""
+    """Its ingress span to be (:class:`~inferbus.actors._tracing.Traced`: tracing on, the request sampled), made when
+    this copy settles; None otherwise. One copy of a hedged request holds it: the first, until the copy that answers
+    takes it (:meth:`Ingress._take_span`), or a copy that cannot answer hands it to one that can (a hedge sent on a
+    refusal, the other copy of one whose worker died)."""
     stages: dict | None = None
     """The ingress's stages (µs) of a traced request, for its span; None otherwise."""
 
@@ -1764,8 +1766,11 @@ class Ingress:
             return
         asyncio.ensure_future(self._send_hedge(p))
 
-    async def _send_hedge(self, p: Pending) -> bool:
+    async def _send_hedge(self, p: Pending, hand_span: bool = False) -> bool:
         """Send the hedge copy of the request ``p`` (its first copy) to another worker than ``p``'s.
+
+        ``hand_span``: ``p`` will not answer (its worker held it), so its ingress span, if any, goes with the
+        hedge copy, before it is sent (its completion, even one that comes back in-process at once, ends it).
 
         Returns False, sending nothing, when the request is settled, already hedged, out of budget, or no
         other worker can take it or the hedge budget is spent.
@@ -1785,6 +1790,8 @@ class Ingress:
         self.pending[seq2] = p2
         h.seqs.append(seq2)
         p2.probe = self.router.on_sent(w)
+        if hand_span and p.span is not None:
+            p2.span, p2.stages, p.span = p.span, p.stages, None
         self.counts["hedges"] += 1
         try:
             if local:
@@ -1809,15 +1816,13 @@ class Ingress:
         h = p.hedge
         if h is not None:
             if h.done or any(s in self.pending for s in h.seqs):
-                if p.span is not None:
+                if p.span is not None and not self._pass_span(p, h):
                     self._end_ok_span(p, now, None)
-                return  # another copy answered already or is still running: it answers
+                return  # another copy answered already or is still running: it answers (and ends the span)
             if h.timer is not None:
                 h.timer.cancel()
-            if await self._send_hedge(p):
+            if await self._send_hedge(p, hand_span=True):  # (the span goes with the hedge: it answers)
                 self.counts["hedges_on_refusal"] += 1
-                if p.span is not None:  # (its first copy's completion: the hedge sent carries no span)
-                    self._end_ok_span(p, now, None)
                 return
             h.done = True
             h.release()
@@ -1836,6 +1841,28 @@ class Ingress:
         await self._error(p.reply, err, p.content_type, p.request_id, p.endpoint, p.model_key)
         if p.span is not None:
             self._end_span(p, err)
+
+    def _take_span(self, p: Pending, h: _Hedge) -> None:
+        """``p``, a copy of the hedged request ``h``, answered first: it takes the request's ingress span from the
+        copy still pending that holds it (the first copy's, when the hedge wins), so that the span ends with this
+        answer and names this worker, not with the loser's completion (CANCELLED, or computed anyway) and its worker."""
+        pending = self.pending
+        for s in h.seqs:
+            q = pending.get(s)
+            if q is not None and q.span is not None:
+                p.span, p.stages, q.span = q.span, q.stages, None
+                return
+
+    def _pass_span(self, p: Pending, h: _Hedge, worker_id: str | None = None) -> bool:
+        """``p``, a copy of the hedged request ``h``, will not answer (held, or its worker failed): hand its ingress
+        span to a copy still pending (on another worker than ``worker_id``), whose completion ends it. Returns False
+        when there is none (the caller ends the span)."""
+        for s in h.seqs:
+            q = self.pending.get(s)
+            if q is not None and q is not p and (worker_id is None or q.worker_id != worker_id):
+                q.span, q.stages, p.span = p.span, p.stages, None
+                return True
+        return False
 
     def _end_ok_span(self, p: Pending, now: float, code: str | None) -> None:
         """End the ingress span of ``p`` at ``now`` (monotonic s) on a completion its worker answered (``code``: the
@@ -1902,8 +1929,9 @@ class Ingress:
             p = self._pop(item.seq)
             if p is None:
                 continue
-            if p.span is not None and not item.held:  # (tracing on, the request sampled: its first copy's first
-                # completion; a held one's span is ended by _on_held, with the error it answers if it does)
+            if p.span is not None and not item.held:  # (tracing on, the request sampled, this copy holds its span:
+                # its first completion, a hedge's winner takes it below; a held one's span is ended or handed on by
+                # _on_held)
                 self._end_ok_span(p, now, None if item.ok or item.code == "CANCELLED" else item.code)
             if item.ok and p.request_id is not None:
                 self._remember_done(p.request_id, p.model_key, p.worker_id, now)
@@ -1917,6 +1945,10 @@ class Ingress:
             h = p.hedge
             if h is not None:
                 if not h.done and item.code != "CANCELLED":
+                    if p.span is None and self._tracing is not None:  # the hedge answered first: the span is
+                        self._take_span(p, h)  # the first copy's, ended now and naming this worker
+                        if p.span is not None:
+                            self._end_ok_span(p, now, None if item.ok else item.code)
                     await self._settle_hedge(h, item.seq, now)
                     if item.ok:
                         self._observe(p.model_key, (now - h.t_first) * 1e6)
@@ -2179,10 +2211,8 @@ class Ingress:
             h = p.hedge
             if h is not None and not h.done and any(
                     q in self.pending and self.pending[q].worker_id != worker_id for q in h.seqs):
-                if p.span is not None:  # the other copy's completion ends the ingress span (a hedge copy has none)
-                    other = next(self.pending[q] for q in h.seqs
-                                 if q in self.pending and self.pending[q].worker_id != worker_id)
-                    other.span, other.stages, p.span = p.span, p.stages, None
+                if p.span is not None:  # the other copy's completion ends the ingress span
+                    self._pass_span(p, h, worker_id)
                 continue  # the other copy may still answer; the client's budget covers the rest
             if h is not None and h.timer is not None and not h.done:
                 h.done = True

@@ -7,8 +7,8 @@ line of this file (the actors test ``self._tracing is not None`` once per reques
 What is made (docs/observability.md has the attributes):
 
 * the ingress: one SERVER span ``inferbus.infer <model>`` per sampled request, from its handler's start to the
-  first completion of its forward (its worker's completion notice, or the colocated worker's return), a cache hit's
-  reply or the error it answered; also for a request it shed (a full backlog, its stop), dropped unanswered or whose
+  first completion of its forward (its worker's completion notice, or the colocated worker's return; of a hedged
+  request, the copy that answered first, whose worker it names), a cache hit's reply or the error it answered; also for a request it shed (a full backlog, its stop), dropped unanswered or whose
   forward its sweeper gave up on, with ``inferbus.outcome`` (:data:`OUTCOMES`). Its parent is the client's
   ``traceparent`` (W3C Trace Context), else it starts a trace. The forward to the worker carries this span's id in its ``traceparent`` (the client's ``tracestate``
   kept);
