@@ -1,12 +1,13 @@
 """Hedged requests after the first answer (docs/failure-semantics.md, "Hedged requests"; docs/observability.md,
-"Tracing"): the ingress span names the copy that answered and ends with its answer.
+"Tracing"): the ingress span names the copy that answered and ends with its answer, and the losing copy, still
+pending when its worker dies, is dropped: not sent again, not answered UNAVAILABLE (the client has its answer).
 
 One real node (1 ingress, 2 worker processes, ``--fault-injection``, every request traced to a collector run here).
 Each test sends one raw hedged NATS request (its own reply subject, where every reply is counted) and chooses the
 winner with per-worker compute delays: both workers are delayed, and once the first copy (``Inferbus-Hedge:
 primary``) is seen on one worker's subject, the other worker's delay is changed before the hedge (``copy``) reaches
-it (a worker reads its delay when it takes a request). The counts come from the ingress's ``$SRV.STATS``, which
-``/metrics`` renders."""
+it (a worker reads its delay when it takes a request). The counts come from the ingress's ``$SRV.STATS`` and from
+the node's ``/metrics`` (``--metrics-port``), which renders them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 
@@ -25,6 +27,7 @@ from conftest import start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-heavy: one loop is enough)
 from inferbus.bus import headers as H
 from inferbus.schemas import InferRequest, decode_error, decode_response, encode_request, input_from_numpy
+from test_metrics import scrape, total
 from test_reliability_lib import Reports, models_subset, set_fault
 from test_tracing import Collector, attrs, digits_input, traceparent
 
@@ -49,9 +52,17 @@ def node(collector, tmp_path_factory):
     root = tmp_path_factory.mktemp("hedge_losers")
     dep = start_deployment(root / "dep", workers=2, prefix=PREFIX,
                            extra=["--models", str(models_subset(root / "models", ["digits"])), "--fault-injection",
-                                  "--hedge-budget", "1", "--trace-otlp-endpoint", collector.url, "--trace-ratio", "1"])
-    yield dep
-    dep.stop()
+                                  "--hedge-budget", "1", "--trace-otlp-endpoint", collector.url, "--trace-ratio", "1",
+                                  "--metrics-port", "0", "--metrics-host", "127.0.0.1"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
+            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
+            time.sleep(0.05)
+        dep.metrics_url = m.group(1).decode()
+        yield dep
+    finally:
+        dep.stop()
 
 
 async def ingress_infer(nc) -> dict:
@@ -93,6 +104,29 @@ def delta(before: dict, after: dict) -> dict:
     """The values that changed, by how much."""
     return {k: after.get(k, 0) - before.get(k, 0) for k in sorted({*before, *after})
             if after.get(k, 0) != before.get(k, 0)}
+
+
+METRICS = {
+    "hedges": ("inferbus_hedges_total", {}),
+    "hedge_wins": ("inferbus_hedge_wins_total", {}),
+    "hedge_cancels": ("inferbus_ingress_events_total", {"event": "hedge_cancels"}),
+    "hedge_losers_dropped": ("inferbus_ingress_events_total", {"event": "hedge_losers_dropped"}),
+    "resent_after_death": ("inferbus_ingress_events_total", {"event": "resent_after_death"}),
+    "ingress_errors": ("inferbus_ingress_errors_total", {}),
+    "request_errors": ("inferbus_request_errors_total", {}),
+    "success": ("inferbus_model_request_success_total", {"model": "digits"}),
+    "failure": ("inferbus_model_request_failure_total", {"model": "digits"}),
+}
+"""The ``/metrics`` series the tests follow, by a short name."""
+
+
+def metrics(url: str) -> dict:
+    """One scrape of :data:`METRICS` (each summed over its series) and of the ingress's in-flight counts per worker
+    (``in_flight``: ``inferbus_worker_in_flight_requests_seen`` summed)."""
+    samples = scrape(url)
+    out = {k: total(samples, name, **labels) for k, (name, labels) in METRICS.items()}
+    out["in_flight"] = total(samples, "inferbus_worker_in_flight_requests_seen")
+    return out
 
 
 class Hedged:
@@ -172,7 +206,8 @@ class Hedged:
 
 @pytest.fixture
 async def env(node):
-    """A connection, the workers' reports, and the ingress's view: both workers healthy, nothing pending."""
+    """A connection, the workers' reports and the node's /metrics URL, once the ingress sees both workers healthy and
+    nothing pending."""
     nc = await nats.connect(node.nats_url)
     reports = await Reports.start(nc, PREFIX)
     try:
@@ -180,7 +215,7 @@ async def env(node):
         await until(nc, lambda e: e["data"]["pending"] == 0 and all(
             e["data"]["health"].get(w) == "ok" and e["data"]["breakers"].get(w) == "closed" for w in WORKERS),
             "both workers healthy at the ingress, nothing pending")
-        yield nc, reports
+        yield nc, reports, node.metrics_url
     finally:
         await reports.stop()
         await nc.close()
@@ -202,8 +237,8 @@ async def test_a_hedge_that_answers_first_has_the_ingress_span(env, collector):
     hedge's worker and ends with its answer, not 3 s later with the first copy's CANCELLED completion (which named
     the first copy's worker: the span went with the first copy whatever answered). One reply; the hedge counted as
     sent, won and its loser cancelled; no error anywhere."""
-    nc, reports = env
-    before = snapshot(await ingress_infer(nc))
+    nc, reports, url = env
+    before, m0 = snapshot(await ingress_infer(nc)), metrics(url)
     req = Hedged(nc, reports)
     try:
         first, second = await req.send(3000, 0)
@@ -230,6 +265,78 @@ async def test_a_hedge_that_answers_first_has_the_ingress_span(env, collector):
     assert delta(before, snapshot(after_e)) == {"requests": 1, "ok_forwarded": 1, "hedges": 1, "hedge_wins": 1,
                                                 "hedge_cancels": 1, "ok": 1}
     assert all(after_e["data"]["workers"][w]["in_flight"] == 0 for w in WORKERS), after_e["data"]["workers"]
+    assert delta(m0, metrics(url)) == {"hedges": 1, "hedge_wins": 1, "hedge_cancels": 1, "success": 1}
+
+
+async def test_a_dead_first_copy_of_an_answered_hedge_is_not_sent_again(env, collector):
+    """The hedge answers (as above); then the first copy's worker, still holding it (a 5 s compute delay), is
+    SIGKILLed. The ingress drops the first copy: not sent again (it was: the model ran a third time and the client's
+    reply subject got a second answer), no error, and the ingress span (the hedge's) ended before the kill."""
+    nc, reports, url = env
+    before, m0 = snapshot(await ingress_infer(nc)), metrics(url)
+    req = Hedged(nc, reports)
+    try:
+        first, second = await req.send(5000, 0)
+        r = await req.answer()
+        assert r.parameters["worker_id"] == second
+        await until(nc, lambda e: e["data"]["counts"]["hedge_cancels"] > before["hedge_cancels"],
+                    "the hedge settled")
+        old_pid = reports.latest[first].pid
+        killed_ns = time.time_ns()
+        os.kill(old_pid, signal.SIGKILL)
+        # the death handled: the first copy is no longer pending (dropped here; sent again and answered before)
+        after_e = await until(nc, lambda e: e["data"]["pending"] == 0, "the first copy's worker's death handled")
+        await req.quiet()
+    finally:
+        await req.close()
+    assert len(req.replies) == 1, [(decode_error(m.headers, m.data) or decode_response(m.data).parameters["worker_id"])
+                                   for m in req.replies]
+    assert req.forwards == [(first, "primary"), (second, "copy")], req.forwards  # nothing sent again
+    d = delta(before, snapshot(after_e))
+    assert d == {"requests": 1, "ok_forwarded": 1, "hedges": 1, "hedge_wins": 1, "hedge_cancels": 1, "ok": 1,
+                 "hedge_losers_dropped": 1}, d
+    # the winner's count released by its completion, the dead worker's with its death (nothing held there any more)
+    assert all(after_e["data"]["workers"][w]["in_flight"] == 0 for w in WORKERS), after_e["data"]["workers"]
+    assert delta(m0, metrics(url)) == {"hedges": 1, "hedge_wins": 1, "hedge_cancels": 1,
+                                                "hedge_losers_dropped": 1, "success": 1}
+    ingress, workers = spans_of(collector, req.trace_id, 2)  # the ingress's and the hedge's (the killed one's never ends)
+    assert set(workers) == {second} and len(workers[second]) == 1, workers
+    assert attrs(ingress)["inferbus.worker.id"] == second
+    assert ingress.end_time_unix_nano < killed_ns
+
+
+async def test_a_dead_hedge_of_an_answered_first_copy_is_not_answered(env, collector):
+    """The symmetric case: the first copy answers after 1 s while the hedge's worker sleeps 5 s on its copy; that
+    worker is SIGKILLed. The hedge is dropped: no UNAVAILABLE to the client's reply subject after its answer (it got
+    one: a hedge's copy is never sent again, so it was answered the worker's death), no error counted."""
+    nc, reports, url = env
+    before, m0 = snapshot(await ingress_infer(nc)), metrics(url)
+    req = Hedged(nc, reports)
+    try:
+        first, second = await req.send(1000, 5000)
+        r = await req.answer()
+        assert r.parameters["worker_id"] == first
+        await until(nc, lambda e: e["data"]["counts"]["hedge_cancels"] > before["hedge_cancels"],
+                    "the hedge settled")
+        old_pid = reports.latest[second].pid
+        os.kill(old_pid, signal.SIGKILL)
+        after_e = await until(nc, lambda e: e["data"]["pending"] == 0, "the hedge's worker's death handled")
+        await req.quiet()
+    finally:
+        await req.close()
+    assert len(req.replies) == 1, [(decode_error(m.headers, m.data) or decode_response(m.data).parameters["worker_id"])
+                                   for m in req.replies]
+    assert req.forwards == [(first, "primary"), (second, "copy")], req.forwards
+    d = delta(before, snapshot(after_e))
+    assert d == {"requests": 1, "ok_forwarded": 1, "hedges": 1, "hedge_cancels": 1, "ok": 1,
+                 "hedge_losers_dropped": 1}, d
+    assert all(after_e["data"]["workers"][w]["in_flight"] == 0 for w in WORKERS), after_e["data"]["workers"]
+    assert delta(m0, metrics(url)) == {"hedges": 1, "hedge_cancels": 1, "hedge_losers_dropped": 1,
+                                                "success": 1}
+    ingress, workers = spans_of(collector, req.trace_id, 2)
+    assert set(workers) == {first}, workers
+    a = attrs(ingress)
+    assert a["inferbus.worker.id"] == first and "error.type" not in a, a
 
 
 async def test_a_hedge_sent_on_a_refusal_has_the_ingress_span(env, collector):
@@ -237,7 +344,7 @@ async def test_a_hedge_sent_on_a_refusal_has_the_ingress_span(env, collector):
     is not answered by it but held, and the ingress sends the hedge at once to the other worker, which answers (the
     hedge delay, 5 s, is over the 3 s budget: no timed hedge). The ingress span names the worker that answered and
     ends with its answer; it ended at the refusal, OK, naming the worker that shed the request."""
-    nc, reports = env
+    nc, reports, url = env
     shedding, other = WORKERS
     forwards: dict[str, list[tuple[str, str | None]]] = {}
 

@@ -38,7 +38,8 @@ no other copy can run, answers the client with that error itself, once.
 In-flight accounting: each forwarded request is kept in a pending table until
 the worker's completion notice arrives; when the node reports the worker's
 process dead, or the worker stops reporting, every pending request it held is
-answered UNAVAILABLE at once (unless a hedge copy is still running elsewhere);
+sent again or answered UNAVAILABLE at once (unless a hedge copy is still running
+elsewhere; a hedge's loser, whose other copy answered already, is dropped);
 an entry older than its deadline plus ``pending_grace_s`` is dropped (a breaker
 failure) so counts return to zero even when a worker loses requests.
 """
@@ -180,15 +181,20 @@ class _Hedge:
 
     ``body`` and ``fwd`` (the :func:`_fwd_block` fields) make a copy sent over the bus; ``local`` (the
     decoded request and the fields :meth:`Ingress._forward_local` hands over) a copy for the colocated
-    worker. All are let go once the request is settled."""
+    worker. All are let go once the request is settled.
 
-    __slots__ = ("policy", "seqs", "done", "timer", "body", "fwd", "t_first", "model_key", "local")
+    ``done``: settled, nothing more is sent for it (a copy answered, or none can); ``answered``: a copy's completion
+    settled it, so its client has its reply (a result or a worker's error): a copy still pending is a loser, which
+    is never sent again nor answered by this ingress (:meth:`Ingress._fail_pending`)."""
+
+    __slots__ = ("policy", "seqs", "done", "answered", "timer", "body", "fwd", "t_first", "model_key", "local")
 
     def __init__(self, policy, body: bytes, fwd: tuple, t_first: float, model_key: str,
                  local: tuple | None = None) -> None:
         self.policy = policy
         self.seqs: list[int] = []
         self.done = False
+        self.answered = False
         self.timer: asyncio.TimerHandle | None = None
         self.body = body
         self.fwd = fwd
@@ -559,6 +565,7 @@ class Ingress:
                        "attempts_abandoned": 0,
                        "local_forwards": 0, "suspect_reroutes": 0, "peer_sticky_retries": 0,
                        "held": 0, "hedges_on_refusal": 0, "backlog_shed": 0, "l2_fill_too_large": 0, "l1_raw_hits": 0,
+                       "hedge_losers_dropped": 0,
                        "run_now": 0, "burst_deferred": 0, "burst_runs": 0, "query_of_death": 0, "suspects_alone": 0,
                        "resent_after_death": 0, "quiet_reroutes": 0, "verdicts_waited": 0, "crash_suspects_heard": 0,
                        "deaths_shared_in": 0, "crash_checks": 0, "workers_forgotten": 0}
@@ -1879,7 +1886,7 @@ class Ingress:
 
     async def _settle_hedge(self, h: _Hedge, winner_seq: int, now: float) -> None:
         """The first completion of a hedged request arrived: cancel the other copy."""
-        h.done = True
+        h.done = h.answered = True
         if h.timer is not None:
             h.timer.cancel()
         if winner_seq != h.seqs[0]:
@@ -2202,13 +2209,22 @@ class Ingress:
         """Answer every request pending at ``worker_id`` with ``err``, or with ``instead[seq]`` where given (a
         hedge copy still running elsewhere answers instead). With ``resend`` (the worker's process ended), a request
         with no ``instead`` answer is first sent again to another worker (:meth:`_resend`), within what is left of
-        its budget and at most ``_MAX_RESENDS`` times in all; ``err`` only where that cannot be done. Returns how many were pending."""
+        its budget and at most ``_MAX_RESENDS`` times in all; ``err`` only where that cannot be done.
+
+        The loser of a hedged request already answered (:attr:`_Hedge.answered`: its other copy's completion came
+        first, a result or a worker's error) is dropped without a word: its client has its one reply, so it is
+        neither sent again nor answered ``err`` (``counts.hedge_losers_dropped``). Its in-flight count goes with
+        every other request's at ``worker_id``: the callers zero the worker's (:meth:`Router.on_down
+        <inferbus.actors._router.Router.on_down>`; the sweep, for a silent worker). Returns how many were pending."""
         victims = [s for s, p in self.pending.items() if p.worker_id == worker_id]
         now = time.monotonic()
         ready = self.router.ready_models(now) if resend and victims else None  # (once, not per request)
         for s in victims:
             p = self._pop(s)
             h = p.hedge
+            if h is not None and h.answered:
+                self.counts["hedge_losers_dropped"] += 1
+                continue
             if h is not None and not h.done and any(
                     q in self.pending and self.pending[q].worker_id != worker_id for q in h.seqs):
                 if p.span is not None:  # the other copy's completion ends the ingress span
