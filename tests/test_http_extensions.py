@@ -223,6 +223,9 @@ def test_unload_withdraws_the_whole_model_default_last_and_load_serves_it_again(
     meta = node.client.model("digits")
     assert meta.versions == ["1", "2"] and meta.parameters["default_version"] == "1"
     node.client.infer("digits", {"pixels": np.zeros((1, 64), np.float32)})
+    # the model list stays in name order, as the index is (a fresh-user trial: digits came last once loaded again)
+    names = [m.name for m in node.client.models().models]
+    assert names == sorted(names) and "digits" in names and len(names) > 1, names
 
 
 def test_parameters_version_and_refusals(node):

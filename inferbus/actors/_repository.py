@@ -697,7 +697,9 @@ class ModelRepository:
         return self.models.get(name)
 
     def __iter__(self):
-        return iter(self.models.values())
+        """The models in name order (the model list, ``<p>.models`` and ``GET /v2/models/stats``, follows it: a model
+        withdrawn and loaded again keeps its place)."""
+        return iter([self.models[name] for name in sorted(self.models)])
 
     def __len__(self) -> int:
         return len(self.models)
