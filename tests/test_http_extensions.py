@@ -16,7 +16,7 @@ import pytest
 
 from conftest import MODELS, start_deployment
 from inferbus.schemas import NotFound
-from test_http_infer import ask, post_json, serving
+from test_http_infer import ask, deep_json, no_traceback_in_the_logs, post_json, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -254,6 +254,30 @@ def test_parameters_version_and_refusals(node):
     status, _, doc = write(node, "load", "no_such_model")
     assert status == 404, doc
     assert node.client.model("digits").versions == ["1", "2"]
+
+
+@pytest.mark.parametrize("depth", [1100, 3000])
+def test_a_repository_body_nested_too_deeply_is_the_ingress_400_not_a_500(node, depth):
+    """An index, load or unload body with ``parameters.version`` nested past the decoder's bound: 400
+    INVALID_ARGUMENT with the message the ingress gives such a JSON request over NATS, the connection kept, no
+    traceback in the logs. Until 2026-12-07 ``json.loads`` raised RecursionError: 500 and a traceback in ``up``'s
+    output and node.log per request, on the index path with no flag (a fresh-user trial: any client could flood the
+    logs)."""
+    from inferbus.schemas import InvalidArgument
+
+    body = deep_json({"parameters": {"version": "@"}}, depth)
+    with pytest.raises(InvalidArgument) as over_nats:  # (an infer's data so nested: the ingress's refusal)
+        node.client.request("hx.infer.digits", deep_json({"inputs": [{"name": "pixels", "datatype": "FP32",
+                                                                      "shape": [1, 64], "data": "@"}]}, depth),
+                            timeout_s=5.0, content_type="application/json")
+    assert over_nats.value.message.startswith("the request body is nested too deeply to decode"), over_nats.value
+    for path in ("/v2/repository/index", "/v2/repository/models/digits/load", "/v2/repository/models/digits/unload"):
+        status, headers, got = ask(node, path, "POST", body, {"Content-Type": "application/json"})
+        assert status == 400 and headers["inferbus-error-code"] == "INVALID_ARGUMENT", (path, status, got[:500])
+        assert json.loads(got) == {"error": over_nats.value.message}, path
+        assert headers.get("connection") != "close", (path, headers)
+    assert node.client.model("digits").versions == ["1", "2"]
+    no_traceback_in_the_logs(node)
 
 
 def test_a_version_specific_unload_is_idempotent_and_404_only_for_a_model_not_known(node):

@@ -374,6 +374,68 @@ def test_binary_tensor_extension_in_and_out(node, pixels):
         assert status == 400 and text in json.loads(body)["error"], (length, body)
 
 
+def nested(depth: int) -> list:
+    """``[[[...]]]``, ``depth`` lists inside each other (built without recursion)."""
+    out: list = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
+
+
+def deep_json(doc: dict, depth: int) -> bytes:
+    """``doc`` as JSON with its ``"@"`` string replaced by lists nested ``depth`` deep (json.dumps would recurse)."""
+    return json.dumps(doc).replace('"@"', "[" * depth + "]" * depth).encode()
+
+
+def no_traceback_in_the_logs(node) -> None:
+    for log in (node.log, node.run_dir / "node.log"):
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text and "RecursionError" not in text, (log, text[-3000:])
+
+
+@pytest.mark.parametrize("depth", [900, 1100, 3000, 100_000])
+def test_a_body_nested_too_deeply_is_the_ingress_400_not_a_500(node, depth):
+    """Lists nested past the decoders' bound (the interpreter's recursion limit, ~1,000) in a JSON body asking for
+    binary outputs, and in the binary tensor extension's JSON header: 400 INVALID_ARGUMENT with the ingress's own
+    message (what the same JSON body gets over NATS), the connection kept, no traceback in ``up``'s output or
+    node.log. Until 2026-12-07 the gateway's ``json.loads`` raised RecursionError past ~1,000 levels: 500 INTERNAL,
+    the connection closed, ~35 lines of traceback per request (a fresh-user trial)."""
+    doc = {"parameters": {"binary_data_output": True},
+           "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": "@"}]}
+    body = deep_json(doc, depth)
+    with pytest.raises(InvalidArgument) as over_nats:
+        node.client.request("hi.infer.digits", body, timeout_s=5.0, content_type="application/json")
+    if depth < 1000:  # (within the bound: an answer about the data, from the ingress as over NATS)
+        assert "nested too deeply" not in over_nats.value.message
+    else:
+        assert over_nats.value.message.startswith("the request body is nested too deeply to decode"), over_nats.value
+    host, port = node.http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v2/models/digits/infer", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        got = resp.read()
+        assert resp.status == 400 and not resp.will_close, (resp.status, got[:500])
+        assert json.loads(got) == {"error": over_nats.value.message}
+        assert resp.getheader("Inferbus-Error-Code") == "INVALID_ARGUMENT"
+        # the binary tensor extension: the JSON header so nested, then 4 bytes of tensor
+        header = deep_json({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1], "data": "@"},
+                                       {"name": "x", "datatype": "FP32", "shape": [1, 1],
+                                        "parameters": {"binary_data_size": 4}}]}, depth)
+        conn.request("POST", "/v2/models/digits/infer", body=header + b"\0\0\0\0",
+                     headers={"Inference-Header-Content-Length": str(len(header))})
+        resp = conn.getresponse()
+        got = resp.read()
+        assert resp.status == 400 and not resp.will_close, (resp.status, got[:500])
+        assert resp.getheader("Inferbus-Error-Code") == "INVALID_ARGUMENT"
+        if depth > 1000:  # (the ingress's words, then which bytes they are about)
+            assert json.loads(got)["error"] == (f"{over_nats.value.message} (the JSON header: the body's first "
+                                                f"{len(header)} bytes, Inference-Header-Content-Length)")
+    finally:
+        conn.close()
+    no_traceback_in_the_logs(node)
+
+
 def test_tritonclient_http_against_the_node(node, pixels):
     """Triton's own HTTP client (``pip install tritonclient[http]``), defaults (binary tensors) and JSON alike."""
     th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed (an optional check: "

@@ -323,17 +323,24 @@ class _BinaryRequest:
     def parse(cls, body: bytes, header_length: str | None) -> "_BinaryRequest":
         """Read the JSON header (``body[:header_length]``, all of it when None) and the binary tensors after it.
 
+        The JSON is read with the ingress's decoder (:func:`inferbus.schemas.decode`), so a body nested too deeply
+        is refused as the ingress refuses it (400, ``the request body is nested too deeply to decode ...``); until
+        2026-12-07 ``json.loads`` raised RecursionError past ~1,000 levels: a 500 and a traceback in the log. A
+        whole body it refuses goes to the ingress as it came (which answers it in the same words).
+
         Raises:
             InvalidArgument: ``Inference-Header-Content-Length`` is not a length within the body; the header is not
-                a JSON object; an input's ``binary_data_size`` is not an integer >= 0; the sizes do not add up to
-                the bytes after the header.
+                a JSON object (malformed, nested too deeply: the ingress's words, then which bytes); an input's
+                ``binary_data_size`` is not an integer >= 0; the sizes do not add up to the bytes after the header.
         """
-        from ..schemas import InvalidArgument
+        from typing import Any
+
+        from ..schemas import JSON, InvalidArgument, decode
 
         if header_length is None:
             try:
-                req = json.loads(body)
-            except ValueError:
+                req = decode(body, Any, JSON, what="request")
+            except InvalidArgument:
                 return cls(None, False, {})  # the ingress says what is wrong with it, as for any JSON body
             if not isinstance(req, dict):
                 return cls(None, False, {})
@@ -346,9 +353,9 @@ class _BinaryRequest:
             raise InvalidArgument(f"{BINARY_HEADER} must be the byte length of the JSON header, from 0 to the body's "
                                   f"{len(body)} bytes, got {header_length[:40]!r}", field=BINARY_HEADER)
         try:
-            req = json.loads(body[:n])
-        except ValueError as exc:
-            raise InvalidArgument(f"the first {n} bytes of the body ({BINARY_HEADER}) are not JSON: {exc}",
+            req = decode(body[:n], Any, JSON, what="request")
+        except InvalidArgument as err:  # the ingress's words, and which bytes they are about
+            raise InvalidArgument(f"{err.message} (the JSON header: the body's first {n} bytes, {BINARY_HEADER})",
                                   field="body") from None
         if not isinstance(req, dict):
             raise InvalidArgument(f"the JSON header ({BINARY_HEADER}) is not an object: an OIP v2 inference request "
@@ -407,6 +414,11 @@ class _BinaryRequest:
 
             raise InvalidArgument(f"the JSON header ({BINARY_HEADER}) holds a value MessagePack cannot carry: {exc}",
                                   field="body") from None
+        except RecursionError:  # (decoded a few frames higher up the stack: a header just under the decoder's bound)
+            from ..schemas import InvalidArgument
+
+            raise InvalidArgument("the request body is nested too deeply to encode as MessagePack (arrays/maps "
+                                  "inside each other beyond the interpreter's recursion limit)", field="body") from None
 
     def answer(self, resp: bytes, content_type: str | None) -> HttpAnswer:
         """The HTTP answer for the ingress's reply ``resp``: JSON with the outputs asked in binary as

@@ -216,17 +216,21 @@ def statistics(gateway, name: str | None, version: str | None) -> HttpAnswer:
 def _request_object(body: bytes, allowed: tuple[str, ...]) -> dict:
     """The JSON object of an index, load or unload body (``{}`` for an empty one).
 
+    Read with the ingress's JSON decoder (:func:`inferbus.schemas.decode`): a body nested too deeply is its 400
+    (``the request body is nested too deeply to decode ...``); until 2026-12-07 ``json.loads`` raised RecursionError
+    past ~1,000 levels, a 500 and a traceback in the node's log.
+
     Raises:
-        InvalidArgument: not JSON, not an object, or a key not in ``allowed`` (named).
+        InvalidArgument: not JSON (malformed, nested too deeply: the ingress's words), not an object, or a key not
+            in ``allowed`` (named).
     """
-    from ..schemas import InvalidArgument
+    from typing import Any
+
+    from ..schemas import JSON, InvalidArgument, decode
 
     if not body.strip():
         return {}
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise InvalidArgument(f"the body is not JSON: {exc}", field="body") from None
+    doc = decode(body, Any, JSON, what="request")
     if not isinstance(doc, dict):
         raise InvalidArgument("the body must be a JSON object", field="body")
     unknown = sorted(set(doc) - set(allowed))

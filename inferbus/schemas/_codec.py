@@ -458,19 +458,27 @@ def encode(obj: Any, content_type: str | None = None) -> bytes:
         raise InvalidArgument(f"cannot encode {type(obj).__name__}: {exc}") from exc
 
 
-def decode(body: bytes | memoryview, type: type[T], content_type: str | None = None) -> T:
+def decode(body: bytes | memoryview, type: type[T], content_type: str | None = None, *,
+           what: str | None = None) -> T:
     """Decode ``body`` as ``type`` (any msgspec-supported type, e.g. ModelMetadata,
-    ModelList, Health, ErrorReply) from MessagePack, or JSON per ``content_type``.
+    ModelList, Health, ErrorReply; ``typing.Any`` for plain maps and lists) from MessagePack, or JSON per
+    ``content_type``, with the ingress's decoder and its refusals (:func:`decode_request`'s words): a body nested
+    beyond the interpreter's recursion limit (~1,000 levels) is InvalidArgument ``the <what> body is nested too
+    deeply to decode ...``, never a RecursionError. The HTTP gateway reads client JSON with it
+    (``inferbus/actors/_gateway.py``, ``_httpext.py``), so that its refusals are the ingress's.
 
     An :class:`InferRequest` / :class:`InferResponse` gets the same checks as
     :func:`decode_request` / :func:`decode_response`.
 
+    Args:
+        what: what the body is, in error messages (``"request"``); default the type's name.
+
     Raises:
-        InvalidArgument: empty body, malformed body (field None), or a field of the
-            wrong type / missing (field = its JSON path).
+        InvalidArgument: empty body, malformed body (field ``body``), nested too deeply (field ``body``), or a
+            field of the wrong type / missing (field = its JSON path).
     """
     json = is_json(content_type)
-    name = getattr(type, "__name__", "message")
+    name = what or getattr(type, "__name__", "message")
     value = _decode(_decoder(type, json), body, name, json)
     if isinstance(value, InferRequest):
         _check_request(value)
