@@ -1802,7 +1802,9 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
             for line in _model_line(m.name, sorted(m.versions, key=int), cfg.prefix, width or console.width):
                 console.print(line)
         own = " and ".join(n for n, srv in (("nats-server", node.nats), ("valkey", node.valkey)) if srv is not None)
-        stopping_line = ("the ingresses stop taking requests and the workers finish theirs"
+        stopping_line = (("the HTTP port takes no new requests and answers those it has, then "
+                          if node.metrics is not None else "")
+                         + "the ingresses stop taking requests and the workers finish theirs"
                          + (f", then the embedded {own}" if own else "") + " (Ctrl-C again: stop at once, no drain)")
 
         def say_stopping() -> None:  # wrapped as the first line: between words, further lines indented by 4

@@ -127,7 +127,7 @@ class NodeGateway:
     :data:`BOUND_SLACK_S`) and never raises: whatever goes wrong is an :class:`HttpAnswer` with the status.
 
     Args:
-        node: the node (its ``nc``, ``config.prefix``, ``config.ingress_options``, ``stopping``).
+        node: the node (its ``nc``, ``config.prefix``, ``config.ingress_options``, ``http_calls``).
         loop: the node's event loop (where its NATS connection works).
     """
 
@@ -284,15 +284,16 @@ class NodeGateway:
                 return error_answer(504, text)
             return error_answer(503, text) if why == "stopped" else error_answer(500, f"the HTTP gateway {text}")
 
-        return on_node_loop(self.loop, self._ask(ask), max(wait_s, 0.0) + BOUND_SLACK_S, failed)
+        return on_node_loop(self.loop, self._ask(ask), max(wait_s, 0.0) + BOUND_SLACK_S, failed,
+                            getattr(self.node, "http_calls", None))
 
     async def _ask(self, ask) -> HttpAnswer:
         from ..client import Client
         from ..schemas import InferbusError
 
         node = self.node
-        if node.stopping:
-            return error_answer(503, f"node {node.config.node_id} is stopping")
+        # (no refusal when the node is stopping: the HTTP server answers a request that came after the stop began
+        # 503 itself, and one received before it is served: the node's stop waits for it, its drain)
         nc = node.nc
         # while nats-py reconnects (the embedded nats-server restarted, a blip) the request is kept in its buffer
         # and answered within its budget, as an SDK client's is (a fresh-user trial: 503 at once, the node back 1.8 s

@@ -25,6 +25,11 @@ connection per request, a thread per connection, no bound) did not:
   being served, is closed; one that sent its headers and part of its body is answered 408 first. The wait for an
   inference's answer does not count. Only silence is timed: a client that sends one byte a second is not cut.
   Checked every :data:`CLEANUP_INTERVAL_S`, so a connection is closed between the timeout and about 2 s after it.
+- **A graceful stop** (:meth:`HttpServer.drain`, the node's stop's first step): the listener is closed (new
+  connections refused; those already in the kernel's backlog are taken first, not reset), a keep-alive connection
+  idle after an answer is closed, a request received after the stop began is answered 503 UNAVAILABLE with
+  ``Connection: close`` (not run), and the requests received before it are served, each answer with ``Connection:
+  close``, while the node waits for them (docs/http.md, "A graceful stop"). waitress's own ``close()`` cut them all.
 - **Every error answer of the server itself is JSON**, as the API's: ``{"error": "<message>"}`` with
   ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_code_of`): a request line over
   :data:`MAX_HEADER_BYTES` is 414, a request line and headers over it together 431 (both PAYLOAD_TOO_LARGE), a
@@ -52,7 +57,7 @@ from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, ParsingError
 from waitress.server import TcpWSGIServer
-from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error, RequestEntityTooLarge, RequestHeaderFieldsTooLarge
 
 from .._limits import MAX_MAX_PAYLOAD_BYTES
@@ -114,6 +119,10 @@ class _Parser(HTTPRequestParser):
     framing: str | None = None
     """Why the request's body framing is refused (:meth:`parse_header`), None when it is not."""
 
+    received_at: float | None = None
+    """``time.monotonic()`` when the request's last byte came (None until then): a request received before a
+    graceful stop began is served, one after it answered 503 (:meth:`_Channel.service`)."""
+
     def parse_header(self, header_plus: bytes) -> None:
         """waitress's, then a refusal of a body framed two ways (RFC 9112 6.1, 6.3): ``Transfer-Encoding: chunked``
         and ``Content-Length`` together (a request smuggling vector: a proxy in front may read the length where
@@ -138,6 +147,8 @@ class _Parser(HTTPRequestParser):
     def received(self, data: bytes) -> int:
         before, had, in_head = self.header_plus, self.error, self.body_rcv is None
         n = super().received(data)
+        if self.completed:
+            self.received_at = time.monotonic()
         if self.error is not had and self.framing is not None:
             self.error = _NodeError(400, self.framing)
         if self.error is not had and in_head:
@@ -172,13 +183,85 @@ class _JsonErrorTask(ErrorTask):
         self.write(answer.body)
 
 
+class _Task(WSGITask):
+    """waitress's task running the app for one request; during a graceful stop its answer says ``Connection:
+    close``, and the connection is closed after it (the client learns it before it sends another request)."""
+
+    def build_response_header(self):
+        if self.channel.server.draining_since is not None:
+            self.set_close_on_finish()
+        return super().build_response_header()
+
+
 class _Channel(HTTPChannel):
     parser_class = _Parser
+    task_class = _Task
     error_task_class = _JsonErrorTask
+    served = False
+    """Whether a request of this connection was answered (a connection that never sent one is not "idle" at a
+    graceful stop: its first request may be on its way; it is answered 503 rather than cut)."""
+
+    def service(self) -> None:
+        """waitress's, during a graceful stop (:meth:`HttpServer.drain`) answering a request that was not received
+        whole before the stop began 503 UNAVAILABLE (``Connection: close``) instead of running it; then a connection
+        left with nothing to answer and no request coming in is closed once its answers are written."""
+        since = self.server.draining_since
+        if since is not None:
+            request = self.requests[0]
+            if request.error is None and (request.received_at is None or request.received_at >= since):
+                request.error = _NodeError(503, self.server.stopping_message)
+        self.served = True
+        super().service()
+        if self.server.draining_since is not None:
+            with self.requests_lock:
+                if not self.requests and self.request is None:
+                    self.close_when_flushed = True
+            self.server.pull_trigger()
 
 
 class _Server(TcpWSGIServer):
     channel_class = _Channel
+    draining_since: float | None = None
+    """``time.monotonic()`` when a graceful stop began (:meth:`HttpServer.drain`), None before."""
+    stopping_message = "the server is stopping"
+    """The 503's message to a request received after that."""
+
+    def stop_listening(self) -> None:
+        """On the loop's thread: take the connections the kernel has accepted already (the listen backlog: each
+        client among them has connected and may have sent its request; closing the listener would reset them), then
+        close the listening socket (new connections are refused), then close every connection that is idle after an
+        answer (a keep-alive one with no byte of a next request come: a peek says so). The others are left to
+        finish: a request being served or queued, one being received (503 when whole), a connection that never sent
+        a request (503 to its first)."""
+        while True:
+            try:
+                got = self.accept()
+            except OSError:
+                break
+            if got is None:
+                break
+            conn, addr = got
+            try:
+                self.set_socket_options(conn)
+            except OSError:
+                conn.close()
+                continue
+            self.channel_class(self, conn, self.fix_addr(addr), self.adj, map=self._map)
+        self.accepting = False
+        wasyncore.dispatcher.close(self)  # (not self.close(): the trigger stays, the loop still needs it)
+        for channel in list(self.active_channels.values()):
+            if channel.served and not channel.requests and channel.request is None and not channel.total_outbufs_len:
+                try:
+                    waiting = channel.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except OSError:  # (BlockingIOError: nothing came)
+                    waiting = b""
+                if not waiting:
+                    channel.will_close = True
+
+    def busy(self) -> bool:
+        """Whether a connection has a request being served or queued, or an answer not yet written out. Read from
+        any thread (a snapshot: each channel's list and count as they are)."""
+        return any(ch.requests or ch.total_outbufs_len for ch in list(self.active_channels.values()))
 
     def maintenance(self, now: float) -> None:
         """Before waitress closes the idle connections: one that sent its headers and part of its body is answered
@@ -208,6 +291,7 @@ class HttpServer:
         self._server: _Server | None = server
         self._map = socket_map
         self._thread = thread
+        self._cut = threading.Event()
 
     @property
     def port(self) -> int:
@@ -258,10 +342,63 @@ class HttpServer:
         thread.start()
         return self
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Close the listening socket and every connection (a request being served has its answer dropped), and
-        join the server's loop thread, waiting ``timeout_s`` seconds at most for it and as much for the request
-        threads. Idempotent."""
+    def drain(self, timeout_s: float, message: str = "the server is stopping") -> bool:
+        """Begin a graceful stop, then wait ``timeout_s`` seconds at most for the requests received before it.
+
+        At once (idempotent): the listening socket is closed (a new connection is refused; those the kernel had
+        accepted already are taken first, so none is reset), a keep-alive connection idle after an answer is closed,
+        and from now on a request received after this call is answered 503 UNAVAILABLE ``message`` with
+        ``Connection: close`` (it is not run), as is every answer (the connection is closed after it). A request
+        received whole before this call is served as usual. Then it waits until no request is served or queued and
+        every answer is written, ``timeout_s`` at most, or until :meth:`cut`. Blocks the calling thread (not the
+        server's).
+
+        Returns:
+            True when nothing was left to answer, False when the wait ended first (``timeout_s``, :meth:`cut`).
+        """
+        server = self._server
+        if server is None:
+            return True
+        if server.draining_since is None:
+            server.stopping_message = message
+            server.draining_since = time.monotonic()
+            done = threading.Event()
+
+            def close_listener() -> None:
+                try:
+                    server.stop_listening()
+                finally:
+                    done.set()
+
+            try:
+                server.trigger.pull_trigger(close_listener)
+            except OSError:  # the loop has ended already
+                return True
+            done.wait(max(timeout_s, 1.0))
+        return self._wait_idle(server, timeout_s)
+
+    def cut(self) -> None:
+        """End a :meth:`drain`'s wait at once (the node is being killed). Callable from any thread."""
+        self._cut.set()
+
+    def _wait_idle(self, server: _Server, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while server.busy():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._cut.wait(min(left, 0.02)):
+                return False
+        return True
+
+    def stop(self, timeout_s: float = 5.0, grace_s: float = 1.0) -> None:
+        """Close the listening socket and every connection, and join the server's loop thread, waiting ``timeout_s``
+        seconds at most for it and as much for the request threads. Answers under way are given ``grace_s`` seconds
+        to be written first (a :meth:`drain` that was not called is begun: a request that comes meanwhile is 503);
+        what is still being served then has its connection closed with it. Idempotent."""
+        server = self._server
+        if server is None:
+            return
+        if grace_s > 0 and not self._cut.is_set():
+            self.drain(grace_s, server.stopping_message)
         server, self._server = self._server, None
         if server is None:
             return

@@ -685,6 +685,16 @@ class MetricsServer:
                                     idle_timeout_s=socket_timeout_s or DEFAULT_IDLE_TIMEOUT_S,
                                     max_connections=max_connections or DEFAULT_MAX_CONNECTIONS))
 
+    def drain(self, timeout_s: float, message: str) -> bool:
+        """Begin a graceful stop and wait for the requests received before it (:meth:`HttpServer.drain
+        <inferbus.actors._http.HttpServer.drain>`: the listener closed, later requests 503 ``message``)."""
+        return self._http.drain(timeout_s, message)
+
+    def cut(self) -> None:
+        """End a :meth:`drain`'s wait at once."""
+        self._http.cut()
+
     def stop(self) -> None:
-        """Stop listening, close every connection and join the server's thread (at most 5 s). Idempotent."""
+        """Stop listening, give the answers under way 1 s to be written, close every connection and join the server's
+        thread (at most 5 s). Idempotent."""
         self._http.stop()

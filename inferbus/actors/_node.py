@@ -390,6 +390,11 @@ class Node:
         self.metrics = None
         """The Prometheus endpoint (:class:`~inferbus.actors._metrics.MetricsServer`) once started with
         ``metrics_port``; ``metrics.port`` is where it listens."""
+        self.http_calls = None
+        """The HTTP server's calls on this node's loop under way (:class:`~inferbus.actors._probes.LoopCalls`),
+        while it serves; :meth:`stop` ends those its drain did not see answered."""
+        self._killed = False
+        """:meth:`kill` was called: the stop does not wait for HTTP requests (their ingresses are gone)."""
 
     @property
     def serving_cores(self) -> tuple[int, ...]:
@@ -615,6 +620,7 @@ class Node:
         c = self.config
         self._failed = asyncio.get_running_loop().create_future()
         self._stopping = False
+        self._killed = False
         self._quiesced = False
         if c.run_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="inferbus-run-")
@@ -775,9 +781,10 @@ class Node:
         if c.metrics_port is not None:
             from ._metrics import MetricsServer, NodeCollector
             from ._gateway import NodeGateway
-            from ._probes import NodeProbes
+            from ._probes import LoopCalls, NodeProbes
 
             loop = asyncio.get_running_loop()
+            self.http_calls = LoopCalls()
             try:
                 self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
                                                    probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop),
@@ -916,16 +923,52 @@ class Node:
             log.warning("node %s: reconnected to NATS (%s) after %.1f s", self.config.node_id, self._bus_server,
                         time.monotonic() - lost_at)
 
+    @property
+    def http_drain_s(self) -> float:
+        """How long a graceful stop waits for the HTTP requests received before it, seconds: the workers' own drain
+        (``drain_timeout_s``, 3 s by default; ``NodeConfig.worker_options``), 0 once :meth:`kill` was called."""
+        from ._config import WorkerConfig
+
+        if self._killed:
+            return 0.0
+        return float(self.config.worker_options.get("drain_timeout_s", WorkerConfig.drain_timeout_s))
+
     async def stop(self) -> None:
-        """Stop the metrics endpoint, the actors (reverse start order), then the embedded servers (Valkey, then
-        NATS). Idempotent."""
+        """Stop gracefully: the HTTP port's drain, the actors (reverse start order), the HTTP server, the node's
+        NATS connection, then the embedded servers (Valkey, then NATS). Idempotent; a :meth:`kill` meanwhile cuts
+        the waits short.
+
+        The HTTP port first (docs/http.md, "A graceful stop"): its listener is closed (new connections refused), a
+        request received after this moment is answered 503 UNAVAILABLE with ``Connection: close``, a keep-alive
+        connection idle after an answer is closed, and the stop waits for the requests received before it to be
+        answered, :attr:`http_drain_s` at most, with the actors serving as usual: only then do they stop (the
+        ingresses drain, then the workers). Requests still unanswered after the actors stopped are answered 503 (their
+        calls on this loop cancelled) and written out (1 s at most) before the HTTP server closes every connection,
+        then the NATS connection closes. Until 2026-12-07 the HTTP server was closed first, at once: every request in
+        flight had its connection closed unanswered (a fresh-user trial: 6 of 6 ``RemoteDisconnected``)."""
         self._stopping = True
-        if self.metrics is not None:
-            await asyncio.to_thread(self.metrics.stop)  # joins its thread, which may wait on this loop (a scrape)
-            self.metrics = None
+        http = self.metrics
+        if http is not None:  # (on a thread: its requests' calls wait on this loop)
+            t0, bound_s = time.monotonic(), self.http_drain_s
+            drained = await asyncio.to_thread(http.drain, bound_s,
+                                              f"node {self.config.node_id} is stopping: it answers the requests it "
+                                              f"had received and takes no new ones; send this one to another node")
+            if drained:
+                log.info("node %s: HTTP: new connections refused; the requests received before the stop answered in "
+                         "%.2f s", self.config.node_id, time.monotonic() - t0)
+            elif not self._killed:
+                log.warning("node %s: HTTP: requests received before the stop are still unanswered after %.1f s (the "
+                            "drain's bound): the actors stop now; what they do not answer is answered 503",
+                            self.config.node_id, bound_s)
         self._maybe_quiesce()  # at once when no ingress runs here; else when the last one has exited
         await _stop_tree(self.supervisor, self._run_task)
         self._run_task = None
+        if http is not None:
+            if self.http_calls is not None:
+                self.http_calls.close()  # what is still waiting on this loop: 503
+            await asyncio.to_thread(http.stop)  # joins its thread, which may wait on this loop (a scrape)
+            if self.metrics is http:
+                self.metrics = None
         if self.nc is not None:
             await close_connection(self.nc)
         await self._stop_servers()
@@ -973,6 +1016,9 @@ class Node:
         clients time out or retry elsewhere). Joins a :meth:`stop` in progress and cuts it short (``inferbus
         up``'s second Ctrl-C)."""
         self._stopping = True
+        self._killed = True
+        if self.metrics is not None:
+            self.metrics.cut()  # (a stop's wait for its HTTP requests ends now)
         for sup in (self.supervisor, self.cache_servers, self.servers):
             if sup is not None:
                 await sup.kill()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -49,23 +50,70 @@ PROBE_BOUND_S = 1.0
 """The longest a probe's HTTP answer waits for the node's event loop, seconds; past it the probe answers 503."""
 
 
-def on_node_loop(loop: asyncio.AbstractEventLoop, coro, wait_s: float, failed: Callable[[str, str], object]):
+class LoopCalls:
+    """The HTTP threads' calls on the node's event loop that are under way (:func:`on_node_loop`'s), so that the
+    node's graceful stop can end those its drain did not see answered: :meth:`close` cancels them (each answers
+    ``stopped``: 503) and refuses any later one at once. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: set[concurrent.futures.Future] = set()
+        self.closed = False
+
+    def add(self, fut: concurrent.futures.Future) -> bool:
+        """Track ``fut``; False (not tracked) once :meth:`close` was called."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._futures.add(fut)
+            return True
+
+    def discard(self, fut: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._futures.discard(fut)
+
+    def close(self) -> int:
+        """Cancel every call under way (its coroutine is cancelled on the loop) and refuse the later ones; returns
+        how many were cancelled. Idempotent."""
+        with self._lock:
+            self.closed = True
+            futures, self._futures = self._futures, set()
+        return sum(1 for f in futures if f.cancel())
+
+
+_STOPPED_TEXT = "the node is stopping: the request was not answered within its stop's drain"
+
+
+def on_node_loop(loop: asyncio.AbstractEventLoop, coro, wait_s: float, failed: Callable[[str, str], object],
+                 calls: LoopCalls | None = None):
     """What ``coro`` returns, run on the node's ``loop`` from an HTTP server thread and waited for ``wait_s`` seconds
-    at most; else ``failed(why, text)``: ``why`` is ``stopped`` (the loop is closed: the node has stopped; ``coro``
-    closed unrun), ``timeout`` (no answer in time; the run cancelled) or ``bug`` (it raised: the coroutines catch
+    at most; else ``failed(why, text)``: ``why`` is ``stopped`` (the loop is closed: the node has stopped; or
+    ``calls`` was closed, before or during the run, by the node's stop; ``coro`` closed unrun, or its run
+    cancelled), ``timeout`` (no answer in time; the run cancelled) or ``bug`` (it raised: the coroutines catch
     what they expect), ``text`` says so in words. Never raises."""
+    if calls is not None and calls.closed:
+        coro.close()
+        return failed("stopped", _STOPPED_TEXT)
     try:
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
     except RuntimeError as exc:
         coro.close()
         return failed("stopped", f"the node is not running ({exc})")
+    if calls is not None and not calls.add(fut):
+        fut.cancel()
+        return failed("stopped", _STOPPED_TEXT)
     try:
         return fut.result(wait_s)
+    except concurrent.futures.CancelledError:  # (an Exception, not asyncio's BaseException: before the catch-all)
+        return failed("stopped", _STOPPED_TEXT)
     except concurrent.futures.TimeoutError:
         fut.cancel()
         return failed("timeout", f"the node's event loop did not answer within {wait_s:.3g} s")
     except Exception as exc:
         return failed("bug", f"failed: {exc!r}")
+    finally:
+        if calls is not None:
+            calls.discard(fut)
 
 
 @dataclass(frozen=True)
@@ -135,7 +183,8 @@ class NodeProbes:
 
     def _run(self, make: Callable[[], Awaitable[ProbeAnswer]]) -> ProbeAnswer:
         return on_node_loop(self.loop, make(), self.bound_s, lambda why, text: ProbeAnswer(503, text if why != "bug"
-                                                                                          else f"the probe {text}"))
+                                                                                          else f"the probe {text}"),
+                            getattr(self.node, "http_calls", None))
 
     async def _live(self) -> ProbeAnswer:
         return OK
