@@ -185,6 +185,46 @@ def test_an_http_1_0_request_with_transfer_encoding_is_400(node, body):
     assert "HTTP/1.0 request has no Transfer-Encoding" in json.loads(got.partition(b"\r\n\r\n")[2])["error"]
 
 
+@pytest.mark.parametrize("coding", ["identity", "gzip, chunked", "chunked, gzip", "deflate"])
+def test_a_transfer_coding_other_than_chunked_is_501_invalid_argument_and_closed(node, body, coding):
+    """RFC 9112 6.1: a transfer coding the server does not understand is 501. It is the client's request that cannot
+    be read: ``Inferbus-Error-Code: INVALID_ARGUMENT``, JSON naming the coding, the connection closed (the body's
+    framing is unknown). Until 2026-12-07 the 501 said INTERNAL (a server fault) and waitress's words alone."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: %s\r\n\r\n%s" % (coding.encode(), body))
+        got = read_answer(s)
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 501 "), got[:500]
+    assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in head and b"Connection: close" in head, head
+    error = json.loads(payload)["error"]
+    assert error.startswith(f"Transfer-Encoding {coding!r} is not supported: "), error
+
+
+@pytest.mark.parametrize("version", ["2.0", "9.9", "0.9", "3.1"])
+def test_a_request_line_of_another_major_http_version_is_505(node, version):
+    """RFC 9110 15.6.6: a major version the server does not serve is 505 HTTP Version Not Supported (answered in
+    HTTP/1.1, JSON, ``INVALID_ARGUMENT``, closed). Until 2026-12-07 waitress served ``HTTP/2.0`` or ``HTTP/9.9``
+    and answered ``HTTP/1.0 200`` (a fresh-user trial)."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/%s\r\nHost: x\r\n\r\n" % version.encode())
+        got = read_answer(s)
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n"), got[:500]
+    assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in head and b"Connection: close" in head, head
+    assert json.loads(payload)["error"].startswith(f"HTTP/{version} is not supported"), payload
+
+
+def test_a_higher_minor_version_of_http_1_is_answered_as_http_1_1(node):
+    """RFC 9110 6.2: an ``HTTP/1.2`` request is answered with the highest 1.x this server conforms to, 1.1, and kept
+    alive as 1.1 (until 2026-12-07 waitress answered it ``HTTP/1.0`` and closed)."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.2\r\nHost: x\r\n\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                  b"Connection: close\r\n\r\n")
+        got = read_answer(s)
+    assert re.findall(rb"HTTP/1\.\d \d{3} ", got) == [b"HTTP/1.1 200 ", b"HTTP/1.1 200 "], got[:1000]
+
+
 @pytest.mark.parametrize("method, path, status, code", [
     ("GET", "/v2/models/nosuch/ready", 404, "NOT_FOUND"),
     ("GET", "/v2/models/a.b/ready", 400, "INVALID_ARGUMENT"),

@@ -74,7 +74,7 @@ class HttpAnswer:
 
 
 _CODE_OF_STATUS = {403: "PERMISSION_DENIED", 408: "DEADLINE_EXCEEDED", 414: "PAYLOAD_TOO_LARGE",
-                   431: "PAYLOAD_TOO_LARGE", 502: "INTERNAL"}
+                   431: "PAYLOAD_TOO_LARGE", 501: "INVALID_ARGUMENT", 502: "INTERNAL", 505: "INVALID_ARGUMENT"}
 """The HTTP layer's own statuses that are no :class:`~inferbus.schemas.ErrorCode`'s (docs/http.md, "Errors")."""
 
 
@@ -82,8 +82,9 @@ def error_code_of(status: int) -> str:
     """The ``Inferbus-Error-Code`` of an HTTP error ``status`` (400-599): the :class:`~inferbus.schemas.ErrorCode`
     whose HTTP status it is (400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 PAYLOAD_TOO_LARGE, 429 RESOURCE_EXHAUSTED, 500
     INTERNAL, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED), else the HTTP layer's: 403 PERMISSION_DENIED, 408
-    DEADLINE_EXCEEDED, 414 and 431 PAYLOAD_TOO_LARGE, 502 INTERNAL; any other 4xx (405, 411, 415, ...)
-    INVALID_ARGUMENT, any other 5xx INTERNAL."""
+    DEADLINE_EXCEEDED, 414 and 431 PAYLOAD_TOO_LARGE, 501 (a transfer coding not understood) and 505 (an HTTP
+    version not served) INVALID_ARGUMENT (the client's request that cannot be read, not a fault of the server), 502
+    INTERNAL; any other 4xx (405, 411, 415, ...) INVALID_ARGUMENT, any other 5xx INTERNAL."""
     from ..schemas import ErrorCode
 
     for code in ErrorCode:

@@ -33,9 +33,11 @@ connection per request, a thread per connection, no bound) did not:
 - **Every error answer of the server itself is JSON**, as the API's: ``{"error": "<message>"}`` with
   ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_code_of`): a request line over
   :data:`MAX_HEADER_BYTES` is 414, a request line and headers over it together 431 (both PAYLOAD_TOO_LARGE), a
-  malformed request 400 (INVALID_ARGUMENT), a body over :data:`MAX_BODY_BYTES` 413, an application error 500. Its
-  status line says the request's HTTP version, or HTTP/1.1 when the request line could not be read that far (a
-  request line over the limit): waitress's said HTTP/1.0 to an HTTP/1.1 request whose head it could not take.
+  malformed request 400 (INVALID_ARGUMENT), a transfer coding other than chunked 501 and another major HTTP version
+  (``HTTP/2.0``) 505 (both INVALID_ARGUMENT: waitress's 501 said INTERNAL, and it served ``HTTP/2.0`` as 1.0), a
+  body over :data:`MAX_BODY_BYTES` 413, an application error 500. Its status line says the request's HTTP version,
+  or HTTP/1.1 when the request line could not be read that far (a request line over the limit) or names another
+  version: waitress's said HTTP/1.0 to an HTTP/1.1 request whose head it could not take.
 
 Source: waitress (https://docs.pylonsproject.org/projects/waitress/), its documented ``Adjustments`` (``threads``,
 ``connection_limit``, ``channel_timeout``, ``cleanup_interval``, ``max_request_header_size``,
@@ -55,7 +57,7 @@ import time
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
-from waitress.parser import HTTPRequestParser, ParsingError
+from waitress.parser import HTTPRequestParser, ParsingError, TransferEncodingNotImplemented
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error, RequestEntityTooLarge, RequestHeaderFieldsTooLarge
@@ -98,6 +100,11 @@ class _NodeError(Error):
 _VERSION = re.compile(rb"[ \t]HTTP/(1\.[01])\r?$")
 """The version at the end of a request line (RFC 9112 3: ``method SP request-target SP HTTP-version``)."""
 
+_ANY_VERSION = re.compile(rb"[ \t]HTTP/([0-9])\.([0-9])(\r?)$")
+"""Any version at the end of a request line (RFC 9112 2.3: ``HTTP-version = "HTTP/" DIGIT "." DIGIT``)."""
+
+_TRANSFER_ENCODING = re.compile(rb"^transfer-encoding[ \t]*:[ \t]*(.*?)[ \t]*\r?$", re.I | re.M)
+
 
 def _request_version(head: bytes) -> str:
     """The HTTP version (``"1.0"`` or ``"1.1"``) of the request whose first bytes are ``head``: its request line's,
@@ -116,41 +123,66 @@ class _Parser(HTTPRequestParser):
     HTTP version: waitress parses ``GET / HTTP/1.0`` in its stead, or stops before the version, so such answers said
     ``HTTP/1.0`` to an HTTP/1.1 client (until 2026-12-07)."""
 
-    framing: str | None = None
-    """Why the request's body framing is refused (:meth:`parse_header`), None when it is not."""
+    refusal: tuple[int, str] | None = None
+    """The status and message of a request refused at its head (:meth:`parse_header`), None when it is not."""
 
     received_at: float | None = None
     """``time.monotonic()`` when the request's last byte came (None until then): a request received before a
     graceful stop began is served, one after it answered 503 (:meth:`_Channel.service`)."""
 
     def parse_header(self, header_plus: bytes) -> None:
-        """waitress's, then a refusal of a body framed two ways (RFC 9112 6.1, 6.3): ``Transfer-Encoding: chunked``
-        and ``Content-Length`` together (a request smuggling vector: a proxy in front may read the length where
-        this server reads the chunks; waitress took the chunks), or an HTTP/1.0 request with ``Transfer-Encoding``
-        (which HTTP/1.0 does not have: waitress framed it by ``Content-Length``). Either is 400 and the connection
-        closed after it, as the RFC asks (the rest of what the client sent is never read as a request).
+        """waitress's, with refusals of its own (each answered by :meth:`received`; the connection closed after it,
+        as the RFC asks: the rest of what the client sent is never read as a request):
+
+        - a major version other than 1 (``HTTP/2.0``, ``HTTP/9.9``, ``HTTP/0.9``): 505 (RFC 9110 15.6.6; waitress
+          served it as HTTP/1.0, a fresh-user trial); a higher minor version of 1 (``HTTP/1.2``) is served as
+          HTTP/1.1, the highest this server conforms to (RFC 9110 6.2; waitress answered ``HTTP/1.0``);
+        - a transfer coding other than chunked (``Transfer-Encoding: identity``, ``gzip, chunked``): 501 with
+          INVALID_ARGUMENT (RFC 9112 6.1: a server that does not understand a transfer coding SHOULD answer 501; it
+          is the client's request that cannot be read, not the server that failed: waitress's 501 said INTERNAL);
+        - a body framed two ways (RFC 9112 6.1, 6.3): ``Transfer-Encoding: chunked`` and ``Content-Length`` together
+          (a request smuggling vector: a proxy in front may read the length where this server reads the chunks;
+          waitress took the chunks), or an HTTP/1.0 request with ``Transfer-Encoding`` (which HTTP/1.0 does not have:
+          waitress framed it by ``Content-Length``): 400.
 
         Raises:
-            ParsingError: the framing is refused (:attr:`framing` says why; :meth:`received` answers it).
+            ParsingError, TransferEncodingNotImplemented: the request is refused (:attr:`refusal` says how).
         """
-        super().parse_header(header_plus)
+        line, nl, rest = header_plus.partition(b"\n")
+        m = _ANY_VERSION.search(line)
+        if m is not None and m.group(1) != b"1":
+            version = f"HTTP/{m.group(1).decode()}.{m.group(2).decode()}"
+            self.refusal = (505, f"{version} is not supported: this server speaks HTTP/1.1 (and HTTP/1.0); send the "
+                                 "request as HTTP/1.1")
+            raise ParsingError(self.refusal[1])
+        if m is not None and m.group(2) not in (b"0", b"1"):  # HTTP/1.2 ... 1.9: as HTTP/1.1
+            header_plus = line[:m.start()] + b" HTTP/1.1" + m.group(3) + nl + rest
+        try:
+            super().parse_header(header_plus)
+        except TransferEncodingNotImplemented:
+            codings = b", ".join(_TRANSFER_ENCODING.findall(header_plus)).decode("latin-1")[:100]
+            self.refusal = (501, f"Transfer-Encoding {codings!r} is not supported: this server reads the chunked "
+                                 "transfer coding alone (RFC 9112 6.1); send the body with Content-Length, or with "
+                                 "Transfer-Encoding: chunked (a compressed body, Content-Encoding, is not accepted "
+                                 "either)")
+            raise TransferEncodingNotImplemented(self.refusal[1]) from None
         if self.chunked and "CONTENT_LENGTH" in self.headers:  # (waitress popped Transfer-Encoding: set chunked)
-            self.framing = ("the request has both Transfer-Encoding: chunked and Content-Length; send one (RFC 9112 "
-                            "6.3: such a message may be a request smuggling attempt)")
+            self.refusal = (400, "the request has both Transfer-Encoding: chunked and Content-Length; send one (RFC "
+                                 "9112 6.3: such a message may be a request smuggling attempt)")
         elif self.version == "1.0" and "TRANSFER_ENCODING" in self.headers:
-            self.framing = ("an HTTP/1.0 request has no Transfer-Encoding (RFC 9112 6.1); send Content-Length, or "
-                            "the request as HTTP/1.1")
-        if self.framing is not None:
+            self.refusal = (400, "an HTTP/1.0 request has no Transfer-Encoding (RFC 9112 6.1); send Content-Length, "
+                                 "or the request as HTTP/1.1")
+        if self.refusal is not None:
             self.expect_continue = False  # (no 100 Continue before the refusal)
-            raise ParsingError(self.framing)
+            raise ParsingError(self.refusal[1])
 
     def received(self, data: bytes) -> int:
         before, had, in_head = self.header_plus, self.error, self.body_rcv is None
         n = super().received(data)
         if self.completed:
             self.received_at = time.monotonic()
-        if self.error is not had and self.framing is not None:
-            self.error = _NodeError(400, self.framing)
+        if self.error is not had and self.refusal is not None:
+            self.error = _NodeError(*self.refusal)
         if self.error is not had and in_head:
             self.version = _request_version(before + data)
         if self.error is not had and isinstance(self.error, RequestEntityTooLarge):
