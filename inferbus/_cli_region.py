@@ -247,11 +247,15 @@ def status(
 
 
 def _check_region(command: str, name: str, what: str) -> None:
-    """A region name is one subject token (letters, digits, '_' or '-'), else one line and exit 2 before anything
-    is sent (``a b`` used to reach nats-py and come back as ``BadSubjectError``, exit 1)."""
+    """A region name is one subject token (1-64 letters, digits, '_' or '-', as ``up --region`` takes it), else one
+    line and exit 2 before anything is sent (``a b`` used to reach nats-py and come back as ``BadSubjectError``, exit
+    1; a name of thousands of characters made a subject the NATS server closed the connection for)."""
     from .bus._config import _TOKEN_RE
     from .cli import _usage
 
+    if len(name) > 64:
+        _usage(f"region {command}: {what} must be a region name of at most 64 characters, got {len(name)}: "
+               f"{name[:40]!r}...")
     if not _TOKEN_RE.match(name):
         _usage(f"region {command}: {what} must be a region name (letters, digits, '_' or '-'), got {name!r}")
 

@@ -1230,7 +1230,8 @@ def up(
                                   "in-process L1 cache stays on: a model's cache_ttl_ms 0 (config.json) turns "
                                   "result caching off for that model."),
     l2_lookup: bool = typer.Option(False, help="Look up the L2 cache on every L1 miss (one Redis round trip)."),
-    prefix: str = typer.Option("inferbus", help="Subject prefix."),
+    prefix: str = typer.Option("inferbus", help="Subject prefix: dot-separated tokens of letters, digits, '_' or "
+                               "'-', at most 128 characters."),
     node_id: str = typer.Option("n1", help="This node's name, the prefix of its process ids (n1-w0, n1-i0...): "
                                 "give each node that joins one NATS (--nats-url) its own."),
     region: str = typer.Option("", help="This node's region (letters, digits, '-', '_'): every ingress prefers "

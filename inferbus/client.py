@@ -92,8 +92,10 @@ def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note
 
 def _ingress_token(ingress_id: str | None) -> bool:
     """Whether ``ingress_id`` (an answer to ``<p>.ingresses``) can be one subject token: not empty, no ``.``, ``*``,
-    ``>`` or whitespace (an answer that cannot name an ingress's own subject is not used)."""
-    return bool(ingress_id) and not any(c in _NOT_IN_A_TOKEN or c.isspace() for c in ingress_id)
+    ``>`` or whitespace, at most :data:`~inferbus.bus._subjects.MAX_NAME_BYTES` bytes (an answer that cannot name an
+    ingress's own subject is not used)."""
+    return (bool(ingress_id) and name_problem(ingress_id) is None
+            and not any(c in _NOT_IN_A_TOKEN or c.isspace() for c in ingress_id))
 
 
 def _connect_causes(failures: list[tuple[str, BaseException]], final: BaseException, try_s: float) -> str:
@@ -128,6 +130,7 @@ are tried in the order given (list the local region's first; ``no_randomize=Fals
 
 from .bus import BusConfig, ConnectionLost as _ConnectionLost, Subjects, close_connection, connect, fail_pending_requests
 from .bus import server_url_problem, version_problem, shown_servers, split_servers
+from .bus._subjects import control_line_problem, name_problem, reply_bytes
 from .bus import headers as H
 from .schemas._errors import fmt_ms as _fmt_ms
 from .schemas._hedge_policy import HedgePolicyError, parse_policy
@@ -166,11 +169,16 @@ def _subject_token(value: str, field: str) -> str:
 
     A name with a ``.`` would address another model or version, ``*``/``>`` are wildcards, and an empty or
     space-containing one is no subject at all (nats-py raises its own BadSubjectError, or the request waits
-    for its budget on a subject nothing serves).
+    for its budget on a subject nothing serves). A name longer than :data:`~inferbus.bus._subjects.MAX_NAME_BYTES`
+    (128) bytes of UTF-8 names no model (a repository refuses such a folder), and a much longer one made a subject
+    the NATS server answered by closing the connection for good (a fresh-user trial: a 5,000-character name left the
+    Client dead, "the NATS connection is closed").
     """
     if not isinstance(value, str):
         kinds = "a string or an int >= 0" if field == "model_version" else "a string"
         raise InvalidArgument(f"{field} must be {kinds}, got {type(value).__name__} {value!r}", field=field)
+    if (problem := name_problem(value, field)) is not None:
+        raise InvalidArgument(problem, field=field)
     if (not value or not value.isprintable() or any(c.isspace() for c in value)
             or not _NOT_IN_A_TOKEN.isdisjoint(value)):
         raise InvalidArgument(f"{field} {value!r} must be a non-empty name without '.', '*', '>' or whitespace",
@@ -228,9 +236,9 @@ def _extra_headers(headers) -> dict[str, str]:
 
 def _version_token(version) -> str | None:
     """``version`` as the subject carries it (None stays None: the default version), else InvalidArgument at once
-    (``field`` ``model_version``): a version is a string of digits or an int >= 0, as a model repository's version
-    folders are; anything else names no version the ingress could serve (it answered NOT_FOUND after the round
-    trip)."""
+    (``field`` ``model_version``): a version is a string of digits or an int >= 0, at most
+    :data:`~inferbus.bus._subjects.MAX_VERSION` (2**63 - 1), as a model repository's version folders are; anything
+    else names no version the ingress could serve (it answered NOT_FOUND after the round trip)."""
     if version is None:
         return None
     version = _version_text(version)
@@ -238,10 +246,13 @@ def _version_token(version) -> str | None:
         # worded as the ingress words a version it cannot serve (a fresh-user trial read two wordings), plus the
         # SDK's own forms
         said = "is not a number" if isinstance(version, str) else "names no version"
-        raise InvalidArgument(f"version {version!r} {said}: versions are named by their folders' decimal numbers "
+        shown = repr(version[:40]) + "..." if isinstance(version, str) and len(version) > 40 else repr(version)
+        raise InvalidArgument(f"version {shown} {said}: versions are named by their folders' decimal numbers "
                               f"(e.g. '1'); the version must be a string of digits or an int >= 0",
                               field="model_version")
-    problem = version_problem(version)  # the digits are checked: a leading zero, which no version folder has
+    # the digits are checked: a leading zero, which no version folder has, or a number over MAX_VERSION (the
+    # largest a folder may have; thousands of digits made a subject the NATS server closed the connection for)
+    problem = version_problem(version)
     if problem is not None:
         raise InvalidArgument(problem, field="model_version")
     return version
@@ -600,7 +611,9 @@ class Client:
 
         Raises:
             NotFound, InvalidArgument (also before sending: a model or version that is empty or holds '.', '*',
-            '>' or whitespace; ``inputs`` that is not a mapping or holds None; ``outputs`` given as one string;
+            '>' or whitespace, a model name longer than 128 bytes of UTF-8 (field ``model``), a version over
+            2**63 - 1 (``model_version``); ``inputs`` that is not a mapping or holds None; ``outputs`` given as one
+            string;
             ``timeout_s`` that is not a finite number > 0; a ``request_id`` that is not a string or is longer
             than 256 characters; a ``hedge`` that is not a policy, field ``hedge``; ``parameters`` that is not a
             mapping of names or holds more than 128 entries, field ``parameters``; a value that is no string,
@@ -739,7 +752,10 @@ class Client:
             ``(response body, response content type)``.
 
         Raises:
-            InvalidArgument: ``timeout_s`` is not a finite number > 0 (0, negative, NaN, infinity; nothing sent).
+            InvalidArgument: ``timeout_s`` is not a finite number > 0 (0, negative, NaN, infinity; nothing sent);
+            a ``subject`` whose protocol line (with this connection's reply subject) would be longer than the NATS
+            server's ``max_control_line``, 4096 bytes assumed (field ``subject``, nothing sent: the server would
+            close the connection for good, :data:`~inferbus.bus._subjects.MAX_CONTROL_LINE_BYTES`).
             the typed error of an error reply; DeadlineExceeded when the budget runs out while an attempt
             waits for its answer (at once, nothing sent, when it was spent before sending), its message naming
             the attempts and what ended them by kind (``17 attempts: 16 no responders, 1 timed out``; an
@@ -761,6 +777,9 @@ class Client:
         """
         _check_timeout(timeout_s)
         _check_request_id(request_id)
+        if isinstance(subject, str) and (problem := control_line_problem(subject, reply_bytes(self.nc))) is not None:
+            # the server would close the connection for good (nats-py does not reconnect after its -ERR)
+            raise InvalidArgument(problem, field="subject")
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             if self._loop is not None:
@@ -801,7 +820,7 @@ class Client:
             else:
                 await slots.acquire()
         try:
-            first_at = self.subjects.at_ingress(subject, at_ingress) if _ingress_token(at_ingress) else None
+            first_at = self._at_ingress(subject, at_ingress) if _ingress_token(at_ingress) else None
             return await self._attempts(subject, body, hdrs, deadline, timeout_s, request_id, first_at)
         except DeadlineExceeded as err:
             if waited_ms >= 1.0:  # say where the budget went: queued in this client, not only at the server
@@ -972,6 +991,14 @@ class Client:
                 await asyncio.sleep(pause_ms / 1000.0)
 
 
+    def _at_ingress(self, subject: str, ingress_id: str) -> str | None:
+        """:meth:`Subjects.at_ingress`, or None (the queue group) when that subject's protocol line would be too long
+        for the server (:func:`~inferbus.bus._subjects.control_line_problem`; ``subject`` itself fits)."""
+        at = self.subjects.at_ingress(subject, ingress_id)
+        if at is not None and control_line_problem(at, reply_bytes(self.nc)) is not None:
+            return None
+        return at
+
     async def _retry_subject(self, subject: str, deadline: float) -> str | None:
         """Where the retry of a request on ``subject`` (inference, metadata, readiness, health, server, a
         model-management write) whose attempt timed out goes: the subject of the
@@ -997,8 +1024,10 @@ class Client:
         ingress_id = msg.data.decode(errors="replace")
         if not _ingress_token(ingress_id):
             return None
-        self.retries_at_ingress += 1
-        return self.subjects.at_ingress(subject, ingress_id)
+        at = self._at_ingress(subject, ingress_id)
+        if at is not None:
+            self.retries_at_ingress += 1
+        return at
 
     async def models(self, timeout_s: float = 1.0) -> ModelList:
         """The served models' OIP v2 metadata (``<p>.models``), as one ingress answers it.
@@ -1021,8 +1050,9 @@ class Client:
 
         Raises:
             NotFound: an unknown model, or a version it does not serve (``field`` ``model_version``).
-            InvalidArgument (before sending): a name that cannot be one subject token; a version that is not a
-                string of digits or an int >= 0.
+            InvalidArgument (before sending): a name that cannot be one subject token, or is longer than 128 bytes
+                of UTF-8 (field ``model``); a version that is not a string of digits or an int from 0 to 2**63 - 1
+                (``model_version``).
         """
         subject = self.subjects.model(_subject_token(name, "model"))
         version = _version_token(version)

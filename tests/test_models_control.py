@@ -230,10 +230,12 @@ async def test_version_metadata_an_integer_version_and_a_lower_case_content_type
                                       headers={"Content-Type": "application/json"})
         err = decode_error(msg.headers, msg.data)
         assert isinstance(err, InvalidArgument) and err.field == "version", err
-        # 25 digits: a number, and no version on disk (it was "version must be a number"), as a read says it
+        # 25 digits: over 2**63 - 1, the largest version a folder may be (it was "version must be a number", then
+        # NOT_FOUND "no version of 25 digits"), as a read, the SDK and the HTTP gateway say it
         msg = await client.nc.request(s.model_control("digits", "default"), mp({"version": "9" * 25}), timeout=10)
         err = decode_error(msg.headers, msg.data)
-        assert isinstance(err, NotFound) and err.field == "version" and "25 digits" in err.message, err
+        assert isinstance(err, InvalidArgument) and err.field == "version", err
+        assert "over the largest version, 9223372036854775807" in err.message, err
 
 
 @pytest.mark.timeout(120)

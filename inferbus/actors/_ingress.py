@@ -59,6 +59,7 @@ import msgspec
 
 from ..bus import (BusyPoll, Subjects, close_connection, connected_server, publish_raw, reply_block, send_pending,
                    version_problem)
+from ..bus._subjects import MAX_REPLY_BYTES, name_problem
 from ..bus import headers as H
 from ..bus._connect import _can_drain_apart, drain_subscription, end_drain
 from ..bus._connect import _round_trip as _server_round_trip
@@ -699,6 +700,14 @@ class Ingress:
         hdrs = msg.headers or {}
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
+        if len(reply) > MAX_REPLY_BYTES // 4 and len(reply.encode()) > MAX_REPLY_BYTES:
+            # forwarded with this reply subject, the line would be longer than the client's own and could be over
+            # the server's max_control_line: the server would close this ingress's connection (a query of death)
+            self.counts["errors"] += 1
+            await self._error(reply, InvalidArgument(
+                f"the reply subject is {len(reply.encode())} bytes, over the limit of {MAX_REPLY_BYTES}: use a "
+                f"shorter inbox", field="reply"), _error_content_type(ct, msg.data), hdrs.get(H.REQUEST_ID), endpoint)
+            return
         sub = self._infer_sub
         if sub is not None and sub.pending_msgs >= SILENT_EXPIRY_BACKLOG:
             # behind its own input: the workers' reports wait behind the backlog, their age is this ingress's lag
@@ -842,6 +851,8 @@ class Ingress:
         model_name, version = self.subjects.parse_infer(msg.subject)
         model = self.repo.get(model_name)
         if model is None:
+            if (problem := name_problem(model_name)) is not None:  # no repository serves it: as the SDK says it
+                raise InvalidArgument(problem, field="model")
             if model_name in self.versions_not_here or self._served_elsewhere(model_name, version):
                 raise self._not_here(model_name, version)
             raise NotFound(f"unknown model {model_name!r}", field="model")
@@ -2573,6 +2584,8 @@ class Ingress:
         """
         model = self.repo.get(name)
         if model is None:
+            if (problem := name_problem(name)) is not None:  # no repository serves it: as the SDK says it
+                raise InvalidArgument(problem, field="model")
             raise NotFound(f"unknown model {name!r}", field="model")
         mv = model.version(version)
         if mv is None:

@@ -50,6 +50,7 @@ import time
 from ..accelerators import batch_buckets, load_checked, rows_problem
 from ..bus import headers as H
 from ..bus import version_problem
+from ..bus._subjects import name_problem
 from ..schemas import (
     MODEL_OPS, DeadlineExceeded, InferbusError, Internal, InvalidArgument, ModelControlReply, ModelControlRequest,
     NotFound, Unavailable, decode, encode, is_json,
@@ -569,6 +570,8 @@ class IngressModels:
         if not msg.reply:
             return
         try:
+            if (problem := name_problem(model)) is not None:  # no repository holds such a folder: as the SDK says it
+                raise InvalidArgument(problem, field="model")
             if op not in MODEL_OPS:
                 raise NotFound(f"unknown model operation {op!r} (nor is it a version: versions are numbers, e.g. "
                                f"'1'); operations: {', '.join(MODEL_OPS)} (writes); reads: <model>, "
@@ -580,10 +583,8 @@ class IngressModels:
             v = req.version
             if type(v) is int and v >= 0:  # as config.json's default_version takes it (a fresh-user trial: refused)
                 v = req.version = str(v)
-            if (problem := version_problem(v)) is not None:  # a folder's name, as the SDK and the ingress say
-                raise InvalidArgument(problem, field="version")
-            if v is not None and len(v) >= 20:  # digits, but no folder a repository holds (as a read answers it)
-                raise NotFound(f"model {model!r} has no version of {len(v)} digits", field="version")
+            if (problem := version_problem(v)) is not None:  # a folder's name, as the SDK and the ingress say;
+                raise InvalidArgument(problem, field="version")  # over 2**63 - 1 too (it was NOT_FOUND)
             if refused is not None:
                 self.writes["refused"] += 1
                 raise refused

@@ -123,10 +123,13 @@ class ProbeAnswer:
     Attributes:
         status: the HTTP status code: 200 (true), 400, 404 or 503 (module docstring).
         reason: why it is not 200, for the body's ``error`` ("" for 200).
+        field: the field a 400 names (``model``, ``model_version``), sent as ``Inferbus-Error-Field`` as the
+            gateway's errors do; None: none.
     """
 
     status: int
     reason: str = ""
+    field: str | None = None
 
 
 OK = ProbeAnswer(200)
@@ -178,7 +181,7 @@ class NodeProbes:
             _subject_token(name, "model")
             _version_token(version)
         except InvalidArgument as err:
-            return ProbeAnswer(400, err.message)
+            return ProbeAnswer(400, err.message, err.field)
         return self._run(functools.partial(self._model_ready, name, version))
 
     def _run(self, make: Callable[[], Awaitable[ProbeAnswer]]) -> ProbeAnswer:
@@ -436,7 +439,8 @@ def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> l
     from ._gateway import HttpAnswer, error_answer, status_line
 
     if isinstance(answer, ProbeAnswer):  # (an error's with Inferbus-Error-Code, as the gateway's)
-        answer = HttpAnswer(200) if answer.status == 200 else error_answer(answer.status, answer.reason)
+        answer = HttpAnswer(200) if answer.status == 200 else error_answer(
+            answer.status, answer.reason, (("Inferbus-Error-Field", answer.field),) if answer.field else ())
     body, headers = answer.body, list(answer.headers)
     headers += [*extra_headers, ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
     start_response(status_line(answer.status), headers)

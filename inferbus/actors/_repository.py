@@ -30,7 +30,7 @@ a malformed one is a :class:`ModelConfigError` naming the file, the model and th
 =====================  ===========================================================  ==================
 key                    allowed                                                      absent
 =====================  ===========================================================  ==================
-``name``               the folder's name (one NATS subject token)                   the folder's name
+``name``               the folder's name (a subject token of <= 128 bytes)          the folder's name
 ``platform``           a non-empty string but ``"ensemble"`` (in the metadata)      ``onnxruntime_onnx``
 ``max_batch_size``     an integer 0 to :data:`MAX_BATCH_SIZE` (0 = no batching)     0
 ``cache_ttl_ms``       an integer 0 to :data:`MAX_CACHE_TTL_MS` (0 = no caching)    100
@@ -68,6 +68,7 @@ import numpy as np
 from .._limits import interval
 from ..accelerators import OnnxRuntimeBackend, TensorInfo
 from ..bus import leading_zero_fix, version_problem
+from ..bus._subjects import MAX_VERSION, name_problem
 from ._hedge import HedgePolicyError, parse_policy
 
 MAX_BATCH_SIZE = 65_536
@@ -101,8 +102,8 @@ class ModelArtifactError(RepositoryError):
     the runtime's reason); the subclasses, another file or folder of the model that cannot be served."""
 
 
-MAX_VERSION = 2**63 - 1
-"""The largest version folder a model may have (Triton's versions are int64; 19 digits)."""
+# MAX_VERSION: the largest version folder a model may have (Triton's versions are int64; 19 digits), defined with the
+# subjects (inferbus.bus._subjects): a request naming a larger one is INVALID_ARGUMENT
 
 
 class ModelVersionsError(ModelArtifactError):
@@ -174,7 +175,8 @@ class ModelConfig:
     """
 
     name: str
-    """The model's name: one NATS subject token (no ``.``, ``*``, ``>`` or whitespace)."""
+    """The model's name: one NATS subject token (no ``.``, ``*``, ``>`` or whitespace) of at most
+    :data:`~inferbus.bus._subjects.MAX_NAME_BYTES` (128) bytes of UTF-8."""
     platform: str = "onnxruntime_onnx"
     max_batch_size: int = 0
     """Largest batch the worker may form from queued requests (0 = no batching), 0 to :data:`MAX_BATCH_SIZE`."""
@@ -192,6 +194,9 @@ class ModelConfig:
     """The other keys of ``config.json``, unread."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.name, str) and (problem := name_problem(self.name, "name")) is not None:
+            # a request could not name it: the SDK, the HTTP gateway and the CLI refuse a longer name before sending
+            raise ValueError(f"{problem}: rename the folder")
         if not isinstance(self.name, str) or not _is_token(self.name):
             raise ValueError(f"name must be a non-empty string without '.', '*', '>' or whitespace (one NATS "
                              f"subject token), got {self.name!r}")

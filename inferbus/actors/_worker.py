@@ -68,6 +68,7 @@ from ..accelerators import (BackendUnavailable, InferenceError, ModelLoadError, 
 from ..bus import (BusyPoll, Subjects, close_connection, connected_server, header_block, publish_raw, reply_block,
                    send_pending)
 from ..bus import headers as H
+from ..bus._subjects import MAX_NAME_BYTES
 from ..schemas import (
     DeadlineExceeded, InferbusError, InferResponse, Internal, InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable,
     answers_raw, decode_request, encode_response, input_to_numpy, is_json, output_from_numpy,
@@ -569,6 +570,10 @@ class Worker:
                 f"worker subjects take messages with a {H.FWD}: {H.FWD_VERSION};... header "
                 f"(or tagged {H.MSG_TYPE}: {FORWARD_TAG})", field=f"headers.{H.FWD}"), hdrs.get(H.CONTENT_TYPE))
             return
+        if ingress is not None and len(ingress) > MAX_NAME_BYTES:
+            # no ingress has such an id (a message not from one): its completion notice (<p>._done.<ingress>) could be
+            # a line over the server's max_control_line, which closes this worker's connection; it gets none
+            ingress = None
         try:
             seq = int(seq_s) if seq_s is not None else -1
         except ValueError:

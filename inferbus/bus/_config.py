@@ -23,7 +23,14 @@ def prefix_problem(prefix: str) -> str | None:
     right after a prefix (:data:`SUBJECT_TOKENS`, or one starting with ``_``): a deployment on ``inferbus`` would take
     the messages of one on ``inferbus.ingresses.n1-i0`` or ``inferbus.models`` (its ``<p>.ingresses.n1-i0.infer.>``
     and ``<p>.models.>`` subscriptions match their subjects), and answer another deployment's requests (a
-    fresh-user trial: ``--prefix inferbus.ingresses.n1-i0`` got the retries of the deployment on ``inferbus``)."""
+    fresh-user trial: ``--prefix inferbus.ingresses.n1-i0`` got the retries of the deployment on ``inferbus``).
+    At most :data:`~inferbus.bus._subjects.MAX_PREFIX_BYTES` (128) characters: every subject starts with it, and the
+    NATS server bounds a subject's length (:data:`~inferbus.bus._subjects.MAX_CONTROL_LINE_BYTES`)."""
+    from ._subjects import MAX_PREFIX_BYTES
+
+    if len(prefix) > MAX_PREFIX_BYTES:
+        return (f"must be at most {MAX_PREFIX_BYTES} characters (every subject starts with it, and the NATS server "
+                f"bounds a subject's length), got {len(prefix)}: {prefix[:40]!r}...")
     tokens = prefix.split(".")
     if not all(_TOKEN_RE.match(tok) for tok in tokens):
         return f"must be dot-separated tokens of letters, digits, '_' or '-', got {prefix!r}"
@@ -48,8 +55,8 @@ class BusConfig:
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     """NATS URLs, tried in order (randomized by nats-py unless ``no_randomize``)."""
     prefix: str = "inferbus"
-    """First token(s) of every subject; letters, digits, ``_`` and ``-`` per token, and no token after the first
-    that inferbus puts after a prefix (:func:`prefix_problem`)."""
+    """First token(s) of every subject; letters, digits, ``_`` and ``-`` per token, no token after the first that
+    inferbus puts after a prefix, at most 128 characters (:func:`prefix_problem`)."""
     name: str = "inferbus"
     """Client connection name, visible in the server's ``/connz``."""
     connect_timeout_s: float = 2.0

@@ -24,6 +24,78 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_CONTROL_LINE_BYTES = 4096
+"""The longest protocol line a NATS server takes from a client, bytes: nats-server's ``max_control_line``, whose
+default (4096) inferbus assumes (the server does not tell it in its INFO; a server configured lower than that is
+not supported). A ``PUB``/``HPUB`` line holds the subject and the reply subject; a longer one is answered
+``-ERR 'maximum control line exceeded'`` and the connection is closed, and nats-py does not reconnect after such an
+error: the connection is gone for good. So every subject inferbus builds from a caller's input is bounded: a model
+name (:data:`MAX_NAME_BYTES`), a version (:data:`MAX_VERSION`), a prefix (:data:`MAX_PREFIX_BYTES`), a reply subject
+an ingress forwards (:data:`MAX_REPLY_BYTES`); and the SDK checks each request's line before sending it
+(:func:`control_line_problem`). A fresh-user trial: one HTTP request naming a model of 4,100 characters closed the
+node's own connection, and the node answered 503 to every ``/v2`` path afterwards."""
+
+LINE_OVERHEAD_BYTES = 32
+"""The most a ``HPUB <subject> <reply> <header bytes> <total bytes>\\r\\n`` line holds besides its two subjects,
+bytes: the verb and four spaces (9), two sizes of up to 10 digits (20), CRLF (2)."""
+
+MAX_NAME_BYTES = 128
+"""The longest model name, in bytes of UTF-8 (128 ASCII characters): a model folder with a longer name is refused
+when the repository is read, and the SDK, the HTTP gateway, the CLI and the ingresses refuse a longer name
+(INVALID_ARGUMENT, field ``model``) before anything is sent. Also the longest ingress id the SDK sends to. With
+:data:`MAX_PREFIX_BYTES` and :data:`MAX_VERSION` the longest subject inferbus sends a request on
+(:data:`LONGEST_SUBJECT_BYTES`) stays far below :data:`MAX_CONTROL_LINE_BYTES`."""
+
+MAX_PREFIX_BYTES = 128
+"""The longest subject prefix (``--prefix``, :class:`~inferbus.bus.BusConfig`), bytes (a prefix is ASCII)."""
+
+MAX_VERSION = 2**63 - 1
+"""The largest version number: versions are 64-bit integers, as Triton's are. A version folder over it is refused
+when the repository is read; a larger number (or one of more than 19 digits) names no version
+(INVALID_ARGUMENT, :func:`version_problem`)."""
+
+MAX_REPLY_BYTES = 1024
+"""The longest reply subject an ingress takes with an inference request, bytes: it forwards the request to a worker
+with that reply subject (``HPUB <p>._w.<worker> <reply> ...``), a line longer than the client's own; a longer one is
+refused INVALID_ARGUMENT (field ``reply``). nats-py's inboxes are 56 bytes (``_INBOX.<22>.<26>``)."""
+
+LONGEST_SUBJECT_BYTES = (MAX_PREFIX_BYTES + len(".ingresses.") + MAX_NAME_BYTES + len(".models.") + MAX_NAME_BYTES
+                         + len(".") + len(str(MAX_VERSION)) + len(".unload"))
+"""The longest subject inferbus sends a request on from a caller's names (430 bytes):
+``<p>.ingresses.<ingress>.models.<model>.<version>.ready`` or ``<p>.ingresses.<ingress>.models.<model>.unload``."""
+
+
+def name_problem(value: str, field: str = "model") -> str | None:
+    """The INVALID_ARGUMENT message (field ``field``) for a name that is longer than :data:`MAX_NAME_BYTES` bytes of
+    UTF-8, else None. The name is shown cut to 40 characters (it may be thousands)."""
+    if len(value) * 4 <= MAX_NAME_BYTES:  # (UTF-8 takes at most 4 bytes a character: no need to count)
+        return None
+    n = len(value.encode("utf-8", "surrogatepass"))
+    if n <= MAX_NAME_BYTES:
+        return None
+    shown = repr(value[:40]) + (f" (cut; {len(value)} characters)" if len(value) > 40 else "")
+    return (f"{field} {shown} is {n} bytes of UTF-8; a name is at most {MAX_NAME_BYTES} bytes (it goes into NATS "
+            f"subjects, whose length the server bounds)")
+
+
+def reply_bytes(nc) -> int:
+    """The length of the reply subject nats-py gives a request on ``nc``, bytes: its inbox prefix (``_INBOX`` unless
+    ``inbox_prefix`` was given to ``nats.connect``), a dot, a NUID (22), a dot, a token (26): 56 by default."""
+    return len(getattr(nc, "_inbox_prefix", None) or b"_INBOX") + 50
+
+
+def control_line_problem(subject: str, reply: int = 0) -> str | None:
+    """Why a message on ``subject`` with a reply subject of ``reply`` bytes cannot be sent, else None: its
+    ``HPUB`` line would be longer than :data:`MAX_CONTROL_LINE_BYTES` (the server would close the connection)."""
+    if (len(subject) + reply) * 4 + LINE_OVERHEAD_BYTES <= MAX_CONTROL_LINE_BYTES:  # (no need to count bytes)
+        return None
+    n = len(subject.encode("utf-8", "surrogatepass")) + reply + LINE_OVERHEAD_BYTES
+    if n <= MAX_CONTROL_LINE_BYTES:
+        return None
+    shown = repr(subject[:60]) + (f" (cut; {len(subject)} characters)" if len(subject) > 60 else "")
+    return (f"subject {shown} is too long: its protocol line would be {n} bytes, over the NATS server's "
+            f"max_control_line ({MAX_CONTROL_LINE_BYTES} bytes), and the server would close the connection")
+
 
 def leading_zero_fix(version: str) -> str | None:
     """How ``version`` is written when it is a string of digits with a leading zero (``"01"`` → ``"1"``), else None.
@@ -32,22 +104,30 @@ def leading_zero_fix(version: str) -> str | None:
     a subject can carry: the repository refuses such a folder, and the SDK, the ingress and a model-management
     write refuse such a version as INVALID_ARGUMENT (:func:`version_problem`)."""
     if len(version) > 1 and version[0] == "0" and version.isascii() and version.isdigit():
-        return str(int(version))
+        return version.lstrip("0") or "0"  # (not int(): Python refuses to read more than 4,300 digits)
     return None
 
 
 def version_problem(version: str | None) -> str | None:
     """The INVALID_ARGUMENT message (field ``model_version``) for a ``version`` no version folder can be named: not
-    ASCII decimal digits (``+1``, ``١``, ``v1``, or not a string at all), or a leading zero
-    (:func:`leading_zero_problem`); else None (also for None: no version named). An
+    ASCII decimal digits (``+1``, ``١``, ``v1``, or not a string at all), a leading zero
+    (:func:`leading_zero_problem`), or a number over :data:`MAX_VERSION` (it was NOT_FOUND, and a version of
+    thousands of digits made a subject the NATS server refused); else None (also for None: no version named). An
     ingress answered such versions NOT_FOUND ("has no version") where the SDK says INVALID_ARGUMENT (a fresh-user
     trial)."""
     if version is None:
         return None
     if not (isinstance(version, str) and version.isascii() and version.isdigit()):
-        return (f"version {version!r} is not a number: versions are named by their folders' decimal numbers "
+        shown = repr(version[:40]) + "..." if isinstance(version, str) and len(version) > 40 else repr(version)
+        return (f"version {shown} is not a number: versions are named by their folders' decimal numbers "
                 f"(e.g. '1')")
-    return leading_zero_problem(version)
+    if (problem := leading_zero_problem(version)) is not None:
+        return problem
+    if len(version) > 19 or int(version) > MAX_VERSION:  # (19 digits: int() of thousands of digits is refused)
+        shown = repr(version[:40]) + (f" (cut; {len(version)} digits)" if len(version) > 40 else "")
+        return (f"version {shown} is over the largest version, {MAX_VERSION}: versions are 64-bit integers, as "
+                f"Triton's are")
+    return None
 
 
 def leading_zero_problem(version: str | None) -> str | None:
@@ -57,6 +137,9 @@ def leading_zero_problem(version: str | None) -> str | None:
     fix = leading_zero_fix(version) if isinstance(version, str) else None
     if fix is None:
         return None
+    if len(version) > 40:  # (a version of thousands of digits: not all of them twice in the message)
+        return (f"version {version[:40]!r}... ({len(version)} digits) has leading zeros: write it without them "
+                f"(version folders are numbers without leading zeros)")
     return f"version {version!r} has a leading zero: write it {fix!r} (version folders are numbers without leading zeros)"
 
 
