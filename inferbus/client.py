@@ -59,12 +59,13 @@ def _tally(sent: int, met: Mapping[str, int] | None, count_one: bool = False) ->
 
 
 def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: str,
-               met: Mapping[str, int] | None = None, disconnected: bool = False,
+               met: Mapping[str, int] | None = None, disconnected: bool | str = False,
                count_one: bool = False, at: str | None = None) -> DeadlineExceeded:
     """The DEADLINE_EXCEEDED of a request whose budget ran out: ``no answer within <budget> ms (<sent> attempts:
     <what they met, by kind>; <which>: <last_err>)``, the parts that apply (the tally: :func:`_tally`); when nothing
     was sent, ``nothing was sent within the budget of <budget> ms (...)``. ``disconnected``: the client's connection was down when the budget ran
-    out (said, so that a user does not look for a slow server). ``count_one``: tally a single attempt too
+    out (said, so that a user does not look for a slow server); ``"closed"``: nats-py closed it for good (it does not
+    reconnect after a server ``-ERR``: said so, not "reconnecting"). ``count_one``: tally a single attempt too
     (``last_err`` is not that attempt's). ``at``: the id of the one ingress the client sent the last attempt to (``no
     answer from ingress <at> within ...``), None when it went through the queue group or to the caller's subject."""
     tally = _tally(sent, met, count_one)
@@ -73,8 +74,12 @@ def _no_answer(timeout_s: float, sent: int, last_err: Exception | None, which: s
     # was sent" as a contradiction)
     head = (f"no answer{f' from ingress {at}' if at else ''} within {_fmt_ms(timeout_s * 1000)} ms" if sent
             else f"nothing was sent within the budget of {_fmt_ms(timeout_s * 1000)} ms")
-    return DeadlineExceeded(head + (f" ({'; '.join(detail)})" if detail else "")
-                            + ("; this client is not connected to NATS (reconnecting)" if disconnected else ""))
+    link = ""
+    if disconnected == "closed":  # nats-py closed it for good (a server -ERR): no reconnect will come
+        link = "; this client is not connected to NATS (its connection was closed for good: connect a new Client)"
+    elif disconnected:
+        link = "; this client is not connected to NATS (reconnecting)"
+    return DeadlineExceeded(head + (f" ({'; '.join(detail)})" if detail else "") + link)
 
 
 def _with_tally(last_err: InferbusError, sent: int, met: Mapping[str, int], note: str = "") -> InferbusError:
@@ -851,13 +856,13 @@ class Client:
             if left_ms <= 0:
                 if buffer_full:  # the pause for a full reconnect buffer overshot the budget: as when it would not
                     # fit (below), DEADLINE_EXCEEDED naming the buffer (a loaded CI box gave UNAVAILABLE here)
-                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,
+                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, self._link_down(),
                                      count_one=True)
                 if isinstance(last_err, (Unavailable, ResourceExhausted)):  # the budget ran out between retries (a
                     raise _with_tally(last_err, sent, met)  # pause that fitted, overshot by the loop): what kept
                     # the request from being answered, with the attempts' tally (RESOURCE_EXHAUSTED was said as
                     # DEADLINE_EXCEEDED "92 attempts: 92 RESOURCE_EXHAUSTED" in a fresh-user trial)
-                raise _no_answer(timeout_s, sent, last_err, "the last", met, not self.nc.is_connected)
+                raise _no_answer(timeout_s, sent, last_err, "the last", met, self._link_down())
             hdrs[H.TIMEOUT_MS] = H.format_ms(left_ms)
             # the same deadline on the wall clock: an ingress that takes the request after it (queued in the bus
             # behind an overload) refuses it for the price of a header instead of computing an answer nobody awaits
@@ -891,7 +896,7 @@ class Client:
                 buffer_full = True
                 pause_ms = min(5.0 * blocked, 50.0)
                 if H.remaining_ms(deadline) <= pause_ms:  # with what the attempts sent before met, if any
-                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, not self.nc.is_connected,
+                    raise _no_answer(timeout_s, sent, last_err, "the last try", met, self._link_down(),
                                      count_one=True) from None
                 await asyncio.sleep(pause_ms / 1000.0)
                 continue
@@ -928,7 +933,7 @@ class Client:
                         # said DEADLINE_EXCEEDED instead of UNAVAILABLE)
                         raise _with_tally(last_err, sent, met, f"the last, with {wait_ms:.0f} ms of the "
                                                                        f"budget left, had no reply in time") from None
-                    raise _no_answer(timeout_s, sent, last_err, "before the last", met, not self.nc.is_connected,
+                    raise _no_answer(timeout_s, sent, last_err, "before the last", met, self._link_down(),
                                      at=self.subjects.ingress_of(target) if target != subject else None) from None
                 # the attempt timed out: the process holding it may be gone; send it again at once
                 # (same request id: a copy still running is joined, not run twice, where it is reached)
@@ -990,6 +995,13 @@ class Client:
             if pause_ms > 0:
                 await asyncio.sleep(pause_ms / 1000.0)
 
+
+    def _link_down(self) -> bool | str:
+        """For :func:`_no_answer`: False while connected, ``"closed"`` once the connection is closed for good, else
+        True (nats-py is reconnecting)."""
+        if self.nc.is_connected:
+            return False
+        return "closed" if self.nc.is_closed else True
 
     def _at_ingress(self, subject: str, ingress_id: str) -> str | None:
         """:meth:`Subjects.at_ingress`, or None (the queue group) when that subject's protocol line would be too long

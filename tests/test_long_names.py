@@ -4,13 +4,15 @@ request whose protocol line was over the server's ``max_control_line`` (4096 byt
 'maximum control line exceeded'`` and closed the node's own connection, nats-py does not reconnect after that, and
 every ``/v2`` path answered 503 from then on (the warning said "nats-py retries by itself"). The SDK's Client died the
 same way. Now such a name is INVALID_ARGUMENT (HTTP 400) before anything is sent, everywhere, and the node and the
-client go on serving. Against a real ``inferbus up`` and a real nats-server."""
+client go on serving; a node whose connection is closed for good all the same (a server configured with a smaller
+``max_control_line``) says so and connects anew. Against a real ``inferbus up`` and a real nats-server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import pytest
 
 from conftest import MODELS, ROOT, command_lines, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-heavy: one loop is enough)
+from inferbus.bus import EmbeddedNats
 from inferbus.bus._subjects import (LINE_OVERHEAD_BYTES, LONGEST_SUBJECT_BYTES, MAX_CONTROL_LINE_BYTES,
                                     MAX_NAME_BYTES, MAX_PREFIX_BYTES, MAX_REPLY_BYTES, reply_bytes)
 from inferbus.client import Client
@@ -247,6 +250,55 @@ async def test_a_worker_sent_a_forward_naming_an_ingress_id_too_long_lives_on(no
         await nc.close()
     assert pids_of(node, "inferbus.actors worker") == worker and worker  # the same process: not restarted
     assert_serving(node)
+
+
+def test_a_node_whose_connection_is_closed_for_good_says_so_and_connects_anew(tmp_path):
+    """A server configured with a smaller ``max_control_line`` than the 4096 bytes inferbus assumes (200 here)
+    closes the node's connection on a request whose subject fits the name bounds but not that line; nats-py does not
+    reconnect after the server's ``-ERR``. The node said "lost its NATS connection ...; nats-py retries by itself",
+    which it did not: 503 on every ``/v2`` path for good. Now it says the connection was closed and why, makes a new
+    one, and serves again."""
+    run = tmp_path / "run"
+    with EmbeddedNats(run_dir=tmp_path / "nats", extra_config="max_control_line: 200") as srv:
+        log = tmp_path / "up.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "up", "--nats-url", srv.url, "--workers",
+                                     "1", "--no-cache", "--models", str(MODELS), "--http-port", "0", "--http-host",
+                                     "127.0.0.1", "--run-dir", str(run), "--prefix", "lc"],
+                                    stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while b"serving; Ctrl-C" not in log.read_bytes():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
+
+            class Dep:
+                http_address = re.search(rb"http://(127\.0\.0\.1:\d+)/v2", log.read_bytes()).group(1).decode()
+
+            assert ask(Dep, "/v2/models/digits/ready")[0] == 200
+            # 128 + 19 digits: within the bounds; the ready request's line is ~240 bytes, over this server's 200
+            status, _, _ = ask(Dep, f"/v2/models/{'g' * MAX_NAME_BYTES}/versions/{2**63 - 1}/ready")
+            assert status in (404, 503), status
+            deadline = time.monotonic() + 20
+            while (got := ask(Dep, "/v2/models/digits/ready"))[0] != 200:
+                assert time.monotonic() < deadline, (got, log.read_text()[-2000:])
+                time.sleep(0.1)
+            text = " ".join(log.read_text().split())  # (rich wraps the lines to the terminal's width)
+            assert ("node n1: its NATS connection (127.0.0.1:" in text and
+                    "was closed (nats: maximum control line exceeded), and nats-py does not reconnect after that; "
+                    "connecting anew" in text), text[-2000:]
+            assert re.search(r"node n1: connected to NATS again \(127\.0\.0\.1:\d+\) with a new connection", text), \
+                text[-2000:]
+            assert "retries by itself" not in text, text[-2000:]
+            assert ask(Dep, "/v2/health/ready")[0] == 200
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, log.read_text()[-2000:]
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:

@@ -366,6 +366,14 @@ class Node:
         """``time.monotonic()`` when the node's NATS connection was lost (None while connected)."""
         self._bus_server = ""
         """``host:port`` of the NATS server the node's connection is on (nats-py forgets it when it drops)."""
+        self._bus: BusConfig | None = None
+        """How the node connects to NATS (set by :meth:`start`): a connection closed for good is made anew with it."""
+        self._renewable = False
+        """Whether a connection that nats-py closed for good is made anew (:meth:`_renew_bus`): from the end of
+        :meth:`start` until :meth:`stop`; before, the start fails instead."""
+        self._renew_task: asyncio.Task | None = None
+        self._renewed_at = 0.0
+        """``time.monotonic()`` of the last new connection :meth:`_renew_bus` made (0: none)."""
         self._quiesced = False
         """The worker processes were sent the quiesce notice of this stop (:meth:`_maybe_quiesce`)."""
         self._pids: dict[str, int] = {}
@@ -676,9 +684,9 @@ class Node:
         redis_url = None if c.no_cache else self.redis_url
         bus = BusConfig(servers=split_servers(self.nats_url), prefix=c.prefix, extra=dict(c.bus_extra),
                         **c.bus_options)
+        self._bus = bus
         try:
-            self.nc = await connect(bus, name=f"node-{c.node_id}", disconnected_cb=self._on_bus_lost,
-                                    reconnected_cb=self._on_bus_back)
+            self.nc = await self._connect_bus()
             self._bus_server = connected_server(self.nc)
             if self.nats is None:  # joined a NATS others may use: are this node's process ids taken?
                 await self._check_node_id_free(bus)
@@ -794,6 +802,9 @@ class Node:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
                                              f"{exc.strerror or exc}") from exc
+        self._renewable = not self._stopping
+        if self._renewable and self.nc is not None and self.nc.is_closed and not closed_on_purpose(self.nc):
+            self._start_renewal()  # closed for good while the start went on (its closed_cb made no new one)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until an ingress reports every model ready (workers' reports seen).
@@ -902,23 +913,47 @@ class Node:
                 return info.pid
         return None
 
-    async def _on_bus_lost(self) -> None:
+    async def _connect_bus(self):
+        """A connection to NATS with this node's callbacks (:meth:`_on_bus_lost`, :meth:`_on_bus_back`,
+        :meth:`_on_bus_closed`), each told which connection it is about: one replaced by a new one says nothing."""
+        made: list = []
+
+        async def lost() -> None:
+            await self._on_bus_lost(made[0] if made else None)
+
+        async def back() -> None:
+            await self._on_bus_back(made[0] if made else None)
+
+        async def closed() -> None:
+            await self._on_bus_closed(made[0] if made else None)
+
+        nc = await connect(self._bus, name=f"node-{self.config.node_id}", disconnected_cb=lost, reconnected_cb=back,
+                           closed_cb=closed)
+        made.append(nc)
+        return nc
+
+    async def _on_bus_lost(self, nc) -> None:
         """A WARNING (``up``'s stderr and node.log) when the node's own NATS connection drops, unless the node is
         stopping: its actors lose theirs at the same time and serve nothing until it is back. A node joined to
         another node's embedded NATS (``--nats-url``) said nothing while that node was stopped or restarted, only
-        its actors' own logs did (a fresh-user trial: 2-4 s outages, 118-301 requests failed, node.log silent)."""
-        if self._stopping or self._bus_lost_at is not None or self.nc is None or closed_on_purpose(self.nc):
+        its actors' own logs did (a fresh-user trial: 2-4 s outages, 118-301 requests failed, node.log silent).
+        A connection that nats-py closes for good (nats-py calls this, then ``closed_cb``) is said by
+        :meth:`_on_bus_closed` instead: nats-py does not retry that one."""
+        if (self._stopping or self._bus_lost_at is not None or nc is None or nc is not self.nc
+                or closed_on_purpose(nc) or nc.is_closed):
             # (never connected: nats-py calls this on a first connect that fails too; or a close of ours, e.g. a
-            # start that failed: nats-py calls it on close() as well)
+            # start that failed: nats-py calls it on close() as well; or one replaced by a new connection)
             return
         self._bus_lost_at = time.monotonic()
         log.warning("node %s: lost its NATS connection (%s); its actors serve nothing until they reconnect (nats-py "
                     "retries by itself)", self.config.node_id, self._bus_server or "its server")
 
-    async def _on_bus_back(self) -> None:
+    async def _on_bus_back(self, nc) -> None:
         """The WARNING's pair: how long the node's NATS connection was down."""
+        if nc is None or nc is not self.nc:
+            return
         lost_at, self._bus_lost_at = self._bus_lost_at, None
-        self._bus_server = connected_server(self.nc) or self._bus_server
+        self._bus_server = connected_server(nc) or self._bus_server
         if lost_at is not None and not self._stopping:
             log.warning("node %s: reconnected to NATS (%s) after %.1f s", self.config.node_id, self._bus_server,
                         time.monotonic() - lost_at)
@@ -932,6 +967,74 @@ class Node:
         if self._killed:
             return 0.0
         return float(self.config.worker_options.get("drain_timeout_s", WorkerConfig.drain_timeout_s))
+
+    async def _on_bus_closed(self, nc) -> None:
+        """The node's connection was closed by nats-py itself, for good: the server answered ``-ERR`` (e.g.
+        ``maximum control line exceeded``, ``maximum payload exceeded``) and closed it, and nats-py does not reconnect
+        after that. Nothing of the node's own work on the bus (the HTTP gateway and probes, ``/metrics``'
+        ``inferbus_actor_up``, ``inferbus nodes``, the model states it keeps) would work again, and the WARNING said
+        "nats-py retries by itself" (a fresh-user trial: one HTTP request naming a model of 4,100 characters; every
+        ``/v2`` path answered 503 afterwards). Says so, and makes a new connection (:meth:`_renew_bus`); one closed
+        while the node starts, once the start is done (:meth:`start`). The actors keep their own connections."""
+        if self._stopping or nc is None or nc is not self.nc or closed_on_purpose(nc):
+            return
+        self._bus_lost_at = self._bus_lost_at or time.monotonic()
+        err = getattr(nc, "last_error", None)
+        log.warning("node %s: its NATS connection (%s) was closed%s, and nats-py does not reconnect after that; %s",
+                    self.config.node_id, self._bus_server or "its server",
+                    f" ({' '.join(str(err).split())})" if err else "",
+                    "connecting anew (the HTTP gateway, probes and metrics answer 503 meanwhile)" if self._renewable
+                    else "the node is still starting: it connects anew once the start is done")
+        if self._renewable:
+            self._start_renewal()
+
+    def _start_renewal(self) -> None:
+        if self._renew_task is None or self._renew_task.done():
+            self._renew_task = asyncio.ensure_future(self._renew_bus())
+
+    async def _renew_bus(self) -> None:
+        """Replace the node's connection that nats-py closed for good with a new one: connect, subscribe what the
+        node serves (the model states, the query-of-death memory, ``<p>.nodes``), then make it :attr:`nc` (the
+        gateway, probes and metrics take :attr:`nc` at each request). Tries until it succeeds or the node stops:
+        0.1 s after a failure, doubling up to 5 s; and at most one new connection a second (a connection closed
+        again and again does not spin). Cancellation (:meth:`stop`): what it made is closed."""
+        lost_at = self._bus_lost_at or time.monotonic()
+        wait_s = max(0.0, self._renewed_at + 1.0 - time.monotonic())
+        backoff_s = 0.1
+        while True:
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            if self._stopping:
+                return
+            nc = None
+            try:
+                nc = await self._connect_bus()
+                if self.model_states is not None:
+                    await self.model_states.start(nc)
+                if self.crashes is not None:
+                    await self.crashes.start(nc)
+                await nc.subscribe(Subjects(self.config.prefix).nodes, cb=self._on_nodes)
+            except asyncio.CancelledError:
+                if nc is not None:
+                    await close_connection(nc)
+                raise
+            except Exception as exc:
+                if nc is not None:
+                    await close_connection(nc)
+                log.warning("node %s: a new NATS connection failed (%s: %s); next try in %.1f s", self.config.node_id,
+                            type(exc).__name__, " ".join(str(exc).split()), backoff_s)
+                wait_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
+                continue
+            if self._stopping:
+                await close_connection(nc)
+                return
+            self.nc = nc
+            self._renewed_at = time.monotonic()
+            self._bus_lost_at = None
+            self._bus_server = connected_server(nc) or self._bus_server
+            log.warning("node %s: connected to NATS again (%s) with a new connection, %.1f s after it was closed",
+                        self.config.node_id, self._bus_server, time.monotonic() - lost_at)
+            return
 
     async def stop(self) -> None:
         """Stop gracefully: the HTTP port's drain, the actors (reverse start order), the HTTP server, the node's
@@ -947,6 +1050,11 @@ class Node:
         then the NATS connection closes. Until 2026-12-07 the HTTP server was closed first, at once: every request in
         flight had its connection closed unanswered (a fresh-user trial: 6 of 6 ``RemoteDisconnected``)."""
         self._stopping = True
+        self._renewable = False
+        if self._renew_task is not None:  # a new connection under way: ended (it closes what it made)
+            self._renew_task.cancel()
+            await asyncio.gather(self._renew_task, return_exceptions=True)
+            self._renew_task = None
         http = self.metrics
         if http is not None:  # (on a thread: its requests' calls wait on this loop)
             t0, bound_s = time.monotonic(), self.http_drain_s
