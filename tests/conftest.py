@@ -200,6 +200,14 @@ class Deployment:
     run_dir: Path
     log: Path
 
+    def printed_metrics_url(self, timeout_s: float = 10.0) -> str:
+        """The ``/metrics`` address ``up --metrics-port 0 --metrics-host 127.0.0.1`` printed, waited for."""
+        deadline = time.monotonic() + timeout_s
+        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", self.log.read_bytes())):
+            assert time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.05)
+        return m.group(1).decode()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

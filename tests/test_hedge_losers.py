@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import time
 
@@ -55,11 +54,7 @@ def node(collector, tmp_path_factory):
                                   "--hedge-budget", "1", "--trace-otlp-endpoint", collector.url, "--trace-ratio", "1",
                                   "--metrics-port", "0", "--metrics-host", "127.0.0.1"])
     try:
-        deadline = time.monotonic() + 10
-        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
-            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
-            time.sleep(0.05)
-        dep.metrics_url = m.group(1).decode()
+        dep.metrics_url = dep.printed_metrics_url()
         yield dep
     finally:
         dep.stop()

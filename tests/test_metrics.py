@@ -5,7 +5,6 @@ requests sent here did (misses, L1 hits, refused requests), summed over the node
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -39,11 +38,7 @@ def node(tmp_path_factory):
                            extra=["--models", str(models), "--ingress", "2", "--metrics-port", "0",
                                   "--metrics-host", "127.0.0.1"])
     try:
-        deadline = time.monotonic() + 10
-        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
-            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
-            time.sleep(0.05)
-        dep.metrics_url = m.group(1).decode()
+        dep.metrics_url = dep.printed_metrics_url()
         yield dep
     finally:
         dep.stop()
@@ -344,11 +339,7 @@ async def test_per_model_counts_of_run_to_completion(tmp_path):
     dep = start_deployment(tmp_path / "dep", workers=1, prefix="mc",
                            extra=["--colocate", "--metrics-port", "0", "--metrics-host", "127.0.0.1"])
     try:
-        deadline = time.monotonic() + 10
-        while not (m := re.search(rb"metrics (http://127\.0\.0\.1:\d+/metrics)", dep.log.read_bytes())):
-            assert time.monotonic() < deadline, dep.log.read_text()[-2000:]
-            time.sleep(0.05)
-        url = m.group(1).decode()
+        url = dep.printed_metrics_url()
         before = scrape(url)
         client = await Client.connect(dep.nats_url, dep.prefix, retry_unavailable=False)
         n = 15
