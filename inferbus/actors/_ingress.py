@@ -104,6 +104,10 @@ _CLIENT_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "PAYLOAD_TOO_LARGE"}
 _NEUTRAL_CODES = frozenset({"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 _MAX_POLICY_CACHE = 256
 
+_REPLY_CHARS_UNCHECKED = MAX_REPLY_BYTES // 4
+"""A reply subject of this many characters or fewer is within :data:`MAX_REPLY_BYTES` whatever they are (4 bytes
+of UTF-8 at most each): the request path measures its bytes only past it."""
+
 
 HEDGE_PRIMARY = "primary"
 HEDGE_COPY = "copy"
@@ -700,7 +704,7 @@ class Ingress:
         hdrs = msg.headers or {}
         ct = hdrs.get(H.CONTENT_TYPE)
         self.counts["requests"] += 1
-        if len(reply) > MAX_REPLY_BYTES // 4 and len(reply.encode()) > MAX_REPLY_BYTES:
+        if len(reply) > _REPLY_CHARS_UNCHECKED and len(reply.encode()) > MAX_REPLY_BYTES:
             # forwarded with this reply subject, the line would be longer than the client's own and could be over
             # the server's max_control_line: the server would close this ingress's connection (a query of death)
             self.counts["errors"] += 1
