@@ -998,13 +998,7 @@ def _check_prefix(prefix: str) -> None:
         _usage((f"{command}: " if command else "") + f"--prefix {problem}")
 
 
-CLIENT_ENV = {"user": "INFERBUS_NATS_USER", "password": "INFERBUS_NATS_PASSWORD", "token": "INFERBUS_NATS_TOKEN",
-              "nkeys_seed": "INFERBUS_NATS_NKEY_SEED", "user_credentials": "INFERBUS_NATS_CREDS",
-              "tls_ca_file": "INFERBUS_NATS_TLS_CA", "tls_cert_file": "INFERBUS_NATS_TLS_CERT",
-              "tls_key_file": "INFERBUS_NATS_TLS_KEY"}
-"""The client commands' (``infer``, ``models``, ``health``, ``bench``, ``region``, ``cluster``) credentials and
-TLS files for a secured NATS: :class:`~inferbus.bus.BusConfig` field → environment variable (the first three are
-also ``inferbus up``'s)."""
+from ._client_env import CLIENT_ENV  # noqa: E402 (the client commands' credentials: their docstring)
 
 
 def _check_client_env(given: dict[str, str]) -> None:

@@ -100,6 +100,23 @@ async def test_cli_client_commands_take_the_token_from_the_environment(dep):
     assert "Authorization Violation" in refused.stderr or "Connection reset" in refused.stderr, refused.stderr
 
 
+async def test_bench_load_generators_take_the_token_from_the_environment(dep):
+    """``inferbus bench`` against a secured NATS: its load-generator processes connect with ``INFERBUS_NATS_TOKEN``
+    as the command itself does (they connected with the URL alone, and the run failed: "a load generator failed ...
+    Authorization Violation"). 8 requests at 16/s, under the deployment's rate limits."""
+    def bench():
+        return subprocess.run([sys.executable, "-m", "inferbus.cli", "bench", "typed", "--nats-url", dep.nats_url,
+                               "--prefix", PREFIX, "--models", str(dep.run_dir.parent / "models"), "--rate", "16",
+                               "--duration", "0.5", "--concurrency", "", "--json"], capture_output=True, text=True,
+                              timeout=120, env={"PATH": os.environ.get("PATH", ""), "COLUMNS": "200",
+                                                "INFERBUS_NATS_TOKEN": TOKEN})
+    await asyncio.sleep(0.6)  # the buckets full again (earlier tests)
+    p = await asyncio.to_thread(bench)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    steps = json.loads(p.stdout)
+    assert steps and all(s["ok"] > 0 and not s["errors"] and s["wrong"] == 0 for s in steps), steps
+
+
 async def test_per_client_rate_limit_refuses_at_once_with_retry_after(dep):
     await asyncio.sleep(0.6)  # buckets full again (earlier tests)
     a = await Client.connect(dep.nats_url, PREFIX, token=TOKEN, client_id="client-a")

@@ -73,12 +73,15 @@ by the step's ``timeout_s`` as usual."""
 
 async def _connect(url: str, name: str, **bus):
     """The NATS connection of a generator or responder process: ``url``'s servers tried in the given order, a
-    forced flush bounded by :data:`FLUSH_TIMEOUT_S`; ``bus``: further :class:`~inferbus.bus.BusConfig` fields
+    forced flush bounded by :data:`FLUSH_TIMEOUT_S`, the credentials and TLS files of the environment as every
+    client command takes them (``INFERBUS_NATS_TOKEN``, ...: :data:`~inferbus._client_env.CLIENT_ENV`; the
+    process inherits ``inferbus bench``'s environment); ``bus``: further :class:`~inferbus.bus.BusConfig` fields
     (e.g. ``pending_size_bytes``)."""
     from ..bus import BusConfig, connect, split_servers
+    from .._client_env import client_env_options
 
     return await connect(BusConfig(servers=split_servers(url), name=name, no_randomize=True,
-                                   extra={"flush_timeout": FLUSH_TIMEOUT_S}, **bus))
+                                   extra={"flush_timeout": FLUSH_TIMEOUT_S}, **{**client_env_options(), **bus}))
 
 
 # ------------------------------------------------------------------ child: generator
