@@ -8,8 +8,8 @@
 ``inferbus bench``    closed- and open-loop load with HDR percentiles, every answer checked.
 
 Exit status of every command that talks to a deployment: 0 done; 1 the operation ran and failed (wrong
-answers, not ready, refused by a region manager); 2 usage or a typed error reply (bad option or file,
-INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the servers, no traceback). Every command: 141
+answers, not ready, refused by a region manager, a typed UNAVAILABLE or DEADLINE_EXCEEDED reply); 2 usage or another
+typed error reply (bad option or file, INVALID_ARGUMENT, NOT_FOUND, ...); 3 cannot reach NATS (one line naming the servers, no traceback). Every command: 141
 (128 + SIGPIPE) its stdout or stderr was a pipe its reader had closed (``| head -1``), no message (see main()).
 """
 
