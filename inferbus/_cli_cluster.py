@@ -134,8 +134,8 @@ def up(
     import asyncio
 
     from ._wrap import wrap_items, wrap_words
-    from .cli import (_check_models_repo, _check_run_dir, _folder_option, _http_address, _is_loopback, _models_dir,
-                      _note_if_no_models, _oip_line, _open_inference_note, _run, _wrap_width)
+    from .cli import (_LastLine, _check_models_repo, _check_run_dir, _folder_option, _http_address, _is_loopback,
+                      _models_dir, _note_if_no_models, _oip_line, _open_inference_note, _run, _say_last, _wrap_width)
     from .cluster import Topology
 
     from .cli import _check_log_options
@@ -198,8 +198,10 @@ def up(
         stop = asyncio.Event()
         got: list[str] = []
         loop = asyncio.get_running_loop()
+        signal_at: list[float] = []  # (time.monotonic() of each signal: the stop's clock starts at the first)
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), stop.set()))
+            loop.add_signal_handler(sig, lambda name=sig.name: (got.append(name), signal_at.append(time.monotonic()),
+                                                                stop.set()))
         topo = Topology(spec, run_dir=run_dir, log_level=log_level, log_format=log_format)
         ctl = t_stop = None
 
@@ -213,7 +215,7 @@ def up(
             await asyncio.wait({starting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
             interrupted.cancel()
             if not starting.done():  # a signal during the start-up: what started is stopped (Topology.start's
-                t_stop = time.monotonic()  # cancellation stops the children it had started, then the finally below)
+                t_stop = signal_at[0]  # cancellation stops the children it had started, then the finally below)
                 typer.echo(f"{got[0]} during start-up: stopping what started", err=True)
                 starting.cancel()
                 await asyncio.wait({starting})
@@ -262,7 +264,7 @@ def up(
             stopped = asyncio.ensure_future(stop.wait())
             failed = asyncio.ensure_future(topo.wait_failed())
             await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
-            t_stop = time.monotonic()
+            t_stop = signal_at[0] if signal_at else time.monotonic()
             if not stopped.done():  # the supervisor tree gave up by itself: nothing is served, say so and exit 1
                 stopped.cancel()
                 typer.echo(f"error: cluster up: the cluster's supervisor gave up ({failed.result()!r}); stopping what "
@@ -275,11 +277,15 @@ def up(
             if ctl is not None:
                 await ctl.close()
             await topo.stop()
-            if t_stop is not None:
-                say(f"inferbus cluster stopped in {time.monotonic() - t_stop:.1f}s"
-                    + ("" if ctl is not None else " (during start-up; nothing served)"))
+            if t_stop is not None:  # said once the loop has ended (_LastLine), from the signal to then
+                last.set(t_stop, lambda took_s, served=ctl is not None: say(
+                    f"inferbus cluster stopped in {took_s:.1f}s" + ("" if served else " (during start-up; nothing "
+                                                                                     "served)")))
 
-    raise typer.Exit(_run(go()))
+    last = _LastLine()
+    rc = _run(go())
+    _say_last(last)
+    raise typer.Exit(rc)
 
 
 @app.command(short_help="Render the configs and cluster.json of a topology.")

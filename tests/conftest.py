@@ -147,6 +147,26 @@ def wait_serving(proc: subprocess.Popen, log: Path, timeout_s: float = 60.0, pol
         time.sleep(poll_s)
 
 
+STOPPED_SLACK_S = 0.5
+"""How much longer than its ``stopped in`` figure a stop may take, from the signal to the exit (the interpreter's own
+exit, ~0.15 s here, ~0.4 s with both cores busy, and the wait's polling)."""
+
+
+def stop_timed(proc, log, sig=signal.SIGINT, *, during=None, timeout_s: float = 30) -> tuple[int, float, float, str]:
+    """Send ``sig`` to ``up``/``cluster up``, call ``during()`` (what the test does while it stops), wait for its
+    exit: ``(exit status, seconds from the signal to the exit, the figure of its "stopped in N s" line, its log)``."""
+    t_sig = time.monotonic()
+    proc.send_signal(sig)
+    if during is not None:
+        during()
+    rc = proc.wait(timeout_s)
+    wall_s = time.monotonic() - t_sig
+    text = log.read_text()
+    said = re.findall(r"stopped in (\d+\.\d+)s", text)
+    assert len(said) == 1, text[-3000:]
+    return rc, wall_s, float(said[0]), text
+
+
 def command_lines():
     """``(pid, command line)`` of each running process (its argv joined by spaces), from /proc."""
     for d in Path("/proc").iterdir():

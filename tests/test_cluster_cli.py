@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_in_no_argv, check_fault_phases, processes_naming, wait_serving
+from conftest import (STOPPED_SLACK_S, assert_in_no_argv, check_fault_phases, processes_naming, stop_timed,
+                      wait_serving)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -374,6 +375,11 @@ def test_cluster_up_http_port_0_picks_a_free_port_per_region_and_takes_up_s_http
                     assert time.monotonic() - t0 < 5
             finally:
                 first.close()
+        # its stop is said from the signal to the end of what it waits for (a fresh-user trial: "stopped in 0.9s",
+        # exited 3.2 s after the SIGINT); the line has one decimal
+        rc, wall_s, said_s, text = stop_timed(proc, log, signal.SIGINT)
+        assert rc == 0 and text.splitlines()[-1].startswith("inferbus cluster stopped in "), text[-3000:]
+        assert said_s <= wall_s + 0.05 and wall_s - said_s < STOPPED_SLACK_S, (said_s, wall_s, text[-3000:])
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
