@@ -256,6 +256,41 @@ def test_parameters_version_and_refusals(node):
     assert node.client.model("digits").versions == ["1", "2"]
 
 
+@pytest.mark.parametrize("op, version, status, text", [
+    ("load", "x", 400, 'parameters.version "x" is not a number'),
+    ("unload", "x", 400, 'parameters.version "x" is not a number'),
+    ("load", -1, 400, "parameters.version -1 is not a number"),
+    ("load", "+1", 400, 'parameters.version "+1" is not a number'),
+    ("load", True, 400, "got true"),
+    ("unload", False, 400, "got false"),
+    ("load", 1.0, 400, "got 1.0"),
+    ("load", None, 400, "got null"),
+    ("load", [2], 400, "got [2]"),
+    ("load", "01", 400, 'parameters.version "01" has a leading zero: write it "1"'),
+    ("load", "99999999999999999999", 400, "is over the largest version"),
+    ("load", "9", 404, "'9'"),  # (a version number, not on disk)
+    ("unload", 1, 400, "default"),  # (the default, while the model serves 2 too)
+])
+def test_every_refusal_of_parameters_version_names_that_field(node, op, version, status, text):
+    """Whatever is wrong with a load's or unload's ``parameters.version``, ``Inferbus-Error-Field`` is
+    ``parameters.version``, what the HTTP client sent (the NATS write's own field is ``version``, docs/models.md;
+    the SDK's ``model_version``), and the message spells the value as JSON. A fresh-user trial read three names:
+    ``model_version`` for ``"x"`` or ``-1``, ``parameters.version`` for ``true`` or ``1.0`` (``got True``), ``version``
+    for ``"9"``."""
+    status_got, headers, doc = write(node, op, "digits", {"parameters": {"version": version}})
+    assert status_got == status, (op, version, status_got, headers, doc)
+    assert headers.get("inferbus-error-field") == "parameters.version", (op, version, headers, doc)
+    assert text in doc["error"], (op, version, doc)
+    assert not re.search(r"\b(True|False|None)\b", doc["error"]), doc  # (Python's spellings)
+    assert node.client.model("digits").versions == ["1", "2"]
+
+
+def test_a_refusal_of_unload_dependents_spells_the_value_as_json(node):
+    status, headers, doc = write(node, "unload", "digits", {"parameters": {"unload_dependents": None}})
+    assert status == 400 and headers.get("inferbus-error-field") == "parameters.unload_dependents", (headers, doc)
+    assert doc["error"] == "parameters.unload_dependents must be true or false, got null", doc
+
+
 @pytest.mark.parametrize("depth", [1100, 3000])
 def test_a_repository_body_nested_too_deeply_is_the_ingress_400_not_a_500(node, depth):
     """An index, load or unload body with ``parameters.version`` nested past the decoder's bound: 400

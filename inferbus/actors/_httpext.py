@@ -240,15 +240,52 @@ def _request_object(body: bytes, allowed: tuple[str, ...]) -> dict:
     return doc
 
 
+VERSION_FIELD = "parameters.version"
+"""The ``Inferbus-Error-Field`` of every refusal of a load's or unload's version: the body's field the HTTP client
+sent, whatever names it on the way (the NATS write's ``version``, docs/models.md; the SDK's ``model_version``)."""
+
+
+def _json_text(value, limit: int = 40) -> str:
+    """``value`` as JSON spells it (``true``, ``null``, ``"x"``, ``1.0``), at most ``limit`` characters (then
+    ``...``): the HTTP client's own words in a refusal, not Python's (``True``, ``None``, ``'x'``)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _version_parameter(v) -> str:
+    """``parameters.version`` as the NATS write carries it (``2`` → ``"2"``), else InvalidArgument (field
+    :data:`VERSION_FIELD`, the value as JSON spells it): not a string of ASCII digits or an integer >= 0, a leading
+    zero (``"01"``), or over the largest version (2**63 - 1), as the SDK and the ingress refuse them."""
+    from ..bus._subjects import MAX_VERSION, leading_zero_fix, version_problem
+    from ..schemas import InvalidArgument
+
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise InvalidArgument(f"parameters.version must be a version number (a string of digits or an integer >= 0), "
+                              f"got {_json_text(v)}", field=VERSION_FIELD)
+    text = str(v) if isinstance(v, int) and v >= 0 else v
+    if not (isinstance(text, str) and text.isascii() and text.isdigit()):
+        raise InvalidArgument(f"parameters.version {_json_text(v)} is not a number: versions are named by "
+                              f"their folders' decimal numbers (e.g. \"1\"); send a string of digits or an integer "
+                              f">= 0", field=VERSION_FIELD)
+    fix = leading_zero_fix(text)
+    if fix is not None:
+        raise InvalidArgument(f"parameters.version {_json_text(v)} has a leading zero: write it {_json_text(fix)} "
+                              f"(version folders are numbers without leading zeros)", field=VERSION_FIELD)
+    if version_problem(text) is not None:  # (what is left: over the largest)
+        raise InvalidArgument(f"parameters.version {_json_text(v)} is over the largest version, {MAX_VERSION}: "
+                              f"versions are 64-bit integers, as Triton's are", field=VERSION_FIELD)
+    return text
+
+
 def _parameters(doc: dict, allowed: tuple[str, ...], op: str) -> dict:
-    """``doc["parameters"]`` checked against ``allowed``.
+    """``doc["parameters"]`` checked against ``allowed``; the messages spell values as JSON does.
 
     Raises:
         InvalidArgument: not an object; Triton's ``config`` or ``file:<path>`` (inferbus loads from its repository
             folder); any other name not in ``allowed``; ``version`` not a version's decimal number (a string of
-            digits or an integer >= 0); ``unload_dependents`` not a boolean.
+            digits or an integer >= 0: :func:`_version_parameter`, field :data:`VERSION_FIELD`);
+            ``unload_dependents`` not a boolean.
     """
-    from ..client import _version_token
     from ..schemas import InvalidArgument
 
     params = doc.get("parameters", {})
@@ -263,14 +300,10 @@ def _parameters(doc: dict, allowed: tuple[str, ...], op: str) -> dict:
             raise InvalidArgument(f"unknown parameter {key!r}; the {op} parameters are: {', '.join(allowed)}",
                                   field=f"parameters.{key}")
         if key == "unload_dependents" and not isinstance(value, bool):
-            raise InvalidArgument(f"unload_dependents must be true or false, got {value!r}",
+            raise InvalidArgument(f"parameters.unload_dependents must be true or false, got {_json_text(value)}",
                                   field="parameters.unload_dependents")
     if "version" in params:
-        v = params["version"]
-        if isinstance(v, bool) or not isinstance(v, (str, int)):
-            raise InvalidArgument(f"version must be a version number (a string of digits or an integer), got {v!r}",
-                                  field="parameters.version")
-        params = {**params, "version": _version_token(v)}
+        params = {**params, "version": _version_parameter(params["version"])}
     return params
 
 
@@ -313,7 +346,7 @@ def repository_index(gateway, body: bytes) -> HttpAnswer:
     try:
         doc = _request_object(body, ("repository_name", "ready"))
         if not isinstance(doc.get("ready", False), bool):
-            raise InvalidArgument(f"ready must be true or false, got {doc['ready']!r}", field="ready")
+            raise InvalidArgument(f"ready must be true or false, got {_json_text(doc['ready'])}", field="ready")
         if not isinstance(doc.get("repository_name", ""), str):
             raise InvalidArgument("repository_name must be a string", field="repository_name")
     except InferbusError as err:
@@ -458,6 +491,18 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
                           f"{UNLOAD_ROUNDS} rounds (the last refusal: {refused.message}); "
                           f"{_done(replies)}retry the unload", retry_after_ms=1000)
 
+    async def ask_as_sent(client):
+        try:
+            return await ask(client)
+        except InferbusError as err:
+            # a refusal of the version this request named (the NATS write's field version: not on disk, the default
+            # while others are served, no worker could load it): named as the HTTP client sent it. A whole-model
+            # write's refusal of a version the client did not name keeps the NATS field (and says the version)
+            if version is None or err.field not in ("version", "model_version"):
+                raise
+            renamed = type(err)(err.message, field=VERSION_FIELD, retry_after_ms=err.retry_after_ms)
+            raise renamed from err
+
     def answer(replies):
         if not isinstance(replies, list):  # a version-specific unload with nothing to do: the model's metadata
             meta = replies
@@ -472,8 +517,8 @@ def repository_write(gateway, op: str, name: str, body: bytes, timeout_ms: str |
                           for r in replies]}
         return HttpAnswer(200, json.dumps(doc).encode(), _JSON)
 
-    return gateway.run_then(ask, budget_s - (time.monotonic() - t0), answer)
+    return gateway.run_then(ask_as_sent, budget_s - (time.monotonic() - t0), answer)
 
 
-__all__ = ["LOAD_PARAMETERS", "MAX_BODY_BYTES", "STATS_WAIT_S", "UNLOAD_PARAMETERS", "UNLOAD_ROUNDS", "WRITE_TIMEOUT_S",
-           "model_stats", "repository_index", "repository_on_disk", "repository_write", "statistics"]
+__all__ = ["LOAD_PARAMETERS", "MAX_BODY_BYTES", "STATS_WAIT_S", "UNLOAD_PARAMETERS", "UNLOAD_ROUNDS", "VERSION_FIELD",
+           "WRITE_TIMEOUT_S", "model_stats", "repository_index", "repository_on_disk", "repository_write", "statistics"]
