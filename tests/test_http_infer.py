@@ -176,6 +176,35 @@ def test_wrong_datatype_is_400_unknown_model_404(node, pixels):
     assert status == 404 and "has no version '9'" in json.loads(body)["error"], body
 
 
+def test_a_messagepack_body_is_answered_in_messagepack_and_its_errors_in_json(node, pixels):
+    """``Content-Type: application/msgpack``: the answer is the MessagePack a NATS client gets (``application/msgpack``);
+    an error is the HTTP error every OIP v2 client reads, JSON ``{"error": "<message>"}`` (``application/json``), the
+    message the NATS client's, the code and field in the headers. Over NATS the same request's error body is
+    MessagePack (docs/wire.md: a reply's body is in the request's encoding); docs/http.md said the HTTP answer was
+    "answered in MessagePack", errors included."""
+    import msgspec
+
+    good = msgspec.msgpack.encode(digits_request(pixels[:2], id="mp"))
+    status, headers, body = ask(node, "/v2/models/digits/infer", "POST", good, {"Content-Type": "application/msgpack"})
+    assert status == 200 and headers["content-type"] == "application/msgpack", (status, headers, body[:300])
+    doc = msgspec.msgpack.decode(body)
+    nats_body, ct = node.client.request("hi.infer.digits", good, timeout_s=2.0)
+    assert ct in (None, "application/msgpack") and doc["outputs"] == msgspec.msgpack.decode(nats_body)["outputs"]
+    assert doc["id"] == "mp"
+    wrong = msgspec.msgpack.encode(digits_request((pixels[:1] * 16).astype(np.int32), "INT32"))
+    for path, body_sent, status_want, field in (("/v2/models/digits/infer", wrong, 400, "inputs[0].datatype"),
+                                                ("/v2/models/digits/infer", b"\xc1", 400, "body"),
+                                                ("/v2/models/no_such_model/infer", good, 404, "model")):
+        status, headers, body = ask(node, path, "POST", body_sent, {"Content-Type": "application/msgpack"})
+        subject = "hi.infer." + path.split("/")[3]
+        with pytest.raises(Exception) as over_nats:
+            node.client.request(subject, body_sent, timeout_s=2.0)
+        assert status == status_want and headers["content-type"] == "application/json", (path, status, headers, body)
+        assert json.loads(body) == {"error": over_nats.value.message}, (path, body)
+        assert headers["inferbus-error-code"] == over_nats.value.code.value
+        assert headers["inferbus-error-field"] == over_nats.value.field == field, (path, headers)
+
+
 def test_oversized_body_is_413_before_it_is_sent_and_one_at_the_limit_is_served(node, pixels):
     doc = digits_request(pixels[:1])
     small = json.dumps(doc).encode()

@@ -201,7 +201,8 @@ class NodeGateway:
             name, version: from the path (``version`` None: the model's default version).
             body: the HTTP body: the OIP v2 JSON inference request, or with ``Inference-Header-Content-Length`` the
                 binary tensor extension's JSON header and tensor bytes; MessagePack when ``Content-Type`` is
-                ``application/msgpack`` (answered in MessagePack).
+                ``application/msgpack`` (a 200 answered in MessagePack; an error in JSON, as every error answer:
+                OIP v2's ``{"error": ...}``).
             headers: the HTTP request headers, names in any case (``Inferbus-Timeout-Ms``: the budget, ms, read as
                 the ingress reads it; absent: the ingresses' ``--default-timeout-ms``; ``Inferbus-Request-Id``,
                 ``Inferbus-Client-Id``, ``Inferbus-Hedge``, ``traceparent``, ``tracestate`` passed on).
