@@ -365,3 +365,46 @@ def test_a_body_of_exactly_128_mib_is_read_then_refused_by_the_ingress_limit_on_
         resp = http.client.HTTPResponse(s)
         resp.begin()
         assert resp.status == 200 and json.loads(resp.read())["model_name"] == "digits"
+
+
+def test_a_request_still_running_when_the_server_is_closed_logs_no_error(caplog):
+    """A request thread that finishes after the server was closed (a second Ctrl-C: the node killed, the HTTP server
+    closed with its wake-up pipe while the request waited on the node's loop) used to have waitress log "Exception
+    when servicing ... OSError: [Errno 9] Bad file descriptor" at error level, ~15 lines each (a fresh-user trial):
+    an alert on an ordinary forced stop. Here the server alone (waitress, real sockets), its one request held by the
+    app until the server is stopped with no grace."""
+    import logging
+    import threading
+
+    from inferbus.actors._http import HttpServer
+
+    release, entered = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        entered.set()
+        release.wait(10)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    server = HttpServer.start(app, "127.0.0.1", 0, max_connections=4)
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        conn.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert entered.wait(5)
+        with caplog.at_level(logging.WARNING, logger="waitress"):
+            drainer = threading.Thread(target=server.drain, args=(10.0, "stopping"))  # a graceful stop's first step
+            drainer.start()
+            time.sleep(0.2)
+            server.cut()  # the second signal: the drain's wait ends, the server is closed
+            drainer.join(5)
+            stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 5.0, "grace_s": 1.0})
+            stopper.start()
+            time.sleep(0.3)  # the server's sockets and wake-up pipe closed; the request still running
+            release.set()
+            stopper.join(10)
+            time.sleep(0.3)  # (the request thread's end)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, [r.getMessage() + str(r.exc_info) for r in errors]
+    finally:
+        release.set()
+        conn.close()

@@ -243,12 +243,19 @@ class _Channel(HTTPChannel):
             if request.error is None and (request.received_at is None or request.received_at >= since):
                 request.error = _NodeError(503, self.server.stopping_message)
         self.served = True
-        super().service()
-        if self.server.draining_since is not None:
-            with self.requests_lock:
-                if not self.requests and self.request is None:
-                    self.close_when_flushed = True
-            self.server.pull_trigger()
+        try:
+            super().service()
+            if self.server.draining_since is not None:
+                with self.requests_lock:
+                    if not self.requests and self.request is None:
+                        self.close_when_flushed = True
+                self.server.pull_trigger()
+        except OSError:
+            if not self.server.closed:
+                raise
+            # the server was closed while this request ran (the node killed: a second Ctrl-C): its wake-up pipe is
+            # gone with its connections, so there is no one to wake and nothing to write to; waitress logged each
+            # such end as an error with its traceback (EBADF), an alert on an ordinary forced stop
 
 
 class _Server(TcpWSGIServer):
@@ -257,6 +264,14 @@ class _Server(TcpWSGIServer):
     """``time.monotonic()`` when a graceful stop began (:meth:`HttpServer.drain`), None before."""
     stopping_message = "the server is stopping"
     """The 503's message to a request received after that."""
+    closed = False
+    """:meth:`HttpServer.stop` closed the connections and the wake-up pipe (request threads may still be running)."""
+
+    def pull_trigger(self) -> None:
+        """waitress's wake-up of the server's loop, not once :attr:`closed`: the pipe's descriptor is closed then, and
+        its number may already be another file's."""
+        if not self.closed:
+            super().pull_trigger()
 
     def stop_listening(self) -> None:
         """On the loop's thread: take the connections the kernel has accepted already (the listen backlog: each
@@ -434,6 +449,7 @@ class HttpServer:
         server, self._server = self._server, None
         if server is None:
             return
+        server.closed = True
         try:  # (closed on the loop's own thread: waitress's channels are not thread-safe)
             server.trigger.pull_trigger(lambda: wasyncore.close_all(self._map, ignore_all=True))
         except OSError:  # the loop has ended already
