@@ -39,9 +39,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable
+
+_log = logging.getLogger(__name__)
 
 PROBE_WAIT_S = 0.5
 """How long a readiness probe waits for the node's ingresses to answer, seconds."""
@@ -447,6 +450,44 @@ def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> l
     return [] if method == "HEAD" else [body]
 
 
+REPOSITORY_WORDS = "the node's model repository (--models)"
+"""What an HTTP error message says where an ingress's message named the model repository's absolute path."""
+
+
+def _without_paths(answer, gateway):
+    """``answer`` with the node's model repository's absolute path left out of its error message (the HTTP port has
+    no authentication: a message such as ``no model folder 'x' with a config.json under /srv/models`` told any caller
+    the server's file layout): a path under it is named relative to it (``x/config.json``), the folder itself
+    :data:`REPOSITORY_WORDS`. The message as it came is logged (debug). A 2xx answer, or one without a JSON
+    ``{"error": ...}`` body, is returned as it is."""
+    import json
+    import os
+
+    from ._gateway import HttpAnswer
+
+    if gateway is None or not isinstance(answer, HttpAnswer) or answer.status < 400:
+        return answer
+    models_dir = getattr(getattr(gateway.node, "config", None), "models_dir", None)
+    if not models_dir:
+        return answer
+    roots = {os.path.abspath(models_dir), os.path.realpath(models_dir)}
+    text = answer.body.decode("utf-8", "replace")
+    if not any(r in text or json.dumps(r)[1:-1] in text for r in roots):
+        return answer
+    try:
+        doc = json.loads(answer.body)
+    except ValueError:
+        return answer
+    message = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(message, str):
+        return answer
+    told = message
+    for root in sorted(roots, key=len, reverse=True):
+        told = told.replace(root.rstrip(os.sep) + os.sep, "").replace(root, REPOSITORY_WORDS)
+    _log.debug("HTTP %d answered with the model repository's path left out: %s", answer.status, message)
+    return HttpAnswer(answer.status, json.dumps({**doc, "error": told}).encode(), answer.headers)
+
+
 def node_app(metrics_app, probes: NodeProbes, gateway=None):
     """The node's WSGI app (PEP 3333): the OIP v2 health paths of ``probes`` under ``/v2/``, with ``gateway`` (a
     :class:`~inferbus.actors._gateway.NodeGateway`) the OIP v2 REST metadata and inference paths too, and Triton's
@@ -490,7 +531,7 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
             if method not in methods:
                 return _answer(start_response, method, ProbeAnswer(405, f"{path} answers {' and '.join(methods)}, "
                                                                         f"not {method}"), (("Allow", f"OPTIONS, {allow}"),))
-            return _answer(start_response, method, handler(environ, started_at))
+            return _answer(start_response, method, _without_paths(handler(environ, started_at), gateway))
         if method == "OPTIONS":
             start_response("200 OK", [("Allow", "OPTIONS, GET, HEAD"), ("Content-Length", "0")])
             return []
