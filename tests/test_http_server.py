@@ -408,3 +408,27 @@ def test_a_request_still_running_when_the_server_is_closed_logs_no_error(caplog)
     finally:
         release.set()
         conn.close()
+
+
+@pytest.mark.parametrize("line, status, allow, text", [
+    (b"CONNECT x:80 HTTP/1.1", 405, b"OPTIONS, GET, HEAD, POST", "CONNECT 'x:80' is not served"),
+    (b"OPTIONS * HTTP/1.1", 200, b"OPTIONS, GET, HEAD, POST", None),
+    (b"GET * HTTP/1.1", 400, None, "the request-target '*' is for OPTIONS alone"),
+    (b"GET x:80 HTTP/1.1", 400, None, "the request-target 'x:80' is not a path"),
+])
+def test_a_request_target_that_is_not_a_path_is_answered_naming_it(node, line, status, allow, text):
+    """RFC 9112 3.2: ``CONNECT host:port`` (authority-form) is 405, ``OPTIONS *`` (asterisk-form) 200 with the
+    server's methods, another such target 400, each message naming the target as sent; until 2026-12-07 ``CONNECT
+    x:80`` was read as the path ``80``: ``80 (the Prometheus scrape) answers GET and HEAD, not CONNECT``."""
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = read_answer(s)
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), got[:500]
+    headers = dict(h.split(b": ", 1) for h in head.split(b"\r\n")[1:])
+    assert headers.get(b"Allow") == allow, got[:500]
+    if text is None:
+        assert payload == b"", got[:500]
+    else:
+        assert headers[b"Inferbus-Error-Code"] == b"INVALID_ARGUMENT", got[:500]
+        assert json.loads(payload)["error"].startswith(text), payload

@@ -40,6 +40,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -450,6 +451,39 @@ def _answer(start_response, method: str, answer, extra_headers: tuple = ()) -> l
     return [] if method == "HEAD" else [body]
 
 
+_ABSOLUTE_FORM = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+"""A request-target in absolute-form (``http://host/path``, RFC 9112 3.2.2), which a server takes as its path."""
+
+SERVER_METHODS = "OPTIONS, GET, HEAD, POST"
+"""The methods some path of this server answers (the ``Allow`` of a 405 to ``CONNECT``, of ``OPTIONS *``)."""
+
+
+def _target_refusal(method: str, target: str | None):
+    """The answer to a request whose request-target is not a path (RFC 9112 3.2: origin-form ``/...``, or
+    absolute-form ``http://host/...``, which waitress reads as its path), with its extra headers, None for a
+    path: ``OPTIONS *`` (asterisk-form, the server as a whole) 200 with ``Allow`` (:data:`SERVER_METHODS`);
+    ``CONNECT`` (authority-form ``host:port``, a tunnel through a proxy) 405; another method with ``*``, a
+    ``host:port`` or any other target that is not a path, 400. Each message names the target as it was sent
+    (until 2026-12-07 ``CONNECT x:80`` was read as the path ``80``: a 405 that said ``80 (the Prometheus scrape)
+    answers GET and HEAD, not CONNECT``)."""
+    if target is None:  # (not waitress: nothing to check)
+        return None
+    shown = repr(target[:200])
+    if method == "CONNECT":
+        return (ProbeAnswer(405, f"CONNECT {shown} is not served: CONNECT asks for a tunnel through a proxy (RFC 9110 "
+                                 f"9.3.6), and this server is not one; it answers {SERVER_METHODS} on its paths"),
+                (("Allow", SERVER_METHODS),))
+    if target.startswith("/") or _ABSOLUTE_FORM.match(target):
+        return None
+    if target == "*":
+        if method == "OPTIONS":
+            return ProbeAnswer(200), (("Allow", SERVER_METHODS),)
+        return (ProbeAnswer(400, f"the request-target '*' is for OPTIONS alone (RFC 9112 3.2.4), not {method}; send "
+                                 "a path (/v2/..., /metrics)"), ())
+    return (ProbeAnswer(400, f"the request-target {shown} is not a path: send an origin-form target such as "
+                             "/v2/health/ready (RFC 9112 3.2)"), ())
+
+
 REPOSITORY_WORDS = "the node's model repository (--models)"
 """What an HTTP error message says where an ingress's message named the model repository's absolute path."""
 
@@ -511,6 +545,9 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
     def app(environ, start_response):
         started_at = time.monotonic()
         method = environ.get("REQUEST_METHOD", "GET")
+        refused = _target_refusal(method, environ.get("REQUEST_URI"))
+        if refused is not None:
+            return _answer(start_response, method, refused[0], refused[1])
         raw = environ.get("PATH_INFO", "") or "/"
         path = raw.encode("latin-1", "replace").decode("utf-8", "replace")  # PEP 3333: the bytes as latin-1
         if path == "/v2" or path.startswith("/v2/"):
