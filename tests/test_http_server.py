@@ -292,8 +292,9 @@ def _served(node, body: bytes) -> None:
         conn.close()
 
 
-def _refused_over_the_bound(got: bytes) -> None:
-    """``got`` (all the server wrote) is one 413 of the server itself: JSON naming the bound, PAYLOAD_TOO_LARGE."""
+def _refused_over_the_bound(got: bytes, more: str = "") -> None:
+    """``got`` (all the server wrote) is one 413 of the server itself: JSON naming the bound, PAYLOAD_TOO_LARGE
+    (then ``more``)."""
     from inferbus.actors._http import MAX_BODY_BYTES
 
     head, _, payload = got.partition(b"\r\n\r\n")
@@ -301,7 +302,7 @@ def _refused_over_the_bound(got: bytes) -> None:
     headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
     assert headers[b"Inferbus-Error-Code"] == b"PAYLOAD_TOO_LARGE" and headers[b"Content-Type"] == b"application/json"
     assert headers[b"Connection"] == b"close", headers
-    assert json.loads(payload)["error"] == f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB)", payload
+    assert json.loads(payload)["error"] == f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB){more}", payload
 
 
 def test_a_content_length_over_128_mib_is_413_unread_and_the_server_serves_on(node, body):
@@ -338,6 +339,40 @@ def test_a_chunked_body_past_128_mib_is_413_once_it_gets_there_and_the_server_se
         got = read_answer(s)
     _refused_over_the_bound(got)
     assert sent >= MAX_BODY_BYTES - (8 << 20), sent  # (refused at the bound, not before: a few chunks in flight)
+    _served(node, body)
+
+
+@pytest.mark.parametrize("chunks, declared", [
+    (b"ffffffffffffffffffff\r\n", 0xffffffffffffffffffff),
+    (b"%x\r\n" % ((128 << 20) + 1), (128 << 20) + 1),
+    (b"100000\r\n%s\r\n%x;ext=1\r\n" % (b" " * (1 << 20), (127 << 20) + 1), (1 << 20) + ((127 << 20) + 1)),
+])
+def test_a_chunk_declared_past_128_mib_is_413_at_once(node, body, chunks, declared):
+    """A chunk whose size line takes the body over the bound is 413 as soon as that line is read, the chunk unread
+    (as a ``Content-Length`` over it); until 2026-12-07 the server waited for its bytes: 408 after the idle
+    timeout."""
+    t0 = time.monotonic()
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
+        got = read_answer(s)
+    assert time.monotonic() - t0 < IDLE_S, got[:500]
+    _refused_over_the_bound(got, f": its chunks declare {declared} bytes")
+    _served(node, body)
+
+
+@pytest.mark.parametrize("chunks", [b"5\nhello\n0\n\n", b"5\r\nhello\n0\r\n\r\n"])
+def test_chunked_framing_with_a_bare_lf_is_400_at_once(node, body, chunks):
+    """RFC 9112 7.1 ends each chunk line with CRLF; a chunk-size line ended by a bare LF waited for its CRLF until
+    the idle timeout (408); it is 400 at once, as a bare LF after a chunk's data was."""
+    t0 = time.monotonic()
+    with socket.create_connection(node.http, timeout=10) as s:
+        s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
+        got = read_answer(s)
+    assert time.monotonic() - t0 < IDLE_S, got[:500]
+    assert got.startswith(b"HTTP/1.1 400 "), got[:500]
+    assert b"Inferbus-Error-Code: INVALID_ARGUMENT" in got and b"Connection: close" in got, got[:500]
     _served(node, body)
 
 

@@ -8,7 +8,9 @@ connection per request, a thread per connection, no bound) did not:
 
 - **HTTP/1.1 with keep-alive**: a client sends request after request on one TCP connection (``tritonclient.http``
   and every load balancer keep connections); pipelined requests are answered in order. ``Expect: 100-continue`` is
-  answered (curl no longer waits a second before a large body); a chunked request body is read. A body framed
+  answered (curl no longer waits a second before a large body); a chunked request body is read (a chunk declared
+  past :data:`MAX_BODY_BYTES` is 413 at once, a chunk-size line ended by a bare LF 400: :class:`_ChunkedReceiver`).
+  A body framed
   two ways (``Content-Length`` with ``Transfer-Encoding: chunked``, or ``Transfer-Encoding`` in HTTP/1.0) is 400
   and the connection closed (RFC 9112 6.1, 6.3; waitress took the chunks, or the length).
 - **A bound**: at most ``max_connections`` open connections (:data:`DEFAULT_MAX_CONNECTIONS`); past it the server
@@ -58,6 +60,7 @@ from waitress import wasyncore
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, ParsingError, TransferEncodingNotImplemented
+from waitress.receiver import ChunkedReceiver
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error, RequestEntityTooLarge, RequestHeaderFieldsTooLarge
@@ -95,6 +98,30 @@ class _NodeError(Error):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class _ChunkedReceiver(ChunkedReceiver):
+    """waitress's reader of a chunked body, refusing at once what it would wait on (a fresh-user trial: each hung
+    until the idle timeout, then 408):
+
+    - a chunk whose declared size takes the body over :data:`MAX_BODY_BYTES` (``ffffffffffffffffffff``): 413 as
+      soon as its size line is read, the chunk unread (as a ``Content-Length`` over the bound), where waitress read
+      on until the bound;
+    - a chunk-size line ended by a bare LF (``5\nhello\n0\n\n``): 400 (RFC 9112 7.1 frames chunks with CRLF; a
+      server MAY take a bare LF, waitress does not, and waited for a CRLF that never came). A bare LF after a chunk's
+      data waitress refuses itself (400, ``Chunk not properly terminated``)."""
+
+    def received(self, s: bytes) -> int:
+        n = super().received(s)
+        if self.error is None and self.chunk_remainder and len(self.buf) + self.chunk_remainder > MAX_BODY_BYTES:
+            self.error = _NodeError(413, f"the request body is over {MAX_BODY_BYTES} bytes (128 MiB): its chunks "
+                                         f"declare {len(self.buf) + self.chunk_remainder} bytes")
+            self.all_chunks_received = True
+        elif self.error is None and not self.all_chunks_received and b"\n" in self.control_line:
+            self.error = _NodeError(400, "a chunk-size line of the chunked body ends with a bare LF: chunked framing "
+                                         "ends each line with CRLF (RFC 9112 7.1)")
+            self.all_chunks_received = True
+        return n
 
 
 _VERSION = re.compile(rb"[ \t]HTTP/(1\.[01])\r?$")
@@ -166,6 +193,8 @@ class _Parser(HTTPRequestParser):
                                  "Transfer-Encoding: chunked (a compressed body, Content-Encoding, is not accepted "
                                  "either)")
             raise TransferEncodingNotImplemented(self.refusal[1]) from None
+        if self.chunked:  # (waitress's receiver, with refusals of its own)
+            self.body_rcv = _ChunkedReceiver(self.body_rcv.buf)
         if self.chunked and "CONTENT_LENGTH" in self.headers:  # (waitress popped Transfer-Encoding: set chunked)
             self.refusal = (400, "the request has both Transfer-Encoding: chunked and Content-Length; send one (RFC "
                                  "9112 6.3: such a message may be a request smuggling attempt)")
