@@ -403,6 +403,35 @@ def test_binary_tensor_extension_in_and_out(node, pixels):
         assert status == 400 and text in json.loads(body)["error"], (length, body)
 
 
+@pytest.mark.parametrize("with_header", [False, True])
+@pytest.mark.parametrize("where, value, field", [
+    ("request", "yes", 'parameters["binary_data_output"]'),
+    ("request", 1, 'parameters["binary_data_output"]'),
+    ("output", "true", 'outputs[1].parameters["binary_data"]'),
+    ("output", [True], 'outputs[1].parameters["binary_data"]'),
+])
+def test_a_binary_flag_that_is_not_a_boolean_is_400_naming_it(node, pixels, with_header, where, value, field):
+    """``binary_data_output`` and an output's ``binary_data`` are booleans; until 2026-12-07 another value
+    (``"yes"``) was ignored: a JSON answer, where ``binary_data_size`` not an integer was refused. 400
+    INVALID_ARGUMENT naming the field, with the binary header or without."""
+    doc = digits_request(pixels[:1])
+    if where == "request":
+        doc["parameters"] = {"binary_data_output": value}
+    else:
+        doc["outputs"] = [{"name": "logits"}, {"name": "probabilities", "parameters": {"binary_data": value}}]
+    body = json.dumps(doc).encode()
+    headers = {"Content-Type": "application/json"}
+    if with_header:
+        headers["Inference-Header-Content-Length"] = str(len(body))
+    status, got_headers, got = ask(node, "/v2/models/digits/infer", "POST", body, headers)
+    assert status == 400, got[:300]
+    assert got_headers["inferbus-error-code"] == "INVALID_ARGUMENT" and got_headers["inferbus-error-field"] == field
+    shown = "an array" if isinstance(value, list) else json.dumps(value)
+    assert json.loads(got)["error"].endswith(f"binary_data_output must be true or false, got {shown}"
+                                             if where == "request" else
+                                             f"outputs[1]'s binary_data must be true or false, got {shown}"), got
+
+
 def nested(depth: int) -> list:
     """``[[[...]]]``, ``depth`` lists inside each other (built without recursion)."""
     out: list = []

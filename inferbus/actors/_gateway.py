@@ -313,6 +313,15 @@ class NodeGateway:
             return error_answer(502, f"the ingress's answer could not be read: {exc}")
 
 
+def _shown(value) -> str:
+    """A JSON value as a message shows it: a scalar as JSON (100 characters at most), a container by its kind."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return json.dumps(value)[:100]
+
+
 class _BinaryRequest:
     """A request that uses the binary tensor extension, taken apart: what the ingress gets, and how the answer's
     outputs are written (which in binary)."""
@@ -391,7 +400,13 @@ class _BinaryRequest:
     def _options(cls, req: dict, send: dict | None) -> "_BinaryRequest":
         import msgspec
 
+        from ..schemas import InvalidArgument
+
         params = req.get("parameters")
+        if isinstance(params, dict) and not isinstance(params.get("binary_data_output", False), bool):
+            raise InvalidArgument(f"binary_data_output must be true or false, got "
+                                  f"{_shown(params['binary_data_output'])}",
+                                  field='parameters["binary_data_output"]')
         all_binary = isinstance(params, dict) and params.get("binary_data_output") is True
         if isinstance(params, dict) and send is not None:
             params.pop("binary_data_output", None)  # (read here: it would only split the cache)
@@ -399,9 +414,12 @@ class _BinaryRequest:
                 del req["parameters"]
         per_output: dict[str, bool] = {}
         outputs = req.get("outputs")
-        for o in outputs if isinstance(outputs, list) else ():
+        for i, o in enumerate(outputs if isinstance(outputs, list) else ()):
             if isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("parameters"), dict):
                 flag = o["parameters"].get("binary_data")
+                if flag is not None and not isinstance(flag, bool):
+                    raise InvalidArgument(f"outputs[{i}]'s binary_data must be true or false, got "
+                                          f"{_shown(flag)}", field=f'outputs[{i}].parameters["binary_data"]')
                 if isinstance(flag, bool):
                     per_output[o["name"]] = flag
                     if send is not None:
