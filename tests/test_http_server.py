@@ -467,3 +467,20 @@ def test_a_request_target_that_is_not_a_path_is_answered_naming_it(node, line, s
     else:
         assert headers[b"Inferbus-Error-Code"] == b"INVALID_ARGUMENT", got[:500]
         assert json.loads(payload)["error"].startswith(text), payload
+
+
+@pytest.mark.parametrize("path", ["/v2/models/%FF", "/v2/models/" + "%FF" * 5000, "/v2/models/a%C3/ready",
+                                  "/metrics%FE"])
+def test_a_path_that_is_not_utf_8_after_percent_decoding_is_400(node, path):
+    """Until 2026-12-07 such a path was read with replacement characters: ``/v2/models/%FF`` was ``unknown model
+    '\\ufffd'``, 404, and ``%FF`` 5000 times ``is 15000 bytes of UTF-8`` (the replacement characters counted)."""
+    conn = http.client.HTTPConnection(*node.http, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        payload = resp.read()
+        assert resp.status == 400, (resp.status, payload[:300])
+        assert resp.getheader("Inferbus-Error-Code") == "INVALID_ARGUMENT"
+        assert json.loads(payload)["error"].startswith("the path is not UTF-8 after percent-decoding"), payload[:300]
+    finally:
+        conn.close()

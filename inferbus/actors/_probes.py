@@ -538,7 +538,7 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
     outside ``/v2/``). An unknown path under ``/v2/`` is 404 naming the paths there are. Every error answer, the
     405 of a path outside ``/v2/`` included (text until 2026-12-07), is the API's JSON ``{"error": "<why>"}`` with
     ``Inferbus-Error-Code`` (:func:`~inferbus.actors._gateway.error_answer`).
-    Paths are read as UTF-8 after percent-decoding.
+    Paths are read as UTF-8 after percent-decoding; one that is not UTF-8 then is 400.
     """
     import time
 
@@ -549,7 +549,13 @@ def node_app(metrics_app, probes: NodeProbes, gateway=None):
         if refused is not None:
             return _answer(start_response, method, refused[0], refused[1])
         raw = environ.get("PATH_INFO", "") or "/"
-        path = raw.encode("latin-1", "replace").decode("utf-8", "replace")  # PEP 3333: the bytes as latin-1
+        try:
+            path = raw.encode("latin-1", "replace").decode("utf-8")  # PEP 3333: the bytes as latin-1
+        except UnicodeDecodeError as exc:
+            # (read with replacement characters until 2026-12-07: /v2/models/%FF was "unknown model '\ufffd'", 404)
+            return _answer(start_response, method, ProbeAnswer(
+                400, f"the path is not UTF-8 after percent-decoding (byte {exc.object[exc.start]:#04x} at "
+                     f"{exc.start}): send a model name or version as UTF-8, percent-encoded"))
         if path == "/v2" or path.startswith("/v2/"):
             route = _route(path, probes, gateway)
             if route is None:
