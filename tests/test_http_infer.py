@@ -205,6 +205,22 @@ def test_a_messagepack_body_is_answered_in_messagepack_and_its_errors_in_json(no
         assert headers["inferbus-error-field"] == over_nats.value.field == field, (path, headers)
 
 
+@pytest.mark.parametrize("content_type", ["application/msgpack", "application/x-msgpack; charset=binary"])
+def test_a_messagepack_body_with_the_binary_header_is_400_naming_the_header(node, pixels, content_type):
+    """``Inference-Header-Content-Length`` frames a JSON header then tensor bytes; with a MessagePack body the header
+    was ignored and the body decoded as MessagePack (docs/http.md said a request "with the header" was taken apart):
+    the combination is a client's mistake, 400 INVALID_ARGUMENT with the header as the field."""
+    import msgspec
+
+    good = msgspec.msgpack.encode(digits_request(pixels[:1]))
+    status, headers, body = ask(node, "/v2/models/digits/infer", "POST", good,
+                                {"Content-Type": content_type, "Inference-Header-Content-Length": str(len(good))})
+    assert status == 400 and headers["content-type"] == "application/json", (status, headers, body[:300])
+    assert headers["inferbus-error-code"] == "INVALID_ARGUMENT"
+    assert headers["inferbus-error-field"] == "Inference-Header-Content-Length", headers
+    assert json.loads(body)["error"].startswith("a MessagePack body (Content-Type: "), body
+
+
 def test_oversized_body_is_413_before_it_is_sent_and_one_at_the_limit_is_served(node, pixels):
     doc = digits_request(pixels[:1])
     small = json.dumps(doc).encode()

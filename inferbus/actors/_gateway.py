@@ -233,6 +233,14 @@ class NodeGateway:
             extra = {h: H.header_value(lower[h.lower()]) for h in _PASSED_HEADERS if h.lower() in lower}
             msgpack_in = (lower.get("content-type") or "").split(";")[0].strip().lower() in (
                 "application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+            if msgpack_in and BINARY_HEADER.lower() in lower:  # (the header was ignored until 2026-12-07)
+                from ..schemas import InvalidArgument
+
+                raise InvalidArgument(f"a MessagePack body (Content-Type: {lower['content-type'][:60]}) with "
+                                      f"{BINARY_HEADER}: the binary tensor extension's body is a JSON header then "
+                                      "the tensors' bytes; send it with Content-Type: application/json (or none), "
+                                      f"or a MessagePack body without {BINARY_HEADER} (its tensors as raw bytes)",
+                                      field=BINARY_HEADER)
             binary = None
             if not msgpack_in and (BINARY_HEADER.lower() in lower or b'"binary_data' in body):
                 binary = _BinaryRequest.parse(body, lower.get(BINARY_HEADER.lower()))
