@@ -340,6 +340,20 @@ def test_a_version_specific_unload_is_idempotent_and_404_only_for_a_model_not_kn
     assert node.client.model("digits").versions == ["1", "2"]
 
 
+def test_an_error_over_http_does_not_tell_the_model_repositorys_absolute_path(node):
+    """The HTTP port has no authentication: a load of a model with no folder said ``... with a config.json under
+    /abs/path/models`` (a fresh-user trial); it names the repository in words, the folder relative to it."""
+    import os
+
+    from conftest import MODELS
+
+    status, headers, doc = write(node, "load", "nope")
+    assert status == 404 and headers["inferbus-error-code"] == "NOT_FOUND", doc
+    assert "'nope'" in doc["error"] and "the node's model repository (--models)" in doc["error"], doc
+    for root in {os.path.abspath(MODELS), os.path.realpath(MODELS)}:
+        assert root not in doc["error"], doc
+
+
 COUNTERS = ("inferbus_model_request_success_total", "inferbus_forward_latency_seconds_count",
             "inferbus_forward_latency_seconds_sum", "inferbus_model_runs_total", "inferbus_model_computed_total")
 
@@ -494,16 +508,3 @@ def test_a_write_where_writes_are_refused_is_the_nats_answer_unavailable_naming_
         stop.set()
         t.join(5)
 
-
-def test_an_error_over_http_does_not_tell_the_model_repositorys_absolute_path(node):
-    """The HTTP port has no authentication: a load of a model with no folder said ``... with a config.json under
-    /abs/path/models`` (a fresh-user trial); it names the repository in words, the folder relative to it."""
-    import os
-
-    from conftest import MODELS
-
-    status, headers, doc = write(node, "load", "nope")
-    assert status == 404 and headers["inferbus-error-code"] == "NOT_FOUND", doc
-    assert "'nope'" in doc["error"] and "the node's model repository (--models)" in doc["error"], doc
-    for root in {os.path.abspath(MODELS), os.path.realpath(MODELS)}:
-        assert root not in doc["error"], doc
