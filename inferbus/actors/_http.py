@@ -124,11 +124,9 @@ class _ChunkedReceiver(ChunkedReceiver):
         return n
 
 
-_VERSION = re.compile(rb"[ \t]HTTP/(1\.[01])\r?$")
-"""The version at the end of a request line (RFC 9112 3: ``method SP request-target SP HTTP-version``)."""
-
 _ANY_VERSION = re.compile(rb"[ \t]HTTP/([0-9])\.([0-9])(\r?)$")
-"""Any version at the end of a request line (RFC 9112 2.3: ``HTTP-version = "HTTP/" DIGIT "." DIGIT``)."""
+"""The version at the end of a request line (RFC 9112 3: ``method SP request-target SP HTTP-version``; 2.3:
+``HTTP-version = "HTTP/" DIGIT "." DIGIT``)."""
 
 _TRANSFER_ENCODING = re.compile(rb"^transfer-encoding[ \t]*:[ \t]*(.*?)[ \t]*\r?$", re.I | re.M)
 
@@ -139,8 +137,8 @@ def _request_version(head: bytes) -> str:
     answers with the highest version it conforms to within the request's major version, and every request this
     server takes is HTTP/1.x)."""
     line, nl, _ = head.lstrip().partition(b"\n")
-    m = _VERSION.search(line) if nl else None
-    return m.group(1).decode() if m else "1.1"
+    m = _ANY_VERSION.search(line) if nl else None
+    return "1.0" if m is not None and m.group(1, 2) == (b"1", b"0") else "1.1"
 
 
 class _Parser(HTTPRequestParser):
