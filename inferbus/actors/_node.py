@@ -692,11 +692,9 @@ class Node:
                 await self._check_node_id_free(bus)
             if c.actors:  # the model writes outlive the actors: every one of them dying at once undoes none
                 self.model_states = StateKeeper(Subjects(c.prefix), f"node {c.node_id}")
-                await self.model_states.start(self.nc)
                 # so does the query-of-death memory: an ingress that starts after every peer died learns it here
                 self.crashes = CrashKeeper(Subjects(c.prefix), f"node {c.node_id}")
-                await self.crashes.start(self.nc)
-            await self.nc.subscribe(Subjects(c.prefix).nodes, cb=self._on_nodes)
+            await self._subscribe_bus(self.nc)
         except BaseException:
             if self.nc is not None:
                 await close_connection(self.nc)
@@ -988,6 +986,15 @@ class Node:
         if self._renewable:
             self._start_renewal()
 
+    async def _subscribe_bus(self, nc) -> None:
+        """What the node serves on its connection ``nc`` (at the start, and on a new one, :meth:`_renew_bus`): the
+        model states and the query-of-death memory it keeps (with actors), and ``<p>.nodes``."""
+        if self.model_states is not None:
+            await self.model_states.start(nc)
+        if self.crashes is not None:
+            await self.crashes.start(nc)
+        await nc.subscribe(Subjects(self.config.prefix).nodes, cb=self._on_nodes)
+
     def _start_renewal(self) -> None:
         if self._renew_task is None or self._renew_task.done():
             self._renew_task = asyncio.ensure_future(self._renew_bus())
@@ -1009,11 +1016,7 @@ class Node:
             nc = None
             try:
                 nc = await self._connect_bus()
-                if self.model_states is not None:
-                    await self.model_states.start(nc)
-                if self.crashes is not None:
-                    await self.crashes.start(nc)
-                await nc.subscribe(Subjects(self.config.prefix).nodes, cb=self._on_nodes)
+                await self._subscribe_bus(nc)
             except asyncio.CancelledError:
                 if nc is not None:
                     await close_connection(nc)
