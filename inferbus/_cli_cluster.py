@@ -135,7 +135,7 @@ def up(
 
     from ._wrap import wrap_items, wrap_words
     from .cli import (_LastLine, _check_models_repo, _check_run_dir, _folder_option, _http_address, _is_loopback,
-                      _models_dir, _note_if_no_models, _oip_line, _open_inference_note, _run, _say_last, _wrap_width)
+                      _models_dir, _note_if_no_models, _oip_line, _open_inference_note, _run, _wrap_width)
     from .cluster import Topology
 
     from .cli import _check_log_options
@@ -284,7 +284,7 @@ def up(
 
     last = _LastLine()
     rc = _run(go())
-    _say_last(last)
+    last.say()
     raise typer.Exit(rc)
 
 

@@ -1551,19 +1551,8 @@ def up(
             raise
         _remove_made_folders(made)  # (kept when the node wrote its logs there)
         _usage(_port_taken(cfg.nats_port, " (taken while this node started)"))
-    _say_last(last)
+    last.say()
     raise typer.Exit(rc)
-
-
-def _say_last(last: _LastLine) -> None:
-    """Say ``last`` (:class:`_LastLine`) once the command's loop has ended. Its output found closed now (``... | head
-    -1``) is dropped, as one found closed during the stop was (:class:`_Output`'s handler; the exit status is
-    :func:`main`'s: 141 where it would have been 0)."""
-    _ClosedOutput.handler = lambda: None
-    try:
-        last.say()
-    finally:
-        _ClosedOutput.handler = None
 
 
 def _check_log_options(command: str, log_level: str, log_format: str) -> None:
@@ -1602,7 +1591,9 @@ class _LastLine:
     3.2 s.
 
     ``set(since, say)``: the stop began at ``since`` (:func:`time.monotonic`); ``say(elapsed_s)`` prints the line.
-    :meth:`say` (the command, after its loop ended) calls it at most once; nothing set: nothing said."""
+    :meth:`say` (the command, after its loop ended) calls it at most once; nothing set: nothing said. Its output
+    found closed then (``... | head -1``) is dropped, as one found closed during the stop was (:class:`_Output`'s
+    handler; the exit status is :func:`main`'s: 141 where it would have been 0)."""
 
     def __init__(self) -> None:
         self.since: float = 0.0
@@ -1615,8 +1606,13 @@ class _LastLine:
         import time
 
         say, self._say = self._say, None
-        if say is not None:
+        if say is None:
+            return
+        _ClosedOutput.handler = lambda: None
+        try:
             say(time.monotonic() - self.since)
+        finally:
+            _ClosedOutput.handler = None
 
 
 async def _up(cfg, demo: bool, demo_duration: float, json_out: Optional[Path],
