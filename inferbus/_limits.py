@@ -33,6 +33,9 @@ MAX_HTTP_CONNECTIONS = 1000
 """The most open connections (and so request threads) of a node's HTTP port (``--http-max-connections``): each
 accepted connection may hold a thread while its request runs, and more threads than this in one process is a typo
 rather than a plan (put a proxy that pools connections in front)."""
+MAX_HTTP_PROCESSES = 256
+"""The most HTTP processes of a node (``--http-processes``): each is an OS process with its own NATS connection and
+thread pool, and more than a large host has cores is a typo rather than a plan."""
 MAX_NODE_PROCESSES = 1024
 """The most workers, and the most ingresses, one node starts (each is an OS process; a larger count is a typo,
 and ``--ingress 99999999999999999999`` kept ``inferbus up`` busy starting processes)."""

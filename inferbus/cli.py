@@ -79,8 +79,8 @@ try:  # typer and rich, ~0.1 s; what only some commands need (asyncio, nats-py, 
 
     from ._cpus import cores_phrase, parse_cpu_list
     from ._limits import (BACKENDS, LOG_FORMATS, LOG_LEVELS, MAX_BACKLOG_BYTES, MAX_BACKLOG_MSGS, MAX_BYTES_ELEMENTS,
-                          MAX_CHUNK_ROWS, MAX_COUNT, MAX_HEALTH_WINDOW_S, MAX_HTTP_CONNECTIONS, MAX_INLINE_COMPUTE_US,
-                          MAX_L2_POOL_SIZE, MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_PERIOD_S,
+                          MAX_CHUNK_ROWS, MAX_COUNT, MAX_HEALTH_WINDOW_S, MAX_HTTP_CONNECTIONS, MAX_HTTP_PROCESSES,
+                          MAX_INLINE_COMPUTE_US, MAX_L2_POOL_SIZE, MAX_MAILBOX_SIZE, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MAX_PERIOD_S,
                           MAX_TENSOR_BYTES, MAX_TIMEOUT_MS, MAX_WINDOW_US, MIN_MAX_PAYLOAD_BYTES, binary_size, interval,
                           number_as_typed)
 except KeyboardInterrupt:
@@ -1284,6 +1284,11 @@ def up(
                                              f"{interval(1, MAX_HTTP_CONNECTIONS)}: past it the next connections wait "
                                              "in the kernel's listen backlog until one closes (keep-alive connections "
                                              "stay open until --http-idle-timeout-s); needs --metrics-port."),
+    http_processes: int = typer.Option(0, help="Serve the HTTP port from this many processes of their own, in "
+                                       f"{interval(0, MAX_HTTP_PROCESSES)}: each listens on it (SO_REUSEPORT) and "
+                                       "runs the inferences over HTTP on its own NATS connection, the rest forwarded "
+                                       "to the node; 0: the node process serves it (about 2k inferences/s at most). "
+                                       "--http-max-connections is per process; needs --metrics-port."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", "--http-host",
                                      help="Address of the HTTP endpoint (0.0.0.0: every interface; 127.0.0.1: this "
                                      "host only); needs --metrics-port."),
@@ -1417,6 +1422,11 @@ def up(
     if not 1 <= http_max_connections <= MAX_HTTP_CONNECTIONS:
         _usage(f"up: --http-max-connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
                f"{http_max_connections}")
+    if given("http_processes") and metrics_port is None:
+        _usage("up: --http-processes serves the HTTP port and needs --metrics-port (alias --http-port); add it or "
+               "leave --http-processes out")
+    if not 0 <= http_processes <= MAX_HTTP_PROCESSES:
+        _usage(f"up: --http-processes must be in {interval(0, MAX_HTTP_PROCESSES)}, got {http_processes}")
     if http_infer and metrics_port is None:
         _usage("up: --http-infer serves inference on the HTTP port and needs --metrics-port (alias --http-port); "
                "add it or leave --http-infer out")
@@ -1511,7 +1521,7 @@ def up(
                          backends=backend_names, precision=precision,
                          metrics_port=metrics_port, metrics_host=metrics_host, http_infer=http_infer,
                          http_model_control=http_model_control, http_idle_timeout_s=http_idle_timeout_s, http_max_connections=http_max_connections,
-                         audit=audit,
+                         http_processes=http_processes, audit=audit,
                          log_level=log_level, log_format=log_format,
                          trace_otlp_endpoint=trace_otlp_endpoint, trace_ratio=trace_ratio, **serving)
     except ValueError as exc:  # a value the node's own checks refuse (e.g. --busy-poll-us inf), named as an option
@@ -1795,7 +1805,7 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                                   [f"{part}," for part in parts[:-1]] + parts[-1:], width):
             console.print(line, soft_wrap=width is None)
         if node.metrics is not None:
-            address = _http_address(cfg.metrics_host, node.metrics.port)
+            address = _http_address(cfg.metrics_host, node.http_port)
             console.print(f"  metrics http://{address}/metrics", soft_wrap=True)
             console.print(f"  {_oip_line(address, cfg.http_infer, cfg.http_model_control)}", soft_wrap=True)
             if (cfg.http_infer or cfg.http_model_control) and not _is_loopback(cfg.metrics_host):

@@ -14,7 +14,7 @@ one line starting with ``UNSERVABLE_PREFIX`` and exits 2, which ``inferbus up`` 
 import argparse
 import sys
 
-KINDS = ("worker", "ingress", "aggregator", "region", "colocated")
+KINDS = ("worker", "ingress", "aggregator", "region", "colocated", "http")
 
 
 def _main() -> None:
@@ -42,6 +42,8 @@ def _main() -> None:
         from ._region import main
     elif kind == "colocated":
         from ._colocated import main
+    elif kind == "http":
+        from ._httpproc import main
     else:
         from ._aggregator import main
     from ._repository import UNSERVABLE_PREFIX, RepositoryError

@@ -415,6 +415,52 @@ class AggregatorConfig(_JsonMixin):
 
 
 @dataclass(frozen=True)
+class HttpProcessConfig(_JsonMixin):
+    """One HTTP process of a node (``up --http-processes``; :mod:`inferbus.actors._httpproc`, docs/http.md).
+
+    Attributes:
+        http_id: its id (``<node>-h<k>``), its NATS connection's name ``http-<http_id>``.
+        bus: the NATS it sends inference requests on (the node's).
+        node_id: the node's id (as its error messages name it).
+        host, port: the node's HTTP address and port, listened on with ``SO_REUSEPORT`` (``port`` > 0: the node
+            picked it when ``--http-port 0`` was asked).
+        upstream_port: the node's own HTTP server's port on ``127.0.0.1``, where every request but an inference is
+            forwarded.
+        models_dir: the node's model repository (an error message names a path under it relative to it).
+        ingress_options: the ingresses' options (``default_timeout_ms``: an inference's budget without
+            ``Inferbus-Timeout-Ms``; ``max_request_bytes``: the largest body).
+        http_infer: ``POST .../infer`` served (``--http-infer``); off: 403.
+        http_model_control: (forwarded to the node, which gates it; kept so the gateway reads as the node's).
+        idle_timeout_s: a connection idle this long is closed, seconds (``--http-idle-timeout-s``).
+        max_connections: open connections of this process at most, and threads running its requests
+            (``--http-max-connections``, per process).
+        drain_timeout_s: at a graceful stop, the longest wait for the requests received before it, seconds (the
+            workers' ``drain_timeout_s``).
+        cpu_affinity: the cores it runs on (``--pin-cpus``), empty: any.
+    """
+
+    http_id: str
+    bus: BusConfig
+    node_id: str
+    host: str
+    port: int
+    upstream_port: int
+    models_dir: str = ""
+    ingress_options: dict = field(default_factory=dict)
+    http_infer: bool = False
+    http_model_control: bool = False
+    idle_timeout_s: float = 30.0
+    max_connections: int = 100
+    drain_timeout_s: float = 3.0
+    cpu_affinity: tuple[int, ...] = ()
+
+    @property
+    def prefix(self) -> str:
+        """The subject prefix (the bus's)."""
+        return self.bus.prefix
+
+
+@dataclass(frozen=True)
 class ColocatedConfig:
     """One colocated process: an ingress and a worker sharing one event loop and one NATS connection.
 

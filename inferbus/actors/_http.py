@@ -294,6 +294,16 @@ class _Server(TcpWSGIServer):
     closed = False
     """:meth:`HttpServer.stop` closed the connections and the wake-up pipe (request threads may still be running)."""
 
+    reuse_port = False
+    """Set ``SO_REUSEPORT`` on the listening socket before it is bound (:meth:`HttpServer.start`'s ``reuse_port``):
+    several processes listen on one port, and the kernel spreads the connections over them."""
+
+    def set_reuse_addr(self) -> None:
+        """waitress's ``SO_REUSEADDR``, and ``SO_REUSEPORT`` with :attr:`reuse_port` (Linux 3.9 on; socket(7))."""
+        super().set_reuse_addr()
+        if self.reuse_port:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+
     def pull_trigger(self) -> None:
         """waitress's wake-up of the server's loop, not once :attr:`closed`: the pipe's descriptor is closed then, and
         its number may already be another file's."""
@@ -358,6 +368,10 @@ class _Server(TcpWSGIServer):
         super().maintenance(now)
 
 
+class _ReusePortServer(_Server):
+    reuse_port = True
+
+
 class HttpServer:
     """The node's HTTP server on its own threads (docs above). Use :meth:`start`, then :meth:`stop`."""
 
@@ -374,7 +388,7 @@ class HttpServer:
 
     @classmethod
     def start(cls, app, host: str, port: int, *, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-              max_connections: int = DEFAULT_MAX_CONNECTIONS) -> "HttpServer":
+              max_connections: int = DEFAULT_MAX_CONNECTIONS, reuse_port: bool = False) -> "HttpServer":
         """Listen on ``host:port`` and serve the WSGI ``app`` until :meth:`stop`.
 
         Args:
@@ -383,6 +397,9 @@ class HttpServer:
             port: the TCP port, 0 = a free one (:attr:`port` says which).
             idle_timeout_s: seconds a connection may stay idle (module docstring), > 0.
             max_connections: open connections at most, and threads running requests, >= 1.
+            reuse_port: listen with ``SO_REUSEPORT``, beside other processes' listeners on the same port that set it
+                too (the node's HTTP processes, ``up --http-processes``; docs/http.md): the kernel gives each new
+                connection to one of them (a hash of its addresses and ports), and a connection stays with it.
 
         Raises:
             OSError: the address cannot be bound (port in use, no such address or name).
@@ -405,7 +422,8 @@ class HttpServer:
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(max_connections)
         try:
-            server = _Server(app, socket_map, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+            server = (_ReusePortServer if reuse_port else _Server)(app, socket_map, dispatcher=dispatcher, adj=adj,
+                                                                   sockinfo=adj.listen[0])
         except BaseException:
             wasyncore.close_all(socket_map, ignore_all=True)
             dispatcher.shutdown(timeout=1.0)

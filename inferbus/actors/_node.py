@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._cpus import cores_text, usable_cores
-from .._limits import (MAX_HTTP_CONNECTIONS, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES, MIN_MAX_PAYLOAD_BYTES,
-                       binary_size, interval)
+from .._limits import (MAX_HTTP_CONNECTIONS, MAX_HTTP_PROCESSES, MAX_MAX_PAYLOAD_BYTES, MAX_NODE_PROCESSES,
+                       MIN_MAX_PAYLOAD_BYTES, binary_size, interval)
 from .._logs import LEVELS, WAITRESS_LOG_PERIOD_S, check_log_options, formatter, route_logger
 from .._paths import write_private
 from ..bus import (BusConfig, EmbeddedNats, EmbeddedValkey, Subjects, close_connection, connect, connected_server,
@@ -51,7 +51,8 @@ from ..supervisor import (ChildSpec, ChildStartError, IntensityExceeded, Process
 from ._models import StateKeeper
 from ._pinning import pin_repository
 from ._repository import read_configs
-from ._config import RATE_FIELDS, AggregatorConfig, ColocatedConfig, IngressConfig, WorkerConfig, check_rate_limits, check_trace
+from ._config import (RATE_FIELDS, AggregatorConfig, ColocatedConfig, HttpProcessConfig, IngressConfig, WorkerConfig,
+                      check_rate_limits, check_trace)
 from ._crashes import CrashKeeper, request_digest
 from ._flight import read_flight_record
 from ._region import RegionConfig
@@ -232,6 +233,12 @@ class NodeConfig:
     """Open connections at most on ``metrics_port``, and so threads running their requests, in
     [1, :data:`~inferbus._limits.MAX_HTTP_CONNECTIONS`] (1,000): past it the server stops accepting and the next
     connections wait in the kernel's listen backlog until one closes (docs/http.md)."""
+    http_processes: int = 0
+    """Serve ``metrics_port`` from this many processes of their own (:mod:`inferbus.actors._httpproc`, docs/http.md,
+    "HTTP processes"), in [0, :data:`~inferbus._limits.MAX_HTTP_PROCESSES`]: each listens on the port with
+    ``SO_REUSEPORT``, runs the inferences over HTTP itself on its own NATS connection, and forwards every other request
+    to the node's own server (then on ``127.0.0.1`` at a free port). 0 (default): the node process serves the port
+    itself, inference included (about 2k inferences/s at most). ``http_max_connections`` is per process."""
     trace_otlp_endpoint: str | None = None
     """OpenTelemetry tracing: every ingress and worker exports spans of sampled requests to this OTLP/HTTP traces URL
     (:attr:`IngressConfig.trace_otlp_endpoint`; needs the ``otel`` extra); None (default): off."""
@@ -306,6 +313,12 @@ class NodeConfig:
                 not 1 <= self.http_max_connections <= MAX_HTTP_CONNECTIONS:
             raise ValueError(f"NodeConfig.http_max_connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
                              f"{self.http_max_connections!r}")
+        if isinstance(self.http_processes, bool) or not isinstance(self.http_processes, int) or \
+                not 0 <= self.http_processes <= MAX_HTTP_PROCESSES:
+            raise ValueError(f"NodeConfig.http_processes must be in {interval(0, MAX_HTTP_PROCESSES)} (0 = the node "
+                             f"process serves the HTTP port), got {self.http_processes!r}")
+        if self.http_processes and self.metrics_port is None:
+            raise ValueError("NodeConfig.http_processes needs metrics_port (the HTTP port they serve)")
         if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
                                               or not 0 <= self.metrics_port <= 65535):
             raise ValueError(f"NodeConfig.metrics_port must be None (off) or in [0, 65535] (0 = any free port), got "
@@ -398,6 +411,13 @@ class Node:
         self.metrics = None
         """The Prometheus endpoint (:class:`~inferbus.actors._metrics.MetricsServer`) once started with
         ``metrics_port``; ``metrics.port`` is where it listens."""
+        self.http_port: int | None = None
+        """The port of the node's HTTP API and metrics (``metrics_port``, or the one chosen for 0) once started;
+        with ``http_processes`` the HTTP processes listen there, and :attr:`metrics` on ``127.0.0.1`` at another."""
+        self._http_reservation = None
+        """With ``http_processes``: a socket bound to :attr:`http_port` with ``SO_REUSEPORT``, not listening (no
+        connection comes to it), held while the node runs: the port stays this node's while an HTTP process
+        restarts."""
         self.http_calls = None
         """The HTTP server's calls on this node's loop under way (:class:`~inferbus.actors._probes.LoopCalls`),
         while it serves; :meth:`stop` ends those its drain did not see answered."""
@@ -431,7 +451,7 @@ class Node:
         return plan_workers(tuple(backends), self.discovery, self.n_workers)
 
     def _child(self, child_id: str, kind: str, cfg_json: str, log_dir: Path, actor: str, env: dict | None = None,
-               exempt=None, cpu_affinity: tuple[int, ...] = ()) -> ChildSpec:
+               exempt=None, cpu_affinity: tuple[int, ...] = (), shutdown_timeout_s: float = 5.0) -> ChildSpec:
         """The child spec of one actor process. ``actor``: its name in its log records (the JSON format's
         ``actor``), as its NATS connection is named (``worker-n1-w0``). ``cpu_affinity``: the cores it runs on from
         its exec on (set in the child before exec, so the interpreter's and the libraries' threads are born there;
@@ -457,7 +477,8 @@ class Node:
                                             name=child_id,
                                             cpu_affinity=cpu_affinity or None)
 
-        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=5.0, exempt=exempt)
+        return ChildSpec(id=child_id, start=start, restart=Restart.PERMANENT, shutdown_timeout_s=shutdown_timeout_s,
+                         exempt=exempt)
 
     def _input_crash(self, child_id: str, exit) -> bool:
         """A worker's exit that its input caused, not the worker (:attr:`ChildSpec.exempt`: not counted against the
@@ -774,6 +795,29 @@ class Node:
                 self._actor_ids[f"ingress:{j}"] = [ic.ingress_id]
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
                                             f"ingress-{ic.ingress_id}", cpu_affinity=ic.cpu_affinity))
+        if c.metrics_port is not None and c.http_processes:
+            # the port first (reserved: bound with SO_REUSEPORT, not listening, so no connection comes to this
+            # process), then the node's own server on the loopback, where the HTTP processes forward what they do
+            # not serve themselves; both before the actors, whose configs name them
+            try:
+                self._http_reservation = _reserve_port(c.metrics_host, c.metrics_port)
+                self.http_port = self._http_reservation.getsockname()[1]
+                self._start_http_server("127.0.0.1", 0)
+            except OSError as exc:
+                await self.stop()
+                raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
+                                             f"{exc.strerror or exc}") from exc
+            for k in range(c.http_processes):
+                hc = HttpProcessConfig(http_id=f"{c.node_id}-h{k}", bus=bus, node_id=c.node_id, host=c.metrics_host,
+                                       port=self.http_port, upstream_port=self.metrics.port,
+                                       models_dir=str(c.models_dir), ingress_options=dict(c.ingress_options),
+                                       http_infer=c.http_infer, http_model_control=c.http_model_control,
+                                       idle_timeout_s=c.http_idle_timeout_s, max_connections=c.http_max_connections,
+                                       drain_timeout_s=self.http_drain_s)
+                self._actor_ids[f"http:{k}"] = [hc.http_id]
+                # last: stopped first (after the stop's drain, Node.stop), while the ingresses and workers still serve
+                children.append(self._child(f"http:{k}", "http", hc.to_json(), run_dir, f"http-{hc.http_id}",
+                                            shutdown_timeout_s=self.http_drain_s + 3.0))
         self.supervisor = Supervisor(SupervisorSpec(strategy=Strategy.ONE_FOR_ONE, intensity=c.intensity,
                                                     period_s=c.period_s),
                                      children, name=f"node-{c.node_id}", on_child_exit=self._on_exit,
@@ -781,28 +825,40 @@ class Node:
         try:
             await self.supervisor.start()
         except BaseException:
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.stop)
+                self.metrics = None
             await self._stop_servers()
             raise
         self._run_task = asyncio.create_task(self._supervise(self.supervisor, "the actor processes"))
-        if c.metrics_port is not None:
-            from ._metrics import MetricsServer, NodeCollector
-            from ._gateway import NodeGateway
-            from ._probes import LoopCalls, NodeProbes
-
-            loop = asyncio.get_running_loop()
-            self.http_calls = LoopCalls()
+        if c.metrics_port is not None and not c.http_processes:
             try:
-                self.metrics = MetricsServer.start(NodeCollector(self, loop), c.metrics_host, c.metrics_port,
-                                                   probes=NodeProbes(self, loop), gateway=NodeGateway(self, loop),
-                                                   socket_timeout_s=c.http_idle_timeout_s,
-                                                   max_connections=c.http_max_connections)
+                self._start_http_server(c.metrics_host, c.metrics_port)
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
                                              f"{exc.strerror or exc}") from exc
+            self.http_port = self.metrics.port
         self._renewable = not self._stopping
         if self._renewable and self.nc is not None and self.nc.is_closed and not closed_on_purpose(self.nc):
             self._start_renewal()  # closed for good while the start went on (its closed_cb made no new one)
+
+    def _start_http_server(self, host: str, port: int) -> None:
+        """Serve the node's WSGI app (metrics, the OIP v2 REST API) on ``host:port`` (:attr:`metrics`).
+
+        Raises:
+            OSError: the address cannot be listened on.
+        """
+        from ._gateway import NodeGateway
+        from ._metrics import MetricsServer, NodeCollector
+        from ._probes import LoopCalls, NodeProbes
+
+        c = self.config
+        loop = asyncio.get_running_loop()
+        self.http_calls = LoopCalls()
+        self.metrics = MetricsServer.start(NodeCollector(self, loop), host, port, probes=NodeProbes(self, loop),
+                                           gateway=NodeGateway(self, loop), socket_timeout_s=c.http_idle_timeout_s,
+                                           max_connections=c.http_max_connections)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until an ingress reports every model ready (workers' reports seen).
@@ -1058,6 +1114,7 @@ class Node:
             self._renew_task.cancel()
             await asyncio.gather(self._renew_task, return_exceptions=True)
             self._renew_task = None
+        await self._drain_http_processes()
         http = self.metrics
         if http is not None:  # (on a thread: its requests' calls wait on this loop)
             t0, bound_s = time.monotonic(), self.http_drain_s
@@ -1083,6 +1140,33 @@ class Node:
         if self.nc is not None:
             await close_connection(self.nc)
         await self._stop_servers()
+
+    async def _drain_http_processes(self) -> None:
+        """The HTTP processes' part of a graceful stop (``http_processes``): each is told to begin its drain at once
+        (``SIGUSR1``: new connections refused, later requests 503; :class:`~inferbus.actors._httpproc.HttpProcess`),
+        all together, then each is stopped (``SIGTERM``, OTP ``terminate_child``: it finishes its drain, within
+        :attr:`http_drain_s` of the first signal, and exits), so the stop waits for the slowest drain, not their
+        sum, with the actors serving meanwhile."""
+        sup = self.supervisor
+        if sup is None or not self.config.http_processes or self._killed:
+            return
+        import signal
+
+        t0 = time.monotonic()
+        ids = [info.id for info in sup.which_children() if info.id.startswith("http:")]
+        for info in sup.which_children():
+            if info.id in ids and info.status == "running" and info.pid:  # (past READY: its handler is set)
+                try:
+                    os.kill(info.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        for child_id in ids:
+            try:
+                await sup.terminate_child(child_id)
+            except Exception as exc:  # (a supervisor stopped by escalation meanwhile: its stop stops them)
+                log.warning("node %s: HTTP process %s: %r", self.config.node_id, child_id, exc)
+        log.info("node %s: HTTP: %d HTTP process(es) drained and stopped in %.2f s", self.config.node_id, len(ids),
+                 time.monotonic() - t0)
 
     def tree(self) -> dict:
         """This node's supervision tree, as ``<p>.nodes`` answers it (JSON-ready): ``node_id``, ``pid`` (the node's
@@ -1137,6 +1221,9 @@ class Node:
 
     async def _stop_servers(self) -> None:
         self._stopping = True
+        reservation, self._http_reservation = self._http_reservation, None
+        if reservation is not None:
+            reservation.close()
         await _stop_tree(self.cache_servers, self._cache_task)  # Valkey, then NATS
         self._cache_task = None
         await _stop_tree(self.servers, self._servers_task)
@@ -1264,6 +1351,33 @@ def _per_replica(ingress_options: dict, replicas: int) -> dict:
             # burst 0 means "one second of the rate": make it explicit before splitting, then clamp
             out[burst_name] = max((burst or max(rate, 1.0)) / replicas, 1.0)
     return out
+
+
+def _reserve_port(host: str, port: int):
+    """A TCP socket bound to ``host:port`` (port 0: a free one) with ``SO_REUSEADDR`` and ``SO_REUSEPORT``, not
+    listening: the node's HTTP processes listen on that port beside it (each with ``SO_REUSEPORT``), and no
+    connection comes to it (Linux gives a connection to a listening socket of the group only). ``host`` is
+    resolved as :meth:`HttpServer.start <inferbus.actors._http.HttpServer.start>` resolves it (its first address).
+
+    Raises:
+        OSError: the address cannot be bound (a program that did not set ``SO_REUSEPORT`` holds the port, or another
+            user's does; no such address).
+    """
+    import socket
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # (as waitress binds it)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def _stop_tree(supervisor, run_task) -> None:
