@@ -218,10 +218,17 @@ def test_where_a_request_is_served(node):
 
 
 def test_a_killed_http_process_is_restarted_and_the_port_answers_meanwhile(node):
-    """SIGKILL to ``http:0``: new connections are answered 200 by the other process at once (none refused), and the
-    node's supervisor starts ``http:0`` again (a new pid, one restart), which then serves connections too."""
+    """SIGKILL to ``http:0``: once it is dead (its sockets closed: a connection the kernel had queued on its
+    listener at that moment is reset, as for any process that dies), new connections are answered 200 by the other
+    process (none refused), and the node's supervisor starts ``http:0`` again (a new pid, one restart), which then
+    serves connections too."""
     before = http_children(node)
-    os.kill(before["http:0"]["pid"], signal.SIGKILL)
+    pid = before["http:0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}/fd/0"):  # (gone, or a zombie: its descriptors are closed)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     body = json.dumps(digits_request(np.zeros((1, 64), np.float32))).encode()
     for _ in range(20):
         status, _, got = ask(node.address, "POST", "/v2/models/digits/infer", body,
@@ -288,6 +295,8 @@ def test_a_graceful_stop_with_http_processes_answers_the_requests_in_flight(tmp_
         assert not [e for e in log if e["outcome"] == "dropped"], log
         before = [e for e in log if e["written"] is not None and e["written"] < signalled - 0.1]
         assert before and all(e["outcome"] == "answer" and e["status"] == 200 for e in before), before
+        in_flight = [e for e in before if e["done"] > signalled]  # (answered during the stop)
+        assert len(in_flight) >= 2 and all(e["close"] for e in in_flight), (in_flight, log)
         assert all(c.log[-1]["outcome"] == "refused" for c in clients), [c.log[-3:] for c in clients]
         assert stopped_s < 15, stopped_s
         text = dep.log.read_text()

@@ -38,7 +38,8 @@ from ._config import HttpProcessConfig
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                         "upgrade"})
 """Header fields of one connection, not of the request or answer (RFC 9110 7.6.1): not forwarded either way,
-nor any field the ``Connection`` header names."""
+nor any field the ``Connection`` header names; nor a request's ``Expect`` (this process answered its
+``100-continue`` and has the body)."""
 
 FORWARD_SLACK_S = 5.0
 """How much longer than the request's budget a forwarded request waits for the node's answer, seconds."""
@@ -126,7 +127,7 @@ class Forward:
         for key, value in environ.items():
             if key.startswith("HTTP_"):
                 name = key[5:].replace("_", "-")
-                if name.lower() not in HOP_BY_HOP and name.lower() not in named:
+                if name.lower() not in HOP_BY_HOP and name.lower() not in named and name.lower() != "expect":
                     headers.append((name, value))
         if environ.get("CONTENT_TYPE"):
             headers.append(("Content-Type", environ["CONTENT_TYPE"]))
