@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from ._limits import MAX_HTTP_CONNECTIONS, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, interval
+from ._limits import MAX_HTTP_CONNECTIONS, MAX_HTTP_PROCESSES, MAX_NODE_PROCESSES, MAX_TIMEOUT_MS, interval
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Local multi-region topology: regions of 3 nats-servers + Valkey + actors, a witness site.",
@@ -39,7 +39,8 @@ def _regions(command: str, n: int) -> tuple[str, ...]:
 def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str, models: Optional[Path],
           proxy: bool, actors: bool, witness_servers: int, metrics_port: Optional[int] = None, ingress: int = 1,
           audit: bool = False, metrics_host: str = "0.0.0.0", http_infer: bool = False,
-          http_model_control: bool = False, http_idle_timeout_s: float = 30.0, http_max_connections: int = 100):
+          http_model_control: bool = False, http_idle_timeout_s: float = 30.0, http_max_connections: int = 100,
+          http_processes: int = 0):
     """The topology's :class:`~inferbus.cluster.ClusterSpec` from the options of ``cluster COMMAND``.
 
     Raises:
@@ -67,7 +68,7 @@ def _spec(command: str, regions: int, workers: int, base_port: int, prefix: str,
                            witness_servers=witness_servers, metrics_port=metrics_port, audit=audit,
                            metrics_host=metrics_host, http_infer=http_infer,
                            http_model_control=http_model_control, http_idle_timeout_s=http_idle_timeout_s,
-                           http_max_connections=http_max_connections)
+                           http_max_connections=http_max_connections, http_processes=http_processes)
         if base_port:
             Plan.make(spec)  # its ports fit below 65536 (with 0 the plan picks free ones later)
     except ValueError as exc:  # (ClusterSpec.base_port is Plan.make's: the option's name)
@@ -123,6 +124,12 @@ def up(
     http_max_connections: int = typer.Option(100, help="Open connections at most on each region's HTTP port, and "
                                              "threads running their requests, as up's, in "
                                              f"{interval(1, MAX_HTTP_CONNECTIONS)}; needs --metrics-port."),
+    http_processes: int = typer.Option(0, help="Serve each region's HTTP port from this many processes of their "
+                                       f"own, as up's --http-processes, in {interval(0, MAX_HTTP_PROCESSES)}: each "
+                                       "listens on it (SO_REUSEPORT) and runs the inferences over HTTP on its own "
+                                       "NATS connection, the rest forwarded to the region's node; 0: the node "
+                                       "process serves it. --http-max-connections is per process; needs "
+                                       "--metrics-port."),
     audit: bool = typer.Option(False, "--audit", help="Workers publish the request ids they ran on <p>._audit, as "
                                "'up --audit' (for counting duplicate executions in your own drills)."),
     log_level: str = typer.Option("info", metavar="<level>", help="debug, info, warning, error: as up's, for each "
@@ -150,12 +157,15 @@ def up(
         _usage(f"cluster up: {port_flag} must be 0 (a free port for each region) or in {interval(1, 65536 - regions)} "
                f"(region A's port, its {regions} regions on consecutive ports), got {metrics_port}")
     idle_given, max_given = _given(ctx, "http_idle_timeout_s"), _given(ctx, "http_max_connections")
+    processes_given = _given(ctx, "http_processes")
     if metrics_port is None and (http_infer or http_model_control or metrics_host != "0.0.0.0" or idle_given
-                                 or max_given):  # (else ignored without a word)
+                                 or max_given or processes_given):  # (else ignored without a word)
         option = ("--http-infer" if http_infer else "--http-model-control" if http_model_control else
-                  "--http-idle-timeout-s" if idle_given else "--http-max-connections" if max_given else host_flag)
+                  "--http-idle-timeout-s" if idle_given else "--http-max-connections" if max_given else
+                  "--http-processes" if processes_given else host_flag)
         what = ("serves inference on" if http_infer else "serves model load and unload on" if http_model_control
-                else "is a setting of" if idle_given or max_given else "is the address of")
+                else "is a setting of" if idle_given or max_given else "serves" if processes_given
+                else "is the address of")
         _usage(f"cluster up: {option} {what} the regions' HTTP ports and needs {port_flag}; add it or leave "
                f"{option} out")
     if not 0 < http_idle_timeout_s <= 3600:  # (as up's; NaN too)
@@ -166,9 +176,11 @@ def up(
     if not 1 <= http_max_connections <= MAX_HTTP_CONNECTIONS:
         _usage(f"cluster up: --http-max-connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
                f"{http_max_connections}")
+    if not 0 <= http_processes <= MAX_HTTP_PROCESSES:
+        _usage(f"cluster up: --http-processes must be in {interval(0, MAX_HTTP_PROCESSES)}, got {http_processes}")
     spec = _spec("up", regions, workers, base_port, prefix, models_path, proxy, actors, witness_servers, metrics_port,
                  ingress, audit, metrics_host, http_infer, http_model_control, http_idle_timeout_s,
-                 http_max_connections)
+                 http_max_connections, http_processes)
     run_dir = _folder_option("cluster up", "--run-dir", run_dir)  # '' was the current folder (Path('') is '.')
     if run_dir is not None:
         _check_run_dir(run_dir, "cluster up")

@@ -32,7 +32,8 @@ async def _node(cfg_json: str) -> None:
         node_id=c.region.lower(), region=c.region, run_dir=c.run_dir, region_manager=rc, actors=c.actors,
         audit=c.audit, health_timeout_s=c.health_timeout_s, l2_lookup=c.l2_lookup, metrics_port=c.metrics_port,
         metrics_host=c.metrics_host, http_infer=c.http_infer, http_model_control=c.http_model_control,
-        http_idle_timeout_s=c.http_idle_timeout_s, http_max_connections=c.http_max_connections, log_level=c.log_level,
+        http_idle_timeout_s=c.http_idle_timeout_s, http_max_connections=c.http_max_connections,
+        http_processes=c.http_processes, log_level=c.log_level,
         log_format=c.log_format, bus_extra={"dont_randomize": True}))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

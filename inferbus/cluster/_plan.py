@@ -22,7 +22,7 @@ from pathlib import Path
 import random
 import socket
 
-from .._limits import MAX_HTTP_CONNECTIONS, interval
+from .._limits import MAX_HTTP_CONNECTIONS, MAX_HTTP_PROCESSES, interval
 
 _EPHEMERAL_FLOOR = 32768
 """Linux hands out outbound (ephemeral) ports from 32768 up by default; ports planned long before
@@ -120,6 +120,10 @@ class ClusterSpec:
     """Open connections at most on each region's node's HTTP port, and threads running their requests
     (``NodeConfig.http_max_connections``, ``cluster up --http-max-connections``), in [1, 1000]; default as the
     node's."""
+    http_processes: int = 0
+    """Processes of their own serving each region's node's HTTP port (``NodeConfig.http_processes``, ``cluster up
+    --http-processes``; docs/http.md, "HTTP processes"), in [0, 256]; 0 = the node process serves it; needs
+    :attr:`metrics_port` when not 0 (ValueError). :attr:`http_max_connections` is per process."""
 
     def __post_init__(self) -> None:
         names = list(self.regions) + [self.witness]
@@ -136,6 +140,12 @@ class ClusterSpec:
                 not 1 <= self.http_max_connections <= MAX_HTTP_CONNECTIONS:
             raise ValueError(f"ClusterSpec.http_max_connections must be in {interval(1, MAX_HTTP_CONNECTIONS)}, got "
                              f"{self.http_max_connections!r}")
+        if isinstance(self.http_processes, bool) or not isinstance(self.http_processes, int) or \
+                not 0 <= self.http_processes <= MAX_HTTP_PROCESSES:
+            raise ValueError(f"ClusterSpec.http_processes must be in {interval(0, MAX_HTTP_PROCESSES)} (0 = each "
+                             f"region's node process serves its HTTP port), got {self.http_processes!r}")
+        if self.http_processes and self.metrics_port is None:
+            raise ValueError("ClusterSpec.http_processes serves the nodes' HTTP ports and needs metrics_port")
         if self.http_infer and self.metrics_port is None:
             raise ValueError("ClusterSpec.http_infer serves inference on the nodes' HTTP ports and needs metrics_port")
         if self.http_model_control and self.metrics_port is None:

@@ -177,6 +177,8 @@ class NodeProcessConfig:
     """``NodeConfig.http_idle_timeout_s`` (``cluster up --http-idle-timeout-s``), seconds."""
     http_max_connections: int = 100
     """``NodeConfig.http_max_connections`` (``cluster up --http-max-connections``)."""
+    http_processes: int = 0
+    """``NodeConfig.http_processes`` (``cluster up --http-processes``)."""
     log_level: str = "info"
     """``NodeConfig.log_level``: the node's and its actors' (``cluster up --log-level``)."""
     log_format: str = "text"
@@ -322,7 +324,8 @@ class Topology:
                                 http_infer=sp.http_infer,
                                 http_model_control=sp.http_model_control,
                                 http_idle_timeout_s=sp.http_idle_timeout_s,
-                                http_max_connections=sp.http_max_connections, log_level=self.log_level,
+                                http_max_connections=sp.http_max_connections,
+                                http_processes=sp.http_processes, log_level=self.log_level,
                                 log_format=self.log_format)
         # the config from a 0600 file, not argv (it holds the Valkey's password; every local user can read argv)
         cfg_path = d / "node.config.json"
