@@ -642,7 +642,8 @@ _NEEDS = {  # what an option needs to be checked at all, in the place of its com
        for o in ("timeout-ms", "pool-size", "breaker-failures", "breaker-open-s")},
     **{("up", o): ("--metrics-port", "0", "--nats-url", "nats://127.0.0.1:1", "--no-cache")
        for o in ("--http-idle-timeout-s", "--http-max-connections", "--http-processes")},
-    **{("cluster up", o): ("--metrics-port", "0") for o in ("--http-idle-timeout-s", "--http-max-connections")},
+    **{("cluster up", o): ("--metrics-port", "0") for o in ("--http-idle-timeout-s", "--http-max-connections",
+                                                           "--http-processes")},
     ("chaos run", "--fault-every"): ("soak",), ("chaos run", "--hang-s"): ("worker-hang",),
     ("chaos run", "--latency-ms"): ("gateway-degrade",), ("chaos run", "--drop-pct"): ("gateway-degrade",),
     ("chaos run", "--fault-at"): ("region-failover",), ("chaos run", "--fault-s"): ("gateway-degrade",),

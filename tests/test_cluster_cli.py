@@ -404,7 +404,11 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
 
     With ``--http-port P --http-host 127.0.0.1 --http-infer`` (same reason): each region's node serves OIP v2
     inference over HTTP on its port (A on P, B on P + 1), the model's answer, and the banner says so; ``cluster
-    up`` had no ``--http-infer`` before 2026-12-07 (the HTTP infer was 403)."""
+    up`` had no ``--http-infer`` before 2026-12-07 (the HTTP infer was 403).
+
+    With ``--http-processes 2`` (same reason): each region's node serves that port from two HTTP processes, children
+    ``http:0`` and ``http:1`` of its supervision tree (``<p>.nodes``), their logs ``http-0.log`` and ``http-1.log``
+    (JSON Lines too); ``cluster up`` had no ``--http-processes`` before 2026-12-07 (the node process served it)."""
     import http.client
 
     import asyncio
@@ -425,7 +429,7 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "inferbus.cli", "cluster", "up", "--regions", "2", "--ingress", "2",
                              "--workers", "1", "--models", str(models), "--run-dir", str(run), "--prefix", "ibi",
                              "--log-format", "json", "--http-port", str(http_port), "--http-host", "127.0.0.1",
-                             "--http-infer"],
+                             "--http-infer", "--http-processes", "2"],
                             stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     want = {"a-i0", "a-i1", "b-i0", "b-i1"}
     x = np.random.default_rng(5).random((3, 64), dtype=np.float32)
@@ -457,6 +461,25 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
                 assert decode_error(msg.headers, msg.data) is None, (ingress, decode_error(msg.headers, msg.data))
                 out = {o.name: output_to_numpy(o) for o in decode_response(msg.data).outputs}
                 np.testing.assert_allclose(out["logits"], expected, rtol=1e-4, atol=1e-5, err_msg=ingress)
+            trees: dict[str, dict] = {}  # each region's node answers <p>.nodes with its supervision tree
+            deadline = time.monotonic() + 30
+            while set(trees) != {"a", "b"}:
+                assert time.monotonic() < deadline, (sorted(trees), log.read_text()[-3000:])
+                inbox = nc.new_inbox()
+                sub = await nc.subscribe(inbox)
+                await nc.publish("ibi.nodes", b"", reply=inbox)
+                try:
+                    while True:
+                        tree = json.loads((await sub.next_msg(timeout=0.5)).data)
+                        trees[tree["node_id"]] = tree
+                except nats.errors.TimeoutError:
+                    pass
+                await sub.unsubscribe()
+            for node_id, tree in trees.items():
+                http = {ch["id"]: ch for sup in tree["supervisors"] for ch in sup["children"]
+                        if ch["id"].startswith("http:")}
+                assert sorted(http) == ["http:0", "http:1"], (node_id, http)
+                assert all(ch["status"] == "running" for ch in http.values()), (node_id, http)
         finally:
             await nc.close()
 
@@ -486,7 +509,11 @@ def test_cluster_up_ingress_runs_that_many_serving_ingresses_per_region(tmp_path
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-2000:]
         logs = sorted((run / "nodes").glob("*/*.log"))
-        assert {p.name for p in logs} >= {"node.log", "region.log", "ingress-0.log", "ingress-1.log"}, logs
+        assert {p.name for p in logs} >= {"node.log", "region.log", "ingress-0.log", "ingress-1.log", "http-0.log",
+                                          "http-1.log"}, logs
+        for region in ("A", "B"):  # two HTTP processes per region, no more
+            assert sorted(p.name for p in (run / "nodes" / region).glob("http-*.log")) == ["http-0.log",
+                                                                                         "http-1.log"], region
         for p in logs:
             records = [json.loads(line) for line in p.read_text().splitlines()]
             assert records and all({"ts", "level", "logger", "actor", "msg"} <= set(r) for r in records), p
@@ -571,6 +598,15 @@ def test_chaos_run_unknown_drill():
                                                                 "in [1, 1000], got 0\n"),
     (("up", "--http-port", "0", "--http-idle-timeout-s", "0"), "error: cluster up: --http-idle-timeout-s must be in "
                                                                "(0, 3600], got 0\n"),
+    # (up's --http-processes, which cluster up lacked until 2026-12-07)
+    (("up", "--http-processes", "2"), "error: cluster up: --http-processes serves the regions' HTTP ports and needs "
+                                      "--metrics-port; add it or leave --http-processes out\n"),
+    (("up", "--http-processes", "0"), "error: cluster up: --http-processes serves the regions' HTTP ports and needs "
+                                      "--metrics-port; add it or leave --http-processes out\n"),
+    (("up", "--http-port", "0", "--http-processes", "-1"), "error: cluster up: --http-processes must be in [0, 256], "
+                                                           "got -1\n"),
+    (("up", "--http-port", "0", "--http-processes", "257"), "error: cluster up: --http-processes must be in [0, 256], "
+                                                            "got 257\n"),
     (("up", "--prefix", "a b"), "error: cluster up: --prefix must be dot-separated tokens of letters, digits, '_' or "
                                 "'-', got 'a b'\n"),
     (("config", "--prefix", "a b"), "error: cluster config: --prefix must be dot-separated tokens"),
