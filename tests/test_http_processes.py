@@ -323,3 +323,29 @@ def test_http_processes_need_the_http_port_and_a_bounded_count(tmp_path):
                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
         assert r.returncode == 2 and said in r.stderr, (argv, r.stderr)
         assert not (tmp_path / "run" / "node.log").exists()
+
+
+def test_the_port_is_not_shared_with_another_programs_listener_even_one_with_so_reuseport():
+    """The node reserves its HTTP port (``_reserve_port``) only when no socket listens there, one with
+    ``SO_REUSEPORT`` included (another node's HTTP processes would otherwise share the port with this node's, each
+    taking some of the other's connections); a free port is reserved, and the processes' listeners join it."""
+    from inferbus.actors._node import _reserve_port
+
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        with pytest.raises(OSError):
+            _reserve_port("127.0.0.1", other.getsockname()[1])
+    finally:
+        other.close()
+    mine = _reserve_port("127.0.0.1", 0)
+    try:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", mine.getsockname()[1]))
+        listener.listen()
+        listener.close()
+    finally:
+        mine.close()

@@ -1360,13 +1360,20 @@ def _reserve_port(host: str, port: int):
     resolved as :meth:`HttpServer.start <inferbus.actors._http.HttpServer.start>` resolves it (its first address).
 
     Raises:
-        OSError: the address cannot be bound (a program that did not set ``SO_REUSEPORT`` holds the port, or another
-            user's does; no such address).
+        OSError: the address cannot be bound: any program holds the port (one that set ``SO_REUSEPORT`` too: another
+            node's HTTP processes would otherwise share it with this node's, each answering some of the other's
+            connections), or there is no such address.
     """
     import socket
 
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
+    if port:  # free for a socket without SO_REUSEPORT, so no other group listens there
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
