@@ -186,6 +186,34 @@ def test_every_other_request_is_forwarded_to_the_node_and_answered_as_it_answers
     assert status == 400 and "not UTF-8" in json.loads(body)["error"], body
 
 
+def _upstream_port(dep) -> int:
+    """The port of the node's own HTTP server on ``127.0.0.1``, where the HTTP processes forward (their config)."""
+    return json.loads((dep.run_dir / "http-0.config.json").read_text())["upstream_port"]
+
+
+def test_forwarding_holds_few_connections_to_the_node_and_never_waits_for_its_connection_bound(node):
+    """300 forwarded requests, one new client connection each (a probe, a scrape): each is answered within 2 s, and
+    the HTTP processes hold at most a few connections to the node's own server afterwards. Until 2026-12-07 each
+    process kept one connection per server thread (100 each by default), so after about 100 requests the two
+    processes held more than the node's server takes (``--http-max-connections``, 100): waitress logged "total open
+    connections reached the connection limit" and forwarded requests waited 3-20 s and more for an idle one to
+    time out (a fresh-user trial)."""
+    slow = []
+    for i in range(300):
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection(*node.address, timeout=30)
+        try:
+            conn.request("GET", "/v2/health/live", headers={"Connection": "close"})
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        if time.monotonic() - t0 > 2.0:
+            slow.append((i, round(time.monotonic() - t0, 2)))
+    assert not slow, slow
+    held = _established_on(_upstream_port(node))
+    assert len(held) <= 4, len(held)  # (the node's ends: at most 2 kept by each process)
+
+
 def test_the_http_processes_own_refusals_are_the_node_servers(node):
     """A request line over the header bound (414) and a body over the ingresses' limit are refused by the HTTP
     process's server itself, as the node's server refuses them (JSON, ``Inferbus-Error-Code``)."""

@@ -44,6 +44,12 @@ nor any field the ``Connection`` header names; nor a request's ``Expect`` (this 
 FORWARD_SLACK_S = 5.0
 """How much longer than the request's budget a forwarded request waits for the node's answer, seconds."""
 
+POOL_IDLE = 2
+"""Idle connections to the node's HTTP server an HTTP process keeps for later forwarded requests, at most (the
+others are closed after their answer): the node's server takes ``--http-max-connections`` connections in all, from
+every process (until 2026-12-07 each server thread kept one: N processes x 100 threads held more than it takes, and
+forwarded requests waited for an idle one to time out)."""
+
 FORWARD_MIN_TIMEOUT_S = 60.0
 """The shortest wait for the node's answer to a forwarded request, seconds: the node's longest default budget (a
 repository write's, :data:`~inferbus.actors._httpext.WRITE_TIMEOUT_S`); a larger ``Inferbus-Timeout-Ms`` waits that."""
@@ -76,9 +82,9 @@ def _ascii_target(target: str) -> str:
 class Forward:
     """A WSGI app (PEP 3333) that forwards each request to the node's HTTP server at ``host:port`` and answers what
     the node answered: status, headers and body as they came, but the fields of one connection
-    (:data:`HOP_BY_HOP`) and ``Date``/``Server`` (this server writes its own). One keep-alive ``http.client``
-    connection per server thread, made anew when it has been idle for ``idle_s`` (the node closes idle ones) or the
-    node closed it.
+    (:data:`HOP_BY_HOP`) and ``Date``/``Server`` (this server writes its own). Keep-alive ``http.client``
+    connections, :data:`POOL_IDLE` at most kept idle between requests (shared by the server's threads), each closed
+    once it has been idle for ``idle_s`` (the node closes idle ones) or the node closed it.
 
     Args:
         host, port: the node's HTTP server (``127.0.0.1`` and the port it chose).
@@ -94,26 +100,34 @@ class Forward:
 
     def __init__(self, host: str, port: int, idle_s: float) -> None:
         self.host, self.port, self.idle_s = host, port, idle_s
-        self._local = threading.local()
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # (oldest first)
+        self._lock = threading.Lock()
 
     def _connection(self, timeout_s: float) -> tuple[http.client.HTTPConnection, bool]:
-        """``(a connection, whether it was kept from an earlier request)``."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and time.monotonic() - self._local.used_at < self.idle_s:
+        """``(a connection, whether it was kept from an earlier request)``: the most recently used idle one, else a
+        new one; the idle ones that have been idle for ``idle_s`` are closed."""
+        now, stale, conn = time.monotonic(), [], None
+        with self._lock:
+            while self._idle and now - self._idle[0][1] >= self.idle_s:
+                stale.append(self._idle.pop(0)[0])
+            if self._idle:
+                conn = self._idle.pop()[0]
+        for old in stale:
+            old.close()
+        if conn is not None:
             conn.timeout = timeout_s
             if conn.sock is not None:
                 conn.sock.settimeout(timeout_s)
             return conn, True
-        if conn is not None:
-            conn.close()
-        conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
-        return conn, False
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout_s), False
 
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-        self._local.conn = None
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        """Keep ``conn`` for a later request, or close it when :data:`POOL_IDLE` are kept already."""
+        with self._lock:
+            if len(self._idle) < POOL_IDLE:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
 
     def __call__(self, environ, start_response):
         from ..bus import _headers as H
@@ -150,25 +164,26 @@ class Forward:
                 resp = conn.getresponse()
                 data = resp.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
-                self._drop()
+                conn.close()
                 if kept and attempt == 0 and method in ("GET", "HEAD", "OPTIONS"):
                     continue  # the node closed the kept connection (its idle timeout): nothing was served
                 answer = error_answer(502, f"the node's HTTP server closed the connection without an answer "
                                            f"({type(exc).__name__})")
             except TimeoutError:
-                self._drop()
+                conn.close()
                 answer = error_answer(504, f"the node did not answer the forwarded request within {timeout_s:g} s")
             except OSError as exc:  # refused: the node is stopping (or its server is not up)
-                self._drop()
+                conn.close()
                 answer = error_answer(503, f"the node's HTTP server cannot be reached ({exc.strerror or exc}): it "
                                            "is stopping or restarting", (("Retry-After", "1"),))
             except http.client.HTTPException as exc:
-                self._drop()
+                conn.close()
                 answer = error_answer(502, f"the node's answer could not be read: {exc!r}")
             else:
-                self._local.used_at = time.monotonic()
                 if resp.will_close:
-                    self._drop()
+                    conn.close()
+                else:
+                    self._release(conn)
                 drop = HOP_BY_HOP | {"date", "server"} | {
                     t.strip().lower() for t in (resp.getheader("Connection") or "").split(",")}
                 start_response(status_line(resp.status),
