@@ -1148,8 +1148,8 @@ class Node:
         :attr:`http_drain_s` of the first signal, and exits), so the stop waits for the slowest drain, not their
         sum, with the actors serving meanwhile."""
         sup = self.supervisor
-        if sup is None or not self.config.http_processes or self._killed:
-            return
+        if sup is None or not self.config.http_processes or self._killed or sup.state != "running":
+            return  # (a second stop, up's own at its end: the supervisor's stop stopped them)
         import signal
 
         t0 = time.monotonic()
