@@ -214,6 +214,36 @@ def test_forwarding_holds_few_connections_to_the_node_and_never_waits_for_its_co
     assert len(held) <= 4, len(held)  # (the node's ends: at most 2 kept by each process)
 
 
+def _raw(address, request: bytes) -> bytes:
+    """Send ``request`` as it is on a new connection; what came back until the server closed it, ``Date`` left out."""
+    sock = socket.create_connection(address, timeout=10)
+    try:
+        sock.sendall(request)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    finally:
+        sock.close()
+    return re.sub(rb"Date: [^\r]*\r\n", b"", got)
+
+
+def test_a_target_with_a_control_character_is_answered_as_the_node_answers_it(node):
+    """A request-target with a control character (DEL, SOH, a tab; in the path or the query), which waitress takes:
+    the port (an HTTP process, forwarding) answers what the node's own server answers for the same bytes (400 for
+    such a model name, 200 for ``/v2`` with such a query). Until 2026-12-07 the forward's ``http.client`` refused the
+    target (its guard against a request line split by the caller) and the HTTP process answered 502 INTERNAL "the
+    node's answer could not be read" (a fresh-user trial)."""
+    upstream = ("127.0.0.1", _upstream_port(node))
+    for target in (b"/v2/models/a\x7fb", b"/v2/models/a\x01b", b"/v2/models/a\tb", b"/v2?a=\x01", b"/v2\x7f",
+                   b"/v2/models/digits/infer\x7f"):
+        for method in (b"GET", b"POST"):
+            request = method + b" " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            got, want = _raw(node.address, request), _raw(upstream, request)
+            assert not got.startswith(b"HTTP/1.1 502"), (request, got)
+            if b"/metrics" not in want and b"# HELP" not in want:  # (a scrape's numbers differ from one to the next)
+                assert got == want, (request, got, want)
+
+
 def test_the_http_processes_own_refusals_are_the_node_servers(node):
     """A request line over the header bound (414) and a body over the ingresses' limit are refused by the HTTP
     process's server itself, as the node's server refuses them (JSON, ``Inferbus-Error-Code``)."""

@@ -79,6 +79,17 @@ def _ascii_target(target: str) -> str:
     return "".join(c if ord(c) < 0x80 else f"%{ord(c):02X}" for c in target)
 
 
+class _Upstream(http.client.HTTPConnection):
+    """``http.client``'s connection, sending the request-target as this server received it: ``http.client`` refuses
+    a target with a control character (0x00-0x20, 0x7f: its guard against a caller's URL that would split the request
+    line), which waitress takes from a client (``/v2/models/a%7Fb`` sent raw); the node's server, the same parser,
+    reads it as this one did. A line break cannot be in a target waitress parsed, and is still refused."""
+
+    def _validate_path(self, url: str) -> None:
+        if "\n" in url or "\r" in url:
+            raise http.client.InvalidURL(f"the request-target has a line break: {url!r}")
+
+
 class Forward:
     """A WSGI app (PEP 3333) that forwards each request to the node's HTTP server at ``host:port`` and answers what
     the node answered: status, headers and body as they came, but the fields of one connection
@@ -119,7 +130,7 @@ class Forward:
             if conn.sock is not None:
                 conn.sock.settimeout(timeout_s)
             return conn, True
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout_s), False
+        return _Upstream(self.host, self.port, timeout=timeout_s), False
 
     def _release(self, conn: http.client.HTTPConnection) -> None:
         """Keep ``conn`` for a later request, or close it when :data:`POOL_IDLE` are kept already."""
