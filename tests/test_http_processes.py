@@ -214,6 +214,48 @@ def test_forwarding_holds_few_connections_to_the_node_and_never_waits_for_its_co
     assert len(held) <= 4, len(held)  # (the node's ends: at most 2 kept by each process)
 
 
+def test_the_nodes_server_takes_the_connections_the_processes_keep_besides_its_bound(tmp_path):
+    """3 HTTP processes with ``--http-max-connections 4``: each keeps up to 2 connections to the node's own server idle
+    between forwarded requests (6 in all, past the bound of 4), and the node's server takes them beside its bound:
+    6 clients sending 25 forwarded requests each (a new connection each) are each answered within 2 s. Until
+    2026-12-07 the node's server took ``--http-max-connections`` alone, and once the processes' idle connections held
+    them all a forwarded request waited for one to time out (30 s; with the default 100 it took 64 processes: a
+    fresh-user trial's waited 27 s)."""
+    models = models_subset(tmp_path / "models", ["digits"])
+    dep = start_deployment(tmp_path / "dep", workers=1, prefix="hpmany", extra=[
+        "--models", str(models), "--ingress", "1", "--http-port", "0", "--http-host", "127.0.0.1",
+        "--http-processes", "3", "--http-max-connections", "4"])
+    try:
+        host, port = http_address(dep).rsplit(":", 1)
+        slow, errors = [], []
+
+        def client() -> None:
+            try:
+                for _ in range(25):
+                    if slow:  # (one is enough: the others would wait as long)
+                        return
+                    t0 = time.monotonic()
+                    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                    try:
+                        conn.request("GET", "/v2/health/live", headers={"Connection": "close"})
+                        assert conn.getresponse().status == 200
+                    finally:
+                        conn.close()
+                    if time.monotonic() - t0 > 2.0:
+                        slow.append(round(time.monotonic() - t0, 2))
+            except Exception as exc:  # (reported below)
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and not slow, (errors, slow)
+    finally:
+        dep.stop()
+
+
 def _raw(address, request: bytes) -> bytes:
     """Send ``request`` as it is on a new connection; what came back until the server closed it, ``Date`` left out."""
     sock = socket.create_connection(address, timeout=10)

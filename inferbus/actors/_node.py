@@ -796,13 +796,17 @@ class Node:
                 children.append(self._child(f"ingress:{j}", "ingress", ic.to_json(), run_dir,
                                             f"ingress-{ic.ingress_id}", cpu_affinity=ic.cpu_affinity))
         if c.metrics_port is not None and c.http_processes:
+            from ._httpproc import POOL_IDLE
+
             # the port first (reserved: bound with SO_REUSEPORT, not listening, so no connection comes to this
             # process), then the node's own server on the loopback, where the HTTP processes forward what they do
             # not serve themselves; both before the actors, whose configs name them
             try:
                 self._http_reservation = _reserve_port(c.metrics_host, c.metrics_port)
                 self.http_port = self._http_reservation.getsockname()[1]
-                self._start_http_server("127.0.0.1", 0)
+                # (its connections: the processes' forwarded requests, plus those each keeps idle between them: with
+                # the bound alone, 64 processes' idle ones held all 100 and forwarded requests waited ~30 s)
+                self._start_http_server("127.0.0.1", 0, c.http_max_connections + POOL_IDLE * c.http_processes)
             except OSError as exc:
                 await self.stop()
                 raise MetricsPortUnavailable(f"cannot serve metrics on {c.metrics_host}:{c.metrics_port}: "
@@ -843,8 +847,9 @@ class Node:
         if self._renewable and self.nc is not None and self.nc.is_closed and not closed_on_purpose(self.nc):
             self._start_renewal()  # closed for good while the start went on (its closed_cb made no new one)
 
-    def _start_http_server(self, host: str, port: int) -> None:
-        """Serve the node's WSGI app (metrics, the OIP v2 REST API) on ``host:port`` (:attr:`metrics`).
+    def _start_http_server(self, host: str, port: int, max_connections: int | None = None) -> None:
+        """Serve the node's WSGI app (metrics, the OIP v2 REST API) on ``host:port`` (:attr:`metrics`), with
+        ``max_connections`` (default ``http_max_connections``) connections at most.
 
         Raises:
             OSError: the address cannot be listened on.
@@ -858,7 +863,7 @@ class Node:
         self.http_calls = LoopCalls()
         self.metrics = MetricsServer.start(NodeCollector(self, loop), host, port, probes=NodeProbes(self, loop),
                                            gateway=NodeGateway(self, loop), socket_timeout_s=c.http_idle_timeout_s,
-                                           max_connections=c.http_max_connections)
+                                           max_connections=max_connections or c.http_max_connections)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until an ingress reports every model ready (workers' reports seen).
