@@ -347,12 +347,14 @@ async def settled_topology(spec, run_dir):
         await t.stop()
 
 
-def cli_in_process(argv: list[str], cwd: Path = ROOT, columns: int = 200) -> subprocess.CompletedProcess:
+def cli_in_process(argv: list[str], cwd: Path = ROOT, columns: int = 200,
+                   env: dict | None = None) -> subprocess.CompletedProcess:
     """``inferbus <argv>`` run in this process, as the ``inferbus`` command runs it (``inferbus.cli._run_app``), with
     ``sys.argv``, the working folder, ``COLUMNS`` and both streams swapped for the call; its exit status from the
     ``SystemExit``. For refusals, which are parsing alone: a process costs ~0.5 s of imports each. A command that
     gets past its checks really runs here, so a test of a refusal that does not come fails by its assertion or by
-    its timeout (point NATS at a port nothing listens at)."""
+    its timeout (point NATS at a port nothing listens at). ``env``: the whole environment for the call (as a
+    subprocess's ``env=``: nothing else of this process's), ``COLUMNS`` still ``columns`` unless it names one."""
     import contextlib
     import io
     from unittest import mock
@@ -364,7 +366,8 @@ def cli_in_process(argv: list[str], cwd: Path = ROOT, columns: int = 200) -> sub
     here = os.getcwd()
     try:
         os.chdir(cwd)
-        with mock.patch.object(sys, "argv", list(args)), mock.patch.dict(os.environ, {"COLUMNS": str(columns)}), \
+        environ = {"COLUMNS": str(columns), **(env or {})}
+        with mock.patch.object(sys, "argv", list(args)), mock.patch.dict(os.environ, environ, clear=env is not None), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 _run_app()

@@ -24,9 +24,17 @@ from conftest import ROOT, cli_in_process, uvloop_backend as anyio_backend  # no
 pytestmark = pytest.mark.timeout(60)
 
 
-def cli(*args: str, cwd=ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd=ROOT, env: dict | None = None, own_process: bool = False) -> subprocess.CompletedProcess:
+    """``inferbus *args`` in an environment of ``COLUMNS`` and ``PATH`` alone (plus ``env``). Run in this process
+    (:func:`conftest.cli_in_process`): each is a refusal, parsing alone, and a process costs ~0.5 s of imports (35
+    calls here, several per test: ~1 minute of the suite); as ``python -m inferbus.cli`` in a process of its own
+    where ``env`` sets ``PYTHONPATH`` (what the interpreter imports from) or ``own_process`` asks (the command path
+    its words name is ``python -m inferbus.cli``, not ``inferbus``)."""
+    environ = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})}
+    if "PYTHONPATH" not in environ and not own_process:
+        return cli_in_process(list(args), cwd=cwd, env=environ)
     return subprocess.run([sys.executable, "-m", "inferbus.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=30, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})})
+                          timeout=30, env=environ)
 
 
 def assert_one_error_line(p: subprocess.CompletedProcess, said: str) -> None:
@@ -105,7 +113,7 @@ def test_a_malformed_input_spec_is_refused_before_connecting_naming_it(tmp_path,
     np.save(good, np.zeros((1, 64), np.float32))
     spec, said = spec.format(good=good), said.format(good=good)
     url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there: a request would be "cannot reach NATS", exit 3
-    p = cli("infer", "digits", "-i", spec, "--nats-url", url)
+    p = cli("infer", "digits", "-i", spec, "--nats-url", url, own_process=True)
     assert_one_error_line(p, said)
     assert p.stderr.rstrip().endswith("(see python -m inferbus.cli infer --help)"), p.stderr
     # every --input's form is checked before any file is read: the bad one is named even after a missing file
