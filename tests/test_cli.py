@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -32,6 +33,13 @@ def cli(*args, timeout=30, env=None):
     p = subprocess.run([sys.executable, "-m", "inferbus.cli", *args], capture_output=True, text=True,
                        timeout=timeout, env={**CLI_ENV, **(env or {})})
     return p, time.monotonic() - t0
+
+
+def refused(*args, env=None) -> subprocess.CompletedProcess:
+    """``inferbus *args`` as :func:`cli` runs it (an environment of ``CLI_ENV`` plus ``env`` alone), in this process
+    (:func:`conftest.cli_in_process`), for a refusal: parsing alone, where a process costs ~0.5 s of imports. A
+    refusal that does not come runs the command here: its test fails by its assertion, or by its timeout."""
+    return cli_in_process(list(args), env={**CLI_ENV, **(env or {})})
 
 
 @pytest.mark.parametrize("argv", [
@@ -164,7 +172,7 @@ def test_the_request_gets_what_the_connect_left_of_timeout_s(nats_server):
 def test_a_models_write_without_one_version_is_a_usage_error_before_connecting(argv, says):
     """``unload`` and ``default`` take the version as the second argument or as ``--version``; none, or two
     different ones, is exit 2 naming the problem, before any connection (nothing listens at the URL)."""
-    p, _ = cli(*argv, "--nats-url", f"nats://127.0.0.1:{free_port()}")
+    p = refused(*argv, "--nats-url", f"nats://127.0.0.1:{free_port()}")
     assert p.returncode == 2 and says in " ".join(p.stderr.split()), p.stderr
     assert "Traceback" not in p.stderr + p.stdout and "cannot reach NATS" not in p.stderr
 
@@ -180,14 +188,14 @@ def test_a_nats_url_that_is_no_url_is_one_line_exit_2_for_every_client_command(u
     first = url == "nats://127.0.0.1:99999"
     for argv in (("health",), ("models",), ("models", "load", "digits"), ("region", "status"),
                  ("region", "promote", "A"))[:None if first else 1]:
-        p, _ = cli(*argv, "--nats-url", url)
+        p = refused(*argv, "--nats-url", url)
         assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, (argv, p)
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {' '.join(argv[:2]) if len(argv) > 1 else argv[0]}: "
                                                        f"--nats-url {url!r}"), (argv, p.stderr)
     for argv in (("models", "load", "digits"), ("region", "status"), ("bench", "digits", "--concurrency", "1"))[
             :None if first else 1]:
-        p, _ = cli(*argv, "--nats-url", url, "--json")
+        p = refused(*argv, "--nats-url", url, "--json")
         assert p.returncode == 2 and p.stdout == "" and f"--nats-url {url!r}" in p.stderr, (argv, p)
 
 
@@ -405,7 +413,7 @@ def test_bench_options_that_do_not_apply_are_refused_not_ignored(args, said):
     """A fresh-user trial (2026-12-02): ``bench --out F`` without ``--suite`` wrote nothing and exited 0, and
     ``bench --suite --nats-url U`` benchmarked a deployment of its own. Each is one line, exit 2, before anything
     starts (no load, no file)."""
-    p, took_s = cli("bench", *args)
+    p = refused("bench", *args)
     assert p.returncode == 2, p
     assert "Traceback" not in p.stderr + p.stdout
     lines = p.stderr.strip().splitlines()
@@ -440,7 +448,7 @@ def test_client_credentials_from_the_environment_are_checked_before_connecting(t
             s = s.replace(k, v)
         return s
 
-    p, _ = cli(*argv, "--nats-url", nats_server.url, env={k: fill(v) for k, v in env.items()})
+    p = refused(*argv, "--nats-url", nats_server.url, env={k: fill(v) for k, v in env.items()})
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: " + fill(said)), p.stderr
@@ -685,12 +693,11 @@ def _commands():
 
 
 def _help_at_80_columns(*path: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
-    p = subprocess.run([sys.executable, "-m", "inferbus.cli", *path, "--help"], capture_output=True, text=True,
-                       timeout=30, cwd=ROOT, env={**env, "COLUMNS": "80"})
-    assert p.returncode == 0, p.stderr[-1500:]
-    assert max(len(line) for line in p.stdout.splitlines()) <= 80
-    return p.stdout
+    """``--help`` of ``path`` at 80 columns, piped: from :func:`_every_help_at`'s one process for every command (a
+    process per command cost ~0.4 s each, 28 of them)."""
+    out = _every_help_at(80)[path]
+    assert max(len(line) for line in out.splitlines()) <= 80
+    return out
 
 
 def _listed_summaries(out: str) -> dict[str, list[str]]:
@@ -791,9 +798,10 @@ for path in {paths!r}:
 """
 
 
+@functools.cache
 def _every_help_at(columns: int) -> dict[tuple[str, ...], str]:
-    """Every command's and group's ``--help`` laid out at ``columns`` (piped, ``COLUMNS`` set, as
-    :func:`_help_at_80_columns`), from one process: path → its help."""
+    """Every command's and group's ``--help`` laid out at ``columns`` (piped, ``COLUMNS`` set), from one process:
+    path → its help. Made once per test process and width (its callers only read it)."""
     env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
     paths = [path for path, _ in _commands()]
     p = subprocess.run([sys.executable, "-c", _EVERY_HELP.format(paths=paths)], capture_output=True, text=True,
@@ -1017,7 +1025,7 @@ def test_health_and_models_take_their_budget_from_timeout_s(nats_server):
 def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(command, value):
     """The value is echoed as typed, in its shortest form: 600.0001 was "got 600" (formatted with :g), a refusal that
     named an allowed value; 601 and 0 were "got 601.0" and "got 0.0" (the float's repr; a fresh-user trial)."""
-    p, _ = cli(command, "--timeout-s", value, "--nats-url", "nats://127.0.0.1:1")  # nothing listens: exit 3 there
+    p = refused(command, "--timeout-s", value, "--nats-url", "nats://127.0.0.1:1")  # nothing listens: exit 3 there
     assert p.returncode == 2 and "Traceback" not in p.stderr + p.stdout, p
     if 600 < float(value) < float("inf"):  # 1e300, a fresh-user trial: against a prefix nobody serves it retried for ever
         given = "1e+300" if value == "1e300" else value
@@ -1039,7 +1047,7 @@ def test_a_timeout_s_that_is_no_budget_is_one_line_exit_2_before_connecting(comm
 ], ids=["chaos-duration", "min-availability", "nodes-wait-s", "demo-duration", "busy-poll-negative", "busy-poll-2e6"])
 def test_every_refused_number_is_echoed_as_typed_not_as_a_float(argv, said):
     """The other refusals of a number echo it as --timeout-s's do (601, not 601.0); all before anything starts."""
-    p, _ = cli(*argv)
+    p = refused(*argv)
     assert p.returncode == 2 and p.stderr == f"error: {said}\n" and not p.stdout, p
 
 
