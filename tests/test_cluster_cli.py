@@ -789,7 +789,7 @@ async def test_cluster_control_answer_waits_at_most_timeout_s(nats_server, tmp_p
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "601"])
 def test_cluster_control_refuses_a_bad_timeout_s(tmp_path, value):
     _cluster_json(tmp_path / "cluster.json", "nats://127.0.0.1:1")
-    out = _inferbus("cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", value)
+    out = cli_in_process(["cluster", "heal", "--cluster", str(tmp_path), "--timeout-s", value])  # (parsing alone)
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr.startswith("error: cluster heal: --timeout-s must be ") and out.stderr.count("\n") == 1, out.stderr
 
@@ -808,7 +808,7 @@ def test_region_commands_refuse_a_region_the_cluster_file_does_not_name(tmp_path
     from inferbus.bus import free_port
 
     _cluster_json(tmp_path / "cluster.json", f"nats://127.0.0.1:{free_port()}")
-    out = _inferbus(*argv, "--cluster", str(tmp_path))
+    out = cli_in_process([*argv, "--cluster", str(tmp_path)])  # (parsing alone: in this process)
     assert (out.returncode, out.stdout) == (2, ""), out
     want = f"error: {argv[0]} {argv[1]}: {what} {name!r}: not a region of the cluster in {tmp_path / 'cluster.json'}; " \
            f"its regions: A, B"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import MODELS, ROOT, start_deployment
+from conftest import MODELS, cli_in_process, start_deployment
 from conftest import uvloop_backend as anyio_backend  # noqa: F401  (process-heavy: one loop is enough)
 from inferbus.actors._metrics import Expected
 from inferbus.client import Client
@@ -479,9 +478,9 @@ def test_histogram_folds():
 
 
 def _up(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inferbus.cli", "up", "--models", str(MODELS), "--nats-port", "0",
-                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"})
+    """``inferbus up`` of a refusal, in this process (parsing alone; a process costs ~0.5 s of imports): an ``up``
+    that is not refused starts here, and its test fails by its assertions or its timeout."""
+    return cli_in_process(["up", "--models", str(MODELS), "--nats-port", "0", *args])
 
 
 def test_metrics_options_refused_before_anything_starts():
