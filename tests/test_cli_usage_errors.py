@@ -28,8 +28,9 @@ def cli(*args: str, cwd=ROOT, env: dict | None = None, own_process: bool = False
     """``inferbus *args`` in an environment of ``COLUMNS`` and ``PATH`` alone (plus ``env``). Run in this process
     (:func:`conftest.cli_in_process`): each is a refusal, parsing alone, and a process costs ~0.5 s of imports (35
     calls here, several per test: ~1 minute of the suite); as ``python -m inferbus.cli`` in a process of its own
-    where ``env`` sets ``PYTHONPATH`` (what the interpreter imports from) or ``own_process`` asks (the command path
-    its words name is ``python -m inferbus.cli``, not ``inferbus``)."""
+    where ``env`` sets ``PYTHONPATH`` (what the interpreter imports from) or ``own_process`` asks: a command that
+    goes on to connect or start (it sets signal handlers and an event loop policy, which would stay in this test
+    process), or one whose words name the command path (``python -m inferbus.cli``, not ``inferbus``)."""
     environ = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", **(env or {})}
     if "PYTHONPATH" not in environ and not own_process:
         return cli_in_process(list(args), cwd=cwd, env=environ)
@@ -414,7 +415,7 @@ def test_region_manager_refuses_bad_values_in_one_line(argv, want):
 def test_region_manager_that_cannot_reach_nats_is_one_line_exit_3():
     """It was a 78-line NoServersError traceback, exit 1, where every other command prints one line, exit 3."""
     port = free_port()
-    r = cli("region", "manager", "Z", "--nats-url", f"nats://127.0.0.1:{port}")
+    r = cli("region", "manager", "Z", "--nats-url", f"nats://127.0.0.1:{port}", own_process=True)  # (it connects)
     assert (r.returncode, r.stdout) == (3, ""), r
     assert r.stderr.startswith(f"cannot reach NATS at nats://127.0.0.1:{port}: ") and r.stderr.count("\n") == 1, r.stderr
 
@@ -507,7 +508,7 @@ def test_cluster_control_refuses_a_region_or_site_its_cluster_file_does_not_name
     # a name it has goes on to connect: exit 3, the witness out of reach
     good = {"kill": ("kill", "B"), "restore": ("restore", "A"), "isolate": ("isolate", "W"),
             "partition": ("partition", "A", "B,W")}[argv[0]]
-    r = cli("cluster", *good, "--cluster", str(tmp_path), "--timeout-s", "2")
+    r = cli("cluster", *good, "--cluster", str(tmp_path), "--timeout-s", "2", own_process=True)
     assert r.returncode == 3 and r.stderr.startswith(f"cannot reach NATS at {url}"), (r.returncode, r.stderr)
 
 
@@ -546,7 +547,7 @@ def test_up_on_a_nats_url_where_nothing_listens_says_so_once_without_a_lost_conn
 
     url = f"nats://127.0.0.1:{free_port()}"
     p = cli("up", "--nats-url", url, "--node-id", "n3", "--workers", "1", "--no-cache", "--run-dir",
-            str(tmp_path / "run"))
+            str(tmp_path / "run"), own_process=True)  # (it starts a node: its signal handlers, its event loop)
     assert p.returncode == 3 and "cannot reach NATS" in p.stderr, p
     assert "lost its NATS connection" not in p.stderr, p.stderr
 
