@@ -1796,6 +1796,8 @@ async def _up_body(cfg, demo: bool, demo_duration: float, json_out: Optional[Pat
                  f"L2 cache {shown_url(node.redis_url) if node.redis_url else 'off'}",
                  f"{len(node.worker_ids)} worker(s)",
                  f"{node.n_ingress} ingress{' (colocated with the CPU workers)' if cfg.colocate else ''}",
+                 *([f"{cfg.http_processes} HTTP process{'es' if cfg.http_processes > 1 else ''}"]
+                   if cfg.http_processes else []),
                  *([f"busy polling {cfg.busy_poll_us:.0f} µs"] if cfg.busy_poll_us else []),
                  *([f"actors pinned to {cores_phrase(node.serving_cores)}"] if cfg.pin_cpus else []),
                  f"run dir {node.run_dir}"]
