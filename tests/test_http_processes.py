@@ -115,7 +115,8 @@ def node(tmp_path_factory):
 def test_the_processes_share_the_port_and_the_kernel_spreads_connections_over_them(node):
     """Two HTTP processes run (``http:0``, ``http:1``, restart ``permanent``), neither is the node process, and 24
     connections opened at once are held by both (each answered an inference: each process served some)."""
-X
+    # (up's start line, wrapped between its parts where the run dir's path is long)
+    assert ", 1 ingress, 2 HTTP processes," in " ".join(node.log.read_text().split())
     children = http_children(node)
     assert sorted(children) == ["http:0", "http:1"], children
     assert all(ch["status"] == "running" and ch["restart"] == "permanent" for ch in children.values()), children
